@@ -1,0 +1,254 @@
+//! The result envelope every tool call ends in, whoever produced it:
+//!
+//! ```json
+//! {"ok": true, "data": {"temperature": 22}}
+//! {"ok": false, "error": {"code": "TOOL_TIMEOUT", "message": "...", "retryable": true}}
+//! ```
+//!
+//! The envelope is exactly what the model sees as the tool's output, so its
+//! `message` never carries internals (stack traces, hosts, keys).
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
+
+/// A stable, UPPER_SNAKE error code. Tools may define their own with
+/// [`ErrorCode::custom`]; the common ones are associated constants.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ErrorCode(Cow<'static, str>);
+
+impl ErrorCode {
+    /// The arguments are not JSON, do not match the tool's schema, or break a
+    /// business rule of the tool. Terminal.
+    pub const INVALID_TOOL_ARGUMENTS: Self = Self::from_static("INVALID_TOOL_ARGUMENTS");
+    /// No such tool, or not allowed for this job. Terminal.
+    pub const UNKNOWN_TOOL: Self = Self::from_static("UNKNOWN_TOOL");
+    /// The tool did not finish within its timeout. Retryable.
+    pub const TOOL_TIMEOUT: Self = Self::from_static("TOOL_TIMEOUT");
+    /// The tool failed in a way it did not classify (or panicked). Terminal.
+    pub const TOOL_EXECUTION_FAILED: Self = Self::from_static("TOOL_EXECUTION_FAILED");
+    /// The call's deadline passed before it could run. Terminal.
+    pub const DEADLINE_EXCEEDED: Self = Self::from_static("DEADLINE_EXCEEDED");
+    /// The job was cancelled. Terminal.
+    pub const CANCELLED: Self = Self::from_static("CANCELLED");
+    /// A dependency is rate limiting; see `retry_after_ms`. Retryable.
+    pub const RATE_LIMITED: Self = Self::from_static("RATE_LIMITED");
+    /// The orchestrator gave up after the tool's attempt limit. Terminal.
+    pub const MAX_ATTEMPTS_EXCEEDED: Self = Self::from_static("MAX_ATTEMPTS_EXCEEDED");
+    /// The call was delivered to workers too often without an answer (a poison
+    /// call that kills its worker). Terminal.
+    pub const MAX_DELIVERIES_EXCEEDED: Self = Self::from_static("MAX_DELIVERIES_EXCEEDED");
+    /// The arguments or the output exceed the configured size limit. Terminal.
+    pub const PAYLOAD_TOO_LARGE: Self = Self::from_static("PAYLOAD_TOO_LARGE");
+
+    /// A code known at compile time.
+    pub const fn from_static(code: &'static str) -> Self {
+        Self(Cow::Borrowed(code))
+    }
+
+    /// A tool-specific code, such as `LOCATION_NOT_FOUND`.
+    pub fn custom(code: impl Into<String>) -> Self {
+        Self(Cow::Owned(code.into()))
+    }
+
+    /// The code as it appears on the wire.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The error half of an envelope.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ErrorBody {
+    /// Stable code the model and clients can branch on.
+    pub code: ErrorCode,
+    /// Human (and model) readable; never contains internals.
+    pub message: String,
+    /// Whether another attempt of the same call may succeed.
+    pub retryable: bool,
+    /// How long to wait before retrying, when the failing side said so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The outcome of one tool call attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Envelope {
+    /// The tool succeeded with this data.
+    Ok(Value),
+    /// The call failed; the body says whether to retry.
+    Err(ErrorBody),
+}
+
+impl Envelope {
+    /// A terminal error envelope.
+    pub fn terminal(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::Err(ErrorBody {
+            code,
+            message: message.into(),
+            retryable: false,
+            retry_after_ms: None,
+        })
+    }
+
+    /// A retryable error envelope.
+    pub fn retryable(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self::Err(ErrorBody {
+            code,
+            message: message.into(),
+            retryable: true,
+            retry_after_ms: None,
+        })
+    }
+
+    /// True for `{"ok": true, ...}`.
+    pub fn is_ok(&self) -> bool {
+        matches!(self, Self::Ok(_))
+    }
+
+    /// The error, if this is one.
+    pub fn error(&self) -> Option<&ErrorBody> {
+        match self {
+            Self::Ok(_) => None,
+            Self::Err(e) => Some(e),
+        }
+    }
+
+    /// The JSON text of the envelope.
+    pub fn to_json(&self) -> String {
+        // Serializing a Value-based structure with string keys cannot fail.
+        serde_json::to_string(self).expect("envelope serializes")
+    }
+}
+
+/// The on-the-wire shape; `ok` decides which of the other two fields is present.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireEnvelope<'a> {
+    ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    data: Option<Cow<'a, Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    error: Option<Cow<'a, ErrorBody>>,
+}
+
+impl Serialize for Envelope {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let wire = match self {
+            Self::Ok(data) => WireEnvelope {
+                ok: true,
+                data: Some(Cow::Borrowed(data)),
+                error: None,
+            },
+            Self::Err(error) => WireEnvelope {
+                ok: false,
+                data: None,
+                error: Some(Cow::Borrowed(error)),
+            },
+        };
+        wire.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Envelope {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        let wire = WireEnvelope::deserialize(deserializer)?;
+        match (wire.ok, wire.data, wire.error) {
+            (true, data, None) => Ok(Self::Ok(data.map_or(Value::Null, Cow::into_owned))),
+            (false, None, Some(error)) => Ok(Self::Err(error.into_owned())),
+            (true, _, Some(_)) => Err(D::Error::custom("an ok envelope has no error")),
+            (false, _, None) => Err(D::Error::custom("an error envelope needs an error")),
+            (false, Some(_), Some(_)) => Err(D::Error::custom("an error envelope has no data")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn arb_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            "\\PC{0,20}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 32, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z]{1,6}", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arb_envelope() -> impl Strategy<Value = Envelope> {
+        prop_oneof![
+            arb_json().prop_map(Envelope::Ok),
+            (
+                "[A-Z][A-Z_]{0,30}",
+                "\\PC{0,80}",
+                any::<bool>(),
+                proptest::option::of(any::<u64>())
+            )
+                .prop_map(|(code, message, retryable, retry_after_ms)| {
+                    Envelope::Err(ErrorBody {
+                        code: ErrorCode::custom(code),
+                        message,
+                        retryable,
+                        retry_after_ms,
+                    })
+                }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn any_envelope_survives_json(envelope in arb_envelope()) {
+            let text = envelope.to_json();
+            let back: Envelope = serde_json::from_str(&text).unwrap();
+            prop_assert_eq!(back, envelope);
+        }
+    }
+
+    #[test]
+    fn wire_shape_matches_the_design() {
+        let ok = Envelope::Ok(json!({"temperature": 22}));
+        assert_eq!(
+            serde_json::to_value(&ok).unwrap(),
+            json!({"ok": true, "data": {"temperature": 22}})
+        );
+        let err = Envelope::retryable(ErrorCode::TOOL_TIMEOUT, "too slow");
+        assert_eq!(
+            serde_json::to_value(&err).unwrap(),
+            json!({"ok": false, "error": {"code": "TOOL_TIMEOUT", "message": "too slow", "retryable": true}})
+        );
+    }
+
+    #[test]
+    fn contradictory_envelopes_are_rejected() {
+        for bad in [
+            json!({"ok": true, "error": {"code": "X", "message": "", "retryable": false}}),
+            json!({"ok": false}),
+            json!({"ok": false, "data": 1, "error": {"code": "X", "message": "", "retryable": false}}),
+            json!({"data": 1}),
+            json!({"ok": true, "data": 1, "extra": 2}),
+        ] {
+            assert!(serde_json::from_value::<Envelope>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+}

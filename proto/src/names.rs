@@ -1,0 +1,197 @@
+//! Every wire name of toolfleet: NATS subjects, streams, consumers, headers and
+//! KV buckets, and the Redis key layout. No other module spells one.
+//!
+//! Redis keys of one job share the hash tag `{<job_id>}` so that a job's
+//! updates can be atomic (MULTI or Lua) and the layout works on Redis Cluster.
+
+/// JetStream work-queue stream that holds tool calls until a worker acks them.
+pub const CALL_STREAM: &str = "TOOLFLEET_CALLS";
+/// Subjects captured by [`CALL_STREAM`]: one token per tool.
+pub const CALL_SUBJECTS: &str = "toolfleet.call.*";
+const CALL_SUBJECT_PREFIX: &str = "toolfleet.call.";
+
+/// JetStream work-queue stream of jobs waiting for an orchestrator.
+pub const JOB_STREAM: &str = "TOOLFLEET_JOBS";
+/// The subject a submitted job's id is published to.
+pub const JOB_SUBJECT: &str = "toolfleet.job.run";
+/// The durable consumer all orchestrator replicas share.
+pub const JOB_CONSUMER: &str = "orchestrators";
+
+/// NATS KV bucket where workers announce their tools with a TTL.
+pub const REGISTRY_BUCKET: &str = "toolfleet_registry";
+
+/// Prefix of the core NATS subjects results are published to.
+const REPLY_SUBJECT_PREFIX: &str = "toolfleet.reply.";
+
+/// Message headers set on calls and results.
+pub mod headers {
+    /// JetStream's own dedup header.
+    pub const MSG_ID: &str = "Nats-Msg-Id";
+    /// Job id of a call or result.
+    pub const JOB_ID: &str = "Toolfleet-Job-Id";
+    /// Call id of a call or result.
+    pub const CALL_ID: &str = "Toolfleet-Call-Id";
+    /// Attempt number of a call or result.
+    pub const ATTEMPT: &str = "Toolfleet-Attempt";
+    /// Tool name of a call or result.
+    pub const TOOL: &str = "Toolfleet-Tool";
+    /// Set to "true" on a result that was answered from the stored record.
+    pub const DEDUP_HIT: &str = "Toolfleet-Dedup-Hit";
+}
+
+/// The subject calls of `tool` are published to.
+pub fn call_subject(tool: &str) -> String {
+    format!("{CALL_SUBJECT_PREFIX}{tool}")
+}
+
+/// The tool a call subject belongs to, or `None` if it is not a call subject.
+pub fn tool_of_call_subject(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix(CALL_SUBJECT_PREFIX)
+        .filter(|tool| !tool.is_empty() && !tool.contains('.'))
+}
+
+/// The durable pull consumer that every worker serving `tool` shares.
+pub fn call_consumer(tool: &str) -> String {
+    format!("tool_{tool}")
+}
+
+/// The subject the results of `job_id`'s calls are published to.
+pub fn reply_subject(job_id: &str) -> String {
+    format!("{REPLY_SUBJECT_PREFIX}{job_id}")
+}
+
+/// The wildcard that matches every reply subject (for an orchestrator that
+/// gathers the results of all its jobs on one subscription).
+pub const REPLY_SUBJECTS: &str = "toolfleet.reply.*";
+
+/// The job a reply subject belongs to.
+pub fn job_of_reply_subject(subject: &str) -> Option<&str> {
+    subject
+        .strip_prefix(REPLY_SUBJECT_PREFIX)
+        .filter(|job| !job.is_empty() && !job.contains('.'))
+}
+
+/// The registry KV key of one worker's announcement of one tool.
+pub fn registry_key(tool: &str, worker_id: &str) -> String {
+    format!("{tool}.{worker_id}")
+}
+
+/// The tool and worker of a registry key.
+pub fn parse_registry_key(key: &str) -> Option<(&str, &str)> {
+    key.split_once('.')
+        .filter(|(tool, worker)| !tool.is_empty() && !worker.is_empty())
+}
+
+/// Redis key layout under a configurable prefix (default `tf`).
+#[derive(Debug, Clone)]
+pub struct RedisKeys {
+    prefix: String,
+}
+
+impl Default for RedisKeys {
+    fn default() -> Self {
+        Self::new("tf")
+    }
+}
+
+impl RedisKeys {
+    /// Keys under `prefix`, e.g. `tf` or `tenant-a:tf`.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    /// The prefix every key starts with.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn job_key(&self, job_id: &str, rest: &str) -> String {
+        format!("{}:{{{job_id}}}:{rest}", self.prefix)
+    }
+
+    /// The claim of one call attempt: the worker executing it, with a lease TTL.
+    pub fn call_claim(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
+        self.job_key(job_id, &format!("claim:{call_id}:{attempt}"))
+    }
+
+    /// The stored envelope of one call attempt.
+    pub fn call_result(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
+        self.job_key(job_id, &format!("result:{call_id}:{attempt}"))
+    }
+
+    /// The job record (a hash).
+    pub fn job(&self, job_id: &str) -> String {
+        self.job_key(job_id, "job")
+    }
+
+    /// The job's conversation items (a list, appended to).
+    pub fn job_items(&self, job_id: &str) -> String {
+        self.job_key(job_id, "items")
+    }
+
+    /// The job's event log (a stream).
+    pub fn job_events(&self, job_id: &str) -> String {
+        self.job_key(job_id, "events")
+    }
+
+    /// The job's fenced lease (owner and epoch of the replica running it).
+    pub fn job_lease(&self, job_id: &str) -> String {
+        self.job_key(job_id, "lease")
+    }
+
+    /// A tenant's submission idempotency record, pointing at a job id.
+    pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
+        format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn every_call_subject_parses_back_to_its_tool(tool in "[a-zA-Z0-9_-]{1,64}") {
+            let subject = call_subject(&tool);
+            prop_assert_eq!(tool_of_call_subject(&subject), Some(tool.as_str()));
+        }
+
+        #[test]
+        fn every_reply_subject_parses_back_to_its_job(job in "[a-z0-9]{1,32}") {
+            let subject = reply_subject(&job);
+            prop_assert_eq!(job_of_reply_subject(&subject), Some(job.as_str()));
+        }
+
+        #[test]
+        fn every_registry_key_parses_back(tool in "[a-zA-Z0-9_-]{1,64}", worker in "[a-z0-9-]{1,40}") {
+            let key = registry_key(&tool, &worker);
+            prop_assert_eq!(parse_registry_key(&key), Some((tool.as_str(), worker.as_str())));
+        }
+    }
+
+    #[test]
+    fn foreign_subjects_are_not_call_subjects() {
+        assert_eq!(tool_of_call_subject("toolfleet.call."), None);
+        assert_eq!(tool_of_call_subject("toolfleet.call.a.b"), None);
+        assert_eq!(tool_of_call_subject("other.call.echo"), None);
+    }
+
+    #[test]
+    fn job_keys_share_one_hash_tag() {
+        let keys = RedisKeys::default();
+        for key in [
+            keys.call_claim("j1", "c", 1),
+            keys.call_result("j1", "c", 1),
+            keys.job("j1"),
+            keys.job_items("j1"),
+            keys.job_events("j1"),
+            keys.job_lease("j1"),
+        ] {
+            assert!(key.starts_with("tf:{j1}:"), "{key}");
+        }
+    }
+}
