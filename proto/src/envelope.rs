@@ -248,7 +248,10 @@ mod tests {
             json!({"data": 1}),
             json!({"ok": true, "data": 1, "extra": 2}),
         ] {
-            assert!(serde_json::from_value::<Envelope>(bad.clone()).is_err(), "{bad}");
+            assert!(
+                serde_json::from_value::<Envelope>(bad.clone()).is_err(),
+                "{bad}"
+            );
         }
     }
 }

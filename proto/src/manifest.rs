@@ -27,6 +27,51 @@ pub struct ToolManifest {
     pub version: String,
 }
 
+impl ToolManifest {
+    /// A manifest with the defaults: strict schema, 10 s timeout, 3 attempts,
+    /// no side effects, version "1".
+    pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
+        Self {
+            name: name.into(),
+            description: description.into(),
+            parameters,
+            strict: true,
+            timeout_ms: 10_000,
+            max_attempts: 3,
+            side_effects: false,
+            version: "1".into(),
+        }
+    }
+
+    /// Sets the per-attempt timeout.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+        self
+    }
+
+    /// Sets how many attempts a retryable failure gets.
+    #[must_use]
+    pub fn with_max_attempts(mut self, max_attempts: u32) -> Self {
+        self.max_attempts = max_attempts.max(1);
+        self
+    }
+
+    /// Marks the tool as changing something outside the worker.
+    #[must_use]
+    pub fn with_side_effects(mut self) -> Self {
+        self.side_effects = true;
+        self
+    }
+
+    /// Marks the schema as not strict (optional properties allowed).
+    #[must_use]
+    pub fn non_strict(mut self) -> Self {
+        self.strict = false;
+        self
+    }
+}
+
 /// A tool name is valid when it is 1 to 64 ASCII letters, digits, `_` or `-`.
 /// The same rule keeps it safe as a NATS subject token and a consumer name.
 pub fn is_valid_tool_name(name: &str) -> bool {

@@ -1,1 +1,28 @@
-//! placeholder
+//! toolfleet's test harness: real processes, each owned by the test that started it.
+//!
+//! - [`NatsServer`]: a `nats-server` with JetStream on a port it picks itself.
+//! - [`RedisServer`]: a `redis-server` on a free port, optionally with an
+//!   append-only file ([`RedisConfig`]) so data survives a restart.
+//! - [`ChildProcess`]: any other program, usually a workspace binary found with
+//!   [`cargo_bin`]; its log can be waited on.
+//! - [`fleet::Fleet`]: NATS, Redis and `toolfleet-worker` processes together,
+//!   with helpers to publish calls and read their results.
+//! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
+//!   probe, never a sleep.
+//!
+//! Every process runs in its own temp dir with one log file. Dropping it kills
+//! the process, prints the log's last 50 lines to stderr (shown by the test
+//! runner when the test fails) and removes the dir, unless `TOOLFLEET_TEST_KEEP=1`.
+//! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS or
+//! Redis on the default ports.
+
+pub mod fleet;
+mod nats_server;
+mod process;
+mod redis_server;
+mod wait;
+
+pub use nats_server::NatsServer;
+pub use process::{ChildProcess, LogMark, cargo_bin};
+pub use redis_server::{RedisConfig, RedisServer};
+pub use wait::{Outcome, wait_until};

@@ -1,1 +1,26 @@
-//! placeholder
+//! The toolfleet worker: executes whitelisted tool calls pulled from NATS
+//! JetStream and answers each with an envelope.
+//!
+//! - [`tool`]: the [`Tool`] trait a tool implements, and the [`Toolbox`] of a worker.
+//! - [`tools`]: the built-in tools (`calculate`, `get_current_weather`, test tools).
+//! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
+//! - `ledger`: the Redis claim and result records that make redelivery harmless.
+//! - [`envelope`]: the one conversion from a tool failure to its envelope.
+//! - [`registry`]: the heartbeat announcements of the worker's tools.
+//! - [`config`], [`telemetry`], [`metrics`]: the process around it.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod envelope;
+mod ledger;
+pub mod metrics;
+pub mod registry;
+pub mod runtime;
+pub mod telemetry;
+pub mod tool;
+pub mod tools;
+
+pub use config::WorkerOptions;
+pub use runtime::{StartError, Worker};
+pub use tool::{Tool, ToolContext, ToolError, Toolbox};
+pub use toolfleet_proto::{ErrorCode, ToolManifest};

@@ -1,0 +1,237 @@
+//! A local fleet for tests: one NATS, one Redis and worker processes, plus the
+//! client-side helpers to publish calls and read their results.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use async_nats::jetstream;
+use futures::StreamExt;
+use toolfleet_proto::names::{self, RedisKeys};
+use toolfleet_proto::{Envelope, ToolCall};
+
+use crate::{ChildProcess, NatsServer, RedisServer, cargo_bin};
+
+/// How long a worker gets to connect and set up its consumers.
+const WORKER_READY: Duration = Duration::from_secs(30);
+
+/// NATS, Redis and `toolfleet-worker` processes with the test tools enabled.
+pub struct Fleet {
+    /// The fleet's NATS server.
+    pub nats: NatsServer,
+    /// The fleet's Redis server.
+    pub redis: RedisServer,
+    /// A client connected to `nats`.
+    pub client: async_nats::Client,
+    workers: Vec<ChildProcess>,
+    worker_env: Vec<(String, String)>,
+}
+
+impl Fleet {
+    /// Starts NATS, Redis and `workers` worker processes.
+    ///
+    /// # Errors
+    ///
+    /// A server or worker did not start; the error names which.
+    pub async fn start(workers: usize) -> anyhow::Result<Self> {
+        Self::start_with(workers, &[]).await
+    }
+
+    /// Like [`start`](Self::start), with extra environment for every worker
+    /// (e.g. `TOOLFLEET_RUNTIME__CLAIM_LEASE=1s`).
+    ///
+    /// # Errors
+    ///
+    /// A server or worker did not start; the error names which.
+    pub async fn start_with(workers: usize, worker_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let nats = NatsServer::start().await?;
+        let redis = RedisServer::start().await?;
+        let client = nats.client().await?;
+        let mut fleet = Self {
+            nats,
+            redis,
+            client,
+            workers: Vec::new(),
+            worker_env: worker_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+        };
+        for _ in 0..workers {
+            fleet.spawn_worker().await?;
+        }
+        Ok(fleet)
+    }
+
+    /// Starts one more worker and waits until it serves; returns its index.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or the worker did not become ready.
+    pub async fn spawn_worker(&mut self) -> anyhow::Result<usize> {
+        let index = self.workers.len();
+        let id = format!("worker-{index}");
+        let args = [
+            "--nats-url".to_owned(),
+            self.nats.url(),
+            "--redis-url".to_owned(),
+            self.redis.url(),
+            "--test-tools".to_owned(),
+            "--worker-id".to_owned(),
+            id.clone(),
+        ];
+        let mut env = vec![(
+            "RUST_LOG".to_owned(),
+            "info,toolfleet_worker=debug".to_owned(),
+        )];
+        env.extend(self.worker_env.iter().cloned());
+        let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, env)?;
+        worker
+            .wait_for_log("worker ready", WORKER_READY)
+            .await
+            .with_context(|| format!("{id} did not become ready"))?;
+        self.workers.push(worker);
+        Ok(index)
+    }
+
+    /// The `index`th worker started.
+    pub fn worker(&self, index: usize) -> &ChildProcess {
+        &self.workers[index]
+    }
+
+    /// All workers started so far.
+    pub fn workers(&self) -> &[ChildProcess] {
+        &self.workers
+    }
+
+    /// Publishes `call` to its tool's subject through JetStream, with the
+    /// attempt's `Nats-Msg-Id` (so the stream dedups a re-publish).
+    ///
+    /// # Errors
+    ///
+    /// JetStream did not acknowledge the message.
+    pub async fn publish_call(&self, call: &ToolCall) -> anyhow::Result<()> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, call.msg_id().as_str());
+        self.publish(call, headers).await
+    }
+
+    /// Publishes `call` without a message id: a second publish is a second
+    /// delivery of the same attempt, as a redelivery would be.
+    ///
+    /// # Errors
+    ///
+    /// JetStream did not acknowledge the message.
+    pub async fn publish_duplicate(&self, call: &ToolCall) -> anyhow::Result<()> {
+        self.publish(call, async_nats::HeaderMap::new()).await
+    }
+
+    async fn publish(&self, call: &ToolCall, headers: async_nats::HeaderMap) -> anyhow::Result<()> {
+        let js = jetstream::new(self.client.clone());
+        let payload = serde_json::to_vec(call)?;
+        js.publish_with_headers(names::call_subject(&call.tool), headers, payload.into())
+            .await?
+            .await
+            .context("JetStream did not store the call")?;
+        Ok(())
+    }
+
+    /// Subscribes to the results of `job_id`'s calls. Subscribe before
+    /// publishing, or a fast result is missed.
+    ///
+    /// # Errors
+    ///
+    /// NATS refused the subscription.
+    pub async fn results(&self, job_id: &str) -> anyhow::Result<Results> {
+        let subscriber = self.client.subscribe(names::reply_subject(job_id)).await?;
+        self.client.flush().await?;
+        Ok(Results { subscriber })
+    }
+
+    /// The envelope stored in Redis for one attempt, if any.
+    ///
+    /// # Errors
+    ///
+    /// Redis is unreachable or the stored text is not an envelope.
+    pub async fn stored_result(&self, call: &ToolCall) -> anyhow::Result<Option<Envelope>> {
+        let key = RedisKeys::default().call_result(&call.job_id, &call.call_id, call.attempt);
+        let mut redis = self.redis.connection().await?;
+        let text: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut redis).await?;
+        text.map(|t| serde_json::from_str(&t).context("stored result is not an envelope"))
+            .transpose()
+    }
+
+    /// A Redis integer (a test counter), 0 if unset.
+    ///
+    /// # Errors
+    ///
+    /// Redis is unreachable.
+    pub async fn counter(&self, key: &str) -> anyhow::Result<i64> {
+        let mut redis = self.redis.connection().await?;
+        let value: Option<i64> = redis::cmd("GET").arg(key).query_async(&mut redis).await?;
+        Ok(value.unwrap_or(0))
+    }
+}
+
+/// The results of one job's calls, as workers publish them.
+pub struct Results {
+    subscriber: async_nats::Subscriber,
+}
+
+/// One result message.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The call id header.
+    pub call_id: String,
+    /// Whether the worker answered from the stored result.
+    pub dedup_hit: bool,
+    /// The envelope JSON exactly as published.
+    pub body: String,
+    /// The parsed envelope.
+    pub envelope: Envelope,
+}
+
+impl Results {
+    /// The next result, waiting at most `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// No result within `timeout`, or one that is not an envelope.
+    pub async fn next(&mut self, timeout: Duration) -> anyhow::Result<Received> {
+        let message = tokio::time::timeout(timeout, self.subscriber.next())
+            .await
+            .with_context(|| format!("no result within {timeout:?}"))?
+            .context("result subscription closed")?;
+        let headers = message.headers.clone().unwrap_or_default();
+        let call_id = headers
+            .get(names::headers::CALL_ID)
+            .map(|v| v.as_str().to_owned())
+            .context("result without a call id header")?;
+        let dedup_hit = headers
+            .get(names::headers::DEDUP_HIT)
+            .is_some_and(|v| v.as_str() == "true");
+        let body = String::from_utf8(message.payload.to_vec())?;
+        let envelope = serde_json::from_str(&body)
+            .with_context(|| format!("result is not an envelope: {body}"))?;
+        Ok(Received {
+            call_id,
+            dedup_hit,
+            body,
+            envelope,
+        })
+    }
+}
+
+/// A first-attempt call of `tool` with `arguments` (a JSON text, possibly
+/// malformed on purpose), answering on the job's reply subject.
+pub fn call(job_id: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCall {
+    ToolCall {
+        job_id: job_id.to_owned(),
+        call_id: call_id.to_owned(),
+        attempt: 1,
+        tool: tool.to_owned(),
+        arguments: arguments.to_owned(),
+        deadline_ms: None,
+        idempotency_key: ToolCall::default_idempotency_key(job_id, call_id),
+        reply_to: Some(names::reply_subject(job_id)),
+    }
+}

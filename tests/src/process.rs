@@ -1,0 +1,509 @@
+//! A child process owned by a test: its own scratch dir, one log file holding
+//! stdout and stderr, and a kill on drop.
+
+use std::{
+    ffi::{OsStr, OsString},
+    fs::File,
+    io::{Read as _, Seek as _, SeekFrom, Write as _},
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus, Stdio},
+    sync::{Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
+
+use anyhow::{Context as _, anyhow, bail};
+
+use crate::wait::{self, Outcome};
+
+/// Set to `1` to keep every scratch dir (logs, data) after the test, e.g. for CI
+/// to upload them.
+const KEEP_ENV: &str = "TOOLFLEET_TEST_KEEP";
+
+/// How much of a log a failure shows.
+const TAIL_LINES: usize = 50;
+
+/// A temp dir that survives its owner when [`KEEP_ENV`] is set.
+#[derive(Debug)]
+pub(crate) struct ScratchDir {
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ScratchDir {
+    pub(crate) fn new(name: &str) -> anyhow::Result<Self> {
+        let name = file_name(name);
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("toolfleet-{name}-"))
+            .tempdir()
+            .context("cannot create a temp dir")?;
+        Ok(Self { dir: Some(dir) })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        // Only `drop` takes the dir out.
+        self.dir
+            .as_ref()
+            .expect("scratch dir present until drop")
+            .path()
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        if std::env::var_os(KEEP_ENV).is_some_and(|v| v == "1")
+            && let Some(dir) = self.dir.take()
+        {
+            eprintln!("toolfleet-tests: kept {}", dir.keep().display());
+        }
+    }
+}
+
+/// `name` with anything but letters, digits, `-` and `_` replaced, for use in a path.
+fn file_name(name: &str) -> String {
+    let safe = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    name.chars()
+        .map(|c| if safe(c) { c } else { '_' })
+        .collect()
+}
+
+/// A position in a process log; see [`ChildProcess::log_mark`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LogMark(u64);
+
+/// A program run by a test, e.g. a workspace binary found with [`cargo_bin`].
+///
+/// It runs in its own scratch dir (also its working directory), with stdout and
+/// stderr appended to one log file there; it inherits the test's environment plus
+/// the variables given to [`spawn`](Self::spawn).
+///
+/// Dropping it kills the process, prints the last 50 lines of its log to stderr
+/// and removes the dir (kept with `TOOLFLEET_TEST_KEEP=1`). The log is printed on
+/// every drop, not only on panic: a test that fails by returning `Err` is not
+/// panicking when its locals drop, and the test runner shows stderr only for
+/// failing tests anyway.
+///
+/// Every method takes `&self`, so a test can kill a process it only borrows.
+#[derive(Debug)]
+pub struct ChildProcess {
+    name: String,
+    program: PathBuf,
+    envs: Vec<(OsString, OsString)>,
+    log_path: PathBuf,
+    state: Mutex<State>,
+    // Last, so the dir goes only after `drop` has killed the process.
+    dir: ScratchDir,
+}
+
+#[derive(Debug)]
+struct State {
+    child: Child,
+    args: Vec<OsString>,
+    /// Where the current run's output starts in the log.
+    started_at: LogMark,
+}
+
+impl ChildProcess {
+    /// Starts `program` with `args` and `envs`; `name` labels its dir, log and errors.
+    ///
+    /// # Errors
+    ///
+    /// If the scratch dir or log can't be created, or the program can't be started
+    /// (e.g. it doesn't exist).
+    pub fn spawn<A, E, K, V>(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: A,
+        envs: E,
+    ) -> anyhow::Result<Self>
+    where
+        A: IntoIterator,
+        A::Item: AsRef<OsStr>,
+        E: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
+        let args = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
+        let envs = envs
+            .into_iter()
+            .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
+            .collect();
+        Self::spawn_in(name, ScratchDir::new(name)?, program.into(), args, envs)
+    }
+
+    /// [`spawn`](Self::spawn) into a dir the caller prepared, for servers whose
+    /// arguments name paths inside it.
+    pub(crate) fn spawn_in(
+        name: &str,
+        dir: ScratchDir,
+        program: PathBuf,
+        args: Vec<OsString>,
+        envs: Vec<(OsString, OsString)>,
+    ) -> anyhow::Result<Self> {
+        let log_path = dir.path().join(format!("{}.log", file_name(name)));
+        let (child, started_at) = launch(name, &program, &args, &envs, dir.path(), &log_path)?;
+        Ok(Self {
+            name: name.to_owned(),
+            program,
+            envs,
+            log_path,
+            state: Mutex::new(State {
+                child,
+                args,
+                started_at,
+            }),
+            dir,
+        })
+    }
+
+    /// The name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The current run's process id (it stays valid after exit until the next respawn).
+    pub fn pid(&self) -> u32 {
+        self.lock().child.id()
+    }
+
+    /// The scratch dir, which is also the working directory.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The log file: stdout and stderr of every run, each run after a
+    /// `=== toolfleet-tests: starting ...` line.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Whether the current run has not exited yet.
+    pub fn is_running(&self) -> bool {
+        matches!(self.lock().child.try_wait(), Ok(None))
+    }
+
+    /// Sends SIGKILL, if the process is still running, and reaps it.
+    pub fn kill(&self) {
+        kill_and_reap(&mut self.lock().child, &self.log_path);
+    }
+
+    /// Sends SIGTERM, if the process is still running, without waiting for it;
+    /// follow with [`wait_exit`](Self::wait_exit).
+    ///
+    /// # Errors
+    ///
+    /// If the signal can't be sent.
+    pub fn terminate(&self) -> anyhow::Result<()> {
+        let mut state = self.lock();
+        // Only an unreaped child is signalled, so its pid can't have been reused.
+        if state.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let pid = state.child.id();
+        note(&self.log_path, &format!("sending SIGTERM to pid {pid}"));
+        // `kill` through the shell, because `unsafe_code` is forbidden (no libc)
+        // and this doesn't deserve a dependency.
+        let status = Command::new("sh")
+            .arg("-c")
+            .arg(format!("kill -s TERM {pid}"))
+            .status()
+            .context("cannot run sh to send SIGTERM")?;
+        if !status.success() {
+            bail!("kill -s TERM {pid} ({}) failed: {status}", self.name);
+        }
+        Ok(())
+    }
+
+    /// Waits for the current run to exit and returns its status.
+    ///
+    /// # Errors
+    ///
+    /// If it is still running after `timeout`.
+    pub async fn wait_exit(&self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        let what = format!("{} (pid {}) to exit", self.name, self.pid());
+        // A failed `try_wait` counts as "not yet"; it shows up as the timeout.
+        wait::wait_until(&what, timeout, || async {
+            self.lock().child.try_wait().ok().flatten()
+        })
+        .await
+    }
+
+    /// SIGTERM, then waits up to `timeout` for the process to exit; if it doesn't,
+    /// kills it and fails.
+    ///
+    /// # Errors
+    ///
+    /// If SIGTERM can't be sent or the process outlives `timeout`.
+    pub async fn stop(&self, timeout: Duration) -> anyhow::Result<ExitStatus> {
+        self.terminate()?;
+        match self.wait_exit(timeout).await {
+            Ok(status) => Ok(status),
+            Err(err) => {
+                self.kill();
+                Err(err.context(format!("{} ignored SIGTERM; killed it", self.name)))
+            }
+        }
+    }
+
+    /// Kills the current run, if any, and starts the program again with the same
+    /// arguments, environment and dir; the log is appended to.
+    ///
+    /// # Errors
+    ///
+    /// If the program can't be started.
+    pub fn respawn(&self) -> anyhow::Result<()> {
+        let mut state = self.lock();
+        kill_and_reap(&mut state.child, &self.log_path);
+        let (child, started_at) = launch(
+            &self.name,
+            &self.program,
+            &state.args,
+            &self.envs,
+            self.dir.path(),
+            &self.log_path,
+        )?;
+        state.child = child;
+        state.started_at = started_at;
+        Ok(())
+    }
+
+    /// Where the current run's output starts in the log.
+    pub(crate) fn started_at(&self) -> LogMark {
+        self.lock().started_at
+    }
+
+    /// Replaces the arguments used by the next [`respawn`](Self::respawn).
+    pub(crate) fn set_args(&self, args: Vec<OsString>) {
+        self.lock().args = args;
+    }
+
+    /// The end of the log as it is now: pass it to
+    /// [`wait_for_log_after`](Self::wait_for_log_after) to wait for a line that
+    /// hasn't been logged yet.
+    pub fn log_mark(&self) -> LogMark {
+        LogMark(std::fs::metadata(&self.log_path).map_or(0, |m| m.len()))
+    }
+
+    /// Waits until the current run logs a line containing `needle`, and returns
+    /// that line. Lines from earlier runs (before a respawn) don't count.
+    ///
+    /// # Errors
+    ///
+    /// If the process exits first, or `timeout` passes; the error carries the
+    /// log's tail.
+    pub async fn wait_for_log(&self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        self.wait_for_log_after(self.started_at(), needle, timeout)
+            .await
+    }
+
+    /// Like [`wait_for_log`](Self::wait_for_log), but only lines logged after `mark` count.
+    ///
+    /// # Errors
+    ///
+    /// If the process exits first, or `timeout` passes; the error carries the
+    /// log's tail.
+    pub async fn wait_for_log_after(
+        &self,
+        mark: LogMark,
+        needle: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<String> {
+        let what = format!("{} to log {needle:?}", self.name);
+        // The log file exists from spawn on, so a read error is only ever transient.
+        self.wait_until(&what, timeout, || async {
+            self.find_log_line(mark, needle).ok().flatten()
+        })
+        .await
+    }
+
+    /// [`wait_until`](crate::wait_until) while this process runs: it gives up as
+    /// soon as the process exits, and either error carries the log's tail. Use it
+    /// for readiness probes (a health check, a port that accepts connections).
+    ///
+    /// # Errors
+    ///
+    /// If the process exits first, or `timeout` passes.
+    pub async fn wait_until<F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        probe: F,
+    ) -> anyhow::Result<<Fut::Output as Outcome>::Output>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future,
+        Fut::Output: Outcome,
+    {
+        let exited = || match self.lock().child.try_wait() {
+            Ok(None) => None,
+            Ok(Some(status)) => Some(anyhow!("{} exited ({status})", self.name)),
+            Err(err) => Some(anyhow!(err).context(format!("cannot check on {}", self.name))),
+        };
+        // The probe runs once more after the exit is seen: a process that logs a
+        // line and then exits has still logged it.
+        let mut gone = false;
+        let result = wait::poll(what, timeout, probe, || {
+            if gone {
+                exited()
+            } else {
+                gone = exited().is_some();
+                None
+            }
+        })
+        .await;
+        result.map_err(|err| anyhow!("{err:#}\n{}", self.log_tail_report()))
+    }
+
+    /// The last `lines` lines of the log, across all runs.
+    pub fn log_tail(&self, lines: usize) -> String {
+        let text = std::fs::read(&self.log_path)
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_else(|err| format!("(cannot read {}: {err})\n", self.log_path.display()));
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    fn log_tail_report(&self) -> String {
+        format!(
+            "--- last {TAIL_LINES} lines of {} ({}) ---\n{}\n--- end of {} log ---",
+            self.name,
+            self.log_path.display(),
+            self.log_tail(TAIL_LINES),
+            self.name,
+        )
+    }
+
+    /// The first complete line after `mark` that contains `needle`. A line still
+    /// being written is skipped: half of "listening on 127.0.0.1:4222" would give
+    /// the wrong port.
+    pub(crate) fn find_log_line(
+        &self,
+        mark: LogMark,
+        needle: &str,
+    ) -> anyhow::Result<Option<String>> {
+        let mut file = File::open(&self.log_path)
+            .with_context(|| format!("cannot open {}", self.log_path.display()))?;
+        file.seek(SeekFrom::Start(mark.0))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        let text = String::from_utf8_lossy(&bytes);
+        Ok(text
+            .split_inclusive('\n')
+            .filter(|line| line.ends_with('\n') && line.contains(needle))
+            .map(|line| line.trim_end().to_owned())
+            .next())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere must not stop the kill in `drop`.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
+        kill_and_reap(&mut state.child, &self.log_path);
+        eprintln!("{}", self.log_tail_report());
+    }
+}
+
+fn launch(
+    name: &str,
+    program: &Path,
+    args: &[OsString],
+    envs: &[(OsString, OsString)],
+    dir: &Path,
+    log_path: &Path,
+) -> anyhow::Result<(Child, LogMark)> {
+    let mut log = File::options()
+        .create(true)
+        .append(true)
+        .open(log_path)
+        .with_context(|| format!("cannot open {}", log_path.display()))?;
+    let command_line = std::iter::once(program.as_os_str())
+        .chain(args.iter().map(OsString::as_os_str))
+        .map(|a| shell_quote(&a.to_string_lossy()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    writeln!(log, "=== toolfleet-tests: starting {command_line} ===")?;
+    let started_at = LogMark(log.metadata()?.len());
+    let stderr = log.try_clone()?;
+    let child = Command::new(program)
+        .args(args)
+        .envs(envs.iter().map(|(k, v)| (k, v)))
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| format!("cannot start {name}: {command_line}"))?;
+    Ok((child, started_at))
+}
+
+/// `arg` as a shell would need it, so the logged command line can be pasted to
+/// rerun the process by hand.
+fn shell_quote(arg: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_./:=,@%+".contains(c);
+    if !arg.is_empty() && arg.chars().all(plain) {
+        arg.to_owned()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// Appends a line of the harness's own to the log, so a tail shows what the
+/// test did to the process. Best effort: it only explains.
+fn note(log_path: &Path, text: &str) {
+    if let Ok(mut log) = File::options().append(true).open(log_path) {
+        let _ = writeln!(log, "=== toolfleet-tests: {text} ===");
+    }
+}
+
+fn kill_and_reap(child: &mut Child, log_path: &Path) {
+    if let Ok(None) = child.try_wait() {
+        note(log_path, &format!("sending SIGKILL to pid {}", child.id()));
+        // Errors mean it exited meanwhile; `wait` reaps it either way.
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// The path of a binary built from this workspace (`toolfleet-worker`, ...).
+///
+/// Honours `CARGO_BIN_EXE_<name>` and `NEXTEST_BIN_EXE_<name>`, which are set for
+/// a package's own binaries; otherwise looks beside the test executable
+/// (`target/<profile>/deps/<test>` gives `target/<profile>/<name>`).
+///
+/// # Errors
+///
+/// If the binary hasn't been built: build it first with `cargo build --workspace --bins`.
+/// A binary older than the sources is not detected.
+pub fn cargo_bin(name: &str) -> anyhow::Result<PathBuf> {
+    for var in [
+        format!("CARGO_BIN_EXE_{name}"),
+        format!("NEXTEST_BIN_EXE_{name}"),
+    ] {
+        if let Some(path) = std::env::var_os(&var) {
+            return Ok(path.into());
+        }
+    }
+    let exe = std::env::current_exe().context("cannot find the test executable")?;
+    let mut dir = exe.parent().context("test executable has no parent dir")?;
+    if dir.ends_with("deps") {
+        dir = dir.parent().context("deps dir has no parent")?;
+    }
+    let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.is_file() {
+        bail!(
+            "binary {name} not found at {}; build it first: cargo build --workspace --bins",
+            path.display()
+        );
+    }
+    Ok(path)
+}
+
+/// The first `name` in a `PATH` dir.
+pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}

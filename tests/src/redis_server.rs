@@ -1,0 +1,229 @@
+//! A `redis-server` per test.
+
+use std::{
+    ffi::OsString,
+    net::TcpListener,
+    path::{Path, PathBuf},
+    process::ExitStatus,
+    time::Duration,
+};
+
+use anyhow::Context as _;
+
+use crate::process::{self, ChildProcess, ScratchDir};
+
+const INSTALL_HINT: &str = "run scripts/setup (or `apt-get install redis-server`)";
+
+/// The line the server logs once it serves clients (7.0 ends it there, 7.2 adds " tcp").
+const READY: &str = "Ready to accept connections";
+
+/// How redis-server reports that another process bound the port first.
+const PORT_TAKEN: &str = "Address already in use";
+
+/// Fresh ports to try before giving up on start-up.
+const PORT_ATTEMPTS: usize = 5;
+
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How to run a [`RedisServer`].
+#[derive(Debug, Clone, Default)]
+pub struct RedisConfig {
+    /// Log every write to an append-only file before answering it
+    /// (`appendfsync always`), so data survives [`RedisServer::kill`] and
+    /// [`RedisServer::restart`]. Default: off, and nothing is persisted.
+    pub append_only: bool,
+}
+
+/// A `redis-server` from `PATH` on a free loopback port, with its data dir in its
+/// own scratch dir. Killed on drop; see [`ChildProcess`].
+#[derive(Debug)]
+pub struct RedisServer {
+    process: ChildProcess,
+    port: u16,
+    client: redis::Client,
+}
+
+impl RedisServer {
+    /// Starts a server without persistence and waits until it answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// See [`start_with`](Self::start_with).
+    pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(RedisConfig::default()).await
+    }
+
+    /// Starts a server configured by `config` and waits until it answers `PING`.
+    ///
+    /// The port is one the kernel just handed out as free; if another process
+    /// binds it before redis-server does, start-up is retried on a fresh one.
+    ///
+    /// # Errors
+    ///
+    /// If `redis-server` is not on `PATH` (the message says how to install it), or
+    /// the server doesn't come up in time (the message carries its log).
+    pub async fn start_with(config: RedisConfig) -> anyhow::Result<Self> {
+        let binary = process::find_on_path("redis-server")
+            .with_context(|| format!("redis-server not found on PATH; {INSTALL_HINT}"))?;
+        let dir = ScratchDir::new("redis-server")?;
+        let mut port = free_port()?;
+        let args = server_args(port, dir.path(), &config);
+        let process = ChildProcess::spawn_in("redis-server", dir, binary, args, Vec::new())?;
+        for attempt in 1.. {
+            match process.wait_for_log(READY, START_TIMEOUT).await {
+                Ok(_) => break,
+                Err(err) => {
+                    let taken = process
+                        .find_log_line(process.started_at(), PORT_TAKEN)?
+                        .is_some();
+                    if !taken || attempt == PORT_ATTEMPTS {
+                        return Err(err);
+                    }
+                }
+            }
+            port = free_port()?;
+            process.set_args(server_args(port, process.dir(), &config));
+            process.respawn()?;
+        }
+        let client = redis::Client::open(url(port))?;
+        let server = Self {
+            process,
+            port,
+            client,
+        };
+        server.wait_ready().await?;
+        Ok(server)
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn url(&self) -> String {
+        url(self.port)
+    }
+
+    /// The port; it stays the same across restarts.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The data dir (where the append-only files go).
+    pub fn dir(&self) -> &Path {
+        self.process.dir()
+    }
+
+    /// The server process, for its log.
+    pub fn process(&self) -> &ChildProcess {
+        &self.process
+    }
+
+    /// A client for this server; connections are made from it on demand.
+    pub fn client(&self) -> redis::Client {
+        self.client.clone()
+    }
+
+    /// A connection that reconnects by itself, e.g. across [`restart`](Self::restart).
+    ///
+    /// # Errors
+    ///
+    /// If the server can't be reached.
+    pub async fn connection(&self) -> anyhow::Result<redis::aio::ConnectionManager> {
+        self.client
+            .get_connection_manager()
+            .await
+            .with_context(|| format!("cannot connect to redis-server at {}", self.url()))
+    }
+
+    /// Deletes every key.
+    ///
+    /// # Errors
+    ///
+    /// If the server can't be reached.
+    pub async fn flush_all(&self) -> anyhow::Result<()> {
+        let mut connection = self.client.get_multiplexed_async_connection().await?;
+        redis::cmd("FLUSHALL")
+            .query_async::<()>(&mut connection)
+            .await?;
+        Ok(())
+    }
+
+    /// Kills the server (SIGKILL) if it runs, and starts it again on the same port
+    /// with the same dir and config; returns once it answers `PING`. Keys survive
+    /// only with [`RedisConfig::append_only`].
+    ///
+    /// # Errors
+    ///
+    /// If the server doesn't come back in time, e.g. because another process took
+    /// the port meanwhile.
+    pub async fn restart(&self) -> anyhow::Result<()> {
+        self.process.respawn()?;
+        self.process.wait_for_log(READY, START_TIMEOUT).await?;
+        self.wait_ready().await
+    }
+
+    /// SIGKILL: the server dies as in a crash. [`restart`](Self::restart) brings it back.
+    pub fn kill(&self) {
+        self.process.kill();
+    }
+
+    /// SIGTERM, and waits for the server to exit (it is killed after 10s).
+    ///
+    /// # Errors
+    ///
+    /// If it didn't exit within 10s of SIGTERM.
+    pub async fn stop(&self) -> anyhow::Result<ExitStatus> {
+        self.process.stop(STOP_TIMEOUT).await
+    }
+
+    async fn wait_ready(&self) -> anyhow::Result<()> {
+        let what = format!("redis-server at {} to answer PING", self.url());
+        self.process
+            .wait_until(&what, START_TIMEOUT, || async {
+                let mut connection = self.client.get_multiplexed_async_connection().await?;
+                redis::cmd("PING")
+                    .query_async::<String>(&mut connection)
+                    .await
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+fn url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}/")
+}
+
+fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
+    let port = port.to_string();
+    let append_only = if config.append_only { "yes" } else { "no" };
+    let mut args: Vec<OsString> = [
+        "--port",
+        &port,
+        "--bind",
+        "127.0.0.1",
+        "--daemonize",
+        "no",
+        // No RDB snapshots: persistence, when wanted, is the AOF alone.
+        "--save",
+        "",
+        "--appendonly",
+        append_only,
+        // A write is on disk before it is acknowledged, so a SIGKILL loses nothing.
+        "--appendfsync",
+        "always",
+        // To stdout, which the harness captures into the process log.
+        "--logfile",
+        "",
+        "--dir",
+    ]
+    .map(OsString::from)
+    .into();
+    args.push(PathBuf::from(dir).into());
+    args
+}
+
+/// A port the kernel considers free right now. Another process can take it before
+/// redis-server binds it; [`RedisServer::start_with`] retries then.
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot reserve a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}

@@ -1,0 +1,386 @@
+//! The worker fleet against real nats-server and redis-server processes, with
+//! `toolfleet-worker` binaries as the workers.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_nats::jetstream;
+use serde_json::{Value, json};
+use toolfleet_proto::names;
+use toolfleet_tests::fleet::{Fleet, call};
+use toolfleet_tests::wait_until;
+
+const RESULT: Duration = Duration::from_secs(20);
+
+fn error_code(envelope: &toolfleet_proto::Envelope) -> Option<&str> {
+    envelope.error().map(|e| e.code.as_str())
+}
+
+#[tokio::test]
+async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> anyhow::Result<()> {
+    let fleet = Fleet::start(2).await?;
+    let mut results = fleet.results("job-calc").await?;
+    let calc = call(
+        "job-calc",
+        "call_1",
+        "calculate",
+        r#"{"expression":"2*(3+4)-1"}"#,
+    );
+    fleet.publish_call(&calc).await?;
+
+    let received = results.next(RESULT).await?;
+    assert_eq!(received.call_id, "call_1");
+    let expected = json!({"ok": true, "data": {"expression": "2*(3+4)-1", "result": 13}});
+    assert_eq!(serde_json::from_str::<Value>(&received.body)?, expected);
+    // The same envelope is stored in Redis, the source of truth.
+    assert_eq!(fleet.stored_result(&calc).await?, Some(received.envelope));
+
+    // Exactly one of the two workers executed it.
+    let executed: Vec<_> = fleet
+        .workers()
+        .iter()
+        .filter(|w| w.log_tail(10_000).contains("executing call"))
+        .collect();
+    assert_eq!(executed.len(), 1, "exactly one worker executes the call");
+
+    // Both workers announce their tools in the registry.
+    let js = jetstream::new(fleet.client.clone());
+    let registry = js.get_key_value(names::REGISTRY_BUCKET).await?;
+    for worker in ["worker-0", "worker-1"] {
+        for tool in [
+            "calculate",
+            "get_current_weather",
+            "echo",
+            "increment_counter",
+        ] {
+            let entry = registry.get(names::registry_key(tool, worker)).await?;
+            let entry = entry.unwrap_or_else(|| panic!("{tool} of {worker} is not announced"));
+            let announcement: toolfleet_proto::WorkerAnnouncement = serde_json::from_slice(&entry)?;
+            assert_eq!(announcement.manifest.name, tool);
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_thousand_calls_over_two_workers_each_run_exactly_once() -> anyhow::Result<()> {
+    const CALLS: usize = 1000;
+    let fleet = Fleet::start(2).await?;
+    let mut results = fleet.results("job-many").await?;
+    let calls: Vec<_> = (0..CALLS)
+        .map(|i| {
+            let args = json!({"key": format!("counter:{i}")}).to_string();
+            call("job-many", &format!("call_{i}"), "increment_counter", &args)
+        })
+        .collect();
+    let publishes = calls.iter().map(|c| fleet.publish_call(c));
+    futures::future::try_join_all(publishes).await?;
+
+    let mut answered = HashSet::new();
+    while answered.len() < CALLS {
+        let received = results.next(RESULT).await?;
+        assert!(received.envelope.is_ok(), "{}", received.body);
+        answered.insert(received.call_id);
+    }
+    for i in 0..CALLS {
+        assert_eq!(
+            fleet.counter(&format!("counter:{i}")).await?,
+            1,
+            "counter {i}"
+        );
+    }
+    // Both workers took a share: the consumer is shared, not duplicated.
+    for worker in fleet.workers() {
+        assert!(
+            worker.log_tail(100_000).contains("executing call"),
+            "{} executed nothing",
+            worker.name()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_same_call_delivered_twice_runs_once_and_is_answered_twice() -> anyhow::Result<()> {
+    // A short lease, so a concurrent duplicate is looked at again quickly.
+    let fleet = Fleet::start_with(2, &[("TOOLFLEET_RUNTIME__CLAIM_LEASE", "1s")]).await?;
+    let mut results = fleet.results("job-dup").await?;
+
+    // One after the other: the second delivery finds the stored result.
+    let first = call(
+        "job-dup",
+        "call_seq",
+        "increment_counter",
+        r#"{"key":"dup:seq"}"#,
+    );
+    fleet.publish_duplicate(&first).await?;
+    let a = results.next(RESULT).await?;
+    fleet.publish_duplicate(&first).await?;
+    let b = results.next(RESULT).await?;
+    assert_eq!(a.body, b.body, "the same envelope both times");
+    assert!(!a.dedup_hit && b.dedup_hit);
+    assert_eq!(fleet.counter("dup:seq").await?, 1);
+
+    // At the same time: one delivery executes, the other waits for its result.
+    let second = call(
+        "job-dup",
+        "call_par",
+        "increment_counter",
+        r#"{"key":"dup:par"}"#,
+    );
+    fleet.publish_duplicate(&second).await?;
+    fleet.publish_duplicate(&second).await?;
+    let c = results.next(RESULT).await?;
+    let d = results.next(RESULT).await?;
+    assert_eq!(c.body, d.body);
+    assert_eq!(fleet.counter("dup:par").await?, 1);
+    Ok(())
+}
+
+#[tokio::test]
+async fn invalid_arguments_are_answered_without_running_the_tool() -> anyhow::Result<()> {
+    let fleet = Fleet::start(1).await?;
+    let mut results = fleet.results("job-bad").await?;
+    let cases = [
+        ("wrong_type", "increment_counter", r#"{"key": 5}"#),
+        (
+            "extra_property",
+            "increment_counter",
+            r#"{"key": "bad:x", "shell": "rm -rf /"}"#,
+        ),
+        ("missing_field", "increment_counter", r"{}"),
+        ("not_json", "increment_counter", "key=bad:x"),
+        (
+            "bad_enum",
+            "get_current_weather",
+            r#"{"location": "Boston, MA", "unit": "kelvin"}"#,
+        ),
+        (
+            "business_rule",
+            "get_current_weather",
+            r#"{"location": "B", "unit": "celsius"}"#,
+        ),
+        (
+            "not_arithmetic",
+            "calculate",
+            r#"{"expression": "__import__('os').system('id')"}"#,
+        ),
+    ];
+    for (id, tool, args) in cases {
+        fleet.publish_call(&call("job-bad", id, tool, args)).await?;
+    }
+    let mut seen = HashMap::new();
+    for _ in cases {
+        let received = results.next(RESULT).await?;
+        let error = received.envelope.error().cloned();
+        seen.insert(received.call_id, error);
+    }
+    for (id, _, _) in cases {
+        let error = seen[id]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{id} succeeded"));
+        assert_eq!(
+            error.code.as_str(),
+            "INVALID_TOOL_ARGUMENTS",
+            "{id}: {error:?}"
+        );
+        assert!(!error.retryable, "{id}");
+    }
+    // The side-effecting tool never ran: no counter key was ever written.
+    let mut redis = fleet.redis.connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("bad:*")
+        .query_async(&mut redis)
+        .await?;
+    assert!(keys.is_empty(), "{keys:?}");
+    // Schema failures never reach a tool; business rules are the tool's own.
+    let log = fleet.worker(0).log_tail(10_000);
+    let invoked: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("executing call"))
+        .collect();
+    assert_eq!(
+        invoked.len(),
+        2,
+        "only the two schema-valid calls ran: {invoked:#?}"
+    );
+    assert!(
+        invoked
+            .iter()
+            .all(|l| !l.contains("increment_counter") && !l.contains("bad_enum"))
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_tool_is_never_executed() -> anyhow::Result<()> {
+    let fleet = Fleet::start(1).await?;
+    let mut results = fleet.results("job-unknown").await?;
+
+    // On its own subject, nothing consumes it: it waits in the stream.
+    fleet
+        .publish_call(&call(
+            "job-unknown",
+            "shell_1",
+            "run_shell",
+            r#"{"cmd": "id"}"#,
+        ))
+        .await?;
+    // Smuggled onto a served tool's subject, the worker refuses it.
+    let mut smuggled = call("job-unknown", "shell_2", "run_shell", r#"{"cmd": "id"}"#);
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(names::headers::MSG_ID, smuggled.msg_id().as_str());
+    let js = jetstream::new(fleet.client.clone());
+    js.publish_with_headers(
+        names::call_subject("echo"),
+        headers,
+        serde_json::to_vec(&smuggled)?.into(),
+    )
+    .await?
+    .await?;
+    // A real tool's name in the body does not help a call on another subject.
+    smuggled = call(
+        "job-unknown",
+        "counter_1",
+        "increment_counter",
+        r#"{"key":"smuggled"}"#,
+    );
+    js.publish(
+        names::call_subject("echo"),
+        serde_json::to_vec(&smuggled)?.into(),
+    )
+    .await?
+    .await?;
+
+    let mut codes = HashMap::new();
+    for _ in 0..2 {
+        let received = results.next(RESULT).await?;
+        codes.insert(
+            received.call_id,
+            error_code(&received.envelope).map(str::to_owned),
+        );
+    }
+    assert_eq!(codes["shell_2"].as_deref(), Some("UNKNOWN_TOOL"));
+    assert_eq!(codes["counter_1"].as_deref(), Some("UNKNOWN_TOOL"));
+    assert_eq!(fleet.counter("smuggled").await?, 0);
+
+    let mut stream = js.get_stream(names::CALL_STREAM).await?;
+    let info = stream.info().await?;
+    assert_eq!(
+        info.state.messages, 1,
+        "the run_shell call is still unconsumed"
+    );
+    assert!(
+        js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
+            names::call_consumer("run_shell"),
+            names::CALL_STREAM
+        )
+        .await
+        .is_err(),
+        "no consumer exists for run_shell"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> anyhow::Result<()> {
+    let fleet =
+        Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SLEEP", "300ms")]).await?;
+    let mut results = fleet.results("job-crash").await?;
+
+    fleet
+        .publish_call(&call("job-crash", "boom", "panic", "{}"))
+        .await?;
+    let panicked = results.next(RESULT).await?;
+    let error = panicked.envelope.error().expect("a panic is an error");
+    assert_eq!(error.code.as_str(), "TOOL_EXECUTION_FAILED");
+    assert!(!error.retryable);
+    assert!(
+        !panicked.body.contains("secret"),
+        "internals leaked: {}",
+        panicked.body
+    );
+    fleet
+        .worker(0)
+        .wait_for_log("tool panicked", RESULT)
+        .await?;
+
+    fleet
+        .publish_call(&call("job-crash", "slow", "sleep", r#"{"ms": 10000}"#))
+        .await?;
+    let timed_out = results.next(RESULT).await?;
+    let error = timed_out.envelope.error().expect("a timeout is an error");
+    assert_eq!(error.code.as_str(), "TOOL_TIMEOUT");
+    assert!(error.retryable);
+
+    fleet
+        .publish_call(&call("job-crash", "after", "echo", r#"{"still": "alive"}"#))
+        .await?;
+    let echoed = results.next(RESULT).await?;
+    assert_eq!(echoed.call_id, "after");
+    assert_eq!(
+        serde_json::from_str::<Value>(&echoed.body)?,
+        json!({"ok": true, "data": {"still": "alive"}})
+    );
+    assert!(fleet.worker(0).is_running());
+    Ok(())
+}
+
+#[tokio::test]
+async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
+    // Drain long enough: the slow call finishes before the worker exits.
+    let fleet = Fleet::start(1).await?;
+    let mut results = fleet.results("job-term").await?;
+    fleet
+        .publish_call(&call("job-term", "finishes", "sleep", r#"{"ms": 1500}"#))
+        .await?;
+    fleet
+        .worker(0)
+        .wait_for_log("executing call", RESULT)
+        .await?;
+    fleet.worker(0).terminate()?;
+    let finished = results.next(RESULT).await?;
+    assert_eq!(finished.call_id, "finishes");
+    assert!(finished.envelope.is_ok(), "{}", finished.body);
+    let status = fleet.worker(0).wait_exit(RESULT).await?;
+    assert!(status.success(), "drained worker exits 0: {status:?}");
+
+    // Drain too short: the call is handed back and another worker runs it.
+    let mut short = Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", "200ms")]).await?;
+    let mut results = short.results("job-term2").await?;
+    short
+        .publish_call(&call(
+            "job-term2",
+            "handed_back",
+            "sleep",
+            r#"{"ms": 3000}"#,
+        ))
+        .await?;
+    short
+        .worker(0)
+        .wait_for_log("executing call", RESULT)
+        .await?;
+    short.worker(0).terminate()?;
+    short.worker(0).wait_exit(RESULT).await?;
+    assert!(
+        short
+            .worker(0)
+            .log_tail(200)
+            .contains("handing the remaining calls back")
+    );
+    let next = short.spawn_worker().await?;
+    let redelivered = results.next(Duration::from_secs(30)).await?;
+    assert_eq!(redelivered.call_id, "handed_back");
+    assert!(redelivered.envelope.is_ok(), "{}", redelivered.body);
+    assert!(short.worker(next).log_tail(1000).contains("executing call"));
+    wait_until("the result to be stored", RESULT, || async {
+        short
+            .stored_result(&call("job-term2", "handed_back", "sleep", ""))
+            .await
+            .ok()
+            .flatten()
+            .is_some()
+    })
+    .await?;
+    Ok(())
+}

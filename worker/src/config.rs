@@ -1,0 +1,308 @@
+//! Worker configuration, loaded in layers: defaults < TOML file <
+//! `TOOLFLEET_*` environment variables (`__` for nesting, e.g.
+//! `TOOLFLEET_RUNTIME__MAX_IN_FLIGHT=32`) < command-line flags.
+//!
+//! Every key is documented in `docs/configuration.md`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::tools::weather::WeatherOptions;
+
+/// Everything a worker process needs to run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkerOptions {
+    /// Identity of this process in the registry and in claims. Default: empty,
+    /// which means `<hostname>-<pid>-<random>`.
+    pub worker_id: String,
+    /// NATS connection.
+    pub nats: NatsOptions,
+    /// Redis connection and key layout.
+    pub redis: RedisOptions,
+    /// How calls are pulled and executed.
+    pub runtime: RuntimeOptions,
+    /// How this worker announces its tools.
+    pub registry: RegistryOptions,
+    /// Tools to serve: empty means every built-in tool. Default: empty.
+    pub tools: Vec<String>,
+    /// Also serve the test tools (`echo`, `sleep`, `fail`, `panic`,
+    /// `increment_counter`). Never enable in production. Default: false.
+    /// `TOOLFLEET_TEST_TOOLS=1` or `--test-tools` enable it.
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub test_tools: bool,
+    /// Settings of the `get_current_weather` tool.
+    pub weather: WeatherOptions,
+    /// Prometheus metrics endpoint.
+    pub metrics: MetricsOptions,
+    /// Log output.
+    pub log: LogOptions,
+}
+
+/// NATS connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsOptions {
+    /// Server URL(s), comma separated. Default: `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Path of a NATS credentials file, if the server needs one. Default: none.
+    pub credentials_file: Option<String>,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            credentials_file: None,
+        }
+    }
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisOptions {
+    /// Server URL (`redis://` or `rediss://`, may carry a password).
+    /// Default: `redis://127.0.0.1:6379/`.
+    pub url: String,
+    /// Prefix of every key. Default: `tf`.
+    pub key_prefix: String,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/".into(),
+            key_prefix: "tf".into(),
+        }
+    }
+}
+
+/// How the runtime pulls and executes calls.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RuntimeOptions {
+    /// Calls this process executes at once, over all its tools. Default: 16.
+    pub max_in_flight: NonZeroUsize,
+    /// How long SIGTERM waits for in-flight calls before naking the rest.
+    /// Keep it below the pod's terminationGracePeriodSeconds. Default: 25s.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// JetStream AckWait of the tool consumers: a call not acked (nor kept alive)
+    /// within it is redelivered. Long calls are kept alive automatically.
+    /// Default: 30s.
+    #[serde(with = "humantime_serde")]
+    pub ack_wait: Duration,
+    /// Deliveries of one call before JetStream stops redelivering it.
+    /// Default: 5.
+    pub max_deliveries: i64,
+    /// Lease of a call's claim in Redis; renewed while the call runs, so it only
+    /// expires when the worker died. Default: 15s.
+    #[serde(with = "humantime_serde")]
+    pub claim_lease: Duration,
+    /// How long results are kept for deduplication. Default: 24h.
+    #[serde(with = "humantime_serde")]
+    pub result_retention: Duration,
+    /// How long calls wait in the stream for a worker before they are dropped.
+    /// Default: 24h.
+    #[serde(with = "humantime_serde")]
+    pub call_max_age: Duration,
+    /// Per-tool timeout overrides, e.g. `{ sleep = "500ms" }`; the announced
+    /// manifest carries the override. Default: none (each tool's own).
+    pub tool_timeouts: BTreeMap<String, humantime_serde::Serde<Duration>>,
+    /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
+    pub max_argument_bytes: usize,
+    /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
+    /// `PAYLOAD_TOO_LARGE` envelope. Default: 1048576 (1 MiB).
+    pub max_output_bytes: usize,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            max_in_flight: NonZeroUsize::new(16).expect("16 is not zero"),
+            drain_timeout: Duration::from_secs(25),
+            ack_wait: Duration::from_secs(30),
+            max_deliveries: 5,
+            claim_lease: Duration::from_secs(15),
+            result_retention: Duration::from_secs(24 * 3600),
+            call_max_age: Duration::from_secs(24 * 3600),
+            tool_timeouts: BTreeMap::new(),
+            max_argument_bytes: 256 * 1024,
+            max_output_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// How a worker announces its tools in the registry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryOptions {
+    /// How often the announcements are refreshed. Default: 5s.
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+    /// How long an announcement lives without a refresh (the KV bucket's max
+    /// age; all workers must agree on it). Default: 15s.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(5),
+            ttl: Duration::from_secs(15),
+        }
+    }
+}
+
+/// Prometheus metrics endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsOptions {
+    /// Address to serve `/metrics` on, e.g. `0.0.0.0:9090`. Default: none (off).
+    pub listen: Option<SocketAddr>,
+}
+
+/// Log output settings. `RUST_LOG` overrides `level`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogOptions {
+    /// `text` or `json` (production). Default: `text`.
+    pub format: LogFormat,
+    /// Filter directive, e.g. `info` or `toolfleet_worker=debug`. Default: `info`.
+    pub level: String,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// A configuration that could not be loaded; the message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(#[source] Box<figment::Error>);
+
+/// Top-level keys that `TOOLFLEET_*` variables may set. Other `TOOLFLEET_*`
+/// variables (the orchestrator's, the test harness's) are ignored.
+const ENV_KEYS: &[&str] = &[
+    "worker_id",
+    "nats",
+    "redis",
+    "runtime",
+    "registry",
+    "tools",
+    "test_tools",
+    "weather",
+    "metrics",
+    "log",
+];
+
+impl WorkerOptions {
+    /// Loads defaults, then the TOML file at `path` (if any), then the
+    /// `TOOLFLEET_*` environment, then `overrides` (the command-line flags,
+    /// as a partial document).
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read or parsed, or a value of the wrong type; the
+    /// error names the key and where it came from.
+    pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Self::default()));
+        if let Some(path) = path {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let env = Env::prefixed("TOOLFLEET_").split("__").filter(|key| {
+            // Seen in its original case, after `split` (`RUNTIME.MAX_IN_FLIGHT`).
+            let key = key.as_str().to_ascii_lowercase();
+            let top = key.split('.').next().unwrap_or_default();
+            ENV_KEYS.contains(&top)
+        });
+        figment
+            .merge(env)
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(|e| ConfigError(Box::new(e)))
+    }
+
+    /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.
+    pub fn resolved_worker_id(&self) -> String {
+        if !self.worker_id.is_empty() {
+            return self.worker_id.clone();
+        }
+        let host = hostname::get()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_else(|| "worker".into());
+        let host: String = host
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '-'
+                }
+            })
+            .collect();
+        format!(
+            "{host}-{}-{:04x}",
+            std::process::id(),
+            rand::random::<u16>()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn layers_override_in_order() {
+        let dir = std::env::temp_dir().join(format!("tf-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("worker.toml");
+        std::fs::write(
+            &file,
+            "test_tools = true\n[runtime]\nmax_in_flight = 4\ndrain_timeout = \"3s\"\n[nats]\nurl = \"nats://file:4222\"\n",
+        )
+        .unwrap();
+        let options =
+            WorkerOptions::load(Some(&file), json!({"nats": {"url": "nats://flag:4222"}})).unwrap();
+        assert_eq!(options.runtime.max_in_flight.get(), 4);
+        assert_eq!(options.runtime.drain_timeout, Duration::from_secs(3));
+        assert_eq!(options.nats.url, "nats://flag:4222");
+        assert!(options.test_tools);
+        assert_eq!(options.redis.key_prefix, "tf");
+    }
+
+    #[test]
+    fn a_bad_value_names_its_key() {
+        let err = WorkerOptions::load(None, json!({"runtime": {"max_in_flight": 0}})).unwrap_err();
+        assert!(err.to_string().contains("max_in_flight"), "{err}");
+        let err = WorkerOptions::load(None, json!({"runtime": {"bogus": 1}})).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+}

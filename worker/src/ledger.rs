@@ -1,0 +1,176 @@
+//! The call ledger in Redis: the claim and result records that make a
+//! redelivered call harmless.
+//!
+//! For each `(job_id, call_id, attempt)` there is at most one result, and while
+//! a worker executes the attempt it holds a claim with a lease that it renews.
+//! A delivery that finds a result answers with it; one that finds a live claim
+//! waits; one that finds neither claims and executes. Each check-and-set is one
+//! Lua script, so two workers can never both win.
+
+use std::time::Duration;
+
+use redis::Script;
+use redis::aio::ConnectionManager;
+use toolfleet_proto::ToolCall;
+use toolfleet_proto::names::RedisKeys;
+
+/// What a delivery found when it tried to claim its call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Claim {
+    /// The attempt already has a result (this JSON envelope): answer with it.
+    Stored(String),
+    /// This delivery now owns the attempt and must execute it.
+    Acquired,
+    /// Another execution holds a live claim (`owner`): try again later.
+    HeldBy(String),
+}
+
+const CLAIM: &str = r"
+local result = redis.call('GET', KEYS[1])
+if result then return {1, result} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2, ''} end
+return {3, redis.call('GET', KEYS[2]) or ''}
+";
+
+const COMPLETE: &str = r"
+local existing = redis.call('GET', KEYS[1])
+if existing then return existing end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return ARGV[1]
+";
+
+const RENEW: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+";
+
+const RELEASE: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+";
+
+/// Claims and results of call attempts, for one worker process.
+#[derive(Clone)]
+pub(crate) struct Ledger {
+    redis: ConnectionManager,
+    keys: RedisKeys,
+    lease: Duration,
+    retention: Duration,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    claim: Script,
+    complete: Script,
+    renew: Script,
+    release: Script,
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Ledger {
+    pub(crate) fn new(
+        redis: ConnectionManager,
+        keys: RedisKeys,
+        lease: Duration,
+        retention: Duration,
+    ) -> Self {
+        Self {
+            redis,
+            keys,
+            lease,
+            retention,
+            scripts: std::sync::Arc::new(Scripts {
+                claim: Script::new(CLAIM),
+                complete: Script::new(COMPLETE),
+                renew: Script::new(RENEW),
+                release: Script::new(RELEASE),
+            }),
+        }
+    }
+
+    /// How long a claim lives without renewal.
+    pub(crate) fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// Claims `call` for the execution `owner` (unique per delivery), unless it
+    /// already has a result or a live claim.
+    pub(crate) async fn claim(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<Claim> {
+        let (kind, value): (u8, String) = self
+            .scripts
+            .claim
+            .key(self.result_key(call))
+            .key(self.claim_key(call))
+            .arg(owner)
+            .arg(millis(self.lease))
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        Ok(match kind {
+            1 => Claim::Stored(value),
+            2 => Claim::Acquired,
+            _ => Claim::HeldBy(value),
+        })
+    }
+
+    /// Extends `owner`'s claim by one lease. False when the claim was lost.
+    pub(crate) async fn renew(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<bool> {
+        let renewed: i64 = self
+            .scripts
+            .renew
+            .key(self.claim_key(call))
+            .arg(owner)
+            .arg(millis(self.lease))
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        Ok(renewed == 1)
+    }
+
+    /// Stores `envelope` as the attempt's result and drops `owner`'s claim.
+    /// The first stored result wins: returns the envelope that is now stored,
+    /// which is another execution's if it finished first.
+    pub(crate) async fn complete(
+        &self,
+        call: &ToolCall,
+        owner: &str,
+        envelope: &str,
+    ) -> redis::RedisResult<String> {
+        self.scripts
+            .complete
+            .key(self.result_key(call))
+            .key(self.claim_key(call))
+            .arg(envelope)
+            .arg(millis(self.retention))
+            .arg(owner)
+            .invoke_async(&mut self.redis.clone())
+            .await
+    }
+
+    /// Drops `owner`'s claim without a result, so that a redelivery can run
+    /// the call at once (used when a call is handed back during shutdown).
+    pub(crate) async fn release(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<()> {
+        let _: i64 = self
+            .scripts
+            .release
+            .key(self.claim_key(call))
+            .arg(owner)
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        Ok(())
+    }
+
+    fn claim_key(&self, call: &ToolCall) -> String {
+        self.keys
+            .call_claim(&call.job_id, &call.call_id, call.attempt)
+    }
+
+    fn result_key(&self, call: &ToolCall) -> String {
+        self.keys
+            .call_result(&call.job_id, &call.call_id, call.attempt)
+    }
+}

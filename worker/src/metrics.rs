@@ -1,0 +1,32 @@
+//! The worker's Prometheus metrics. Every name is documented in
+//! `worker/README.md`.
+
+use std::time::Duration;
+
+use toolfleet_proto::Envelope;
+
+/// Calls finished, by `tool` and `outcome` (`ok` or the error code).
+pub const CALLS_TOTAL: &str = "toolfleet_worker_calls_total";
+/// Execution time of calls in seconds, by `tool`.
+pub const CALL_DURATION: &str = "toolfleet_worker_call_duration_seconds";
+/// Deliveries answered from the stored result instead of executing, by `tool`.
+pub const DEDUP_HITS_TOTAL: &str = "toolfleet_worker_dedup_hits_total";
+/// Calls executing right now.
+pub const IN_FLIGHT: &str = "toolfleet_worker_in_flight";
+
+pub(crate) fn call_finished(tool: &str, envelope: &Envelope, elapsed: Duration) {
+    let outcome = match envelope.error() {
+        None => "ok".to_owned(),
+        Some(error) => error.code.to_string(),
+    };
+    metrics::counter!(CALLS_TOTAL, "tool" => tool.to_owned(), "outcome" => outcome).increment(1);
+    metrics::histogram!(CALL_DURATION, "tool" => tool.to_owned()).record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn dedup_hit(tool: &str) {
+    metrics::counter!(DEDUP_HITS_TOTAL, "tool" => tool.to_owned()).increment(1);
+}
+
+pub(crate) fn in_flight(delta: f64) {
+    metrics::gauge!(IN_FLIGHT).increment(delta);
+}

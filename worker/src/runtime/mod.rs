@@ -1,0 +1,323 @@
+//! The worker runtime: connects to NATS and Redis, sets up the call stream and
+//! one durable pull consumer per tool (shared by every replica: that is the
+//! horizontal scaling), announces the tools, and executes calls until told to
+//! stop.
+//!
+//! Shutdown stages, on the `shutdown` token (SIGTERM or SIGINT in the binary):
+//! 1. stop intake: withdraw the announcements, stop pulling, nak calls that
+//!    arrive on a still-open pull request;
+//! 2. let in-flight calls finish, up to `runtime.drain_timeout`;
+//! 3. abandon the rest: release their claims and nak them, so JetStream
+//!    redelivers them to another worker at once;
+//! 4. flush the NATS connection so no ack is lost, and return.
+
+mod execute;
+mod pull;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use async_nats::jetstream::{self, consumer, stream};
+use redis::aio::ConnectionManager;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolfleet_proto::manifest::is_valid_tool_name;
+use toolfleet_proto::names::{self, RedisKeys};
+use tracing::{info, warn};
+
+pub use execute::SchemaError;
+
+use crate::config::WorkerOptions;
+use crate::ledger::Ledger;
+use crate::registry::{self, Announcer, RegistryError};
+use crate::tool::Toolbox;
+use execute::{Executor, LoadedTool};
+use pull::PullLoop;
+
+/// Why a worker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// NATS is not reachable at the configured URL: check `nats.url`.
+    #[error("cannot connect to NATS at {url}")]
+    Nats {
+        /// The configured URL.
+        url: String,
+        /// What the client said.
+        #[source]
+        source: async_nats::ConnectError,
+    },
+    /// Redis is not reachable: check `redis.url`.
+    #[error("cannot connect to Redis at {url}")]
+    Redis {
+        /// The configured URL, without its password.
+        url: String,
+        /// What the client said.
+        #[source]
+        source: redis::RedisError,
+    },
+    /// The toolbox is empty, so there is nothing to serve: check `tools`.
+    #[error("no tools to serve")]
+    NoTools,
+    /// A tool's name is not `^[a-zA-Z0-9_-]{1,64}$`.
+    #[error("invalid tool name {0:?}: use 1 to 64 letters, digits, '_' or '-'")]
+    ToolName(String),
+    /// A tool's schema does not compile.
+    #[error(transparent)]
+    Schema(#[from] SchemaError),
+    /// JetStream refused the call stream or a consumer.
+    #[error("cannot set up JetStream {what}")]
+    JetStream {
+        /// The stream or consumer.
+        what: String,
+        /// What the server said.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The registry bucket could not be opened.
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+}
+
+/// A connected worker, ready to serve a toolbox.
+pub struct Worker {
+    options: WorkerOptions,
+    worker_id: String,
+    nats: async_nats::Client,
+    redis: ConnectionManager,
+}
+
+impl Worker {
+    /// Connects to NATS and Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Nats`] or [`StartError::Redis`] when a server is unreachable.
+    pub async fn connect(options: WorkerOptions) -> Result<Self, StartError> {
+        let worker_id = options.resolved_worker_id();
+        let mut nats_options = async_nats::ConnectOptions::new()
+            .name(format!("toolfleet-worker {worker_id}"))
+            .retry_on_initial_connect()
+            .max_reconnects(None);
+        if let Some(path) = &options.nats.credentials_file {
+            nats_options = nats_options
+                .credentials_file(path)
+                .await
+                .map_err(|source| StartError::Nats {
+                    url: options.nats.url.clone(),
+                    source: source.into(),
+                })?;
+        }
+        let nats = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            nats_options.connect(options.nats.url.as_str()),
+        )
+        .await
+        .map_err(|_| StartError::Nats {
+            url: options.nats.url.clone(),
+            source: std::io::Error::from(std::io::ErrorKind::TimedOut).into(),
+        })?
+        .map_err(|source| StartError::Nats {
+            url: options.nats.url.clone(),
+            source,
+        })?;
+        let redis_error = |source| StartError::Redis {
+            url: redact_url(&options.redis.url),
+            source,
+        };
+        let client = redis::Client::open(options.redis.url.as_str()).map_err(redis_error)?;
+        let redis = ConnectionManager::new(client).await.map_err(redis_error)?;
+        Ok(Self {
+            options,
+            worker_id,
+            nats,
+            redis,
+        })
+    }
+
+    /// This process's id in the registry and in claims.
+    pub fn id(&self) -> &str {
+        &self.worker_id
+    }
+
+    /// The Redis connection, for tools that need one.
+    pub fn redis(&self) -> ConnectionManager {
+        self.redis.clone()
+    }
+
+    /// Serves `toolbox` until `shutdown` is cancelled, then drains (see the
+    /// module docs for the stages).
+    ///
+    /// # Errors
+    ///
+    /// A [`StartError`] if the toolbox or JetStream setup is invalid; once
+    /// serving, failures are logged and retried, not returned.
+    pub async fn run(
+        self,
+        toolbox: Toolbox,
+        shutdown: CancellationToken,
+    ) -> Result<(), StartError> {
+        let runtime = self.options.runtime.clone();
+        let mut tools = HashMap::new();
+        for tool in toolbox.into_tools() {
+            let name = tool.manifest().name;
+            let timeout = runtime.tool_timeouts.get(&name).map(|t| **t);
+            let loaded = LoadedTool::load(tool, timeout)?;
+            if !is_valid_tool_name(&loaded.manifest.name) {
+                return Err(StartError::ToolName(loaded.manifest.name));
+            }
+            tools.insert(loaded.manifest.name.clone(), loaded);
+        }
+        if tools.is_empty() {
+            return Err(StartError::NoTools);
+        }
+        let js = jetstream::new(self.nats.clone());
+        let stream = ensure_call_stream(&js, &self.options).await?;
+        let mut consumers = Vec::new();
+        for name in tools.keys() {
+            consumers.push((
+                name.clone(),
+                ensure_consumer(&stream, name, &self.options).await?,
+            ));
+        }
+        let bucket = registry::open_bucket(&js, self.options.registry.ttl).await?;
+        let manifests: Vec<_> = tools.values().map(|t| t.manifest.clone()).collect();
+        let tool_names: Vec<_> = tools.keys().cloned().collect();
+
+        let keys = RedisKeys::new(self.options.redis.key_prefix.clone());
+        let ledger = Ledger::new(
+            self.redis.clone(),
+            keys,
+            runtime.claim_lease,
+            runtime.result_retention,
+        );
+        let executor = Arc::new(Executor {
+            tools,
+            ledger,
+            nats: self.nats.clone(),
+            options: runtime.clone(),
+            worker_id: self.worker_id.clone(),
+            abandon: CancellationToken::new(),
+        });
+        let slots = Arc::new(Semaphore::new(runtime.max_in_flight.get()));
+        let max_batch = (runtime.max_in_flight.get() / consumers.len()).max(1);
+        let calls = TaskTracker::new();
+        let intake = TaskTracker::new();
+        for (tool, consumer) in consumers {
+            let pull = PullLoop {
+                tool,
+                consumer,
+                executor: executor.clone(),
+                slots: slots.clone(),
+                max_batch,
+                tasks: calls.clone(),
+            };
+            intake.spawn(pull.run(shutdown.clone()));
+        }
+        let announcer = Announcer {
+            store: bucket,
+            worker_id: self.worker_id.clone(),
+            manifests,
+            options: self.options.registry.clone(),
+        };
+        intake.spawn(announcer.run(shutdown.clone()));
+        intake.close();
+        info!(worker_id = %self.worker_id, tools = ?tool_names,
+              max_in_flight = runtime.max_in_flight.get(), "worker ready");
+
+        shutdown.cancelled().await;
+        info!(in_flight = calls.len(), "draining");
+        intake.wait().await;
+        calls.close();
+        if tokio::time::timeout(runtime.drain_timeout, calls.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                abandoned = calls.len(),
+                "drain timeout; handing the remaining calls back"
+            );
+            executor.abandon.cancel();
+            calls.wait().await;
+        }
+        if let Err(err) = self.nats.flush().await {
+            warn!(error = %err, "could not flush the last acks; those calls are redelivered and answered from Redis");
+        }
+        info!("worker stopped");
+        Ok(())
+    }
+}
+
+async fn ensure_call_stream(
+    js: &jetstream::Context,
+    options: &WorkerOptions,
+) -> Result<stream::Stream, StartError> {
+    js.get_or_create_stream(stream::Config {
+        name: names::CALL_STREAM.to_owned(),
+        description: Some("toolfleet: tool calls waiting for a worker".to_owned()),
+        subjects: vec![names::CALL_SUBJECTS.to_owned()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        max_age: options.runtime.call_max_age,
+        duplicate_window: std::time::Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| StartError::JetStream {
+        what: format!("stream {}", names::CALL_STREAM),
+        source: Box::new(e),
+    })
+}
+
+async fn ensure_consumer(
+    stream: &stream::Stream,
+    tool: &str,
+    options: &WorkerOptions,
+) -> Result<consumer::PullConsumer, StartError> {
+    let name = names::call_consumer(tool);
+    stream
+        .get_or_create_consumer(
+            &name,
+            consumer::pull::Config {
+                durable_name: Some(name.clone()),
+                description: Some(format!("toolfleet: workers serving {tool}")),
+                filter_subject: names::call_subject(tool),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: options.runtime.ack_wait,
+                max_deliver: options.runtime.max_deliveries,
+                max_ack_pending: 10_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| StartError::JetStream {
+            what: format!("consumer {name}"),
+            source: Box::new(e),
+        })
+}
+
+/// The URL without its password, for messages and logs.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+    }
+}

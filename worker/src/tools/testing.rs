@@ -1,0 +1,172 @@
+//! Test tools, for tests and benchmarks only: they are off unless the worker
+//! runs with `--test-tools` (or `TOOLFLEET_TEST_TOOLS=1`).
+//!
+//! - `echo`: returns its arguments.
+//! - `sleep`: waits `ms` milliseconds (cancellable), then returns.
+//! - `fail`: fails as asked: `{"mode": "retryable" | "terminal"}`, and with
+//!   `"fail_attempts": N` only attempts 1..=N fail and later ones succeed.
+//! - `panic`: panics, to show a panic becomes `TOOL_EXECUTION_FAILED`.
+//! - `increment_counter`: `INCR`s the Redis key in its arguments and records
+//!   the call's idempotency key beside it, so a test can see whether a call
+//!   ran twice.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use serde_json::{Value, json};
+use toolfleet_proto::{ErrorCode, ToolManifest};
+
+use crate::tool::{Tool, ToolContext, ToolError, Toolbox};
+
+/// The code `fail` answers with unless the arguments name another.
+pub const TEST_FAILURE: ErrorCode = ErrorCode::from_static("TEST_FAILURE");
+
+/// The test tool pack. `redis` backs `increment_counter`.
+pub fn toolbox(redis: ConnectionManager) -> Toolbox {
+    Toolbox::new()
+        .with(Echo)
+        .with(Sleep)
+        .with(Fail)
+        .with(Panic)
+        .with(IncrementCounter { redis })
+}
+
+/// Returns its arguments.
+pub struct Echo;
+
+impl Tool for Echo {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "echo",
+            "Test tool: returns its arguments unchanged.",
+            json!({"type": "object"}),
+        )
+        .non_strict()
+        .with_timeout(Duration::from_secs(5))
+    }
+
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+        Ok(args)
+    }
+}
+
+/// Waits, then returns.
+pub struct Sleep;
+
+impl Tool for Sleep {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "sleep",
+            "Test tool: waits `ms` milliseconds, then returns.",
+            json!({"type": "object", "additionalProperties": false, "required": ["ms"],
+                   "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 600_000}}}),
+        )
+        .with_timeout(Duration::from_secs(30))
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
+        let ms = args["ms"].as_u64().unwrap_or_default(); // the schema made it an integer
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(ms)) => Ok(json!({"slept_ms": ms})),
+            () = ctx.cancelled.cancelled() => Err(ToolError::terminal(ErrorCode::CANCELLED, "sleep cancelled")),
+        }
+    }
+}
+
+/// Fails on request.
+pub struct Fail;
+
+impl Tool for Fail {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "fail",
+            "Test tool: fails with a retryable or terminal error, optionally only for the first attempts.",
+            json!({"type": "object", "additionalProperties": false, "required": ["mode"],
+                   "properties": {
+                       "mode": {"type": "string", "enum": ["retryable", "terminal"]},
+                       "fail_attempts": {"type": "integer", "minimum": 0},
+                       "code": {"type": "string", "pattern": "^[A-Z][A-Z0-9_]*$"}}}),
+        )
+        .non_strict()
+        .with_max_attempts(5)
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
+        let fail_attempts = args["fail_attempts"].as_u64().unwrap_or(u64::MAX);
+        if u64::from(ctx.attempt) > fail_attempts {
+            return Ok(json!({"attempt": ctx.attempt}));
+        }
+        let code = args["code"]
+            .as_str()
+            .map_or(TEST_FAILURE, ErrorCode::custom);
+        let message = format!("failing attempt {} as requested", ctx.attempt);
+        Err(match args["mode"].as_str() {
+            Some("retryable") => ToolError::retryable(code, message),
+            _ => ToolError::terminal(code, message),
+        })
+    }
+}
+
+/// Panics.
+pub struct Panic;
+
+impl Tool for Panic {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new("panic", "Test tool: panics.", json!({"type": "object"}))
+            .non_strict()
+            .with_max_attempts(1)
+    }
+
+    async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+        panic!("test tool panicked with secret internals at /srv/secret.rs:42");
+    }
+}
+
+/// Increments a Redis counter: a side effect whose repetitions are visible.
+pub struct IncrementCounter {
+    redis: ConnectionManager,
+}
+
+/// `INCR` the counter and count the idempotency key beside it, atomically.
+const INCREMENT: &str = r"
+local value = redis.call('INCR', KEYS[1])
+redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+return value
+";
+
+impl IncrementCounter {
+    /// The hash beside `key` that counts executions per idempotency key.
+    pub fn executions_key(key: &str) -> String {
+        format!("{key}:executions")
+    }
+}
+
+impl Tool for IncrementCounter {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "increment_counter",
+            "Test tool: increments the Redis counter `key` by one and returns the new value.",
+            json!({"type": "object", "additionalProperties": false, "required": ["key"],
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200}}}),
+        )
+        .with_side_effects()
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
+        let key = args["key"].as_str().unwrap_or_default(); // the schema made it a string
+        let value: i64 = redis::Script::new(INCREMENT)
+            .key(key)
+            .key(Self::executions_key(key))
+            .arg(&ctx.idempotency_key)
+            .invoke_async(&mut self.redis.clone())
+            .await
+            .map_err(|err| {
+                tracing::warn!(error = %err, "counter update failed");
+                ToolError::retryable(
+                    ErrorCode::from_static("COUNTER_UNAVAILABLE"),
+                    "the counter store is unavailable",
+                )
+            })?;
+        Ok(json!({"key": key, "value": value}))
+    }
+}
