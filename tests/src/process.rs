@@ -76,7 +76,8 @@ pub struct LogMark(u64);
 /// the variables given to [`spawn`](Self::spawn).
 ///
 /// Dropping it kills the process, prints the last 50 lines of its log to stderr
-/// and removes the dir (kept with `TOOLFLEET_TEST_KEEP=1`). The log is printed on
+/// (not with `TOOLFLEET_TEST_QUIET=1`) and removes the dir (kept with
+/// `TOOLFLEET_TEST_KEEP=1`). The log is printed on
 /// every drop, not only on panic: a test that fails by returning `Err` is not
 /// panicking when its locals drop, and the test runner shows stderr only for
 /// failing tests anyway.
@@ -398,11 +399,17 @@ impl ChildProcess {
     }
 }
 
+/// Set to `1` to skip the log tails printed when a process is dropped.
+const QUIET_ENV: &str = "TOOLFLEET_TEST_QUIET";
+
 impl Drop for ChildProcess {
     fn drop(&mut self) {
         let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
         kill_and_reap(&mut state.child, &self.log_path);
-        eprintln!("{}", self.log_tail_report());
+        // Demos and benchmarks built on the harness are not tests: no tails.
+        if std::env::var_os(QUIET_ENV).is_none_or(|v| v != "1") {
+            eprintln!("{}", self.log_tail_report());
+        }
     }
 }
 
@@ -488,7 +495,8 @@ pub fn cargo_bin(name: &str) -> anyhow::Result<PathBuf> {
     }
     let exe = std::env::current_exe().context("cannot find the test executable")?;
     let mut dir = exe.parent().context("test executable has no parent dir")?;
-    if dir.ends_with("deps") {
+    // Tests run from target/<profile>/deps, examples from target/<profile>/examples.
+    if dir.ends_with("deps") || dir.ends_with("examples") {
         dir = dir.parent().context("deps dir has no parent")?;
     }
     let path = dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX));

@@ -1,5 +1,6 @@
 //! Logging and metrics set-up of the worker binary.
 
+use std::io::IsTerminal;
 use std::net::SocketAddr;
 
 use tracing_subscriber::EnvFilter;
@@ -10,7 +11,11 @@ use crate::config::{LogFormat, LogOptions};
 pub fn init_logging(options: &LogOptions) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(options.level.as_str()));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // Colours only on a terminal: log files and collectors get plain text.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
     // try_init: a second init (tests, embedding) keeps the first subscriber.
     let _ = match options.format {
         LogFormat::Json => builder.json().try_init(),
