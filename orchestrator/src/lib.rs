@@ -1,4 +1,32 @@
-//! The toolfleet orchestrator: the gRPC API, the model loop and the dispatcher.
+//! The toolfleet orchestrator: the gRPC API, the model loop and the dispatch
+//! of tool calls to the worker fleet.
 //!
-//! A placeholder until the orchestrator lands; the contracts it will implement
-//! are in `toolfleet-proto`.
+//! - [`grpc`]: `toolfleet.v1.AgentService`, thin over the store and the queue.
+//! - [`runner`]: takes jobs from JetStream and runs the model loop, resumable
+//!   from Redis at every step.
+//! - [`dispatch`]: checks, publishes and gathers one turn's tool calls, with
+//!   retries.
+//! - [`model`]: the provider-neutral conversation and the providers
+//!   (OpenAI Responses, Chat Completions, scripted).
+//! - [`store`]: jobs, items, events and leases in Redis.
+//! - [`registry`]: the live tools announced by workers.
+//! - [`server`]: wires a replica together; [`config`], [`telemetry`],
+//!   [`metrics`] around it.
+//! - [`cli`]: the `toolfleet` command line, including the local fleet of
+//!   `toolfleet dev`.
+
+pub mod cli;
+pub mod config;
+pub mod dispatch;
+pub mod grpc;
+pub mod metrics;
+pub mod model;
+pub mod registry;
+pub mod runner;
+pub mod server;
+pub mod store;
+
+pub use toolfleet_worker::telemetry;
+
+pub use config::OrchestratorOptions;
+pub use server::Orchestrator;

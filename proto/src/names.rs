@@ -137,6 +137,11 @@ impl RedisKeys {
         self.job_key(job_id, "events")
     }
 
+    /// The attempt last dispatched for each call of the job (a hash).
+    pub fn job_attempts(&self, job_id: &str) -> String {
+        self.job_key(job_id, "attempts")
+    }
+
     /// The job's fenced lease (owner and epoch of the replica running it).
     pub fn job_lease(&self, job_id: &str) -> String {
         self.job_key(job_id, "lease")
@@ -190,6 +195,7 @@ mod tests {
             keys.job_items("j1"),
             keys.job_events("j1"),
             keys.job_lease("j1"),
+            keys.job_attempts("j1"),
         ] {
             assert!(key.starts_with("tf:{j1}:"), "{key}");
         }

@@ -9,7 +9,12 @@ use futures::StreamExt;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_proto::{Envelope, ToolCall};
 
+use toolfleet_proto::v1;
+
 use crate::{ChildProcess, NatsServer, RedisServer, cargo_bin};
+
+/// A gRPC client of the AgentService.
+pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 
 /// How long a worker gets to connect and set up its consumers.
 const WORKER_READY: Duration = Duration::from_secs(30);
@@ -24,6 +29,7 @@ pub struct Fleet {
     pub client: async_nats::Client,
     workers: Vec<ChildProcess>,
     worker_env: Vec<(String, String)>,
+    orchestrators: Vec<(ChildProcess, String)>,
 }
 
 impl Fleet {
@@ -51,6 +57,7 @@ impl Fleet {
             redis,
             client,
             workers: Vec::new(),
+            orchestrators: Vec::new(),
             worker_env: worker_env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -91,6 +98,92 @@ impl Fleet {
             .with_context(|| format!("{id} did not become ready"))?;
         self.workers.push(worker);
         Ok(index)
+    }
+
+    /// Starts a `toolfleet-orchestrator` process on a free port and waits until
+    /// it serves; returns its index. `env` adds configuration.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or the orchestrator did not become ready.
+    pub async fn spawn_orchestrator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
+        let index = self.orchestrators.len();
+        let id = format!("orchestrator-{index}");
+        let args = [
+            "--nats-url".to_owned(),
+            self.nats.url(),
+            "--redis-url".to_owned(),
+            self.redis.url(),
+            "--listen".to_owned(),
+            "127.0.0.1:0".to_owned(),
+            "--instance-id".to_owned(),
+            id.clone(),
+        ];
+        let mut all_env = vec![(
+            "RUST_LOG".to_owned(),
+            "info,toolfleet_orchestrator=debug".to_owned(),
+        )];
+        all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let process =
+            ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;
+        let line = process
+            .wait_for_log("orchestrator ready", WORKER_READY)
+            .await
+            .with_context(|| format!("{id} did not become ready"))?;
+        let address = line
+            .split("grpc=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .with_context(|| format!("no gRPC address in {line:?}"))?
+            .to_owned();
+        self.orchestrators
+            .push((process, format!("http://{address}")));
+        Ok(index)
+    }
+
+    /// The `index`th orchestrator process.
+    pub fn orchestrator(&self, index: usize) -> &ChildProcess {
+        &self.orchestrators[index].0
+    }
+
+    /// A gRPC client of the `index`th orchestrator.
+    ///
+    /// # Errors
+    ///
+    /// The orchestrator does not accept the connection.
+    pub async fn api(&self, index: usize) -> anyhow::Result<ApiClient> {
+        let address = self.orchestrators[index].1.clone();
+        Ok(ApiClient::connect(address).await?)
+    }
+
+    /// Waits until the registry, as the `index`th orchestrator sees it, lists
+    /// `tools` each served by at least `workers` workers.
+    ///
+    /// # Errors
+    ///
+    /// Not within the deadline.
+    pub async fn wait_for_tools(
+        &self,
+        index: usize,
+        tools: &[&str],
+        workers: u32,
+    ) -> anyhow::Result<()> {
+        let mut api = self.api(index).await?;
+        crate::wait_until("the tools to be live", WORKER_READY, || {
+            let mut api = api.clone();
+            async move {
+                let Ok(live) = api.list_tools(v1::ListToolsRequest {}).await else {
+                    return false;
+                };
+                let live = live.into_inner().tools;
+                tools
+                    .iter()
+                    .all(|t| live.iter().any(|l| l.name == *t && l.workers >= workers))
+            }
+        })
+        .await?;
+        api.list_tools(v1::ListToolsRequest {}).await?;
+        Ok(())
     }
 
     /// The `index`th worker started.

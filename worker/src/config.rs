@@ -220,6 +220,40 @@ const ENV_KEYS: &[&str] = &[
     "log",
 ];
 
+/// Loads an options tree in layers: `T::default()`, then the TOML file at
+/// `path` (if any), then the `TOOLFLEET_*` environment variables whose first
+/// level is one of `env_keys`, then `overrides` (the command-line flags, as a
+/// partial document). Shared by every toolfleet binary.
+///
+/// # Errors
+///
+/// A file that cannot be read or parsed, or a value of the wrong type; the
+/// error names the key and where it came from.
+pub fn load_layered<T>(
+    path: Option<&Path>,
+    overrides: serde_json::Value,
+    env_keys: &'static [&'static str],
+) -> Result<T, ConfigError>
+where
+    T: Default + Serialize + serde::de::DeserializeOwned,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = path {
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    let env = Env::prefixed("TOOLFLEET_").split("__").filter(move |key| {
+        // Seen in its original case, after `split` (`RUNTIME.MAX_IN_FLIGHT`).
+        let key = key.as_str().to_ascii_lowercase();
+        let top = key.split('.').next().unwrap_or_default();
+        env_keys.contains(&top)
+    });
+    figment
+        .merge(env)
+        .merge(Serialized::defaults(overrides))
+        .extract()
+        .map_err(|e| ConfigError(Box::new(e)))
+}
+
 impl WorkerOptions {
     /// Loads defaults, then the TOML file at `path` (if any), then the
     /// `TOOLFLEET_*` environment, then `overrides` (the command-line flags,
@@ -230,21 +264,7 @@ impl WorkerOptions {
     /// A file that cannot be read or parsed, or a value of the wrong type; the
     /// error names the key and where it came from.
     pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
-        let mut figment = Figment::from(Serialized::defaults(Self::default()));
-        if let Some(path) = path {
-            figment = figment.merge(Toml::file_exact(path));
-        }
-        let env = Env::prefixed("TOOLFLEET_").split("__").filter(|key| {
-            // Seen in its original case, after `split` (`RUNTIME.MAX_IN_FLIGHT`).
-            let key = key.as_str().to_ascii_lowercase();
-            let top = key.split('.').next().unwrap_or_default();
-            ENV_KEYS.contains(&top)
-        });
-        figment
-            .merge(env)
-            .merge(Serialized::defaults(overrides))
-            .extract()
-            .map_err(|e| ConfigError(Box::new(e)))
+        load_layered(path, overrides, ENV_KEYS)
     }
 
     /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.

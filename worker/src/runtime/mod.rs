@@ -126,7 +126,14 @@ impl Worker {
             source,
         };
         let client = redis::Client::open(options.redis.url.as_str()).map_err(redis_error)?;
-        let redis = ConnectionManager::new(client).await.map_err(redis_error)?;
+        // 5 s per command, not the client's 500 ms default: under load a
+        // timed-out claim only hands the call back, but it costs a redelivery.
+        let config = redis::aio::ConnectionManagerConfig::new()
+            .set_response_timeout(Some(std::time::Duration::from_secs(5)))
+            .set_connection_timeout(Some(std::time::Duration::from_secs(5)));
+        let redis = ConnectionManager::new_with_config(client, config)
+            .await
+            .map_err(redis_error)?;
         Ok(Self {
             options,
             worker_id,

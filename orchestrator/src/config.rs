@@ -1,0 +1,139 @@
+//! Orchestrator configuration, loaded in layers like the worker's: defaults <
+//! TOML file < `TOOLFLEET_*` environment (`__` for nesting) < flags. Every key
+//! is documented in `docs/configuration.md`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toolfleet_worker::config::{
+    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered,
+};
+
+use crate::dispatch::DispatchOptions;
+use crate::grpc::ApiOptions;
+use crate::model::OpenAiOptions;
+use crate::runner::RunnerOptions;
+
+/// Everything an orchestrator process needs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OrchestratorOptions {
+    /// Identity of this replica in job leases. Default: empty, which means
+    /// `<hostname>-<pid>-<random>`.
+    pub instance_id: String,
+    /// NATS connection.
+    pub nats: NatsOptions,
+    /// Redis connection and key layout.
+    pub redis: RedisOptions,
+    /// gRPC server.
+    pub grpc: GrpcOptions,
+    /// API limits and defaults.
+    pub api: ApiOptions,
+    /// Job runner.
+    pub runner: RunnerOptions,
+    /// Tool call dispatch.
+    pub dispatch: DispatchOptions,
+    /// Job store retention.
+    pub store: StoreOptions,
+    /// Tool registry.
+    pub registry: RegistryOptions,
+    /// OpenAI-compatible model providers.
+    pub openai: OpenAiOptions,
+    /// Prometheus metrics endpoint.
+    pub metrics: MetricsOptions,
+    /// Log output.
+    pub log: LogOptions,
+}
+
+/// gRPC server settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GrpcOptions {
+    /// Address to serve on. Default: `127.0.0.1:50051`.
+    pub listen: SocketAddr,
+}
+
+impl Default for GrpcOptions {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+        }
+    }
+}
+
+/// Job store retention.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreOptions {
+    /// How long a finished job (record, items, events) is kept. Default: 24h.
+    #[serde(with = "humantime_serde")]
+    pub job_retention: Duration,
+    /// How long a submission's idempotency key maps to its job. Default: 24h.
+    #[serde(with = "humantime_serde")]
+    pub idempotency_ttl: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            job_retention: Duration::from_secs(24 * 3600),
+            idempotency_ttl: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// Tool registry settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RegistryOptions {
+    /// A worker's announcement older than this no longer counts. Must match
+    /// the workers' `registry.ttl`. Default: 15s.
+    #[serde(with = "humantime_serde")]
+    pub ttl: Duration,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(15),
+        }
+    }
+}
+
+const ENV_KEYS: &[&str] = &[
+    "instance_id",
+    "nats",
+    "redis",
+    "grpc",
+    "api",
+    "runner",
+    "dispatch",
+    "store",
+    "registry",
+    "openai",
+    "metrics",
+    "log",
+];
+
+impl OrchestratorOptions {
+    /// Loads the layers (see the module docs).
+    ///
+    /// # Errors
+    ///
+    /// A bad file or value; the error names the key.
+    pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
+        load_layered(path, overrides, ENV_KEYS)
+    }
+
+    /// This replica's id: the configured one or `<hostname>-<pid>-<random>`.
+    pub fn resolved_instance_id(&self) -> String {
+        if self.instance_id.is_empty() {
+            let worker = toolfleet_worker::WorkerOptions::default();
+            worker.resolved_worker_id()
+        } else {
+            self.instance_id.clone()
+        }
+    }
+}

@@ -1,0 +1,470 @@
+//! `toolfleet.v1.AgentService`: thin; validates requests, calls the store and
+//! the job queue, and maps errors to gRPC statuses in [`to_status`].
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use futures::Stream;
+use serde::{Deserialize, Serialize};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use toolfleet_proto::manifest::is_valid_tool_name;
+use toolfleet_proto::names;
+use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
+use tracing::{info, warn};
+
+use crate::model::scripted::Scripted;
+use crate::model::{Item, Providers};
+use crate::registry::RegistryHandle;
+use crate::store::{self, JobSpec, JobStatus, JobStore, ProviderKind, now_ms};
+
+/// Limits and defaults of the API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ApiOptions {
+    /// Largest `input` (and `instructions`), in bytes. Default: 262144.
+    pub max_input_bytes: usize,
+    /// Largest `model.script`, in bytes. Default: 1048576.
+    pub max_script_bytes: usize,
+    /// `max_tool_rounds` when a request gives 0. Default: 8.
+    pub default_max_tool_rounds: u32,
+    /// Largest `max_tool_rounds` accepted. Default: 64.
+    pub max_tool_rounds_limit: u32,
+    /// Job deadline when a request gives 0. Default: 10m.
+    #[serde(with = "humantime_serde")]
+    pub default_deadline: Duration,
+    /// Longest deadline accepted. Default: 24h.
+    #[serde(with = "humantime_serde")]
+    pub max_deadline: Duration,
+}
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        Self {
+            max_input_bytes: 256 * 1024,
+            max_script_bytes: 1024 * 1024,
+            default_max_tool_rounds: 8,
+            max_tool_rounds_limit: 64,
+            default_deadline: Duration::from_secs(600),
+            max_deadline: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// The AgentService implementation.
+pub struct AgentApi {
+    pub(crate) store: JobStore,
+    pub(crate) js: jetstream::Context,
+    pub(crate) registry: RegistryHandle,
+    pub(crate) providers: Arc<Providers>,
+    pub(crate) options: ApiOptions,
+}
+
+/// The one conversion from a store failure to a gRPC status. The detail goes
+/// to the log, not to the client.
+pub fn to_status(err: &store::Error) -> Status {
+    match err {
+        store::Error::Redis(source) => {
+            warn!(error = %source, "job store unavailable");
+            Status::unavailable("the job store is unavailable; retry later")
+        }
+        store::Error::LeaseLost(_) => Status::aborted("the job changed hands; retry"),
+        store::Error::Corrupt { job_id, .. } => {
+            warn!(error = %err, "corrupt job record");
+            Status::internal(format!("the record of job {job_id} is unreadable"))
+        }
+    }
+}
+
+fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {problem}"))
+}
+
+impl AgentApi {
+    /// Checks a submission and applies defaults; errors name the field.
+    fn spec(&self, request: v1::SubmitJobRequest) -> Result<JobSpec, Status> {
+        let limit = self.options.max_input_bytes;
+        if request.input.trim().is_empty() {
+            return Err(invalid("input", "must not be empty"));
+        }
+        if request.input.len() > limit {
+            return Err(invalid(
+                "input",
+                format!("is {} bytes; the limit is {limit}", request.input.len()),
+            ));
+        }
+        if request.instructions.len() > limit {
+            return Err(invalid(
+                "instructions",
+                format!(
+                    "is {} bytes; the limit is {limit}",
+                    request.instructions.len()
+                ),
+            ));
+        }
+        let model = request.model.unwrap_or_default();
+        let provider_name = if model.provider.is_empty() {
+            "scripted"
+        } else {
+            model.provider.as_str()
+        };
+        let provider = ProviderKind::parse(provider_name).ok_or_else(|| {
+            invalid(
+                "model.provider",
+                format!("unknown provider {provider_name:?}; use scripted, openai-responses or openai-chat"),
+            )
+        })?;
+        if !model.base_url.is_empty() {
+            return Err(invalid(
+                "model.base_url",
+                "per-job base URLs are disabled; configure openai.base_url on the orchestrator",
+            ));
+        }
+        let script = match provider {
+            ProviderKind::Scripted => {
+                if model.script.len() > self.options.max_script_bytes {
+                    return Err(invalid("model.script", "is over the size limit"));
+                }
+                Scripted::parse(&model.script).map_err(|e| invalid("model.script", e))?;
+                Some(model.script)
+            }
+            _ => {
+                if model.name.is_empty() {
+                    return Err(invalid(
+                        "model.name",
+                        format!("is required for {provider_name}"),
+                    ));
+                }
+                if !self.providers.has_api_key() {
+                    return Err(Status::failed_precondition(format!(
+                        "model.provider: {provider_name} needs an API key; set OPENAI_API_KEY on the orchestrator"
+                    )));
+                }
+                None
+            }
+        };
+        for name in &request.tools {
+            if !is_valid_tool_name(name) {
+                return Err(invalid(
+                    "tools",
+                    format!("{name:?} is not a valid tool name"),
+                ));
+            }
+        }
+        let max_tool_rounds = match request.max_tool_rounds {
+            0 => self.options.default_max_tool_rounds,
+            n if n > self.options.max_tool_rounds_limit => {
+                return Err(invalid(
+                    "max_tool_rounds",
+                    format!("the limit is {}", self.options.max_tool_rounds_limit),
+                ));
+            }
+            n => n,
+        };
+        let deadline = match request.deadline_ms {
+            0 => self.options.default_deadline,
+            ms => Duration::from_millis(ms),
+        };
+        if deadline > self.options.max_deadline {
+            return Err(invalid(
+                "deadline_ms",
+                format!("the limit is {} ms", self.options.max_deadline.as_millis()),
+            ));
+        }
+        Ok(JobSpec {
+            input: request.input,
+            instructions: request.instructions,
+            provider,
+            model: model.name,
+            script,
+            tools: request.tools,
+            max_tool_rounds,
+            parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+            deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
+            metadata: request.metadata.into_iter().collect(),
+            tenant: "default".into(),
+        })
+    }
+
+    async fn enqueue(&self, job_id: &str) -> Result<(), Status> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, job_id);
+        let publish = self
+            .js
+            .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
+            .await;
+        let acked = match publish {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        acked.map_err(|err| {
+            warn!(job_id, error = %err, "could not queue the job");
+            Status::unavailable(format!(
+                "job {job_id} is stored but could not be queued; submit again with the same idempotency_key"
+            ))
+        })
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<v1::JobEvent, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn submit_job(
+        &self,
+        request: Request<v1::SubmitJobRequest>,
+    ) -> Result<Response<v1::SubmitJobResponse>, Status> {
+        let request = request.into_inner();
+        let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
+        let spec = self.spec(request)?;
+        let (job_id, duplicate) = self
+            .store
+            .submit(&spec, key.as_deref())
+            .await
+            .map_err(|e| to_status(&e))?;
+        let queued = if duplicate {
+            // Queue again only if it may never have been queued; the message
+            // id makes this a no-op when it was.
+            let record = self.store.get(&job_id).await.map_err(|e| to_status(&e))?;
+            record.is_some_and(|r| r.status == JobStatus::Queued)
+        } else {
+            true
+        };
+        if queued {
+            self.enqueue(&job_id).await?;
+        }
+        if !duplicate {
+            info!(job_id, "job submitted");
+            crate::metrics::job_submitted();
+        }
+        Ok(Response::new(v1::SubmitJobResponse { job_id, duplicate }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Response<v1::Job>, Status> {
+        let job_id = request.into_inner().job_id;
+        let record = self
+            .store
+            .get(&job_id)
+            .await
+            .map_err(|e| to_status(&e))?
+            .ok_or_else(|| {
+                Status::not_found(format!("job {job_id} not found (unknown or expired)"))
+            })?;
+        let items = self
+            .store
+            .items(&job_id, 0)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(to_job(record, &items)))
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        request: Request<v1::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let request = request.into_inner();
+        let job_id = request.job_id;
+        if self
+            .store
+            .get(&job_id)
+            .await
+            .map_err(|e| to_status(&e))?
+            .is_none()
+        {
+            return Err(Status::not_found(format!(
+                "job {job_id} not found (unknown or expired)"
+            )));
+        }
+        let mut conn = self
+            .store
+            .watch_connection()
+            .await
+            .map_err(|e| to_status(&e))?;
+        let store = self.store.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut offset = request.from_offset;
+            loop {
+                let events = store
+                    .events(
+                        &mut conn,
+                        &job_id,
+                        offset,
+                        100,
+                        Some(Duration::from_secs(5)),
+                    )
+                    .await;
+                let events = match events {
+                    Ok(events) => events,
+                    Err(err) => {
+                        let _ = tx.send(Err(to_status(&err))).await;
+                        return;
+                    }
+                };
+                if events.is_empty() {
+                    // Nothing new: stop if the job is gone (expired) or the client left.
+                    match store.get(&job_id).await {
+                        Ok(Some(_)) if !tx.is_closed() => continue,
+                        Ok(_) => return,
+                        Err(err) => {
+                            let _ = tx.send(Err(to_status(&err))).await;
+                            return;
+                        }
+                    }
+                }
+                for event in events {
+                    offset = event.offset + 1;
+                    let is_final = event.is_final;
+                    let sent = tx
+                        .send(Ok(v1::JobEvent {
+                            job_id: job_id.clone(),
+                            offset: event.offset,
+                            kind: event.kind,
+                            data: event.data,
+                            timestamp_ms: event.timestamp_ms,
+                            r#final: is_final,
+                        }))
+                        .await;
+                    if sent.is_err() || is_final {
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<v1::CancelJobRequest>,
+    ) -> Result<Response<v1::CancelJobResponse>, Status> {
+        let job_id = request.into_inner().job_id;
+        let status = self
+            .store
+            .cancel(&job_id)
+            .await
+            .map_err(|e| to_status(&e))?
+            .ok_or_else(|| {
+                Status::not_found(format!("job {job_id} not found (unknown or expired)"))
+            })?;
+        Ok(Response::new(v1::CancelJobResponse {
+            status: to_proto_status(status).into(),
+        }))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Request<v1::ListToolsRequest>,
+    ) -> Result<Response<v1::ListToolsResponse>, Status> {
+        let tools = self
+            .registry
+            .live_tools()
+            .into_iter()
+            .map(|t| v1::Tool {
+                name: t.manifest.name,
+                description: t.manifest.description,
+                parameters: t.manifest.parameters.to_string(),
+                strict: t.manifest.strict,
+                workers: u32::try_from(t.workers).unwrap_or(u32::MAX),
+                timeout_ms: t.manifest.timeout_ms,
+                max_attempts: t.manifest.max_attempts,
+                side_effects: t.manifest.side_effects,
+                version: t.manifest.version,
+            })
+            .collect();
+        Ok(Response::new(v1::ListToolsResponse { tools }))
+    }
+}
+
+/// The API's status enum for a stored status.
+pub fn to_proto_status(status: JobStatus) -> v1::JobStatus {
+    match status {
+        JobStatus::Queued => v1::JobStatus::Queued,
+        JobStatus::Running => v1::JobStatus::Running,
+        JobStatus::Succeeded => v1::JobStatus::Succeeded,
+        JobStatus::Failed => v1::JobStatus::Failed,
+        JobStatus::Cancelled => v1::JobStatus::Cancelled,
+    }
+}
+
+fn to_job(record: store::JobRecord, items: &[Item]) -> v1::Job {
+    let items = items
+        .iter()
+        .filter_map(|item| {
+            let kind = match item {
+                Item::User { text } => item::Kind::User(v1::UserMessage { text: text.clone() }),
+                Item::Assistant { text, .. } => {
+                    item::Kind::Assistant(v1::AssistantMessage { text: text.clone() })
+                }
+                Item::ToolCall {
+                    call_id,
+                    name,
+                    arguments,
+                    ..
+                } => item::Kind::ToolCall(v1::ToolCallItem {
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                }),
+                Item::ToolResult {
+                    call_id,
+                    name,
+                    output,
+                    attempts,
+                } => item::Kind::ToolResult(v1::ToolResultItem {
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                    output: output.clone(),
+                    attempts: *attempts,
+                }),
+                Item::Reasoning { .. } => return None,
+            };
+            Some(v1::Item { kind: Some(kind) })
+        })
+        .collect();
+    v1::Job {
+        job_id: record.job_id,
+        status: to_proto_status(record.status).into(),
+        output_text: record.output_text,
+        error: record.error.map(|e| v1::JobError {
+            code: e.code,
+            message: e.message,
+        }),
+        rounds: record.rounds,
+        items,
+        metadata: record.spec.metadata.into_iter().collect(),
+        created_at_ms: record.created_at_ms,
+        finished_at_ms: record.finished_at_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_store_error_maps_to_a_status() {
+        let redis = store::Error::Redis(redis::RedisError::from(std::io::Error::other(
+            "down at 10.0.0.1",
+        )));
+        let status = to_status(&redis);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(!status.message().contains("10.0.0.1"));
+        assert_eq!(
+            to_status(&store::Error::LeaseLost("j".into())).code(),
+            tonic::Code::Aborted
+        );
+        let corrupt = store::Error::Corrupt {
+            job_id: "j".into(),
+            detail: "spec".into(),
+        };
+        assert_eq!(to_status(&corrupt).code(), tonic::Code::Internal);
+    }
+}

@@ -1,0 +1,812 @@
+//! The one HTTP exchange both OpenAI-compatible providers make: POST a JSON
+//! body, retry what is transient, and turn everything else into a
+//! [`ModelError`] the runner can act on.
+//!
+//! The policy follows OpenAI's error guide and its Python SDK: retry 408, 409,
+//! 429, 5xx, timeouts and connection errors with capped, jittered exponential
+//! backoff; let `retry-after-ms` / `Retry-After` override the schedule; never
+//! retry a 429 that reports an exhausted quota, nor any other 4xx.
+
+use std::error::Error as StdError;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use reqwest::StatusCode;
+use reqwest::header::{ACCEPT, HeaderMap};
+use serde_json::Value;
+
+use super::{ModelError, OpenAiOptions};
+
+/// 429 codes that need a human (credit, budget, spend limit): retrying only
+/// burns the budget and delays the failure. From OpenAI's error-code guide and
+/// a later revision of it (see `model-apis.md` §1.6).
+const QUOTA_CODES: &[&str] = &[
+    "insufficient_quota",
+    "billing_hard_limit_reached",
+    "credit_balance_exhausted",
+    "organization_spend_limit_exceeded",
+    "project_spend_limit_exceeded",
+    "organization_usage_limit_exceeded",
+];
+
+/// In-band error codes of a 200 response that mean "try again later", the
+/// same as a 5xx or a 429 would.
+const TRANSIENT_CODES: &[&str] = &["server_error", "rate_limit_exceeded"];
+
+/// How much of a non-JSON error body (an HTML page from a proxy, say) is
+/// quoted in an error message.
+const MAX_QUOTED_BODY: usize = 300;
+
+/// Builds the HTTP client both providers use, with the per-request timeout.
+pub(crate) fn client(options: &OpenAiOptions) -> Result<reqwest::Client, reqwest::Error> {
+    reqwest::Client::builder()
+        .timeout(options.request_timeout)
+        .build()
+}
+
+/// `{base_url}/{path}`, whether or not the base URL ends with a slash.
+pub(crate) fn endpoint(base_url: &str, path: &str) -> String {
+    format!("{}/{path}", base_url.trim_end_matches('/'))
+}
+
+/// POSTs `body` to `url` and returns the parsed JSON of a 2xx answer,
+/// retrying transient failures up to `options.max_retries` times.
+///
+/// # Errors
+///
+/// - [`ModelError::Rejected`] for a 4xx other than 408/409/429, or a 429
+///   reporting an exhausted quota: the provider's code and message, the API
+///   key redacted.
+/// - [`ModelError::Unavailable`] when transient failures outlast the retries,
+///   or the request could not be built at all.
+/// - [`ModelError::InvalidResponse`] when a 2xx body is not JSON.
+pub(crate) async fn post_json(
+    client: &reqwest::Client,
+    options: &OpenAiOptions,
+    url: &str,
+    body: &Value,
+) -> Result<Value, ModelError> {
+    let mut delays = ExponentialBuilder::new()
+        .with_min_delay(options.initial_backoff)
+        .with_max_delay(options.max_backoff)
+        .with_max_times(usize::try_from(options.max_retries).unwrap_or(usize::MAX))
+        .with_jitter()
+        .build();
+    let mut attempt: u32 = 1;
+    loop {
+        let transient = match send_once(client, options, url, body).await {
+            Ok(value) => return Ok(value),
+            Err(Failure::Fatal(err)) => return Err(err),
+            Err(Failure::Transient(transient)) => transient,
+        };
+        let Some(backoff) = delays.next() else {
+            return Err(ModelError::Unavailable(format!(
+                "{} (gave up after {attempt} attempts)",
+                transient.reason
+            )));
+        };
+        // The server knows its load better than our schedule does, but an
+        // hour-long Retry-After must not park the job: max_backoff bounds both
+        // (and trims backon's jitter, which can reach twice the delay).
+        let delay = transient
+            .retry_after
+            .unwrap_or(backoff)
+            .min(options.max_backoff);
+        tracing::warn!(
+            status = transient.status,
+            attempt,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            request_id = transient.request_id.as_deref(),
+            reason = %transient.reason,
+            "retrying model request"
+        );
+        tokio::time::sleep(delay).await;
+        attempt += 1;
+    }
+}
+
+/// Why one attempt failed.
+enum Failure {
+    /// Worth another attempt.
+    Transient(Transient),
+    /// Final: another attempt would fail the same way.
+    Fatal(ModelError),
+}
+
+struct Transient {
+    /// For the log and, once retries run out, the error message.
+    reason: String,
+    status: Option<u16>,
+    /// What the server asked us to wait, if it said.
+    retry_after: Option<Duration>,
+    request_id: Option<String>,
+}
+
+async fn send_once(
+    client: &reqwest::Client,
+    options: &OpenAiOptions,
+    url: &str,
+    body: &Value,
+) -> Result<Value, Failure> {
+    let mut request = client
+        .post(url)
+        .header(ACCEPT, "application/json")
+        .json(body);
+    if let Some(key) = &options.api_key {
+        request = request.bearer_auth(key);
+    }
+    let response = request.send().await.map_err(|err| {
+        let reason = format!("request failed: {}", error_chain(&err));
+        if is_transient(&err) {
+            Failure::Transient(Transient {
+                reason,
+                status: None,
+                retry_after: None,
+                request_id: None,
+            })
+        } else {
+            // A bad URL or similar: no server ever saw the request.
+            Failure::Fatal(ModelError::Unavailable(reason))
+        }
+    })?;
+
+    let status = response.status();
+    let retry_after = retry_after(response.headers());
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    // A body cut off by a dropped connection or the timeout is as transient
+    // as a failed send.
+    let bytes = response.bytes().await.map_err(|err| {
+        Failure::Transient(Transient {
+            reason: format!("reading the response failed: {}", error_chain(&err)),
+            status: Some(status.as_u16()),
+            retry_after,
+            request_id: request_id.clone(),
+        })
+    })?;
+
+    if status.is_success() {
+        return serde_json::from_slice(&bytes).map_err(|err| {
+            Failure::Fatal(ModelError::InvalidResponse(format!(
+                "response body is not JSON: {err}"
+            )))
+        });
+    }
+
+    let details = ErrorDetails::parse(&bytes, options.api_key.as_deref());
+    if is_retryable_status(status) && !details.is_quota() {
+        return Err(Failure::Transient(Transient {
+            reason: format!("HTTP {}: {}", status.as_u16(), details.message),
+            status: Some(status.as_u16()),
+            retry_after,
+            request_id,
+        }));
+    }
+    tracing::debug!(
+        status = status.as_u16(),
+        code = details.code().as_deref(),
+        request_id = request_id.as_deref(),
+        "model request rejected"
+    );
+    Err(Failure::Fatal(ModelError::Rejected {
+        status: status.as_u16(),
+        code: details.code(),
+        message: details.message,
+    }))
+}
+
+fn is_retryable_status(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::REQUEST_TIMEOUT | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+    ) || status.is_server_error()
+}
+
+/// Connection refused or reset, timeouts, and errors while the request was
+/// in flight; not builder errors (bad URL) nor redirect loops.
+fn is_transient(err: &reqwest::Error) -> bool {
+    err.is_timeout() || err.is_connect() || err.is_request() || err.is_body()
+}
+
+/// The server-requested wait: `retry-after-ms` (OpenAI's, fractional
+/// milliseconds) first, then `Retry-After` in seconds. An HTTP-date
+/// `Retry-After`, zero, or garbage falls back to our own schedule.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let read = |name: &str, seconds_per_unit: f64| {
+        let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
+        (value.is_finite() && value > 0.0)
+            .then(|| Duration::try_from_secs_f64(value * seconds_per_unit).ok())
+            .flatten()
+    };
+    read("retry-after-ms", 0.001).or_else(|| read("retry-after", 1.0))
+}
+
+/// The parts of an error body we use. OpenAI sends
+/// `{"error":{"message","type","param","code"}}`; compatible servers send
+/// `{"error":"text"}` (Ollama), `{"object":"error","message",..}` (vLLM) or
+/// `{"detail":..}` (FastAPI-based gateways).
+#[derive(Debug, PartialEq)]
+struct ErrorDetails {
+    code: Option<String>,
+    kind: Option<String>,
+    message: String,
+}
+
+impl ErrorDetails {
+    fn parse(body: &[u8], api_key: Option<&str>) -> Self {
+        let Ok(json) = serde_json::from_slice::<Value>(body) else {
+            return Self {
+                code: None,
+                kind: None,
+                message: redact(quote_body(body), api_key),
+            };
+        };
+        // The fields sit under `error` on OpenAI, at the top level on vLLM.
+        let source = json
+            .get("error")
+            .filter(|error| error.is_object())
+            .unwrap_or(&json);
+        let message = source
+            .get("message")
+            .and_then(Value::as_str)
+            .or_else(|| json.get("error").and_then(Value::as_str))
+            .or_else(|| json.get("detail").and_then(Value::as_str))
+            .map_or_else(|| quote_body(body), str::to_owned);
+        Self {
+            code: source.get("code").and_then(code_text),
+            kind: source
+                .get("type")
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            message: redact(message, api_key),
+        }
+    }
+
+    /// OpenAI has put the quota marker in `code` and, in older answers, in
+    /// `type`; either one makes the 429 final.
+    fn is_quota(&self) -> bool {
+        [&self.code, &self.kind]
+            .into_iter()
+            .flatten()
+            .any(|value| QUOTA_CODES.contains(&value.as_str()))
+    }
+
+    /// The provider's `code`, else its `type`: OpenAI leaves `code` null on
+    /// most 400s, where `type` (`invalid_request_error`) still says something.
+    fn code(&self) -> Option<String> {
+        self.code.clone().or_else(|| self.kind.clone())
+    }
+}
+
+/// Error codes are strings on OpenAI but numbers on some gateways.
+fn code_text(code: &Value) -> Option<String> {
+    match code {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        _ => None,
+    }
+}
+
+fn quote_body(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if text.is_empty() {
+        return "no error message".to_owned();
+    }
+    match text.char_indices().nth(MAX_QUOTED_BODY) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// Servers have been known to echo the key they were given ("Incorrect API
+/// key provided: sk-…"); our errors end up in job records and logs.
+fn redact(message: String, api_key: Option<&str>) -> String {
+    match api_key {
+        Some(key) if !key.is_empty() && message.contains(key) => message.replace(key, "***"),
+        _ => message,
+    }
+}
+
+/// An `error` object inside a 2xx body (a failed Responses run, or a gateway
+/// that reports upstream failures with HTTP 200).
+pub(crate) fn in_band_error(error: &Value) -> ModelError {
+    let code = error.get("code").and_then(code_text);
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .or_else(|| error.as_str())
+        .unwrap_or("no error message")
+        .to_owned();
+    let transient = code.as_deref().is_some_and(|code| {
+        TRANSIENT_CODES.contains(&code)
+            || code
+                .parse::<u16>()
+                .is_ok_and(|status| status == 429 || status >= 500)
+    });
+    if transient {
+        // Not retried here: post_json has already returned. The runner sees
+        // the same error a 5xx storm would have produced.
+        ModelError::Unavailable(format!("{}: {message}", code.unwrap_or_default()))
+    } else {
+        ModelError::Rejected {
+            status: 200,
+            code,
+            message,
+        }
+    }
+}
+
+/// The error and its sources, so "error sending request" says why.
+fn error_chain(err: &(dyn StdError + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        let inner_text = inner.to_string();
+        // hyper and reqwest often repeat their source's text in their own.
+        if !text.contains(&inner_text) {
+            text.push_str(": ");
+            text.push_str(&inner_text);
+        }
+        source = inner.source();
+    }
+    text
+}
+
+/// Test support shared by the provider modules: options pointing at a
+/// [`wiremock::MockServer`], request-body validation against OpenAI's own
+/// schema, and the error-policy story every provider must pass.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::path::Path;
+    use std::sync::LazyLock;
+    use std::time::{Duration, Instant};
+
+    use jsonschema::Validator;
+    use serde_json::{Value, json};
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use crate::model::{ModelError, OpenAiOptions, Provider, TurnRequest};
+
+    /// Which request schema a body must satisfy.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) enum RequestKind {
+        Responses,
+        ChatCompletions,
+    }
+
+    /// Fast-retrying options for a provider talking to `server`.
+    pub(crate) fn options(server: &MockServer) -> OpenAiOptions {
+        OpenAiOptions {
+            base_url: format!("{}/v1", server.uri()),
+            api_key: Some("sk-test".into()),
+            request_timeout: Duration::from_secs(5),
+            max_retries: 2,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(200),
+        }
+    }
+
+    fn compile(root: &str) -> Validator {
+        // CI checks out shared/ beside the repository, as on dev machines.
+        let file = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../shared/reference/openai/openai-tool-calling-subset.schema.json");
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", file.display()));
+        let mut schema: Value = serde_json::from_str(&text).expect("the schema bundle is JSON");
+        // The bundle has no root schema; its README says to add one.
+        schema["$ref"] = json!(format!("#/$defs/{root}"));
+        jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&schema)
+            .unwrap_or_else(|err| panic!("cannot compile the {root} schema: {err}"))
+    }
+
+    static RESPONSES: LazyLock<Validator> = LazyLock::new(|| compile("CreateResponse"));
+    static CHAT_COMPLETIONS: LazyLock<Validator> =
+        LazyLock::new(|| compile("CreateChatCompletionRequest"));
+
+    /// Panics, listing every violation, unless `body` is a valid request of
+    /// `kind` per OpenAI's published schema.
+    pub(crate) fn assert_valid_request(kind: RequestKind, body: &Value) {
+        let validator = match kind {
+            RequestKind::Responses => &*RESPONSES,
+            RequestKind::ChatCompletions => &*CHAT_COMPLETIONS,
+        };
+        let errors: Vec<String> = validator
+            .iter_errors(body)
+            .map(|err| format!("- at {:?}: {err}", err.instance_path().to_string()))
+            .collect();
+        assert!(
+            errors.is_empty(),
+            "{kind:?} request violates the OpenAI schema:\n{}\nbody: {}",
+            errors.join("\n"),
+            serde_json::to_string_pretty(body).unwrap_or_default()
+        );
+    }
+
+    /// Every request body `server` received, in order, each one checked
+    /// against the schema of `kind`.
+    pub(crate) async fn request_bodies(server: &MockServer, kind: RequestKind) -> Vec<Value> {
+        let requests = server
+            .received_requests()
+            .await
+            .expect("request recording is on");
+        requests
+            .iter()
+            .map(|request| {
+                let body: Value = request.body_json().expect("requests carry JSON");
+                assert_valid_request(kind, &body);
+                body
+            })
+            .collect()
+    }
+
+    /// An OpenAI error body.
+    pub(crate) fn error_body(message: &str, kind: &str, code: Option<&str>) -> Value {
+        json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+    }
+
+    /// The retry policy, seen through a provider: transient failures are
+    /// retried (honouring the server's wait, capped), final ones are not,
+    /// and exhaustion reports the provider unavailable.
+    pub(crate) async fn check_error_policy<P: Provider>(
+        make: impl Fn(OpenAiOptions) -> P,
+        endpoint: &str,
+        kind: RequestKind,
+        request: TurnRequest<'_>,
+        success: Value,
+    ) {
+        // 429 with retry-after-ms, then 503 with Retry-After: 1 (longer than
+        // max_backoff, so capped at 200ms), then success.
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .respond_with(
+                ResponseTemplate::new(429)
+                    .insert_header("retry-after-ms", "50")
+                    .set_body_json(error_body(
+                        "Rate limit reached for requests",
+                        "requests",
+                        Some("rate_limit_exceeded"),
+                    )),
+            )
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .respond_with(
+                ResponseTemplate::new(503)
+                    .insert_header("retry-after", "1")
+                    .set_body_string("upstream overloaded"),
+            )
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .and(header("authorization", "Bearer sk-test"))
+            .respond_with(ResponseTemplate::new(200).set_body_json(&success))
+            .mount(&server)
+            .await;
+        let provider = make(options(&server));
+        let started = Instant::now();
+        let turn = provider.turn(request).await.expect("retries succeed");
+        let elapsed = started.elapsed();
+        assert!(!turn.items.is_empty(), "the success body became items");
+        let bodies = request_bodies(&server, kind).await;
+        assert_eq!(bodies.len(), 3, "429, 503, then success");
+        assert!(
+            bodies.windows(2).all(|pair| pair[0] == pair[1]),
+            "a retry resends the same body"
+        );
+        // Our own backoff would have waited 10-20ms then 20-40ms.
+        assert!(
+            elapsed >= Duration::from_millis(250),
+            "server-given waits were honoured: {elapsed:?}"
+        );
+        assert!(
+            elapsed < Duration::from_millis(1_000),
+            "Retry-After: 1 was capped at max_backoff, not slept in full: {elapsed:?}"
+        );
+
+        // An exhausted quota needs a human: one request, no retry.
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .respond_with(ResponseTemplate::new(429).set_body_json(error_body(
+                "You exceeded your current quota, please check your plan and billing details.",
+                "insufficient_quota",
+                Some("insufficient_quota"),
+            )))
+            .mount(&server)
+            .await;
+        let err = make(options(&server))
+            .turn(request)
+            .await
+            .expect_err("quota errors are final");
+        match &err {
+            ModelError::Rejected {
+                status: 429,
+                code: Some(code),
+                message,
+            } if code == "insufficient_quota" && message.starts_with("You exceeded") => {}
+            other => panic!("expected a quota rejection, got {other:?}"),
+        }
+        assert_eq!(request_bodies(&server, kind).await.len(), 1);
+
+        // A 400 is final; the provider's message comes through.
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .respond_with(ResponseTemplate::new(400).set_body_json(error_body(
+                "No tool output found for function call call_1.",
+                "invalid_request_error",
+                None,
+            )))
+            .mount(&server)
+            .await;
+        let err = make(options(&server))
+            .turn(request)
+            .await
+            .expect_err("a 400 is final");
+        match &err {
+            ModelError::Rejected {
+                status: 400,
+                code,
+                message,
+            } => {
+                assert_eq!(code.as_deref(), Some("invalid_request_error"));
+                assert_eq!(message, "No tool output found for function call call_1.");
+            }
+            other => panic!("expected a 400 rejection, got {other:?}"),
+        }
+        assert_eq!(err.code(), "MODEL_REJECTED");
+        assert_eq!(request_bodies(&server, kind).await.len(), 1);
+
+        // 500s beyond the budget: the first attempt plus max_retries (2).
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path(endpoint))
+            .respond_with(ResponseTemplate::new(500).set_body_json(error_body(
+                "The server had an error while processing your request.",
+                "server_error",
+                None,
+            )))
+            .mount(&server)
+            .await;
+        let err = make(options(&server))
+            .turn(request)
+            .await
+            .expect_err("500s exhaust the retries");
+        match &err {
+            ModelError::Unavailable(reason) => assert!(
+                reason.contains("HTTP 500") && reason.contains("3 attempts"),
+                "{reason}"
+            ),
+            other => panic!("expected Unavailable, got {other:?}"),
+        }
+        assert_eq!(request_bodies(&server, kind).await.len(), 3);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use reqwest::header::{HeaderMap, HeaderValue};
+    use serde_json::json;
+    use wiremock::matchers::method;
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use super::testing::{RequestKind, options, request_bodies};
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn retry_after_prefers_milliseconds_and_ignores_dates_and_garbage() {
+        let ms = Duration::from_millis;
+        assert_eq!(
+            retry_after(&headers(&[("retry-after-ms", "50"), ("retry-after", "3")])),
+            Some(ms(50))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "2")])),
+            Some(ms(2000))
+        );
+        assert_eq!(
+            retry_after(&headers(&[("retry-after", "0.5")])),
+            Some(ms(500))
+        );
+        assert_eq!(
+            retry_after(&headers(&[(
+                "retry-after",
+                "Wed, 21 Oct 2015 07:28:00 GMT"
+            )])),
+            None
+        );
+        assert_eq!(retry_after(&headers(&[("retry-after", "0")])), None);
+        assert_eq!(retry_after(&headers(&[("retry-after-ms", "-5")])), None);
+        assert_eq!(retry_after(&headers(&[("retry-after", "1e300")])), None);
+        assert_eq!(retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn error_details_read_openai_and_compatible_shapes() {
+        let parse = |body: &str| ErrorDetails::parse(body.as_bytes(), Some("sk-secret"));
+
+        let openai = parse(
+            r#"{"error":{"message":"Incorrect API key provided: sk-secret.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,
+        );
+        assert_eq!(openai.code().as_deref(), Some("invalid_api_key"));
+        assert_eq!(openai.message, "Incorrect API key provided: ***.");
+        assert!(!openai.is_quota());
+
+        let old_quota =
+            parse(r#"{"error":{"message":"quota","type":"insufficient_quota","code":null}}"#);
+        assert!(old_quota.is_quota(), "the marker may sit in `type`");
+        assert!(
+            parse(r#"{"error":{"message":"m","code":"billing_hard_limit_reached"}}"#).is_quota()
+        );
+
+        let ollama = parse(r#"{"error":"model \"llama9\" not found"}"#);
+        assert_eq!(ollama.message, "model \"llama9\" not found");
+        assert_eq!(ollama.code(), None);
+
+        let vllm =
+            parse(r#"{"object":"error","message":"bad tool","type":"BadRequestError","code":400}"#);
+        assert_eq!(vllm.message, "bad tool");
+        assert_eq!(vllm.code.as_deref(), Some("400"));
+
+        assert_eq!(parse(r#"{"detail":"Not Found"}"#).message, "Not Found");
+        assert_eq!(parse("").message, "no error message");
+        let html = parse(&format!("<html>{}</html>", "x".repeat(1000)));
+        assert_eq!(html.message.chars().count(), MAX_QUOTED_BODY + 1);
+        assert!(html.message.ends_with('…'));
+    }
+
+    #[test]
+    fn in_band_errors_split_into_transient_and_final() {
+        let err = in_band_error(&json!({"code": "server_error", "message": "boom"}));
+        assert!(
+            matches!(&err, ModelError::Unavailable(m) if m == "server_error: boom"),
+            "{err:?}"
+        );
+        let err = in_band_error(&json!({"code": 502, "message": "upstream"}));
+        assert!(matches!(err, ModelError::Unavailable(_)), "{err:?}");
+        let err = in_band_error(&json!({"code": "invalid_prompt", "message": "no"}));
+        assert!(
+            matches!(&err, ModelError::Rejected { status: 200, code: Some(c), message } if c == "invalid_prompt" && message == "no"),
+            "{err:?}"
+        );
+    }
+
+    /// Guards the guard: a schema that silently accepted everything (a
+    /// broken `$ref`, say) would make every provider test vacuous.
+    #[test]
+    fn the_schema_check_catches_known_mistakes() {
+        use super::testing::assert_valid_request;
+        use RequestKind::{ChatCompletions, Responses};
+
+        let accepted = |kind, body: Value| {
+            std::panic::catch_unwind(|| assert_valid_request(kind, &body)).is_ok()
+        };
+        let call = json!({"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"});
+        assert!(accepted(Responses, json!({"model": "m", "input": [call]})));
+        let mut object_arguments = call.clone();
+        object_arguments["arguments"] = json!({});
+        assert!(!accepted(
+            Responses,
+            json!({"model": "m", "input": [object_arguments]})
+        ));
+        assert!(!accepted(
+            Responses,
+            json!({"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f"}]})
+        ));
+        assert!(!accepted(
+            Responses,
+            json!({"model": "m", "input": [{"type": "function_call_output", "call_id": "c", "output": {}}]})
+        ));
+
+        let tool_call =
+            json!({"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}});
+        let with_call = |call: Value| {
+            json!({"model": "m", "messages": [
+                {"role": "assistant", "content": null, "tool_calls": [call]},
+                {"role": "tool", "tool_call_id": "c", "content": "ok"},
+            ]})
+        };
+        assert!(accepted(ChatCompletions, with_call(tool_call.clone())));
+        let mut no_id = tool_call.clone();
+        no_id.as_object_mut().unwrap().remove("id");
+        assert!(!accepted(ChatCompletions, with_call(no_id)));
+        let mut object_arguments = tool_call;
+        object_arguments["function"]["arguments"] = json!({});
+        assert!(!accepted(ChatCompletions, with_call(object_arguments)));
+        assert!(!accepted(
+            ChatCompletions,
+            json!({"model": "m", "messages": [{"role": "tool", "content": "ok"}]})
+        ));
+    }
+
+    #[tokio::test]
+    async fn timeouts_and_refused_connections_are_retried_then_unavailable() {
+        let body = json!({"model": "gpt-test", "input": "hi"});
+        let client_for = |options: &OpenAiOptions| client(options).unwrap();
+
+        // Each attempt outlives the request timeout.
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .set_body_json(json!({}))
+                    .set_delay(Duration::from_secs(2)),
+            )
+            .mount(&server)
+            .await;
+        let mut opts = options(&server);
+        opts.request_timeout = Duration::from_millis(100);
+        let url = endpoint(&opts.base_url, "responses");
+        let err = post_json(&client_for(&opts), &opts, &url, &body)
+            .await
+            .expect_err("every attempt times out");
+        assert!(
+            matches!(&err, ModelError::Unavailable(m) if m.contains("3 attempts")),
+            "{err:?}"
+        );
+        assert_eq!(
+            request_bodies(&server, RequestKind::Responses).await.len(),
+            3
+        );
+
+        // Nothing listens on the port any more.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut opts = opts.clone();
+        opts.base_url = format!("http://127.0.0.1:{port}/v1/");
+        let url = endpoint(&opts.base_url, "responses");
+        assert_eq!(url, format!("http://127.0.0.1:{port}/v1/responses"));
+        let err = post_json(&client_for(&opts), &opts, &url, &body)
+            .await
+            .expect_err("connection refused");
+        assert!(
+            matches!(&err, ModelError::Unavailable(m) if m.contains("3 attempts") && !m.contains("sk-test")),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_success_that_is_not_json_is_an_invalid_response() {
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(200).set_body_string("<html>hello</html>"))
+            .mount(&server)
+            .await;
+        let opts = options(&server);
+        let body = json!({"model": "gpt-test", "input": "hi"});
+        let url = endpoint(&opts.base_url, "responses");
+        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+            .await
+            .expect_err("not JSON");
+        assert!(matches!(err, ModelError::InvalidResponse(_)), "{err:?}");
+        assert_eq!(
+            request_bodies(&server, RequestKind::Responses).await.len(),
+            1
+        );
+    }
+}

@@ -1,0 +1,275 @@
+//! Model providers behind one provider-neutral conversation model.
+//!
+//! The runner keeps a job's conversation as a list of [`Item`]s, stored in
+//! Redis. Each provider module translates that list into its wire format and
+//! the model's answer back into items:
+//! - `openai_responses`: the OpenAI Responses API;
+//! - `chat_completions`: OpenAI Chat Completions, also spoken by vLLM,
+//!   Ollama, llama.cpp server and most gateways;
+//! - `scripted`: a deterministic model that plays a script from the job spec.
+
+pub mod chat_completions;
+mod http;
+pub mod openai_responses;
+pub mod scripted;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::store::{JobSpec, ProviderKind};
+
+/// One entry of a job's conversation, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Item {
+    /// The user's input.
+    User {
+        /// The message text.
+        text: String,
+    },
+    /// Text the model produced. A turn with no tool calls ends the job with it.
+    Assistant {
+        /// The message text.
+        text: String,
+        /// The provider's own item, passed back verbatim (Responses API).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw: Option<Value>,
+    },
+    /// A function call the model made.
+    ToolCall {
+        /// The provider's call id (`call_...`), unique within the job.
+        call_id: String,
+        /// The tool name as the model wrote it (may name no tool at all).
+        name: String,
+        /// The arguments text exactly as the model produced it.
+        arguments: String,
+        /// The provider's own item, passed back verbatim (Responses API).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw: Option<Value>,
+    },
+    /// The envelope answering a call, as the model sees it.
+    ToolResult {
+        /// The call it answers.
+        call_id: String,
+        /// The tool name of that call.
+        name: String,
+        /// The envelope JSON.
+        output: String,
+        /// Attempts it took (0 when the orchestrator answered without dispatching).
+        attempts: u32,
+    },
+    /// A reasoning item, opaque to us, passed back verbatim and in order.
+    Reasoning {
+        /// The provider's item.
+        raw: Value,
+    },
+}
+
+/// A tool as the model is told about it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// Function name.
+    pub name: String,
+    /// When to use it.
+    pub description: String,
+    /// JSON Schema of the arguments object.
+    pub parameters: Value,
+    /// Strict schema adherence (sent explicitly, never left to defaults).
+    pub strict: bool,
+}
+
+/// Everything a provider needs for one model turn.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnRequest<'a> {
+    /// The provider's model name.
+    pub model: &'a str,
+    /// System / developer instructions; resent on every turn.
+    pub instructions: &'a str,
+    /// The conversation so far.
+    pub items: &'a [Item],
+    /// The tools the model may call.
+    pub tools: &'a [ToolSpec],
+    /// Whether the model may make several calls in one turn.
+    pub parallel_tool_calls: bool,
+    /// 0-based index of this turn within the job.
+    pub turn: u32,
+}
+
+/// What the model produced in one turn: assistant text, tool calls and
+/// reasoning items, in the provider's order.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Turn {
+    /// The output items.
+    pub items: Vec<Item>,
+}
+
+impl Turn {
+    /// The tool calls of the turn, in order.
+    pub fn tool_calls(&self) -> impl Iterator<Item = &Item> {
+        self.items
+            .iter()
+            .filter(|item| matches!(item, Item::ToolCall { .. }))
+    }
+
+    /// The concatenated assistant text of the turn.
+    pub fn text(&self) -> String {
+        self.items
+            .iter()
+            .filter_map(|item| match item {
+                Item::Assistant { text, .. } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+/// Why a model turn failed after the provider's own retries.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// The provider refused the request (a 4xx other than 408/409/429, or a
+    /// quota error). Retrying won't help: fail the job.
+    #[error("the model API rejected the request (HTTP {status}): {message}")]
+    Rejected {
+        /// HTTP status.
+        status: u16,
+        /// The provider's error code, e.g. `insufficient_quota`.
+        code: Option<String>,
+        /// The provider's message.
+        message: String,
+    },
+    /// Transient failures (429, 5xx, timeouts, connection errors) outlasted the
+    /// retry budget.
+    #[error("the model API is unavailable: {0}")]
+    Unavailable(String),
+    /// The response could not be understood.
+    #[error("the model API sent an invalid response: {0}")]
+    InvalidResponse(String),
+    /// The scripted model's script is invalid or has no turn left.
+    #[error("script error: {0}")]
+    Script(String),
+}
+
+impl ModelError {
+    /// The job error code for this failure.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::Rejected { .. } => "MODEL_REJECTED",
+            Self::Unavailable(_) => "MODEL_UNAVAILABLE",
+            Self::InvalidResponse(_) => "MODEL_INVALID_RESPONSE",
+            Self::Script(_) => "SCRIPT_ERROR",
+        }
+    }
+}
+
+/// A model behind some wire format.
+pub trait Provider: Send + Sync {
+    /// Runs one model turn.
+    fn turn<'a>(&'a self, request: TurnRequest<'a>) -> BoxFuture<'a, Result<Turn, ModelError>>;
+}
+
+/// The providers of this process, built once and shared by all jobs.
+pub struct Providers {
+    openai: OpenAiOptions,
+    responses: std::sync::OnceLock<Result<Arc<openai_responses::OpenAiResponses>, String>>,
+    chat: std::sync::OnceLock<Result<Arc<chat_completions::ChatCompletions>, String>>,
+}
+
+impl Providers {
+    /// Providers configured with `openai`; HTTP clients are built on first use.
+    pub fn new(openai: OpenAiOptions) -> Self {
+        Self {
+            openai,
+            responses: std::sync::OnceLock::new(),
+            chat: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Whether an OpenAI API key is configured.
+    pub fn has_api_key(&self) -> bool {
+        self.openai.api_key.is_some()
+    }
+
+    /// The provider of a job.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Script`] for an invalid script, [`ModelError::Rejected`]
+    /// when an HTTP client cannot be built.
+    pub fn for_job(&self, spec: &JobSpec) -> Result<Arc<dyn Provider>, ModelError> {
+        let unavailable = |message: &String| ModelError::Rejected {
+            status: 0,
+            code: None,
+            message: message.clone(),
+        };
+        match spec.provider {
+            ProviderKind::Scripted => {
+                let script = spec.script.as_deref().unwrap_or_default();
+                Ok(Arc::new(scripted::Scripted::parse(script)?))
+            }
+            ProviderKind::OpenaiResponses => self
+                .responses
+                .get_or_init(|| {
+                    openai_responses::OpenAiResponses::new(self.openai.clone())
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                })
+                .clone()
+                .map(|p| p as Arc<dyn Provider>)
+                .map_err(|e| unavailable(&e)),
+            ProviderKind::OpenaiChat => self
+                .chat
+                .get_or_init(|| {
+                    chat_completions::ChatCompletions::new(self.openai.clone())
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string())
+                })
+                .clone()
+                .map(|p| p as Arc<dyn Provider>)
+                .map_err(|e| unavailable(&e)),
+        }
+    }
+}
+
+/// Settings of the OpenAI-compatible providers.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OpenAiOptions {
+    /// Base URL including `/v1`. Default: `OPENAI_BASE_URL`, else
+    /// `https://api.openai.com/v1`.
+    pub base_url: String,
+    /// API key. Default: `OPENAI_API_KEY`. Never logged.
+    #[serde(skip_serializing)]
+    pub api_key: Option<String>,
+    /// Timeout of one HTTP request. Default: 120s.
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Retries of a transient failure (408/409/429/5xx/connection). Default: 4.
+    pub max_retries: u32,
+    /// First retry delay; doubles each time, with jitter. Default: 500ms.
+    #[serde(with = "humantime_serde")]
+    pub initial_backoff: Duration,
+    /// Longest delay between retries, `Retry-After` included. Default: 30s.
+    #[serde(with = "humantime_serde")]
+    pub max_backoff: Duration,
+}
+
+impl Default for OpenAiOptions {
+    fn default() -> Self {
+        Self {
+            base_url: std::env::var("OPENAI_BASE_URL")
+                .unwrap_or_else(|_| "https://api.openai.com/v1".into()),
+            api_key: std::env::var("OPENAI_API_KEY")
+                .ok()
+                .filter(|k| !k.is_empty()),
+            request_timeout: Duration::from_secs(120),
+            max_retries: 4,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}

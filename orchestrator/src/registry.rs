@@ -1,0 +1,174 @@
+//! The live tool registry: what workers announce in the registry KV bucket,
+//! kept current by a watch. A tool is live while at least one worker's
+//! heartbeat for it is younger than the registry TTL.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::kv;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+use toolfleet_proto::names;
+use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
+use tracing::{debug, warn};
+
+use crate::store::now_ms;
+
+/// A live tool: its manifest, compiled schema and how many workers serve it.
+#[derive(Clone)]
+pub struct LiveTool {
+    /// The newest manifest announced.
+    pub manifest: ToolManifest,
+    /// The manifest's schema, compiled once.
+    pub validator: Arc<jsonschema::Validator>,
+    /// Workers with a fresh heartbeat.
+    pub workers: usize,
+}
+
+#[derive(Default)]
+struct Entry {
+    manifest: Option<(ToolManifest, Arc<jsonschema::Validator>)>,
+    /// worker id -> heartbeat (Unix ms)
+    workers: HashMap<String, u64>,
+}
+
+/// Cheap handle to the registry; the only way other code reads it.
+#[derive(Clone)]
+pub struct RegistryHandle {
+    tools: Arc<RwLock<HashMap<String, Entry>>>,
+    ttl: Duration,
+}
+
+impl RegistryHandle {
+    /// A live tool by name.
+    pub fn get(&self, name: &str) -> Option<LiveTool> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tools.get(name).and_then(|entry| self.live(entry))
+    }
+
+    /// Every live tool, by name.
+    pub fn live_tools(&self) -> Vec<LiveTool> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut live: Vec<_> = tools.values().filter_map(|e| self.live(e)).collect();
+        live.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
+        live
+    }
+
+    fn live(&self, entry: &Entry) -> Option<LiveTool> {
+        let oldest =
+            now_ms().saturating_sub(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
+        let workers = entry.workers.values().filter(|hb| **hb >= oldest).count();
+        let (manifest, validator) = entry.manifest.clone()?;
+        (workers > 0).then_some(LiveTool {
+            manifest,
+            validator,
+            workers,
+        })
+    }
+
+    fn apply(&self, key: &str, operation: kv::Operation, value: &[u8]) {
+        let Some((tool, worker)) = names::parse_registry_key(key) else {
+            return;
+        };
+        let mut tools = self
+            .tools
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match operation {
+            kv::Operation::Put => {
+                let announcement: WorkerAnnouncement = match serde_json::from_slice(value) {
+                    Ok(a) => a,
+                    Err(err) => {
+                        warn!(key, error = %err, "ignoring an unreadable announcement");
+                        return;
+                    }
+                };
+                let entry = tools.entry(tool.to_owned()).or_default();
+                let changed = entry
+                    .manifest
+                    .as_ref()
+                    .is_none_or(|(m, _)| *m != announcement.manifest);
+                if changed {
+                    match jsonschema::validator_for(&announcement.manifest.parameters) {
+                        Ok(validator) => {
+                            entry.manifest = Some((announcement.manifest, Arc::new(validator)));
+                        }
+                        Err(err) => {
+                            warn!(tool, error = %err, "ignoring a tool whose schema does not compile");
+                            return;
+                        }
+                    }
+                }
+                entry
+                    .workers
+                    .insert(worker.to_owned(), announcement.heartbeat_ms);
+            }
+            kv::Operation::Delete | kv::Operation::Purge => {
+                if let Some(entry) = tools.get_mut(tool) {
+                    entry.workers.remove(worker);
+                }
+            }
+        }
+    }
+}
+
+/// Watches the registry bucket and keeps a [`RegistryHandle`] current.
+pub struct Registry {
+    store: kv::Store,
+    handle: RegistryHandle,
+}
+
+impl Registry {
+    /// A registry fed from `store`; announcements expire after `ttl`.
+    pub fn new(store: kv::Store, ttl: Duration) -> Self {
+        Self {
+            store,
+            handle: RegistryHandle {
+                tools: Arc::default(),
+                ttl,
+            },
+        }
+    }
+
+    /// The handle.
+    pub fn handle(&self) -> RegistryHandle {
+        self.handle.clone()
+    }
+
+    /// Follows the bucket until `shutdown`, re-watching after errors.
+    pub async fn run(self, shutdown: CancellationToken) {
+        loop {
+            match self.store.watch_with_history(">").await {
+                Ok(mut watch) => loop {
+                    tokio::select! {
+                        biased;
+                        () = shutdown.cancelled() => return,
+                        entry = watch.next() => match entry {
+                            Some(Ok(entry)) => {
+                                debug!(key = %entry.key, "registry update");
+                                self.handle.apply(&entry.key, entry.operation, &entry.value);
+                            }
+                            Some(Err(err)) => {
+                                warn!(error = %err, "registry watch failed; re-watching");
+                                break;
+                            }
+                            None => break,
+                        },
+                    }
+                },
+                Err(err) => warn!(error = %err, "cannot watch the registry; retrying"),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+}

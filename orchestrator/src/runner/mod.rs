@@ -1,0 +1,254 @@
+//! The runner: takes jobs from the JetStream work queue (a durable pull
+//! consumer shared by every replica) and drives each through the model loop.
+//!
+//! While a job runs, its message is kept alive (`in_progress`) and its fenced
+//! lease renewed. On shutdown the runner stops pulling, lets running jobs go on
+//! for `drain_timeout`, then hands the rest back: lease released, message
+//! nak'ed, so another replica resumes them from Redis at once.
+
+mod job;
+
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer, stream};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolfleet_proto::names;
+use tracing::{debug, info, warn};
+
+use crate::dispatch::Dispatcher;
+use crate::model::Providers;
+use crate::store::{Acquired, JobStore};
+use job::{JobRun, Stopped};
+
+/// How the runner takes and runs jobs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RunnerOptions {
+    /// Jobs this replica runs at once. Default: 64.
+    pub max_jobs: NonZeroUsize,
+    /// Lease of a running job in Redis, renewed while it runs; a dead
+    /// replica's jobs can be taken over once it expires. Default: 15s.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// AckWait of the job consumer: a job whose replica died is redelivered
+    /// after it. Default: 30s.
+    #[serde(with = "humantime_serde")]
+    pub job_ack_wait: Duration,
+    /// How often a running job checks whether it was cancelled. Default: 250ms.
+    #[serde(with = "humantime_serde")]
+    pub cancel_poll_interval: Duration,
+    /// On shutdown, how long running jobs may go on before they are handed
+    /// back. Default: 20s.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+}
+
+impl Default for RunnerOptions {
+    fn default() -> Self {
+        Self {
+            max_jobs: NonZeroUsize::new(64).expect("64 is not zero"),
+            lease_ttl: Duration::from_secs(15),
+            job_ack_wait: Duration::from_secs(30),
+            cancel_poll_interval: Duration::from_millis(250),
+            drain_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// Why the runner could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up the JetStream job {what}")]
+pub struct StartError {
+    what: String,
+    #[source]
+    source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// Ensures the job stream exists (work queue of job ids).
+///
+/// # Errors
+///
+/// JetStream refused the stream.
+pub async fn ensure_job_stream(js: &jetstream::Context) -> Result<stream::Stream, StartError> {
+    js.get_or_create_stream(stream::Config {
+        name: names::JOB_STREAM.to_owned(),
+        description: Some("toolfleet: jobs waiting for an orchestrator".to_owned()),
+        subjects: vec![names::JOB_SUBJECT.to_owned()],
+        retention: stream::RetentionPolicy::WorkQueue,
+        duplicate_window: Duration::from_secs(120),
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| StartError {
+        what: format!("stream {}", names::JOB_STREAM),
+        source: Box::new(e),
+    })
+}
+
+/// Runs jobs.
+pub struct Runner {
+    pub(crate) js: jetstream::Context,
+    pub(crate) store: JobStore,
+    pub(crate) dispatcher: Dispatcher,
+    pub(crate) providers: Arc<Providers>,
+    pub(crate) options: RunnerOptions,
+    /// This replica's identity in leases.
+    pub(crate) owner: String,
+}
+
+impl Runner {
+    /// Pulls and runs jobs until `shutdown`, then drains.
+    ///
+    /// # Errors
+    ///
+    /// The job stream or consumer cannot be set up.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartError> {
+        let stream = ensure_job_stream(&self.js).await?;
+        let consumer: consumer::PullConsumer = stream
+            .get_or_create_consumer(
+                names::JOB_CONSUMER,
+                consumer::pull::Config {
+                    durable_name: Some(names::JOB_CONSUMER.to_owned()),
+                    description: Some("toolfleet: orchestrator replicas".to_owned()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: self.options.job_ack_wait,
+                    // A job is never dropped: it is redelivered until it ends.
+                    max_deliver: -1,
+                    max_ack_pending: 100_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| StartError {
+                what: format!("consumer {}", names::JOB_CONSUMER),
+                source: Box::new(e),
+            })?;
+        let slots = Arc::new(Semaphore::new(self.options.max_jobs.get()));
+        let abandon = CancellationToken::new();
+        let jobs = TaskTracker::new();
+        let this = Arc::new(self);
+        info!(owner = %this.owner, max_jobs = this.options.max_jobs.get(), "runner ready");
+        loop {
+            let permit = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
+            let mut permits = vec![permit];
+            while permits.len() < 16 {
+                match slots.clone().try_acquire_owned() {
+                    Ok(p) => permits.push(p),
+                    Err(_) => break,
+                }
+            }
+            let batch = consumer
+                .batch()
+                .max_messages(permits.len())
+                .expires(Duration::from_secs(2))
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(batch) => batch,
+                Err(err) => {
+                    warn!(error = %err, "pulling jobs failed; retrying");
+                    drop(permits);
+                    tokio::select! {
+                        () = shutdown.cancelled() => break,
+                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+                    }
+                }
+            };
+            while let Some(message) = batch.next().await {
+                let Ok(message) = message else { break };
+                if shutdown.is_cancelled() {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    continue;
+                }
+                let Some(permit) = permits.pop() else {
+                    let _ = message.ack_with(AckKind::Nak(None)).await;
+                    continue;
+                };
+                let this = this.clone();
+                let abandon = abandon.clone();
+                jobs.spawn(async move {
+                    this.handle(message, abandon).await;
+                    drop(permit);
+                });
+            }
+        }
+        info!(running = jobs.len(), "draining jobs");
+        jobs.close();
+        if tokio::time::timeout(this.options.drain_timeout, jobs.wait())
+            .await
+            .is_err()
+        {
+            warn!(
+                handed_back = jobs.len(),
+                "drain timeout; handing the remaining jobs back"
+            );
+            abandon.cancel();
+            jobs.wait().await;
+        }
+        Ok(())
+    }
+
+    async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
+        let job_id = String::from_utf8_lossy(&message.payload).into_owned();
+        let ack = match self
+            .store
+            .acquire(&job_id, &self.owner, self.options.lease_ttl)
+            .await
+        {
+            Ok(Acquired::Finished) => {
+                debug!(job_id, "job already finished or unknown");
+                Some(AckKind::Ack)
+            }
+            Ok(Acquired::Held) => {
+                debug!(job_id, "job is held by another runner");
+                Some(AckKind::Nak(Some(self.options.lease_ttl)))
+            }
+            Err(err) => {
+                warn!(job_id, error = %err, "cannot take the job; retrying later");
+                Some(AckKind::Nak(Some(Duration::from_secs(1))))
+            }
+            Ok(Acquired::Lease(lease)) => {
+                let run = JobRun {
+                    runner: self,
+                    lease: lease.clone(),
+                    message: &message,
+                };
+                match run.drive(abandon).await {
+                    Ok(()) => Some(AckKind::Ack),
+                    Err(Stopped::HandedBack) => {
+                        if let Err(err) = self.store.release(&lease).await {
+                            warn!(job_id, error = %err, "could not release the lease; the job resumes when it expires");
+                        }
+                        Some(AckKind::Nak(None))
+                    }
+                    // Another replica owns the job (and its redelivered
+                    // message): neither ack nor nak the stale delivery.
+                    Err(Stopped::LeaseLost) => None,
+                    Err(Stopped::Store(err)) => {
+                        warn!(job_id, error = %err, "job store failed; the job resumes later");
+                        let _ = self.store.release(&lease).await;
+                        Some(AckKind::Nak(Some(Duration::from_secs(1))))
+                    }
+                }
+            }
+        };
+        if let Some(ack) = ack
+            && let Err(err) = message.ack_with(ack).await
+        {
+            warn!(job_id, error = %err, "job ack failed; the job is redelivered and found finished");
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Assembles an orchestrator replica: connections, registry, runner and the
+//! gRPC server, and runs them until shutdown.
+//!
+//! Shutdown stages, on the `shutdown` token:
+//! 1. stop accepting gRPC requests and stop pulling jobs;
+//! 2. let running jobs go on for `runner.drain_timeout`;
+//! 3. hand the rest back (lease released, message nak'ed) so another replica
+//!    resumes them;
+//! 4. flush NATS and return.
+
+use std::sync::Arc;
+
+use async_nats::jetstream;
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolfleet_proto::names::RedisKeys;
+use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
+use tracing::{info, warn};
+
+use crate::config::OrchestratorOptions;
+use crate::dispatch::Dispatcher;
+use crate::grpc::AgentApi;
+use crate::model::Providers;
+use crate::registry::Registry;
+use crate::runner::{self, Runner};
+use crate::store::JobStore;
+
+/// Why an orchestrator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// NATS is unreachable: check `nats.url`.
+    #[error("cannot connect to NATS at {0}")]
+    Nats(String, #[source] async_nats::ConnectError),
+    /// Redis is unreachable: check `redis.url`.
+    #[error("cannot connect to Redis")]
+    Redis(#[source] redis::RedisError),
+    /// JetStream refused a stream, consumer or bucket.
+    #[error("cannot set up JetStream")]
+    JetStream(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The gRPC server failed.
+    #[error("gRPC server failed")]
+    Grpc(#[source] tonic::transport::Error),
+}
+
+/// Redis commands get 5 s to answer (the client's default is 500 ms, which a
+/// busy server or a long Lua script can exceed under load).
+pub(crate) fn redis_config() -> redis::aio::ConnectionManagerConfig {
+    redis::aio::ConnectionManagerConfig::new()
+        .set_response_timeout(Some(std::time::Duration::from_secs(5)))
+        .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
+}
+
+/// A connected orchestrator replica.
+pub struct Orchestrator {
+    options: OrchestratorOptions,
+    nats: async_nats::Client,
+    redis: ConnectionManager,
+    redis_client: redis::Client,
+}
+
+impl Orchestrator {
+    /// Connects to NATS and Redis.
+    ///
+    /// # Errors
+    ///
+    /// [`StartError::Nats`] or [`StartError::Redis`].
+    pub async fn connect(options: OrchestratorOptions) -> Result<Self, StartError> {
+        let nats = async_nats::ConnectOptions::new()
+            .name("toolfleet-orchestrator")
+            .retry_on_initial_connect()
+            .max_reconnects(None)
+            .connect(options.nats.url.as_str());
+        let nats = tokio::time::timeout(std::time::Duration::from_secs(30), nats)
+            .await
+            .map_err(|_| {
+                StartError::Nats(
+                    options.nats.url.clone(),
+                    std::io::Error::from(std::io::ErrorKind::TimedOut).into(),
+                )
+            })?
+            .map_err(|e| StartError::Nats(options.nats.url.clone(), e))?;
+        let redis_client =
+            redis::Client::open(options.redis.url.as_str()).map_err(StartError::Redis)?;
+        let redis = ConnectionManager::new_with_config(redis_client.clone(), redis_config())
+            .await
+            .map_err(StartError::Redis)?;
+        Ok(Self {
+            options,
+            nats,
+            redis,
+            redis_client,
+        })
+    }
+
+    /// Serves gRPC on `listener` and runs jobs until `shutdown`.
+    ///
+    /// # Errors
+    ///
+    /// JetStream setup or the gRPC server failed.
+    pub async fn run(
+        self,
+        listener: TcpListener,
+        shutdown: CancellationToken,
+    ) -> Result<(), StartError> {
+        let options = self.options;
+        let js = jetstream::new(self.nats.clone());
+        runner::ensure_job_stream(&js)
+            .await
+            .map_err(|e| StartError::JetStream(Box::new(e)))?;
+        let bucket = toolfleet_worker::registry::open_bucket(&js, options.registry.ttl)
+            .await
+            .map_err(|e| StartError::JetStream(Box::new(e)))?;
+        let store = JobStore::new(
+            self.redis.clone(),
+            self.redis_client.clone(),
+            RedisKeys::new(options.redis.key_prefix.clone()),
+            options.store.job_retention,
+            options.store.idempotency_ttl,
+        );
+        let registry = Registry::new(bucket, options.registry.ttl);
+        let registry_handle = registry.handle();
+        let providers = Arc::new(Providers::new(options.openai.clone()));
+        let dispatcher = Dispatcher {
+            nats: self.nats.clone(),
+            js: js.clone(),
+            store: store.clone(),
+            registry: registry_handle.clone(),
+            options: options.dispatch.clone(),
+        };
+        let instance = options.resolved_instance_id();
+        let runner = Runner {
+            js: js.clone(),
+            store: store.clone(),
+            dispatcher,
+            providers: providers.clone(),
+            options: options.runner.clone(),
+            owner: instance.clone(),
+        };
+        let api = AgentApi {
+            store,
+            js,
+            registry: registry_handle,
+            providers,
+            options: options.api.clone(),
+        };
+
+        let tasks = TaskTracker::new();
+        let background = CancellationToken::new();
+        tasks.spawn(registry.run(background.clone()));
+        let runner_task = tasks.spawn({
+            let shutdown = shutdown.clone();
+            async move {
+                if let Err(err) = runner.run(shutdown).await {
+                    tracing::error!(error = %err, "runner stopped");
+                }
+            }
+        });
+        tasks.close();
+
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        health_reporter
+            .set_serving::<AgentServiceServer<AgentApi>>()
+            .await;
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| StartError::JetStream(Box::new(e)))?;
+        let address = listener
+            .local_addr()
+            .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
+        info!(instance = %instance, grpc = %address, "orchestrator ready");
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let served = tonic::transport::Server::builder()
+            .add_service(health)
+            .add_service(reflection)
+            .add_service(AgentServiceServer::new(api))
+            .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+            .await;
+        info!("grpc server stopped; draining jobs");
+        let _ = runner_task.await;
+        background.cancel();
+        tasks.wait().await;
+        if let Err(err) = self.nats.flush().await {
+            warn!(error = %err, "could not flush NATS at shutdown");
+        }
+        info!("orchestrator stopped");
+        served.map_err(StartError::Grpc)
+    }
+}

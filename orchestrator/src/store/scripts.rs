@@ -1,0 +1,123 @@
+//! The Lua scripts of the job store. Every script touches only keys of one job
+//! (one hash tag), so each is atomic, also on Redis Cluster.
+//!
+//! Fencing: a runner writes with its lease token `<owner>:<epoch>`. Every
+//! runner write first checks that the lease key still holds that token; a
+//! zombie replica whose lease expired and was taken over gets `LEASE_LOST`
+//! and stops instead of corrupting the job.
+//!
+//! Each script is hashed once; redis-rs runs it by hash (EVALSHA) and loads
+//! it on a cache miss.
+
+use std::sync::LazyLock;
+
+use redis::Script;
+
+/// KEYS: job, items, events. ARGV: spec, now_ms, user item, event data.
+/// Creates the job unless it exists. Returns 1 when created, 0 when it existed.
+pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', 'queued', 'created_at_ms', ARGV[2],
+           'rounds', 0, 'epoch', 0, 'events', 1)
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('XADD', KEYS[3], '0-1', 'kind', 'job_queued', 'data', ARGV[4], 'ts', ARGV[2], 'final', '0')
+return 1
+",
+    )
+});
+
+/// KEYS: job, lease. ARGV: owner, ttl_ms.
+/// Takes the lease if it is free and the job is not finished. Returns the new
+/// epoch, 0 if another runner holds it, -1 if the job is missing or finished.
+pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status or status == 'succeeded' or status == 'failed' or status == 'cancelled' then return -1 end
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
+return epoch
+",
+    )
+});
+
+/// KEYS: lease. ARGV: token, ttl_ms. Returns 1 if renewed, 0 if lost.
+pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+",
+    )
+});
+
+/// KEYS: lease. ARGV: token. Drops the lease if still ours.
+pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+",
+    )
+});
+
+/// KEYS: job, items, events, lease, attempts.
+/// ARGV: token, now_ms, retention_ms (0: keep), then four counted lists:
+///   n, items...; n, (kind, data, final)...; n, (field, value)...; n, (call_id, attempt)...
+/// Appends items and events and updates fields, only while the lease holds.
+/// With retention_ms > 0 (the job finished) every key of the job expires.
+/// Returns the number of events, or the error LEASE_LOST.
+pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return redis.error_reply('LEASE_LOST') end
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('RPUSH', KEYS[2], ARGV[i]); i = i + 1 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do
+  local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
+  redis.call('XADD', KEYS[3], '0-' .. seq, 'kind', ARGV[i], 'data', ARGV[i + 1], 'ts', ARGV[2], 'final', ARGV[i + 2])
+  i = i + 3
+end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+local retention = tonumber(ARGV[3])
+if retention > 0 then
+  for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
+  redis.call('PEXPIRE', KEYS[5], retention)
+  redis.call('DEL', KEYS[4])
+end
+return redis.call('HGET', KEYS[1], 'events')
+",
+    )
+});
+
+/// KEYS: job, events, items. ARGV: now_ms, retention_ms, event data.
+/// Cancels a job nobody runs yet; asks a running one to stop. Returns the
+/// status after the request ('' if the job is missing).
+pub(super) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return '' end
+if status == 'queued' then
+  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at_ms', ARGV[1],
+             'error_code', 'CANCELLED', 'error_message', 'the job was cancelled before it started')
+  local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
+  redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', 'job_cancelled', 'data', ARGV[3], 'ts', ARGV[1], 'final', '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  return 'cancelled'
+end
+if status == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
+return status
+",
+    )
+});

@@ -1,0 +1,373 @@
+//! The orchestrator end to end: real nats-server, redis-server, orchestrator
+//! and worker processes; the scripted model plays the LLM.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tonic::Code;
+use toolfleet_proto::v1::{self, item::Kind};
+use toolfleet_tests::fleet::{ApiClient, Fleet};
+
+const JOB: Duration = Duration::from_secs(60);
+
+/// NATS, Redis, one orchestrator and `workers` workers with the test tools.
+async fn fleet(workers: usize) -> anyhow::Result<Fleet> {
+    let mut fleet = Fleet::start(workers).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet
+        .wait_for_tools(0, &["calculate", "get_current_weather", "fail", "sleep"], 1)
+        .await?;
+    Ok(fleet)
+}
+
+fn scripted(input: &str, script: Value) -> v1::SubmitJobRequest {
+    v1::SubmitJobRequest {
+        input: input.into(),
+        model: Some(v1::ModelSpec {
+            provider: "scripted".into(),
+            script: script.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Submits, follows the events to the end, and returns the finished job.
+async fn run(api: &mut ApiClient, request: v1::SubmitJobRequest) -> anyhow::Result<v1::Job> {
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    wait_finished(api, &job_id).await
+}
+
+async fn wait_finished(api: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.into(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    tokio::time::timeout(JOB, async {
+        while let Some(event) = events.next().await {
+            if event?.r#final {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok(api
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.into(),
+        })
+        .await?
+        .into_inner())
+}
+
+fn results(job: &v1::Job) -> Vec<(String, Value, u32)> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(Kind::ToolResult(r)) => Some((
+                r.call_id.clone(),
+                serde_json::from_str(&r.output).expect("outputs are envelopes"),
+                r.attempts,
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+fn status(job: &v1::Job) -> v1::JobStatus {
+    v1::JobStatus::try_from(job.status).unwrap_or(v1::JobStatus::Unspecified)
+}
+
+#[tokio::test]
+async fn a_turn_of_three_parallel_calls_is_answered_in_call_order() -> anyhow::Result<()> {
+    let fleet = fleet(2).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [
+            {"name": "get_current_weather", "arguments": {"location": "Boston, MA", "unit": "celsius"}},
+            {"name": "calculate", "arguments": {"expression": "23 * 19"}},
+            {"name": "get_current_weather", "arguments": {"location": "Boston, MA", "unit": "kelvin"}}
+        ]},
+        {"message": "{{call_0_0.data.temperature}} degrees; 23*19={{call_0_1.data.result}}; {{call_0_2.error.code}}"}
+    ]);
+    let job = run(&mut api, scripted("weather and math", script)).await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded, "{job:?}");
+    assert_eq!(
+        job.output_text,
+        "8.0 degrees; 23*19=437; INVALID_TOOL_ARGUMENTS"
+    );
+    assert_eq!(job.rounds, 1);
+    let results = results(&job);
+    let ids: Vec<_> = results.iter().map(|(id, _, _)| id.as_str()).collect();
+    assert_eq!(ids, ["call_0_0", "call_0_1", "call_0_2"]);
+    assert_eq!(results[0].1["data"]["location"], "Boston, MA");
+    assert_eq!(
+        results[1].1,
+        json!({"ok": true, "data": {"expression": "23 * 19", "result": 437}})
+    );
+    assert_eq!(results[2].1["error"]["code"], "INVALID_TOOL_ARGUMENTS");
+    assert_eq!(
+        results[2].2, 0,
+        "the invalid call was answered without a dispatch"
+    );
+    for worker in fleet.workers() {
+        assert!(
+            !worker.log_tail(10_000).contains("call_0_2"),
+            "{} saw the invalid call",
+            worker.name()
+        );
+    }
+    // The transcript: user, 3 calls, 3 results, the final message.
+    let kinds: Vec<_> = job
+        .items
+        .iter()
+        .map(|i| match i.kind {
+            Some(Kind::User(_)) => "user",
+            Some(Kind::Assistant(_)) => "assistant",
+            Some(Kind::ToolCall(_)) => "call",
+            Some(Kind::ToolResult(_)) => "result",
+            None => "none",
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "user",
+            "call",
+            "call",
+            "call",
+            "result",
+            "result",
+            "result",
+            "assistant"
+        ]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+
+    // A model asking for a generic escape hatch gets UNKNOWN_TOOL; nothing runs.
+    let job = run(
+        &mut api,
+        scripted(
+            "hack",
+            json!([
+                {"tool_calls": [{"name": "run_shell", "arguments": {"cmd": "id"}}]},
+                {"message": "{{call_0_0.error.code}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    assert_eq!(job.output_text, "UNKNOWN_TOOL");
+    assert_eq!(results(&job)[0].2, 0);
+    assert!(!fleet.worker(0).log_tail(10_000).contains("run_shell"));
+
+    // A tool outside the job's allow-list is unknown to that job too.
+    let mut allow = scripted(
+        "allow-list",
+        json!([
+            {"tool_calls": [{"name": "calculate", "arguments": {"expression": "1+1"}}]},
+            {"message": "{{call_0_0.error.code}}"}
+        ]),
+    );
+    allow.tools = vec!["get_current_weather".into()];
+    assert_eq!(run(&mut api, allow).await?.output_text, "UNKNOWN_TOOL");
+
+    // Retryable failures are retried; terminal ones are not.
+    let job = run(
+        &mut api,
+        scripted(
+            "flaky",
+            json!([
+                {"tool_calls": [
+                    {"name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 2}},
+                    {"name": "fail", "arguments": {"mode": "terminal"}}
+                ]},
+                {"message": "done"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    let results = results(&job);
+    assert_eq!(results[0].1, json!({"ok": true, "data": {"attempt": 3}}));
+    assert_eq!(results[0].2, 3);
+    assert_eq!(results[1].1["error"]["code"], "TEST_FAILURE");
+    assert_eq!(results[1].2, 1, "a terminal failure is not retried");
+
+    // More rounds than allowed fails the job.
+    let mut looping = scripted(
+        "loop",
+        json!([
+            {"tool_calls": [{"name": "calculate", "arguments": {"expression": "1"}}]},
+            {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2"}}]},
+            {"tool_calls": [{"name": "calculate", "arguments": {"expression": "3"}}]},
+            {"message": "never"}
+        ]),
+    );
+    looping.max_tool_rounds = 2;
+    let job = run(&mut api, looping).await?;
+    assert_eq!(status(&job), v1::JobStatus::Failed);
+    assert_eq!(
+        job.error.as_ref().map(|e| e.code.as_str()),
+        Some("MAX_TOOL_ROUNDS_EXCEEDED")
+    );
+
+    // The same idempotency key twice is one job.
+    let mut once = scripted("once", json!([{"message": "hi"}]));
+    once.idempotency_key = "order-42".into();
+    let first = api.submit_job(once.clone()).await?.into_inner();
+    let second = api.submit_job(once).await?.into_inner();
+    assert!(!first.duplicate && second.duplicate);
+    assert_eq!(first.job_id, second.job_id);
+    assert_eq!(
+        wait_finished(&mut api, &first.job_id).await?.output_text,
+        "hi"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let job = run(
+        &mut api,
+        scripted(
+            "two rounds",
+            json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "1+1"}}]},
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+                {"message": "ok"}
+            ]),
+        ),
+    )
+    .await?;
+    let replay = |from_offset: u64| {
+        let mut api = api.clone();
+        let job_id = job.job_id.clone();
+        async move {
+            let stream = api
+                .watch_job(v1::WatchJobRequest {
+                    job_id,
+                    from_offset,
+                })
+                .await?
+                .into_inner();
+            let events: Vec<v1::JobEvent> = stream.map(|e| e.expect("an event")).collect().await;
+            anyhow::Ok(events)
+        }
+    };
+    let all = replay(0).await?;
+    let kinds: Vec<_> = all.iter().map(|e| e.kind.as_str()).collect();
+    assert_eq!(kinds.first(), Some(&"job_queued"));
+    assert_eq!(kinds.last(), Some(&"job_succeeded"));
+    assert_eq!(kinds.iter().filter(|k| **k == "model_turn").count(), 3);
+    assert!(
+        all.iter().enumerate().all(|(i, e)| e.offset == i as u64),
+        "offsets are 0..n"
+    );
+    assert!(all.last().is_some_and(|e| e.r#final));
+    let middle = all.len() as u64 / 2;
+    let rest = replay(middle).await?;
+    assert_eq!(rest, all[middle as usize..].to_vec());
+
+    // Cancel a job blocked in a slow tool.
+    let submitted = api
+        .submit_job(scripted(
+            "slow",
+            json!([
+                {"tool_calls": [{"name": "sleep", "arguments": {"ms": 20000}}]},
+                {"message": "never"}
+            ]),
+        ))
+        .await?
+        .into_inner();
+    fleet.worker(0).wait_for_log("executing call", JOB).await?;
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: submitted.job_id.clone(),
+    })
+    .await?;
+    let cancelled = wait_finished(&mut api, &submitted.job_id).await?;
+    assert_eq!(status(&cancelled), v1::JobStatus::Cancelled);
+    assert_eq!(
+        cancelled.error.as_ref().map(|e| e.code.as_str()),
+        Some("CANCELLED")
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut unknown_provider = scripted("x", json!([{"message": "m"}]));
+    unknown_provider.model.as_mut().expect("set").provider = "gpt-magic".into();
+    let mut bad_script = scripted("x", json!([]));
+    bad_script.model.as_mut().expect("set").script = "{not json".into();
+    let cases = [
+        (scripted("", json!([{"message": "m"}])), "input"),
+        (
+            scripted(&"x".repeat(300 * 1024), json!([{"message": "m"}])),
+            "input",
+        ),
+        (unknown_provider, "model.provider"),
+        (bad_script, "model.script"),
+    ];
+    for (request, field) in cases {
+        let status = api.submit_job(request).await.expect_err("rejected");
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(
+            status.message().starts_with(field),
+            "{field}: {}",
+            status.message()
+        );
+    }
+    for status in [
+        api.get_job(v1::GetJobRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .expect_err("missing"),
+        api.cancel_job(v1::CancelJobRequest {
+            job_id: "nope".into(),
+        })
+        .await
+        .expect_err("missing"),
+        api.watch_job(v1::WatchJobRequest {
+            job_id: "nope".into(),
+            from_offset: 0,
+        })
+        .await
+        .expect_err("missing"),
+    ] {
+        assert_eq!(status.code(), Code::NotFound);
+    }
+    let tools = api
+        .list_tools(v1::ListToolsRequest {})
+        .await?
+        .into_inner()
+        .tools;
+    let calculate = tools
+        .iter()
+        .find(|t| t.name == "calculate")
+        .expect("calculate is live");
+    assert_eq!(calculate.workers, 1);
+    assert!(calculate.parameters.contains("expression"));
+    let job = run(
+        &mut api,
+        scripted("still here", json!([{"message": "yes"}])),
+    )
+    .await?;
+    assert_eq!(job.output_text, "yes");
+    Ok(())
+}
