@@ -77,6 +77,8 @@ pub struct CallOutcome {
     pub output: String,
     /// Attempts made (0: answered without dispatch).
     pub attempts: u32,
+    /// Dispatch to result of the last attempt, as this runner saw it.
+    pub round_trip: Option<Duration>,
 }
 
 /// Why a round stopped before every call had its answer.
@@ -145,6 +147,7 @@ impl Dispatcher {
                         name: call.name.clone(),
                         output: envelope.to_json(),
                         attempts: 0,
+                        round_trip: None,
                     };
                     self.record_result(lease, &outcome, &envelope).await?;
                     outcomes[index] = Some(outcome);
@@ -256,22 +259,35 @@ impl Dispatcher {
         let mut attempt = attempts.get(&call.call_id).copied().unwrap_or(0);
         // A resumed call re-publishes its last attempt unless it has a result:
         // same message id, so JetStream drops it if the first is still queued.
+        let mut resumed = attempt > 0;
         if attempt == 0 {
             attempt = 1;
             self.record_dispatch(lease, call, attempt).await?;
         }
+        let mut round_trip = None;
         loop {
             let mut notices = notify.subscribe();
-            let stored = self
-                .store
-                .call_result(&lease.job_id, &call.call_id, attempt)
-                .await?;
+            // Only a resumed attempt can already have a result.
+            let stored = if resumed {
+                resumed = false;
+                self.store
+                    .call_result(&lease.job_id, &call.call_id, attempt)
+                    .await?
+            } else {
+                None
+            };
             let text = match stored {
                 Some(text) => text,
                 None => {
+                    let sent = std::time::Instant::now();
                     self.publish(lease, spec, call, attempt, stop).await?;
-                    self.wait(lease, spec, call, attempt, &mut notices, stop)
-                        .await?
+                    let text = self
+                        .wait(lease, spec, call, attempt, &mut notices, stop)
+                        .await?;
+                    let elapsed = sent.elapsed();
+                    crate::metrics::tool_call_round_trip(&call.name, elapsed);
+                    round_trip = Some(elapsed);
+                    text
                 }
             };
             let envelope: Envelope = serde_json::from_str(&text).unwrap_or_else(|err| {
@@ -305,6 +321,7 @@ impl Dispatcher {
                     name: call.name.clone(),
                     output: envelope.to_json(),
                     attempts: attempt,
+                    round_trip,
                 };
                 self.record_result(lease, &outcome, &envelope).await?;
                 return Ok(outcome);
@@ -320,6 +337,7 @@ impl Dispatcher {
                 () = tokio::time::sleep(delay) => {}
             }
             attempt += 1;
+            crate::metrics::tool_call_retried(&call.name);
             self.record_dispatch(lease, call, attempt).await?;
         }
     }
@@ -359,6 +377,7 @@ impl Dispatcher {
                 "call_id": outcome.call_id,
                 "name": outcome.name,
                 "attempts": outcome.attempts,
+                "round_trip_us": outcome.round_trip.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
                 "ok": envelope.is_ok(),
                 "code": envelope.error().map(|e| e.code.to_string()),
             }),

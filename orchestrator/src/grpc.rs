@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -208,6 +208,9 @@ impl AgentApi {
     }
 }
 
+/// How often a watcher re-reads Redis without a wake-up.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
 type EventStream = Pin<Box<dyn Stream<Item = Result<v1::JobEvent, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -282,26 +285,17 @@ impl AgentService for AgentApi {
                 "job {job_id} not found (unknown or expired)"
             )));
         }
-        let mut conn = self
-            .store
-            .watch_connection()
-            .await
-            .map_err(|e| to_status(&e))?;
+        // Subscribe before the first read, so no wake-up is missed.
+        let mut wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
+            warn!(error = %err, "cannot subscribe to job events");
+            Status::unavailable("event notifications are unavailable; retry later")
+        })?;
         let store = self.store.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut offset = request.from_offset;
             loop {
-                let events = store
-                    .events(
-                        &mut conn,
-                        &job_id,
-                        offset,
-                        100,
-                        Some(Duration::from_secs(5)),
-                    )
-                    .await;
-                let events = match events {
+                let events = match store.events(&job_id, offset, 256).await {
                     Ok(events) => events,
                     Err(err) => {
                         let _ = tx.send(Err(to_status(&err))).await;
@@ -309,15 +303,22 @@ impl AgentService for AgentApi {
                     }
                 };
                 if events.is_empty() {
-                    // Nothing new: stop if the job is gone (expired) or the client left.
-                    match store.get(&job_id).await {
-                        Ok(Some(_)) if !tx.is_closed() => continue,
-                        Ok(_) => return,
-                        Err(err) => {
-                            let _ = tx.send(Err(to_status(&err))).await;
-                            return;
-                        }
+                    // Wait for a wake-up; poll anyway now and then, since
+                    // wake-ups are best effort. Stop when the client left or
+                    // the job is gone (expired).
+                    tokio::select! {
+                        () = tx.closed() => return,
+                        _ = wakeups.next() => {}
+                        () = tokio::time::sleep(WATCH_POLL) => match store.get(&job_id).await {
+                            Ok(Some(_)) => {}
+                            Ok(None) => return,
+                            Err(err) => {
+                                let _ = tx.send(Err(to_status(&err))).await;
+                                return;
+                            }
+                        },
                     }
+                    continue;
                 }
                 for event in events {
                     offset = event.offset + 1;

@@ -13,3 +13,18 @@ pub(crate) fn job_finished(outcome: &'static str) {
 pub(crate) fn job_submitted() {
     metrics::counter!(JOBS_SUBMITTED_TOTAL).increment(1);
 }
+
+/// Tool call round trip (publish to result) in seconds, by `tool`, as the
+/// runner sees it.
+pub const TOOL_CALL_ROUND_TRIP: &str = "toolfleet_tool_call_round_trip_seconds";
+/// Retries of tool calls after retryable envelopes, by `tool`.
+pub const TOOL_CALL_RETRIES_TOTAL: &str = "toolfleet_tool_call_retries_total";
+
+pub(crate) fn tool_call_round_trip(tool: &str, elapsed: std::time::Duration) {
+    metrics::histogram!(TOOL_CALL_ROUND_TRIP, "tool" => tool.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+pub(crate) fn tool_call_retried(tool: &str) {
+    metrics::counter!(TOOL_CALL_RETRIES_TOTAL, "tool" => tool.to_owned()).increment(1);
+}

@@ -57,7 +57,6 @@ pub struct Orchestrator {
     options: OrchestratorOptions,
     nats: async_nats::Client,
     redis: ConnectionManager,
-    redis_client: redis::Client,
 }
 
 impl Orchestrator {
@@ -81,16 +80,14 @@ impl Orchestrator {
                 )
             })?
             .map_err(|e| StartError::Nats(options.nats.url.clone(), e))?;
-        let redis_client =
-            redis::Client::open(options.redis.url.as_str()).map_err(StartError::Redis)?;
-        let redis = ConnectionManager::new_with_config(redis_client.clone(), redis_config())
+        let client = redis::Client::open(options.redis.url.as_str()).map_err(StartError::Redis)?;
+        let redis = ConnectionManager::new_with_config(client, redis_config())
             .await
             .map_err(StartError::Redis)?;
         Ok(Self {
             options,
             nats,
             redis,
-            redis_client,
         })
     }
 
@@ -114,7 +111,7 @@ impl Orchestrator {
             .map_err(|e| StartError::JetStream(Box::new(e)))?;
         let store = JobStore::new(
             self.redis.clone(),
-            self.redis_client.clone(),
+            self.nats.clone(),
             RedisKeys::new(options.redis.key_prefix.clone()),
             options.store.job_retention,
             options.store.idempotency_ttl,

@@ -72,6 +72,12 @@ pub fn job_of_reply_subject(subject: &str) -> Option<&str> {
         .filter(|job| !job.is_empty() && !job.contains('.'))
 }
 
+/// Core NATS subject that wakes the watchers of a job when it has new events
+/// (the events themselves are in Redis).
+pub fn events_subject(job_id: &str) -> String {
+    format!("toolfleet.events.{job_id}")
+}
+
 /// The registry KV key of one worker's announcement of one tool.
 pub fn registry_key(tool: &str, worker_id: &str) -> String {
     format!("{tool}.{worker_id}")

@@ -1,1 +1,19 @@
-fn main() {}
+//! `toolfleet`: the command line of toolfleet. `toolfleet --help` lists the
+//! commands; the library's `cli` module implements them.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use toolfleet_orchestrator::cli::Cli;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.run().await {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("toolfleet: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

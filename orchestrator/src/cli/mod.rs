@@ -1,8 +1,118 @@
 //! The `toolfleet` command line: a gRPC client of the API, and `dev`/`bench`
 //! which run a local fleet.
+//!
+//! - `client`: `submit`, `get`, `watch`, `cancel`, `tools` against any
+//!   orchestrator replica.
+//! - `transcript`: how jobs, events and tools are printed (text and JSON).
+//! - [`local`]: the [`LocalFleet`](local::LocalFleet) of `toolfleet dev`
+//!   (and `toolfleet bench`): nats-server and redis-server as child
+//!   processes, an orchestrator and workers in this process.
+//! - `dev`: the `dev` command.
+
+mod client;
+mod dev;
+pub mod local;
+mod transcript;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// What the exit codes mean; shown at the end of `toolfleet --help`.
+const EXIT_CODES: &str = "\
+Exit status: 0 success; 1 error (orchestrator unreachable, request rejected, ...); \
+2 bad usage; 3 the job failed; 4 the job was cancelled; 130 interrupted.";
+
+/// Submit agent jobs to a toolfleet, follow them, cancel them and list the
+/// live tools; or run a whole fleet on this machine with `toolfleet dev`.
+#[derive(Debug, Parser)]
+#[command(name = "toolfleet", version, after_help = EXIT_CODES, propagate_version = true)]
+pub struct Cli {
+    /// gRPC address of an orchestrator (any replica; `dev` runs its own).
+    #[arg(
+        long,
+        global = true,
+        env = "TOOLFLEET_ADDR",
+        default_value = "http://127.0.0.1:50051",
+        value_name = "URL"
+    )]
+    addr: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit a job and print its id; with --watch, follow it to the end.
+    ///
+    /// Without --script or --script-file, the scripted model plays a demo
+    /// script: parallel get_current_weather and calculate calls, then a message
+    /// quoting their results.
+    Submit(client::SubmitArgs),
+    /// Print a job: status, rounds, error, output and the whole transcript.
+    Get(client::GetArgs),
+    /// Stream a job's events until its final one.
+    Watch(client::WatchArgs),
+    /// Ask a job to stop; it stops at its next step.
+    Cancel(client::CancelArgs),
+    /// List the tools the live workers serve.
+    Tools(client::ToolsArgs),
+    /// Run a whole fleet on this machine and one demo job through it, or
+    /// keep it serving with --serve.
+    ///
+    /// Starts nats-server and redis-server as child processes on free loopback
+    /// ports with their data in a temp dir (never the machine's own NATS or
+    /// Redis), then an orchestrator and the workers (two by default) in this
+    /// process. Everything is stopped and removed on exit or Ctrl-C; the
+    /// orchestrator and the workers drain first.
+    ///
+    /// nats-server (2.10 or newer) is $TOOLFLEET_NATS_SERVER, else
+    /// .tools/venv/bin/nats-server in the current dir, the toolfleet binary's
+    /// dir or one of their parents (scripts/setup installs it there), else the
+    /// one on PATH. redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
+    Dev(dev::DevArgs),
+}
+
+impl Cli {
+    /// Runs the command and returns the process's exit code (see
+    /// `toolfleet --help`).
+    ///
+    /// # Errors
+    ///
+    /// Anything that stopped the command: the orchestrator is unreachable, it
+    /// rejected the request, the local fleet did not start. Each message says
+    /// what to do.
+    pub async fn run(self) -> anyhow::Result<ExitCode> {
+        match self.command {
+            Command::Submit(args) => client::submit(&self.addr, args).await,
+            Command::Get(args) => client::get(&self.addr, args).await,
+            Command::Watch(args) => client::watch(&self.addr, args).await,
+            Command::Cancel(args) => client::cancel(&self.addr, args).await,
+            Command::Tools(args) => client::tools(&self.addr, args).await,
+            Command::Dev(args) => dev::run(args).await,
+        }
+    }
+}
+
+/// Exit code of a job that failed.
+const EXIT_JOB_FAILED: u8 = 3;
+/// Exit code of a job that was cancelled.
+const EXIT_JOB_CANCELLED: u8 = 4;
+/// Exit code after Ctrl-C, as a shell reports a SIGINT death.
+const EXIT_INTERRUPTED: u8 = 130;
 
 /// The first SIGTERM/SIGINT cancels `shutdown`; a second exits at once.
 pub async fn watch_signals(shutdown: tokio_util::sync::CancellationToken) {
+    watch_signals_then(shutdown, || {}).await;
+}
+
+/// Like [`watch_signals`], and on the second signal runs `before_exit` just
+/// before the process exits: destructors do not run then, so cleanup that must
+/// not be skipped (killing child processes, removing a temp dir) goes here.
+pub async fn watch_signals_then(
+    shutdown: tokio_util::sync::CancellationToken,
+    before_exit: impl FnOnce() + Send,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -16,5 +126,6 @@ pub async fn watch_signals(shutdown: tokio_util::sync::CancellationToken) {
     shutdown.cancel();
     tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
     tracing::warn!("second signal; exiting without draining");
+    before_exit();
     std::process::exit(130);
 }

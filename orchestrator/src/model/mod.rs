@@ -236,7 +236,7 @@ impl Providers {
 }
 
 /// Settings of the OpenAI-compatible providers.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct OpenAiOptions {
     /// Base URL including `/v1`. Default: `OPENAI_BASE_URL`, else
@@ -256,6 +256,20 @@ pub struct OpenAiOptions {
     /// Longest delay between retries, `Retry-After` included. Default: 30s.
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
+}
+
+/// Hand-written so that the API key never reaches a log line.
+impl std::fmt::Debug for OpenAiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiOptions")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .finish()
+    }
 }
 
 impl Default for OpenAiOptions {

@@ -22,7 +22,7 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use toolfleet_proto::names::RedisKeys;
+use toolfleet_proto::names::{self, RedisKeys};
 
 use crate::model::Item;
 
@@ -245,7 +245,7 @@ pub struct Commit<'a> {
 #[derive(Clone)]
 pub struct JobStore {
     redis: ConnectionManager,
-    client: redis::Client,
+    nats: async_nats::Client,
     keys: RedisKeys,
     retention: Duration,
     submission_ttl: Duration,
@@ -268,18 +268,17 @@ pub fn new_job_id() -> String {
 }
 
 impl JobStore {
-    /// A store on `redis` (for commands) and `client` (for the blocking reads
-    /// of watchers, which get their own connections).
+    /// A store on `redis` that wakes event watchers through `nats`.
     pub fn new(
         redis: ConnectionManager,
-        client: redis::Client,
+        nats: async_nats::Client,
         keys: RedisKeys,
         retention: Duration,
         submission_ttl: Duration,
     ) -> Self {
         Self {
             redis,
-            client,
+            nats,
             keys,
             retention,
             submission_ttl,
@@ -337,6 +336,7 @@ impl JobStore {
             .arg(data)
             .invoke_async(&mut self.conn())
             .await?;
+        self.notify(&job_id).await;
         Ok((job_id, duplicate))
     }
 
@@ -437,57 +437,49 @@ impl JobStore {
             .await?)
     }
 
-    /// Events from `offset` on (at most `count`), waiting up to `block` for the
-    /// first one when there is none yet.
+    /// Events from `offset` on, at most `count`.
     ///
     /// # Errors
     ///
     /// [`Error::Redis`].
     pub async fn events(
         &self,
-        conn: &mut redis::aio::MultiplexedConnection,
         job_id: &str,
         offset: u64,
         count: usize,
-        block: Option<Duration>,
     ) -> Result<Vec<Event>, Error> {
-        let key = self.keys.job_events(job_id);
-        let reply: redis::streams::StreamRangeReply = conn
-            .xrange_count(&key, format!("0-{}", offset + 1), "+", count)
+        let reply: redis::streams::StreamRangeReply = self
+            .conn()
+            .xrange_count(
+                self.keys.job_events(job_id),
+                format!("0-{}", offset + 1),
+                "+",
+                count,
+            )
             .await?;
-        let mut entries = reply.ids;
-        if entries.is_empty()
-            && let Some(block) = block
-        {
-            let options = redis::streams::StreamReadOptions::default()
-                .block(usize::try_from(block.as_millis()).unwrap_or(usize::MAX))
-                .count(count);
-            let read: Option<redis::streams::StreamReadReply> = conn
-                .xread_options(&[&key], &[format!("0-{offset}")], &options)
-                .await?;
-            entries = read
-                .into_iter()
-                .flat_map(|r| r.keys)
-                .flat_map(|k| k.ids)
-                .collect();
-        }
-        Ok(entries.iter().filter_map(parse_event).collect())
+        Ok(reply.ids.iter().filter_map(parse_event).collect())
     }
 
-    /// A dedicated connection for [`events`](Self::events) with `block`: a
-    /// blocking read must not stall the shared connection.
+    /// Subscribes to the wake-ups sent whenever `job_id` gets new events.
+    /// Redis stays the source of truth: a wake-up only says "read again".
     ///
     /// # Errors
     ///
-    /// [`Error::Redis`].
-    pub async fn watch_connection(&self) -> Result<redis::aio::MultiplexedConnection, Error> {
-        // No response timeout: a blocking XREAD answers only when it has
-        // events or its own block time is up.
-        let config = redis::AsyncConnectionConfig::new().set_response_timeout(None);
-        Ok(self
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?)
+    /// NATS refused the subscription.
+    pub async fn subscribe_events(
+        &self,
+        job_id: &str,
+    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
+        self.nats.subscribe(names::events_subject(job_id)).await
+    }
+
+    /// Wakes the watchers of `job_id`. Best effort: a watcher that misses it
+    /// reads Redis on its next poll.
+    async fn notify(&self, job_id: &str) {
+        let _ = self
+            .nats
+            .publish(names::events_subject(job_id), bytes::Bytes::new())
+            .await;
     }
 
     /// Cancels a queued job at once, or asks its runner to stop. Returns the
@@ -506,6 +498,7 @@ impl JobStore {
             .arg(serde_json::json!({"code": "CANCELLED"}).to_string())
             .invoke_async(&mut self.conn())
             .await?;
+        self.notify(job_id).await;
         Ok(JobStatus::parse(&status))
     }
 
@@ -619,7 +612,12 @@ impl JobStore {
         let result: Result<i64, redis::RedisError> =
             invocation.invoke_async(&mut self.conn()).await;
         match result {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                if !commit.events.is_empty() {
+                    self.notify(job_id).await;
+                }
+                Ok(())
+            }
             Err(err) if err.to_string().contains("LEASE_LOST") => {
                 Err(Error::LeaseLost(job_id.clone()))
             }

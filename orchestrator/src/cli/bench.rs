@@ -1,0 +1,367 @@
+//! `toolfleet bench`: end-to-end load through the whole system, with raw NATS
+//! request/reply through the same server measured in the same run as the
+//! floor. See docs/benchmarks.md for how to read the numbers.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use futures::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+use toolfleet_proto::v1;
+
+use super::local::{LocalFleet, LocalFleetOptions};
+
+type Api = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
+
+/// What to run.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct BenchArgs {
+    /// Jobs in the load phase.
+    #[arg(short = 'J', long, default_value_t = 2000)]
+    jobs: usize,
+    /// Jobs in flight at once.
+    #[arg(short = 'C', long, default_value_t = 64)]
+    concurrency: usize,
+    /// Parallel `echo` calls per round.
+    #[arg(short = 'K', long, default_value_t = 3)]
+    calls: usize,
+    /// Tool rounds per job.
+    #[arg(short = 'R', long, default_value_t = 2)]
+    rounds: usize,
+    /// One-round one-call jobs run one after the other, for latency.
+    #[arg(long, default_value_t = 300)]
+    sequential: usize,
+    /// Requests of the raw NATS request/reply floor.
+    #[arg(long, default_value_t = 20_000)]
+    raw_requests: usize,
+    /// Bench an existing fleet (with test tools enabled) instead of starting one.
+    #[arg(long, requires = "nats_url")]
+    target: Option<String>,
+    /// That fleet's NATS URL, for the raw request/reply floor.
+    #[arg(long)]
+    nats_url: Option<String>,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Percentiles {
+    p50_ms: f64,
+    p90_ms: f64,
+    p99_ms: f64,
+}
+
+impl Percentiles {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        if samples.is_empty() {
+            return Self::default();
+        }
+        samples.sort();
+        let at = |q: f64| {
+            let index = ((samples.len() - 1) as f64 * q).round() as usize;
+            samples[index].as_secs_f64() * 1000.0
+        };
+        Self {
+            p50_ms: at(0.5),
+            p90_ms: at(0.9),
+            p99_ms: at(0.99),
+        }
+    }
+}
+
+#[derive(Debug, Default, Serialize)]
+struct Report {
+    jobs: usize,
+    concurrency: usize,
+    calls_per_round: usize,
+    rounds: usize,
+    jobs_per_sec: f64,
+    tool_calls_per_sec: f64,
+    tool_call_round_trip: Percentiles,
+    sequential_jobs: usize,
+    sequential_job_latency: Percentiles,
+    cpu_ms_per_job: Option<f64>,
+    raw_nats_requests_per_sec: f64,
+    raw_nats_round_trip: Percentiles,
+    tool_calls_vs_raw_nats: f64,
+}
+
+/// Runs the benchmark and prints (and optionally writes) the report.
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    let fleet = match &args.target {
+        Some(_) => None,
+        None => {
+            eprintln!(
+                "starting a local fleet (nats-server, redis-server, 1 orchestrator, 2 workers)..."
+            );
+            let options = LocalFleetOptions {
+                test_tools: true,
+                ..LocalFleetOptions::default()
+            };
+            Some(LocalFleet::start(options).await?)
+        }
+    };
+    let (address, nats_url) = match (&fleet, &args.target, &args.nats_url) {
+        (Some(fleet), _, _) => (fleet.grpc_addr(), fleet.nats_url()),
+        (None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
+        _ => anyhow::bail!("--target needs --nats-url"),
+    };
+    let api = Api::connect(address.clone())
+        .await
+        .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
+    let result = measure(&args, &api, &nats_url).await;
+    if let Some(fleet) = fleet {
+        fleet.shutdown().await;
+    }
+    let report = result?;
+    print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
+
+async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<Report> {
+    let load_script = script(args.rounds, args.calls);
+    eprintln!("warming up...");
+    load(
+        api,
+        &load_script,
+        50.min(args.jobs),
+        args.concurrency,
+        false,
+    )
+    .await?;
+
+    eprintln!(
+        "load: {} jobs, {} in flight, {} rounds of {} parallel echo calls...",
+        args.jobs, args.concurrency, args.rounds, args.calls
+    );
+    let cpu_before = process_cpu();
+    let started = Instant::now();
+    let round_trips = load(api, &load_script, args.jobs, args.concurrency, true).await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    let cpu_ms_per_job = match (cpu_before, process_cpu()) {
+        (Some(before), Some(after)) if args.target.is_none() => {
+            Some((after - before).as_secs_f64() * 1000.0 / args.jobs as f64)
+        }
+        _ => None,
+    };
+    let tool_calls = args.jobs * args.calls * args.rounds;
+
+    eprintln!("latency: {} sequential one-call jobs...", args.sequential);
+    let one_call = script(1, 1);
+    let mut latencies = Vec::with_capacity(args.sequential);
+    for _ in 0..args.sequential {
+        let started = Instant::now();
+        run_job(api.clone(), &one_call, false).await?;
+        latencies.push(started.elapsed());
+    }
+
+    eprintln!(
+        "floor: {} raw NATS requests, {} in flight...",
+        args.raw_requests, args.concurrency
+    );
+    let (raw_rate, raw_latencies) =
+        raw_request_reply(nats_url, args.raw_requests, args.concurrency).await?;
+    let tool_calls_per_sec = tool_calls as f64 / elapsed;
+    Ok(Report {
+        jobs: args.jobs,
+        concurrency: args.concurrency,
+        calls_per_round: args.calls,
+        rounds: args.rounds,
+        jobs_per_sec: args.jobs as f64 / elapsed,
+        tool_calls_per_sec,
+        tool_call_round_trip: Percentiles::of(round_trips),
+        sequential_jobs: args.sequential,
+        sequential_job_latency: Percentiles::of(latencies),
+        cpu_ms_per_job,
+        raw_nats_requests_per_sec: raw_rate,
+        raw_nats_round_trip: Percentiles::of(raw_latencies),
+        tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
+    })
+}
+
+/// `rounds` turns of `calls` parallel echo calls, then a final message.
+fn script(rounds: usize, calls: usize) -> String {
+    let mut turns: Vec<Value> = (0..rounds)
+        .map(|round| {
+            let calls: Vec<Value> = (0..calls)
+                .map(|i| json!({"name": "echo", "arguments": {"round": round, "call": i}}))
+                .collect();
+            json!({"tool_calls": calls})
+        })
+        .collect();
+    turns.push(json!({"message": "done"}));
+    Value::Array(turns).to_string()
+}
+
+/// Runs `jobs` jobs, `concurrency` at a time; returns the tool call round
+/// trips the runner reported (when `collect`).
+async fn load(
+    api: &Api,
+    script: &str,
+    jobs: usize,
+    concurrency: usize,
+    collect: bool,
+) -> anyhow::Result<Vec<Duration>> {
+    let window = Arc::new(Semaphore::new(concurrency.max(1)));
+    let mut tasks = Vec::with_capacity(jobs);
+    let mut done = 0usize;
+    let progress_every = (jobs / 10).max(1);
+    for _ in 0..jobs {
+        let permit = window.clone().acquire_owned().await?;
+        let api = api.clone();
+        let script = script.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let result = run_job(api, &script, collect).await;
+            drop(permit);
+            result
+        }));
+    }
+    let mut round_trips = Vec::new();
+    for task in tasks {
+        round_trips.extend(task.await??);
+        done += 1;
+        if collect && done % progress_every == 0 {
+            eprintln!("  {done}/{jobs} jobs done");
+        }
+    }
+    Ok(round_trips)
+}
+
+/// Submits one scripted job and follows its events to the end.
+async fn run_job(mut api: Api, script: &str, collect: bool) -> anyhow::Result<Vec<Duration>> {
+    let request = v1::SubmitJobRequest {
+        input: "bench".into(),
+        model: Some(v1::ModelSpec {
+            provider: "scripted".into(),
+            script: script.to_owned(),
+            ..Default::default()
+        }),
+        tools: vec!["echo".into()],
+        ..Default::default()
+    };
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    let mut round_trips = Vec::new();
+    while let Some(event) = events.next().await {
+        let event = event?;
+        if collect && event.kind == "tool_call_result" {
+            let data: Value = serde_json::from_str(&event.data).unwrap_or_default();
+            if let Some(us) = data["round_trip_us"].as_u64() {
+                round_trips.push(Duration::from_micros(us));
+            }
+        }
+        if event.r#final {
+            anyhow::ensure!(
+                event.kind == "job_succeeded",
+                "job {job_id} ended with {}: {}",
+                event.kind,
+                event.data
+            );
+            return Ok(round_trips);
+        }
+    }
+    anyhow::bail!("the event stream of job {job_id} ended before the job did")
+}
+
+async fn raw_request_reply(
+    nats_url: &str,
+    requests: usize,
+    concurrency: usize,
+) -> anyhow::Result<(f64, Vec<Duration>)> {
+    let responder = async_nats::connect(nats_url).await?;
+    let client = async_nats::connect(nats_url).await?;
+    let mut inbox = responder.subscribe("toolfleet.bench.raw").await?;
+    responder.flush().await?;
+    let echo = tokio::spawn(async move {
+        while let Some(message) = inbox.next().await {
+            if let Some(reply) = message.reply {
+                let _ = responder.publish(reply, message.payload).await;
+            }
+        }
+    });
+    let window = Arc::new(Semaphore::new(concurrency.max(1)));
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        let permit = window.clone().acquire_owned().await?;
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let sent = Instant::now();
+            let reply = client
+                .request("toolfleet.bench.raw", r#"{"round":0,"call":0}"#.into())
+                .await;
+            drop(permit);
+            reply.map(|_| sent.elapsed())
+        }));
+    }
+    let mut latencies = Vec::with_capacity(requests);
+    for task in tasks {
+        latencies.push(task.await??);
+    }
+    let rate = requests as f64 / started.elapsed().as_secs_f64();
+    echo.abort();
+    Ok((rate, latencies))
+}
+
+/// User + system CPU time of this process so far (Linux), from /proc.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which may contain spaces) start at ") ".
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    // Linux reports clock ticks; USER_HZ is 100 on every mainstream platform.
+    Some(Duration::from_millis((utime + stime) * 10))
+}
+
+fn print(report: &Report) {
+    let p = |x: &Percentiles| {
+        format!(
+            "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms",
+            x.p50_ms, x.p90_ms, x.p99_ms
+        )
+    };
+    println!();
+    println!(
+        "jobs                 {} ({} in flight, {} rounds x {} parallel calls)",
+        report.jobs, report.concurrency, report.rounds, report.calls_per_round
+    );
+    println!("jobs/s               {:.0}", report.jobs_per_sec);
+    println!("tool calls/s         {:.0}", report.tool_calls_per_sec);
+    println!("tool call round trip {}", p(&report.tool_call_round_trip));
+    println!(
+        "sequential job       {}  ({} one-call jobs)",
+        p(&report.sequential_job_latency),
+        report.sequential_jobs
+    );
+    match report.cpu_ms_per_job {
+        Some(cpu) => println!(
+            "CPU per job          {cpu:.2} ms (orchestrator + workers + bench client; NATS and Redis not included)"
+        ),
+        None => println!("CPU per job          n/a (remote fleet)"),
+    }
+    println!(
+        "raw NATS req/reply   {:.0} req/s  {}",
+        report.raw_nats_requests_per_sec,
+        p(&report.raw_nats_round_trip)
+    );
+    println!(
+        "tool calls vs raw    {:.1}%",
+        report.tool_calls_vs_raw_nats * 100.0
+    );
+}

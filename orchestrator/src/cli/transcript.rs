@@ -1,0 +1,542 @@
+//! How the CLI prints jobs, events and tools: readable text for people, and
+//! JSON (proto field names, statuses in lowercase) for scripts.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolfleet_proto::v1::{self, item};
+
+/// Widest event kind (`tool_call_dispatched`), so summaries line up.
+const KIND_WIDTH: usize = 20;
+/// Longest model text quoted in an event line.
+const QUOTE_CHARS: usize = 100;
+/// Longest tool description in the tools table.
+const DESCRIPTION_CHARS: usize = 70;
+
+/// `succeeded`, `failed`, ... for a status of the API.
+pub(crate) fn status_name(status: i32) -> &'static str {
+    match v1::JobStatus::try_from(status) {
+        Ok(v1::JobStatus::Queued) => "queued",
+        Ok(v1::JobStatus::Running) => "running",
+        Ok(v1::JobStatus::Succeeded) => "succeeded",
+        Ok(v1::JobStatus::Failed) => "failed",
+        Ok(v1::JobStatus::Cancelled) => "cancelled",
+        Ok(v1::JobStatus::Unspecified) | Err(_) => "unknown",
+    }
+}
+
+/// One line for an event: offset, time since `start_ms`, kind, and a summary
+/// of its data.
+pub(crate) fn event_line(event: &v1::JobEvent, start_ms: u64) -> String {
+    let data = json_or_text(&event.data);
+    let elapsed = event.timestamp_ms.saturating_sub(start_ms);
+    let offset = format!("#{}", event.offset);
+    let summary = event_summary(&event.kind, &data);
+    let line = format!(
+        "{offset:>4} {:>7.3}s  {:<KIND_WIDTH$}  {summary}",
+        Duration::from_millis(elapsed).as_secs_f64(),
+        event.kind,
+    );
+    line.trim_end().to_owned()
+}
+
+/// What an event says, in a few words; unknown kinds show their data as JSON.
+fn event_summary(kind: &str, data: &Value) -> String {
+    let text = |key: &str| data.get(key).and_then(Value::as_str).unwrap_or_default();
+    let number = |key: &str| data.get(key).and_then(Value::as_u64).unwrap_or_default();
+    match kind {
+        "job_queued" => match data.get("metadata").and_then(Value::as_object) {
+            Some(metadata) if !metadata.is_empty() => {
+                format!("metadata {}", compact(&Value::Object(metadata.clone())))
+            }
+            _ => String::new(),
+        },
+        "job_started" | "job_resumed" => {
+            format!("by {} (lease epoch {})", text("owner"), number("epoch"))
+        }
+        "model_turn" => {
+            let calls: Vec<String> = data
+                .get("tool_calls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|call| {
+                    let name = call.get("name").and_then(Value::as_str).unwrap_or("?");
+                    let id = call.get("call_id").and_then(Value::as_str).unwrap_or("?");
+                    format!("{name} [{id}]")
+                })
+                .collect();
+            let mut summary = format!("turn {}:", number("turn"));
+            if !text("text").is_empty() {
+                let _ = write!(summary, " says {}", quote(text("text"), QUOTE_CHARS));
+                if !calls.is_empty() {
+                    summary.push(';');
+                }
+            }
+            if !calls.is_empty() {
+                let _ = write!(summary, " calls {}", calls.join(", "));
+            }
+            summary
+        }
+        "tool_call_dispatched" => format!(
+            "{} {}, attempt {}",
+            text("call_id"),
+            text("name"),
+            number("attempt")
+        ),
+        "tool_call_result" => {
+            let outcome = if data.get("ok").and_then(Value::as_bool).unwrap_or(false) {
+                "ok".to_owned()
+            } else {
+                format!(
+                    "error {}",
+                    data.get("code").and_then(Value::as_str).unwrap_or("?")
+                )
+            };
+            let mut summary = format!("{} {}: {outcome}", text("call_id"), text("name"));
+            match number("attempts") {
+                0 => summary.push_str(" (not dispatched)"),
+                n => {
+                    let _ = write!(summary, " after {}", attempts(n));
+                }
+            }
+            if let Some(micros) = data.get("round_trip_us").and_then(Value::as_u64) {
+                let _ = write!(
+                    summary,
+                    ", {:.1} ms",
+                    Duration::from_micros(micros).as_secs_f64() * 1e3
+                );
+            }
+            summary
+        }
+        "job_succeeded" => quote(text("output_text"), QUOTE_CHARS),
+        "job_failed" => format!("{}: {}", text("code"), text("message")),
+        "job_cancelled" => text("code").to_owned(),
+        _ if data.as_object().is_some_and(serde_json::Map::is_empty) => String::new(),
+        _ => compact(data),
+    }
+}
+
+/// A job as text: a status line, metadata, error, the transcript and the output.
+pub(crate) fn job_report(job: &v1::Job) -> String {
+    let mut out = String::new();
+    let mut headline = format!("job {}: {}", job.job_id, status_name(job.status));
+    if job.finished_at_ms > 0 && job.created_at_ms > 0 {
+        let took = Duration::from_millis(job.finished_at_ms.saturating_sub(job.created_at_ms));
+        let _ = write!(headline, " in {:.3}s", took.as_secs_f64());
+    }
+    let rounds = if job.rounds == 1 { "round" } else { "rounds" };
+    let _ = writeln!(out, "{headline}, {} tool {rounds}", job.rounds);
+    if !job.metadata.is_empty() {
+        let mut pairs: Vec<_> = job
+            .metadata
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        pairs.sort();
+        let _ = writeln!(out, "metadata: {}", pairs.join(" "));
+    }
+    if let Some(error) = &job.error {
+        let _ = writeln!(out, "error: {}: {}", error.code, error.message);
+    }
+    let _ = writeln!(out, "transcript:");
+    for entry in &job.items {
+        let Some(kind) = &entry.kind else { continue };
+        let (label, text) = match kind {
+            item::Kind::User(m) => ("user", m.text.clone()),
+            item::Kind::Assistant(m) => ("assistant", m.text.clone()),
+            item::Kind::ToolCall(c) => (
+                "tool_call",
+                format!("{}  {}({})", c.call_id, c.name, compact_text(&c.arguments)),
+            ),
+            item::Kind::ToolResult(r) => (
+                "tool_result",
+                format!(
+                    "{}  {}, {}: {}",
+                    r.call_id,
+                    r.name,
+                    attempts(u64::from(r.attempts)),
+                    compact_text(&r.output)
+                ),
+            ),
+        };
+        let _ = writeln!(out, "  {label:<11}  {}", indent(&text, 2 + 11 + 2));
+    }
+    if job.status == v1::JobStatus::Succeeded as i32 {
+        let _ = writeln!(out, "output:\n  {}", indent(&job.output_text, 2));
+    }
+    out
+}
+
+/// The tools as a table with a header row.
+pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
+    let header = [
+        "NAME",
+        "WORKERS",
+        "TIMEOUT",
+        "ATTEMPTS",
+        "SIDE EFFECTS",
+        "DESCRIPTION",
+    ];
+    let rows: Vec<[String; 6]> = tools
+        .iter()
+        .map(|tool| {
+            [
+                tool.name.clone(),
+                tool.workers.to_string(),
+                humantime::format_duration(Duration::from_millis(tool.timeout_ms)).to_string(),
+                tool.max_attempts.to_string(),
+                if tool.side_effects { "yes" } else { "no" }.to_owned(),
+                first_sentence(&tool.description, DESCRIPTION_CHARS),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for row in &rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let header = header.map(str::to_owned);
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (column, (cell, width)) in row.iter().zip(widths).enumerate() {
+            // Numbers align right, text left.
+            if matches!(column, 1 | 3) && !std::ptr::eq(row, &header) {
+                let _ = write!(line, "{cell:>width$}  ");
+            } else {
+                let _ = write!(line, "{cell:<width$}  ");
+            }
+        }
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    out
+}
+
+/// An event as JSON.
+pub(crate) fn event_json(event: &v1::JobEvent) -> Value {
+    json!({
+        "job_id": event.job_id,
+        "offset": event.offset,
+        "kind": event.kind,
+        "data": json_or_text(&event.data),
+        "timestamp_ms": event.timestamp_ms,
+        "final": event.r#final,
+    })
+}
+
+/// A job as JSON. `arguments` and `output` stay the exact strings the model
+/// produced and received.
+pub(crate) fn job_json(job: &v1::Job) -> Value {
+    let items: Vec<Value> = job
+        .items
+        .iter()
+        .filter_map(|entry| entry.kind.as_ref())
+        .map(|kind| match kind {
+            item::Kind::User(m) => json!({"user": {"text": m.text}}),
+            item::Kind::Assistant(m) => json!({"assistant": {"text": m.text}}),
+            item::Kind::ToolCall(c) => json!({"tool_call": {
+                "call_id": c.call_id, "name": c.name, "arguments": c.arguments,
+            }}),
+            item::Kind::ToolResult(r) => json!({"tool_result": {
+                "call_id": r.call_id, "name": r.name, "output": r.output, "attempts": r.attempts,
+            }}),
+        })
+        .collect();
+    json!({
+        "job_id": job.job_id,
+        "status": status_name(job.status),
+        "output_text": job.output_text,
+        "error": job.error.as_ref().map(|e| json!({"code": e.code, "message": e.message})),
+        "rounds": job.rounds,
+        "items": items,
+        "metadata": job.metadata,
+        "created_at_ms": job.created_at_ms,
+        "finished_at_ms": job.finished_at_ms,
+    })
+}
+
+/// The tools as JSON; `parameters` is the schema as JSON, not a string.
+pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
+    tools
+        .iter()
+        .map(|tool| {
+            json!({
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": json_or_text(&tool.parameters),
+                "strict": tool.strict,
+                "workers": tool.workers,
+                "timeout_ms": tool.timeout_ms,
+                "max_attempts": tool.max_attempts,
+                "side_effects": tool.side_effects,
+                "version": tool.version,
+            })
+        })
+        .collect()
+}
+
+/// `text` parsed as JSON, or as a JSON string if it is not JSON.
+fn json_or_text(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.to_owned()))
+}
+
+fn attempts(n: u64) -> String {
+    if n == 1 {
+        "1 attempt".into()
+    } else {
+        format!("{n} attempts")
+    }
+}
+
+fn compact(value: &Value) -> String {
+    serde_json::to_string(value).unwrap_or_default()
+}
+
+/// JSON text as it is when it fits on one line, else re-serialized without
+/// whitespace (which sorts its keys).
+fn compact_text(text: &str) -> String {
+    if !text.contains('\n') {
+        return text.to_owned();
+    }
+    serde_json::from_str::<Value>(text).map_or_else(|_| text.to_owned(), |v| compact(&v))
+}
+
+/// `text` in quotes, on one line, cut at `max` characters.
+fn quote(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    format!("\"{}\"", truncate(&one_line, max))
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_owned();
+    }
+    let cut: String = text.chars().take(max.saturating_sub(1)).collect();
+    format!("{}…", cut.trim_end())
+}
+
+/// The first sentence of a description, cut at `max` characters.
+fn first_sentence(text: &str, max: usize) -> String {
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let sentence = text.find(". ").map_or(text.as_str(), |end| &text[..=end]);
+    truncate(sentence, max)
+}
+
+/// Continuation lines of `text` indented by `width` spaces.
+fn indent(text: &str, width: usize) -> String {
+    text.replace('\n', &format!("\n{:width$}", ""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(offset: u64, kind: &str, data: Value, timestamp_ms: u64) -> v1::JobEvent {
+        v1::JobEvent {
+            job_id: "j1".into(),
+            offset,
+            kind: kind.into(),
+            data: data.to_string(),
+            timestamp_ms,
+            r#final: kind.starts_with("job_") && kind != "job_queued" && kind != "job_started",
+        }
+    }
+
+    #[test]
+    fn every_event_kind_reads_as_one_line() {
+        let cases = [
+            (
+                event(0, "job_queued", json!({"metadata": {}}), 1000),
+                "#0   0.000s  job_queued",
+            ),
+            (
+                event(1, "job_started", json!({"owner": "dev", "epoch": 1}), 1012),
+                "job_started           by dev (lease epoch 1)",
+            ),
+            (
+                event(
+                    2,
+                    "model_turn",
+                    json!({"turn": 0, "round": 1, "text": "", "tool_calls": [
+                        {"call_id": "call_0_0", "name": "calculate"},
+                        {"call_id": "call_0_1", "name": "get_current_weather"}]}),
+                    1100,
+                ),
+                "turn 0: calls calculate [call_0_0], get_current_weather [call_0_1]",
+            ),
+            (
+                event(
+                    3,
+                    "model_turn",
+                    json!({"turn": 1, "text": "It is\n12 °C", "tool_calls": []}),
+                    1200,
+                ),
+                "turn 1: says \"It is 12 °C\"",
+            ),
+            (
+                event(
+                    4,
+                    "tool_call_dispatched",
+                    json!({"call_id": "c", "name": "calculate", "attempt": 2}),
+                    1300,
+                ),
+                "c calculate, attempt 2",
+            ),
+            (
+                event(
+                    5,
+                    "tool_call_result",
+                    json!({"call_id": "c", "name": "calculate", "attempts": 1, "ok": true, "code": null, "round_trip_us": 4982}),
+                    1400,
+                ),
+                "c calculate: ok after 1 attempt, 5.0 ms",
+            ),
+            (
+                event(
+                    6,
+                    "tool_call_result",
+                    json!({"call_id": "c", "name": "sleep", "attempts": 3, "ok": false, "code": "TOOL_TIMEOUT"}),
+                    1500,
+                ),
+                "c sleep: error TOOL_TIMEOUT after 3 attempts",
+            ),
+            (
+                event(
+                    6,
+                    "tool_call_result",
+                    json!({"call_id": "c", "name": "nope", "attempts": 0, "ok": false, "code": "UNKNOWN_TOOL"}),
+                    1500,
+                ),
+                "c nope: error UNKNOWN_TOOL (not dispatched)",
+            ),
+            (
+                event(7, "job_succeeded", json!({"output_text": "done"}), 1600),
+                "\"done\"",
+            ),
+            (
+                event(
+                    7,
+                    "job_failed",
+                    json!({"code": "SCRIPT_ERROR", "message": "no turn 2"}),
+                    1600,
+                ),
+                "SCRIPT_ERROR: no turn 2",
+            ),
+            (
+                event(7, "job_cancelled", json!({"code": "CANCELLED"}), 1600),
+                "CANCELLED",
+            ),
+            (
+                event(8, "something_new", json!({"x": 1}), 2500),
+                "something_new         {\"x\":1}",
+            ),
+        ];
+        for (event, expected) in cases {
+            let line = event_line(&event, 1000);
+            assert!(line.contains(expected), "{line:?} lacks {expected:?}");
+            assert!(!line.contains('\n'), "{line:?}");
+        }
+        let queued = event(0, "job_queued", json!({"metadata": {}}), 1000);
+        assert_eq!(event_line(&queued, 1000), "  #0   0.000s  job_queued");
+    }
+
+    #[test]
+    fn a_job_report_shows_the_whole_transcript() {
+        let item = |kind| v1::Item { kind: Some(kind) };
+        let job = v1::Job {
+            job_id: "j1".into(),
+            status: v1::JobStatus::Succeeded as i32,
+            output_text: "437".into(),
+            error: None,
+            rounds: 1,
+            items: vec![
+                item(item::Kind::User(v1::UserMessage {
+                    text: "what is 23*19?".into(),
+                })),
+                item(item::Kind::ToolCall(v1::ToolCallItem {
+                    call_id: "call_0_0".into(),
+                    name: "calculate".into(),
+                    arguments: "{\"expression\": \"23 * 19\"}".into(),
+                })),
+                item(item::Kind::ToolResult(v1::ToolResultItem {
+                    call_id: "call_0_0".into(),
+                    name: "calculate".into(),
+                    output: "{\n  \"data\": {\"result\": 437},\n  \"ok\": true\n}".into(),
+                    attempts: 1,
+                })),
+                item(item::Kind::Assistant(v1::AssistantMessage {
+                    text: "437\nthat is all".into(),
+                })),
+            ],
+            metadata: [("team".to_owned(), "a".to_owned())].into(),
+            created_at_ms: 1000,
+            finished_at_ms: 2500,
+        };
+        let report = job_report(&job);
+        for expected in [
+            "job j1: succeeded in 1.500s, 1 tool round\n",
+            "metadata: team=a\n",
+            "  user         what is 23*19?\n",
+            "  tool_call    call_0_0  calculate({\"expression\": \"23 * 19\"})\n",
+            "  tool_result  call_0_0  calculate, 1 attempt: {\"data\":{\"result\":437},\"ok\":true}\n",
+            "  assistant    437\n               that is all\n",
+            "output:\n  437\n",
+        ] {
+            assert!(report.contains(expected), "{report}\nlacks {expected:?}");
+        }
+        let json = job_json(&job);
+        assert_eq!(json["status"], "succeeded");
+        assert_eq!(
+            json["items"][1]["tool_call"]["arguments"],
+            "{\"expression\": \"23 * 19\"}"
+        );
+
+        let failed = v1::Job {
+            status: v1::JobStatus::Failed as i32,
+            error: Some(v1::JobError {
+                code: "SCRIPT_ERROR".into(),
+                message: "bad".into(),
+            }),
+            ..job
+        };
+        let report = job_report(&failed);
+        assert!(report.contains("error: SCRIPT_ERROR: bad\n"), "{report}");
+        assert!(!report.contains("output:"), "{report}");
+    }
+
+    #[test]
+    fn the_tools_table_lines_up() {
+        let tool = |name: &str, workers, description: &str| v1::Tool {
+            name: name.into(),
+            description: description.into(),
+            parameters: "{}".into(),
+            strict: true,
+            workers,
+            timeout_ms: 5000,
+            max_attempts: 3,
+            side_effects: false,
+            version: "1".into(),
+        };
+        let table = tools_table(&[
+            tool(
+                "calculate",
+                2,
+                "Evaluate an arithmetic expression. Use it for maths.",
+            ),
+            tool("get_current_weather", 12, "Get the weather."),
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines.len(), 3, "{table}");
+        assert!(
+            lines[0].starts_with(
+                "NAME                 WORKERS  TIMEOUT  ATTEMPTS  SIDE EFFECTS  DESCRIPTION"
+            ),
+            "{table}"
+        );
+        assert!(lines[1].starts_with("calculate                  2  5s              3  no            Evaluate an arithmetic expression."), "{table}");
+        assert!(lines[2].contains("get_current_weather       12"), "{table}");
+    }
+}

@@ -1,0 +1,132 @@
+//! The OpenAI providers end to end: an orchestrator process whose model is a
+//! local fake server speaking the OpenAI wire format, and real workers.
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::Fleet;
+use wiremock::matchers::{body_string_contains, method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+async fn finished(
+    api: &mut toolfleet_tests::fleet::ApiClient,
+    job_id: &str,
+) -> anyhow::Result<v1::Job> {
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.into(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(event) = events.next().await {
+            if event?.r#final {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok(api
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.into(),
+        })
+        .await?
+        .into_inner())
+}
+
+#[tokio::test]
+async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<()> {
+    let model = MockServer::start().await;
+    // Second request (it carries the tool result): the final answer.
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_string_contains("\"role\":\"tool\""))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "c2", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "23*19 is 437."}}]
+        })))
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    // First request: rate limited once, then a call with object arguments
+    // (as some compatible servers send them).
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(ResponseTemplate::new(429).insert_header("retry-after-ms", "50"))
+        .up_to_n_times(1)
+        .with_priority(2)
+        .mount(&model)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": null, "tool_calls": [
+                             {"id": "call_abc", "type": "function",
+                              "function": {"name": "calculate", "arguments": {"expression": "23*19"}}}]}}]
+        })))
+        .with_priority(3)
+        .mount(&model)
+        .await;
+
+    let mut fleet = Fleet::start(1).await?;
+    let base_url = format!("{}/v1", model.uri());
+    fleet
+        .spawn_orchestrator(&[
+            ("OPENAI_API_KEY", "sk-test"),
+            ("TOOLFLEET_OPENAI__BASE_URL", base_url.as_str()),
+            ("TOOLFLEET_OPENAI__INITIAL_BACKOFF", "10ms"),
+        ])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = api
+        .submit_job(v1::SubmitJobRequest {
+            input: "What is 23*19?".into(),
+            model: Some(v1::ModelSpec {
+                provider: "openai-chat".into(),
+                name: "gpt-test".into(),
+                ..Default::default()
+            }),
+            tools: vec!["calculate".into()],
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let job = finished(&mut api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "23*19 is 437.");
+
+    let requests = model.received_requests().await.expect("recording is on");
+    assert_eq!(requests.len(), 3, "429, the call turn, the final turn");
+    let last: Value = serde_json::from_slice(&requests[2].body)?;
+    let messages = last["messages"].as_array().expect("messages");
+    let tool = messages
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("a tool message");
+    assert_eq!(tool["tool_call_id"], "call_abc");
+    let output: Value = serde_json::from_str(tool["content"].as_str().expect("content"))?;
+    assert_eq!(
+        output,
+        json!({"ok": true, "data": {"expression": "23*19", "result": 437}})
+    );
+    let assistant = messages
+        .iter()
+        .find(|m| m["role"] == "assistant")
+        .expect("the call message");
+    assert_eq!(
+        assistant["tool_calls"][0]["function"]["arguments"],
+        r#"{"expression":"23*19"}"#
+    );
+    assert_eq!(last["tools"][0]["function"]["name"], "calculate");
+    assert_eq!(last["tools"][0]["function"]["strict"], true);
+    Ok(())
+}
