@@ -294,6 +294,7 @@ impl AgentService for AgentApi {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         tokio::spawn(async move {
             let mut offset = request.from_offset;
+            let mut drained = false;
             loop {
                 let events = match store.events(&job_id, offset, 256).await {
                     Ok(events) => events,
@@ -302,6 +303,21 @@ impl AgentService for AgentApi {
                         return;
                     }
                 };
+                if events.is_empty() {
+                    if drained {
+                        return;
+                    }
+                    match store.get(&job_id).await {
+                        // A finished job has all its events (status and final
+                        // event are one write): read once more, then stop.
+                        Ok(Some(job)) if job.status.is_final() => {
+                            drained = true;
+                            continue;
+                        }
+                        Ok(None) => return,
+                        _ => {}
+                    }
+                }
                 if events.is_empty() {
                     // Wait for a wake-up; poll anyway now and then, since
                     // wake-ups are best effort. Stop when the client left or

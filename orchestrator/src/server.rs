@@ -169,7 +169,9 @@ impl Orchestrator {
             .local_addr()
             .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
         info!(instance = %instance, grpc = %address, "orchestrator ready");
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
+        let incoming =
+            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
         let served = tonic::transport::Server::builder()
             .add_service(health)
             .add_service(reflection)

@@ -280,6 +280,30 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
     let middle = all.len() as u64 / 2;
     let rest = replay(middle).await?;
     assert_eq!(rest, all[middle as usize..].to_vec());
+    assert!(
+        replay(all.len() as u64 + 5).await?.is_empty(),
+        "past the end: nothing, and the stream ends"
+    );
+
+    // Cancel during a slow model turn: the turn's answer is not used.
+    let slow_model = api
+        .submit_job(scripted(
+            "slow model",
+            json!([{"delay_ms": 3000, "message": "too late"}]),
+        ))
+        .await?
+        .into_inner();
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: slow_model.job_id.clone(),
+    })
+    .await?;
+    let cancelled = wait_finished(&mut api, &slow_model.job_id).await?;
+    assert_eq!(
+        status(&cancelled),
+        v1::JobStatus::Cancelled,
+        "{cancelled:?}"
+    );
+    assert_eq!(cancelled.output_text, "");
 
     // Cancel a job blocked in a slow tool.
     let submitted = api

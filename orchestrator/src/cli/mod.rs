@@ -8,7 +8,9 @@
 //!   (and `toolfleet bench`): nats-server and redis-server as child
 //!   processes, an orchestrator and workers in this process.
 //! - `dev`: the `dev` command.
+//! - `bench`: the `bench` command.
 
+mod bench;
 mod client;
 mod dev;
 pub mod local;
@@ -71,6 +73,15 @@ enum Command {
     /// dir or one of their parents (scripts/setup installs it there), else the
     /// one on PATH. redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
     Dev(dev::DevArgs),
+    /// Measure end-to-end throughput and latency through a local fleet (or
+    /// --target), with raw NATS request/reply as the floor, in one run.
+    ///
+    /// J jobs (-J) with C in flight (-C), each R rounds (-R) of K parallel
+    /// `echo` calls (-K) through the scripted model; then sequential one-call
+    /// jobs for latency; then raw NATS request/reply through the same server.
+    /// Build with --release for meaningful numbers. docs/benchmarks.md explains
+    /// the output.
+    Bench(bench::BenchArgs),
 }
 
 impl Cli {
@@ -90,6 +101,7 @@ impl Cli {
             Command::Cancel(args) => client::cancel(&self.addr, args).await,
             Command::Tools(args) => client::tools(&self.addr, args).await,
             Command::Dev(args) => dev::run(args).await,
+            Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         }
     }
 }

@@ -227,11 +227,24 @@ impl JobRun<'_> {
                 turn: turns,
             };
             let left = std::time::Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
-            let turn = match tokio::time::timeout(left, provider.turn(request)).await {
-                Err(_) => return Ok(Some(deadline_exceeded())),
-                Ok(Err(err)) => return Ok(Some(model_failure(&err))),
-                Ok(Ok(turn)) => turn,
+            let turn = tokio::select! {
+                turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
+                    Err(_) => return Ok(Some(deadline_exceeded())),
+                    Ok(Err(err)) => return Ok(Some(model_failure(&err))),
+                    Ok(Ok(turn)) => turn,
+                },
+                // The turn is dropped unrecorded: a cancelled job needs no
+                // answer, and a handed-back job plays it on its new replica.
+                () = stop.cancelled() => {
+                    if cancelled.load(Ordering::SeqCst) {
+                        return Ok(Some(Ending::Cancelled));
+                    }
+                    return Err(Stopped::HandedBack);
+                }
             };
+            if cancelled.load(Ordering::SeqCst) {
+                return Ok(Some(Ending::Cancelled));
+            }
             let calls: Vec<_> = turn
                 .tool_calls()
                 .filter_map(|item| match item {
