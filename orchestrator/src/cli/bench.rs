@@ -229,7 +229,7 @@ async fn load(
     for task in tasks {
         round_trips.extend(task.await??);
         done += 1;
-        if collect && done % progress_every == 0 {
+        if collect && done.is_multiple_of(progress_every) {
             eprintln!("  {done}/{jobs} jobs done");
         }
     }
