@@ -41,6 +41,10 @@ impl ErrorCode {
     /// The call was delivered to workers too often without an answer (a poison
     /// call that kills its worker). Terminal.
     pub const MAX_DELIVERIES_EXCEEDED: Self = Self::from_static("MAX_DELIVERIES_EXCEEDED");
+    /// A side-effecting call's worker died after the call started, and the
+    /// tool cannot tell whether the effect happened. Terminal: the call is
+    /// not run again blindly. The error carries `side_effect: "unknown"`.
+    pub const OUTCOME_UNKNOWN: Self = Self::from_static("OUTCOME_UNKNOWN");
     /// The arguments or the output exceed the configured size limit. Terminal.
     pub const PAYLOAD_TOO_LARGE: Self = Self::from_static("PAYLOAD_TOO_LARGE");
 
@@ -79,6 +83,10 @@ pub struct ErrorBody {
     /// How long to wait before retrying, when the failing side said so.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// What is known of the call's side effect when it is not "none": only
+    /// `"unknown"` today (see `OUTCOME_UNKNOWN`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub side_effect: Option<String>,
 }
 
 /// The outcome of one tool call attempt.
@@ -98,6 +106,7 @@ impl Envelope {
             message: message.into(),
             retryable: false,
             retry_after_ms: None,
+            side_effect: None,
         })
     }
 
@@ -108,6 +117,7 @@ impl Envelope {
             message: message.into(),
             retryable: true,
             retry_after_ms: None,
+            side_effect: None,
         })
     }
 
@@ -211,6 +221,7 @@ mod tests {
                         message,
                         retryable,
                         retry_after_ms,
+                        side_effect: None,
                     })
                 }),
         ]

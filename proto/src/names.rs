@@ -123,6 +123,12 @@ impl RedisKeys {
         self.job_key(job_id, &format!("claim:{call_id}:{attempt}"))
     }
 
+    /// Marks that an execution of a side-effecting call attempt began; it
+    /// outlives the claim so a redelivery knows the effect may have happened.
+    pub fn call_started(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
+        self.job_key(job_id, &format!("started:{call_id}:{attempt}"))
+    }
+
     /// The stored envelope of one call attempt.
     pub fn call_result(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
         self.job_key(job_id, &format!("result:{call_id}:{attempt}"))
@@ -197,6 +203,7 @@ mod tests {
         for key in [
             keys.call_claim("j1", "c", 1),
             keys.call_result("j1", "c", 1),
+            keys.call_started("j1", "c", 1),
             keys.job("j1"),
             keys.job_items("j1"),
             keys.job_events("j1"),

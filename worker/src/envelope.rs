@@ -41,6 +41,7 @@ pub fn from_error(error: &ToolError) -> Envelope {
         message,
         retryable,
         retry_after_ms,
+        side_effect: None,
     })
 }
 

@@ -20,15 +20,30 @@ pub(crate) enum Claim {
     /// The attempt already has a result (this JSON envelope): answer with it.
     Stored(String),
     /// This delivery now owns the attempt and must execute it.
-    Acquired,
+    /// `previously_started`: an earlier delivery of a side-effecting call
+    /// claimed it and died without a result, so its effect may have happened.
+    Acquired {
+        /// An earlier execution started and left no result.
+        previously_started: bool,
+    },
     /// Another execution holds a live claim (`owner`): try again later.
     HeldBy(String),
 }
 
+/// KEYS: result, claim, started. ARGV: owner, lease_ms, side_effects (0/1),
+/// retention_ms. For side-effecting tools the `started` marker outlives the
+/// claim, so the next delivery knows an execution began.
 const CLAIM: &str = r"
 local result = redis.call('GET', KEYS[1])
 if result then return {1, result} end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2, ''} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local started = 0
+  if ARGV[3] == '1' then
+    started = redis.call('EXISTS', KEYS[3])
+    redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
+  end
+  return {2, tostring(started)}
+end
 return {3, redis.call('GET', KEYS[2]) or ''}
 ";
 
@@ -101,19 +116,32 @@ impl Ledger {
 
     /// Claims `call` for the execution `owner` (unique per delivery), unless it
     /// already has a result or a live claim.
-    pub(crate) async fn claim(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<Claim> {
+    pub(crate) async fn claim(
+        &self,
+        call: &ToolCall,
+        owner: &str,
+        side_effects: bool,
+    ) -> redis::RedisResult<Claim> {
         let (kind, value): (u8, String) = self
             .scripts
             .claim
             .key(self.result_key(call))
             .key(self.claim_key(call))
+            .key(
+                self.keys
+                    .call_started(&call.job_id, &call.call_id, call.attempt),
+            )
             .arg(owner)
             .arg(millis(self.lease))
+            .arg(if side_effects { "1" } else { "0" })
+            .arg(millis(self.retention))
             .invoke_async(&mut self.redis.clone())
             .await?;
         Ok(match kind {
             1 => Claim::Stored(value),
-            2 => Claim::Acquired,
+            2 => Claim::Acquired {
+                previously_started: value == "1",
+            },
             _ => Claim::HeldBy(value),
         })
     }

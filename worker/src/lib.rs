@@ -22,5 +22,5 @@ pub mod tools;
 
 pub use config::WorkerOptions;
 pub use runtime::{StartError, Worker};
-pub use tool::{Tool, ToolContext, ToolError, Toolbox};
+pub use tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 pub use toolfleet_proto::{ErrorCode, ToolManifest};

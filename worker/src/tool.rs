@@ -61,6 +61,27 @@ pub trait Tool: Send + Sync + 'static {
         args: Value,
         ctx: ToolContext,
     ) -> impl Future<Output = Result<Value, ToolError>> + Send;
+
+    /// For a tool with side effects: was the call with `ctx.idempotency_key`
+    /// already applied? The runtime asks before it runs a call again whose
+    /// earlier execution died without a result. The default cannot tell, and
+    /// the call is then answered with `OUTCOME_UNKNOWN` instead of running it
+    /// a second time.
+    fn probe(&self, args: Value, ctx: ToolContext) -> impl Future<Output = Applied> + Send {
+        let _ = (args, ctx);
+        async { Applied::Unknown }
+    }
+}
+
+/// What a tool's [`Tool::probe`] knows about an earlier execution.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Applied {
+    /// The effect happened; answer with this data instead of running again.
+    Yes(Value),
+    /// The effect did not happen; running the call is safe.
+    No,
+    /// The tool cannot tell.
+    Unknown,
 }
 
 /// What a tool knows about the call it is executing.
@@ -201,6 +222,11 @@ pub(crate) trait ErasedTool: Send + Sync {
         args: Value,
         ctx: ToolContext,
     ) -> Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + '_>>;
+    fn probe(
+        &self,
+        args: Value,
+        ctx: ToolContext,
+    ) -> Pin<Box<dyn Future<Output = Applied> + Send + '_>>;
 }
 
 impl<T: Tool> ErasedTool for T {
@@ -214,5 +240,13 @@ impl<T: Tool> ErasedTool for T {
         ctx: ToolContext,
     ) -> Pin<Box<dyn Future<Output = Result<Value, ToolError>> + Send + '_>> {
         Box::pin(Tool::call(self, args, ctx))
+    }
+
+    fn probe(
+        &self,
+        args: Value,
+        ctx: ToolContext,
+    ) -> Pin<Box<dyn Future<Output = Applied> + Send + '_>> {
+        Box::pin(Tool::probe(self, args, ctx))
     }
 }

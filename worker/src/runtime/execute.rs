@@ -10,14 +10,14 @@ use async_nats::{HeaderMap, Subject};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::headers;
-use toolfleet_proto::{Envelope, ErrorCode, ToolCall, ToolManifest};
+use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, ToolManifest};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::config::RuntimeOptions;
 use crate::envelope::{GENERIC_FAILURE, from_error};
 use crate::ledger::{Claim, Ledger};
 use crate::metrics;
-use crate::tool::{ErasedTool, ToolContext};
+use crate::tool::{Applied, ErasedTool, ToolContext};
 
 /// A tool ready to execute: its implementation, manifest and compiled schema.
 pub(crate) struct LoadedTool {
@@ -117,7 +117,11 @@ impl Executor {
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let claim = match self.ledger.claim(call, &owner).await {
+        let side_effects = self
+            .tools
+            .get(&call.tool)
+            .is_some_and(|t| t.manifest.side_effects);
+        let claim = match self.ledger.claim(call, &owner, side_effects).await {
             Ok(claim) => claim,
             Err(err) => {
                 warn!(error = %err, "redis unavailable; call handed back without executing");
@@ -135,8 +139,41 @@ impl Executor {
                 debug!(holder = %holder, "call is being executed elsewhere");
                 Outcome::Retry(self.ledger.lease())
             }
-            Claim::Acquired => self.execute(subject_tool, call, message, &owner).await,
+            Claim::Acquired { previously_started } => {
+                let delivered = message.info().map_or(1, |info| info.delivered);
+                if delivered > self.options.max_deliveries {
+                    // Every earlier delivery died without an answer (no result,
+                    // no live claim): a poison call. Answer instead of running
+                    // it again, so the job is not stuck.
+                    warn!(delivered, "poison call: answered without executing");
+                    let envelope = Envelope::terminal(
+                        ErrorCode::MAX_DELIVERIES_EXCEEDED,
+                        format!(
+                            "the call was delivered {} times and no worker finished it; it was not run again",
+                            delivered - 1
+                        ),
+                    );
+                    return self.answer(call, &owner, &envelope).await;
+                }
+                self.execute(subject_tool, call, message, &owner, previously_started)
+                    .await
+            }
         }
+    }
+
+    /// Stores `envelope` as the attempt's result and publishes what is stored.
+    async fn answer(&self, call: &ToolCall, owner: &str, envelope: &Envelope) -> Outcome {
+        let stored = match self.ledger.complete(call, owner, &envelope.to_json()).await {
+            Ok(stored) => stored,
+            Err(err) => {
+                // The result is not durable: hand the call back rather than
+                // answer with something a redelivery might contradict.
+                warn!(error = %err, "could not store the result; call handed back");
+                return Outcome::Retry(Duration::from_secs(1));
+            }
+        };
+        self.reply(call, stored.into_bytes(), false).await;
+        Outcome::Answered
     }
 
     async fn execute(
@@ -145,10 +182,11 @@ impl Executor {
         call: &ToolCall,
         message: &Message,
         owner: &str,
+        previously_started: bool,
     ) -> Outcome {
         let started = Instant::now();
         let envelope = tokio::select! {
-            envelope = self.evaluate(subject_tool, call, message, owner) => envelope,
+            envelope = self.evaluate(subject_tool, call, message, owner, previously_started) => envelope,
             () = self.abandon.cancelled() => {
                 warn!("drain timeout: call abandoned and handed back");
                 if let Err(err) = self.ledger.release(call, owner).await {
@@ -158,23 +196,12 @@ impl Executor {
             }
         };
         metrics::call_finished(&call.tool, &envelope, started.elapsed());
-        let text = envelope.to_json();
-        let stored = match self.ledger.complete(call, owner, &text).await {
-            Ok(stored) => stored,
-            Err(err) => {
-                // The result is not durable: hand the call back rather than
-                // answer with something a redelivery might contradict.
-                warn!(error = %err, "could not store the result; call handed back");
-                return Outcome::Retry(Duration::from_secs(1));
-            }
-        };
         debug!(
             ok = envelope.is_ok(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "call finished"
         );
-        self.reply(call, stored.into_bytes(), false).await;
-        Outcome::Answered
+        self.answer(call, owner, &envelope).await
     }
 
     /// Produces the envelope of one claimed attempt: the checks, then the tool.
@@ -184,6 +211,7 @@ impl Executor {
         call: &ToolCall,
         message: &Message,
         owner: &str,
+        previously_started: bool,
     ) -> Envelope {
         let Some(loaded) = self
             .tools
@@ -231,6 +259,29 @@ impl Executor {
             deadline,
             cancelled: self.abandon.child_token(),
         };
+        if previously_started {
+            // An earlier execution died after it started: its effect may have
+            // happened. Ask the tool rather than run it again blindly.
+            match loaded.tool.probe(args.clone(), ctx.clone()).await {
+                Applied::Yes(data) => {
+                    warn!("earlier execution was applied; answering without running again");
+                    return Envelope::Ok(data);
+                }
+                Applied::No => debug!("earlier execution was not applied; running the call"),
+                Applied::Unknown => {
+                    warn!("earlier execution's outcome is unknown; not running again");
+                    return Envelope::Err(ErrorBody {
+                        code: ErrorCode::OUTCOME_UNKNOWN,
+                        message: "the worker running this call died after it started; whether \
+                                  its side effect happened is unknown, so it was not run again"
+                            .to_owned(),
+                        retryable: false,
+                        retry_after_ms: None,
+                        side_effect: Some("unknown".to_owned()),
+                    });
+                }
+            }
+        }
         let cancelled = ctx.cancelled.clone();
         let tool = loaded.tool.clone();
         debug!(timeout_ms = timeout.as_millis() as u64, "executing call");

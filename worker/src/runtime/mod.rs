@@ -290,7 +290,9 @@ async fn ensure_consumer(
                 filter_subject: names::call_subject(tool),
                 ack_policy: consumer::AckPolicy::Explicit,
                 ack_wait: options.runtime.ack_wait,
-                max_deliver: options.runtime.max_deliveries,
+                // Unlimited: the worker answers a poison call itself
+                // (MAX_DELIVERIES_EXCEEDED), so no call is silently dropped.
+                max_deliver: -1,
                 max_ack_pending: 10_000,
                 ..Default::default()
             },

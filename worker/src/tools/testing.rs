@@ -6,6 +6,8 @@
 //! - `fail`: fails as asked: `{"mode": "retryable" | "terminal"}`, and with
 //!   `"fail_attempts": N` only attempts 1..=N fail and later ones succeed.
 //! - `panic`: panics, to show a panic becomes `TOOL_EXECUTION_FAILED`.
+//! - `crash`: aborts the whole worker process, like a segfault or an OOM kill
+//!   (a poison call).
 //! - `increment_counter`: `INCR`s the Redis key in its arguments and records
 //!   the call's idempotency key beside it, so a test can see whether a call
 //!   ran twice.
@@ -16,7 +18,7 @@ use redis::aio::ConnectionManager;
 use serde_json::{Value, json};
 use toolfleet_proto::{ErrorCode, ToolManifest};
 
-use crate::tool::{Tool, ToolContext, ToolError, Toolbox};
+use crate::tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 
 /// The code `fail` answers with unless the arguments name another.
 pub const TEST_FAILURE: ErrorCode = ErrorCode::from_static("TEST_FAILURE");
@@ -28,6 +30,7 @@ pub fn toolbox(redis: ConnectionManager) -> Toolbox {
         .with(Sleep)
         .with(Fail)
         .with(Panic)
+        .with(Crash)
         .with(IncrementCounter { redis })
 }
 
@@ -122,6 +125,26 @@ impl Tool for Panic {
     }
 }
 
+/// Aborts the worker process.
+pub struct Crash;
+
+impl Tool for Crash {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "crash",
+            "Test tool: kills the worker process.",
+            json!({"type": "object"}),
+        )
+        .non_strict()
+        .with_max_attempts(1)
+    }
+
+    async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+        tracing::error!("crash tool: aborting the worker process");
+        std::process::abort();
+    }
+}
+
 /// Increments a Redis counter: a side effect whose repetitions are visible.
 pub struct IncrementCounter {
     redis: ConnectionManager,
@@ -145,10 +168,14 @@ impl Tool for IncrementCounter {
     fn manifest(&self) -> ToolManifest {
         ToolManifest::new(
             "increment_counter",
-            "Test tool: increments the Redis counter `key` by one and returns the new value.",
+            "Test tool: increments the Redis counter `key` by one and returns the new value; \
+             with `delay_ms` it then waits, so a worker killed meanwhile leaves the effect \
+             applied and no result.",
             json!({"type": "object", "additionalProperties": false, "required": ["key"],
-                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200}}}),
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                                  "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
+        .non_strict()
         .with_side_effects()
     }
 
@@ -167,6 +194,37 @@ impl Tool for IncrementCounter {
                     "the counter store is unavailable",
                 )
             })?;
+        let delay = args["delay_ms"].as_u64().unwrap_or(0);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         Ok(json!({"key": key, "value": value}))
+    }
+
+    /// Applied when the executions hash has the idempotency key.
+    async fn probe(&self, args: Value, ctx: ToolContext) -> Applied {
+        let key = args["key"].as_str().unwrap_or_default();
+        let mut redis = self.redis.clone();
+        let count: redis::RedisResult<Option<i64>> = redis::cmd("HGET")
+            .arg(Self::executions_key(key))
+            .arg(&ctx.idempotency_key)
+            .query_async(&mut redis)
+            .await;
+        match count {
+            Ok(Some(n)) if n > 0 => {
+                let value: Option<i64> = redis::cmd("GET")
+                    .arg(key)
+                    .query_async(&mut redis)
+                    .await
+                    .ok()
+                    .flatten();
+                Applied::Yes(json!({"key": key, "value": value, "recovered": true}))
+            }
+            Ok(_) => Applied::No,
+            Err(err) => {
+                tracing::warn!(error = %err, "counter probe failed");
+                Applied::Unknown
+            }
+        }
     }
 }
