@@ -286,75 +286,19 @@ impl AgentService for AgentApi {
             )));
         }
         // Subscribe before the first read, so no wake-up is missed.
-        let mut wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
+        let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
             Status::unavailable("event notifications are unavailable; retry later")
         })?;
         let store = self.store.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
-        tokio::spawn(async move {
-            let mut offset = request.from_offset;
-            let mut drained = false;
-            loop {
-                let events = match store.events(&job_id, offset, 256).await {
-                    Ok(events) => events,
-                    Err(err) => {
-                        let _ = tx.send(Err(to_status(&err))).await;
-                        return;
-                    }
-                };
-                if events.is_empty() {
-                    if drained {
-                        return;
-                    }
-                    match store.get(&job_id).await {
-                        // A finished job has all its events (status and final
-                        // event are one write): read once more, then stop.
-                        Ok(Some(job)) if job.status.is_final() => {
-                            drained = true;
-                            continue;
-                        }
-                        Ok(None) => return,
-                        _ => {}
-                    }
-                }
-                if events.is_empty() {
-                    // Wait for a wake-up; poll anyway now and then, since
-                    // wake-ups are best effort. Stop when the client left or
-                    // the job is gone (expired).
-                    tokio::select! {
-                        () = tx.closed() => return,
-                        _ = wakeups.next() => {}
-                        () = tokio::time::sleep(WATCH_POLL) => match store.get(&job_id).await {
-                            Ok(Some(_)) => {}
-                            Ok(None) => return,
-                            Err(err) => {
-                                let _ = tx.send(Err(to_status(&err))).await;
-                                return;
-                            }
-                        },
-                    }
-                    continue;
-                }
-                for event in events {
-                    offset = event.offset + 1;
-                    let is_final = event.is_final;
-                    let sent = tx
-                        .send(Ok(v1::JobEvent {
-                            job_id: job_id.clone(),
-                            offset: event.offset,
-                            kind: event.kind,
-                            data: event.data,
-                            timestamp_ms: event.timestamp_ms,
-                            r#final: is_final,
-                        }))
-                        .await;
-                    if sent.is_err() || is_final {
-                        return;
-                    }
-                }
-            }
-        });
+        tokio::spawn(follow_events(
+            store,
+            job_id,
+            request.from_offset,
+            wakeups,
+            tx,
+        ));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -397,6 +341,92 @@ impl AgentService for AgentApi {
             })
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))
+    }
+}
+
+/// How long a watcher rides out a job store outage before it gives up.
+const WATCH_OUTAGE: Duration = Duration::from_secs(30);
+
+/// Streams a job's events from `offset` into `tx` until the final one, the
+/// client leaving, or the job expiring. Redis errors are retried (a restart
+/// of Redis is not the end of a watch) for up to [`WATCH_OUTAGE`].
+async fn follow_events(
+    store: JobStore,
+    job_id: String,
+    mut offset: u64,
+    mut wakeups: async_nats::Subscriber,
+    tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
+) {
+    let mut drained = false;
+    let mut failing_since: Option<std::time::Instant> = None;
+    loop {
+        let read = async {
+            let events = store.events(&job_id, offset, 256).await?;
+            let job = if events.is_empty() {
+                store.get(&job_id).await?
+            } else {
+                None
+            };
+            Ok::<_, store::Error>((events, job))
+        };
+        let (events, job) = match read.await {
+            Ok(read) => {
+                failing_since = None;
+                read
+            }
+            Err(err) => {
+                let since = *failing_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > WATCH_OUTAGE {
+                    let _ = tx.send(Err(to_status(&err))).await;
+                    return;
+                }
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(Duration::from_millis(250)) => continue,
+                }
+            }
+        };
+        if events.is_empty() {
+            match job {
+                // Expired, or never existed.
+                None => return,
+                // A finished job has all its events (status and final event
+                // are one write): read once more, then stop.
+                Some(job) if job.status.is_final() => {
+                    if drained {
+                        return;
+                    }
+                    drained = true;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            // Wait for a wake-up; poll anyway now and then, since wake-ups
+            // are best effort.
+            tokio::select! {
+                () = tx.closed() => return,
+                _ = wakeups.next() => {}
+                () = tokio::time::sleep(WATCH_POLL) => {}
+            }
+            continue;
+        }
+        for event in events {
+            offset = event.offset + 1;
+            let is_final = event.is_final;
+            let sent = tx
+                .send(Ok(v1::JobEvent {
+                    job_id: job_id.clone(),
+                    offset: event.offset,
+                    kind: event.kind,
+                    data: event.data,
+                    timestamp_ms: event.timestamp_ms,
+                    r#final: is_final,
+                }))
+                .await;
+            if sent.is_err() || is_final {
+                return;
+            }
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use toolfleet_proto::{Envelope, ToolCall};
 
 use toolfleet_proto::v1;
 
-use crate::{ChildProcess, NatsServer, RedisServer, cargo_bin};
+use crate::{ChildProcess, NatsServer, RedisConfig, RedisServer, cargo_bin};
 
 /// A gRPC client of the AgentService.
 pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
@@ -49,8 +49,22 @@ impl Fleet {
     ///
     /// A server or worker did not start; the error names which.
     pub async fn start_with(workers: usize, worker_env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        Self::start_with_redis(workers, worker_env, RedisConfig::default()).await
+    }
+
+    /// Like [`start_with`](Self::start_with), with a Redis configuration (AOF
+    /// on, for tests that restart Redis).
+    ///
+    /// # Errors
+    ///
+    /// A server or worker did not start; the error names which.
+    pub async fn start_with_redis(
+        workers: usize,
+        worker_env: &[(&str, &str)],
+        redis: RedisConfig,
+    ) -> anyhow::Result<Self> {
         let nats = NatsServer::start().await?;
-        let redis = RedisServer::start().await?;
+        let redis = RedisServer::start_with(redis).await?;
         let client = nats.client().await?;
         let mut fleet = Self {
             nats,
@@ -139,6 +153,11 @@ impl Fleet {
         self.orchestrators
             .push((process, format!("http://{address}")));
         Ok(index)
+    }
+
+    /// All orchestrator processes started so far.
+    pub fn orchestrators(&self) -> impl Iterator<Item = &ChildProcess> {
+        self.orchestrators.iter().map(|(p, _)| p)
     }
 
     /// The `index`th orchestrator process.

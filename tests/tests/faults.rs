@@ -201,3 +201,312 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
     assert_eq!(calls, JOBS * 6);
     Ok(())
 }
+
+/// Short runner timers: a dead orchestrator's jobs move within seconds.
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+/// Per job, the `turn` values of the "scripted turn played" lines of every
+/// orchestrator log (killed runs included: a respawn appends to the log).
+fn turns_played(fleet: &Fleet) -> std::collections::HashMap<(String, String), usize> {
+    let mut played = std::collections::HashMap::new();
+    for orchestrator in fleet.orchestrators() {
+        let log = std::fs::read_to_string(orchestrator.log_path()).unwrap_or_default();
+        for line in log.lines().filter(|l| l.contains("scripted turn played")) {
+            let field = |name: &str| {
+                line.split(&format!("{name}="))
+                    .nth(1)
+                    .and_then(|rest| rest.split([' ', '}', ':']).next())
+                    .unwrap_or_default()
+                    .trim_matches('"')
+                    .to_owned()
+            };
+            *played.entry((field("job_id"), field("turn"))).or_insert(0) += 1;
+        }
+    }
+    played
+}
+
+async fn wait_all(api: &ApiClient, ids: &[String]) -> anyhow::Result<Vec<v1::Job>> {
+    let waits = ids.iter().map(|id| wait_finished(api.clone(), id.clone()));
+    futures::future::try_join_all(waits).await
+}
+
+#[tokio::test]
+async fn a_second_orchestrator_finishes_jobs_whose_orchestrator_was_killed_twice()
+-> anyhow::Result<()> {
+    const JOBS: usize = 20;
+    let mut fleet = Fleet::start_with(2, FAST_REDELIVERY).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 2).await?;
+    let api = fleet.api(0).await?;
+    let mut ids = Vec::new();
+    for job in 0..JOBS {
+        let script = json!([
+            {"delay_ms": 400, "tool_calls": [
+                {"name": "increment_counter", "arguments": {"key": format!("resume:{job}:a")}},
+                {"name": "increment_counter", "arguments": {"key": format!("resume:{job}:b")}}]},
+            {"delay_ms": 400, "tool_calls": [
+                {"name": "increment_counter", "arguments": {"key": format!("resume:{job}:c"), "delay_ms": 300}}]},
+            {"delay_ms": 400, "message": "done"}
+        ]);
+        ids.push(
+            api.clone()
+                .submit_job(scripted(script))
+                .await?
+                .into_inner()
+                .job_id,
+        );
+    }
+    let first = fleet.orchestrator(0);
+    first
+        .wait_until("first turns played", Duration::from_secs(30), || async {
+            std::fs::read_to_string(first.log_path())
+                .unwrap_or_default()
+                .matches("scripted turn played")
+                .count()
+                >= JOBS
+        })
+        .await?;
+    first.kill();
+    first.respawn()?;
+    first
+        .wait_for_log("job_resumed", Duration::from_secs(30))
+        .await?;
+    first.kill();
+    let second = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let api = fleet.api(second).await?;
+    let jobs = wait_all(&api, &ids).await?;
+    for job in &jobs {
+        assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    }
+    let played = turns_played(&fleet);
+    let twice: Vec<_> = played.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "turns played twice: {twice:?}");
+    assert_eq!(
+        played.len(),
+        JOBS * 3,
+        "every turn of every job played once"
+    );
+    for job in 0..JOBS {
+        for key in ["a", "b", "c"] {
+            assert_eq!(
+                fleet.counter(&format!("resume:{job}:{key}")).await?,
+                1,
+                "resume:{job}:{key}"
+            );
+        }
+    }
+    let resumed: usize = fleet
+        .orchestrators()
+        .map(|o| {
+            std::fs::read_to_string(o.log_path())
+                .unwrap_or_default()
+                .matches("job_resumed")
+                .count()
+        })
+        .sum();
+    println!(
+        "orchestrator kills: jobs {JOBS}, calls {}, kills 2, resumptions {resumed}, turns played {}, \
+         turns played twice 0, duplicates found 0",
+        JOBS * 3,
+        played.len()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Result<()> {
+    const JOBS: usize = 20;
+    let redis = toolfleet_tests::RedisConfig { append_only: true };
+    let mut fleet = Fleet::start_with_redis(2, FAST_REDELIVERY, redis).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 2).await?;
+    let api = fleet.api(0).await?;
+    let submit = |tag: &'static str| {
+        let api = api.clone();
+        async move {
+            let mut ids = Vec::new();
+            for job in 0..JOBS {
+                let script = json!([
+                    {"tool_calls": [{"name": "increment_counter",
+                                     "arguments": {"key": format!("{tag}:{job}"), "delay_ms": 500}}]},
+                    {"delay_ms": 300, "message": "done"}
+                ]);
+                ids.push(
+                    api.clone()
+                        .submit_job(scripted(script))
+                        .await?
+                        .into_inner()
+                        .job_id,
+                );
+            }
+            anyhow::Ok(ids)
+        }
+    };
+
+    let ids = submit("nats").await?;
+    fleet.workers()[0]
+        .wait_for_log("executing call", Duration::from_secs(30))
+        .await?;
+    fleet.nats.restart().await?;
+    let jobs = wait_all(&fleet.api(0).await?, &ids).await?;
+    assert!(
+        jobs.iter()
+            .all(|j| j.status == v1::JobStatus::Succeeded as i32),
+        "{jobs:?}"
+    );
+
+    let ids = submit("redis").await?;
+    let mark = fleet.workers()[0].log_mark();
+    fleet.workers()[0]
+        .wait_for_log_after(mark, "executing call", Duration::from_secs(30))
+        .await?;
+    fleet.redis.restart().await?;
+    let jobs = wait_all(&fleet.api(0).await?, &ids).await?;
+    assert!(
+        jobs.iter()
+            .all(|j| j.status == v1::JobStatus::Succeeded as i32),
+        "{jobs:?}"
+    );
+
+    let mut duplicates = 0;
+    for tag in ["nats", "redis"] {
+        for job in 0..JOBS {
+            let value = fleet.counter(&format!("{tag}:{job}")).await?;
+            assert_eq!(value, 1, "{tag}:{job}");
+            duplicates += usize::from(value > 1);
+        }
+    }
+    println!(
+        "infrastructure restarts: jobs {}, calls {}, nats restarts 1, redis restarts 1, duplicates found {duplicates}",
+        2 * JOBS,
+        2 * JOBS
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn jobs_whose_redis_state_is_lost_fail_with_a_clear_code() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["sleep"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = api
+        .submit_job(scripted(json!([
+            {"tool_calls": [{"name": "sleep", "arguments": {"ms": 1500}}]},
+            {"message": "never"}
+        ])))
+        .await?
+        .into_inner()
+        .job_id;
+    fleet.workers()[0]
+        .wait_for_log("executing call", Duration::from_secs(30))
+        .await?;
+    fleet.redis.flush_all().await?;
+    let job = toolfleet_tests::wait_until("the lost job to fail", Duration::from_secs(60), || {
+        let mut api = api.clone();
+        let job_id = job_id.clone();
+        async move {
+            let job = api
+                .get_job(v1::GetJobRequest { job_id })
+                .await
+                .ok()?
+                .into_inner();
+            (job.status == v1::JobStatus::Failed as i32).then_some(job)
+        }
+    })
+    .await?;
+    assert_eq!(
+        job.error.as_ref().map(|e| e.code.as_str()),
+        Some("JOB_STATE_LOST")
+    );
+    // The fleet keeps serving.
+    let next = api
+        .submit_job(scripted(json!([{"message": "fine"}])))
+        .await?
+        .into_inner()
+        .job_id;
+    assert_eq!(wait_finished(api.clone(), next).await?.output_text, "fine");
+    println!("redis lost: jobs 1, failed with JOB_STATE_LOST 1, hung 0");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()> {
+    const JOBS: usize = 200;
+    let mut fleet = Fleet::start_with(3, FAST_REDELIVERY).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
+    let api = fleet.api(0).await?;
+    let api_b = fleet.api(1).await?;
+    let mut ids = Vec::new();
+    for job in 0..JOBS {
+        let script = json!([
+            {"tool_calls": [{"name": "increment_counter", "arguments": {"key": format!("roll:{job}"), "delay_ms": 200}}]},
+            {"delay_ms": 100, "message": "done"}
+        ]);
+        let client = if job % 2 == 0 { &api } else { &api_b };
+        ids.push(
+            client
+                .clone()
+                .submit_job(scripted(script))
+                .await?
+                .into_inner()
+                .job_id,
+        );
+    }
+    // SIGTERM each process in turn, wait until it is back, then the next one.
+    let mut restarts = 0;
+    let processes: Vec<_> = fleet
+        .orchestrators()
+        .chain(fleet.workers().iter())
+        .collect();
+    for process in processes {
+        process.terminate()?;
+        let status = process.wait_exit(Duration::from_secs(30)).await?;
+        assert!(
+            status.success(),
+            "{} exited with {status:?}",
+            process.name()
+        );
+        process.respawn()?;
+        let ready = if process.name().starts_with("orchestrator") {
+            "orchestrator ready"
+        } else {
+            "worker ready"
+        };
+        process.wait_for_log(ready, Duration::from_secs(30)).await?;
+        restarts += 1;
+    }
+    // The orchestrators' addresses changed on restart: ask the new first one.
+    let line = fleet
+        .orchestrator(0)
+        .wait_for_log("orchestrator ready", Duration::from_secs(5))
+        .await?;
+    let address = line
+        .split("grpc=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .expect("an address");
+    let api = ApiClient::connect(format!("http://{address}")).await?;
+    let jobs = wait_all(&api, &ids).await?;
+    let failed = jobs
+        .iter()
+        .filter(|j| j.status != v1::JobStatus::Succeeded as i32)
+        .count();
+    let mut duplicates = 0;
+    for job in 0..JOBS {
+        duplicates += usize::from(fleet.counter(&format!("roll:{job}")).await? != 1);
+    }
+    println!(
+        "rolling restart: jobs {JOBS}, calls {JOBS}, restarts {restarts}, failed {failed}, duplicates found {duplicates}"
+    );
+    assert_eq!(failed, 0);
+    assert_eq!(duplicates, 0);
+    Ok(())
+}

@@ -139,7 +139,10 @@ impl Provider for Scripted {
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
-            self.play(&request)
+            let turn = self.play(&request)?;
+            // The fault tests count these lines: a turn must never be played twice.
+            tracing::info!(turn = request.turn, "scripted turn played");
+            Ok(turn)
         }
         .boxed()
     }

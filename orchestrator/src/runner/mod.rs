@@ -201,6 +201,21 @@ impl Runner {
         Ok(())
     }
 
+    /// A job whose state vanished: record it as failed so clients see why.
+    async fn lost(&self, job_id: &str) -> Option<AckKind> {
+        tracing::error!(
+            job_id,
+            "job state lost from Redis; failing the job with JOB_STATE_LOST"
+        );
+        match self.store.record_lost(job_id).await {
+            Ok(()) => Some(AckKind::Ack),
+            Err(err) => {
+                warn!(job_id, error = %err, "cannot record the lost job; retrying later");
+                Some(AckKind::Nak(Some(Duration::from_secs(1))))
+            }
+        }
+    }
+
     async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
         let job_id = String::from_utf8_lossy(&message.payload).into_owned();
         let ack = match self
@@ -209,9 +224,10 @@ impl Runner {
             .await
         {
             Ok(Acquired::Finished) => {
-                debug!(job_id, "job already finished or unknown");
+                debug!(job_id, "job already finished");
                 Some(AckKind::Ack)
             }
+            Ok(Acquired::Missing) => self.lost(&job_id).await,
             Ok(Acquired::Held) => {
                 debug!(job_id, "job is held by another runner");
                 Some(AckKind::Nak(Some(self.options.lease_ttl)))
@@ -235,8 +251,12 @@ impl Runner {
                         Some(AckKind::Nak(None))
                     }
                     // Another replica owns the job (and its redelivered
-                    // message): neither ack nor nak the stale delivery.
-                    Err(Stopped::LeaseLost) => None,
+                    // message): neither ack nor nak the stale delivery. Unless
+                    // the lease vanished with the whole job: Redis lost it.
+                    Err(Stopped::LeaseLost) => match self.store.get(&job_id).await {
+                        Ok(None) => self.lost(&job_id).await,
+                        _ => None,
+                    },
                     Err(Stopped::Store(err)) => {
                         warn!(job_id, error = %err, "job store failed; the job resumes later");
                         let _ = self.store.release(&lease).await;

@@ -346,7 +346,9 @@ impl JobStore {
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] when the record does not parse.
     pub async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, Error> {
-        let fields: HashMap<String, String> = self.conn().hgetall(self.keys.job(job_id)).await?;
+        let key = self.keys.job(job_id);
+        let fields: HashMap<String, String> =
+            read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
         if fields.is_empty() {
             return Ok(None);
         }
@@ -396,10 +398,9 @@ impl JobStore {
     /// [`Error::Redis`], or [`Error::Corrupt`] for an item that does not parse.
     pub async fn items(&self, job_id: &str, from: usize) -> Result<Vec<Item>, Error> {
         let start = isize::try_from(from).unwrap_or(isize::MAX);
-        let texts: Vec<String> = self
-            .conn()
-            .lrange(self.keys.job_items(job_id), start, -1)
-            .await?;
+        let key = self.keys.job_items(job_id);
+        let texts: Vec<String> =
+            read_with_retry(|| async { self.conn().lrange(&key, start, -1).await }).await?;
         texts
             .iter()
             .map(|t| {
@@ -448,15 +449,11 @@ impl JobStore {
         offset: u64,
         count: usize,
     ) -> Result<Vec<Event>, Error> {
-        let reply: redis::streams::StreamRangeReply = self
-            .conn()
-            .xrange_count(
-                self.keys.job_events(job_id),
-                format!("0-{}", offset + 1),
-                "+",
-                count,
-            )
-            .await?;
+        let key = self.keys.job_events(job_id);
+        let start = format!("0-{}", offset + 1);
+        let reply: redis::streams::StreamRangeReply =
+            read_with_retry(|| async { self.conn().xrange_count(&key, &start, "+", count).await })
+                .await?;
         Ok(reply.ids.iter().filter_map(parse_event).collect())
     }
 
@@ -502,6 +499,40 @@ impl JobStore {
         Ok(JobStatus::parse(&status))
     }
 
+    /// Marks a job whose state vanished from Redis as failed with
+    /// `JOB_STATE_LOST`, unless it exists again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn record_lost(&self, job_id: &str) -> Result<(), Error> {
+        let placeholder = JobSpec {
+            input: String::new(),
+            instructions: String::new(),
+            provider: ProviderKind::Scripted,
+            model: String::new(),
+            script: None,
+            tools: Vec::new(),
+            max_tool_rounds: 0,
+            parallel_tool_calls: true,
+            deadline_ms: 0,
+            metadata: BTreeMap::new(),
+            tenant: String::new(),
+        };
+        let _: i64 = scripts::LOST
+            .key(self.keys.job(job_id))
+            .key(self.keys.job_events(job_id))
+            .arg(serde_json::to_string(&placeholder).expect("a spec serializes"))
+            .arg(now_ms())
+            .arg(millis(self.retention))
+            .arg("the job's state was lost from Redis (flushed or failed over without its data)")
+            .arg(serde_json::json!({"code": "JOB_STATE_LOST"}).to_string())
+            .invoke_async(&mut self.conn())
+            .await?;
+        self.notify(job_id).await;
+        Ok(())
+    }
+
     /// Takes the job's lease for `owner`. `Ok(None)`: another runner holds it;
     /// `Err(..)`/`Ok(Some)` as usual. A missing or finished job gives `None` too,
     /// with `finished` telling which.
@@ -523,6 +554,7 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(match epoch {
+            -2 => Acquired::Missing,
             -1 => Acquired::Finished,
             0 => Acquired::Held,
             epoch => {
@@ -633,8 +665,30 @@ pub enum Acquired {
     Lease(Lease),
     /// Another runner holds the job.
     Held,
-    /// The job is unknown or already finished.
+    /// The job already finished.
     Finished,
+    /// The job has a queue message but no record: its state was lost.
+    Missing,
+}
+
+/// Runs an idempotent read, retrying twice when the connection dropped (a
+/// Redis restart): the connection manager reconnects on the next command, so
+/// the first command after a restart fails even though Redis is back.
+async fn read_with_retry<T, F, Fut>(mut read: F) -> redis::RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = redis::RedisResult<T>>,
+{
+    let mut tries = 0;
+    loop {
+        match read().await {
+            Err(err) if tries < 2 && (err.is_connection_dropped() || err.is_io_error()) => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result,
+        }
+    }
 }
 
 fn parse_event(entry: &redis::streams::StreamId) -> Option<Event> {

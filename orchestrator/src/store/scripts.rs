@@ -30,12 +30,14 @@ return 1
 
 /// KEYS: job, lease. ARGV: owner, ttl_ms.
 /// Takes the lease if it is free and the job is not finished. Returns the new
-/// epoch, 0 if another runner holds it, -1 if the job is missing or finished.
+/// epoch, 0 if another runner holds it, -1 if the job is finished, -2 if it is
+/// missing.
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status or status == 'succeeded' or status == 'failed' or status == 'cancelled' then return -1 end
+if not status then return -2 end
+if status == 'succeeded' or status == 'failed' or status == 'cancelled' then return -1 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
@@ -118,6 +120,27 @@ if status == 'queued' then
 end
 if status == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
 return status
+",
+    )
+});
+
+/// KEYS: job, events. ARGV: placeholder spec, now_ms, retention_ms, message,
+/// event data.
+/// Records that a job's state vanished from Redis (flushed, or a failover
+/// that lost writes), so clients see a failed job instead of none.
+pub(super) static LOST: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', 'failed', 'created_at_ms', ARGV[2],
+           'finished_at_ms', ARGV[2], 'rounds', 0, 'turns', 0, 'epoch', 0, 'events', 1,
+           'error_code', 'JOB_STATE_LOST', 'error_message', ARGV[4])
+redis.call('DEL', KEYS[2])
+redis.call('XADD', KEYS[2], '0-1', 'kind', 'job_failed', 'data', ARGV[5],
+           'ts', ARGV[2], 'final', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
 ",
     )
 });
