@@ -510,3 +510,91 @@ async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()>
     assert_eq!(duplicates, 0);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    fleet.spawn_worker().await?;
+    let mut results = fleet.results("job-unknown-outcome").await?;
+    let call = toolfleet_tests::fleet::call(
+        "job-unknown-outcome",
+        "flag_1",
+        "set_flag",
+        r#"{"key": "flag:1", "delay_ms": 5000}"#,
+    );
+    fleet.publish_call(&call).await?;
+    // Whichever worker took it: kill it after the effect, before the result.
+    let runner = toolfleet_tests::wait_until(
+        "a worker to execute the call",
+        Duration::from_secs(30),
+        || async {
+            fleet
+                .workers()
+                .iter()
+                .position(|w| w.log_tail(1000).contains("executing call"))
+        },
+    )
+    .await?;
+    toolfleet_tests::wait_until("the flag to be set", Duration::from_secs(30), || async {
+        fleet.counter("flag:1").await.is_ok_and(|v| v == 1)
+    })
+    .await?;
+    fleet.worker(runner).kill();
+    let answer = results.next(Duration::from_secs(30)).await?;
+    let error = answer.envelope.error().expect("an error envelope");
+    assert_eq!(error.code.as_str(), "OUTCOME_UNKNOWN", "{}", answer.body);
+    assert_eq!(error.side_effect.as_deref(), Some("unknown"));
+    assert!(!error.retryable);
+    let executions = count_in_logs(&fleet, "executing call");
+    assert_eq!(executions, 1, "the call was not run a second time");
+    println!("outcome unknown: calls 1, kills 1, executions 1, answered OUTCOME_UNKNOWN 1");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["sleep"], 1).await?;
+    let api = fleet.api(0).await?;
+    // 5 s: longer than the job AckWait (2 s), the lease (1 s) and the call
+    // AckWait (1 s) together.
+    let job_id = api
+        .clone()
+        .submit_job(scripted(json!([
+            {"tool_calls": [{"name": "sleep", "arguments": {"ms": 5000}}]},
+            {"message": "done"}
+        ])))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(api.clone(), job_id.clone()).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32);
+    let events: Vec<v1::JobEvent> = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id,
+            from_offset: 0,
+        })
+        .await?
+        .into_inner()
+        .map(|e| e.expect("an event"))
+        .collect()
+        .await;
+    let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(
+        !kinds.contains(&"job_resumed"),
+        "the job changed hands: {kinds:?}"
+    );
+    assert_eq!(
+        kinds
+            .iter()
+            .filter(|k| **k == "tool_call_dispatched")
+            .count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(count_in_logs(&fleet, "executing call"), 1);
+    Ok(())
+}

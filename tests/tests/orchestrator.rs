@@ -222,6 +222,44 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
         Some("MAX_TOOL_ROUNDS_EXCEEDED")
     );
 
+    // With parallel_tool_calls off, each call is answered before the next
+    // is dispatched.
+    let mut one_by_one = scripted(
+        "sequential",
+        json!([
+            {"tool_calls": [
+                {"name": "sleep", "arguments": {"ms": 100}},
+                {"name": "sleep", "arguments": {"ms": 100}}]},
+            {"message": "done"}
+        ]),
+    );
+    one_by_one.parallel_tool_calls = Some(false);
+    let job = run(&mut api, one_by_one).await?;
+    let events: Vec<v1::JobEvent> = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job.job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner()
+        .map(|e| e.expect("an event"))
+        .collect()
+        .await;
+    let calls: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind.starts_with("tool_call_"))
+        .map(|e| e.kind.as_str())
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            "tool_call_dispatched",
+            "tool_call_result",
+            "tool_call_dispatched",
+            "tool_call_result"
+        ]
+    );
+
     // The same idempotency key twice is one job.
     let mut once = scripted("once", json!([{"message": "hi"}]));
     once.idempotency_key = "order-42".into();

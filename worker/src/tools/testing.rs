@@ -6,6 +6,8 @@
 //! - `fail`: fails as asked: `{"mode": "retryable" | "terminal"}`, and with
 //!   `"fail_attempts": N` only attempts 1..=N fail and later ones succeed.
 //! - `panic`: panics, to show a panic becomes `TOOL_EXECUTION_FAILED`.
+//! - `set_flag`: sets a Redis key, then waits `delay_ms`: a side effect
+//!   without a probe, so a worker killed meanwhile leaves an unknown outcome.
 //! - `crash`: aborts the whole worker process, like a segfault or an OOM kill
 //!   (a poison call).
 //! - `increment_counter`: `INCR`s the Redis key in its arguments and records
@@ -31,6 +33,9 @@ pub fn toolbox(redis: ConnectionManager) -> Toolbox {
         .with(Fail)
         .with(Panic)
         .with(Crash)
+        .with(SetFlag {
+            redis: redis.clone(),
+        })
         .with(IncrementCounter { redis })
 }
 
@@ -122,6 +127,44 @@ impl Tool for Panic {
 
     async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
         panic!("test tool panicked with secret internals at /srv/secret.rs:42");
+    }
+}
+
+/// Sets a Redis key: a side effect the runtime cannot probe.
+pub struct SetFlag {
+    redis: ConnectionManager,
+}
+
+impl Tool for SetFlag {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "set_flag",
+            "Test tool: sets the Redis key `key` to 1, then waits `delay_ms`.",
+            json!({"type": "object", "additionalProperties": false, "required": ["key"],
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                                  "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
+        )
+        .non_strict()
+        .with_side_effects()
+    }
+
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+        let key = args["key"].as_str().unwrap_or_default(); // the schema made it a string
+        let set: redis::RedisResult<()> = redis::cmd("SET")
+            .arg(key)
+            .arg(1)
+            .query_async(&mut self.redis.clone())
+            .await;
+        set.map_err(|err| {
+            tracing::warn!(error = %err, "set_flag failed");
+            ToolError::retryable(
+                ErrorCode::from_static("FLAG_UNAVAILABLE"),
+                "the flag store is unavailable",
+            )
+        })?;
+        let delay = args["delay_ms"].as_u64().unwrap_or(0);
+        tokio::time::sleep(Duration::from_millis(delay)).await;
+        Ok(json!({"key": key}))
     }
 }
 
