@@ -164,9 +164,21 @@ impl Dispatcher {
                 .map_err(|e| RoundError::Nats(e.to_string()))?;
             let forwarder = tokio::spawn(forward_results(subscriber, notify.clone()));
             let result = if spec.parallel_tool_calls {
+                // One commit records the first attempt of every fresh call.
+                let fresh: Vec<&PlannedCall> = ready
+                    .iter()
+                    .map(|(_, r)| &r.call)
+                    .filter(|c| !attempts.contains_key(&c.call_id))
+                    .collect();
+                self.record_dispatches(lease, &fresh, 1).await?;
+                let mut recorded = attempts.clone();
+                for call in fresh {
+                    recorded.insert(call.call_id.clone(), 0);
+                }
+                let recorded = &recorded;
                 let runs = ready
                     .iter()
-                    .map(|(_, r)| self.drive(lease, spec, r, attempts, &notify, stop));
+                    .map(|(_, r)| self.drive(lease, spec, r, recorded, &notify, stop));
                 futures::future::join_all(runs)
                     .await
                     .into_iter()
@@ -256,14 +268,18 @@ impl Dispatcher {
             .with_jitter()
             .without_max_times()
             .build();
-        let mut attempt = attempts.get(&call.call_id).copied().unwrap_or(0);
-        // A resumed call re-publishes its last attempt unless it has a result:
-        // same message id, so JetStream drops it if the first is still queued.
-        let mut resumed = attempt > 0;
-        if attempt == 0 {
-            attempt = 1;
-            self.record_dispatch(lease, call, attempt).await?;
-        }
+        // In `attempts`: n > 0 resumes attempt n (it may have a result; if not
+        // it is re-published with the same message id, which JetStream drops
+        // if the first copy is still queued); 0 means attempt 1 is already
+        // recorded; absent means record it now.
+        let (mut attempt, mut resumed) = match attempts.get(&call.call_id) {
+            Some(0) => (1, false),
+            Some(n) => (*n, true),
+            None => {
+                self.record_dispatches(lease, &[call], 1).await?;
+                (1, false)
+            }
+        };
         let mut round_trip = None;
         loop {
             let mut notices = notify.subscribe();
@@ -338,26 +354,39 @@ impl Dispatcher {
             }
             attempt += 1;
             crate::metrics::tool_call_retried(&call.name);
-            self.record_dispatch(lease, call, attempt).await?;
+            self.record_dispatches(lease, &[call], attempt).await?;
         }
     }
 
-    async fn record_dispatch(
+    /// Records that `attempt` of each of `calls` is about to be published.
+    async fn record_dispatches(
         &self,
         lease: &Lease,
-        call: &PlannedCall,
+        calls: &[&PlannedCall],
         attempt: u32,
     ) -> Result<(), RoundError> {
-        let event = NewEvent::new(
-            "tool_call_dispatched",
-            json!({"call_id": call.call_id, "name": call.name, "attempt": attempt}),
-        );
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let events = calls
+            .iter()
+            .map(|call| {
+                NewEvent::new(
+                    "tool_call_dispatched",
+                    json!({"call_id": call.call_id, "name": call.name, "attempt": attempt}),
+                )
+            })
+            .collect();
+        let attempts = calls
+            .iter()
+            .map(|call| (call.call_id.clone(), attempt))
+            .collect();
         self.store
             .commit(
                 lease,
                 Commit {
-                    events: vec![event],
-                    attempts: vec![(call.call_id.clone(), attempt)],
+                    events,
+                    attempts,
                     ..Commit::default()
                 },
             )

@@ -161,7 +161,8 @@ impl JobRun<'_> {
         let mut turns = record.turns;
         let mut rounds = record.rounds;
         loop {
-            if cancelled.load(Ordering::SeqCst) || store.cancel_requested(job_id).await? {
+            // The keep-alive task polls for cancel requests and sets the flag.
+            if cancelled.load(Ordering::SeqCst) || record.cancel_requested {
                 return Ok(Some(Ending::Cancelled));
             }
             if stop.is_cancelled() {

@@ -490,6 +490,7 @@ impl JobStore {
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .key(self.keys.job_items(job_id))
+            .key(self.keys.job_lease(job_id))
             .arg(now_ms())
             .arg(millis(self.retention))
             .arg(serde_json::json!({"code": "CANCELLED"}).to_string())

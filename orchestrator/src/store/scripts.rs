@@ -71,11 +71,16 @@ return 0
 ///   n, items...; n, (kind, data, final)...; n, (field, value)...; n, (call_id, attempt)...
 /// Appends items and events and updates fields, only while the lease holds.
 /// With retention_ms > 0 (the job finished) every key of the job expires.
-/// Returns the number of events, or the error LEASE_LOST.
+/// Returns the number of events, or the error LEASE_LOST (also when the job
+/// already finished: nothing is written after the end).
 pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then return redis.error_reply('LEASE_LOST') end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
+  return redis.error_reply('LEASE_LOST')
+end
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('RPUSH', KEYS[2], ARGV[i]); i = i + 1 end
@@ -100,7 +105,7 @@ return redis.call('HGET', KEYS[1], 'events')
     )
 });
 
-/// KEYS: job, events, items. ARGV: now_ms, retention_ms, event data.
+/// KEYS: job, events, items, lease. ARGV: now_ms, retention_ms, event data.
 /// Cancels a job nobody runs yet; asks a running one to stop. Returns the
 /// status after the request ('' if the job is missing).
 pub(super) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
@@ -108,7 +113,8 @@ pub(super) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return '' end
-if status == 'queued' then
+-- A queued job a runner already leased is as good as running: only ask.
+if status == 'queued' and redis.call('EXISTS', KEYS[4]) == 0 then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at_ms', ARGV[1],
              'error_code', 'CANCELLED', 'error_message', 'the job was cancelled before it started')
   local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
@@ -118,7 +124,9 @@ if status == 'queued' then
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
   return 'cancelled'
 end
-if status == 'running' then redis.call('HSET', KEYS[1], 'cancel_requested', '1') end
+if status == 'running' or status == 'queued' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+end
 return status
 ",
     )
