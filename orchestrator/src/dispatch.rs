@@ -15,12 +15,14 @@ use async_nats::jetstream;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::{self, headers};
 use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
 use tracing::{debug, warn};
+
+use toolfleet_worker::envelope::check_arguments;
 
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::store::{self, Commit, JobSpec, JobStore, Lease, NewEvent, now_ms};
@@ -218,35 +220,7 @@ impl Dispatcher {
                 ),
             ));
         }
-        let args: Value = serde_json::from_str(&call.arguments).map_err(|e| {
-            Envelope::terminal(
-                ErrorCode::INVALID_TOOL_ARGUMENTS,
-                format!("arguments are not valid JSON: {e}"),
-            )
-        })?;
-        let problems: Vec<String> = tool
-            .validator
-            .iter_errors(&args)
-            .take(5)
-            .map(|e| {
-                let path = e.instance_path().to_string();
-                if path.is_empty() {
-                    e.to_string()
-                } else {
-                    format!("{path}: {e}")
-                }
-            })
-            .collect();
-        if !problems.is_empty() {
-            return Err(Envelope::terminal(
-                ErrorCode::INVALID_TOOL_ARGUMENTS,
-                format!(
-                    "arguments do not match the schema of {}: {}",
-                    call.name,
-                    problems.join("; ")
-                ),
-            ));
-        }
+        check_arguments(&call.name, &tool.validator, &call.arguments)?;
         Ok(tool)
     }
 

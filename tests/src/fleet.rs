@@ -347,3 +347,49 @@ pub fn call(job_id: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCal
         reply_to: Some(names::reply_subject(job_id)),
     }
 }
+
+/// A job request for the scripted model playing `script`.
+pub fn scripted_job(input: &str, script: &serde_json::Value) -> v1::SubmitJobRequest {
+    v1::SubmitJobRequest {
+        input: input.into(),
+        model: Some(v1::ModelSpec {
+            provider: "scripted".into(),
+            script: script.to_string(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Follows a job's events to its final one (at most two minutes), then
+/// returns the finished job.
+///
+/// # Errors
+///
+/// The job did not finish in time, or the API failed.
+pub async fn wait_finished(api: &ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
+    let mut api = api.clone();
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.into(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(120), async {
+        while let Some(event) = events.next().await {
+            if event?.r#final {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await
+    .with_context(|| format!("job {job_id} did not finish within 2 minutes"))??;
+    Ok(api
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.into(),
+        })
+        .await?
+        .into_inner())
+}

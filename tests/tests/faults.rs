@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use toolfleet_proto::v1::{self, item::Kind};
-use toolfleet_tests::fleet::{ApiClient, Fleet};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
 
 /// Short timers so that redeliveries happen within a second: the claim lease
 /// stays below AckWait, as in production.
@@ -19,38 +19,7 @@ const FAST_REDELIVERY: &[(&str, &str)] = &[
 ];
 
 fn scripted(script: Value) -> v1::SubmitJobRequest {
-    v1::SubmitJobRequest {
-        input: "fault test".into(),
-        model: Some(v1::ModelSpec {
-            provider: "scripted".into(),
-            script: script.to_string(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn wait_finished(mut api: ApiClient, job_id: String) -> anyhow::Result<v1::Job> {
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.clone(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
-    tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(event) = events.next().await {
-            if event?.r#final {
-                break;
-            }
-        }
-        anyhow::Ok(())
-    })
-    .await??;
-    Ok(api
-        .get_job(v1::GetJobRequest { job_id })
-        .await?
-        .into_inner())
+    scripted_job("fault test", &script)
 }
 
 /// Restarts every worker that died, until the test ends. Returns nothing:
@@ -93,7 +62,7 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
         .into_inner()
         .job_id;
     let job = tokio::select! {
-        job = wait_finished(api, job_id) => job?,
+        job = wait_finished(&api, &job_id) => job?,
         () = restart_dead_workers(&fleet) => unreachable!("the restarter never ends"),
     };
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
@@ -136,7 +105,10 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
             .await?
             .into_inner()
             .job_id;
-        jobs.push(tokio::spawn(wait_finished(api.clone(), job_id)));
+        jobs.push(tokio::spawn({
+            let api = api.clone();
+            async move { wait_finished(&api, &job_id).await }
+        }));
     }
 
     let kills = Arc::new(AtomicUsize::new(0));
@@ -231,7 +203,7 @@ fn turns_played(fleet: &Fleet) -> std::collections::HashMap<(String, String), us
 }
 
 async fn wait_all(api: &ApiClient, ids: &[String]) -> anyhow::Result<Vec<v1::Job>> {
-    let waits = ids.iter().map(|id| wait_finished(api.clone(), id.clone()));
+    let waits = ids.iter().map(|id| wait_finished(api, id));
     futures::future::try_join_all(waits).await
 }
 
@@ -430,7 +402,7 @@ async fn jobs_whose_redis_state_is_lost_fail_with_a_clear_code() -> anyhow::Resu
         .await?
         .into_inner()
         .job_id;
-    assert_eq!(wait_finished(api.clone(), next).await?.output_text, "fine");
+    assert_eq!(wait_finished(&api, &next).await?.output_text, "fine");
     println!("redis lost: jobs 1, failed with JOB_STATE_LOST 1, hung 0");
     Ok(())
 }
@@ -569,7 +541,7 @@ async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> 
         .await?
         .into_inner()
         .job_id;
-    let job = wait_finished(api.clone(), job_id.clone()).await?;
+    let job = wait_finished(&api, &job_id.clone()).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32);
     let events: Vec<v1::JobEvent> = api
         .clone()

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1::{self, item::Kind};
-use toolfleet_tests::fleet::{ApiClient, Fleet};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
 
 const JOB: Duration = Duration::from_secs(60);
 
@@ -22,46 +22,13 @@ async fn fleet(workers: usize) -> anyhow::Result<Fleet> {
 }
 
 fn scripted(input: &str, script: Value) -> v1::SubmitJobRequest {
-    v1::SubmitJobRequest {
-        input: input.into(),
-        model: Some(v1::ModelSpec {
-            provider: "scripted".into(),
-            script: script.to_string(),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
+    scripted_job(input, &script)
 }
 
 /// Submits, follows the events to the end, and returns the finished job.
 async fn run(api: &mut ApiClient, request: v1::SubmitJobRequest) -> anyhow::Result<v1::Job> {
     let job_id = api.submit_job(request).await?.into_inner().job_id;
     wait_finished(api, &job_id).await
-}
-
-async fn wait_finished(api: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.into(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
-    tokio::time::timeout(JOB, async {
-        while let Some(event) = events.next().await {
-            if event?.r#final {
-                break;
-            }
-        }
-        anyhow::Ok(())
-    })
-    .await??;
-    Ok(api
-        .get_job(v1::GetJobRequest {
-            job_id: job_id.into(),
-        })
-        .await?
-        .into_inner())
 }
 
 fn results(job: &v1::Job) -> Vec<(String, Value, u32)> {
@@ -267,10 +234,7 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     let second = api.submit_job(once).await?.into_inner();
     assert!(!first.duplicate && second.duplicate);
     assert_eq!(first.job_id, second.job_id);
-    assert_eq!(
-        wait_finished(&mut api, &first.job_id).await?.output_text,
-        "hi"
-    );
+    assert_eq!(wait_finished(&api, &first.job_id).await?.output_text, "hi");
     Ok(())
 }
 
@@ -335,7 +299,7 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
         job_id: slow_model.job_id.clone(),
     })
     .await?;
-    let cancelled = wait_finished(&mut api, &slow_model.job_id).await?;
+    let cancelled = wait_finished(&api, &slow_model.job_id).await?;
     assert_eq!(
         status(&cancelled),
         v1::JobStatus::Cancelled,
@@ -359,7 +323,7 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
         job_id: submitted.job_id.clone(),
     })
     .await?;
-    let cancelled = wait_finished(&mut api, &submitted.job_id).await?;
+    let cancelled = wait_finished(&api, &submitted.job_id).await?;
     assert_eq!(status(&cancelled), v1::JobStatus::Cancelled);
     assert_eq!(
         cancelled.error.as_ref().map(|e| e.code.as_str()),

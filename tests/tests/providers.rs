@@ -1,42 +1,11 @@
 //! The OpenAI providers end to end: an orchestrator process whose model is a
 //! local fake server speaking the OpenAI wire format, and real workers.
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::Fleet;
+use toolfleet_tests::fleet::{Fleet, wait_finished};
 use wiremock::matchers::{body_string_contains, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
-
-async fn finished(
-    api: &mut toolfleet_tests::fleet::ApiClient,
-    job_id: &str,
-) -> anyhow::Result<v1::Job> {
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.into(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(event) = events.next().await {
-            if event?.r#final {
-                break;
-            }
-        }
-        anyhow::Ok(())
-    })
-    .await??;
-    Ok(api
-        .get_job(v1::GetJobRequest {
-            job_id: job_id.into(),
-        })
-        .await?
-        .into_inner())
-}
 
 #[tokio::test]
 async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<()> {
@@ -100,7 +69,7 @@ async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<(
         .await?
         .into_inner()
         .job_id;
-    let job = finished(&mut api, &job_id).await?;
+    let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "23*19 is 437.");
 

@@ -7,7 +7,7 @@
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
 //! - [`registry`]: the heartbeat announcements of the worker's tools.
-//! - [`config`], [`telemetry`], [`metrics`]: the process around it.
+//! - [`config`], [`telemetry`], [`metrics`], [`shutdown`]: the process around it.
 #![warn(missing_docs)]
 
 pub mod config;
@@ -16,6 +16,7 @@ mod ledger;
 pub mod metrics;
 pub mod registry;
 pub mod runtime;
+pub mod shutdown;
 pub mod telemetry;
 pub mod tool;
 pub mod tools;

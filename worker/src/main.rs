@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolfleet_worker::{Worker, WorkerOptions, telemetry, tools};
+use toolfleet_worker::{Worker, WorkerOptions, shutdown, telemetry, tools};
 
 /// Executes whitelisted tool calls from NATS JetStream and answers each with an envelope.
 ///
@@ -122,29 +122,11 @@ async fn run(options: WorkerOptions) -> anyhow::Result<()> {
         telemetry::init_metrics(listen)?;
     }
     let shutdown = CancellationToken::new();
-    tokio::spawn(watch_signals(shutdown.clone()));
+    tokio::spawn(shutdown::watch_signals(shutdown.clone()));
     let worker = Worker::connect(options.clone()).await?;
     let toolbox = tools::builtin(&options, worker.redis())?;
     worker.run(toolbox, shutdown).await?;
     Ok(())
-}
-
-/// The first SIGTERM/SIGINT starts the drain; the second exits at once.
-async fn watch_signals(shutdown: CancellationToken) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers; stop the worker with SIGKILL");
-        return;
-    };
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-    tracing::info!("signal received; draining (send it again to exit at once)");
-    shutdown.cancel();
-    tokio::select! { _ = term.recv() => {}, _ = int.recv() => {} }
-    tracing::warn!("second signal; exiting without draining");
-    std::process::exit(130);
 }
 
 /// The options with the Redis password hidden, for the startup log.

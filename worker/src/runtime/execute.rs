@@ -14,7 +14,7 @@ use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, ToolManifest};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::config::RuntimeOptions;
-use crate::envelope::{GENERIC_FAILURE, from_error};
+use crate::envelope::{GENERIC_FAILURE, check_arguments, from_error};
 use crate::ledger::{Claim, Ledger};
 use crate::metrics;
 use crate::tool::{Applied, ErasedTool, ToolContext};
@@ -243,7 +243,8 @@ impl Executor {
                 ),
             );
         }
-        let args = match check_arguments(loaded, &call.arguments) {
+        let args = match check_arguments(&loaded.manifest.name, &loaded.validator, &call.arguments)
+        {
             Ok(args) => args,
             Err(envelope) => return envelope,
         };
@@ -389,40 +390,5 @@ impl Executor {
             // Redis holds the result; the orchestrator reads it from there.
             warn!(error = %err, "could not publish the result");
         }
-    }
-}
-
-/// Parses and validates the arguments; a failure is the envelope to answer.
-fn check_arguments(loaded: &LoadedTool, arguments: &str) -> Result<Value, Envelope> {
-    let args: Value = serde_json::from_str(arguments).map_err(|err| {
-        Envelope::terminal(
-            ErrorCode::INVALID_TOOL_ARGUMENTS,
-            format!("arguments are not valid JSON: {err}"),
-        )
-    })?;
-    let problems: Vec<String> = loaded
-        .validator
-        .iter_errors(&args)
-        .take(5)
-        .map(|e| {
-            let path = e.instance_path().to_string();
-            if path.is_empty() {
-                e.to_string()
-            } else {
-                format!("{path}: {e}")
-            }
-        })
-        .collect();
-    if problems.is_empty() {
-        Ok(args)
-    } else {
-        Err(Envelope::terminal(
-            ErrorCode::INVALID_TOOL_ARGUMENTS,
-            format!(
-                "arguments do not match the schema of {}: {}",
-                loaded.manifest.name,
-                problems.join("; ")
-            ),
-        ))
     }
 }
