@@ -74,6 +74,20 @@ pub(crate) struct Executor {
     pub(crate) abandon: CancellationToken,
 }
 
+/// Cancels a tool's token and aborts its task when dropped: on timeout, and
+/// when the drain abandons the call (the evaluating future is dropped).
+struct StopOnDrop {
+    task: tokio::task::AbortHandle,
+    token: CancellationToken,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.token.cancel();
+        self.task.abort();
+    }
+}
+
 /// How a delivery ended, for the ack and the metrics.
 enum Outcome {
     /// Answered (executed now, or from the stored result): ack.
@@ -258,7 +272,9 @@ impl Executor {
             attempt: call.attempt,
             idempotency_key: call.idempotency_key.clone(),
             deadline,
-            cancelled: self.abandon.child_token(),
+            // Its own token, not a child of `abandon`: a tool must not be able
+            // to answer "cancelled" for a call the drain hands back.
+            cancelled: CancellationToken::new(),
         };
         if previously_started {
             // An earlier execution died after it started: its effect may have
@@ -289,7 +305,11 @@ impl Executor {
         let run = tokio::spawn(
             async move { tool.call(args, ctx).await }.instrument(tracing::Span::current()),
         );
-        let abort = run.abort_handle();
+        // Whatever ends this future first (timeout, drain), the tool stops.
+        let _stop_tool = StopOnDrop {
+            task: run.abort_handle(),
+            token: cancelled.clone(),
+        };
         let result = self.keep_alive(call, message, owner, timeout, run).await;
         match result {
             Some(Ok(Ok(data))) => self.check_output(data),
@@ -308,8 +328,6 @@ impl Executor {
                 Envelope::terminal(ErrorCode::TOOL_EXECUTION_FAILED, GENERIC_FAILURE)
             }
             None => {
-                cancelled.cancel();
-                abort.abort();
                 warn!(timeout_ms = timeout.as_millis() as u64, "tool timed out");
                 Envelope::retryable(
                     ErrorCode::TOOL_TIMEOUT,
