@@ -384,3 +384,52 @@ async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
     .await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() -> anyhow::Result<()>
+{
+    let fleet = Fleet::start_with(
+        1,
+        &[
+            (
+                "TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__INCREMENT_COUNTER",
+                "300ms",
+            ),
+            ("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SET_FLAG", "300ms"),
+        ],
+    )
+    .await?;
+    let mut results = fleet.results("job-slow-effect").await?;
+    // The counter was incremented before the timeout: the probe says so.
+    fleet
+        .publish_call(&call(
+            "job-slow-effect",
+            "counted",
+            "increment_counter",
+            r#"{"key":"slow:counter","delay_ms":2000}"#,
+        ))
+        .await?;
+    let counted = results.next(RESULT).await?;
+    assert_eq!(
+        serde_json::from_str::<Value>(&counted.body)?,
+        json!({"ok": true, "data": {"key": "slow:counter", "value": 1, "recovered": true}})
+    );
+    // set_flag has no probe: the outcome is unknown, and not retryable.
+    fleet
+        .publish_call(&call(
+            "job-slow-effect",
+            "flagged",
+            "set_flag",
+            r#"{"key":"slow:flag","delay_ms":2000}"#,
+        ))
+        .await?;
+    let flagged = results.next(RESULT).await?;
+    let error = flagged.envelope.error().expect("an error");
+    assert_eq!(error.code.as_str(), "OUTCOME_UNKNOWN");
+    assert_eq!(error.side_effect.as_deref(), Some("unknown"));
+    assert!(!error.retryable);
+    // A tool without side effects times out as a plain, retryable TOOL_TIMEOUT
+    // (covered by panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving).
+    assert_eq!(fleet.counter("slow:counter").await?, 1);
+    Ok(())
+}

@@ -74,6 +74,17 @@ pub(crate) struct Executor {
     pub(crate) abandon: CancellationToken,
 }
 
+/// The terminal envelope of a side effect that may or may not have happened.
+fn outcome_unknown(message: &str) -> Envelope {
+    Envelope::Err(ErrorBody {
+        code: ErrorCode::OUTCOME_UNKNOWN,
+        message: message.to_owned(),
+        retryable: false,
+        retry_after_ms: None,
+        side_effect: Some("unknown".to_owned()),
+    })
+}
+
 /// Cancels a tool's token and aborts its task when dropped: on timeout, and
 /// when the drain abandons the call (the evaluating future is dropped).
 struct StopOnDrop {
@@ -287,30 +298,31 @@ impl Executor {
                 Applied::No => debug!("earlier execution was not applied; running the call"),
                 Applied::Unknown => {
                     warn!("earlier execution's outcome is unknown; not running again");
-                    return Envelope::Err(ErrorBody {
-                        code: ErrorCode::OUTCOME_UNKNOWN,
-                        message: "the worker running this call died after it started; whether \
-                                  its side effect happened is unknown, so it was not run again"
-                            .to_owned(),
-                        retryable: false,
-                        retry_after_ms: None,
-                        side_effect: Some("unknown".to_owned()),
-                    });
+                    return outcome_unknown(
+                        "the worker running this call died after it started; whether \
+                         its side effect happened is unknown, so it was not run again",
+                    );
                 }
             }
         }
         let cancelled = ctx.cancelled.clone();
         let tool = loaded.tool.clone();
+        // Kept for the probe, should a side-effecting call time out midway.
+        let for_probe = loaded
+            .manifest
+            .side_effects
+            .then(|| (args.clone(), ctx.clone()));
         debug!(timeout_ms = timeout.as_millis() as u64, "executing call");
         let run = tokio::spawn(
             async move { tool.call(args, ctx).await }.instrument(tracing::Span::current()),
         );
         // Whatever ends this future first (timeout, drain), the tool stops.
-        let _stop_tool = StopOnDrop {
+        let stop_tool = StopOnDrop {
             task: run.abort_handle(),
             token: cancelled.clone(),
         };
         let result = self.keep_alive(call, message, owner, timeout, run).await;
+        drop(stop_tool); // finished, or stopped here on timeout
         match result {
             Some(Ok(Ok(data))) => self.check_output(data),
             Some(Ok(Err(err))) => {
@@ -329,13 +341,25 @@ impl Executor {
             }
             None => {
                 warn!(timeout_ms = timeout.as_millis() as u64, "tool timed out");
-                Envelope::retryable(
+                let timed_out = Envelope::retryable(
                     ErrorCode::TOOL_TIMEOUT,
                     format!(
                         "the tool did not finish within {}",
                         humantime::format_duration(timeout)
                     ),
-                )
+                );
+                match for_probe {
+                    // Stopped midway: a retry could apply the effect twice.
+                    Some((args, ctx)) => match loaded.tool.probe(args, ctx).await {
+                        Applied::Yes(data) => Envelope::Ok(data),
+                        Applied::No => timed_out,
+                        Applied::Unknown => outcome_unknown(
+                            "the tool timed out after it started; whether its side effect \
+                             happened is unknown, so it is not retried",
+                        ),
+                    },
+                    None => timed_out,
+                }
             }
         }
     }
