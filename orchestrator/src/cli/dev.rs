@@ -27,18 +27,15 @@ pub(crate) struct DevArgs {
     /// Also serve the test tools (echo, sleep, fail, panic, increment_counter).
     #[arg(long)]
     test_tools: bool,
-    /// The demo job's model (openai-* need OPENAI_API_KEY; the default plays a
-    /// script of parallel get_current_weather and calculate calls).
-    #[arg(long, value_enum, default_value_t, conflicts_with = "serve")]
-    provider: Provider,
-    /// The model name for the openai-* providers.
-    #[arg(
-        long,
-        value_name = "NAME",
-        default_value = DEFAULT_OPENAI_MODEL,
-        conflicts_with = "serve"
-    )]
-    model: String,
+    /// The demo job's model provider. Default: openai-responses when
+    /// OPENAI_API_KEY and --model are both given, else the scripted model,
+    /// which plays parallel get_current_weather and calculate calls.
+    #[arg(long, value_enum, conflicts_with = "serve")]
+    provider: Option<Provider>,
+    /// The model name for the openai-* providers (default with --provider:
+    /// the one in DEFAULT_OPENAI_MODEL).
+    #[arg(long, value_name = "NAME", conflicts_with = "serve")]
+    model: Option<String>,
     /// The demo job's user message.
     #[arg(long, value_name = "TEXT", default_value = DEMO_INPUT, conflicts_with = "serve")]
     input: String,
@@ -47,15 +44,33 @@ pub(crate) struct DevArgs {
     keep_dir: bool,
 }
 
+impl DevArgs {
+    /// The provider the demo job uses (see `--provider`).
+    fn provider(&self) -> Provider {
+        let has_key = std::env::var_os("OPENAI_API_KEY").is_some_and(|key| !key.is_empty());
+        match (self.provider, &self.model) {
+            (Some(provider), _) => provider,
+            (None, Some(_)) if has_key => Provider::OpenaiResponses,
+            (None, _) => Provider::Scripted,
+        }
+    }
+
+    fn model(&self) -> String {
+        self.model
+            .clone()
+            .unwrap_or_else(|| DEFAULT_OPENAI_MODEL.to_owned())
+    }
+}
+
 /// `toolfleet dev`.
 pub(crate) async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
-    if args.provider != Provider::Scripted
+    if args.provider() != Provider::Scripted
         && std::env::var_os("OPENAI_API_KEY").is_none_or(|key| key.is_empty())
     {
         bail!(
             "--provider {} needs OPENAI_API_KEY in the environment; export it, or drop \
              --provider to run the scripted model",
-            args.provider.as_str()
+            args.provider().as_str()
         );
     }
     let kill_switch = KillSwitch::default();
@@ -135,22 +150,23 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
 
 /// Submits the demo job, prints its events live, then its transcript.
 async fn demo(fleet: &LocalFleet, args: &DevArgs) -> anyhow::Result<ExitCode> {
-    let model = match args.provider {
+    let provider = args.provider();
+    let model = match provider {
         Provider::Scripted => v1::ModelSpec {
-            provider: args.provider.as_str().into(),
+            provider: provider.as_str().into(),
             script: DEMO_SCRIPT.into(),
             ..v1::ModelSpec::default()
         },
         provider => v1::ModelSpec {
             provider: provider.as_str().into(),
-            name: args.model.clone(),
+            name: args.model(),
             ..v1::ModelSpec::default()
         },
     };
-    let model_name = if args.provider == Provider::Scripted {
+    let model_name = if provider == Provider::Scripted {
         "the scripted model".to_owned()
     } else {
-        format!("{} {}", args.provider.as_str(), args.model)
+        format!("{} {}", provider.as_str(), args.model())
     };
     let mut client = fleet.client().await?;
     let request = v1::SubmitJobRequest {
