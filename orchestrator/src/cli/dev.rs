@@ -32,8 +32,7 @@ pub(crate) struct DevArgs {
     /// which plays parallel get_current_weather and calculate calls.
     #[arg(long, value_enum, conflicts_with = "serve")]
     provider: Option<Provider>,
-    /// The model name for the openai-* providers (default with --provider:
-    /// the one in DEFAULT_OPENAI_MODEL).
+    /// The model name for the openai-* providers. Default: gpt-4.1-mini.
     #[arg(long, value_name = "NAME", conflicts_with = "serve")]
     model: Option<String>,
     /// The demo job's user message.
