@@ -10,6 +10,7 @@ use clap::Parser;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions, cli, telemetry};
+use toolfleet_worker::config::redact_url;
 
 /// Serves toolfleet's gRPC API and runs agent jobs.
 ///
@@ -70,7 +71,7 @@ async fn main() -> ExitCode {
     if flags.print_config {
         println!(
             "{}",
-            serde_json::to_string_pretty(&options).unwrap_or_default()
+            serde_json::to_string_pretty(&redacted(&options)).unwrap_or_default()
         );
         return ExitCode::SUCCESS;
     }
@@ -86,6 +87,7 @@ async fn main() -> ExitCode {
 }
 
 async fn run(options: OrchestratorOptions) -> anyhow::Result<()> {
+    tracing::info!(config = %serde_json::to_string(&redacted(&options))?, "starting");
     if let Some(listen) = options.metrics.listen {
         telemetry::init_metrics(listen)?;
     }
@@ -97,4 +99,12 @@ async fn run(options: OrchestratorOptions) -> anyhow::Result<()> {
         .run(listener, shutdown)
         .await?;
     Ok(())
+}
+
+/// The options with the Redis password hidden (the API key is never
+/// serialized), for printing and logging.
+fn redacted(options: &OrchestratorOptions) -> OrchestratorOptions {
+    let mut shown = options.clone();
+    shown.redis.url = redact_url(&shown.redis.url);
+    shown
 }

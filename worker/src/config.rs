@@ -201,6 +201,17 @@ pub enum LogFormat {
     Json,
 }
 
+/// `url` without its password, for messages and logs:
+/// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
 /// A configuration that could not be loaded; the message names the key.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration: {0}")]
@@ -317,6 +328,18 @@ mod tests {
         assert_eq!(options.nats.url, "nats://flag:4222");
         assert!(options.test_tools);
         assert_eq!(options.redis.key_prefix, "tf");
+    }
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
     }
 
     #[test]

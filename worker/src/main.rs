@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
+use toolfleet_worker::config::redact_url;
 use toolfleet_worker::{Worker, WorkerOptions, shutdown, telemetry, tools};
 
 /// Executes whitelisted tool calls from NATS JetStream and answers each with an envelope.
@@ -101,7 +102,7 @@ async fn main() -> ExitCode {
     if flags.print_config {
         println!(
             "{}",
-            serde_json::to_string_pretty(&options).unwrap_or_default()
+            serde_json::to_string_pretty(&redacted(&options)).unwrap_or_default()
         );
         return ExitCode::SUCCESS;
     }
@@ -129,16 +130,9 @@ async fn run(options: WorkerOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The options with the Redis password hidden, for the startup log.
+/// The options with the Redis password hidden, for printing and logging.
 fn redacted(options: &WorkerOptions) -> WorkerOptions {
-    let mut options = options.clone();
-    if let Some(at) = options.redis.url.rfind('@') {
-        let scheme = options.redis.url.find("://").map_or(0, |i| i + 3);
-        options.redis.url = format!(
-            "{}***{}",
-            &options.redis.url[..scheme],
-            &options.redis.url[at..]
-        );
-    }
-    options
+    let mut shown = options.clone();
+    shown.redis.url = redact_url(&shown.redis.url);
+    shown
 }

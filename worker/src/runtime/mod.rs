@@ -28,7 +28,7 @@ use tracing::{info, warn};
 
 pub use execute::SchemaError;
 
-use crate::config::WorkerOptions;
+use crate::config::{WorkerOptions, redact_url};
 use crate::ledger::Ledger;
 use crate::registry::{self, Announcer, RegistryError};
 use crate::tool::Toolbox;
@@ -302,31 +302,4 @@ async fn ensure_consumer(
             what: format!("consumer {name}"),
             source: Box::new(e),
         })
-}
-
-/// The URL without its password, for messages and logs.
-fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::redact_url;
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redact_url("redis://:s3cret@host:6379/0"),
-            "redis://***@host:6379/0"
-        );
-        assert_eq!(
-            redact_url("redis://127.0.0.1:6379/"),
-            "redis://127.0.0.1:6379/"
-        );
-    }
 }
