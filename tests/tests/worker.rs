@@ -414,6 +414,21 @@ async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() ->
         serde_json::from_str::<Value>(&counted.body)?,
         json!({"ok": true, "data": {"key": "slow:counter", "value": 1, "recovered": true}})
     );
+    // An orchestrator retry (attempt 2) of a side-effecting call asks the
+    // probe first: the increment is not applied twice.
+    let mut retry = call(
+        "job-slow-effect",
+        "counted",
+        "increment_counter",
+        r#"{"key":"slow:counter"}"#,
+    );
+    retry.attempt = 2;
+    fleet.publish_call(&retry).await?;
+    let retried = results.next(RESULT).await?;
+    assert_eq!(
+        serde_json::from_str::<Value>(&retried.body)?,
+        json!({"ok": true, "data": {"key": "slow:counter", "value": 1, "recovered": true}})
+    );
     // set_flag has no probe: the outcome is unknown, and not retryable.
     fleet
         .publish_call(&call(

@@ -287,15 +287,27 @@ impl Executor {
             // to answer "cancelled" for a call the drain hands back.
             cancelled: CancellationToken::new(),
         };
-        if previously_started {
-            // An earlier execution died after it started: its effect may have
-            // happened. Ask the tool rather than run it again blindly.
+        // A side effect may already have happened when an earlier delivery of
+        // this attempt died after it started, or when an earlier attempt of
+        // the call failed in a way the tool could not be sure about (a
+        // connection dropped after the write was sent). The idempotency key
+        // is the same for all of them: ask the tool before running again.
+        let retry = call.attempt > 1;
+        if loaded.manifest.side_effects && (previously_started || retry) {
             match loaded.tool.probe(args.clone(), ctx.clone()).await {
                 Applied::Yes(data) => {
-                    warn!("earlier execution was applied; answering without running again");
+                    warn!(
+                        previously_started,
+                        "earlier execution was applied; answering without running again"
+                    );
                     return Envelope::Ok(data);
                 }
                 Applied::No => debug!("earlier execution was not applied; running the call"),
+                // A retry the tool itself asked for (a retryable envelope) is
+                // safe to run by the tool's own declaration.
+                Applied::Unknown if !previously_started => {
+                    debug!("no probe; running the retry the tool asked for");
+                }
                 Applied::Unknown => {
                     warn!("earlier execution's outcome is unknown; not running again");
                     return outcome_unknown(
