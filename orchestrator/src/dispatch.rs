@@ -243,9 +243,9 @@ impl Dispatcher {
             .without_max_times()
             .build();
         // In `attempts`: n > 0 resumes attempt n (it may have a result; if not
-        // it is re-published with the same message id, which JetStream drops
-        // if the first copy is still queued); 0 means attempt 1 is already
-        // recorded; absent means record it now.
+        // it is published again, and the worker's ledger makes a second copy
+        // harmless); 0 means attempt 1 is already recorded; absent means
+        // record it now.
         let (mut attempt, mut resumed) = match attempts.get(&call.call_id) {
             Some(0) => (1, false),
             Some(n) => (*n, true),
@@ -258,6 +258,7 @@ impl Dispatcher {
         loop {
             let mut notices = notify.subscribe();
             // Only a resumed attempt can already have a result.
+            let resuming = resumed;
             let stored = if resumed {
                 resumed = false;
                 self.store
@@ -270,7 +271,8 @@ impl Dispatcher {
                 Some(text) => text,
                 None => {
                     let sent = std::time::Instant::now();
-                    self.publish(lease, spec, call, attempt, stop).await?;
+                    self.publish(lease, spec, call, attempt, resuming, stop)
+                        .await?;
                     let text = self
                         .wait(lease, spec, call, attempt, &mut notices, stop)
                         .await?;
@@ -404,8 +406,20 @@ impl Dispatcher {
         spec: &JobSpec,
         call: &PlannedCall,
         attempt: u32,
+        resuming: bool,
         stop: &CancellationToken,
     ) -> Result<(), RoundError> {
+        // A resumed attempt gets a message id of its own: JetStream's dedup
+        // window must not swallow it when the first copy was consumed but its
+        // result is gone. A second copy is harmless; the worker's ledger
+        // answers it from the stored result.
+        let msg_id = |wire: &ToolCall| {
+            if resuming {
+                format!("{}:resumed-{}", wire.msg_id(), lease.epoch)
+            } else {
+                wire.msg_id()
+            }
+        };
         let wire = ToolCall {
             job_id: lease.job_id.clone(),
             call_id: call.call_id.clone(),
@@ -425,7 +439,7 @@ impl Dispatcher {
             .build();
         loop {
             let mut headers = HeaderMap::new();
-            headers.insert(headers::MSG_ID, wire.msg_id().as_str());
+            headers.insert(headers::MSG_ID, msg_id(&wire).as_str());
             headers.insert(headers::JOB_ID, wire.job_id.as_str());
             headers.insert(headers::CALL_ID, wire.call_id.as_str());
             headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
