@@ -136,8 +136,8 @@ impl Orchestrator {
             owner: instance.clone(),
         };
         let api = AgentApi {
-            store,
-            js,
+            store: store.clone(),
+            js: js.clone(),
             registry: registry_handle,
             providers,
             options: options.api.clone(),
@@ -146,6 +146,13 @@ impl Orchestrator {
         let tasks = TaskTracker::new();
         let background = CancellationToken::new();
         tasks.spawn(registry.run(background.clone()));
+        tasks.spawn(runner::sweep::run(
+            store.clone(),
+            js.clone(),
+            options.runner.sweep_interval,
+            options.runner.sweep_after,
+            background.clone(),
+        ));
         let runner_task = tasks.spawn({
             let shutdown = shutdown.clone();
             async move {

@@ -159,6 +159,12 @@ impl RedisKeys {
         self.job_key(job_id, "lease")
     }
 
+    /// Every job that has not finished, scored by submission time (a sorted
+    /// set). The sweeper finds jobs here whose queue message was lost.
+    pub fn unfinished_jobs(&self) -> String {
+        format!("{}:unfinished", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)

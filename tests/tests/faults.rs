@@ -570,3 +570,56 @@ async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> 
     assert_eq!(count_in_logs(&fleet, "executing call"), 1);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::Result<()> {
+    use toolfleet_orchestrator::store::JobStore;
+    use toolfleet_proto::names::RedisKeys;
+
+    let mut fleet = Fleet::start(1).await?;
+    // A job stored without its queue message: as if the NATS store was lost
+    // (or the publish failed) after the job was written.
+    let store = JobStore::new(
+        fleet.redis.connection().await?,
+        fleet.client.clone(),
+        RedisKeys::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let script =
+        json!([{"tool_calls": [{"name": "echo", "arguments": {"n": 1}}]}, {"message": "found"}]);
+    let request = scripted(script);
+    let spec = toolfleet_orchestrator::store::JobSpec {
+        input: request.input,
+        instructions: String::new(),
+        provider: toolfleet_orchestrator::store::ProviderKind::Scripted,
+        model: String::new(),
+        script: request.model.map(|m| m.script),
+        tools: Vec::new(),
+        max_tool_rounds: 8,
+        parallel_tool_calls: true,
+        deadline_ms: u64::MAX / 2,
+        metadata: Default::default(),
+        tenant: "default".into(),
+    };
+    let (job_id, _) = store.submit(&spec, None).await?;
+
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "200ms"),
+            ("TOOLFLEET_RUNNER__SWEEP_AFTER", "500ms"),
+        ])
+        .await?;
+    let api = fleet.api(0).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "found");
+    fleet
+        .orchestrator(0)
+        .wait_for_log("re-queueing an unfinished job", Duration::from_secs(5))
+        .await?;
+    // Finished jobs leave the index, so they are never swept again.
+    assert!(store.unfinished_before(u64::MAX, 10).await?.is_empty());
+    println!("lost queue message: jobs 1, swept 1, finished 1");
+    Ok(())
+}

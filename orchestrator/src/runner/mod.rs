@@ -7,6 +7,7 @@
 //! nak'ed, so another replica resumes them from Redis at once.
 
 mod job;
+pub(crate) mod sweep;
 
 use std::num::NonZeroUsize;
 use std::sync::Arc;
@@ -47,6 +48,14 @@ pub struct RunnerOptions {
     /// back. Default: 20s.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
+    /// How often unfinished jobs that no runner holds are looked for.
+    /// Default: 30s.
+    #[serde(with = "humantime_serde")]
+    pub sweep_interval: Duration,
+    /// How old an unfinished, unleased job must be before the sweeper
+    /// re-queues it (its queue message is presumed lost). Default: 5m.
+    #[serde(with = "humantime_serde")]
+    pub sweep_after: Duration,
 }
 
 impl Default for RunnerOptions {
@@ -57,6 +66,8 @@ impl Default for RunnerOptions {
             job_ack_wait: Duration::from_secs(30),
             cancel_poll_interval: Duration::from_millis(250),
             drain_timeout: Duration::from_secs(20),
+            sweep_interval: Duration::from_secs(30),
+            sweep_after: Duration::from_secs(300),
         }
     }
 }

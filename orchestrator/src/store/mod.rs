@@ -326,7 +326,7 @@ impl JobStore {
         })
         .expect("an item serializes");
         let data = serde_json::json!({"metadata": spec.metadata}).to_string();
-        let _created: i64 = scripts::CREATE
+        let created: i64 = scripts::CREATE
             .key(self.keys.job(&job_id))
             .key(self.keys.job_items(&job_id))
             .key(self.keys.job_events(&job_id))
@@ -336,6 +336,14 @@ impl JobStore {
             .arg(data)
             .invoke_async(&mut self.conn())
             .await?;
+        if created == 1 {
+            let _: i64 = redis::cmd("ZADD")
+                .arg(self.keys.unfinished_jobs())
+                .arg(now_ms())
+                .arg(&job_id)
+                .query_async(&mut self.conn())
+                .await?;
+        }
         self.notify(&job_id).await;
         Ok((job_id, duplicate))
     }
@@ -497,7 +505,11 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id).await;
-        Ok(JobStatus::parse(&status))
+        let status = JobStatus::parse(&status);
+        if status.is_some_and(JobStatus::is_final) {
+            self.forget_unfinished(job_id).await;
+        }
+        Ok(status)
     }
 
     /// Marks a job whose state vanished from Redis as failed with
@@ -531,7 +543,52 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id).await;
+        self.forget_unfinished(job_id).await;
         Ok(())
+    }
+
+    /// Unfinished jobs submitted before `before_ms` (at most `limit`), oldest
+    /// first: the sweeper's candidates.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn unfinished_before(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, Error> {
+        Ok(redis::cmd("ZRANGEBYSCORE")
+            .arg(self.keys.unfinished_jobs())
+            .arg(0)
+            .arg(before_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut self.conn())
+            .await?)
+    }
+
+    /// Whether a runner holds the job's lease right now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn lease_held(&self, job_id: &str) -> Result<bool, Error> {
+        Ok(self.conn().exists(self.keys.job_lease(job_id)).await?)
+    }
+
+    /// Drops a job from the unfinished index. Best effort: a job left there
+    /// by a failure is dropped by the sweeper once it sees it finished.
+    pub async fn forget_unfinished(&self, job_id: &str) {
+        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
+            .arg(self.keys.unfinished_jobs())
+            .arg(job_id)
+            .query_async(&mut self.conn())
+            .await;
+        if let Err(err) = removed {
+            tracing::debug!(job_id, error = %err, "could not drop a job from the unfinished index");
+        }
     }
 
     /// Takes the job's lease for `owner`. `Ok(None)`: another runner holds it;
@@ -648,6 +705,9 @@ impl JobStore {
             Ok(_) => {
                 if !commit.events.is_empty() {
                     self.notify(job_id).await;
+                }
+                if commit.finished {
+                    self.forget_unfinished(job_id).await;
                 }
                 Ok(())
             }

@@ -1,0 +1,70 @@
+//! The sweeper: re-queues unfinished jobs that nobody runs and whose queue
+//! message is gone (a NATS store lost, a publish that failed after the job
+//! was stored). Without it such a job would wait forever.
+//!
+//! A job is re-queued when it was submitted more than `runner.sweep_after`
+//! ago, is neither finished nor leased by a runner. A re-queued job that did
+//! still have its message gets two: the second finds it leased or finished
+//! and is dropped, so sweeping is always safe.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use tokio_util::sync::CancellationToken;
+use toolfleet_proto::names;
+use tracing::{debug, warn};
+
+use crate::store::{JobStore, now_ms};
+
+/// Jobs looked at per sweep.
+const BATCH: usize = 100;
+
+/// Sweeps every `interval` until `shutdown`.
+pub(crate) async fn run(
+    store: JobStore,
+    js: jetstream::Context,
+    interval: Duration,
+    after: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let cutoff = now_ms().saturating_sub(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+        let candidates = match store.unfinished_before(cutoff, BATCH).await {
+            Ok(candidates) => candidates,
+            Err(err) => {
+                debug!(error = %err, "sweep skipped: job store unavailable");
+                continue;
+            }
+        };
+        for job_id in candidates {
+            if let Err(err) = sweep_one(&store, &js, &job_id).await {
+                debug!(job_id, error = %err, "sweep of a job failed; next time");
+            }
+        }
+    }
+}
+
+async fn sweep_one(store: &JobStore, js: &jetstream::Context, job_id: &str) -> anyhow::Result<()> {
+    match store.get(job_id).await? {
+        // Expired, or lost with Redis: nothing to run.
+        None => store.forget_unfinished(job_id).await,
+        Some(job) if job.status.is_final() => store.forget_unfinished(job_id).await,
+        Some(_) if store.lease_held(job_id).await? => {}
+        Some(_) => {
+            warn!(job_id, "re-queueing an unfinished job that no runner holds");
+            let mut headers = async_nats::HeaderMap::new();
+            let msg_id = format!("{job_id}:sweep-{}", now_ms());
+            headers.insert(names::headers::MSG_ID, msg_id.as_str());
+            js.publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
+                .await?
+                .await?;
+        }
+    }
+    Ok(())
+}
