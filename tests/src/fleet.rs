@@ -29,7 +29,7 @@ pub struct Fleet {
     pub client: async_nats::Client,
     workers: Vec<ChildProcess>,
     worker_env: Vec<(String, String)>,
-    orchestrators: Vec<(ChildProcess, String)>,
+    orchestrators: Vec<ChildProcess>,
 }
 
 impl Fleet {
@@ -140,38 +140,29 @@ impl Fleet {
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let process =
             ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;
-        let line = process
-            .wait_for_log("orchestrator ready", WORKER_READY)
-            .await
-            .with_context(|| format!("{id} did not become ready"))?;
-        let address = line
-            .split("grpc=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .with_context(|| format!("no gRPC address in {line:?}"))?
-            .to_owned();
-        self.orchestrators
-            .push((process, format!("http://{address}")));
+        grpc_address(&process).await?;
+        self.orchestrators.push(process);
         Ok(index)
     }
 
     /// All orchestrator processes started so far.
     pub fn orchestrators(&self) -> impl Iterator<Item = &ChildProcess> {
-        self.orchestrators.iter().map(|(p, _)| p)
+        self.orchestrators.iter()
     }
 
     /// The `index`th orchestrator process.
     pub fn orchestrator(&self, index: usize) -> &ChildProcess {
-        &self.orchestrators[index].0
+        &self.orchestrators[index]
     }
 
-    /// A gRPC client of the `index`th orchestrator.
+    /// A gRPC client of the `index`th orchestrator (of its current run: a
+    /// respawned orchestrator listens on a new port).
     ///
     /// # Errors
     ///
     /// The orchestrator does not accept the connection.
     pub async fn api(&self, index: usize) -> anyhow::Result<ApiClient> {
-        let address = self.orchestrators[index].1.clone();
+        let address = grpc_address(&self.orchestrators[index]).await?;
         Ok(ApiClient::connect(address).await?)
     }
 
@@ -282,6 +273,21 @@ impl Fleet {
         let value: Option<i64> = redis::cmd("GET").arg(key).query_async(&mut redis).await?;
         Ok(value.unwrap_or(0))
     }
+}
+
+/// The gRPC URL an orchestrator process logged when it became ready (in its
+/// current run), waiting for it if need be.
+async fn grpc_address(process: &ChildProcess) -> anyhow::Result<String> {
+    let line = process
+        .wait_for_log("orchestrator ready", WORKER_READY)
+        .await
+        .with_context(|| format!("{} did not become ready", process.name()))?;
+    let address = line
+        .split("grpc=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("no gRPC address in {line:?}"))?;
+    Ok(format!("http://{address}"))
 }
 
 /// The results of one job's calls, as workers publish them.
