@@ -7,8 +7,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_worker::config::{
-    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered,
+use toolfleet_service::config::{
+    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered, redact_url,
 };
 
 use crate::dispatch::DispatchOptions;
@@ -129,11 +129,24 @@ impl OrchestratorOptions {
 
     /// This replica's id: the configured one or `<hostname>-<pid>-<random>`.
     pub fn resolved_instance_id(&self) -> String {
-        if self.instance_id.is_empty() {
-            let worker = toolfleet_worker::WorkerOptions::default();
-            worker.resolved_worker_id()
-        } else {
-            self.instance_id.clone()
-        }
+        toolfleet_service::identity::replica_id(&self.instance_id)
+    }
+}
+
+impl toolfleet_service::binary::ServiceOptions for OrchestratorOptions {
+    fn log(&self) -> &LogOptions {
+        &self.log
+    }
+
+    fn metrics(&self) -> &MetricsOptions {
+        &self.metrics
+    }
+
+    /// Passwords in URLs hidden; the OpenAI key is never serialized.
+    fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        shown.redis.url = redact_url(&shown.redis.url);
+        shown.nats.url = redact_url(&shown.nats.url);
+        shown
     }
 }

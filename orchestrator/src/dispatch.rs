@@ -19,10 +19,8 @@ use serde_json::json;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::{self, headers};
-use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
+use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, check_arguments};
 use tracing::{debug, warn};
-
-use toolfleet_worker::envelope::check_arguments;
 
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::store::{self, Commit, JobSpec, JobStore, Lease, NewEvent, now_ms};

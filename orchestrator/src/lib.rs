@@ -10,12 +10,9 @@
 //!   (OpenAI Responses, Chat Completions, scripted).
 //! - [`store`]: jobs, items, events and leases in Redis.
 //! - [`registry`]: the live tools announced by workers.
-//! - [`server`]: wires a replica together; [`config`], [`telemetry`],
-//!   [`metrics`] around it.
-//! - [`cli`]: the `toolfleet` command line, including the local fleet of
-//!   `toolfleet dev`.
+//! - [`server`]: wires a replica together; [`config`] and [`metrics`]
+//!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
-pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod grpc;
@@ -25,8 +22,6 @@ pub mod registry;
 pub mod runner;
 pub mod server;
 pub mod store;
-
-pub use toolfleet_worker::telemetry;
 
 pub use config::OrchestratorOptions;
 pub use server::Orchestrator;

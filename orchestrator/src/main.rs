@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions, cli, telemetry};
-use toolfleet_worker::config::redact_url;
+use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
+use toolfleet_service::binary;
+use toolfleet_service::config::Overrides;
 
 /// Serves toolfleet's gRPC API and runs agent jobs.
 ///
@@ -46,65 +46,22 @@ struct Flags {
 #[tokio::main]
 async fn main() -> ExitCode {
     let flags = Flags::parse();
-    let mut overrides = json!({});
-    let mut set = |section: &str, key: &str, value: &Option<String>| {
-        if let Some(value) = value {
-            if section.is_empty() {
-                overrides[key] = json!(value);
-            } else {
-                overrides[section][key] = json!(value);
-            }
-        }
-    };
-    set("nats", "url", &flags.nats_url);
-    set("redis", "url", &flags.redis_url);
-    set("grpc", "listen", &flags.listen);
-    set("", "instance_id", &flags.instance_id);
-    set("metrics", "listen", &flags.metrics_listen);
-    let options = match OrchestratorOptions::load(flags.config.as_deref(), overrides) {
-        Ok(options) => options,
-        Err(err) => {
-            eprintln!("toolfleet-orchestrator: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    if flags.print_config {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&redacted(&options)).unwrap_or_default()
-        );
-        return ExitCode::SUCCESS;
-    }
-    telemetry::init_logging(&options.log);
-    match run(options).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "orchestrator failed");
-            eprintln!("toolfleet-orchestrator: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let overrides = Overrides::default()
+        .set("nats.url", flags.nats_url.as_ref())
+        .set("redis.url", flags.redis_url.as_ref())
+        .set("grpc.listen", flags.listen.as_ref())
+        .set("instance_id", flags.instance_id.as_ref())
+        .set("metrics.listen", flags.metrics_listen.as_ref())
+        .into_value();
+    let options = OrchestratorOptions::load(flags.config.as_deref(), overrides);
+    binary::run("toolfleet-orchestrator", options, flags.print_config, serve).await
 }
 
-async fn run(options: OrchestratorOptions) -> anyhow::Result<()> {
-    tracing::info!(config = %serde_json::to_string(&redacted(&options))?, "starting");
-    if let Some(listen) = options.metrics.listen {
-        telemetry::init_metrics(listen)?;
-    }
-    let shutdown = CancellationToken::new();
-    tokio::spawn(cli::watch_signals(shutdown.clone()));
+async fn serve(options: OrchestratorOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.grpc.listen).await?;
     Orchestrator::connect(options)
         .await?
         .run(listener, shutdown)
         .await?;
     Ok(())
-}
-
-/// The options with the Redis password hidden (the API key is never
-/// serialized), for printing and logging.
-fn redacted(options: &OrchestratorOptions) -> OrchestratorOptions {
-    let mut shown = options.clone();
-    shown.redis.url = redact_url(&shown.redis.url);
-    shown
 }

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
+use toolfleet_service::connect::{self, ConnectError};
 use tracing::{info, warn};
 
 use crate::config::OrchestratorOptions;
@@ -30,26 +31,15 @@ use crate::store::JobStore;
 /// Why an orchestrator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS is unreachable: check `nats.url`.
-    #[error("cannot connect to NATS at {0}")]
-    Nats(String, #[source] async_nats::ConnectError),
-    /// Redis is unreachable: check `redis.url`.
-    #[error("cannot connect to Redis")]
-    Redis(#[source] redis::RedisError),
+    /// NATS or Redis is unreachable: check `nats.url` and `redis.url`.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// JetStream refused a stream, consumer or bucket.
     #[error("cannot set up JetStream")]
     JetStream(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
-}
-
-/// Redis commands get 5 s to answer (the client's default is 500 ms, which a
-/// busy server or a long Lua script can exceed under load).
-pub(crate) fn redis_config() -> redis::aio::ConnectionManagerConfig {
-    redis::aio::ConnectionManagerConfig::new()
-        .set_response_timeout(Some(std::time::Duration::from_secs(5)))
-        .set_connection_timeout(Some(std::time::Duration::from_secs(5)))
 }
 
 /// A connected orchestrator replica.
@@ -64,26 +54,10 @@ impl Orchestrator {
     ///
     /// # Errors
     ///
-    /// [`StartError::Nats`] or [`StartError::Redis`].
+    /// [`StartError::Connect`].
     pub async fn connect(options: OrchestratorOptions) -> Result<Self, StartError> {
-        let nats = async_nats::ConnectOptions::new()
-            .name("toolfleet-orchestrator")
-            .retry_on_initial_connect()
-            .max_reconnects(None)
-            .connect(options.nats.url.as_str());
-        let nats = tokio::time::timeout(std::time::Duration::from_secs(30), nats)
-            .await
-            .map_err(|_| {
-                StartError::Nats(
-                    options.nats.url.clone(),
-                    std::io::Error::from(std::io::ErrorKind::TimedOut).into(),
-                )
-            })?
-            .map_err(|e| StartError::Nats(options.nats.url.clone(), e))?;
-        let client = redis::Client::open(options.redis.url.as_str()).map_err(StartError::Redis)?;
-        let redis = ConnectionManager::new_with_config(client, redis_config())
-            .await
-            .map_err(StartError::Redis)?;
+        let nats = connect::nats(&options.nats, "toolfleet-orchestrator").await?;
+        let redis = connect::redis(&options.redis).await?;
         Ok(Self {
             options,
             nats,
@@ -106,7 +80,7 @@ impl Orchestrator {
         runner::ensure_job_stream(&js)
             .await
             .map_err(|e| StartError::JetStream(Box::new(e)))?;
-        let bucket = toolfleet_worker::registry::open_bucket(&js, options.registry.ttl)
+        let bucket = connect::registry_bucket(&js, options.registry.ttl)
             .await
             .map_err(|e| StartError::JetStream(Box::new(e)))?;
         let store = JobStore::new(

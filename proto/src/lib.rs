@@ -5,11 +5,16 @@
 //!   `proto/toolfleet/v1/agent.proto`.
 //! - [`call`]: the tool call the orchestrator publishes to NATS.
 //! - [`envelope`]: the result envelope a worker answers with, and its error codes.
-//! - [`manifest`]: what a worker announces about each tool in the registry.
+//! - [`arguments`]: the argument check both sides run before a call executes.
+//! - [`manifest`]: what a worker announces about each tool in the registry,
+//!   including its [`RetryPolicy`].
+//! - [`job`]: the job lifecycle: statuses, job error codes and events.
 //! - [`names`]: every subject, stream, consumer, header, bucket and Redis key.
 
+pub mod arguments;
 pub mod call;
 pub mod envelope;
+pub mod job;
 pub mod manifest;
 pub mod names;
 
@@ -23,6 +28,8 @@ pub mod v1 {
         tonic::include_file_descriptor_set!("toolfleet_descriptor");
 }
 
+pub use arguments::check_arguments;
 pub use call::ToolCall;
 pub use envelope::{Envelope, ErrorBody, ErrorCode};
-pub use manifest::{ToolManifest, WorkerAnnouncement};
+pub use job::{JobErrorCode, JobEvent, JobStatus};
+pub use manifest::{RetryPolicy, ToolManifest, WorkerAnnouncement};

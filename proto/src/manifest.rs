@@ -1,5 +1,7 @@
 //! What a worker announces about each tool it serves.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -25,6 +27,10 @@ pub struct ToolManifest {
     pub side_effects: bool,
     /// Version of the tool's implementation, free-form.
     pub version: String,
+    /// How retryable failures are retried. `None`: the orchestrator's
+    /// `dispatch.retry_*` settings, with `max_attempts` above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<RetryPolicy>,
 }
 
 impl ToolManifest {
@@ -40,12 +46,30 @@ impl ToolManifest {
             max_attempts: 3,
             side_effects: false,
             version: "1".into(),
+            retry: None,
         }
+    }
+
+    /// The retry policy of this tool's calls: its own, or `default` with the
+    /// manifest's `max_attempts`.
+    pub fn retry_policy(&self, default: RetryPolicy) -> RetryPolicy {
+        self.retry.unwrap_or(RetryPolicy {
+            max_attempts: self.max_attempts,
+            ..default
+        })
+    }
+
+    /// Declares the tool's own retry policy (its attempt limit included).
+    #[must_use]
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        self.max_attempts = policy.max_attempts.max(1);
+        self.retry = Some(policy);
+        self
     }
 
     /// Sets the per-attempt timeout.
     #[must_use]
-    pub fn with_timeout(mut self, timeout: std::time::Duration) -> Self {
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
         self
     }
@@ -72,6 +96,62 @@ impl ToolManifest {
     }
 }
 
+/// How the orchestrator retries a call whose envelope is retryable: an
+/// exponential backoff with jitter, bounded by an attempt limit. Plain data,
+/// so that it can travel in the manifest; [`next_delay`](Self::next_delay)
+/// is the whole policy.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetryPolicy {
+    /// Delay after the first failed attempt, in milliseconds.
+    pub initial_backoff_ms: u64,
+    /// Longest delay before jitter, in milliseconds.
+    pub max_backoff_ms: u64,
+    /// Growth of the delay per attempt: 2.0 doubles it. Values below 1 count as 1.
+    pub multiplier: f64,
+    /// Share of the delay added at random: 0 for none, 1 for up to as much
+    /// again (clamped to 0..=1). Spreads the retries of many calls that
+    /// failed together.
+    pub jitter: f64,
+    /// Attempts in all, the first included.
+    pub max_attempts: u32,
+}
+
+impl RetryPolicy {
+    /// The pause before the attempt after `attempt` (1-based) failed
+    /// retryably, or `None` when that was the last attempt allowed.
+    ///
+    /// The tool's own `retry_after` wins over the computed delay. Otherwise
+    /// the delay is `initial * multiplier^(attempt-1)`, capped at the max,
+    /// plus `jitter * jitter_sample` of itself, where `jitter_sample` is a
+    /// uniform draw from `0..1` (the caller's, so this stays pure). A
+    /// manifest from the bus may hold any numbers: nothing here can panic or
+    /// overflow.
+    pub fn next_delay(
+        &self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        jitter_sample: f64,
+    ) -> Option<Duration> {
+        if attempt >= self.max_attempts {
+            return None;
+        }
+        if let Some(retry_after) = retry_after {
+            return Some(retry_after);
+        }
+        let max = self.max_backoff_ms as f64;
+        let growth = self
+            .multiplier
+            .max(1.0)
+            .powi(attempt.saturating_sub(1).min(1024) as i32);
+        let base = (self.initial_backoff_ms as f64 * growth).min(max);
+        let unit = |x: f64| if x.is_nan() { 0.0 } else { x.clamp(0.0, 1.0) };
+        let jitter = unit(self.jitter) * unit(jitter_sample);
+        // `as` from f64 saturates (and NaN becomes 0): no overflow.
+        Some(Duration::from_millis((base + base * jitter) as u64))
+    }
+}
+
 /// A tool name is valid when it is 1 to 64 ASCII letters, digits, `_` or `-`.
 /// The same rule keeps it safe as a NATS subject token and a consumer name.
 pub fn is_valid_tool_name(name: &str) -> bool {
@@ -95,6 +175,129 @@ pub struct WorkerAnnouncement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const POLICY: RetryPolicy = RetryPolicy {
+        initial_backoff_ms: 200,
+        max_backoff_ms: 1_000,
+        multiplier: 2.0,
+        jitter: 1.0,
+        max_attempts: 5,
+    };
+
+    #[test]
+    fn next_delay_grows_caps_jitters_and_stops() {
+        let ms = Duration::from_millis;
+        /// (policy, failed attempt, retry_after, jitter sample) -> delay
+        type Case = (RetryPolicy, u32, Option<Duration>, f64, Option<Duration>);
+        let cases: Vec<Case> = vec![
+            (POLICY, 1, None, 0.0, Some(ms(200))),
+            (POLICY, 2, None, 0.0, Some(ms(400))),
+            (POLICY, 3, None, 0.0, Some(ms(800))),
+            (POLICY, 4, None, 0.0, Some(ms(1_000))), // capped
+            (POLICY, 5, None, 0.0, None),            // no attempt left
+            (POLICY, 9, None, 0.0, None),
+            (POLICY, 1, None, 0.5, Some(ms(300))), // half of the full jitter
+            (POLICY, 4, None, 0.999, Some(ms(1_999))),
+            (POLICY, 2, Some(ms(1_500)), 0.9, Some(ms(1_500))), // the tool knows best
+            (POLICY, 5, Some(ms(1_500)), 0.0, None),            // ...but not past the limit
+            (
+                RetryPolicy {
+                    jitter: 0.0,
+                    ..POLICY
+                },
+                1,
+                None,
+                0.9,
+                Some(ms(200)),
+            ),
+            (
+                RetryPolicy {
+                    multiplier: 1.0,
+                    ..POLICY
+                },
+                4,
+                None,
+                0.0,
+                Some(ms(200)),
+            ),
+            // Hostile numbers: clamped, never a panic.
+            (
+                RetryPolicy {
+                    multiplier: -3.0,
+                    jitter: 7.0,
+                    ..POLICY
+                },
+                2,
+                None,
+                2.0,
+                Some(ms(400)),
+            ),
+            (
+                RetryPolicy {
+                    multiplier: f64::NAN,
+                    jitter: f64::NAN,
+                    ..POLICY
+                },
+                3,
+                None,
+                f64::NAN,
+                Some(ms(200)),
+            ),
+            (
+                RetryPolicy {
+                    multiplier: 1e300,
+                    max_backoff_ms: u64::MAX,
+                    max_attempts: u32::MAX,
+                    ..POLICY
+                },
+                u32::MAX - 1,
+                None,
+                1.0,
+                Some(Duration::from_millis(u64::MAX)),
+            ),
+            (
+                RetryPolicy {
+                    max_attempts: 0,
+                    ..POLICY
+                },
+                1,
+                None,
+                0.0,
+                None,
+            ),
+        ];
+        for (policy, attempt, retry_after, sample, expected) in cases {
+            assert_eq!(
+                policy.next_delay(attempt, retry_after, sample),
+                expected,
+                "{policy:?} attempt {attempt} retry_after {retry_after:?} sample {sample}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_manifest_without_a_policy_takes_the_default_with_its_attempt_limit() {
+        let manifest = ToolManifest::new("echo", "d", serde_json::json!({})).with_max_attempts(2);
+        assert_eq!(
+            manifest.retry_policy(POLICY),
+            RetryPolicy {
+                max_attempts: 2,
+                ..POLICY
+            }
+        );
+        let own = RetryPolicy {
+            initial_backoff_ms: 5,
+            ..POLICY
+        };
+        let manifest = manifest.with_retry(own);
+        assert_eq!(manifest.retry_policy(POLICY), own);
+        assert_eq!(manifest.max_attempts, 5);
+        // Additive on the wire: an old manifest without "retry" still parses.
+        let mut json = serde_json::to_value(&manifest).unwrap();
+        json.as_object_mut().unwrap().remove("retry");
+        let old: ToolManifest = serde_json::from_value(json).unwrap();
+        assert_eq!(old.retry, None);
+    }
 
     #[test]
     fn tool_names_follow_the_openai_rule() {

@@ -5,14 +5,15 @@
 //! Every key is documented in `docs/configuration.md`.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::Path;
 use std::time::Duration;
 
-use figment::Figment;
-use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
+use toolfleet_service::config::load_layered;
+pub use toolfleet_service::config::{
+    ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions, redact_url,
+};
 
 use crate::tools::weather::WeatherOptions;
 
@@ -44,45 +45,6 @@ pub struct WorkerOptions {
     pub metrics: MetricsOptions,
     /// Log output.
     pub log: LogOptions,
-}
-
-/// NATS connection settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NatsOptions {
-    /// Server URL(s), comma separated. Default: `nats://127.0.0.1:4222`.
-    pub url: String,
-    /// Path of a NATS credentials file, if the server needs one. Default: none.
-    pub credentials_file: Option<String>,
-}
-
-impl Default for NatsOptions {
-    fn default() -> Self {
-        Self {
-            url: "nats://127.0.0.1:4222".into(),
-            credentials_file: None,
-        }
-    }
-}
-
-/// Redis connection settings.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RedisOptions {
-    /// Server URL (`redis://` or `rediss://`, may carry a password).
-    /// Default: `redis://127.0.0.1:6379/`.
-    pub url: String,
-    /// Prefix of every key. Default: `tf`.
-    pub key_prefix: String,
-}
-
-impl Default for RedisOptions {
-    fn default() -> Self {
-        Self {
-            url: "redis://127.0.0.1:6379/".into(),
-            key_prefix: "tf".into(),
-        }
-    }
 }
 
 /// How the runtime pulls and executes calls.
@@ -164,59 +126,6 @@ impl Default for RegistryOptions {
     }
 }
 
-/// Prometheus metrics endpoint.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct MetricsOptions {
-    /// Address to serve `/metrics` on, e.g. `0.0.0.0:9090`. Default: none (off).
-    pub listen: Option<SocketAddr>,
-}
-
-/// Log output settings. `RUST_LOG` overrides `level`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct LogOptions {
-    /// `text` or `json` (production). Default: `text`.
-    pub format: LogFormat,
-    /// Filter directive, e.g. `info` or `toolfleet_worker=debug`. Default: `info`.
-    pub level: String,
-}
-
-impl Default for LogOptions {
-    fn default() -> Self {
-        Self {
-            format: LogFormat::Text,
-            level: "info".into(),
-        }
-    }
-}
-
-/// Log line format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
-
-/// `url` without its password, for messages and logs:
-/// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`.
-pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
-
-/// A configuration that could not be loaded; the message names the key.
-#[derive(Debug, thiserror::Error)]
-#[error("invalid configuration: {0}")]
-pub struct ConfigError(#[source] Box<figment::Error>);
-
 /// Top-level keys that `TOOLFLEET_*` variables may set. Other `TOOLFLEET_*`
 /// variables (the orchestrator's, the test harness's) are ignored.
 const ENV_KEYS: &[&str] = &[
@@ -231,40 +140,6 @@ const ENV_KEYS: &[&str] = &[
     "metrics",
     "log",
 ];
-
-/// Loads an options tree in layers: `T::default()`, then the TOML file at
-/// `path` (if any), then the `TOOLFLEET_*` environment variables whose first
-/// level is one of `env_keys`, then `overrides` (the command-line flags, as a
-/// partial document). Shared by every toolfleet binary.
-///
-/// # Errors
-///
-/// A file that cannot be read or parsed, or a value of the wrong type; the
-/// error names the key and where it came from.
-pub fn load_layered<T>(
-    path: Option<&Path>,
-    overrides: serde_json::Value,
-    env_keys: &'static [&'static str],
-) -> Result<T, ConfigError>
-where
-    T: Default + Serialize + serde::de::DeserializeOwned,
-{
-    let mut figment = Figment::from(Serialized::defaults(T::default()));
-    if let Some(path) = path {
-        figment = figment.merge(Toml::file_exact(path));
-    }
-    let env = Env::prefixed("TOOLFLEET_").split("__").filter(move |key| {
-        // Seen in its original case, after `split` (`RUNTIME.MAX_IN_FLIGHT`).
-        let key = key.as_str().to_ascii_lowercase();
-        let top = key.split('.').next().unwrap_or_default();
-        env_keys.contains(&top)
-    });
-    figment
-        .merge(env)
-        .merge(Serialized::defaults(overrides))
-        .extract()
-        .map_err(|e| ConfigError(Box::new(e)))
-}
 
 impl WorkerOptions {
     /// Loads defaults, then the TOML file at `path` (if any), then the
@@ -281,28 +156,24 @@ impl WorkerOptions {
 
     /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.
     pub fn resolved_worker_id(&self) -> String {
-        if !self.worker_id.is_empty() {
-            return self.worker_id.clone();
-        }
-        let host = hostname::get()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "worker".into());
-        let host: String = host
-            .chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || c == '-' {
-                    c
-                } else {
-                    '-'
-                }
-            })
-            .collect();
-        format!(
-            "{host}-{}-{:04x}",
-            std::process::id(),
-            rand::random::<u16>()
-        )
+        toolfleet_service::identity::replica_id(&self.worker_id)
+    }
+}
+
+impl toolfleet_service::binary::ServiceOptions for WorkerOptions {
+    fn log(&self) -> &LogOptions {
+        &self.log
+    }
+
+    fn metrics(&self) -> &MetricsOptions {
+        &self.metrics
+    }
+
+    fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        shown.redis.url = redact_url(&shown.redis.url);
+        shown.nats.url = redact_url(&shown.nats.url);
+        shown
     }
 }
 
@@ -328,18 +199,6 @@ mod tests {
         assert_eq!(options.nats.url, "nats://flag:4222");
         assert!(options.test_tools);
         assert_eq!(options.redis.key_prefix, "tf");
-    }
-
-    #[test]
-    fn passwords_never_reach_messages() {
-        assert_eq!(
-            redact_url("redis://:s3cret@host:6379/0"),
-            "redis://***@host:6379/0"
-        );
-        assert_eq!(
-            redact_url("redis://127.0.0.1:6379/"),
-            "redis://127.0.0.1:6379/"
-        );
     }
 
     #[test]

@@ -4,50 +4,6 @@ use toolfleet_proto::{Envelope, ErrorBody, ErrorCode};
 
 use crate::tool::ToolError;
 
-/// Parses `arguments` and validates them against a tool's compiled schema.
-/// Both the orchestrator (before dispatch) and the worker (never trusting the
-/// wire) use it, so the model gets the same envelope from either.
-///
-/// # Errors
-///
-/// The `INVALID_TOOL_ARGUMENTS` envelope to answer with, naming up to five
-/// problems with their JSON paths.
-pub fn check_arguments(
-    tool: &str,
-    validator: &jsonschema::Validator,
-    arguments: &str,
-) -> Result<serde_json::Value, Envelope> {
-    let args: serde_json::Value = serde_json::from_str(arguments).map_err(|err| {
-        Envelope::terminal(
-            ErrorCode::INVALID_TOOL_ARGUMENTS,
-            format!("arguments are not valid JSON: {err}"),
-        )
-    })?;
-    let problems: Vec<String> = validator
-        .iter_errors(&args)
-        .take(5)
-        .map(|e| {
-            let path = e.instance_path().to_string();
-            if path.is_empty() {
-                e.to_string()
-            } else {
-                format!("{path}: {e}")
-            }
-        })
-        .collect();
-    if problems.is_empty() {
-        Ok(args)
-    } else {
-        Err(Envelope::terminal(
-            ErrorCode::INVALID_TOOL_ARGUMENTS,
-            format!(
-                "arguments do not match the schema of {tool}: {}",
-                problems.join("; ")
-            ),
-        ))
-    }
-}
-
 /// The generic message of failures whose detail must stay in the log.
 pub(crate) const GENERIC_FAILURE: &str =
     "the tool failed unexpectedly; the failure was logged for the operators";

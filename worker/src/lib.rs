@@ -7,7 +7,8 @@
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
 //! - [`registry`]: the heartbeat announcements of the worker's tools.
-//! - [`config`], [`telemetry`], [`metrics`], [`shutdown`]: the process around it.
+//! - [`config`], [`metrics`]: the process around it; the plumbing it shares
+//!   with the orchestrator (connections, telemetry, signals) is [`service`].
 #![warn(missing_docs)]
 
 pub mod config;
@@ -16,8 +17,6 @@ mod ledger;
 pub mod metrics;
 pub mod registry;
 pub mod runtime;
-pub mod shutdown;
-pub mod telemetry;
 pub mod tool;
 pub mod tools;
 
@@ -25,3 +24,4 @@ pub use config::WorkerOptions;
 pub use runtime::{StartError, Worker};
 pub use tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 pub use toolfleet_proto::{ErrorCode, ToolManifest};
+pub use toolfleet_service as service;

@@ -7,10 +7,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use toolfleet_worker::config::redact_url;
-use toolfleet_worker::{Worker, WorkerOptions, shutdown, telemetry, tools};
+use toolfleet_service::binary;
+use toolfleet_service::config::Overrides;
+use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 /// Executes whitelisted tool calls from NATS JetStream and answers each with an envelope.
 ///
@@ -52,87 +52,28 @@ struct Flags {
 impl Flags {
     /// The flags that were given, as a partial configuration document.
     fn overrides(&self) -> serde_json::Value {
-        let mut doc = json!({});
-        let mut set = |path: &[&str], value: serde_json::Value| {
-            let mut node = &mut doc;
-            for key in &path[..path.len() - 1] {
-                node = node
-                    .as_object_mut()
-                    .expect("overrides are objects")
-                    .entry(*key)
-                    .or_insert_with(|| json!({}));
-            }
-            node[path[path.len() - 1]] = value;
-        };
-        if let Some(v) = &self.nats_url {
-            set(&["nats", "url"], json!(v));
-        }
-        if let Some(v) = &self.redis_url {
-            set(&["redis", "url"], json!(v));
-        }
-        if let Some(v) = self.max_in_flight {
-            set(&["runtime", "max_in_flight"], json!(v));
-        }
-        if !self.tools.is_empty() {
-            set(&["tools"], json!(self.tools));
-        }
-        if self.test_tools {
-            set(&["test_tools"], json!(true));
-        }
-        if let Some(v) = &self.worker_id {
-            set(&["worker_id"], json!(v));
-        }
-        if let Some(v) = &self.metrics_listen {
-            set(&["metrics", "listen"], json!(v));
-        }
-        doc
+        Overrides::default()
+            .set("nats.url", self.nats_url.as_ref())
+            .set("redis.url", self.redis_url.as_ref())
+            .set("runtime.max_in_flight", self.max_in_flight)
+            .set("tools", Some(&self.tools).filter(|t| !t.is_empty()))
+            .set("test_tools", self.test_tools.then_some(true))
+            .set("worker_id", self.worker_id.as_ref())
+            .set("metrics.listen", self.metrics_listen.as_ref())
+            .into_value()
     }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let flags = Flags::parse();
-    let options = match WorkerOptions::load(flags.config.as_deref(), flags.overrides()) {
-        Ok(options) => options,
-        Err(err) => {
-            eprintln!("toolfleet-worker: {err}");
-            return ExitCode::from(2);
-        }
-    };
-    if flags.print_config {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&redacted(&options)).unwrap_or_default()
-        );
-        return ExitCode::SUCCESS;
-    }
-    telemetry::init_logging(&options.log);
-    match run(options).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            tracing::error!(error = format!("{err:#}"), "worker failed");
-            eprintln!("toolfleet-worker: {err:#}");
-            ExitCode::FAILURE
-        }
-    }
+    let options = WorkerOptions::load(flags.config.as_deref(), flags.overrides());
+    binary::run("toolfleet-worker", options, flags.print_config, serve).await
 }
 
-async fn run(options: WorkerOptions) -> anyhow::Result<()> {
-    tracing::info!(config = %serde_json::to_string(&redacted(&options))?, "starting");
-    if let Some(listen) = options.metrics.listen {
-        telemetry::init_metrics(listen)?;
-    }
-    let shutdown = CancellationToken::new();
-    tokio::spawn(shutdown::watch_signals(shutdown.clone()));
+async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let worker = Worker::connect(options.clone()).await?;
     let toolbox = tools::builtin(&options, worker.redis())?;
     worker.run(toolbox, shutdown).await?;
     Ok(())
-}
-
-/// The options with the Redis password hidden, for printing and logging.
-fn redacted(options: &WorkerOptions) -> WorkerOptions {
-    let mut shown = options.clone();
-    shown.redis.url = redact_url(&shown.redis.url);
-    shown
 }

@@ -2,12 +2,11 @@
 //! entries expire): one key per tool and worker, refreshed by a heartbeat, so
 //! the orchestrator sees which tools are live and how many workers serve them.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::{self, REGISTRY_BUCKET};
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
+use toolfleet_service::clock::now_ms;
 use tracing::{debug, info, warn};
 
 use crate::config::RegistryOptions;
@@ -15,30 +14,7 @@ use crate::config::RegistryOptions;
 /// The registry bucket could not be opened or created.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot open the registry bucket {REGISTRY_BUCKET}")]
-pub struct RegistryError(#[source] Box<dyn std::error::Error + Send + Sync>);
-
-/// Opens the registry bucket, creating it with `ttl` as its max age if needed.
-///
-/// # Errors
-///
-/// NATS is unreachable or JetStream refuses the bucket.
-pub async fn open_bucket(
-    js: &jetstream::Context,
-    ttl: Duration,
-) -> Result<kv::Store, RegistryError> {
-    if let Ok(store) = js.get_key_value(REGISTRY_BUCKET).await {
-        return Ok(store);
-    }
-    js.create_key_value(kv::Config {
-        bucket: REGISTRY_BUCKET.to_owned(),
-        description: "toolfleet: live tool announcements of workers".to_owned(),
-        history: 1,
-        max_age: ttl,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| RegistryError(Box::new(e)))
-}
+pub struct RegistryError(#[source] pub(crate) Box<dyn std::error::Error + Send + Sync>);
 
 /// Keeps the announcements of one worker alive.
 pub(crate) struct Announcer {
@@ -71,9 +47,7 @@ impl Announcer {
     }
 
     async fn announce(&self) {
-        let heartbeat_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        let heartbeat_ms = now_ms();
         for manifest in &self.manifests {
             let announcement = WorkerAnnouncement {
                 worker_id: self.worker_id.clone(),

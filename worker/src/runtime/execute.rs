@@ -10,11 +10,11 @@ use async_nats::{HeaderMap, Subject};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::headers;
-use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, ToolManifest};
+use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, ToolManifest, check_arguments};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::config::RuntimeOptions;
-use crate::envelope::{GENERIC_FAILURE, check_arguments, from_error};
+use crate::envelope::{GENERIC_FAILURE, from_error};
 use crate::ledger::{Claim, Ledger};
 use crate::metrics;
 use crate::tool::{Applied, ErasedTool, ToolContext};

@@ -24,13 +24,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::{self, RedisKeys};
+use toolfleet_service::connect::{self, ConnectError};
 use tracing::{info, warn};
 
 pub use execute::SchemaError;
 
-use crate::config::{WorkerOptions, redact_url};
+use crate::config::WorkerOptions;
 use crate::ledger::Ledger;
-use crate::registry::{self, Announcer, RegistryError};
+use crate::registry::{Announcer, RegistryError};
 use crate::tool::Toolbox;
 use execute::{Executor, LoadedTool};
 use pull::PullLoop;
@@ -38,24 +39,9 @@ use pull::PullLoop;
 /// Why a worker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS is not reachable at the configured URL: check `nats.url`.
-    #[error("cannot connect to NATS at {url}")]
-    Nats {
-        /// The configured URL.
-        url: String,
-        /// What the client said.
-        #[source]
-        source: async_nats::ConnectError,
-    },
-    /// Redis is not reachable: check `redis.url`.
-    #[error("cannot connect to Redis at {url}")]
-    Redis {
-        /// The configured URL, without its password.
-        url: String,
-        /// What the client said.
-        #[source]
-        source: redis::RedisError,
-    },
+    /// NATS or Redis is not reachable: check `nats.url` and `redis.url`.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// The toolbox is empty, so there is nothing to serve: check `tools`.
     #[error("no tools to serve")]
     NoTools,
@@ -92,48 +78,12 @@ impl Worker {
     ///
     /// # Errors
     ///
-    /// [`StartError::Nats`] or [`StartError::Redis`] when a server is unreachable.
+    /// [`StartError::Connect`] when a server is unreachable.
     pub async fn connect(options: WorkerOptions) -> Result<Self, StartError> {
         let worker_id = options.resolved_worker_id();
-        let mut nats_options = async_nats::ConnectOptions::new()
-            .name(format!("toolfleet-worker {worker_id}"))
-            .retry_on_initial_connect()
-            .max_reconnects(None);
-        if let Some(path) = &options.nats.credentials_file {
-            nats_options = nats_options
-                .credentials_file(path)
-                .await
-                .map_err(|source| StartError::Nats {
-                    url: options.nats.url.clone(),
-                    source: source.into(),
-                })?;
-        }
-        let nats = tokio::time::timeout(
-            std::time::Duration::from_secs(30),
-            nats_options.connect(options.nats.url.as_str()),
-        )
-        .await
-        .map_err(|_| StartError::Nats {
-            url: options.nats.url.clone(),
-            source: std::io::Error::from(std::io::ErrorKind::TimedOut).into(),
-        })?
-        .map_err(|source| StartError::Nats {
-            url: options.nats.url.clone(),
-            source,
-        })?;
-        let redis_error = |source| StartError::Redis {
-            url: redact_url(&options.redis.url),
-            source,
-        };
-        let client = redis::Client::open(options.redis.url.as_str()).map_err(redis_error)?;
-        // 5 s per command, not the client's 500 ms default: under load a
-        // timed-out claim only hands the call back, but it costs a redelivery.
-        let config = redis::aio::ConnectionManagerConfig::new()
-            .set_response_timeout(Some(std::time::Duration::from_secs(5)))
-            .set_connection_timeout(Some(std::time::Duration::from_secs(5)));
-        let redis = ConnectionManager::new_with_config(client, config)
-            .await
-            .map_err(redis_error)?;
+        let name = format!("toolfleet-worker {worker_id}");
+        let nats = connect::nats(&options.nats, &name).await?;
+        let redis = connect::redis(&options.redis).await?;
         Ok(Self {
             options,
             worker_id,
@@ -187,7 +137,9 @@ impl Worker {
                 ensure_consumer(&stream, name, &self.options).await?,
             ));
         }
-        let bucket = registry::open_bucket(&js, self.options.registry.ttl).await?;
+        let bucket = connect::registry_bucket(&js, self.options.registry.ttl)
+            .await
+            .map_err(|e| RegistryError(Box::new(e)))?;
         let manifests: Vec<_> = tools.values().map(|t| t.manifest.clone()).collect();
         let tool_names: Vec<_> = tools.keys().cloned().collect();
 

@@ -1,10 +1,10 @@
 //! `toolfleet`: the command line of toolfleet. `toolfleet --help` lists the
-//! commands; the library's `cli` module implements them.
+//! commands; the `toolfleet_cli` library implements them.
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use toolfleet_orchestrator::cli::Cli;
+use toolfleet_cli::Cli;
 
 #[tokio::main]
 async fn main() -> ExitCode {

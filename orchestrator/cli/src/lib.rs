@@ -1,5 +1,5 @@
 //! The `toolfleet` command line: a gRPC client of the API, and `dev`/`bench`
-//! which run a local fleet.
+//! which run a local fleet. Its own crate, so that neither service links it.
 //!
 //! - `client`: `submit`, `get`, `watch`, `cancel`, `tools` against any
 //!   orchestrator replica.
@@ -113,4 +113,4 @@ const EXIT_JOB_CANCELLED: u8 = 4;
 /// Exit code after Ctrl-C, as a shell reports a SIGINT death.
 const EXIT_INTERRUPTED: u8 = 130;
 
-pub use toolfleet_worker::shutdown::{watch_signals, watch_signals_then};
+pub use toolfleet_service::signals::{watch_signals, watch_signals_then};

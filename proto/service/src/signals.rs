@@ -1,4 +1,5 @@
-//! Signal handling shared by every toolfleet binary.
+//! Signal handling of every toolfleet binary: the first SIGTERM or SIGINT
+//! starts the drain, a second one exits at once.
 
 use tokio_util::sync::CancellationToken;
 

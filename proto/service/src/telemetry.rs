@@ -1,4 +1,4 @@
-//! Logging and metrics set-up of the worker binary.
+//! Logging and metrics set-up of every toolfleet service.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;

@@ -15,7 +15,7 @@
 //! at the terminal reaches only this process, which stops the fleet in order;
 //! for the second Ctrl-C, which exits without destructors, hand
 //! [`LocalFleet::kill_switch`] (or the one in [`LocalFleetOptions`]) to
-//! [`watch_signals_then`](super::watch_signals_then).
+//! [`watch_signals_then`](crate::watch_signals_then).
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -35,8 +35,8 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use toolfleet_proto::v1;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
-use super::client::{self, ApiClient};
-use crate::{Orchestrator, OrchestratorOptions};
+use crate::client::{self, ApiClient};
+use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
 
 /// Where a nats-server is looked for, and what to do when none fits.
 const NATS_ENV: &str = "TOOLFLEET_NATS_SERVER";
@@ -478,7 +478,7 @@ impl LocalFleet {
 
 /// Kills a fleet's servers and removes its temp dir, synchronously and at
 /// once. For the moment a process exits without running destructors (the
-/// second Ctrl-C, see [`watch_signals_then`](super::watch_signals_then)):
+/// second Ctrl-C, see [`watch_signals_then`](crate::watch_signals_then)):
 /// `move || switch.kill()`. Cheap to clone; harmless to fire more than once or
 /// after the fleet stopped.
 #[derive(Debug, Clone, Default)]

@@ -8,9 +8,9 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::v1;
 
-use super::client::{self, DEFAULT_OPENAI_MODEL, DEMO_INPUT, DEMO_SCRIPT, Provider};
-use super::local::{KillSwitch, LocalFleet, LocalFleetOptions};
-use super::{EXIT_INTERRUPTED, watch_signals_then};
+use crate::client::{self, DEFAULT_OPENAI_MODEL, DEMO_INPUT, DEMO_SCRIPT, Provider};
+use crate::local::{KillSwitch, LocalFleet, LocalFleetOptions};
+use crate::{EXIT_INTERRUPTED, watch_signals_then};
 
 #[derive(Debug, Args)]
 pub(crate) struct DevArgs {

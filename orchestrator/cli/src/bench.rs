@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use toolfleet_proto::v1;
 
-use super::local::{LocalFleet, LocalFleetOptions};
+use crate::local::{LocalFleet, LocalFleetOptions};
 
 type Api = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 

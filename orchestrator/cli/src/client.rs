@@ -12,8 +12,8 @@ use clap::{Args, ValueEnum};
 use tonic::transport::{Channel, Endpoint};
 use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 
-use super::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
-use crate::model::scripted::Scripted;
+use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
+use toolfleet_orchestrator::model::scripted::Scripted;
 
 /// A connected client of `toolfleet.v1.AgentService`.
 pub(crate) type ApiClient = AgentServiceClient<Channel>;

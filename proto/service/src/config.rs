@@ -1,0 +1,214 @@
+//! Layered configuration: defaults < TOML file < `TOOLFLEET_*` environment
+//! variables (`__` for nesting, e.g. `TOOLFLEET_NATS__URL`) < command-line
+//! flags; and the sections every service has (NATS, Redis, metrics, log).
+//!
+//! Every key is documented in `docs/configuration.md`.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+/// NATS connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsOptions {
+    /// Server URL(s), comma separated. Default: `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Path of a NATS credentials file, if the server needs one. Default: none.
+    pub credentials_file: Option<String>,
+}
+
+impl Default for NatsOptions {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            credentials_file: None,
+        }
+    }
+}
+
+/// Redis connection settings.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisOptions {
+    /// Server URL (`redis://` or `rediss://`, may carry a password).
+    /// Default: `redis://127.0.0.1:6379/`.
+    pub url: String,
+    /// Prefix of every key. Default: `tf`.
+    pub key_prefix: String,
+}
+
+impl Default for RedisOptions {
+    fn default() -> Self {
+        Self {
+            url: "redis://127.0.0.1:6379/".into(),
+            key_prefix: "tf".into(),
+        }
+    }
+}
+
+/// Prometheus metrics endpoint.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsOptions {
+    /// Address to serve `/metrics` on, e.g. `0.0.0.0:9090`. Default: none (off).
+    pub listen: Option<SocketAddr>,
+}
+
+/// Log output settings. `RUST_LOG` overrides `level`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogOptions {
+    /// `text` or `json` (production). Default: `text`.
+    pub format: LogFormat,
+    /// Filter directive, e.g. `info` or `toolfleet_worker=debug`. Default: `info`.
+    pub level: String,
+}
+
+impl Default for LogOptions {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: "info".into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `url` without its password, for messages and logs:
+/// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}***{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// A configuration that could not be loaded; the message names the key.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(#[source] Box<figment::Error>);
+
+/// Loads an options tree in layers: `T::default()`, then the TOML file at
+/// `path` (if any), then the `TOOLFLEET_*` environment variables whose first
+/// level is one of `env_keys` (other `TOOLFLEET_*` variables belong to
+/// another binary or to the test harness), then `overrides` (the
+/// command-line flags, as a partial document; see [`Overrides`]).
+///
+/// # Errors
+///
+/// A file that cannot be read or parsed, or a value of the wrong type; the
+/// error names the key and where it came from.
+pub fn load_layered<T>(
+    path: Option<&Path>,
+    overrides: Value,
+    env_keys: &'static [&'static str],
+) -> Result<T, ConfigError>
+where
+    T: Default + Serialize + serde::de::DeserializeOwned,
+{
+    let mut figment = Figment::from(Serialized::defaults(T::default()));
+    if let Some(path) = path {
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    let env = Env::prefixed("TOOLFLEET_").split("__").filter(move |key| {
+        // Seen in its original case, after `split` (`RUNTIME.MAX_IN_FLIGHT`).
+        let key = key.as_str().to_ascii_lowercase();
+        let top = key.split('.').next().unwrap_or_default();
+        env_keys.contains(&top)
+    });
+    figment
+        .merge(env)
+        .merge(Serialized::defaults(overrides))
+        .extract()
+        .map_err(|e| ConfigError(Box::new(e)))
+}
+
+/// The command-line flags that were given, as the partial document
+/// [`load_layered`] takes last.
+#[derive(Debug, Clone)]
+pub struct Overrides(Value);
+
+impl Default for Overrides {
+    fn default() -> Self {
+        Self(json!({}))
+    }
+}
+
+impl Overrides {
+    /// Sets the dotted `key` (`runtime.max_in_flight`) when `value` is given.
+    #[must_use]
+    pub fn set(mut self, key: &str, value: Option<impl Serialize>) -> Self {
+        let Some(value) = value else { return self };
+        // A flag's value is a string, number, bool or list: always serializable.
+        let value = serde_json::to_value(value).unwrap_or(Value::Null);
+        let mut node = &mut self.0;
+        let mut path = key.split('.').peekable();
+        while let Some(part) = path.next() {
+            if !node.is_object() {
+                *node = json!({});
+            }
+            let object = node.as_object_mut().expect("made an object above");
+            if path.peek().is_none() {
+                object.insert(part.to_owned(), value);
+                break;
+            }
+            node = object.entry(part).or_insert_with(|| json!({}));
+        }
+        self
+    }
+
+    /// The document.
+    pub fn into_value(self) -> Value {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_never_reach_messages() {
+        assert_eq!(
+            redact_url("redis://:s3cret@host:6379/0"),
+            "redis://***@host:6379/0"
+        );
+        assert_eq!(redact_url("nats://user:pw@a:4222"), "nats://***@a:4222");
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379/"),
+            "redis://127.0.0.1:6379/"
+        );
+    }
+
+    #[test]
+    fn overrides_build_nested_documents_and_skip_unset_flags() {
+        let doc = Overrides::default()
+            .set("nats.url", Some("nats://flag:4222"))
+            .set("redis.url", None::<String>)
+            .set("runtime.max_in_flight", Some(4))
+            .set("test_tools", Some(true))
+            .set("tools", Some(vec!["echo"]))
+            .into_value();
+        assert_eq!(
+            doc,
+            json!({"nats": {"url": "nats://flag:4222"}, "runtime": {"max_in_flight": 4},
+                   "test_tools": true, "tools": ["echo"]})
+        );
+    }
+}

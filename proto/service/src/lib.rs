@@ -1,0 +1,23 @@
+#![warn(missing_docs)]
+//! The plumbing every toolfleet service process shares, written once so the
+//! orchestrator and the worker cannot drift apart (and so the orchestrator
+//! never links the worker's tools to get it):
+//!
+//! - [`config`]: layered options (defaults < TOML < `TOOLFLEET_*` < flags),
+//!   the connection, log and metrics sections, URL redaction;
+//! - [`connect`]: NATS and Redis connections with the settings both sides need;
+//! - [`binary`]: a binary's `main` around its options: print-config, logging,
+//!   metrics, signals and exit codes;
+//! - [`telemetry`]: the tracing subscriber and the Prometheus endpoint;
+//! - [`signals`]: SIGTERM/SIGINT into a cancellation, a second one exits;
+//! - [`identity`]: default replica ids; [`clock`]: Unix milliseconds.
+//!
+//! The contracts themselves (wire types, names) are in `toolfleet-proto`.
+
+pub mod binary;
+pub mod clock;
+pub mod config;
+pub mod connect;
+pub mod identity;
+pub mod signals;
+pub mod telemetry;

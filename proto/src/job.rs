@@ -1,0 +1,468 @@
+//! The job lifecycle as every side sees it: the orchestrator writes it, the
+//! gRPC API serves it, clients read it.
+//!
+//! - [`JobStatus`]: where a job is in its life;
+//! - [`JobErrorCode`]: why a job failed (or that it was cancelled);
+//! - [`JobEvent`]: one entry of a job's event log, as `WatchJob` streams it
+//!   (`kind` plus a JSON `data` object).
+//!
+//! The spellings here are the wire format: they are stored in Redis and sent
+//! to clients, so a rename is a breaking change.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::v1;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    /// Waiting for a runner.
+    Queued,
+    /// A runner works on it.
+    Running,
+    /// Finished with a final answer.
+    Succeeded,
+    /// Finished with an error.
+    Failed,
+    /// Stopped on request.
+    Cancelled,
+}
+
+impl JobStatus {
+    /// Every status, in life order.
+    pub const ALL: [Self; 5] = [
+        Self::Queued,
+        Self::Running,
+        Self::Succeeded,
+        Self::Failed,
+        Self::Cancelled,
+    ];
+
+    /// The stored spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the job has ended: nothing is written to it any more.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A status spelling that is not one of [`JobStatus::as_str`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown job status {0:?}")]
+pub struct UnknownStatus(pub String);
+
+impl FromStr for JobStatus {
+    type Err = UnknownStatus;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|status| status.as_str() == text)
+            .ok_or_else(|| UnknownStatus(text.to_owned()))
+    }
+}
+
+impl From<JobStatus> for v1::JobStatus {
+    fn from(status: JobStatus) -> Self {
+        match status {
+            JobStatus::Queued => Self::Queued,
+            JobStatus::Running => Self::Running,
+            JobStatus::Succeeded => Self::Succeeded,
+            JobStatus::Failed => Self::Failed,
+            JobStatus::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+impl TryFrom<v1::JobStatus> for JobStatus {
+    type Error = UnknownStatus;
+
+    fn try_from(status: v1::JobStatus) -> Result<Self, Self::Error> {
+        Ok(match status {
+            v1::JobStatus::Queued => Self::Queued,
+            v1::JobStatus::Running => Self::Running,
+            v1::JobStatus::Succeeded => Self::Succeeded,
+            v1::JobStatus::Failed => Self::Failed,
+            v1::JobStatus::Cancelled => Self::Cancelled,
+            v1::JobStatus::Unspecified => return Err(UnknownStatus("unspecified".into())),
+        })
+    }
+}
+
+/// Why a job ended without an answer. Stable, UPPER_SNAKE on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum JobErrorCode {
+    /// The model asked for tools in more rounds than `max_tool_rounds`.
+    MaxToolRoundsExceeded,
+    /// The job did not finish before its deadline.
+    DeadlineExceeded,
+    /// A client cancelled the job.
+    Cancelled,
+    /// The job's state vanished from Redis (flushed, or a failover that lost
+    /// writes).
+    JobStateLost,
+    /// The model API refused the request; retrying would not help.
+    ModelRejected,
+    /// The model API stayed unavailable through its retries.
+    ModelUnavailable,
+    /// The model API answered something that could not be understood.
+    ModelInvalidResponse,
+    /// The scripted model's script is invalid or has no turn left.
+    ScriptError,
+}
+
+impl JobErrorCode {
+    /// Every code.
+    pub const ALL: [Self; 8] = [
+        Self::MaxToolRoundsExceeded,
+        Self::DeadlineExceeded,
+        Self::Cancelled,
+        Self::JobStateLost,
+        Self::ModelRejected,
+        Self::ModelUnavailable,
+        Self::ModelInvalidResponse,
+        Self::ScriptError,
+    ];
+
+    /// The wire spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MaxToolRoundsExceeded => "MAX_TOOL_ROUNDS_EXCEEDED",
+            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Self::Cancelled => "CANCELLED",
+            Self::JobStateLost => "JOB_STATE_LOST",
+            Self::ModelRejected => "MODEL_REJECTED",
+            Self::ModelUnavailable => "MODEL_UNAVAILABLE",
+            Self::ModelInvalidResponse => "MODEL_INVALID_RESPONSE",
+            Self::ScriptError => "SCRIPT_ERROR",
+        }
+    }
+}
+
+impl fmt::Display for JobErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobErrorCode {
+    type Err = UnknownStatus;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|code| code.as_str() == text)
+            .ok_or_else(|| UnknownStatus(text.to_owned()))
+    }
+}
+
+/// A call as a [`JobEvent::ModelTurn`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallRef {
+    /// The model's call id.
+    pub call_id: String,
+    /// The tool name the model wrote.
+    pub name: String,
+}
+
+/// One entry of a job's event log. On the wire, `kind` is the variant's
+/// snake_case name and `data` the JSON object of its fields.
+///
+/// Fields are declared in alphabetical order: that is the order the events
+/// were written in before this type existed (a `serde_json::Map` sorts its
+/// keys), so stored and streamed events stay byte for byte the same.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "data", rename_all = "snake_case")]
+pub enum JobEvent {
+    /// The job was submitted and waits for a runner.
+    JobQueued {
+        /// The client's labels.
+        metadata: BTreeMap<String, String>,
+    },
+    /// A runner took the queued job.
+    JobStarted {
+        /// The lease epoch of the run.
+        epoch: u64,
+        /// The replica that runs it.
+        owner: String,
+    },
+    /// A runner took over a job another runner had started (crash, drain).
+    JobResumed {
+        /// The lease epoch of the run; higher than every earlier one.
+        epoch: u64,
+        /// The replica that runs it now.
+        owner: String,
+    },
+    /// A model turn was played and checkpointed.
+    ModelTurn {
+        /// Rounds with tool calls so far, this one included.
+        round: u32,
+        /// The turn's assistant text.
+        text: String,
+        /// The calls the model made in this turn, in order.
+        tool_calls: Vec<CallRef>,
+        /// 0-based index of the turn.
+        turn: u32,
+    },
+    /// An attempt of a call is about to be published to the workers.
+    ToolCallDispatched {
+        /// 1 for the first attempt.
+        attempt: u32,
+        /// The call.
+        call_id: String,
+        /// The tool.
+        name: String,
+    },
+    /// A call has its final envelope.
+    ToolCallResult {
+        /// Attempts it took (0: answered by the orchestrator's own checks).
+        attempts: u32,
+        /// The call.
+        call_id: String,
+        /// The envelope's error code, if it failed.
+        code: Option<String>,
+        /// The tool.
+        name: String,
+        /// Whether the envelope is a success.
+        ok: bool,
+        /// Publish to result of the last attempt, as the runner saw it.
+        round_trip_us: Option<u64>,
+    },
+    /// The job ended with the model's answer.
+    JobSucceeded {
+        /// The answer.
+        output_text: String,
+    },
+    /// The job ended with an error.
+    JobFailed {
+        /// Why.
+        code: JobErrorCode,
+        /// Detail for humans; absent on a job whose state was lost.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// The job was cancelled.
+    JobCancelled {
+        /// Always [`JobErrorCode::Cancelled`].
+        code: JobErrorCode,
+    },
+}
+
+/// The `kind` and `data` of an event that does not decode.
+#[derive(Debug, thiserror::Error)]
+#[error("unreadable {kind:?} event")]
+pub struct EventDecodeError {
+    /// The kind as received.
+    pub kind: String,
+    /// What did not parse.
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl JobEvent {
+    /// The wire kind, e.g. `tool_call_result`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::JobQueued { .. } => "job_queued",
+            Self::JobStarted { .. } => "job_started",
+            Self::JobResumed { .. } => "job_resumed",
+            Self::ModelTurn { .. } => "model_turn",
+            Self::ToolCallDispatched { .. } => "tool_call_dispatched",
+            Self::ToolCallResult { .. } => "tool_call_result",
+            Self::JobSucceeded { .. } => "job_succeeded",
+            Self::JobFailed { .. } => "job_failed",
+            Self::JobCancelled { .. } => "job_cancelled",
+        }
+    }
+
+    /// Whether the event ends the job: the last of its log.
+    pub fn is_final(&self) -> bool {
+        matches!(
+            self,
+            Self::JobSucceeded { .. } | Self::JobFailed { .. } | Self::JobCancelled { .. }
+        )
+    }
+
+    /// The status a job has after this event, if the event changes it.
+    pub fn status(&self) -> Option<JobStatus> {
+        match self {
+            Self::JobQueued { .. } => Some(JobStatus::Queued),
+            Self::JobStarted { .. } | Self::JobResumed { .. } => Some(JobStatus::Running),
+            Self::JobSucceeded { .. } => Some(JobStatus::Succeeded),
+            Self::JobFailed { .. } => Some(JobStatus::Failed),
+            Self::JobCancelled { .. } => Some(JobStatus::Cancelled),
+            Self::ModelTurn { .. }
+            | Self::ToolCallDispatched { .. }
+            | Self::ToolCallResult { .. } => None,
+        }
+    }
+
+    /// The `data` JSON object, as stored and streamed.
+    pub fn data_json(&self) -> String {
+        // Adjacent tagging puts the fields under "data"; take them out. The
+        // event is plain data: serializing it cannot fail.
+        let value = serde_json::to_value(self).unwrap_or_default();
+        value
+            .get("data")
+            .map_or_else(|| "{}".to_owned(), serde_json::Value::to_string)
+    }
+
+    /// Decodes an event from its wire `kind` and `data`.
+    ///
+    /// # Errors
+    ///
+    /// An unknown kind (a newer server) or data that does not match it.
+    pub fn decode(kind: &str, data: &str) -> Result<Self, EventDecodeError> {
+        let error = |source| EventDecodeError {
+            kind: kind.to_owned(),
+            source,
+        };
+        let data: serde_json::Value = serde_json::from_str(data).map_err(error)?;
+        serde_json::from_value(serde_json::json!({"kind": kind, "data": data})).map_err(error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn every_event() -> Vec<(JobEvent, &'static str)> {
+        vec![
+            (
+                JobEvent::JobQueued {
+                    metadata: BTreeMap::from([("team".into(), "a".into())]),
+                },
+                r#"{"metadata":{"team":"a"}}"#,
+            ),
+            (
+                JobEvent::JobStarted {
+                    epoch: 1,
+                    owner: "o-1".into(),
+                },
+                r#"{"epoch":1,"owner":"o-1"}"#,
+            ),
+            (
+                JobEvent::JobResumed {
+                    epoch: 2,
+                    owner: "o-2".into(),
+                },
+                r#"{"epoch":2,"owner":"o-2"}"#,
+            ),
+            (
+                JobEvent::ModelTurn {
+                    round: 1,
+                    text: String::new(),
+                    tool_calls: vec![CallRef {
+                        call_id: "c1".into(),
+                        name: "echo".into(),
+                    }],
+                    turn: 0,
+                },
+                r#"{"round":1,"text":"","tool_calls":[{"call_id":"c1","name":"echo"}],"turn":0}"#,
+            ),
+            (
+                JobEvent::ToolCallDispatched {
+                    attempt: 1,
+                    call_id: "c1".into(),
+                    name: "echo".into(),
+                },
+                r#"{"attempt":1,"call_id":"c1","name":"echo"}"#,
+            ),
+            (
+                JobEvent::ToolCallResult {
+                    attempts: 0,
+                    call_id: "c2".into(),
+                    code: Some("UNKNOWN_TOOL".into()),
+                    name: "rm".into(),
+                    ok: false,
+                    round_trip_us: None,
+                },
+                r#"{"attempts":0,"call_id":"c2","code":"UNKNOWN_TOOL","name":"rm","ok":false,"round_trip_us":null}"#,
+            ),
+            (
+                JobEvent::JobSucceeded {
+                    output_text: "4".into(),
+                },
+                r#"{"output_text":"4"}"#,
+            ),
+            (
+                JobEvent::JobFailed {
+                    code: JobErrorCode::MaxToolRoundsExceeded,
+                    message: Some("too many".into()),
+                },
+                r#"{"code":"MAX_TOOL_ROUNDS_EXCEEDED","message":"too many"}"#,
+            ),
+            (
+                JobEvent::JobFailed {
+                    code: JobErrorCode::JobStateLost,
+                    message: None,
+                },
+                r#"{"code":"JOB_STATE_LOST"}"#,
+            ),
+            (
+                JobEvent::JobCancelled {
+                    code: JobErrorCode::Cancelled,
+                },
+                r#"{"code":"CANCELLED"}"#,
+            ),
+        ]
+    }
+
+    #[test]
+    fn events_keep_the_wire_format_and_decode_back() {
+        for (event, data) in every_event() {
+            assert_eq!(event.data_json(), data, "{}", event.kind());
+            assert_eq!(JobEvent::decode(event.kind(), data).unwrap(), event);
+            assert_eq!(
+                event.is_final(),
+                event.status().is_some_and(JobStatus::is_final),
+                "{}",
+                event.kind()
+            );
+        }
+        assert!(JobEvent::decode("job_exploded", "{}").is_err());
+        assert!(JobEvent::decode("job_succeeded", "{").is_err());
+        assert!(JobEvent::decode("job_succeeded", r#"{"output":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn statuses_and_codes_round_trip_their_spelling() {
+        for status in JobStatus::ALL {
+            assert_eq!(status.as_str().parse::<JobStatus>().unwrap(), status);
+            assert_eq!(
+                serde_json::to_string(&status).unwrap(),
+                format!("\"{status}\"")
+            );
+            assert_eq!(
+                JobStatus::try_from(v1::JobStatus::from(status)).unwrap(),
+                status
+            );
+        }
+        assert!("done".parse::<JobStatus>().is_err());
+        for code in JobErrorCode::ALL {
+            assert_eq!(code.as_str().parse::<JobErrorCode>().unwrap(), code);
+            assert_eq!(serde_json::to_string(&code).unwrap(), format!("\"{code}\""));
+        }
+    }
+}
