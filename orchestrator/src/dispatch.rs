@@ -15,15 +15,17 @@ use async_nats::jetstream;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 use toolfleet_proto::names::{self, headers};
-use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall, check_arguments};
+use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, RetryPolicy, ToolCall, check_arguments};
+use toolfleet_service::clock::millis;
 use tracing::{debug, warn};
 
+use crate::job::{JobSpec, Lease, now_ms};
 use crate::registry::{LiveTool, RegistryHandle};
-use crate::store::{self, Commit, JobSpec, JobStore, Lease, NewEvent, now_ms};
+use crate::store::{self, JobStore, SettledCall};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -34,10 +36,12 @@ pub struct DispatchOptions {
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// First delay before retrying a retryable failure; doubles each time,
-    /// with jitter. Default: 200ms.
+    /// with jitter. For tools whose manifest declares no retry policy of its
+    /// own. Default: 200ms.
     #[serde(with = "humantime_serde")]
     pub retry_initial_backoff: Duration,
-    /// Longest delay between attempts. Default: 10s.
+    /// Longest delay between attempts (before jitter), for tools whose
+    /// manifest declares no retry policy of its own. Default: 10s.
     #[serde(with = "humantime_serde")]
     pub retry_max_backoff: Duration,
     /// Largest arguments text sent to a worker, in bytes. Default: 262144.
@@ -55,8 +59,23 @@ impl Default for DispatchOptions {
     }
 }
 
+impl DispatchOptions {
+    /// The retry policy of tools that declare none: exponential from
+    /// `retry_initial_backoff` to `retry_max_backoff`, doubling, with up to
+    /// as much again at random; the attempt limit is the manifest's.
+    pub fn default_retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            initial_backoff_ms: millis(self.retry_initial_backoff),
+            max_backoff_ms: millis(self.retry_max_backoff),
+            multiplier: 2.0,
+            jitter: 1.0,
+            max_attempts: 3,
+        }
+    }
+}
+
 /// One call of a turn, as the model made it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct PlannedCall {
     /// The model's call id.
     pub call_id: String,
@@ -162,7 +181,11 @@ impl Dispatcher {
                 .subscribe(names::reply_subject(&lease.job_id))
                 .await
                 .map_err(|e| RoundError::Nats(e.to_string()))?;
-            let forwarder = tokio::spawn(forward_results(subscriber, notify.clone()));
+            // Aborted (and its subscription dropped) however the round ends:
+            // an interrupted or failed round must not leave a subscriber
+            // behind on the job's reply subject.
+            let _forwarder =
+                AbortOnDropHandle::new(tokio::spawn(forward_results(subscriber, notify.clone())));
             let result = if spec.parallel_tool_calls {
                 // One commit records the first attempt of every fresh call.
                 let fresh: Vec<&PlannedCall> = ready
@@ -190,7 +213,6 @@ impl Dispatcher {
                 }
                 Ok(done)
             };
-            forwarder.abort();
             for ((index, _), outcome) in ready.iter().zip(result?) {
                 outcomes[*index] = Some(outcome);
             }
@@ -233,13 +255,10 @@ impl Dispatcher {
         stop: &CancellationToken,
     ) -> Result<CallOutcome, RoundError> {
         let call = &ready.call;
-        let max_attempts = ready.tool.manifest.max_attempts.max(1);
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(self.options.retry_initial_backoff)
-            .with_max_delay(self.options.retry_max_backoff)
-            .with_jitter()
-            .without_max_times()
-            .build();
+        let policy = ready
+            .tool
+            .manifest
+            .retry_policy(self.options.default_retry_policy());
         // In `attempts`: n > 0 resumes attempt n (it may have a result; if not
         // it is published again, and the worker's ledger makes a second copy
         // harmless); 0 means attempt 1 is already recorded; absent means
@@ -289,10 +308,11 @@ impl Dispatcher {
                     retryable: true,
                     retry_after_ms,
                     ..
-                }) if attempt < max_attempts => {
-                    let computed = backoff.next().unwrap_or(self.options.retry_max_backoff);
-                    Some(retry_after_ms.map_or(computed, Duration::from_millis))
-                }
+                }) => policy.next_delay(
+                    attempt,
+                    retry_after_ms.map(Duration::from_millis),
+                    rand::random(),
+                ),
                 _ => None,
             };
             let Some(delay) = retry else {
@@ -339,32 +359,11 @@ impl Dispatcher {
         calls: &[&PlannedCall],
         attempt: u32,
     ) -> Result<(), RoundError> {
-        if calls.is_empty() {
-            return Ok(());
-        }
-        let events = calls
+        let calls: Vec<(&str, &str)> = calls
             .iter()
-            .map(|call| {
-                NewEvent::new(
-                    "tool_call_dispatched",
-                    json!({"call_id": call.call_id, "name": call.name, "attempt": attempt}),
-                )
-            })
+            .map(|call| (call.call_id.as_str(), call.name.as_str()))
             .collect();
-        let attempts = calls
-            .iter()
-            .map(|call| (call.call_id.clone(), attempt))
-            .collect();
-        self.store
-            .commit(
-                lease,
-                Commit {
-                    events,
-                    attempts,
-                    ..Commit::default()
-                },
-            )
-            .await?;
+        self.store.record_dispatch(lease, &calls, attempt).await?;
         Ok(())
     }
 
@@ -374,26 +373,14 @@ impl Dispatcher {
         outcome: &CallOutcome,
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
-        let event = NewEvent::new(
-            "tool_call_result",
-            json!({
-                "call_id": outcome.call_id,
-                "name": outcome.name,
-                "attempts": outcome.attempts,
-                "round_trip_us": outcome.round_trip.map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
-                "ok": envelope.is_ok(),
-                "code": envelope.error().map(|e| e.code.to_string()),
-            }),
-        );
-        self.store
-            .commit(
-                lease,
-                Commit {
-                    events: vec![event],
-                    ..Commit::default()
-                },
-            )
-            .await?;
+        let settled = SettledCall {
+            call_id: &outcome.call_id,
+            name: &outcome.name,
+            attempts: outcome.attempts,
+            round_trip: outcome.round_trip,
+            envelope,
+        };
+        self.store.record_call_result(lease, &settled).await?;
         Ok(())
     }
 

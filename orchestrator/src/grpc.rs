@@ -15,10 +15,11 @@ use toolfleet_proto::names;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
 use tracing::{info, warn};
 
+use crate::job::{Item, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
+use crate::model::Providers;
 use crate::model::scripted::Scripted;
-use crate::model::{Item, Providers};
 use crate::registry::RegistryHandle;
-use crate::store::{self, JobSpec, JobStatus, JobStore, ProviderKind, now_ms};
+use crate::store::{self, JobStore};
 
 /// Limits and defaults of the API.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -316,7 +317,7 @@ impl AgentService for AgentApi {
                 Status::not_found(format!("job {job_id} not found (unknown or expired)"))
             })?;
         Ok(Response::new(v1::CancelJobResponse {
-            status: to_proto_status(status).into(),
+            status: v1::JobStatus::from(status).into(),
         }))
     }
 
@@ -430,18 +431,7 @@ async fn follow_events(
     }
 }
 
-/// The API's status enum for a stored status.
-pub fn to_proto_status(status: JobStatus) -> v1::JobStatus {
-    match status {
-        JobStatus::Queued => v1::JobStatus::Queued,
-        JobStatus::Running => v1::JobStatus::Running,
-        JobStatus::Succeeded => v1::JobStatus::Succeeded,
-        JobStatus::Failed => v1::JobStatus::Failed,
-        JobStatus::Cancelled => v1::JobStatus::Cancelled,
-    }
-}
-
-fn to_job(record: store::JobRecord, items: &[Item]) -> v1::Job {
+fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
     let items = items
         .iter()
         .filter_map(|item| {
@@ -478,10 +468,10 @@ fn to_job(record: store::JobRecord, items: &[Item]) -> v1::Job {
         .collect();
     v1::Job {
         job_id: record.job_id,
-        status: to_proto_status(record.status).into(),
+        status: v1::JobStatus::from(record.status).into(),
         output_text: record.output_text,
         error: record.error.map(|e| v1::JobError {
-            code: e.code,
+            code: e.code.to_string(),
             message: e.message,
         }),
         rounds: record.rounds,

@@ -8,7 +8,9 @@
 //!   retries.
 //! - [`model`]: the provider-neutral conversation and the providers
 //!   (OpenAI Responses, Chat Completions, scripted).
-//! - [`store`]: jobs, items, events and leases in Redis.
+//! - [`job`]: the job as every module shares it: spec, conversation items,
+//!   record, lease, ending, ids and the clock.
+//! - [`store`]: jobs, items, events and leases in Redis, written in verbs.
 //! - [`registry`]: the live tools announced by workers.
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
@@ -16,6 +18,7 @@
 pub mod config;
 pub mod dispatch;
 pub mod grpc;
+pub mod job;
 pub mod metrics;
 pub mod model;
 pub mod registry;

@@ -13,7 +13,7 @@ use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use tracing::{debug, warn};
 
-use crate::store::now_ms;
+use crate::job::now_ms;
 
 /// A live tool: its manifest, compiled schema and how many workers serve it.
 #[derive(Clone)]

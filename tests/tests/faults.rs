@@ -580,10 +580,10 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
     let script =
         json!([{"tool_calls": [{"name": "echo", "arguments": {"n": 1}}]}, {"message": "found"}]);
     let request = scripted(script);
-    let spec = toolfleet_orchestrator::store::JobSpec {
+    let spec = toolfleet_orchestrator::job::JobSpec {
         input: request.input,
         instructions: String::new(),
-        provider: toolfleet_orchestrator::store::ProviderKind::Scripted,
+        provider: toolfleet_orchestrator::job::ProviderKind::Scripted,
         model: String::new(),
         script: request.model.map(|m| m.script),
         tools: Vec::new(),

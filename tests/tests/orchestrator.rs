@@ -333,6 +333,64 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
 }
 
 #[tokio::test]
+async fn an_interrupted_round_leaves_no_subscriber_on_the_reply_subject() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    // One call at a time: the round is cut short in the middle of its first call.
+    let mut one_by_one = scripted(
+        "slow, one by one",
+        json!([
+            {"tool_calls": [
+                {"name": "sleep", "arguments": {"ms": 20000}},
+                {"name": "sleep", "arguments": {"ms": 20000}}
+            ]},
+            {"message": "never"}
+        ]),
+    );
+    one_by_one.parallel_tool_calls = Some(false);
+    let submitted = api.submit_job(one_by_one).await?.into_inner();
+    fleet.worker(0).wait_for_log("executing call", JOB).await?;
+    let reply_subject = toolfleet_proto::names::reply_subject(&submitted.job_id);
+    // While the round runs, the orchestrator listens on the job's reply
+    // subject: a request there finds a responder (which never answers).
+    let listening = probe(&fleet.client, &reply_subject).await;
+    assert!(
+        !is_no_responders(&listening),
+        "the round should be listening: {listening:?}"
+    );
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: submitted.job_id.clone(),
+    })
+    .await?;
+    let cancelled = wait_finished(&api, &submitted.job_id).await?;
+    assert_eq!(status(&cancelled), v1::JobStatus::Cancelled);
+    // Once the job ended, nobody may be subscribed there any more.
+    toolfleet_tests::wait_until(
+        "the reply subject to lose its last subscriber",
+        Duration::from_secs(10),
+        || async { is_no_responders(&probe(&fleet.client, &reply_subject).await) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A request on `subject` that gives up after half a second: the server
+/// answers "no responders" at once when nobody subscribes there.
+async fn probe(
+    client: &async_nats::Client,
+    subject: &str,
+) -> Result<async_nats::Message, async_nats::RequestError> {
+    let request = async_nats::Request::new()
+        .payload("probe".into())
+        .timeout(Some(Duration::from_millis(500)));
+    client.send_request(subject.to_owned(), request).await
+}
+
+fn is_no_responders<T>(result: &Result<T, async_nats::RequestError>) -> bool {
+    matches!(result, Err(err) if err.kind() == async_nats::RequestErrorKind::NoResponders)
+}
+
+#[tokio::test]
 async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::Result<()> {
     let fleet = fleet(1).await?;
     let mut api = fleet.api(0).await?;

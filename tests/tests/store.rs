@@ -1,13 +1,16 @@
-//! The job store's fencing against a real Redis: a runner whose lease was
-//! taken over cannot write any more.
+//! The job store against a real Redis: every verb of a job's life writes
+//! what it says (status, counters, items, events in the wire format), a
+//! runner whose lease was taken over cannot write any more, and nothing is
+//! written after a job's end.
 
 use std::time::Duration;
 
-use toolfleet_orchestrator::model::Item;
-use toolfleet_orchestrator::store::{
-    Acquired, Commit, Error, JobSpec, JobStore, NewEvent, ProviderKind,
+use toolfleet_orchestrator::job::{
+    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, TurnCheckpoint,
 };
+use toolfleet_orchestrator::store::{Acquired, Error, JobStore, SettledCall};
 use toolfleet_proto::names::RedisKeys;
+use toolfleet_proto::{Envelope, ErrorCode};
 use toolfleet_tests::{NatsServer, RedisServer};
 
 fn spec() -> JobSpec {
@@ -26,17 +29,206 @@ fn spec() -> JobSpec {
     }
 }
 
-#[tokio::test]
-async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
-    let redis = RedisServer::start().await?;
-    let nats = NatsServer::start().await?;
-    let store = JobStore::new(
+async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStore> {
+    Ok(JobStore::new(
         redis.connection().await?,
         nats.client().await?,
         RedisKeys::default(),
         Duration::from_secs(60),
         Duration::from_secs(60),
+    ))
+}
+
+/// The job's events, decoded: every stored event must be a known kind.
+async fn events(store: &JobStore, job_id: &str) -> anyhow::Result<Vec<JobEvent>> {
+    let stored = store.events(job_id, 0, 100).await?;
+    for (offset, event) in stored.iter().enumerate() {
+        assert_eq!(event.offset, offset as u64);
+        assert_eq!(
+            event.is_final,
+            offset + 1 == stored.len() && JobEvent::decode(&event.kind, &event.data)?.is_final()
+        );
+    }
+    stored
+        .iter()
+        .map(|e| Ok(JobEvent::decode(&e.kind, &e.data)?))
+        .collect()
+}
+
+#[tokio::test]
+async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let (job_id, _) = store.submit(&spec(), None).await?;
+    let Acquired::Lease(lease) = store
+        .acquire(&job_id, "replica-a", Duration::from_secs(5))
+        .await?
+    else {
+        panic!("a queued job's lease is free");
+    };
+    store.start(&lease, "replica-a", false).await?;
+    assert_eq!(
+        store.get(&job_id).await?.unwrap().status,
+        JobStatus::Running
     );
+
+    let turn = [
+        Item::Assistant {
+            text: "checking".into(),
+            raw: None,
+        },
+        Item::ToolCall {
+            call_id: "c1".into(),
+            name: "echo".into(),
+            arguments: "{}".into(),
+            raw: None,
+        },
+    ];
+    store
+        .record_turn(
+            &lease,
+            TurnCheckpoint {
+                items: &turn,
+                turns: 1,
+                rounds: 1,
+            },
+        )
+        .await?;
+    store.record_dispatch(&lease, &[("c1", "echo")], 1).await?;
+    assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
+    let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
+    let settled = SettledCall {
+        call_id: "c1",
+        name: "echo",
+        attempts: 1,
+        round_trip: Some(Duration::from_micros(1500)),
+        envelope: &envelope,
+    };
+    store.record_call_result(&lease, &settled).await?;
+    let result = Item::ToolResult {
+        call_id: "c1".into(),
+        name: "echo".into(),
+        output: envelope.to_json(),
+        attempts: 1,
+    };
+    store
+        .record_results(&lease, std::slice::from_ref(&result))
+        .await?;
+    let record = store.get(&job_id).await?.unwrap();
+    assert_eq!((record.turns, record.rounds), (1, 1));
+    assert_eq!(
+        store.items(&job_id, 1).await?,
+        [&turn[..], &[result]].concat()
+    );
+
+    store
+        .finish(
+            &lease,
+            &Ending::failed(JobErrorCode::MaxToolRoundsExceeded, "too many"),
+        )
+        .await?;
+    let record = store.get(&job_id).await?.unwrap();
+    assert_eq!(record.status, JobStatus::Failed);
+    let error = record.error.expect("a failed job has an error");
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (JobErrorCode::MaxToolRoundsExceeded, "too many")
+    );
+    assert!(record.finished_at_ms >= record.created_at_ms);
+
+    // Nothing is written after the end, even with the lease that ended it.
+    assert!(matches!(
+        store.start(&lease, "replica-a", true).await,
+        Err(Error::LeaseLost(_))
+    ));
+    assert!(matches!(
+        store.finish(&lease, &Ending::Cancelled).await,
+        Err(Error::LeaseLost(_))
+    ));
+
+    let kinds: Vec<&str> = events(&store, &job_id)
+        .await?
+        .iter()
+        .map(JobEvent::kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "job_queued",
+            "job_started",
+            "model_turn",
+            "tool_call_dispatched",
+            "tool_call_result",
+            "job_failed"
+        ]
+    );
+    let stored = store.events(&job_id, 2, 1).await?;
+    assert_eq!(
+        stored[0].data,
+        r#"{"round":1,"text":"checking","tool_calls":[{"call_id":"c1","name":"echo"}],"turn":0}"#
+    );
+    let stored = store.events(&job_id, 4, 1).await?;
+    assert_eq!(
+        stored[0].data,
+        r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500}"#
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+
+    // A queued job nobody runs is cancelled at once.
+    let (queued, _) = store.submit(&spec(), None).await?;
+    assert_eq!(store.cancel(&queued).await?, Some(JobStatus::Cancelled));
+    let record = store.get(&queued).await?.unwrap();
+    assert_eq!(record.error.map(|e| e.code), Some(JobErrorCode::Cancelled));
+    assert_eq!(
+        events(&store, &queued).await?.last(),
+        Some(&JobEvent::JobCancelled {
+            code: JobErrorCode::Cancelled
+        })
+    );
+
+    // A running job is only asked; its runner ends it.
+    let (running, _) = store.submit(&spec(), None).await?;
+    let Acquired::Lease(lease) = store.acquire(&running, "r", Duration::from_secs(5)).await? else {
+        panic!("the lease is free");
+    };
+    store.start(&lease, "r", false).await?;
+    assert_eq!(store.cancel(&running).await?, Some(JobStatus::Running));
+    assert!(store.cancel_requested(&running).await?);
+    store.finish(&lease, &Ending::Cancelled).await?;
+    assert_eq!(
+        store.get(&running).await?.unwrap().status,
+        JobStatus::Cancelled
+    );
+
+    // A job whose state vanished is recorded as failed, with no message in its event.
+    assert_eq!(store.cancel("0000nosuchjob").await?, None);
+    store.record_lost("0000nosuchjob").await?;
+    let record = store.get("0000nosuchjob").await?.unwrap();
+    assert_eq!(record.status, JobStatus::Failed);
+    assert_eq!(
+        record.error.map(|e| e.code),
+        Some(JobErrorCode::JobStateLost)
+    );
+    assert_eq!(
+        events(&store, "0000nosuchjob").await?,
+        [JobEvent::JobFailed {
+            code: JobErrorCode::JobStateLost,
+            message: None
+        }]
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
     let (job_id, duplicate) = store.submit(&spec(), Some("key-1")).await?;
     assert!(!duplicate);
     assert_eq!(
@@ -74,16 +266,12 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         text: "from the zombie".into(),
         raw: None,
     }];
-    let write = store
-        .commit(
-            &zombie,
-            Commit {
-                items: &late,
-                events: vec![NewEvent::new("model_turn", serde_json::json!({}))],
-                ..Commit::default()
-            },
-        )
-        .await;
+    let turn = TurnCheckpoint {
+        items: &late,
+        turns: 1,
+        rounds: 0,
+    };
+    let write = store.record_turn(&zombie, turn).await;
     assert!(matches!(write, Err(Error::LeaseLost(_))), "{write:?}");
     assert!(matches!(
         store.renew(&zombie, Duration::from_secs(1)).await,
@@ -94,15 +282,12 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         text: "from the owner".into(),
         raw: None,
     }];
-    store
-        .commit(
-            &taker,
-            Commit {
-                items: &ok,
-                ..Commit::default()
-            },
-        )
-        .await?;
+    let turn = TurnCheckpoint {
+        items: &ok,
+        turns: 1,
+        rounds: 0,
+    };
+    store.record_turn(&taker, turn).await?;
     let items = store.items(&job_id, 0).await?;
     assert_eq!(
         items.len(),

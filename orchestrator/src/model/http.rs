@@ -567,7 +567,7 @@ pub(crate) mod testing {
             }
             other => panic!("expected a 400 rejection, got {other:?}"),
         }
-        assert_eq!(err.code(), "MODEL_REJECTED");
+        assert_eq!(err.code().as_str(), "MODEL_REJECTED");
         assert_eq!(request_bodies(&server, kind).await.len(), 1);
 
         // 500s beyond the budget: the first attempt plus max_retries (2).

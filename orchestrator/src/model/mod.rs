@@ -1,7 +1,7 @@
 //! Model providers behind one provider-neutral conversation model.
 //!
-//! The runner keeps a job's conversation as a list of [`Item`]s, stored in
-//! Redis. Each provider module translates that list into its wire format and
+//! The runner keeps a job's conversation as a list of
+//! [`Item`](crate::job::Item)s, stored in Redis. Each provider module translates that list into its wire format and
 //! the model's answer back into items:
 //! - `openai_responses`: the OpenAI Responses API;
 //! - `chat_completions`: OpenAI Chat Completions, also spoken by vLLM,
@@ -20,54 +20,7 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::store::{JobSpec, ProviderKind};
-
-/// One entry of a job's conversation, in order.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum Item {
-    /// The user's input.
-    User {
-        /// The message text.
-        text: String,
-    },
-    /// Text the model produced. A turn with no tool calls ends the job with it.
-    Assistant {
-        /// The message text.
-        text: String,
-        /// The provider's own item, passed back verbatim (Responses API).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        raw: Option<Value>,
-    },
-    /// A function call the model made.
-    ToolCall {
-        /// The provider's call id (`call_...`), unique within the job.
-        call_id: String,
-        /// The tool name as the model wrote it (may name no tool at all).
-        name: String,
-        /// The arguments text exactly as the model produced it.
-        arguments: String,
-        /// The provider's own item, passed back verbatim (Responses API).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        raw: Option<Value>,
-    },
-    /// The envelope answering a call, as the model sees it.
-    ToolResult {
-        /// The call it answers.
-        call_id: String,
-        /// The tool name of that call.
-        name: String,
-        /// The envelope JSON.
-        output: String,
-        /// Attempts it took (0 when the orchestrator answered without dispatching).
-        attempts: u32,
-    },
-    /// A reasoning item, opaque to us, passed back verbatim and in order.
-    Reasoning {
-        /// The provider's item.
-        raw: Value,
-    },
-}
+use crate::job::{Item, JobErrorCode, JobSpec, ProviderKind, assistant_text};
 
 /// A tool as the model is told about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,14 +70,7 @@ impl Turn {
 
     /// The concatenated assistant text of the turn.
     pub fn text(&self) -> String {
-        self.items
-            .iter()
-            .filter_map(|item| match item {
-                Item::Assistant { text, .. } => Some(text.as_str()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-            .join("")
+        assistant_text(&self.items)
     }
 }
 
@@ -156,12 +102,12 @@ pub enum ModelError {
 
 impl ModelError {
     /// The job error code for this failure.
-    pub fn code(&self) -> &'static str {
+    pub fn code(&self) -> JobErrorCode {
         match self {
-            Self::Rejected { .. } => "MODEL_REJECTED",
-            Self::Unavailable(_) => "MODEL_UNAVAILABLE",
-            Self::InvalidResponse(_) => "MODEL_INVALID_RESPONSE",
-            Self::Script(_) => "SCRIPT_ERROR",
+            Self::Rejected { .. } => JobErrorCode::ModelRejected,
+            Self::Unavailable(_) => JobErrorCode::ModelUnavailable,
+            Self::InvalidResponse(_) => JobErrorCode::ModelInvalidResponse,
+            Self::Script(_) => JobErrorCode::ScriptError,
         }
     }
 }

@@ -13,7 +13,8 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{Item, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use crate::job::Item;
 
 /// A model behind the OpenAI Responses API (or a server that speaks it).
 pub struct OpenAiResponses {

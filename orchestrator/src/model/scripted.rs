@@ -30,7 +30,8 @@ use futures::future::BoxFuture;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Item, ModelError, Provider, Turn, TurnRequest};
+use super::{ModelError, Provider, Turn, TurnRequest};
+use crate::job::Item;
 
 /// One turn of a script.
 #[derive(Debug, Clone, Deserialize)]
@@ -268,7 +269,7 @@ mod tests {
         );
         assert_eq!(second.tool_calls().count(), 0);
         let err = script.turn(request(&history, 2)).await.unwrap_err();
-        assert_eq!(err.code(), "SCRIPT_ERROR");
+        assert_eq!(err.code().as_str(), "SCRIPT_ERROR");
     }
 
     #[test]

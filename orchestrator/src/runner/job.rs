@@ -1,20 +1,22 @@
-//! One job's model loop, resumable at every step from what Redis holds.
+//! One job's model loop, resumable at every step from what Redis holds. The
+//! decisions are [`step::next_step`](super::step::next_step); this file does
+//! the work they name and keeps the job alive while it runs.
 
-use std::collections::HashSet;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
+use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
-use crate::model::{Item, ModelError, ToolSpec, TurnRequest};
-use crate::store::{self, Commit, JobStatus, Lease, NewEvent, now_ms};
+use crate::job::{Ending, Item, JobSpec, JobStatus, Lease, TurnCheckpoint, now_ms};
+use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
+use crate::store;
 
-/// Why a job stopped without finishing.
+/// Why a job stopped without ending.
 #[derive(Debug)]
 pub(super) enum Stopped {
     /// Shutdown: hand the job to another replica.
@@ -34,11 +36,41 @@ impl From<store::Error> for Stopped {
     }
 }
 
-/// How a job ends.
-enum Ending {
-    Succeeded(String),
-    Failed { code: String, message: String },
-    Cancelled,
+/// The run's stop signal: a token that ends every wait, and the reason of
+/// whoever cancelled it first. A cancelled parent (the drain ran out) counts
+/// as [`StopReason::Shutdown`].
+#[derive(Clone)]
+struct StopSignal {
+    token: CancellationToken,
+    reason: Arc<OnceLock<StopReason>>,
+}
+
+impl StopSignal {
+    fn child_of(parent: &CancellationToken) -> Self {
+        Self {
+            token: parent.child_token(),
+            reason: Arc::default(),
+        }
+    }
+
+    fn stop(&self, reason: StopReason) {
+        let _ = self.reason.set(reason);
+        self.token.cancel();
+    }
+
+    fn reason(&self) -> Option<StopReason> {
+        self.token
+            .is_cancelled()
+            .then(|| self.reason.get().copied().unwrap_or(StopReason::Shutdown))
+    }
+}
+
+/// The conversation and counters of a run, as far as it got.
+struct Progress {
+    items: Vec<Item>,
+    turns: u32,
+    rounds: u32,
+    cancel_requested: bool,
 }
 
 pub(super) struct JobRun<'a> {
@@ -52,26 +84,20 @@ impl JobRun<'_> {
     pub(super) async fn drive(self, abandon: CancellationToken) -> Result<(), Stopped> {
         let span = info_span!("job", job_id = %self.lease.job_id, epoch = self.lease.epoch);
         async move {
-            // `stop` ends the job's waits: shutdown, lease lost or cancel.
-            let stop = abandon.child_token();
-            let lease_lost = Arc::new(AtomicBool::new(false));
-            let cancelled = Arc::new(AtomicBool::new(false));
+            let stop = StopSignal::child_of(&abandon);
             let run = async {
-                let result = self.run(&stop, &cancelled).await;
-                stop.cancel(); // ends keep_alive
+                let result = self.run(&stop).await;
+                // Ends keep_alive, unless it stopped the run itself.
+                stop.token.cancel();
                 result
             };
-            let keep_alive = self.keep_alive(stop.clone(), lease_lost.clone(), cancelled.clone());
-            let (result, ()) = tokio::join!(run, keep_alive);
-            let result = if lease_lost.load(Ordering::SeqCst) {
-                Err(Stopped::LeaseLost)
-            } else {
-                result
-            };
-            match result {
-                Ok(None) => Ok(()),
-                Ok(Some(ending)) => self.finish(ending).await,
-                Err(stopped) => Err(stopped),
+            let (result, ()) = tokio::join!(run, self.keep_alive(&stop));
+            match (result, stop.reason.get()) {
+                // Whatever the run made of it, another runner owns the job now.
+                (_, Some(StopReason::LeaseLost)) => Err(Stopped::LeaseLost),
+                (Ok(None), _) => Ok(()),
+                (Ok(Some(ending)), _) => self.finish(&ending).await,
+                (Err(stopped), _) => Err(stopped),
             }
         }
         .instrument(span)
@@ -79,20 +105,14 @@ impl JobRun<'_> {
     }
 
     /// Keeps the job message and the lease alive, and watches for a cancel
-    /// request, until `stop`.
-    async fn keep_alive(
-        &self,
-        stop: CancellationToken,
-        lease_lost: Arc<AtomicBool>,
-        cancelled: Arc<AtomicBool>,
-    ) {
+    /// request, until the run stops.
+    async fn keep_alive(&self, stop: &StopSignal) {
         let options = &self.runner.options;
-        let period = options.job_ack_wait.min(options.lease_ttl) / 3;
-        let mut renew = tokio::time::interval(period);
+        let mut renew = tokio::time::interval(options.job_ack_wait.min(options.lease_ttl) / 3);
         let mut poll = tokio::time::interval(options.cancel_poll_interval);
         loop {
             tokio::select! {
-                () = stop.cancelled() => return,
+                () = stop.token.cancelled() => return,
                 _ = renew.tick() => {
                     if let Err(err) = self.message.ack_with(AckKind::Progress).await {
                         warn!(error = %err, "could not keep the job message alive");
@@ -101,30 +121,23 @@ impl JobRun<'_> {
                         Ok(()) => {}
                         Err(store::Error::LeaseLost(_)) => {
                             warn!("lease lost: another runner took the job over; stopping");
-                            lease_lost.store(true, Ordering::SeqCst);
-                            stop.cancel();
-                            return;
+                            return stop.stop(StopReason::LeaseLost);
                         }
                         Err(err) => warn!(error = %err, "could not renew the lease"),
                     }
                 }
                 _ = poll.tick() => {
                     if let Ok(true) = self.runner.store.cancel_requested(&self.lease.job_id).await {
-                        cancelled.store(true, Ordering::SeqCst);
-                        stop.cancel();
-                        return;
+                        return stop.stop(StopReason::CancelRequested);
                     }
                 }
             }
         }
     }
 
-    /// The loop. `Ok(None)`: the job had already ended.
-    async fn run(
-        &self,
-        stop: &CancellationToken,
-        cancelled: &AtomicBool,
-    ) -> Result<Option<Ending>, Stopped> {
+    /// The loop: does what [`step::next_step`] says until the job ends or the
+    /// run stops. `Ok(None)`: the job had already ended.
+    async fn run(&self, stop: &StopSignal) -> Result<Option<Ending>, Stopped> {
         let store = &self.runner.store;
         let job_id = &self.lease.job_id;
         let Some(record) = store.get(job_id).await? else {
@@ -133,23 +146,9 @@ impl JobRun<'_> {
         if record.status.is_final() {
             return Ok(None);
         }
-        let (kind, status) = if record.status == JobStatus::Queued {
-            ("job_started", JobStatus::Running)
-        } else {
-            ("job_resumed", JobStatus::Running)
-        };
-        store
-            .commit(
-                &self.lease,
-                Commit {
-                    events: vec![NewEvent::new(
-                        kind,
-                        json!({"owner": self.runner.owner, "epoch": self.lease.epoch}),
-                    )],
-                    fields: vec![("status", status.as_str().to_owned())],
-                    ..Commit::default()
-                },
-            )
+        let resumed = record.status != JobStatus::Queued;
+        let kind = store
+            .start(&self.lease, &self.runner.owner, resumed)
             .await?;
         info!(kind, "job running");
         let spec = &record.spec;
@@ -157,139 +156,138 @@ impl JobRun<'_> {
             Ok(provider) => provider,
             Err(err) => return Ok(Some(model_failure(&err))),
         };
-        let mut items = store.items(job_id, 0).await?;
-        let mut turns = record.turns;
-        let mut rounds = record.rounds;
+        let mut progress = Progress {
+            items: store.items(job_id, 0).await?,
+            turns: record.turns,
+            rounds: record.rounds,
+            cancel_requested: record.cancel_requested,
+        };
         loop {
-            // The keep-alive task polls for cancel requests and sets the flag.
-            if cancelled.load(Ordering::SeqCst) || record.cancel_requested {
-                return Ok(Some(Ending::Cancelled));
-            }
-            if stop.is_cancelled() {
-                return Err(Stopped::HandedBack);
-            }
-            if now_ms() >= spec.deadline_ms {
-                return Ok(Some(deadline_exceeded()));
-            }
-            let pending = pending_calls(&items);
-            if !pending.is_empty() {
-                let attempts = store.attempts(job_id).await?;
-                let outcomes = match self
-                    .runner
-                    .dispatcher
-                    .run_round(&self.lease, spec, &pending, &attempts, stop)
-                    .await
-                {
-                    Ok(outcomes) => outcomes,
-                    Err(RoundError::Interrupted) if cancelled.load(Ordering::SeqCst) => {
-                        return Ok(Some(Ending::Cancelled));
-                    }
-                    Err(RoundError::Interrupted) => return Err(Stopped::HandedBack),
-                    Err(RoundError::DeadlineExceeded) => return Ok(Some(deadline_exceeded())),
-                    Err(RoundError::Store(err)) => return Err(err.into()),
-                    Err(RoundError::Nats(err)) => {
-                        warn!(error = %err, "nats unavailable during the round; retrying");
-                        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                        continue;
-                    }
-                };
-                let results: Vec<Item> = outcomes
-                    .into_iter()
-                    .map(|o| Item::ToolResult {
-                        call_id: o.call_id,
-                        name: o.name,
-                        output: o.output,
-                        attempts: o.attempts,
-                    })
-                    .collect();
-                store
-                    .commit(
-                        &self.lease,
-                        Commit {
-                            items: &results,
-                            ..Commit::default()
-                        },
-                    )
-                    .await?;
-                items.extend(results);
-                continue;
-            }
-            if let Some(Item::Assistant { text, .. }) = items.last() {
-                // Resumed after the final turn was stored but before the end was.
-                return Ok(Some(Ending::Succeeded(text.clone())));
-            }
-            let tools = self.allowed_tools(spec);
-            let request = TurnRequest {
-                model: &spec.model,
-                instructions: &spec.instructions,
-                items: &items,
-                tools: &tools,
-                parallel_tool_calls: spec.parallel_tool_calls,
-                turn: turns,
+            let state = RunState {
+                spec,
+                rounds: progress.rounds,
+                cancel_requested: progress.cancel_requested,
+                stop: stop.reason(),
+                now_ms: now_ms(),
             };
-            let left = std::time::Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
-            let turn = tokio::select! {
-                turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
-                    Err(_) => return Ok(Some(deadline_exceeded())),
-                    Ok(Err(err)) => return Ok(Some(model_failure(&err))),
-                    Ok(Ok(turn)) => turn,
-                },
-                // The turn is dropped unrecorded: a cancelled job needs no
-                // answer, and a handed-back job plays it on its new replica.
-                () = stop.cancelled() => {
-                    if cancelled.load(Ordering::SeqCst) {
-                        return Ok(Some(Ending::Cancelled));
+            match step::next_step(&progress.items, state) {
+                Step::Finish(ending) => return Ok(Some(ending)),
+                Step::Stop(_) => return Err(Stopped::HandedBack),
+                Step::Dispatch(calls) => {
+                    if let Some(ending) = self.dispatch(spec, &calls, &mut progress, stop).await? {
+                        return Ok(Some(ending));
                     }
-                    return Err(Stopped::HandedBack);
                 }
-            };
-            if cancelled.load(Ordering::SeqCst) {
-                return Ok(Some(Ending::Cancelled));
-            }
-            let calls: Vec<_> = turn
-                .tool_calls()
-                .filter_map(|item| match item {
-                    Item::ToolCall { call_id, name, .. } => {
-                        Some(json!({"call_id": call_id, "name": name}))
+                Step::PlayTurn => {
+                    let played = self
+                        .play_turn(spec, &*provider, &mut progress, stop)
+                        .await?;
+                    if let Some(ending) = played {
+                        return Ok(Some(ending));
                     }
-                    _ => None,
-                })
-                .collect();
-            turns += 1;
-            if !calls.is_empty() {
-                rounds += 1;
-            }
-            let text = turn.text();
-            // The checkpoint: once this commit lands, the turn is never played again.
-            store
-                .commit(&self.lease, Commit {
-                    items: &turn.items,
-                    events: vec![NewEvent::new(
-                        "model_turn",
-                        json!({"turn": turns - 1, "round": rounds, "tool_calls": calls, "text": text}),
-                    )],
-                    fields: vec![("turns", turns.to_string()), ("rounds", rounds.to_string())],
-                    ..Commit::default()
-                })
-                .await?;
-            items.extend(turn.items);
-            if calls.is_empty() {
-                return Ok(Some(Ending::Succeeded(text)));
-            }
-            if rounds > spec.max_tool_rounds {
-                return Ok(Some(Ending::Failed {
-                    code: "MAX_TOOL_ROUNDS_EXCEEDED".into(),
-                    message: format!(
-                        "the model asked for tools in more than {} rounds",
-                        spec.max_tool_rounds
-                    ),
-                }));
+                }
             }
         }
     }
 
+    /// Runs one round of calls and records their results; returns the job's
+    /// ending if the round ends it. An interrupted round returns `None`: the
+    /// next step sees why.
+    async fn dispatch(
+        &self,
+        spec: &JobSpec,
+        calls: &[PlannedCall],
+        progress: &mut Progress,
+        stop: &StopSignal,
+    ) -> Result<Option<Ending>, Stopped> {
+        let store = &self.runner.store;
+        let attempts = store.attempts(&self.lease.job_id).await?;
+        let round = self
+            .runner
+            .dispatcher
+            .run_round(&self.lease, spec, calls, &attempts, &stop.token)
+            .await;
+        let outcomes = match round {
+            Ok(outcomes) => outcomes,
+            Err(RoundError::Interrupted) => return Ok(None),
+            // The deadline passed, or is too close for the retry a call needed.
+            Err(RoundError::DeadlineExceeded) => return Ok(Some(step::deadline_exceeded())),
+            Err(RoundError::Store(err)) => return Err(err.into()),
+            Err(RoundError::Nats(err)) => {
+                warn!(error = %err, "nats unavailable during the round; retrying");
+                tokio::select! {
+                    () = stop.token.cancelled() => {}
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+                return Ok(None);
+            }
+        };
+        let results: Vec<Item> = outcomes
+            .into_iter()
+            .map(|o| Item::ToolResult {
+                call_id: o.call_id,
+                name: o.name,
+                output: o.output,
+                attempts: o.attempts,
+            })
+            .collect();
+        store.record_results(&self.lease, &results).await?;
+        progress.items.extend(results);
+        Ok(None)
+    }
+
+    /// Plays one model turn and checkpoints it; returns the job's ending if
+    /// the turn ends it. A turn cut short by a stop is dropped unrecorded:
+    /// the next step sees why (a cancelled job needs no answer, and a
+    /// handed-back job plays it on its new replica).
+    async fn play_turn(
+        &self,
+        spec: &JobSpec,
+        provider: &dyn Provider,
+        progress: &mut Progress,
+        stop: &StopSignal,
+    ) -> Result<Option<Ending>, Stopped> {
+        let tools = self.allowed_tools(spec);
+        let request = TurnRequest {
+            model: &spec.model,
+            instructions: &spec.instructions,
+            items: &progress.items,
+            tools: &tools,
+            parallel_tool_calls: spec.parallel_tool_calls,
+            turn: progress.turns,
+        };
+        let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+        let turn = tokio::select! {
+            turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
+                Err(_) => return Ok(Some(step::deadline_exceeded())),
+                Ok(Err(err)) => return Ok(Some(model_failure(&err))),
+                Ok(Ok(turn)) => turn,
+            },
+            () = stop.token.cancelled() => return Ok(None),
+        };
+        if stop.reason() == Some(StopReason::CancelRequested) {
+            return Ok(None);
+        }
+        let has_calls = turn.tool_calls().next().is_some();
+        let checkpoint = TurnCheckpoint {
+            items: &turn.items,
+            turns: progress.turns + 1,
+            rounds: progress.rounds + u32::from(has_calls),
+        };
+        // The checkpoint: once this commit lands, the turn is never played again.
+        self.runner
+            .store
+            .record_turn(&self.lease, checkpoint)
+            .await?;
+        progress.turns = checkpoint.turns;
+        progress.rounds = checkpoint.rounds;
+        let ending = step::after_turn(&turn.items, progress.rounds, spec);
+        progress.items.extend(turn.items);
+        Ok(ending)
+    }
+
     /// The live tools the job may use, as the model sees them.
-    fn allowed_tools(&self, spec: &store::JobSpec) -> Vec<ToolSpec> {
+    fn allowed_tools(&self, spec: &JobSpec) -> Vec<ToolSpec> {
         self.runner
             .dispatcher
             .registry
@@ -305,96 +303,15 @@ impl JobRun<'_> {
             .collect()
     }
 
-    async fn finish(&self, ending: Ending) -> Result<(), Stopped> {
-        let now = now_ms().to_string();
-        let (kind, mut fields, data) = match &ending {
-            Ending::Succeeded(text) => (
-                "job_succeeded",
-                vec![
-                    ("status", "succeeded".to_owned()),
-                    ("output_text", text.clone()),
-                ],
-                json!({"output_text": text}),
-            ),
-            Ending::Failed { code, message } => (
-                "job_failed",
-                vec![
-                    ("status", "failed".to_owned()),
-                    ("error_code", code.clone()),
-                    ("error_message", message.clone()),
-                ],
-                json!({"code": code, "message": message}),
-            ),
-            Ending::Cancelled => (
-                "job_cancelled",
-                vec![
-                    ("status", "cancelled".to_owned()),
-                    ("error_code", "CANCELLED".to_owned()),
-                    ("error_message", "the job was cancelled".to_owned()),
-                ],
-                json!({"code": "CANCELLED"}),
-            ),
-        };
-        fields.push(("finished_at_ms", now));
-        self.runner
-            .store
-            .commit(
-                &self.lease,
-                Commit {
-                    events: vec![NewEvent {
-                        kind,
-                        data,
-                        is_final: true,
-                    }],
-                    fields,
-                    finished: true,
-                    ..Commit::default()
-                },
-            )
-            .await?;
+    async fn finish(&self, ending: &Ending) -> Result<(), Stopped> {
+        self.runner.store.finish(&self.lease, ending).await?;
+        let kind = ending.event().kind();
         info!(kind, "job finished");
         crate::metrics::job_finished(kind);
         Ok(())
     }
 }
 
-fn deadline_exceeded() -> Ending {
-    Ending::Failed {
-        code: "DEADLINE_EXCEEDED".into(),
-        message: "the job did not finish before its deadline".into(),
-    }
-}
-
 fn model_failure(err: &ModelError) -> Ending {
-    Ending::Failed {
-        code: err.code().into(),
-        message: err.to_string(),
-    }
-}
-
-/// The calls of the conversation that have no result yet, in order.
-fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
-    let answered: HashSet<&str> = items
-        .iter()
-        .filter_map(|item| match item {
-            Item::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    items
-        .iter()
-        .filter_map(|item| match item {
-            Item::ToolCall {
-                call_id,
-                name,
-                arguments,
-                ..
-            } if !answered.contains(call_id.as_str()) => Some(PlannedCall {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                arguments: arguments.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
+    Ending::failed(err.code(), err.to_string())
 }

@@ -7,6 +7,7 @@
 //! nak'ed, so another replica resumes them from Redis at once.
 
 mod job;
+mod step;
 pub(crate) mod sweep;
 
 use std::num::NonZeroUsize;
@@ -26,6 +27,7 @@ use crate::dispatch::Dispatcher;
 use crate::model::Providers;
 use crate::store::{Acquired, JobStore};
 use job::{JobRun, Stopped};
+use step::{Delivery, ack_for};
 
 /// How the runner takes and runs jobs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,73 +215,80 @@ impl Runner {
     }
 
     /// A job whose state vanished: record it as failed so clients see why.
-    async fn lost(&self, job_id: &str) -> Option<AckKind> {
+    async fn lost(&self, job_id: &str) -> Delivery {
         tracing::error!(
             job_id,
             "job state lost from Redis; failing the job with JOB_STATE_LOST"
         );
         match self.store.record_lost(job_id).await {
-            Ok(()) => Some(AckKind::Ack),
+            Ok(()) => Delivery::Done,
             Err(err) => {
                 warn!(job_id, error = %err, "cannot record the lost job; retrying later");
-                Some(AckKind::Nak(Some(Duration::from_secs(1))))
+                Delivery::RetryLater
             }
         }
     }
 
     async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
         let job_id = String::from_utf8_lossy(&message.payload).into_owned();
-        let ack = match self
-            .store
-            .acquire(&job_id, &self.owner, self.options.lease_ttl)
-            .await
-        {
-            Ok(Acquired::Finished) => {
-                debug!(job_id, "job already finished");
-                Some(AckKind::Ack)
-            }
-            Ok(Acquired::Missing) => self.lost(&job_id).await,
-            Ok(Acquired::Held) => {
-                debug!(job_id, "job is held by another runner");
-                Some(AckKind::Nak(Some(self.options.lease_ttl)))
-            }
-            Err(err) => {
-                warn!(job_id, error = %err, "cannot take the job; retrying later");
-                Some(AckKind::Nak(Some(Duration::from_secs(1))))
-            }
-            Ok(Acquired::Lease(lease)) => {
-                let run = JobRun {
-                    runner: self,
-                    lease: lease.clone(),
-                    message: &message,
-                };
-                match run.drive(abandon).await {
-                    Ok(()) => Some(AckKind::Ack),
-                    Err(Stopped::HandedBack) => {
-                        if let Err(err) = self.store.release(&lease).await {
-                            warn!(job_id, error = %err, "could not release the lease; the job resumes when it expires");
-                        }
-                        Some(AckKind::Nak(None))
-                    }
-                    // Another replica owns the job (and its redelivered
-                    // message): neither ack nor nak the stale delivery. Unless
-                    // the lease vanished with the whole job: Redis lost it.
-                    Err(Stopped::LeaseLost) => match self.store.get(&job_id).await {
-                        Ok(None) => self.lost(&job_id).await,
-                        _ => None,
-                    },
-                    Err(Stopped::Store(err)) => {
-                        warn!(job_id, error = %err, "job store failed; the job resumes later");
-                        let _ = self.store.release(&lease).await;
-                        Some(AckKind::Nak(Some(Duration::from_secs(1))))
-                    }
-                }
-            }
-        };
-        if let Some(ack) = ack
+        let delivery = self.take_and_run(&job_id, &message, abandon).await;
+        if let Some(ack) = ack_for(delivery, self.options.lease_ttl)
             && let Err(err) = message.ack_with(ack).await
         {
             warn!(job_id, error = %err, "job ack failed; the job is redelivered and found finished");
+        }
+    }
+
+    /// Takes the job's lease and runs it; says how the delivery went.
+    async fn take_and_run(
+        &self,
+        job_id: &str,
+        message: &jetstream::Message,
+        abandon: CancellationToken,
+    ) -> Delivery {
+        let lease = match self
+            .store
+            .acquire(job_id, &self.owner, self.options.lease_ttl)
+            .await
+        {
+            Ok(Acquired::Lease(lease)) => lease,
+            Ok(Acquired::Finished) => {
+                debug!(job_id, "job already finished");
+                return Delivery::Done;
+            }
+            Ok(Acquired::Missing) => return self.lost(job_id).await,
+            Ok(Acquired::Held) => {
+                debug!(job_id, "job is held by another runner");
+                return Delivery::HeldElsewhere;
+            }
+            Err(err) => {
+                warn!(job_id, error = %err, "cannot take the job; retrying later");
+                return Delivery::RetryLater;
+            }
+        };
+        let run = JobRun {
+            runner: self,
+            lease: lease.clone(),
+            message,
+        };
+        match run.drive(abandon).await {
+            Ok(()) => Delivery::Done,
+            Err(Stopped::HandedBack) => {
+                if let Err(err) = self.store.release(&lease).await {
+                    warn!(job_id, error = %err, "could not release the lease; the job resumes when it expires");
+                }
+                Delivery::HandedBack
+            }
+            // Unless the lease vanished with the whole job: Redis lost it.
+            Err(Stopped::LeaseLost) => match self.store.get(job_id).await {
+                Ok(None) => self.lost(job_id).await,
+                _ => Delivery::Stale,
+            },
+            Err(Stopped::Store(err)) => {
+                warn!(job_id, error = %err, "job store failed; the job resumes later");
+                let _ = self.store.release(&lease).await;
+                Delivery::RetryLater
+            }
         }
     }
 }

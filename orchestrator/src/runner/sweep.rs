@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names;
 use tracing::{debug, warn};
 
-use crate::store::{JobStore, now_ms};
+use crate::job::now_ms;
+use crate::store::JobStore;
 
 /// Jobs looked at per sweep.
 const BATCH: usize = 100;

@@ -12,19 +12,27 @@
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
 //!
 //! Finished jobs expire after the retention.
+//!
+//! The store speaks in verbs of the job's life ([`JobStore::start`],
+//! [`JobStore::record_turn`], [`JobStore::record_dispatch`],
+//! [`JobStore::record_call_result`], [`JobStore::record_results`],
+//! [`JobStore::finish`]): each is one Lua commit fenced by the lease, and
+//! only this module spells a hash field.
 
 mod scripts;
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use toolfleet_proto::Envelope;
 use toolfleet_proto::names::{self, RedisKeys};
 
-use crate::model::Item;
+use crate::job::{
+    Ending, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobSpec, JobStatus, Lease,
+    ProviderKind, TurnCheckpoint, new_job_id, now_ms,
+};
 
 /// A failed store operation.
 #[derive(Debug, thiserror::Error)]
@@ -46,137 +54,6 @@ pub enum Error {
     },
 }
 
-/// Which model runs a job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProviderKind {
-    /// The deterministic scripted model.
-    Scripted,
-    /// OpenAI Responses API.
-    OpenaiResponses,
-    /// OpenAI Chat Completions and compatible servers.
-    OpenaiChat,
-}
-
-impl ProviderKind {
-    /// Parses the provider name of the API.
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "scripted" => Some(Self::Scripted),
-            "openai-responses" => Some(Self::OpenaiResponses),
-            "openai-chat" => Some(Self::OpenaiChat),
-            _ => None,
-        }
-    }
-}
-
-/// A job as submitted, after defaults were applied.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobSpec {
-    /// The user message.
-    pub input: String,
-    /// Instructions for the model.
-    pub instructions: String,
-    /// The provider.
-    pub provider: ProviderKind,
-    /// The provider's model name.
-    pub model: String,
-    /// The script, for the scripted provider.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub script: Option<String>,
-    /// Allow-list of tools; empty means every live tool.
-    pub tools: Vec<String>,
-    /// Most model turns with tool calls.
-    pub max_tool_rounds: u32,
-    /// Whether one turn's calls run concurrently.
-    pub parallel_tool_calls: bool,
-    /// Unix epoch ms after which the job fails with `DEADLINE_EXCEEDED`.
-    pub deadline_ms: u64,
-    /// Client labels.
-    pub metadata: BTreeMap<String, String>,
-    /// Who submitted it.
-    pub tenant: String,
-}
-
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum JobStatus {
-    /// Waiting for a runner.
-    Queued,
-    /// A runner works on it.
-    Running,
-    /// Finished with a final answer.
-    Succeeded,
-    /// Finished with an error.
-    Failed,
-    /// Stopped on request.
-    Cancelled,
-}
-
-impl JobStatus {
-    fn parse(text: &str) -> Option<Self> {
-        match text {
-            "queued" => Some(Self::Queued),
-            "running" => Some(Self::Running),
-            "succeeded" => Some(Self::Succeeded),
-            "failed" => Some(Self::Failed),
-            "cancelled" => Some(Self::Cancelled),
-            _ => None,
-        }
-    }
-
-    /// The stored spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Running => "running",
-            Self::Succeeded => "succeeded",
-            Self::Failed => "failed",
-            Self::Cancelled => "cancelled",
-        }
-    }
-
-    /// Whether the job has ended.
-    pub fn is_final(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
-    }
-}
-
-/// A job's error.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct JobError {
-    /// Stable UPPER_SNAKE code.
-    pub code: String,
-    /// Human-readable detail.
-    pub message: String,
-}
-
-/// A job record (without its items).
-#[derive(Debug, Clone)]
-pub struct JobRecord {
-    /// The job id.
-    pub job_id: String,
-    /// The spec.
-    pub spec: JobSpec,
-    /// The status.
-    pub status: JobStatus,
-    /// Final answer of a succeeded job.
-    pub output_text: String,
-    /// Error of a failed or cancelled job.
-    pub error: Option<JobError>,
-    /// Model turns with tool calls so far.
-    pub rounds: u32,
-    /// Model turns so far (checkpointed: a turn counted here is never played again).
-    pub turns: u32,
-    /// Unix epoch ms.
-    pub created_at_ms: u64,
-    /// Unix epoch ms; 0 while running.
-    pub finished_at_ms: u64,
-    /// A client asked to cancel.
-    pub cancel_requested: bool,
-}
-
 /// One entry of a job's event log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
@@ -192,55 +69,6 @@ pub struct Event {
     pub is_final: bool,
 }
 
-/// An event to append.
-#[derive(Debug, Clone)]
-pub struct NewEvent {
-    /// Kind.
-    pub kind: &'static str,
-    /// Details.
-    pub data: Value,
-    /// Whether it ends the job.
-    pub is_final: bool,
-}
-
-impl NewEvent {
-    /// A non-final event.
-    pub fn new(kind: &'static str, data: Value) -> Self {
-        Self {
-            kind,
-            data,
-            is_final: false,
-        }
-    }
-}
-
-/// A runner's hold on a job. Writes made with it fail once another runner
-/// took the job over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    /// The job.
-    pub job_id: String,
-    /// `<owner>:<epoch>`.
-    pub token: String,
-    /// Incremented by every takeover.
-    pub epoch: u64,
-}
-
-/// A set of writes committed atomically under a lease.
-#[derive(Debug, Default)]
-pub struct Commit<'a> {
-    /// Conversation items to append.
-    pub items: &'a [Item],
-    /// Events to append.
-    pub events: Vec<NewEvent>,
-    /// Job hash fields to set.
-    pub fields: Vec<(&'static str, String)>,
-    /// Dispatched attempts to record: call id, attempt.
-    pub attempts: Vec<(String, u32)>,
-    /// The job ended: expire all its keys after the retention.
-    pub finished: bool,
-}
-
 /// Redis-backed job store.
 #[derive(Clone)]
 pub struct JobStore {
@@ -251,20 +79,8 @@ pub struct JobStore {
     submission_ttl: Duration,
 }
 
-/// Milliseconds since the Unix epoch.
-pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 fn millis(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
-}
-
-/// A new job id: time-ordered, 28 hex digits, safe in subjects and keys.
-pub fn new_job_id() -> String {
-    format!("{:012x}{:016x}", now_ms(), rand::random::<u64>())
+    toolfleet_service::clock::millis(d).max(1)
 }
 
 impl JobStore {
@@ -325,7 +141,9 @@ impl JobStore {
             text: spec.input.clone(),
         })
         .expect("an item serializes");
-        let data = serde_json::json!({"metadata": spec.metadata}).to_string();
+        let queued = JobEvent::JobQueued {
+            metadata: spec.metadata.clone(),
+        };
         let created: i64 = scripts::CREATE
             .key(self.keys.job(&job_id))
             .key(self.keys.job_items(&job_id))
@@ -333,7 +151,8 @@ impl JobStore {
             .arg(spec_json)
             .arg(now_ms())
             .arg(user)
-            .arg(data)
+            .arg(queued.kind())
+            .arg(queued.data_json())
             .invoke_async(&mut self.conn())
             .await?;
         if created == 1 {
@@ -367,11 +186,14 @@ impl JobStore {
         let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
         let number = |name: &str| field(name).parse::<u64>().unwrap_or_default();
         let spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;
-        let status = JobStatus::parse(field("status")).ok_or_else(|| corrupt("status"))?;
-        let error = fields.get("error_code").map(|code| JobError {
-            code: code.clone(),
-            message: field("error_message").to_owned(),
-        });
+        let status: JobStatus = field("status").parse().map_err(|_| corrupt("status"))?;
+        let error = match fields.get("error_code") {
+            Some(code) => Some(JobError {
+                code: code.parse().map_err(|_| corrupt("error_code"))?,
+                message: field("error_message").to_owned(),
+            }),
+            None => None,
+        };
         Ok(Some(JobRecord {
             job_id: job_id.to_owned(),
             spec,
@@ -494,6 +316,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub async fn cancel(&self, job_id: &str) -> Result<Option<JobStatus>, Error> {
+        let cancelled = Ending::Cancelled.event();
         let status: String = scripts::CANCEL
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
@@ -501,11 +324,14 @@ impl JobStore {
             .key(self.keys.job_lease(job_id))
             .arg(now_ms())
             .arg(millis(self.retention))
-            .arg(serde_json::json!({"code": "CANCELLED"}).to_string())
+            .arg(cancelled.kind())
+            .arg(cancelled.data_json())
+            .arg(JobErrorCode::Cancelled.as_str())
+            .arg("the job was cancelled before it started")
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id).await;
-        let status = JobStatus::parse(&status);
+        let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
             self.forget_unfinished(job_id).await;
         }
@@ -519,6 +345,8 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub async fn record_lost(&self, job_id: &str) -> Result<(), Error> {
+        // The record must parse like any other: an empty spec stands in for
+        // the one that was lost.
         let placeholder = JobSpec {
             input: String::new(),
             instructions: String::new(),
@@ -532,14 +360,21 @@ impl JobStore {
             metadata: BTreeMap::new(),
             tenant: String::new(),
         };
+        // The event carries no message, as it always did.
+        let lost = JobEvent::JobFailed {
+            code: JobErrorCode::JobStateLost,
+            message: None,
+        };
         let _: i64 = scripts::LOST
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .arg(serde_json::to_string(&placeholder).expect("a spec serializes"))
             .arg(now_ms())
             .arg(millis(self.retention))
+            .arg(JobErrorCode::JobStateLost.as_str())
             .arg("the job's state was lost from Redis (flushed or failed over without its data)")
-            .arg(serde_json::json!({"code": "JOB_STATE_LOST"}).to_string())
+            .arg(lost.kind())
+            .arg(lost.data_json())
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id).await;
@@ -659,13 +494,175 @@ impl JobStore {
         Ok(())
     }
 
-    /// Writes `commit` atomically, if `lease` still holds.
+    /// Marks the job running under `lease` (`job_started`, or `job_resumed`
+    /// when another runner had it before); returns the event kind written.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), Error> {
+    pub async fn start(
+        &self,
+        lease: &Lease,
+        owner: &str,
+        resumed: bool,
+    ) -> Result<&'static str, Error> {
+        let (epoch, owner) = (lease.epoch, owner.to_owned());
+        let event = if resumed {
+            JobEvent::JobResumed { epoch, owner }
+        } else {
+            JobEvent::JobStarted { epoch, owner }
+        };
+        let kind = event.kind();
+        self.commit(
+            lease,
+            Commit {
+                events: vec![event],
+                status: Some(JobStatus::Running),
+                ..Commit::default()
+            },
+        )
+        .await?;
+        Ok(kind)
+    }
+
+    /// Checkpoints a model turn: its items, its `model_turn` event and the
+    /// job's counters, in one commit. Once it lands the turn is never played
+    /// again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_turn(&self, lease: &Lease, turn: TurnCheckpoint<'_>) -> Result<(), Error> {
+        self.commit(
+            lease,
+            Commit {
+                items: turn.items,
+                events: vec![turn.event()],
+                counters: Some((turn.turns, turn.rounds)),
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Records that `attempt` of each call (call id, tool name) is about to
+    /// be published: a `tool_call_dispatched` event each, and the attempt a
+    /// resumed runner looks up first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_dispatch(
+        &self,
+        lease: &Lease,
+        calls: &[(&str, &str)],
+        attempt: u32,
+    ) -> Result<(), Error> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let events = calls
+            .iter()
+            .map(|(call_id, name)| JobEvent::ToolCallDispatched {
+                attempt,
+                call_id: (*call_id).to_owned(),
+                name: (*name).to_owned(),
+            })
+            .collect();
+        let attempts = calls
+            .iter()
+            .map(|(call_id, _)| ((*call_id).to_owned(), attempt))
+            .collect();
+        self.commit(
+            lease,
+            Commit {
+                events,
+                attempts,
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Records a call's final envelope as a `tool_call_result` event (the
+    /// result item itself joins the conversation with the round's others in
+    /// [`record_results`](Self::record_results)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_call_result(
+        &self,
+        lease: &Lease,
+        settled: &SettledCall<'_>,
+    ) -> Result<(), Error> {
+        let event = JobEvent::ToolCallResult {
+            attempts: settled.attempts,
+            call_id: settled.call_id.to_owned(),
+            code: settled.envelope.error().map(|e| e.code.to_string()),
+            name: settled.name.to_owned(),
+            ok: settled.envelope.is_ok(),
+            round_trip_us: settled
+                .round_trip
+                .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+        };
+        self.commit(
+            lease,
+            Commit {
+                events: vec![event],
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Appends a round's results (`ToolResult` items, in the model's call
+    /// order) to the conversation.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_results(&self, lease: &Lease, results: &[Item]) -> Result<(), Error> {
+        debug_assert!(
+            results.iter().all(|i| matches!(i, Item::ToolResult { .. })),
+            "only results are recorded here"
+        );
+        self.commit(
+            lease,
+            Commit {
+                items: results,
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Ends the job: its final status, answer or error, final event, and the
+    /// expiry of all its keys after the retention. Nothing is written after.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job (or it had
+    /// already ended); [`Error::Redis`].
+    pub async fn finish(&self, lease: &Lease, ending: &Ending) -> Result<(), Error> {
+        self.commit(
+            lease,
+            Commit {
+                events: vec![ending.event()],
+                status: Some(ending.status()),
+                ending: Some(ending),
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Writes `commit` atomically, if `lease` still holds and the job has not
+    /// ended.
+    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), Error> {
         let job_id = &lease.job_id;
+        let finished = commit.ending.is_some();
+        let fields = commit.fields();
         let mut invocation = scripts::COMMIT.prepare_invoke();
         invocation
             .key(self.keys.job(job_id))
@@ -675,11 +672,7 @@ impl JobStore {
             .key(self.keys.job_attempts(job_id))
             .arg(&lease.token)
             .arg(now_ms())
-            .arg(if commit.finished {
-                millis(self.retention)
-            } else {
-                0
-            });
+            .arg(if finished { millis(self.retention) } else { 0 });
         invocation.arg(commit.items.len());
         for item in commit.items {
             invocation.arg(serde_json::to_string(item).expect("an item serializes"));
@@ -687,35 +680,89 @@ impl JobStore {
         invocation.arg(commit.events.len());
         for event in &commit.events {
             invocation
-                .arg(event.kind)
-                .arg(event.data.to_string())
-                .arg(if event.is_final { "1" } else { "0" });
+                .arg(event.kind())
+                .arg(event.data_json())
+                .arg(if event.is_final() { "1" } else { "0" });
         }
-        invocation.arg(commit.fields.len());
-        for (field, value) in &commit.fields {
+        invocation.arg(fields.len());
+        for (field, value) in &fields {
             invocation.arg(*field).arg(value);
         }
         invocation.arg(commit.attempts.len());
         for (call_id, attempt) in &commit.attempts {
             invocation.arg(call_id).arg(*attempt);
         }
-        let result: Result<i64, redis::RedisError> =
-            invocation.invoke_async(&mut self.conn()).await;
-        match result {
-            Ok(_) => {
-                if !commit.events.is_empty() {
-                    self.notify(job_id).await;
-                }
-                if commit.finished {
-                    self.forget_unfinished(job_id).await;
-                }
-                Ok(())
-            }
-            Err(err) if err.to_string().contains("LEASE_LOST") => {
-                Err(Error::LeaseLost(job_id.clone()))
-            }
-            Err(err) => Err(err.into()),
+        let events: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        if events == scripts::LEASE_LOST {
+            return Err(Error::LeaseLost(job_id.clone()));
         }
+        if !commit.events.is_empty() {
+            self.notify(job_id).await;
+        }
+        if finished {
+            self.forget_unfinished(job_id).await;
+        }
+        Ok(())
+    }
+}
+
+/// A call with its final envelope, for [`JobStore::record_call_result`].
+#[derive(Debug, Clone, Copy)]
+pub struct SettledCall<'a> {
+    /// The model's call id.
+    pub call_id: &'a str,
+    /// The tool name.
+    pub name: &'a str,
+    /// Attempts made (0: answered by the orchestrator's own checks).
+    pub attempts: u32,
+    /// Publish to result of the last attempt, as the runner saw it.
+    pub round_trip: Option<Duration>,
+    /// The final envelope.
+    pub envelope: &'a Envelope,
+}
+
+/// The writes of one verb, committed atomically under a lease. Private: a
+/// caller says what happened, and only [`Commit::fields`] names hash fields.
+#[derive(Debug, Default)]
+struct Commit<'a> {
+    items: &'a [Item],
+    events: Vec<JobEvent>,
+    status: Option<JobStatus>,
+    /// Turns and rounds after a checkpointed turn.
+    counters: Option<(u32, u32)>,
+    /// The job ended: its outcome is stored and every key expires.
+    ending: Option<&'a Ending>,
+    /// Dispatched attempts: call id, attempt.
+    attempts: Vec<(String, u32)>,
+}
+
+impl Commit<'_> {
+    /// The job hash fields this commit sets.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = Vec::new();
+        if let Some(status) = self.status {
+            fields.push(("status", status.as_str().to_owned()));
+        }
+        if let Some((turns, rounds)) = self.counters {
+            fields.push(("turns", turns.to_string()));
+            fields.push(("rounds", rounds.to_string()));
+        }
+        match self.ending {
+            Some(Ending::Succeeded(text)) => fields.push(("output_text", text.clone())),
+            Some(Ending::Failed(error)) => {
+                fields.push(("error_code", error.code.as_str().to_owned()));
+                fields.push(("error_message", error.message.clone()));
+            }
+            Some(Ending::Cancelled) => {
+                fields.push(("error_code", JobErrorCode::Cancelled.as_str().to_owned()));
+                fields.push(("error_message", "the job was cancelled".to_owned()));
+            }
+            None => {}
+        }
+        if self.ending.is_some() {
+            fields.push(("finished_at_ms", now_ms().to_string()));
+        }
+        fields
     }
 }
 

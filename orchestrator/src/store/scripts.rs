@@ -8,21 +8,50 @@
 //!
 //! Each script is hashed once; redis-rs runs it by hash (EVALSHA) and loads
 //! it on a cache miss.
+//!
+//! The scripts spell no event kind, error code or status of their own: event
+//! kinds, their data and codes come in as arguments, and statuses are filled
+//! in from [`JobStatus`] when a script is built (`$QUEUED`, `$RUNNING`,
+//! `$CANCELLED`, `$FAILED`, and `$ENDED` for "the job has ended").
 
 use std::sync::LazyLock;
 
 use redis::Script;
 
-/// KEYS: job, items, events. ARGV: spec, now_ms, user item, event data.
+use crate::job::JobStatus;
+
+/// What [`COMMIT`] returns when the lease is not held (or the job ended).
+pub(super) const LEASE_LOST: i64 = -1;
+
+/// A script with the status placeholders filled in.
+fn script(template: &str) -> Script {
+    let ended = JobStatus::ALL
+        .into_iter()
+        .filter(|s| s.is_final())
+        .map(|s| format!("status == '{s}'"))
+        .collect::<Vec<_>>()
+        .join(" or ");
+    Script::new(
+        &template
+            .replace("$ENDED", &ended)
+            .replace("$QUEUED", JobStatus::Queued.as_str())
+            .replace("$RUNNING", JobStatus::Running.as_str())
+            .replace("$FAILED", JobStatus::Failed.as_str())
+            .replace("$CANCELLED", JobStatus::Cancelled.as_str()),
+    )
+}
+
+/// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
+/// event data.
 /// Creates the job unless it exists. Returns 1 when created, 0 when it existed.
 pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', 'queued', 'created_at_ms', ARGV[2],
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
            'rounds', 0, 'epoch', 0, 'events', 1)
 redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('XADD', KEYS[3], '0-1', 'kind', 'job_queued', 'data', ARGV[4], 'ts', ARGV[2], 'final', '0')
+redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
 return 1
 ",
     )
@@ -33,11 +62,11 @@ return 1
 /// epoch, 0 if another runner holds it, -1 if the job is finished, -2 if it is
 /// missing.
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return -2 end
-if status == 'succeeded' or status == 'failed' or status == 'cancelled' then return -1 end
+if $ENDED then return -1 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
@@ -48,7 +77,7 @@ return epoch
 
 /// KEYS: lease. ARGV: token, ttl_ms. Returns 1 if renewed, 0 if lost.
 pub(super) static RENEW: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return 0
@@ -58,7 +87,7 @@ return 0
 
 /// KEYS: lease. ARGV: token. Drops the lease if still ours.
 pub(super) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -71,16 +100,14 @@ return 0
 ///   n, items...; n, (kind, data, final)...; n, (field, value)...; n, (call_id, attempt)...
 /// Appends items and events and updates fields, only while the lease holds.
 /// With retention_ms > 0 (the job finished) every key of the job expires.
-/// Returns the number of events, or the error LEASE_LOST (also when the job
+/// Returns the number of events, or [`LEASE_LOST`] (also when the job
 /// already finished: nothing is written after the end).
 pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
-if redis.call('GET', KEYS[4]) ~= ARGV[1] then return redis.error_reply('LEASE_LOST') end
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
 local status = redis.call('HGET', KEYS[1], 'status')
-if status == 'succeeded' or status == 'failed' or status == 'cancelled' then
-  return redis.error_reply('LEASE_LOST')
-end
+if $ENDED then return -1 end
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('RPUSH', KEYS[2], ARGV[i]); i = i + 1 end
@@ -100,31 +127,32 @@ if retention > 0 then
   redis.call('PEXPIRE', KEYS[5], retention)
   redis.call('DEL', KEYS[4])
 end
-return redis.call('HGET', KEYS[1], 'events')
+return tonumber(redis.call('HGET', KEYS[1], 'events'))
 ",
     )
 });
 
-/// KEYS: job, events, items, lease. ARGV: now_ms, retention_ms, event data.
+/// KEYS: job, events, items, lease. ARGV: now_ms, retention_ms, event kind,
+/// event data, error code, error message.
 /// Cancels a job nobody runs yet; asks a running one to stop. Returns the
 /// status after the request ('' if the job is missing).
 pub(super) static CANCEL: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return '' end
 -- A queued job a runner already leased is as good as running: only ask.
-if status == 'queued' and redis.call('EXISTS', KEYS[4]) == 0 then
-  redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished_at_ms', ARGV[1],
-             'error_code', 'CANCELLED', 'error_message', 'the job was cancelled before it started')
+if status == '$QUEUED' and redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('HSET', KEYS[1], 'status', '$CANCELLED', 'finished_at_ms', ARGV[1],
+             'error_code', ARGV[5], 'error_message', ARGV[6])
   local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
-  redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', 'job_cancelled', 'data', ARGV[3], 'ts', ARGV[1], 'final', '1')
+  redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[1], 'final', '1')
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  return 'cancelled'
+  return '$CANCELLED'
 end
-if status == 'running' or status == 'queued' then
+if status == '$RUNNING' or status == '$QUEUED' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
 end
 return status
@@ -132,19 +160,19 @@ return status
     )
 });
 
-/// KEYS: job, events. ARGV: placeholder spec, now_ms, retention_ms, message,
-/// event data.
+/// KEYS: job, events. ARGV: placeholder spec, now_ms, retention_ms, error
+/// code, error message, event kind, event data.
 /// Records that a job's state vanished from Redis (flushed, or a failover
 /// that lost writes), so clients see a failed job instead of none.
 pub(super) static LOST: LazyLock<Script> = LazyLock::new(|| {
-    Script::new(
+    script(
         r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
-redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', 'failed', 'created_at_ms', ARGV[2],
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$FAILED', 'created_at_ms', ARGV[2],
            'finished_at_ms', ARGV[2], 'rounds', 0, 'turns', 0, 'epoch', 0, 'events', 1,
-           'error_code', 'JOB_STATE_LOST', 'error_message', ARGV[4])
+           'error_code', ARGV[4], 'error_message', ARGV[5])
 redis.call('DEL', KEYS[2])
-redis.call('XADD', KEYS[2], '0-1', 'kind', 'job_failed', 'data', ARGV[5],
+redis.call('XADD', KEYS[2], '0-1', 'kind', ARGV[6], 'data', ARGV[7],
            'ts', ARGV[2], 'final', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('PEXPIRE', KEYS[2], ARGV[3])

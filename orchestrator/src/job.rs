@@ -1,0 +1,273 @@
+//! The job as the orchestrator's modules share it: what was submitted
+//! ([`JobSpec`]), the conversation ([`Item`]), what is stored
+//! ([`JobRecord`]), the runner's hold on it ([`Lease`]), how it ends
+//! ([`Ending`]), its id and the clock. Plain data, owned by no single step,
+//! so that the store, the model providers, the runner and the API can all
+//! use it without depending on each other.
+//!
+//! What crosses a process boundary (status, events, error codes) is in
+//! `toolfleet_proto::job` and re-exported here.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobStatus};
+pub use toolfleet_service::clock::now_ms;
+
+/// A new job id: time-ordered, 28 hex digits, safe in subjects and keys.
+pub fn new_job_id() -> String {
+    format!("{:012x}{:016x}", now_ms(), rand::random::<u64>())
+}
+
+/// Which model runs a job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProviderKind {
+    /// The deterministic scripted model.
+    Scripted,
+    /// OpenAI Responses API.
+    OpenaiResponses,
+    /// OpenAI Chat Completions and compatible servers.
+    OpenaiChat,
+}
+
+impl ProviderKind {
+    /// Parses the provider name of the API.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.as_str() == name)
+    }
+
+    /// Every provider, as the API spells them.
+    pub const ALL: [Self; 3] = [Self::Scripted, Self::OpenaiResponses, Self::OpenaiChat];
+
+    /// The API's name of the provider.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Scripted => "scripted",
+            Self::OpenaiResponses => "openai-responses",
+            Self::OpenaiChat => "openai-chat",
+        }
+    }
+}
+
+/// A job as submitted, after defaults were applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobSpec {
+    /// The user message.
+    pub input: String,
+    /// Instructions for the model.
+    pub instructions: String,
+    /// The provider.
+    pub provider: ProviderKind,
+    /// The provider's model name.
+    pub model: String,
+    /// The script, for the scripted provider.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub script: Option<String>,
+    /// Allow-list of tools; empty means every live tool.
+    pub tools: Vec<String>,
+    /// Most model turns with tool calls.
+    pub max_tool_rounds: u32,
+    /// Whether one turn's calls run concurrently.
+    pub parallel_tool_calls: bool,
+    /// Unix epoch ms after which the job fails with `DEADLINE_EXCEEDED`.
+    pub deadline_ms: u64,
+    /// Client labels.
+    pub metadata: BTreeMap<String, String>,
+    /// Who submitted it.
+    pub tenant: String,
+}
+
+/// One entry of a job's conversation, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Item {
+    /// The user's input.
+    User {
+        /// The message text.
+        text: String,
+    },
+    /// Text the model produced. A turn with no tool calls ends the job with it.
+    Assistant {
+        /// The message text.
+        text: String,
+        /// The provider's own item, passed back verbatim (Responses API).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw: Option<Value>,
+    },
+    /// A function call the model made.
+    ToolCall {
+        /// The provider's call id (`call_...`), unique within the job.
+        call_id: String,
+        /// The tool name as the model wrote it (may name no tool at all).
+        name: String,
+        /// The arguments text exactly as the model produced it.
+        arguments: String,
+        /// The provider's own item, passed back verbatim (Responses API).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        raw: Option<Value>,
+    },
+    /// The envelope answering a call, as the model sees it.
+    ToolResult {
+        /// The call it answers.
+        call_id: String,
+        /// The tool name of that call.
+        name: String,
+        /// The envelope JSON.
+        output: String,
+        /// Attempts it took (0 when the orchestrator answered without dispatching).
+        attempts: u32,
+    },
+    /// A reasoning item, opaque to us, passed back verbatim and in order.
+    Reasoning {
+        /// The provider's item.
+        raw: Value,
+    },
+}
+
+/// The assistant text of `items`, concatenated.
+pub fn assistant_text(items: &[Item]) -> String {
+    items
+        .iter()
+        .filter_map(|item| match item {
+            Item::Assistant { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// How a job ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// With the model's final answer.
+    Succeeded(String),
+    /// With an error.
+    Failed(JobError),
+    /// On a client's request.
+    Cancelled,
+}
+
+impl Ending {
+    /// A failure with `code` and a human-readable `message`.
+    pub fn failed(code: JobErrorCode, message: impl Into<String>) -> Self {
+        Self::Failed(JobError {
+            code,
+            message: message.into(),
+        })
+    }
+
+    /// The status the job ends in.
+    pub fn status(&self) -> JobStatus {
+        match self {
+            Self::Succeeded(_) => JobStatus::Succeeded,
+            Self::Failed(_) => JobStatus::Failed,
+            Self::Cancelled => JobStatus::Cancelled,
+        }
+    }
+
+    /// The job's final event.
+    pub fn event(&self) -> JobEvent {
+        match self {
+            Self::Succeeded(text) => JobEvent::JobSucceeded {
+                output_text: text.clone(),
+            },
+            Self::Failed(error) => JobEvent::JobFailed {
+                code: error.code,
+                message: Some(error.message.clone()),
+            },
+            Self::Cancelled => JobEvent::JobCancelled {
+                code: JobErrorCode::Cancelled,
+            },
+        }
+    }
+}
+
+/// A job's error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobError {
+    /// Stable UPPER_SNAKE code.
+    pub code: JobErrorCode,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// A job record (without its items).
+#[derive(Debug, Clone)]
+pub struct JobRecord {
+    /// The job id.
+    pub job_id: String,
+    /// The spec.
+    pub spec: JobSpec,
+    /// The status.
+    pub status: JobStatus,
+    /// Final answer of a succeeded job.
+    pub output_text: String,
+    /// Error of a failed or cancelled job.
+    pub error: Option<JobError>,
+    /// Model turns with tool calls so far.
+    pub rounds: u32,
+    /// Model turns so far (checkpointed: a turn counted here is never played again).
+    pub turns: u32,
+    /// Unix epoch ms.
+    pub created_at_ms: u64,
+    /// Unix epoch ms; 0 while running.
+    pub finished_at_ms: u64,
+    /// A client asked to cancel.
+    pub cancel_requested: bool,
+}
+
+/// A runner's hold on a job. Writes made with it fail once another runner
+/// took the job over.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The job.
+    pub job_id: String,
+    /// `<owner>:<epoch>`.
+    pub token: String,
+    /// Incremented by every takeover.
+    pub epoch: u64,
+}
+
+/// A model turn as it is checkpointed: its output items, and the job's
+/// counters once it is counted. Once stored, the turn is never played again.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnCheckpoint<'a> {
+    /// The turn's output items, in the provider's order.
+    pub items: &'a [Item],
+    /// Turns played, this one included.
+    pub turns: u32,
+    /// Turns with tool calls, this one included if it has any.
+    pub rounds: u32,
+}
+
+impl TurnCheckpoint<'_> {
+    /// The calls of the turn, in order.
+    pub fn calls(&self) -> Vec<CallRef> {
+        self.items
+            .iter()
+            .filter_map(|item| match item {
+                Item::ToolCall { call_id, name, .. } => Some(CallRef {
+                    call_id: call_id.clone(),
+                    name: name.clone(),
+                }),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The turn's assistant text, concatenated.
+    pub fn text(&self) -> String {
+        assistant_text(self.items)
+    }
+
+    /// The `model_turn` event of the turn.
+    pub fn event(&self) -> JobEvent {
+        JobEvent::ModelTurn {
+            round: self.rounds,
+            text: self.text(),
+            tool_calls: self.calls(),
+            turn: self.turns.saturating_sub(1),
+        }
+    }
+}

@@ -1,0 +1,390 @@
+//! The runner's decisions as pure functions of the job's state, so that every
+//! branch of the model loop has a table test and the loop itself only does
+//! what they say:
+//! - [`next_step`]: what a run does next, from the conversation, the spec,
+//!   the clock and why (if at all) it was told to stop;
+//! - [`ack_for`]: what happens to the job's queue message once a delivery is
+//!   handled.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use async_nats::jetstream::AckKind;
+
+use crate::dispatch::PlannedCall;
+use crate::job::{Ending, Item, JobErrorCode, JobSpec, assistant_text};
+
+/// Why a run was told to stop. The first reason set wins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// The process is shutting down (or the drain ran out): hand the job to
+    /// another replica.
+    Shutdown,
+    /// Another runner took the job over: stop at once, write nothing.
+    LeaseLost,
+    /// A client asked to cancel the job.
+    CancelRequested,
+}
+
+/// What a run does next.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Step {
+    /// End the job.
+    Finish(Ending),
+    /// Stop without ending the job (see the reason).
+    Stop(StopReason),
+    /// Dispatch the calls that have no result yet, in the model's order.
+    Dispatch(Vec<PlannedCall>),
+    /// Ask the model for its next turn.
+    PlayTurn,
+}
+
+/// What the run knows besides the conversation.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunState<'a> {
+    /// The job.
+    pub(crate) spec: &'a JobSpec,
+    /// Turns with tool calls so far.
+    pub(crate) rounds: u32,
+    /// A cancel was requested before this run started.
+    pub(crate) cancel_requested: bool,
+    /// Why the run was told to stop, if it was.
+    pub(crate) stop: Option<StopReason>,
+    /// Unix ms now.
+    pub(crate) now_ms: u64,
+}
+
+/// The next step of a run over `items`, the conversation as stored. It also
+/// covers a run that resumes where another one stopped: calls without a
+/// result are dispatched, a final answer already stored ends the job, and a
+/// turn already checkpointed is never played again.
+pub(crate) fn next_step(items: &[Item], state: RunState<'_>) -> Step {
+    match state.stop {
+        Some(StopReason::CancelRequested) => return Step::Finish(Ending::Cancelled),
+        Some(reason) => return Step::Stop(reason),
+        None if state.cancel_requested => return Step::Finish(Ending::Cancelled),
+        None => {}
+    }
+    if state.now_ms >= state.spec.deadline_ms {
+        return Step::Finish(deadline_exceeded());
+    }
+    let pending = pending_calls(items);
+    if !pending.is_empty() {
+        // A resumed run whose last checkpointed turn was already over the
+        // limit ends as an uninterrupted run would have.
+        if state.rounds > state.spec.max_tool_rounds {
+            return Step::Finish(max_rounds_exceeded(state.spec));
+        }
+        return Step::Dispatch(pending);
+    }
+    if let Some(text) = final_answer(items) {
+        // Resumed after the final turn was stored but before the end was.
+        return Step::Finish(Ending::Succeeded(text));
+    }
+    Step::PlayTurn
+}
+
+/// How a just-played turn ends the job, if it does: no calls means the
+/// model answered; a round over the limit fails the job.
+pub(crate) fn after_turn(turn: &[Item], rounds: u32, spec: &JobSpec) -> Option<Ending> {
+    let calls = turn
+        .iter()
+        .any(|item| matches!(item, Item::ToolCall { .. }));
+    if !calls {
+        return Some(Ending::Succeeded(assistant_text(turn)));
+    }
+    (rounds > spec.max_tool_rounds).then(|| max_rounds_exceeded(spec))
+}
+
+/// The job's deadline passed.
+pub(crate) fn deadline_exceeded() -> Ending {
+    Ending::failed(
+        JobErrorCode::DeadlineExceeded,
+        "the job did not finish before its deadline",
+    )
+}
+
+fn max_rounds_exceeded(spec: &JobSpec) -> Ending {
+    Ending::failed(
+        JobErrorCode::MaxToolRoundsExceeded,
+        format!(
+            "the model asked for tools in more than {} rounds",
+            spec.max_tool_rounds
+        ),
+    )
+}
+
+/// The calls of the conversation that have no result yet, in order.
+fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
+    let answered: HashSet<&str> = items
+        .iter()
+        .filter_map(|item| match item {
+            Item::ToolResult { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    items
+        .iter()
+        .filter_map(|item| match item {
+            Item::ToolCall {
+                call_id,
+                name,
+                arguments,
+                ..
+            } if !answered.contains(call_id.as_str()) => Some(PlannedCall {
+                call_id: call_id.clone(),
+                name: name.clone(),
+                arguments: arguments.clone(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The answer of a stored final turn: the assistant text at the end of the
+/// conversation (after its reasoning items), if the conversation ends with
+/// the model speaking.
+fn final_answer(items: &[Item]) -> Option<String> {
+    let start = items
+        .iter()
+        .rposition(|item| !matches!(item, Item::Assistant { .. } | Item::Reasoning { .. }))
+        .map_or(0, |last_other| last_other + 1);
+    let tail = &items[start..];
+    tail.iter()
+        .any(|item| matches!(item, Item::Assistant { .. }))
+        .then(|| assistant_text(tail))
+}
+
+/// How a delivery of a job message was handled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Delivery {
+    /// The job has ended (now, or before this delivery), or was recorded as
+    /// lost: the message is done.
+    Done,
+    /// Another live runner holds the job; look again once its lease could
+    /// have expired.
+    HeldElsewhere,
+    /// This replica is shutting down and gave the job up: redeliver at once.
+    HandedBack,
+    /// Another runner took the job over and owns its redelivered message:
+    /// leave this stale delivery alone.
+    Stale,
+    /// Redis failed on the way: try again shortly.
+    RetryLater,
+}
+
+/// Pause before a job whose store failed is delivered again.
+const RETRY_LATER: Duration = Duration::from_secs(1);
+
+/// The one mapping from a handled delivery to its JetStream acknowledgement
+/// (`None`: neither ack nor nak).
+pub(crate) fn ack_for(delivery: Delivery, lease_ttl: Duration) -> Option<AckKind> {
+    match delivery {
+        Delivery::Done => Some(AckKind::Ack),
+        Delivery::HeldElsewhere => Some(AckKind::Nak(Some(lease_ttl))),
+        Delivery::HandedBack => Some(AckKind::Nak(None)),
+        Delivery::Stale => None,
+        Delivery::RetryLater => Some(AckKind::Nak(Some(RETRY_LATER))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::job::ProviderKind;
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            input: "hi".into(),
+            instructions: String::new(),
+            provider: ProviderKind::Scripted,
+            model: String::new(),
+            script: None,
+            tools: Vec::new(),
+            max_tool_rounds: 2,
+            parallel_tool_calls: true,
+            deadline_ms: 1_000,
+            metadata: BTreeMap::new(),
+            tenant: "default".into(),
+        }
+    }
+
+    fn user() -> Item {
+        Item::User { text: "hi".into() }
+    }
+    fn call(id: &str) -> Item {
+        Item::ToolCall {
+            call_id: id.into(),
+            name: "echo".into(),
+            arguments: "{}".into(),
+            raw: None,
+        }
+    }
+    fn result(id: &str) -> Item {
+        Item::ToolResult {
+            call_id: id.into(),
+            name: "echo".into(),
+            output: "{}".into(),
+            attempts: 1,
+        }
+    }
+    fn said(text: &str) -> Item {
+        Item::Assistant {
+            text: text.into(),
+            raw: None,
+        }
+    }
+    fn reasoning() -> Item {
+        Item::Reasoning {
+            raw: serde_json::json!({"type": "reasoning"}),
+        }
+    }
+    fn planned(id: &str) -> PlannedCall {
+        PlannedCall {
+            call_id: id.into(),
+            name: "echo".into(),
+            arguments: "{}".into(),
+        }
+    }
+
+    #[test]
+    fn next_step_covers_every_branch() {
+        let spec = spec();
+        let state = RunState {
+            spec: &spec,
+            rounds: 1,
+            cancel_requested: false,
+            stop: None,
+            now_ms: 500,
+        };
+        let failed = |code| move |step: &Step| matches!(step, Step::Finish(Ending::Failed(e)) if e.code == code);
+        type Case<'a> = (&'a str, Vec<Item>, RunState<'a>, Box<dyn Fn(&Step) -> bool>);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                "a new job plays a turn",
+                vec![user()],
+                state,
+                Box::new(|s| *s == Step::PlayTurn),
+            ),
+            (
+                "pending calls are dispatched in order",
+                vec![user(), call("a"), call("b"), result("a")],
+                state,
+                Box::new(|s| *s == Step::Dispatch(vec![planned("b")])),
+            ),
+            (
+                "answered calls lead to the next turn",
+                vec![user(), call("a"), result("a")],
+                state,
+                Box::new(|s| *s == Step::PlayTurn),
+            ),
+            (
+                "a stored final turn ends the job with its text",
+                vec![user(), reasoning(), said("4"), said("2")],
+                state,
+                Box::new(|s| *s == Step::Finish(Ending::Succeeded("42".into()))),
+            ),
+            (
+                "text before the calls is not an answer",
+                vec![user(), said("let me see"), call("a"), result("a")],
+                state,
+                Box::new(|s| *s == Step::PlayTurn),
+            ),
+            (
+                "a requested cancel wins",
+                vec![user(), call("a")],
+                RunState {
+                    cancel_requested: true,
+                    ..state
+                },
+                Box::new(|s| *s == Step::Finish(Ending::Cancelled)),
+            ),
+            (
+                "a cancel signalled during the run",
+                vec![user()],
+                RunState {
+                    stop: Some(StopReason::CancelRequested),
+                    ..state
+                },
+                Box::new(|s| *s == Step::Finish(Ending::Cancelled)),
+            ),
+            (
+                "shutdown hands the job back",
+                vec![user(), call("a")],
+                RunState {
+                    stop: Some(StopReason::Shutdown),
+                    ..state
+                },
+                Box::new(|s| *s == Step::Stop(StopReason::Shutdown)),
+            ),
+            (
+                "a lost lease stops before anything else",
+                vec![user()],
+                RunState {
+                    stop: Some(StopReason::LeaseLost),
+                    cancel_requested: true,
+                    ..state
+                },
+                Box::new(|s| *s == Step::Stop(StopReason::LeaseLost)),
+            ),
+            (
+                "the deadline",
+                vec![user(), call("a")],
+                RunState {
+                    now_ms: 1_000,
+                    ..state
+                },
+                Box::new(failed(JobErrorCode::DeadlineExceeded)),
+            ),
+            (
+                "a resumed turn over the round limit",
+                vec![user(), call("a")],
+                RunState { rounds: 3, ..state },
+                Box::new(failed(JobErrorCode::MaxToolRoundsExceeded)),
+            ),
+        ];
+        for (story, items, state, expected) in cases {
+            let step = next_step(&items, state);
+            assert!(expected(&step), "{story}: got {step:?}");
+        }
+    }
+
+    #[test]
+    fn after_turn_ends_on_an_answer_or_too_many_rounds() {
+        let spec = spec();
+        assert_eq!(
+            after_turn(&[reasoning(), said("a"), said("b")], 1, &spec),
+            Some(Ending::Succeeded("ab".into()))
+        );
+        assert_eq!(
+            after_turn(&[], 0, &spec),
+            Some(Ending::Succeeded(String::new()))
+        );
+        assert_eq!(after_turn(&[call("a")], 2, &spec), None);
+        assert!(matches!(
+            after_turn(&[call("a")], 3, &spec),
+            Some(Ending::Failed(e)) if e.code == JobErrorCode::MaxToolRoundsExceeded
+        ));
+    }
+
+    #[test]
+    fn every_delivery_has_its_ack() {
+        let ttl = Duration::from_secs(15);
+        let cases = [
+            (Delivery::Done, Some(AckKind::Ack)),
+            (Delivery::HeldElsewhere, Some(AckKind::Nak(Some(ttl)))),
+            (Delivery::HandedBack, Some(AckKind::Nak(None))),
+            (Delivery::Stale, None),
+            (Delivery::RetryLater, Some(AckKind::Nak(Some(RETRY_LATER)))),
+        ];
+        for (delivery, ack) in cases {
+            assert_eq!(
+                format!("{:?}", ack_for(delivery, ttl)),
+                format!("{ack:?}"),
+                "{delivery:?}"
+            );
+        }
+    }
+}
