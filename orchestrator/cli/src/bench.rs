@@ -10,7 +10,7 @@ use futures::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
-use toolfleet_proto::v1;
+use toolfleet_proto::{JobEvent, v1};
 
 use crate::local::{LocalFleet, LocalFleetOptions};
 
@@ -259,15 +259,18 @@ async fn run_job(mut api: Api, script: &str, collect: bool) -> anyhow::Result<Ve
     let mut round_trips = Vec::new();
     while let Some(event) = events.next().await {
         let event = event?;
-        if collect && event.kind == "tool_call_result" {
-            let data: Value = serde_json::from_str(&event.data).unwrap_or_default();
-            if let Some(us) = data["round_trip_us"].as_u64() {
-                round_trips.push(Duration::from_micros(us));
-            }
+        let decoded = JobEvent::decode(&event.kind, &event.data);
+        if collect
+            && let Ok(JobEvent::ToolCallResult {
+                round_trip_us: Some(us),
+                ..
+            }) = decoded
+        {
+            round_trips.push(Duration::from_micros(us));
         }
         if event.r#final {
             anyhow::ensure!(
-                event.kind == "job_succeeded",
+                matches!(decoded, Ok(JobEvent::JobSucceeded { .. })),
                 "job {job_id} ended with {}: {}",
                 event.kind,
                 event.data

@@ -11,6 +11,7 @@ use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, ValueEnum};
 use tonic::transport::{Channel, Endpoint};
 use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
+use toolfleet_proto::{JobEvent, JobStatus};
 
 use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
 use toolfleet_orchestrator::model::scripted::Scripted;
@@ -178,9 +179,9 @@ pub(crate) async fn get(addr: &str, args: GetArgs) -> anyhow::Result<ExitCode> {
 pub(crate) async fn watch(addr: &str, args: WatchArgs) -> anyhow::Result<ExitCode> {
     let mut client = connect(addr).await?;
     let last = stream_events(&mut client, &args.job_id, args.from, args.json).await?;
-    Ok(match last.kind.as_str() {
-        "job_failed" => ExitCode::from(EXIT_JOB_FAILED),
-        "job_cancelled" => ExitCode::from(EXIT_JOB_CANCELLED),
+    Ok(match JobEvent::decode(&last.kind, &last.data) {
+        Ok(JobEvent::JobFailed { .. }) => ExitCode::from(EXIT_JOB_FAILED),
+        Ok(JobEvent::JobCancelled { .. }) => ExitCode::from(EXIT_JOB_CANCELLED),
         _ => ExitCode::SUCCESS,
     })
 }
@@ -197,7 +198,7 @@ pub(crate) async fn cancel(addr: &str, args: CancelArgs) -> anyhow::Result<ExitC
         .into_inner();
     let status = transcript::status_name(response.status);
     let id = &args.job_id;
-    if matches!(status, "succeeded" | "failed" | "cancelled") {
+    if transcript::job_status(response.status).is_some_and(JobStatus::is_final) {
         println!("job {id} had already {}; nothing to cancel", status);
     } else {
         println!(

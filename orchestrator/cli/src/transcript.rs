@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use toolfleet_proto::JobStatus;
 use toolfleet_proto::v1::{self, item};
 
 /// Widest event kind (`tool_call_dispatched`), so summaries line up.
@@ -16,14 +17,14 @@ const DESCRIPTION_CHARS: usize = 70;
 
 /// `succeeded`, `failed`, ... for a status of the API.
 pub(crate) fn status_name(status: i32) -> &'static str {
-    match v1::JobStatus::try_from(status) {
-        Ok(v1::JobStatus::Queued) => "queued",
-        Ok(v1::JobStatus::Running) => "running",
-        Ok(v1::JobStatus::Succeeded) => "succeeded",
-        Ok(v1::JobStatus::Failed) => "failed",
-        Ok(v1::JobStatus::Cancelled) => "cancelled",
-        Ok(v1::JobStatus::Unspecified) | Err(_) => "unknown",
-    }
+    job_status(status).map_or("unknown", JobStatus::as_str)
+}
+
+/// The API's status number as a status, if it is one.
+pub(crate) fn job_status(status: i32) -> Option<JobStatus> {
+    v1::JobStatus::try_from(status)
+        .ok()
+        .and_then(|s| JobStatus::try_from(s).ok())
 }
 
 /// One line for an event: offset, time since `start_ms`, kind, and a summary
