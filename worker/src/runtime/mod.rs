@@ -125,8 +125,14 @@ impl Worker {
         };
         let tool_names: Vec<_> = tools.keys().cloned().collect();
         let executor = Arc::new(self.executor(tools));
+        // Should this future be dropped before it drains (a caller's select or
+        // abort), nothing it started outlives it: intake stops, and running
+        // calls are abandoned and handed back as after a drain timeout.
+        let stop_intake = shutdown.child_token();
+        let _stop_intake = stop_intake.clone().drop_guard();
+        let _abandon_calls = executor.abandon.clone().drop_guard();
         let calls = TaskTracker::new();
-        let intake = start_intake(consumers, announcer, &executor, &calls, &shutdown);
+        let intake = start_intake(consumers, announcer, &executor, &calls, &stop_intake);
         info!(worker_id = %self.worker_id, tools = ?tool_names,
               max_in_flight = runtime.max_in_flight.get(), "worker ready");
 
