@@ -17,7 +17,7 @@ mod pull;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, kv, stream};
 use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +29,7 @@ use tracing::{info, warn};
 
 pub use execute::SchemaError;
 
-use crate::config::WorkerOptions;
+use crate::config::{RuntimeOptions, WorkerOptions};
 use crate::ledger::Ledger;
 use crate::registry::{Announcer, RegistryError};
 use crate::tool::Toolbox;
@@ -114,20 +114,38 @@ impl Worker {
         toolbox: Toolbox,
         shutdown: CancellationToken,
     ) -> Result<(), StartError> {
-        let runtime = self.options.runtime.clone();
-        let mut tools = HashMap::new();
-        for tool in toolbox.into_tools() {
-            let name = tool.manifest().name;
-            let timeout = runtime.tool_timeouts.get(&name).map(|t| **t);
-            let loaded = LoadedTool::load(tool, timeout)?;
-            if !is_valid_tool_name(&loaded.manifest.name) {
-                return Err(StartError::ToolName(loaded.manifest.name));
-            }
-            tools.insert(loaded.manifest.name.clone(), loaded);
-        }
-        if tools.is_empty() {
-            return Err(StartError::NoTools);
-        }
+        let runtime = &self.options.runtime;
+        let tools = load_tools(toolbox, runtime)?;
+        let (consumers, registry) = self.set_up_jetstream(&tools).await?;
+        let announcer = Announcer {
+            store: registry,
+            worker_id: self.worker_id.clone(),
+            manifests: tools.values().map(|t| t.manifest.clone()).collect(),
+            options: self.options.registry.clone(),
+        };
+        let tool_names: Vec<_> = tools.keys().cloned().collect();
+        let executor = Arc::new(self.executor(tools));
+        // Should this future be dropped before it drains (a caller's select or
+        // abort), nothing it started outlives it: intake stops, and running
+        // calls are abandoned and handed back as after a drain timeout.
+        let stop_intake = shutdown.child_token();
+        let _stop_intake = stop_intake.clone().drop_guard();
+        let _abandon_calls = executor.abandon.clone().drop_guard();
+        let calls = TaskTracker::new();
+        let intake = start_intake(consumers, announcer, &executor, &calls, &stop_intake);
+        info!(worker_id = %self.worker_id, tools = ?tool_names,
+              max_in_flight = runtime.max_in_flight.get(), "worker ready");
+
+        shutdown.cancelled().await;
+        self.drain(intake, calls, &executor).await;
+        Ok(())
+    }
+
+    /// The call stream, one durable consumer per tool, and the registry bucket.
+    async fn set_up_jetstream(
+        &self,
+        tools: &HashMap<String, LoadedTool>,
+    ) -> Result<(Vec<(String, consumer::PullConsumer)>, kv::Store), StartError> {
         let js = jetstream::new(self.nats.clone());
         let stream = ensure_call_stream(&js, &self.options).await?;
         let mut consumers = Vec::new();
@@ -137,12 +155,14 @@ impl Worker {
                 ensure_consumer(&stream, name, &self.options).await?,
             ));
         }
-        let bucket = connect::registry_bucket(&js, self.options.registry.ttl)
+        let registry = connect::registry_bucket(&js, self.options.registry.ttl)
             .await
             .map_err(|e| RegistryError(Box::new(e)))?;
-        let manifests: Vec<_> = tools.values().map(|t| t.manifest.clone()).collect();
-        let tool_names: Vec<_> = tools.keys().cloned().collect();
+        Ok((consumers, registry))
+    }
 
+    fn executor(&self, tools: HashMap<String, LoadedTool>) -> Executor {
+        let runtime = &self.options.runtime;
         let keys = RedisKeys::new(self.options.redis.key_prefix.clone());
         let ledger = Ledger::new(
             self.redis.clone(),
@@ -150,45 +170,24 @@ impl Worker {
             runtime.claim_lease,
             runtime.result_retention,
         );
-        let executor = Arc::new(Executor {
+        Executor {
             tools,
             ledger,
             nats: self.nats.clone(),
             options: runtime.clone(),
             worker_id: self.worker_id.clone(),
             abandon: CancellationToken::new(),
-        });
-        let slots = Arc::new(Semaphore::new(runtime.max_in_flight.get()));
-        let max_batch = (runtime.max_in_flight.get() / consumers.len()).max(1);
-        let calls = TaskTracker::new();
-        let intake = TaskTracker::new();
-        for (tool, consumer) in consumers {
-            let pull = PullLoop {
-                tool,
-                consumer,
-                executor: executor.clone(),
-                slots: slots.clone(),
-                max_batch,
-                tasks: calls.clone(),
-            };
-            intake.spawn(pull.run(shutdown.clone()));
         }
-        let announcer = Announcer {
-            store: bucket,
-            worker_id: self.worker_id.clone(),
-            manifests,
-            options: self.options.registry.clone(),
-        };
-        intake.spawn(announcer.run(shutdown.clone()));
-        intake.close();
-        info!(worker_id = %self.worker_id, tools = ?tool_names,
-              max_in_flight = runtime.max_in_flight.get(), "worker ready");
+    }
 
-        shutdown.cancelled().await;
+    /// Stages 1 to 4 of the shutdown, once `shutdown` is cancelled: waits
+    /// for intake to stop, lets the calls finish up to the drain timeout,
+    /// abandons the rest, and flushes the last acks.
+    async fn drain(&self, intake: TaskTracker, calls: TaskTracker, executor: &Executor) {
         info!(in_flight = calls.len(), "draining");
         intake.wait().await;
         calls.close();
-        if tokio::time::timeout(runtime.drain_timeout, calls.wait())
+        if tokio::time::timeout(self.options.runtime.drain_timeout, calls.wait())
             .await
             .is_err()
         {
@@ -203,8 +202,59 @@ impl Worker {
             warn!(error = %err, "could not flush the last acks; those calls are redelivered and answered from Redis");
         }
         info!("worker stopped");
-        Ok(())
     }
+}
+
+/// Loads every tool of `toolbox`, with its timeout override, and checks its
+/// name and schema.
+fn load_tools(
+    toolbox: Toolbox,
+    runtime: &RuntimeOptions,
+) -> Result<HashMap<String, LoadedTool>, StartError> {
+    let mut tools = HashMap::new();
+    for tool in toolbox.into_tools() {
+        let name = tool.manifest().name;
+        let timeout = runtime.tool_timeouts.get(&name).map(|t| **t);
+        let loaded = LoadedTool::load(tool, timeout)?;
+        if !is_valid_tool_name(&loaded.manifest.name) {
+            return Err(StartError::ToolName(loaded.manifest.name));
+        }
+        tools.insert(loaded.manifest.name.clone(), loaded);
+    }
+    if tools.is_empty() {
+        return Err(StartError::NoTools);
+    }
+    Ok(tools)
+}
+
+/// Starts one pull loop per tool, each spawning its calls into `calls`, and
+/// the announcer; all of them stop on `shutdown`. Returns their tracker,
+/// already closed.
+fn start_intake(
+    consumers: Vec<(String, consumer::PullConsumer)>,
+    announcer: Announcer,
+    executor: &Arc<Executor>,
+    calls: &TaskTracker,
+    shutdown: &CancellationToken,
+) -> TaskTracker {
+    let max_in_flight = executor.options.max_in_flight.get();
+    let slots = Arc::new(Semaphore::new(max_in_flight));
+    let max_batch = (max_in_flight / consumers.len()).max(1);
+    let intake = TaskTracker::new();
+    for (tool, consumer) in consumers {
+        let pull = PullLoop {
+            tool,
+            consumer,
+            executor: executor.clone(),
+            slots: slots.clone(),
+            max_batch,
+            tasks: calls.clone(),
+        };
+        intake.spawn(pull.run(shutdown.clone()));
+    }
+    intake.spawn(announcer.run(shutdown.clone()));
+    intake.close();
+    intake
 }
 
 async fn ensure_call_stream(

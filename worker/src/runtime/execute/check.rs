@@ -1,0 +1,196 @@
+//! Step 2: the checks of a claimed call against the tool that would run it.
+//! Pure apart from one log line: no NATS, no Redis, and the clock comes in as
+//! `now`, so a table test covers every answer.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use toolfleet_proto::{Envelope, ErrorCode, ToolCall, check_arguments};
+use tracing::warn;
+
+use super::LoadedTool;
+
+/// A call that passed every check, ready to run.
+pub(super) struct Checked<'a> {
+    pub(super) tool: &'a LoadedTool,
+    /// The arguments, parsed and valid against the tool's schema.
+    pub(super) args: Value,
+    /// When the call's result stops being useful, if it has a deadline.
+    pub(super) deadline: Option<SystemTime>,
+    /// The tool's timeout, shortened to what is left before the deadline.
+    pub(super) timeout: Duration,
+}
+
+/// Checks `call`, delivered on the subject of `subject_tool`, against the
+/// tools of this worker at `now`. `Err` is the terminal envelope that answers
+/// the call instead of running it.
+pub(super) fn check<'a>(
+    tools: &'a HashMap<String, LoadedTool>,
+    subject_tool: &str,
+    call: &ToolCall,
+    max_argument_bytes: usize,
+    now: SystemTime,
+) -> Result<Checked<'a>, Envelope> {
+    let Some(tool) = tools.get(&call.tool).filter(|_| call.tool == subject_tool) else {
+        warn!(subject_tool, "call for a tool this worker does not serve");
+        return Err(Envelope::terminal(
+            ErrorCode::UNKNOWN_TOOL,
+            format!("no tool named {:?} is available", call.tool),
+        ));
+    };
+    let deadline = call
+        .deadline_ms
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    if deadline.is_some_and(|d| d <= now) {
+        return Err(Envelope::terminal(
+            ErrorCode::DEADLINE_EXCEEDED,
+            "the call's deadline passed before it could start",
+        ));
+    }
+    if call.arguments.len() > max_argument_bytes {
+        return Err(Envelope::terminal(
+            ErrorCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "arguments are {} bytes; the limit is {max_argument_bytes}",
+                call.arguments.len(),
+            ),
+        ));
+    }
+    let args = check_arguments(&tool.manifest.name, &tool.validator, &call.arguments)?;
+    let timeout = match deadline.and_then(|d| d.duration_since(now).ok()) {
+        Some(left) => tool.timeout.min(left),
+        None => tool.timeout,
+    };
+    Ok(Checked {
+        tool,
+        args,
+        deadline,
+        timeout,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::tools::testing::Sleep;
+
+    /// The test tool `sleep`: `{"ms": integer 0..=600000}`, 30 s timeout.
+    fn tools() -> HashMap<String, LoadedTool> {
+        let sleep = LoadedTool::load(Arc::new(Sleep), None).expect("the sleep schema compiles");
+        HashMap::from([("sleep".to_owned(), sleep)])
+    }
+
+    fn call(tool: &str, arguments: &str, deadline_ms: Option<u64>) -> ToolCall {
+        ToolCall {
+            job_id: "job_1".into(),
+            call_id: "call_1".into(),
+            attempt: 1,
+            tool: tool.into(),
+            arguments: arguments.into(),
+            deadline_ms,
+            idempotency_key: "job_1:call_1".into(),
+            reply_to: None,
+        }
+    }
+
+    #[test]
+    fn every_check_answers_or_passes_the_call() {
+        const NOW_MS: u64 = 1_000_000;
+        let now = UNIX_EPOCH + Duration::from_millis(NOW_MS);
+        let tools = tools();
+        let ok = r#"{"ms": 5}"#;
+        let big = format!(r#"{{"ms": 5, "pad": "{}"}}"#, "x".repeat(100));
+        // (what, subject, call, Ok(timeout) or Err(code))
+        let cases: Vec<(&str, &str, ToolCall, Result<Duration, &str>)> = vec![
+            (
+                "valid, no deadline",
+                "sleep",
+                call("sleep", ok, None),
+                Ok(Duration::from_secs(30)),
+            ),
+            (
+                "deadline sooner than the timeout",
+                "sleep",
+                call("sleep", ok, Some(NOW_MS + 2_000)),
+                Ok(Duration::from_secs(2)),
+            ),
+            (
+                "deadline later than the timeout",
+                "sleep",
+                call("sleep", ok, Some(NOW_MS + 60_000)),
+                Ok(Duration::from_secs(30)),
+            ),
+            (
+                "tool not served",
+                "echo",
+                call("echo", ok, None),
+                Err("UNKNOWN_TOOL"),
+            ),
+            (
+                "tool is not the subject's",
+                "echo",
+                call("sleep", ok, None),
+                Err("UNKNOWN_TOOL"),
+            ),
+            (
+                "deadline passed",
+                "sleep",
+                call("sleep", ok, Some(NOW_MS - 1)),
+                Err("DEADLINE_EXCEEDED"),
+            ),
+            (
+                "deadline is now",
+                "sleep",
+                call("sleep", ok, Some(NOW_MS)),
+                Err("DEADLINE_EXCEEDED"),
+            ),
+            (
+                "arguments too large",
+                "sleep",
+                call("sleep", &big, None),
+                Err("PAYLOAD_TOO_LARGE"),
+            ),
+            (
+                "not JSON",
+                "sleep",
+                call("sleep", "{ms: 5", None),
+                Err("INVALID_TOOL_ARGUMENTS"),
+            ),
+            (
+                "against the schema",
+                "sleep",
+                call("sleep", r#"{"ms": -1}"#, None),
+                Err("INVALID_TOOL_ARGUMENTS"),
+            ),
+        ];
+        for (what, subject, call, expected) in cases {
+            match (check(&tools, subject, &call, 64, now), expected) {
+                (Ok(checked), Ok(timeout)) => {
+                    assert_eq!(checked.timeout, timeout, "{what}");
+                    assert_eq!(checked.args, json!({"ms": 5}), "{what}");
+                    assert_eq!(checked.tool.manifest.name, "sleep", "{what}");
+                    assert_eq!(
+                        checked.deadline,
+                        call.deadline_ms
+                            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+                        "{what}"
+                    );
+                }
+                (Err(envelope), Err(code)) => {
+                    let error = envelope.error().expect("an error envelope");
+                    assert_eq!(error.code.as_str(), code, "{what}");
+                    assert!(!error.retryable, "{what}: every check failure is terminal");
+                }
+                (got, expected) => panic!(
+                    "{what}: expected {expected:?}, got {:?}",
+                    got.map(|c| c.timeout)
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Step 3: run a checked call. When a side effect may already have happened
+//! the tool's probe is asked first (decision 0004); then the tool runs in its
+//! own task with its timeout, panics caught, while the message and the claim
+//! are kept alive, until it finishes, times out, or the drain abandons it.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{AckKind, Message};
+use serde_json::Value;
+use tokio::task::{JoinError, JoinHandle};
+use tokio_util::sync::CancellationToken;
+use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
+use tracing::{Instrument, debug, error, warn};
+
+use super::check::Checked;
+use super::{Executor, LoadedTool};
+use crate::envelope::{GENERIC_FAILURE, from_error};
+use crate::tool::{Applied, ToolContext, ToolError};
+
+/// How running a call ended.
+pub(super) enum Ran {
+    /// The call's envelope: the tool's result or failure, or the probe's answer.
+    Finished(Envelope),
+    /// The drain timeout ran out first: the tool was stopped, and the call
+    /// must be handed back without a result.
+    Abandoned,
+}
+
+/// A tool task that ended before its timeout: its own result, or the panic
+/// that ended it.
+type Finished = Result<Result<Value, ToolError>, JoinError>;
+
+/// Cancels a tool's token and aborts its task when dropped: on timeout, and
+/// when the drain abandons the call (the running future is dropped).
+struct StopOnDrop {
+    task: tokio::task::AbortHandle,
+    token: CancellationToken,
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.token.cancel();
+        self.task.abort();
+    }
+}
+
+impl Executor {
+    /// Runs `checked` for the delivery `message`, whose claim `owner` holds.
+    pub(super) async fn run(
+        &self,
+        checked: Checked<'_>,
+        call: &ToolCall,
+        message: &Message,
+        owner: &str,
+        previously_started: bool,
+    ) -> Ran {
+        tokio::select! {
+            envelope = self.probe_and_execute(checked, call, message, owner, previously_started) => {
+                Ran::Finished(envelope)
+            }
+            () = self.abandon.cancelled() => {
+                warn!("drain timeout: call abandoned and handed back");
+                Ran::Abandoned
+            }
+        }
+    }
+
+    async fn probe_and_execute(
+        &self,
+        checked: Checked<'_>,
+        call: &ToolCall,
+        message: &Message,
+        owner: &str,
+        previously_started: bool,
+    ) -> Envelope {
+        let ctx = ToolContext {
+            job_id: call.job_id.clone(),
+            call_id: call.call_id.clone(),
+            attempt: call.attempt,
+            idempotency_key: call.idempotency_key.clone(),
+            deadline: checked.deadline,
+            // Its own token, not a child of `abandon`: a tool must not be able
+            // to answer "cancelled" for a call the drain hands back.
+            cancelled: CancellationToken::new(),
+        };
+        let side_effects = checked.tool.manifest.side_effects;
+        if needs_probe(side_effects, previously_started, call.attempt) {
+            let applied = checked
+                .tool
+                .tool
+                .probe(checked.args.clone(), ctx.clone())
+                .await;
+            if let Some(answer) = before_run(applied, previously_started) {
+                return answer;
+            }
+        }
+        self.execute(checked, ctx, call, message, owner).await
+    }
+
+    /// Executes the tool in a task of its own, so that a panic becomes a
+    /// `JoinError` instead of unwinding through the worker.
+    async fn execute(
+        &self,
+        checked: Checked<'_>,
+        ctx: ToolContext,
+        call: &ToolCall,
+        message: &Message,
+        owner: &str,
+    ) -> Envelope {
+        let Checked {
+            tool: loaded,
+            args,
+            timeout,
+            ..
+        } = checked;
+        let cancelled = ctx.cancelled.clone();
+        let tool = loaded.tool.clone();
+        // Kept for the probe, should a side-effecting call time out midway.
+        let for_probe = loaded
+            .manifest
+            .side_effects
+            .then(|| (args.clone(), ctx.clone()));
+        debug!(timeout_ms = timeout.as_millis() as u64, "executing call");
+        let run = tokio::spawn(
+            async move { tool.call(args, ctx).await }.instrument(tracing::Span::current()),
+        );
+        // Whatever ends this future first (timeout, drain), the tool stops.
+        let stop_tool = StopOnDrop {
+            task: run.abort_handle(),
+            token: cancelled,
+        };
+        let result = self.keep_alive(call, message, owner, timeout, run).await;
+        drop(stop_tool); // finished, or stopped here on timeout
+        match result {
+            Some(finished) => envelope_of(finished, self.options.max_output_bytes),
+            None => timed_out(loaded, for_probe, timeout).await,
+        }
+    }
+
+    /// Awaits the tool up to `timeout` while keeping the JetStream message and
+    /// the claim alive, so a long call is neither redelivered nor stolen.
+    async fn keep_alive<T>(
+        &self,
+        call: &ToolCall,
+        message: &Message,
+        owner: &str,
+        timeout: Duration,
+        run: JoinHandle<T>,
+    ) -> Option<Result<T, JoinError>> {
+        let period = (self.options.ack_wait / 3).min(self.ledger.lease() / 3);
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        let sleep = tokio::time::sleep(timeout);
+        tokio::pin!(run, sleep);
+        loop {
+            tokio::select! {
+                result = &mut run => return Some(result),
+                () = &mut sleep => return None,
+                _ = ticker.tick() => {
+                    if let Err(err) = message.ack_with(AckKind::Progress).await {
+                        warn!(error = %err, "could not extend the ack deadline");
+                    }
+                    match self.ledger.renew(call, owner).await {
+                        Ok(true) => {}
+                        Ok(false) => warn!("claim lost while executing; another delivery may run the call"),
+                        Err(err) => warn!(error = %err, "could not renew the claim"),
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Whether the tool's probe must be asked before running. A side effect may
+/// already have happened when an earlier delivery of this attempt died after
+/// it started, or when an earlier attempt of the call failed in a way the tool
+/// could not be sure about (a connection dropped after the write was sent).
+/// The idempotency key is the same for all of them.
+fn needs_probe(side_effects: bool, previously_started: bool, attempt: u32) -> bool {
+    let retry = attempt > 1;
+    side_effects && (previously_started || retry)
+}
+
+/// What the probe's answer means before running: `Some` answers the call
+/// without running it, `None` runs it.
+fn before_run(applied: Applied, previously_started: bool) -> Option<Envelope> {
+    match applied {
+        Applied::Yes(data) => {
+            warn!(
+                previously_started,
+                "earlier execution was applied; answering without running again"
+            );
+            Some(Envelope::Ok(data))
+        }
+        Applied::No => {
+            debug!("earlier execution was not applied; running the call");
+            None
+        }
+        // A retry the tool itself asked for (a retryable envelope) is safe to
+        // run by the tool's own declaration.
+        Applied::Unknown if !previously_started => {
+            debug!("no probe; running the retry the tool asked for");
+            None
+        }
+        Applied::Unknown => {
+            warn!("earlier execution's outcome is unknown; not running again");
+            Some(outcome_unknown(
+                "the worker running this call died after it started; whether \
+                 its side effect happened is unknown, so it was not run again",
+            ))
+        }
+    }
+}
+
+/// The envelope of a tool that finished in time: its data (within the output
+/// limit), its classified failure, or a panic.
+fn envelope_of(finished: Finished, max_output_bytes: usize) -> Envelope {
+    match finished {
+        Ok(Ok(data)) => check_output(data, max_output_bytes),
+        Ok(Err(err)) => {
+            let envelope = from_error(&err);
+            if matches!(err, ToolError::Internal(_)) {
+                error!(error = ?err, "tool failed");
+            } else {
+                debug!(error = %err, "tool returned an error");
+            }
+            envelope
+        }
+        Err(join) => {
+            // The panic message may hold internals: log it, never send it.
+            error!(error = %join, "tool panicked");
+            Envelope::terminal(ErrorCode::TOOL_EXECUTION_FAILED, GENERIC_FAILURE)
+        }
+    }
+}
+
+fn check_output(data: Value, max_output_bytes: usize) -> Envelope {
+    let size = serde_json::to_vec(&data).map_or(usize::MAX, |v| v.len());
+    if size > max_output_bytes {
+        warn!(size, "tool output over the limit");
+        return Envelope::terminal(
+            ErrorCode::PAYLOAD_TOO_LARGE,
+            format!("the tool's output is {size} bytes; the limit is {max_output_bytes}"),
+        );
+    }
+    Envelope::Ok(data)
+}
+
+/// The envelope of a tool stopped by its timeout. A side-effecting tool was
+/// stopped midway, so a retry could apply the effect twice: its probe decides.
+async fn timed_out(
+    loaded: &LoadedTool,
+    for_probe: Option<(Value, ToolContext)>,
+    timeout: Duration,
+) -> Envelope {
+    warn!(timeout_ms = timeout.as_millis() as u64, "tool timed out");
+    let timed_out = Envelope::retryable(
+        ErrorCode::TOOL_TIMEOUT,
+        format!(
+            "the tool did not finish within {}",
+            humantime::format_duration(timeout)
+        ),
+    );
+    match for_probe {
+        Some((args, ctx)) => after_timeout(loaded.tool.probe(args, ctx).await, timed_out),
+        None => timed_out,
+    }
+}
+
+/// What the probe's answer means for a side-effecting call that timed out.
+fn after_timeout(applied: Applied, timed_out: Envelope) -> Envelope {
+    match applied {
+        Applied::Yes(data) => Envelope::Ok(data),
+        Applied::No => timed_out,
+        Applied::Unknown => outcome_unknown(
+            "the tool timed out after it started; whether its side effect \
+             happened is unknown, so it is not retried",
+        ),
+    }
+}
+
+/// The terminal envelope of a side effect that may or may not have happened.
+fn outcome_unknown(message: &str) -> Envelope {
+    Envelope::Err(ErrorBody {
+        code: ErrorCode::OUTCOME_UNKNOWN,
+        message: message.to_owned(),
+        retryable: false,
+        retry_after_ms: None,
+        side_effect: Some("unknown".to_owned()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// The code of an error envelope, or `"ok"`.
+    fn code(envelope: &Envelope) -> String {
+        envelope
+            .error()
+            .map_or_else(|| "ok".to_owned(), |e| e.code.to_string())
+    }
+
+    #[test]
+    fn side_effects_are_probed_before_a_redelivery_or_a_retry() {
+        // (side_effects, previously_started, attempt, probe)
+        let cases = [
+            (false, false, 1, false),
+            (false, true, 1, false),
+            (false, false, 2, false),
+            (true, false, 1, false),
+            (true, true, 1, true),
+            (true, false, 2, true),
+            (true, true, 3, true),
+        ];
+        for (side_effects, started, attempt, expected) in cases {
+            assert_eq!(
+                needs_probe(side_effects, started, attempt),
+                expected,
+                "side_effects={side_effects} previously_started={started} attempt={attempt}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_probe_answers_runs_or_refuses_the_call() {
+        let data = json!({"counter": 1});
+        // (applied, previously_started, answer: None runs the call)
+        let cases = [
+            (Applied::Yes(data.clone()), true, Some("ok")),
+            (Applied::Yes(data.clone()), false, Some("ok")),
+            (Applied::No, true, None),
+            (Applied::No, false, None),
+            (Applied::Unknown, false, None),
+            (Applied::Unknown, true, Some("OUTCOME_UNKNOWN")),
+        ];
+        for (applied, started, expected) in cases {
+            let what = format!("{applied:?}, previously_started={started}");
+            let answer = before_run(applied, started);
+            assert_eq!(answer.as_ref().map(code).as_deref(), expected, "{what}");
+            match answer {
+                Some(Envelope::Ok(got)) => assert_eq!(got, data, "{what}"),
+                Some(Envelope::Err(error)) => {
+                    assert!(!error.retryable, "{what}");
+                    assert_eq!(error.side_effect.as_deref(), Some("unknown"), "{what}");
+                }
+                None => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_timed_out_side_effect_is_answered_by_its_probe() {
+        let timed_out = Envelope::retryable(ErrorCode::TOOL_TIMEOUT, "slow");
+        let cases = [
+            (Applied::Yes(json!(1)), "ok", false),
+            (Applied::No, "TOOL_TIMEOUT", true),
+            (Applied::Unknown, "OUTCOME_UNKNOWN", false),
+        ];
+        for (applied, expected, retryable) in cases {
+            let what = format!("{applied:?}");
+            let envelope = after_timeout(applied, timed_out.clone());
+            assert_eq!(code(&envelope), expected, "{what}");
+            assert_eq!(
+                envelope.error().is_some_and(|e| e.retryable),
+                retryable,
+                "{what}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn every_way_a_tool_finishes_becomes_an_envelope() {
+        let panicked = tokio::spawn(async { panic!("password=hunter2") })
+            .await
+            .expect_err("the task panicked");
+        let cases: Vec<(Finished, &str)> = vec![
+            (Ok(Ok(json!({"x": 1}))), "ok"),
+            (Ok(Ok(json!({"x": "a long string"}))), "PAYLOAD_TOO_LARGE"),
+            (
+                Ok(Err(ToolError::InvalidArguments("no".into()))),
+                "INVALID_TOOL_ARGUMENTS",
+            ),
+            (
+                Ok(Err(ToolError::Internal(anyhow::anyhow!("db.internal")))),
+                "TOOL_EXECUTION_FAILED",
+            ),
+            (Err(panicked), "TOOL_EXECUTION_FAILED"),
+        ];
+        for (finished, expected) in cases {
+            let what = format!("{finished:?}");
+            let envelope = envelope_of(finished, 16);
+            assert_eq!(code(&envelope), expected, "{what}");
+            let text = envelope.to_json();
+            assert!(
+                !text.contains("hunter2") && !text.contains("db.internal"),
+                "{what}: {text}"
+            );
+        }
+    }
+}

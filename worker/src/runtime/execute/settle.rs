@@ -1,0 +1,133 @@
+//! Step 4: settle the delivery. An envelope is stored in the ledger and the
+//! stored one published; an abandoned call's claim is released; and the
+//! message is acked as [`ack_for`] decides.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{AckKind, Message};
+use async_nats::{HeaderMap, Subject};
+use toolfleet_proto::names::headers;
+use toolfleet_proto::{Envelope, ToolCall};
+use tracing::warn;
+
+use super::Executor;
+
+/// How a delivery ended, for the ack and the metrics.
+#[derive(Debug)]
+pub(super) enum Outcome {
+    /// Answered (executed now, or from the stored result): ack.
+    Answered,
+    /// Not answered; JetStream should redeliver after `delay`.
+    Retry(Duration),
+    /// The message can never be answered (undecodable): terminate it.
+    Poison,
+}
+
+/// The one conversion from how a delivery ended to its JetStream ack.
+pub(super) fn ack_for(outcome: Outcome) -> AckKind {
+    match outcome {
+        Outcome::Answered => AckKind::Ack,
+        Outcome::Retry(delay) => AckKind::Nak(Some(delay)),
+        Outcome::Poison => AckKind::Term,
+    }
+}
+
+/// Acks `message` as `outcome` says.
+pub(super) async fn acknowledge(message: &Message, outcome: Outcome) {
+    if let Err(err) = message.ack_with(ack_for(outcome)).await {
+        // Without the ack JetStream redelivers, and the ledger answers the
+        // redelivery from the stored result: nothing runs twice.
+        warn!(error = %err, "ack failed; the call will be redelivered");
+    }
+}
+
+impl Executor {
+    /// Stores `envelope` as the attempt's result and publishes what is stored.
+    pub(super) async fn settle(
+        &self,
+        call: &ToolCall,
+        owner: &str,
+        envelope: &Envelope,
+    ) -> Outcome {
+        let stored = match self.ledger.complete(call, owner, &envelope.to_json()).await {
+            Ok(stored) => stored,
+            Err(err) => {
+                // The result is not durable: hand the call back rather than
+                // answer with something a redelivery might contradict.
+                warn!(error = %err, "could not store the result; call handed back");
+                return Outcome::Retry(Duration::from_secs(1));
+            }
+        };
+        self.reply(call, stored.into_bytes(), false).await;
+        Outcome::Answered
+    }
+
+    /// Publishes the result the ledger already held for this attempt.
+    pub(super) async fn reply_stored(&self, call: &ToolCall, stored: String) -> Outcome {
+        self.reply(call, stored.into_bytes(), true).await;
+        Outcome::Answered
+    }
+
+    /// Releases the claim of a call the drain abandoned, so that its
+    /// redelivery, which comes at once, can run it without waiting out the
+    /// lease.
+    pub(super) async fn hand_back(&self, call: &ToolCall, owner: &str) -> Outcome {
+        if let Err(err) = self.ledger.release(call, owner).await {
+            warn!(error = %err, "could not release the claim; redelivery waits for its lease");
+        }
+        Outcome::Retry(Duration::ZERO)
+    }
+
+    async fn reply(&self, call: &ToolCall, envelope: Vec<u8>, dedup_hit: bool) {
+        let Some(reply_to) = &call.reply_to else {
+            return;
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(headers::JOB_ID, call.job_id.as_str());
+        headers.insert(headers::CALL_ID, call.call_id.as_str());
+        headers.insert(headers::ATTEMPT, call.attempt.to_string().as_str());
+        headers.insert(headers::TOOL, call.tool.as_str());
+        if dedup_hit {
+            headers.insert(headers::DEDUP_HIT, "true");
+        }
+        let subject = Subject::from(reply_to.as_str());
+        if let Err(err) = self
+            .nats
+            .publish_with_headers(subject, headers, envelope.into())
+            .await
+        {
+            // Redis holds the result; the orchestrator reads it from there.
+            warn!(error = %err, "could not publish the result");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_outcome_maps_to_its_ack() {
+        // AckKind has no PartialEq; its Debug form names the kind and delay.
+        let cases = [
+            (Outcome::Answered, AckKind::Ack),
+            (
+                Outcome::Retry(Duration::from_secs(1)),
+                AckKind::Nak(Some(Duration::from_secs(1))),
+            ),
+            (
+                Outcome::Retry(Duration::ZERO),
+                AckKind::Nak(Some(Duration::ZERO)),
+            ),
+            (Outcome::Poison, AckKind::Term),
+        ];
+        for (outcome, expected) in cases {
+            let what = format!("{outcome:?}");
+            assert_eq!(
+                format!("{:?}", ack_for(outcome)),
+                format!("{expected:?}"),
+                "{what}"
+            );
+        }
+    }
+}
