@@ -7,6 +7,9 @@
 //! - [`local`]: the [`LocalFleet`](local::LocalFleet) of `toolfleet dev`
 //!   (and `toolfleet bench`): nats-server and redis-server as child
 //!   processes, an orchestrator and workers in this process.
+//! - [`supervisor`]: nats-server, redis-server and other programs as child
+//!   processes with a scratch dir and a log, killed on drop; the local fleet
+//!   and the test harness (`toolfleet-tests`) both run their servers with it.
 //! - `dev`: the `dev` command.
 //! - `bench`: the `bench` command.
 
@@ -14,6 +17,7 @@ mod bench;
 mod client;
 mod dev;
 pub mod local;
+pub mod supervisor;
 mod transcript;
 
 use std::process::ExitCode;

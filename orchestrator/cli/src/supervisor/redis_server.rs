@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::process::{self, ChildProcess, ScratchDir};
+use super::process::{self, ChildProcess, ScratchDir};
 
 const INSTALL_HINT: &str = "run scripts/setup (or `apt-get install redis-server`)";
 

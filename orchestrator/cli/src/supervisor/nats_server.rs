@@ -10,7 +10,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use crate::process::{self, ChildProcess, ScratchDir};
+use super::process::{self, ChildProcess, ScratchDir};
 
 /// Path of the `nats-server` binary to use; wins over the lookup below.
 const BINARY_ENV: &str = "TOOLFLEET_NATS_SERVER";
@@ -181,10 +181,11 @@ fn find_binary() -> anyhow::Result<PathBuf> {
         check_version(&path)?;
         return Ok(path);
     }
-    // This crate's manifest dir is `<workspace root>/tests`.
+    // This crate's manifest dir is `<workspace root>/orchestrator/cli`.
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new(".."));
+        .ancestors()
+        .nth(2)
+        .unwrap_or(Path::new("../.."));
     let venv = root.join(".tools/venv/bin/nats-server");
     if venv.is_file() {
         check_version(&venv)?;

@@ -13,7 +13,7 @@ use std::{
 
 use anyhow::{Context as _, anyhow, bail};
 
-use crate::wait::{self, Outcome};
+use super::wait::{self, Outcome};
 
 /// Set to `1` to keep every scratch dir (logs, data) after the test, e.g. for CI
 /// to upload them.
@@ -315,7 +315,7 @@ impl ChildProcess {
         .await
     }
 
-    /// [`wait_until`](crate::wait_until) while this process runs: it gives up as
+    /// [`wait_until`](super::wait_until) while this process runs: it gives up as
     /// soon as the process exits, and either error carries the log's tail. Use it
     /// for readiness probes (a health check, a port that accepts connections).
     ///
