@@ -10,13 +10,21 @@
 //! - [`ChildProcess`]: any other program, usually a workspace binary found with
 //!   [`cargo_bin`]; its log can be waited on.
 //! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
-//!   probe, never a sleep.
+//!   probe, never a sleep. [`log_tail_report`] frames a log's last lines for
+//!   an error to carry.
+//! - [`ServerOptions`]: where a server's dir goes, its process group, whether
+//!   its log is printed on drop, how long it may take to start. The defaults
+//!   are the tests'.
+//! - [`KillHandle`]: kills a process from any thread without owning it, for a
+//!   signal handler that exits without running destructors.
 //!
-//! Every process runs in its own temp dir with one log file. Dropping it kills
-//! the process, prints the log's last 50 lines to stderr (shown by the test
-//! runner when the test fails) and removes the dir, unless `TOOLFLEET_TEST_KEEP=1`.
-//! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS or
-//! Redis on the default ports.
+//! By default every process runs in its own temp dir with one log file.
+//! Dropping it kills the process, prints the log's last 50 lines to stderr
+//! (shown by the test runner when the test fails) and removes the dir, unless
+//! `TOOLFLEET_TEST_KEEP=1`. `toolfleet dev` puts its servers' dirs in its own
+//! temp dir instead, in a process group of their own, and prints no logs.
+//! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS
+//! or Redis on the default ports.
 
 mod nats_server;
 mod process;
@@ -24,6 +32,6 @@ mod redis_server;
 mod wait;
 
 pub use nats_server::NatsServer;
-pub use process::{ChildProcess, LogMark, cargo_bin};
+pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use redis_server::{RedisConfig, RedisServer};
 pub use wait::{Outcome, wait_until};
