@@ -73,9 +73,10 @@ enum Command {
     /// orchestrator and the workers drain first.
     ///
     /// nats-server (2.10 or newer) is $TOOLFLEET_NATS_SERVER, else
-    /// .tools/venv/bin/nats-server in the current dir, the toolfleet binary's
-    /// dir or one of their parents (scripts/setup installs it there), else the
-    /// one on PATH. redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
+    /// .tools/venv/bin/nats-server (scripts/setup installs it there) in the
+    /// workspace toolfleet was built from, the current dir, the toolfleet
+    /// binary's dir or one of their parents, else the one on PATH.
+    /// redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
     Dev(dev::DevArgs),
     /// Measure end-to-end throughput and latency through a local fleet (or
     /// --target), with raw NATS request/reply as the floor, in one run.
