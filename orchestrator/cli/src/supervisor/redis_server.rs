@@ -1,4 +1,4 @@
-//! A `redis-server` per test.
+//! A `redis-server`, per test or per local fleet.
 
 use std::{
     ffi::OsString,
@@ -10,9 +10,12 @@ use std::{
 
 use anyhow::Context as _;
 
-use crate::process::{self, ChildProcess, ScratchDir};
+use super::process::{self, ChildProcess, ScratchDir, ServerOptions};
 
-const INSTALL_HINT: &str = "run scripts/setup (or `apt-get install redis-server`)";
+/// Path of the `redis-server` binary to use; wins over `PATH`.
+const BINARY_ENV: &str = "TOOLFLEET_REDIS_SERVER";
+
+const INSTALL_HINT: &str = "install it: apt-get install redis-server (or run scripts/setup)";
 
 /// The line the server logs once it serves clients (7.0 ends it there, 7.2 adds " tcp").
 const READY: &str = "Ready to accept connections";
@@ -23,7 +26,6 @@ const PORT_TAKEN: &str = "Address already in use";
 /// Fresh ports to try before giving up on start-up.
 const PORT_ATTEMPTS: usize = 5;
 
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How to run a [`RedisServer`].
@@ -35,17 +37,21 @@ pub struct RedisConfig {
     pub append_only: bool,
 }
 
-/// A `redis-server` from `PATH` on a free loopback port, with its data dir in its
-/// own scratch dir. Killed on drop; see [`ChildProcess`].
+/// A `redis-server` on a free loopback port, with its data dir in its own
+/// scratch dir. Killed on drop; see [`ChildProcess`].
+///
+/// The binary is `$TOOLFLEET_REDIS_SERVER`, else `redis-server` on `PATH`.
 #[derive(Debug)]
 pub struct RedisServer {
     process: ChildProcess,
     port: u16,
     client: redis::Client,
+    start_timeout: Duration,
 }
 
 impl RedisServer {
-    /// Starts a server without persistence and waits until it answers `PING`.
+    /// Starts a server without persistence, as tests want it (see
+    /// [`ServerOptions::default`]), and waits until it answers `PING`.
     ///
     /// # Errors
     ///
@@ -54,24 +60,44 @@ impl RedisServer {
         Self::start_with(RedisConfig::default()).await
     }
 
-    /// Starts a server configured by `config` and waits until it answers `PING`.
+    /// Starts a server configured by `config`, as tests want it (see
+    /// [`ServerOptions::default`]), and waits until it answers `PING`.
+    ///
+    /// # Errors
+    ///
+    /// See [`start_with_options`](Self::start_with_options).
+    pub async fn start_with(config: RedisConfig) -> anyhow::Result<Self> {
+        Self::start_with_options(config, &ServerOptions::default()).await
+    }
+
+    /// Starts a server configured by `config` as `options` say, and waits until
+    /// it answers `PING`.
     ///
     /// The port is one the kernel just handed out as free; if another process
     /// binds it before redis-server does, start-up is retried on a fresh one.
     ///
     /// # Errors
     ///
-    /// If `redis-server` is not on `PATH` (the message says how to install it), or
-    /// the server doesn't come up in time (the message carries its log).
-    pub async fn start_with(config: RedisConfig) -> anyhow::Result<Self> {
-        let binary = process::find_on_path("redis-server")
-            .with_context(|| format!("redis-server not found on PATH; {INSTALL_HINT}"))?;
-        let dir = ScratchDir::new("redis-server")?;
+    /// If no `redis-server` is found (the message says how to install it), the
+    /// scratch dir can't be created, or the server doesn't come up in time (the
+    /// message carries its log).
+    pub async fn start_with_options(
+        config: RedisConfig,
+        options: &ServerOptions,
+    ) -> anyhow::Result<Self> {
+        let binary = match process::program_from_env(BINARY_ENV, INSTALL_HINT)? {
+            Some(path) => path,
+            None => process::find_on_path("redis-server").with_context(|| {
+                format!("redis-server not found ({BINARY_ENV} unset, none on PATH); {INSTALL_HINT}")
+            })?,
+        };
+        let dir = ScratchDir::new("redis-server", options.parent_dir.as_deref())?;
         let mut port = free_port()?;
         let args = server_args(port, dir.path(), &config);
-        let process = ChildProcess::spawn_in("redis-server", dir, binary, args, Vec::new())?;
+        let process =
+            ChildProcess::spawn_in("redis-server", dir, binary, args, Vec::new(), options)?;
         for attempt in 1.. {
-            match process.wait_for_log(READY, START_TIMEOUT).await {
+            match process.wait_for_log(READY, options.start_timeout).await {
                 Ok(_) => break,
                 Err(err) => {
                     let taken = process
@@ -91,6 +117,7 @@ impl RedisServer {
             process,
             port,
             client,
+            start_timeout: options.start_timeout,
         };
         server.wait_ready().await?;
         Ok(server)
@@ -156,7 +183,7 @@ impl RedisServer {
     /// the port meanwhile.
     pub async fn restart(&self) -> anyhow::Result<()> {
         self.process.respawn()?;
-        self.process.wait_for_log(READY, START_TIMEOUT).await?;
+        self.process.wait_for_log(READY, self.start_timeout).await?;
         self.wait_ready().await
     }
 
@@ -177,7 +204,7 @@ impl RedisServer {
     async fn wait_ready(&self) -> anyhow::Result<()> {
         let what = format!("redis-server at {} to answer PING", self.url());
         self.process
-            .wait_until(&what, START_TIMEOUT, || async {
+            .wait_until(&what, self.start_timeout, || async {
                 let mut connection = self.client.get_multiplexed_async_connection().await?;
                 redis::cmd("PING")
                     .query_async::<String>(&mut connection)

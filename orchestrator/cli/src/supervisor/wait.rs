@@ -65,7 +65,9 @@ impl<T, E: std::fmt::Display> Outcome for Result<T, E> {
 /// ```no_run
 /// # async fn example(counter: &std::sync::atomic::AtomicU64) -> anyhow::Result<()> {
 /// use std::{sync::atomic::Ordering, time::Duration};
-/// toolfleet_tests::wait_until("the counter to reach 3", Duration::from_secs(5), || async {
+/// use toolfleet_cli::supervisor::wait_until;
+///
+/// wait_until("the counter to reach 3", Duration::from_secs(5), || async {
 ///     counter.load(Ordering::SeqCst) >= 3
 /// })
 /// .await?;

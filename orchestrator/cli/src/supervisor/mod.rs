@@ -1,0 +1,37 @@
+//! The process supervisor: `nats-server`, `redis-server` and other programs as
+//! child processes on loopback ports, each with a scratch dir and one log
+//! file, waited on with probes and killed on drop. `toolfleet dev` and
+//! `toolfleet bench` run their servers with it, and the test harness
+//! (`toolfleet-tests`) is built on it.
+//!
+//! - [`NatsServer`]: a `nats-server` with JetStream on a port it picks itself.
+//! - [`RedisServer`]: a `redis-server` on a free port, optionally with an
+//!   append-only file ([`RedisConfig`]) so data survives a restart.
+//! - [`ChildProcess`]: any other program, usually a workspace binary found with
+//!   [`cargo_bin`]; its log can be waited on.
+//! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
+//!   probe, never a sleep. [`log_tail_report`] frames a log's last lines for
+//!   an error to carry.
+//! - [`ServerOptions`]: where a server's dir goes, its process group, whether
+//!   its log is printed on drop, how long it may take to start. The defaults
+//!   are the tests'.
+//! - [`KillHandle`]: kills a process from any thread without owning it, for a
+//!   signal handler that exits without running destructors.
+//!
+//! By default every process runs in its own temp dir with one log file.
+//! Dropping it kills the process, prints the log's last 50 lines to stderr
+//! (shown by the test runner when the test fails) and removes the dir, unless
+//! `TOOLFLEET_TEST_KEEP=1`. `toolfleet dev` puts its servers' dirs in its own
+//! temp dir instead, in a process group of their own, and prints no logs.
+//! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS
+//! or Redis on the default ports.
+
+mod nats_server;
+mod process;
+mod redis_server;
+mod wait;
+
+pub use nats_server::NatsServer;
+pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
+pub use redis_server::{RedisConfig, RedisServer};
+pub use wait::{Outcome, wait_until};
