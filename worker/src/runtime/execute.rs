@@ -106,7 +106,7 @@ impl Executor {
             }
             Err(err) => {
                 error!(subject = %message.subject, error = %err, "undecodable call message dropped");
-                Outcome::Poison
+                Outcome::Undecodable
             }
         };
         settle::acknowledge(&message, outcome).await;

@@ -20,7 +20,7 @@ pub(super) enum Outcome {
     /// Not answered; JetStream should redeliver after `delay`.
     Retry(Duration),
     /// The message can never be answered (undecodable): terminate it.
-    Poison,
+    Undecodable,
 }
 
 /// The one conversion from how a delivery ended to its JetStream ack.
@@ -28,7 +28,7 @@ pub(super) fn ack_for(outcome: Outcome) -> AckKind {
     match outcome {
         Outcome::Answered => AckKind::Ack,
         Outcome::Retry(delay) => AckKind::Nak(Some(delay)),
-        Outcome::Poison => AckKind::Term,
+        Outcome::Undecodable => AckKind::Term,
     }
 }
 
@@ -119,7 +119,7 @@ mod tests {
                 Outcome::Retry(Duration::ZERO),
                 AckKind::Nak(Some(Duration::ZERO)),
             ),
-            (Outcome::Poison, AckKind::Term),
+            (Outcome::Undecodable, AckKind::Term),
         ];
         for (outcome, expected) in cases {
             let what = format!("{outcome:?}");
