@@ -3,6 +3,7 @@
 //! decision, made here and there together.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::Context as _;
@@ -105,5 +106,125 @@ fn crates_depend_only_along_the_documented_edges() -> anyhow::Result<()> {
         !graph["toolfleet-orchestrator"].contains("toolfleet-worker"),
         "the orchestrator must not depend on the worker crate"
     );
+    Ok(())
+}
+
+/// The `src/` folders whose modules must not depend on each other in a circle.
+const CRATE_SOURCES: &[&str] = &[
+    "proto/src",
+    "proto/service/src",
+    "worker/src",
+    "orchestrator/src",
+    "orchestrator/cli/src",
+    "tests/src",
+];
+
+/// The top-level modules of a crate and the other top-level modules each one
+/// names as `crate::<module>` outside its tests. Read from the text, which is
+/// enough for a crate that spells its paths that way (ours do).
+fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
+    let mut files = Vec::new();
+    let mut dirs = vec![src.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    let module_of = |path: &PathBuf| -> String {
+        let relative = path.strip_prefix(src).expect("below src");
+        let first = relative.components().next().expect("a file");
+        first
+            .as_os_str()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_owned()
+    };
+    let modules: BTreeSet<String> = files
+        .iter()
+        .map(module_of)
+        .filter(|m| m != "lib" && m != "main")
+        .collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for file in &files {
+        let module = module_of(file);
+        if !modules.contains(&module) {
+            continue;
+        }
+        let text = std::fs::read_to_string(file)?;
+        let product = text.split("#[cfg(test)]").next().unwrap_or_default();
+        let uses = product
+            .match_indices("crate::")
+            .map(|(at, _)| {
+                product[at + "crate::".len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<String>()
+            })
+            .filter(|used| *used != module && modules.contains(used))
+            .collect::<Vec<_>>();
+        graph.entry(module).or_default().extend(uses);
+    }
+    Ok(graph)
+}
+
+/// A cycle in `graph`, if it has one.
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        node: &str,
+        graph: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(start) = path.iter().position(|n| n == node) {
+            let mut cycle = path[start..].to_vec();
+            cycle.push(node.to_owned());
+            return Some(cycle);
+        }
+        if done.contains(node) {
+            return None;
+        }
+        path.push(node.to_owned());
+        for next in graph.get(node).into_iter().flatten() {
+            if let Some(cycle) = visit(next, graph, path, done) {
+                return Some(cycle);
+            }
+        }
+        path.pop();
+        done.insert(node.to_owned());
+        None
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .find_map(|node| visit(node, graph, &mut Vec::new(), &mut done))
+}
+
+#[test]
+fn no_crate_has_a_cycle_between_its_modules() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the tests crate sits in the workspace root")?;
+    for src in CRATE_SOURCES {
+        let graph = module_graph(&root.join(src))?;
+        assert!(!graph.is_empty(), "no modules read in {src}");
+        if let Some(cycle) = find_cycle(&graph) {
+            panic!(
+                "{src}: the modules {} depend on each other in a circle",
+                cycle.join(" -> ")
+            );
+        }
+    }
+    // The checker itself finds a circle where there is one.
+    let circle: BTreeMap<String, BTreeSet<String>> = [
+        ("model".to_owned(), BTreeSet::from(["store".to_owned()])),
+        ("store".to_owned(), BTreeSet::from(["model".to_owned()])),
+    ]
+    .into();
+    assert!(find_cycle(&circle).is_some());
     Ok(())
 }

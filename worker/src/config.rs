@@ -142,6 +142,15 @@ const ENV_KEYS: &[&str] = &[
 ];
 
 impl WorkerOptions {
+    /// The built-in tools these options select.
+    pub fn tool_selection(&self) -> crate::tools::Selection<'_> {
+        crate::tools::Selection {
+            names: &self.tools,
+            test_tools: self.test_tools,
+            weather: &self.weather,
+        }
+    }
+
     /// Loads defaults, then the TOML file at `path` (if any), then the
     /// `TOOLFLEET_*` environment, then `overrides` (the command-line flags,
     /// as a partial document).

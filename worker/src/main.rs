@@ -73,7 +73,7 @@ async fn main() -> ExitCode {
 
 async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     let worker = Worker::connect(options.clone()).await?;
-    let toolbox = tools::builtin(&options, worker.redis())?;
+    let toolbox = tools::builtin(options.tool_selection(), worker.redis())?;
     worker.run(toolbox, shutdown).await?;
     Ok(())
 }

@@ -375,7 +375,7 @@ impl LocalFleet {
             let connected = Worker::connect(worker.clone())
                 .await
                 .with_context(|| format!("{id} cannot connect"))?;
-            let toolbox = tools::builtin(&worker, connected.redis())
+            let toolbox = tools::builtin(worker.tool_selection(), connected.redis())
                 .with_context(|| format!("{id} cannot build its tools"))?;
             tool_names = toolbox.manifests().into_iter().map(|m| m.name).collect();
             let shutdown = self.shutdown.child_token();

@@ -9,8 +9,8 @@ pub mod weather;
 
 use redis::aio::ConnectionManager;
 
-use crate::config::WorkerOptions;
 use crate::tool::Toolbox;
+use weather::WeatherOptions;
 
 /// The configured tools could not be built.
 #[derive(Debug, thiserror::Error)]
@@ -28,24 +28,37 @@ pub enum BuildError {
     Weather(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
-/// The tools the `toolfleet-worker` binary serves with `options`: the built-in
-/// ones (or the subset named in `tools`), plus the test pack if enabled.
+/// Which built-in tools a worker serves (the `tools`, `test_tools` and
+/// `weather` keys of its options).
+#[derive(Debug, Clone, Copy)]
+pub struct Selection<'a> {
+    /// Tools to serve; empty means every built-in tool.
+    pub names: &'a [String],
+    /// Also serve the test pack.
+    pub test_tools: bool,
+    /// Settings of `get_current_weather`.
+    pub weather: &'a WeatherOptions,
+}
+
+/// The tools the `toolfleet-worker` binary serves: the built-in ones (or the
+/// subset `selection` names), plus the test pack if enabled.
 ///
 /// # Errors
 ///
-/// [`BuildError`] when `tools` names an unknown tool or a tool cannot be built.
-pub fn builtin(options: &WorkerOptions, redis: ConnectionManager) -> Result<Toolbox, BuildError> {
-    let weather = weather::GetCurrentWeather::new(&options.weather)
+/// [`BuildError`] when `selection` names an unknown tool or a tool cannot be
+/// built.
+pub fn builtin(selection: Selection<'_>, redis: ConnectionManager) -> Result<Toolbox, BuildError> {
+    let weather = weather::GetCurrentWeather::new(selection.weather)
         .map_err(|e| BuildError::Weather(Box::new(e)))?;
     let mut all = Toolbox::new().with(calculate::Calculate).with(weather);
-    if options.test_tools {
+    if selection.test_tools {
         all = all.merge(testing::toolbox(redis));
     }
-    if options.tools.is_empty() {
+    if selection.names.is_empty() {
         return Ok(all);
     }
     let available: Vec<String> = all.manifests().into_iter().map(|m| m.name).collect();
-    for name in &options.tools {
+    for name in selection.names {
         if !available.contains(name) {
             return Err(BuildError::UnknownTool {
                 name: name.clone(),
@@ -53,5 +66,5 @@ pub fn builtin(options: &WorkerOptions, redis: ConnectionManager) -> Result<Tool
             });
         }
     }
-    Ok(all.only(&options.tools))
+    Ok(all.only(selection.names))
 }
