@@ -85,67 +85,10 @@ fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
 
 impl AgentApi {
     /// Checks a submission and applies defaults; errors name the field.
-    fn spec(&self, request: v1::SubmitJobRequest) -> Result<JobSpec, Status> {
-        let limit = self.options.max_input_bytes;
-        if request.input.trim().is_empty() {
-            return Err(invalid("input", "must not be empty"));
-        }
-        if request.input.len() > limit {
-            return Err(invalid(
-                "input",
-                format!("is {} bytes; the limit is {limit}", request.input.len()),
-            ));
-        }
-        if request.instructions.len() > limit {
-            return Err(invalid(
-                "instructions",
-                format!(
-                    "is {} bytes; the limit is {limit}",
-                    request.instructions.len()
-                ),
-            ));
-        }
-        let model = request.model.unwrap_or_default();
-        let provider_name = if model.provider.is_empty() {
-            "scripted"
-        } else {
-            model.provider.as_str()
-        };
-        let provider = ProviderKind::parse(provider_name).ok_or_else(|| {
-            invalid(
-                "model.provider",
-                format!("unknown provider {provider_name:?}; use scripted, openai-responses or openai-chat"),
-            )
-        })?;
-        if !model.base_url.is_empty() {
-            return Err(invalid(
-                "model.base_url",
-                "per-job base URLs are disabled; configure openai.base_url on the orchestrator",
-            ));
-        }
-        let script = match provider {
-            ProviderKind::Scripted => {
-                if model.script.len() > self.options.max_script_bytes {
-                    return Err(invalid("model.script", "is over the size limit"));
-                }
-                Scripted::parse(&model.script).map_err(|e| invalid("model.script", e))?;
-                Some(model.script)
-            }
-            _ => {
-                if model.name.is_empty() {
-                    return Err(invalid(
-                        "model.name",
-                        format!("is required for {provider_name}"),
-                    ));
-                }
-                if !self.providers.has_api_key() {
-                    return Err(Status::failed_precondition(format!(
-                        "model.provider: {provider_name} needs an API key; set OPENAI_API_KEY on the orchestrator"
-                    )));
-                }
-                None
-            }
-        };
+    fn spec(&self, mut request: v1::SubmitJobRequest) -> Result<JobSpec, Status> {
+        self.check_text(&request)?;
+        let (provider, model, script) =
+            self.check_model(request.model.take().unwrap_or_default())?;
         for name in &request.tools {
             if !is_valid_tool_name(name) {
                 return Err(invalid(
@@ -154,6 +97,92 @@ impl AgentApi {
                 ));
             }
         }
+        let (max_tool_rounds, deadline) = self.check_limits(&request)?;
+        Ok(JobSpec {
+            input: request.input,
+            instructions: request.instructions,
+            provider,
+            model,
+            script,
+            tools: request.tools,
+            max_tool_rounds,
+            parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
+            deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
+            metadata: request.metadata.into_iter().collect(),
+            tenant: "default".into(),
+        })
+    }
+
+    /// `input` is given, and it and `instructions` are within the size limit.
+    fn check_text(&self, request: &v1::SubmitJobRequest) -> Result<(), Status> {
+        let limit = self.options.max_input_bytes;
+        if request.input.trim().is_empty() {
+            return Err(invalid("input", "must not be empty"));
+        }
+        for (field, text) in [
+            ("input", &request.input),
+            ("instructions", &request.instructions),
+        ] {
+            if text.len() > limit {
+                return Err(invalid(
+                    field,
+                    format!("is {} bytes; the limit is {limit}", text.len()),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The provider, model name and script of `model` (the scripted model
+    /// when none is named), checked.
+    fn check_model(
+        &self,
+        model: v1::ModelSpec,
+    ) -> Result<(ProviderKind, String, Option<String>), Status> {
+        let provider_name = if model.provider.is_empty() {
+            ProviderKind::Scripted.as_str()
+        } else {
+            model.provider.as_str()
+        };
+        let provider = ProviderKind::parse(provider_name).ok_or_else(|| {
+            let known: Vec<&str> = ProviderKind::ALL.iter().map(ProviderKind::as_str).collect();
+            invalid(
+                "model.provider",
+                format!(
+                    "unknown provider {provider_name:?}; use {}",
+                    known.join(", ")
+                ),
+            )
+        })?;
+        if !model.base_url.is_empty() {
+            return Err(invalid(
+                "model.base_url",
+                "per-job base URLs are disabled; configure openai.base_url on the orchestrator",
+            ));
+        }
+        if provider == ProviderKind::Scripted {
+            if model.script.len() > self.options.max_script_bytes {
+                return Err(invalid("model.script", "is over the size limit"));
+            }
+            Scripted::parse(&model.script).map_err(|e| invalid("model.script", e))?;
+            return Ok((provider, model.name, Some(model.script)));
+        }
+        if model.name.is_empty() {
+            return Err(invalid(
+                "model.name",
+                format!("is required for {provider_name}"),
+            ));
+        }
+        if !self.providers.has_api_key() {
+            return Err(Status::failed_precondition(format!(
+                "model.provider: {provider_name} needs an API key; set OPENAI_API_KEY on the orchestrator"
+            )));
+        }
+        Ok((provider, model.name, None))
+    }
+
+    /// `max_tool_rounds` and the deadline, defaulted and within their limits.
+    fn check_limits(&self, request: &v1::SubmitJobRequest) -> Result<(u32, Duration), Status> {
         let max_tool_rounds = match request.max_tool_rounds {
             0 => self.options.default_max_tool_rounds,
             n if n > self.options.max_tool_rounds_limit => {
@@ -174,19 +203,7 @@ impl AgentApi {
                 format!("the limit is {} ms", self.options.max_deadline.as_millis()),
             ));
         }
-        Ok(JobSpec {
-            input: request.input,
-            instructions: request.instructions,
-            provider,
-            model: model.name,
-            script,
-            tools: request.tools,
-            max_tool_rounds,
-            parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
-            deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
-            metadata: request.metadata.into_iter().collect(),
-            tenant: "default".into(),
-        })
+        Ok((max_tool_rounds, deadline))
     }
 
     async fn enqueue(&self, job_id: &str) -> Result<(), Status> {

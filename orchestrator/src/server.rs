@@ -40,6 +40,9 @@ pub enum StartError {
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
+    /// The reflection service rejected the built-in descriptors: a bug.
+    #[error("cannot build the gRPC reflection service")]
+    Reflection(#[source] tonic_reflection::server::Error),
 }
 
 /// A connected orchestrator replica.
@@ -65,7 +68,8 @@ impl Orchestrator {
         })
     }
 
-    /// Serves gRPC on `listener` and runs jobs until `shutdown`.
+    /// Serves gRPC on `listener` and runs jobs until `shutdown`, then drains
+    /// (see the module docs for the stages).
     ///
     /// # Errors
     ///
@@ -75,12 +79,47 @@ impl Orchestrator {
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), StartError> {
-        let options = self.options;
         let js = jetstream::new(self.nats.clone());
-        runner::ensure_job_stream(&js)
+        let parts = self.assemble(&js).await?;
+        let tasks = TaskTracker::new();
+        let background = CancellationToken::new();
+        tasks.spawn(parts.registry.run(background.clone()));
+        let runner = self.options.runner.clone();
+        tasks.spawn(runner::sweep::run(
+            parts.api.store.clone(),
+            js,
+            runner.sweep_interval,
+            runner.sweep_after,
+            background.clone(),
+        ));
+        let runner_task = tasks.spawn({
+            let (runner, shutdown) = (parts.runner, shutdown.clone());
+            async move {
+                if let Err(err) = runner.run(shutdown).await {
+                    tracing::error!(error = %err, "runner stopped");
+                }
+            }
+        });
+        tasks.close();
+        let served = serve_grpc(listener, parts.api, &parts.instance, &shutdown).await;
+        info!("grpc server stopped; draining jobs");
+        let _ = runner_task.await;
+        background.cancel();
+        tasks.wait().await;
+        if let Err(err) = self.nats.flush().await {
+            warn!(error = %err, "could not flush NATS at shutdown");
+        }
+        info!("orchestrator stopped");
+        served
+    }
+
+    /// The replica's components, wired together but not yet running.
+    async fn assemble(&self, js: &jetstream::Context) -> Result<Parts, StartError> {
+        let options = &self.options;
+        runner::ensure_job_stream(js)
             .await
             .map_err(|e| StartError::JetStream(Box::new(e)))?;
-        let bucket = connect::registry_bucket(&js, options.registry.ttl)
+        let bucket = connect::registry_bucket(js, options.registry.ttl)
             .await
             .map_err(|e| StartError::JetStream(Box::new(e)))?;
         let store = JobStore::new(
@@ -91,13 +130,12 @@ impl Orchestrator {
             options.store.idempotency_ttl,
         );
         let registry = Registry::new(bucket, options.registry.ttl);
-        let registry_handle = registry.handle();
         let providers = Arc::new(Providers::new(options.openai.clone()));
         let dispatcher = Dispatcher {
             nats: self.nats.clone(),
             js: js.clone(),
             store: store.clone(),
-            registry: registry_handle.clone(),
+            registry: registry.handle(),
             options: options.dispatch.clone(),
         };
         let instance = options.resolved_instance_id();
@@ -110,63 +148,56 @@ impl Orchestrator {
             owner: instance.clone(),
         };
         let api = AgentApi {
-            store: store.clone(),
+            store,
             js: js.clone(),
-            registry: registry_handle,
+            registry: registry.handle(),
             providers,
             options: options.api.clone(),
         };
-
-        let tasks = TaskTracker::new();
-        let background = CancellationToken::new();
-        tasks.spawn(registry.run(background.clone()));
-        tasks.spawn(runner::sweep::run(
-            store.clone(),
-            js.clone(),
-            options.runner.sweep_interval,
-            options.runner.sweep_after,
-            background.clone(),
-        ));
-        let runner_task = tasks.spawn({
-            let shutdown = shutdown.clone();
-            async move {
-                if let Err(err) = runner.run(shutdown).await {
-                    tracing::error!(error = %err, "runner stopped");
-                }
-            }
-        });
-        tasks.close();
-
-        let (health_reporter, health) = tonic_health::server::health_reporter();
-        health_reporter
-            .set_serving::<AgentServiceServer<AgentApi>>()
-            .await;
-        let reflection = tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
-            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-            .build_v1()
-            .map_err(|e| StartError::JetStream(Box::new(e)))?;
-        let address = listener
-            .local_addr()
-            .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
-        info!(instance = %instance, grpc = %address, "orchestrator ready");
-        // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
-        let incoming =
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-        let served = tonic::transport::Server::builder()
-            .add_service(health)
-            .add_service(reflection)
-            .add_service(AgentServiceServer::new(api))
-            .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
-            .await;
-        info!("grpc server stopped; draining jobs");
-        let _ = runner_task.await;
-        background.cancel();
-        tasks.wait().await;
-        if let Err(err) = self.nats.flush().await {
-            warn!(error = %err, "could not flush NATS at shutdown");
-        }
-        info!("orchestrator stopped");
-        served.map_err(StartError::Grpc)
+        Ok(Parts {
+            registry,
+            runner,
+            api,
+            instance,
+        })
     }
+}
+
+/// What [`Orchestrator::assemble`] builds.
+struct Parts {
+    registry: Registry,
+    runner: Runner,
+    api: AgentApi,
+    instance: String,
+}
+
+/// Serves the API, health and reflection on `listener` until `shutdown`.
+async fn serve_grpc(
+    listener: TcpListener,
+    api: AgentApi,
+    instance: &str,
+    shutdown: &CancellationToken,
+) -> Result<(), StartError> {
+    let (health_reporter, health) = tonic_health::server::health_reporter();
+    health_reporter
+        .set_serving::<AgentServiceServer<AgentApi>>()
+        .await;
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(StartError::Reflection)?;
+    let address = listener
+        .local_addr()
+        .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
+    info!(instance = %instance, grpc = %address, "orchestrator ready");
+    // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(AgentServiceServer::new(api))
+        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        .await
+        .map_err(StartError::Grpc)
 }

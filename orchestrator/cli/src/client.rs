@@ -14,6 +14,7 @@ use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 use toolfleet_proto::{JobEvent, JobStatus};
 
 use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
+use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::model::scripted::Scripted;
 
 /// A connected client of `toolfleet.v1.AgentService`.
@@ -46,13 +47,18 @@ pub(crate) enum Provider {
 }
 
 impl Provider {
-    /// The name in `ModelSpec.provider`.
-    pub(crate) fn as_str(self) -> &'static str {
+    /// The orchestrator's provider this flag value names.
+    pub(crate) fn kind(self) -> ProviderKind {
         match self {
-            Self::Scripted => "scripted",
-            Self::OpenaiResponses => "openai-responses",
-            Self::OpenaiChat => "openai-chat",
+            Self::Scripted => ProviderKind::Scripted,
+            Self::OpenaiResponses => ProviderKind::OpenaiResponses,
+            Self::OpenaiChat => ProviderKind::OpenaiChat,
         }
+    }
+
+    /// The name in `ModelSpec.provider`: the orchestrator's spelling.
+    pub(crate) fn as_str(self) -> &'static str {
+        self.kind().as_str()
     }
 }
 
@@ -440,6 +446,17 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    #[test]
+    fn provider_flags_are_spelled_as_the_orchestrator_spells_them() {
+        for provider in Provider::value_variants() {
+            let flag = provider
+                .to_possible_value()
+                .expect("every variant is a value");
+            assert_eq!(flag.get_name(), provider.as_str());
+        }
+        assert_eq!(Provider::value_variants().len(), ProviderKind::ALL.len());
+    }
 
     #[derive(Debug, Parser)]
     struct Submit {

@@ -17,7 +17,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, AckKind, consumer, stream};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names;
@@ -116,53 +116,20 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Pulls and runs jobs until `shutdown`, then drains.
+    /// Pulls and runs jobs until `shutdown`, then drains: running jobs go on
+    /// for `drain_timeout`, the rest are handed back.
     ///
     /// # Errors
     ///
     /// The job stream or consumer cannot be set up.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartError> {
-        let stream = ensure_job_stream(&self.js).await?;
-        let consumer: consumer::PullConsumer = stream
-            .get_or_create_consumer(
-                names::JOB_CONSUMER,
-                consumer::pull::Config {
-                    durable_name: Some(names::JOB_CONSUMER.to_owned()),
-                    description: Some("toolfleet: orchestrator replicas".to_owned()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: self.options.job_ack_wait,
-                    // A job is never dropped: it is redelivered until it ends.
-                    max_deliver: -1,
-                    max_ack_pending: 100_000,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| StartError {
-                what: format!("consumer {}", names::JOB_CONSUMER),
-                source: Box::new(e),
-            })?;
+        let consumer = self.job_consumer().await?;
         let slots = Arc::new(Semaphore::new(self.options.max_jobs.get()));
         let abandon = CancellationToken::new();
         let jobs = TaskTracker::new();
         let this = Arc::new(self);
         info!(owner = %this.owner, max_jobs = this.options.max_jobs.get(), "runner ready");
-        loop {
-            let permit = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                permit = slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-            };
-            let mut permits = vec![permit];
-            while permits.len() < 16 {
-                match slots.clone().try_acquire_owned() {
-                    Ok(p) => permits.push(p),
-                    Err(_) => break,
-                }
-            }
+        while let Some(mut permits) = free_slots(&slots, &shutdown).await {
             let batch = consumer
                 .batch()
                 .max_messages(permits.len())
@@ -180,27 +147,54 @@ impl Runner {
                     }
                 }
             };
-            while let Some(message) = batch.next().await {
-                let Ok(message) = message else { break };
-                if shutdown.is_cancelled() {
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
-                    continue;
-                }
-                let Some(permit) = permits.pop() else {
+            while let Some(Ok(message)) = batch.next().await {
+                // A message the batch delivers after shutdown (or past the
+                // slots it asked for) goes straight back to the queue.
+                let permit = permits.pop().filter(|_| !shutdown.is_cancelled());
+                let Some(permit) = permit else {
                     let _ = message.ack_with(AckKind::Nak(None)).await;
                     continue;
                 };
-                let this = this.clone();
-                let abandon = abandon.clone();
+                let (this, abandon) = (this.clone(), abandon.clone());
                 jobs.spawn(async move {
                     this.handle(message, abandon).await;
                     drop(permit);
                 });
             }
         }
+        this.drain(jobs, abandon).await;
+        Ok(())
+    }
+
+    /// The durable consumer that every replica pulls jobs from.
+    async fn job_consumer(&self) -> Result<consumer::PullConsumer, StartError> {
+        let stream = ensure_job_stream(&self.js).await?;
+        stream
+            .get_or_create_consumer(
+                names::JOB_CONSUMER,
+                consumer::pull::Config {
+                    durable_name: Some(names::JOB_CONSUMER.to_owned()),
+                    description: Some("toolfleet: orchestrator replicas".to_owned()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: self.options.job_ack_wait,
+                    // A job is never dropped: it is redelivered until it ends.
+                    max_deliver: -1,
+                    max_ack_pending: 100_000,
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| StartError {
+                what: format!("consumer {}", names::JOB_CONSUMER),
+                source: Box::new(e),
+            })
+    }
+
+    /// Lets running jobs go on for `drain_timeout`, then hands the rest back.
+    async fn drain(&self, jobs: TaskTracker, abandon: CancellationToken) {
         info!(running = jobs.len(), "draining jobs");
         jobs.close();
-        if tokio::time::timeout(this.options.drain_timeout, jobs.wait())
+        if tokio::time::timeout(self.options.drain_timeout, jobs.wait())
             .await
             .is_err()
         {
@@ -211,7 +205,6 @@ impl Runner {
             abandon.cancel();
             jobs.wait().await;
         }
-        Ok(())
     }
 
     /// A job whose state vanished: record it as failed so clients see why.
@@ -291,4 +284,25 @@ impl Runner {
             }
         }
     }
+}
+
+/// Waits for at least one free job slot and takes up to 16 at once (one pull
+/// request's worth); `None` once `shutdown` is cancelled.
+async fn free_slots(
+    slots: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Option<Vec<OwnedSemaphorePermit>> {
+    let first = tokio::select! {
+        biased;
+        () = shutdown.cancelled() => return None,
+        permit = slots.clone().acquire_owned() => permit.ok()?,
+    };
+    let mut permits = vec![first];
+    while permits.len() < 16 {
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => permits.push(permit),
+            Err(_) => break,
+        }
+    }
+    Some(permits)
 }

@@ -1,0 +1,298 @@
+//! One call through its attempts: resume where a crashed runner stopped,
+//! publish, wait for the envelope, and settle or retry as
+//! [`retry::verdict`](super::retry::verdict) says.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use async_nats::HeaderMap;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use futures::StreamExt;
+use tokio::sync::broadcast;
+use toolfleet_proto::names::{self, headers};
+use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
+use tracing::{debug, warn};
+
+use super::retry::{self, Verdict};
+use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
+use crate::job::now_ms;
+
+/// An attempt's envelope, and how long it took if this runner sent it.
+struct Answer {
+    envelope: Envelope,
+    round_trip: Option<Duration>,
+}
+
+impl Dispatcher {
+    /// Drives one call through its attempts to a final envelope.
+    /// `attempts` holds what earlier runners recorded (see
+    /// [`resume_point`](Self::resume_point)).
+    pub(super) async fn drive(
+        &self,
+        round: &Round<'_>,
+        ready: &Ready,
+        attempts: &HashMap<String, u32>,
+    ) -> Result<CallOutcome, RoundError> {
+        let call = &ready.call;
+        let policy = ready
+            .tool
+            .manifest
+            .retry_policy(self.options.default_retry_policy());
+        let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
+        let mut round_trip = None;
+        loop {
+            let answer = self.answer(round, call, attempt, resumed).await?;
+            resumed = false;
+            round_trip = answer.round_trip.or(round_trip);
+            let delay = match retry::verdict(answer.envelope, attempt, &policy, rand::random()) {
+                Verdict::Settle(envelope) => {
+                    let outcome = CallOutcome {
+                        call_id: call.call_id.clone(),
+                        name: call.name.clone(),
+                        output: envelope.to_json(),
+                        attempts: attempt,
+                        round_trip,
+                    };
+                    self.record_result(round.lease, &outcome, &envelope).await?;
+                    return Ok(outcome);
+                }
+                Verdict::Retry(delay) => delay,
+            };
+            pause_before_retry(round, call, attempt, delay).await?;
+            attempt += 1;
+            crate::metrics::tool_call_retried(&call.name);
+            self.record_dispatches(round.lease, &[call], attempt)
+                .await?;
+        }
+    }
+
+    /// Where a call starts: `(attempt, resumed)`. In `attempts`, n > 0 resumes
+    /// attempt n (it may have a result; if not it is published again, and the
+    /// worker's ledger makes a second copy harmless); 0 means attempt 1 is
+    /// already recorded; absent means record it now.
+    async fn resume_point(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempts: &HashMap<String, u32>,
+    ) -> Result<(u32, bool), RoundError> {
+        Ok(match attempts.get(&call.call_id) {
+            Some(0) => (1, false),
+            Some(n) => (*n, true),
+            None => {
+                self.record_dispatches(round.lease, &[call], 1).await?;
+                (1, false)
+            }
+        })
+    }
+
+    /// The envelope of one attempt: the stored one of a resumed attempt that
+    /// has it; otherwise publish the attempt and wait for it.
+    async fn answer(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+        resumed: bool,
+    ) -> Result<Answer, RoundError> {
+        // Before publishing, so that no result can slip past.
+        let mut notices = round.notify.subscribe();
+        // Only a resumed attempt can already have a result.
+        if resumed {
+            let job_id = &round.lease.job_id;
+            if let Some(text) = self
+                .store
+                .call_result(job_id, &call.call_id, attempt)
+                .await?
+            {
+                return Ok(Answer {
+                    envelope: parse_envelope(call, &text),
+                    round_trip: None,
+                });
+            }
+        }
+        let sent = Instant::now();
+        self.publish(round, call, attempt, resumed).await?;
+        let text = self.wait(round, call, attempt, &mut notices).await?;
+        let elapsed = sent.elapsed();
+        crate::metrics::tool_call_round_trip(&call.name, elapsed);
+        Ok(Answer {
+            envelope: parse_envelope(call, &text),
+            round_trip: Some(elapsed),
+        })
+    }
+
+    /// Publishes one attempt, retrying while JetStream is unreachable.
+    async fn publish(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+        resuming: bool,
+    ) -> Result<(), RoundError> {
+        let Round {
+            lease, spec, stop, ..
+        } = round;
+        // A resumed attempt gets a message id of its own: JetStream's dedup
+        // window must not swallow it when the first copy was consumed but its
+        // result is gone. A second copy is harmless; the worker's ledger
+        // answers it from the stored result.
+        let msg_id = |wire: &ToolCall| {
+            if resuming {
+                format!("{}:resumed-{}", wire.msg_id(), lease.epoch)
+            } else {
+                wire.msg_id()
+            }
+        };
+        let wire = ToolCall {
+            job_id: lease.job_id.clone(),
+            call_id: call.call_id.clone(),
+            attempt,
+            tool: call.name.clone(),
+            arguments: call.arguments.clone(),
+            deadline_ms: Some(spec.deadline_ms),
+            idempotency_key: ToolCall::default_idempotency_key(&lease.job_id, &call.call_id),
+            reply_to: Some(names::reply_subject(&lease.job_id)),
+        };
+        let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        loop {
+            let mut headers = HeaderMap::new();
+            headers.insert(headers::MSG_ID, msg_id(&wire).as_str());
+            headers.insert(headers::JOB_ID, wire.job_id.as_str());
+            headers.insert(headers::CALL_ID, wire.call_id.as_str());
+            headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
+            headers.insert(headers::TOOL, wire.tool.as_str());
+            let sent = self
+                .js
+                .publish_with_headers(names::call_subject(&wire.tool), headers, payload.clone())
+                .await;
+            let acked = match sent {
+                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+                Err(err) => Err(err.to_string()),
+            };
+            match acked {
+                Ok(()) => return Ok(()),
+                Err(err) => {
+                    warn!(call_id = %call.call_id, error = %err, "publishing the call failed; retrying")
+                }
+            }
+            if now_ms() >= spec.deadline_ms {
+                return Err(RoundError::DeadlineExceeded);
+            }
+            let delay = delays.next().unwrap_or(Duration::from_secs(2));
+            tokio::select! {
+                () = stop.cancelled() => return Err(RoundError::Interrupted),
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// Waits for the envelope of one attempt: a notification, or Redis.
+    async fn wait(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+        notices: &mut broadcast::Receiver<Notice>,
+    ) -> Result<String, RoundError> {
+        let Round {
+            lease, spec, stop, ..
+        } = round;
+        let mut poll = tokio::time::interval(self.options.poll_interval);
+        poll.tick().await; // the first tick is immediate; the caller just looked
+        let deadline = tokio::time::Instant::now()
+            + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return Err(RoundError::Interrupted),
+                () = tokio::time::sleep_until(deadline) => return Err(RoundError::DeadlineExceeded),
+                notice = notices.recv() => match notice {
+                    Ok(notice) if notice.call_id == call.call_id && notice.attempt == attempt => {
+                        return Ok(notice.body);
+                    }
+                    Ok(_) => {}
+                    // Missed notices: Redis has the answer.
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        if let Some(text) = self.store.call_result(&lease.job_id, &call.call_id, attempt).await? {
+                            return Ok(text);
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => {}
+                },
+                _ = poll.tick() => {
+                    if let Some(text) = self.store.call_result(&lease.job_id, &call.call_id, attempt).await? {
+                        return Ok(text);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Sleeps `delay` before the attempt after `attempt`, unless the job's
+/// deadline would pass first or the round is stopped.
+async fn pause_before_retry(
+    round: &Round<'_>,
+    call: &PlannedCall,
+    attempt: u32,
+    delay: Duration,
+) -> Result<(), RoundError> {
+    if now_ms().saturating_add(toolfleet_service::clock::millis(delay)) >= round.spec.deadline_ms {
+        return Err(RoundError::DeadlineExceeded);
+    }
+    debug!(call_id = %call.call_id, attempt, delay_ms = delay.as_millis() as u64, "retrying call");
+    tokio::select! {
+        () = round.stop.cancelled() => Err(RoundError::Interrupted),
+        () = tokio::time::sleep(delay) => Ok(()),
+    }
+}
+
+/// The envelope a worker stored or published; an unreadable one (a bug or a
+/// foreign writer) is the tool's failure, not the runner's.
+fn parse_envelope(call: &PlannedCall, text: &str) -> Envelope {
+    serde_json::from_str(text).unwrap_or_else(|err| {
+        warn!(call_id = %call.call_id, error = %err, "a worker stored an unreadable envelope");
+        Envelope::terminal(
+            ErrorCode::TOOL_EXECUTION_FAILED,
+            "the tool's answer was unreadable",
+        )
+    })
+}
+
+/// A result notification from the reply subject.
+#[derive(Debug, Clone)]
+pub(super) struct Notice {
+    call_id: String,
+    attempt: u32,
+    body: String,
+}
+
+pub(super) async fn forward_results(
+    mut subscriber: async_nats::Subscriber,
+    notify: broadcast::Sender<Notice>,
+) {
+    while let Some(message) = subscriber.next().await {
+        let Some(headers) = message.headers.as_ref() else {
+            continue;
+        };
+        let call_id = headers.get(headers::CALL_ID).map(|v| v.as_str().to_owned());
+        let attempt = headers
+            .get(headers::ATTEMPT)
+            .and_then(|v| v.as_str().parse().ok());
+        let (Some(call_id), Some(attempt)) = (call_id, attempt) else {
+            continue;
+        };
+        let body = String::from_utf8_lossy(&message.payload).into_owned();
+        let _ = notify.send(Notice {
+            call_id,
+            attempt,
+            body,
+        });
+    }
+}

@@ -1,0 +1,306 @@
+//! Dispatch of one turn's tool calls: check them, publish the valid ones to
+//! JetStream (at once, or one by one), gather the envelopes, retry the
+//! retryable ones with backoff, and answer in the model's call order.
+//!
+//! Results arrive on the job's reply subject; Redis, where the worker stored
+//! the envelope before publishing it, is the source of truth and is polled as
+//! well, so a lost notification or a takeover by another replica only costs a
+//! poll interval.
+//!
+//! - this module: the round (checks, the reply subscription, the calls in
+//!   parallel or one by one);
+//! - [`attempt`]: one call through its attempts: publish, wait, retry;
+//! - [`retry`]: the verdict after each attempt, a pure function.
+
+mod attempt;
+mod retry;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
+use toolfleet_proto::names;
+use toolfleet_proto::{Envelope, ErrorCode, RetryPolicy, check_arguments};
+use toolfleet_service::clock::millis;
+
+use attempt::{Notice, forward_results};
+
+use crate::job::{JobSpec, Lease};
+use crate::registry::{LiveTool, RegistryHandle};
+use crate::store::{self, JobStore, SettledCall};
+
+/// How the dispatcher waits and retries.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatchOptions {
+    /// How often outstanding results are looked up in Redis, in case a
+    /// notification was lost. Default: 1s.
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    /// First delay before retrying a retryable failure; doubles each time,
+    /// with jitter. For tools whose manifest declares no retry policy of its
+    /// own. Default: 200ms.
+    #[serde(with = "humantime_serde")]
+    pub retry_initial_backoff: Duration,
+    /// Longest delay between attempts (before jitter), for tools whose
+    /// manifest declares no retry policy of its own. Default: 10s.
+    #[serde(with = "humantime_serde")]
+    pub retry_max_backoff: Duration,
+    /// Largest arguments text sent to a worker, in bytes. Default: 262144.
+    pub max_argument_bytes: usize,
+}
+
+impl Default for DispatchOptions {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(1),
+            retry_initial_backoff: Duration::from_millis(200),
+            retry_max_backoff: Duration::from_secs(10),
+            max_argument_bytes: 256 * 1024,
+        }
+    }
+}
+
+impl DispatchOptions {
+    /// The retry policy of tools that declare none: exponential from
+    /// `retry_initial_backoff` to `retry_max_backoff`, doubling, with up to
+    /// as much again at random; the attempt limit is the manifest's.
+    pub fn default_retry_policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            initial_backoff_ms: millis(self.retry_initial_backoff),
+            max_backoff_ms: millis(self.retry_max_backoff),
+            multiplier: 2.0,
+            jitter: 1.0,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// One call of a turn, as the model made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedCall {
+    /// The model's call id.
+    pub call_id: String,
+    /// The tool name the model wrote.
+    pub name: String,
+    /// The arguments text as the model wrote it.
+    pub arguments: String,
+}
+
+/// The answer to one call.
+#[derive(Debug, Clone)]
+pub struct CallOutcome {
+    /// The call.
+    pub call_id: String,
+    /// Its tool name.
+    pub name: String,
+    /// The envelope JSON for the model.
+    pub output: String,
+    /// Attempts made (0: answered without dispatch).
+    pub attempts: u32,
+    /// Dispatch to result of the last attempt, as this runner saw it.
+    pub round_trip: Option<Duration>,
+}
+
+/// Why a round stopped before every call had its answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RoundError {
+    /// The job was cancelled, its lease lost, or the process is shutting down.
+    #[error("the round was interrupted")]
+    Interrupted,
+    /// The job's deadline passed.
+    #[error("the job's deadline passed during the round")]
+    DeadlineExceeded,
+    /// The job store failed.
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// NATS refused the result subscription; the round can be retried.
+    #[error("nats unavailable: {0}")]
+    Nats(String),
+}
+
+/// Publishes calls and gathers their results.
+#[derive(Clone)]
+pub struct Dispatcher {
+    pub(crate) nats: async_nats::Client,
+    pub(crate) js: jetstream::Context,
+    pub(crate) store: JobStore,
+    pub(crate) registry: RegistryHandle,
+    pub(crate) options: DispatchOptions,
+}
+
+/// A checked call, ready to publish.
+struct Ready {
+    call: PlannedCall,
+    tool: LiveTool,
+}
+
+/// What every call of one round shares.
+struct Round<'a> {
+    lease: &'a Lease,
+    spec: &'a JobSpec,
+    /// Results from the job's reply subject, for every call of the round.
+    notify: broadcast::Sender<Notice>,
+    stop: &'a CancellationToken,
+}
+
+impl Dispatcher {
+    /// Runs one round: every call gets an outcome, in the order given.
+    /// `attempts` holds the attempts already dispatched (a resumed round).
+    /// `stop` interrupts the round.
+    ///
+    /// # Errors
+    ///
+    /// [`RoundError`] when the round could not finish.
+    pub async fn run_round(
+        &self,
+        lease: &Lease,
+        spec: &JobSpec,
+        calls: &[PlannedCall],
+        attempts: &HashMap<String, u32>,
+        stop: &CancellationToken,
+    ) -> Result<Vec<CallOutcome>, RoundError> {
+        let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
+        let mut ready = Vec::new();
+        for (index, call) in calls.iter().enumerate() {
+            match self.check(spec, call) {
+                Ok(tool) => ready.push((
+                    index,
+                    Ready {
+                        call: call.clone(),
+                        tool,
+                    },
+                )),
+                Err(envelope) => {
+                    let outcome = CallOutcome {
+                        call_id: call.call_id.clone(),
+                        name: call.name.clone(),
+                        output: envelope.to_json(),
+                        attempts: 0,
+                        round_trip: None,
+                    };
+                    self.record_result(lease, &outcome, &envelope).await?;
+                    outcomes[index] = Some(outcome);
+                }
+            }
+        }
+        if !ready.is_empty() {
+            let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
+            let settled = self.dispatch(lease, spec, &calls, attempts, stop).await?;
+            for ((index, _), outcome) in ready.iter().zip(settled) {
+                outcomes[*index] = Some(outcome);
+            }
+        }
+        // Every slot was filled above: checked calls directly, the rest by drive.
+        Ok(outcomes.into_iter().flatten().collect())
+    }
+
+    /// Sends the checked calls of a round (at once, or one by one) and
+    /// gathers their outcomes in the same order.
+    async fn dispatch(
+        &self,
+        lease: &Lease,
+        spec: &JobSpec,
+        calls: &[&Ready],
+        attempts: &HashMap<String, u32>,
+        stop: &CancellationToken,
+    ) -> Result<Vec<CallOutcome>, RoundError> {
+        // Subscribe before publishing, so no result can slip past.
+        let (notify, _) = broadcast::channel(calls.len().max(16) * 4);
+        let subscriber = self
+            .nats
+            .subscribe(names::reply_subject(&lease.job_id))
+            .await
+            .map_err(|e| RoundError::Nats(e.to_string()))?;
+        // Aborted (and its subscription dropped) however the round ends: an
+        // interrupted or failed round must not leave a subscriber behind on
+        // the job's reply subject.
+        let _forwarder =
+            AbortOnDropHandle::new(tokio::spawn(forward_results(subscriber, notify.clone())));
+        let round = Round {
+            lease,
+            spec,
+            notify,
+            stop,
+        };
+        if !spec.parallel_tool_calls {
+            let mut done = Vec::new();
+            for ready in calls {
+                done.push(self.drive(&round, ready, attempts).await?);
+            }
+            return Ok(done);
+        }
+        // One commit records the first attempt of every fresh call.
+        let fresh: Vec<&PlannedCall> = calls
+            .iter()
+            .map(|r| &r.call)
+            .filter(|c| !attempts.contains_key(&c.call_id))
+            .collect();
+        self.record_dispatches(lease, &fresh, 1).await?;
+        let mut recorded = attempts.clone();
+        for call in fresh {
+            recorded.insert(call.call_id.clone(), 0);
+        }
+        let runs = calls.iter().map(|r| self.drive(&round, r, &recorded));
+        futures::future::join_all(runs).await.into_iter().collect()
+    }
+
+    /// The orchestrator's own checks; a failure is the call's envelope.
+    fn check(&self, spec: &JobSpec, call: &PlannedCall) -> Result<LiveTool, Envelope> {
+        let allowed = spec.tools.is_empty() || spec.tools.contains(&call.name);
+        let Some(tool) = self.registry.get(&call.name).filter(|_| allowed) else {
+            return Err(Envelope::terminal(
+                ErrorCode::UNKNOWN_TOOL,
+                format!("no tool named {:?} is available to this job", call.name),
+            ));
+        };
+        if call.arguments.len() > self.options.max_argument_bytes {
+            return Err(Envelope::terminal(
+                ErrorCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "arguments are {} bytes; the limit is {}",
+                    call.arguments.len(),
+                    self.options.max_argument_bytes
+                ),
+            ));
+        }
+        check_arguments(&call.name, &tool.validator, &call.arguments)?;
+        Ok(tool)
+    }
+
+    /// Records that `attempt` of each of `calls` is about to be published.
+    async fn record_dispatches(
+        &self,
+        lease: &Lease,
+        calls: &[&PlannedCall],
+        attempt: u32,
+    ) -> Result<(), RoundError> {
+        let calls: Vec<(&str, &str)> = calls
+            .iter()
+            .map(|call| (call.call_id.as_str(), call.name.as_str()))
+            .collect();
+        self.store.record_dispatch(lease, &calls, attempt).await?;
+        Ok(())
+    }
+
+    async fn record_result(
+        &self,
+        lease: &Lease,
+        outcome: &CallOutcome,
+        envelope: &Envelope,
+    ) -> Result<(), RoundError> {
+        let settled = SettledCall {
+            call_id: &outcome.call_id,
+            name: &outcome.name,
+            attempts: outcome.attempts,
+            round_trip: outcome.round_trip,
+            envelope,
+        };
+        self.store.record_call_result(lease, &settled).await?;
+        Ok(())
+    }
+}
