@@ -310,6 +310,9 @@ impl AgentService for AgentApi {
         })?;
         let store = self.store.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // Owned by the client's stream: it ends with the job's final event,
+        // or as soon as the stream is dropped (the client went away, or the
+        // server shut down), which closes `tx`.
         tokio::spawn(follow_events(
             store,
             job_id,
@@ -423,7 +426,8 @@ async fn follow_events(
             // are best effort.
             tokio::select! {
                 () = tx.closed() => return,
-                _ = wakeups.next() => {}
+                // A subscription that ended wakes nobody: polling goes on.
+                Some(_) = wakeups.next() => {}
                 () = tokio::time::sleep(WATCH_POLL) => {}
             }
             continue;

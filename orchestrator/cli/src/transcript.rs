@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolfleet_proto::JobStatus;
 use toolfleet_proto::v1::{self, item};
+use toolfleet_proto::{JobEvent, JobStatus};
 
 /// Widest event kind (`tool_call_dispatched`), so summaries line up.
 const KIND_WIDTH: usize = 20;
@@ -30,10 +30,17 @@ pub(crate) fn job_status(status: i32) -> Option<JobStatus> {
 /// One line for an event: offset, time since `start_ms`, kind, and a summary
 /// of its data.
 pub(crate) fn event_line(event: &v1::JobEvent, start_ms: u64) -> String {
-    let data = json_or_text(&event.data);
     let elapsed = event.timestamp_ms.saturating_sub(start_ms);
     let offset = format!("#{}", event.offset);
-    let summary = event_summary(&event.kind, &data);
+    let summary = match JobEvent::decode(&event.kind, &event.data) {
+        Ok(decoded) => event_summary(&decoded),
+        // A kind this CLI does not know (a newer server), or data it cannot
+        // read: show the data as it came.
+        Err(_) => match json_or_text(&event.data) {
+            Value::Object(map) if map.is_empty() => String::new(),
+            data => compact(&data),
+        },
+    };
     let line = format!(
         "{offset:>4} {:>7.3}s  {:<KIND_WIDTH$}  {summary}",
         Duration::from_millis(elapsed).as_secs_f64(),
@@ -42,35 +49,27 @@ pub(crate) fn event_line(event: &v1::JobEvent, start_ms: u64) -> String {
     line.trim_end().to_owned()
 }
 
-/// What an event says, in a few words; unknown kinds show their data as JSON.
-fn event_summary(kind: &str, data: &Value) -> String {
-    let text = |key: &str| data.get(key).and_then(Value::as_str).unwrap_or_default();
-    let number = |key: &str| data.get(key).and_then(Value::as_u64).unwrap_or_default();
-    match kind {
-        "job_queued" => match data.get("metadata").and_then(Value::as_object) {
-            Some(metadata) if !metadata.is_empty() => {
-                format!("metadata {}", compact(&Value::Object(metadata.clone())))
-            }
-            _ => String::new(),
-        },
-        "job_started" | "job_resumed" => {
-            format!("by {} (lease epoch {})", text("owner"), number("epoch"))
+/// What an event says, in a few words.
+fn event_summary(event: &JobEvent) -> String {
+    match event {
+        JobEvent::JobQueued { metadata } if metadata.is_empty() => String::new(),
+        JobEvent::JobQueued { metadata } => format!("metadata {}", compact(&json!(metadata))),
+        JobEvent::JobStarted { epoch, owner } | JobEvent::JobResumed { epoch, owner } => {
+            format!("by {owner} (lease epoch {epoch})")
         }
-        "model_turn" => {
-            let calls: Vec<String> = data
-                .get("tool_calls")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(|call| {
-                    let name = call.get("name").and_then(Value::as_str).unwrap_or("?");
-                    let id = call.get("call_id").and_then(Value::as_str).unwrap_or("?");
-                    format!("{name} [{id}]")
-                })
+        JobEvent::ModelTurn {
+            text,
+            tool_calls,
+            turn,
+            ..
+        } => {
+            let calls: Vec<String> = tool_calls
+                .iter()
+                .map(|call| format!("{} [{}]", call.name, call.call_id))
                 .collect();
-            let mut summary = format!("turn {}:", number("turn"));
-            if !text("text").is_empty() {
-                let _ = write!(summary, " says {}", quote(text("text"), QUOTE_CHARS));
+            let mut summary = format!("turn {turn}:");
+            if !text.is_empty() {
+                let _ = write!(summary, " says {}", quote(text, QUOTE_CHARS));
                 if !calls.is_empty() {
                     summary.push(';');
                 }
@@ -80,42 +79,45 @@ fn event_summary(kind: &str, data: &Value) -> String {
             }
             summary
         }
-        "tool_call_dispatched" => format!(
-            "{} {}, attempt {}",
-            text("call_id"),
-            text("name"),
-            number("attempt")
-        ),
-        "tool_call_result" => {
-            let outcome = if data.get("ok").and_then(Value::as_bool).unwrap_or(false) {
+        JobEvent::ToolCallDispatched {
+            attempt,
+            call_id,
+            name,
+        } => format!("{call_id} {name}, attempt {attempt}"),
+        JobEvent::ToolCallResult {
+            attempts: made,
+            call_id,
+            code,
+            name,
+            ok,
+            round_trip_us,
+        } => {
+            let outcome = if *ok {
                 "ok".to_owned()
             } else {
-                format!(
-                    "error {}",
-                    data.get("code").and_then(Value::as_str).unwrap_or("?")
-                )
+                format!("error {}", code.as_deref().unwrap_or("?"))
             };
-            let mut summary = format!("{} {}: {outcome}", text("call_id"), text("name"));
-            match number("attempts") {
+            let mut summary = format!("{call_id} {name}: {outcome}");
+            match made {
                 0 => summary.push_str(" (not dispatched)"),
                 n => {
-                    let _ = write!(summary, " after {}", attempts(n));
+                    let _ = write!(summary, " after {}", attempts(u64::from(*n)));
                 }
             }
-            if let Some(micros) = data.get("round_trip_us").and_then(Value::as_u64) {
+            if let Some(micros) = round_trip_us {
                 let _ = write!(
                     summary,
                     ", {:.1} ms",
-                    Duration::from_micros(micros).as_secs_f64() * 1e3
+                    Duration::from_micros(*micros).as_secs_f64() * 1e3
                 );
             }
             summary
         }
-        "job_succeeded" => quote(text("output_text"), QUOTE_CHARS),
-        "job_failed" => format!("{}: {}", text("code"), text("message")),
-        "job_cancelled" => text("code").to_owned(),
-        _ if data.as_object().is_some_and(serde_json::Map::is_empty) => String::new(),
-        _ => compact(data),
+        JobEvent::JobSucceeded { output_text } => quote(output_text, QUOTE_CHARS),
+        JobEvent::JobFailed { code, message } => {
+            format!("{code}: {}", message.as_deref().unwrap_or_default())
+        }
+        JobEvent::JobCancelled { code } => code.to_string(),
     }
 }
 
@@ -372,7 +374,7 @@ mod tests {
                 event(
                     3,
                     "model_turn",
-                    json!({"turn": 1, "text": "It is\n12 °C", "tool_calls": []}),
+                    json!({"turn": 1, "round": 1, "text": "It is\n12 °C", "tool_calls": []}),
                     1200,
                 ),
                 "turn 1: says \"It is 12 °C\"",
