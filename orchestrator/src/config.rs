@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use toolfleet_service::config::{
-    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered, redact_url,
+    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered,
 };
 
 use crate::dispatch::DispatchOptions;
@@ -133,20 +133,6 @@ impl OrchestratorOptions {
     }
 }
 
-impl toolfleet_service::binary::ServiceOptions for OrchestratorOptions {
-    fn log(&self) -> &LogOptions {
-        &self.log
-    }
-
-    fn metrics(&self) -> &MetricsOptions {
-        &self.metrics
-    }
-
-    /// Passwords in URLs hidden; the OpenAI key is never serialized.
-    fn redacted(&self) -> Self {
-        let mut shown = self.clone();
-        shown.redis.url = redact_url(&shown.redis.url);
-        shown.nats.url = redact_url(&shown.nats.url);
-        shown
-    }
-}
+// Secrets are never serialized (the OpenAI key is `skip_serializing`); URL
+// passwords are hidden when the options are printed or logged.
+toolfleet_service::service_options!(OrchestratorOptions);

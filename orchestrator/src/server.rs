@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use async_nats::jetstream;
+use async_nats::jetstream::context::CreateKeyValueError;
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
 use toolfleet_service::connect::{self, ConnectError};
+use toolfleet_service::queue::QueueError;
 use tracing::{info, warn};
 
 use crate::config::OrchestratorOptions;
@@ -34,9 +36,12 @@ pub enum StartError {
     /// NATS or Redis is unreachable: check `nats.url` and `redis.url`.
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    /// JetStream refused a stream, consumer or bucket.
-    #[error("cannot set up JetStream")]
-    JetStream(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// JetStream refused the job stream or consumer.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// JetStream refused the registry bucket.
+    #[error("cannot open the registry bucket")]
+    Registry(#[source] CreateKeyValueError),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
@@ -116,12 +121,10 @@ impl Orchestrator {
     /// The replica's components, wired together but not yet running.
     async fn assemble(&self, js: &jetstream::Context) -> Result<Parts, StartError> {
         let options = &self.options;
-        runner::ensure_job_stream(js)
-            .await
-            .map_err(|e| StartError::JetStream(Box::new(e)))?;
+        runner::ensure_job_stream(js).await?;
         let bucket = connect::registry_bucket(js, options.registry.ttl)
             .await
-            .map_err(|e| StartError::JetStream(Box::new(e)))?;
+            .map_err(StartError::Registry)?;
         let store = JobStore::new(
             self.redis.clone(),
             self.nats.clone(),

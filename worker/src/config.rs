@@ -169,22 +169,8 @@ impl WorkerOptions {
     }
 }
 
-impl toolfleet_service::binary::ServiceOptions for WorkerOptions {
-    fn log(&self) -> &LogOptions {
-        &self.log
-    }
-
-    fn metrics(&self) -> &MetricsOptions {
-        &self.metrics
-    }
-
-    fn redacted(&self) -> Self {
-        let mut shown = self.clone();
-        shown.redis.url = redact_url(&shown.redis.url);
-        shown.nats.url = redact_url(&shown.nats.url);
-        shown
-    }
-}
+// URL passwords are hidden when the options are printed or logged.
+toolfleet_service::service_options!(WorkerOptions);
 
 #[cfg(test)]
 mod tests {

@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names;
+use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
 use tracing::{debug, info, warn};
 
 use crate::dispatch::Dispatcher;
@@ -74,34 +75,21 @@ impl Default for RunnerOptions {
     }
 }
 
-/// Why the runner could not start.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot set up the JetStream job {what}")]
-pub struct StartError {
-    what: String,
-    #[source]
-    source: Box<dyn std::error::Error + Send + Sync>,
-}
+/// The job queue: a work-queue stream of job ids.
+const JOB_QUEUE: WorkQueue<'static> = WorkQueue {
+    name: names::JOB_STREAM,
+    subjects: names::JOB_SUBJECT,
+    description: "toolfleet: jobs waiting for an orchestrator",
+    max_age: Duration::ZERO,
+};
 
-/// Ensures the job stream exists (work queue of job ids).
+/// Ensures the job stream exists.
 ///
 /// # Errors
 ///
 /// JetStream refused the stream.
-pub async fn ensure_job_stream(js: &jetstream::Context) -> Result<stream::Stream, StartError> {
-    js.get_or_create_stream(stream::Config {
-        name: names::JOB_STREAM.to_owned(),
-        description: Some("toolfleet: jobs waiting for an orchestrator".to_owned()),
-        subjects: vec![names::JOB_SUBJECT.to_owned()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        duplicate_window: Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| StartError {
-        what: format!("stream {}", names::JOB_STREAM),
-        source: Box::new(e),
-    })
+pub async fn ensure_job_stream(js: &jetstream::Context) -> Result<stream::Stream, QueueError> {
+    queue::work_queue(js, &JOB_QUEUE).await
 }
 
 /// Runs jobs.
@@ -122,7 +110,7 @@ impl Runner {
     /// # Errors
     ///
     /// The job stream or consumer cannot be set up.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), StartError> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
         let consumer = self.job_consumer().await?;
         let slots = Arc::new(Semaphore::new(self.options.max_jobs.get()));
         let abandon = CancellationToken::new();
@@ -167,27 +155,16 @@ impl Runner {
     }
 
     /// The durable consumer that every replica pulls jobs from.
-    async fn job_consumer(&self) -> Result<consumer::PullConsumer, StartError> {
+    async fn job_consumer(&self) -> Result<consumer::PullConsumer, QueueError> {
         let stream = ensure_job_stream(&self.js).await?;
-        stream
-            .get_or_create_consumer(
-                names::JOB_CONSUMER,
-                consumer::pull::Config {
-                    durable_name: Some(names::JOB_CONSUMER.to_owned()),
-                    description: Some("toolfleet: orchestrator replicas".to_owned()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: self.options.job_ack_wait,
-                    // A job is never dropped: it is redelivered until it ends.
-                    max_deliver: -1,
-                    max_ack_pending: 100_000,
-                    ..Default::default()
-                },
-            )
-            .await
-            .map_err(|e| StartError {
-                what: format!("consumer {}", names::JOB_CONSUMER),
-                source: Box::new(e),
-            })
+        let shared = SharedConsumer {
+            name: names::JOB_CONSUMER,
+            description: "toolfleet: orchestrator replicas".to_owned(),
+            filter_subject: String::new(),
+            ack_wait: self.options.job_ack_wait,
+            max_ack_pending: 100_000,
+        };
+        queue::shared_consumer(&stream, shared).await
     }
 
     /// Lets running jobs go on for `drain_timeout`, then hands the rest back.

@@ -2,13 +2,45 @@
 //! start logging, metrics and the signal watch, serve, and map the outcome to
 //! an exit code (0 done, 1 failed, 2 bad configuration, 130 second signal).
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, LogOptions, MetricsOptions};
+use crate::config::{ConfigError, LogOptions, MetricsOptions, Overrides};
 use crate::{signals, telemetry};
+
+/// The flags every service binary takes; a binary adds its own next to them
+/// with `#[command(flatten)]`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServiceFlags {
+    /// TOML configuration file.
+    #[arg(long, short, env = "TOOLFLEET_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// NATS server URL (nats.url).
+    #[arg(long)]
+    pub nats_url: Option<String>,
+    /// Redis URL (redis.url).
+    #[arg(long)]
+    pub redis_url: Option<String>,
+    /// Serve Prometheus metrics on this address, e.g. 0.0.0.0:9090 (metrics.listen).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// Print the effective configuration (passwords hidden) as JSON and exit.
+    #[arg(long)]
+    pub print_config: bool,
+}
+
+impl ServiceFlags {
+    /// The given flags as the last configuration layer; add the binary's own.
+    pub fn overrides(&self) -> Overrides {
+        Overrides::default()
+            .set("nats.url", self.nats_url.as_ref())
+            .set("redis.url", self.redis_url.as_ref())
+            .set("metrics.listen", self.metrics_listen.as_ref())
+    }
+}
 
 /// What [`run`] needs to know of a service's options.
 pub trait ServiceOptions: Serialize {
@@ -19,6 +51,32 @@ pub trait ServiceOptions: Serialize {
     /// The options fit for printing and logging: every password in a URL
     /// hidden (secret fields are never serialized at all).
     fn redacted(&self) -> Self;
+}
+
+/// Implements [`ServiceOptions`] for an options struct (which must be
+/// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`
+/// and `log`. A macro rather than a default method because the sections are
+/// fields of each service's own struct.
+#[macro_export]
+macro_rules! service_options {
+    ($options:ty) => {
+        impl $crate::binary::ServiceOptions for $options {
+            fn log(&self) -> &$crate::config::LogOptions {
+                &self.log
+            }
+
+            fn metrics(&self) -> &$crate::config::MetricsOptions {
+                &self.metrics
+            }
+
+            fn redacted(&self) -> Self {
+                let mut shown = self.clone();
+                shown.nats.url = $crate::config::redact_url(&shown.nats.url);
+                shown.redis.url = $crate::config::redact_url(&shown.redis.url);
+                shown
+            }
+        }
+    };
 }
 
 /// Runs the service `name` (`toolfleet-worker`) with the options `loaded`:

@@ -6,6 +6,7 @@
 //! - [`config`]: layered options (defaults < TOML < `TOOLFLEET_*` < flags),
 //!   the connection, log and metrics sections, URL redaction;
 //! - [`connect`]: NATS and Redis connections with the settings both sides need;
+//! - [`queue`]: the JetStream work queues and their shared consumers;
 //! - [`binary`]: a binary's `main` around its options: print-config, logging,
 //!   metrics, signals and exit codes;
 //! - [`telemetry`]: the tracing subscriber and the Prometheus endpoint;
@@ -19,5 +20,6 @@ pub mod clock;
 pub mod config;
 pub mod connect;
 pub mod identity;
+pub mod queue;
 pub mod signals;
 pub mod telemetry;

@@ -25,6 +25,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_service::connect::{self, ConnectError};
+use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
 use tracing::{info, warn};
 
 pub use execute::SchemaError;
@@ -52,14 +53,8 @@ pub enum StartError {
     #[error(transparent)]
     Schema(#[from] SchemaError),
     /// JetStream refused the call stream or a consumer.
-    #[error("cannot set up JetStream {what}")]
-    JetStream {
-        /// The stream or consumer.
-        what: String,
-        /// What the server said.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Queue(#[from] QueueError),
     /// The registry bucket could not be opened.
     #[error(transparent)]
     Registry(#[from] RegistryError),
@@ -260,48 +255,30 @@ fn start_intake(
 async fn ensure_call_stream(
     js: &jetstream::Context,
     options: &WorkerOptions,
-) -> Result<stream::Stream, StartError> {
-    js.get_or_create_stream(stream::Config {
-        name: names::CALL_STREAM.to_owned(),
-        description: Some("toolfleet: tool calls waiting for a worker".to_owned()),
-        subjects: vec![names::CALL_SUBJECTS.to_owned()],
-        retention: stream::RetentionPolicy::WorkQueue,
+) -> Result<stream::Stream, QueueError> {
+    let calls = WorkQueue {
+        name: names::CALL_STREAM,
+        subjects: names::CALL_SUBJECTS,
+        description: "toolfleet: tool calls waiting for a worker",
         max_age: options.runtime.call_max_age,
-        duplicate_window: std::time::Duration::from_secs(120),
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| StartError::JetStream {
-        what: format!("stream {}", names::CALL_STREAM),
-        source: Box::new(e),
-    })
+    };
+    queue::work_queue(js, &calls).await
 }
 
+/// The consumer every worker serving `tool` shares. A poison call is
+/// answered by the worker itself (`MAX_DELIVERIES_EXCEEDED`), so JetStream
+/// needs no delivery limit and drops nothing silently.
 async fn ensure_consumer(
     stream: &stream::Stream,
     tool: &str,
     options: &WorkerOptions,
-) -> Result<consumer::PullConsumer, StartError> {
-    let name = names::call_consumer(tool);
-    stream
-        .get_or_create_consumer(
-            &name,
-            consumer::pull::Config {
-                durable_name: Some(name.clone()),
-                description: Some(format!("toolfleet: workers serving {tool}")),
-                filter_subject: names::call_subject(tool),
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: options.runtime.ack_wait,
-                // Unlimited: the worker answers a poison call itself
-                // (MAX_DELIVERIES_EXCEEDED), so no call is silently dropped.
-                max_deliver: -1,
-                max_ack_pending: 10_000,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(|e| StartError::JetStream {
-            what: format!("consumer {name}"),
-            source: Box::new(e),
-        })
+) -> Result<consumer::PullConsumer, QueueError> {
+    let shared = SharedConsumer {
+        name: &names::call_consumer(tool),
+        description: format!("toolfleet: workers serving {tool}"),
+        filter_subject: names::call_subject(tool),
+        ack_wait: options.runtime.ack_wait,
+        max_ack_pending: 10_000,
+    };
+    queue::shared_consumer(stream, shared).await
 }
