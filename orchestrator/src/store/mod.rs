@@ -426,9 +426,9 @@ impl JobStore {
         }
     }
 
-    /// Takes the job's lease for `owner`. `Ok(None)`: another runner holds it;
-    /// `Err(..)`/`Ok(Some)` as usual. A missing or finished job gives `None` too,
-    /// with `finished` telling which.
+    /// Takes the job's lease for `owner` for `ttl`, with the next epoch. See
+    /// [`Acquired`] for a lease held elsewhere, a job that already ended and
+    /// one whose state is gone.
     ///
     /// # Errors
     ///
