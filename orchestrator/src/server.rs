@@ -87,7 +87,12 @@ impl Orchestrator {
         let js = jetstream::new(self.nats.clone());
         let parts = self.assemble(&js).await?;
         let tasks = TaskTracker::new();
+        // What this future spawns stops with it, also when a caller drops it
+        // before the drain (the runner then drains and hands its jobs back).
         let background = CancellationToken::new();
+        let _stop_background = background.clone().drop_guard();
+        let shutdown = shutdown.child_token();
+        let _stop_runner = shutdown.clone().drop_guard();
         tasks.spawn(parts.registry.run(background.clone()));
         let runner = self.options.runner.clone();
         tasks.spawn(runner::sweep::run(
