@@ -9,8 +9,8 @@
 //!
 //! - this module: the round (checks, the reply subscription, the calls in
 //!   parallel or one by one);
-//! - [`attempt`]: one call through its attempts: publish, wait, retry;
-//! - [`retry`]: the verdict after each attempt, a pure function.
+//! - `attempt`: one call through its attempts: publish, wait, retry;
+//! - `retry`: the verdict after each attempt, a pure function.
 
 mod attempt;
 mod retry;

@@ -1,7 +1,7 @@
 //! Model providers behind one provider-neutral conversation model.
 //!
-//! The runner keeps a job's conversation as a list of
-//! [`Item`](crate::job::Item)s, stored in Redis. Each provider module translates that list into its wire format and
+//! The runner keeps a job's conversation as a list of [`Item`]s, stored in
+//! Redis. Each provider module translates that list into its wire format and
 //! the model's answer back into items:
 //! - `openai_responses`: the OpenAI Responses API;
 //! - `chat_completions`: OpenAI Chat Completions, also spoken by vLLM,

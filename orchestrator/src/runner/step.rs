@@ -59,10 +59,13 @@ pub(crate) struct RunState<'a> {
 /// result are dispatched, a final answer already stored ends the job, and a
 /// turn already checkpointed is never played again.
 pub(crate) fn next_step(items: &[Item], state: RunState<'_>) -> Step {
+    let cancel = state.cancel_requested || state.stop == Some(StopReason::CancelRequested);
     match state.stop {
-        Some(StopReason::CancelRequested) => return Step::Finish(Ending::Cancelled),
+        // Another runner owns the job: not even a cancel is ours to write.
+        Some(StopReason::LeaseLost) => return Step::Stop(StopReason::LeaseLost),
+        // A requested cancel wins over a shutdown: the job needs no new home.
+        _ if cancel => return Step::Finish(Ending::Cancelled),
         Some(reason) => return Step::Stop(reason),
-        None if state.cancel_requested => return Step::Finish(Ending::Cancelled),
         None => {}
     }
     if state.now_ms >= state.spec.deadline_ms {
@@ -318,6 +321,16 @@ mod tests {
                     ..state
                 },
                 Box::new(|s| *s == Step::Stop(StopReason::Shutdown)),
+            ),
+            (
+                "a cancel requested before a shutdown still cancels",
+                vec![user()],
+                RunState {
+                    stop: Some(StopReason::Shutdown),
+                    cancel_requested: true,
+                    ..state
+                },
+                Box::new(|s| *s == Step::Finish(Ending::Cancelled)),
             ),
             (
                 "a lost lease stops before anything else",
