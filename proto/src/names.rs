@@ -129,6 +129,12 @@ impl RedisKeys {
         self.job_key(job_id, &format!("started:{call_id}:{attempt}"))
     }
 
+    /// How many executions of one call attempt took its claim and neither
+    /// stored a result nor released the claim: the executions that died.
+    pub fn call_claims(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
+        self.job_key(job_id, &format!("claims:{call_id}:{attempt}"))
+    }
+
     /// The stored envelope of one call attempt.
     pub fn call_result(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
         self.job_key(job_id, &format!("result:{call_id}:{attempt}"))

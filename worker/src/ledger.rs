@@ -25,26 +25,36 @@ pub(crate) enum Claim {
     Acquired {
         /// An earlier execution started and left no result.
         previously_started: bool,
+        /// Earlier executions of this attempt that took the claim and ended
+        /// with neither a result nor a release: the ones that died (or could
+        /// not store their result). Hand-backs that never claimed, because
+        /// Redis was down or another worker held the claim, do not count.
+        died: u32,
     },
     /// Another execution holds a live claim (`owner`): try again later.
     HeldBy(String),
 }
 
-/// KEYS: result, claim, started. ARGV: owner, lease_ms, side_effects (0/1),
-/// retention_ms. For side-effecting tools the `started` marker outlives the
-/// claim, so the next delivery knows an execution began.
+/// KEYS: result, claim, started, claims. ARGV: owner, lease_ms, side_effects
+/// (0/1), retention_ms. For side-effecting tools the `started` marker
+/// outlives the claim, so the next delivery knows an execution began. Every
+/// claim taken counts in `claims`, and a release uncounts it, so the count
+/// before this claim is how many executions died. Returns {kind, value,
+/// died}.
 const CLAIM: &str = r"
 local result = redis.call('GET', KEYS[1])
-if result then return {1, result} end
+if result then return {1, result, 0} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local started = 0
   if ARGV[3] == '1' then
     started = redis.call('EXISTS', KEYS[3])
     redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[4])
   end
-  return {2, tostring(started)}
+  local died = redis.call('INCR', KEYS[4]) - 1
+  redis.call('PEXPIRE', KEYS[4], ARGV[4])
+  return {2, tostring(started), died}
 end
-return {3, redis.call('GET', KEYS[2]) or ''}
+return {3, redis.call('GET', KEYS[2]) or '', 0}
 ";
 
 const COMPLETE: &str = r"
@@ -62,8 +72,13 @@ end
 return 0
 ";
 
+/// KEYS: claim, claims. A released claim did not die: uncount it.
 const RELEASE: &str = r"
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if tonumber(redis.call('GET', KEYS[2]) or '0') > 0 then redis.call('DECR', KEYS[2]) end
+  return 1
+end
 return 0
 ";
 
@@ -122,7 +137,7 @@ impl Ledger {
         owner: &str,
         side_effects: bool,
     ) -> redis::RedisResult<Claim> {
-        let (kind, value): (u8, String) = self
+        let (kind, value, died): (u8, String, u32) = self
             .scripts
             .claim
             .key(self.result_key(call))
@@ -131,6 +146,7 @@ impl Ledger {
                 self.keys
                     .call_started(&call.job_id, &call.call_id, call.attempt),
             )
+            .key(self.claims_key(call))
             .arg(owner)
             .arg(millis(self.lease))
             .arg(if side_effects { "1" } else { "0" })
@@ -141,6 +157,7 @@ impl Ledger {
             1 => Claim::Stored(value),
             2 => Claim::Acquired {
                 previously_started: value == "1",
+                died,
             },
             _ => Claim::HeldBy(value),
         })
@@ -186,6 +203,7 @@ impl Ledger {
             .scripts
             .release
             .key(self.claim_key(call))
+            .key(self.claims_key(call))
             .arg(owner)
             .invoke_async(&mut self.redis.clone())
             .await?;
@@ -195,6 +213,11 @@ impl Ledger {
     fn claim_key(&self, call: &ToolCall) -> String {
         self.keys
             .call_claim(&call.job_id, &call.call_id, call.attempt)
+    }
+
+    fn claims_key(&self, call: &ToolCall) -> String {
+        self.keys
+            .call_claims(&call.job_id, &call.call_id, call.attempt)
     }
 
     fn result_key(&self, call: &ToolCall) -> String {

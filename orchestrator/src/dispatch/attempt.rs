@@ -33,18 +33,14 @@ impl Dispatcher {
         ready: &Ready,
         attempts: &HashMap<String, u32>,
     ) -> Result<CallOutcome, RoundError> {
-        let call = &ready.call;
-        let policy = ready
-            .tool
-            .manifest
-            .retry_policy(self.options.default_retry_policy());
+        let (call, policy) = (&ready.call, &ready.policy);
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
         let mut round_trip = None;
         loop {
             let answer = self.answer(round, call, attempt, resumed).await?;
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
-            let delay = match retry::verdict(answer.envelope, attempt, &policy, rand::random()) {
+            let delay = match retry::verdict(answer.envelope, attempt, policy, rand::random()) {
                 Verdict::Settle(envelope) => {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),

@@ -136,7 +136,8 @@ pub struct Dispatcher {
 /// A checked call, ready to publish.
 struct Ready {
     call: PlannedCall,
-    tool: LiveTool,
+    /// How the call's retryable failures are retried.
+    policy: RetryPolicy,
 }
 
 /// What every call of one round shares.
@@ -167,12 +168,24 @@ impl Dispatcher {
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
-            match self.check(spec, call) {
-                Ok(tool) => ready.push((
+            let checked = if attempts.contains_key(&call.call_id) {
+                // Dispatched before (a resumed round): it passed the checks
+                // then, and what its attempt stored or answers decides its
+                // outcome, never a registry that changed since (its workers
+                // may be restarting right now).
+                Ok(self.retry_policy(&call.name))
+            } else {
+                self.check(spec, call).map(|tool| {
+                    tool.manifest
+                        .retry_policy(self.options.default_retry_policy())
+                })
+            };
+            match checked {
+                Ok(policy) => ready.push((
                     index,
                     Ready {
                         call: call.clone(),
-                        tool,
+                        policy,
                     },
                 )),
                 Err(envelope) => {
@@ -247,6 +260,14 @@ impl Dispatcher {
         }
         let runs = calls.iter().map(|r| self.drive(&round, r, &recorded));
         futures::future::join_all(runs).await.into_iter().collect()
+    }
+
+    /// The retry policy of `tool`: its live manifest's, else the defaults.
+    fn retry_policy(&self, tool: &str) -> RetryPolicy {
+        let default = self.options.default_retry_policy();
+        self.registry
+            .get(tool)
+            .map_or(default, |live| live.manifest.retry_policy(default))
     }
 
     /// The orchestrator's own checks; a failure is the call's envelope.

@@ -118,12 +118,10 @@ impl Executor {
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let delivered = message.info().map_or(1, |info| info.delivered);
-        let previously_started = match self.claim(call, &owner, delivered).await {
+        let earlier = match self.claim(call, &owner).await {
             Claimed::Stored(envelope) => return self.reply_stored(call, envelope).await,
             Claimed::Later(delay) => return Outcome::Retry(delay),
-            Claimed::MaxDeliveries(envelope) => return self.settle(call, &owner, &envelope).await,
-            Claimed::Acquired { previously_started } => previously_started,
+            Claimed::Acquired(earlier) => earlier,
         };
         let started = Instant::now();
         // The checks never await, so only `run` has to watch the abandon token.
@@ -136,10 +134,7 @@ impl Executor {
         );
         let envelope = match checked {
             Err(envelope) => envelope,
-            Ok(checked) => match self
-                .run(checked, call, message, &owner, previously_started)
-                .await
-            {
+            Ok(checked) => match self.run(checked, call, message, &owner, earlier).await {
                 Ran::Finished(envelope) => envelope,
                 Ran::Abandoned => return self.hand_back(call, &owner).await,
             },

@@ -17,17 +17,24 @@ pub(super) enum Claimed {
     /// Not this delivery's to run now (another live worker holds the claim,
     /// or Redis is down): hand it back, redelivered after the delay.
     Later(Duration),
-    /// This delivery owns the attempt, but every earlier delivery died
-    /// without an answer: answer with this envelope instead of running.
-    MaxDeliveries(Envelope),
-    /// This delivery owns the attempt and runs it. `previously_started`: an
-    /// earlier delivery of a side-effecting call started and left no result.
-    Acquired { previously_started: bool },
+    /// This delivery owns the attempt.
+    Acquired(Earlier),
+}
+
+/// What earlier executions of a claimed attempt left behind.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Earlier {
+    /// An earlier execution of a side-effecting call started and left no
+    /// result: its effect may have happened.
+    pub(super) started: bool,
+    /// Enough earlier executions died that the call is poison: this is the
+    /// answer, unless the probe knows better. The call is not run again.
+    pub(super) poisoned: Option<Envelope>,
 }
 
 impl Executor {
-    /// Claims `call` for `owner`, the `delivered`-th delivery of its message.
-    pub(super) async fn claim(&self, call: &ToolCall, owner: &str, delivered: i64) -> Claimed {
+    /// Claims `call` for `owner`.
+    pub(super) async fn claim(&self, call: &ToolCall, owner: &str) -> Claimed {
         let side_effects = self
             .tools
             .get(&call.tool)
@@ -49,30 +56,32 @@ impl Executor {
                 debug!(holder = %holder, "call is being executed elsewhere");
                 Claimed::Later(self.ledger.lease())
             }
-            Claim::Acquired { previously_started } => {
-                match poison(delivered, self.options.max_deliveries) {
-                    Some(envelope) => Claimed::MaxDeliveries(envelope),
-                    None => Claimed::Acquired { previously_started },
-                }
-            }
+            Claim::Acquired {
+                previously_started,
+                died,
+            } => Claimed::Acquired(Earlier {
+                started: previously_started,
+                poisoned: poison(died, self.options.max_deliveries),
+            }),
         }
     }
 }
 
-/// The answer to a claimed delivery numbered `delivered` when it is over
-/// `max_deliveries`: every earlier delivery died without an answer (no
-/// result, no live claim), so the call is a poison call. Answering instead of
-/// running it again keeps the job from being stuck (decision 0004).
-fn poison(delivered: i64, max_deliveries: i64) -> Option<Envelope> {
-    if delivered <= max_deliveries {
+/// The answer to a call whose executions died `died` times (each took the
+/// claim, then neither stored a result nor released it) when that reaches
+/// `max_deliveries`: a poison call that kills its workers. Answering instead
+/// of running it again keeps the job from being stuck (decision 0004).
+/// Deliveries handed back without a claim (Redis down, the claim held
+/// elsewhere) are not deaths and never count.
+fn poison(died: u32, max_deliveries: i64) -> Option<Envelope> {
+    if i64::from(died) < max_deliveries {
         return None;
     }
-    warn!(delivered, "poison call: answered without executing");
+    warn!(died, "poison call: not run again");
     Some(Envelope::terminal(
         ErrorCode::MAX_DELIVERIES_EXCEEDED,
         format!(
-            "the call was delivered {} times and no worker finished it; it was not run again",
-            delivered - 1
+            "the call was started {died} times and no worker finished it; it was not run again"
         ),
     ))
 }
@@ -82,32 +91,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_delivery_past_the_limit_is_poison() {
-        // (delivered, max_deliveries, poison)
+    fn only_as_many_deaths_as_max_deliveries_make_a_call_poison() {
+        // (executions that died, max_deliveries, poison)
         let cases = [
-            (1, 5, false),
-            (5, 5, false),
-            (6, 5, true),
-            (2, 1, true),
-            (1, 0, true),
+            (0, 5, false),
+            (4, 5, false),
+            (5, 5, true),
+            (1, 1, true),
+            (0, 0, true),
         ];
-        for (delivered, max, expected) in cases {
-            let answer = poison(delivered, max);
-            assert_eq!(
-                answer.is_some(),
-                expected,
-                "delivery {delivered} of max {max}"
-            );
+        for (died, max, expected) in cases {
+            let answer = poison(died, max);
+            assert_eq!(answer.is_some(), expected, "{died} deaths of max {max}");
             if let Some(envelope) = answer {
                 let error = envelope.error().expect("an error envelope");
                 assert_eq!(error.code, ErrorCode::MAX_DELIVERIES_EXCEEDED);
                 assert!(!error.retryable);
-                // The earlier deliveries, not counting this one.
-                assert!(
-                    error
-                        .message
-                        .contains(&format!("delivered {} times", delivered - 1))
-                );
+                assert!(error.message.contains(&format!("started {died} times")));
             }
         }
     }

@@ -13,6 +13,7 @@ use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
 use tracing::{Instrument, debug, error, warn};
 
 use super::check::Checked;
+use super::claim::Earlier;
 use super::{Executor, LoadedTool};
 use crate::envelope::{GENERIC_FAILURE, from_error};
 use crate::tool::{Applied, ToolContext, ToolError};
@@ -52,10 +53,10 @@ impl Executor {
         call: &ToolCall,
         message: &Message,
         owner: &str,
-        previously_started: bool,
+        earlier: Earlier,
     ) -> Ran {
         tokio::select! {
-            envelope = self.probe_and_execute(checked, call, message, owner, previously_started) => {
+            envelope = self.probe_and_execute(checked, call, message, owner, earlier) => {
                 Ran::Finished(envelope)
             }
             () = self.abandon.cancelled() => {
@@ -71,7 +72,7 @@ impl Executor {
         call: &ToolCall,
         message: &Message,
         owner: &str,
-        previously_started: bool,
+        earlier: Earlier,
     ) -> Envelope {
         let ctx = ToolContext {
             job_id: call.job_id.clone(),
@@ -84,6 +85,17 @@ impl Executor {
             cancelled: CancellationToken::new(),
         };
         let side_effects = checked.tool.manifest.side_effects;
+        let previously_started = earlier.started;
+        if let Some(poisoned) = earlier.poisoned {
+            // Not run again; but an earlier execution may have applied its
+            // effect before it died, and then the truth is the probe's.
+            let applied = if side_effects && previously_started {
+                Some(checked.tool.tool.probe(checked.args, ctx).await)
+            } else {
+                None
+            };
+            return after_poison(applied, poisoned);
+        }
         if needs_probe(side_effects, previously_started, call.attempt) {
             let applied = checked
                 .tool
@@ -178,6 +190,23 @@ impl Executor {
 fn needs_probe(side_effects: bool, previously_started: bool, attempt: u32) -> bool {
     let retry = attempt > 1;
     side_effects && (previously_started || retry)
+}
+
+/// The answer to a poison call, which is not run again: what the probe knows
+/// of an earlier execution's side effect (`None`: no effect to ask about),
+/// else `poisoned` (`MAX_DELIVERIES_EXCEEDED`, "not run again").
+fn after_poison(applied: Option<Applied>, poisoned: Envelope) -> Envelope {
+    match applied {
+        None | Some(Applied::No) => poisoned,
+        Some(Applied::Yes(data)) => {
+            warn!("poison call whose effect was applied; answering with it");
+            Envelope::Ok(data)
+        }
+        Some(Applied::Unknown) => outcome_unknown(
+            "every worker running this call died after it started; whether its \
+             side effect happened is unknown, so it was not run again",
+        ),
+    }
 }
 
 /// What the probe's answer means before running: `Some` answers the call
@@ -320,6 +349,28 @@ mod tests {
                 expected,
                 "side_effects={side_effects} previously_started={started} attempt={attempt}"
             );
+        }
+    }
+
+    #[test]
+    fn a_poison_call_is_answered_by_what_the_probe_knows() {
+        let poisoned = Envelope::terminal(ErrorCode::MAX_DELIVERIES_EXCEEDED, "not run again");
+        let data = json!({"counter": 1});
+        // (what the probe said, if it was asked; the answer's code)
+        let cases = [
+            (None, "MAX_DELIVERIES_EXCEEDED"),
+            (Some(Applied::No), "MAX_DELIVERIES_EXCEEDED"),
+            (Some(Applied::Yes(data.clone())), "ok"),
+            (Some(Applied::Unknown), "OUTCOME_UNKNOWN"),
+        ];
+        for (applied, expected) in cases {
+            let what = format!("{applied:?}");
+            let answer = after_poison(applied, poisoned.clone());
+            assert_eq!(code(&answer), expected, "{what}");
+            match answer {
+                Envelope::Ok(got) => assert_eq!(got, data),
+                Envelope::Err(error) => assert!(!error.retryable, "{what}"),
+            }
         }
     }
 

@@ -1,0 +1,146 @@
+//! Fault tests, part two: after any fault, the model is told the truth about
+//! every call. An effect that happened must never be reported as a failure
+//! ("no such tool", "not run"), because a real model would call again. Each
+//! test replays a sequence that once produced a wrong answer.
+
+use std::time::Duration;
+
+use serde_json::json;
+use toolfleet_proto::Envelope;
+use toolfleet_proto::v1::{self, item::Kind};
+use toolfleet_tests::RedisConfig;
+use toolfleet_tests::fleet::{Fleet, call, scripted_job, wait_finished};
+
+/// Short runner timers: a dead orchestrator's jobs move within seconds.
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The envelope the model got for `call_id`.
+fn answer(job: &v1::Job, call_id: &str) -> Envelope {
+    let output = job
+        .items
+        .iter()
+        .find_map(|item| match &item.kind {
+            Some(Kind::ToolResult(result)) if result.call_id == call_id => {
+                Some(result.output.clone())
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no result for {call_id} in {job:?}"));
+    serde_json::from_str(&output).expect("outputs are envelopes")
+}
+
+fn count_in_logs(fleet: &Fleet, needle: &str) -> usize {
+    fleet
+        .workers()
+        .iter()
+        .map(|w| w.log_tail(1_000_000).matches(needle).count())
+        .sum()
+}
+
+/// An orchestrator dies while a call runs; the worker stores the call's ok
+/// result and stops (so no worker announces the tool any more); then an
+/// orchestrator resumes the job. The call was dispatched and applied: the
+/// model must get its stored result, not `UNKNOWN_TOOL`.
+#[tokio::test]
+async fn a_resumed_round_answers_a_dispatched_call_from_its_stored_result() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(1).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "increment_counter",
+                         "arguments": {"key": "resumed:1", "delay_ms": 3000}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job("resume", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    toolfleet_tests::wait_until("the effect", WAIT, || async {
+        fleet.counter("resumed:1").await.is_ok_and(|n| n == 1)
+    })
+    .await?;
+    fleet.orchestrator(0).kill();
+    // The first attempt of the model's first call, as dispatched.
+    let dispatched = call(&job_id, "call_0_0", "increment_counter", "{}");
+    let stored = toolfleet_tests::wait_until("the worker to store its result", WAIT, || async {
+        fleet.stored_result(&dispatched).await.ok().flatten()
+    })
+    .await?;
+    assert!(stored.is_ok(), "{stored:?}");
+    fleet.worker(0).stop(Duration::from_secs(30)).await?;
+    fleet.orchestrator(0).respawn()?;
+    let api = fleet.api(0).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let answered = answer(&job, "call_0_0");
+    assert!(
+        answered.is_ok(),
+        "the effect happened, so the model must be told so: {answered:?}"
+    );
+    assert_eq!(fleet.counter("resumed:1").await?, 1);
+    println!(
+        "resumed round: jobs 1, calls 1, orchestrator kills 1, answered from the stored result 1"
+    );
+    Ok(())
+}
+
+/// A side-effecting call runs, and Redis dies before its result is stored;
+/// while Redis is down, every delivery is handed back, more times than
+/// `max_deliveries` allows. Hand-backs are not crashes: once Redis is back,
+/// the call is settled by its probe (the effect happened once), not answered
+/// `MAX_DELIVERIES_EXCEEDED`.
+#[tokio::test]
+async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow::Result<()> {
+    let env = [
+        ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+        ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+        ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
+    ];
+    let redis = RedisConfig { append_only: true };
+    let fleet = Fleet::start_with_redis(1, &env, redis).await?;
+    let mut results = fleet.results("job-outage").await?;
+    let applied = call(
+        "job-outage",
+        "call_1",
+        "increment_counter",
+        r#"{"key": "outage:1", "delay_ms": 2000}"#,
+    );
+    fleet.publish_call(&applied).await?;
+    toolfleet_tests::wait_until("the effect", WAIT, || async {
+        fleet.counter("outage:1").await.is_ok_and(|n| n == 1)
+    })
+    .await?;
+    // Down before the tool returns: its result cannot be stored.
+    fleet.redis.kill();
+    fleet
+        .worker(0)
+        .wait_for_log("could not store the result", WAIT)
+        .await?;
+    // Then more hand-backs than max_deliveries allows, while Redis stays down.
+    let before = count_in_logs(&fleet, "redis unavailable");
+    toolfleet_tests::wait_until("hand-backs past max_deliveries", WAIT, || async {
+        count_in_logs(&fleet, "redis unavailable") >= before + 3
+    })
+    .await?;
+    fleet.redis.restart().await?;
+    let answer = results.next(WAIT).await?;
+    assert!(
+        answer.envelope.is_ok(),
+        "the effect happened once, so the answer must say so: {}",
+        answer.body
+    );
+    assert_eq!(fleet.counter("outage:1").await?, 1, "applied once");
+    assert_eq!(count_in_logs(&fleet, "executing call"), 1, "run once");
+    let hand_backs = count_in_logs(&fleet, "redis unavailable");
+    println!("redis outage: calls 1, hand-backs {hand_backs}, executions 1, answered ok 1");
+    Ok(())
+}
