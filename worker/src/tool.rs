@@ -80,8 +80,13 @@ pub enum Applied {
     Yes(Value),
     /// The effect did not happen; running the call is safe.
     No,
-    /// The tool cannot tell.
+    /// The tool cannot tell (it has no way to know).
     Unknown,
+    /// The tool could tell, but what it asks is unreachable right now (a
+    /// dropped connection, a restart). The runtime hands the call back and
+    /// asks again on its next delivery, instead of answering
+    /// `OUTCOME_UNKNOWN` about an effect that can still be known.
+    Unavailable,
 }
 
 /// What a tool knows about the call it is executing.

@@ -136,7 +136,9 @@ impl Executor {
             Err(envelope) => envelope,
             Ok(checked) => match self.run(checked, call, message, &owner, earlier).await {
                 Ran::Finished(envelope) => envelope,
-                Ran::Abandoned => return self.hand_back(call, &owner).await,
+                Ran::Abandoned => return self.hand_back(call, &owner, Duration::ZERO).await,
+                // Not at once: what the probe asks is down for a moment.
+                Ran::AskLater => return self.hand_back(call, &owner, Duration::from_secs(1)).await,
             },
         };
         metrics::call_finished(&call.tool, &envelope, started.elapsed());

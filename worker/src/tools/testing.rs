@@ -264,9 +264,10 @@ impl Tool for IncrementCounter {
                 Applied::Yes(json!({"key": key, "value": value, "recovered": true}))
             }
             Ok(_) => Applied::No,
+            // The executions hash knows; it just cannot be read right now.
             Err(err) => {
                 tracing::warn!(error = %err, "counter probe failed");
-                Applied::Unknown
+                Applied::Unavailable
             }
         }
     }

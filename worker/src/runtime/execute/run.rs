@@ -19,12 +19,16 @@ use crate::envelope::{GENERIC_FAILURE, from_error};
 use crate::tool::{Applied, ToolContext, ToolError};
 
 /// How running a call ended.
+#[derive(Debug)]
 pub(super) enum Ran {
     /// The call's envelope: the tool's result or failure, or the probe's answer.
     Finished(Envelope),
     /// The drain timeout ran out first: the tool was stopped, and the call
     /// must be handed back without a result.
     Abandoned,
+    /// The probe could not reach what it asks: hand the call back, and ask
+    /// again on its next delivery.
+    AskLater,
 }
 
 /// A tool task that ended before its timeout: its own result, or the panic
@@ -56,9 +60,7 @@ impl Executor {
         earlier: Earlier,
     ) -> Ran {
         tokio::select! {
-            envelope = self.probe_and_execute(checked, call, message, owner, earlier) => {
-                Ran::Finished(envelope)
-            }
+            ran = self.probe_and_execute(checked, call, message, owner, earlier) => ran,
             () = self.abandon.cancelled() => {
                 warn!("drain timeout: call abandoned and handed back");
                 Ran::Abandoned
@@ -73,7 +75,7 @@ impl Executor {
         message: &Message,
         owner: &str,
         earlier: Earlier,
-    ) -> Envelope {
+    ) -> Ran {
         let ctx = ToolContext {
             job_id: call.job_id.clone(),
             call_id: call.call_id.clone(),
@@ -118,7 +120,7 @@ impl Executor {
         call: &ToolCall,
         message: &Message,
         owner: &str,
-    ) -> Envelope {
+    ) -> Ran {
         let Checked {
             tool: loaded,
             args,
@@ -144,7 +146,7 @@ impl Executor {
         let result = self.keep_alive(call, message, owner, timeout, run).await;
         drop(stop_tool); // finished, or stopped here on timeout
         match result {
-            Some(finished) => envelope_of(finished, self.options.max_output_bytes),
+            Some(finished) => Ran::Finished(envelope_of(finished, self.options.max_output_bytes)),
             None => timed_out(loaded, for_probe, timeout).await,
         }
     }
@@ -195,31 +197,40 @@ fn needs_probe(side_effects: bool, previously_started: bool, attempt: u32) -> bo
 /// The answer to a poison call, which is not run again: what the probe knows
 /// of an earlier execution's side effect (`None`: no effect to ask about),
 /// else `poisoned` (`MAX_DELIVERIES_EXCEEDED`, "not run again").
-fn after_poison(applied: Option<Applied>, poisoned: Envelope) -> Envelope {
-    match applied {
+fn after_poison(applied: Option<Applied>, poisoned: Envelope) -> Ran {
+    Ran::Finished(match applied {
         None | Some(Applied::No) => poisoned,
         Some(Applied::Yes(data)) => {
             warn!("poison call whose effect was applied; answering with it");
             Envelope::Ok(data)
         }
+        Some(Applied::Unavailable) => return ask_later(),
         Some(Applied::Unknown) => outcome_unknown(
             "every worker running this call died after it started; whether its \
              side effect happened is unknown, so it was not run again",
         ),
-    }
+    })
 }
 
-/// What the probe's answer means before running: `Some` answers the call
-/// without running it, `None` runs it.
-fn before_run(applied: Applied, previously_started: bool) -> Option<Envelope> {
+/// The probe could not ask now: the call goes back to the queue, so that the
+/// model is told what happened rather than "unknown".
+fn ask_later() -> Ran {
+    warn!("the probe cannot reach what it asks; call handed back to ask again");
+    Ran::AskLater
+}
+
+/// What the probe's answer means before running: `Some` ends the delivery
+/// without running the call, `None` runs it.
+fn before_run(applied: Applied, previously_started: bool) -> Option<Ran> {
     match applied {
         Applied::Yes(data) => {
             warn!(
                 previously_started,
                 "earlier execution was applied; answering without running again"
             );
-            Some(Envelope::Ok(data))
+            Some(Ran::Finished(Envelope::Ok(data)))
         }
+        Applied::Unavailable => Some(ask_later()),
         Applied::No => {
             debug!("earlier execution was not applied; running the call");
             None
@@ -232,10 +243,10 @@ fn before_run(applied: Applied, previously_started: bool) -> Option<Envelope> {
         }
         Applied::Unknown => {
             warn!("earlier execution's outcome is unknown; not running again");
-            Some(outcome_unknown(
+            Some(Ran::Finished(outcome_unknown(
                 "the worker running this call died after it started; whether \
                  its side effect happened is unknown, so it was not run again",
-            ))
+            )))
         }
     }
 }
@@ -280,7 +291,7 @@ async fn timed_out(
     loaded: &LoadedTool,
     for_probe: Option<(Value, ToolContext)>,
     timeout: Duration,
-) -> Envelope {
+) -> Ran {
     warn!(timeout_ms = timeout.as_millis() as u64, "tool timed out");
     let timed_out = Envelope::retryable(
         ErrorCode::TOOL_TIMEOUT,
@@ -291,20 +302,21 @@ async fn timed_out(
     );
     match for_probe {
         Some((args, ctx)) => after_timeout(loaded.tool.probe(args, ctx).await, timed_out),
-        None => timed_out,
+        None => Ran::Finished(timed_out),
     }
 }
 
 /// What the probe's answer means for a side-effecting call that timed out.
-fn after_timeout(applied: Applied, timed_out: Envelope) -> Envelope {
-    match applied {
+fn after_timeout(applied: Applied, timed_out: Envelope) -> Ran {
+    Ran::Finished(match applied {
         Applied::Yes(data) => Envelope::Ok(data),
         Applied::No => timed_out,
+        Applied::Unavailable => return ask_later(),
         Applied::Unknown => outcome_unknown(
             "the tool timed out after it started; whether its side effect \
              happened is unknown, so it is not retried",
         ),
-    }
+    })
 }
 
 /// The terminal envelope of a side effect that may or may not have happened.
@@ -352,24 +364,41 @@ mod tests {
         }
     }
 
+    /// What a delivery ends in: the answer's code, or `ask later`.
+    fn outcome(ran: &Ran) -> String {
+        match ran {
+            Ran::Finished(envelope) => code(envelope),
+            Ran::AskLater => "ask later".to_owned(),
+            Ran::Abandoned => "abandoned".to_owned(),
+        }
+    }
+
+    /// Every error envelope that answers for a probe is terminal.
+    fn assert_terminal(ran: &Ran, what: &str) {
+        if let Ran::Finished(Envelope::Err(error)) = ran {
+            assert!(!error.retryable, "{what}");
+        }
+    }
+
     #[test]
     fn a_poison_call_is_answered_by_what_the_probe_knows() {
         let poisoned = Envelope::terminal(ErrorCode::MAX_DELIVERIES_EXCEEDED, "not run again");
         let data = json!({"counter": 1});
-        // (what the probe said, if it was asked; the answer's code)
+        // (what the probe said, if it was asked; how the delivery ends)
         let cases = [
             (None, "MAX_DELIVERIES_EXCEEDED"),
             (Some(Applied::No), "MAX_DELIVERIES_EXCEEDED"),
             (Some(Applied::Yes(data.clone())), "ok"),
             (Some(Applied::Unknown), "OUTCOME_UNKNOWN"),
+            (Some(Applied::Unavailable), "ask later"),
         ];
         for (applied, expected) in cases {
             let what = format!("{applied:?}");
-            let answer = after_poison(applied, poisoned.clone());
-            assert_eq!(code(&answer), expected, "{what}");
-            match answer {
-                Envelope::Ok(got) => assert_eq!(got, data),
-                Envelope::Err(error) => assert!(!error.retryable, "{what}"),
+            let ran = after_poison(applied, poisoned.clone());
+            assert_eq!(outcome(&ran), expected, "{what}");
+            assert_terminal(&ran, &what);
+            if let Ran::Finished(Envelope::Ok(got)) = ran {
+                assert_eq!(got, data);
             }
         }
     }
@@ -377,7 +406,7 @@ mod tests {
     #[test]
     fn a_probe_answers_runs_or_refuses_the_call() {
         let data = json!({"counter": 1});
-        // (applied, previously_started, answer: None runs the call)
+        // (applied, previously_started, how the delivery ends: None runs the call)
         let cases = [
             (Applied::Yes(data.clone()), true, Some("ok")),
             (Applied::Yes(data.clone()), false, Some("ok")),
@@ -385,18 +414,20 @@ mod tests {
             (Applied::No, false, None),
             (Applied::Unknown, false, None),
             (Applied::Unknown, true, Some("OUTCOME_UNKNOWN")),
+            (Applied::Unavailable, true, Some("ask later")),
+            (Applied::Unavailable, false, Some("ask later")),
         ];
         for (applied, started, expected) in cases {
             let what = format!("{applied:?}, previously_started={started}");
-            let answer = before_run(applied, started);
-            assert_eq!(answer.as_ref().map(code).as_deref(), expected, "{what}");
-            match answer {
-                Some(Envelope::Ok(got)) => assert_eq!(got, data, "{what}"),
-                Some(Envelope::Err(error)) => {
+            let ran = before_run(applied, started);
+            assert_eq!(ran.as_ref().map(outcome).as_deref(), expected, "{what}");
+            match ran {
+                Some(Ran::Finished(Envelope::Ok(got))) => assert_eq!(got, data, "{what}"),
+                Some(Ran::Finished(Envelope::Err(error))) => {
                     assert!(!error.retryable, "{what}");
                     assert_eq!(error.side_effect.as_deref(), Some("unknown"), "{what}");
                 }
-                None => {}
+                _ => {}
             }
         }
     }
@@ -408,16 +439,15 @@ mod tests {
             (Applied::Yes(json!(1)), "ok", false),
             (Applied::No, "TOOL_TIMEOUT", true),
             (Applied::Unknown, "OUTCOME_UNKNOWN", false),
+            (Applied::Unavailable, "ask later", false),
         ];
         for (applied, expected, retryable) in cases {
             let what = format!("{applied:?}");
-            let envelope = after_timeout(applied, timed_out.clone());
-            assert_eq!(code(&envelope), expected, "{what}");
-            assert_eq!(
-                envelope.error().is_some_and(|e| e.retryable),
-                retryable,
-                "{what}"
-            );
+            let ran = after_timeout(applied, timed_out.clone());
+            assert_eq!(outcome(&ran), expected, "{what}");
+            let is_retryable =
+                matches!(&ran, Ran::Finished(e) if e.error().is_some_and(|e| e.retryable));
+            assert_eq!(is_retryable, retryable, "{what}");
         }
     }
 

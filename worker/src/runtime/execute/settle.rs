@@ -68,14 +68,15 @@ impl Executor {
         Outcome::Answered
     }
 
-    /// Releases the claim of a call the drain abandoned, so that its
-    /// redelivery, which comes at once, can run it without waiting out the
-    /// lease.
-    pub(super) async fn hand_back(&self, call: &ToolCall, owner: &str) -> Outcome {
+    /// Releases the claim of a call handed back unfinished (the drain
+    /// abandoned it, or its probe must ask again), so that its redelivery
+    /// after `delay` can run it without waiting out the lease. A released
+    /// claim is not a death: it does not count toward `max_deliveries`.
+    pub(super) async fn hand_back(&self, call: &ToolCall, owner: &str, delay: Duration) -> Outcome {
         if let Err(err) = self.ledger.release(call, owner).await {
             warn!(error = %err, "could not release the claim; redelivery waits for its lease");
         }
-        Outcome::Retry(Duration::ZERO)
+        Outcome::Retry(delay)
     }
 
     async fn reply(&self, call: &ToolCall, envelope: Vec<u8>, dedup_hit: bool) {
