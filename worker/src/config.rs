@@ -62,9 +62,10 @@ pub struct RuntimeOptions {
     /// Default: 30s.
     #[serde(with = "humantime_serde")]
     pub ack_wait: Duration,
-    /// Deliveries of one call that may die without an answer (a worker crash
-    /// each time); the next delivery answers `MAX_DELIVERIES_EXCEEDED` instead
-    /// of running the call again. Default: 5.
+    /// Executions of one call attempt that may die without an answer (each
+    /// took the claim, then the worker crashed or could not store the
+    /// result); the next delivery answers instead of running the call again
+    /// (decision 0004). Hand-backs without a claim never count. Default: 5.
     pub max_deliveries: i64,
     /// Lease of a call's claim in Redis; renewed while the call runs, so it only
     /// expires when the worker died. Default: 15s.
