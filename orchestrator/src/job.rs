@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+pub use toolfleet_proto::ToolManifest;
 pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobStatus};
 pub use toolfleet_service::clock::now_ms;
 
@@ -239,6 +240,9 @@ pub struct TurnCheckpoint<'a> {
     pub turns: u32,
     /// Turns with tool calls, this one included if it has any.
     pub rounds: u32,
+    /// Manifests offered to the model in this turn that the job has not
+    /// recorded yet (new tools, or changed manifests).
+    pub offered: &'a [ToolManifest],
 }
 
 impl TurnCheckpoint<'_> {

@@ -22,8 +22,27 @@ pub struct LiveTool {
     pub manifest: ToolManifest,
     /// The manifest's schema, compiled once.
     pub validator: Arc<jsonschema::Validator>,
-    /// Workers with a fresh heartbeat.
+    /// Workers with a fresh heartbeat (0 for a tool known only because a
+    /// job was offered it).
     pub workers: usize,
+}
+
+impl LiveTool {
+    /// A tool known from `manifest` alone (one a job's model was offered),
+    /// with no worker counted; `None` when its schema does not compile.
+    pub fn known(manifest: ToolManifest) -> Option<Self> {
+        match jsonschema::validator_for(&manifest.parameters) {
+            Ok(validator) => Some(Self {
+                manifest,
+                validator: Arc::new(validator),
+                workers: 0,
+            }),
+            Err(err) => {
+                warn!(tool = %manifest.name, error = %err, "ignoring a tool whose schema does not compile");
+                None
+            }
+        }
+    }
 }
 
 #[derive(Default)]

@@ -160,6 +160,13 @@ impl RedisKeys {
         self.job_key(job_id, "attempts")
     }
 
+    /// The manifests of the tools the job's model was offered (a hash: tool
+    /// name -> manifest JSON), so that a call to one of them whose workers are
+    /// briefly gone waits for them instead of being unknown.
+    pub fn job_tools(&self, job_id: &str) -> String {
+        self.job_key(job_id, "tools")
+    }
+
     /// The job's fenced lease (owner and epoch of the replica running it).
     pub fn job_lease(&self, job_id: &str) -> String {
         self.job_key(job_id, "lease")

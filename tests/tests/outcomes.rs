@@ -119,12 +119,16 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
         fleet.counter("outage:1").await.is_ok_and(|n| n == 1)
     })
     .await?;
-    // Down before the tool returns: its result cannot be stored.
+    // Down before the tool returns: its result cannot be stored. Every Redis
+    // command now waits out the client's reconnect attempts (seconds), so
+    // the execution gives up late: it fails to store its result or, if a
+    // redelivery took over meanwhile, to release the claim.
     fleet.redis.kill();
-    fleet
-        .worker(0)
-        .wait_for_log("could not store the result", WAIT)
-        .await?;
+    toolfleet_tests::wait_until("the execution to give up", 2 * WAIT, || async {
+        let log = fleet.worker(0).log_tail(1_000_000);
+        log.contains("could not store the result") || log.contains("could not release the claim")
+    })
+    .await?;
     // Then more hand-backs than max_deliveries allows, while Redis stays down.
     let before = count_in_logs(&fleet, "redis unavailable");
     toolfleet_tests::wait_until("hand-backs past max_deliveries", WAIT, || async {
@@ -143,4 +147,77 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
     let hand_backs = count_in_logs(&fleet, "redis unavailable");
     println!("redis outage: calls 1, hand-backs {hand_backs}, executions 1, answered ok 1");
     Ok(())
+}
+
+/// NATS is down for longer than the registry TTL, so every announcement has
+/// expired when the job's next turn calls a tool the model was offered in
+/// its first turn. No worker serves it at that moment, but the tool is not
+/// unknown: the call waits in the stream for its workers and is answered by
+/// them once NATS is back.
+#[tokio::test]
+async fn a_tool_unannounced_during_a_nats_outage_is_not_unknown() -> anyhow::Result<()> {
+    let registry = [
+        ("TOOLFLEET_REGISTRY__TTL", "2s"),
+        ("TOOLFLEET_REGISTRY__HEARTBEAT_INTERVAL", "500ms"),
+    ];
+    let mut fleet = Fleet::start_with(1, &registry).await?;
+    fleet.spawn_orchestrator(&registry[..1]).await?;
+    fleet.wait_for_tools(0, &["echo"], 1).await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "echo", "arguments": {"turn": 0}}]},
+        // Long enough for every announcement to expire while NATS is down.
+        {"delay_ms": 4000, "tool_calls": [{"name": "echo", "arguments": {"turn": 1}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job("outage", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let get = |api: &toolfleet_tests::fleet::ApiClient| {
+        let (mut api, job_id) = (api.clone(), job_id.clone());
+        async move {
+            let request = v1::GetJobRequest { job_id };
+            anyhow::Ok(api.get_job(request).await?.into_inner())
+        }
+    };
+    toolfleet_tests::wait_until("the first call's answer", WAIT, || async {
+        get(&api).await.is_ok_and(|job| results(&job) >= 1)
+    })
+    .await?;
+    fleet.nats.kill();
+    // The second turn's call is checked while NATS is down and no tool is
+    // live: it is either published (and waits) or, wrongly, answered.
+    let orchestrator = fleet.orchestrator(0);
+    toolfleet_tests::wait_until(
+        "the second call to be dispatched or answered",
+        WAIT,
+        || async {
+            orchestrator
+                .log_tail(10_000)
+                .contains("publishing the call failed")
+                || get(&api).await.is_ok_and(|job| results(&job) >= 2)
+        },
+    )
+    .await?;
+    fleet.nats.restart().await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let second = answer(&job, "call_1_0");
+    assert!(
+        second.is_ok(),
+        "the tool was offered and its worker came back: {second:?}"
+    );
+    println!("nats outage: jobs 1, calls 2, answered by the worker after the outage 1");
+    Ok(())
+}
+
+/// How many calls of `job` have their answer.
+fn results(job: &v1::Job) -> usize {
+    job.items
+        .iter()
+        .filter(|item| matches!(item.kind, Some(Kind::ToolResult(_))))
+        .count()
 }

@@ -10,7 +10,7 @@ use toolfleet_orchestrator::job::{
 };
 use toolfleet_orchestrator::store::{Acquired, Error, JobStore, SettledCall};
 use toolfleet_proto::names::RedisKeys;
-use toolfleet_proto::{Envelope, ErrorCode};
+use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
 use toolfleet_tests::{NatsServer, RedisServer};
 
 fn spec() -> JobSpec {
@@ -84,6 +84,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             raw: None,
         },
     ];
+    let echo = ToolManifest::new("echo", "Echoes.", serde_json::json!({"type": "object"}));
     store
         .record_turn(
             &lease,
@@ -91,9 +92,11 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
                 items: &turn,
                 turns: 1,
                 rounds: 1,
+                offered: std::slice::from_ref(&echo),
             },
         )
         .await?;
+    assert_eq!(store.offered_tools(&job_id).await?, [echo]);
     store.record_dispatch(&lease, &[("c1", "echo")], 1).await?;
     assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
@@ -270,6 +273,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         items: &late,
         turns: 1,
         rounds: 0,
+        offered: &[],
     };
     let write = store.record_turn(&zombie, turn).await;
     assert!(matches!(write, Err(Error::LeaseLost(_))), "{write:?}");
@@ -286,6 +290,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         items: &ok,
         turns: 1,
         rounds: 0,
+        offered: &[],
     };
     store.record_turn(&taker, turn).await?;
     let items = store.items(&job_id, 0).await?;

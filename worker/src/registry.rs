@@ -2,6 +2,9 @@
 //! entries expire): one key per tool and worker, refreshed by a heartbeat, so
 //! the orchestrator sees which tools are live and how many workers serve them.
 
+use std::time::Duration;
+
+use async_nats::connection::State;
 use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names::{self, REGISTRY_BUCKET};
@@ -16,25 +19,44 @@ use crate::config::RegistryOptions;
 #[error("cannot open the registry bucket {REGISTRY_BUCKET}")]
 pub struct RegistryError(#[source] pub(crate) Box<dyn std::error::Error + Send + Sync>);
 
+/// How often the connection state is looked at for a reconnect.
+const RECONNECT_CHECK: Duration = Duration::from_millis(250);
+
 /// Keeps the announcements of one worker alive.
 pub(crate) struct Announcer {
     pub(crate) store: kv::Store,
+    /// The connection, watched so that a reconnect announces at once.
+    pub(crate) nats: async_nats::Client,
     pub(crate) worker_id: String,
     pub(crate) manifests: Vec<ToolManifest>,
     pub(crate) options: RegistryOptions,
 }
 
 impl Announcer {
-    /// Announces at once, then on every heartbeat until `shutdown`; then
-    /// withdraws the announcements so the orchestrator stops routing here.
+    /// Announces at once, then on every heartbeat and as soon as NATS is
+    /// back after an outage (the announcements may have expired meanwhile,
+    /// and until they are back the orchestrator offers these tools to no new
+    /// job); on `shutdown`, withdraws them so the orchestrator stops routing
+    /// here.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut ticker = tokio::time::interval(self.options.heartbeat_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut connection = tokio::time::interval(RECONNECT_CHECK);
+        let mut was_connected = true;
         loop {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 _ = ticker.tick() => self.announce().await,
+                _ = connection.tick() => {
+                    let connected = self.nats.connection_state() == State::Connected;
+                    if connected && !was_connected {
+                        info!("reconnected to NATS; announcing the tools at once");
+                        self.announce().await;
+                        ticker.reset();
+                    }
+                    was_connected = connected;
+                }
             }
         }
         for manifest in &self.manifests {

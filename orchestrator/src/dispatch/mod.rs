@@ -163,6 +163,7 @@ impl Dispatcher {
         spec: &JobSpec,
         calls: &[PlannedCall],
         attempts: &HashMap<String, u32>,
+        offered: &HashMap<String, LiveTool>,
         stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
@@ -175,7 +176,7 @@ impl Dispatcher {
                 // may be restarting right now).
                 Ok(self.retry_policy(&call.name))
             } else {
-                self.check(spec, call).map(|tool| {
+                self.check(spec, call, offered).map(|tool| {
                     tool.manifest
                         .retry_policy(self.options.default_retry_policy())
                 })
@@ -270,10 +271,21 @@ impl Dispatcher {
             .map_or(default, |live| live.manifest.retry_policy(default))
     }
 
-    /// The orchestrator's own checks; a failure is the call's envelope.
-    fn check(&self, spec: &JobSpec, call: &PlannedCall) -> Result<LiveTool, Envelope> {
+    /// The orchestrator's own checks; a failure is the call's envelope. A
+    /// tool the job was offered whose workers are gone for now passes: its
+    /// call waits in the stream for them, within the job's deadline.
+    fn check(
+        &self,
+        spec: &JobSpec,
+        call: &PlannedCall,
+        offered: &HashMap<String, LiveTool>,
+    ) -> Result<LiveTool, Envelope> {
         let allowed = spec.tools.is_empty() || spec.tools.contains(&call.name);
-        let Some(tool) = self.registry.get(&call.name).filter(|_| allowed) else {
+        let known = self
+            .registry
+            .get(&call.name)
+            .or_else(|| offered.get(&call.name).cloned());
+        let Some(tool) = known.filter(|_| allowed) else {
             return Err(Envelope::terminal(
                 ErrorCode::UNKNOWN_TOOL,
                 format!("no tool named {:?} is available to this job", call.name),

@@ -2,6 +2,7 @@
 //! decisions are [`step::next_step`](super::step::next_step); this file does
 //! the work they name and keeps the job alive while it runs.
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -12,8 +13,9 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
-use crate::job::{Ending, Item, JobSpec, JobStatus, Lease, TurnCheckpoint, now_ms};
+use crate::job::{Ending, Item, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms};
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
+use crate::registry::LiveTool;
 use crate::store;
 
 /// Why a job stopped without ending.
@@ -71,6 +73,10 @@ struct Progress {
     turns: u32,
     rounds: u32,
     cancel_requested: bool,
+    /// The tools the model was offered in this job, as offered. A call to one
+    /// of them waits for its workers if they are gone for a moment (a NATS
+    /// outage, a restart) instead of being unknown.
+    offered: HashMap<String, LiveTool>,
 }
 
 pub(super) struct JobRun<'a> {
@@ -156,11 +162,17 @@ impl JobRun<'_> {
             Ok(provider) => provider,
             Err(err) => return Ok(Some(model_failure(&err))),
         };
+        let offered = store.offered_tools(job_id).await?;
         let mut progress = Progress {
             items: store.items(job_id, 0).await?,
             turns: record.turns,
             rounds: record.rounds,
             cancel_requested: record.cancel_requested,
+            offered: offered
+                .into_iter()
+                .filter_map(LiveTool::known)
+                .map(|tool| (tool.manifest.name.clone(), tool))
+                .collect(),
         };
         loop {
             let state = RunState {
@@ -205,7 +217,14 @@ impl JobRun<'_> {
         let round = self
             .runner
             .dispatcher
-            .run_round(&self.lease, spec, calls, &attempts, &stop.token)
+            .run_round(
+                &self.lease,
+                spec,
+                calls,
+                &attempts,
+                &progress.offered,
+                &stop.token,
+            )
             .await;
         let outcomes = match round {
             Ok(outcomes) => outcomes,
@@ -247,12 +266,13 @@ impl JobRun<'_> {
         progress: &mut Progress,
         stop: &StopSignal,
     ) -> Result<Option<Ending>, Stopped> {
-        let tools = self.allowed_tools(spec);
+        let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
+        let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
         let request = TurnRequest {
             model: &spec.model,
             instructions: &spec.instructions,
             items: &progress.items,
-            tools: &tools,
+            tools: &specs,
             parallel_tool_calls: spec.parallel_tool_calls,
             turn: progress.turns,
         };
@@ -269,10 +289,12 @@ impl JobRun<'_> {
             return Ok(None);
         }
         let has_calls = turn.tool_calls().next().is_some();
+        let offered: Vec<ToolManifest> = new_offers.iter().map(|t| t.manifest.clone()).collect();
         let checkpoint = TurnCheckpoint {
             items: &turn.items,
             turns: progress.turns + 1,
             rounds: progress.rounds + u32::from(has_calls),
+            offered: &offered,
         };
         // The checkpoint: once this commit lands, the turn is never played again.
         self.runner
@@ -281,26 +303,51 @@ impl JobRun<'_> {
             .await?;
         progress.turns = checkpoint.turns;
         progress.rounds = checkpoint.rounds;
+        for tool in new_offers {
+            progress.offered.insert(tool.manifest.name.clone(), tool);
+        }
         let ending = step::after_turn(&turn.items, progress.rounds, spec);
         progress.items.extend(turn.items);
         Ok(ending)
     }
 
-    /// The live tools the job may use, as the model sees them.
-    fn allowed_tools(&self, spec: &JobSpec) -> Vec<ToolSpec> {
-        self.runner
+    /// The tools the job may use in its next turn: the live ones, and those
+    /// offered earlier in the job whose workers are gone for now (so that the
+    /// model's tool list does not flicker with an outage). Also returns the
+    /// live tools that are new to the job or changed, to record.
+    fn tools_for_turn(
+        &self,
+        spec: &JobSpec,
+        offered: &HashMap<String, LiveTool>,
+    ) -> (Vec<LiveTool>, Vec<LiveTool>) {
+        let allowed = |name: &str| spec.tools.is_empty() || spec.tools.iter().any(|t| t == name);
+        let live: Vec<LiveTool> = self
+            .runner
             .dispatcher
             .registry
             .live_tools()
             .into_iter()
-            .filter(|t| spec.tools.is_empty() || spec.tools.contains(&t.manifest.name))
-            .map(|t| ToolSpec {
-                name: t.manifest.name,
-                description: t.manifest.description,
-                parameters: t.manifest.parameters,
-                strict: t.manifest.strict,
+            .filter(|t| allowed(&t.manifest.name))
+            .collect();
+        let new: Vec<LiveTool> = live
+            .iter()
+            .filter(|t| {
+                offered
+                    .get(&t.manifest.name)
+                    .is_none_or(|o| o.manifest != t.manifest)
             })
-            .collect()
+            .cloned()
+            .collect();
+        let mut tools = live;
+        let mut gone: Vec<LiveTool> = offered
+            .values()
+            .filter(|o| allowed(&o.manifest.name))
+            .filter(|o| !tools.iter().any(|t| t.manifest.name == o.manifest.name))
+            .cloned()
+            .collect();
+        gone.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
+        tools.extend(gone);
+        (tools, new)
     }
 
     async fn finish(&self, ending: &Ending) -> Result<(), Stopped> {
@@ -309,6 +356,16 @@ impl JobRun<'_> {
         info!(kind, "job finished");
         crate::metrics::job_finished(kind);
         Ok(())
+    }
+}
+
+/// A tool as the model is told about it.
+fn tool_spec(tool: &LiveTool) -> ToolSpec {
+    ToolSpec {
+        name: tool.manifest.name.clone(),
+        description: tool.manifest.description.clone(),
+        parameters: tool.manifest.parameters.clone(),
+        strict: tool.manifest.strict,
     }
 }
 

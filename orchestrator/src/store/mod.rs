@@ -31,7 +31,7 @@ use toolfleet_proto::names::{self, RedisKeys};
 
 use crate::job::{
     Ending, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobSpec, JobStatus, Lease,
-    ProviderKind, TurnCheckpoint, new_job_id, now_ms,
+    ProviderKind, ToolManifest, TurnCheckpoint, new_job_id, now_ms,
 };
 
 /// A failed store operation.
@@ -539,10 +539,32 @@ impl JobStore {
                 items: turn.items,
                 events: vec![turn.event()],
                 counters: Some((turn.turns, turn.rounds)),
+                offers: turn.offered,
                 ..Commit::default()
             },
         )
         .await
+    }
+
+    /// The manifests of every tool the job's model was offered so far.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a manifest that does not
+    /// parse.
+    pub async fn offered_tools(&self, job_id: &str) -> Result<Vec<ToolManifest>, Error> {
+        let key = self.keys.job_tools(job_id);
+        let stored: HashMap<String, String> =
+            read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
+        stored
+            .values()
+            .map(|text| {
+                serde_json::from_str(text).map_err(|e| Error::Corrupt {
+                    job_id: job_id.to_owned(),
+                    detail: format!("offered tool: {e}"),
+                })
+            })
+            .collect()
     }
 
     /// Records that `attempt` of each call (call id, tool name) is about to
@@ -670,6 +692,7 @@ impl JobStore {
             .key(self.keys.job_events(job_id))
             .key(self.keys.job_lease(job_id))
             .key(self.keys.job_attempts(job_id))
+            .key(self.keys.job_tools(job_id))
             .arg(&lease.token)
             .arg(now_ms())
             .arg(if finished { millis(self.retention) } else { 0 });
@@ -691,6 +714,11 @@ impl JobStore {
         invocation.arg(commit.attempts.len());
         for (call_id, attempt) in &commit.attempts {
             invocation.arg(call_id).arg(*attempt);
+        }
+        invocation.arg(commit.offers.len());
+        for manifest in commit.offers {
+            let json = serde_json::to_string(manifest).expect("a manifest serializes");
+            invocation.arg(&manifest.name).arg(json);
         }
         let events: i64 = invocation.invoke_async(&mut self.conn()).await?;
         if events == scripts::LEASE_LOST {
@@ -734,6 +762,8 @@ struct Commit<'a> {
     ending: Option<&'a Ending>,
     /// Dispatched attempts: call id, attempt.
     attempts: Vec<(String, u32)>,
+    /// Tool manifests offered to the model, to remember.
+    offers: &'a [ToolManifest],
 }
 
 impl Commit<'_> {

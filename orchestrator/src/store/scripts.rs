@@ -95,9 +95,10 @@ return 0
     )
 });
 
-/// KEYS: job, items, events, lease, attempts.
-/// ARGV: token, now_ms, retention_ms (0: keep), then four counted lists:
-///   n, items...; n, (kind, data, final)...; n, (field, value)...; n, (call_id, attempt)...
+/// KEYS: job, items, events, lease, attempts, tools.
+/// ARGV: token, now_ms, retention_ms (0: keep), then five counted lists:
+///   n, items...; n, (kind, data, final)...; n, (field, value)...;
+///   n, (call_id, attempt)...; n, (tool, manifest)...
 /// Appends items and events and updates fields, only while the lease holds.
 /// With retention_ms > 0 (the job finished) every key of the job expires.
 /// Returns the number of events, or [`LEASE_LOST`] (also when the job
@@ -121,10 +122,13 @@ n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
 n = tonumber(ARGV[i]); i = i + 1
 for _ = 1, n do redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
+n = tonumber(ARGV[i]); i = i + 1
+for _ = 1, n do redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 1]); i = i + 2 end
 local retention = tonumber(ARGV[3])
 if retention > 0 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
   redis.call('PEXPIRE', KEYS[5], retention)
+  redis.call('PEXPIRE', KEYS[6], retention)
   redis.call('DEL', KEYS[4])
 end
 return tonumber(redis.call('HGET', KEYS[1], 'events'))

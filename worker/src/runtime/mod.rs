@@ -114,6 +114,7 @@ impl Worker {
         let (consumers, registry) = self.set_up_jetstream(&tools).await?;
         let announcer = Announcer {
             store: registry,
+            nats: self.nats.clone(),
             worker_id: self.worker_id.clone(),
             manifests: tools.values().map(|t| t.manifest.clone()).collect(),
             options: self.options.registry.clone(),
