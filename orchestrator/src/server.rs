@@ -11,15 +11,13 @@
 use std::sync::Arc;
 
 use async_nats::jetstream;
-use async_nats::jetstream::context::CreateKeyValueError;
 use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
-use toolfleet_service::connect::{self, ConnectError};
-use toolfleet_service::queue::QueueError;
+use toolfleet_service::connect::{self, ConnectError, patiently};
 use tracing::{info, warn};
 
 use crate::config::OrchestratorOptions;
@@ -33,15 +31,11 @@ use crate::store::JobStore;
 /// Why an orchestrator could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS or Redis is unreachable: check `nats.url` and `redis.url`.
+    /// The NATS or Redis configuration cannot work (an invalid URL, an
+    /// unreadable credentials file): check `nats.*` and `redis.*`. An
+    /// unreachable server is waited for, not an error.
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    /// JetStream refused the job stream or consumer.
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    /// JetStream refused the registry bucket.
-    #[error("cannot open the registry bucket")]
-    Registry(#[source] CreateKeyValueError),
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
@@ -85,7 +79,11 @@ impl Orchestrator {
         shutdown: CancellationToken,
     ) -> Result<(), StartError> {
         let js = jetstream::new(self.nats.clone());
-        let parts = self.assemble(&js).await?;
+        // Waited for while JetStream is unavailable; a shutdown ends the wait.
+        let parts = tokio::select! {
+            parts = self.assemble(&js) => parts,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         let tasks = TaskTracker::new();
         // What this future spawns stops with it, also when a caller drops it
         // before the drain (the runner then drains and hands its jobs back).
@@ -104,11 +102,7 @@ impl Orchestrator {
         ));
         let runner_task = tasks.spawn({
             let (runner, shutdown) = (parts.runner, shutdown.clone());
-            async move {
-                if let Err(err) = runner.run(shutdown).await {
-                    tracing::error!(error = %err, "runner stopped");
-                }
-            }
+            async move { runner.run(shutdown).await }
         });
         tasks.close();
         let served = serve_grpc(listener, parts.api, &parts.instance, &shutdown).await;
@@ -124,12 +118,11 @@ impl Orchestrator {
     }
 
     /// The replica's components, wired together but not yet running.
-    async fn assemble(&self, js: &jetstream::Context) -> Result<Parts, StartError> {
+    async fn assemble(&self, js: &jetstream::Context) -> Parts {
         let options = &self.options;
-        runner::ensure_job_stream(js).await?;
-        let bucket = connect::registry_bucket(js, options.registry.ttl)
-            .await
-            .map_err(StartError::Registry)?;
+        patiently("the job stream", || runner::ensure_job_stream(js)).await;
+        let ttl = options.registry.ttl;
+        let bucket = patiently("the registry bucket", || connect::registry_bucket(js, ttl)).await;
         let store = JobStore::new(
             self.redis.clone(),
             self.nats.clone(),
@@ -162,12 +155,12 @@ impl Orchestrator {
             providers,
             options: options.api.clone(),
         };
-        Ok(Parts {
+        Parts {
             registry,
             runner,
             api,
             instance,
-        })
+        }
     }
 }
 

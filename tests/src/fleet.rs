@@ -89,6 +89,21 @@ impl Fleet {
     ///
     /// The binary is missing or the worker did not become ready.
     pub async fn spawn_worker(&mut self) -> anyhow::Result<usize> {
+        let index = self.start_worker()?;
+        self.workers[index]
+            .wait_for_log("worker ready", WORKER_READY)
+            .await
+            .with_context(|| format!("worker-{index} did not become ready"))?;
+        Ok(index)
+    }
+
+    /// Starts one more worker without waiting for it to serve (it may be
+    /// waiting for a server that is down); returns its index.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or cannot be started.
+    pub fn start_worker(&mut self) -> anyhow::Result<usize> {
         let index = self.workers.len();
         let id = format!("worker-{index}");
         let args = [
@@ -106,10 +121,6 @@ impl Fleet {
         )];
         env.extend(self.worker_env.iter().cloned());
         let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, env)?;
-        worker
-            .wait_for_log("worker ready", WORKER_READY)
-            .await
-            .with_context(|| format!("{id} did not become ready"))?;
         self.workers.push(worker);
         Ok(index)
     }
@@ -121,6 +132,19 @@ impl Fleet {
     ///
     /// The binary is missing or the orchestrator did not become ready.
     pub async fn spawn_orchestrator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
+        let index = self.start_orchestrator(env)?;
+        grpc_address(&self.orchestrators[index]).await?;
+        Ok(index)
+    }
+
+    /// Starts a `toolfleet-orchestrator` process without waiting for it to
+    /// serve (it may be waiting for a server that is down); returns its
+    /// index. [`api`](Self::api) waits for it.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or cannot be started.
+    pub fn start_orchestrator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
         let index = self.orchestrators.len();
         let id = format!("orchestrator-{index}");
         let args = [
@@ -140,7 +164,6 @@ impl Fleet {
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let process =
             ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;
-        grpc_address(&process).await?;
         self.orchestrators.push(process);
         Ok(index)
     }

@@ -131,6 +131,7 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
         () = restart_dead_workers(&fleet) => unreachable!(),
     };
     let mut calls = 0;
+    let mut tally = Tally::default();
     for (i, job) in finished.into_iter().enumerate() {
         let job = job??;
         assert_eq!(
@@ -138,28 +139,13 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
             v1::JobStatus::Succeeded as i32,
             "job {i}: {job:?}"
         );
-        calls += job
-            .items
-            .iter()
-            .filter(|it| matches!(it.kind, Some(Kind::ToolResult(_))))
-            .count();
-    }
-    let mut duplicates = 0;
-    for job in 0..JOBS {
         for r in 0..2 {
             for k in 0..3 {
-                let value = fleet.counter(&format!("chaos:{job}:{r}:{k}")).await?;
-                assert!(
-                    value <= 1,
-                    "counter chaos:{job}:{r}:{k} is {value}: an effect ran twice"
-                );
-                if value > 1 {
-                    duplicates += 1;
-                }
-                assert_eq!(
-                    value, 1,
-                    "counter chaos:{job}:{r}:{k} was never incremented"
-                );
+                let call_id = format!("call_{r}_{k}");
+                let answer = answer_of(&job, &call_id);
+                let effect = fleet.counter(&format!("chaos:{i}:{r}:{k}")).await?;
+                tally.add(&format!("job {i} {call_id}"), &answer, effect);
+                calls += 1;
             }
         }
     }
@@ -167,11 +153,88 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
     let dedup_hits = count_in_logs(&fleet, "answered from the stored result");
     println!(
         "worker chaos: jobs {JOBS}, calls {calls}, kills {}, recovered by probe {recovered}, \
-         dedup hits {dedup_hits}, duplicates found {duplicates}",
+         dedup hits {dedup_hits}, {tally}",
         kills.load(Ordering::SeqCst)
     );
+    tally.assert_truthful();
     assert_eq!(calls, JOBS * 6);
     Ok(())
+}
+
+/// The envelope the model got for `call_id`.
+fn answer_of(job: &v1::Job, call_id: &str) -> toolfleet_proto::Envelope {
+    job.items
+        .iter()
+        .find_map(|item| match &item.kind {
+            Some(Kind::ToolResult(r)) if r.call_id == call_id => {
+                serde_json::from_str(&r.output).ok()
+            }
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no readable answer for {call_id} in {job:?}"))
+}
+
+/// How the answers of side-effecting calls compare with their effects (a
+/// counter that each call increments once at most).
+#[derive(Debug, Default)]
+struct Tally {
+    /// Answered ok, and applied once.
+    ok_applied: usize,
+    /// Answered with an error (a poison call not run again), and not applied.
+    error_not_applied: usize,
+    /// The answer says something other than what happened: an error over an
+    /// applied effect, ok over none, or `OUTCOME_UNKNOWN` from a tool whose
+    /// probe can know. Each one is a duplicate effect waiting to happen.
+    mismatches: Vec<String>,
+    /// Applied more than once.
+    duplicates: Vec<String>,
+}
+
+impl Tally {
+    fn add(&mut self, call: &str, answer: &toolfleet_proto::Envelope, effect: i64) {
+        match (answer.is_ok(), effect) {
+            (_, n) if n > 1 => self.duplicates.push(format!("{call}: applied {n} times")),
+            (true, 1) => self.ok_applied += 1,
+            (false, 0) => self.error_not_applied += 1,
+            (ok, n) => self.mismatches.push(format!(
+                "{call}: answered {} with the effect applied {n} times",
+                if ok {
+                    "ok".to_owned()
+                } else {
+                    answer
+                        .error()
+                        .map_or_else(String::new, |e| e.code.to_string())
+                }
+            )),
+        }
+    }
+
+    fn assert_truthful(&self) {
+        assert!(
+            self.duplicates.is_empty(),
+            "effects ran twice: {:?}",
+            self.duplicates
+        );
+        assert!(
+            self.mismatches.is_empty(),
+            "answers that disagree with what happened: {:?}",
+            self.mismatches
+        );
+    }
+}
+
+impl std::fmt::Display for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "answered ok and applied once {}, answered an error and not applied {}, \
+             answers disagreeing with the effect {}, duplicates found {}",
+            self.ok_applied,
+            self.error_not_applied,
+            self.mismatches.len(),
+            self.duplicates.len()
+        )
+    }
 }
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.

@@ -221,3 +221,52 @@ fn results(job: &v1::Job) -> usize {
         .filter(|item| matches!(item.kind, Some(Kind::ToolResult(_))))
         .count()
 }
+
+/// An orchestrator and a worker start while NATS and Redis are down (a
+/// failover, pods starting in any order). They wait for each, saying so,
+/// instead of exiting; once both are up they serve, and a job runs end to end.
+#[tokio::test]
+async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(0).await?;
+    fleet.nats.kill();
+    fleet.redis.kill();
+    let worker = fleet.start_worker()?;
+    let orchestrator = fleet.start_orchestrator(&[])?;
+    for (server, waiting) in [("NATS", "waiting for NATS"), ("Redis", "waiting for Redis")] {
+        for process in [fleet.worker(worker), fleet.orchestrator(orchestrator)] {
+            process.wait_for_log(waiting, WAIT).await?;
+            assert!(
+                process.is_running(),
+                "{} gave up on {server}",
+                process.name()
+            );
+        }
+        match server {
+            "NATS" => fleet.nats.restart().await?,
+            _ => fleet.redis.restart().await?,
+        }
+    }
+    fleet
+        .worker(worker)
+        .wait_for_log("worker ready", WAIT)
+        .await?;
+    fleet
+        .wait_for_tools(orchestrator, &["calculate"], 1)
+        .await?;
+    let api = fleet.api(orchestrator).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+        {"message": "{{call_0_0.data.result}}"}
+    ]);
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job("late redis", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
+    println!("late redis: processes 2, exits 0, jobs 1 succeeded");
+    Ok(())
+}

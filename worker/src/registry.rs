@@ -7,17 +7,12 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream::kv;
 use tokio_util::sync::CancellationToken;
-use toolfleet_proto::names::{self, REGISTRY_BUCKET};
+use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use toolfleet_service::clock::now_ms;
 use tracing::{debug, info, warn};
 
 use crate::config::RegistryOptions;
-
-/// The registry bucket could not be opened or created.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot open the registry bucket {REGISTRY_BUCKET}")]
-pub struct RegistryError(#[source] pub(crate) Box<dyn std::error::Error + Send + Sync>);
 
 /// How often the connection state is looked at for a reconnect.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);

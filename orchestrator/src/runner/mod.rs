@@ -21,6 +21,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names;
+use toolfleet_service::connect::patiently;
 use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
 use tracing::{debug, info, warn};
 
@@ -105,13 +106,14 @@ pub struct Runner {
 
 impl Runner {
     /// Pulls and runs jobs until `shutdown`, then drains: running jobs go on
-    /// for `drain_timeout`, the rest are handed back.
-    ///
-    /// # Errors
-    ///
-    /// The job stream or consumer cannot be set up.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), QueueError> {
-        let consumer = self.job_consumer().await?;
+    /// for `drain_timeout`, the rest are handed back. Waits for JetStream
+    /// first if it is unavailable.
+    pub async fn run(self, shutdown: CancellationToken) {
+        // Waited for while JetStream is unavailable; a shutdown ends the wait.
+        let consumer = tokio::select! {
+            consumer = patiently("the job consumer", || self.job_consumer()) => consumer,
+            () = shutdown.cancelled() => return,
+        };
         let slots = Arc::new(Semaphore::new(self.options.max_jobs.get()));
         let abandon = CancellationToken::new();
         let jobs = TaskTracker::new();
@@ -151,7 +153,6 @@ impl Runner {
             }
         }
         this.drain(jobs, abandon).await;
-        Ok(())
     }
 
     /// The durable consumer that every replica pulls jobs from.

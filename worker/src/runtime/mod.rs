@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::{self, RedisKeys};
-use toolfleet_service::connect::{self, ConnectError};
+use toolfleet_service::connect::{self, ConnectError, patiently};
 use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
 use tracing::{info, warn};
 
@@ -32,7 +32,7 @@ pub use execute::SchemaError;
 
 use crate::config::{RuntimeOptions, WorkerOptions};
 use crate::ledger::Ledger;
-use crate::registry::{Announcer, RegistryError};
+use crate::registry::Announcer;
 use crate::tool::Toolbox;
 use execute::{Executor, LoadedTool};
 use pull::PullLoop;
@@ -40,7 +40,9 @@ use pull::PullLoop;
 /// Why a worker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
-    /// NATS or Redis is not reachable: check `nats.url` and `redis.url`.
+    /// The NATS or Redis configuration cannot work (an invalid URL, an
+    /// unreadable credentials file): check `nats.*` and `redis.*`. An
+    /// unreachable server is waited for, not an error.
     #[error(transparent)]
     Connect(#[from] ConnectError),
     /// The toolbox is empty, so there is nothing to serve: check `tools`.
@@ -52,12 +54,6 @@ pub enum StartError {
     /// A tool's schema does not compile.
     #[error(transparent)]
     Schema(#[from] SchemaError),
-    /// JetStream refused the call stream or a consumer.
-    #[error(transparent)]
-    Queue(#[from] QueueError),
-    /// The registry bucket could not be opened.
-    #[error(transparent)]
-    Registry(#[from] RegistryError),
 }
 
 /// A connected worker, ready to serve a toolbox.
@@ -111,7 +107,11 @@ impl Worker {
     ) -> Result<(), StartError> {
         let runtime = &self.options.runtime;
         let tools = load_tools(toolbox, runtime)?;
-        let (consumers, registry) = self.set_up_jetstream(&tools).await?;
+        // Waited for while JetStream is unavailable; a shutdown ends the wait.
+        let (consumers, registry) = tokio::select! {
+            set_up = self.set_up_jetstream(&tools) => set_up,
+            () = shutdown.cancelled() => return Ok(()),
+        };
         let announcer = Announcer {
             store: registry,
             nats: self.nats.clone(),
@@ -141,20 +141,19 @@ impl Worker {
     async fn set_up_jetstream(
         &self,
         tools: &HashMap<String, LoadedTool>,
-    ) -> Result<(Vec<(String, consumer::PullConsumer)>, kv::Store), StartError> {
+    ) -> (Vec<(String, consumer::PullConsumer)>, kv::Store) {
         let js = jetstream::new(self.nats.clone());
-        let stream = ensure_call_stream(&js, &self.options).await?;
+        let stream = patiently("the call stream", || ensure_call_stream(&js, &self.options)).await;
         let mut consumers = Vec::new();
         for name in tools.keys() {
-            consumers.push((
-                name.clone(),
-                ensure_consumer(&stream, name, &self.options).await?,
-            ));
+            let what = format!("the consumer of {name}");
+            let consumer = patiently(&what, || ensure_consumer(&stream, name, &self.options)).await;
+            consumers.push((name.clone(), consumer));
         }
-        let registry = connect::registry_bucket(&js, self.options.registry.ttl)
-            .await
-            .map_err(|e| RegistryError(Box::new(e)))?;
-        Ok((consumers, registry))
+        let ttl = self.options.registry.ttl;
+        let registry =
+            patiently("the registry bucket", || connect::registry_bucket(&js, ttl)).await;
+        (consumers, registry)
     }
 
     fn executor(&self, tools: HashMap<String, LoadedTool>) -> Executor {
