@@ -6,9 +6,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokio_util::sync::CancellationToken;
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
-use toolfleet_service::binary::{self, ServiceFlags};
+use toolfleet_service::binary::{self, Process, ServiceFlags};
 
 /// Serves toolfleet's gRPC API and runs agent jobs.
 ///
@@ -50,11 +49,16 @@ async fn main() -> ExitCode {
     .await
 }
 
-async fn serve(options: OrchestratorOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
+async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.grpc.listen).await?;
-    Orchestrator::connect(options)
-        .await?
-        .run(listener, shutdown)
+    // Waits for NATS and Redis; a signal ends the wait.
+    let orchestrator = tokio::select! {
+        orchestrator = Orchestrator::connect(options) => orchestrator?,
+        () = process.shutdown.cancelled() => return Ok(()),
+    };
+    orchestrator
+        .with_readiness(process.readiness)
+        .run(listener, process.shutdown)
         .await?;
     Ok(())
 }

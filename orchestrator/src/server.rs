@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
 use toolfleet_service::connect::{self, ConnectError, patiently};
+use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
 use crate::config::OrchestratorOptions;
@@ -49,6 +50,7 @@ pub struct Orchestrator {
     options: OrchestratorOptions,
     nats: async_nats::Client,
     redis: ConnectionManager,
+    readiness: Readiness,
 }
 
 impl Orchestrator {
@@ -64,7 +66,16 @@ impl Orchestrator {
             options,
             nats,
             redis,
+            readiness: Readiness::default(),
         })
+    }
+
+    /// Reports through `readiness` (the `/readyz` endpoint): ready once the
+    /// replica serves gRPC, not ready again once it drains.
+    #[must_use]
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
+        self
     }
 
     /// Serves gRPC on `listener` and runs jobs until `shutdown`, then drains
@@ -105,7 +116,9 @@ impl Orchestrator {
             async move { runner.run(shutdown).await }
         });
         tasks.close();
+        self.readiness.set(true);
         let served = serve_grpc(listener, parts.api, &parts.instance, &shutdown).await;
+        self.readiness.set(false);
         info!("grpc server stopped; draining jobs");
         let _ = runner_task.await;
         background.cancel();

@@ -9,6 +9,8 @@
 //!   with helpers to publish calls and read their results.
 //! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
 //!   probe, never a sleep.
+//! - [`tally::Tally`]: each side-effecting call's answer held against its
+//!   effect, so a fault test fails when the model was told something false.
 //!
 //! All but the fleet are the process supervisor of `toolfleet dev`
 //! ([`toolfleet_cli::supervisor`]), re-exported here with its defaults, which
@@ -19,6 +21,7 @@
 //! with a machine's own NATS or Redis on the default ports.
 
 pub mod fleet;
+pub mod tally;
 
 pub use toolfleet_cli::supervisor::{
     ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, cargo_bin, wait_until,

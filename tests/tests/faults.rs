@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
-use toolfleet_proto::v1::{self, item::Kind};
+use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
+use toolfleet_tests::tally::{Tally, answer_of};
 
 /// Short timers so that redeliveries happen within a second: the claim lease
 /// stays below AckWait, as in production.
@@ -159,82 +160,6 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
     tally.assert_truthful();
     assert_eq!(calls, JOBS * 6);
     Ok(())
-}
-
-/// The envelope the model got for `call_id`.
-fn answer_of(job: &v1::Job, call_id: &str) -> toolfleet_proto::Envelope {
-    job.items
-        .iter()
-        .find_map(|item| match &item.kind {
-            Some(Kind::ToolResult(r)) if r.call_id == call_id => {
-                serde_json::from_str(&r.output).ok()
-            }
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no readable answer for {call_id} in {job:?}"))
-}
-
-/// How the answers of side-effecting calls compare with their effects (a
-/// counter that each call increments once at most).
-#[derive(Debug, Default)]
-struct Tally {
-    /// Answered ok, and applied once.
-    ok_applied: usize,
-    /// Answered with an error (a poison call not run again), and not applied.
-    error_not_applied: usize,
-    /// The answer says something other than what happened: an error over an
-    /// applied effect, ok over none, or `OUTCOME_UNKNOWN` from a tool whose
-    /// probe can know. Each one is a duplicate effect waiting to happen.
-    mismatches: Vec<String>,
-    /// Applied more than once.
-    duplicates: Vec<String>,
-}
-
-impl Tally {
-    fn add(&mut self, call: &str, answer: &toolfleet_proto::Envelope, effect: i64) {
-        match (answer.is_ok(), effect) {
-            (_, n) if n > 1 => self.duplicates.push(format!("{call}: applied {n} times")),
-            (true, 1) => self.ok_applied += 1,
-            (false, 0) => self.error_not_applied += 1,
-            (ok, n) => self.mismatches.push(format!(
-                "{call}: answered {} with the effect applied {n} times",
-                if ok {
-                    "ok".to_owned()
-                } else {
-                    answer
-                        .error()
-                        .map_or_else(String::new, |e| e.code.to_string())
-                }
-            )),
-        }
-    }
-
-    fn assert_truthful(&self) {
-        assert!(
-            self.duplicates.is_empty(),
-            "effects ran twice: {:?}",
-            self.duplicates
-        );
-        assert!(
-            self.mismatches.is_empty(),
-            "answers that disagree with what happened: {:?}",
-            self.mismatches
-        );
-    }
-}
-
-impl std::fmt::Display for Tally {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "answered ok and applied once {}, answered an error and not applied {}, \
-             answers disagreeing with the effect {}, duplicates found {}",
-            self.ok_applied,
-            self.error_not_applied,
-            self.mismatches.len(),
-            self.duplicates.len()
-        )
-    }
 }
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.

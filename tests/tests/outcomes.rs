@@ -227,11 +227,25 @@ fn results(job: &v1::Job) -> usize {
 /// instead of exiting; once both are up they serve, and a job runs end to end.
 #[tokio::test]
 async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(0).await?;
+    // The worker's health endpoint, on a port free right now.
+    let health = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .to_string();
+    let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
     fleet.nats.kill();
     fleet.redis.kill();
     let worker = fleet.start_worker()?;
     let orchestrator = fleet.start_orchestrator(&[])?;
+    // `toolfleet-worker healthcheck`, as an exec probe runs it.
+    let probe = |live: bool| {
+        let mut command =
+            std::process::Command::new(toolfleet_tests::cargo_bin("toolfleet-worker")?);
+        command.args(["healthcheck", "--metrics-listen", &health]);
+        if live {
+            command.arg("--live");
+        }
+        anyhow::Ok(command.output()?.status.success())
+    };
     for (server, waiting) in [("NATS", "waiting for NATS"), ("Redis", "waiting for Redis")] {
         for process in [fleet.worker(worker), fleet.orchestrator(orchestrator)] {
             process.wait_for_log(waiting, WAIT).await?;
@@ -241,6 +255,13 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
                 process.name()
             );
         }
+        // Alive, not ready: an orchestrator would not route to it, and a
+        // liveness probe must not restart it.
+        toolfleet_tests::wait_until("the worker to answer its liveness probe", WAIT, || async {
+            probe(true).unwrap_or(false)
+        })
+        .await?;
+        assert!(!probe(false)?, "not ready while waiting for {server}");
         match server {
             "NATS" => fleet.nats.restart().await?,
             _ => fleet.redis.restart().await?,
@@ -250,6 +271,10 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         .worker(worker)
         .wait_for_log("worker ready", WAIT)
         .await?;
+    toolfleet_tests::wait_until("the worker to answer its readiness probe", WAIT, || async {
+        probe(false).unwrap_or(false)
+    })
+    .await?;
     fleet
         .wait_for_tools(orchestrator, &["calculate"], 1)
         .await?;

@@ -5,9 +5,8 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use tokio_util::sync::CancellationToken;
-use toolfleet_service::binary::{self, ServiceFlags};
+use clap::{Parser, Subcommand};
+use toolfleet_service::binary::{self, Process, ServiceFlags};
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 /// Executes whitelisted tool calls from NATS JetStream and answers each with an envelope.
@@ -18,6 +17,8 @@ use toolfleet_worker::{Worker, WorkerOptions, tools};
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Flags {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     service: ServiceFlags,
     /// Calls executed at once by this process (runtime.max_in_flight).
@@ -34,6 +35,19 @@ struct Flags {
     worker_id: Option<String>,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Exit 0 when a worker with this configuration is ready (its
+    /// `/readyz` on metrics.listen answers 200), 1 otherwise: for exec
+    /// probes in images without a shell.
+    Healthcheck {
+        /// Only check that it is alive (`/healthz`): it may still be waiting
+        /// for NATS or Redis.
+        #[arg(long)]
+        live: bool,
+    },
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let flags = Flags::parse();
@@ -46,6 +60,9 @@ async fn main() -> ExitCode {
         .set("worker_id", flags.worker_id.as_ref())
         .into_value();
     let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
+    if let Some(Command::Healthcheck { live }) = flags.command {
+        return binary::healthcheck("toolfleet-worker", options, live).await;
+    }
     binary::run(
         "toolfleet-worker",
         options,
@@ -55,9 +72,16 @@ async fn main() -> ExitCode {
     .await
 }
 
-async fn serve(options: WorkerOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let worker = Worker::connect(options.clone()).await?;
+async fn serve(options: WorkerOptions, process: Process) -> anyhow::Result<()> {
+    // Waits for NATS and Redis; a signal ends the wait.
+    let worker = tokio::select! {
+        worker = Worker::connect(options.clone()) => worker?,
+        () = process.shutdown.cancelled() => return Ok(()),
+    };
     let toolbox = tools::builtin(options.tool_selection(), worker.redis())?;
-    worker.run(toolbox, shutdown).await?;
+    worker
+        .with_readiness(process.readiness)
+        .run(toolbox, process.shutdown)
+        .await?;
     Ok(())
 }

@@ -9,26 +9,28 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ConfigError, LogOptions, MetricsOptions, Overrides};
+use crate::telemetry::Readiness;
 use crate::{signals, telemetry};
 
 /// The flags every service binary takes; a binary adds its own next to them
-/// with `#[command(flatten)]`.
+/// with `#[command(flatten)]`. Global, so that a subcommand
+/// (`toolfleet-worker healthcheck --metrics-listen ...`) takes them too.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServiceFlags {
     /// TOML configuration file.
-    #[arg(long, short, env = "TOOLFLEET_CONFIG")]
+    #[arg(long, short, env = "TOOLFLEET_CONFIG", global = true)]
     pub config: Option<PathBuf>,
     /// NATS server URL (nats.url).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub nats_url: Option<String>,
     /// Redis URL (redis.url).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub redis_url: Option<String>,
     /// Serve Prometheus metrics on this address, e.g. 0.0.0.0:9090 (metrics.listen).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub metrics_listen: Option<String>,
     /// Print the effective configuration (passwords hidden) as JSON and exit.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub print_config: bool,
 }
 
@@ -79,11 +81,49 @@ macro_rules! service_options {
     };
 }
 
+/// What a service's `serve` gets from [`run`].
+#[derive(Debug, Clone)]
+pub struct Process {
+    /// Cancelled by the first SIGTERM or SIGINT: drain, then return.
+    pub shutdown: CancellationToken,
+    /// Set it once the service serves, clear it when it drains: `/readyz`
+    /// (on `metrics.listen`) answers from it.
+    pub readiness: Readiness,
+}
+
+/// The `healthcheck` subcommand of the service `name`: asks the health
+/// endpoint that the options `loaded` configure (`metrics.listen`), and maps
+/// the answer to an exit code (0 healthy, 1 not, 2 bad configuration).
+pub async fn healthcheck<O: ServiceOptions>(
+    name: &str,
+    loaded: Result<O, ConfigError>,
+    live: bool,
+) -> ExitCode {
+    let options = match loaded {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("{name}: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let Some(listen) = options.metrics().listen else {
+        eprintln!("{name}: no health endpoint: set metrics.listen (--metrics-listen)");
+        return ExitCode::from(2);
+    };
+    match telemetry::check_health(listen, live).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("{name}: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 /// Runs the service `name` (`toolfleet-worker`) with the options `loaded`:
 /// with `print_config`, prints them (redacted) and returns; otherwise
-/// installs logging, logs the effective config, serves metrics if
-/// configured, cancels the token given to `serve` on the first SIGTERM or
-/// SIGINT, and awaits `serve`.
+/// installs logging, logs the effective config, serves metrics and the
+/// health endpoints if `metrics.listen` is set, cancels the token given to
+/// `serve` on the first SIGTERM or SIGINT, and awaits `serve`.
 pub async fn run<O, F, Fut>(
     name: &str,
     loaded: Result<O, ConfigError>,
@@ -92,7 +132,7 @@ pub async fn run<O, F, Fut>(
 ) -> ExitCode
 where
     O: ServiceOptions,
-    F: FnOnce(O, CancellationToken) -> Fut,
+    F: FnOnce(O, Process) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
     let options = match loaded {
@@ -112,12 +152,20 @@ where
     telemetry::init_logging(options.log());
     let served = async {
         tracing::info!(config = %serde_json::to_string(&options.redacted())?, "starting");
+        let readiness = Readiness::default();
         if let Some(listen) = options.metrics().listen {
-            telemetry::init_metrics(listen)?;
+            telemetry::serve_http(listen, readiness.clone()).await?;
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(signals::watch_signals(shutdown.clone()));
-        serve(options, shutdown).await
+        serve(
+            options,
+            Process {
+                shutdown,
+                readiness,
+            },
+        )
+        .await
     }
     .await;
     match served {

@@ -1,7 +1,9 @@
-//! Logging and metrics set-up of every toolfleet service.
+//! Logging, metrics and health endpoints of every toolfleet service.
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
 
@@ -23,14 +25,111 @@ pub fn init_logging(options: &LogOptions) {
     };
 }
 
-/// Serves Prometheus metrics on `listen` at `/metrics`.
+/// Whether the process serves: false until its servers answer and its
+/// set-up is done, and again once it drains. Cheap to clone; every clone is
+/// the same flag.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<AtomicBool>);
+
+impl Readiness {
+    /// Marks the process ready (or not).
+    pub fn set(&self, ready: bool) {
+        self.0.store(ready, Ordering::SeqCst);
+    }
+
+    /// Whether the process is ready.
+    pub fn is_ready(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// The paths of the HTTP endpoint, for probes and scrapers.
+pub mod paths {
+    /// Prometheus metrics.
+    pub const METRICS: &str = "/metrics";
+    /// Liveness: 200 while the process runs (it may be waiting for a server).
+    pub const HEALTHZ: &str = "/healthz";
+    /// Readiness: 200 once the process serves, 503 before and while it drains.
+    pub const READYZ: &str = "/readyz";
+}
+
+/// Installs the Prometheus recorder and serves, on `listen`, the metrics at
+/// `/metrics`, liveness at `/healthz` and `readiness` at `/readyz`, for the
+/// life of the process.
 ///
 /// # Errors
 ///
 /// The address cannot be bound, or a recorder is already installed.
-pub fn init_metrics(listen: SocketAddr) -> anyhow::Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(listen)
-        .install()?;
+pub async fn serve_http(listen: SocketAddr, readiness: Readiness) -> anyhow::Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let app = axum::Router::new()
+        .route(
+            paths::METRICS,
+            get(move || std::future::ready(metrics.render())),
+        )
+        .route(paths::HEALTHZ, get(|| std::future::ready("ok")))
+        .route(
+            paths::READYZ,
+            get(move || {
+                let answer = if readiness.is_ready() {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "not ready")
+                };
+                std::future::ready(answer)
+            }),
+        );
+    tokio::spawn(async move {
+        if let Err(err) = axum::serve(listener, app).await {
+            tracing::error!(error = %err, "the metrics and health endpoint stopped");
+        }
+    });
     Ok(())
+}
+
+/// Asks the health endpoint on `listen` (this process's `metrics.listen`)
+/// whether the service is ready, or with `live` only alive: for exec probes
+/// in images without a shell or an HTTP client.
+///
+/// # Errors
+///
+/// The endpoint does not answer within 2 s, or answers other than 200; the
+/// message says which.
+pub async fn check_health(listen: SocketAddr, live: bool) -> anyhow::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A service bound to every address answers on loopback.
+    let mut address = listen;
+    if address.ip().is_unspecified() {
+        address.set_ip(match address {
+            SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let path = if live { paths::HEALTHZ } else { paths::READYZ };
+    // A status line is all a probe needs: a request written by hand spares
+    // the service crate an HTTP client.
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.take(1024).read_to_end(&mut answer).await?;
+        anyhow::Ok(answer)
+    };
+    let answer = tokio::time::timeout(std::time::Duration::from_secs(2), ask)
+        .await
+        .map_err(|_| anyhow::anyhow!("http://{address}{path} did not answer within 2s"))?
+        .map_err(|err| anyhow::anyhow!("cannot reach http://{address}{path}: {err}"))?;
+    let status_line = String::from_utf8_lossy(&answer);
+    let status_line = status_line.lines().next().unwrap_or_default();
+    if status_line.split_whitespace().nth(1) == Some("200") {
+        Ok(())
+    } else {
+        anyhow::bail!("http://{address}{path} answered {status_line:?}")
+    }
 }

@@ -26,6 +26,7 @@ use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_service::connect::{self, ConnectError, patiently};
 use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
+use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
 pub use execute::SchemaError;
@@ -62,6 +63,7 @@ pub struct Worker {
     worker_id: String,
     nats: async_nats::Client,
     redis: ConnectionManager,
+    readiness: Readiness,
 }
 
 impl Worker {
@@ -80,7 +82,16 @@ impl Worker {
             worker_id,
             nats,
             redis,
+            readiness: Readiness::default(),
         })
+    }
+
+    /// Reports through `readiness` (the `/readyz` endpoint): ready once the
+    /// worker serves its tools, not ready again once it drains.
+    #[must_use]
+    pub fn with_readiness(mut self, readiness: Readiness) -> Self {
+        self.readiness = readiness;
+        self
     }
 
     /// This process's id in the registry and in claims.
@@ -131,6 +142,7 @@ impl Worker {
         let intake = start_intake(consumers, announcer, &executor, &calls, &stop_intake);
         info!(worker_id = %self.worker_id, tools = ?tool_names,
               max_in_flight = runtime.max_in_flight.get(), "worker ready");
+        self.readiness.set(true);
 
         shutdown.cancelled().await;
         self.drain(intake, calls, &executor).await;
@@ -179,6 +191,7 @@ impl Worker {
     /// for intake to stop, lets the calls finish up to the drain timeout,
     /// abandons the rest, and flushes the last acks.
     async fn drain(&self, intake: TaskTracker, calls: TaskTracker, executor: &Executor) {
+        self.readiness.set(false);
         info!(in_flight = calls.len(), "draining");
         intake.wait().await;
         calls.close();
