@@ -2,7 +2,7 @@
 //! the job queue, and maps errors to gRPC statuses in [`to_status`].
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -230,6 +230,69 @@ impl AgentApi {
 const WATCH_POLL: Duration = Duration::from_secs(1);
 
 type EventStream = Pin<Box<dyn Stream<Item = Result<v1::JobEvent, Status>> + Send>>;
+
+/// The API as served from the moment the replica listens: every call answers
+/// `UNAVAILABLE` until the replica is ready (connected to NATS and Redis,
+/// its streams set up), then goes to the [`AgentApi`]. Serving that early
+/// lets gRPC health answer `NOT_SERVING` while the replica waits, instead of
+/// a port that does not answer at all.
+#[derive(Clone, Default)]
+pub struct StartingApi {
+    ready: Arc<OnceLock<AgentApi>>,
+}
+
+impl StartingApi {
+    /// From now on, calls go to `api`. Only the first call has an effect.
+    pub fn serve(&self, api: AgentApi) {
+        let _ = self.ready.set(api);
+    }
+
+    fn api(&self) -> Result<&AgentApi, Status> {
+        self.ready.get().ok_or_else(|| {
+            Status::unavailable("the orchestrator is starting (waiting for NATS and Redis); retry")
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for StartingApi {
+    async fn submit_job(
+        &self,
+        request: Request<v1::SubmitJobRequest>,
+    ) -> Result<Response<v1::SubmitJobResponse>, Status> {
+        self.api()?.submit_job(request).await
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Response<v1::Job>, Status> {
+        self.api()?.get_job(request).await
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        request: Request<v1::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        self.api()?.watch_job(request).await
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<v1::CancelJobRequest>,
+    ) -> Result<Response<v1::CancelJobResponse>, Status> {
+        self.api()?.cancel_job(request).await
+    }
+
+    async fn list_tools(
+        &self,
+        request: Request<v1::ListToolsRequest>,
+    ) -> Result<Response<v1::ListToolsResponse>, Status> {
+        self.api()?.list_tools(request).await
+    }
+}
 
 #[tonic::async_trait]
 impl AgentService for AgentApi {

@@ -51,12 +51,7 @@ async fn main() -> ExitCode {
 
 async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(options.grpc.listen).await?;
-    // Waits for NATS and Redis; a signal ends the wait.
-    let orchestrator = tokio::select! {
-        orchestrator = Orchestrator::connect(options) => orchestrator?,
-        () = process.shutdown.cancelled() => return Ok(()),
-    };
-    orchestrator
+    Orchestrator::new(options)
         .with_readiness(process.readiness)
         .run(listener, process.shutdown)
         .await?;

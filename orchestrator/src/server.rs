@@ -1,5 +1,10 @@
-//! Assembles an orchestrator replica: connections, registry, runner and the
-//! gRPC server, and runs them until shutdown.
+//! Assembles an orchestrator replica: gRPC server, connections, registry and
+//! runner, and runs them until shutdown.
+//!
+//! Start-up: the gRPC server listens at once, with health `NOT_SERVING` and
+//! every API call answered `UNAVAILABLE`, while the replica waits for NATS,
+//! Redis and its JetStream set-up; then health turns `SERVING`, the API
+//! answers, and the replica pulls jobs (decision 0007).
 //!
 //! Shutdown stages, on the `shutdown` token:
 //! 1. stop accepting gRPC requests and stop pulling jobs;
@@ -11,10 +16,11 @@
 use std::sync::Arc;
 
 use async_nats::jetstream;
-use redis::aio::ConnectionManager;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic_health::ServingStatus;
+use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
 use toolfleet_service::connect::{self, ConnectError, patiently};
@@ -23,7 +29,7 @@ use tracing::{info, warn};
 
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
-use crate::grpc::AgentApi;
+use crate::grpc::{AgentApi, StartingApi};
 use crate::model::Providers;
 use crate::registry::Registry;
 use crate::runner::{self, Runner};
@@ -45,108 +51,113 @@ pub enum StartError {
     Reflection(#[source] tonic_reflection::server::Error),
 }
 
-/// A connected orchestrator replica.
+/// An orchestrator replica.
 pub struct Orchestrator {
     options: OrchestratorOptions,
-    nats: async_nats::Client,
-    redis: ConnectionManager,
     readiness: Readiness,
 }
 
 impl Orchestrator {
-    /// Connects to NATS and Redis.
-    ///
-    /// # Errors
-    ///
-    /// [`StartError::Connect`].
-    pub async fn connect(options: OrchestratorOptions) -> Result<Self, StartError> {
-        let nats = connect::nats(&options.nats, "toolfleet-orchestrator").await?;
-        let redis = connect::redis(&options.redis).await?;
-        Ok(Self {
+    /// A replica with `options`; nothing connects before [`run`](Self::run).
+    pub fn new(options: OrchestratorOptions) -> Self {
+        Self {
             options,
-            nats,
-            redis,
             readiness: Readiness::default(),
-        })
+        }
     }
 
     /// Reports through `readiness` (the `/readyz` endpoint): ready once the
-    /// replica serves gRPC, not ready again once it drains.
+    /// replica serves, not ready again once it drains.
     #[must_use]
     pub fn with_readiness(mut self, readiness: Readiness) -> Self {
         self.readiness = readiness;
         self
     }
 
-    /// Serves gRPC on `listener` and runs jobs until `shutdown`, then drains
-    /// (see the module docs for the stages).
+    /// Serves gRPC on `listener` at once, waits for NATS, Redis and JetStream,
+    /// then runs jobs until `shutdown`, and drains (see the module docs).
     ///
     /// # Errors
     ///
-    /// JetStream setup or the gRPC server failed.
+    /// A configuration that cannot work, or the gRPC server failed.
     pub async fn run(
         self,
         listener: TcpListener,
         shutdown: CancellationToken,
     ) -> Result<(), StartError> {
-        let js = jetstream::new(self.nats.clone());
-        // Waited for while JetStream is unavailable; a shutdown ends the wait.
-        let parts = tokio::select! {
-            parts = self.assemble(&js) => parts,
-            () = shutdown.cancelled() => return Ok(()),
-        };
-        let tasks = TaskTracker::new();
-        // What this future spawns stops with it, also when a caller drops it
+        // What this future starts stops with it, also when a caller drops it
         // before the drain (the runner then drains and hands its jobs back).
-        let background = CancellationToken::new();
-        let _stop_background = background.clone().drop_guard();
         let shutdown = shutdown.child_token();
-        let _stop_runner = shutdown.clone().drop_guard();
-        tasks.spawn(parts.registry.run(background.clone()));
-        let runner = self.options.runner.clone();
-        tasks.spawn(runner::sweep::run(
-            parts.api.store.clone(),
-            js,
-            runner.sweep_interval,
-            runner.sweep_after,
-            background.clone(),
+        let _stop_all = shutdown.clone().drop_guard();
+        let address = listener
+            .local_addr()
+            .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
+        let (health, health_service) = tonic_health::server::health_reporter();
+        // Both the API and the server as a whole ("", what a kubelet gRPC
+        // probe asks by default) are not serving until the replica is ready.
+        health
+            .set_not_serving::<AgentServiceServer<StartingApi>>()
+            .await;
+        health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        let api = StartingApi::default();
+        info!(grpc = %address, "grpc listening; not serving until ready");
+        let server = tokio::spawn(serve_grpc(
+            listener,
+            api.clone(),
+            health_service,
+            shutdown.clone(),
         ));
-        let runner_task = tasks.spawn({
-            let (runner, shutdown) = (parts.runner, shutdown.clone());
-            async move { runner.run(shutdown).await }
-        });
-        tasks.close();
+        let started = tokio::select! {
+            started = self.start(&api) => Some(started),
+            // A signal while waiting for the servers: nothing to drain.
+            () = shutdown.cancelled() => None,
+        };
+        let running = match started {
+            Some(Ok(running)) => running,
+            Some(Err(err)) => {
+                shutdown.cancel();
+                let _ = server.await;
+                return Err(err);
+            }
+            None => return server.await.unwrap_or(Ok(())),
+        };
+        health
+            .set_serving::<AgentServiceServer<StartingApi>>()
+            .await;
+        health.set_service_status("", ServingStatus::Serving).await;
         self.readiness.set(true);
-        let served = serve_grpc(listener, parts.api, &parts.instance, &shutdown).await;
+        info!(instance = %running.instance, grpc = %address, "orchestrator ready");
+        let served = server.await.unwrap_or(Ok(()));
         self.readiness.set(false);
         info!("grpc server stopped; draining jobs");
-        let _ = runner_task.await;
-        background.cancel();
-        tasks.wait().await;
-        if let Err(err) = self.nats.flush().await {
-            warn!(error = %err, "could not flush NATS at shutdown");
-        }
+        running.stop().await;
         info!("orchestrator stopped");
         served
     }
 
-    /// The replica's components, wired together but not yet running.
-    async fn assemble(&self, js: &jetstream::Context) -> Parts {
+    /// Connects, assembles the replica, makes `api` answer and starts the
+    /// registry watch, the sweeper and the runner.
+    async fn start(&self, api: &StartingApi) -> Result<Running, StartError> {
         let options = &self.options;
-        patiently("the job stream", || runner::ensure_job_stream(js)).await;
+        let nats = connect::nats(&options.nats, "toolfleet-orchestrator").await?;
+        let redis = connect::redis(&options.redis).await?;
+        let js = jetstream::new(nats.clone());
+        patiently("the job stream", || runner::ensure_job_stream(&js)).await;
         let ttl = options.registry.ttl;
-        let bucket = patiently("the registry bucket", || connect::registry_bucket(js, ttl)).await;
+        let bucket = patiently("the registry bucket", || connect::registry_bucket(&js, ttl)).await;
         let store = JobStore::new(
-            self.redis.clone(),
-            self.nats.clone(),
+            redis,
+            nats.clone(),
             RedisKeys::new(options.redis.key_prefix.clone()),
             options.store.job_retention,
             options.store.idempotency_ttl,
         );
-        let registry = Registry::new(bucket, options.registry.ttl);
+        let registry = Registry::new(bucket, ttl);
         let providers = Arc::new(Providers::new(options.openai.clone()));
         let dispatcher = Dispatcher {
-            nats: self.nats.clone(),
+            nats: nats.clone(),
             js: js.clone(),
             store: store.clone(),
             registry: registry.handle(),
@@ -161,57 +172,83 @@ impl Orchestrator {
             options: options.runner.clone(),
             owner: instance.clone(),
         };
-        let api = AgentApi {
-            store,
+        api.serve(AgentApi {
+            store: store.clone(),
             js: js.clone(),
             registry: registry.handle(),
             providers,
             options: options.api.clone(),
-        };
-        Parts {
-            registry,
-            runner,
-            api,
+        });
+        let tasks = TaskTracker::new();
+        let background = CancellationToken::new();
+        let jobs = CancellationToken::new();
+        tasks.spawn(registry.run(background.clone()));
+        let sweep = &options.runner;
+        tasks.spawn(runner::sweep::run(
+            store,
+            js,
+            sweep.sweep_interval,
+            sweep.sweep_after,
+            background.clone(),
+        ));
+        let runner = tasks.spawn(runner.run(jobs.clone()));
+        tasks.close();
+        Ok(Running {
             instance,
+            nats,
+            tasks,
+            runner,
+            jobs: jobs.drop_guard(),
+            background: background.drop_guard(),
+        })
+    }
+}
+
+/// The parts of a started replica that its drain stops. Dropped without a
+/// drain (a caller dropped [`Orchestrator::run`]), its guards stop them all.
+struct Running {
+    instance: String,
+    nats: async_nats::Client,
+    tasks: TaskTracker,
+    runner: tokio::task::JoinHandle<()>,
+    /// Stops pulling jobs; the runner then drains.
+    jobs: tokio_util::sync::DropGuard,
+    /// Stops the registry watch and the sweeper.
+    background: tokio_util::sync::DropGuard,
+}
+
+impl Running {
+    /// Drains the runner, then stops the rest and flushes NATS.
+    async fn stop(self) {
+        drop(self.jobs);
+        let _ = self.runner.await;
+        drop(self.background);
+        self.tasks.wait().await;
+        if let Err(err) = self.nats.flush().await {
+            warn!(error = %err, "could not flush NATS at shutdown");
         }
     }
 }
 
-/// What [`Orchestrator::assemble`] builds.
-struct Parts {
-    registry: Registry,
-    runner: Runner,
-    api: AgentApi,
-    instance: String,
-}
-
 /// Serves the API, health and reflection on `listener` until `shutdown`.
-async fn serve_grpc(
+async fn serve_grpc<H: Health>(
     listener: TcpListener,
-    api: AgentApi,
-    instance: &str,
-    shutdown: &CancellationToken,
+    api: StartingApi,
+    health: HealthServer<H>,
+    shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    let (health_reporter, health) = tonic_health::server::health_reporter();
-    health_reporter
-        .set_serving::<AgentServiceServer<AgentApi>>()
-        .await;
     let reflection = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1()
         .map_err(StartError::Reflection)?;
-    let address = listener
-        .local_addr()
-        .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
-    info!(instance = %instance, grpc = %address, "orchestrator ready");
     // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
         .add_service(reflection)
         .add_service(AgentServiceServer::new(api))
-        .serve_with_incoming_shutdown(incoming, shutdown.clone().cancelled_owned())
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .map_err(StartError::Grpc)
 }

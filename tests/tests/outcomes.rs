@@ -246,6 +246,41 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         }
         anyhow::Ok(command.output()?.status.success())
     };
+    // The orchestrator listens at once: its gRPC health says it is not
+    // serving yet, and its API asks to retry.
+    let listening = fleet
+        .orchestrator(orchestrator)
+        .wait_for_log("grpc listening", WAIT)
+        .await?;
+    let address = listening
+        .split("grpc=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .map(|address| format!("http://{address}"))
+        .expect("the line names the address");
+    let channel = tonic::transport::Endpoint::from_shared(address.clone())?
+        .connect()
+        .await?;
+    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let serving = |service: &str| {
+        let mut health = health.clone();
+        let service = service.to_owned();
+        async move {
+            let request = tonic_health::pb::HealthCheckRequest { service };
+            anyhow::Ok(health.check(request).await?.into_inner().status)
+        }
+    };
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    for service in ["", "toolfleet.v1.AgentService"] {
+        assert_eq!(
+            serving(service).await?,
+            not_serving,
+            "health of {service:?}"
+        );
+    }
+    let mut early = v1::agent_service_client::AgentServiceClient::new(channel);
+    let refused = early.list_tools(v1::ListToolsRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     for (server, waiting) in [("NATS", "waiting for NATS"), ("Redis", "waiting for Redis")] {
         for process in [fleet.worker(worker), fleet.orchestrator(orchestrator)] {
             process.wait_for_log(waiting, WAIT).await?;
@@ -278,6 +313,8 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
     fleet
         .wait_for_tools(orchestrator, &["calculate"], 1)
         .await?;
+    let serving_now = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+    assert_eq!(serving("").await?, serving_now);
     let api = fleet.api(orchestrator).await?;
     let script = json!([
         {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},

@@ -344,9 +344,7 @@ impl LocalFleet {
         orchestrator.nats.url = self.nats.url();
         orchestrator.redis.url = self.redis.url();
         orchestrator.grpc.listen = self.grpc_addr;
-        let orchestrator = Orchestrator::connect(orchestrator)
-            .await
-            .context("the orchestrator cannot connect")?;
+        let orchestrator = Orchestrator::new(orchestrator);
         let shutdown = self.shutdown.child_token();
         let task = tokio::spawn(async move {
             orchestrator
