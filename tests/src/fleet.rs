@@ -229,6 +229,15 @@ impl Fleet {
         &self.workers
     }
 
+    /// How often `needle` occurs in the logs of every worker, over all their
+    /// runs (a respawn appends to its log).
+    pub fn count_in_worker_logs(&self, needle: &str) -> usize {
+        self.workers
+            .iter()
+            .map(|w| w.log_tail(1_000_000).matches(needle).count())
+            .sum()
+    }
+
     /// Publishes `call` to its tool's subject through JetStream, with the
     /// attempt's `Nats-Msg-Id` (so the stream dedups a re-publish).
     ///

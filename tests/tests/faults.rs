@@ -39,14 +39,6 @@ async fn restart_dead_workers(fleet: &Fleet) {
     }
 }
 
-fn count_in_logs(fleet: &Fleet, needle: &str) -> usize {
-    fleet
-        .workers()
-        .iter()
-        .map(|w| w.log_tail(1_000_000).matches(needle).count())
-        .sum()
-}
-
 #[tokio::test]
 async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Result<()> {
     let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
@@ -71,7 +63,7 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
     // The echo call shared the worker with the poison call and died with it
     // each time, so it may be answered MAX_DELIVERIES_EXCEEDED too; it must
     // be answered either way.
-    let crashes = count_in_logs(&fleet, "crash tool: aborting");
+    let crashes = fleet.count_in_worker_logs("crash tool: aborting");
     assert_eq!(
         crashes, 2,
         "each of the allowed deliveries crashed once, then no more"
@@ -150,8 +142,8 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
             }
         }
     }
-    let recovered = count_in_logs(&fleet, "earlier execution was applied");
-    let dedup_hits = count_in_logs(&fleet, "answered from the stored result");
+    let recovered = fleet.count_in_worker_logs("earlier execution was applied");
+    let dedup_hits = fleet.count_in_worker_logs("answered from the stored result");
     println!(
         "worker chaos: jobs {JOBS}, calls {calls}, kills {}, recovered by probe {recovered}, \
          dedup hits {dedup_hits}, {tally}",
@@ -496,7 +488,7 @@ async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::R
     assert_eq!(error.code.as_str(), "OUTCOME_UNKNOWN", "{}", answer.body);
     assert_eq!(error.side_effect.as_deref(), Some("unknown"));
     assert!(!error.retryable);
-    let executions = count_in_logs(&fleet, "executing call");
+    let executions = fleet.count_in_worker_logs("executing call");
     assert_eq!(executions, 1, "the call was not run a second time");
     println!("outcome unknown: calls 1, kills 1, executions 1, answered OUTCOME_UNKNOWN 1");
     Ok(())
@@ -546,7 +538,7 @@ async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> 
         1,
         "{kinds:?}"
     );
-    assert_eq!(count_in_logs(&fleet, "executing call"), 1);
+    assert_eq!(fleet.count_in_worker_logs("executing call"), 1);
     Ok(())
 }
 

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use serde_json::json;
-use toolfleet_proto::Envelope;
 use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::RedisConfig;
 use toolfleet_tests::fleet::{Fleet, call, scripted_job, wait_finished};
+use toolfleet_tests::tally::answer_of;
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.
 const FAST_TAKEOVER: &[(&str, &str)] = &[
@@ -19,29 +19,6 @@ const FAST_TAKEOVER: &[(&str, &str)] = &[
 ];
 
 const WAIT: Duration = Duration::from_secs(60);
-
-/// The envelope the model got for `call_id`.
-fn answer(job: &v1::Job, call_id: &str) -> Envelope {
-    let output = job
-        .items
-        .iter()
-        .find_map(|item| match &item.kind {
-            Some(Kind::ToolResult(result)) if result.call_id == call_id => {
-                Some(result.output.clone())
-            }
-            _ => None,
-        })
-        .unwrap_or_else(|| panic!("no result for {call_id} in {job:?}"));
-    serde_json::from_str(&output).expect("outputs are envelopes")
-}
-
-fn count_in_logs(fleet: &Fleet, needle: &str) -> usize {
-    fleet
-        .workers()
-        .iter()
-        .map(|w| w.log_tail(1_000_000).matches(needle).count())
-        .sum()
-}
 
 /// An orchestrator dies while a call runs; the worker stores the call's ok
 /// result and stops (so no worker announces the tool any more); then an
@@ -81,7 +58,7 @@ async fn a_resumed_round_answers_a_dispatched_call_from_its_stored_result() -> a
     let api = fleet.api(0).await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    let answered = answer(&job, "call_0_0");
+    let answered = answer_of(&job, "call_0_0");
     assert!(
         answered.is_ok(),
         "the effect happened, so the model must be told so: {answered:?}"
@@ -130,9 +107,9 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
     })
     .await?;
     // Then more hand-backs than max_deliveries allows, while Redis stays down.
-    let before = count_in_logs(&fleet, "redis unavailable");
+    let before = fleet.count_in_worker_logs("redis unavailable");
     toolfleet_tests::wait_until("hand-backs past max_deliveries", WAIT, || async {
-        count_in_logs(&fleet, "redis unavailable") >= before + 3
+        fleet.count_in_worker_logs("redis unavailable") >= before + 3
     })
     .await?;
     fleet.redis.restart().await?;
@@ -143,8 +120,8 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
         answer.body
     );
     assert_eq!(fleet.counter("outage:1").await?, 1, "applied once");
-    assert_eq!(count_in_logs(&fleet, "executing call"), 1, "run once");
-    let hand_backs = count_in_logs(&fleet, "redis unavailable");
+    assert_eq!(fleet.count_in_worker_logs("executing call"), 1, "run once");
+    let hand_backs = fleet.count_in_worker_logs("redis unavailable");
     println!("redis outage: calls 1, hand-backs {hand_backs}, executions 1, answered ok 1");
     Ok(())
 }
@@ -205,7 +182,7 @@ async fn a_tool_unannounced_during_a_nats_outage_is_not_unknown() -> anyhow::Res
     fleet.nats.restart().await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    let second = answer(&job, "call_1_0");
+    let second = answer_of(&job, "call_1_0");
     assert!(
         second.is_ok(),
         "the tool was offered and its worker came back: {second:?}"
