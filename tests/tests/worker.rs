@@ -448,3 +448,36 @@ async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() ->
     assert_eq!(fleet.counter("slow:counter").await?, 1);
     Ok(())
 }
+
+/// A worker serves every built-in and test tool, but only one of them has
+/// work. That tool must get every execution slot the worker has: tools with
+/// nothing to do hold none.
+#[tokio::test]
+async fn a_busy_tool_gets_every_slot_while_the_other_tools_are_idle() -> anyhow::Result<()> {
+    const SLOTS: usize = 8;
+    const CALLS: usize = 4 * SLOTS;
+    let slots = SLOTS.to_string();
+    let fleet =
+        Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.as_str())]).await?;
+    let mut results = fleet.results("job-busy").await?;
+    for n in 0..CALLS {
+        let busy = call(
+            "job-busy",
+            &format!("call_{n}"),
+            "measure_concurrency",
+            r#"{"key": "busy", "ms": 300}"#,
+        );
+        fleet.publish_call(&busy).await?;
+    }
+    for _ in 0..CALLS {
+        let answer = results.next(Duration::from_secs(120)).await?;
+        assert!(answer.envelope.is_ok(), "{}", answer.body);
+    }
+    let most = fleet.counter("busy:most").await?;
+    println!("busy tool: calls {CALLS}, slots {SLOTS}, most running at once {most}");
+    assert_eq!(
+        most, SLOTS as i64,
+        "the busy tool ran at most {most} calls at once on {SLOTS} slots"
+    );
+    Ok(())
+}

@@ -245,9 +245,10 @@ fn start_intake(
     calls: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> TaskTracker {
-    let max_in_flight = executor.options.max_in_flight.get();
-    let slots = Arc::new(Semaphore::new(max_in_flight));
-    let max_batch = (max_in_flight / consumers.len()).max(1);
+    let options = &executor.options;
+    // One pool of slots for every tool: a tool takes them as its calls arrive.
+    let slots = Arc::new(Semaphore::new(options.max_in_flight.get()));
+    let keep_alive = options.ack_wait / 3;
     let intake = TaskTracker::new();
     for (tool, consumer) in consumers {
         let pull = PullLoop {
@@ -255,7 +256,7 @@ fn start_intake(
             consumer,
             executor: executor.clone(),
             slots: slots.clone(),
-            max_batch,
+            keep_alive,
             tasks: calls.clone(),
         };
         intake.spawn(pull.run(shutdown.clone()));

@@ -1,14 +1,22 @@
-//! The pull loop of one tool: fetch as many calls as there are free execution
-//! slots, hand each to the executor, repeat until shutdown.
+//! The pull loop of one tool: when execution slots are free, fetch as many
+//! calls as there are free slots, hand each to the executor, repeat until
+//! shutdown.
+//!
+//! A slot is taken when a call arrives, never reserved for a pull request:
+//! a tool without work holds none, while every tool's request stays open so
+//! that a call is fetched as soon as a slot frees. When calls of several
+//! tools arrive together for the same free slots, the extra ones wait their
+//! turn in this process (the slots are handed out first come, first served),
+//! kept alive meanwhile so that JetStream does not redeliver them.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::AckKind;
 use async_nats::jetstream::consumer::PullConsumer;
+use async_nats::jetstream::{AckKind, Message};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
@@ -36,9 +44,8 @@ pub(crate) struct PullLoop {
     pub(crate) consumer: PullConsumer,
     pub(crate) executor: Arc<Executor>,
     pub(crate) slots: Arc<Semaphore>,
-    /// Most slots one pull may reserve, so that an idle tool waiting on an open
-    /// request cannot hold every slot of the process.
-    pub(crate) max_batch: usize,
+    /// How often a call waiting for a slot is kept alive (a third of AckWait).
+    pub(crate) keep_alive: Duration,
     pub(crate) tasks: TaskTracker,
 }
 
@@ -47,25 +54,18 @@ impl PullLoop {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut backoff = pull_backoff();
         loop {
-            let first = tokio::select! {
+            let free = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
-                permit = self.slots.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => return, // the semaphore is only closed at shutdown
+                free = free_slots(&self.slots) => match free {
+                    Some(free) => free,
+                    None => return, // the semaphore is only closed at shutdown
                 },
             };
-            let mut permits = vec![first];
-            while permits.len() < self.max_batch {
-                match self.slots.clone().try_acquire_owned() {
-                    Ok(permit) => permits.push(permit),
-                    Err(_) => break,
-                }
-            }
             let batch = self
                 .consumer
                 .batch()
-                .max_messages(permits.len())
+                .max_messages(free)
                 .expires(PULL_EXPIRES)
                 .messages()
                 .await;
@@ -78,7 +78,6 @@ impl PullLoop {
                     // The iterator is endless (no max_times), so it always yields.
                     let pause = backoff.next().unwrap_or(Duration::from_secs(2));
                     warn!(tool = %self.tool, error = %err, "pull failed; retrying");
-                    drop(permits);
                     tokio::select! {
                         () = shutdown.cancelled() => return,
                         () = tokio::time::sleep(pause) => continue,
@@ -100,18 +99,63 @@ impl PullLoop {
                     }
                     continue;
                 }
-                let Some(permit) = permits.pop() else {
-                    // The server never sends more than max_messages.
-                    debug_assert!(false, "pull delivered more messages than requested");
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
-                    continue;
-                };
                 let executor = self.executor.clone();
                 let tool = self.tool.clone();
+                let slots = self.slots.clone();
+                let (shutdown, keep_alive) = (shutdown.clone(), self.keep_alive);
                 self.tasks.spawn(async move {
+                    let Some(permit) = take_slot(slots, &message, &shutdown, keep_alive).await
+                    else {
+                        return;
+                    };
                     executor.handle(tool, message).await;
                     drop(permit);
                 });
+            }
+        }
+    }
+}
+
+/// Waits until at least one execution slot is free and says how many are,
+/// without taking any: the calls take them when they arrive. `None` once the
+/// semaphore is closed.
+async fn free_slots(slots: &Semaphore) -> Option<usize> {
+    let one = slots.acquire().await.ok()?;
+    let free = slots.available_permits() + 1;
+    drop(one);
+    Some(free)
+}
+
+/// The slot of a call that has arrived: at once if one is free, else when
+/// its turn comes (first come, first served), keeping the message alive
+/// meanwhile. `None` when intake stops first: the call is handed back.
+async fn take_slot(
+    slots: Arc<Semaphore>,
+    message: &Message,
+    shutdown: &CancellationToken,
+    keep_alive: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(permit) = slots.clone().try_acquire_owned() {
+        return Some(permit);
+    }
+    let period = keep_alive.max(Duration::from_millis(10));
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    let acquire = slots.acquire_owned();
+    tokio::pin!(acquire);
+    loop {
+        tokio::select! {
+            biased;
+            permit = &mut acquire => return permit.ok(),
+            () = shutdown.cancelled() => {
+                if let Err(err) = message.ack_with(AckKind::Nak(None)).await {
+                    warn!(error = %err, "nak failed; the call is redelivered after AckWait");
+                }
+                return None;
+            }
+            _ = ticker.tick() => {
+                if let Err(err) = message.ack_with(AckKind::Progress).await {
+                    warn!(error = %err, "could not keep a waiting call alive");
+                }
             }
         }
     }

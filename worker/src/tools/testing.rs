@@ -13,6 +13,9 @@
 //! - `increment_counter`: `INCR`s the Redis key in its arguments and records
 //!   the call's idempotency key beside it, so a test can see whether a call
 //!   ran twice.
+//! - `measure_concurrency`: waits `ms` while counting in Redis how many of
+//!   its calls run at once, and the most that ever did, so a test can see
+//!   how many slots a busy tool really gets.
 
 use std::time::Duration;
 
@@ -36,7 +39,10 @@ pub fn toolbox(redis: ConnectionManager) -> Toolbox {
         .with(SetFlag {
             redis: redis.clone(),
         })
-        .with(IncrementCounter { redis })
+        .with(IncrementCounter {
+            redis: redis.clone(),
+        })
+        .with(MeasureConcurrency { redis })
 }
 
 /// Returns its arguments.
@@ -270,5 +276,64 @@ impl Tool for IncrementCounter {
                 Applied::Unavailable
             }
         }
+    }
+}
+
+/// Waits while counting how many of its calls run at once.
+pub struct MeasureConcurrency {
+    redis: ConnectionManager,
+}
+
+/// KEYS: running, most. One more call runs; `most` keeps the highest count.
+const STARTED: &str = r"
+local running = redis.call('INCR', KEYS[1])
+if running > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], running) end
+return running
+";
+
+impl MeasureConcurrency {
+    /// The key that holds the most calls of `key` that ever ran at once.
+    pub fn most_key(key: &str) -> String {
+        format!("{key}:most")
+    }
+}
+
+impl Tool for MeasureConcurrency {
+    fn manifest(&self) -> ToolManifest {
+        ToolManifest::new(
+            "measure_concurrency",
+            "Test tool: waits `ms` milliseconds while counting, in the Redis key `key`, how \
+             many of its calls run at once; `key:most` keeps the highest count.",
+            json!({"type": "object", "additionalProperties": false, "required": ["key", "ms"],
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                                  "ms": {"type": "integer", "minimum": 0, "maximum": 60_000}}}),
+        )
+        .with_timeout(Duration::from_secs(90))
+    }
+
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+        let key = args["key"].as_str().unwrap_or_default(); // the schema made it a string
+        let ms = args["ms"].as_u64().unwrap_or_default();
+        let unavailable = |err: redis::RedisError| {
+            tracing::warn!(error = %err, "concurrency count failed");
+            ToolError::retryable(
+                ErrorCode::from_static("COUNTER_UNAVAILABLE"),
+                "the counter store is unavailable",
+            )
+        };
+        let mut redis = self.redis.clone();
+        let running: i64 = redis::Script::new(STARTED)
+            .key(key)
+            .key(Self::most_key(key))
+            .invoke_async(&mut redis)
+            .await
+            .map_err(unavailable)?;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let _: i64 = redis::cmd("DECR")
+            .arg(key)
+            .query_async(&mut redis)
+            .await
+            .map_err(unavailable)?;
+        Ok(json!({"running_with": running}))
     }
 }
