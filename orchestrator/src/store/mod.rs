@@ -9,6 +9,8 @@
 //! - `tf:{<job>}:events`: a stream whose entry ids are `0-<n>`, so event offset
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
 //! - `tf:{<job>}:attempts`: a hash call id -> the attempt last dispatched;
+//! - `tf:{<job>}:tools`: a hash tool name -> the manifest the model was
+//!   offered (a call to it waits for its workers rather than being unknown);
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
 //!
 //! Finished jobs expire after the retention.
