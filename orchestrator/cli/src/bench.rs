@@ -25,9 +25,13 @@ pub(crate) struct BenchArgs {
     /// Jobs in flight at once.
     #[arg(short = 'C', long, default_value_t = 64)]
     concurrency: usize,
-    /// Parallel `echo` calls per round.
+    /// Parallel calls per round.
     #[arg(short = 'K', long, default_value_t = 3)]
     calls: usize,
+    /// Make every call a `sleep` of this many milliseconds (an I/O-bound
+    /// tool) instead of a no-op `echo`.
+    #[arg(long, value_name = "MS")]
+    sleep_ms: Option<u64>,
     /// Tool rounds per job.
     #[arg(short = 'R', long, default_value_t = 2)]
     rounds: usize,
@@ -75,6 +79,8 @@ impl Percentiles {
 
 #[derive(Debug, Default, Serialize)]
 struct Report {
+    /// `echo`, or `sleep <ms>ms`.
+    tool: String,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -128,11 +134,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<Report> {
-    let load_script = script(args.rounds, args.calls);
+    let tool = Workload::of(args);
+    let load_script = script(tool, args.rounds, args.calls);
     eprintln!("warming up...");
     load(
         api,
-        &load_script,
+        (&load_script, tool),
         50.min(args.jobs),
         args.concurrency,
         false,
@@ -140,12 +147,16 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
     .await?;
 
     eprintln!(
-        "load: {} jobs, {} in flight, {} rounds of {} parallel echo calls...",
-        args.jobs, args.concurrency, args.rounds, args.calls
+        "load: {} jobs, {} in flight, {} rounds of {} parallel {} calls...",
+        args.jobs,
+        args.concurrency,
+        args.rounds,
+        args.calls,
+        tool.name()
     );
     let cpu_before = process_cpu();
     let started = Instant::now();
-    let round_trips = load(api, &load_script, args.jobs, args.concurrency, true).await?;
+    let round_trips = load(api, (&load_script, tool), args.jobs, args.concurrency, true).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_ms_per_job = match (cpu_before, process_cpu()) {
         (Some(before), Some(after)) if args.target.is_none() => {
@@ -156,11 +167,11 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
     let tool_calls = args.jobs * args.calls * args.rounds;
 
     eprintln!("latency: {} sequential one-call jobs...", args.sequential);
-    let one_call = script(1, 1);
+    let one_call = script(tool, 1, 1);
     let mut latencies = Vec::with_capacity(args.sequential);
     for _ in 0..args.sequential {
         let started = Instant::now();
-        run_job(api.clone(), &one_call, false).await?;
+        run_job(api.clone(), &one_call, tool, false).await?;
         latencies.push(started.elapsed());
     }
 
@@ -172,6 +183,7 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
         raw_request_reply(nats_url, args.raw_requests, args.concurrency).await?;
     let tool_calls_per_sec = tool_calls as f64 / elapsed;
     Ok(Report {
+        tool: tool.name(),
         jobs: args.jobs,
         concurrency: args.concurrency,
         calls_per_round: args.calls,
@@ -188,13 +200,48 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
     })
 }
 
-/// `rounds` turns of `calls` parallel echo calls, then a final message.
-fn script(rounds: usize, calls: usize) -> String {
+/// The tool every call of the bench runs.
+#[derive(Debug, Clone, Copy)]
+enum Workload {
+    /// `echo`: no work, so the numbers are the fleet's own cost.
+    Echo,
+    /// `sleep`: a tool that waits, as most real tools wait on I/O; the
+    /// numbers show how well a worker keeps its slots busy.
+    Sleep { ms: u64 },
+}
+
+impl Workload {
+    fn of(args: &BenchArgs) -> Self {
+        args.sleep_ms.map_or(Self::Echo, |ms| Self::Sleep { ms })
+    }
+
+    fn name(self) -> String {
+        match self {
+            Self::Echo => "echo".to_owned(),
+            Self::Sleep { ms } => format!("sleep {ms}ms"),
+        }
+    }
+
+    fn tool(self) -> &'static str {
+        match self {
+            Self::Echo => "echo",
+            Self::Sleep { .. } => "sleep",
+        }
+    }
+
+    fn call(self, round: usize, call: usize) -> Value {
+        match self {
+            Self::Echo => json!({"name": "echo", "arguments": {"round": round, "call": call}}),
+            Self::Sleep { ms } => json!({"name": "sleep", "arguments": {"ms": ms}}),
+        }
+    }
+}
+
+/// `rounds` turns of `calls` parallel calls of `tool`, then a final message.
+fn script(tool: Workload, rounds: usize, calls: usize) -> String {
     let mut turns: Vec<Value> = (0..rounds)
         .map(|round| {
-            let calls: Vec<Value> = (0..calls)
-                .map(|i| json!({"name": "echo", "arguments": {"round": round, "call": i}}))
-                .collect();
+            let calls: Vec<Value> = (0..calls).map(|i| tool.call(round, i)).collect();
             json!({"tool_calls": calls})
         })
         .collect();
@@ -206,7 +253,7 @@ fn script(rounds: usize, calls: usize) -> String {
 /// trips the runner reported (when `collect`).
 async fn load(
     api: &Api,
-    script: &str,
+    (script, tool): (&str, Workload),
     jobs: usize,
     concurrency: usize,
     collect: bool,
@@ -220,7 +267,7 @@ async fn load(
         let api = api.clone();
         let script = script.to_owned();
         tasks.push(tokio::spawn(async move {
-            let result = run_job(api, &script, collect).await;
+            let result = run_job(api, &script, tool, collect).await;
             drop(permit);
             result
         }));
@@ -237,7 +284,12 @@ async fn load(
 }
 
 /// Submits one scripted job and follows its events to the end.
-async fn run_job(mut api: Api, script: &str, collect: bool) -> anyhow::Result<Vec<Duration>> {
+async fn run_job(
+    mut api: Api,
+    script: &str,
+    tool: Workload,
+    collect: bool,
+) -> anyhow::Result<Vec<Duration>> {
     let request = v1::SubmitJobRequest {
         input: "bench".into(),
         model: Some(v1::ModelSpec {
@@ -245,7 +297,7 @@ async fn run_job(mut api: Api, script: &str, collect: bool) -> anyhow::Result<Ve
             script: script.to_owned(),
             ..Default::default()
         }),
-        tools: vec!["echo".into()],
+        tools: vec![tool.tool().into()],
         ..Default::default()
     };
     let job_id = api.submit_job(request).await?.into_inner().job_id;
@@ -341,8 +393,8 @@ fn print(report: &Report) {
     };
     println!();
     println!(
-        "jobs                 {} ({} in flight, {} rounds x {} parallel calls)",
-        report.jobs, report.concurrency, report.rounds, report.calls_per_round
+        "jobs                 {} ({} in flight, {} rounds x {} parallel {} calls)",
+        report.jobs, report.concurrency, report.rounds, report.calls_per_round, report.tool
     );
     println!("jobs/s               {:.0}", report.jobs_per_sec);
     println!("tool calls/s         {:.0}", report.tool_calls_per_sec);
