@@ -13,6 +13,9 @@ use tokio::sync::Semaphore;
 use toolfleet_proto::{JobEvent, v1};
 
 use crate::local::{LocalFleet, LocalFleetOptions};
+use processes::ProcessFleet;
+
+mod processes;
 
 type Api = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 
@@ -41,6 +44,19 @@ pub(crate) struct BenchArgs {
     /// Requests of the raw NATS request/reply floor.
     #[arg(long, default_value_t = 20_000)]
     raw_requests: usize,
+    /// Run the fleet as a deployment does: nats-server, redis-server, and the
+    /// orchestrator and each worker as processes of their own, every worker
+    /// serving the whole default tool set. Without it, the orchestrator and
+    /// the workers share the bench's process (like `toolfleet dev`).
+    #[arg(long, conflicts_with = "target")]
+    processes: bool,
+    /// Workers to start. Default: 2.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Execution slots of each worker (`runtime.max_in_flight`). Default:
+    /// the worker's own default.
+    #[arg(long, value_name = "N")]
+    max_in_flight: Option<usize>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -98,22 +114,39 @@ struct Report {
 
 /// Runs the benchmark and prints (and optionally writes) the report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    let fleet = match &args.target {
-        Some(_) => None,
-        None => {
+    let workers = args.workers.max(1);
+    let processes = if args.processes {
+        eprintln!(
+            "starting a fleet of processes (nats-server, redis-server, 1 orchestrator, \
+             {workers} workers serving every tool)..."
+        );
+        let tool = Workload::of(&args).tool();
+        Some(ProcessFleet::start(workers, args.max_in_flight, tool).await?)
+    } else {
+        None
+    };
+    let fleet = match (&args.target, &processes) {
+        (None, None) => {
             eprintln!(
-                "starting a local fleet (nats-server, redis-server, 1 orchestrator, 2 workers)..."
+                "starting a local fleet (nats-server, redis-server, 1 orchestrator, {workers} \
+                 workers, in this process)..."
             );
-            let options = LocalFleetOptions {
+            let mut options = LocalFleetOptions {
                 test_tools: true,
+                workers,
                 ..LocalFleetOptions::default()
             };
+            if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
+                options.worker.runtime.max_in_flight = slots;
+            }
             Some(LocalFleet::start(options).await?)
         }
+        _ => None,
     };
-    let (address, nats_url) = match (&fleet, &args.target, &args.nats_url) {
-        (Some(fleet), _, _) => (fleet.grpc_addr(), fleet.nats_url()),
-        (None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
+    let (address, nats_url) = match (&fleet, &processes, &args.target, &args.nats_url) {
+        (Some(fleet), _, _, _) => (fleet.grpc_addr(), fleet.nats_url()),
+        (None, Some(processes), _, _) => (processes.address.clone(), processes.nats_url.clone()),
+        (None, None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
         _ => anyhow::bail!("--target needs --nats-url"),
     };
     let api = Api::connect(address.clone())
@@ -123,6 +156,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
+    drop(processes);
     let report = result?;
     print(&report);
     if let Some(path) = &args.json {
@@ -159,7 +193,8 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
     let round_trips = load(api, (&load_script, tool), args.jobs, args.concurrency, true).await?;
     let elapsed = started.elapsed().as_secs_f64();
     let cpu_ms_per_job = match (cpu_before, process_cpu()) {
-        (Some(before), Some(after)) if args.target.is_none() => {
+        // The bench's own CPU covers the fleet only when the fleet runs in it.
+        (Some(before), Some(after)) if args.target.is_none() && !args.processes => {
             Some((after - before).as_secs_f64() * 1000.0 / args.jobs as f64)
         }
         _ => None,

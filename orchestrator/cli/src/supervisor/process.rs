@@ -174,15 +174,37 @@ impl ChildProcess {
         K: AsRef<OsStr>,
         V: AsRef<OsStr>,
     {
+        // Run as a test's servers are: no process group, tails on drop.
+        Self::spawn_with(name, program, args, envs, &ServerOptions::default())
+    }
+
+    /// [`spawn`](Self::spawn), placed and run as `options` say (its dir, its
+    /// process group, whether its log tail is printed on drop).
+    ///
+    /// # Errors
+    ///
+    /// As [`spawn`](Self::spawn).
+    pub fn spawn_with<A, E, K, V>(
+        name: &str,
+        program: impl Into<PathBuf>,
+        args: A,
+        envs: E,
+        options: &ServerOptions,
+    ) -> anyhow::Result<Self>
+    where
+        A: IntoIterator,
+        A::Item: AsRef<OsStr>,
+        E: IntoIterator<Item = (K, V)>,
+        K: AsRef<OsStr>,
+        V: AsRef<OsStr>,
+    {
         let args = args.into_iter().map(|a| a.as_ref().to_owned()).collect();
         let envs = envs
             .into_iter()
             .map(|(k, v)| (k.as_ref().to_owned(), v.as_ref().to_owned()))
             .collect();
-        let dir = ScratchDir::new(name, None)?;
-        // Run as a test's servers are: no process group, tails on drop.
-        let options = ServerOptions::default();
-        Self::spawn_in(name, dir, program.into(), args, envs, &options)
+        let dir = ScratchDir::new(name, options.parent_dir.as_deref())?;
+        Self::spawn_in(name, dir, program.into(), args, envs, options)
     }
 
     /// [`spawn`](Self::spawn) into a dir the caller prepared, for servers whose

@@ -1,0 +1,130 @@
+//! The production topology for `toolfleet bench --processes`: nats-server,
+//! redis-server, one `toolfleet-orchestrator` process and N
+//! `toolfleet-worker` processes, each worker serving the whole default tool
+//! set (the built-in tools and the test tools). The in-process fleet of
+//! `toolfleet dev` shares one process and one runtime; this one pays what a
+//! deployment pays, and shows what one worker serving many tools does.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use toolfleet_proto::v1;
+
+use crate::supervisor::{
+    ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin,
+};
+
+/// How long each process may take to come up.
+const READY: Duration = Duration::from_secs(60);
+
+/// The fleet; every process is killed and its dir removed on drop.
+pub(super) struct ProcessFleet {
+    /// The orchestrator's gRPC URL.
+    pub(super) address: String,
+    /// NATS, for the raw request/reply floor.
+    pub(super) nats_url: String,
+    // Declared before the servers, so that they are killed first.
+    workers: Vec<ChildProcess>,
+    orchestrator: ChildProcess,
+    _redis: RedisServer,
+    _nats: NatsServer,
+    _dir: tempfile::TempDir,
+}
+
+impl ProcessFleet {
+    /// Starts the servers, the orchestrator and `workers` workers (each with
+    /// `max_in_flight` slots, if given), and returns once the orchestrator
+    /// lists `tool` on every worker.
+    pub(super) async fn start(
+        workers: usize,
+        max_in_flight: Option<usize>,
+        tool: &str,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("toolfleet-bench-")
+            .tempdir()
+            .context("cannot create a temp dir for the bench fleet")?;
+        // Quiet, in the bench's dir, in their own process group (a Ctrl-C
+        // reaches only the bench, which then drops them).
+        let options = ServerOptions {
+            parent_dir: Some(dir.path().to_owned()),
+            own_process_group: true,
+            log_tail_on_drop: false,
+            ..ServerOptions::default()
+        };
+        let nats = NatsServer::start_with_options(&options).await?;
+        let redis = RedisServer::start_with_options(RedisConfig::default(), &options).await?;
+        let connection = [
+            "--nats-url".to_owned(),
+            nats.url(),
+            "--redis-url".to_owned(),
+            redis.url(),
+        ];
+        let no_env: [(&str, &str); 0] = [];
+        let mut args = connection.to_vec();
+        args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+        let orchestrator = ChildProcess::spawn_with(
+            "orchestrator",
+            cargo_bin("toolfleet-orchestrator")?,
+            &args,
+            no_env,
+            &options,
+        )?;
+        let mut spawned = Vec::new();
+        for n in 0..workers {
+            let mut args = connection.to_vec();
+            args.extend(["--test-tools".to_owned(), "--worker-id".to_owned()]);
+            args.push(format!("bench-worker-{n}"));
+            if let Some(slots) = max_in_flight {
+                args.extend(["--max-in-flight".to_owned(), slots.to_string()]);
+            }
+            let name = format!("worker-{n}");
+            let binary = cargo_bin("toolfleet-worker")?;
+            spawned.push(ChildProcess::spawn_with(
+                &name, binary, &args, no_env, &options,
+            )?);
+        }
+        let ready = orchestrator
+            .wait_for_log("orchestrator ready", READY)
+            .await?;
+        let address = ready
+            .split("grpc=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .map(|address| format!("http://{address}"))
+            .with_context(|| format!("no gRPC address in {ready:?}"))?;
+        let fleet = Self {
+            address,
+            nats_url: nats.url(),
+            workers: spawned,
+            orchestrator,
+            _redis: redis,
+            _nats: nats,
+            _dir: dir,
+        };
+        fleet.wait_for_tool(tool, workers).await?;
+        Ok(fleet)
+    }
+
+    async fn wait_for_tool(&self, tool: &str, workers: usize) -> anyhow::Result<()> {
+        let api = v1::agent_service_client::AgentServiceClient::connect(self.address.clone())
+            .await
+            .with_context(|| format!("cannot reach the orchestrator at {}", self.address))?;
+        let what = format!("{tool} on {workers} worker processes");
+        self.orchestrator
+            .wait_until(&what, READY, || {
+                let mut api = api.clone();
+                async move {
+                    let tools = api.list_tools(v1::ListToolsRequest {}).await.ok()?;
+                    let live = tools.into_inner().tools;
+                    let serving = live.iter().find(|t| t.name == tool)?.workers;
+                    (usize::try_from(serving).unwrap_or(0) >= workers).then_some(())
+                }
+            })
+            .await?;
+        for worker in &self.workers {
+            anyhow::ensure!(worker.is_running(), "{} exited", worker.name());
+        }
+        Ok(())
+    }
+}
