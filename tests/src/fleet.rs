@@ -314,12 +314,8 @@ async fn grpc_address(process: &ChildProcess) -> anyhow::Result<String> {
         .wait_for_log("orchestrator ready", WORKER_READY)
         .await
         .with_context(|| format!("{} did not become ready", process.name()))?;
-    let address = line
-        .split("grpc=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .with_context(|| format!("no gRPC address in {line:?}"))?;
-    Ok(format!("http://{address}"))
+    toolfleet_cli::supervisor::logged_grpc_url(&line)
+        .with_context(|| format!("no gRPC address in {line:?}"))
 }
 
 /// The results of one job's calls, as workers publish them.

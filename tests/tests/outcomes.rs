@@ -229,12 +229,8 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         .orchestrator(orchestrator)
         .wait_for_log("grpc listening", WAIT)
         .await?;
-    let address = listening
-        .split("grpc=")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .map(|address| format!("http://{address}"))
-        .expect("the line names the address");
+    let address =
+        toolfleet_cli::supervisor::logged_grpc_url(&listening).expect("the line names the address");
     let channel = tonic::transport::Endpoint::from_shared(address.clone())?
         .connect()
         .await?;

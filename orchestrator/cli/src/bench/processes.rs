@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use toolfleet_proto::v1;
 
 use crate::supervisor::{
-    ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin,
+    ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
 };
 
 /// How long each process may take to come up.
@@ -87,12 +87,8 @@ impl ProcessFleet {
         let ready = orchestrator
             .wait_for_log("orchestrator ready", READY)
             .await?;
-        let address = ready
-            .split("grpc=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .map(|address| format!("http://{address}"))
-            .with_context(|| format!("no gRPC address in {ready:?}"))?;
+        let address =
+            logged_grpc_url(&ready).with_context(|| format!("no gRPC address in {ready:?}"))?;
         let fleet = Self {
             address,
             nats_url: nats.url(),

@@ -35,3 +35,26 @@ pub use nats_server::NatsServer;
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use redis_server::{RedisConfig, RedisServer};
 pub use wait::{Outcome, wait_until};
+
+/// The gRPC URL (`http://<address>`) in a line an orchestrator logged with
+/// its address (`grpc=<address>`: "grpc listening", "orchestrator ready").
+pub fn logged_grpc_url(line: &str) -> Option<String> {
+    let address = line.split("grpc=").nth(1)?.split_whitespace().next()?;
+    Some(format!("http://{address}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grpc_url_is_read_from_the_orchestrators_line() {
+        let ready = "INFO toolfleet_orchestrator::server: orchestrator ready instance=o-1 grpc=127.0.0.1:43127";
+        assert_eq!(
+            logged_grpc_url(ready).as_deref(),
+            Some("http://127.0.0.1:43127")
+        );
+        assert_eq!(logged_grpc_url("orchestrator ready instance=o-1"), None);
+        assert_eq!(logged_grpc_url("grpc="), None);
+    }
+}
