@@ -15,6 +15,7 @@ pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions, redact_url,
 };
 
+use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
 
 /// Everything a worker process needs to run.
@@ -41,6 +42,8 @@ pub struct WorkerOptions {
     pub test_tools: bool,
     /// Settings of the `get_current_weather` tool.
     pub weather: WeatherOptions,
+    /// Settings of the knowledge-graph tools (`factual_qa`, `trend_analysis`).
+    pub kg: KgOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
     /// Log output.
@@ -138,6 +141,7 @@ const ENV_KEYS: &[&str] = &[
     "tools",
     "test_tools",
     "weather",
+    "kg",
     "metrics",
     "log",
 ];
@@ -149,6 +153,7 @@ impl WorkerOptions {
             names: &self.tools,
             test_tools: self.test_tools,
             weather: &self.weather,
+            kg: &self.kg,
         }
     }
 

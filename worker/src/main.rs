@@ -30,6 +30,10 @@ struct Flags {
     /// Also serve the test tools: echo, sleep, fail, panic, increment_counter (test_tools).
     #[arg(long)]
     test_tools: bool,
+    /// The knowledge graph of factual_qa and trend_analysis, a JSON Lines file of
+    /// facts (kg.graph_path). Default: the sample graph built into the binary.
+    #[arg(long, value_name = "FILE")]
+    kg_graph: Option<std::path::PathBuf>,
     /// Identity in the registry (worker_id).
     #[arg(long)]
     worker_id: Option<String>,
@@ -58,6 +62,7 @@ async fn main() -> ExitCode {
         .set("tools", Some(&flags.tools).filter(|t| !t.is_empty()))
         .set("test_tools", flags.test_tools.then_some(true))
         .set("worker_id", flags.worker_id.as_ref())
+        .set("kg.graph_path", flags.kg_graph.as_ref())
         .into_value();
     let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
     if let Some(Command::Healthcheck { live }) = flags.command {
