@@ -13,19 +13,13 @@ use tonic::transport::{Channel, Endpoint};
 use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 use toolfleet_proto::{JobEvent, JobStatus};
 
+use crate::demo::{self, Demo};
 use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
 use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::model::scripted::Scripted;
 
 /// A connected client of `toolfleet.v1.AgentService`.
 pub(crate) type ApiClient = AgentServiceClient<Channel>;
-
-/// What the scripted model plays when no script is given: parallel calls to
-/// both built-in tools, then a message quoting their results.
-pub(crate) const DEMO_SCRIPT: &str = r#"[{"tool_calls":[{"name":"get_current_weather","arguments":{"location":"Boston, MA","unit":"celsius"}},{"name":"calculate","arguments":{"expression":"23 * 19"}}]},{"message":"In Boston it is {{call_0_0.data.temperature}} °C ({{call_0_0.data.conditions}}), and 23 * 19 = {{call_0_1.data.result}}."}]"#;
-
-/// The user message that goes with [`DEMO_SCRIPT`].
-pub(crate) const DEMO_INPUT: &str = "What's the weather in Boston in celsius, and what is 23*19?";
 
 /// The model of the `openai-*` providers when `--model` is not given.
 pub(crate) const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
@@ -75,7 +69,9 @@ pub(crate) struct SubmitArgs {
     /// The model name for the openai-* providers (ignored by scripted).
     #[arg(long, value_name = "NAME", default_value = DEFAULT_OPENAI_MODEL)]
     model: String,
-    /// The scripted model's script (default: the demo script).
+    /// The scripted model's script. Default: the demo script of the question
+    /// asked, when it is one of the demo questions (see `toolfleet dev --help`),
+    /// else the weather-and-arithmetic demo, which ignores the question.
     ///
     /// A JSON array of turns; turn N of the job plays entry N. A turn has
     /// `tool_calls` (each with `name`, `arguments` and an optional `id`; ids
@@ -360,6 +356,19 @@ fn print_job(job: &v1::Job, json: bool) {
     }
 }
 
+/// The demo the scripted model plays for `input` when no script is given:
+/// the question's own, else the default one, with a note on stderr that it
+/// answers another question.
+pub(crate) fn scripted_demo(input: &str) -> Demo {
+    demo::for_question(input).unwrap_or_else(|| {
+        eprintln!(
+            "note: the scripted model answers only its demo questions; for any other it plays              the weather-and-arithmetic demo. Its questions:\n{}\nPass --script for your own              turns, or --provider openai-responses for a real model.",
+            demo::questions()
+        );
+        demo::WEATHER_AND_MATH
+    })
+}
+
 /// A failed call, in words: the server's message is written for people.
 fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
     use tonic::Code;
@@ -384,7 +393,7 @@ impl SubmitArgs {
             (None, None) => None,
         };
         let model = if self.provider == Provider::Scripted {
-            let script = script.unwrap_or_else(|| DEMO_SCRIPT.to_owned());
+            let script = script.unwrap_or_else(|| scripted_demo(&self.input).script.to_owned());
             Scripted::parse(&script).map_err(|err| {
                 anyhow!("invalid script: {err}; `toolfleet submit --help` describes the format")
             })?;
@@ -510,9 +519,10 @@ mod tests {
 
         let plain = parse(&["hi"]).unwrap();
         let model = plain.model.unwrap();
-        assert_eq!(model.script, DEMO_SCRIPT);
+        assert_eq!(model.script, demo::WEATHER_AND_MATH.script);
         assert_eq!(plain.parallel_tool_calls, None);
-        assert!(Scripted::parse(DEMO_SCRIPT).is_ok());
+        let kg = parse(&["what did AMD launch between 2016 and 2020?"]).unwrap();
+        assert_eq!(kg.model.unwrap().script, demo::AMD_LAUNCHES.script);
 
         let openai = parse(&["hi", "--provider", "openai-chat", "--model", "m"]).unwrap();
         let model = openai.model.unwrap();

@@ -8,7 +8,8 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::v1;
 
-use crate::client::{self, DEFAULT_OPENAI_MODEL, DEMO_INPUT, DEMO_SCRIPT, Provider};
+use crate::client::{self, DEFAULT_OPENAI_MODEL, Provider};
+use crate::demo;
 use crate::local::{KillSwitch, LocalFleet, LocalFleetOptions};
 use crate::{EXIT_INTERRUPTED, watch_signals_then};
 
@@ -35,8 +36,12 @@ pub(crate) struct DevArgs {
     /// The model name for the openai-* providers. Default: gpt-4.1-mini.
     #[arg(long, value_name = "NAME", conflicts_with = "serve")]
     model: Option<String>,
-    /// The demo job's user message.
-    #[arg(long, value_name = "TEXT", default_value = DEMO_INPUT, conflicts_with = "serve")]
+    /// The demo job's user message. The scripted model answers these with
+    /// real tool calls: "What's the weather in Boston in celsius, and what is
+    /// 23*19?" (the default), and the knowledge-graph questions "What did AMD
+    /// launch between 2016 and 2020?" and "How have AMD's research priorities
+    /// changed over time?"; any other question gets the default demo.
+    #[arg(long, value_name = "TEXT", default_value = demo::WEATHER_AND_MATH.question, conflicts_with = "serve")]
     input: String,
     /// Keep the temp dir (server data and logs, fleet.log) and print its path.
     #[arg(long)]
@@ -153,7 +158,7 @@ async fn demo(fleet: &LocalFleet, args: &DevArgs) -> anyhow::Result<ExitCode> {
     let model = match provider {
         Provider::Scripted => v1::ModelSpec {
             provider: provider.as_str().into(),
-            script: DEMO_SCRIPT.into(),
+            script: client::scripted_demo(&args.input).script.into(),
             ..v1::ModelSpec::default()
         },
         provider => v1::ModelSpec {

@@ -15,6 +15,7 @@
 
 mod bench;
 mod client;
+pub mod demo;
 mod dev;
 pub mod local;
 pub mod supervisor;
@@ -51,9 +52,10 @@ pub struct Cli {
 enum Command {
     /// Submit a job and print its id; with --watch, follow it to the end.
     ///
-    /// Without --script or --script-file, the scripted model plays a demo
-    /// script: parallel get_current_weather and calculate calls, then a message
-    /// quoting their results.
+    /// Without --script or --script-file, the scripted model plays the demo
+    /// script of the question asked (see `toolfleet dev --help`), or the
+    /// default one: parallel get_current_weather and calculate calls, then a
+    /// message quoting their results.
     Submit(client::SubmitArgs),
     /// Print a job: status, rounds, error, output and the whole transcript.
     Get(client::GetArgs),
