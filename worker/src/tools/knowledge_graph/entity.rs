@@ -20,6 +20,8 @@ impl EntityId {
     }
 }
 
+/// Longest entity name in a graph file, in characters.
+pub(crate) const MAX_NAME_CHARS: usize = 500;
 /// How many candidates an ambiguous answer lists.
 const MAX_CANDIDATES: usize = 10;
 /// Shorter queries never match as a substring: "a" would match everything.
@@ -91,8 +93,11 @@ impl Names {
     }
 
     /// The entity named `name`, added if new; `None` when the name has no
-    /// letter or digit.
+    /// letter or digit, or is longer than [`MAX_NAME_CHARS`].
     pub(crate) fn intern(&mut self, name: &str) -> Option<EntityId> {
+        if name.chars().count() > MAX_NAME_CHARS {
+            return None;
+        }
         let key = normalize(name);
         if key.is_empty() {
             return None;

@@ -210,14 +210,20 @@ impl Graph {
                 Predicate::names()
             )
         })?;
+        let bad_name = |key: &str| {
+            format!(
+                "the {key} has no letter or digit, or is longer than {} characters; name an entity",
+                entity::MAX_NAME_CHARS
+            )
+        };
         let subject = self
             .names
             .intern(&line.subject)
-            .ok_or_else(|| "the subject has no letter or digit; name an entity".to_owned())?;
+            .ok_or_else(|| bad_name("subject"))?;
         let object = self
             .names
             .intern(&line.object)
-            .ok_or_else(|| "the object has no letter or digit; name an entity".to_owned())?;
+            .ok_or_else(|| bad_name("object"))?;
         let day = |key: &str, text: Option<String>| match text {
             None => Ok(None),
             Some(text) if text.is_empty() => Ok(None),
@@ -395,6 +401,12 @@ mod tests {
             assert!(err.starts_with("line 3: "), "{err}");
             assert!(err.contains(expected), "{line}: {err}");
         }
+        let long_name = format!(
+            r#"{{"subject":"{}","predicate":"LAUNCHED","object":"X","statement":"s","statement_type":"FACT"}}"#,
+            "A".repeat(entity::MAX_NAME_CHARS + 1)
+        );
+        let err = graph(&[&long_name]).unwrap_err().to_string();
+        assert!(err.contains("longer than 500 characters"), "{err}");
         let huge = format!("{}\n", "x".repeat(MAX_LINE_BYTES + 10));
         let err = Graph::load(huge.as_bytes(), None).unwrap_err().to_string();
         assert!(err.contains("longer than 65536 bytes"), "{err}");

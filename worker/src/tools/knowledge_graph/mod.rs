@@ -278,10 +278,11 @@ impl KnowledgeBase {
         window: Window,
     ) -> Result<Answer, ToolError> {
         let predicate = self.predicate(word).await?;
-        self.facts(entity, predicate, window)
+        self.facts(entity, predicate, window, self.max_facts)
     }
 
-    /// The facts of `entity` with `predicate` in the window.
+    /// The facts of `entity` with `predicate` in the window, at most `limit`
+    /// of them (and at most `kg.max_facts`).
     ///
     /// # Errors
     ///
@@ -291,6 +292,7 @@ impl KnowledgeBase {
         entity: &str,
         predicate: Predicate,
         window: Window,
+        limit: usize,
     ) -> Result<Answer, ToolError> {
         let graph = self.graph();
         let id = match graph.names().resolve(&truncate(entity, MAX_NAME_CHARS)) {
@@ -316,7 +318,8 @@ impl KnowledgeBase {
             }
         };
         let mut matched = graph.query(id, predicate, window.start, window.end);
-        let shown: Vec<&Fact> = matched.by_ref().take(self.max_facts).collect();
+        let limit = limit.clamp(1, self.max_facts);
+        let shown: Vec<&Fact> = matched.by_ref().take(limit).collect();
         let total = shown.len() + matched.count();
         Ok(Answer::new(
             &graph,

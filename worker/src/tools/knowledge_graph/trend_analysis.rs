@@ -29,6 +29,12 @@ const MAX_QUESTION_CHARS: usize = 2000;
 const MAX_SUMMARY_INPUT_CHARS: usize = 60_000;
 /// Most notable values the computed summary lists.
 const MAX_NOTABLE: usize = 10;
+/// Most facts one answer lists over all its sections, shared evenly: with a
+/// statement of up to 1,000 characters each, the answer stays well inside
+/// the worker's default output limit (1 MiB).
+const MAX_TREND_FACTS: usize = 300;
+/// Longest model summary kept.
+const MAX_SUMMARY_CHARS: usize = 20_000;
 
 /// The `trend_analysis` tool.
 #[derive(Debug, Clone)]
@@ -123,13 +129,14 @@ impl Tool for TrendAnalysis {
         .into_iter()
         .map(|predicate| predicate.map_err(|err| error_parts(&err)))
         .collect::<Vec<_>>();
+        let per_section = MAX_TREND_FACTS / (args.companies.len() * args.topic_filter.len());
         let mut sections = Vec::new();
         for company in &args.companies {
             for (topic, predicate) in args.topic_filter.iter().zip(&predicates) {
                 let outcome = match predicate {
                     Ok(predicate) => self
                         .base
-                        .facts(company, *predicate, window)
+                        .facts(company, *predicate, window, per_section)
                         .map_err(|err| error_parts(&err)),
                     Err(parts) => Err(parts.clone()),
                 };
@@ -182,7 +189,7 @@ impl TrendAnalysis {
             super::truncate(sections_text, MAX_SUMMARY_INPUT_CHARS)
         );
         match model.complete(instructions, &input).await {
-            Ok(summary) => (summary.trim().to_owned(), "model"),
+            Ok(summary) => (super::truncate(summary.trim(), MAX_SUMMARY_CHARS), "model"),
             Err(err) => {
                 warn!(error = %err, "kg.model could not summarise a trend; using the computed summary");
                 (computed(), "computed")
@@ -560,6 +567,59 @@ mod tests {
                 .contains("LAUNCHED"),
             "lists the valid names"
         );
+    }
+
+    #[tokio::test]
+    async fn the_largest_call_shares_a_fact_budget_and_fits_the_output_limit() {
+        let companies = [
+            "AMD",
+            "NVIDIA",
+            "Intel",
+            "Apple",
+            "Microsoft",
+            "Google",
+            "Amazon",
+            "Facebook",
+            "TSMC",
+            "Qualcomm",
+        ];
+        let topics = [
+            "LAUNCHED",
+            "HAS_REVENUE",
+            "DEVELOPED",
+            "TARGETS",
+            "INVESTS_IN",
+            "HOLDS_ROLE",
+            "INCREASED",
+            "DECREASED",
+            "SUPPLIES",
+            "DISCONTINUED",
+        ];
+        let data = tool(&KgOptions::default())
+            .call(
+                json!({"question": "everything", "companies": companies,
+                       "start_date_range": "2000-01-01", "end_date_range": "2030-12-31",
+                       "topic_filter": topics}),
+                context(),
+            )
+            .await
+            .unwrap();
+        let sections = data["sections"].as_array().unwrap();
+        assert_eq!(sections.len(), 100);
+        let per_section = MAX_TREND_FACTS / 100;
+        assert!(
+            sections
+                .iter()
+                .all(|s| s["facts"].as_array().is_none_or(|f| f.len() <= per_section))
+        );
+        assert!(
+            sections
+                .iter()
+                .any(|s| s["total"].as_u64().unwrap_or(0) > per_section as u64),
+            "the budget cut some section short"
+        );
+        let size = serde_json::to_vec(&data).unwrap().len();
+        assert!(size < 1024 * 1024 / 2, "{size} bytes");
     }
 
     #[tokio::test]
