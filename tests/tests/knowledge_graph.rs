@@ -177,3 +177,54 @@ async fn the_cookbook_questions_are_answered_from_the_graph() -> anyhow::Result<
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn a_worker_serves_the_graph_file_its_configuration_names() -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!("toolfleet-kg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let graph = dir.join("graph.jsonl");
+    let aliases = dir.join("aliases.json");
+    std::fs::write(
+        &graph,
+        concat!(
+            r#"{"subject":"Initech","predicate":"LAUNCHED","object":"TPS Reports 2.0","valid_at":"2019-02-01","statement":"Initech launched TPS Reports 2.0.","statement_type":"FACT"}"#,
+            "\n"
+        ),
+    )?;
+    std::fs::write(&aliases, r#"{"Office Space Corp": "Initech"}"#)?;
+    let fleet = fleet(&[
+        (
+            "TOOLFLEET_KG__GRAPH_PATH",
+            graph.to_str().unwrap_or_default(),
+        ),
+        (
+            "TOOLFLEET_KG__ALIASES_PATH",
+            aliases.to_str().unwrap_or_default(),
+        ),
+    ])
+    .await?;
+    let api = fleet.api(0).await?;
+    let ask = |entity: &str| {
+        json!([
+            {"tool_calls": [{"name": "factual_qa", "arguments": {
+                "entity": entity, "start_date_range": "2019-01-01",
+                "end_date_range": "2019-12-31", "predicate": "released"}}]},
+            {"message": "{{call_0_0.data.text}}"}
+        ])
+    };
+    let job = run(&api, "initech", &ask("Office Space Corp")).await?;
+    assert!(
+        job.output_text
+            .starts_with("1. Initech – LAUNCHED – TPS Reports 2.0 [Valid-from: 2019-02-01]"),
+        "{}",
+        job.output_text
+    );
+    let job = run(&api, "amd", &ask("AMD")).await?;
+    assert_eq!(
+        first_result(&job)["error"]["code"],
+        "ENTITY_NOT_FOUND",
+        "the sample graph is not served alongside"
+    );
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
