@@ -24,6 +24,8 @@ impl EntityId {
 pub(crate) const MAX_NAME_CHARS: usize = 500;
 /// How many candidates an ambiguous answer lists.
 const MAX_CANDIDATES: usize = 10;
+/// A word shared by more entities than this nominates no candidate by itself.
+const COMMON_WORD_ENTITIES: usize = 1000;
 /// Shorter queries never match as a substring: "a" would match everything.
 const MIN_SUBSTRING_CHARS: usize = 3;
 /// Words at the end of a name that say what kind of company it is, not which.
@@ -81,6 +83,8 @@ pub struct Names {
     aliases: HashMap<String, EntityId>,
     /// Word to the entities whose name or alias has it.
     words: HashMap<String, Vec<EntityId>>,
+    /// Normalized name per entity, and its aliases, for scoring candidates.
+    spellings: Vec<Vec<String>>,
 }
 
 impl Names {
@@ -140,6 +144,11 @@ impl Names {
             ids.dedup();
         }
         self.words = words;
+        let mut spellings = vec![Vec::new(); self.names.len()];
+        for (key, &id) in self.keys.iter().chain(self.aliases.iter()) {
+            spellings[id.index()].push(key.clone());
+        }
+        self.spellings = spellings;
     }
 
     /// The entity a caller means by `query`.
@@ -159,20 +168,32 @@ impl Names {
     }
 
     /// The entities sharing the largest fraction of words with `key`
-    /// (common words over all words of both names).
+    /// (common words over all words of both names). Candidates are the
+    /// entities that share a word with `key`, except that a word shared by
+    /// more than [`COMMON_WORD_ENTITIES`] entities ("company", "group")
+    /// nominates none on its own, so a query costs what its rare words cost;
+    /// common words still count in the score.
     fn best_word_overlap(&self, key: &str) -> Resolution {
         let query: HashSet<&str> = significant_words(key).collect();
-        let mut candidates: BTreeSet<EntityId> = BTreeSet::new();
-        for word in &query {
-            if let Some(ids) = self.words.get(*word) {
-                candidates.extend(ids);
-            }
-        }
+        let mut lists: Vec<&Vec<EntityId>> = query
+            .iter()
+            .filter_map(|word| self.words.get(*word))
+            .collect();
+        lists.sort_by_key(|ids| ids.len());
+        let rare = lists
+            .iter()
+            .take_while(|ids| ids.len() <= COMMON_WORD_ENTITIES)
+            .count()
+            .max(1.min(lists.len()));
+        let candidates: BTreeSet<EntityId> = lists[..rare]
+            .iter()
+            .flat_map(|ids| ids.iter().copied())
+            .collect();
         let mut best = 0.0_f64;
         let mut winners = Vec::new();
         for id in candidates {
-            let score = self
-                .spellings_of(id)
+            let score = self.spellings[id.index()]
+                .iter()
                 .map(|name| word_overlap(&query, name))
                 .fold(0.0, f64::max);
             if score > best + f64::EPSILON {
@@ -227,22 +248,6 @@ impl Names {
                 Resolution::Ambiguous(names)
             }
         }
-    }
-
-    /// The normalized name and aliases of an entity. Aliases are few, so a
-    /// scan is cheaper than another map.
-    fn spellings_of(&self, id: EntityId) -> impl Iterator<Item = &str> {
-        let own = normalize(self.name(id));
-        let aliases = self
-            .aliases
-            .iter()
-            .filter(move |(_, alias_id)| **alias_id == id)
-            .map(|(alias, _)| alias.as_str());
-        self.keys
-            .get_key_value(&own)
-            .map(|(key, _)| key.as_str())
-            .into_iter()
-            .chain(aliases)
     }
 }
 
@@ -370,6 +375,20 @@ mod tests {
         let err = names.alias("Team Red", "Advanced Micro").unwrap_err();
         assert!(err.contains("not an entity of the graph"), "{err}");
         assert!(names.alias("!!", "AMD").is_err());
+    }
+
+    #[test]
+    fn common_words_count_in_the_score_but_nominate_no_candidates() {
+        let many: Vec<String> = (0..COMMON_WORD_ENTITIES + 500)
+            .map(|n| format!("Acme Unit {n}"))
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let names = names(&refs, &[]);
+        assert_eq!(resolved(&names, "the Acme Unit 7 Holdings"), "Acme Unit 7");
+        match names.resolve("acme") {
+            Resolution::Ambiguous(candidates) => assert_eq!(candidates.len(), MAX_CANDIDATES),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
