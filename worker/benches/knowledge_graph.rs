@@ -13,6 +13,7 @@
 //! lookup, and the text and JSON of the answer.
 
 use std::hint::black_box;
+use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use serde_json::json;
@@ -24,10 +25,10 @@ use toolfleet_worker::{Tool, ToolContext};
 
 const FACTS_PER_COMPANY: usize = 100;
 
-/// A graph of `facts` facts in the file format, built in memory: company
+/// A graph file of `facts` facts, built in memory: company
 /// `n % companies` is the subject of fact `n`, and its `k`-th fact has
 /// predicate `k % 20` and a year that grows with `k` from 2000 to 2020.
-fn generated_graph(facts: usize) -> Graph {
+fn generated_file(facts: usize) -> String {
     let companies = (facts / FACTS_PER_COMPANY).max(1);
     let mut file = String::with_capacity(facts * 220);
     for n in 0..facts {
@@ -50,7 +51,32 @@ fn generated_graph(facts: usize) -> Graph {
             p = predicate.name(),
         ));
     }
-    Graph::load(file.as_bytes(), None).expect("the generated graph loads")
+    file
+}
+
+/// The generated graph, loaded from its file text, with the load time and
+/// the memory it takes printed (what a worker's start-up and reload cost).
+fn loaded_graph(facts: usize) -> Graph {
+    let text = generated_file(facts);
+    let before = resident_bytes();
+    let started = Instant::now();
+    let graph = Graph::load(text.as_bytes(), None).expect("the generated graph loads");
+    let took = started.elapsed();
+    drop(text);
+    let grown = resident_bytes().saturating_sub(before);
+    eprintln!(
+        "graph of {facts} facts: loaded in {took:.2?}, {} MB resident",
+        grown / 1_000_000
+    );
+    graph
+}
+
+/// This process's resident memory (Linux), 0 where unknown.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * 4096)
 }
 
 fn context() -> ToolContext {
@@ -70,7 +96,7 @@ fn bench_queries(c: &mut Criterion, group: &str, name: fn(usize) -> String) {
     group.throughput(Throughput::Elements(1));
     for facts in [10_000, 100_000, 1_000_000] {
         let companies = facts / FACTS_PER_COMPANY;
-        let tool = FactualQa::new(KnowledgeBase::from_graph(generated_graph(facts), 50));
+        let tool = FactualQa::new(KnowledgeBase::from_graph(loaded_graph(facts), 50));
         let mut n = 0usize;
         group.bench_with_input(BenchmarkId::from_parameter(facts), &facts, |b, _| {
             b.iter(|| {

@@ -25,7 +25,7 @@ pub(crate) const MAX_NAME_CHARS: usize = 500;
 /// How many candidates an ambiguous answer lists.
 const MAX_CANDIDATES: usize = 10;
 /// A word shared by more entities than this nominates no candidate by itself.
-const COMMON_WORD_ENTITIES: usize = 1000;
+const COMMON_WORD_ENTITIES: usize = 256;
 /// Shorter queries never match as a substring: "a" would match everything.
 const MIN_SUBSTRING_CHARS: usize = 3;
 /// Words at the end of a name that say what kind of company it is, not which.
@@ -251,11 +251,15 @@ impl Names {
     }
 }
 
-/// Common words over all words of both names (Jaccard).
+/// Common words over all words of both names (Jaccard). Counted without
+/// building a set: this runs once per candidate.
 fn word_overlap(query: &HashSet<&str>, name: &str) -> f64 {
-    let words: HashSet<&str> = significant_words(name).collect();
-    let common = query.intersection(&words).count();
-    let all = query.union(&words).count();
+    let (mut words, mut common) = (0usize, 0usize);
+    for word in significant_words(name) {
+        words += 1;
+        common += usize::from(query.contains(word));
+    }
+    let all = query.len() + words - common;
     if all == 0 {
         0.0
     } else {
