@@ -107,6 +107,22 @@ pub struct ToolContext {
     pub cancelled: CancellationToken,
 }
 
+#[cfg(test)]
+impl ToolContext {
+    /// A context for calling a tool directly in a unit test: attempt 1, no
+    /// deadline, never cancelled.
+    pub(crate) fn for_test() -> Self {
+        Self {
+            job_id: "job".into(),
+            call_id: "call".into(),
+            attempt: 1,
+            idempotency_key: "key".into(),
+            deadline: None,
+            cancelled: CancellationToken::new(),
+        }
+    }
+}
+
 /// How a tool call failed. Decide retryability where the error is created:
 /// everything is terminal unless it says otherwise.
 #[derive(Debug, thiserror::Error)]

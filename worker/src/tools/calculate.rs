@@ -612,17 +612,6 @@ mod tests {
         }
     }
 
-    fn context() -> ToolContext {
-        ToolContext {
-            job_id: "j".into(),
-            call_id: "c".into(),
-            attempt: 1,
-            idempotency_key: "k".into(),
-            deadline: None,
-            cancelled: Default::default(),
-        }
-    }
-
     #[test]
     fn good_expressions_follow_precedence_and_associativity() {
         let cases: &[(&str, f64)] = &[
@@ -882,7 +871,7 @@ mod tests {
         ];
         for (expression, expected) in cases {
             let data = Calculate
-                .call(json!({"expression": expression}), context())
+                .call(json!({"expression": expression}), ToolContext::for_test())
                 .await
                 .unwrap_or_else(|err| panic!("{expression:?}: {err}"));
             assert_eq!(data["expression"], expression);
@@ -898,7 +887,7 @@ mod tests {
     #[tokio::test]
     async fn call_maps_failures_to_terminal_codes() {
         let err = Calculate
-            .call(json!({"expression": "2 + x"}), context())
+            .call(json!({"expression": "2 + x"}), ToolContext::for_test())
             .await
             .unwrap_err();
         assert!(
@@ -908,7 +897,7 @@ mod tests {
         assert!(!err.is_retryable());
 
         let err = Calculate
-            .call(json!({"expression": "1 / 0"}), context())
+            .call(json!({"expression": "1 / 0"}), ToolContext::for_test())
             .await
             .unwrap_err();
         match &err {
@@ -924,7 +913,7 @@ mod tests {
         }
 
         let err = Calculate
-            .call(json!({"expression": 42}), context())
+            .call(json!({"expression": 42}), ToolContext::for_test())
             .await
             .unwrap_err();
         assert!(matches!(err, ToolError::InvalidArguments(_)), "{err:?}");

@@ -525,17 +525,6 @@ mod tests {
 
     use super::*;
 
-    fn ctx() -> ToolContext {
-        ToolContext {
-            job_id: "j".into(),
-            call_id: "c".into(),
-            attempt: 1,
-            idempotency_key: "k".into(),
-            deadline: None,
-            cancelled: Default::default(),
-        }
-    }
-
     fn fixture() -> GetCurrentWeather {
         GetCurrentWeather::new(&WeatherOptions::default()).unwrap()
     }
@@ -551,8 +540,11 @@ mod tests {
     }
 
     async fn ask(tool: &GetCurrentWeather, location: &str, unit: &str) -> Result<Value, ToolError> {
-        tool.call(json!({"location": location, "unit": unit}), ctx())
-            .await
+        tool.call(
+            json!({"location": location, "unit": unit}),
+            ToolContext::for_test(),
+        )
+        .await
     }
 
     /// Code, message and retryability of a coded error; panics on anything else.

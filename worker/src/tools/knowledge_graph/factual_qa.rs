@@ -97,21 +97,9 @@ impl Tool for FactualQa {
 mod tests {
     use super::*;
     use crate::tools::knowledge_graph::{KgOptions, KnowledgeBase};
-    use tokio_util::sync::CancellationToken;
 
     fn sample() -> FactualQa {
         FactualQa::new(KnowledgeBase::start(&KgOptions::default()).expect("the sample graph loads"))
-    }
-
-    fn context() -> ToolContext {
-        ToolContext {
-            job_id: "job".into(),
-            call_id: "call".into(),
-            attempt: 1,
-            idempotency_key: "key".into(),
-            deadline: None,
-            cancelled: CancellationToken::new(),
-        }
     }
 
     async fn ask(
@@ -123,7 +111,7 @@ mod tests {
     ) -> Result<Value, ToolError> {
         tool.call(
             json!({"entity": entity, "start_date_range": start, "end_date_range": end, "predicate": predicate}),
-            context(),
+            ToolContext::for_test(),
         )
         .await
     }

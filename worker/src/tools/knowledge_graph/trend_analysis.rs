@@ -375,20 +375,8 @@ mod tests {
     use super::*;
     use crate::tools::knowledge_graph::KgOptions;
     use crate::tools::knowledge_graph::model::ModelOptions;
-    use tokio_util::sync::CancellationToken;
     use wiremock::matchers::{body_string_contains, method, path};
     use wiremock::{Mock, MockServer, ResponseTemplate};
-
-    fn context() -> ToolContext {
-        ToolContext {
-            job_id: "job".into(),
-            call_id: "call".into(),
-            attempt: 1,
-            idempotency_key: "key".into(),
-            deadline: None,
-            cancelled: CancellationToken::new(),
-        }
-    }
 
     fn tool(options: &KgOptions) -> TrendAnalysis {
         TrendAnalysis::new(KnowledgeBase::start(options).expect("the sample graph loads"))
@@ -431,7 +419,7 @@ mod tests {
     #[tokio::test]
     async fn sections_come_in_argument_order_and_a_failed_one_shows_its_error() {
         let data = tool(&KgOptions::default())
-            .call(three_by_three(), context())
+            .call(three_by_three(), ToolContext::for_test())
             .await
             .unwrap();
         let sections = data["sections"].as_array().unwrap();
@@ -507,14 +495,14 @@ mod tests {
             .mount(&server)
             .await;
         let data = tool(&with_model(format!("{}/good", server.uri())))
-            .call(three_by_three(), context())
+            .call(three_by_three(), ToolContext::for_test())
             .await
             .unwrap();
         assert_eq!(data["summary_source"], "model");
         assert_eq!(data["summary"], "AMD moved from Polaris to Zen.");
 
         let data = tool(&with_model(format!("{}/down", server.uri())))
-            .call(three_by_three(), context())
+            .call(three_by_three(), ToolContext::for_test())
             .await
             .unwrap();
         assert_eq!(data["summary_source"], "computed");
@@ -550,7 +538,7 @@ mod tests {
             })
         };
         let data = tool
-            .call(args(json!(["tech bets", "vibes"])), context())
+            .call(args(json!(["tech bets", "vibes"])), ToolContext::for_test())
             .await
             .unwrap();
         let sections = data["sections"].as_array().unwrap();
@@ -600,7 +588,7 @@ mod tests {
                 json!({"question": "everything", "companies": companies,
                        "start_date_range": "2000-01-01", "end_date_range": "2030-12-31",
                        "topic_filter": topics}),
-                context(),
+                ToolContext::for_test(),
             )
             .await
             .unwrap();
@@ -627,7 +615,7 @@ mod tests {
         let tool = tool(&KgOptions::default());
         let mut args = three_by_three();
         args["start_date_range"] = json!("2021-01-01");
-        let err = tool.call(args, context()).await.unwrap_err();
+        let err = tool.call(args, ToolContext::for_test()).await.unwrap_err();
         assert!(
             matches!(&err, ToolError::Coded { code, .. } if code.to_string() == "INVALID_DATE_RANGE"),
             "{err}"
@@ -639,7 +627,7 @@ mod tests {
         ] {
             let mut args = three_by_three();
             args[key] = value;
-            let err = tool.call(args, context()).await.unwrap_err();
+            let err = tool.call(args, ToolContext::for_test()).await.unwrap_err();
             assert!(
                 matches!(err, ToolError::InvalidArguments(_)),
                 "{key}: {err}"
