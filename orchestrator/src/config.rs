@@ -68,10 +68,10 @@ impl Default for GrpcOptions {
 #[serde(deny_unknown_fields, default)]
 pub struct StoreOptions {
     /// How long a finished job (record, items, events) is kept. Default: 24h.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub job_retention: Duration,
     /// How long a submission's idempotency key maps to its job. Default: 24h.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub idempotency_ttl: Duration,
 }
 
@@ -90,7 +90,7 @@ impl Default for StoreOptions {
 pub struct RegistryOptions {
     /// A worker's announcement older than this no longer counts. Must match
     /// the workers' `registry.ttl`. Default: 15s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub ttl: Duration,
 }
 
@@ -124,7 +124,10 @@ impl OrchestratorOptions {
     ///
     /// A bad file or value; the error names the key.
     pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
-        load_layered(path, overrides, ENV_KEYS)
+        let mut options: Self = load_layered(path, overrides, ENV_KEYS)?;
+        // Resolved once, so that `--print-config` shows the id in use.
+        options.instance_id = options.resolved_instance_id();
+        Ok(options)
     }
 
     /// This replica's id: the configured one or `<hostname>-<pid>-<random>`.

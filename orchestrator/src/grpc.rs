@@ -34,10 +34,10 @@ pub struct ApiOptions {
     /// Largest `max_tool_rounds` accepted. Default: 64.
     pub max_tool_rounds_limit: u32,
     /// Job deadline when a request gives 0. Default: 10m.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub default_deadline: Duration,
     /// Longest deadline accepted. Default: 24h.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub max_deadline: Duration,
 }
 
@@ -475,9 +475,16 @@ async fn follow_events(
                 // Expired, or never existed.
                 None => return,
                 // A finished job has all its events (status and final event
-                // are one write): read once more, then stop.
+                // are one write): read once more, then stop. A stream that
+                // started past the final event still ends with it, so every
+                // watch of a finished job says how it ended.
                 Some(job) if job.status.is_final() => {
                     if drained {
+                        if let Ok(Some(last)) = store.last_event(&job_id).await
+                            && last.is_final
+                        {
+                            let _ = tx.send(Ok(to_event(&job_id, last))).await;
+                        }
                         return;
                     }
                     drained = true;
@@ -498,20 +505,22 @@ async fn follow_events(
         for event in events {
             offset = event.offset + 1;
             let is_final = event.is_final;
-            let sent = tx
-                .send(Ok(v1::JobEvent {
-                    job_id: job_id.clone(),
-                    offset: event.offset,
-                    kind: event.kind,
-                    data: event.data,
-                    timestamp_ms: event.timestamp_ms,
-                    r#final: is_final,
-                }))
-                .await;
+            let sent = tx.send(Ok(to_event(&job_id, event))).await;
             if sent.is_err() || is_final {
                 return;
             }
         }
+    }
+}
+
+fn to_event(job_id: &str, event: store::Event) -> v1::JobEvent {
+    v1::JobEvent {
+        job_id: job_id.to_owned(),
+        offset: event.offset,
+        kind: event.kind,
+        data: event.data,
+        timestamp_ms: event.timestamp_ms,
+        r#final: event.is_final,
     }
 }
 

@@ -237,16 +237,23 @@ async fn serve_grpc<H: Health>(
     health: HealthServer<H>,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
+    // Both versions of reflection: grpcurl speaks v1, while Python's
+    // grpcio-reflection and other older clients speak only v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(StartError::Reflection)?;
+    let reflection_v1alpha = reflection()
+        .build_v1alpha()
         .map_err(StartError::Reflection)?;
     // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(reflection)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(AgentServiceServer::new(api))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await

@@ -185,8 +185,18 @@ impl Fleet {
     ///
     /// The orchestrator does not accept the connection.
     pub async fn api(&self, index: usize) -> anyhow::Result<ApiClient> {
-        let address = grpc_address(&self.orchestrators[index]).await?;
+        let address = self.grpc_url(index).await?;
         Ok(ApiClient::connect(address).await?)
+    }
+
+    /// The gRPC URL of the `index`th orchestrator (of its current run), for
+    /// clients other than [`api`](Self::api): the CLI, the Python client.
+    ///
+    /// # Errors
+    ///
+    /// It never logged its address.
+    pub async fn grpc_url(&self, index: usize) -> anyhow::Result<String> {
+        grpc_address(&self.orchestrators[index]).await
     }
 
     /// Waits until the registry, as the `index`th orchestrator sees it, lists

@@ -282,9 +282,10 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
     let middle = all.len() as u64 / 2;
     let rest = replay(middle).await?;
     assert_eq!(rest, all[middle as usize..].to_vec());
-    assert!(
-        replay(all.len() as u64 + 5).await?.is_empty(),
-        "past the end: nothing, and the stream ends"
+    assert_eq!(
+        replay(all.len() as u64 + 5).await?,
+        all[all.len() - 1..].to_vec(),
+        "past the end: the final event again, so the stream says how the job ended"
     );
 
     // Cancel during a slow model turn: the turn's answer is not used.

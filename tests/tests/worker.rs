@@ -481,3 +481,17 @@ async fn a_busy_tool_gets_every_slot_while_the_other_tools_are_idle() -> anyhow:
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn the_test_tools_flag_names_every_test_tool() -> anyhow::Result<()> {
+    let redis = toolfleet_tests::RedisServer::start().await?;
+    let toolbox = toolfleet_worker::tools::testing::toolbox(redis.connection().await?);
+    for manifest in toolbox.manifests() {
+        assert!(
+            toolfleet_worker::tools::testing::FLAG_HELP.contains(&manifest.name),
+            "{} is missing from the --test-tools help",
+            manifest.name
+        );
+    }
+    Ok(())
+}

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_service::config::load_layered;
 pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions, redact_url,
 };
+use toolfleet_service::config::{duration, load_layered};
 
 use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
@@ -35,8 +35,8 @@ pub struct WorkerOptions {
     pub registry: RegistryOptions,
     /// Tools to serve: empty means every built-in tool. Default: empty.
     pub tools: Vec<String>,
-    /// Also serve the test tools (`echo`, `sleep`, `fail`, `panic`,
-    /// `increment_counter`). Never enable in production. Default: false.
+    /// Also serve the test tools (`tools::testing`). Never enable in
+    /// production. Default: false.
     /// `TOOLFLEET_TEST_TOOLS=1` or `--test-tools` enable it.
     #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
     pub test_tools: bool,
@@ -58,12 +58,12 @@ pub struct RuntimeOptions {
     pub max_in_flight: NonZeroUsize,
     /// How long SIGTERM waits for in-flight calls before naking the rest.
     /// Keep it below the pod's terminationGracePeriodSeconds. Default: 25s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub drain_timeout: Duration,
     /// JetStream AckWait of the tool consumers: a call not acked (nor kept alive)
     /// within it is redelivered. Long calls are kept alive automatically.
     /// Default: 30s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub ack_wait: Duration,
     /// Executions of one call attempt that may die without an answer (each
     /// took the claim, then the worker crashed or could not store the
@@ -72,18 +72,18 @@ pub struct RuntimeOptions {
     pub max_deliveries: i64,
     /// Lease of a call's claim in Redis; renewed while the call runs, so it only
     /// expires when the worker died. Default: 15s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub claim_lease: Duration,
     /// How long results are kept for deduplication. Default: 24h.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub result_retention: Duration,
     /// How long calls wait in the stream for a worker before they are dropped.
     /// Default: 24h.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub call_max_age: Duration,
     /// Per-tool timeout overrides, e.g. `{ sleep = "500ms" }`; the announced
     /// manifest carries the override. Default: none (each tool's own).
-    pub tool_timeouts: BTreeMap<String, humantime_serde::Serde<Duration>>,
+    pub tool_timeouts: BTreeMap<String, duration::Value>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -113,11 +113,11 @@ impl Default for RuntimeOptions {
 #[serde(deny_unknown_fields, default)]
 pub struct RegistryOptions {
     /// How often the announcements are refreshed. Default: 5s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub heartbeat_interval: Duration,
     /// How long an announcement lives without a refresh (the KV bucket's max
     /// age; all workers must agree on it). Default: 15s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub ttl: Duration,
 }
 
@@ -166,7 +166,10 @@ impl WorkerOptions {
     /// A file that cannot be read or parsed, or a value of the wrong type; the
     /// error names the key and where it came from.
     pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
-        load_layered(path, overrides, ENV_KEYS)
+        let mut options: Self = load_layered(path, overrides, ENV_KEYS)?;
+        // Resolved once, so that `--print-config` shows the id in use.
+        options.worker_id = options.resolved_worker_id();
+        Ok(options)
     }
 
     /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.
@@ -185,9 +188,8 @@ mod tests {
 
     #[test]
     fn layers_override_in_order() {
-        let dir = std::env::temp_dir().join(format!("tf-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("worker.toml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("worker.toml");
         std::fs::write(
             &file,
             "test_tools = true\n[runtime]\nmax_in_flight = 4\ndrain_timeout = \"3s\"\n[nats]\nurl = \"nats://file:4222\"\n",
@@ -200,6 +202,22 @@ mod tests {
         assert_eq!(options.nats.url, "nats://flag:4222");
         assert!(options.test_tools);
         assert_eq!(options.redis.key_prefix, "tf");
+    }
+
+    #[test]
+    fn the_worker_id_is_resolved_once_at_load() {
+        let options = WorkerOptions::load(None, json!({})).unwrap();
+        assert!(!options.worker_id.is_empty());
+        assert_eq!(
+            options.resolved_worker_id(),
+            options.worker_id,
+            "stable once resolved"
+        );
+        let named = WorkerOptions::load(None, json!({"worker_id": "w-7"})).unwrap();
+        assert_eq!(named.worker_id, "w-7");
+        let printed = serde_json::to_value(&named).unwrap();
+        assert_eq!(printed["runtime"]["result_retention"], "24h");
+        assert_eq!(printed["registry"]["heartbeat_interval"], "5s");
     }
 
     #[test]

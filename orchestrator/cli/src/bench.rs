@@ -13,6 +13,7 @@ use tokio::sync::Semaphore;
 use toolfleet_proto::{JobEvent, v1};
 
 use crate::local::{LocalFleet, LocalFleetOptions};
+use crate::output::outln;
 use processes::ProcessFleet;
 
 mod processes;
@@ -158,7 +159,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     drop(processes);
     let report = result?;
-    print(&report);
+    print(&report)?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
@@ -419,39 +420,44 @@ fn process_cpu() -> Option<Duration> {
     Some(Duration::from_millis((utime + stime) * 10))
 }
 
-fn print(report: &Report) {
+fn print(report: &Report) -> std::io::Result<()> {
     let p = |x: &Percentiles| {
         format!(
             "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms",
             x.p50_ms, x.p90_ms, x.p99_ms
         )
     };
-    println!();
-    println!(
+    outln!()?;
+    outln!(
         "jobs                 {} ({} in flight, {} rounds x {} parallel {} calls)",
-        report.jobs, report.concurrency, report.rounds, report.calls_per_round, report.tool
-    );
-    println!("jobs/s               {:.0}", report.jobs_per_sec);
-    println!("tool calls/s         {:.0}", report.tool_calls_per_sec);
-    println!("tool call round trip {}", p(&report.tool_call_round_trip));
-    println!(
+        report.jobs,
+        report.concurrency,
+        report.rounds,
+        report.calls_per_round,
+        report.tool
+    )?;
+    outln!("jobs/s               {:.0}", report.jobs_per_sec)?;
+    outln!("tool calls/s         {:.0}", report.tool_calls_per_sec)?;
+    outln!("tool call round trip {}", p(&report.tool_call_round_trip))?;
+    outln!(
         "sequential job       {}  ({} one-call jobs)",
         p(&report.sequential_job_latency),
         report.sequential_jobs
-    );
+    )?;
     match report.cpu_ms_per_job {
-        Some(cpu) => println!(
+        Some(cpu) => outln!(
             "CPU per job          {cpu:.2} ms (orchestrator + workers + bench client; NATS and Redis not included)"
-        ),
-        None => println!("CPU per job          n/a (remote fleet)"),
+        )?,
+        None => outln!("CPU per job          n/a (remote fleet)")?,
     }
-    println!(
+    outln!(
         "raw NATS req/reply   {:.0} req/s  {}",
         report.raw_nats_requests_per_sec,
         p(&report.raw_nats_round_trip)
-    );
-    println!(
+    )?;
+    outln!(
         "tool calls vs raw    {:.1}%",
         report.tool_calls_vs_raw_nats * 100.0
-    );
+    )?;
+    Ok(())
 }

@@ -14,6 +14,7 @@ use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 use toolfleet_proto::{JobEvent, JobStatus};
 
 use crate::demo::{self, Demo};
+use crate::output::{out, outln};
 use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
 use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::model::scripted::Scripted;
@@ -56,8 +57,23 @@ impl Provider {
     }
 }
 
+/// Where the orchestrator is: every client command has this flag.
+#[derive(Debug, Args)]
+pub(crate) struct Server {
+    /// gRPC address of an orchestrator (any replica).
+    #[arg(
+        long,
+        env = "TOOLFLEET_ADDR",
+        default_value = "http://127.0.0.1:50051",
+        value_name = "URL"
+    )]
+    addr: String,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct SubmitArgs {
+    #[command(flatten)]
+    server: Server,
     /// The user message.
     input: String,
     /// System / developer instructions for the model.
@@ -114,6 +130,8 @@ pub(crate) struct SubmitArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct GetArgs {
+    #[command(flatten)]
+    server: Server,
     /// The job id, as `submit` printed it.
     job_id: String,
     /// Print the job as JSON.
@@ -123,6 +141,8 @@ pub(crate) struct GetArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct WatchArgs {
+    #[command(flatten)]
+    server: Server,
     /// The job id, as `submit` printed it.
     job_id: String,
     /// Skip the events before this offset (0: from the job's start).
@@ -135,28 +155,32 @@ pub(crate) struct WatchArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct CancelArgs {
+    #[command(flatten)]
+    server: Server,
     /// The job id, as `submit` printed it.
     job_id: String,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct ToolsArgs {
+    #[command(flatten)]
+    server: Server,
     /// Print the tools as JSON, schemas included.
     #[arg(long)]
     json: bool,
 }
 
 /// `toolfleet submit`.
-pub(crate) async fn submit(addr: &str, args: SubmitArgs) -> anyhow::Result<ExitCode> {
+pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let request = args.request()?;
-    let mut client = connect(addr).await?;
+    let mut client = connect(&args.server.addr).await?;
     let submitted = submit_job(&mut client, request).await?;
     if args.json {
         let line =
             serde_json::json!({"job_id": submitted.job_id, "duplicate": submitted.duplicate});
-        println!("{line}");
+        outln!("{line}")?;
     } else {
-        println!("{}", submitted.job_id);
+        outln!("{}", submitted.job_id)?;
         if submitted.duplicate {
             eprintln!(
                 "duplicate: the idempotency key matched an earlier submission; this is its job"
@@ -170,17 +194,29 @@ pub(crate) async fn submit(addr: &str, args: SubmitArgs) -> anyhow::Result<ExitC
 }
 
 /// `toolfleet get`.
-pub(crate) async fn get(addr: &str, args: GetArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(addr).await?;
+pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.server.addr).await?;
     let job = get_job(&mut client, &args.job_id).await?;
-    print_job(&job, args.json);
-    Ok(ExitCode::SUCCESS)
+    print_job(&job, args.json)?;
+    // The same table as `watch`: a finished job's code says how it ended.
+    let finished = transcript::job_status(job.status).is_some_and(JobStatus::is_final);
+    Ok(if finished {
+        exit_code(&job)
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
-pub(crate) async fn watch(addr: &str, args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(addr).await?;
-    let last = stream_events(&mut client, &args.job_id, args.from, args.json).await?;
+pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.server.addr).await?;
+    // Times are shown from the job's start, also when the watch starts later.
+    let origin = if args.from > 0 {
+        Some(get_job(&mut client, &args.job_id).await?.created_at_ms)
+    } else {
+        None
+    };
+    let last = stream_events(&mut client, &args.job_id, args.from, origin, args.json).await?;
     Ok(match JobEvent::decode(&last.kind, &last.data) {
         Ok(JobEvent::JobFailed { .. }) => ExitCode::from(EXIT_JOB_FAILED),
         Ok(JobEvent::JobCancelled { .. }) => ExitCode::from(EXIT_JOB_CANCELLED),
@@ -189,8 +225,8 @@ pub(crate) async fn watch(addr: &str, args: WatchArgs) -> anyhow::Result<ExitCod
 }
 
 /// `toolfleet cancel`.
-pub(crate) async fn cancel(addr: &str, args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(addr).await?;
+pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.server.addr).await?;
     let response = client
         .cancel_job(v1::CancelJobRequest {
             job_id: args.job_id.clone(),
@@ -201,19 +237,19 @@ pub(crate) async fn cancel(addr: &str, args: CancelArgs) -> anyhow::Result<ExitC
     let status = transcript::status_name(response.status);
     let id = &args.job_id;
     if transcript::job_status(response.status).is_some_and(JobStatus::is_final) {
-        println!("job {id} had already {}; nothing to cancel", status);
+        outln!("job {id} had already {}; nothing to cancel", status)?;
     } else {
-        println!(
+        outln!(
             "cancel requested: job {id} was {status}; it stops at its next step \
              (follow it with: toolfleet watch {id})"
-        );
+        )?;
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `toolfleet tools`.
-pub(crate) async fn tools(addr: &str, args: ToolsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(addr).await?;
+pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.server.addr).await?;
     let mut tools = client
         .list_tools(v1::ListToolsRequest {})
         .await
@@ -222,14 +258,14 @@ pub(crate) async fn tools(addr: &str, args: ToolsArgs) -> anyhow::Result<ExitCod
         .tools;
     tools.sort_by(|a, b| a.name.cmp(&b.name));
     if args.json {
-        println!("{}", transcript::tools_json(&tools));
+        outln!("{}", transcript::tools_json(&tools))?;
     } else if tools.is_empty() {
         eprintln!(
             "no live tools: no worker announces any; start workers (toolfleet-worker), \
              or a whole local fleet with toolfleet dev --serve"
         );
     } else {
-        print!("{}", transcript::tools_table(&tools));
+        out!("{}", transcript::tools_table(&tools))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -265,12 +301,12 @@ pub(crate) async fn follow(
     job_id: &str,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    stream_events(client, job_id, 0, json).await?;
+    stream_events(client, job_id, 0, None, json).await?;
     let job = get_job(client, job_id).await?;
     if !json {
-        println!();
+        outln!()?;
     }
-    print_job(&job, json);
+    print_job(&job, json)?;
     Ok(exit_code(&job))
 }
 
@@ -283,11 +319,13 @@ pub(crate) fn exit_code(job: &v1::Job) -> ExitCode {
     }
 }
 
-/// Prints the events from `from` on as they happen, and returns the final one.
+/// Prints the events from `from` on as they happen, and returns the final
+/// one. Times are shown from `origin` (Unix ms), else from the first event.
 async fn stream_events(
     client: &mut ApiClient,
     job_id: &str,
     from: u64,
+    origin: Option<u64>,
     json: bool,
 ) -> anyhow::Result<v1::JobEvent> {
     let mut events = client
@@ -299,7 +337,7 @@ async fn stream_events(
         .map_err(|status| rpc_error("WatchJob", &status))?
         .into_inner();
     let mut next = from;
-    let mut start_ms = None;
+    let mut start_ms = origin;
     let resume = |next: u64| format!("resume with: toolfleet watch {job_id} --from {next}");
     loop {
         let event = events
@@ -314,10 +352,10 @@ async fn stream_events(
             );
         };
         if json {
-            println!("{}", transcript::event_json(&event));
+            outln!("{}", transcript::event_json(&event))?;
         } else {
             let start = *start_ms.get_or_insert(event.timestamp_ms);
-            println!("{}", transcript::event_line(&event, start));
+            outln!("{}", transcript::event_line(&event, start))?;
         }
         next = event.offset + 1;
         if event.r#final {
@@ -348,12 +386,13 @@ async fn get_job(client: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job
         .into_inner())
 }
 
-fn print_job(job: &v1::Job, json: bool) {
+fn print_job(job: &v1::Job, json: bool) -> std::io::Result<()> {
     if json {
-        println!("{}", transcript::job_json(job));
+        outln!("{}", transcript::job_json(job))?;
     } else {
-        print!("{}", transcript::job_report(job));
+        out!("{}", transcript::job_report(job))?;
     }
+    Ok(())
 }
 
 /// The demo the scripted model plays for `input` when no script is given:

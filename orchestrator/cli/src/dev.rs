@@ -11,6 +11,7 @@ use toolfleet_proto::v1;
 use crate::client::{self, DEFAULT_OPENAI_MODEL, Provider};
 use crate::demo;
 use crate::local::{KillSwitch, LocalFleet, LocalFleetOptions};
+use crate::output::outln;
 use crate::{EXIT_INTERRUPTED, watch_signals_then};
 
 #[derive(Debug, Args)]
@@ -25,8 +26,7 @@ pub(crate) struct DevArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     workers: u16,
-    /// Also serve the test tools (echo, sleep, fail, panic, increment_counter).
-    #[arg(long)]
+    #[arg(long, help = toolfleet_worker::tools::testing::FLAG_HELP)]
     test_tools: bool,
     /// The demo job's model provider. Default: openai-responses when
     /// OPENAI_API_KEY and --model are both given, else the scripted model,
@@ -135,7 +135,7 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
     let grpcurl_body =
         r#"{"input":"hi","model":{"provider":"scripted","script":"[{\"message\":\"hello\"}]"}}"#;
     eprintln!("logs: {}", fleet.log_path().display());
-    println!(
+    outln!(
         "\ntoolfleet is serving gRPC on {url} (NATS {}, Redis {}); Ctrl-C stops it.\n\
          \nTry, from another terminal:\n\
          \x20 toolfleet --addr {url} submit \"hi\" --watch\n\
@@ -146,7 +146,7 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
          \x20 grpcurl -plaintext -d '{grpcurl_body}' {addr} toolfleet.v1.AgentService/SubmitJob\n",
         fleet.nats_url(),
         fleet.redis_url(),
-    );
+    )?;
     shutdown.cancelled().await;
     eprintln!();
     Ok(ExitCode::SUCCESS)
@@ -179,9 +179,10 @@ async fn demo(fleet: &LocalFleet, args: &DevArgs) -> anyhow::Result<ExitCode> {
         ..v1::SubmitJobRequest::default()
     };
     let submitted = client::submit_job(&mut client, request).await?;
-    println!(
+    outln!(
         "\njob {} submitted to {model_name}: {:?}\n",
-        submitted.job_id, args.input
-    );
+        submitted.job_id,
+        args.input
+    )?;
     client::follow(&mut client, &submitted.job_id, false).await
 }

@@ -18,6 +18,7 @@ mod client;
 pub mod demo;
 mod dev;
 pub mod local;
+pub mod output;
 pub mod supervisor;
 mod transcript;
 
@@ -35,15 +36,6 @@ Exit status: 0 success; 1 error (orchestrator unreachable, request rejected, ...
 #[derive(Debug, Parser)]
 #[command(name = "toolfleet", version, after_help = EXIT_CODES, propagate_version = true)]
 pub struct Cli {
-    /// gRPC address of an orchestrator (any replica; `dev` runs its own).
-    #[arg(
-        long,
-        global = true,
-        env = "TOOLFLEET_ADDR",
-        default_value = "http://127.0.0.1:50051",
-        value_name = "URL"
-    )]
-    addr: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -102,11 +94,11 @@ impl Cli {
     /// what to do.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
-            Command::Submit(args) => client::submit(&self.addr, args).await,
-            Command::Get(args) => client::get(&self.addr, args).await,
-            Command::Watch(args) => client::watch(&self.addr, args).await,
-            Command::Cancel(args) => client::cancel(&self.addr, args).await,
-            Command::Tools(args) => client::tools(&self.addr, args).await,
+            Command::Submit(args) => client::submit(args).await,
+            Command::Get(args) => client::get(args).await,
+            Command::Watch(args) => client::watch(args).await,
+            Command::Cancel(args) => client::cancel(args).await,
+            Command::Tools(args) => client::tools(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
         }

@@ -11,6 +11,8 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.run().await {
         Ok(code) => code,
+        // The reader of our output went away (`| head -1`): not an error.
+        Err(err) if toolfleet_cli::output::is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("toolfleet: {err:#}");
             ExitCode::FAILURE

@@ -39,16 +39,16 @@ use crate::store::{self, JobStore, SettledCall};
 pub struct DispatchOptions {
     /// How often outstanding results are looked up in Redis, in case a
     /// notification was lost. Default: 1s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub poll_interval: Duration,
     /// First delay before retrying a retryable failure; doubles each time,
     /// with jitter. For tools whose manifest declares no retry policy of its
     /// own. Default: 200ms.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub retry_initial_backoff: Duration,
     /// Longest delay between attempts (before jitter), for tools whose
     /// manifest declares no retry policy of its own. Default: 10s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub retry_max_backoff: Duration,
     /// Largest arguments text sent to a worker, in bytes. Default: 262144.
     pub max_argument_bytes: usize,

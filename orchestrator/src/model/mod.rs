@@ -192,15 +192,15 @@ pub struct OpenAiOptions {
     #[serde(skip_serializing)]
     pub api_key: Option<String>,
     /// Timeout of one HTTP request. Default: 120s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub request_timeout: Duration,
     /// Retries of a transient failure (408/409/429/5xx/connection). Default: 4.
     pub max_retries: u32,
     /// First retry delay; doubles each time, with jitter. Default: 500ms.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub initial_backoff: Duration,
     /// Longest delay between retries, `Retry-After` included. Default: 30s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub max_backoff: Duration,
 }
 

@@ -39,26 +39,26 @@ pub struct RunnerOptions {
     pub max_jobs: NonZeroUsize,
     /// Lease of a running job in Redis, renewed while it runs; a dead
     /// replica's jobs can be taken over once it expires. Default: 15s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub lease_ttl: Duration,
     /// AckWait of the job consumer: a job whose replica died is redelivered
     /// after it. Default: 30s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub job_ack_wait: Duration,
     /// How often a running job checks whether it was cancelled. Default: 250ms.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub cancel_poll_interval: Duration,
     /// On shutdown, how long running jobs may go on before they are handed
     /// back. Default: 20s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub drain_timeout: Duration,
     /// How often unfinished jobs that no runner holds are looked for.
     /// Default: 30s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub sweep_interval: Duration,
     /// How old an unfinished, unleased job must be before the sweeper
     /// re-queues it (its queue message is presumed lost). Default: 5m.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub sweep_after: Duration,
 }
 

@@ -289,6 +289,20 @@ impl JobStore {
         Ok(reply.ids.iter().filter_map(parse_event).collect())
     }
 
+    /// The last event of `job_id`'s log, if it has any: for a finished job,
+    /// its final event.
+    ///
+    /// # Errors
+    ///
+    /// Redis is unreachable.
+    pub async fn last_event(&self, job_id: &str) -> Result<Option<Event>, Error> {
+        let key = self.keys.job_events(job_id);
+        let reply: redis::streams::StreamRangeReply =
+            read_with_retry(|| async { self.conn().xrevrange_count(&key, "+", "-", 1).await })
+                .await?;
+        Ok(reply.ids.iter().find_map(parse_event))
+    }
+
     /// Subscribes to the wake-ups sent whenever `job_id` gets new events.
     /// Redis stays the source of truth: a wake-up only says "read again".
     ///

@@ -88,6 +88,74 @@ pub enum LogFormat {
     Json,
 }
 
+/// Durations in configuration: read as humantime reads them (`30s`,
+/// `1h 30m`, `500ms`), written the way the docs write them (`24h`, `1h30m`,
+/// `500ms`; humantime would print `1day`). Use with
+/// `#[serde(with = "toolfleet_service::config::duration")]`.
+pub mod duration {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    /// `24h`, `1h30m`, `2s`, `1s500ms`, `0s`: hours, minutes, seconds,
+    /// milliseconds, microseconds and nanoseconds, the zero ones left out.
+    pub fn format(duration: Duration) -> String {
+        if duration.is_zero() {
+            return "0s".into();
+        }
+        let secs = duration.as_secs();
+        let nanos = duration.subsec_nanos();
+        let parts = [
+            (secs / 3600, "h"),
+            (secs / 60 % 60, "m"),
+            (secs % 60, "s"),
+            (u64::from(nanos / 1_000_000), "ms"),
+            (u64::from(nanos / 1_000 % 1_000), "us"),
+            (u64::from(nanos % 1_000), "ns"),
+        ];
+        parts
+            .iter()
+            .filter(|(amount, _)| *amount > 0)
+            .map(|(amount, unit)| format!("{amount}{unit}"))
+            .collect()
+    }
+
+    /// Serializes as [`format`] writes it.
+    ///
+    /// # Errors
+    ///
+    /// Those of the serializer.
+    pub fn serialize<S: Serializer>(duration: &Duration, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&format(*duration))
+    }
+
+    /// Deserializes what humantime parses.
+    ///
+    /// # Errors
+    ///
+    /// A text humantime cannot read, with its reason.
+    pub fn deserialize<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+        humantime_serde::deserialize(deserializer)
+    }
+
+    /// A duration as a map value (`tool_timeouts = { sleep = "500ms" }`),
+    /// read and written like the fields.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Value(pub Duration);
+
+    impl serde::Serialize for Value {
+        fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            serialize(&self.0, serializer)
+        }
+    }
+
+    impl<'de> Deserialize<'de> for Value {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserialize(deserializer).map(Self)
+        }
+    }
+}
+
 /// `url` without its password, for messages and logs:
 /// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`.
 pub fn redact_url(url: &str) -> String {
@@ -181,6 +249,23 @@ impl Overrides {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn durations_print_as_the_docs_write_them_and_read_back() {
+        use std::time::Duration;
+        for (duration, text) in [
+            (Duration::from_secs(24 * 3600), "24h"),
+            (Duration::from_secs(5400), "1h30m"),
+            (Duration::from_secs(30), "30s"),
+            (Duration::from_millis(500), "500ms"),
+            (Duration::from_millis(1500), "1s500ms"),
+            (Duration::from_nanos(1_001_001), "1ms1us1ns"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(super::duration::format(duration), text);
+            assert_eq!(humantime::parse_duration(text).unwrap(), duration, "{text}");
+        }
+    }
+
     use super::*;
 
     #[test]

@@ -222,7 +222,7 @@ fn load_tools(
     let mut tools = HashMap::new();
     for tool in toolbox.into_tools() {
         let name = tool.manifest().name;
-        let timeout = runtime.tool_timeouts.get(&name).map(|t| **t);
+        let timeout = runtime.tool_timeouts.get(&name).map(|t| t.0);
         let loaded = LoadedTool::load(tool, timeout)?;
         if !is_valid_tool_name(&loaded.manifest.name) {
             return Err(StartError::ToolName(loaded.manifest.name));

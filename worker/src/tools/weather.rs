@@ -53,7 +53,7 @@ pub struct WeatherOptions {
     pub forecast_url: String,
     /// How long one whole lookup (geocoding and forecast together) may take.
     /// Default: 3s. The tool's per-attempt timeout is this plus 2s, at least 5s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub timeout: Duration,
 }
 

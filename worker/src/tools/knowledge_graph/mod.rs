@@ -84,7 +84,7 @@ pub struct KgOptions {
     /// How often the files are checked for changes; a changed file is
     /// reloaded, and a file that fails to load leaves the previous graph in
     /// service. Default: 2s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub reload_interval: Duration,
     /// Most facts one `factual_qa` answer (or one trend section) lists,
     /// oldest first; the answer says how many there were. Default: 50.

@@ -30,7 +30,7 @@ pub struct ModelOptions {
     /// token. Empty: no key (local servers). Default: `OPENAI_API_KEY`.
     pub api_key_env: String,
     /// How long one request may take. Default: 20s.
-    #[serde(with = "humantime_serde")]
+    #[serde(with = "toolfleet_service::config::duration")]
     pub timeout: Duration,
 }
 

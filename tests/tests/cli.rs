@@ -1,0 +1,175 @@
+//! The `toolfleet` command line as a user runs it: the binary, against a
+//! real fleet, its exit codes and what it prints.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+use toolfleet_proto::v1;
+use toolfleet_tests::cargo_bin;
+use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+
+/// What a run of the binary printed and how it exited.
+struct Run {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+async fn toolfleet(args: &[&str]) -> anyhow::Result<Run> {
+    let output = Command::new(cargo_bin("toolfleet")?)
+        .args(args)
+        .env_remove("TOOLFLEET_ADDR")
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    Ok(Run {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    })
+}
+
+async fn fleet() -> anyhow::Result<(Fleet, String)> {
+    let mut fleet = Fleet::start(1).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let url = fleet.grpc_url(0).await?;
+    Ok((fleet, url))
+}
+
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_output_quietly() -> anyhow::Result<()> {
+    let (_fleet, url) = fleet().await?;
+    let script = json!([
+        {"delay_ms": 300, "tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+        {"delay_ms": 300, "message": "4"}
+    ])
+    .to_string();
+    let mut child = Command::new(cargo_bin("toolfleet")?)
+        .args([
+            "submit", "x", "--watch", "--addr", &url, "--script", &script,
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let stdout = child.stdout.take().expect("piped");
+    let mut lines = BufReader::new(stdout).lines();
+    let first = lines.next_line().await?;
+    assert!(
+        first.is_some_and(|id| !id.is_empty()),
+        "the job id comes first"
+    );
+    drop(lines); // `| head -1`: the reader is gone
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output()).await??;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn get_and_watch_exit_by_how_the_job_ended_and_watch_ends_with_its_final_state()
+-> anyhow::Result<()> {
+    let (fleet, url) = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let done = api
+        .submit_job(scripted_job("x", &json!([{"message": "done"}])))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_finished(&api, &done).await?;
+    let slow = api
+        .submit_job(scripted_job(
+            "x",
+            &json!([{"delay_ms": 60000, "message": "never"}]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: slow.clone(),
+    })
+    .await?;
+    wait_finished(&api, &slow).await?;
+
+    let get = toolfleet(&["get", &done, "--addr", &url]).await?;
+    assert_eq!(get.code, Some(0), "{}", get.stderr);
+    let get = toolfleet(&["get", &slow, "--addr", &url]).await?;
+    assert_eq!(get.code, Some(4), "a cancelled job: {}", get.stderr);
+    let watch = toolfleet(&["watch", &slow, "--addr", &url]).await?;
+    assert_eq!(watch.code, Some(4), "{}", watch.stderr);
+
+    // Past the last event: the stream still ends with the final state.
+    for from in ["3", "1000"] {
+        let watch = toolfleet(&["watch", &done, "--from", from, "--addr", &url]).await?;
+        assert_eq!(watch.code, Some(0), "--from {from}: {}", watch.stderr);
+        let last = watch.stdout.lines().last().unwrap_or_default().to_owned();
+        assert!(
+            last.contains("job_succeeded"),
+            "--from {from}: {}",
+            watch.stdout
+        );
+        assert!(
+            !last.contains(" 0.000s"),
+            "the clock starts at the job's start, not at the first event shown: {last}"
+        );
+    }
+    let watch = toolfleet(&["watch", &slow, "--from", "1000", "--addr", &url]).await?;
+    assert_eq!(watch.code, Some(4), "{}", watch.stderr);
+    assert!(watch.stdout.contains("job_cancelled"), "{}", watch.stdout);
+    Ok(())
+}
+
+#[tokio::test]
+async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
+    for command in ["dev", "bench"] {
+        let help = toolfleet(&[command, "--help"]).await?;
+        assert_eq!(help.code, Some(0));
+        assert!(
+            !help.stdout.contains("--addr"),
+            "{command}: {}",
+            help.stdout
+        );
+    }
+    for command in ["submit", "get", "watch", "cancel", "tools"] {
+        let help = toolfleet(&[command, "--help"]).await?;
+        assert!(
+            help.stdout.contains("--addr <URL>"),
+            "{command}: {}",
+            help.stdout
+        );
+    }
+    let dev = toolfleet(&["dev", "--help"]).await?;
+    assert!(dev.stdout.contains("measure_concurrency"), "{}", dev.stdout);
+    Ok(())
+}
+
+#[tokio::test]
+async fn print_config_shows_durations_as_documented_and_the_id_in_use() -> anyhow::Result<()> {
+    for (binary, id_key) in [
+        ("toolfleet-worker", "worker_id"),
+        ("toolfleet-orchestrator", "instance_id"),
+    ] {
+        let output = Command::new(cargo_bin(binary)?)
+            .arg("--print-config")
+            .output()
+            .await?;
+        assert!(output.status.success(), "{binary}");
+        let config: Value = serde_json::from_slice(&output.stdout)?;
+        let id = config[id_key].as_str().unwrap_or_default();
+        assert!(!id.is_empty(), "{binary}: {config}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(!text.contains("day"), "{binary}: {text}");
+    }
+    let output = Command::new(cargo_bin("toolfleet-worker")?)
+        .arg("--print-config")
+        .output()
+        .await?;
+    let config: Value = serde_json::from_slice(&output.stdout)?;
+    assert_eq!(config["runtime"]["result_retention"], "24h");
+    assert_eq!(config["runtime"]["ack_wait"], "30s");
+    Ok(())
+}
