@@ -456,3 +456,50 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
     assert_eq!(job.output_text, "yes");
     Ok(())
 }
+
+#[tokio::test]
+async fn reflection_answers_in_both_versions() -> anyhow::Result<()> {
+    use tonic_reflection::pb::{v1, v1alpha};
+    let fleet = fleet(1).await?;
+    let url = fleet.grpc_url(0).await?;
+    let channel = tonic::transport::Endpoint::from_shared(url)?
+        .connect()
+        .await?;
+
+    let mut alpha = v1alpha::server_reflection_client::ServerReflectionClient::new(channel.clone());
+    let request = v1alpha::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            v1alpha::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut answers = alpha
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await?
+        .into_inner();
+    let answer = answers.message().await?.expect("an answer");
+    let Some(v1alpha::server_reflection_response::MessageResponse::ListServicesResponse(list)) =
+        answer.message_response
+    else {
+        panic!("not a service list: {answer:?}");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    assert!(
+        names.contains(&"toolfleet.v1.AgentService".to_owned()),
+        "{names:?}"
+    );
+
+    let mut current = v1::server_reflection_client::ServerReflectionClient::new(channel);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let mut answers = current
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await?
+        .into_inner();
+    assert!(answers.message().await?.is_some());
+    Ok(())
+}
