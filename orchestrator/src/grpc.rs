@@ -39,6 +39,19 @@ pub struct ApiOptions {
     /// Longest deadline accepted. Default: 24h.
     #[serde(with = "toolfleet_service::config::duration")]
     pub max_deadline: Duration,
+    /// The model of a request that names none. Default: none, and such a
+    /// request is rejected with a message naming what to set.
+    pub default_model: DefaultModel,
+}
+
+/// The model a request without one gets (`api.default_model`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DefaultModel {
+    /// `openai-responses` or `openai-chat`. Default: empty (no default model).
+    pub provider: String,
+    /// The model name, e.g. `gpt-4.1-mini`. Default: empty.
+    pub name: String,
 }
 
 impl Default for ApiOptions {
@@ -50,6 +63,7 @@ impl Default for ApiOptions {
             max_tool_rounds_limit: 64,
             default_deadline: Duration::from_secs(600),
             max_deadline: Duration::from_secs(24 * 3600),
+            default_model: DefaultModel::default(),
         }
     }
 }
@@ -79,6 +93,14 @@ pub fn to_status(err: &store::Error) -> Status {
     }
 }
 
+/// A model spec with nothing set: the same as none (proto3 cannot tell).
+fn is_unset(model: &v1::ModelSpec) -> bool {
+    model.provider.is_empty()
+        && model.name.is_empty()
+        && model.script.is_empty()
+        && model.base_url.is_empty()
+}
+
 fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
@@ -87,8 +109,11 @@ impl AgentApi {
     /// Checks a submission and applies defaults; errors name the field.
     fn spec(&self, mut request: v1::SubmitJobRequest) -> Result<JobSpec, Status> {
         self.check_text(&request)?;
-        let (provider, model, script) =
-            self.check_model(request.model.take().unwrap_or_default())?;
+        let model = match request.model.take() {
+            Some(model) if !is_unset(&model) => model,
+            _ => self.default_model()?,
+        };
+        let (provider, model, script) = self.check_model(model)?;
         for name in &request.tools {
             if !is_valid_tool_name(name) {
                 return Err(invalid(
@@ -133,8 +158,26 @@ impl AgentApi {
         Ok(())
     }
 
+    /// `api.default_model`, for a request that names no model.
+    fn default_model(&self) -> Result<v1::ModelSpec, Status> {
+        let default = &self.options.default_model;
+        if default.provider.is_empty() {
+            return Err(invalid(
+                "model",
+                "is required: set model.provider to \"scripted\" (with model.script), \
+                 \"openai-responses\" or \"openai-chat\" (with model.name); or configure \
+                 api.default_model on the orchestrator",
+            ));
+        }
+        Ok(v1::ModelSpec {
+            provider: default.provider.clone(),
+            name: default.name.clone(),
+            ..v1::ModelSpec::default()
+        })
+    }
+
     /// The provider, model name and script of `model` (the scripted model
-    /// when none is named), checked.
+    /// when a script but no provider is given), checked.
     fn check_model(
         &self,
         model: v1::ModelSpec,

@@ -408,6 +408,21 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
         (unknown_provider, "model.provider"),
         (bad_script, "model.script"),
     ];
+    let no_model = v1::SubmitJobRequest {
+        input: "What is 2+2?".into(),
+        ..Default::default()
+    };
+    let status = api
+        .submit_job(no_model)
+        .await
+        .expect_err("no model, no default");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("model: is required")
+            && status.message().contains("api.default_model"),
+        "{}",
+        status.message()
+    );
     for (request, field) in cases {
         let status = api.submit_job(request).await.expect_err("rejected");
         assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");

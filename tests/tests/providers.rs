@@ -99,3 +99,41 @@ async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<(
     assert_eq!(last["tools"][0]["function"]["strict"], true);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_request_without_a_model_runs_on_the_configured_default_model() -> anyhow::Result<()> {
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_string_contains("\"model\":\"default-m\""))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "c1", "object": "chat.completion", "created": 1, "model": "default-m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "4"}}]
+        })))
+        .mount(&model)
+        .await;
+    let mut fleet = Fleet::start(1).await?;
+    let base_url = format!("{}/v1", model.uri());
+    fleet
+        .spawn_orchestrator(&[
+            ("OPENAI_API_KEY", "sk-test"),
+            ("TOOLFLEET_OPENAI__BASE_URL", base_url.as_str()),
+            ("TOOLFLEET_API__DEFAULT_MODEL__PROVIDER", "openai-chat"),
+            ("TOOLFLEET_API__DEFAULT_MODEL__NAME", "default-m"),
+        ])
+        .await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = api
+        .submit_job(v1::SubmitJobRequest {
+            input: "What is 2+2?".into(),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
+    Ok(())
+}
