@@ -173,3 +173,63 @@ async fn print_config_shows_durations_as_documented_and_the_id_in_use() -> anyho
     assert_eq!(config["runtime"]["ack_wait"], "30s");
     Ok(())
 }
+
+#[tokio::test]
+async fn submit_warns_of_tools_no_worker_serves() -> anyhow::Result<()> {
+    let (_fleet, url) = fleet().await?;
+    let run = toolfleet(&[
+        "submit",
+        "x",
+        "--tool",
+        "rm_rf",
+        "--tool",
+        "calculate",
+        "--addr",
+        &url,
+    ])
+    .await?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    assert!(
+        run.stderr.contains("no live worker serves \"rm_rf\"")
+            && run.stderr.contains("UNKNOWN_TOOL"),
+        "{}",
+        run.stderr
+    );
+    assert!(!run.stderr.contains("\"calculate\""), "{}", run.stderr);
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_user_message_can_come_from_stdin_beyond_the_argument_limit() -> anyhow::Result<()> {
+    use tokio::io::AsyncWriteExt as _;
+    let (fleet, url) = fleet().await?;
+    // Over the 128 KiB a single command-line argument may hold on Linux.
+    let input = "q".repeat(200 * 1024);
+    let mut child = Command::new(cargo_bin("toolfleet")?)
+        .args(["submit", "--input-file", "-", "--addr", &url])
+        .args(["--script", r#"[{"message": "read it"}]"#])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin.write_all(input.as_bytes()).await?;
+    drop(stdin);
+    let output = child.wait_with_output().await?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let job_id = String::from_utf8(output.stdout)?.trim().to_owned();
+    let job = wait_finished(&fleet.api(0).await?, &job_id).await?;
+    let sent = job.items.iter().find_map(|item| match &item.kind {
+        Some(v1::item::Kind::User(user)) => Some(user.text.len()),
+        _ => None,
+    });
+    assert_eq!(sent, Some(input.len()));
+
+    let neither = toolfleet(&["submit", "--addr", &url]).await?;
+    assert_eq!(neither.code, Some(2), "{}", neither.stderr);
+    Ok(())
+}

@@ -74,8 +74,13 @@ pub(crate) struct Server {
 pub(crate) struct SubmitArgs {
     #[command(flatten)]
     server: Server,
-    /// The user message.
-    input: String,
+    /// The user message (or --input-file).
+    #[arg(required_unless_present = "input_file")]
+    input: Option<String>,
+    /// Read the user message from a file ("-" reads stdin), for messages too
+    /// long for the command line (the API takes up to 256 KiB).
+    #[arg(long, value_name = "PATH", conflicts_with = "input")]
+    input_file: Option<PathBuf>,
     /// System / developer instructions for the model.
     #[arg(long, value_name = "TEXT", default_value = "")]
     instructions: String,
@@ -174,6 +179,7 @@ pub(crate) struct ToolsArgs {
 pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let request = args.request()?;
     let mut client = connect(&args.server.addr).await?;
+    warn_of_unserved_tools(&mut client, &request.tools).await;
     let submitted = submit_job(&mut client, request).await?;
     if args.json {
         let line =
@@ -191,6 +197,35 @@ pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     follow(&mut client, &submitted.job_id, args.json).await
+}
+
+/// Warns on stderr about each `--tool` no live worker serves: its calls
+/// would all be answered `UNKNOWN_TOOL`. The job is submitted anyway, since
+/// workers may start later; a failed lookup only skips the warning.
+async fn warn_of_unserved_tools(client: &mut ApiClient, named: &[String]) {
+    if named.is_empty() {
+        return;
+    }
+    let Ok(live) = client.list_tools(v1::ListToolsRequest {}).await else {
+        return;
+    };
+    let live: Vec<String> = live
+        .into_inner()
+        .tools
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    for name in named.iter().filter(|name| !live.contains(name)) {
+        eprintln!(
+            "warning: no live worker serves {name:?}; the model's calls to it will be answered \
+             UNKNOWN_TOOL until one does (live tools: {})",
+            if live.is_empty() {
+                "none".to_owned()
+            } else {
+                live.join(", ")
+            }
+        );
+    }
 }
 
 /// `toolfleet get`.
@@ -426,13 +461,29 @@ fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
 impl SubmitArgs {
     /// The request, checked here where a mistake can name its flag.
     fn request(&self) -> anyhow::Result<v1::SubmitJobRequest> {
+        if self
+            .input_file
+            .as_deref()
+            .is_some_and(|p| p.as_os_str() == "-")
+            && self
+                .script_file
+                .as_deref()
+                .is_some_and(|p| p.as_os_str() == "-")
+        {
+            bail!("--input-file - and --script-file - both read stdin; give one of them a file");
+        }
+        let input = match (&self.input, &self.input_file) {
+            (Some(input), _) => input.clone(),
+            (None, Some(path)) => read_text("--input-file", path)?,
+            (None, None) => bail!("give the user message, or --input-file"),
+        };
         let script = match (&self.script, &self.script_file) {
             (Some(script), _) => Some(script.clone()),
-            (None, Some(path)) => Some(read_script(path)?),
+            (None, Some(path)) => Some(read_text("--script-file", path)?),
             (None, None) => None,
         };
         let model = if self.provider == Provider::Scripted {
-            let script = script.unwrap_or_else(|| scripted_demo(&self.input).script.to_owned());
+            let script = script.unwrap_or_else(|| scripted_demo(&input).script.to_owned());
             Scripted::parse(&script).map_err(|err| {
                 anyhow!("invalid script: {err}; `toolfleet submit --help` describes the format")
             })?;
@@ -455,7 +506,7 @@ impl SubmitArgs {
             }
         };
         Ok(v1::SubmitJobRequest {
-            input: self.input.clone(),
+            input,
             instructions: self.instructions.clone(),
             model: Some(model),
             tools: self.tools.clone(),
@@ -468,16 +519,16 @@ impl SubmitArgs {
     }
 }
 
-fn read_script(path: &std::path::Path) -> anyhow::Result<String> {
+/// The text of the file `flag` names, or of stdin for "-".
+fn read_text(flag: &str, path: &std::path::Path) -> anyhow::Result<String> {
     if path.as_os_str() == "-" {
-        let mut script = String::new();
+        let mut text = String::new();
         std::io::stdin()
-            .read_to_string(&mut script)
-            .context("cannot read the script from stdin")?;
-        return Ok(script);
+            .read_to_string(&mut text)
+            .with_context(|| format!("cannot read {flag} from stdin"))?;
+        return Ok(text);
     }
-    std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read --script-file {}", path.display()))
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {flag} {}", path.display()))
 }
 
 fn parse_meta(text: &str) -> Result<(String, String), String> {
