@@ -233,3 +233,88 @@ async fn the_user_message_can_come_from_stdin_beyond_the_argument_limit() -> any
     assert_eq!(neither.code, Some(2), "{}", neither.stderr);
     Ok(())
 }
+
+/// The processes whose command line mentions `needle`.
+fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+            String::from_utf8_lossy(&cmdline)
+                .contains(needle)
+                .then_some(pid)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn kill_9_of_dev_serve_leaves_no_server_and_no_temp_dir() -> anyhow::Result<()> {
+    let mut dev = Command::new(cargo_bin("toolfleet")?)
+        .args(["dev", "--serve", "--workers", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let stderr = dev.stderr.take().expect("piped");
+    let mut lines = BufReader::new(stderr).lines();
+    let dir = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(log) = line.strip_prefix("logs: ") {
+                let dir = std::path::Path::new(log)
+                    .parent()
+                    .map(std::path::Path::to_owned);
+                return anyhow::Ok(dir);
+            }
+        }
+        anyhow::Ok(None)
+    })
+    .await??
+    .expect("dev --serve prints its log path");
+    let needle = dir.to_string_lossy().into_owned();
+    assert!(dir.exists());
+    // nats-server's command line names its store in the dir; redis-server
+    // rewrites its own, so it is found by its port.
+    assert_eq!(
+        processes_mentioning(&needle).len(),
+        1,
+        "nats-server in {needle}"
+    );
+    let stdout = dev.stdout.take().expect("piped");
+    let mut out = BufReader::new(stdout).lines();
+    let redis = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = out.next_line().await? {
+            if let Some(rest) = line.split("Redis redis://").nth(1) {
+                let address = rest.split(['/', ')']).next().unwrap_or_default().to_owned();
+                return anyhow::Ok(Some(address));
+            }
+        }
+        anyhow::Ok(None)
+    })
+    .await??
+    .expect("dev --serve prints its Redis URL");
+    assert!(
+        tokio::net::TcpStream::connect(&redis).await.is_ok(),
+        "redis-server at {redis}"
+    );
+
+    dev.start_kill()?; // SIGKILL: no code of dev runs any more
+    dev.wait().await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while dir.exists()
+        || !processes_mentioning(&needle).is_empty()
+        || tokio::net::TcpStream::connect(&redis).await.is_ok()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left behind: dir exists {}, nats-server {:?}, redis-server on {redis}",
+            dir.exists(),
+            processes_mentioning(&needle)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}

@@ -77,7 +77,19 @@ pub(crate) async fn run(args: DevArgs) -> anyhow::Result<ExitCode> {
             args.provider().as_str()
         );
     }
-    let kill_switch = KillSwitch::default();
+    // With a reaper, even `kill -9` of this process stops the servers and
+    // removes the temp dir.
+    let kill_switch = match std::env::current_exe() {
+        Ok(toolfleet) => KillSwitch::with_reaper(&toolfleet),
+        Err(_) => KillSwitch::default(),
+    };
+    let outcome = run_fleet(args, kill_switch.clone()).await;
+    // Every path out of `run_fleet` stopped what it started.
+    kill_switch.disarm();
+    outcome
+}
+
+async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<ExitCode> {
     let shutdown = CancellationToken::new();
     let signals = tokio::spawn(watch_signals_then(shutdown.clone(), {
         let kill_switch = kill_switch.clone();
@@ -138,9 +150,9 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
     outln!(
         "\ntoolfleet is serving gRPC on {url} (NATS {}, Redis {}); Ctrl-C stops it.\n\
          \nTry, from another terminal:\n\
-         \x20 toolfleet --addr {url} submit \"hi\" --watch\n\
-         \x20 toolfleet --addr {url} submit \"hi\" --script '[{{\"message\":\"hello\"}}]' --watch\n\
-         \x20 toolfleet --addr {url} tools\n\
+         \x20 toolfleet submit --addr {url} \"What did AMD launch between 2016 and 2020?\" --watch\n\
+         \x20 toolfleet submit --addr {url} \"hi\" --script '[{{\"message\":\"hello\"}}]' --watch\n\
+         \x20 toolfleet tools --addr {url}\n\
          \x20 export TOOLFLEET_ADDR={url}   # then --addr can go\n\
          \x20 grpcurl -plaintext {addr} list   # reflection is on\n\
          \x20 grpcurl -plaintext -d '{grpcurl_body}' {addr} toolfleet.v1.AgentService/SubmitJob\n",

@@ -81,6 +81,9 @@ enum Command {
     /// Build with --release for meaningful numbers. docs/benchmarks.md explains
     /// the output.
     Bench(bench::BenchArgs),
+    /// The watchdog `dev` starts (see `supervisor::reaper`): not for people.
+    #[command(name = supervisor::reaper::COMMAND, hide = true)]
+    Reap,
 }
 
 impl Cli {
@@ -101,6 +104,10 @@ impl Cli {
             Command::Tools(args) => client::tools(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Reap => {
+                supervisor::reaper::serve(std::io::stdin().lock());
+                Ok(ExitCode::SUCCESS)
+            }
         }
     }
 }

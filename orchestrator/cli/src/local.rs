@@ -35,7 +35,7 @@ use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 use crate::client::{self, ApiClient};
 use crate::supervisor::{
-    self, ChildProcess, KillHandle, NatsServer, RedisConfig, RedisServer, ServerOptions,
+    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, ServerOptions,
 };
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
 
@@ -312,7 +312,7 @@ impl LocalFleet {
         drop(redis);
         progress.end("ok");
         FleetLog::close();
-        kill_switch.clear();
+        kill_switch.disarm();
         if keep_dir {
             let path = dir.keep();
             progress.note(&format!("kept {}", path.display()));
@@ -469,6 +469,8 @@ impl LocalFleet {
 #[derive(Debug, Clone, Default)]
 pub struct KillSwitch {
     inner: Arc<Mutex<KillList>>,
+    /// Told the same processes and dirs, for a death that runs no code.
+    reaper: Option<Arc<Reaper>>,
 }
 
 #[derive(Debug, Default)]
@@ -478,6 +480,27 @@ struct KillList {
 }
 
 impl KillSwitch {
+    /// A kill switch that also keeps a [`Reaper`] (started from `program`,
+    /// the `toolfleet` binary) informed, so that even `kill -9` of this
+    /// process leaves no server or dir behind. Without the reaper when it
+    /// cannot start, with a warning.
+    pub fn with_reaper(program: &Path) -> Self {
+        let reaper = match Reaper::spawn(program) {
+            Ok(reaper) => Some(Arc::new(reaper)),
+            Err(err) => {
+                eprintln!(
+                    "warning: cannot start the reaper ({err}); if this process is killed \
+                     with kill -9, its nats-server and redis-server keep running"
+                );
+                None
+            }
+        };
+        Self {
+            inner: Arc::default(),
+            reaper,
+        }
+    }
+
     /// Kills the registered servers and removes the registered dirs.
     pub fn kill(&self) {
         let list = std::mem::take(&mut *self.lock());
@@ -491,14 +514,25 @@ impl KillSwitch {
 
     fn register_process(&self, process: &ChildProcess) {
         self.lock().processes.push(process.kill_handle());
+        if let Some(reaper) = &self.reaper {
+            reaper.watch_process(process.pid());
+        }
     }
 
     fn register_dir(&self, dir: &Path) {
         self.lock().dirs.push(dir.to_owned());
+        if let Some(reaper) = &self.reaper {
+            reaper.watch_dir(dir);
+        }
     }
 
-    fn clear(&self) {
+    /// Forgets everything registered, the reaper too: the fleet has stopped
+    /// its servers and removed its dir itself.
+    pub fn disarm(&self) {
         *self.lock() = KillList::default();
+        if let Some(reaper) = &self.reaper {
+            reaper.disarm();
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, KillList> {

@@ -17,6 +17,8 @@
 //!   are the tests'.
 //! - [`KillHandle`]: kills a process from any thread without owning it, for a
 //!   signal handler that exits without running destructors.
+//! - [`Reaper`]: a watchdog process that kills the servers and removes the
+//!   dir when its parent dies without running any code (`kill -9`).
 //!
 //! By default every process runs in its own temp dir with one log file.
 //! Dropping it kills the process, prints the log's last 50 lines to stderr
@@ -28,11 +30,13 @@
 
 mod nats_server;
 mod process;
+pub mod reaper;
 mod redis_server;
 mod wait;
 
 pub use nats_server::NatsServer;
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
+pub use reaper::Reaper;
 pub use redis_server::{RedisConfig, RedisServer};
 pub use wait::{Outcome, wait_until};
 
