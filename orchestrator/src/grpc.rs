@@ -19,7 +19,7 @@ use crate::job::{Item, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
-use crate::store::{self, JobStore};
+use crate::store::{self, JobStore, ListCursor};
 
 /// Limits and defaults of the API.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -101,6 +101,16 @@ fn is_unset(model: &v1::ModelSpec) -> bool {
         && model.base_url.is_empty()
 }
 
+/// Every job's tenant until callers are authenticated (the security issue
+/// gives each caller its own).
+const TENANT: &str = "default";
+/// `ListJobs` page size when a request gives 0.
+const DEFAULT_PAGE_SIZE: usize = 50;
+/// Largest `ListJobs` page.
+const MAX_PAGE_SIZE: usize = 500;
+/// Most metadata pairs one `ListJobs` filter may name.
+const MAX_METADATA_FILTERS: usize = 16;
+
 fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
@@ -134,7 +144,7 @@ impl AgentApi {
             parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
             deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
             metadata: request.metadata.into_iter().collect(),
-            tenant: "default".into(),
+            tenant: TENANT.into(),
         })
     }
 
@@ -329,6 +339,13 @@ impl AgentService for StartingApi {
         self.api()?.cancel_job(request).await
     }
 
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        self.api()?.list_jobs(request).await
+    }
+
     async fn list_tools(
         &self,
         request: Request<v1::ListToolsRequest>,
@@ -444,6 +461,61 @@ impl AgentService for AgentApi {
             })?;
         Ok(Response::new(v1::CancelJobResponse {
             status: v1::JobStatus::from(status).into(),
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        let request = request.into_inner();
+        let limit = match request.page_size {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n as usize > MAX_PAGE_SIZE => {
+                return Err(invalid(
+                    "page_size",
+                    format!("the limit is {MAX_PAGE_SIZE}"),
+                ));
+            }
+            n => n as usize,
+        };
+        let before = match request.page_token.as_str() {
+            "" => None,
+            token => Some(ListCursor::from_token(token).ok_or_else(|| {
+                invalid(
+                    "page_token",
+                    "is not a token from an earlier page; pass next_page_token as it came",
+                )
+            })?),
+        };
+        let status = match v1::JobStatus::try_from(request.status) {
+            Ok(v1::JobStatus::Unspecified) => None,
+            Ok(status) => {
+                Some(JobStatus::try_from(status).map_err(|_| invalid("status", "unknown"))?)
+            }
+            Err(_) => return Err(invalid("status", "unknown")),
+        };
+        if request.metadata.len() > MAX_METADATA_FILTERS {
+            return Err(invalid(
+                "metadata",
+                format!("at most {MAX_METADATA_FILTERS} pairs"),
+            ));
+        }
+        let keep = |record: &JobRecord| {
+            status.is_none_or(|s| record.status == s)
+                && request
+                    .metadata
+                    .iter()
+                    .all(|(key, value)| record.spec.metadata.get(key) == Some(value))
+        };
+        let (records, next) = self
+            .store
+            .list(TENANT, before, limit, limit * 10, keep)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(v1::ListJobsResponse {
+            jobs: records.into_iter().map(|r| to_job(r, &[])).collect(),
+            next_page_token: next.map(|c| c.to_token()).unwrap_or_default(),
         }))
     }
 

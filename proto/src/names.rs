@@ -178,6 +178,12 @@ impl RedisKeys {
         format!("{}:unfinished", self.prefix)
     }
 
+    /// A tenant's jobs, scored by submission time (a sorted set): the index
+    /// that `ListJobs` reads, newest first.
+    pub fn tenant_jobs(&self, tenant: &str) -> String {
+        format!("{}:jobs:{{{tenant}}}", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)

@@ -134,7 +134,7 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
             help.stdout
         );
     }
-    for command in ["submit", "get", "watch", "cancel", "tools"] {
+    for command in ["submit", "get", "watch", "cancel", "jobs", "tools"] {
         let help = toolfleet(&[command, "--help"]).await?;
         assert!(
             help.stdout.contains("--addr <URL>"),
@@ -316,5 +316,53 @@ async fn kill_9_of_dev_serve_leaves_no_server_and_no_temp_dir() -> anyhow::Resul
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    Ok(())
+}
+
+#[tokio::test]
+async fn jobs_lists_the_newest_first_with_filters() -> anyhow::Result<()> {
+    let (fleet, url) = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let mut ids = Vec::new();
+    for team in ["search", "ads", "search"] {
+        let mut request = scripted_job("x", &json!([{"message": "done"}]));
+        request.metadata.insert("team".into(), team.into());
+        let job_id = api.submit_job(request).await?.into_inner().job_id;
+        wait_finished(&api, &job_id).await?;
+        ids.push(job_id);
+    }
+    let run = toolfleet(&["jobs", "--meta", "team=search", "--addr", &url]).await?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert!(lines[0].starts_with("JOB ID"), "{}", run.stdout);
+    assert_eq!(lines.len(), 3, "{}", run.stdout);
+    assert!(
+        lines[1].starts_with(&ids[2]) && lines[2].starts_with(&ids[0]),
+        "{}",
+        run.stdout
+    );
+    assert!(lines[1].contains("succeeded") && lines[1].contains("team=search"));
+
+    let run = toolfleet(&["jobs", "--limit", "1", "--json", "--addr", &url]).await?;
+    let page: Value = serde_json::from_str(&run.stdout)?;
+    assert_eq!(page["jobs"][0]["job_id"], ids[2].as_str());
+    let token = page["next_page_token"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(!token.is_empty());
+    let run = toolfleet(&[
+        "jobs",
+        "--limit",
+        "1",
+        "--page-token",
+        &token,
+        "--json",
+        "--addr",
+        &url,
+    ])
+    .await?;
+    let page: Value = serde_json::from_str(&run.stdout)?;
+    assert_eq!(page["jobs"][0]["job_id"], ids[1].as_str());
     Ok(())
 }

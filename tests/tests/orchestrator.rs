@@ -518,3 +518,107 @@ async fn reflection_answers_in_both_versions() -> anyhow::Result<()> {
     assert!(answers.message().await?.is_some());
     Ok(())
 }
+
+#[tokio::test]
+async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut submitted = Vec::new();
+    for n in 0..7 {
+        let mut request = scripted("x", json!([{"message": "done"}]));
+        request
+            .metadata
+            .insert("team".into(), if n % 2 == 0 { "a" } else { "b" }.into());
+        let job_id = api.submit_job(request).await?.into_inner().job_id;
+        wait_finished(&api, &job_id).await?;
+        submitted.push(job_id);
+    }
+    let slow = api
+        .submit_job(scripted(
+            "x",
+            json!([{"delay_ms": 60000, "message": "never"}]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: slow.clone(),
+    })
+    .await?;
+    wait_finished(&api, &slow).await?;
+    submitted.push(slow.clone());
+
+    let list = |page_token: String, status: v1::JobStatus, metadata: &[(&str, &str)]| {
+        let mut api = api.clone();
+        let metadata = metadata
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        async move {
+            anyhow::Ok(
+                api.list_jobs(v1::ListJobsRequest {
+                    page_size: 3,
+                    page_token,
+                    status: status as i32,
+                    metadata,
+                })
+                .await?
+                .into_inner(),
+            )
+        }
+    };
+    // Every job once, newest first, three at a time.
+    let mut seen = Vec::new();
+    let mut token = String::new();
+    loop {
+        let page = list(token, v1::JobStatus::Unspecified, &[]).await?;
+        assert!(page.jobs.len() <= 3);
+        assert!(
+            page.jobs.iter().all(|j| j.items.is_empty()),
+            "no items in a list"
+        );
+        seen.extend(page.jobs.into_iter().map(|j| j.job_id));
+        if page.next_page_token.is_empty() {
+            break;
+        }
+        token = page.next_page_token;
+    }
+    let newest_first: Vec<String> = submitted.iter().rev().cloned().collect();
+    assert_eq!(seen, newest_first);
+
+    let cancelled = list(String::new(), v1::JobStatus::Cancelled, &[]).await?;
+    let ids: Vec<&str> = cancelled.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(ids, [slow.as_str()]);
+    let team_b = list(String::new(), v1::JobStatus::Succeeded, &[("team", "b")]).await?;
+    let ids: Vec<&str> = team_b.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(ids, [&submitted[5], &submitted[3], &submitted[1]]);
+
+    for (request, field) in [
+        (
+            v1::ListJobsRequest {
+                page_token: "not-a-token".into(),
+                ..Default::default()
+            },
+            "page_token",
+        ),
+        (
+            v1::ListJobsRequest {
+                page_size: 501,
+                ..Default::default()
+            },
+            "page_size",
+        ),
+        (
+            v1::ListJobsRequest {
+                page_token: "12.a\nb".into(),
+                ..Default::default()
+            },
+            "page_token",
+        ),
+    ] {
+        let status = api.list_jobs(request).await.expect_err("rejected");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    Ok(())
+}

@@ -167,6 +167,50 @@ pub(crate) struct CancelArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct JobsArgs {
+    #[command(flatten)]
+    server: Server,
+    /// Only jobs in this status.
+    #[arg(long, value_enum)]
+    status: Option<StatusFilter>,
+    /// Only jobs with this metadata pair (repeat: all must match).
+    #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
+    metadata: Vec<(String, String)>,
+    /// Most jobs to list (1-500).
+    #[arg(long, value_name = "N", default_value_t = 20,
+          value_parser = clap::value_parser!(u32).range(1..=500))]
+    limit: u32,
+    /// Continue after an earlier page (the token it printed).
+    #[arg(long, value_name = "TOKEN")]
+    page_token: Option<String>,
+    /// Print the page as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A job status to filter on.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub(crate) enum StatusFilter {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+    Cancelled,
+}
+
+impl From<StatusFilter> for v1::JobStatus {
+    fn from(status: StatusFilter) -> Self {
+        match status {
+            StatusFilter::Queued => Self::Queued,
+            StatusFilter::Running => Self::Running,
+            StatusFilter::Succeeded => Self::Succeeded,
+            StatusFilter::Failed => Self::Failed,
+            StatusFilter::Cancelled => Self::Cancelled,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct ToolsArgs {
     #[command(flatten)]
     server: Server,
@@ -278,6 +322,40 @@ pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
             "cancel requested: job {id} was {status}; it stops at its next step \
              (follow it with: toolfleet watch {id})"
         )?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `toolfleet jobs`.
+pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(&args.server.addr).await?;
+    let page = client
+        .list_jobs(v1::ListJobsRequest {
+            page_size: args.limit,
+            page_token: args.page_token.clone().unwrap_or_default(),
+            status: args.status.map_or(0, |s| v1::JobStatus::from(s).into()),
+            metadata: args.metadata.iter().cloned().collect(),
+        })
+        .await
+        .map_err(|status| rpc_error("ListJobs", &status))?
+        .into_inner();
+    if args.json {
+        outln!(
+            "{}",
+            transcript::jobs_json(&page.jobs, &page.next_page_token)
+        )?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if page.jobs.is_empty() {
+        eprintln!("no jobs match (finished jobs are kept for store.job_retention, 24h by default)");
+    } else {
+        out!(
+            "{}",
+            transcript::jobs_table(&page.jobs, toolfleet_service::clock::now_ms())
+        )?;
+    }
+    if !page.next_page_token.is_empty() {
+        eprintln!("more: toolfleet jobs --page-token {}", page.next_page_token);
     }
     Ok(ExitCode::SUCCESS)
 }

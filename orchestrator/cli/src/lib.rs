@@ -1,7 +1,7 @@
 //! The `toolfleet` command line: a gRPC client of the API, and `dev`/`bench`
 //! which run a local fleet. Its own crate, so that neither service links it.
 //!
-//! - `client`: `submit`, `get`, `watch`, `cancel`, `tools` against any
+//! - `client`: `submit`, `get`, `watch`, `cancel`, `jobs`, `tools` against any
 //!   orchestrator replica.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
 //! - [`local`]: the [`LocalFleet`](local::LocalFleet) of `toolfleet dev`
@@ -55,6 +55,9 @@ enum Command {
     Watch(client::WatchArgs),
     /// Ask a job to stop; it stops at its next step.
     Cancel(client::CancelArgs),
+    /// List your jobs, newest first: filter by status and metadata, a page
+    /// at a time.
+    Jobs(client::JobsArgs),
     /// List the tools the live workers serve.
     Tools(client::ToolsArgs),
     /// Run a whole fleet on this machine and one demo job through it, or
@@ -101,6 +104,7 @@ impl Cli {
             Command::Get(args) => client::get(args).await,
             Command::Watch(args) => client::watch(args).await,
             Command::Cancel(args) => client::cancel(args).await,
+            Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),

@@ -174,14 +174,6 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
 
 /// The tools as a table with a header row.
 pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
-    let header = [
-        "NAME",
-        "WORKERS",
-        "TIMEOUT",
-        "ATTEMPTS",
-        "SIDE EFFECTS",
-        "DESCRIPTION",
-    ];
     let rows: Vec<[String; 6]> = tools
         .iter()
         .map(|tool| {
@@ -195,19 +187,64 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
             ]
         })
         .collect();
+    table(
+        [
+            "NAME",
+            "WORKERS",
+            "TIMEOUT",
+            "ATTEMPTS",
+            "SIDE EFFECTS",
+            "DESCRIPTION",
+        ],
+        &rows,
+        &[1, 3],
+    )
+}
+
+/// Jobs (of `ListJobs`) as a table, newest first as given; ages are counted
+/// back from `now_ms`.
+pub(crate) fn jobs_table(jobs: &[v1::Job], now_ms: u64) -> String {
+    let rows: Vec<[String; 5]> = jobs
+        .iter()
+        .map(|job| {
+            let age = Duration::from_secs(now_ms.saturating_sub(job.created_at_ms) / 1000);
+            let mut metadata: Vec<String> = job
+                .metadata
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            metadata.sort();
+            [
+                job.job_id.clone(),
+                status_name(job.status).to_owned(),
+                format!("{} ago", humantime::format_duration(age)),
+                job.rounds.to_string(),
+                first_sentence(&metadata.join(" "), DESCRIPTION_CHARS),
+            ]
+        })
+        .collect();
+    table(
+        ["JOB ID", "STATUS", "SUBMITTED", "ROUNDS", "METADATA"],
+        &rows,
+        &[3],
+    )
+}
+
+/// Rows under a header, columns padded to their widest cell; the columns
+/// in `numeric` align right.
+fn table<const N: usize>(header: [&str; N], rows: &[[String; N]], numeric: &[usize]) -> String {
     let mut widths = header.map(str::len);
-    for row in &rows {
+    for row in rows {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.chars().count());
         }
     }
     let mut out = String::new();
     let header = header.map(str::to_owned);
-    for row in std::iter::once(&header).chain(&rows) {
+    for (n, row) in std::iter::once(&header).chain(rows).enumerate() {
         let mut line = String::new();
         for (column, (cell, width)) in row.iter().zip(widths).enumerate() {
-            // Numbers align right, text left.
-            if matches!(column, 1 | 3) && !std::ptr::eq(row, &header) {
+            if n > 0 && numeric.contains(&column) {
                 let _ = write!(line, "{cell:>width$}  ");
             } else {
                 let _ = write!(line, "{cell:<width$}  ");
@@ -227,6 +264,14 @@ pub(crate) fn event_json(event: &v1::JobEvent) -> Value {
         "data": json_or_text(&event.data),
         "timestamp_ms": event.timestamp_ms,
         "final": event.r#final,
+    })
+}
+
+/// A page of jobs as JSON: the jobs (without items) and the next token.
+pub(crate) fn jobs_json(jobs: &[v1::Job], next_page_token: &str) -> Value {
+    json!({
+        "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
+        "next_page_token": next_page_token,
     })
 }
 

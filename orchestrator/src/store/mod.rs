@@ -56,6 +56,46 @@ pub enum Error {
     },
 }
 
+/// The longest a job may run (`api.max_deadline` cannot exceed it): the
+/// job index keeps entries this long plus the retention.
+const LONGEST_JOB: Duration = Duration::from_secs(24 * 3600);
+
+/// Where a page of [`JobStore::list`] ended: the last job it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    /// When that job was submitted (Unix ms).
+    pub submitted_ms: u64,
+    /// Its id.
+    pub job_id: String,
+}
+
+impl ListCursor {
+    /// Whether the entry (`job_id`, submitted at `ms`) comes after the
+    /// cursor in newest-first order (ties ordered by id, descending).
+    fn is_after(&self, job_id: &str, ms: u64) -> bool {
+        ms < self.submitted_ms || (ms == self.submitted_ms && job_id < self.job_id.as_str())
+    }
+
+    /// The page token a client sends back: `<ms>.<job id>`.
+    pub fn to_token(&self) -> String {
+        format!("{}.{}", self.submitted_ms, self.job_id)
+    }
+
+    /// A page token read back; `None` when it is not one this server made.
+    pub fn from_token(token: &str) -> Option<Self> {
+        let (ms, job_id) = token.split_once('.')?;
+        let valid_id = !job_id.is_empty()
+            && job_id.len() <= 64
+            && job_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        Some(Self {
+            submitted_ms: ms.parse().ok()?,
+            job_id: valid_id.then(|| job_id.to_owned())?,
+        })
+    }
+}
+
 /// One entry of a job's event log.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event {
@@ -158,15 +198,105 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         if created == 1 {
-            let _: i64 = redis::cmd("ZADD")
+            let now = now_ms();
+            let index = self.keys.tenant_jobs(&spec.tenant);
+            // The index forgets what has surely expired: jobs live at most
+            // their deadline (24h at most) plus the retention.
+            let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
+            let () = redis::pipe()
+                .atomic()
+                .cmd("ZADD")
                 .arg(self.keys.unfinished_jobs())
-                .arg(now_ms())
+                .arg(now)
                 .arg(&job_id)
+                .ignore()
+                .cmd("ZADD")
+                .arg(&index)
+                .arg(now)
+                .arg(&job_id)
+                .ignore()
+                .cmd("ZREMRANGEBYSCORE")
+                .arg(&index)
+                .arg("-inf")
+                .arg(format!("({horizon}"))
+                .ignore()
                 .query_async(&mut self.conn())
                 .await?;
         }
         self.notify(&job_id).await;
         Ok((job_id, duplicate))
+    }
+
+    /// A page of `tenant`'s jobs, newest first: those submitted before
+    /// `before` (a cursor from an earlier page; `None` starts at the newest)
+    /// that `keep` accepts, at most `limit`, reading at most `scan` index
+    /// entries. Returns the jobs and the cursor of the next page, `None` at
+    /// the end. Entries whose job has expired are dropped from the index.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn list(
+        &self,
+        tenant: &str,
+        before: Option<ListCursor>,
+        limit: usize,
+        scan: usize,
+        keep: impl Fn(&JobRecord) -> bool,
+    ) -> Result<(Vec<JobRecord>, Option<ListCursor>), Error> {
+        let index = self.keys.tenant_jobs(tenant);
+        let mut jobs = Vec::new();
+        let mut cursor = before;
+        let mut scanned = 0;
+        while jobs.len() < limit && scanned < scan {
+            let batch = (scan - scanned).min(100);
+            let max = cursor
+                .as_ref()
+                .map_or_else(|| "+inf".to_owned(), |c| format!("({}", c.submitted_ms + 1));
+            // Entries of the cursor's own millisecond are read again and
+            // skipped by id below, so jobs submitted in one ms are not lost.
+            let entries: Vec<(String, u64)> = read_with_retry(|| async {
+                redis::cmd("ZREVRANGEBYSCORE")
+                    .arg(&index)
+                    .arg(&max)
+                    .arg("-inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(batch + 64)
+                    .query_async(&mut self.conn())
+                    .await
+            })
+            .await?;
+            let fresh: Vec<(String, u64)> = entries
+                .into_iter()
+                .filter(|(id, ms)| cursor.as_ref().is_none_or(|c| c.is_after(id, *ms)))
+                .take(batch)
+                .collect();
+            if fresh.is_empty() {
+                return Ok((jobs, None));
+            }
+            for (job_id, submitted_ms) in fresh {
+                scanned += 1;
+                cursor = Some(ListCursor {
+                    submitted_ms,
+                    job_id: job_id.clone(),
+                });
+                match self.get(&job_id).await? {
+                    Some(record) if keep(&record) => {
+                        jobs.push(record);
+                        if jobs.len() == limit {
+                            break;
+                        }
+                    }
+                    Some(_) => {}
+                    None => {
+                        let _: i64 = self.conn().zrem(&index, &job_id).await?;
+                    }
+                }
+            }
+        }
+        Ok((jobs, cursor))
     }
 
     /// The job record, or `None` for an unknown (or expired) job.
