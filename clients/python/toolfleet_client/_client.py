@@ -1,0 +1,178 @@
+"""The client: one channel, one method per RPC, events as a generator."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import grpc
+
+from ._generated import agent_pb2 as pb
+from ._generated import agent_pb2_grpc as pb_grpc
+
+FINISHED = {pb.JOB_STATUS_SUCCEEDED, pb.JOB_STATUS_FAILED, pb.JOB_STATUS_CANCELLED}
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What SubmitJob answered."""
+
+    job_id: str
+    # True when the idempotency key matched an earlier submission: this is its job.
+    duplicate: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a job's event log."""
+
+    job_id: str
+    offset: int
+    # job_queued, job_started, model_turn, tool_call_dispatched,
+    # tool_call_result, job_succeeded, job_failed, job_cancelled, ...
+    kind: str
+    # The event's details, parsed from JSON.
+    data: Any
+    timestamp_ms: int
+    # The job's last event: the stream ends after it.
+    final: bool
+
+
+class JobFailed(Exception):
+    """A job ended failed or cancelled (raised by `Client.run`)."""
+
+    def __init__(self, job: pb.Job):
+        self.job = job
+        status = pb.JobStatus.Name(job.status)
+        super().__init__(f"job {job.job_id} ended {status}: {job.error.code} {job.error.message}")
+
+
+class Client:
+    """A client of one orchestrator (any replica).
+
+    `address` is `host:port` (plaintext) or a `grpc.Channel` of your own (TLS,
+    interceptors). `timeout` bounds each unary call, in seconds.
+    """
+
+    def __init__(self, address: "str | grpc.Channel", timeout: float = 10.0):
+        self._own_channel = isinstance(address, str)
+        self._channel = grpc.insecure_channel(address) if isinstance(address, str) else address
+        self._stub = pb_grpc.AgentServiceStub(self._channel)
+        self._timeout = timeout
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Closes the channel, if this client opened it."""
+        if self._own_channel:
+            self._channel.close()
+
+    def submit(
+        self,
+        input: str,
+        *,
+        script: Optional[Sequence[Mapping[str, Any]] | str] = None,
+        provider: str = "",
+        model: str = "",
+        instructions: str = "",
+        tools: Sequence[str] = (),
+        metadata: Optional[Mapping[str, str]] = None,
+        idempotency_key: str = "",
+        max_tool_rounds: int = 0,
+        deadline_ms: int = 0,
+        parallel_tool_calls: Optional[bool] = None,
+    ) -> Submitted:
+        """Submits an agent job.
+
+        With `script` (a list of turns, or its JSON text) the scripted model
+        plays it; with `provider` ("openai-responses", "openai-chat") and
+        `model`, a real model runs; with neither, the orchestrator's
+        `api.default_model`. `tools` limits the job to those tools.
+        """
+        spec = pb.ModelSpec(provider=provider, name=model)
+        if script is not None:
+            spec.provider = provider or "scripted"
+            spec.script = script if isinstance(script, str) else json.dumps(script)
+        request = pb.SubmitJobRequest(
+            input=input,
+            instructions=instructions,
+            tools=list(tools),
+            metadata=dict(metadata or {}),
+            idempotency_key=idempotency_key,
+            max_tool_rounds=max_tool_rounds,
+            deadline_ms=deadline_ms,
+        )
+        if spec.provider or spec.name or spec.script:
+            request.model.CopyFrom(spec)
+        if parallel_tool_calls is not None:
+            request.parallel_tool_calls = parallel_tool_calls
+        response = self._stub.SubmitJob(request, timeout=self._timeout)
+        return Submitted(job_id=response.job_id, duplicate=response.duplicate)
+
+    def get(self, job_id: str) -> pb.Job:
+        """The job: status, output, error and the whole conversation."""
+        return self._stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=self._timeout)
+
+    def watch(self, job_id: str, from_offset: int = 0) -> Iterator[Event]:
+        """The job's events from `from_offset` on, as they happen, ending with
+        its final event (also when `from_offset` is past it)."""
+        stream = self._stub.WatchJob(pb.WatchJobRequest(job_id=job_id, from_offset=from_offset))
+        try:
+            for event in stream:
+                try:
+                    data = json.loads(event.data) if event.data else {}
+                except ValueError:
+                    data = event.data
+                yield Event(
+                    job_id=event.job_id,
+                    offset=event.offset,
+                    kind=event.kind,
+                    data=data,
+                    timestamp_ms=event.timestamp_ms,
+                    final=event.final,
+                )
+        finally:
+            stream.cancel()
+
+    def cancel(self, job_id: str) -> int:
+        """Asks the job to stop; returns its status when asked (a JobStatus)."""
+        response = self._stub.CancelJob(pb.CancelJobRequest(job_id=job_id), timeout=self._timeout)
+        return response.status
+
+    def list_jobs(
+        self,
+        *,
+        page_size: int = 0,
+        page_token: str = "",
+        status: int = pb.JOB_STATUS_UNSPECIFIED,
+        metadata: Optional[Mapping[str, str]] = None,
+    ) -> pb.ListJobsResponse:
+        """A page of your jobs, newest first (without their items)."""
+        request = pb.ListJobsRequest(
+            page_size=page_size,
+            page_token=page_token,
+            status=status,
+            metadata=dict(metadata or {}),
+        )
+        return self._stub.ListJobs(request, timeout=self._timeout)
+
+    def list_tools(self) -> Sequence[pb.Tool]:
+        """The tools that live workers serve."""
+        return self._stub.ListTools(pb.ListToolsRequest(), timeout=self._timeout).tools
+
+    def run(self, input: str, **submit: Any) -> pb.Job:
+        """Submits, waits for the end, and returns the job; raises JobFailed
+        when it failed or was cancelled."""
+        job_id = self.submit(input, **submit).job_id
+        for event in self.watch(job_id):
+            if event.final:
+                break
+        job = self.get(job_id)
+        if job.status != pb.JOB_STATUS_SUCCEEDED:
+            raise JobFailed(job)
+        return job

@@ -1,0 +1,117 @@
+//! The Python client (`clients/python`) against a real fleet: its runnable
+//! example, and the grpcurl session of `docs/api.md` run through it.
+
+use std::path::{Path, PathBuf};
+
+use tokio::process::Command;
+use toolfleet_tests::fleet::Fleet;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+        .to_owned()
+}
+
+/// The Python that scripts/setup prepared (`TOOLFLEET_PYTHON` overrides it).
+fn python() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("TOOLFLEET_PYTHON")
+        .map_or_else(|| repo().join(".tools/venv/bin/python"), PathBuf::from);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} not found: run scripts/setup (it installs the Python client's gRPC packages)",
+        path.display()
+    );
+    Ok(path)
+}
+
+async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(program)
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(
+        output.status.success(),
+        "{} {args:?} failed ({}):\n{stdout}\n{}",
+        program.display(),
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
+#[tokio::test]
+async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow::Result<()> {
+    let python = python()?;
+    // Built from this checkout's .proto, so the client matches the server.
+    run(
+        &python,
+        &[
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-build-isolation",
+            "--no-deps",
+            "./clients/python",
+        ],
+    )
+    .await?;
+    let mut fleet = Fleet::start(1).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet
+        .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
+        .await?;
+    let url = fleet.grpc_url(0).await?;
+    let address = url.trim_start_matches("http://");
+
+    let example = run(
+        &python,
+        &[
+            "clients/python/examples/parallel_calls.py",
+            "--addr",
+            address,
+        ],
+    )
+    .await?;
+    assert_eq!(
+        example.matches("tool_call_dispatched").count(),
+        2,
+        "two parallel calls: {example}"
+    );
+    assert!(example.contains("job_succeeded"), "{example}");
+    assert!(
+        example.contains("answer: In Boston it is 8.0 °C, and 23 * 19 = 437."),
+        "{example}"
+    );
+
+    let session = run(
+        &python,
+        &[
+            "-m",
+            "toolfleet_client.api_doc",
+            "docs/api.md",
+            "--addr",
+            address,
+        ],
+    )
+    .await?;
+    assert!(session.contains("ran 9 grpcurl commands"), "{session}");
+    for rpc in [
+        "SubmitJob",
+        "WatchJob",
+        "GetJob",
+        "ListJobs",
+        "CancelJob",
+        "ListTools",
+    ] {
+        assert!(
+            session.contains(&format!("AgentService/{rpc}")),
+            "{rpc}: {session}"
+        );
+    }
+    assert!(session.contains("\"final\": true"), "{session}");
+    Ok(())
+}
