@@ -366,3 +366,38 @@ async fn jobs_lists_the_newest_first_with_filters() -> anyhow::Result<()> {
     assert_eq!(page["jobs"][0]["job_id"], ids[1].as_str());
     Ok(())
 }
+
+#[tokio::test]
+async fn the_scripted_demo_answers_its_own_questions_and_says_when_it_cannot() -> anyhow::Result<()>
+{
+    let (fleet, url) = fleet().await?;
+    fleet.wait_for_tools(0, &["factual_qa"], 1).await?;
+    let other = toolfleet(&["submit", "What is 2+2?", "--watch", "--addr", &url]).await?;
+    assert_eq!(other.code, Some(0), "{}", other.stderr);
+    assert!(
+        other
+            .stderr
+            .contains("the scripted model answers only its demo questions")
+            && other
+                .stderr
+                .contains("What did AMD launch between 2016 and 2020?"),
+        "{}",
+        other.stderr
+    );
+    let known = toolfleet(&[
+        "submit",
+        "What did AMD launch between 2016 and 2020?",
+        "--watch",
+        "--addr",
+        &url,
+    ])
+    .await?;
+    assert_eq!(known.code, Some(0), "{}", known.stderr);
+    assert!(!known.stderr.contains("demo questions"), "{}", known.stderr);
+    assert!(
+        known.stdout.contains("AMD – LAUNCHED – Ryzen"),
+        "{}",
+        known.stdout
+    );
+    Ok(())
+}
