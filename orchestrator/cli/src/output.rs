@@ -1,6 +1,6 @@
 //! Standard output that ends quietly when the reader goes away:
 //! `toolfleet submit x --watch | head -1` must not panic, as `println!`
-//! does on a closed pipe. [`outln!`] and [`out!`] return the write's
+//! does on a closed pipe. `outln!` and `out!` return the write's
 //! `io::Result`; a command returns it with `?`, and the binary exits 0 on
 //! [`is_broken_pipe`].
 

@@ -120,7 +120,7 @@ pub mod duration {
             .collect()
     }
 
-    /// Serializes as [`format`] writes it.
+    /// Serializes as [`format()`] writes it.
     ///
     /// # Errors
     ///
