@@ -34,6 +34,20 @@ pub struct ToolCall {
     pub reply_to: Option<String>,
 }
 
+/// Longest call id used as it is on the wire.
+pub const MAX_CALL_ID_LEN: usize = 64;
+
+/// Whether a call id can go on the wire as it is: 1 to 64 ASCII letters,
+/// digits, `_` and `-` (what OpenAI and compatible servers generate). It
+/// becomes part of NATS headers, message ids (`job:call:attempt`, hence no
+/// `:`) and Redis keys, so nothing else may.
+pub fn is_valid_call_id(id: &str) -> bool {
+    (1..=MAX_CALL_ID_LEN).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 impl ToolCall {
     /// The default idempotency key of a call: the same for every attempt.
     pub fn default_idempotency_key(job_id: &str, call_id: &str) -> String {

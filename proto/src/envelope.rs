@@ -47,6 +47,9 @@ impl ErrorCode {
     pub const OUTCOME_UNKNOWN: Self = Self::from_static("OUTCOME_UNKNOWN");
     /// The arguments or the output exceed the configured size limit. Terminal.
     pub const PAYLOAD_TOO_LARGE: Self = Self::from_static("PAYLOAD_TOO_LARGE");
+    /// An earlier call of the job had the same call id; this one was not
+    /// run. Terminal.
+    pub const DUPLICATE_CALL_ID: Self = Self::from_static("DUPLICATE_CALL_ID");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {
@@ -61,6 +64,15 @@ impl ErrorCode {
     /// The code as it appears on the wire.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// A value echoed back in an error message, at most `max_chars` characters,
+/// with `…` where it was cut: an error must never carry unbounded input.
+pub fn excerpt(text: &str, max_chars: usize) -> String {
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
 }
 

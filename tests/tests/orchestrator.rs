@@ -622,3 +622,53 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn odd_and_duplicate_call_ids_stay_data_and_never_reach_the_wire() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let odd = "call\r\nNats-Msg-Id: forged";
+    let job = run(
+        &mut api,
+        scripted(
+            "x",
+            json!([
+                {"tool_calls": [
+                    {"id": odd, "name": "calculate", "arguments": {"expression": "2+2"}},
+                    {"id": "dup", "name": "calculate", "arguments": {"expression": "3*3"}},
+                    {"id": "dup", "name": "calculate", "arguments": {"expression": "1000000"}}]},
+                {"tool_calls": [
+                    {"id": "dup", "name": "calculate", "arguments": {"expression": "5+5"}}]},
+                {"message": "{{dup.data.result}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded, "{job:?}");
+    let results = results(&job);
+    let view: Vec<(&str, Option<&str>, Value)> = results
+        .iter()
+        .map(|(id, envelope, _)| {
+            (
+                id.as_str(),
+                envelope["error"]["code"].as_str(),
+                envelope["data"]["result"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        view,
+        [
+            (odd, None, json!(4)),
+            ("dup", None, json!(9)),
+            ("dup", Some("DUPLICATE_CALL_ID"), Value::Null),
+            ("dup", Some("DUPLICATE_CALL_ID"), Value::Null),
+        ],
+        "the model's ids come back verbatim; only the first call with an id runs"
+    );
+    for orchestrator in fleet.orchestrators() {
+        let log = std::fs::read_to_string(orchestrator.log_path()).unwrap_or_default();
+        assert!(!log.contains("panicked"), "{log}");
+    }
+    Ok(())
+}

@@ -44,6 +44,7 @@ impl Dispatcher {
                 Verdict::Settle(envelope) => {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),
+                        wire_id: call.wire_id.clone(),
                         name: call.name.clone(),
                         output: envelope.to_json(),
                         attempts: attempt,
@@ -72,7 +73,7 @@ impl Dispatcher {
         call: &PlannedCall,
         attempts: &HashMap<String, u32>,
     ) -> Result<(u32, bool), RoundError> {
-        Ok(match attempts.get(&call.call_id) {
+        Ok(match attempts.get(&call.wire_id) {
             Some(0) => (1, false),
             Some(n) => (*n, true),
             None => {
@@ -98,7 +99,7 @@ impl Dispatcher {
             let job_id = &round.lease.job_id;
             if let Some(text) = self
                 .store
-                .call_result(job_id, &call.call_id, attempt)
+                .call_result(job_id, &call.wire_id, attempt)
                 .await?
             {
                 return Ok(Answer {
@@ -142,12 +143,12 @@ impl Dispatcher {
         };
         let wire = ToolCall {
             job_id: lease.job_id.clone(),
-            call_id: call.call_id.clone(),
+            call_id: call.wire_id.clone(),
             attempt,
             tool: call.name.clone(),
             arguments: call.arguments.clone(),
             deadline_ms: Some(spec.deadline_ms),
-            idempotency_key: ToolCall::default_idempotency_key(&lease.job_id, &call.call_id),
+            idempotency_key: ToolCall::default_idempotency_key(&lease.job_id, &call.wire_id),
             reply_to: Some(names::reply_subject(&lease.job_id)),
         };
         let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
@@ -175,7 +176,7 @@ impl Dispatcher {
             match acked {
                 Ok(()) => return Ok(()),
                 Err(err) => {
-                    warn!(call_id = %call.call_id, error = %err, "publishing the call failed; retrying")
+                    warn!(call_id = %call.wire_id, error = %err, "publishing the call failed; retrying")
                 }
             }
             if now_ms() >= spec.deadline_ms {
@@ -209,20 +210,20 @@ impl Dispatcher {
                 () = stop.cancelled() => return Err(RoundError::Interrupted),
                 () = tokio::time::sleep_until(deadline) => return Err(RoundError::DeadlineExceeded),
                 notice = notices.recv() => match notice {
-                    Ok(notice) if notice.call_id == call.call_id && notice.attempt == attempt => {
+                    Ok(notice) if notice.call_id == call.wire_id && notice.attempt == attempt => {
                         return Ok(notice.body);
                     }
                     Ok(_) => {}
                     // Missed notices: Redis has the answer.
                     Err(broadcast::error::RecvError::Lagged(_)) => {
-                        if let Some(text) = self.store.call_result(&lease.job_id, &call.call_id, attempt).await? {
+                        if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
                             return Ok(text);
                         }
                     }
                     Err(broadcast::error::RecvError::Closed) => {}
                 },
                 _ = poll.tick() => {
-                    if let Some(text) = self.store.call_result(&lease.job_id, &call.call_id, attempt).await? {
+                    if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
                         return Ok(text);
                     }
                 }
@@ -242,7 +243,7 @@ async fn pause_before_retry(
     if now_ms().saturating_add(toolfleet_service::clock::millis(delay)) >= round.spec.deadline_ms {
         return Err(RoundError::DeadlineExceeded);
     }
-    debug!(call_id = %call.call_id, attempt, delay_ms = delay.as_millis() as u64, "retrying call");
+    debug!(call_id = %call.wire_id, attempt, delay_ms = delay.as_millis() as u64, "retrying call");
     tokio::select! {
         () = round.stop.cancelled() => Err(RoundError::Interrupted),
         () = tokio::time::sleep(delay) => Ok(()),
@@ -253,7 +254,7 @@ async fn pause_before_retry(
 /// foreign writer) is the tool's failure, not the runner's.
 fn parse_envelope(call: &PlannedCall, text: &str) -> Envelope {
     serde_json::from_str(text).unwrap_or_else(|err| {
-        warn!(call_id = %call.call_id, error = %err, "a worker stored an unreadable envelope");
+        warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable envelope");
         Envelope::terminal(
             ErrorCode::TOOL_EXECUTION_FAILED,
             "the tool's answer was unreadable",

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
+use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names;
 use toolfleet_proto::{Envelope, ErrorCode, RetryPolicy, check_arguments};
 use toolfleet_service::clock::millis;
@@ -83,19 +84,43 @@ impl DispatchOptions {
 /// One call of a turn, as the model made it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlannedCall {
-    /// The model's call id.
+    /// The model's call id: data, kept in the conversation and sent back to
+    /// the model verbatim, never put on the wire.
     pub call_id: String,
+    /// The id the call has on the wire and in Redis keys (NATS headers,
+    /// message ids, the ledger, the attempts record): the model's id when it
+    /// is a safe one ([`is_valid_call_id`]) and the first with that id in the
+    /// job, else one the orchestrator derives from the call's position.
+    pub wire_id: String,
     /// The tool name the model wrote.
     pub name: String,
     /// The arguments text as the model wrote it.
     pub arguments: String,
+    /// An earlier call of the job has the same model id: this one is
+    /// answered `DUPLICATE_CALL_ID` and never runs.
+    pub duplicate: bool,
+}
+
+impl PlannedCall {
+    /// A call whose model id is safe and new: the same id on the wire.
+    pub fn new(call_id: &str, name: &str, arguments: &str) -> Self {
+        Self {
+            call_id: call_id.to_owned(),
+            wire_id: call_id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+            duplicate: false,
+        }
+    }
 }
 
 /// The answer to one call.
 #[derive(Debug, Clone)]
 pub struct CallOutcome {
-    /// The call.
+    /// The model's call id, for the conversation.
     pub call_id: String,
+    /// The call's id on the wire, for events and records.
+    pub wire_id: String,
     /// Its tool name.
     pub name: String,
     /// The envelope JSON for the model.
@@ -169,7 +194,7 @@ impl Dispatcher {
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
-            let checked = if attempts.contains_key(&call.call_id) {
+            let checked = if attempts.contains_key(&call.wire_id) {
                 // Dispatched before (a resumed round): it passed the checks
                 // then, and what its attempt stored or answers decides its
                 // outcome, never a registry that changed since (its workers
@@ -192,6 +217,7 @@ impl Dispatcher {
                 Err(envelope) => {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),
+                        wire_id: call.wire_id.clone(),
                         name: call.name.clone(),
                         output: envelope.to_json(),
                         attempts: 0,
@@ -252,12 +278,12 @@ impl Dispatcher {
         let fresh: Vec<&PlannedCall> = calls
             .iter()
             .map(|r| &r.call)
-            .filter(|c| !attempts.contains_key(&c.call_id))
+            .filter(|c| !attempts.contains_key(&c.wire_id))
             .collect();
         self.record_dispatches(lease, &fresh, 1).await?;
         let mut recorded = attempts.clone();
         for call in fresh {
-            recorded.insert(call.call_id.clone(), 0);
+            recorded.insert(call.wire_id.clone(), 0);
         }
         let runs = calls.iter().map(|r| self.drive(&round, r, &recorded));
         futures::future::join_all(runs).await.into_iter().collect()
@@ -280,6 +306,16 @@ impl Dispatcher {
         call: &PlannedCall,
         offered: &HashMap<String, LiveTool>,
     ) -> Result<LiveTool, Envelope> {
+        if call.duplicate {
+            return Err(Envelope::terminal(
+                ErrorCode::DUPLICATE_CALL_ID,
+                format!(
+                    "an earlier call of this job has the id {:?}; this one was not run. \
+                     Give every call its own id",
+                    excerpt(&call.call_id, 64)
+                ),
+            ));
+        }
         let allowed = spec.tools.is_empty() || spec.tools.contains(&call.name);
         let known = self
             .registry
@@ -314,7 +350,7 @@ impl Dispatcher {
     ) -> Result<(), RoundError> {
         let calls: Vec<(&str, &str)> = calls
             .iter()
-            .map(|call| (call.call_id.as_str(), call.name.as_str()))
+            .map(|call| (call.wire_id.as_str(), call.name.as_str()))
             .collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
         Ok(())
@@ -327,7 +363,7 @@ impl Dispatcher {
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
         let settled = SettledCall {
-            call_id: &outcome.call_id,
+            call_id: &outcome.wire_id,
             name: &outcome.name,
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,

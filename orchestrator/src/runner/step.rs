@@ -6,10 +6,12 @@
 //! - [`ack_for`]: what happens to the job's queue message once a delivery is
 //!   handled.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
+
+use toolfleet_proto::call::is_valid_call_id;
 
 use crate::dispatch::PlannedCall;
 use crate::job::{Ending, Item, JobErrorCode, JobSpec, assistant_text};
@@ -117,31 +119,57 @@ fn max_rounds_exceeded(spec: &JobSpec) -> Ending {
     )
 }
 
-/// The calls of the conversation that have no result yet, in order.
+/// The calls of the conversation that have no result yet, in order, with
+/// their wire ids.
+///
+/// A model's call ids are data: the k-th result with an id answers the k-th
+/// call with that id, and only the first call with an id runs (the others
+/// are duplicates). A call keeps its id on the wire when it is a safe one
+/// (`is_valid_call_id`) and the first; otherwise its wire id is `x.<n>`, `n`
+/// being its position in the conversation, which never changes (items are
+/// only appended), so a resumed round finds its earlier attempts.
 fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
-    let answered: HashSet<&str> = items
-        .iter()
-        .filter_map(|item| match item {
-            Item::ToolResult { call_id, .. } => Some(call_id.as_str()),
-            _ => None,
-        })
-        .collect();
-    items
-        .iter()
-        .filter_map(|item| match item {
-            Item::ToolCall {
-                call_id,
-                name,
-                arguments,
-                ..
-            } if !answered.contains(call_id.as_str()) => Some(PlannedCall {
-                call_id: call_id.clone(),
-                name: name.clone(),
-                arguments: arguments.clone(),
-            }),
-            _ => None,
-        })
-        .collect()
+    let mut answered: HashMap<&str, usize> = HashMap::new();
+    for item in items {
+        if let Item::ToolResult { call_id, .. } = item {
+            *answered.entry(call_id.as_str()).or_default() += 1;
+        }
+    }
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    let mut pending = Vec::new();
+    for (position, item) in items.iter().enumerate() {
+        let Item::ToolCall {
+            call_id,
+            name,
+            arguments,
+            ..
+        } = item
+        else {
+            continue;
+        };
+        let occurrence = seen.entry(call_id.as_str()).or_default();
+        let duplicate = *occurrence > 0;
+        let is_answered = answered
+            .get(call_id.as_str())
+            .is_some_and(|n| *n > *occurrence);
+        *occurrence += 1;
+        if is_answered {
+            continue;
+        }
+        let wire_id = if !duplicate && is_valid_call_id(call_id) {
+            call_id.clone()
+        } else {
+            format!("x.{position}")
+        };
+        pending.push(PlannedCall {
+            call_id: call_id.clone(),
+            wire_id,
+            name: name.clone(),
+            arguments: arguments.clone(),
+            duplicate,
+        });
+    }
+    pending
 }
 
 /// The answer of a stored final turn: the assistant text at the end of the
@@ -245,10 +273,53 @@ mod tests {
         }
     }
     fn planned(id: &str) -> PlannedCall {
-        PlannedCall {
-            call_id: id.into(),
-            name: "echo".into(),
-            arguments: "{}".into(),
+        PlannedCall::new(id, "echo", "{}")
+    }
+
+    #[test]
+    fn model_call_ids_are_data_and_wire_ids_are_safe_and_stable() {
+        let items = vec![
+            user(),
+            call("call_a"),
+            call("bad\nid: with spaces"),
+            call("call_a"),
+            call(&"x".repeat(65)),
+            call(""),
+        ];
+        let pending = pending_calls(&items);
+        let view: Vec<(&str, &str, bool)> = pending
+            .iter()
+            .map(|p| (p.call_id.as_str(), p.wire_id.as_str(), p.duplicate))
+            .collect();
+        let long = "x".repeat(65);
+        assert_eq!(
+            view,
+            [
+                ("call_a", "call_a", false),
+                ("bad\nid: with spaces", "x.2", false),
+                ("call_a", "x.3", true),
+                (long.as_str(), "x.4", false),
+                ("", "x.5", false),
+            ]
+        );
+        // The first result of an id answers the first call with it, the
+        // second the second; the wire ids of the rest do not move.
+        let mut answered = items.clone();
+        answered.push(result("call_a"));
+        let pending = pending_calls(&answered);
+        assert_eq!(pending[0].wire_id, "x.2");
+        assert_eq!(
+            (pending[1].wire_id.as_str(), pending[1].duplicate),
+            ("x.3", true)
+        );
+        answered.push(result("call_a"));
+        assert_eq!(pending_calls(&answered).len(), 3);
+        for planned in pending_calls(&items) {
+            assert!(
+                toolfleet_proto::call::is_valid_call_id(&planned.wire_id)
+                    || planned.wire_id.starts_with("x.")
+            );
+            assert!(!planned.wire_id.contains([':', '\n', ' ']));
         }
     }
 
