@@ -10,12 +10,13 @@ use futures::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
+use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
 use tracing::{info, warn};
 
-use crate::job::{Item, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
+use crate::job::{Item, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
@@ -42,7 +43,30 @@ pub struct ApiOptions {
     /// The model of a request that names none. Default: none, and such a
     /// request is rejected with a message naming what to set.
     pub default_model: DefaultModel,
+    /// Most `metadata` entries of a job. Default: 32.
+    pub max_metadata_entries: usize,
+    /// Longest `metadata` key, in bytes. Default: 64.
+    pub max_metadata_key_bytes: usize,
+    /// Longest `metadata` value, in bytes. Default: 512.
+    pub max_metadata_value_bytes: usize,
+    /// Longest `idempotency_key`, in bytes (letters, digits and `-_.:/=+`).
+    /// Default: 128.
+    pub max_idempotency_key_bytes: usize,
+    /// Most names in `tools`. Default: 128.
+    pub max_tools: usize,
+    /// Longest `model.name`, in bytes. Default: 128.
+    pub max_model_name_bytes: usize,
+    /// Calls of one model turn that run; each call beyond it is answered
+    /// with a terminal `TOO_MANY_CALLS` envelope and the job goes on.
+    /// Default: 64.
+    pub max_calls_per_turn: u32,
+    /// Largest answer of the scripted model once it has quoted tool outputs;
+    /// a longer one fails the job with `SCRIPT_ERROR`. Default: 1048576.
+    pub max_scripted_answer_bytes: u64,
 }
+
+/// How much of a client's value an error message repeats.
+const ECHO_CHARS: usize = 64;
 
 /// The model a request without one gets (`api.default_model`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -64,6 +88,14 @@ impl Default for ApiOptions {
             default_deadline: Duration::from_secs(600),
             max_deadline: Duration::from_secs(24 * 3600),
             default_model: DefaultModel::default(),
+            max_metadata_entries: 32,
+            max_metadata_key_bytes: 64,
+            max_metadata_value_bytes: 512,
+            max_idempotency_key_bytes: 128,
+            max_tools: 128,
+            max_model_name_bytes: 128,
+            max_calls_per_turn: 64,
+            max_scripted_answer_bytes: 1024 * 1024,
         }
     }
 }
@@ -124,14 +156,7 @@ impl AgentApi {
             _ => self.default_model()?,
         };
         let (provider, model, script) = self.check_model(model)?;
-        for name in &request.tools {
-            if !is_valid_tool_name(name) {
-                return Err(invalid(
-                    "tools",
-                    format!("{name:?} is not a valid tool name"),
-                ));
-            }
-        }
+        self.check_labels(&request)?;
         let (max_tool_rounds, deadline) = self.check_limits(&request)?;
         Ok(JobSpec {
             input: request.input,
@@ -145,7 +170,79 @@ impl AgentApi {
             deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
             metadata: request.metadata.into_iter().collect(),
             tenant: TENANT.into(),
+            limits: JobLimits {
+                max_calls_per_turn: self.options.max_calls_per_turn,
+                max_scripted_answer_bytes: self.options.max_scripted_answer_bytes,
+            },
         })
+    }
+
+    /// `tools`, `metadata` and `idempotency_key` are within their limits.
+    fn check_labels(&self, request: &v1::SubmitJobRequest) -> Result<(), Status> {
+        let o = &self.options;
+        if request.tools.len() > o.max_tools {
+            return Err(invalid(
+                "tools",
+                format!(
+                    "names {} tools; the limit is {}",
+                    request.tools.len(),
+                    o.max_tools
+                ),
+            ));
+        }
+        if let Some(name) = request.tools.iter().find(|name| !is_valid_tool_name(name)) {
+            return Err(invalid(
+                "tools",
+                format!("{:?} is not a valid tool name", excerpt(name, ECHO_CHARS)),
+            ));
+        }
+        if request.metadata.len() > o.max_metadata_entries {
+            return Err(invalid(
+                "metadata",
+                format!(
+                    "has {} entries; the limit is {}",
+                    request.metadata.len(),
+                    o.max_metadata_entries
+                ),
+            ));
+        }
+        for (key, value) in &request.metadata {
+            if key.is_empty() || key.len() > o.max_metadata_key_bytes {
+                return Err(invalid(
+                    "metadata",
+                    format!(
+                        "key {:?} must be 1 to {} bytes",
+                        excerpt(key, ECHO_CHARS),
+                        o.max_metadata_key_bytes
+                    ),
+                ));
+            }
+            if value.len() > o.max_metadata_value_bytes {
+                return Err(invalid(
+                    "metadata",
+                    format!(
+                        "the value of {:?} is {} bytes; the limit is {}",
+                        excerpt(key, ECHO_CHARS),
+                        value.len(),
+                        o.max_metadata_value_bytes
+                    ),
+                ));
+            }
+        }
+        let key = &request.idempotency_key;
+        let key_chars = key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:/=+".contains(&b));
+        if key.len() > o.max_idempotency_key_bytes || !key_chars {
+            return Err(invalid(
+                "idempotency_key",
+                format!(
+                    "must be at most {} bytes of letters, digits and -_.:/=+",
+                    o.max_idempotency_key_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// `input` is given, and it and `instructions` are within the size limit.
@@ -202,7 +299,8 @@ impl AgentApi {
             invalid(
                 "model.provider",
                 format!(
-                    "unknown provider {provider_name:?}; use {}",
+                    "unknown provider {:?}; use {}",
+                    excerpt(provider_name, ECHO_CHARS),
                     known.join(", ")
                 ),
             )
@@ -224,6 +322,16 @@ impl AgentApi {
             return Err(invalid(
                 "model.name",
                 format!("is required for {provider_name}"),
+            ));
+        }
+        if model.name.len() > self.options.max_model_name_bytes {
+            return Err(invalid(
+                "model.name",
+                format!(
+                    "is {} bytes; the limit is {}",
+                    model.name.len(),
+                    self.options.max_model_name_bytes
+                ),
             ));
         }
         if !self.providers.has_api_key() {

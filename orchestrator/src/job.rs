@@ -78,6 +78,31 @@ pub struct JobSpec {
     pub metadata: BTreeMap<String, String>,
     /// Who submitted it.
     pub tenant: String,
+    /// The limits the API set when the job was submitted; kept with the job
+    /// so that a resumed run obeys the same ones.
+    #[serde(default)]
+    pub limits: JobLimits,
+}
+
+/// Per-job limits, from the API's options at submission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct JobLimits {
+    /// Calls of one model turn that are run; the rest are answered
+    /// `TOO_MANY_CALLS` (`api.max_calls_per_turn`).
+    pub max_calls_per_turn: u32,
+    /// Largest answer the scripted model may write after quoting tool
+    /// outputs (`api.max_scripted_answer_bytes`).
+    pub max_scripted_answer_bytes: u64,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        Self {
+            max_calls_per_turn: 64,
+            max_scripted_answer_bytes: 1024 * 1024,
+        }
+    }
 }
 
 /// One entry of a job's conversation, in order.

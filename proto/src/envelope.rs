@@ -50,6 +50,9 @@ impl ErrorCode {
     /// An earlier call of the job had the same call id; this one was not
     /// run. Terminal.
     pub const DUPLICATE_CALL_ID: Self = Self::from_static("DUPLICATE_CALL_ID");
+    /// The model made more calls in one turn than the job allows
+    /// (`api.max_calls_per_turn`); this one was not run. Terminal.
+    pub const TOO_MANY_CALLS: Self = Self::from_static("TOO_MANY_CALLS");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

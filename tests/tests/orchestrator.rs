@@ -672,3 +672,133 @@ async fn odd_and_duplicate_call_ids_stay_data_and_never_reach_the_wire() -> anyh
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn every_request_field_is_bounded_and_errors_echo_little() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let base = || scripted("x", json!([{"message": "m"}]));
+    let big = "v".repeat(3 * 1024 * 1024);
+    let mut cases: Vec<(v1::SubmitJobRequest, &str)> = Vec::new();
+    let mut request = base();
+    request.metadata.insert("k".into(), big.clone());
+    cases.push((request, "metadata"));
+    let mut request = base();
+    for n in 0..10_000 {
+        request.metadata.insert(format!("k{n}"), "v".into());
+    }
+    cases.push((request, "metadata"));
+    let mut request = base();
+    request.idempotency_key = big.clone();
+    cases.push((request, "idempotency_key"));
+    let mut request = base();
+    request.idempotency_key = "{tenant}:stolen".into();
+    cases.push((request, "idempotency_key"));
+    let mut request = base();
+    request.tools = (0..100_000).map(|n| format!("tool_{n}")).collect();
+    cases.push((request, "tools"));
+    let mut request = base();
+    request.model = Some(v1::ModelSpec {
+        provider: "p".repeat(100 * 1024),
+        ..Default::default()
+    });
+    cases.push((request, "model.provider"));
+    let mut request = base();
+    request.model = Some(v1::ModelSpec {
+        provider: "openai-chat".into(),
+        name: "m".repeat(10_000),
+        ..Default::default()
+    });
+    cases.push((request, "model.name"));
+    for (request, field) in cases {
+        let status = api.submit_job(request).await.expect_err("rejected");
+        assert_eq!(status.code(), Code::InvalidArgument, "{field}: {status:?}");
+        assert!(
+            status.message().starts_with(field),
+            "{field}: {}",
+            status.message()
+        );
+        assert!(
+            status.message().len() < 400,
+            "{field}: {} bytes",
+            status.message().len()
+        );
+    }
+
+    // An offset past everything saturates: the final event, not a replay from 0.
+    let job_id = api.submit_job(base()).await?.into_inner().job_id;
+    wait_finished(&api, &job_id).await?;
+    let events: Vec<v1::JobEvent> = api
+        .watch_job(v1::WatchJobRequest {
+            job_id,
+            from_offset: u64::MAX,
+        })
+        .await?
+        .into_inner()
+        .map(|e| e.expect("an event"))
+        .collect()
+        .await;
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(events[0].r#final);
+    Ok(())
+}
+
+#[tokio::test]
+async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused()
+-> anyhow::Result<()> {
+    let mut fleet = Fleet::start(1).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__MAX_CALLS_PER_TURN", "3"),
+            ("TOOLFLEET_API__MAX_SCRIPTED_ANSWER_BYTES", "10000"),
+        ])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate", "echo"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let calls: Vec<Value> = (0..5)
+        .map(|n| json!({"name": "calculate", "arguments": {"expression": format!("{n}+1")}}))
+        .collect();
+    let job = run(
+        &mut api,
+        scripted("x", json!([{"tool_calls": calls}, {"message": "done"}])),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded, "{job:?}");
+    let codes: Vec<Option<String>> = results(&job)
+        .iter()
+        .map(|(_, envelope, _)| envelope["error"]["code"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            None,
+            None,
+            None,
+            Some("TOO_MANY_CALLS".into()),
+            Some("TOO_MANY_CALLS".into())
+        ]
+    );
+
+    // Each quote of a 4 KB output is fine; twenty of them are not.
+    let quotes = "{{call_0_0.data.text}}".repeat(20);
+    let job = run(
+        &mut api,
+        scripted(
+            "x",
+            json!([
+                {"tool_calls": [{"name": "echo", "arguments": {"text": "q".repeat(4000)}}]},
+                {"message": quotes}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Failed, "{job:?}");
+    let error = job.error.expect("an error");
+    assert_eq!(error.code, "SCRIPT_ERROR");
+    assert!(
+        error.message.contains("api.max_scripted_answer_bytes"),
+        "{}",
+        error.message
+    );
+    Ok(())
+}

@@ -26,6 +26,7 @@ fn spec() -> JobSpec {
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        limits: Default::default(),
     }
 }
 

@@ -470,7 +470,7 @@ async fn stream_events(
             let start = *start_ms.get_or_insert(event.timestamp_ms);
             outln!("{}", transcript::event_line(&event, start))?;
         }
-        next = event.offset + 1;
+        next = event.offset.saturating_add(1);
         if event.r#final {
             return Ok(event);
         }

@@ -194,12 +194,22 @@ impl Dispatcher {
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
+            let over_limit = index >= spec.limits.max_calls_per_turn as usize;
             let checked = if attempts.contains_key(&call.wire_id) {
                 // Dispatched before (a resumed round): it passed the checks
                 // then, and what its attempt stored or answers decides its
                 // outcome, never a registry that changed since (its workers
                 // may be restarting right now).
                 Ok(self.retry_policy(&call.name))
+            } else if over_limit {
+                Err(Envelope::terminal(
+                    ErrorCode::TOO_MANY_CALLS,
+                    format!(
+                        "the model made more than {} calls in one turn; this one was not run. \
+                         Make fewer calls per turn",
+                        spec.limits.max_calls_per_turn
+                    ),
+                ))
             } else {
                 self.check(spec, call, offered).map(|tool| {
                     tool.manifest
@@ -324,7 +334,10 @@ impl Dispatcher {
         let Some(tool) = known.filter(|_| allowed) else {
             return Err(Envelope::terminal(
                 ErrorCode::UNKNOWN_TOOL,
-                format!("no tool named {:?} is available to this job", call.name),
+                format!(
+                    "no tool named {:?} is available to this job",
+                    excerpt(&call.name, 64)
+                ),
             ));
         };
         if call.arguments.len() > self.options.max_argument_bytes {

@@ -155,7 +155,9 @@ impl Providers {
         match spec.provider {
             ProviderKind::Scripted => {
                 let script = spec.script.as_deref().unwrap_or_default();
-                Ok(Arc::new(scripted::Scripted::parse(script)?))
+                let scripted = scripted::Scripted::parse(script)?
+                    .with_answer_limit(spec.limits.max_scripted_answer_bytes);
+                Ok(Arc::new(scripted))
             }
             ProviderKind::OpenaiResponses => self
                 .responses

@@ -63,7 +63,13 @@ fn empty_object() -> Value {
 #[derive(Debug, Clone)]
 pub struct Scripted {
     turns: Vec<ScriptTurn>,
+    /// Largest message once outputs are quoted: a few quotes of a large
+    /// output in a long script would otherwise multiply into gigabytes.
+    max_answer_bytes: usize,
 }
+
+/// The answer limit of a script parsed without one.
+const DEFAULT_MAX_ANSWER_BYTES: usize = 1024 * 1024;
 
 impl Scripted {
     /// Parses a script.
@@ -88,7 +94,18 @@ impl Scripted {
                 )));
             }
         }
-        Ok(Self { turns })
+        Ok(Self {
+            turns,
+            max_answer_bytes: DEFAULT_MAX_ANSWER_BYTES,
+        })
+    }
+
+    /// The same script, whose messages may not exceed `bytes` once tool
+    /// outputs are quoted into them.
+    #[must_use]
+    pub fn with_answer_limit(mut self, bytes: u64) -> Self {
+        self.max_answer_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+        self
     }
 
     /// The id of call `index` of turn `turn` when the script gives none.
@@ -106,10 +123,15 @@ impl Scripted {
         })?;
         let mut items = Vec::new();
         if let Some(message) = &turn.message {
-            items.push(Item::Assistant {
-                text: quote_outputs(message, request.items),
-                raw: None,
-            });
+            let text =
+                quote_outputs(message, request.items, self.max_answer_bytes).ok_or_else(|| {
+                    ModelError::Script(format!(
+                        "turn {}'s message is over {} bytes once tool outputs are quoted \
+                         (api.max_scripted_answer_bytes)",
+                        request.turn, self.max_answer_bytes
+                    ))
+                })?;
+            items.push(Item::Assistant { text, raw: None });
         }
         for (index, call) in turn.tool_calls.iter().enumerate() {
             let arguments = match &call.arguments {
@@ -149,26 +171,30 @@ impl Provider for Scripted {
     }
 }
 
-/// Replaces `{{call_id}}` and `{{call_id.path}}` with tool outputs.
-fn quote_outputs(message: &str, items: &[Item]) -> String {
-    let mut out = String::with_capacity(message.len());
+/// Replaces `{{call_id}}` and `{{call_id.path}}` with tool outputs; `None`
+/// as soon as the result would exceed `limit` bytes.
+fn quote_outputs(message: &str, items: &[Item], limit: usize) -> Option<String> {
+    let mut out = String::with_capacity(message.len().min(limit));
     let mut rest = message;
+    let push = |out: &mut String, text: &str| {
+        (out.len() + text.len() <= limit).then(|| out.push_str(text))
+    };
     while let Some(start) = rest.find("{{") {
-        out.push_str(&rest[..start]);
+        push(&mut out, &rest[..start])?;
         let after = &rest[start + 2..];
         let Some(end) = after.find("}}") else {
-            out.push_str(&rest[start..]);
-            return out;
+            push(&mut out, &rest[start..])?;
+            return Some(out);
         };
         let reference = after[..end].trim();
         match resolve(reference, items) {
-            Some(text) => out.push_str(&text),
-            None => out.push_str(&rest[start..start + 2 + end + 2]),
+            Some(text) => push(&mut out, &text)?,
+            None => push(&mut out, &rest[start..start + 2 + end + 2])?,
         }
         rest = &after[end + 2..];
     }
-    out.push_str(rest);
-    out
+    push(&mut out, rest)?;
+    Some(out)
 }
 
 fn resolve(reference: &str, items: &[Item]) -> Option<String> {

@@ -412,7 +412,8 @@ impl JobStore {
         count: usize,
     ) -> Result<Vec<Event>, Error> {
         let key = self.keys.job_events(job_id);
-        let start = format!("0-{}", offset + 1);
+        // Saturating: `from_offset = u64::MAX` reads nothing, never wraps to 0.
+        let start = format!("0-{}", offset.saturating_add(1));
         let reply: redis::streams::StreamRangeReply =
             read_with_retry(|| async { self.conn().xrange_count(&key, &start, "+", count).await })
                 .await?;
@@ -505,6 +506,7 @@ impl JobStore {
             deadline_ms: 0,
             metadata: BTreeMap::new(),
             tenant: String::new(),
+            limits: Default::default(),
         };
         // The event carries no message, as it always did.
         let lost = JobEvent::JobFailed {
