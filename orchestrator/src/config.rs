@@ -53,12 +53,18 @@ pub struct OrchestratorOptions {
 pub struct GrpcOptions {
     /// Address to serve on. Default: `127.0.0.1:50051`.
     pub listen: SocketAddr,
+    /// Serve gRPC server reflection (v1 and v1alpha), which lists every
+    /// service and message to whoever connects. Default: false (on in
+    /// `toolfleet dev`).
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub reflection: bool,
 }
 
 impl Default for GrpcOptions {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            reflection: false,
         }
     }
 }

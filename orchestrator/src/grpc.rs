@@ -43,6 +43,11 @@ pub struct ApiOptions {
     /// The model of a request that names none. Default: none, and such a
     /// request is rejected with a message naming what to set.
     pub default_model: DefaultModel,
+    /// Accept jobs for the scripted model, which plays a client-supplied
+    /// script: for demos and tests, never for production traffic. Default:
+    /// false (on in `toolfleet dev` and the test harness).
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub allow_scripted: bool,
     /// Most `metadata` entries of a job. Default: 32.
     pub max_metadata_entries: usize,
     /// Longest `metadata` key, in bytes. Default: 64.
@@ -88,6 +93,7 @@ impl Default for ApiOptions {
             default_deadline: Duration::from_secs(600),
             max_deadline: Duration::from_secs(24 * 3600),
             default_model: DefaultModel::default(),
+            allow_scripted: false,
             max_metadata_entries: 32,
             max_metadata_key_bytes: 64,
             max_metadata_value_bytes: 512,
@@ -312,6 +318,13 @@ impl AgentApi {
             ));
         }
         if provider == ProviderKind::Scripted {
+            if !self.options.allow_scripted {
+                return Err(Status::failed_precondition(
+                    "model.provider: the scripted model is off on this orchestrator \
+                     (api.allow_scripted = false; it plays client-supplied scripts, for \
+                     demos and tests); name a real model",
+                ));
+            }
             if model.script.len() > self.options.max_script_bytes {
                 return Err(invalid("model.script", "is over the size limit"));
             }

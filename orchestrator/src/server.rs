@@ -107,6 +107,7 @@ impl Orchestrator {
             listener,
             api.clone(),
             health_service,
+            self.options.grpc.reflection,
             shutdown.clone(),
         ));
         let started = tokio::select! {
@@ -230,30 +231,41 @@ impl Running {
     }
 }
 
-/// Serves the API, health and reflection on `listener` until `shutdown`.
+/// Serves the API, health and (with `reflect`) reflection on `listener`
+/// until `shutdown`.
 async fn serve_grpc<H: Health>(
     listener: TcpListener,
     api: StartingApi,
     health: HealthServer<H>,
+    reflect: bool,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
-    // Both versions of reflection: grpcurl speaks v1, while Python's
+    // Reflection only where asked (grpc.reflection): it lists the whole API
+    // to anyone. Both versions: grpcurl speaks v1, while Python's
     // grpcio-reflection and other older clients speak only v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let reflection_v1 = reflection().build_v1().map_err(StartError::Reflection)?;
-    let reflection_v1alpha = reflection()
-        .build_v1alpha()
-        .map_err(StartError::Reflection)?;
+    let (reflection_v1, reflection_v1alpha) = if reflect {
+        (
+            Some(reflection().build_v1().map_err(StartError::Reflection)?),
+            Some(
+                reflection()
+                    .build_v1alpha()
+                    .map_err(StartError::Reflection)?,
+            ),
+        )
+    } else {
+        (None, None)
+    };
     // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
         .add_service(health)
-        .add_service(reflection_v1)
-        .add_service(reflection_v1alpha)
+        .add_optional_service(reflection_v1)
+        .add_optional_service(reflection_v1alpha)
         .add_service(AgentServiceServer::new(api))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await

@@ -157,10 +157,17 @@ impl Fleet {
             "--instance-id".to_owned(),
             id.clone(),
         ];
-        let mut all_env = vec![(
-            "RUST_LOG".to_owned(),
-            "info,toolfleet_orchestrator=debug".to_owned(),
-        )];
+        let mut all_env = vec![
+            (
+                "RUST_LOG".to_owned(),
+                "info,toolfleet_orchestrator=debug".to_owned(),
+            ),
+            // The tests' jobs are scripted; a test that needs it off says so.
+            (
+                "TOOLFLEET_API__ALLOW_SCRIPTED".to_owned(),
+                "true".to_owned(),
+            ),
+        ];
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let process =
             ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;

@@ -473,10 +473,30 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
 }
 
 #[tokio::test]
-async fn reflection_answers_in_both_versions() -> anyhow::Result<()> {
+async fn reflection_is_off_by_default_and_answers_in_both_versions_when_on() -> anyhow::Result<()> {
     use tonic_reflection::pb::{v1, v1alpha};
-    let fleet = fleet(1).await?;
-    let url = fleet.grpc_url(0).await?;
+    let mut fleet = Fleet::start(1).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_GRPC__REFLECTION", "true")])
+        .await?;
+    let off = tonic::transport::Endpoint::from_shared(fleet.grpc_url(0).await?)?
+        .connect()
+        .await?;
+    let mut client = v1::server_reflection_client::ServerReflectionClient::new(off);
+    let request = v1::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(v1::server_reflection_request::MessageRequest::ListServices(
+            String::new(),
+        )),
+    };
+    let refused = client
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .expect_err("no reflection unless grpc.reflection = true");
+    assert_eq!(refused.code(), Code::Unimplemented);
+
+    let url = fleet.grpc_url(1).await?;
     let channel = tonic::transport::Endpoint::from_shared(url)?
         .connect()
         .await?;
@@ -799,6 +819,27 @@ async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused(
         error.message.contains("api.max_scripted_answer_bytes"),
         "{}",
         error.message
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_scripted_model_is_off_unless_allowed() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(1).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_API__ALLOW_SCRIPTED", "false")])
+        .await?;
+    let mut api = fleet.api(0).await?;
+    let status = api
+        .submit_job(scripted("x", json!([{"message": "m"}])))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(
+        status.message().starts_with("model.provider:")
+            && status.message().contains("api.allow_scripted"),
+        "{}",
+        status.message()
     );
     Ok(())
 }

@@ -60,7 +60,10 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     )
     .await?;
     let mut fleet = Fleet::start(1).await?;
-    fleet.spawn_orchestrator(&[]).await?;
+    // The document's session lists and describes through reflection.
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_GRPC__REFLECTION", "true")])
+        .await?;
     fleet
         .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
         .await?;

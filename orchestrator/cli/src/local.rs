@@ -80,6 +80,10 @@ impl Default for LocalFleetOptions {
     fn default() -> Self {
         let mut orchestrator = OrchestratorOptions::default();
         orchestrator.runner.drain_timeout = Duration::from_secs(5);
+        // A local fleet is for demos and benchmarks: the scripted model and
+        // reflection (for grpcurl) are on.
+        orchestrator.api.allow_scripted = true;
+        orchestrator.grpc.reflection = true;
         let mut worker = WorkerOptions::default();
         worker.runtime.drain_timeout = Duration::from_secs(5);
         Self {

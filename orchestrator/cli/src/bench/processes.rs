@@ -63,11 +63,12 @@ impl ProcessFleet {
         let no_env: [(&str, &str); 0] = [];
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+        // The bench's jobs are scripted.
         let orchestrator = ChildProcess::spawn_with(
             "orchestrator",
             cargo_bin("toolfleet-orchestrator")?,
             &args,
-            no_env,
+            [("TOOLFLEET_API__ALLOW_SCRIPTED", "true")],
             &options,
         )?;
         let mut spawned = Vec::new();
