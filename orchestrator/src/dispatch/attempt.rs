@@ -40,7 +40,15 @@ impl Dispatcher {
             let answer = self.answer(round, call, attempt, resumed).await?;
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
-            let delay = match retry::verdict(answer.envelope, attempt, policy, rand::random()) {
+            let max_retry_after = self.options.max_retry_after;
+            let verdict = retry::verdict(
+                answer.envelope,
+                attempt,
+                policy,
+                max_retry_after,
+                rand::random(),
+            );
+            let delay = match verdict {
                 Verdict::Settle(envelope) => {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),

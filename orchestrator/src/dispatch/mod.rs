@@ -53,6 +53,10 @@ pub struct DispatchOptions {
     pub retry_max_backoff: Duration,
     /// Largest arguments text sent to a worker, in bytes. Default: 262144.
     pub max_argument_bytes: usize,
+    /// Longest wait a tool's `retry_after_ms` can ask for before a retry;
+    /// a longer one is cut to it. Default: 5m.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub max_retry_after: Duration,
 }
 
 impl Default for DispatchOptions {
@@ -62,6 +66,7 @@ impl Default for DispatchOptions {
             retry_initial_backoff: Duration::from_millis(200),
             retry_max_backoff: Duration::from_secs(10),
             max_argument_bytes: 256 * 1024,
+            max_retry_after: Duration::from_secs(300),
         }
     }
 }

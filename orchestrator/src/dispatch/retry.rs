@@ -24,12 +24,16 @@ pub(super) fn verdict(
     envelope: Envelope,
     attempt: u32,
     policy: &RetryPolicy,
+    max_retry_after: Duration,
     jitter_sample: f64,
 ) -> Verdict {
     let Some(error) = envelope.error().filter(|e| e.retryable) else {
         return Verdict::Settle(envelope);
     };
-    let retry_after = error.retry_after_ms.map(Duration::from_millis);
+    // A tool's own wait is honoured up to `dispatch.max_retry_after`.
+    let retry_after = error
+        .retry_after_ms
+        .map(|ms| Duration::from_millis(ms).min(max_retry_after));
     match policy.next_delay(attempt, retry_after, jitter_sample) {
         Some(delay) => Verdict::Retry(delay),
         None => Verdict::Settle(Envelope::terminal(
@@ -56,6 +60,8 @@ mod tests {
         jitter: 0.0,
         max_attempts: 3,
     };
+
+    const MAX_WAIT: Duration = Duration::from_secs(60);
 
     fn failure(code: &'static str, retryable: bool, retry_after_ms: Option<u64>) -> Envelope {
         Envelope::Err(ErrorBody {
@@ -90,17 +96,26 @@ mod tests {
                 1,
                 Verdict::Retry(ms(1_500)),
             ),
+            (
+                failure("RATE_LIMITED", true, Some(u64::MAX)),
+                1,
+                Verdict::Retry(MAX_WAIT),
+            ),
         ];
         for (envelope, attempt, expected) in cases {
             assert_eq!(
-                verdict(envelope.clone(), attempt, &POLICY, 0.0),
+                verdict(envelope.clone(), attempt, &POLICY, MAX_WAIT, 0.0),
                 expected,
                 "{envelope:?} attempt {attempt}"
             );
         }
-        let Verdict::Settle(gave_up) =
-            verdict(failure("TOOL_TIMEOUT", true, None), 3, &POLICY, 0.0)
-        else {
+        let Verdict::Settle(gave_up) = verdict(
+            failure("TOOL_TIMEOUT", true, None),
+            3,
+            &POLICY,
+            MAX_WAIT,
+            0.0,
+        ) else {
             panic!("the third attempt is the last");
         };
         let error = gave_up.error().expect("an error envelope");

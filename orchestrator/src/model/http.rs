@@ -136,6 +136,9 @@ async fn send_once(
         request = request.bearer_auth(key);
     }
     let response = request.send().await.map_err(|err| {
+        // Without the URL: its query string may hold a key, and the reason
+        // reaches the job's error, which clients read.
+        let err = err.without_url();
         let reason = format!("request failed: {}", error_chain(&err));
         if is_transient(&err) {
             Failure::Transient(Transient {
@@ -159,14 +162,23 @@ async fn send_once(
         .map(str::to_owned);
     // A body cut off by a dropped connection or the timeout is as transient
     // as a failed send.
-    let bytes = response.bytes().await.map_err(|err| {
-        Failure::Transient(Transient {
-            reason: format!("reading the response failed: {}", error_chain(&err)),
-            status: Some(status.as_u16()),
-            retry_after,
-            request_id: request_id.clone(),
-        })
-    })?;
+    let bytes = read_body(response, options.max_response_bytes)
+        .await
+        .map_err(|failure| match failure {
+            BodyError::Read(err) => Failure::Transient(Transient {
+                reason: format!(
+                    "reading the response failed: {}",
+                    error_chain(&err.without_url())
+                ),
+                status: Some(status.as_u16()),
+                retry_after,
+                request_id: request_id.clone(),
+            }),
+            BodyError::TooLarge => Failure::Fatal(ModelError::InvalidResponse(format!(
+                "the response is over {} bytes (openai.max_response_bytes)",
+                options.max_response_bytes
+            ))),
+        })?;
 
     if status.is_success() {
         return serde_json::from_slice(&bytes).map_err(|err| {
@@ -341,6 +353,31 @@ pub(crate) fn in_band_error(error: &Value) -> ModelError {
 }
 
 /// The error and its sources, so "error sending request" says why.
+/// Why a response body was not read.
+enum BodyError {
+    Read(reqwest::Error),
+    TooLarge,
+}
+
+/// The whole body, read a chunk at a time so that no more than `limit`
+/// bytes are ever held.
+async fn read_body(mut response: reqwest::Response, limit: usize) -> Result<Vec<u8>, BodyError> {
+    if response
+        .content_length()
+        .is_some_and(|length| length > limit as u64)
+    {
+        return Err(BodyError::TooLarge);
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(BodyError::Read)? {
+        if body.len() + chunk.len() > limit {
+            return Err(BodyError::TooLarge);
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
 fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -388,6 +425,7 @@ pub(crate) mod testing {
             max_retries: 2,
             initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(200),
+            max_response_bytes: 64 * 1024,
         }
     }
 
@@ -808,6 +846,42 @@ mod tests {
         assert_eq!(
             request_bodies(&server, RequestKind::Responses).await.len(),
             1
+        );
+    }
+
+    #[tokio::test]
+    async fn bodies_are_capped_and_errors_never_show_the_endpoint() {
+        let body = json!({"model": "gpt-test", "input": "hi"});
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .respond_with(ResponseTemplate::new(200).set_body_string("x".repeat(100 * 1024)))
+            .mount(&server)
+            .await;
+        let opts = options(&server);
+        let url = endpoint(&opts.base_url, "responses");
+        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+            .await
+            .expect_err("over the cap");
+        assert!(
+            matches!(&err, ModelError::InvalidResponse(m) if m.contains("openai.max_response_bytes")),
+            "{err:?}"
+        );
+
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut opts = options(&server);
+        opts.max_retries = 0;
+        let url = format!("http://127.0.0.1:{port}/v1/responses?api-key=sk-in-the-query");
+        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+            .await
+            .expect_err("nothing listens");
+        let text = err.to_string();
+        assert!(
+            !text.contains("sk-in-the-query") && !text.contains("127.0.0.1"),
+            "{text}"
         );
     }
 }

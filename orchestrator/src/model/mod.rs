@@ -204,6 +204,9 @@ pub struct OpenAiOptions {
     /// Longest delay between retries, `Retry-After` included. Default: 30s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub max_backoff: Duration,
+    /// Largest response body read from the model server; a longer one is
+    /// an invalid response. Default: 8388608 (8 MiB).
+    pub max_response_bytes: usize,
 }
 
 /// Hand-written so that the API key never reaches a log line.
@@ -216,6 +219,7 @@ impl std::fmt::Debug for OpenAiOptions {
             .field("max_retries", &self.max_retries)
             .field("initial_backoff", &self.initial_backoff)
             .field("max_backoff", &self.max_backoff)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish()
     }
 }
@@ -232,6 +236,7 @@ impl Default for OpenAiOptions {
             max_retries: 4,
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
+            max_response_bytes: 8 * 1024 * 1024,
         }
     }
 }
