@@ -20,7 +20,7 @@ use crate::job::{Item, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, n
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
-use crate::store::{self, JobStore, ListCursor};
+use crate::store::{self, Idempotency, JobStore, ListCursor};
 
 /// Limits and defaults of the API.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,11 +124,39 @@ pub fn to_status(err: &store::Error) -> Status {
             Status::unavailable("the job store is unavailable; retry later")
         }
         store::Error::LeaseLost(_) => Status::aborted("the job changed hands; retry"),
+        store::Error::IdempotencyConflict(key) => Status::already_exists(format!(
+            "idempotency_key: {:?} was used for a different request; use a new key for a new \
+             request",
+            excerpt(key, ECHO_CHARS)
+        )),
         store::Error::Corrupt { job_id, .. } => {
             warn!(error = %err, "corrupt job record");
             Status::internal(format!("the record of job {job_id} is unreadable"))
         }
     }
+}
+
+/// SHA-256 (hex) of everything a submission asks for, in a canonical form:
+/// an idempotency key returns the first job only to the same request.
+fn fingerprint(request: &v1::SubmitJobRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let model = request
+        .model
+        .as_ref()
+        .map(|m| serde_json::json!([m.provider, m.name, m.script, m.base_url]));
+    let metadata: std::collections::BTreeMap<&String, &String> = request.metadata.iter().collect();
+    let canonical = serde_json::json!({
+        "input": request.input,
+        "instructions": request.instructions,
+        "model": model,
+        "tools": request.tools,
+        "max_tool_rounds": request.max_tool_rounds,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "deadline_ms": request.deadline_ms,
+        "metadata": metadata,
+    });
+    let digest = Sha256::digest(canonical.to_string().as_bytes());
+    digest.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 /// A model spec with nothing set: the same as none (proto3 cannot tell).
@@ -483,10 +511,15 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::SubmitJobResponse>, Status> {
         let request = request.into_inner();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
+        let fingerprint = fingerprint(&request);
         let spec = self.spec(request)?;
+        let idempotency = key.as_deref().map(|key| Idempotency {
+            key,
+            fingerprint: &fingerprint,
+        });
         let (job_id, duplicate) = self
             .store
-            .submit(&spec, key.as_deref())
+            .submit(&spec, idempotency)
             .await
             .map_err(|e| to_status(&e))?;
         let queued = if duplicate {
@@ -832,5 +865,26 @@ mod tests {
             detail: "spec".into(),
         };
         assert_eq!(to_status(&corrupt).code(), tonic::Code::Internal);
+        let conflict = to_status(&store::Error::IdempotencyConflict("k".repeat(10_000)));
+        assert_eq!(conflict.code(), tonic::Code::AlreadyExists);
+        assert!(conflict.message().starts_with("idempotency_key: "));
+        assert!(conflict.message().len() < 300);
+    }
+
+    #[test]
+    fn fingerprints_tell_requests_apart_and_ignore_map_order() {
+        let request = |input: &str, metadata: &[(&str, &str)]| v1::SubmitJobRequest {
+            input: input.into(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        };
+        let a = fingerprint(&request("hi", &[("a", "1"), ("b", "2")]));
+        assert_eq!(a, fingerprint(&request("hi", &[("b", "2"), ("a", "1")])));
+        assert_ne!(a, fingerprint(&request("hi!", &[("a", "1"), ("b", "2")])));
+        assert_ne!(a, fingerprint(&request("hi", &[("a", "1")])));
+        assert_eq!(a.len(), 64);
     }
 }

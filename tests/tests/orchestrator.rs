@@ -843,3 +843,39 @@ async fn the_scripted_model_is_off_unless_allowed() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn an_idempotency_key_reused_for_another_request_is_refused_without_leaking_the_job()
+-> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut first = scripted("my secret prompt", json!([{"message": "secret answer"}]));
+    first.idempotency_key = "order-42".into();
+    let original = api.submit_job(first.clone()).await?.into_inner();
+    assert!(!original.duplicate);
+    let again = api.submit_job(first).await?.into_inner();
+    assert!(again.duplicate);
+    assert_eq!(
+        again.job_id, original.job_id,
+        "the same request: the same job"
+    );
+
+    let mut other = scripted("another prompt", json!([{"message": "m"}]));
+    other.idempotency_key = "order-42".into();
+    let status = api
+        .submit_job(other)
+        .await
+        .expect_err("a different request");
+    assert_eq!(status.code(), Code::AlreadyExists);
+    assert!(
+        status.message().contains("\"order-42\""),
+        "{}",
+        status.message()
+    );
+    assert!(
+        !status.message().contains(&original.job_id),
+        "{}",
+        status.message()
+    );
+    Ok(())
+}

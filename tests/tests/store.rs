@@ -8,7 +8,7 @@ use std::time::Duration;
 use toolfleet_orchestrator::job::{
     Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, TurnCheckpoint,
 };
-use toolfleet_orchestrator::store::{Acquired, Error, JobStore, SettledCall};
+use toolfleet_orchestrator::store::{Acquired, Error, Idempotency, JobStore, SettledCall};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
 use toolfleet_tests::{NatsServer, RedisServer};
@@ -233,10 +233,26 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
 async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;
-    let (job_id, duplicate) = store.submit(&spec(), Some("key-1")).await?;
+    let (job_id, duplicate) = store
+        .submit(
+            &spec(),
+            Some(Idempotency {
+                key: "key-1",
+                fingerprint: "fp",
+            }),
+        )
+        .await?;
     assert!(!duplicate);
     assert_eq!(
-        store.submit(&spec(), Some("key-1")).await?,
+        store
+            .submit(
+                &spec(),
+                Some(Idempotency {
+                    key: "key-1",
+                    fingerprint: "fp"
+                })
+            )
+            .await?,
         (job_id.clone(), true)
     );
 

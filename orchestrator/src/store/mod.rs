@@ -46,6 +46,10 @@ pub enum Error {
     /// Another runner took the job over: stop working on it at once.
     #[error("lease lost for job {0}")]
     LeaseLost(String),
+    /// The idempotency key was used for a different request within its
+    /// time to live. Tell the client to use a new key; never name the job.
+    #[error("idempotency key {0:?} was used for a different request")]
+    IdempotencyConflict(String),
     /// Stored data does not parse: a bug or a foreign writer. Fail the job.
     #[error("corrupt record for job {job_id}: {detail}")]
     Corrupt {
@@ -94,6 +98,16 @@ impl ListCursor {
             job_id: valid_id.then(|| job_id.to_owned())?,
         })
     }
+}
+
+/// A submission's idempotency key and the fingerprint of its request: the
+/// key answers with the first job only for the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idempotency<'a> {
+    /// The client's key.
+    pub key: &'a str,
+    /// A hash of everything the client asked for (hex, no spaces).
+    pub fingerprint: &'a str,
 }
 
 /// One entry of a job's event log.
@@ -156,15 +170,16 @@ impl JobStore {
     pub async fn submit(
         &self,
         spec: &JobSpec,
-        idempotency_key: Option<&str>,
+        idempotency: Option<Idempotency<'_>>,
     ) -> Result<(String, bool), Error> {
         let mut job_id = new_job_id();
         let mut duplicate = false;
-        if let Some(key) = idempotency_key {
+        if let Some(Idempotency { key, fingerprint }) = idempotency {
             let record = self.keys.submission(&spec.tenant, key);
+            // The record binds the key to the request it was first used for.
             let set: Option<String> = redis::cmd("SET")
                 .arg(&record)
-                .arg(&job_id)
+                .arg(format!("{job_id} {fingerprint}"))
                 .arg("NX")
                 .arg("PX")
                 .arg(millis(self.submission_ttl))
@@ -172,7 +187,15 @@ impl JobStore {
                 .query_async(&mut self.conn())
                 .await?;
             if let Some(existing) = set {
-                job_id = existing;
+                // Records written before fingerprints hold only a job id.
+                let (existing_job, existing_print) = match existing.split_once(' ') {
+                    Some((job, print)) => (job.to_owned(), Some(print)),
+                    None => (existing.clone(), None),
+                };
+                if existing_print.is_some_and(|print| print != fingerprint) {
+                    return Err(Error::IdempotencyConflict(key.to_owned()));
+                }
+                job_id = existing_job;
                 duplicate = true;
             }
         }
