@@ -16,6 +16,7 @@ use toolfleet_proto::names;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
 use tracing::{info, warn};
 
+use crate::auth::{AuthMode, Caller, caller_of};
 use crate::job::{Item, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
@@ -43,6 +44,18 @@ pub struct ApiOptions {
     /// The model of a request that names none. Default: none, and such a
     /// request is rejected with a message naming what to set.
     pub default_model: DefaultModel,
+    /// How callers authenticate: `tokens` (bearer tokens from
+    /// `api.tokens_file`) or `none` (every caller is the tenant `default`).
+    /// The orchestrator refuses to start with `tokens` and no file.
+    /// Default: `tokens`.
+    pub auth: AuthMode,
+    /// The tokens file: per tenant, the SHA-256 of its tokens and the tools
+    /// its jobs may use (docs/security.md). Reloaded when it changes.
+    /// Default: none.
+    pub tokens_file: Option<std::path::PathBuf>,
+    /// How often the tokens file is checked for changes. Default: 2s.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub tokens_reload_interval: Duration,
     /// Accept jobs for the scripted model, which plays a client-supplied
     /// script: for demos and tests, never for production traffic. Default:
     /// false (on in `toolfleet dev` and the test harness).
@@ -93,6 +106,9 @@ impl Default for ApiOptions {
             default_deadline: Duration::from_secs(600),
             max_deadline: Duration::from_secs(24 * 3600),
             default_model: DefaultModel::default(),
+            auth: AuthMode::Tokens,
+            tokens_file: None,
+            tokens_reload_interval: Duration::from_secs(2),
             allow_scripted: false,
             max_metadata_entries: 32,
             max_metadata_key_bytes: 64,
@@ -167,9 +183,6 @@ fn is_unset(model: &v1::ModelSpec) -> bool {
         && model.base_url.is_empty()
 }
 
-/// Every job's tenant until callers are authenticated (the security issue
-/// gives each caller its own).
-const TENANT: &str = "default";
 /// `ListJobs` page size when a request gives 0.
 const DEFAULT_PAGE_SIZE: usize = 50;
 /// Largest `ListJobs` page.
@@ -177,13 +190,40 @@ const MAX_PAGE_SIZE: usize = 500;
 /// Most metadata pairs one `ListJobs` filter may name.
 const MAX_METADATA_FILTERS: usize = 16;
 
+/// The tools a job may use: those it names, within its tenant's allow-list
+/// (all of the allow-list when it names none).
+fn allowed_tools(named: Vec<String>, caller: &Caller) -> Result<Vec<String>, Status> {
+    let Some(allowed) = &caller.tools else {
+        return Ok(named);
+    };
+    if named.is_empty() {
+        return Ok(allowed.clone());
+    }
+    if let Some(name) = named.iter().find(|name| !allowed.contains(name)) {
+        return Err(Status::permission_denied(format!(
+            "tools: {:?} is not allowed for tenant {:?}",
+            excerpt(name, ECHO_CHARS),
+            caller.tenant
+        )));
+    }
+    Ok(named)
+}
+
+/// The same answer for a job of another tenant as for no job at all.
+fn not_found(job_id: &str) -> Status {
+    Status::not_found(format!(
+        "job {} not found (unknown or expired)",
+        excerpt(job_id, ECHO_CHARS)
+    ))
+}
+
 fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("{field}: {problem}"))
 }
 
 impl AgentApi {
     /// Checks a submission and applies defaults; errors name the field.
-    fn spec(&self, mut request: v1::SubmitJobRequest) -> Result<JobSpec, Status> {
+    fn spec(&self, mut request: v1::SubmitJobRequest, caller: &Caller) -> Result<JobSpec, Status> {
         self.check_text(&request)?;
         let model = match request.model.take() {
             Some(model) if !is_unset(&model) => model,
@@ -192,23 +232,33 @@ impl AgentApi {
         let (provider, model, script) = self.check_model(model)?;
         self.check_labels(&request)?;
         let (max_tool_rounds, deadline) = self.check_limits(&request)?;
+        let tools = allowed_tools(std::mem::take(&mut request.tools), caller)?;
         Ok(JobSpec {
             input: request.input,
             instructions: request.instructions,
             provider,
             model,
             script,
-            tools: request.tools,
+            tools,
             max_tool_rounds,
             parallel_tool_calls: request.parallel_tool_calls.unwrap_or(true),
             deadline_ms: now_ms() + u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX / 2),
             metadata: request.metadata.into_iter().collect(),
-            tenant: TENANT.into(),
+            tenant: caller.tenant.clone(),
             limits: JobLimits {
                 max_calls_per_turn: self.options.max_calls_per_turn,
                 max_scripted_answer_bytes: self.options.max_scripted_answer_bytes,
             },
         })
+    }
+
+    /// The record of `job_id` if it belongs to the caller's tenant; the
+    /// same `NOT_FOUND` for another tenant's job as for a missing one.
+    async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
+        let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
+        record
+            .filter(|record| record.spec.tenant == caller.tenant)
+            .ok_or_else(|| not_found(job_id))
     }
 
     /// `tools`, `metadata` and `idempotency_key` are within their limits.
@@ -408,9 +458,10 @@ impl AgentApi {
         Ok((max_tool_rounds, deadline))
     }
 
-    async fn enqueue(&self, job_id: &str) -> Result<(), Status> {
+    async fn enqueue(&self, job_id: &str, tenant: &str) -> Result<(), Status> {
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(names::headers::MSG_ID, job_id);
+        headers.insert(names::headers::TENANT, tenant);
         let publish = self
             .js
             .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
@@ -509,10 +560,11 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::SubmitJobRequest>,
     ) -> Result<Response<v1::SubmitJobResponse>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let fingerprint = fingerprint(&request);
-        let spec = self.spec(request)?;
+        let spec = self.spec(request, &caller)?;
         let idempotency = key.as_deref().map(|key| Idempotency {
             key,
             fingerprint: &fingerprint,
@@ -531,7 +583,7 @@ impl AgentService for AgentApi {
             true
         };
         if queued {
-            self.enqueue(&job_id).await?;
+            self.enqueue(&job_id, &spec.tenant).await?;
         }
         if !duplicate {
             info!(job_id, "job submitted");
@@ -544,15 +596,9 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::GetJobRequest>,
     ) -> Result<Response<v1::Job>, Status> {
+        let caller = caller_of(&request);
         let job_id = request.into_inner().job_id;
-        let record = self
-            .store
-            .get(&job_id)
-            .await
-            .map_err(|e| to_status(&e))?
-            .ok_or_else(|| {
-                Status::not_found(format!("job {job_id} not found (unknown or expired)"))
-            })?;
+        let record = self.own_job(&job_id, &caller).await?;
         let items = self
             .store
             .items(&job_id, 0)
@@ -567,19 +613,10 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
         let job_id = request.job_id;
-        if self
-            .store
-            .get(&job_id)
-            .await
-            .map_err(|e| to_status(&e))?
-            .is_none()
-        {
-            return Err(Status::not_found(format!(
-                "job {job_id} not found (unknown or expired)"
-            )));
-        }
+        self.own_job(&job_id, &caller).await?;
         // Subscribe before the first read, so no wake-up is missed.
         let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
@@ -604,15 +641,15 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::CancelJobRequest>,
     ) -> Result<Response<v1::CancelJobResponse>, Status> {
+        let caller = caller_of(&request);
         let job_id = request.into_inner().job_id;
+        self.own_job(&job_id, &caller).await?;
         let status = self
             .store
             .cancel(&job_id)
             .await
             .map_err(|e| to_status(&e))?
-            .ok_or_else(|| {
-                Status::not_found(format!("job {job_id} not found (unknown or expired)"))
-            })?;
+            .ok_or_else(|| not_found(&job_id))?;
         Ok(Response::new(v1::CancelJobResponse {
             status: v1::JobStatus::from(status).into(),
         }))
@@ -622,6 +659,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
         let limit = match request.page_size {
             0 => DEFAULT_PAGE_SIZE,
@@ -664,7 +702,7 @@ impl AgentService for AgentApi {
         };
         let (records, next) = self
             .store
-            .list(TENANT, before, limit, limit * 10, keep)
+            .list(&caller.tenant, before, limit, limit * 10, keep)
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(v1::ListJobsResponse {

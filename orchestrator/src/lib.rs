@@ -1,7 +1,8 @@
 //! The toolfleet orchestrator: the gRPC API, the model loop and the dispatch
 //! of tool calls to the worker fleet.
 //!
-//! - [`grpc`]: `toolfleet.v1.AgentService`, thin over the store and the queue.
+//! - [`grpc`]: `toolfleet.v1.AgentService`, thin over the store and the queue;
+//!   [`auth`] says who each caller is (bearer tokens to tenants).
 //! - [`runner`]: takes jobs from JetStream and runs the model loop, resumable
 //!   from Redis at every step.
 //! - [`dispatch`]: checks, publishes and gathers one turn's tool calls, with
@@ -15,6 +16,7 @@
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
+pub mod auth;
 pub mod config;
 pub mod dispatch;
 pub mod grpc;

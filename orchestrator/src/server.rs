@@ -27,6 +27,7 @@ use toolfleet_service::connect::{self, ConnectError, patiently};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
+use crate::auth::{AuthError, Authenticator};
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
 use crate::grpc::{AgentApi, StartingApi};
@@ -46,6 +47,10 @@ pub enum StartError {
     /// The gRPC server failed.
     #[error("gRPC server failed")]
     Grpc(#[source] tonic::transport::Error),
+    /// The API's authentication is not set up: fix `api.auth` or
+    /// `api.tokens_file` as the message says.
+    #[error(transparent)]
+    Auth(#[from] AuthError),
     /// The reflection service rejected the built-in descriptors: a bug.
     #[error("cannot build the gRPC reflection service")]
     Reflection(#[source] tonic_reflection::server::Error),
@@ -92,6 +97,13 @@ impl Orchestrator {
         let address = listener
             .local_addr()
             .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
+        // Before anything listens: a replica that cannot tell callers
+        // apart must not serve at all.
+        let auth = Authenticator::start(
+            self.options.api.auth,
+            self.options.api.tokens_file.as_deref(),
+            self.options.api.tokens_reload_interval,
+        )?;
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both the API and the server as a whole ("", what a kubelet gRPC
         // probe asks by default) are not serving until the replica is ready.
@@ -106,6 +118,7 @@ impl Orchestrator {
         let server = tokio::spawn(serve_grpc(
             listener,
             api.clone(),
+            auth,
             health_service,
             self.options.grpc.reflection,
             shutdown.clone(),
@@ -236,6 +249,7 @@ impl Running {
 async fn serve_grpc<H: Health>(
     listener: TcpListener,
     api: StartingApi,
+    auth: Authenticator,
     health: HealthServer<H>,
     reflect: bool,
     shutdown: CancellationToken,
@@ -266,7 +280,8 @@ async fn serve_grpc<H: Health>(
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
-        .add_service(AgentServiceServer::new(api))
+        // Health and reflection are not authenticated; every API call is.
+        .add_service(AgentServiceServer::with_interceptor(api, auth))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .map_err(StartError::Grpc)

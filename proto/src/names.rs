@@ -35,6 +35,9 @@ pub mod headers {
     pub const ATTEMPT: &str = "Toolfleet-Attempt";
     /// Tool name of a call or result.
     pub const TOOL: &str = "Toolfleet-Tool";
+    /// The tenant of a queued job (set by the orchestrator), so that a job
+    /// whose state Redis lost is still reported to its owner.
+    pub const TENANT: &str = "Toolfleet-Tenant";
     /// Set to "true" on a result that was answered from the stored record.
     pub const DEDUP_HIT: &str = "Toolfleet-Dedup-Hit";
 }

@@ -162,11 +162,13 @@ impl Fleet {
                 "RUST_LOG".to_owned(),
                 "info,toolfleet_orchestrator=debug".to_owned(),
             ),
-            // The tests' jobs are scripted; a test that needs it off says so.
+            // The tests' jobs are scripted, and only the security tests
+            // authenticate; a test that needs otherwise says so.
             (
                 "TOOLFLEET_API__ALLOW_SCRIPTED".to_owned(),
                 "true".to_owned(),
             ),
+            ("TOOLFLEET_API__AUTH".to_owned(), "none".to_owned()),
         ];
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let process =

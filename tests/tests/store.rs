@@ -212,9 +212,10 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
 
     // A job whose state vanished is recorded as failed, with no message in its event.
     assert_eq!(store.cancel("0000nosuchjob").await?, None);
-    store.record_lost("0000nosuchjob").await?;
+    store.record_lost("0000nosuchjob", "search").await?;
     let record = store.get("0000nosuchjob").await?.unwrap();
     assert_eq!(record.status, JobStatus::Failed);
+    assert_eq!(record.spec.tenant, "search", "reported to its owner");
     assert_eq!(
         record.error.map(|e| e.code),
         Some(JobErrorCode::JobStateLost)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
@@ -52,14 +53,24 @@ class Client:
     """A client of one orchestrator (any replica).
 
     `address` is `host:port` (plaintext) or a `grpc.Channel` of your own (TLS,
-    interceptors). `timeout` bounds each unary call, in seconds.
+    interceptors). `timeout` bounds each unary call, in seconds. `token` is
+    your tenant's API token (default: the TOOLFLEET_TOKEN environment
+    variable), sent as `authorization: Bearer <token>`.
     """
 
-    def __init__(self, address: "str | grpc.Channel", timeout: float = 10.0):
+    def __init__(
+        self,
+        address: "str | grpc.Channel",
+        timeout: float = 10.0,
+        token: Optional[str] = None,
+    ):
         self._own_channel = isinstance(address, str)
         self._channel = grpc.insecure_channel(address) if isinstance(address, str) else address
         self._stub = pb_grpc.AgentServiceStub(self._channel)
         self._timeout = timeout
+        # The tenant's API token (default: $TOOLFLEET_TOKEN), sent with every call.
+        token = token if token is not None else os.environ.get("TOOLFLEET_TOKEN")
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
 
     def __enter__(self) -> "Client":
         return self
@@ -111,17 +122,21 @@ class Client:
             request.model.CopyFrom(spec)
         if parallel_tool_calls is not None:
             request.parallel_tool_calls = parallel_tool_calls
-        response = self._stub.SubmitJob(request, timeout=self._timeout)
+        response = self._stub.SubmitJob(request, timeout=self._timeout, metadata=self._metadata)
         return Submitted(job_id=response.job_id, duplicate=response.duplicate)
 
     def get(self, job_id: str) -> pb.Job:
         """The job: status, output, error and the whole conversation."""
-        return self._stub.GetJob(pb.GetJobRequest(job_id=job_id), timeout=self._timeout)
+        return self._stub.GetJob(
+            pb.GetJobRequest(job_id=job_id), timeout=self._timeout, metadata=self._metadata
+        )
 
     def watch(self, job_id: str, from_offset: int = 0) -> Iterator[Event]:
         """The job's events from `from_offset` on, as they happen, ending with
         its final event (also when `from_offset` is past it)."""
-        stream = self._stub.WatchJob(pb.WatchJobRequest(job_id=job_id, from_offset=from_offset))
+        stream = self._stub.WatchJob(
+            pb.WatchJobRequest(job_id=job_id, from_offset=from_offset), metadata=self._metadata
+        )
         try:
             for event in stream:
                 try:
@@ -141,7 +156,9 @@ class Client:
 
     def cancel(self, job_id: str) -> int:
         """Asks the job to stop; returns its status when asked (a JobStatus)."""
-        response = self._stub.CancelJob(pb.CancelJobRequest(job_id=job_id), timeout=self._timeout)
+        response = self._stub.CancelJob(
+            pb.CancelJobRequest(job_id=job_id), timeout=self._timeout, metadata=self._metadata
+        )
         return response.status
 
     def list_jobs(
@@ -159,11 +176,13 @@ class Client:
             status=status,
             metadata=dict(metadata or {}),
         )
-        return self._stub.ListJobs(request, timeout=self._timeout)
+        return self._stub.ListJobs(request, timeout=self._timeout, metadata=self._metadata)
 
     def list_tools(self) -> Sequence[pb.Tool]:
         """The tools that live workers serve."""
-        return self._stub.ListTools(pb.ListToolsRequest(), timeout=self._timeout).tools
+        return self._stub.ListTools(
+            pb.ListToolsRequest(), timeout=self._timeout, metadata=self._metadata
+        ).tools
 
     def run(self, input: str, **submit: Any) -> pb.Job:
         """Submits, waits for the end, and returns the job; raises JobFailed

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, ValueEnum};
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 use toolfleet_proto::{JobEvent, JobStatus};
@@ -19,8 +22,26 @@ use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
 use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::model::scripted::Scripted;
 
-/// A connected client of `toolfleet.v1.AgentService`.
-pub(crate) type ApiClient = AgentServiceClient<Channel>;
+/// A connected client of `toolfleet.v1.AgentService`, sending the token.
+pub(crate) type ApiClient = AgentServiceClient<InterceptedService<Channel, Credentials>>;
+
+/// Adds `authorization: Bearer <token>` to every call, when there is a token.
+#[derive(Clone)]
+pub(crate) struct Credentials(Option<MetadataValue<Ascii>>);
+
+impl Interceptor for Credentials {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request
+                .metadata_mut()
+                .insert("authorization", value.clone());
+        }
+        Ok(request)
+    }
+}
 
 /// The model of the `openai-*` providers when `--model` is not given.
 pub(crate) const DEFAULT_OPENAI_MODEL: &str = "gpt-4.1-mini";
@@ -68,6 +89,14 @@ pub(crate) struct Server {
         value_name = "URL"
     )]
     addr: String,
+    /// API token of your tenant, sent as `authorization: Bearer <token>`.
+    #[arg(
+        long,
+        env = "TOOLFLEET_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -222,7 +251,7 @@ pub(crate) struct ToolsArgs {
 /// `toolfleet submit`.
 pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let request = args.request()?;
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     warn_of_unserved_tools(&mut client, &request.tools).await;
     let submitted = submit_job(&mut client, request).await?;
     if args.json {
@@ -274,7 +303,7 @@ async fn warn_of_unserved_tools(client: &mut ApiClient, named: &[String]) {
 
 /// `toolfleet get`.
 pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     let job = get_job(&mut client, &args.job_id).await?;
     print_job(&job, args.json)?;
     // The same table as `watch`: a finished job's code says how it ended.
@@ -288,7 +317,7 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
 pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     // Times are shown from the job's start, also when the watch starts later.
     let origin = if args.from > 0 {
         Some(get_job(&mut client, &args.job_id).await?.created_at_ms)
@@ -305,7 +334,7 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet cancel`.
 pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     let response = client
         .cancel_job(v1::CancelJobRequest {
             job_id: args.job_id.clone(),
@@ -328,7 +357,7 @@ pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet jobs`.
 pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     let page = client
         .list_jobs(v1::ListJobsRequest {
             page_size: args.limit,
@@ -362,7 +391,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet tools`.
 pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr).await?;
+    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
     let mut tools = client
         .list_tools(v1::ListToolsRequest {})
         .await
@@ -388,7 +417,15 @@ pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
 /// # Errors
 ///
 /// The address is not a URL, or nothing answers there; the message says what to do.
-pub(crate) async fn connect(addr: &str) -> anyhow::Result<ApiClient> {
+pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<ApiClient> {
+    let credentials = match token.filter(|t| !t.is_empty()) {
+        Some(token) => Some(
+            format!("Bearer {token}")
+                .parse::<MetadataValue<Ascii>>()
+                .map_err(|_| anyhow!("--token holds characters a header cannot carry"))?,
+        ),
+        None => None,
+    };
     let url = if addr.contains("://") {
         addr.to_owned()
     } else {
@@ -405,7 +442,10 @@ pub(crate) async fn connect(addr: &str) -> anyhow::Result<ApiClient> {
              a local fleet) or point --addr / TOOLFLEET_ADDR at yours"
         )
     })?;
-    Ok(AgentServiceClient::new(channel))
+    Ok(AgentServiceClient::with_interceptor(
+        channel,
+        Credentials(credentials),
+    ))
 }
 
 /// Streams the job's events, then prints the job; the exit code says how it ended.
@@ -527,6 +567,7 @@ fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
     let hint = match status.code() {
         Code::Unavailable => "; is the orchestrator still running? retry, or check --addr",
         Code::Unimplemented => "; is --addr the gRPC address of a toolfleet orchestrator?",
+        Code::Unauthenticated => "; pass your tenant's token with --token or TOOLFLEET_TOKEN",
         _ => "",
     };
     anyhow!(

@@ -149,6 +149,7 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
     eprintln!("logs: {}", fleet.log_path().display());
     outln!(
         "\ntoolfleet is serving gRPC on {url} (NATS {}, Redis {}); Ctrl-C stops it.\n\
+         Authentication is off (api.auth = \"none\"): every caller is the tenant \"default\".\n\
          \nTry, from another terminal:\n\
          \x20 toolfleet submit --addr {url} \"What did AMD launch between 2016 and 2020?\" --watch\n\
          \x20 toolfleet submit --addr {url} \"hi\" --script '[{{\"message\":\"hello\"}}]' --watch\n\

@@ -81,9 +81,11 @@ impl Default for LocalFleetOptions {
         let mut orchestrator = OrchestratorOptions::default();
         orchestrator.runner.drain_timeout = Duration::from_secs(5);
         // A local fleet is for demos and benchmarks: the scripted model and
-        // reflection (for grpcurl) are on.
+        // reflection (for grpcurl) are on, authentication off.
         orchestrator.api.allow_scripted = true;
         orchestrator.grpc.reflection = true;
+        // On loopback only, for one user: no tokens (dev says so).
+        orchestrator.api.auth = toolfleet_orchestrator::auth::AuthMode::None;
         let mut worker = WorkerOptions::default();
         worker.runtime.drain_timeout = Duration::from_secs(5);
         Self {
@@ -262,8 +264,8 @@ impl LocalFleet {
     /// # Errors
     ///
     /// The orchestrator does not answer (it stopped).
-    pub async fn client(&self) -> anyhow::Result<ApiClient> {
-        client::connect(&self.grpc_addr()).await
+    pub(crate) async fn client(&self) -> anyhow::Result<ApiClient> {
+        client::connect(&self.grpc_addr(), None).await
     }
 
     /// Stops the orchestrator and the workers and waits for them to drain (up
@@ -409,7 +411,7 @@ impl LocalFleet {
         loop {
             self.check_tasks().await?;
             if client.is_none() {
-                match client::connect(&self.grpc_addr()).await {
+                match client::connect(&self.grpc_addr(), None).await {
                     Ok(connected) => client = Some(connected),
                     Err(err) => last = format!("{err:#}"),
                 }

@@ -185,13 +185,21 @@ impl Runner {
         }
     }
 
-    /// A job whose state vanished: record it as failed so clients see why.
-    async fn lost(&self, job_id: &str) -> Delivery {
+    /// A job whose state vanished: record it as failed, for its tenant (the
+    /// queue message's header), so that its owner sees why.
+    async fn lost(&self, job_id: &str, message: &jetstream::Message) -> Delivery {
         tracing::error!(
             job_id,
             "job state lost from Redis; failing the job with JOB_STATE_LOST"
         );
-        match self.store.record_lost(job_id).await {
+        let tenant = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(names::headers::TENANT))
+            .map(|value| value.as_str())
+            .filter(|tenant| crate::auth::is_valid_tenant(tenant))
+            .unwrap_or(crate::auth::DEFAULT_TENANT);
+        match self.store.record_lost(job_id, tenant).await {
             Ok(()) => Delivery::Done,
             Err(err) => {
                 warn!(job_id, error = %err, "cannot record the lost job; retrying later");
@@ -227,7 +235,7 @@ impl Runner {
                 debug!(job_id, "job already finished");
                 return Delivery::Done;
             }
-            Ok(Acquired::Missing) => return self.lost(job_id).await,
+            Ok(Acquired::Missing) => return self.lost(job_id, message).await,
             Ok(Acquired::Held) => {
                 debug!(job_id, "job is held by another runner");
                 return Delivery::HeldElsewhere;
@@ -252,7 +260,7 @@ impl Runner {
             }
             // Unless the lease vanished with the whole job: Redis lost it.
             Err(Stopped::LeaseLost) => match self.store.get(job_id).await {
-                Ok(None) => self.lost(job_id).await,
+                Ok(None) => self.lost(job_id, message).await,
                 _ => Delivery::Stale,
             },
             Err(Stopped::Store(err)) => {

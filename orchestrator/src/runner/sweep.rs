@@ -57,11 +57,12 @@ async fn sweep_one(store: &JobStore, js: &jetstream::Context, job_id: &str) -> a
         None => store.forget_unfinished(job_id).await,
         Some(job) if job.status.is_final() => store.forget_unfinished(job_id).await,
         Some(_) if store.lease_held(job_id).await? => {}
-        Some(_) => {
+        Some(job) => {
             warn!(job_id, "re-queueing an unfinished job that no runner holds");
             let mut headers = async_nats::HeaderMap::new();
             let msg_id = format!("{job_id}:sweep-{}", now_ms());
             headers.insert(names::headers::MSG_ID, msg_id.as_str());
+            headers.insert(names::headers::TENANT, job.spec.tenant.as_str());
             js.publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
                 .await?
                 .await?;

@@ -514,7 +514,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn record_lost(&self, job_id: &str) -> Result<(), Error> {
+    pub async fn record_lost(&self, job_id: &str, tenant: &str) -> Result<(), Error> {
         // The record must parse like any other: an empty spec stands in for
         // the one that was lost.
         let placeholder = JobSpec {
@@ -528,7 +528,7 @@ impl JobStore {
             parallel_tool_calls: true,
             deadline_ms: 0,
             metadata: BTreeMap::new(),
-            tenant: String::new(),
+            tenant: tenant.to_owned(),
             limits: Default::default(),
         };
         // The event carries no message, as it always did.

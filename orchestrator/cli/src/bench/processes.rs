@@ -63,12 +63,15 @@ impl ProcessFleet {
         let no_env: [(&str, &str); 0] = [];
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
-        // The bench's jobs are scripted.
+        // The bench's jobs are scripted, on loopback.
         let orchestrator = ChildProcess::spawn_with(
             "orchestrator",
             cargo_bin("toolfleet-orchestrator")?,
             &args,
-            [("TOOLFLEET_API__ALLOW_SCRIPTED", "true")],
+            [
+                ("TOOLFLEET_API__ALLOW_SCRIPTED", "true"),
+                ("TOOLFLEET_API__AUTH", "none"),
+            ],
             &options,
         )?;
         let mut spawned = Vec::new();

@@ -1,0 +1,413 @@
+//! Who is calling: every API call carries `authorization: Bearer <token>`,
+//! and the tokens file (`api.tokens_file`) maps the token's SHA-256 to a
+//! tenant and what that tenant may do. The file holds hashes only, so a copy
+//! of it grants nothing. It is reloaded when it changes.
+//!
+//! ```toml
+//! [tenants.search]
+//! token_sha256 = ["<sha256 of the token, hex>"]
+//! tools = ["calculate", "factual_qa"]   # optional: the tools its jobs may use
+//! ```
+//!
+//! With `api.auth = "none"` every caller is the tenant `default` (for `toolfleet
+//! dev` and tests; never on a shared network).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use arc_swap::ArcSwap;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status};
+use tracing::{info, warn};
+
+/// The tenant of every caller when authentication is off.
+pub const DEFAULT_TENANT: &str = "default";
+
+/// Longest accepted `authorization` header value; a longer one is refused
+/// before it is hashed.
+const MAX_TOKEN_BYTES: usize = 512;
+
+/// How callers prove who they are (`api.auth`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// Bearer tokens from `api.tokens_file`.
+    #[default]
+    Tokens,
+    /// No authentication: every caller is the tenant `default`.
+    None,
+}
+
+/// The caller of one request, as the API sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Caller {
+    /// The tenant whose jobs the caller submits, reads and cancels.
+    pub tenant: String,
+    /// The tools the tenant's jobs may use; `None`: every live tool.
+    pub tools: Option<Vec<String>>,
+}
+
+impl Caller {
+    /// The caller when authentication is off.
+    pub fn anonymous() -> Self {
+        Self {
+            tenant: DEFAULT_TENANT.to_owned(),
+            tools: None,
+        }
+    }
+}
+
+/// Why the tokens could not be set up. The message names the file and what
+/// to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// `api.auth = "tokens"` without a file.
+    #[error(
+        "no api.tokens_file: give the orchestrator a tokens file (docs/security.md), or set \
+         api.auth = \"none\" to run without authentication (never on a shared network)"
+    )]
+    NoTokensFile,
+    /// The file cannot be read.
+    #[error("cannot read api.tokens_file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The file is not a valid tokens file.
+    #[error("api.tokens_file {path}: {reason}")]
+    Invalid {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The tokens file, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    #[serde(default)]
+    tenants: BTreeMap<String, TenantEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    token_sha256: Vec<String>,
+    #[serde(default)]
+    tools: Option<Vec<String>>,
+}
+
+/// Tokens (their SHA-256) to callers.
+#[derive(Debug, Default)]
+struct Tokens {
+    by_hash: HashMap<[u8; 32], Arc<Caller>>,
+}
+
+impl Tokens {
+    fn parse(text: &str) -> Result<Self, String> {
+        let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
+        let mut by_hash = HashMap::new();
+        for (tenant, entry) in file.tenants {
+            if !is_valid_tenant(&tenant) {
+                return Err(format!(
+                    "tenant {tenant:?}: names are 1 to 64 lowercase letters, digits, - and _"
+                ));
+            }
+            if entry.tools.as_ref().is_some_and(Vec::is_empty) {
+                return Err(format!(
+                    "tenant {tenant:?}: tools lists no tool; list at least one, or leave the key \
+                     out to allow every tool"
+                ));
+            }
+            let caller = Arc::new(Caller {
+                tenant: tenant.clone(),
+                tools: entry.tools,
+            });
+            for hex in &entry.token_sha256 {
+                let hash = parse_sha256(hex).ok_or_else(|| {
+                    format!("tenant {tenant:?}: {hex:?} is not a SHA-256 in hex (64 characters)")
+                })?;
+                if by_hash.insert(hash, caller.clone()).is_some() {
+                    return Err(format!(
+                        "tenant {tenant:?}: a token hash appears twice in the file"
+                    ));
+                }
+            }
+        }
+        Ok(Self { by_hash })
+    }
+
+    fn caller(&self, token: &str) -> Option<Arc<Caller>> {
+        self.by_hash.get(&sha256(token)).cloned()
+    }
+}
+
+/// Tenant names go into Redis keys (inside `{...}` hash tags): a closed
+/// alphabet.
+pub fn is_valid_tenant(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+fn sha256(text: &str) -> [u8; 32] {
+    Sha256::digest(text.as_bytes()).into()
+}
+
+/// The SHA-256 of `token`, in hex: what the tokens file stores.
+pub fn token_sha256(token: &str) -> String {
+    sha256(token).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.is_ascii() {
+        return None;
+    }
+    let mut hash = [0u8; 32];
+    for (byte, pair) in hash.iter_mut().zip(hex.as_bytes().chunks(2)) {
+        *byte = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(hash)
+}
+
+/// Authenticates every API call: a tonic interceptor that puts the
+/// [`Caller`] into the request's extensions, or refuses the call with
+/// `UNAUTHENTICATED`.
+#[derive(Clone)]
+pub struct Authenticator {
+    tokens: Option<Arc<ArcSwap<Tokens>>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("tokens", &self.tokens.is_some())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// The authenticator of `mode`: with tokens, the file at `path` is read
+    /// now and watched every `reload_interval` (inside a tokio runtime).
+    ///
+    /// # Errors
+    ///
+    /// [`AuthError`] naming the setting or the file to fix.
+    pub fn start(
+        mode: AuthMode,
+        path: Option<&Path>,
+        reload_interval: Duration,
+    ) -> Result<Self, AuthError> {
+        if mode == AuthMode::None {
+            warn!(
+                "api.auth = \"none\": every caller is the tenant \"default\"; never expose this API"
+            );
+            return Ok(Self { tokens: None });
+        }
+        let path = path
+            .filter(|p| !p.as_os_str().is_empty())
+            .ok_or(AuthError::NoTokensFile)?
+            .to_owned();
+        let tokens = Arc::new(ArcSwap::from_pointee(load(&path)?));
+        info!(file = %path.display(), tokens = tokens.load().by_hash.len(), "api tokens loaded");
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(watch(
+                Arc::downgrade(&tokens),
+                path,
+                reload_interval.max(Duration::from_millis(100)),
+            ));
+        }
+        Ok(Self {
+            tokens: Some(tokens),
+        })
+    }
+
+    /// No authentication: every caller is [`Caller::anonymous`].
+    pub fn none() -> Self {
+        Self { tokens: None }
+    }
+
+    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
+        let Some(tokens) = &self.tokens else {
+            return Ok(Caller::anonymous());
+        };
+        let refused = || {
+            Status::unauthenticated(
+                "authorization: send \"authorization: Bearer <token>\" with a token of this \
+                 orchestrator (toolfleet --token, or TOOLFLEET_TOKEN)",
+            )
+        };
+        let header = request
+            .metadata()
+            .get("authorization")
+            .ok_or_else(refused)?
+            .to_str()
+            .map_err(|_| refused())?;
+        if header.len() > MAX_TOKEN_BYTES {
+            return Err(refused());
+        }
+        let token = header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+            .ok_or_else(refused)?
+            .trim();
+        let caller = tokens.load().caller(token).ok_or_else(refused)?;
+        Ok(caller.as_ref().clone())
+    }
+}
+
+impl tonic::service::Interceptor for Authenticator {
+    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
+        let caller = self.caller(&request)?;
+        request.extensions_mut().insert(caller);
+        Ok(request)
+    }
+}
+
+/// The caller an [`Authenticator`] put into `request`; anonymous where none
+/// ran (unit tests that call the API directly).
+pub fn caller_of<T>(request: &Request<T>) -> Caller {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .unwrap_or_else(Caller::anonymous)
+}
+
+fn load(path: &Path) -> Result<Tokens, AuthError> {
+    let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
+    Tokens::parse(&text).map_err(|reason| AuthError::Invalid {
+        path: path.display().to_string(),
+        reason,
+    })
+}
+
+fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
+    std::fs::metadata(path)
+        .ok()
+        .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
+}
+
+/// Reloads the tokens when the file changes, until the authenticator is
+/// dropped. A file that does not load leaves the previous tokens in force.
+async fn watch(tokens: std::sync::Weak<ArcSwap<Tokens>>, path: PathBuf, interval: Duration) {
+    let mut seen = fingerprint(&path);
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(tokens) = tokens.upgrade() else {
+            return;
+        };
+        let now = fingerprint(&path);
+        if now == seen {
+            continue;
+        }
+        seen = now;
+        match load(&path) {
+            Ok(loaded) => {
+                info!(file = %path.display(), tokens = loaded.by_hash.len(), "api tokens reloaded");
+                tokens.store(Arc::new(loaded));
+            }
+            Err(err) => {
+                warn!(error = %err, "the changed tokens file does not load; the previous tokens stay in force")
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(tenants: &str) -> String {
+        tenants.to_owned()
+    }
+
+    #[test]
+    fn tokens_map_to_their_tenant_and_nothing_else_does() {
+        let search = token_sha256("tok-search");
+        let ads = token_sha256("tok-ads");
+        let tokens = Tokens::parse(&file(&format!(
+            "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
+             [tenants.ads]\ntoken_sha256 = [\"{ads}\"]\n"
+        )))
+        .unwrap();
+        let caller = tokens.caller("tok-search").unwrap();
+        assert_eq!(caller.tenant, "search");
+        assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
+        assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
+        assert!(tokens.caller("tok-other").is_none());
+        assert!(tokens.caller(&search).is_none(), "the hash is not a token");
+    }
+
+    #[test]
+    fn bad_files_say_what_is_wrong() {
+        let good = token_sha256("t");
+        for (text, expected) in [
+            ("[tenants.Search]\ntoken_sha256 = []\n", "lowercase"),
+            ("[tenants.a]\ntoken_sha256 = [\"abc\"]\n", "not a SHA-256"),
+            (
+                &format!(
+                    "[tenants.a]\ntoken_sha256 = [\"{good}\"]\n[tenants.b]\ntoken_sha256 = [\"{good}\"]\n"
+                ),
+                "appears twice",
+            ),
+            ("[tenants.a]\ntoken = \"x\"\n", "unknown field"),
+            (
+                "[tenants.a]\ntoken_sha256 = []\ntools = []\n",
+                "lists no tool",
+            ),
+            ("not toml [", ""),
+        ] {
+            let err = Tokens::parse(text).unwrap_err();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn requests_are_refused_without_a_known_bearer_token() {
+        let path = std::env::temp_dir().join(format!("tf-tokens-{}", std::process::id()));
+        let hash = token_sha256("tok");
+        std::fs::write(&path, format!("[tenants.t]\ntoken_sha256 = [\"{hash}\"]\n")).unwrap();
+        let auth =
+            Authenticator::start(AuthMode::Tokens, Some(&path), Duration::from_secs(1)).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let with = |value: &str| {
+            let mut request = Request::new(());
+            request
+                .metadata_mut()
+                .insert("authorization", value.parse().unwrap());
+            request
+        };
+        assert_eq!(auth.caller(&with("Bearer tok")).unwrap().tenant, "t");
+        for refused in [
+            Request::new(()),
+            with("Bearer nope"),
+            with("Basic dG9r"),
+            with("tok"),
+            with(&format!("Bearer {}", "t".repeat(600))),
+        ] {
+            let status = auth.caller(&refused).unwrap_err();
+            assert_eq!(status.code(), tonic::Code::Unauthenticated);
+        }
+        assert!(matches!(
+            Authenticator::start(AuthMode::Tokens, None, Duration::from_secs(1)),
+            Err(AuthError::NoTokensFile)
+        ));
+        assert_eq!(
+            Authenticator::none().caller(&Request::new(())).unwrap(),
+            Caller::anonymous()
+        );
+    }
+}

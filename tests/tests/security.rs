@@ -1,0 +1,309 @@
+//! The API's security through a real fleet: tokens, tenants and their
+//! isolation, tool allow-lists, the tokens file reloaded, and an
+//! orchestrator that refuses to start without a way to tell callers apart.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use tonic::{Code, Request};
+use toolfleet_orchestrator::auth::token_sha256;
+use toolfleet_proto::v1;
+use toolfleet_tests::cargo_bin;
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job};
+
+const SEARCH: &str = "tok-search-3f9a";
+const ADS: &str = "tok-ads-77c1";
+
+fn tokens_file(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let path = dir.join("tokens.toml");
+    let text = format!(
+        "[tenants.search]\ntoken_sha256 = [\"{}\"]\ntools = [\"calculate\"]\n\n\
+         [tenants.ads]\ntoken_sha256 = [\"{}\"]\n{extra}",
+        token_sha256(SEARCH),
+        token_sha256(ADS)
+    );
+    std::fs::write(&path, text).expect("the tokens file is written");
+    path
+}
+
+/// `message` with `token` as its bearer token.
+fn as_tenant<T>(token: &str, message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    let value = format!("Bearer {token}").parse().expect("ascii");
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
+async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
+    let path = tokens_file(dir, "");
+    let mut fleet = Fleet::start(1).await?;
+    let file = path.to_string_lossy().into_owned();
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", &file),
+            ("TOOLFLEET_API__TOKENS_RELOAD_INTERVAL", "100ms"),
+        ])
+        .await?;
+    let mut api = fleet.api(0).await?;
+    // The harness's wait has no token: ask as a tenant.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let tools = api
+            .list_tools(as_tenant(ADS, v1::ListToolsRequest {}))
+            .await
+            .map(|r| r.into_inner().tools)
+            .unwrap_or_default();
+        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        if names.contains(&"calculate") && names.contains(&"get_current_weather") {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the tools never went live"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok((fleet, api))
+}
+
+async fn finish(api: &mut ApiClient, token: &str, job_id: &str) -> anyhow::Result<v1::Job> {
+    let mut events = api
+        .watch_job(as_tenant(
+            token,
+            v1::WatchJobRequest {
+                job_id: job_id.into(),
+                from_offset: 0,
+            },
+        ))
+        .await?
+        .into_inner();
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(event) = events.message().await? {
+            if event.r#final {
+                break;
+            }
+        }
+        anyhow::Ok(())
+    })
+    .await??;
+    Ok(api
+        .get_job(as_tenant(
+            token,
+            v1::GetJobRequest {
+                job_id: job_id.into(),
+            },
+        ))
+        .await?
+        .into_inner())
+}
+
+#[tokio::test]
+async fn callers_without_a_known_token_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_fleet, mut api) = secured_fleet(dir.path()).await?;
+    let job = scripted_job("x", &json!([{"message": "m"}]));
+    let none = api.submit_job(job.clone()).await.expect_err("no token");
+    assert_eq!(none.code(), Code::Unauthenticated);
+    let wrong = api
+        .submit_job(as_tenant("tok-guessed", job.clone()))
+        .await
+        .expect_err("unknown token");
+    assert_eq!(wrong.code(), Code::Unauthenticated);
+    let hash = api
+        .submit_job(as_tenant(&token_sha256(SEARCH), job.clone()))
+        .await
+        .expect_err("the stored hash is not a token");
+    assert_eq!(hash.code(), Code::Unauthenticated);
+    for status in [
+        api.list_jobs(v1::ListJobsRequest::default())
+            .await
+            .expect_err("no token"),
+        api.list_tools(v1::ListToolsRequest {})
+            .await
+            .expect_err("no token"),
+    ] {
+        assert_eq!(status.code(), Code::Unauthenticated);
+    }
+    assert!(api.submit_job(as_tenant(SEARCH, job)).await.is_ok());
+    Ok(())
+}
+
+#[tokio::test]
+async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_fleet, mut api) = secured_fleet(dir.path()).await?;
+    let mut secret = scripted_job(
+        "search's secret prompt",
+        &json!([
+            {"tool_calls": [{"name": "get_current_weather",
+                             "arguments": {"location": "Boston, MA", "unit": "celsius"}},
+                            {"name": "calculate", "arguments": {"expression": "2+2"}}]},
+            {"delay_ms": 500, "message": "done"}
+        ]),
+    );
+    secret.idempotency_key = "shared-key".into();
+    let job_id = api
+        .submit_job(as_tenant(SEARCH, secret.clone()))
+        .await?
+        .into_inner()
+        .job_id;
+
+    // Another tenant: the job does not exist, exactly as a missing one.
+    let missing = "0123456789abcdef0123456789ab";
+    for id in [job_id.as_str(), missing] {
+        let get = api
+            .get_job(as_tenant(ADS, v1::GetJobRequest { job_id: id.into() }))
+            .await
+            .expect_err("not ads' job");
+        let watch = api
+            .watch_job(as_tenant(
+                ADS,
+                v1::WatchJobRequest {
+                    job_id: id.into(),
+                    from_offset: 0,
+                },
+            ))
+            .await
+            .expect_err("not ads' job");
+        let cancel = api
+            .cancel_job(as_tenant(ADS, v1::CancelJobRequest { job_id: id.into() }))
+            .await
+            .expect_err("not ads' job");
+        for status in [get, watch, cancel] {
+            assert_eq!(status.code(), Code::NotFound);
+            assert_eq!(
+                status.message(),
+                format!("job {id} not found (unknown or expired)")
+            );
+        }
+    }
+    let listed = api
+        .list_jobs(as_tenant(ADS, v1::ListJobsRequest::default()))
+        .await?
+        .into_inner();
+    assert!(listed.jobs.is_empty(), "{listed:?}");
+    // Idempotency keys are per tenant: ads' "shared-key" is its own.
+    let theirs = api.submit_job(as_tenant(ADS, secret)).await?.into_inner();
+    assert!(!theirs.duplicate);
+    assert_ne!(theirs.job_id, job_id);
+
+    // search's allow-list: calculate only.
+    let job = finish(&mut api, SEARCH, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let codes: Vec<String> = job
+        .items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some(r.output.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(codes[0].contains("UNKNOWN_TOOL"), "{codes:?}");
+    assert!(codes[1].contains("\"result\":4"), "{codes:?}");
+    let mut asks = scripted_job("x", &json!([{"message": "m"}]));
+    asks.tools = vec!["get_current_weather".into()];
+    let denied = api
+        .submit_job(as_tenant(SEARCH, asks))
+        .await
+        .expect_err("not on search's list");
+    assert_eq!(denied.code(), Code::PermissionDenied);
+    let mine = api
+        .list_jobs(as_tenant(SEARCH, v1::ListJobsRequest::default()))
+        .await?
+        .into_inner();
+    let ids: Vec<&str> = mine.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(ids, [job_id.as_str()]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_changed_tokens_file_takes_effect_without_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (_fleet, mut api) = secured_fleet(dir.path()).await?;
+    let late = "tok-late-19d2";
+    let list = || as_tenant(late, v1::ListJobsRequest::default());
+    assert_eq!(
+        api.list_jobs(list()).await.expect_err("not yet").code(),
+        Code::Unauthenticated
+    );
+    tokens_file(
+        dir.path(),
+        &format!(
+            "\n[tenants.late]\ntoken_sha256 = [\"{}\"]\n",
+            token_sha256(late)
+        ),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api.list_jobs(list()).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the new token never worked"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A broken file keeps the tokens in force.
+    std::fs::write(dir.path().join("tokens.toml"), "[tenants.late\n")?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(api.list_jobs(list()).await.is_ok());
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_orchestrator_without_tokens_or_auth_none_does_not_start() -> anyhow::Result<()> {
+    let output = tokio::process::Command::new(cargo_bin("toolfleet-orchestrator")?)
+        .args(["--listen", "127.0.0.1:0"])
+        .env_remove("TOOLFLEET_API__AUTH")
+        .env_remove("TOOLFLEET_API__TOKENS_FILE")
+        .output()
+        .await?;
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        format!("{stderr}{stdout}").contains("no api.tokens_file"),
+        "{stderr}{stdout}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_cli_sends_the_token_from_its_flag_or_the_environment() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, _api) = secured_fleet(dir.path()).await?;
+    let url = fleet.grpc_url(0).await?;
+    let toolfleet = |args: &[&str], env: Option<&str>| {
+        let mut command = tokio::process::Command::new(cargo_bin("toolfleet").expect("built"));
+        command.args(args).env_remove("TOOLFLEET_TOKEN");
+        if let Some(token) = env {
+            command.env("TOOLFLEET_TOKEN", token);
+        }
+        command.output()
+    };
+    let refused = toolfleet(&["jobs", "--addr", &url], None).await?;
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("Unauthenticated") && stderr.contains("--token"),
+        "{stderr}"
+    );
+    let flag = toolfleet(&["jobs", "--addr", &url, "--token", SEARCH], None).await?;
+    assert!(
+        flag.status.success(),
+        "{}",
+        String::from_utf8_lossy(&flag.stderr)
+    );
+    let env = toolfleet(&["jobs", "--addr", &url], Some(ADS)).await?;
+    assert!(
+        env.status.success(),
+        "{}",
+        String::from_utf8_lossy(&env.stderr)
+    );
+    let help = toolfleet(&["jobs", "--help"], Some(ADS)).await?;
+    assert!(
+        !String::from_utf8_lossy(&help.stdout).contains(ADS),
+        "the help never shows the token"
+    );
+    Ok(())
+}
