@@ -42,20 +42,34 @@ pub enum AuthMode {
 }
 
 /// The caller of one request, as the API sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Caller {
     /// The tenant whose jobs the caller submits, reads and cancels.
     pub tenant: String,
     /// The tools the tenant's jobs may use; `None`: every live tool.
     pub tools: Option<Vec<String>>,
+    /// What the tenant may use at once; `None`: no limit.
+    pub quotas: Quotas,
+}
+
+/// A tenant's quotas (from the tokens file, else `api.default_*`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Quotas {
+    /// Jobs queued or running at once.
+    pub max_active_jobs: Option<u32>,
+    /// Sustained submissions per second (a token bucket holding one
+    /// second's worth, at least one).
+    pub submissions_per_second: Option<f64>,
 }
 
 impl Caller {
-    /// The caller when authentication is off.
+    /// The caller when authentication is off: the tenant `default`, no
+    /// quotas.
     pub fn anonymous() -> Self {
         Self {
             tenant: DEFAULT_TENANT.to_owned(),
             tools: None,
+            quotas: Quotas::default(),
         }
     }
 }
@@ -102,6 +116,10 @@ struct TenantEntry {
     token_sha256: Vec<String>,
     #[serde(default)]
     tools: Option<Vec<String>>,
+    #[serde(default)]
+    max_active_jobs: Option<u32>,
+    #[serde(default)]
+    submissions_per_second: Option<f64>,
 }
 
 /// Tokens (their SHA-256) to callers.
@@ -111,7 +129,7 @@ struct Tokens {
 }
 
 impl Tokens {
-    fn parse(text: &str) -> Result<Self, String> {
+    fn parse(text: &str, defaults: Quotas) -> Result<Self, String> {
         let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
         let mut by_hash = HashMap::new();
         for (tenant, entry) in file.tenants {
@@ -126,9 +144,23 @@ impl Tokens {
                      out to allow every tool"
                 ));
             }
+            if entry
+                .submissions_per_second
+                .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+            {
+                return Err(format!(
+                    "tenant {tenant:?}: submissions_per_second must be a number above 0"
+                ));
+            }
             let caller = Arc::new(Caller {
                 tenant: tenant.clone(),
                 tools: entry.tools,
+                quotas: Quotas {
+                    max_active_jobs: entry.max_active_jobs.or(defaults.max_active_jobs),
+                    submissions_per_second: entry
+                        .submissions_per_second
+                        .or(defaults.submissions_per_second),
+                },
             });
             for hex in &entry.token_sha256 {
                 let hash = parse_sha256(hex).ok_or_else(|| {
@@ -206,6 +238,7 @@ impl Authenticator {
         mode: AuthMode,
         path: Option<&Path>,
         reload_interval: Duration,
+        defaults: Quotas,
     ) -> Result<Self, AuthError> {
         if mode == AuthMode::None {
             warn!(
@@ -217,13 +250,14 @@ impl Authenticator {
             .filter(|p| !p.as_os_str().is_empty())
             .ok_or(AuthError::NoTokensFile)?
             .to_owned();
-        let tokens = Arc::new(ArcSwap::from_pointee(load(&path)?));
+        let tokens = Arc::new(ArcSwap::from_pointee(load(&path, defaults)?));
         info!(file = %path.display(), tokens = tokens.load().by_hash.len(), "api tokens loaded");
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(watch(
                 Arc::downgrade(&tokens),
                 path,
                 reload_interval.max(Duration::from_millis(100)),
+                defaults,
             ));
         }
         Ok(Self {
@@ -283,12 +317,12 @@ pub fn caller_of<T>(request: &Request<T>) -> Caller {
         .unwrap_or_else(Caller::anonymous)
 }
 
-fn load(path: &Path) -> Result<Tokens, AuthError> {
+fn load(path: &Path, defaults: Quotas) -> Result<Tokens, AuthError> {
     let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
         path: path.display().to_string(),
         source,
     })?;
-    Tokens::parse(&text).map_err(|reason| AuthError::Invalid {
+    Tokens::parse(&text, defaults).map_err(|reason| AuthError::Invalid {
         path: path.display().to_string(),
         reason,
     })
@@ -302,7 +336,12 @@ fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
 
 /// Reloads the tokens when the file changes, until the authenticator is
 /// dropped. A file that does not load leaves the previous tokens in force.
-async fn watch(tokens: std::sync::Weak<ArcSwap<Tokens>>, path: PathBuf, interval: Duration) {
+async fn watch(
+    tokens: std::sync::Weak<ArcSwap<Tokens>>,
+    path: PathBuf,
+    interval: Duration,
+    defaults: Quotas,
+) {
     let mut seen = fingerprint(&path);
     loop {
         tokio::time::sleep(interval).await;
@@ -314,7 +353,7 @@ async fn watch(tokens: std::sync::Weak<ArcSwap<Tokens>>, path: PathBuf, interval
             continue;
         }
         seen = now;
-        match load(&path) {
+        match load(&path, defaults) {
             Ok(loaded) => {
                 info!(file = %path.display(), tokens = loaded.by_hash.len(), "api tokens reloaded");
                 tokens.store(Arc::new(loaded));
@@ -338,10 +377,13 @@ mod tests {
     fn tokens_map_to_their_tenant_and_nothing_else_does() {
         let search = token_sha256("tok-search");
         let ads = token_sha256("tok-ads");
-        let tokens = Tokens::parse(&file(&format!(
-            "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
+        let tokens = Tokens::parse(
+            &file(&format!(
+                "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
              [tenants.ads]\ntoken_sha256 = [\"{ads}\"]\n"
-        )))
+            )),
+            Quotas::default(),
+        )
         .unwrap();
         let caller = tokens.caller("tok-search").unwrap();
         assert_eq!(caller.tenant, "search");
@@ -349,6 +391,18 @@ mod tests {
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
         assert!(tokens.caller(&search).is_none(), "the hash is not a token");
+        let defaults = Quotas {
+            max_active_jobs: Some(10),
+            submissions_per_second: Some(5.0),
+        };
+        let tokens = Tokens::parse(
+            &format!("[tenants.a]\ntoken_sha256 = [\"{ads}\"]\nmax_active_jobs = 2\n"),
+            defaults,
+        )
+        .unwrap();
+        let quotas = tokens.caller("tok-ads").unwrap().quotas;
+        assert_eq!(quotas.max_active_jobs, Some(2), "the tenant's own");
+        assert_eq!(quotas.submissions_per_second, Some(5.0), "the default");
     }
 
     #[test]
@@ -370,7 +424,7 @@ mod tests {
             ),
             ("not toml [", ""),
         ] {
-            let err = Tokens::parse(text).unwrap_err();
+            let err = Tokens::parse(text, Quotas::default()).unwrap_err();
             assert!(err.contains(expected), "{text}: {err}");
         }
     }
@@ -380,8 +434,13 @@ mod tests {
         let path = std::env::temp_dir().join(format!("tf-tokens-{}", std::process::id()));
         let hash = token_sha256("tok");
         std::fs::write(&path, format!("[tenants.t]\ntoken_sha256 = [\"{hash}\"]\n")).unwrap();
-        let auth =
-            Authenticator::start(AuthMode::Tokens, Some(&path), Duration::from_secs(1)).unwrap();
+        let auth = Authenticator::start(
+            AuthMode::Tokens,
+            Some(&path),
+            Duration::from_secs(1),
+            Quotas::default(),
+        )
+        .unwrap();
         std::fs::remove_file(&path).unwrap();
         let with = |value: &str| {
             let mut request = Request::new(());
@@ -402,7 +461,12 @@ mod tests {
             assert_eq!(status.code(), tonic::Code::Unauthenticated);
         }
         assert!(matches!(
-            Authenticator::start(AuthMode::Tokens, None, Duration::from_secs(1)),
+            Authenticator::start(
+                AuthMode::Tokens,
+                None,
+                Duration::from_secs(1),
+                Quotas::default()
+            ),
             Err(AuthError::NoTokensFile)
         ));
         assert_eq!(

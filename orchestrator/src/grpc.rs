@@ -22,6 +22,7 @@ use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
 use crate::store::{self, Idempotency, JobStore, ListCursor};
+use tonic_types::StatusExt as _;
 
 /// Limits and defaults of the API.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -56,6 +57,12 @@ pub struct ApiOptions {
     /// How often the tokens file is checked for changes. Default: 2s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub tokens_reload_interval: Duration,
+    /// A tenant's jobs queued or running at once, unless its entry in the
+    /// tokens file says otherwise; 0: no limit. Default: 1000.
+    pub default_max_active_jobs: u32,
+    /// A tenant's sustained submissions per second, unless its entry says
+    /// otherwise; 0: no limit. Default: 100.
+    pub default_submissions_per_second: f64,
     /// Accept jobs for the scripted model, which plays a client-supplied
     /// script: for demos and tests, never for production traffic. Default:
     /// false (on in `toolfleet dev` and the test harness).
@@ -109,6 +116,8 @@ impl Default for ApiOptions {
             auth: AuthMode::Tokens,
             tokens_file: None,
             tokens_reload_interval: Duration::from_secs(2),
+            default_max_active_jobs: 1000,
+            default_submissions_per_second: 100.0,
             allow_scripted: false,
             max_metadata_entries: 32,
             max_metadata_key_bytes: 64,
@@ -250,6 +259,57 @@ impl AgentApi {
                 max_scripted_answer_bytes: self.options.max_scripted_answer_bytes,
             },
         })
+    }
+
+    /// The caller's tenant may submit one more job: its submissions per
+    /// second and its active jobs are within its quotas. Otherwise
+    /// `RESOURCE_EXHAUSTED` with a `google.rpc.RetryInfo` saying when to try
+    /// again.
+    async fn check_quotas(&self, caller: &Caller) -> Result<(), Status> {
+        let exhausted = |message: String, retry_after: Duration| {
+            Status::with_error_details(
+                tonic::Code::ResourceExhausted,
+                message,
+                tonic_types::ErrorDetails::with_retry_info(Some(retry_after)),
+            )
+        };
+        let quotas = caller.quotas;
+        if let Some(limit) = quotas.max_active_jobs {
+            let active = self
+                .store
+                .active_jobs(&caller.tenant, limit)
+                .await
+                .map_err(|e| to_status(&e))?;
+            if active >= limit {
+                return Err(exhausted(
+                    format!(
+                        "tenant {:?} has {active} jobs queued or running, its quota \
+                         (max_active_jobs); retry when one has finished",
+                        caller.tenant
+                    ),
+                    Duration::from_secs(1),
+                ));
+            }
+        }
+        if let Some(rate) = quotas.submissions_per_second {
+            let wait = self
+                .store
+                .take_submission(&caller.tenant, rate)
+                .await
+                .map_err(|e| to_status(&e))?;
+            if let Some(wait) = wait {
+                return Err(exhausted(
+                    format!(
+                        "tenant {:?} submits faster than its quota of {rate} jobs per second \
+                         (submissions_per_second); retry after {} ms",
+                        caller.tenant,
+                        wait.as_millis()
+                    ),
+                    wait,
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The record of `job_id` if it belongs to the caller's tenant; the
@@ -565,6 +625,7 @@ impl AgentService for AgentApi {
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let fingerprint = fingerprint(&request);
         let spec = self.spec(request, &caller)?;
+        self.check_quotas(&caller).await?;
         let idempotency = key.as_deref().map(|key| Idempotency {
             key,
             fingerprint: &fingerprint,

@@ -27,7 +27,7 @@ use toolfleet_service::connect::{self, ConnectError, patiently};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
-use crate::auth::{AuthError, Authenticator};
+use crate::auth::{AuthError, Authenticator, Quotas};
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
 use crate::grpc::{AgentApi, StartingApi};
@@ -99,10 +99,17 @@ impl Orchestrator {
             .map_or_else(|_| "unknown".to_owned(), |a| a.to_string());
         // Before anything listens: a replica that cannot tell callers
         // apart must not serve at all.
+        let api_options = &self.options.api;
+        let defaults = Quotas {
+            max_active_jobs: Some(api_options.default_max_active_jobs).filter(|n| *n > 0),
+            submissions_per_second: Some(api_options.default_submissions_per_second)
+                .filter(|rate| *rate > 0.0),
+        };
         let auth = Authenticator::start(
-            self.options.api.auth,
-            self.options.api.tokens_file.as_deref(),
-            self.options.api.tokens_reload_interval,
+            api_options.auth,
+            api_options.tokens_file.as_deref(),
+            api_options.tokens_reload_interval,
+            defaults,
         )?;
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both the API and the server as a whole ("", what a kubelet gRPC

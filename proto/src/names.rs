@@ -187,6 +187,18 @@ impl RedisKeys {
         format!("{}:jobs:{{{tenant}}}", self.prefix)
     }
 
+    /// A tenant's jobs that may still be queued or running (a set): its
+    /// `max_active_jobs` quota counts them, dropping the finished ones.
+    pub fn tenant_active_jobs(&self, tenant: &str) -> String {
+        format!("{}:active:{{{tenant}}}", self.prefix)
+    }
+
+    /// A tenant's submission token bucket (a hash): its
+    /// `submissions_per_second` quota.
+    pub fn tenant_submissions(&self, tenant: &str) -> String {
+        format!("{}:rate:{{{tenant}}}", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)

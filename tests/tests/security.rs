@@ -307,3 +307,83 @@ async fn the_cli_sends_the_token_from_its_flag_or_the_environment() -> anyhow::R
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
+    use tonic_types::StatusExt as _;
+    let dir = tempfile::tempdir()?;
+    let (_fleet, mut api) = secured_fleet(dir.path()).await?;
+    let (burst, single) = ("tok-burst-81aa", "tok-single-4c0e");
+    tokens_file(
+        dir.path(),
+        &format!(
+            "\n[tenants.burst]\ntoken_sha256 = [\"{}\"]\nsubmissions_per_second = 1\n\
+             \n[tenants.single]\ntoken_sha256 = [\"{}\"]\nmax_active_jobs = 1\n",
+            token_sha256(burst),
+            token_sha256(single)
+        ),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api
+        .list_jobs(as_tenant(single, v1::ListJobsRequest::default()))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tokens never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let quick = || scripted_job("x", &json!([{"message": "m"}]));
+
+    // One submission per second: the second at once is refused, with when.
+    api.submit_job(as_tenant(burst, quick())).await?;
+    let refused = api
+        .submit_job(as_tenant(burst, quick()))
+        .await
+        .expect_err("over the rate");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("submissions_per_second"),
+        "{}",
+        refused.message()
+    );
+    let delay = refused
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
+        .expect("RetryInfo in the status details");
+    assert!(
+        delay > Duration::ZERO && delay <= Duration::from_secs(1),
+        "{delay:?}"
+    );
+
+    // One active job: a second waits for the first to finish.
+    let slow = scripted_job("x", &json!([{"delay_ms": 60000, "message": "never"}]));
+    let first = api
+        .submit_job(as_tenant(single, slow))
+        .await?
+        .into_inner()
+        .job_id;
+    let refused = api
+        .submit_job(as_tenant(single, quick()))
+        .await
+        .expect_err("over the active jobs");
+    assert_eq!(refused.code(), Code::ResourceExhausted);
+    assert!(
+        refused.message().contains("max_active_jobs"),
+        "{}",
+        refused.message()
+    );
+    assert!(refused.get_details_retry_info().is_some());
+    api.cancel_job(as_tenant(
+        single,
+        v1::CancelJobRequest {
+            job_id: first.clone(),
+        },
+    ))
+    .await?;
+    finish(&mut api, single, &first).await?;
+    assert!(api.submit_job(as_tenant(single, quick())).await.is_ok());
+    Ok(())
+}

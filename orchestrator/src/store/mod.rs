@@ -238,6 +238,10 @@ impl JobStore {
                 .arg(now)
                 .arg(&job_id)
                 .ignore()
+                .cmd("SADD")
+                .arg(self.keys.tenant_active_jobs(&spec.tenant))
+                .arg(&job_id)
+                .ignore()
                 .cmd("ZREMRANGEBYSCORE")
                 .arg(&index)
                 .arg("-inf")
@@ -320,6 +324,60 @@ impl JobStore {
             }
         }
         Ok((jobs, cursor))
+    }
+
+    /// Takes one submission from `tenant`'s bucket of `rate` per second
+    /// (holding one second's worth, at least one). `None` when taken, else
+    /// how long until the next one is there.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn take_submission(
+        &self,
+        tenant: &str,
+        rate: f64,
+    ) -> Result<Option<Duration>, Error> {
+        let wait_ms: u64 = scripts::TAKE_SUBMISSION
+            .key(self.keys.tenant_submissions(tenant))
+            .arg(rate)
+            .arg(rate.max(1.0))
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
+    }
+
+    /// How many of `tenant`'s jobs are queued or running, counted exactly
+    /// only when the rough count reaches `limit`: the finished and expired
+    /// jobs the set still names are then dropped from it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn active_jobs(&self, tenant: &str, limit: u32) -> Result<u32, Error> {
+        let key = self.keys.tenant_active_jobs(tenant);
+        let rough: u32 = self.conn().scard(&key).await?;
+        if rough < limit {
+            return Ok(rough);
+        }
+        let members: Vec<String> = self.conn().smembers(&key).await?;
+        let mut pipe = redis::pipe();
+        for job_id in &members {
+            pipe.hget(self.keys.job(job_id), "status");
+        }
+        let statuses: Vec<Option<String>> = pipe.query_async(&mut self.conn()).await?;
+        let mut active = 0;
+        let mut ended = Vec::new();
+        for (job_id, status) in members.iter().zip(statuses) {
+            match status.and_then(|s| s.parse::<JobStatus>().ok()) {
+                Some(status) if !status.is_final() => active += 1,
+                _ => ended.push(job_id),
+            }
+        }
+        if !ended.is_empty() {
+            let _: i64 = self.conn().srem(&key, ended).await?;
+        }
+        Ok(active)
     }
 
     /// The job record, or `None` for an unknown (or expired) job.

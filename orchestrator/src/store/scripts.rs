@@ -184,3 +184,31 @@ return 1
 ",
     )
 });
+
+/// Takes one submission from a tenant's token bucket (KEYS[1], a hash of
+/// `tokens` and `at_ms`), refilled at ARGV[1] per second up to ARGV[2].
+/// Returns 0 when a token was taken, else the milliseconds until one is
+/// there. Redis's own clock, so every replica shares one bucket.
+pub(super) static TAKE_SUBMISSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local bucket = redis.call('HMGET', KEYS[1], 'tokens', 'at_ms')
+local tokens = tonumber(bucket[1]) or burst
+local at = tonumber(bucket[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+else
+  wait = math.ceil((1 - tokens) * 1000 / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at_ms', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 1000)
+return wait
+",
+    )
+});
