@@ -116,5 +116,50 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         );
     }
     assert!(session.contains("\"final\": true"), "{session}");
+
+    // With authentication on, the client sends TOOLFLEET_TOKEN.
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.toml");
+    let hash = toolfleet_orchestrator::auth::token_sha256("tok-python-5e2b");
+    std::fs::write(
+        &tokens,
+        format!("[tenants.py]\ntoken_sha256 = [\"{hash}\"]\n"),
+    )?;
+    let tokens = tokens.to_string_lossy().into_owned();
+    let secured = fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", &tokens),
+        ])
+        .await?;
+    let address = fleet.grpc_url(secured).await?.replace("http://", "");
+    let example = [
+        "clients/python/examples/parallel_calls.py",
+        "--addr",
+        &address,
+    ];
+    let refused = Command::new(&python)
+        .args(example)
+        .current_dir(repo())
+        .env_remove("TOOLFLEET_TOKEN")
+        .output()
+        .await?;
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("UNAUTHENTICATED"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let output = Command::new(&python)
+        .args(example)
+        .current_dir(repo())
+        .env("TOOLFLEET_TOKEN", "tok-python-5e2b")
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("answer: "),
+        "{stdout}"
+    );
     Ok(())
 }
