@@ -94,7 +94,7 @@ pub struct PlannedCall {
     pub call_id: String,
     /// The id the call has on the wire and in Redis keys (NATS headers,
     /// message ids, the ledger, the attempts record): the model's id when it
-    /// is a safe one ([`is_valid_call_id`]) and the first with that id in the
+    /// is a safe one ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id)) and the first with that id in the
     /// job, else one the orchestrator derives from the call's position.
     pub wire_id: String,
     /// The tool name the model wrote.
