@@ -7,7 +7,12 @@
 //! [tenants.search]
 //! token_sha256 = ["<sha256 of the token, hex>"]
 //! tools = ["calculate", "factual_qa"]   # optional: the tools its jobs may use
+//! client_names = ["search.clients.example"]   # optional: mutual TLS
 //! ```
+//!
+//! With mutual TLS (`grpc.tls.client_ca_file`), a client whose certificate
+//! is valid for one of a tenant's `client_names` (a DNS name in its subject
+//! alternative names) is that tenant, without a token.
 //!
 //! With `api.auth = "none"` every caller is the tenant `default` (for `toolfleet
 //! dev` and tests; never on a shared network).
@@ -18,6 +23,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use arc_swap::ArcSwap;
+use rustls_pki_types::{CertificateDer, ServerName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
@@ -117,21 +123,26 @@ struct TenantEntry {
     #[serde(default)]
     tools: Option<Vec<String>>,
     #[serde(default)]
+    client_names: Vec<String>,
+    #[serde(default)]
     max_active_jobs: Option<u32>,
     #[serde(default)]
     submissions_per_second: Option<f64>,
 }
 
-/// Tokens (their SHA-256) to callers.
+/// Tokens (their SHA-256), and client certificate names, to callers.
 #[derive(Debug, Default)]
 struct Tokens {
     by_hash: HashMap<[u8; 32], Arc<Caller>>,
+    /// DNS names a client certificate may be valid for (mutual TLS).
+    by_client_name: Vec<(ServerName<'static>, Arc<Caller>)>,
 }
 
 impl Tokens {
     fn parse(text: &str, defaults: Quotas) -> Result<Self, String> {
         let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
         let mut by_hash = HashMap::new();
+        let mut by_client_name = Vec::new();
         for (tenant, entry) in file.tenants {
             if !is_valid_tenant(&tenant) {
                 return Err(format!(
@@ -162,6 +173,12 @@ impl Tokens {
                         .or(defaults.submissions_per_second),
                 },
             });
+            for name in &entry.client_names {
+                let parsed = ServerName::try_from(name.clone()).map_err(|_| {
+                    format!("tenant {tenant:?}: client name {name:?} is not a DNS name")
+                })?;
+                by_client_name.push((parsed, caller.clone()));
+            }
             for hex in &entry.token_sha256 {
                 let hash = parse_sha256(hex).ok_or_else(|| {
                     format!("tenant {tenant:?}: {hex:?} is not a SHA-256 in hex (64 characters)")
@@ -173,7 +190,19 @@ impl Tokens {
                 }
             }
         }
-        Ok(Self { by_hash })
+        Ok(Self {
+            by_hash,
+            by_client_name,
+        })
+    }
+
+    /// The tenant whose `client_names` the certificate is valid for.
+    fn client(&self, certificate: &CertificateDer<'_>) -> Option<Arc<Caller>> {
+        let certificate = webpki::EndEntityCert::try_from(certificate).ok()?;
+        self.by_client_name
+            .iter()
+            .find(|(name, _)| certificate.verify_is_valid_for_subject_name(name).is_ok())
+            .map(|(_, caller)| caller.clone())
     }
 
     fn caller(&self, token: &str) -> Option<Arc<Caller>> {
@@ -274,6 +303,13 @@ impl Authenticator {
         let Some(tokens) = &self.tokens else {
             return Ok(Caller::anonymous());
         };
+        // A client certificate (verified by the TLS handshake against
+        // grpc.tls.client_ca_file) that names a tenant is that tenant.
+        if let Some(certificates) = request.peer_certs()
+            && let Some(caller) = certificates.first().and_then(|c| tokens.load().client(c))
+        {
+            return Ok(caller.as_ref().clone());
+        }
         let refused = || {
             Status::unauthenticated(
                 "authorization: send \"authorization: Bearer <token>\" with a token of this \

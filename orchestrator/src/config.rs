@@ -58,6 +58,8 @@ pub struct GrpcOptions {
     /// `toolfleet dev`).
     #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
     pub reflection: bool,
+    /// TLS for the gRPC port. Default: off (plaintext).
+    pub tls: TlsOptions,
 }
 
 impl Default for GrpcOptions {
@@ -65,8 +67,25 @@ impl Default for GrpcOptions {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             reflection: false,
+            tls: TlsOptions::default(),
         }
     }
+}
+
+/// TLS, and mutual TLS, for the gRPC port (`grpc.tls.*`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsOptions {
+    /// The server's certificate chain (PEM). With `key_file`, the port
+    /// speaks TLS only. Default: none.
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The server's private key (PEM). Default: none.
+    pub key_file: Option<std::path::PathBuf>,
+    /// CA certificates (PEM) that client certificates must chain to: with
+    /// it, every client must present one (mutual TLS), and a client whose
+    /// certificate names a tenant's `client_names` is that tenant. Default:
+    /// none.
+    pub client_ca_file: Option<std::path::PathBuf>,
 }
 
 /// Job store retention.

@@ -19,6 +19,7 @@ use async_nats::jetstream;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
@@ -51,6 +52,9 @@ pub enum StartError {
     /// `api.tokens_file` as the message says.
     #[error(transparent)]
     Auth(#[from] AuthError),
+    /// `grpc.tls.*` is incomplete, or a file cannot be read or used.
+    #[error("grpc.tls: {0}")]
+    Tls(String),
     /// The reflection service rejected the built-in descriptors: a bug.
     #[error("cannot build the gRPC reflection service")]
     Reflection(#[source] tonic_reflection::server::Error),
@@ -111,6 +115,7 @@ impl Orchestrator {
             api_options.tokens_reload_interval,
             defaults,
         )?;
+        let tls = tls_config(&self.options.grpc.tls)?;
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both the API and the server as a whole ("", what a kubelet gRPC
         // probe asks by default) are not serving until the replica is ready.
@@ -126,6 +131,7 @@ impl Orchestrator {
             listener,
             api.clone(),
             auth,
+            tls,
             health_service,
             self.options.grpc.reflection,
             shutdown.clone(),
@@ -257,6 +263,7 @@ async fn serve_grpc<H: Health>(
     listener: TcpListener,
     api: StartingApi,
     auth: Authenticator,
+    tls: Option<ServerTlsConfig>,
     health: HealthServer<H>,
     reflect: bool,
     shutdown: CancellationToken,
@@ -283,7 +290,11 @@ async fn serve_grpc<H: Health>(
     };
     // Without TCP_NODELAY, small responses wait for delayed ACKs (~40 ms).
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).map_err(StartError::Grpc)?;
+    }
+    builder
         .add_service(health)
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
@@ -292,4 +303,34 @@ async fn serve_grpc<H: Health>(
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .map_err(StartError::Grpc)
+}
+
+/// The server's TLS settings from `grpc.tls.*`; `None` without a
+/// certificate. Files are read once, at start.
+fn tls_config(options: &crate::config::TlsOptions) -> Result<Option<ServerTlsConfig>, StartError> {
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|err| StartError::Tls(format!("cannot read {key} {}: {err}", path.display())))
+    };
+    let (cert, key) = match (&options.cert_file, &options.key_file) {
+        (None, None) => {
+            if options.client_ca_file.is_some() {
+                return Err(StartError::Tls(
+                    "client_ca_file needs cert_file and key_file: mutual TLS is TLS first".into(),
+                ));
+            }
+            return Ok(None);
+        }
+        (Some(cert), Some(key)) => (read("cert_file", cert)?, read("key_file", key)?),
+        _ => {
+            return Err(StartError::Tls(
+                "set both cert_file and key_file, or neither".into(),
+            ));
+        }
+    };
+    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+    if let Some(ca) = &options.client_ca_file {
+        config = config.client_ca_root(Certificate::from_pem(read("client_ca_file", ca)?));
+    }
+    Ok(Some(config))
 }

@@ -387,3 +387,144 @@ async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
     assert!(api.submit_job(as_tenant(single, quick())).await.is_ok());
     Ok(())
 }
+
+/// A CA, a server certificate for localhost and 127.0.0.1, and a client
+/// certificate for `search.clients.test`, as PEM files in `dir`.
+fn certificates(dir: &Path) -> anyhow::Result<()> {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
+    let server_key = KeyPair::generate()?;
+    let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
+        .signed_by(&server_key, &*ca)?;
+    let client_key = KeyPair::generate()?;
+    let client = CertificateParams::new(vec!["search.clients.test".to_owned()])?
+        .signed_by(&client_key, &*ca)?;
+    for (name, pem) in [
+        ("ca.pem", ca.pem()),
+        ("server.pem", server.pem()),
+        ("server.key", server_key.serialize_pem()),
+        ("client.pem", client.pem()),
+        ("client.key", client_key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), pem)?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Result<()> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    let dir = tempfile::tempdir()?;
+    certificates(dir.path())?;
+    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let tokens = tokens_file(dir.path(), "");
+    // search's entry gains a client name: rewrite it with one.
+    let text = std::fs::read_to_string(&tokens)?.replace(
+        "tools = [\"calculate\"]",
+        "tools = [\"calculate\"]\nclient_names = [\"search.clients.test\"]",
+    );
+    std::fs::write(&tokens, text)?;
+    let mut fleet = Fleet::start(1).await?;
+    let (tokens, cert, key, ca) = (
+        tokens.to_string_lossy().into_owned(),
+        path("server.pem"),
+        path("server.key"),
+        path("ca.pem"),
+    );
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", &tokens),
+            ("TOOLFLEET_GRPC__TLS__CERT_FILE", &cert),
+            ("TOOLFLEET_GRPC__TLS__KEY_FILE", &key),
+            ("TOOLFLEET_GRPC__TLS__CLIENT_CA_FILE", &ca),
+        ])
+        .await?;
+    let url = fleet.grpc_url(0).await?;
+    let tls_url = url.replace("http://", "https://");
+    let ca_pem = std::fs::read(dir.path().join("ca.pem"))?;
+    let client_tls = |with_certificate: bool| -> anyhow::Result<ClientTlsConfig> {
+        let mut config = ClientTlsConfig::new()
+            .domain_name("localhost")
+            .ca_certificate(Certificate::from_pem(&ca_pem));
+        if with_certificate {
+            config = config.identity(Identity::from_pem(
+                std::fs::read(dir.path().join("client.pem"))?,
+                std::fs::read(dir.path().join("client.key"))?,
+            ));
+        }
+        Ok(config)
+    };
+    let job = || scripted_job("x", &json!([{"message": "m"}]));
+
+    // Plaintext is refused: the port speaks TLS only.
+    let plaintext = async {
+        let channel = Endpoint::from_shared(url.clone())?.connect().await?;
+        ApiClient::new(channel).submit_job(job()).await?;
+        anyhow::Ok(())
+    };
+    assert!(plaintext.await.is_err(), "a plaintext client got through");
+    // TLS without a client certificate is refused: mutual TLS is required.
+    let anonymous = async {
+        let channel = Endpoint::from_shared(tls_url.clone())?
+            .tls_config(client_tls(false)?)?
+            .connect()
+            .await?;
+        ApiClient::new(channel)
+            .submit_job(as_tenant(SEARCH, job()))
+            .await?;
+        anyhow::Ok(())
+    };
+    assert!(
+        anonymous.await.is_err(),
+        "a client without a certificate got through"
+    );
+
+    // The client certificate names the tenant: no token needed.
+    let channel = Endpoint::from_shared(tls_url)?
+        .tls_config(client_tls(true)?)?
+        .connect()
+        .await?;
+    let mut api = ApiClient::new(channel);
+    let job_id = api.submit_job(job()).await?.into_inner().job_id;
+    let mine = api
+        .list_jobs(v1::ListJobsRequest::default())
+        .await?
+        .into_inner();
+    assert_eq!(mine.jobs.len(), 1);
+    assert_eq!(mine.jobs[0].job_id, job_id);
+    let with_token = api
+        .list_jobs(as_tenant(ADS, v1::ListJobsRequest::default()))
+        .await?
+        .into_inner();
+    let ids: Vec<&str> = with_token.jobs.iter().map(|j| j.job_id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [job_id.as_str()],
+        "the certificate decides the tenant, not a token sent beside it"
+    );
+
+    // The CLI over mutual TLS.
+    let output = tokio::process::Command::new(cargo_bin("toolfleet")?)
+        .args([
+            "jobs",
+            "--json",
+            "--addr",
+            &url.replace("http://", "https://"),
+        ])
+        .args(["--tls-ca-file", &ca])
+        .args(["--tls-cert-file", &path("client.pem")])
+        .args(["--tls-key-file", &path("client.key")])
+        .env_remove("TOOLFLEET_TOKEN")
+        .output()
+        .await?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains(&job_id));
+    Ok(())
+}

@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 use toolfleet_proto::v1::{self, agent_service_client::AgentServiceClient};
 use toolfleet_proto::{JobEvent, JobStatus};
 
@@ -97,6 +97,57 @@ pub(crate) struct Server {
         value_name = "TOKEN"
     )]
     token: Option<String>,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// TLS to the orchestrator: an `https://` address, or any of these flags.
+#[derive(Debug, Clone, Default, Args)]
+pub(crate) struct TlsArgs {
+    /// CA certificate (PEM) the orchestrator's certificate chains to
+    /// (default: the system's roots).
+    #[arg(long, env = "TOOLFLEET_TLS_CA_FILE", value_name = "PEM")]
+    tls_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for an orchestrator that requires mutual TLS.
+    #[arg(
+        long,
+        env = "TOOLFLEET_TLS_CERT_FILE",
+        value_name = "PEM",
+        requires = "tls_key_file"
+    )]
+    tls_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "TOOLFLEET_TLS_KEY_FILE",
+        value_name = "PEM",
+        requires = "tls_cert_file"
+    )]
+    tls_key_file: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    fn is_set(&self) -> bool {
+        self.tls_ca_file.is_some() || self.tls_cert_file.is_some()
+    }
+
+    fn config(&self) -> anyhow::Result<ClientTlsConfig> {
+        let read = |flag: &str, path: &PathBuf| {
+            std::fs::read(path).with_context(|| format!("cannot read {flag} {}", path.display()))
+        };
+        let mut config = ClientTlsConfig::new();
+        config = match &self.tls_ca_file {
+            Some(ca) => config.ca_certificate(Certificate::from_pem(read("--tls-ca-file", ca)?)),
+            None => config.with_native_roots(),
+        };
+        if let (Some(cert), Some(key)) = (&self.tls_cert_file, &self.tls_key_file) {
+            config = config.identity(Identity::from_pem(
+                read("--tls-cert-file", cert)?,
+                read("--tls-key-file", key)?,
+            ));
+        }
+        Ok(config)
+    }
 }
 
 #[derive(Debug, Args)]
@@ -251,7 +302,12 @@ pub(crate) struct ToolsArgs {
 /// `toolfleet submit`.
 pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let request = args.request()?;
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     warn_of_unserved_tools(&mut client, &request.tools).await;
     let submitted = submit_job(&mut client, request).await?;
     if args.json {
@@ -303,7 +359,12 @@ async fn warn_of_unserved_tools(client: &mut ApiClient, named: &[String]) {
 
 /// `toolfleet get`.
 pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     let job = get_job(&mut client, &args.job_id).await?;
     print_job(&job, args.json)?;
     // The same table as `watch`: a finished job's code says how it ended.
@@ -317,7 +378,12 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
 pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     // Times are shown from the job's start, also when the watch starts later.
     let origin = if args.from > 0 {
         Some(get_job(&mut client, &args.job_id).await?.created_at_ms)
@@ -334,7 +400,12 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet cancel`.
 pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     let response = client
         .cancel_job(v1::CancelJobRequest {
             job_id: args.job_id.clone(),
@@ -357,7 +428,12 @@ pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet jobs`.
 pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     let page = client
         .list_jobs(v1::ListJobsRequest {
             page_size: args.limit,
@@ -391,7 +467,12 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet tools`.
 pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(&args.server.addr, args.server.token.as_deref()).await?;
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
     let mut tools = client
         .list_tools(v1::ListToolsRequest {})
         .await
@@ -417,7 +498,11 @@ pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
 /// # Errors
 ///
 /// The address is not a URL, or nothing answers there; the message says what to do.
-pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<ApiClient> {
+pub(crate) async fn connect(
+    addr: &str,
+    token: Option<&str>,
+    tls: &TlsArgs,
+) -> anyhow::Result<ApiClient> {
     let credentials = match token.filter(|t| !t.is_empty()) {
         Some(token) => Some(
             format!("Bearer {token}")
@@ -426,16 +511,20 @@ pub(crate) async fn connect(addr: &str, token: Option<&str>) -> anyhow::Result<A
         ),
         None => None,
     };
+    let scheme = if tls.is_set() { "https" } else { "http" };
     let url = if addr.contains("://") {
         addr.to_owned()
     } else {
-        format!("http://{addr}")
+        format!("{scheme}://{addr}")
     };
-    let endpoint = Endpoint::from_shared(url.clone())
+    let mut endpoint = Endpoint::from_shared(url.clone())
         .with_context(|| {
             format!("--addr {addr:?} is not a valid URL; use one like http://127.0.0.1:50051")
         })?
         .connect_timeout(CONNECT_TIMEOUT);
+    if url.starts_with("https://") || tls.is_set() {
+        endpoint = endpoint.tls_config(tls.config()?)?;
+    }
     let channel = endpoint.connect().await.with_context(|| {
         format!(
             "cannot reach the orchestrator at {url}; start one (`toolfleet dev --serve` runs \

@@ -265,7 +265,7 @@ impl LocalFleet {
     ///
     /// The orchestrator does not answer (it stopped).
     pub(crate) async fn client(&self) -> anyhow::Result<ApiClient> {
-        client::connect(&self.grpc_addr(), None).await
+        client::connect(&self.grpc_addr(), None, &client::TlsArgs::default()).await
     }
 
     /// Stops the orchestrator and the workers and waits for them to drain (up
@@ -411,7 +411,7 @@ impl LocalFleet {
         loop {
             self.check_tasks().await?;
             if client.is_none() {
-                match client::connect(&self.grpc_addr(), None).await {
+                match client::connect(&self.grpc_addr(), None, &client::TlsArgs::default()).await {
                     Ok(connected) => client = Some(connected),
                     Err(err) => last = format!("{err:#}"),
                 }
