@@ -257,6 +257,7 @@ impl AgentApi {
             limits: JobLimits {
                 max_calls_per_turn: self.options.max_calls_per_turn,
                 max_scripted_answer_bytes: self.options.max_scripted_answer_bytes,
+                max_active_jobs: caller.quotas.max_active_jobs,
             },
         })
     }
@@ -274,23 +275,8 @@ impl AgentApi {
             )
         };
         let quotas = caller.quotas;
-        if let Some(limit) = quotas.max_active_jobs {
-            let active = self
-                .store
-                .active_jobs(&caller.tenant, limit)
-                .await
-                .map_err(|e| to_status(&e))?;
-            if active >= limit {
-                return Err(exhausted(
-                    format!(
-                        "tenant {:?} has {active} jobs queued or running, its quota \
-                         (max_active_jobs); retry when one has finished",
-                        caller.tenant
-                    ),
-                    Duration::from_secs(1),
-                ));
-            }
-        }
+        // The rate first: it is one cheap script, and it bounds how often
+        // the active-jobs count (a scan when at the quota) runs.
         if let Some(rate) = quotas.submissions_per_second {
             let wait = self
                 .store
@@ -306,6 +292,23 @@ impl AgentApi {
                         wait.as_millis()
                     ),
                     wait,
+                ));
+            }
+        }
+        if let Some(limit) = quotas.max_active_jobs {
+            let active = self
+                .store
+                .active_jobs(&caller.tenant, limit)
+                .await
+                .map_err(|e| to_status(&e))?;
+            if active >= limit {
+                return Err(exhausted(
+                    format!(
+                        "tenant {:?} has {active} jobs queued or running, its quota \
+                         (max_active_jobs); retry when one has finished",
+                        caller.tenant
+                    ),
+                    Duration::from_secs(1),
                 ));
             }
         }

@@ -94,6 +94,11 @@ pub struct JobLimits {
     /// Largest answer the scripted model may write after quoting tool
     /// outputs (`api.max_scripted_answer_bytes`).
     pub max_scripted_answer_bytes: u64,
+    /// The tenant's active-jobs quota when the job was submitted; only then
+    /// is the job counted in the tenant's set of active jobs (which the
+    /// quota check prunes), so that tenants without the quota leave no set
+    /// growing in Redis.
+    pub max_active_jobs: Option<u32>,
 }
 
 impl Default for JobLimits {
@@ -101,6 +106,7 @@ impl Default for JobLimits {
         Self {
             max_calls_per_turn: 64,
             max_scripted_answer_bytes: 1024 * 1024,
+            max_active_jobs: None,
         }
     }
 }

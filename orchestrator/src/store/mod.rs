@@ -226,8 +226,8 @@ impl JobStore {
             // The index forgets what has surely expired: jobs live at most
             // their deadline (24h at most) plus the retention.
             let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
-            let () = redis::pipe()
-                .atomic()
+            let mut pipe = redis::pipe();
+            pipe.atomic()
                 .cmd("ZADD")
                 .arg(self.keys.unfinished_jobs())
                 .arg(now)
@@ -238,17 +238,20 @@ impl JobStore {
                 .arg(now)
                 .arg(&job_id)
                 .ignore()
-                .cmd("SADD")
-                .arg(self.keys.tenant_active_jobs(&spec.tenant))
-                .arg(&job_id)
-                .ignore()
                 .cmd("ZREMRANGEBYSCORE")
                 .arg(&index)
                 .arg("-inf")
                 .arg(format!("({horizon}"))
-                .ignore()
-                .query_async(&mut self.conn())
-                .await?;
+                .ignore();
+            // Counted only under an active-jobs quota, whose check prunes
+            // the set: without one, nothing would.
+            if spec.limits.max_active_jobs.is_some() {
+                pipe.cmd("SADD")
+                    .arg(self.keys.tenant_active_jobs(&spec.tenant))
+                    .arg(&job_id)
+                    .ignore();
+            }
+            let () = pipe.query_async(&mut self.conn()).await?;
         }
         self.notify(&job_id).await;
         Ok((job_id, duplicate))
