@@ -221,40 +221,49 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         if created == 1 {
-            let now = now_ms();
-            let index = self.keys.tenant_jobs(&spec.tenant);
-            // The index forgets what has surely expired: jobs live at most
-            // their deadline (24h at most) plus the retention.
-            let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
-            let mut pipe = redis::pipe();
-            pipe.atomic()
-                .cmd("ZADD")
-                .arg(self.keys.unfinished_jobs())
-                .arg(now)
-                .arg(&job_id)
-                .ignore()
-                .cmd("ZADD")
-                .arg(&index)
-                .arg(now)
-                .arg(&job_id)
-                .ignore()
-                .cmd("ZREMRANGEBYSCORE")
-                .arg(&index)
-                .arg("-inf")
-                .arg(format!("({horizon}"))
-                .ignore();
-            // Counted only under an active-jobs quota, whose check prunes
-            // the set: without one, nothing would.
-            if spec.limits.max_active_jobs.is_some() {
-                pipe.cmd("SADD")
-                    .arg(self.keys.tenant_active_jobs(&spec.tenant))
-                    .arg(&job_id)
-                    .ignore();
-            }
-            let () = pipe.query_async(&mut self.conn()).await?;
+            self.index_new_job(spec, &job_id).await?;
         }
         self.notify(&job_id).await;
         Ok((job_id, duplicate))
+    }
+
+    /// Puts a newly created job into the sets that find it again: the
+    /// unfinished jobs (the sweeper's), its tenant's job index (`ListJobs`)
+    /// and, under an active-jobs quota, its tenant's active jobs.
+    async fn index_new_job(&self, spec: &JobSpec, job_id: &str) -> Result<(), Error> {
+        let now = now_ms();
+        let index = self.keys.tenant_jobs(&spec.tenant);
+        // The index forgets what has surely expired: jobs live at most
+        // their deadline (24h at most) plus the retention.
+        let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
+        // A plain pipeline, not MULTI: the keys are in different hash slots
+        // (Redis Cluster), and each write stands on its own.
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(self.keys.unfinished_jobs())
+            .arg(now)
+            .arg(job_id)
+            .ignore()
+            .cmd("ZADD")
+            .arg(&index)
+            .arg(now)
+            .arg(job_id)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&index)
+            .arg("-inf")
+            .arg(format!("({horizon}"))
+            .ignore();
+        // Counted only under an active-jobs quota, whose check prunes
+        // the set: without one, nothing would.
+        if spec.limits.max_active_jobs.is_some() {
+            pipe.cmd("SADD")
+                .arg(self.keys.tenant_active_jobs(&spec.tenant))
+                .arg(job_id)
+                .ignore();
+        }
+        let () = pipe.query_async(&mut self.conn()).await?;
+        Ok(())
     }
 
     /// A page of `tenant`'s jobs, newest first: those submitted before
