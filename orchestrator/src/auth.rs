@@ -18,15 +18,16 @@
 //! dev` and tests; never on a shared network).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
+use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
 /// The tenant of every caller when authentication is off.
@@ -279,16 +280,18 @@ impl Authenticator {
             .filter(|p| !p.as_os_str().is_empty())
             .ok_or(AuthError::NoTokensFile)?
             .to_owned();
+        let paths = vec![path.clone()];
+        let seen = Fingerprint::of(&paths);
         let tokens = Arc::new(ArcSwap::from_pointee(load(&path, defaults)?));
         info!(file = %path.display(), tokens = tokens.load().by_hash.len(), "api tokens loaded");
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(watch(
-                Arc::downgrade(&tokens),
-                path,
-                reload_interval.max(Duration::from_millis(100)),
-                defaults,
-            ));
-        }
+        reload::watch(
+            &tokens,
+            paths,
+            seen,
+            reload_interval,
+            "the api tokens file",
+            move || load(&path, defaults),
+        );
         Ok(Self {
             tokens: Some(tokens),
         })
@@ -362,43 +365,6 @@ fn load(path: &Path, defaults: Quotas) -> Result<Tokens, AuthError> {
         path: path.display().to_string(),
         reason,
     })
-}
-
-fn fingerprint(path: &Path) -> Option<(SystemTime, u64)> {
-    std::fs::metadata(path)
-        .ok()
-        .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-}
-
-/// Reloads the tokens when the file changes, until the authenticator is
-/// dropped. A file that does not load leaves the previous tokens in force.
-async fn watch(
-    tokens: std::sync::Weak<ArcSwap<Tokens>>,
-    path: PathBuf,
-    interval: Duration,
-    defaults: Quotas,
-) {
-    let mut seen = fingerprint(&path);
-    loop {
-        tokio::time::sleep(interval).await;
-        let Some(tokens) = tokens.upgrade() else {
-            return;
-        };
-        let now = fingerprint(&path);
-        if now == seen {
-            continue;
-        }
-        seen = now;
-        match load(&path, defaults) {
-            Ok(loaded) => {
-                info!(file = %path.display(), tokens = loaded.by_hash.len(), "api tokens reloaded");
-                tokens.store(Arc::new(loaded));
-            }
-            Err(err) => {
-                warn!(error = %err, "the changed tokens file does not load; the previous tokens stay in force")
-            }
-        }
-    }
 }
 
 #[cfg(test)]

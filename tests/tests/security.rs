@@ -249,7 +249,7 @@ async fn a_changed_tokens_file_takes_effect_without_a_restart() -> anyhow::Resul
     std::fs::write(dir.path().join("tokens.toml"), "[tenants.late\n")?;
     fleet
         .orchestrator(0)
-        .wait_for_log_after(mark, "does not load", Duration::from_secs(10))
+        .wait_for_log_after(mark, "do not load", Duration::from_secs(10))
         .await?;
     assert!(api.list_jobs(list()).await.is_ok());
     Ok(())

@@ -7,6 +7,7 @@
 //!   the connection, log and metrics sections, URL redaction;
 //! - [`connect`]: NATS and Redis connections with the settings both sides need;
 //! - [`queue`]: the JetStream work queues and their shared consumers;
+//! - [`reload`]: reference files held in memory, reloaded when they change;
 //! - [`binary`]: a binary's `main` around its options: print-config, logging,
 //!   metrics, signals and exit codes;
 //! - [`telemetry`]: the tracing subscriber and the Prometheus endpoint;
@@ -21,5 +22,6 @@ pub mod config;
 pub mod connect;
 pub mod identity;
 pub mod queue;
+pub mod reload;
 pub mod signals;
 pub mod telemetry;

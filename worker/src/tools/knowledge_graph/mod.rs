@@ -24,13 +24,14 @@ pub mod trend_analysis;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use toolfleet_proto::ErrorCode;
+use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
 use crate::tool::ToolError;
@@ -189,16 +190,13 @@ impl Source {
         }
     }
 
-    /// What changes when a file is rewritten: its modification time and size.
-    fn fingerprint(&self) -> Vec<Option<(SystemTime, u64)>> {
-        let of = |path: &Path| {
-            std::fs::metadata(path)
-                .ok()
-                .map(|m| (m.modified().unwrap_or(SystemTime::UNIX_EPOCH), m.len()))
-        };
+    /// The files whose changes reload the graph.
+    fn paths(&self) -> Vec<PathBuf> {
         match self {
-            Self::Sample { aliases } => vec![aliases.as_deref().and_then(of)],
-            Self::File { graph, aliases } => vec![of(graph), aliases.as_deref().and_then(of)],
+            Self::Sample { aliases } => aliases.iter().cloned().collect(),
+            Self::File { graph, aliases } => std::iter::once(graph.clone())
+                .chain(aliases.clone())
+                .collect(),
         }
     }
 }
@@ -206,7 +204,7 @@ impl Source {
 /// The graph and model that both tools share.
 #[derive(Debug)]
 pub struct KnowledgeBase {
-    graph: ArcSwap<Graph>,
+    graph: Arc<ArcSwap<Graph>>,
     model: Option<Model>,
     max_facts: usize,
     /// The model's answers per word: `None` when it found no predicate.
@@ -225,23 +223,24 @@ impl KnowledgeBase {
             return Err(Error::NoFacts);
         }
         let source = Source::of(options);
-        let fingerprint = source.fingerprint();
+        let paths = source.paths();
+        let seen = Fingerprint::of(&paths);
         let graph = source.load()?;
         info!(graph = %source.describe(), facts = graph.len(), "knowledge graph loaded");
         let base = Arc::new(Self {
-            graph: ArcSwap::from_pointee(graph),
+            graph: Arc::new(ArcSwap::from_pointee(graph)),
             model: Model::new(&options.model)?,
             max_facts: options.max_facts,
             remembered: Mutex::new(HashMap::new()),
         });
-        if tokio::runtime::Handle::try_current().is_ok() {
-            tokio::spawn(watch(
-                Arc::downgrade(&base),
-                source,
-                fingerprint,
-                options.reload_interval.max(Duration::from_millis(100)),
-            ));
-        }
+        reload::watch(
+            &base.graph,
+            paths,
+            seen,
+            options.reload_interval,
+            "the knowledge graph",
+            move || source.load(),
+        );
         Ok(base)
     }
 
@@ -249,7 +248,7 @@ impl KnowledgeBase {
     /// reloading: for tests and benchmarks.
     pub fn from_graph(graph: Graph, max_facts: usize) -> Arc<Self> {
         Arc::new(Self {
-            graph: ArcSwap::from_pointee(graph),
+            graph: Arc::new(ArcSwap::from_pointee(graph)),
             model: None,
             max_facts: max_facts.max(1),
             remembered: Mutex::new(HashMap::new()),
@@ -411,38 +410,6 @@ async fn ask_for_predicate(
         .trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '_')
         .to_ascii_uppercase();
     Ok(Predicate::from_name(&name))
-}
-
-/// Reloads the graph whenever its files change, until the knowledge base
-/// is dropped.
-async fn watch(
-    base: Weak<KnowledgeBase>,
-    source: Source,
-    mut fingerprint: Vec<Option<(SystemTime, u64)>>,
-    interval: Duration,
-) {
-    loop {
-        tokio::time::sleep(interval).await;
-        let Some(base) = base.upgrade() else { return };
-        let now = source.fingerprint();
-        if now == fingerprint {
-            continue;
-        }
-        let loading = source.clone();
-        match tokio::task::spawn_blocking(move || loading.load()).await {
-            Ok(Ok(graph)) => {
-                info!(graph = %source.describe(), facts = graph.len(), "knowledge graph reloaded");
-                base.graph.store(Arc::new(graph));
-                fingerprint = now;
-            }
-            Ok(Err(err)) => {
-                // Keep the fingerprint: the next change (the fix) loads again.
-                warn!(error = %err, "the changed knowledge graph does not load; still serving the previous one");
-                fingerprint = now;
-            }
-            Err(err) => warn!(error = %err, "knowledge graph reload failed"),
-        }
-    }
 }
 
 /// The days a query covers, both included.
