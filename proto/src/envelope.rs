@@ -242,6 +242,12 @@ mod tests {
         ]
     }
 
+    #[test]
+    fn excerpts_count_characters_and_mark_the_cut() {
+        assert_eq!(excerpt("héllo", 3), "hél…");
+        assert_eq!(excerpt("héllo", 5), "héllo");
+    }
+
     proptest! {
         #[test]
         fn any_envelope_survives_json(envelope in arb_envelope()) {

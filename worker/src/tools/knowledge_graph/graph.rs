@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::dates::{ACCEPTED_FORMATS, Day};
 use super::entity::{self, EntityId, Names};
 use super::predicate::Predicate;
+use toolfleet_proto::envelope::excerpt;
 
 /// Longest accepted line of a graph file. A fact is a few hundred bytes; this
 /// bounds what one bad line can cost.
@@ -206,7 +207,7 @@ impl Graph {
         let predicate = Predicate::from_name(&line.predicate).ok_or_else(|| {
             format!(
                 "unknown predicate {:?}; use one of {}",
-                truncate(&line.predicate, 40),
+                excerpt(&line.predicate, 40),
                 Predicate::names()
             )
         })?;
@@ -230,7 +231,7 @@ impl Graph {
             Some(text) => Day::parse(&text).map(Some).ok_or_else(|| {
                 format!(
                     "{key} {:?} is not a date; use {ACCEPTED_FORMATS}, or null",
-                    truncate(&text, 40)
+                    excerpt(&text, 40)
                 )
             }),
         };
@@ -342,14 +343,6 @@ impl Graph {
     }
 }
 
-/// At most `max` characters of `text`, with `…` when cut.
-pub(crate) fn truncate(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_owned(),
-    }
-}
-
 /// Re-exported for the tools: how names resolve.
 pub use entity::Resolution;
 
@@ -458,11 +451,5 @@ mod tests {
             ["AMD>chip designer"],
             "an undated fact is always true"
         );
-    }
-
-    #[test]
-    fn truncation_counts_characters() {
-        assert_eq!(truncate("héllo", 3), "hél…");
-        assert_eq!(truncate("héllo", 5), "héllo");
     }
 }

@@ -37,9 +37,10 @@ use tracing::{info, warn};
 use crate::tool::ToolError;
 use dates::{ACCEPTED_FORMATS, Day};
 use entity::Resolution;
-use graph::{Fact, Graph, LoadError, truncate};
+use graph::{Fact, Graph, LoadError};
 use model::{Model, ModelOptions};
 use predicate::Predicate;
+use toolfleet_proto::envelope::excerpt;
 
 pub use factual_qa::FactualQa;
 pub use trend_analysis::TrendAnalysis;
@@ -294,14 +295,14 @@ impl KnowledgeBase {
         limit: usize,
     ) -> Result<Answer, ToolError> {
         let graph = self.graph();
-        let id = match graph.names().resolve(&truncate(entity, MAX_NAME_CHARS)) {
+        let id = match graph.names().resolve(&excerpt(entity, MAX_NAME_CHARS)) {
             Resolution::Entity(id) => id,
             Resolution::Ambiguous(candidates) => {
                 return Err(ToolError::terminal(
                     AMBIGUOUS_ENTITY,
                     format!(
                         "{:?} matches several entities equally well: {}; call again with one of these names",
-                        truncate(entity, 60),
+                        excerpt(entity, 60),
                         candidates.join(", ")
                     ),
                 ));
@@ -311,7 +312,7 @@ impl KnowledgeBase {
                     ENTITY_NOT_FOUND,
                     format!(
                         "no entity named {:?} is in the knowledge graph; check the spelling or try the company's short name",
-                        truncate(entity, 60)
+                        excerpt(entity, 60)
                     ),
                 ));
             }
@@ -341,7 +342,7 @@ impl KnowledgeBase {
                 INVALID_PREDICATE,
                 format!(
                     "{:?} is not a predicate of the knowledge graph; use one of: {}",
-                    truncate(word, 60),
+                    excerpt(word, 60),
                     Predicate::names()
                 ),
             )
@@ -434,7 +435,7 @@ impl Window {
             Day::parse(text).ok_or_else(|| {
                 ToolError::InvalidArguments(format!(
                     "{key} {:?} is not a date; use {ACCEPTED_FORMATS}",
-                    truncate(text, 40)
+                    excerpt(text, 40)
                 ))
             })
         };
@@ -540,7 +541,7 @@ fn block(graph: &Graph, n: usize, fact: &Fact) -> String {
     }
     format!(
         "{line}\n   Statement: {}\n   Type: {}\n",
-        truncate(&fact.statement, STATEMENT_TEXT_CHARS),
+        excerpt(&fact.statement, STATEMENT_TEXT_CHARS),
         fact.statement_type
     )
 }
@@ -552,7 +553,7 @@ fn fact_json(graph: &Graph, fact: &Fact) -> Value {
         "object": graph.name(fact.object),
         "valid_at": fact.valid_at,
         "invalid_at": fact.invalid_at,
-        "statement": truncate(&fact.statement, STATEMENT_JSON_CHARS),
+        "statement": excerpt(&fact.statement, STATEMENT_JSON_CHARS),
         "statement_type": fact.statement_type,
         "value": fact.value,
     })

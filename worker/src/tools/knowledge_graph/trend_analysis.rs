@@ -186,10 +186,10 @@ impl TrendAnalysis {
             question,
             window.start,
             window.end,
-            super::truncate(sections_text, MAX_SUMMARY_INPUT_CHARS)
+            super::excerpt(sections_text, MAX_SUMMARY_INPUT_CHARS)
         );
         match model.complete(instructions, &input).await {
-            Ok(summary) => (super::truncate(summary.trim(), MAX_SUMMARY_CHARS), "model"),
+            Ok(summary) => (super::excerpt(summary.trim(), MAX_SUMMARY_CHARS), "model"),
             Err(err) => {
                 warn!(error = %err, "kg.model could not summarise a trend; using the computed summary");
                 (computed(), "computed")
