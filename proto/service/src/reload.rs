@@ -95,13 +95,20 @@ mod tests {
         let path = dir.path().join("n.txt");
         std::fs::write(&path, "1").unwrap();
         let paths = vec![path.clone()];
+        let loads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let read = {
-            let path = path.clone();
+            let (path, loads) = (path.clone(), loads.clone());
             move || -> Result<u32, String> {
-                let text = std::fs::read_to_string(&path).map_err(|e| e.to_string())?;
-                text.trim()
-                    .parse()
-                    .map_err(|_| format!("{text:?} is not a number"))
+                let read = std::fs::read_to_string(&path).map_err(|e| e.to_string());
+                let parsed = read.and_then(|text| {
+                    text.trim()
+                        .parse()
+                        .map_err(|_| format!("{text:?} is not a number"))
+                });
+                // Counted once the outcome is known: a count that moved means
+                // this version was tried and, if broken, will not be stored.
+                loads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                parsed
             }
         };
         let current = Arc::new(ArcSwap::from_pointee(read().unwrap()));
@@ -119,10 +126,17 @@ mod tests {
             assert!(tokio::time::Instant::now() < deadline, "never reloaded");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // A broken version is loaded, and does not replace the good one.
+        let tried = loads.load(std::sync::atomic::Ordering::SeqCst);
         std::fs::write(&path, "not a number").unwrap();
-        // A broken version never replaces a good one, however long we look;
-        // then a good one does.
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while loads.load(std::sync::atomic::Ordering::SeqCst) == tried {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the broken version was never tried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
         assert_eq!(**current.load(), 22);
         std::fs::write(&path, "333").unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
