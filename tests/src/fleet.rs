@@ -414,6 +414,28 @@ pub fn scripted_job(input: &str, script: &serde_json::Value) -> v1::SubmitJobReq
     }
 }
 
+/// Submits a job whose model would think for a minute, cancels it, and
+/// returns its id once it has ended cancelled.
+///
+/// # Errors
+///
+/// The orchestrator refused a call, or the job did not end in time.
+pub async fn cancelled_job(api: &ApiClient) -> anyhow::Result<String> {
+    let mut api = api.clone();
+    let script = serde_json::json!([{"delay_ms": 60000, "message": "never"}]);
+    let job_id = api
+        .submit_job(scripted_job("x", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    api.cancel_job(v1::CancelJobRequest {
+        job_id: job_id.clone(),
+    })
+    .await?;
+    wait_finished(&api, &job_id).await?;
+    Ok(job_id)
+}
+
 /// Follows a job's events to its final one (at most two minutes), then
 /// returns the finished job.
 ///

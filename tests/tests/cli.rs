@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use toolfleet_proto::v1;
 use toolfleet_tests::cargo_bin;
-use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, cancelled_job, scripted_job, wait_finished};
 
 /// What a run of the binary printed and how it exited.
 struct Run {
@@ -81,19 +81,7 @@ async fn get_and_watch_exit_by_how_the_job_ended_and_watch_ends_with_its_final_s
         .into_inner()
         .job_id;
     wait_finished(&api, &done).await?;
-    let slow = api
-        .submit_job(scripted_job(
-            "x",
-            &json!([{"delay_ms": 60000, "message": "never"}]),
-        ))
-        .await?
-        .into_inner()
-        .job_id;
-    api.cancel_job(v1::CancelJobRequest {
-        job_id: slow.clone(),
-    })
-    .await?;
-    wait_finished(&api, &slow).await?;
+    let slow = cancelled_job(&api).await?;
 
     let get = toolfleet(&["get", &done, "--addr", &url]).await?;
     assert_eq!(get.code, Some(0), "{}", get.stderr);

@@ -7,7 +7,7 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1::{self, item::Kind};
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{ApiClient, Fleet, cancelled_job, scripted_job, wait_finished};
 
 const JOB: Duration = Duration::from_secs(60);
 
@@ -553,19 +553,7 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
         wait_finished(&api, &job_id).await?;
         submitted.push(job_id);
     }
-    let slow = api
-        .submit_job(scripted(
-            "x",
-            json!([{"delay_ms": 60000, "message": "never"}]),
-        ))
-        .await?
-        .into_inner()
-        .job_id;
-    api.cancel_job(v1::CancelJobRequest {
-        job_id: slow.clone(),
-    })
-    .await?;
-    wait_finished(&api, &slow).await?;
+    let slow = cancelled_job(&api).await?;
     submitted.push(slow.clone());
 
     let list = |page_token: String, status: v1::JobStatus, metadata: &[(&str, &str)]| {
