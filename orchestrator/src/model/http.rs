@@ -135,23 +135,7 @@ async fn send_once(
     if let Some(key) = &options.api_key {
         request = request.bearer_auth(key);
     }
-    let response = request.send().await.map_err(|err| {
-        // Without the URL: its query string may hold a key, and the reason
-        // reaches the job's error, which clients read.
-        let err = err.without_url();
-        let reason = format!("request failed: {}", error_chain(&err));
-        if is_transient(&err) {
-            Failure::Transient(Transient {
-                reason,
-                status: None,
-                retry_after: None,
-                request_id: None,
-            })
-        } else {
-            // A bad URL or similar: no server ever saw the request.
-            Failure::Fatal(ModelError::Unavailable(reason))
-        }
-    })?;
+    let response = request.send().await.map_err(send_failure)?;
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
@@ -208,6 +192,25 @@ async fn send_once(
         code: details.code(),
         message: details.message,
     }))
+}
+
+/// What a request that got no response means: worth another attempt, or a
+/// request no server ever saw (a bad URL or similar).
+fn send_failure(err: reqwest::Error) -> Failure {
+    // Without the URL: its query string may hold a key, and the reason
+    // reaches the job's error, which clients read.
+    let err = err.without_url();
+    let reason = format!("request failed: {}", error_chain(&err));
+    if is_transient(&err) {
+        Failure::Transient(Transient {
+            reason,
+            status: None,
+            retry_after: None,
+            request_id: None,
+        })
+    } else {
+        Failure::Fatal(ModelError::Unavailable(reason))
+    }
 }
 
 fn is_retryable_status(status: StatusCode) -> bool {
