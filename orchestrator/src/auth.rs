@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 use toolfleet_service::reload::{self, Fingerprint};
+pub use toolfleet_proto::job::is_valid_tenant;
 use tracing::{info, warn};
 
 /// The tenant of every caller when authentication is off.
@@ -209,15 +210,6 @@ impl Tokens {
     fn caller(&self, token: &str) -> Option<Arc<Caller>> {
         self.by_hash.get(&sha256(token)).cloned()
     }
-}
-
-/// Tenant names go into Redis keys (inside `{...}` hash tags): a closed
-/// alphabet.
-pub fn is_valid_tenant(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
 fn sha256(text: &str) -> [u8; 32] {

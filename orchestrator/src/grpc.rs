@@ -17,7 +17,7 @@ use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
 use tracing::{info, warn};
 
 use crate::auth::{AuthMode, Caller, caller_of};
-use crate::job::{Item, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
+use crate::job::{Item, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
@@ -316,8 +316,13 @@ impl AgentApi {
     }
 
     /// The record of `job_id` if it belongs to the caller's tenant; the
-    /// same `NOT_FOUND` for another tenant's job as for a missing one.
+    /// same `NOT_FOUND` for another tenant's job as for a missing one. An id
+    /// that is not a job id, or names another tenant, is refused before
+    /// Redis is asked.
     async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
+        if !JobId::parse(job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
+            return Err(not_found(job_id));
+        }
         let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
         record
             .filter(|record| record.spec.tenant == caller.tenant)

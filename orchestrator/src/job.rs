@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
-pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobStatus};
+pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus};
 pub use toolfleet_service::clock::now_ms;
 
-/// A new job id: time-ordered, 28 hex digits, safe in subjects and keys.
-pub fn new_job_id() -> String {
-    format!("{:012x}{:016x}", now_ms(), rand::random::<u64>())
+/// A new id for a job of `tenant` (a checked name): the tenant, then 28
+/// time-ordered hex digits ([`JobId`]); safe in subjects and keys.
+pub fn new_job_id(tenant: &str) -> String {
+    JobId::format(tenant, now_ms(), rand::random::<u64>())
 }
 
 /// Which model runs a job.

@@ -4,7 +4,8 @@
 //! - [`JobStatus`]: where a job is in its life;
 //! - [`JobErrorCode`]: why a job failed (or that it was cancelled);
 //! - [`JobEvent`]: one entry of a job's event log, as `WatchJob` streams it
-//!   (`kind` plus a JSON `data` object).
+//!   (`kind` plus a JSON `data` object);
+//! - [`JobId`]: the form of a job id, which names the job's tenant.
 //!
 //! The spellings here are the wire format: they are stored in Redis and sent
 //! to clients, so a rename is a breaking change.
@@ -343,9 +344,115 @@ impl JobEvent {
     }
 }
 
+/// Longest tenant name.
+pub const MAX_TENANT_LEN: usize = 64;
+
+/// Whether `name` can name a tenant: 1 to 64 lowercase ASCII letters,
+/// digits, `-` and `_`. Tenant names go into job ids and so into NATS
+/// subjects and Redis keys: a closed alphabet.
+pub fn is_valid_tenant(name: &str) -> bool {
+    (1..=MAX_TENANT_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// The hex digits that end every job id: 12 of the submission time in
+/// milliseconds (so ids sort by time), 16 random.
+const SERIAL_LEN: usize = 28;
+
+/// A job id taken apart: `<tenant>-<28 lowercase hex digits>`.
+///
+/// The tenant is part of the id so that everything keyed by the id carries
+/// it: the job's Redis keys (`tf:{acme-0190…}:events`, which a per-tenant
+/// Redis ACL or a scan can select) and its reply subject. An id whose tenant
+/// is not the caller's is refused before anything is read. Ids made before
+/// tenants existed are the 28 digits alone; they stay valid, with no tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobId<'a> {
+    /// The tenant the id names; `None` for an id from before tenants.
+    pub tenant: Option<&'a str>,
+}
+
+impl<'a> JobId<'a> {
+    /// A new id for `tenant`'s job submitted at `millis`, with `random`
+    /// for uniqueness.
+    ///
+    /// # Panics
+    ///
+    /// If `tenant` is not a valid tenant name: callers hold a checked one.
+    pub fn format(tenant: &str, millis: u64, random: u64) -> String {
+        assert!(is_valid_tenant(tenant), "a checked tenant name");
+        // 12 hex digits of milliseconds last until the year 10889.
+        format!("{tenant}-{:012x}{random:016x}", millis & 0xffff_ffff_ffff)
+    }
+
+    /// Reads `id`; `None` when it is not a job id of this form (a client's
+    /// or a message's bytes can be anything).
+    pub fn parse(id: &'a str) -> Option<Self> {
+        let serial_start = id.len().checked_sub(SERIAL_LEN)?;
+        let serial = id.get(serial_start..)?;
+        if !serial
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        {
+            return None;
+        }
+        if serial_start == 0 {
+            return Some(Self { tenant: None });
+        }
+        let tenant = id[..serial_start].strip_suffix('-')?;
+        is_valid_tenant(tenant).then_some(Self {
+            tenant: Some(tenant),
+        })
+    }
+
+    /// Whether a caller of `tenant` may see the job with this id as far as
+    /// the id tells (an id without a tenant defers to the stored record).
+    pub fn may_belong_to(&self, tenant: &str) -> bool {
+        self.tenant.is_none_or(|named| named == tenant)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn job_ids_name_their_tenant_and_read_back() {
+        let id = JobId::format("acme-eu_1", 0x0190_0000_0001, 0xdead_beef);
+        assert_eq!(id, "acme-eu_1-01900000000100000000deadbeef");
+        assert_eq!(JobId::parse(&id).unwrap().tenant, Some("acme-eu_1"));
+        assert!(JobId::parse(&id).unwrap().may_belong_to("acme-eu_1"));
+        assert!(!JobId::parse(&id).unwrap().may_belong_to("acme"));
+        // Ids from before tenants: the digits alone, owner unknown.
+        let legacy = JobId::parse("019000000001000000000000beef").unwrap();
+        assert_eq!(legacy.tenant, None);
+        assert!(legacy.may_belong_to("anyone"));
+    }
+
+    #[test]
+    fn anything_else_is_not_a_job_id() {
+        for bad in [
+            "",
+            "acme",
+            "acme-",
+            "-019000000001000000000000beef",
+            "Acme-019000000001000000000000beef",
+            "acme019000000001000000000000beef",
+            "acme-019000000001000000000000BEEF",
+            "acme-01900000000100000000000beef",
+            "ac.me-019000000001000000000000beef",
+            "acme\n-019000000001000000000000beef",
+            "a}{b-019000000001000000000000beef",
+            "é-019000000001000000000000beef",
+            "acme-019000000001000000000000beeé",
+        ] {
+            assert_eq!(JobId::parse(bad), None, "{bad:?}");
+        }
+        let long = format!("{}-019000000001000000000000beef", "a".repeat(65));
+        assert_eq!(JobId::parse(&long), None);
+    }
 
     fn every_event() -> Vec<(JobEvent, &'static str)> {
         vec![

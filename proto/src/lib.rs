@@ -8,7 +8,8 @@
 //! - [`arguments`]: the argument check both sides run before a call executes.
 //! - [`manifest`]: what a worker announces about each tool in the registry,
 //!   including its [`RetryPolicy`].
-//! - [`job`]: the job lifecycle: statuses, job error codes and events.
+//! - [`job`]: the job lifecycle: statuses, job error codes and events, and
+//!   the form of job ids and tenant names.
 //! - [`names`]: every subject, stream, consumer, header, bucket and Redis key.
 
 pub mod arguments;
@@ -31,5 +32,5 @@ pub mod v1 {
 pub use arguments::check_arguments;
 pub use call::ToolCall;
 pub use envelope::{Envelope, ErrorBody, ErrorCode};
-pub use job::{JobErrorCode, JobEvent, JobStatus};
+pub use job::{JobErrorCode, JobEvent, JobId, JobStatus};
 pub use manifest::{RetryPolicy, ToolManifest, WorkerAnnouncement};

@@ -133,7 +133,7 @@ async fn callers_without_a_known_token_are_refused() -> anyhow::Result<()> {
 #[tokio::test]
 async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let (_fleet, mut api) = secured_fleet(dir.path()).await?;
+    let (fleet, mut api) = secured_fleet(dir.path()).await?;
     let mut secret = scripted_job(
         "search's secret prompt",
         &json!([
@@ -150,9 +150,27 @@ async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
         .into_inner()
         .job_id;
 
-    // Another tenant: the job does not exist, exactly as a missing one.
+    // The id, and so every Redis key of the job, names its tenant.
+    assert!(job_id.starts_with("search-"), "{job_id}");
+    let mut redis = fleet.redis.connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("tf:{{{job_id}}}*"))
+        .query_async(&mut redis)
+        .await?;
+    assert!(keys.len() >= 3, "{keys:?}");
+
+    // Another tenant: the job does not exist, exactly as a missing one,
+    // whether the id is search's, a made-up one in ads' name or one from
+    // before tenants, or not a job id at all.
+    let in_ads_name = job_id.replacen("search-", "ads-", 1);
     let missing = "0123456789abcdef0123456789ab";
-    for id in [job_id.as_str(), missing] {
+    for id in [
+        job_id.as_str(),
+        &in_ads_name,
+        missing,
+        "ads-x}{y",
+        "ads-0123456789abcdef0123456789ab\n",
+    ] {
         let get = api
             .get_job(as_tenant(ADS, v1::GetJobRequest { job_id: id.into() }))
             .await

@@ -210,7 +210,17 @@ impl Runner {
 
     async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
         let job_id = String::from_utf8_lossy(&message.payload).into_owned();
-        let delivery = self.take_and_run(&job_id, &message, abandon).await;
+        let delivery = if crate::job::JobId::parse(&job_id).is_some() {
+            self.take_and_run(&job_id, &message, abandon).await
+        } else {
+            // Not one this service queued: nothing to run, and its bytes go
+            // into no key and, beyond an excerpt, into no log line.
+            warn!(
+                job_id = toolfleet_proto::envelope::excerpt(&job_id, 64),
+                "dropping a queue message that is not a job id"
+            );
+            Delivery::Done
+        };
         if let Some(ack) = ack_for(delivery, self.options.lease_ttl)
             && let Err(err) = message.ack_with(ack).await
         {

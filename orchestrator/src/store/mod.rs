@@ -32,7 +32,7 @@ use toolfleet_proto::Envelope;
 use toolfleet_proto::names::{self, RedisKeys};
 
 use crate::job::{
-    Ending, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobSpec, JobStatus, Lease,
+    Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, Lease,
     ProviderKind, ToolManifest, TurnCheckpoint, new_job_id, now_ms,
 };
 
@@ -88,11 +88,7 @@ impl ListCursor {
     /// A page token read back; `None` when it is not one this server made.
     pub fn from_token(token: &str) -> Option<Self> {
         let (ms, job_id) = token.split_once('.')?;
-        let valid_id = !job_id.is_empty()
-            && job_id.len() <= 64
-            && job_id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        let valid_id = JobId::parse(job_id).is_some();
         Some(Self {
             submitted_ms: ms.parse().ok()?,
             job_id: valid_id.then(|| job_id.to_owned())?,
@@ -172,7 +168,7 @@ impl JobStore {
         spec: &JobSpec,
         idempotency: Option<Idempotency<'_>>,
     ) -> Result<(String, bool), Error> {
-        let mut job_id = new_job_id();
+        let mut job_id = new_job_id(&spec.tenant);
         let mut duplicate = false;
         if let Some(Idempotency { key, fingerprint }) = idempotency {
             let record = self.keys.submission(&spec.tenant, key);
