@@ -7,12 +7,13 @@
 //! [tenants.search]
 //! token_sha256 = ["<sha256 of the token, hex>"]
 //! tools = ["calculate", "factual_qa"]   # optional: the tools its jobs may use
-//! client_names = ["search.clients.example"]   # optional: mutual TLS
+//! client_names = ["search.clients.example", "spiffe://example.org/ns/search"]   # optional: mutual TLS
 //! ```
 //!
 //! With mutual TLS (`grpc.tls.client_ca_file`), a client whose certificate
-//! is valid for one of a tenant's `client_names` (a DNS name in its subject
-//! alternative names) is that tenant, without a token.
+//! is valid for one of a tenant's `client_names` (a DNS name, or a URI such
+//! as a SPIFFE id, in its subject alternative names) is that tenant, without
+//! a token.
 //!
 //! With `api.auth = "none"` every caller is the tenant `default` (for `toolfleet
 //! dev` and tests; never on a shared network).
@@ -27,8 +28,8 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
-use toolfleet_service::reload::{self, Fingerprint};
 pub use toolfleet_proto::job::is_valid_tenant;
+use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
 /// The tenant of every caller when authentication is off.
@@ -68,6 +69,8 @@ pub struct Quotas {
     /// Sustained submissions per second (a token bucket holding one
     /// second's worth, at least one).
     pub submissions_per_second: Option<f64>,
+    /// Tool calls of its jobs dispatched and not yet answered, at once.
+    pub max_calls_in_flight: Option<u32>,
 }
 
 impl Caller {
@@ -130,6 +133,8 @@ struct TenantEntry {
     max_active_jobs: Option<u32>,
     #[serde(default)]
     submissions_per_second: Option<f64>,
+    #[serde(default)]
+    max_calls_in_flight: Option<u32>,
 }
 
 /// Tokens (their SHA-256), and client certificate names, to callers.
@@ -138,6 +143,9 @@ struct Tokens {
     by_hash: HashMap<[u8; 32], Arc<Caller>>,
     /// DNS names a client certificate may be valid for (mutual TLS).
     by_client_name: Vec<(ServerName<'static>, Arc<Caller>)>,
+    /// URI names (SPIFFE ids and the like) a client certificate may carry,
+    /// matched exactly.
+    by_client_uri: HashMap<String, Arc<Caller>>,
 }
 
 impl Tokens {
@@ -145,6 +153,7 @@ impl Tokens {
         let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
         let mut by_hash = HashMap::new();
         let mut by_client_name = Vec::new();
+        let mut by_client_uri = HashMap::new();
         for (tenant, entry) in file.tenants {
             if !is_valid_tenant(&tenant) {
                 return Err(format!(
@@ -165,6 +174,11 @@ impl Tokens {
                     "tenant {tenant:?}: submissions_per_second must be a number above 0"
                 ));
             }
+            if entry.max_calls_in_flight == Some(0) {
+                return Err(format!(
+                    "tenant {tenant:?}: max_calls_in_flight must be at least 1"
+                ));
+            }
             let caller = Arc::new(Caller {
                 tenant: tenant.clone(),
                 tools: entry.tools,
@@ -173,11 +187,23 @@ impl Tokens {
                     submissions_per_second: entry
                         .submissions_per_second
                         .or(defaults.submissions_per_second),
+                    max_calls_in_flight: entry.max_calls_in_flight.or(defaults.max_calls_in_flight),
                 },
             });
             for name in &entry.client_names {
+                if is_uri_name(name) {
+                    if by_client_uri.insert(name.clone(), caller.clone()).is_some() {
+                        return Err(format!(
+                            "tenant {tenant:?}: client name {name:?} names two tenants"
+                        ));
+                    }
+                    continue;
+                }
                 let parsed = ServerName::try_from(name.clone()).map_err(|_| {
-                    format!("tenant {tenant:?}: client name {name:?} is not a DNS name")
+                    format!(
+                        "tenant {tenant:?}: client name {name:?} is neither a DNS name nor a URI \
+                         such as spiffe://example.org/ns/search"
+                    )
                 })?;
                 by_client_name.push((parsed, caller.clone()));
             }
@@ -195,12 +221,20 @@ impl Tokens {
         Ok(Self {
             by_hash,
             by_client_name,
+            by_client_uri,
         })
     }
 
-    /// The tenant whose `client_names` the certificate is valid for.
+    /// The tenant whose `client_names` the certificate is valid for: one of
+    /// its URI names exactly, else one of its DNS names.
     fn client(&self, certificate: &CertificateDer<'_>) -> Option<Arc<Caller>> {
         let certificate = webpki::EndEntityCert::try_from(certificate).ok()?;
+        if let Some(caller) = certificate
+            .valid_uri_names()
+            .find_map(|uri| self.by_client_uri.get(uri))
+        {
+            return Some(caller.clone());
+        }
         self.by_client_name
             .iter()
             .find(|(name, _)| certificate.verify_is_valid_for_subject_name(name).is_ok())
@@ -210,6 +244,22 @@ impl Tokens {
     fn caller(&self, token: &str) -> Option<Arc<Caller>> {
         self.by_hash.get(&sha256(token)).cloned()
     }
+}
+
+/// Whether a `client_names` entry is a URI (`scheme://...`, as SPIFFE ids
+/// are) rather than a DNS name: a scheme of letters, digits, `+`, `-`, `.`,
+/// then printable ASCII without spaces.
+fn is_uri_name(name: &str) -> bool {
+    let Some((scheme, rest)) = name.split_once("://") else {
+        return false;
+    };
+    scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        && !rest.is_empty()
+        && name.len() <= 2048
+        && name.bytes().all(|b| b.is_ascii_graphic())
 }
 
 fn sha256(text: &str) -> [u8; 32] {
@@ -388,15 +438,41 @@ mod tests {
         let defaults = Quotas {
             max_active_jobs: Some(10),
             submissions_per_second: Some(5.0),
+            max_calls_in_flight: Some(100),
         };
         let tokens = Tokens::parse(
-            &format!("[tenants.a]\ntoken_sha256 = [\"{ads}\"]\nmax_active_jobs = 2\n"),
+            &format!(
+                "[tenants.a]\ntoken_sha256 = [\"{ads}\"]\nmax_active_jobs = 2\n\
+                 max_calls_in_flight = 3\n"
+            ),
             defaults,
         )
         .unwrap();
         let quotas = tokens.caller("tok-ads").unwrap().quotas;
         assert_eq!(quotas.max_active_jobs, Some(2), "the tenant's own");
         assert_eq!(quotas.submissions_per_second, Some(5.0), "the default");
+        assert_eq!(quotas.max_calls_in_flight, Some(3));
+    }
+
+    #[test]
+    fn client_names_are_dns_names_or_uris() {
+        for uri in [
+            "spiffe://example.org/ns/search",
+            "urn+x://a",
+            "https://a/b?c=d",
+        ] {
+            assert!(is_uri_name(uri), "{uri}");
+        }
+        for not_uri in [
+            "search.clients.example",
+            "://a",
+            "1x://a",
+            "spiffe://",
+            "spiffe://a b",
+            "spiffe://é",
+        ] {
+            assert!(!is_uri_name(not_uri), "{not_uri}");
+        }
     }
 
     #[test]
@@ -417,6 +493,19 @@ mod tests {
                 "lists no tool",
             ),
             ("not toml [", ""),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"not a name\"]\n",
+                "neither a DNS name nor a URI",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"spiffe://x/a\"]\n\
+                 [tenants.b]\ntoken_sha256 = []\nclient_names = [\"spiffe://x/a\"]\n",
+                "names two tenants",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nmax_calls_in_flight = 0\n",
+                "at least 1",
+            ),
         ] {
             let err = Tokens::parse(text, Quotas::default()).unwrap_err();
             assert!(err.contains(expected), "{text}: {err}");

@@ -63,6 +63,9 @@ pub struct ApiOptions {
     /// A tenant's sustained submissions per second, unless its entry says
     /// otherwise; 0: no limit. Default: 100.
     pub default_submissions_per_second: f64,
+    /// A tenant's tool calls in flight at once, unless its entry says
+    /// otherwise; 0: no limit. Default: 1000.
+    pub default_max_calls_in_flight: u32,
     /// Accept jobs for the scripted model, which plays a client-supplied
     /// script: for demos and tests, never for production traffic. Default:
     /// false (on in `toolfleet dev` and the test harness).
@@ -118,6 +121,7 @@ impl Default for ApiOptions {
             tokens_reload_interval: Duration::from_secs(2),
             default_max_active_jobs: 1000,
             default_submissions_per_second: 100.0,
+            default_max_calls_in_flight: 1000,
             allow_scripted: false,
             max_metadata_entries: 32,
             max_metadata_key_bytes: 64,
@@ -258,12 +262,14 @@ impl AgentApi {
                 max_calls_per_turn: self.options.max_calls_per_turn,
                 max_scripted_answer_bytes: self.options.max_scripted_answer_bytes,
                 max_active_jobs: caller.quotas.max_active_jobs,
+                max_calls_in_flight: caller.quotas.max_calls_in_flight,
             },
         })
     }
 
     /// The caller's tenant may submit one more job: its submissions per
-    /// second and its active jobs are within its quotas. Otherwise
+    /// second, its active jobs and its tool calls in flight are within its
+    /// quotas. Otherwise
     /// `RESOURCE_EXHAUSTED` with a `google.rpc.RetryInfo` saying when to try
     /// again.
     async fn check_quotas(&self, caller: &Caller) -> Result<(), Status> {
@@ -306,6 +312,23 @@ impl AgentApi {
                     format!(
                         "tenant {:?} has {active} jobs queued or running, its quota \
                          (max_active_jobs); retry when one has finished",
+                        caller.tenant
+                    ),
+                    Duration::from_secs(1),
+                ));
+            }
+        }
+        if let Some(limit) = quotas.max_calls_in_flight {
+            let in_flight = self
+                .store
+                .calls_in_flight(&caller.tenant)
+                .await
+                .map_err(|e| to_status(&e))?;
+            if in_flight >= limit {
+                return Err(exhausted(
+                    format!(
+                        "tenant {:?} has {in_flight} tool calls in flight, its quota \
+                         (max_calls_in_flight); retry when some have finished",
                         caller.tenant
                     ),
                     Duration::from_secs(1),

@@ -100,6 +100,9 @@ pub struct JobLimits {
     /// quota check prunes), so that tenants without the quota leave no set
     /// growing in Redis.
     pub max_active_jobs: Option<u32>,
+    /// The tenant's quota of tool calls in flight when the job was
+    /// submitted: the job's calls beyond it wait for a slot.
+    pub max_calls_in_flight: Option<u32>,
 }
 
 impl Default for JobLimits {
@@ -108,6 +111,7 @@ impl Default for JobLimits {
             max_calls_per_turn: 64,
             max_scripted_answer_bytes: 1024 * 1024,
             max_active_jobs: None,
+            max_calls_in_flight: None,
         }
     }
 }

@@ -25,6 +25,14 @@ pub(crate) fn tool_call_round_trip(tool: &str, elapsed: std::time::Duration) {
         .record(elapsed.as_secs_f64());
 }
 
+/// Tool calls that waited for a slot because their tenant was at its
+/// `max_calls_in_flight` quota, by `tool`.
+pub const TOOL_CALLS_THROTTLED_TOTAL: &str = "toolfleet_tool_calls_throttled_total";
+
+pub(crate) fn tool_call_throttled(tool: &str) {
+    metrics::counter!(TOOL_CALLS_THROTTLED_TOTAL, "tool" => tool.to_owned()).increment(1);
+}
+
 pub(crate) fn tool_call_retried(tool: &str) {
     metrics::counter!(TOOL_CALL_RETRIES_TOTAL, "tool" => tool.to_owned()).increment(1);
 }

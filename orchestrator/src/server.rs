@@ -108,6 +108,7 @@ impl Orchestrator {
             max_active_jobs: Some(api_options.default_max_active_jobs).filter(|n| *n > 0),
             submissions_per_second: Some(api_options.default_submissions_per_second)
                 .filter(|rate| *rate > 0.0),
+            max_calls_in_flight: Some(api_options.default_max_calls_in_flight).filter(|n| *n > 0),
         };
         let auth = Authenticator::start(
             api_options.auth,

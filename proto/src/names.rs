@@ -193,6 +193,12 @@ impl RedisKeys {
         format!("{}:active:{{{tenant}}}", self.prefix)
     }
 
+    /// A tenant's tool calls in flight (a sorted set of `<job>/<call>`,
+    /// scored by when the entry expires): its `max_calls_in_flight` quota.
+    pub fn tenant_calls(&self, tenant: &str) -> String {
+        format!("{}:calls:{{{tenant}}}", self.prefix)
+    }
+
     /// A tenant's submission token bucket (a hash): its
     /// `submissions_per_second` quota.
     pub fn tenant_submissions(&self, tenant: &str) -> String {

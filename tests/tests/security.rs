@@ -411,10 +411,132 @@ async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A CA, a server certificate for localhost and 127.0.0.1, and a client
-/// certificate for `search.clients.test`, as PEM files in `dir`.
+#[tokio::test]
+async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> anyhow::Result<()> {
+    use tonic_types::StatusExt as _;
+    let dir = tempfile::tempdir()?;
+    let (fleet, mut api) = secured_fleet(dir.path()).await?;
+    let narrow = "tok-narrow-5d21";
+    tokens_file(
+        dir.path(),
+        &format!(
+            "\n[tenants.narrow]\ntoken_sha256 = [\"{}\"]\nmax_calls_in_flight = 2\n",
+            token_sha256(narrow)
+        ),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api
+        .list_jobs(as_tenant(narrow, v1::ListJobsRequest::default()))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tokens never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut redis = fleet.redis.connection().await?;
+    let in_flight_key = toolfleet_proto::names::RedisKeys::default().tenant_calls("narrow");
+    let in_flight = |mut redis: redis::aio::ConnectionManager| {
+        let key = in_flight_key.clone();
+        async move {
+            let n: u32 = redis::cmd("ZCARD")
+                .arg(&key)
+                .query_async(&mut redis)
+                .await?;
+            anyhow::Ok(n)
+        }
+    };
+
+    // Five parallel calls, each counting how many run at once; the worker
+    // has slots for all five, the tenant's quota is two.
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            json!({"name": "measure_concurrency",
+                        "arguments": {"key": "narrow-calls", "ms": 1500}})
+        })
+        .collect();
+    let job_id = api
+        .submit_job(as_tenant(
+            narrow,
+            scripted_job("x", &json!([{"tool_calls": calls}, {"message": "done"}])),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while in_flight(redis.clone()).await? < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no call took a slot"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // At the quota, a submission is refused with when to come back. (The
+    // two calls hold their slots for 1.5 s; a call that finished before
+    // this request hands its slot to a waiting one at once.)
+    let refused = api
+        .submit_job(as_tenant(
+            narrow,
+            scripted_job("x", &json!([{"message": "m"}])),
+        ))
+        .await
+        .expect_err("at the calls-in-flight quota");
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused.message().contains("max_calls_in_flight"),
+        "{}",
+        refused.message()
+    );
+    assert!(refused.get_details_retry_info().is_some());
+
+    // Every call ran, never more than two at once.
+    let job = finish(&mut api, narrow, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let outputs: Vec<&str> = job
+        .items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some(r.output.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outputs.len(), 5);
+    assert!(
+        outputs.iter().all(|o| o.contains("\"ok\":true")),
+        "{outputs:?}"
+    );
+    let most: Option<u32> = redis::cmd("GET")
+        .arg("narrow-calls:most")
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(most, Some(2));
+    // The slots are given back, and the tenant may submit again.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while in_flight(redis.clone()).await? > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slots never given back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    api.submit_job(as_tenant(
+        narrow,
+        scripted_job("x", &json!([{"message": "m"}])),
+    ))
+    .await?;
+    Ok(())
+}
+
+/// The URI name (a SPIFFE id) of ads' client certificate.
+const ADS_SPIFFE_ID: &str = "spiffe://toolfleet.test/ns/ads/sa/agent";
+
+/// A CA, a server certificate for localhost and 127.0.0.1, a client
+/// certificate for the DNS name `search.clients.test` and one for the URI
+/// [`ADS_SPIFFE_ID`], as PEM files in `dir`.
 fn certificates(dir: &Path) -> anyhow::Result<()> {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
@@ -424,12 +546,18 @@ fn certificates(dir: &Path) -> anyhow::Result<()> {
     let client_key = KeyPair::generate()?;
     let client = CertificateParams::new(vec!["search.clients.test".to_owned()])?
         .signed_by(&client_key, &*ca)?;
+    let spiffe_key = KeyPair::generate()?;
+    let mut spiffe_params = CertificateParams::default();
+    spiffe_params.subject_alt_names = vec![SanType::URI(ADS_SPIFFE_ID.try_into()?)];
+    let spiffe = spiffe_params.signed_by(&spiffe_key, &*ca)?;
     for (name, pem) in [
         ("ca.pem", ca.pem()),
         ("server.pem", server.pem()),
         ("server.key", server_key.serialize_pem()),
         ("client.pem", client.pem()),
         ("client.key", client_key.serialize_pem()),
+        ("spiffe.pem", spiffe.pem()),
+        ("spiffe.key", spiffe_key.serialize_pem()),
     ] {
         std::fs::write(dir.join(name), pem)?;
     }
@@ -442,7 +570,10 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
     let dir = tempfile::tempdir()?;
     certificates(dir.path())?;
     let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
-    let tokens = tokens_file(dir.path(), "");
+    let tokens = tokens_file(
+        dir.path(),
+        &format!("client_names = [\"{ADS_SPIFFE_ID}\"]\n"),
+    );
     // search's entry gains a client name: rewrite it with one.
     let text = std::fs::read_to_string(&tokens)?.replace(
         "tools = [\"calculate\"]",
@@ -468,14 +599,15 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
     let url = fleet.grpc_url(0).await?;
     let tls_url = url.replace("http://", "https://");
     let ca_pem = std::fs::read(dir.path().join("ca.pem"))?;
-    let client_tls = |with_certificate: bool| -> anyhow::Result<ClientTlsConfig> {
+    // `certificate`: the file stem of the client's certificate and key.
+    let client_tls = |certificate: Option<&str>| -> anyhow::Result<ClientTlsConfig> {
         let mut config = ClientTlsConfig::new()
             .domain_name("localhost")
             .ca_certificate(Certificate::from_pem(&ca_pem));
-        if with_certificate {
+        if let Some(stem) = certificate {
             config = config.identity(Identity::from_pem(
-                std::fs::read(dir.path().join("client.pem"))?,
-                std::fs::read(dir.path().join("client.key"))?,
+                std::fs::read(dir.path().join(format!("{stem}.pem")))?,
+                std::fs::read(dir.path().join(format!("{stem}.key")))?,
             ));
         }
         Ok(config)
@@ -492,7 +624,7 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
     // TLS without a client certificate is refused: mutual TLS is required.
     let anonymous = async {
         let channel = Endpoint::from_shared(tls_url.clone())?
-            .tls_config(client_tls(false)?)?
+            .tls_config(client_tls(None)?)?
             .connect()
             .await?;
         ApiClient::new(channel)
@@ -506,12 +638,13 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
     );
 
     // The client certificate names the tenant: no token needed.
-    let channel = Endpoint::from_shared(tls_url)?
-        .tls_config(client_tls(true)?)?
+    let channel = Endpoint::from_shared(tls_url.clone())?
+        .tls_config(client_tls(Some("client"))?)?
         .connect()
         .await?;
     let mut api = ApiClient::new(channel);
     let job_id = api.submit_job(job()).await?.into_inner().job_id;
+    assert!(job_id.starts_with("search-"), "{job_id}");
     let mine = api
         .list_jobs(v1::ListJobsRequest::default())
         .await?
@@ -528,6 +661,18 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
         [job_id.as_str()],
         "the certificate decides the tenant, not a token sent beside it"
     );
+
+    // A URI name (a SPIFFE id) names a tenant too.
+    let channel = Endpoint::from_shared(tls_url)?
+        .tls_config(client_tls(Some("spiffe"))?)?
+        .connect()
+        .await?;
+    let ads_job = ApiClient::new(channel)
+        .submit_job(job())
+        .await?
+        .into_inner()
+        .job_id;
+    assert!(ads_job.starts_with("ads-"), "{ads_job}");
 
     // The CLI over mutual TLS.
     let output = tokio::process::Command::new(cargo_bin("toolfleet")?)

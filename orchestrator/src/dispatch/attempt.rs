@@ -34,6 +34,8 @@ impl Dispatcher {
         attempts: &HashMap<String, u32>,
     ) -> Result<CallOutcome, RoundError> {
         let (call, policy) = (&ready.call, &ready.policy);
+        // Held until this function returns, however it returns.
+        let _slot = self.call_slot(round, call).await?;
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
         let mut round_trip = None;
         loop {

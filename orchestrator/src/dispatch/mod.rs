@@ -10,9 +10,11 @@
 //! - this module: the round (checks, the reply subscription, the calls in
 //!   parallel or one by one);
 //! - `attempt`: one call through its attempts: publish, wait, retry;
-//! - `retry`: the verdict after each attempt, a pure function.
+//! - `retry`: the verdict after each attempt, a pure function;
+//! - `quota`: the slot each call holds in its tenant's calls in flight.
 
 mod attempt;
+mod quota;
 mod retry;
 
 use std::collections::HashMap;

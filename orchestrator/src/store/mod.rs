@@ -355,6 +355,56 @@ impl JobStore {
         Ok((wait_ms > 0).then(|| Duration::from_millis(wait_ms)))
     }
 
+    /// Takes a slot in `tenant`'s calls in flight for `call` (a job's call,
+    /// `<job>/<wire id>`) until `expires_ms` at the latest. `false` when the
+    /// tenant already has `limit` calls in flight. Taking a slot the call
+    /// holds already succeeds (a resumed round).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn take_call_slot(
+        &self,
+        tenant: &str,
+        call: &str,
+        limit: u32,
+        expires_ms: u64,
+    ) -> Result<bool, Error> {
+        let taken: i64 = scripts::TAKE_CALL_SLOT
+            .key(self.keys.tenant_calls(tenant))
+            .arg(call)
+            .arg(limit)
+            .arg(expires_ms)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(taken == 1)
+    }
+
+    /// Frees the slot `call` holds in `tenant`'s calls in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn release_call_slot(&self, tenant: &str, call: &str) -> Result<(), Error> {
+        let _: i64 = self
+            .conn()
+            .zrem(self.keys.tenant_calls(tenant), call)
+            .await?;
+        Ok(())
+    }
+
+    /// How many tool calls `tenant` has in flight.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn calls_in_flight(&self, tenant: &str) -> Result<u32, Error> {
+        Ok(scripts::COUNT_CALLS
+            .key(self.keys.tenant_calls(tenant))
+            .invoke_async(&mut self.conn())
+            .await?)
+    }
+
     /// How many of `tenant`'s jobs are queued or running, counted exactly
     /// only when the rough count reaches `limit`: the finished and expired
     /// jobs the set still names are then dropped from it.

@@ -185,6 +185,45 @@ return 1
     )
 });
 
+/// Takes a slot for a tool call in a tenant's calls in flight (KEYS[1], a
+/// sorted set scored by expiry): ARGV[1] the call, ARGV[2] the quota,
+/// ARGV[3] when the entry expires (Unix ms; the job's deadline, so that the
+/// slot of a runner that died comes back). Expired entries are dropped
+/// first. Returns 1 when the call holds a slot (already held counts: a
+/// resumed round), 0 when the tenant is at its quota.
+pub(super) static TAKE_CALL_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local expires = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], expires, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < expires - now then
+  redis.call('PEXPIRE', KEYS[1], math.max(1, expires - now))
+end
+return 1
+",
+    )
+});
+
+/// Counts a tenant's calls in flight (KEYS[1], as [`TAKE_CALL_SLOT`]),
+/// dropping the expired entries first.
+pub(super) static COUNT_CALLS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+",
+    )
+});
+
 /// Takes one submission from a tenant's token bucket (KEYS[1], a hash of
 /// `tokens` and `at_ms`), refilled at ARGV[1] per second up to ARGV[2].
 /// Returns 0 when a token was taken, else the milliseconds until one is
