@@ -9,6 +9,8 @@
 //!   with helpers to publish calls and read their results.
 //! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
 //!   probe, never a sleep.
+//! - [`certificates::Certificates`]: a CA, server and client certificates
+//!   generated at test time, for TLS.
 //! - [`tally::Tally`]: each side-effecting call's answer held against its
 //!   effect, so a fault test fails when the model was told something false.
 //!
@@ -20,6 +22,7 @@
 //! `TOOLFLEET_TEST_KEEP=1`. Servers bind 127.0.0.1 only, so they never clash
 //! with a machine's own NATS or Redis on the default ports.
 
+pub mod certificates;
 pub mod fleet;
 pub mod tally;
 

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use tokio::process::Command;
+use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::Fleet;
 
 fn repo() -> PathBuf {
@@ -160,6 +161,55 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     assert!(
         output.status.success() && stdout.contains("answer: "),
         "{stdout}"
+    );
+
+    // Over mutual TLS, the client certificate from TOOLFLEET_TLS_* names the
+    // tenant; without one the handshake is refused.
+    let certificates = Certificates::generate(dir.path())?;
+    std::fs::write(
+        dir.path().join("tls-tokens.toml"),
+        format!("[tenants.py]\ntoken_sha256 = []\nclient_names = [\"{CLIENT_DNS_NAME}\"]\n"),
+    )?;
+    let tls_tokens = certificates.path("tls-tokens.toml");
+    let mut env: Vec<(&str, &str)> = vec![
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", &tls_tokens),
+    ];
+    let tls_env = certificates.mutual_tls_env();
+    env.extend(tls_env.iter().map(|(key, value)| (*key, value.as_str())));
+    let tls = fleet.spawn_orchestrator(&env).await?;
+    let address = fleet.grpc_url(tls).await?.replace("http://", "https://");
+    let example = [
+        "clients/python/examples/parallel_calls.py",
+        "--addr",
+        &address,
+    ];
+    let ca = certificates.path("ca.pem");
+    let anonymous = Command::new(&python)
+        .args(example)
+        .current_dir(repo())
+        .env_remove("TOOLFLEET_TOKEN")
+        .env("TOOLFLEET_TLS_CA_FILE", &ca)
+        .output()
+        .await?;
+    assert!(
+        !anonymous.status.success(),
+        "a client without a certificate got through"
+    );
+    let output = Command::new(&python)
+        .args(example)
+        .current_dir(repo())
+        .env_remove("TOOLFLEET_TOKEN")
+        .env("TOOLFLEET_TLS_CA_FILE", &ca)
+        .env("TOOLFLEET_TLS_CERT_FILE", certificates.path("client.pem"))
+        .env("TOOLFLEET_TLS_KEY_FILE", certificates.path("client.key"))
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && stdout.contains("answer: "),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
     );
     Ok(())
 }

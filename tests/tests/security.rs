@@ -10,6 +10,7 @@ use tonic::{Code, Request};
 use toolfleet_orchestrator::auth::token_sha256;
 use toolfleet_proto::v1;
 use toolfleet_tests::cargo_bin;
+use toolfleet_tests::certificates::{CLIENT_DNS_NAME, CLIENT_SPIFFE_ID, Certificates};
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job};
 
 const SEARCH: &str = "tok-search-3f9a";
@@ -529,55 +530,20 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
     Ok(())
 }
 
-/// The URI name (a SPIFFE id) of ads' client certificate.
-const ADS_SPIFFE_ID: &str = "spiffe://toolfleet.test/ns/ads/sa/agent";
-
-/// A CA, a server certificate for localhost and 127.0.0.1, a client
-/// certificate for the DNS name `search.clients.test` and one for the URI
-/// [`ADS_SPIFFE_ID`], as PEM files in `dir`.
-fn certificates(dir: &Path) -> anyhow::Result<()> {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair, SanType};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
-    let server_key = KeyPair::generate()?;
-    let server = CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])?
-        .signed_by(&server_key, &*ca)?;
-    let client_key = KeyPair::generate()?;
-    let client = CertificateParams::new(vec!["search.clients.test".to_owned()])?
-        .signed_by(&client_key, &*ca)?;
-    let spiffe_key = KeyPair::generate()?;
-    let mut spiffe_params = CertificateParams::default();
-    spiffe_params.subject_alt_names = vec![SanType::URI(ADS_SPIFFE_ID.try_into()?)];
-    let spiffe = spiffe_params.signed_by(&spiffe_key, &*ca)?;
-    for (name, pem) in [
-        ("ca.pem", ca.pem()),
-        ("server.pem", server.pem()),
-        ("server.key", server_key.serialize_pem()),
-        ("client.pem", client.pem()),
-        ("client.key", client_key.serialize_pem()),
-        ("spiffe.pem", spiffe.pem()),
-        ("spiffe.key", spiffe_key.serialize_pem()),
-    ] {
-        std::fs::write(dir.join(name), pem)?;
-    }
-    Ok(())
-}
-
 #[tokio::test]
 async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Result<()> {
     use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let dir = tempfile::tempdir()?;
-    certificates(dir.path())?;
-    let path = |name: &str| dir.path().join(name).to_string_lossy().into_owned();
+    let certificates = Certificates::generate(dir.path())?;
+    let path = |name: &str| certificates.path(name);
     let tokens = tokens_file(
         dir.path(),
-        &format!("client_names = [\"{ADS_SPIFFE_ID}\"]\n"),
+        &format!("client_names = [\"{CLIENT_SPIFFE_ID}\"]\n"),
     );
     // search's entry gains a client name: rewrite it with one.
     let text = std::fs::read_to_string(&tokens)?.replace(
         "tools = [\"calculate\"]",
-        "tools = [\"calculate\"]\nclient_names = [\"search.clients.test\"]",
+        &format!("tools = [\"calculate\"]\nclient_names = [\"{CLIENT_DNS_NAME}\"]"),
     );
     std::fs::write(&tokens, text)?;
     let mut fleet = Fleet::start(1).await?;

@@ -29,7 +29,7 @@ SCRIPT = [
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--addr", default="127.0.0.1:50051", help="the orchestrator's gRPC host:port")
+    parser.add_argument("--addr", default="127.0.0.1:50051", help="the orchestrator: host:port, or https://host:port for TLS (TOOLFLEET_TLS_* name the CA and a client certificate)")
     args = parser.parse_args()
 
     with Client(args.addr) as toolfleet:

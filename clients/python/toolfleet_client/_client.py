@@ -49,13 +49,47 @@ class JobFailed(Exception):
         super().__init__(f"job {job.job_id} ended {status}: {job.error.code} {job.error.message}")
 
 
+def _channel(
+    address: str, ca_file: Optional[str], cert_file: Optional[str], key_file: Optional[str]
+) -> grpc.Channel:
+    """A channel to `address`: plaintext, or TLS with an `https://` address
+    or any TLS file."""
+    tls = address.startswith("https://") or any((ca_file, cert_file, key_file))
+    target = address.removeprefix("https://").removeprefix("http://")
+    if not tls:
+        return grpc.insecure_channel(target)
+    if bool(cert_file) != bool(key_file):
+        raise ValueError("a client certificate needs its key: give tls_cert_file and tls_key_file")
+
+    def read(path: Optional[str]) -> Optional[bytes]:
+        if path is None:
+            return None
+        with open(path, "rb") as file:
+            return file.read()
+
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=read(ca_file),
+        private_key=read(key_file),
+        certificate_chain=read(cert_file),
+    )
+    return grpc.secure_channel(target, credentials)
+
+
 class Client:
     """A client of one orchestrator (any replica).
 
-    `address` is `host:port` (plaintext) or a `grpc.Channel` of your own (TLS,
-    interceptors). `timeout` bounds each unary call, in seconds. `token` is
-    your tenant's API token (default: the TOOLFLEET_TOKEN environment
-    variable), sent as `authorization: Bearer <token>`.
+    `address` is `host:port` (plaintext), `https://host:port` (TLS), or a
+    `grpc.Channel` of your own (interceptors, other credentials). `timeout`
+    bounds each unary call, in seconds. `token` is your tenant's API token
+    (default: the TOOLFLEET_TOKEN environment variable), sent as
+    `authorization: Bearer <token>`.
+
+    TLS, as the `toolfleet` CLI takes it: `tls_ca_file` is the CA (PEM) the
+    orchestrator's certificate chains to (default: the system's roots);
+    `tls_cert_file` and `tls_key_file` are a client certificate and its key
+    (PEM), for an orchestrator that requires mutual TLS. Each defaults to
+    TOOLFLEET_TLS_CA_FILE, TOOLFLEET_TLS_CERT_FILE and TOOLFLEET_TLS_KEY_FILE.
+    Any of them, or an `https://` address, makes the channel TLS.
     """
 
     def __init__(
@@ -63,9 +97,21 @@ class Client:
         address: "str | grpc.Channel",
         timeout: float = 10.0,
         token: Optional[str] = None,
+        *,
+        tls_ca_file: Optional[str] = None,
+        tls_cert_file: Optional[str] = None,
+        tls_key_file: Optional[str] = None,
     ):
         self._own_channel = isinstance(address, str)
-        self._channel = grpc.insecure_channel(address) if isinstance(address, str) else address
+        if isinstance(address, str):
+            self._channel = _channel(
+                address,
+                tls_ca_file or os.environ.get("TOOLFLEET_TLS_CA_FILE"),
+                tls_cert_file or os.environ.get("TOOLFLEET_TLS_CERT_FILE"),
+                tls_key_file or os.environ.get("TOOLFLEET_TLS_KEY_FILE"),
+            )
+        else:
+            self._channel = address
         self._stub = pb_grpc.AgentServiceStub(self._channel)
         self._timeout = timeout
         # The tenant's API token (default: $TOOLFLEET_TOKEN), sent with every call.
