@@ -48,7 +48,63 @@ pub fn is_valid_call_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// Whether `id` is a call id the orchestrator puts on the wire: a safe call
+/// id ([`is_valid_call_id`]), or `x.<n>` (the position of a call whose own
+/// id was not safe, or a duplicate).
+pub fn is_valid_wire_id(id: &str) -> bool {
+    is_valid_call_id(id)
+        || id
+            .strip_prefix("x.")
+            .is_some_and(|n| (1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Longest idempotency key a call may carry.
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 256;
+
+/// The field of a [`ToolCall`] that is not what the orchestrator sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the call's {0} is not one the orchestrator sends")]
+pub struct InvalidCall(pub &'static str);
+
 impl ToolCall {
+    /// Checks every field that becomes a key, a header or a subject, as the
+    /// orchestrator makes them: the job id ([`JobId`](crate::job::JobId)),
+    /// the wire call id, the tool name, the attempt (from 1), the
+    /// idempotency key (printable ASCII, at most 256 bytes) and the reply
+    /// subject (the job's own, or none). A call from the bus that fails is
+    /// someone else's message, never executed.
+    ///
+    /// # Errors
+    ///
+    /// [`InvalidCall`] naming the first field that fails.
+    pub fn check(&self) -> Result<(), InvalidCall> {
+        if crate::job::JobId::parse(&self.job_id).is_none() {
+            return Err(InvalidCall("job_id"));
+        }
+        if !is_valid_wire_id(&self.call_id) {
+            return Err(InvalidCall("call_id"));
+        }
+        if !crate::manifest::is_valid_tool_name(&self.tool) {
+            return Err(InvalidCall("tool"));
+        }
+        if self.attempt == 0 {
+            return Err(InvalidCall("attempt"));
+        }
+        if !(1..=MAX_IDEMPOTENCY_KEY_LEN).contains(&self.idempotency_key.len())
+            || !self.idempotency_key.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(InvalidCall("idempotency_key"));
+        }
+        if self
+            .reply_to
+            .as_ref()
+            .is_some_and(|subject| *subject != crate::names::reply_subject(&self.job_id))
+        {
+            return Err(InvalidCall("reply_to"));
+        }
+        Ok(())
+    }
+
     /// The default idempotency key of a call: the same for every attempt.
     pub fn default_idempotency_key(job_id: &str, call_id: &str) -> String {
         format!("{job_id}:{call_id}")
@@ -83,6 +139,57 @@ mod tests {
             let json = serde_json::to_vec(&call).unwrap();
             let back: ToolCall = serde_json::from_slice(&json).unwrap();
             prop_assert_eq!(back, call);
+        }
+    }
+
+    fn valid_call() -> ToolCall {
+        let job_id = "acme-0190000000010000000000001234".to_owned();
+        ToolCall {
+            idempotency_key: ToolCall::default_idempotency_key(&job_id, "x.12"),
+            reply_to: Some(crate::names::reply_subject(&job_id)),
+            job_id,
+            call_id: "x.12".into(),
+            attempt: 1,
+            tool: "calculate".into(),
+            arguments: "{".into(),
+            deadline_ms: None,
+        }
+    }
+
+    /// A field's name, and how to spoil it.
+    type Spoil = (&'static str, fn(&mut ToolCall));
+
+    #[test]
+    fn a_call_is_checked_field_by_field() {
+        assert_eq!(valid_call().check(), Ok(()));
+        let cases: [Spoil; 9] = [
+            ("job_id", |c| c.job_id = "j\nx".into()),
+            ("job_id", |c| {
+                c.job_id = "0190000000010000000000001234\r\n".into()
+            }),
+            ("call_id", |c| c.call_id = "call\n1".into()),
+            ("call_id", |c| c.call_id = "x.".into()),
+            ("tool", |c| c.tool = "a.b".into()),
+            ("attempt", |c| c.attempt = 0),
+            ("idempotency_key", |c| c.idempotency_key = "a b".into()),
+            ("idempotency_key", |c| c.idempotency_key = "k".repeat(257)),
+            ("reply_to", |c| {
+                c.reply_to = Some("toolfleet.reply.other-job".into())
+            }),
+        ];
+        for (field, spoil) in cases {
+            let mut call = valid_call();
+            spoil(&mut call);
+            assert_eq!(call.check(), Err(InvalidCall(field)), "{call:?}");
+        }
+        let mut no_reply = valid_call();
+        no_reply.reply_to = None;
+        assert_eq!(no_reply.check(), Ok(()));
+        for wire in ["call_abc", "x.0", "x.4294967295"] {
+            assert!(is_valid_wire_id(wire), "{wire}");
+        }
+        for not_wire in ["x.1.2", "x.-1", "x.12345678901", "y.1", ""] {
+            assert!(!is_valid_wire_id(not_wire), "{not_wire}");
         }
     }
 

@@ -60,7 +60,10 @@ async fn run_tool_calls(
     calls: usize,
     in_flight: usize,
 ) -> anyhow::Result<(f64, Latencies)> {
-    let mut results = fleet.client.subscribe(names::reply_subject(job)).await?;
+    let mut results = fleet
+        .client
+        .subscribe(names::reply_subject(&toolfleet_tests::fleet::job_id(job)))
+        .await?;
     fleet.client.flush().await?;
     let waiters: Waiters = Arc::default();
     let router = {

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
+use toolfleet_proto::job::JobId;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_proto::{Envelope, ToolCall};
 
@@ -289,14 +290,17 @@ impl Fleet {
         Ok(())
     }
 
-    /// Subscribes to the results of `job_id`'s calls. Subscribe before
-    /// publishing, or a fast result is missed.
+    /// Subscribes to the results of `job`'s calls (a job id or a name,
+    /// [`job_id`]). Subscribe before publishing, or a fast result is missed.
     ///
     /// # Errors
     ///
     /// NATS refused the subscription.
-    pub async fn results(&self, job_id: &str) -> anyhow::Result<Results> {
-        let subscriber = self.client.subscribe(names::reply_subject(job_id)).await?;
+    pub async fn results(&self, job: &str) -> anyhow::Result<Results> {
+        let subscriber = self
+            .client
+            .subscribe(names::reply_subject(&job_id(job)))
+            .await?;
         self.client.flush().await?;
         Ok(Results { subscriber })
     }
@@ -386,9 +390,26 @@ impl Results {
     }
 }
 
+/// The job id a test means by `job`: `job` itself when it is a job id,
+/// else a job id made from it as a name (`job-calc` becomes
+/// `job-calc-<28 hex digits>`, the same every time), since workers run only
+/// calls whose job id is one the orchestrator makes.
+pub fn job_id(job: &str) -> String {
+    if JobId::parse(job).is_some() {
+        return job.to_owned();
+    }
+    // FNV-1a: a stable digest of the name, no dependency.
+    let digest = job.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    });
+    JobId::format(job, 0, digest)
+}
+
 /// A first-attempt call of `tool` with `arguments` (a JSON text, possibly
-/// malformed on purpose), answering on the job's reply subject.
-pub fn call(job_id: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCall {
+/// malformed on purpose), answering on the job's reply subject. `job` is a
+/// job id or a name ([`job_id`]).
+pub fn call(job: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCall {
+    let job_id = &job_id(job);
     ToolCall {
         job_id: job_id.to_owned(),
         call_id: call_id.to_owned(),

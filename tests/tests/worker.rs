@@ -304,6 +304,11 @@ async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> 
         .worker(0)
         .wait_for_log("tool panicked", RESULT)
         .await?;
+    // The panic itself went through the structured log, with where it was.
+    assert_eq!(
+        fleet.count_in_worker_logs("toolfleet_service::telemetry: panicked"),
+        1
+    );
 
     fleet
         .publish_call(&call("job-crash", "slow", "sleep", r#"{"ms": 10000}"#))
@@ -321,6 +326,59 @@ async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> 
     assert_eq!(
         serde_json::from_str::<Value>(&echoed.body)?,
         json!({"ok": true, "data": {"still": "alive"}})
+    );
+    assert!(fleet.worker(0).is_running());
+    Ok(())
+}
+
+#[tokio::test]
+async fn calls_with_forged_ids_are_dropped_unrun_and_the_worker_keeps_serving() -> anyhow::Result<()>
+{
+    let fleet = Fleet::start(1).await?;
+    let victim = toolfleet_tests::fleet::job_id("job-victim");
+    let mut victims_results = fleet.results(&victim).await?;
+    let effect = r#"{"key":"forged-effect"}"#;
+    type Spoil = (&'static str, fn(&mut toolfleet_proto::ToolCall));
+    let forged: [Spoil; 5] = [
+        // Used to panic the worker on every redelivery (a header value).
+        ("job_id", |c| c.job_id = "job\r\nX-Injected: 1".into()),
+        ("call_id", |c| c.call_id = "c\n1".into()),
+        ("attempt", |c| c.attempt = 0),
+        ("idempotency_key", |c| c.idempotency_key = "k e y".into()),
+        // A result injected into another job's reply subject.
+        ("reply_to", |c| {
+            c.reply_to = Some(names::reply_subject(&toolfleet_tests::fleet::job_id(
+                "job-victim",
+            )))
+        }),
+    ];
+    for (_, spoil) in forged {
+        let mut bad = call("job-forger", "c1", "increment_counter", effect);
+        spoil(&mut bad);
+        // Without a message id header: that header is where a newline
+        // would have gone.
+        fleet.publish_duplicate(&bad).await?;
+    }
+    let mut results = fleet.results("job-after").await?;
+    fleet
+        .publish_call(&call("job-after", "after", "echo", r#"{"still": "alive"}"#))
+        .await?;
+    assert_eq!(results.next(RESULT).await?.call_id, "after");
+    wait_until("every forged call dropped", RESULT, || async {
+        fleet.count_in_worker_logs("invalid call message dropped") == forged.len()
+    })
+    .await?;
+    assert_eq!(
+        fleet.counter("forged-effect").await?,
+        0,
+        "a forged call ran"
+    );
+    assert!(
+        victims_results
+            .next(Duration::from_millis(200))
+            .await
+            .is_err(),
+        "a result reached another job's reply subject"
     );
     assert!(fleet.worker(0).is_running());
     Ok(())

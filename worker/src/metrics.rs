@@ -13,6 +13,14 @@ pub const CALL_DURATION: &str = "toolfleet_worker_call_duration_seconds";
 pub const DEDUP_HITS_TOTAL: &str = "toolfleet_worker_dedup_hits_total";
 /// Calls executing right now.
 pub const IN_FLIGHT: &str = "toolfleet_worker_in_flight";
+/// Call messages terminated without running: not JSON of a call, or a field
+/// that is not one the orchestrator sends, by `reason` (`undecodable` or the
+/// field's name).
+pub const CALLS_REJECTED_TOTAL: &str = "toolfleet_worker_calls_rejected_total";
+
+pub(crate) fn call_rejected(reason: &'static str) {
+    metrics::counter!(CALLS_REJECTED_TOTAL, "reason" => reason).increment(1);
+}
 
 pub(crate) fn call_finished(tool: &str, envelope: &Envelope, elapsed: Duration) {
     let outcome = match envelope.error() {

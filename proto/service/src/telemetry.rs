@@ -19,10 +19,39 @@ pub fn init_logging(options: &LogOptions) {
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     // try_init: a second init (tests, embedding) keeps the first subscriber.
-    let _ = match options.format {
+    let installed = match options.format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Text => builder.try_init(),
     };
+    if installed.is_ok() {
+        log_panics();
+    }
+}
+
+/// Panics, where any are left, go through the log like every other error
+/// (one JSON line with `log.format = "json"`), with where they happened;
+/// the process then does what it would have done (a task's panic ends the
+/// task, the process keeps serving).
+fn log_panics() {
+    std::panic::set_hook(Box::new(|info| {
+        let location = info
+            .location()
+            .map(|l| format!("{}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".to_owned());
+        let thread = std::thread::current();
+        tracing::error!(
+            panic = %message,
+            location,
+            thread = thread.name().unwrap_or("unnamed"),
+            "panicked"
+        );
+    }));
 }
 
 /// Whether the process serves: false until its servers answer and its

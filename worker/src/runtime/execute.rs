@@ -27,6 +27,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{ToolCall, ToolManifest};
 use tracing::{Instrument, debug, error, info_span};
 
@@ -98,14 +99,14 @@ impl Executor {
     /// bad input: every outcome is an envelope or an ack decision.
     pub(crate) async fn handle(self: Arc<Self>, tool: String, message: Message) {
         metrics::in_flight(1.0);
-        let outcome = match serde_json::from_slice::<ToolCall>(&message.payload) {
+        let outcome = match decode(&message) {
             Ok(call) => {
                 let span = info_span!("call", job_id = %call.job_id, call_id = %call.call_id,
                                       tool = %call.tool, attempt = call.attempt);
                 self.process(&tool, &call, &message).instrument(span).await
             }
-            Err(err) => {
-                error!(subject = %message.subject, error = %err, "undecodable call message dropped");
+            Err(reason) => {
+                metrics::call_rejected(reason);
                 Outcome::Undecodable
             }
         };
@@ -149,4 +150,25 @@ impl Executor {
         );
         self.settle(call, &owner, &envelope).await
     }
+}
+
+/// The call a message carries, if it is one the orchestrator sends; else
+/// why not (the metric's `reason`), logged. Its fields become keys, headers
+/// and subjects, so a call that fails [`ToolCall::check`] is never run.
+fn decode(message: &Message) -> Result<ToolCall, &'static str> {
+    let call = serde_json::from_slice::<ToolCall>(&message.payload).map_err(|err| {
+        error!(subject = %message.subject, error = %err, "undecodable call message dropped");
+        "undecodable"
+    })?;
+    call.check().map_err(|invalid| {
+        error!(
+            subject = %message.subject,
+            job_id = excerpt(&call.job_id, 64),
+            call_id = excerpt(&call.call_id, 64),
+            error = %invalid,
+            "invalid call message dropped"
+        );
+        invalid.0
+    })?;
+    Ok(call)
 }
