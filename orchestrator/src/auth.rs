@@ -151,6 +151,12 @@ struct Tokens {
 impl Tokens {
     fn parse(text: &str, defaults: Quotas) -> Result<Self, String> {
         let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
+        // An empty file is what an editor or `>` leaves for a moment while
+        // it rewrites the file: read then, it would lock every tenant out
+        // until the next good version. A file for nobody is never meant.
+        if file.tenants.is_empty() {
+            return Err("the file names no tenant (add a [tenants.<name>] table)".to_owned());
+        }
         let mut by_hash = HashMap::new();
         let mut by_client_name = Vec::new();
         let mut by_client_uri = HashMap::new();
@@ -493,6 +499,8 @@ mod tests {
                 "lists no tool",
             ),
             ("not toml [", ""),
+            ("", "names no tenant"),
+            ("# all gone\n", "names no tenant"),
             (
                 "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"not a name\"]\n",
                 "neither a DNS name nor a URI",
