@@ -546,7 +546,7 @@ async fn the_test_tools_flag_names_every_test_tool() -> anyhow::Result<()> {
     let toolbox = toolfleet_worker::tools::testing::toolbox(redis.connection().await?);
     for manifest in toolbox.manifests() {
         assert!(
-            toolfleet_worker::tools::testing::FLAG_HELP.contains(&manifest.name),
+            toolfleet_worker::tools::TEST_TOOLS_HELP.contains(&manifest.name),
             "{} is missing from the --test-tools help",
             manifest.name
         );

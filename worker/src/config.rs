@@ -35,8 +35,9 @@ pub struct WorkerOptions {
     pub registry: RegistryOptions,
     /// Tools to serve: empty means every built-in tool. Default: empty.
     pub tools: Vec<String>,
-    /// Also serve the test tools (`tools::testing`). Never enable in
-    /// production. Default: false.
+    /// Also serve the test tools (`tools::testing`), in a build with the
+    /// `test-tools` feature; a build without it refuses to start. Never
+    /// enable in production. Default: false.
     /// `TOOLFLEET_TEST_TOOLS=1` or `--test-tools` enable it.
     #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
     pub test_tools: bool,

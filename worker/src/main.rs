@@ -27,7 +27,7 @@ struct Flags {
     /// Serve only these tools (tools), comma separated.
     #[arg(long, value_delimiter = ',')]
     tools: Vec<String>,
-    #[arg(long, help = tools::testing::FLAG_HELP)]
+    #[arg(long, help = tools::TEST_TOOLS_HELP)]
     test_tools: bool,
     /// The knowledge graph of factual_qa and trend_analysis, a JSON Lines file of
     /// facts (kg.graph_path). Default: the sample graph built into the binary.

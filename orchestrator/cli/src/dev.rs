@@ -26,7 +26,7 @@ pub(crate) struct DevArgs {
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..=64))]
     workers: u16,
-    #[arg(long, help = toolfleet_worker::tools::testing::FLAG_HELP)]
+    #[arg(long, help = toolfleet_worker::tools::TEST_TOOLS_HELP)]
     test_tools: bool,
     /// The demo job's model provider. Default: openai-responses when
     /// OPENAI_API_KEY and --model are both given, else the scripted model,

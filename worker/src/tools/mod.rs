@@ -5,8 +5,15 @@
 
 pub mod calculate;
 pub mod knowledge_graph;
+#[cfg(feature = "test-tools")]
 pub mod testing;
 pub mod weather;
+
+/// The help of the `--test-tools` flags, naming every test tool (a test
+/// keeps the two in step).
+pub const TEST_TOOLS_HELP: &str = "Also serve the test tools: echo, sleep, fail, panic, crash, \
+set_flag, increment_counter and measure_concurrency (test_tools). Never in production; only \
+in builds with the test-tools feature (toolfleet dev and the tests).";
 
 use redis::aio::ConnectionManager;
 
@@ -32,6 +39,13 @@ pub enum BuildError {
     /// names the file and line, or the `kg.*` key, to fix.
     #[error("cannot build the knowledge-graph tools: {0}")]
     KnowledgeGraph(#[from] knowledge_graph::Error),
+    /// `test_tools` is set in a build without them.
+    #[error(
+        "test_tools is set, but this toolfleet-worker was built without the test tools \
+         (release builds leave them out); unset test_tools, or build with \
+         `--features test-tools` for development"
+    )]
+    TestToolsNotBuilt,
 }
 
 /// Which built-in tools a worker serves (the `tools`, `test_tools` and
@@ -48,6 +62,33 @@ pub struct Selection<'a> {
     pub kg: &'a KgOptions,
 }
 
+/// Whether `selection` can be served by this build: the test pack only in
+/// a build with the `test-tools` feature. Release builds leave it out, so
+/// that tools such as `crash` and `set_flag` are not one setting away in
+/// production.
+///
+/// # Errors
+///
+/// [`BuildError::TestToolsNotBuilt`].
+pub fn check_selection(selection: &Selection<'_>) -> Result<(), BuildError> {
+    if selection.test_tools && !cfg!(feature = "test-tools") {
+        return Err(BuildError::TestToolsNotBuilt);
+    }
+    Ok(())
+}
+
+#[cfg(feature = "test-tools")]
+fn test_tools(redis: ConnectionManager) -> Toolbox {
+    testing::toolbox(redis)
+}
+
+/// None in a build without them (`check_selection` refused the setting
+/// already).
+#[cfg(not(feature = "test-tools"))]
+fn test_tools(_redis: ConnectionManager) -> Toolbox {
+    Toolbox::new()
+}
+
 /// The knowledge-graph tools, which share one graph.
 const KNOWLEDGE_GRAPH_TOOLS: [&str; 2] = ["factual_qa", "trend_analysis"];
 
@@ -59,6 +100,7 @@ const KNOWLEDGE_GRAPH_TOOLS: [&str; 2] = ["factual_qa", "trend_analysis"];
 /// [`BuildError`] when `selection` names an unknown tool or a tool cannot be
 /// built.
 pub fn builtin(selection: Selection<'_>, redis: ConnectionManager) -> Result<Toolbox, BuildError> {
+    check_selection(&selection)?;
     let weather = weather::GetCurrentWeather::new(selection.weather)
         .map_err(|e| BuildError::Weather(Box::new(e)))?;
     let mut all = Toolbox::new().with(calculate::Calculate).with(weather);
@@ -76,7 +118,7 @@ pub fn builtin(selection: Selection<'_>, redis: ConnectionManager) -> Result<Too
             .with(TrendAnalysis::new(base));
     }
     if selection.test_tools {
-        all = all.merge(testing::toolbox(redis));
+        all = all.merge(test_tools(redis));
     }
     if selection.names.is_empty() {
         return Ok(all);
@@ -91,4 +133,28 @@ pub fn builtin(selection: Selection<'_>, redis: ConnectionManager) -> Result<Too
         }
     }
     Ok(all.only(selection.names))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_test_pack_is_served_only_by_builds_that_have_it() {
+        let (weather, kg) = (WeatherOptions::default(), KgOptions::default());
+        let selection = |test_tools| Selection {
+            names: &[],
+            test_tools,
+            weather: &weather,
+            kg: &kg,
+        };
+        assert!(check_selection(&selection(false)).is_ok());
+        let with_test_tools = check_selection(&selection(true));
+        if cfg!(feature = "test-tools") {
+            assert!(with_test_tools.is_ok());
+        } else {
+            let err = with_test_tools.unwrap_err().to_string();
+            assert!(err.contains("built without the test tools"), "{err}");
+        }
+    }
 }

@@ -28,11 +28,6 @@ use crate::tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 /// The code `fail` answers with unless the arguments name another.
 pub const TEST_FAILURE: ErrorCode = ErrorCode::from_static("TEST_FAILURE");
 
-/// The help of the `--test-tools` flags, naming every tool of [`toolbox`]
-/// (a test keeps the two in step).
-pub const FLAG_HELP: &str = "Also serve the test tools: echo, sleep, fail, panic, crash, \
-set_flag, increment_counter and measure_concurrency (test_tools). Never in production.";
-
 /// The test tool pack. `redis` backs the tools that record what they did.
 pub fn toolbox(redis: ConnectionManager) -> Toolbox {
     Toolbox::new()

@@ -70,7 +70,8 @@ pub(super) fn check<'a>(
     })
 }
 
-#[cfg(test)]
+// With the test pack's `sleep` as the tool under check.
+#[cfg(all(test, feature = "test-tools"))]
 mod tests {
     use std::sync::Arc;
 
