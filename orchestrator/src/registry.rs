@@ -1,14 +1,22 @@
 //! The live tool registry: what workers announce in the registry KV bucket,
 //! kept current by a watch. A tool is live while at least one worker's
-//! heartbeat for it is younger than the registry TTL.
+//! announcement of it was received less than the registry TTL ago.
+//!
+//! Liveness is measured on this process's own monotonic clock, from when an
+//! announcement arrived, never by comparing a worker's clock with ours; the
+//! bucket's `max_age` (the TTL) keeps what the watch replays at start at
+//! most one TTL old. Every announcement is checked
+//! ([`WorkerAnnouncement::check`]): anyone who can write to the bucket can
+//! write anything, and what fails is ignored and logged.
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use tracing::{debug, warn};
@@ -48,8 +56,8 @@ impl LiveTool {
 #[derive(Default)]
 struct Entry {
     manifest: Option<(ToolManifest, Arc<jsonschema::Validator>)>,
-    /// worker id -> heartbeat (Unix ms)
-    workers: HashMap<String, u64>,
+    /// worker id -> when its last announcement arrived
+    workers: HashMap<String, Instant>,
 }
 
 /// Cheap handle to the registry; the only way other code reads it.
@@ -81,9 +89,11 @@ impl RegistryHandle {
     }
 
     fn live(&self, entry: &Entry) -> Option<LiveTool> {
-        let oldest =
-            now_ms().saturating_sub(u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX));
-        let workers = entry.workers.values().filter(|hb| **hb >= oldest).count();
+        let workers = entry
+            .workers
+            .values()
+            .filter(|arrived| arrived.elapsed() < self.ttl)
+            .count();
         let (manifest, validator) = entry.manifest.clone()?;
         (workers > 0).then_some(LiveTool {
             manifest,
@@ -105,10 +115,18 @@ impl RegistryHandle {
                 let announcement: WorkerAnnouncement = match serde_json::from_slice(value) {
                     Ok(a) => a,
                     Err(err) => {
-                        warn!(key, error = %err, "ignoring an unreadable announcement");
+                        warn!(key = excerpt(key, 200), error = %err, "ignoring an unreadable announcement");
                         return;
                     }
                 };
+                if let Err(why) = announcement.check(tool, worker, now_ms()) {
+                    warn!(
+                        key = excerpt(key, 200),
+                        error = why,
+                        "ignoring an invalid announcement"
+                    );
+                    return;
+                }
                 let entry = tools.entry(tool.to_owned()).or_default();
                 let changed = entry
                     .manifest
@@ -125,9 +143,7 @@ impl RegistryHandle {
                         }
                     }
                 }
-                entry
-                    .workers
-                    .insert(worker.to_owned(), announcement.heartbeat_ms);
+                entry.workers.insert(worker.to_owned(), Instant::now());
             }
             kv::Operation::Delete | kv::Operation::Purge => {
                 if let Some(entry) = tools.get_mut(tool) {

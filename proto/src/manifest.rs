@@ -172,9 +172,103 @@ pub struct WorkerAnnouncement {
     pub heartbeat_ms: u64,
 }
 
+/// Longest tool description an announcement may carry (it goes to the
+/// model with every turn).
+pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
+/// Largest parameters schema an announcement may carry, as JSON text.
+pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
+/// Longest worker id.
+pub const MAX_WORKER_ID_LEN: usize = 128;
+/// How far an announcement's heartbeat may be from the reader's clock: a
+/// sanity bound on what a worker writes, not a liveness check.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
+
+impl WorkerAnnouncement {
+    /// Checks an announcement read from registry key `tool.worker` at
+    /// `now_ms`: the names agree with the key and are valid, the description
+    /// and schema are within their bounds, and the heartbeat is within
+    /// [`MAX_CLOCK_SKEW`] of `now_ms`. (Whether the schema compiles is the
+    /// reader's check: it compiles it anyway.) Anyone who can write to the
+    /// bucket can write anything, so the orchestrator ignores what fails.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, for the log.
+    pub fn check(&self, tool: &str, worker: &str, now_ms: u64) -> Result<(), String> {
+        let manifest = &self.manifest;
+        if !is_valid_tool_name(tool) || manifest.name != tool {
+            return Err("the manifest's name is not the tool of its key".into());
+        }
+        let valid_worker = (1..=MAX_WORKER_ID_LEN).contains(&worker.len())
+            && worker.bytes().all(|b| b.is_ascii_graphic());
+        if !valid_worker || self.worker_id != worker {
+            return Err("the worker id is not the worker of its key".into());
+        }
+        if manifest.description.len() > MAX_DESCRIPTION_BYTES {
+            return Err(format!(
+                "the description is over {MAX_DESCRIPTION_BYTES} bytes"
+            ));
+        }
+        if !manifest.parameters.is_object() {
+            return Err("the parameters schema is not a JSON object".into());
+        }
+        if manifest.parameters.to_string().len() > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "the parameters schema is over {MAX_SCHEMA_BYTES} bytes"
+            ));
+        }
+        let skew_ms = u64::try_from(MAX_CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX);
+        if self.heartbeat_ms.abs_diff(now_ms) > skew_ms {
+            return Err(format!(
+                "the heartbeat is {} s from this clock (at most {} s)",
+                self.heartbeat_ms.abs_diff(now_ms) / 1000,
+                MAX_CLOCK_SKEW.as_secs()
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn announcements_agree_with_their_key_and_stay_in_bounds() {
+        let now = 1_760_000_000_000;
+        let good = WorkerAnnouncement {
+            worker_id: "w-1.example".into(),
+            manifest: ToolManifest::new("calculate", "math", serde_json::json!({"type": "object"})),
+            heartbeat_ms: now - 599_000,
+        };
+        assert_eq!(good.check("calculate", "w-1.example", now), Ok(()));
+        type Spoil = (fn(&mut WorkerAnnouncement), &'static str);
+        let spoiled: [Spoil; 6] = [
+            (|a| a.manifest.name = "run_shell".into(), "name"),
+            (|a| a.worker_id = "w-2".into(), "worker id"),
+            (|a| a.manifest.description = "d".repeat(8193), "description"),
+            (
+                |a| a.manifest.parameters = serde_json::json!(true),
+                "not a JSON object",
+            ),
+            (
+                |a| a.manifest.parameters = serde_json::json!({"enum": ["x".repeat(70_000)]}),
+                "schema is over",
+            ),
+            (
+                |a| a.heartbeat_ms = 1_760_000_601_000 + 3_600_000,
+                "heartbeat",
+            ),
+        ];
+        for (spoil, expected) in spoiled {
+            let mut bad = good.clone();
+            spoil(&mut bad);
+            let err = bad.check("calculate", "w-1.example", now).unwrap_err();
+            assert!(err.contains(expected), "{err}");
+        }
+        assert!(good.check("calculate", "w\n1", now).is_err());
+        assert!(good.check("calc.ulate", "w-1.example", now).is_err());
+    }
 
     const POLICY: RetryPolicy = RetryPolicy {
         initial_backoff_ms: 200,

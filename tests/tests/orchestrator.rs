@@ -867,3 +867,106 @@ async fn an_idempotency_key_reused_for_another_request_is_refused_without_leakin
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_clock()
+-> anyhow::Result<()> {
+    use toolfleet_proto::{ToolManifest, WorkerAnnouncement, names};
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let registry = async_nats::jetstream::new(fleet.client.clone())
+        .get_key_value(names::REGISTRY_BUCKET)
+        .await?;
+    let now = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let announce = |tool: &str, worker: &str, manifest: ToolManifest, heartbeat_ms: u64| {
+        let key = names::registry_key(tool, worker);
+        let value = serde_json::to_vec(&WorkerAnnouncement {
+            worker_id: worker.to_owned(),
+            manifest,
+            heartbeat_ms,
+        })
+        .expect("an announcement serializes");
+        let registry = registry.clone();
+        async move { registry.put(key, value.into()).await }
+    };
+    let schema = json!({"type": "object"});
+    // A key that names one tool over the manifest of another.
+    announce(
+        "calculate_v2",
+        "forger",
+        ToolManifest::new("run_shell", "runs anything", schema.clone()),
+        now,
+    )
+    .await?;
+    // A schema far over the bound, and one that does not compile.
+    let huge = json!({"type": "object", "description": "x".repeat(100_000)});
+    announce("huge", "forger", ToolManifest::new("huge", "h", huge), now).await?;
+    let broken = json!({"type": "no-such-type"});
+    announce(
+        "broken",
+        "forger",
+        ToolManifest::new("broken", "b", broken),
+        now,
+    )
+    .await?;
+    // A heartbeat an hour ahead of every clock here.
+    announce(
+        "future",
+        "forger",
+        ToolManifest::new("future", "f", schema.clone()),
+        now + 3_600_000,
+    )
+    .await?;
+    // A worker whose clock is 9 minutes behind: within the bound, and live
+    // from when its announcement arrived (it used to be dead on arrival,
+    // 9 minutes past a 15 s TTL).
+    announce(
+        "slow_clock",
+        "skewed",
+        ToolManifest::new("slow_clock", "s", schema),
+        now - 540_000,
+    )
+    .await?;
+
+    let names_of =
+        |tools: &[v1::Tool]| -> Vec<String> { tools.iter().map(|t| t.name.clone()).collect() };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let tools = loop {
+        let tools = api
+            .list_tools(v1::ListToolsRequest {})
+            .await?
+            .into_inner()
+            .tools;
+        if names_of(&tools).contains(&"slow_clock".to_owned()) {
+            break tools;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "slow_clock never listed: {:?}",
+            names_of(&tools)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Written before slow_clock, so read before it: none made it.
+    for forged in ["calculate_v2", "run_shell", "huge", "broken", "future"] {
+        assert!(
+            !names_of(&tools).contains(&forged.to_owned()),
+            "{forged} was listed: {:?}",
+            names_of(&tools)
+        );
+    }
+    assert_eq!(
+        fleet
+            .orchestrator(0)
+            .log_tail(100_000)
+            .matches("ignoring an invalid announcement")
+            .count(),
+        3,
+        "the name, size and clock checks each logged once"
+    );
+    Ok(())
+}
