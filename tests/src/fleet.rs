@@ -65,8 +65,25 @@ impl Fleet {
         redis: RedisConfig,
     ) -> anyhow::Result<Self> {
         let nats = NatsServer::start().await?;
-        let redis = RedisServer::start_with(redis).await?;
         let client = nats.client().await?;
+        Self::start_on(nats, client, redis, workers, worker_env).await
+    }
+
+    /// A fleet on a NATS server the test configured itself (authentication,
+    /// TLS, permissions): `client` is the harness's own connection to it,
+    /// and `worker_env` carries the workers' NATS settings.
+    ///
+    /// # Errors
+    ///
+    /// Redis or a worker did not start; the error names which.
+    pub async fn start_on(
+        nats: NatsServer,
+        client: async_nats::Client,
+        redis: RedisConfig,
+        workers: usize,
+        worker_env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
+        let redis = RedisServer::start_with(redis).await?;
         let mut fleet = Self {
             nats,
             redis,

@@ -18,8 +18,23 @@ use serde_json::{Value, json};
 pub struct NatsOptions {
     /// Server URL(s), comma separated. Default: `nats://127.0.0.1:4222`.
     pub url: String,
-    /// Path of a NATS credentials file, if the server needs one. Default: none.
+    /// Path of a NATS credentials file (a user JWT and its NKey seed), if
+    /// the server runs in operator mode. Default: none.
     pub credentials_file: Option<String>,
+    /// Path of a file holding an NKey seed (`SU...`). Default: none.
+    pub nkey_seed_file: Option<String>,
+    /// User name, with `password`. Default: none.
+    pub user: Option<String>,
+    /// Password of `user`; never printed or logged (set it through
+    /// `TOOLFLEET_NATS__PASSWORD`). Default: none.
+    #[serde(skip_serializing)]
+    pub password: Option<String>,
+    /// Authentication token; never printed or logged (set it through
+    /// `TOOLFLEET_NATS__TOKEN`). Default: none.
+    #[serde(skip_serializing)]
+    pub token: Option<String>,
+    /// TLS to the server.
+    pub tls: NatsTlsOptions,
 }
 
 impl Default for NatsOptions {
@@ -27,8 +42,31 @@ impl Default for NatsOptions {
         Self {
             url: "nats://127.0.0.1:4222".into(),
             credentials_file: None,
+            nkey_seed_file: None,
+            user: None,
+            password: None,
+            token: None,
+            tls: NatsTlsOptions::default(),
         }
     }
+}
+
+/// TLS to the NATS server.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NatsTlsOptions {
+    /// Require TLS even without the files below (a `tls://` URL does too).
+    /// Default: false.
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub required: bool,
+    /// CA certificates (PEM) the server's certificate chains to; TLS is then
+    /// required. Default: none (the system's roots).
+    pub ca_file: Option<String>,
+    /// Client certificate (PEM), for a server that verifies clients.
+    /// Default: none.
+    pub cert_file: Option<String>,
+    /// The client certificate's private key (PEM). Default: none.
+    pub key_file: Option<String>,
 }
 
 /// Redis connection settings.

@@ -33,6 +33,10 @@ pub enum ConnectError {
         #[source]
         source: async_nats::ConnectError,
     },
+    /// The NATS settings cannot work: a file is missing, or two ways of
+    /// authenticating are set.
+    #[error("nats: {0}")]
+    NatsConfig(String),
     /// Redis is unreachable: check `redis.url`.
     #[error("cannot connect to Redis at {url}")]
     Redis {
@@ -59,16 +63,11 @@ pub async fn nats(
         url: redact_url(&options.url),
         source,
     };
-    let mut connect = async_nats::ConnectOptions::new()
+    let connect = nats_options(options)
+        .await?
         .name(client_name)
         .retry_on_initial_connect()
         .max_reconnects(None);
-    if let Some(path) = &options.credentials_file {
-        connect = connect
-            .credentials_file(path)
-            .await
-            .map_err(|e| error(e.into()))?;
-    }
     // Returns at once (`retry_on_initial_connect`) and connects behind.
     let client = connect.connect(options.url.as_str()).await.map_err(error)?;
     let url = redact_url(&options.url);
@@ -80,6 +79,79 @@ pub async fn nats(
     })
     .await;
     Ok(client)
+}
+
+/// The client options `options` ask for: one way of authenticating at most,
+/// and TLS. Every file is checked here, so that a missing one stops start-up
+/// with its key and path instead of becoming an endless wait for a server.
+async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOptions, ConnectError> {
+    let config = |message: String| ConnectError::NatsConfig(message);
+    let readable = |key: &str, path: &str| {
+        std::fs::File::open(path)
+            .map(drop)
+            .map_err(|err| config(format!("cannot read {key} {path}: {err}")))
+    };
+    let methods = [
+        options.credentials_file.is_some(),
+        options.nkey_seed_file.is_some(),
+        options.user.is_some() || options.password.is_some(),
+        options.token.is_some(),
+    ];
+    if methods.into_iter().filter(|set| *set).count() > 1 {
+        return Err(config(
+            "set one of credentials_file, nkey_seed_file, user and password, or token".into(),
+        ));
+    }
+    let mut connect = async_nats::ConnectOptions::new();
+    if let Some(path) = &options.credentials_file {
+        readable("nats.credentials_file", path)?;
+        connect = async_nats::ConnectOptions::with_credentials_file(path)
+            .await
+            .map_err(|err| config(format!("nats.credentials_file {path}: {err}")))?;
+    }
+    if let Some(path) = &options.nkey_seed_file {
+        let seed = std::fs::read_to_string(path)
+            .map_err(|err| config(format!("cannot read nats.nkey_seed_file {path}: {err}")))?;
+        // Checked here, where the error can name the key; never echoed.
+        if nkeys::KeyPair::from_seed(seed.trim()).is_err() {
+            return Err(config(format!(
+                "nats.nkey_seed_file {path} does not hold an NKey seed"
+            )));
+        }
+        connect = connect.nkey(seed.trim().to_owned());
+    }
+    match (&options.user, &options.password) {
+        (Some(user), Some(password)) => {
+            connect = connect.user_and_password(user.clone(), password.clone());
+        }
+        (None, None) => {}
+        _ => return Err(config("nats.user and nats.password go together".into())),
+    }
+    if let Some(token) = &options.token {
+        connect = connect.token(token.clone());
+    }
+    let tls = &options.tls;
+    if let Some(path) = &tls.ca_file {
+        readable("nats.tls.ca_file", path)?;
+        connect = connect.add_root_certificates(path.into());
+    }
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            readable("nats.tls.cert_file", cert)?;
+            readable("nats.tls.key_file", key)?;
+            connect = connect.add_client_certificate(cert.into(), key.into());
+        }
+        (None, None) => {}
+        _ => {
+            return Err(config(
+                "nats.tls.cert_file and nats.tls.key_file go together".into(),
+            ));
+        }
+    }
+    if tls.required || tls.ca_file.is_some() || tls.cert_file.is_some() {
+        connect = connect.require_tls(true);
+    }
+    Ok(connect)
 }
 
 /// Calls `attempt` until it succeeds, pausing with exponential backoff and

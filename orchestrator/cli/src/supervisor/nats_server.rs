@@ -45,7 +45,13 @@ pub struct NatsServer {
     store_dir: PathBuf,
     version: String,
     start_timeout: Duration,
+    /// Started with a configuration file (authentication, TLS): readiness is
+    /// read from its log, since an anonymous probe would be refused.
+    configured: bool,
 }
+
+/// The line the server logs once it serves.
+const READY: &str = "Server is ready";
 
 impl NatsServer {
     /// Starts a server as tests want it (see [`ServerOptions::default`]) and
@@ -66,12 +72,41 @@ impl NatsServer {
     /// the scratch dir can't be created, or the server doesn't come up in time
     /// (the message carries its log).
     pub async fn start_with_options(options: &ServerOptions) -> anyhow::Result<Self> {
+        Self::start_configured(options, None).await
+    }
+
+    /// Starts a server with `config` (nats-server's configuration format:
+    /// accounts, users, permissions, TLS) written to a file in its scratch
+    /// dir, which a relative path in it is resolved against; the address,
+    /// port and JetStream flags are the harness's. Ready once its log says
+    /// so, since clients may need credentials.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_with_options`](Self::start_with_options), or a config the
+    /// server refuses (the message carries its log).
+    pub async fn start_with_config(options: &ServerOptions, config: &str) -> anyhow::Result<Self> {
+        Self::start_configured(options, Some(config)).await
+    }
+
+    async fn start_configured(
+        options: &ServerOptions,
+        config: Option<&str>,
+    ) -> anyhow::Result<Self> {
         let (binary, version) = binary().await?;
         let dir = ScratchDir::new("nats-server", options.parent_dir.as_deref())?;
         let store_dir = dir.path().join("jetstream");
+        let config_file = match config {
+            Some(text) => {
+                let path = dir.path().join("nats.conf");
+                std::fs::write(&path, text).context("cannot write the nats-server config")?;
+                Some(path)
+            }
+            None => None,
+        };
         // `-p -1`: the server picks a free port and logs it, so parallel tests in
         // separate processes can't race for one.
-        let args = server_args("-1", &store_dir);
+        let args = server_args("-1", &store_dir, config_file.as_deref());
         let process =
             ChildProcess::spawn_in("nats-server", dir, binary, args, Vec::new(), options)?;
         let line = process
@@ -84,11 +119,14 @@ impl NatsServer {
             store_dir,
             version,
             start_timeout: options.start_timeout,
+            configured: config_file.is_some(),
         };
         // Restarts must come back on the same port, for clients to reconnect.
-        server
-            .process
-            .set_args(server_args(&port.to_string(), &server.store_dir));
+        server.process.set_args(server_args(
+            &port.to_string(),
+            &server.store_dir,
+            config_file.as_deref(),
+        ));
         server.wait_ready().await?;
         Ok(server)
     }
@@ -160,6 +198,10 @@ impl NatsServer {
     }
 
     async fn wait_ready(&self) -> anyhow::Result<()> {
+        if self.configured {
+            self.process.wait_for_log(READY, self.start_timeout).await?;
+            return Ok(());
+        }
         let url = self.url();
         let what = format!("nats-server at {url} to answer JetStream requests");
         self.process
@@ -177,10 +219,12 @@ impl NatsServer {
     }
 }
 
-fn server_args(port: &str, store_dir: &Path) -> Vec<OsString> {
-    let mut args: Vec<OsString> = ["-a", "127.0.0.1", "-p", port, "-js", "-sd"]
-        .map(OsString::from)
-        .into();
+fn server_args(port: &str, store_dir: &Path, config: Option<&Path>) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    if let Some(config) = config {
+        args.extend([OsString::from("-c"), config.into()]);
+    }
+    args.extend(["-a", "127.0.0.1", "-p", port, "-js", "-sd"].map(OsString::from));
     args.push(store_dir.into());
     args
 }

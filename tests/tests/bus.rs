@@ -1,0 +1,204 @@
+//! The message bus secured: both services reach a nats-server that requires
+//! TLS with client certificates and authenticated users (a password for the
+//! orchestrator, an NKey for the worker), run a job end to end, and never
+//! log a secret; anonymous and certificate-less clients are refused, and a
+//! missing file or two ways of authenticating stop start-up with a message.
+
+use std::time::Duration;
+
+use serde_json::json;
+use toolfleet_proto::v1;
+use toolfleet_tests::certificates::Certificates;
+use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+use toolfleet_tests::{ChildProcess, NatsServer, RedisConfig, cargo_bin};
+use toolfleet_tests::{ServerOptions, wait_until};
+
+const ORCHESTRATOR_PASSWORD: &str = "pw-orchestrator-5c1e9f";
+
+/// A server config: TLS verifying client certificates, and two users.
+fn config(certificates: &Certificates, worker_nkey: &str) -> String {
+    format!(
+        r#"
+tls {{
+  cert_file: "{server_cert}"
+  key_file: "{server_key}"
+  ca_file: "{ca}"
+  verify: true
+}}
+authorization {{
+  users = [
+    {{ user: "orchestrator", password: "{ORCHESTRATOR_PASSWORD}" }}
+    {{ nkey: "{worker_nkey}" }}
+  ]
+}}
+"#,
+        server_cert = certificates.path("server.pem"),
+        server_key = certificates.path("server.key"),
+        ca = certificates.path("ca.pem"),
+    )
+}
+
+#[tokio::test]
+async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certificates = Certificates::generate(dir.path())?;
+    let worker_key = nkeys::KeyPair::new_user();
+    let seed_file = dir.path().join("worker.nk");
+    std::fs::write(&seed_file, worker_key.seed()?)?;
+    let nats = NatsServer::start_with_config(
+        &ServerOptions::default(),
+        &config(&certificates, &worker_key.public_key()),
+    )
+    .await?;
+    let tls = |options: async_nats::ConnectOptions| {
+        options
+            .add_root_certificates(certificates.path("ca.pem").into())
+            .add_client_certificate(
+                certificates.path("client.pem").into(),
+                certificates.path("client.key").into(),
+            )
+            .require_tls(true)
+    };
+
+    // Refused: no user, and a user without a client certificate.
+    let anonymous = tls(async_nats::ConnectOptions::new())
+        .connect(nats.url())
+        .await;
+    assert!(anonymous.is_err(), "an anonymous client got in");
+    let no_certificate = async_nats::ConnectOptions::with_user_and_password(
+        "orchestrator".into(),
+        ORCHESTRATOR_PASSWORD.into(),
+    )
+    .add_root_certificates(certificates.path("ca.pem").into())
+    .require_tls(true)
+    .connect(nats.url())
+    .await;
+    assert!(
+        no_certificate.is_err(),
+        "a client without a certificate got in"
+    );
+
+    let client = tls(async_nats::ConnectOptions::with_user_and_password(
+        "orchestrator".into(),
+        ORCHESTRATOR_PASSWORD.into(),
+    ))
+    .connect(nats.url())
+    .await?;
+    let (ca, cert, key) = (
+        certificates.path("ca.pem"),
+        certificates.path("client.pem"),
+        certificates.path("client.key"),
+    );
+    let seed = seed_file.to_string_lossy().into_owned();
+    let tls_env = [
+        ("TOOLFLEET_NATS__TLS__CA_FILE", ca.as_str()),
+        ("TOOLFLEET_NATS__TLS__CERT_FILE", cert.as_str()),
+        ("TOOLFLEET_NATS__TLS__KEY_FILE", key.as_str()),
+    ];
+    let mut worker_env = vec![("TOOLFLEET_NATS__NKEY_SEED_FILE", seed.as_str())];
+    worker_env.extend(tls_env);
+    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &worker_env).await?;
+    let mut orchestrator_env = vec![
+        ("TOOLFLEET_NATS__USER", "orchestrator"),
+        ("TOOLFLEET_NATS__PASSWORD", ORCHESTRATOR_PASSWORD),
+    ];
+    orchestrator_env.extend(tls_env);
+    fleet.spawn_orchestrator(&orchestrator_env).await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job(
+            "2+2?",
+            &json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
+
+    // No secret in any log: the password, the seed.
+    let seed_text = worker_key.seed()?;
+    for log in [
+        fleet.orchestrator(0).log_tail(100_000),
+        fleet.worker(0).log_tail(100_000),
+    ] {
+        assert!(
+            !log.contains(ORCHESTRATOR_PASSWORD),
+            "a password was logged"
+        );
+        assert!(!log.contains(&seed_text), "a seed was logged");
+    }
+    Ok(())
+}
+
+/// Starts the orchestrator with `env` against an unreachable NATS and
+/// returns what it printed before exiting.
+async fn refused_start(name: &str, env: &[(&str, &str)]) -> anyhow::Result<String> {
+    let mut env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    env.push(("TOOLFLEET_API__AUTH".into(), "none".into()));
+    let process = ChildProcess::spawn(
+        name,
+        cargo_bin("toolfleet-orchestrator")?,
+        [
+            "--nats-url",
+            "nats://127.0.0.1:1",
+            "--redis-url",
+            "redis://127.0.0.1:1/",
+            "--listen",
+            "127.0.0.1:0",
+        ]
+        .map(str::to_owned),
+        env,
+    )?;
+    wait_until(
+        "the orchestrator to exit",
+        Duration::from_secs(20),
+        || async { !process.is_running() },
+    )
+    .await?;
+    Ok(process.log_tail(200))
+}
+
+#[tokio::test]
+async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up() -> anyhow::Result<()> {
+    let log = refused_start(
+        "missing-ca",
+        &[("TOOLFLEET_NATS__TLS__CA_FILE", "/nonexistent/ca.pem")],
+    )
+    .await?;
+    assert!(
+        log.contains("nats.tls.ca_file /nonexistent/ca.pem"),
+        "{log}"
+    );
+    let log = refused_start(
+        "two-ways",
+        &[
+            ("TOOLFLEET_NATS__TOKEN", "tok-secret-aa91"),
+            ("TOOLFLEET_NATS__USER", "u"),
+            ("TOOLFLEET_NATS__PASSWORD", "p"),
+        ],
+    )
+    .await?;
+    assert!(log.contains("set one of"), "{log}");
+    assert!(!log.contains("tok-secret-aa91"), "{log}");
+    let log = refused_start(
+        "missing-creds",
+        &[("TOOLFLEET_NATS__CREDENTIALS_FILE", "/nonexistent/x.creds")],
+    )
+    .await?;
+    assert!(
+        log.contains("nats.credentials_file /nonexistent/x.creds"),
+        "{log}"
+    );
+    Ok(())
+}
