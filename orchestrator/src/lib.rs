@@ -19,6 +19,9 @@
 pub mod auth;
 pub mod config;
 pub mod dispatch;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod grpc;
 pub mod job;
 pub mod metrics;

@@ -13,6 +13,9 @@
 
 pub mod config;
 pub mod envelope;
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing;
 mod ledger;
 pub mod metrics;
 pub mod registry;

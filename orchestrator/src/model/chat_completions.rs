@@ -164,7 +164,7 @@ impl AssistantMessage<'_> {
 
 /// Reads `choices[0].message`. `finish_reason` decides nothing: OpenAI says
 /// `stop` for a forced call, and SGLang for every call.
-fn parse_response(response: &Value, turn: u32) -> Result<Turn, ModelError> {
+pub(crate) fn parse_response(response: &Value, turn: u32) -> Result<Turn, ModelError> {
     let Some(choice) = response
         .get("choices")
         .and_then(Value::as_array)

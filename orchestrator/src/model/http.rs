@@ -244,14 +244,14 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// `{"error":"text"}` (Ollama), `{"object":"error","message",..}` (vLLM) or
 /// `{"detail":..}` (FastAPI-based gateways).
 #[derive(Debug, PartialEq)]
-struct ErrorDetails {
+pub(crate) struct ErrorDetails {
     code: Option<String>,
     kind: Option<String>,
     message: String,
 }
 
 impl ErrorDetails {
-    fn parse(body: &[u8], api_key: Option<&str>) -> Self {
+    pub(crate) fn parse(body: &[u8], api_key: Option<&str>) -> Self {
         let Ok(json) = serde_json::from_slice::<Value>(body) else {
             return Self {
                 code: None,

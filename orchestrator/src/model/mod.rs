@@ -9,7 +9,7 @@
 //! - `scripted`: a deterministic model that plays a script from the job spec.
 
 pub mod chat_completions;
-mod http;
+pub(crate) mod http;
 pub mod openai_responses;
 pub mod scripted;
 

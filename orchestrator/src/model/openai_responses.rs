@@ -122,7 +122,7 @@ fn input_item(item: &Item) -> Value {
     }
 }
 
-fn parse_response(response: &Value) -> Result<Turn, ModelError> {
+pub(crate) fn parse_response(response: &Value) -> Result<Turn, ModelError> {
     if let Some(error) = response.get("error").filter(|error| !error.is_null()) {
         return Err(http::in_band_error(error));
     }

@@ -113,7 +113,7 @@ impl Scripted {
         format!("call_{turn}_{index}")
     }
 
-    fn play(&self, request: &TurnRequest<'_>) -> Result<Turn, ModelError> {
+    pub(crate) fn play(&self, request: &TurnRequest<'_>) -> Result<Turn, ModelError> {
         let turn = self.turns.get(request.turn as usize).ok_or_else(|| {
             ModelError::Script(format!(
                 "the job needs turn {} but the script has only {}",

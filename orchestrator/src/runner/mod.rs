@@ -7,7 +7,7 @@
 //! nak'ed, so another replica resumes them from Redis at once.
 
 mod job;
-mod step;
+pub(crate) mod step;
 pub(crate) mod sweep;
 
 use std::num::NonZeroUsize;

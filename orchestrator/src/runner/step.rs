@@ -128,7 +128,7 @@ fn max_rounds_exceeded(spec: &JobSpec) -> Ending {
 /// (`is_valid_call_id`) and the first; otherwise its wire id is `x.<n>`, `n`
 /// being its position in the conversation, which never changes (items are
 /// only appended), so a resumed round finds its earlier attempts.
-fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
+pub(crate) fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
     let mut answered: HashMap<&str, usize> = HashMap::new();
     for item in items {
         if let Item::ToolResult { call_id, .. } = item {

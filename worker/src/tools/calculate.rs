@@ -110,7 +110,7 @@ impl Tool for Calculate {
 
 /// Why an expression has no result.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-enum CalcError {
+pub(crate) enum CalcError {
     /// The expression is not valid syntax or breaks a limit; the model should
     /// rewrite it.
     #[error("{0}")]
@@ -142,7 +142,7 @@ fn to_json_number(value: f64) -> Value {
 }
 
 /// Parses and evaluates `expression`, enforcing every limit.
-fn evaluate(expression: &str) -> Result<f64, CalcError> {
+pub(crate) fn evaluate(expression: &str) -> Result<f64, CalcError> {
     // Checked before anything else so that a huge input costs no more than this.
     if expression.chars().nth(MAX_CHARS).is_some() {
         return Err(CalcError::Invalid(format!(
