@@ -970,3 +970,49 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::Result<()> {
+    use toolfleet_proto::names::{self, headers};
+    let fleet = fleet(1).await?;
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(scripted(
+            "sleep",
+            json!([
+                {"tool_calls": [{"id": "nap", "name": "sleep", "arguments": {"ms": 1500}}]},
+                {"message": "{{nap}}"}
+            ]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    // Once the call is out, a forged answer on the job's reply subject.
+    let mark = fleet.orchestrator(0).log_mark();
+    toolfleet_tests::wait_until("the call to be dispatched", JOB, || async {
+        fleet.count_in_worker_logs("executing call") > 0
+    })
+    .await?;
+    let mut forged = async_nats::HeaderMap::new();
+    forged.insert(headers::CALL_ID, "nap");
+    forged.insert(headers::ATTEMPT, "1");
+    fleet
+        .client
+        .publish_with_headers(
+            names::reply_subject(&job_id),
+            forged,
+            r#"{"ok":true,"data":"injected"}"#.into(),
+        )
+        .await?;
+    fleet.client.flush().await?;
+    fleet
+        .orchestrator(0)
+        .wait_for_log_after(mark, "no stored result", JOB)
+        .await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    assert!(!job.output_text.contains("injected"), "{}", job.output_text);
+    assert!(job.output_text.contains("slept_ms"), "{}", job.output_text);
+    Ok(())
+}

@@ -220,8 +220,18 @@ impl Dispatcher {
                 () = stop.cancelled() => return Err(RoundError::Interrupted),
                 () = tokio::time::sleep_until(deadline) => return Err(RoundError::DeadlineExceeded),
                 notice = notices.recv() => match notice {
+                    // A wake-up, never the answer: anyone who can publish on
+                    // the bus can publish a reply. The answer is what a
+                    // worker stored in Redis before it replied.
                     Ok(notice) if notice.call_id == call.wire_id && notice.attempt == attempt => {
-                        return Ok(notice.body);
+                        if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
+                            return Ok(text);
+                        }
+                        warn!(
+                            call_id = %call.wire_id,
+                            attempt,
+                            "a reply came with no stored result (not a worker's); ignored"
+                        );
                     }
                     Ok(_) => {}
                     // Missed notices: Redis has the answer.
@@ -272,12 +282,12 @@ fn parse_envelope(call: &PlannedCall, text: &str) -> Envelope {
     })
 }
 
-/// A result notification from the reply subject.
+/// A result notification from the reply subject: which attempt has a
+/// result to read from Redis.
 #[derive(Debug, Clone)]
 pub(super) struct Notice {
     call_id: String,
     attempt: u32,
-    body: String,
 }
 
 pub(super) async fn forward_results(
@@ -295,11 +305,6 @@ pub(super) async fn forward_results(
         let (Some(call_id), Some(attempt)) = (call_id, attempt) else {
             continue;
         };
-        let body = String::from_utf8_lossy(&message.payload).into_owned();
-        let _ = notify.send(Notice {
-            call_id,
-            attempt,
-            body,
-        });
+        let _ = notify.send(Notice { call_id, attempt });
     }
 }

@@ -2,10 +2,11 @@
 //! JetStream (at once, or one by one), gather the envelopes, retry the
 //! retryable ones with backoff, and answer in the model's call order.
 //!
-//! Results arrive on the job's reply subject; Redis, where the worker stored
-//! the envelope before publishing it, is the source of truth and is polled as
-//! well, so a lost notification or a takeover by another replica only costs a
-//! poll interval.
+//! A reply on the job's reply subject only wakes the round up: the answer is
+//! always read from Redis, where the worker stored the envelope before it
+//! replied, so a reply published by anyone else answers nothing. Redis is
+//! polled as well, so a lost notification or a takeover by another replica
+//! only costs a poll interval.
 //!
 //! - this module: the round (checks, the reply subscription, the calls in
 //!   parallel or one by one);
