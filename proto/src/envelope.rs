@@ -53,6 +53,10 @@ impl ErrorCode {
     /// The model made more calls in one turn than the job allows
     /// (`api.max_calls_per_turn`); this one was not run. Terminal.
     pub const TOO_MANY_CALLS: Self = Self::from_static("TOO_MANY_CALLS");
+    /// The result stored for this attempt answers another call (other tool
+    /// or arguments, the same ids: a forged call got there first), so it was
+    /// refused. Retryable: the next attempt has keys of its own.
+    pub const FOREIGN_RESULT: Self = Self::from_static("FOREIGN_RESULT");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {
@@ -156,6 +160,75 @@ impl Envelope {
     }
 }
 
+/// What the call ledger stores for an attempt: the envelope, bound to the
+/// call it answers (its tool and a SHA-256 of its arguments). The ids of a
+/// call are not enough: a forged call with a victim's job, call and attempt
+/// but other arguments would otherwise have its result taken as the
+/// victim's. Readers check [`answers`](Self::answers) and refuse a record
+/// that does not answer their call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredResult {
+    /// The tool the call was for.
+    pub tool: String,
+    /// SHA-256 of the call's arguments text, in hex.
+    pub arguments_sha256: String,
+    /// The answer.
+    pub envelope: Envelope,
+}
+
+impl StoredResult {
+    /// The record of `envelope` as the answer to `call`.
+    pub fn new(call: &crate::ToolCall, envelope: Envelope) -> Self {
+        Self {
+            tool: call.tool.clone(),
+            arguments_sha256: arguments_sha256(&call.arguments),
+            envelope,
+        }
+    }
+
+    /// Whether this record answers a call of `tool` with `arguments`.
+    pub fn answers(&self, tool: &str, arguments: &str) -> bool {
+        self.tool == tool && self.arguments_sha256 == arguments_sha256(arguments)
+    }
+
+    /// The JSON text stored in Redis.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a stored result serializes")
+    }
+
+    /// Reads what the ledger holds for an attempt. A bare envelope is what
+    /// workers stored before results were bound to their call: it is read
+    /// as the answer of the call whose ids it is stored under (`tool` and
+    /// `arguments` are the reader's), so that calls in flight during an
+    /// upgrade keep their answers. Anyone who can write Redis can still
+    /// write one, which Redis ACLs, not this format, must prevent.
+    ///
+    /// # Errors
+    ///
+    /// The text is neither a record nor an envelope.
+    pub fn read(text: &str, tool: &str, arguments: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str::<Self>(text).or_else(|record_error| {
+            serde_json::from_str::<Envelope>(text)
+                .map(|envelope| Self {
+                    tool: tool.to_owned(),
+                    arguments_sha256: arguments_sha256(arguments),
+                    envelope,
+                })
+                .map_err(|_| record_error)
+        })
+    }
+}
+
+/// SHA-256 of a call's arguments text, in hex.
+pub fn arguments_sha256(arguments: &str) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(arguments.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
 /// The on-the-wire shape; `ok` decides which of the other two fields is present.
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -204,6 +277,31 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn a_stored_result_answers_the_call_it_was_stored_for() {
+        let call = crate::ToolCall {
+            job_id: "acme-0190000000010000000000001234".into(),
+            call_id: "c1".into(),
+            attempt: 1,
+            tool: "calculate".into(),
+            arguments: r#"{"expression":"2+2"}"#.into(),
+            deadline_ms: None,
+            idempotency_key: "k".into(),
+            reply_to: None,
+        };
+        let record = StoredResult::new(&call, Envelope::Ok(serde_json::json!(4)));
+        let text = record.to_json();
+        let back = StoredResult::read(&text, "other", "{}").unwrap();
+        assert_eq!(back, record, "a record keeps its own binding");
+        assert!(back.answers("calculate", r#"{"expression":"2+2"}"#));
+        assert!(!back.answers("calculate", r#"{"expression":"1000000"}"#));
+        assert!(!back.answers("echo", r#"{"expression":"2+2"}"#));
+        // A bare envelope from before binding answers whoever reads it.
+        let legacy = StoredResult::read(r#"{"ok":true,"data":4}"#, "echo", "{}").unwrap();
+        assert!(legacy.answers("echo", "{}"));
+        assert!(StoredResult::read("not json", "echo", "{}").is_err());
+    }
 
     fn arb_json() -> impl Strategy<Value = Value> {
         let leaf = prop_oneof![

@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use async_nats::jetstream;
 use futures::StreamExt;
+use toolfleet_proto::envelope::StoredResult;
 use toolfleet_proto::job::JobId;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_proto::{Envelope, ToolCall};
@@ -322,7 +323,8 @@ impl Fleet {
         Ok(Results { subscriber })
     }
 
-    /// The envelope stored in Redis for one attempt, if any.
+    /// The envelope stored in Redis for one attempt (by its ids; whichever
+    /// call it answers), if any.
     ///
     /// # Errors
     ///
@@ -331,8 +333,12 @@ impl Fleet {
         let key = RedisKeys::default().call_result(&call.job_id, &call.call_id, call.attempt);
         let mut redis = self.redis.connection().await?;
         let text: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut redis).await?;
-        text.map(|t| serde_json::from_str(&t).context("stored result is not an envelope"))
-            .transpose()
+        text.map(|t| {
+            serde_json::from_str::<StoredResult>(&t)
+                .map(|record| record.envelope)
+                .context("the stored result is not a ledger record")
+        })
+        .transpose()
     }
 
     /// A Redis integer (a test counter), 0 if unset.

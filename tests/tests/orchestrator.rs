@@ -1016,3 +1016,49 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
     assert!(job.output_text.contains("slept_ms"), "{}", job.output_text);
     Ok(())
 }
+
+#[tokio::test]
+async fn a_result_stored_for_a_forged_call_with_the_same_ids_is_never_the_answer()
+-> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(scripted(
+            "2+2",
+            json!([
+                {"delay_ms": 1500,
+                 "tool_calls": [{"id": "calc", "name": "calculate",
+                                 "arguments": {"expression": "2+2"}}]},
+                {"message": "{{calc.data.result}}"}
+            ]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    // Before the orchestrator dispatches it, a forged call with the same
+    // job, call id and attempt, and other arguments, runs and stores its
+    // result under those ids.
+    let forged =
+        toolfleet_tests::fleet::call(&job_id, "calc", "calculate", r#"{"expression":"1000000"}"#);
+    let mut replies = fleet.results(&job_id).await?;
+    fleet.publish_call(&forged).await?;
+    replies.next(JOB).await?;
+
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    assert_eq!(job.output_text, "4", "{job:?}");
+    assert_eq!(results(&job)[0].2, 2, "the forged result cost one attempt");
+    assert!(
+        fleet
+            .orchestrator(0)
+            .log_tail(100_000)
+            .contains("the stored result answers another call"),
+        "the orchestrator refused the record"
+    );
+    // (The forged message also took the real attempt's JetStream message
+    // id, so the real attempt 1 never reached a worker: the orchestrator
+    // found the forged record by its poll, refused it, and attempt 2 ran.
+    // The worker's own refusal is in tests/tests/worker.rs.)
+    Ok(())
+}

@@ -385,6 +385,37 @@ async fn calls_with_forged_ids_are_dropped_unrun_and_the_worker_keeps_serving() 
 }
 
 #[tokio::test]
+async fn a_stored_result_answers_only_the_call_it_was_stored_for() -> anyhow::Result<()> {
+    let fleet = Fleet::start(1).await?;
+    let mut results = fleet.results("job-bound").await?;
+    let forged = call(
+        "job-bound",
+        "c1",
+        "calculate",
+        r#"{"expression":"1000000"}"#,
+    );
+    fleet.publish_call(&forged).await?;
+    assert!(results.next(RESULT).await?.body.contains("1000000"));
+    // The real call with the same ids and other arguments, delivered again
+    // (no message id, as a redelivery would be): not answered from the
+    // record stored for the forged one.
+    let real = call("job-bound", "c1", "calculate", r#"{"expression":"2+2"}"#);
+    fleet.publish_duplicate(&real).await?;
+    wait_until("the worker to refuse the stored record", RESULT, || async {
+        fleet.count_in_worker_logs("answers another call; not answered from it") == 1
+    })
+    .await?;
+    assert!(
+        results.next(Duration::from_millis(300)).await.is_err(),
+        "the real call was answered with the forged call's result"
+    );
+    // The same call again is answered from its record, as before.
+    fleet.publish_duplicate(&forged).await?;
+    assert!(results.next(RESULT).await?.body.contains("1000000"));
+    Ok(())
+}
+
+#[tokio::test]
 async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
     // Drain long enough: the slow call finishes before the worker exits.
     let fleet = Fleet::start(1).await?;

@@ -9,9 +9,10 @@ use async_nats::HeaderMap;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use tokio::sync::broadcast;
+use toolfleet_proto::envelope::{StoredResult, excerpt};
 use toolfleet_proto::names::{self, headers};
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use super::retry::{self, Verdict};
 use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
@@ -270,16 +271,34 @@ async fn pause_before_retry(
     }
 }
 
-/// The envelope a worker stored or published; an unreadable one (a bug or a
-/// foreign writer) is the tool's failure, not the runner's.
+/// The envelope of the result a worker stored, if that result answers this
+/// call (its tool and arguments, not only its ids; see
+/// [`StoredResult`]). One that answers another call is refused with a
+/// retryable `FOREIGN_RESULT`, so that the next attempt, with keys of its
+/// own, runs the real call. An unreadable one (a bug or a foreign writer) is
+/// the tool's failure, not the runner's.
 fn parse_envelope(call: &PlannedCall, text: &str) -> Envelope {
-    serde_json::from_str(text).unwrap_or_else(|err| {
-        warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable envelope");
-        Envelope::terminal(
-            ErrorCode::TOOL_EXECUTION_FAILED,
-            "the tool's answer was unreadable",
-        )
-    })
+    match StoredResult::read(text, &call.name, &call.arguments) {
+        Ok(record) if record.answers(&call.name, &call.arguments) => record.envelope,
+        Ok(record) => {
+            error!(
+                call_id = %call.wire_id,
+                stored_tool = excerpt(&record.tool, 64),
+                "the stored result answers another call (a forged call with these ids?); refused"
+            );
+            Envelope::retryable(
+                ErrorCode::FOREIGN_RESULT,
+                "the stored result did not belong to this call; it was not used",
+            )
+        }
+        Err(err) => {
+            warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable result");
+            Envelope::terminal(
+                ErrorCode::TOOL_EXECUTION_FAILED,
+                "the tool's answer was unreadable",
+            )
+        }
+    }
 }
 
 /// A result notification from the reply subject: which attempt has a

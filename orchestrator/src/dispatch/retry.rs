@@ -15,6 +15,13 @@ pub(super) enum Verdict {
     Retry(Duration),
 }
 
+/// Attempts a call gets beyond its tool's own when results stored under its
+/// ids were refused as another call's (`FOREIGN_RESULT`): such an attempt
+/// never ran the real call, so it does not use up the tool's attempts, but
+/// the allowance is bounded, so that a forger who can predict the next ids
+/// cannot hold a call for ever.
+const FOREIGN_RESULT_ALLOWANCE: u32 = 2;
+
 /// Decides what follows `attempt` (1-based) whose answer is `envelope`:
 /// success and terminal failures settle the call; a retryable failure is
 /// retried as the policy says, and once the policy allows no more attempts
@@ -30,6 +37,11 @@ pub(super) fn verdict(
     let Some(error) = envelope.error().filter(|e| e.retryable) else {
         return Verdict::Settle(envelope);
     };
+    if error.code == ErrorCode::FOREIGN_RESULT
+        && attempt < policy.max_attempts.saturating_add(FOREIGN_RESULT_ALLOWANCE)
+    {
+        return Verdict::Retry(Duration::ZERO);
+    }
     // A tool's own wait is honoured up to `dispatch.max_retry_after`.
     let retry_after = error
         .retry_after_ms
@@ -101,6 +113,13 @@ mod tests {
                 1,
                 Verdict::Retry(MAX_WAIT),
             ),
+            // A refused foreign result: again at once, beyond the tool's
+            // own attempts, but not for ever.
+            (
+                failure("FOREIGN_RESULT", true, None),
+                POLICY.max_attempts + 1,
+                Verdict::Retry(Duration::ZERO),
+            ),
         ];
         for (envelope, attempt, expected) in cases {
             assert_eq!(
@@ -109,6 +128,16 @@ mod tests {
                 "{envelope:?} attempt {attempt}"
             );
         }
+        assert!(matches!(
+            verdict(
+                failure("FOREIGN_RESULT", true, None),
+                POLICY.max_attempts + FOREIGN_RESULT_ALLOWANCE,
+                &POLICY,
+                MAX_WAIT,
+                0.0
+            ),
+            Verdict::Settle(_)
+        ));
         let Verdict::Settle(gave_up) = verdict(
             failure("TOOL_TIMEOUT", true, None),
             3,

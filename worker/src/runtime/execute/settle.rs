@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use async_nats::jetstream::{AckKind, Message};
 use async_nats::{HeaderMap, Subject};
+use toolfleet_proto::envelope::StoredResult;
 use toolfleet_proto::names::headers;
 use toolfleet_proto::{Envelope, ToolCall};
-use tracing::warn;
+use tracing::{error, warn};
 
 use super::Executor;
 
@@ -49,7 +50,8 @@ impl Executor {
         owner: &str,
         envelope: &Envelope,
     ) -> Outcome {
-        let stored = match self.ledger.complete(call, owner, &envelope.to_json()).await {
+        let record = StoredResult::new(call, envelope.clone()).to_json();
+        let stored = match self.ledger.complete(call, owner, &record).await {
             Ok(stored) => stored,
             Err(err) => {
                 // The result is not durable: hand the call back rather than
@@ -58,14 +60,34 @@ impl Executor {
                 return Outcome::Retry(Duration::from_secs(1));
             }
         };
-        self.reply(call, stored.into_bytes(), false).await;
-        Outcome::Answered
+        self.reply_with(call, &stored, false).await
     }
 
     /// Publishes the result the ledger already held for this attempt.
     pub(super) async fn reply_stored(&self, call: &ToolCall, stored: String) -> Outcome {
-        self.reply(call, stored.into_bytes(), true).await;
-        Outcome::Answered
+        self.reply_with(call, &stored, true).await
+    }
+
+    /// Replies with the stored record `stored` if it answers `call`. One
+    /// that answers another call with the same ids (other tool or
+    /// arguments: a forged call got there first) is never sent as this
+    /// call's answer; the delivery ends, and the orchestrator, which checks
+    /// the record too, tries another attempt.
+    async fn reply_with(&self, call: &ToolCall, stored: &str, dedup_hit: bool) -> Outcome {
+        match StoredResult::read(stored, &call.tool, &call.arguments) {
+            Ok(record) if record.answers(&call.tool, &call.arguments) => {
+                self.reply(call, record.envelope.to_json().into_bytes(), dedup_hit)
+                    .await;
+                Outcome::Answered
+            }
+            _ => {
+                error!(
+                    "the stored result of this attempt answers another call; not answered from it"
+                );
+                crate::metrics::call_rejected("stored_result");
+                Outcome::Undecodable
+            }
+        }
     }
 
     /// Releases the claim of a call handed back unfinished (the drain
