@@ -36,6 +36,23 @@ fn as_tenant<T>(token: &str, message: T) -> Request<T> {
     request
 }
 
+/// Waits until the orchestrator has reloaded its tokens file and accepts
+/// `token`.
+async fn until_the_token_works(api: &mut ApiClient, token: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while api
+        .list_jobs(as_tenant(token, v1::ListJobsRequest::default()))
+        .await
+        .is_err()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "tokens never reloaded"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
     let path = tokens_file(dir, "");
     let mut fleet = Fleet::start(1).await?;
@@ -254,14 +271,7 @@ async fn a_changed_tokens_file_takes_effect_without_a_restart() -> anyhow::Resul
             token_sha256(late)
         ),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api.list_jobs(list()).await.is_err() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the new token never worked"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_the_token_works(&mut api, late).await;
     // A broken file keeps the tokens in force: once the orchestrator has
     // read and rejected it, the token still works.
     let mark = fleet.orchestrator(0).log_mark();
@@ -347,18 +357,7 @@ async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
             token_sha256(single)
         ),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api
-        .list_jobs(as_tenant(single, v1::ListJobsRequest::default()))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "tokens never reloaded"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_the_token_works(&mut api, single).await;
     let quick = || scripted_job("x", &json!([{"message": "m"}]));
 
     // One submission per second: the second at once is refused, with when.
@@ -425,18 +424,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
             token_sha256(narrow)
         ),
     );
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api
-        .list_jobs(as_tenant(narrow, v1::ListJobsRequest::default()))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "tokens never reloaded"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_the_token_works(&mut api, narrow).await;
     let mut redis = fleet.redis.connection().await?;
     let in_flight_key = toolfleet_proto::names::RedisKeys::default().tenant_calls("narrow");
     let in_flight = |mut redis: redis::aio::ConnectionManager| {
