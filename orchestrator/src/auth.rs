@@ -137,6 +137,41 @@ struct TenantEntry {
     max_calls_in_flight: Option<u32>,
 }
 
+impl TenantEntry {
+    /// The caller this entry makes `tenant`, after its checks; quotas it
+    /// does not set come from `defaults`.
+    fn caller(&self, tenant: &str, defaults: Quotas) -> Result<Arc<Caller>, String> {
+        let why = if !is_valid_tenant(tenant) {
+            Some("names are 1 to 64 lowercase letters, digits, - and _")
+        } else if self.tools.as_ref().is_some_and(Vec::is_empty) {
+            Some("tools lists no tool; list at least one, or leave the key out to allow every tool")
+        } else if self
+            .submissions_per_second
+            .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
+        {
+            Some("submissions_per_second must be a number above 0")
+        } else if self.max_calls_in_flight == Some(0) {
+            Some("max_calls_in_flight must be at least 1")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(format!("tenant {tenant:?}: {why}"));
+        }
+        Ok(Arc::new(Caller {
+            tenant: tenant.to_owned(),
+            tools: self.tools.clone(),
+            quotas: Quotas {
+                max_active_jobs: self.max_active_jobs.or(defaults.max_active_jobs),
+                submissions_per_second: self
+                    .submissions_per_second
+                    .or(defaults.submissions_per_second),
+                max_calls_in_flight: self.max_calls_in_flight.or(defaults.max_calls_in_flight),
+            },
+        }))
+    }
+}
+
 /// Tokens (their SHA-256), and client certificate names, to callers.
 #[derive(Debug, Default)]
 struct Tokens {
@@ -157,78 +192,45 @@ impl Tokens {
         if file.tenants.is_empty() {
             return Err("the file names no tenant (add a [tenants.<name>] table)".to_owned());
         }
-        let mut by_hash = HashMap::new();
-        let mut by_client_name = Vec::new();
-        let mut by_client_uri = HashMap::new();
+        let mut tokens = Self::default();
         for (tenant, entry) in file.tenants {
-            if !is_valid_tenant(&tenant) {
-                return Err(format!(
-                    "tenant {tenant:?}: names are 1 to 64 lowercase letters, digits, - and _"
-                ));
-            }
-            if entry.tools.as_ref().is_some_and(Vec::is_empty) {
-                return Err(format!(
-                    "tenant {tenant:?}: tools lists no tool; list at least one, or leave the key \
-                     out to allow every tool"
-                ));
-            }
-            if entry
-                .submissions_per_second
-                .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
-            {
-                return Err(format!(
-                    "tenant {tenant:?}: submissions_per_second must be a number above 0"
-                ));
-            }
-            if entry.max_calls_in_flight == Some(0) {
-                return Err(format!(
-                    "tenant {tenant:?}: max_calls_in_flight must be at least 1"
-                ));
-            }
-            let caller = Arc::new(Caller {
-                tenant: tenant.clone(),
-                tools: entry.tools,
-                quotas: Quotas {
-                    max_active_jobs: entry.max_active_jobs.or(defaults.max_active_jobs),
-                    submissions_per_second: entry
-                        .submissions_per_second
-                        .or(defaults.submissions_per_second),
-                    max_calls_in_flight: entry.max_calls_in_flight.or(defaults.max_calls_in_flight),
-                },
-            });
-            for name in &entry.client_names {
-                if is_uri_name(name) {
-                    if by_client_uri.insert(name.clone(), caller.clone()).is_some() {
-                        return Err(format!(
-                            "tenant {tenant:?}: client name {name:?} names two tenants"
-                        ));
-                    }
-                    continue;
+            let caller = entry.caller(&tenant, defaults)?;
+            tokens
+                .add(&caller, &entry)
+                .map_err(|why| format!("tenant {tenant:?}: {why}"))?;
+        }
+        Ok(tokens)
+    }
+
+    /// Maps `entry`'s client names and token hashes to `caller`.
+    fn add(&mut self, caller: &Arc<Caller>, entry: &TenantEntry) -> Result<(), String> {
+        for name in &entry.client_names {
+            if is_uri_name(name) {
+                if self
+                    .by_client_uri
+                    .insert(name.clone(), caller.clone())
+                    .is_some()
+                {
+                    return Err(format!("client name {name:?} names two tenants"));
                 }
-                let parsed = ServerName::try_from(name.clone()).map_err(|_| {
-                    format!(
-                        "tenant {tenant:?}: client name {name:?} is neither a DNS name nor a URI \
-                         such as spiffe://example.org/ns/search"
-                    )
-                })?;
-                by_client_name.push((parsed, caller.clone()));
+                continue;
             }
-            for hex in &entry.token_sha256 {
-                let hash = parse_sha256(hex).ok_or_else(|| {
-                    format!("tenant {tenant:?}: {hex:?} is not a SHA-256 in hex (64 characters)")
-                })?;
-                if by_hash.insert(hash, caller.clone()).is_some() {
-                    return Err(format!(
-                        "tenant {tenant:?}: a token hash appears twice in the file"
-                    ));
-                }
+            let parsed = ServerName::try_from(name.clone()).map_err(|_| {
+                format!(
+                    "client name {name:?} is neither a DNS name nor a URI such as \
+                     spiffe://example.org/ns/search"
+                )
+            })?;
+            self.by_client_name.push((parsed, caller.clone()));
+        }
+        for hex in &entry.token_sha256 {
+            let hash = parse_sha256(hex)
+                .ok_or_else(|| format!("{hex:?} is not a SHA-256 in hex (64 characters)"))?;
+            if self.by_hash.insert(hash, caller.clone()).is_some() {
+                return Err("a token hash appears twice in the file".to_owned());
             }
         }
-        Ok(Self {
-            by_hash,
-            by_client_name,
-            by_client_uri,
-        })
+        Ok(())
     }
 
     /// The tenant whose `client_names` the certificate is valid for: one of
