@@ -1,8 +1,9 @@
 //! The message bus secured: both services reach a nats-server that requires
 //! TLS with client certificates and authenticated users (a password for the
 //! orchestrator, an NKey for the worker), run a job end to end, and never
-//! log a secret; anonymous and certificate-less clients are refused, and a
-//! missing file or two ways of authenticating stop start-up with a message.
+//! log a secret; anonymous and certificate-less clients are refused; a
+//! token works as well; and a missing file or two ways of authenticating
+//! stop start-up with a message.
 
 use std::time::Duration;
 
@@ -200,5 +201,42 @@ async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up() -> anyhow::R
         log.contains("nats.credentials_file /nonexistent/x.creds"),
         "{log}"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn both_services_authenticate_with_a_token() -> anyhow::Result<()> {
+    const TOKEN: &str = "tok-bus-7e21c0d9";
+    let nats = NatsServer::start_with_config(
+        &ServerOptions::default(),
+        &format!("authorization {{ token: \"{TOKEN}\" }}\n"),
+    )
+    .await?;
+    let wrong = async_nats::ConnectOptions::with_token("tok-wrong".into())
+        .connect(nats.url())
+        .await;
+    assert!(wrong.is_err(), "a wrong token got in");
+    let client = async_nats::ConnectOptions::with_token(TOKEN.into())
+        .connect(nats.url())
+        .await?;
+    let env = [("TOOLFLEET_NATS__TOKEN", TOKEN)];
+    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &env).await?;
+    fleet.spawn_orchestrator(&env).await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job("hi", &json!([{"message": "hello"}])))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    for log in [
+        fleet.orchestrator(0).log_tail(100_000),
+        fleet.worker(0).log_tail(100_000),
+    ] {
+        assert!(!log.contains(TOKEN), "the token was logged");
+    }
     Ok(())
 }
