@@ -480,6 +480,17 @@ pub async fn cancelled_job(api: &ApiClient) -> anyhow::Result<String> {
     Ok(job_id)
 }
 
+/// Submits `request` and returns the job once it has finished
+/// ([`wait_finished`]).
+///
+/// # Errors
+///
+/// The submission was refused, or the job did not finish in time.
+pub async fn run_job(api: &ApiClient, request: v1::SubmitJobRequest) -> anyhow::Result<v1::Job> {
+    let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
+    wait_finished(api, &job_id).await
+}
+
 /// Follows a job's events to its final one (at most two minutes), then
 /// returns the finished job.
 ///

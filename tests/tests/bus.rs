@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1;
 use toolfleet_tests::certificates::Certificates;
-use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
 use toolfleet_tests::{ChildProcess, NatsServer, RedisConfig, cargo_bin};
 use toolfleet_tests::{ServerOptions, wait_until};
 
@@ -107,20 +107,17 @@ async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Resul
     fleet.spawn_orchestrator(&orchestrator_env).await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
 
-    let api = fleet.api(0).await?;
-    let job_id = api
-        .clone()
-        .submit_job(scripted_job(
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job(
             "2+2?",
             &json!([
                 {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
                 {"message": "{{call_0_0.data.result}}"}
             ]),
-        ))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+        ),
+    )
+    .await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "4");
 
@@ -223,14 +220,11 @@ async fn both_services_authenticate_with_a_token() -> anyhow::Result<()> {
     let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &env).await?;
     fleet.spawn_orchestrator(&env).await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
-    let api = fleet.api(0).await?;
-    let job_id = api
-        .clone()
-        .submit_job(scripted_job("hi", &json!([{"message": "hello"}])))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job("hi", &json!([{"message": "hello"}])),
+    )
+    .await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     for log in [
         fleet.orchestrator(0).log_tail(100_000),

@@ -873,7 +873,7 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
 -> anyhow::Result<()> {
     use toolfleet_proto::{ToolManifest, WorkerAnnouncement, names};
     let fleet = fleet(1).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     let registry = async_nats::jetstream::new(fleet.client.clone())
         .get_key_value(names::REGISTRY_BUCKET)
         .await?;
@@ -934,23 +934,17 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
 
     let names_of =
         |tools: &[v1::Tool]| -> Vec<String> { tools.iter().map(|t| t.name.clone()).collect() };
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let tools = loop {
-        let tools = api
-            .list_tools(v1::ListToolsRequest {})
-            .await?
-            .into_inner()
-            .tools;
-        if names_of(&tools).contains(&"slow_clock".to_owned()) {
-            break tools;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slow_clock never listed: {:?}",
+    let tools = toolfleet_tests::wait_until("slow_clock to be listed", JOB, || {
+        let mut api = api.clone();
+        async move {
+            let tools = api.list_tools(v1::ListToolsRequest {}).await.ok()?;
+            let tools = tools.into_inner().tools;
             names_of(&tools)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+                .contains(&"slow_clock".to_owned())
+                .then_some(tools)
+        }
+    })
+    .await?;
     // Written before slow_clock, so read before it: none made it.
     for forged in ["calculate_v2", "run_shell", "huge", "broken", "future"] {
         assert!(

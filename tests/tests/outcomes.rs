@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::RedisConfig;
-use toolfleet_tests::fleet::{Fleet, call, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, call, run_job, scripted_job, wait_finished};
 use toolfleet_tests::tally::answer_of;
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.
@@ -293,13 +293,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
         {"message": "{{call_0_0.data.result}}"}
     ]);
-    let job_id = api
-        .clone()
-        .submit_job(scripted_job("late redis", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+    let job = run_job(&api, scripted_job("late redis", &script)).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "4");
     println!("late redis: processes 2, exits 0, jobs 1 succeeded");

@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, wait_finished};
+use toolfleet_tests::fleet::{Fleet, run_job};
 use wiremock::matchers::{body_string_contains, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -54,9 +54,10 @@ async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<(
         ])
         .await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
-    let mut api = fleet.api(0).await?;
-    let job_id = api
-        .submit_job(v1::SubmitJobRequest {
+    let api = fleet.api(0).await?;
+    let job = run_job(
+        &api,
+        v1::SubmitJobRequest {
             input: "What is 23*19?".into(),
             model: Some(v1::ModelSpec {
                 provider: "openai-chat".into(),
@@ -65,11 +66,9 @@ async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<(
             }),
             tools: vec!["calculate".into()],
             ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+        },
+    )
+    .await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "23*19 is 437.");
 
@@ -123,16 +122,15 @@ async fn a_request_without_a_model_runs_on_the_configured_default_model() -> any
             ("TOOLFLEET_API__DEFAULT_MODEL__NAME", "default-m"),
         ])
         .await?;
-    let mut api = fleet.api(0).await?;
-    let job_id = api
-        .submit_job(v1::SubmitJobRequest {
+    let api = fleet.api(0).await?;
+    let job = run_job(
+        &api,
+        v1::SubmitJobRequest {
             input: "What is 2+2?".into(),
             ..Default::default()
-        })
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+        },
+    )
+    .await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "4");
     Ok(())

@@ -9,9 +9,9 @@ use serde_json::json;
 use tonic::{Code, Request};
 use toolfleet_orchestrator::auth::token_sha256;
 use toolfleet_proto::v1;
-use toolfleet_tests::cargo_bin;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, CLIENT_SPIFFE_ID, Certificates};
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job};
+use toolfleet_tests::{cargo_bin, wait_until};
 
 const SEARCH: &str = "tok-search-3f9a";
 const ADS: &str = "tok-ads-77c1";
@@ -38,19 +38,20 @@ fn as_tenant<T>(token: &str, message: T) -> Request<T> {
 
 /// Waits until the orchestrator has reloaded its tokens file and accepts
 /// `token`.
-async fn until_the_token_works(api: &mut ApiClient, token: &str) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while api
-        .list_jobs(as_tenant(token, v1::ListJobsRequest::default()))
-        .await
-        .is_err()
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "tokens never reloaded"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+async fn until_the_token_works(api: &ApiClient, token: &str) -> anyhow::Result<()> {
+    wait_until(
+        "the tokens file to be reloaded",
+        Duration::from_secs(10),
+        || {
+            let mut api = api.clone();
+            async move {
+                api.list_jobs(as_tenant(token, v1::ListJobsRequest::default()))
+                    .await
+            }
+        },
+    )
+    .await
+    .map(drop)
 }
 
 async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
@@ -64,25 +65,21 @@ async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
             ("TOOLFLEET_API__TOKENS_RELOAD_INTERVAL", "100ms"),
         ])
         .await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     // The harness's wait has no token: ask as a tenant.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let tools = api
-            .list_tools(as_tenant(ADS, v1::ListToolsRequest {}))
-            .await
-            .map(|r| r.into_inner().tools)
-            .unwrap_or_default();
-        let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
-        if names.contains(&"calculate") && names.contains(&"get_current_weather") {
-            break;
+    wait_until("the tools to go live", Duration::from_secs(30), || {
+        let mut api = api.clone();
+        async move {
+            let tools = api
+                .list_tools(as_tenant(ADS, v1::ListToolsRequest {}))
+                .await
+                .map(|r| r.into_inner().tools)
+                .unwrap_or_default();
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            names.contains(&"calculate") && names.contains(&"get_current_weather")
         }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "the tools never went live"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await?;
     Ok((fleet, api))
 }
 
@@ -271,7 +268,7 @@ async fn a_changed_tokens_file_takes_effect_without_a_restart() -> anyhow::Resul
             token_sha256(late)
         ),
     );
-    until_the_token_works(&mut api, late).await;
+    until_the_token_works(&api, late).await?;
     // A broken file keeps the tokens in force: once the orchestrator has
     // read and rejected it, the token still works.
     let mark = fleet.orchestrator(0).log_mark();
@@ -357,7 +354,7 @@ async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
             token_sha256(single)
         ),
     );
-    until_the_token_works(&mut api, single).await;
+    until_the_token_works(&api, single).await?;
     let quick = || scripted_job("x", &json!([{"message": "m"}]));
 
     // One submission per second: the second at once is refused, with when.
@@ -424,7 +421,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
             token_sha256(narrow)
         ),
     );
-    until_the_token_works(&mut api, narrow).await;
+    until_the_token_works(&api, narrow).await?;
     let mut redis = fleet.redis.connection().await?;
     let in_flight_key = toolfleet_proto::names::RedisKeys::default().tenant_calls("narrow");
     let in_flight = |mut redis: redis::aio::ConnectionManager| {
@@ -454,14 +451,11 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         .await?
         .into_inner()
         .job_id;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while in_flight(redis.clone()).await? < 2 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no call took a slot"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until("two calls to take a slot", Duration::from_secs(20), || {
+        let count = in_flight(redis.clone());
+        async move { count.await.map(|n| n >= 2) }
+    })
+    .await?;
     // At the quota, a submission is refused with when to come back. (The
     // two calls hold their slots for 1.5 s; a call that finished before
     // this request hands its slot to a waiting one at once.)
@@ -502,14 +496,15 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         .await?;
     assert_eq!(most, Some(2));
     // The slots are given back, and the tenant may submit again.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while in_flight(redis.clone()).await? > 0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "slots never given back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(
+        "the slots to be given back",
+        Duration::from_secs(10),
+        || {
+            let count = in_flight(redis.clone());
+            async move { count.await.map(|n| n == 0) }
+        },
+    )
+    .await?;
     api.submit_job(as_tenant(
         narrow,
         scripted_job("x", &json!([{"message": "m"}])),
