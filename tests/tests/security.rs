@@ -453,7 +453,12 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         .job_id;
     wait_until("two calls to take a slot", Duration::from_secs(20), || {
         let count = in_flight(redis.clone());
-        async move { count.await.map(|n| n >= 2) }
+        // Ready only at two: `Ok(false)` would count as ready.
+        async move {
+            let n = count.await?;
+            anyhow::ensure!(n >= 2, "{n} calls in flight");
+            anyhow::Ok(())
+        }
     })
     .await?;
     // At the quota, a submission is refused with when to come back. (The
@@ -501,7 +506,11 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         Duration::from_secs(10),
         || {
             let count = in_flight(redis.clone());
-            async move { count.await.map(|n| n == 0) }
+            async move {
+                let n = count.await?;
+                anyhow::ensure!(n == 0, "{n} calls still in flight");
+                anyhow::Ok(())
+            }
         },
     )
     .await?;
