@@ -217,37 +217,40 @@ impl Dispatcher {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
         loop {
-            tokio::select! {
+            // Whether to look in Redis now, and whether a reply asked to.
+            let (look, replied) = tokio::select! {
                 () = stop.cancelled() => return Err(RoundError::Interrupted),
                 () = tokio::time::sleep_until(deadline) => return Err(RoundError::DeadlineExceeded),
                 notice = notices.recv() => match notice {
-                    // A wake-up, never the answer: anyone who can publish on
-                    // the bus can publish a reply. The answer is what a
-                    // worker stored in Redis before it replied.
-                    Ok(notice) if notice.call_id == call.wire_id && notice.attempt == attempt => {
-                        if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
-                            return Ok(text);
-                        }
-                        warn!(
-                            call_id = %call.wire_id,
-                            attempt,
-                            "a reply came with no stored result (not a worker's); ignored"
-                        );
+                    Ok(notice) => {
+                        let ours = notice.call_id == call.wire_id && notice.attempt == attempt;
+                        (ours, ours)
                     }
-                    Ok(_) => {}
                     // Missed notices: Redis has the answer.
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
-                            return Ok(text);
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => {}
+                    Err(broadcast::error::RecvError::Lagged(_)) => (true, false),
+                    Err(broadcast::error::RecvError::Closed) => (false, false),
                 },
-                _ = poll.tick() => {
-                    if let Some(text) = self.store.call_result(&lease.job_id, &call.wire_id, attempt).await? {
-                        return Ok(text);
-                    }
-                }
+                _ = poll.tick() => (true, false),
+            };
+            if !look {
+                continue;
+            }
+            // A reply is a wake-up, never the answer: anyone who can publish
+            // on the bus can publish one. The answer is what a worker
+            // stored in Redis before it replied.
+            if let Some(text) = self
+                .store
+                .call_result(&lease.job_id, &call.wire_id, attempt)
+                .await?
+            {
+                return Ok(text);
+            }
+            if replied {
+                warn!(
+                    call_id = %call.wire_id,
+                    attempt,
+                    "a reply came with no stored result (not a worker's); ignored"
+                );
             }
         }
     }
