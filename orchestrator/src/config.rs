@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use toolfleet_service::config::{
     ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered,
 };
+use toolfleet_service::queue;
 
 use crate::dispatch::DispatchOptions;
 use crate::grpc::ApiOptions;
@@ -41,6 +42,8 @@ pub struct OrchestratorOptions {
     pub registry: RegistryOptions,
     /// OpenAI-compatible model providers.
     pub openai: OpenAiOptions,
+    /// What `toolfleet-orchestrator setup` creates in JetStream.
+    pub setup: SetupOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
     /// Log output.
@@ -109,6 +112,34 @@ impl Default for StoreOptions {
     }
 }
 
+/// What `toolfleet-orchestrator setup` creates: the job and call streams,
+/// the orchestrators' consumer, one consumer per tool listed here, and the
+/// registry bucket (decision 0012).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SetupOptions {
+    /// The tools whose consumers to create, over every worker pool (the
+    /// `--tools` flag of `setup` sets it). Default: none.
+    pub tools: Vec<String>,
+    /// AckWait of every tool's consumer: a call not acked (nor kept alive by
+    /// its worker) within it is redelivered. Default: 30s.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub call_ack_wait: Duration,
+    /// How long a call may wait in the stream for a worker. Default: 24h.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub call_max_age: Duration,
+}
+
+impl Default for SetupOptions {
+    fn default() -> Self {
+        Self {
+            tools: Vec::new(),
+            call_ack_wait: queue::DEFAULT_CALL_ACK_WAIT,
+            call_max_age: queue::DEFAULT_CALL_MAX_AGE,
+        }
+    }
+}
+
 /// Tool registry settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -138,6 +169,7 @@ const ENV_KEYS: &[&str] = &[
     "store",
     "registry",
     "openai",
+    "setup",
     "metrics",
     "log",
 ];
@@ -153,6 +185,17 @@ impl OrchestratorOptions {
         // Resolved once, so that `--print-config` shows the id in use.
         options.instance_id = options.resolved_instance_id();
         Ok(options)
+    }
+
+    /// The JetStream objects `setup` creates, with these options.
+    pub fn layout(&self) -> queue::Layout {
+        queue::Layout {
+            job_ack_wait: self.runner.job_ack_wait,
+            call_max_age: self.setup.call_max_age,
+            call_ack_wait: self.setup.call_ack_wait,
+            registry_ttl: self.registry.ttl,
+            tools: self.setup.tools.clone(),
+        }
     }
 
     /// This replica's id: the configured one or `<hostname>-<pid>-<random>`.

@@ -29,6 +29,7 @@ pub mod model;
 pub mod registry;
 pub mod runner;
 pub mod server;
+pub mod setup;
 pub mod store;
 
 pub use config::OrchestratorOptions;

@@ -5,9 +5,10 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
+use clap::{Parser, Subcommand};
+use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions, setup};
 use toolfleet_service::binary::{self, Process, ServiceFlags};
+use toolfleet_service::telemetry;
 
 /// Serves toolfleet's gRPC API and runs agent jobs.
 ///
@@ -17,6 +18,8 @@ use toolfleet_service::binary::{self, Process, ServiceFlags};
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Flags {
+    #[command(subcommand)]
+    command: Option<Command>,
     #[command(flatten)]
     service: ServiceFlags,
     /// gRPC address to serve on (grpc.listen), e.g. 0.0.0.0:50051.
@@ -27,19 +30,44 @@ struct Flags {
     instance_id: Option<String>,
 }
 
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create (or update to this configuration) every JetStream object of the
+    /// fleet, then exit: the job and call streams, the orchestrators' consumer,
+    /// one consumer per tool of every worker pool, and the registry bucket.
+    /// Run it once per deployment, and again when a pool adds a tool, with a
+    /// NATS user that may create them; the services then run with
+    /// nats.create_missing = false and users that may not. Exit 0 when all is
+    /// set up, 1 when JetStream refused something, 2 on bad configuration.
+    Setup {
+        /// The tools whose consumers to create, comma separated (setup.tools).
+        #[arg(long, value_delimiter = ',')]
+        tools: Vec<String>,
+    },
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let Flags {
+        command,
         service,
         listen,
         instance_id,
     } = Flags::parse();
+    let tools = match &command {
+        Some(Command::Setup { tools }) => Some(tools).filter(|t| !t.is_empty()),
+        None => None,
+    };
     let overrides = service
         .overrides()
         .set("grpc.listen", listen)
         .set("instance_id", instance_id)
+        .set("setup.tools", tools)
         .into_value();
     let options = OrchestratorOptions::load(service.config.as_deref(), overrides);
+    if command.is_some() {
+        return set_up(options).await;
+    }
     binary::run(
         "toolfleet-orchestrator",
         options,
@@ -56,4 +84,37 @@ async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result
         .run(listener, process.shutdown)
         .await?;
     Ok(())
+}
+
+/// The `setup` subcommand: prints each object it set up.
+async fn set_up(
+    options: Result<OrchestratorOptions, toolfleet_service::config::ConfigError>,
+) -> ExitCode {
+    let options = match options {
+        Ok(options) => options,
+        Err(err) => {
+            eprintln!("toolfleet-orchestrator setup: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    telemetry::init_logging(&options.log);
+    match setup::run(&options).await {
+        Ok(done) => {
+            for what in done {
+                println!("set up {what}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(err @ setup::SetupError::ToolName(_)) => {
+            eprintln!("toolfleet-orchestrator setup: {err}");
+            ExitCode::from(2)
+        }
+        Err(err) => {
+            eprintln!(
+                "toolfleet-orchestrator setup: {:#}",
+                anyhow::Error::from(err)
+            );
+            ExitCode::FAILURE
+        }
+    }
 }

@@ -25,6 +25,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
 use toolfleet_service::connect::{self, ConnectError, patiently};
+use toolfleet_service::queue::{self, Missing, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
@@ -172,9 +173,13 @@ impl Orchestrator {
         let nats = connect::nats(&options.nats, "toolfleet-orchestrator").await?;
         let redis = connect::redis(&options.redis).await?;
         let js = jetstream::new(nats.clone());
-        patiently("the job stream", || runner::ensure_job_stream(&js)).await;
+        // SubmitJob publishes to the job stream: it must exist before the
+        // API answers.
+        let missing = Missing::from_create_missing(options.nats.create_missing);
+        let job_queue = WorkQueue::jobs();
+        patiently("the job stream", || job_queue.open(&js, missing)).await;
         let ttl = options.registry.ttl;
-        let bucket = patiently("the registry bucket", || connect::registry_bucket(&js, ttl)).await;
+        let bucket = patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
         let store = JobStore::new(
             redis,
             nats.clone(),
@@ -199,6 +204,7 @@ impl Orchestrator {
             providers: providers.clone(),
             options: options.runner.clone(),
             owner: instance.clone(),
+            missing,
         };
         api.serve(AgentApi {
             store: store.clone(),

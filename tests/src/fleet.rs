@@ -123,23 +123,47 @@ impl Fleet {
     ///
     /// The binary is missing or cannot be started.
     pub fn start_worker(&mut self) -> anyhow::Result<usize> {
+        self.start_worker_with(&["--test-tools"], &[])
+    }
+
+    /// Starts one worker of a pool: it serves only `tools` (no test tools),
+    /// with `env` on top of the fleet's worker environment (its NATS user,
+    /// say). Does not wait for it to serve; returns its index.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or cannot be started.
+    pub fn start_pool_worker(
+        &mut self,
+        tools: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<usize> {
+        self.start_worker_with(&["--tools", &tools.join(",")], env)
+    }
+
+    fn start_worker_with(
+        &mut self,
+        serving: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<usize> {
         let index = self.workers.len();
         let id = format!("worker-{index}");
-        let args = [
+        let mut args = vec![
             "--nats-url".to_owned(),
             self.nats.url(),
             "--redis-url".to_owned(),
             self.redis.url(),
-            "--test-tools".to_owned(),
             "--worker-id".to_owned(),
             id.clone(),
         ];
-        let mut env = vec![(
+        args.extend(serving.iter().map(|arg| (*arg).to_owned()));
+        let mut all_env = vec![(
             "RUST_LOG".to_owned(),
             "info,toolfleet_worker=debug".to_owned(),
         )];
-        env.extend(self.worker_env.iter().cloned());
-        let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, env)?;
+        all_env.extend(self.worker_env.iter().cloned());
+        all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+        let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, all_env)?;
         self.workers.push(worker);
         Ok(index)
     }

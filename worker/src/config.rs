@@ -14,6 +14,7 @@ pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions, redact_url,
 };
 use toolfleet_service::config::{duration, load_layered};
+use toolfleet_service::queue;
 
 use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
@@ -61,9 +62,10 @@ pub struct RuntimeOptions {
     /// Keep it below the pod's terminationGracePeriodSeconds. Default: 25s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub drain_timeout: Duration,
-    /// JetStream AckWait of the tool consumers: a call not acked (nor kept alive)
-    /// within it is redelivered. Long calls are kept alive automatically.
-    /// Default: 30s.
+    /// JetStream AckWait of the tool consumers this worker creates: a call
+    /// not acked (nor kept alive) within it is redelivered. Long calls are
+    /// kept alive automatically, against the consumer's own AckWait where
+    /// the consumer already existed. Default: 30s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub ack_wait: Duration,
     /// Executions of one call attempt that may die without an answer (each
@@ -78,8 +80,8 @@ pub struct RuntimeOptions {
     /// How long results are kept for deduplication. Default: 24h.
     #[serde(with = "toolfleet_service::config::duration")]
     pub result_retention: Duration,
-    /// How long calls wait in the stream for a worker before they are dropped.
-    /// Default: 24h.
+    /// How long calls wait in the stream for a worker before they are
+    /// dropped, if this worker creates the stream. Default: 24h.
     #[serde(with = "toolfleet_service::config::duration")]
     pub call_max_age: Duration,
     /// Per-tool timeout overrides, e.g. `{ sleep = "500ms" }`; the announced
@@ -97,11 +99,11 @@ impl Default for RuntimeOptions {
         Self {
             max_in_flight: NonZeroUsize::new(16).expect("16 is not zero"),
             drain_timeout: Duration::from_secs(25),
-            ack_wait: Duration::from_secs(30),
+            ack_wait: queue::DEFAULT_CALL_ACK_WAIT,
             max_deliveries: 5,
             claim_lease: Duration::from_secs(15),
             result_retention: Duration::from_secs(24 * 3600),
-            call_max_age: Duration::from_secs(24 * 3600),
+            call_max_age: queue::DEFAULT_CALL_MAX_AGE,
             tool_timeouts: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,

@@ -14,7 +14,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, AckKind, consumer, stream};
+use async_nats::jetstream::{self, AckKind, consumer};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names;
 use toolfleet_service::connect::patiently;
-use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
+use toolfleet_service::queue::{Missing, QueueError, SharedConsumer, WorkQueue};
 use tracing::{debug, info, warn};
 
 use crate::dispatch::Dispatcher;
@@ -76,23 +76,6 @@ impl Default for RunnerOptions {
     }
 }
 
-/// The job queue: a work-queue stream of job ids.
-const JOB_QUEUE: WorkQueue<'static> = WorkQueue {
-    name: names::JOB_STREAM,
-    subjects: names::JOB_SUBJECT,
-    description: "toolfleet: jobs waiting for an orchestrator",
-    max_age: Duration::ZERO,
-};
-
-/// Ensures the job stream exists.
-///
-/// # Errors
-///
-/// JetStream refused the stream.
-pub async fn ensure_job_stream(js: &jetstream::Context) -> Result<stream::Stream, QueueError> {
-    queue::work_queue(js, &JOB_QUEUE).await
-}
-
 /// Runs jobs.
 pub struct Runner {
     pub(crate) js: jetstream::Context,
@@ -102,6 +85,8 @@ pub struct Runner {
     pub(crate) options: RunnerOptions,
     /// This replica's identity in leases.
     pub(crate) owner: String,
+    /// Whether the job queue may be created here (`nats.create_missing`).
+    pub(crate) missing: Missing,
 }
 
 impl Runner {
@@ -157,15 +142,10 @@ impl Runner {
 
     /// The durable consumer that every replica pulls jobs from.
     async fn job_consumer(&self) -> Result<consumer::PullConsumer, QueueError> {
-        let stream = ensure_job_stream(&self.js).await?;
-        let shared = SharedConsumer {
-            name: names::JOB_CONSUMER,
-            description: "toolfleet: orchestrator replicas".to_owned(),
-            filter_subject: String::new(),
-            ack_wait: self.options.job_ack_wait,
-            max_ack_pending: 100_000,
-        };
-        queue::shared_consumer(&stream, shared).await
+        let stream = WorkQueue::jobs().open(&self.js, self.missing).await?;
+        SharedConsumer::orchestrators(self.options.job_ack_wait)
+            .open(&stream, self.missing)
+            .await
     }
 
     /// Lets running jobs go on for `drain_timeout`, then hands the rest back.

@@ -35,6 +35,19 @@ pub struct NatsOptions {
     pub token: Option<String>,
     /// TLS to the server.
     pub tls: NatsTlsOptions,
+    /// Prefix of the subjects this client receives replies on (its
+    /// requests' inboxes, its pull consumers' deliveries). Give each NATS
+    /// user its own (`_INBOX.<user>`) and let it subscribe only there, so
+    /// that no one reads another's deliveries (`deploy/nats/`). Default:
+    /// `_INBOX`.
+    pub inbox_prefix: String,
+    /// Create the streams, consumers and registry bucket this service needs
+    /// when they do not exist. Turn it off where `toolfleet-orchestrator
+    /// setup` creates them and this service's NATS user may not: a missing
+    /// one is then waited for, and logged with the step that creates it.
+    /// Default: true.
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub create_missing: bool,
 }
 
 impl Default for NatsOptions {
@@ -47,6 +60,8 @@ impl Default for NatsOptions {
             password: None,
             token: None,
             tls: NatsTlsOptions::default(),
+            inbox_prefix: "_INBOX".into(),
+            create_missing: true,
         }
     }
 }

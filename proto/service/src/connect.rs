@@ -102,6 +102,12 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
             "set one of credentials_file, nkey_seed_file, user and password, or token".into(),
         ));
     }
+    if !is_subject_prefix(&options.inbox_prefix) {
+        return Err(config(format!(
+            "nats.inbox_prefix {:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)",
+            options.inbox_prefix
+        )));
+    }
     let mut connect = async_nats::ConnectOptions::new();
     if let Some(path) = &options.credentials_file {
         readable("nats.credentials_file", path)?;
@@ -130,6 +136,7 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
     if let Some(token) = &options.token {
         connect = connect.token(token.clone());
     }
+    connect = connect.custom_inbox_prefix(&options.inbox_prefix);
     let tls = &options.tls;
     if let Some(path) = &tls.ca_file {
         readable("nats.tls.ca_file", path)?;
@@ -152,6 +159,18 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
         connect = connect.require_tls(true);
     }
     Ok(connect)
+}
+
+/// Whether `prefix` can start a subject: dot-separated, non-empty tokens of
+/// printable ASCII without wildcards.
+fn is_subject_prefix(prefix: &str) -> bool {
+    prefix.len() <= 128
+        && prefix.split('.').all(|token| {
+            !token.is_empty()
+                && token
+                    .bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'*' && b != b'>')
+        })
 }
 
 /// Calls `attempt` until it succeeds, pausing with exponential backoff and
@@ -208,29 +227,4 @@ pub async fn redis(options: &RedisOptions) -> Result<ConnectionManager, ConnectE
         ConnectionManager::new_with_config(client.clone(), redis_config())
     })
     .await)
-}
-
-/// Opens the registry bucket (workers announce their tools there), creating
-/// it with `ttl` as the entries' max age if it does not exist yet. Both sides
-/// open it the same way: whoever comes first creates it.
-///
-/// # Errors
-///
-/// JetStream is unavailable or refuses the bucket.
-pub async fn registry_bucket(
-    js: &async_nats::jetstream::Context,
-    ttl: Duration,
-) -> Result<async_nats::jetstream::kv::Store, async_nats::jetstream::context::CreateKeyValueError> {
-    use toolfleet_proto::names::REGISTRY_BUCKET;
-    if let Ok(store) = js.get_key_value(REGISTRY_BUCKET).await {
-        return Ok(store);
-    }
-    js.create_key_value(async_nats::jetstream::kv::Config {
-        bucket: REGISTRY_BUCKET.to_owned(),
-        description: "toolfleet: live tool announcements of workers".to_owned(),
-        history: 1,
-        max_age: ttl,
-        ..Default::default()
-    })
-    .await
 }

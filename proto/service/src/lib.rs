@@ -6,7 +6,8 @@
 //! - [`config`]: layered options (defaults < TOML < `TOOLFLEET_*` < flags),
 //!   the connection, log and metrics sections, URL redaction;
 //! - [`connect`]: NATS and Redis connections with the settings both sides need;
-//! - [`queue`]: the JetStream work queues and their shared consumers;
+//! - [`queue`]: every JetStream object (work queues, shared consumers, the
+//!   registry bucket), and the setup step that creates them;
 //! - [`reload`]: reference files held in memory, reloaded when they change;
 //! - [`binary`]: a binary's `main` around its options: print-config, logging,
 //!   metrics, signals and exit codes;

@@ -1,46 +1,177 @@
-//! JetStream as toolfleet's queues, set up the same way on both sides: a
-//! work-queue stream (a message lives until one consumer acks it) and one
-//! durable pull consumer shared by every replica that serves it (that is the
-//! horizontal scaling). Nothing is ever dropped by JetStream itself: no
-//! delivery limit, explicit acks, and a two-minute window in which a
-//! re-published `Nats-Msg-Id` is a duplicate.
+//! Every JetStream object of toolfleet, its shape, and who creates it.
+//!
+//! - The **job queue** (stream `TOOLFLEET_JOBS`, durable consumer
+//!   `orchestrators`) and the **call queue** (stream `TOOLFLEET_CALLS`, one
+//!   durable consumer `tool_<name>` per tool) are work queues: a message
+//!   lives until one consumer acks it, and every replica serving a queue
+//!   shares its consumer (that is the horizontal scaling). Nothing is ever
+//!   dropped by JetStream itself: no delivery limit, explicit acks, and a
+//!   two-minute window in which a re-published `Nats-Msg-Id` is a duplicate.
+//! - The **registry** is a KV bucket where workers announce their tools.
+//!
+//! Who creates them: `toolfleet-orchestrator setup` ([`set_up`]) creates or
+//! updates all of them, for the tools it is told of, with a NATS user that
+//! may; that is the one privileged step of a deployment (decision 0012).
+//! The services only open them. With `nats.create_missing` (the default, for
+//! development) a service creates what it finds missing; without it, it
+//! waits for the setup step, so its NATS user needs no right to create
+//! anything, and a pool's consumer exists before its first worker starts.
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, stream};
+use async_nats::jetstream::{self, consumer, kv, stream};
+use toolfleet_proto::names;
 
 /// How long JetStream remembers a message id to drop a re-publish of it.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
-/// JetStream refused a stream or consumer.
+/// Default AckWait of a tool's consumer (`runtime.ack_wait`,
+/// `setup.call_ack_wait`).
+pub const DEFAULT_CALL_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// Default time a call may wait for a worker (`runtime.call_max_age`,
+/// `setup.call_max_age`).
+pub const DEFAULT_CALL_MAX_AGE: Duration = Duration::from_secs(24 * 3600);
+
+/// A JetStream object could not be opened or set up.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set up JetStream {what}")]
+#[error("cannot {verb} JetStream {what}{hint}")]
 pub struct QueueError {
-    /// The stream or consumer, e.g. `stream TOOLFLEET_JOBS`.
+    verb: &'static str,
+    /// The object, e.g. `stream TOOLFLEET_JOBS`.
     pub what: String,
+    hint: &'static str,
     /// What the server said.
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
 }
 
+impl QueueError {
+    /// The setup step could not create or update `what`.
+    fn refused(what: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            verb: "set up",
+            what: what.to_owned(),
+            hint: "",
+            source: Box::new(source),
+        }
+    }
+}
+
+/// Whether a service may create the objects it opens (`nats.create_missing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// Create an object that does not exist yet (development, one user).
+    Create,
+    /// Only open it; a missing one is an error that names the setup step.
+    Wait,
+}
+
+impl Missing {
+    /// `nats.create_missing` as a [`Missing`].
+    pub fn from_create_missing(create_missing: bool) -> Self {
+        if create_missing {
+            Self::Create
+        } else {
+            Self::Wait
+        }
+    }
+
+    fn error(
+        self,
+        what: String,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> QueueError {
+        QueueError {
+            verb: "open",
+            what,
+            hint: match self {
+                Self::Create => "",
+                Self::Wait => {
+                    " (nats.create_missing is off: `toolfleet-orchestrator setup` creates it)"
+                }
+            },
+            source: source.into(),
+        }
+    }
+}
+
 /// A work-queue stream.
 #[derive(Debug, Clone)]
-pub struct WorkQueue<'a> {
+pub struct WorkQueue {
     /// Stream name (from `toolfleet_proto::names`).
-    pub name: &'a str,
+    pub name: &'static str,
     /// The subjects it captures.
-    pub subjects: &'a str,
+    pub subjects: &'static str,
     /// What waits in it, for operators.
-    pub description: &'a str,
+    pub description: &'static str,
     /// How long a message may wait; zero for no limit.
     pub max_age: Duration,
 }
 
-/// A durable pull consumer that every replica serving the queue shares.
+impl WorkQueue {
+    /// The stream of job ids waiting for an orchestrator.
+    pub fn jobs() -> Self {
+        Self {
+            name: names::JOB_STREAM,
+            subjects: names::JOB_SUBJECT,
+            description: "toolfleet: jobs waiting for an orchestrator",
+            max_age: Duration::ZERO,
+        }
+    }
+
+    /// The stream of tool calls waiting for a worker, each kept `max_age`.
+    pub fn calls(max_age: Duration) -> Self {
+        Self {
+            name: names::CALL_STREAM,
+            subjects: names::CALL_SUBJECTS,
+            description: "toolfleet: tool calls waiting for a worker",
+            max_age,
+        }
+    }
+
+    fn config(&self) -> stream::Config {
+        stream::Config {
+            name: self.name.to_owned(),
+            description: Some(self.description.to_owned()),
+            subjects: vec![self.subjects.to_owned()],
+            retention: stream::RetentionPolicy::WorkQueue,
+            max_age: self.max_age,
+            duplicate_window: DUPLICATE_WINDOW,
+            ..Default::default()
+        }
+    }
+
+    /// Opens the stream; with [`Missing::Create`], creates it if need be.
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError`] when JetStream is unavailable, refuses, or (with
+    /// [`Missing::Wait`]) has no such stream.
+    pub async fn open(
+        &self,
+        js: &jetstream::Context,
+        missing: Missing,
+    ) -> Result<stream::Stream, QueueError> {
+        let what = || format!("stream {}", self.name);
+        match missing {
+            Missing::Create => js
+                .get_or_create_stream(self.config())
+                .await
+                .map_err(|e| missing.error(what(), e)),
+            Missing::Wait => js
+                .get_stream(self.name)
+                .await
+                .map_err(|e| missing.error(what(), e)),
+        }
+    }
+}
+
+/// A durable pull consumer that every replica serving a queue shares.
 #[derive(Debug, Clone)]
-pub struct SharedConsumer<'a> {
+pub struct SharedConsumer {
     /// Durable name (from `toolfleet_proto::names`).
-    pub name: &'a str,
+    pub name: String,
     /// Who consumes, for operators.
     pub description: String,
     /// Only messages on this subject; empty for all of the stream's.
@@ -51,60 +182,165 @@ pub struct SharedConsumer<'a> {
     pub max_ack_pending: i64,
 }
 
-/// Opens the stream `queue`, creating it if it does not exist.
-///
-/// # Errors
-///
-/// [`QueueError`] when JetStream is unavailable or refuses the stream.
-pub async fn work_queue(
-    js: &jetstream::Context,
-    queue: &WorkQueue<'_>,
-) -> Result<stream::Stream, QueueError> {
-    js.get_or_create_stream(stream::Config {
-        name: queue.name.to_owned(),
-        description: Some(queue.description.to_owned()),
-        subjects: vec![queue.subjects.to_owned()],
-        retention: stream::RetentionPolicy::WorkQueue,
-        max_age: queue.max_age,
-        duplicate_window: DUPLICATE_WINDOW,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| QueueError {
-        what: format!("stream {}", queue.name),
-        source: Box::new(e),
-    })
+impl SharedConsumer {
+    /// The consumer every orchestrator replica pulls job ids from.
+    pub fn orchestrators(ack_wait: Duration) -> Self {
+        Self {
+            name: names::JOB_CONSUMER.to_owned(),
+            description: "toolfleet: orchestrator replicas".to_owned(),
+            filter_subject: String::new(),
+            ack_wait,
+            max_ack_pending: 100_000,
+        }
+    }
+
+    /// The consumer every worker serving `tool` pulls its calls from.
+    pub fn tool(tool: &str, ack_wait: Duration) -> Self {
+        Self {
+            name: names::call_consumer(tool),
+            description: format!("toolfleet: workers serving {tool}"),
+            filter_subject: names::call_subject(tool),
+            ack_wait,
+            max_ack_pending: 10_000,
+        }
+    }
+
+    fn config(&self) -> consumer::pull::Config {
+        consumer::pull::Config {
+            durable_name: Some(self.name.clone()),
+            description: Some(self.description.clone()),
+            filter_subject: self.filter_subject.clone(),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            // Unlimited: a message is never dropped by JetStream. The
+            // consumers end what cannot be done themselves (a job that
+            // ended, a poison call answered MAX_DELIVERIES_EXCEEDED).
+            max_deliver: -1,
+            max_ack_pending: self.max_ack_pending,
+            ..Default::default()
+        }
+    }
+
+    /// Opens the consumer on `stream`; with [`Missing::Create`], creates it
+    /// if need be. An existing consumer keeps its own settings: read its
+    /// AckWait from [`consumer::PullConsumer::cached_info`].
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError`] when JetStream is unavailable, refuses, or (with
+    /// [`Missing::Wait`]) has no such consumer.
+    pub async fn open(
+        &self,
+        stream: &stream::Stream,
+        missing: Missing,
+    ) -> Result<consumer::PullConsumer, QueueError> {
+        let what = || format!("consumer {}", self.name);
+        match missing {
+            Missing::Create => stream
+                .get_or_create_consumer(&self.name, self.config())
+                .await
+                .map_err(|e| missing.error(what(), e)),
+            Missing::Wait => stream
+                .get_consumer(&self.name)
+                .await
+                .map_err(|e| missing.error(what(), e)),
+        }
+    }
 }
 
-/// Opens the consumer `shared` on `stream`, creating it if need be.
+/// The registry bucket, whose entries live `ttl` without a refresh.
+fn registry_config(ttl: Duration) -> kv::Config {
+    kv::Config {
+        bucket: names::REGISTRY_BUCKET.to_owned(),
+        description: "toolfleet: live tool announcements of workers".to_owned(),
+        history: 1,
+        max_age: ttl,
+        ..Default::default()
+    }
+}
+
+/// Opens the registry bucket (workers announce their tools there); with
+/// [`Missing::Create`], creates it with `ttl` as the entries' max age if it
+/// does not exist yet.
 ///
 /// # Errors
 ///
-/// [`QueueError`] when JetStream is unavailable or refuses the consumer.
-pub async fn shared_consumer(
-    stream: &stream::Stream,
-    shared: SharedConsumer<'_>,
-) -> Result<consumer::PullConsumer, QueueError> {
-    stream
-        .get_or_create_consumer(
-            shared.name,
-            consumer::pull::Config {
-                durable_name: Some(shared.name.to_owned()),
-                description: Some(shared.description),
-                filter_subject: shared.filter_subject,
-                ack_policy: consumer::AckPolicy::Explicit,
-                ack_wait: shared.ack_wait,
-                // Unlimited: a message is never dropped by JetStream. The
-                // consumers end what cannot be done themselves (a job that
-                // ended, a poison call answered MAX_DELIVERIES_EXCEEDED).
-                max_deliver: -1,
-                max_ack_pending: shared.max_ack_pending,
-                ..Default::default()
-            },
-        )
+/// [`QueueError`] when JetStream is unavailable, refuses, or (with
+/// [`Missing::Wait`]) has no such bucket.
+pub async fn registry(
+    js: &jetstream::Context,
+    ttl: Duration,
+    missing: Missing,
+) -> Result<kv::Store, QueueError> {
+    let what = || format!("bucket {}", names::REGISTRY_BUCKET);
+    match js.get_key_value(names::REGISTRY_BUCKET).await {
+        Ok(store) => Ok(store),
+        Err(err) if missing == Missing::Wait => Err(missing.error(what(), err)),
+        Err(_) => js
+            .create_key_value(registry_config(ttl))
+            .await
+            .map_err(|e| missing.error(what(), e)),
+    }
+}
+
+/// What `toolfleet-orchestrator setup` creates: the settings of every
+/// object, and the tools whose consumers must exist before any worker.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// AckWait of the orchestrators' job consumer (`runner.job_ack_wait`).
+    pub job_ack_wait: Duration,
+    /// How long a call may wait for a worker (`setup.call_max_age`).
+    pub call_max_age: Duration,
+    /// AckWait of every tool's consumer (`setup.call_ack_wait`).
+    pub call_ack_wait: Duration,
+    /// Max age of a registry entry (`registry.ttl`).
+    pub registry_ttl: Duration,
+    /// The tools whose consumers to create (`setup.tools`).
+    pub tools: Vec<String>,
+}
+
+/// Creates every object of `layout`, or updates it to `layout`'s settings
+/// where it exists: the one privileged step. Returns what it set up, in
+/// order, for the operator (`stream TOOLFLEET_JOBS`, ...).
+///
+/// # Errors
+///
+/// [`QueueError`] naming the first object JetStream refused (the caller's
+/// NATS user may lack the right, or a setting cannot change in place).
+pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<String>, QueueError> {
+    let tool_consumers = layout
+        .tools
+        .iter()
+        .map(|tool| SharedConsumer::tool(tool, layout.call_ack_wait));
+    let queues = [
+        (
+            WorkQueue::jobs(),
+            vec![SharedConsumer::orchestrators(layout.job_ack_wait)],
+        ),
+        (
+            WorkQueue::calls(layout.call_max_age),
+            tool_consumers.collect(),
+        ),
+    ];
+    let mut done = Vec::new();
+    for (queue, consumers) in queues {
+        let what = format!("stream {}", queue.name);
+        js.create_or_update_stream(queue.config())
+            .await
+            .map_err(|e| QueueError::refused(&what, e))?;
+        done.push(what);
+        for consumer in consumers {
+            let what = format!("consumer {}", consumer.name);
+            js.create_consumer_on_stream(consumer.config(), queue.name)
+                .await
+                .map_err(|e| QueueError::refused(&what, e))?;
+            done.push(what);
+        }
+    }
+    let what = format!("bucket {}", names::REGISTRY_BUCKET);
+    js.create_or_update_key_value(registry_config(layout.registry_ttl))
         .await
-        .map_err(|e| QueueError {
-            what: format!("consumer {}", shared.name),
-            source: Box::new(e),
-        })
+        .map_err(|e| QueueError::refused(&what, e))?;
+    done.push(what);
+    Ok(done)
 }

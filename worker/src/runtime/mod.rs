@@ -16,16 +16,17 @@ mod pull;
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv, stream};
+use async_nats::jetstream::{self, consumer, kv};
 use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
-use toolfleet_proto::names::{self, RedisKeys};
+use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::{self, ConnectError, patiently};
-use toolfleet_service::queue::{self, QueueError, SharedConsumer, WorkQueue};
+use toolfleet_service::queue::{self, Missing, SharedConsumer, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
@@ -131,7 +132,8 @@ impl Worker {
             options: self.options.registry.clone(),
         };
         let tool_names: Vec<_> = tools.keys().cloned().collect();
-        let executor = Arc::new(self.executor(tools));
+        let ack_wait = shortest_ack_wait(&consumers, runtime.ack_wait);
+        let executor = Arc::new(self.executor(tools, ack_wait));
         // Should this future be dropped before it drains (a caller's select or
         // abort), nothing it started outlives it: intake stops, and running
         // calls are abandoned and handed back as after a drain timeout.
@@ -150,25 +152,32 @@ impl Worker {
     }
 
     /// The call stream, one durable consumer per tool, and the registry bucket.
+    /// A consumer that existed keeps its own AckWait, so that is the one
+    /// the calls are kept alive against.
     async fn set_up_jetstream(
         &self,
         tools: &HashMap<String, LoadedTool>,
     ) -> (Vec<(String, consumer::PullConsumer)>, kv::Store) {
         let js = jetstream::new(self.nats.clone());
-        let stream = patiently("the call stream", || ensure_call_stream(&js, &self.options)).await;
+        let runtime = &self.options.runtime;
+        let missing = Missing::from_create_missing(self.options.nats.create_missing);
+        let calls = WorkQueue::calls(runtime.call_max_age);
+        let stream = patiently("the call stream", || calls.open(&js, missing)).await;
         let mut consumers = Vec::new();
         for name in tools.keys() {
             let what = format!("the consumer of {name}");
-            let consumer = patiently(&what, || ensure_consumer(&stream, name, &self.options)).await;
+            let shared = SharedConsumer::tool(name, runtime.ack_wait);
+            let consumer = patiently(&what, || shared.open(&stream, missing)).await;
             consumers.push((name.clone(), consumer));
         }
         let ttl = self.options.registry.ttl;
         let registry =
-            patiently("the registry bucket", || connect::registry_bucket(&js, ttl)).await;
+            patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
         (consumers, registry)
     }
 
-    fn executor(&self, tools: HashMap<String, LoadedTool>) -> Executor {
+    /// The executor of `tools`, keeping calls alive against `ack_wait`.
+    fn executor(&self, tools: HashMap<String, LoadedTool>, ack_wait: Duration) -> Executor {
         let runtime = &self.options.runtime;
         let keys = RedisKeys::new(self.options.redis.key_prefix.clone());
         let ledger = Ledger::new(
@@ -181,7 +190,10 @@ impl Worker {
             tools,
             ledger,
             nats: self.nats.clone(),
-            options: runtime.clone(),
+            options: RuntimeOptions {
+                ack_wait,
+                ..runtime.clone()
+            },
             worker_id: self.worker_id.clone(),
             abandon: CancellationToken::new(),
         }
@@ -266,33 +278,24 @@ fn start_intake(
     intake
 }
 
-async fn ensure_call_stream(
-    js: &jetstream::Context,
-    options: &WorkerOptions,
-) -> Result<stream::Stream, QueueError> {
-    let calls = WorkQueue {
-        name: names::CALL_STREAM,
-        subjects: names::CALL_SUBJECTS,
-        description: "toolfleet: tool calls waiting for a worker",
-        max_age: options.runtime.call_max_age,
-    };
-    queue::work_queue(js, &calls).await
-}
-
-/// The consumer every worker serving `tool` shares. A poison call is
-/// answered by the worker itself (`MAX_DELIVERIES_EXCEEDED`), so JetStream
-/// needs no delivery limit and drops nothing silently.
-async fn ensure_consumer(
-    stream: &stream::Stream,
-    tool: &str,
-    options: &WorkerOptions,
-) -> Result<consumer::PullConsumer, QueueError> {
-    let shared = SharedConsumer {
-        name: &names::call_consumer(tool),
-        description: format!("toolfleet: workers serving {tool}"),
-        filter_subject: names::call_subject(tool),
-        ack_wait: options.runtime.ack_wait,
-        max_ack_pending: 10_000,
-    };
-    queue::shared_consumer(stream, shared).await
+/// The shortest AckWait of `consumers`: calls are kept alive against it.
+/// A consumer that existed keeps its own AckWait (set by `toolfleet-orchestrator
+/// setup` or by the first worker that created it), which may not be
+/// `configured` (`runtime.ack_wait`); that is logged.
+fn shortest_ack_wait(
+    consumers: &[(String, consumer::PullConsumer)],
+    configured: Duration,
+) -> Duration {
+    let mut shortest = configured;
+    for (tool, consumer) in consumers {
+        let actual = consumer.cached_info().config.ack_wait;
+        if actual != configured {
+            warn!(tool, consumer_ack_wait = ?actual, runtime_ack_wait = ?configured,
+                  "the tool's consumer has its own AckWait; calls are kept alive against it");
+        }
+        if !actual.is_zero() {
+            shortest = shortest.min(actual);
+        }
+    }
+    shortest
 }

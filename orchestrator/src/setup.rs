@@ -1,0 +1,49 @@
+//! `toolfleet-orchestrator setup`: the one privileged step of a deployment.
+//! It creates (or updates to the configured settings) every JetStream object
+//! of the fleet: the job and call streams, the orchestrators' consumer, the
+//! consumer of each tool in `setup.tools`, and the registry bucket. Run it
+//! once per deployment (and again when a pool adds a tool) with a NATS user
+//! that may; the services then only open what it made (`nats.create_missing
+//! = false`), so their users need no right to create anything, and a pool's
+//! consumer exists before its first worker (KEDA scales a pool from zero on
+//! that consumer's backlog). Decision 0012.
+
+use async_nats::jetstream;
+use toolfleet_proto::manifest::is_valid_tool_name;
+use toolfleet_service::connect::{self, ConnectError};
+use toolfleet_service::queue::{self, QueueError};
+
+use crate::config::OrchestratorOptions;
+
+/// Why the setup step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    /// `setup.tools` names something that cannot be a tool.
+    #[error("setup.tools: {0:?} is not a tool name (letters, digits, `_` and `-`, up to 64)")]
+    ToolName(String),
+    /// The NATS configuration cannot work.
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    /// JetStream refused an object: the NATS user may lack the right to
+    /// create it, or a setting cannot change in place.
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+}
+
+/// Connects with `options.nats` (waiting for the server) and sets up every
+/// object; returns what it set up, in order.
+///
+/// # Errors
+///
+/// [`SetupError`]: an invalid tool name, a NATS configuration that cannot
+/// work, or the first object JetStream refused.
+pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupError> {
+    if let Some(bad) = options.setup.tools.iter().find(|t| !is_valid_tool_name(t)) {
+        return Err(SetupError::ToolName(bad.clone()));
+    }
+    let nats = connect::nats(&options.nats, "toolfleet-orchestrator-setup").await?;
+    let done = queue::set_up(&jetstream::new(nats.clone()), &options.layout()).await?;
+    // Nothing is pending, but a clean close lets the server log it as one.
+    let _ = nats.drain().await;
+    Ok(done)
+}
