@@ -121,26 +121,42 @@ impl RedisKeys {
         format!("{}:{{{job_id}}}:{rest}", self.prefix)
     }
 
+    /// A key of one call attempt's ledger, under its tool's own key space
+    /// (`<prefix>:{<job>}:tool:<tool>:<kind>:<call>:<attempt>`), so that a
+    /// Redis ACL pattern can give each worker pool its own tools' keys and
+    /// nothing else (`deploy/redis/`). Tool names and wire call ids never
+    /// hold `{`, `}` or `:`, so no key of one tool matches another's pattern.
+    fn call_key(
+        &self,
+        job_id: &str,
+        tool: &str,
+        kind: &str,
+        call_id: &str,
+        attempt: u32,
+    ) -> String {
+        self.job_key(job_id, &format!("tool:{tool}:{kind}:{call_id}:{attempt}"))
+    }
+
     /// The claim of one call attempt: the worker executing it, with a lease TTL.
-    pub fn call_claim(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
-        self.job_key(job_id, &format!("claim:{call_id}:{attempt}"))
+    pub fn call_claim(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "claim", call_id, attempt)
     }
 
     /// Marks that an execution of a side-effecting call attempt began; it
     /// outlives the claim so a redelivery knows the effect may have happened.
-    pub fn call_started(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
-        self.job_key(job_id, &format!("started:{call_id}:{attempt}"))
+    pub fn call_started(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "started", call_id, attempt)
     }
 
     /// How many executions of one call attempt took its claim and neither
     /// stored a result nor released the claim: the executions that died.
-    pub fn call_claims(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
-        self.job_key(job_id, &format!("claims:{call_id}:{attempt}"))
+    pub fn call_claims(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "claims", call_id, attempt)
     }
 
-    /// The stored envelope of one call attempt.
-    pub fn call_result(&self, job_id: &str, call_id: &str, attempt: u32) -> String {
-        self.job_key(job_id, &format!("result:{call_id}:{attempt}"))
+    /// The stored result of one call attempt (written by workers only).
+    pub fn call_result(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "result", call_id, attempt)
     }
 
     /// The job record (a hash).
@@ -244,12 +260,25 @@ mod tests {
     }
 
     #[test]
+    fn call_keys_live_under_their_tool() {
+        let keys = RedisKeys::default();
+        assert_eq!(
+            keys.call_result("t-1", "calculate", "x.3", 2),
+            "tf:{t-1}:tool:calculate:result:x.3:2"
+        );
+        assert_eq!(
+            keys.call_claims("t-1", "calculate", "c", 1),
+            "tf:{t-1}:tool:calculate:claims:c:1"
+        );
+    }
+
+    #[test]
     fn job_keys_share_one_hash_tag() {
         let keys = RedisKeys::default();
         for key in [
-            keys.call_claim("j1", "c", 1),
-            keys.call_result("j1", "c", 1),
-            keys.call_started("j1", "c", 1),
+            keys.call_claim("j1", "echo", "c", 1),
+            keys.call_result("j1", "echo", "c", 1),
+            keys.call_started("j1", "echo", "c", 1),
             keys.job("j1"),
             keys.job_items("j1"),
             keys.job_events("j1"),

@@ -354,7 +354,8 @@ impl Fleet {
     ///
     /// Redis is unreachable or the stored text is not an envelope.
     pub async fn stored_result(&self, call: &ToolCall) -> anyhow::Result<Option<Envelope>> {
-        let key = RedisKeys::default().call_result(&call.job_id, &call.call_id, call.attempt);
+        let key =
+            RedisKeys::default().call_result(&call.job_id, &call.tool, &call.call_id, call.attempt);
         let mut redis = self.redis.connection().await?;
         let text: Option<String> = redis::cmd("GET").arg(&key).query_async(&mut redis).await?;
         text.map(|t| {

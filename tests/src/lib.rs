@@ -27,6 +27,6 @@ pub mod fleet;
 pub mod tally;
 
 pub use toolfleet_cli::supervisor::{
-    ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, ServerOptions, cargo_bin,
-    wait_until,
+    ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, RedisTls, ServerOptions,
+    cargo_bin, wait_until,
 };

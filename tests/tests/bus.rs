@@ -168,7 +168,8 @@ async fn refused_start(name: &str, env: &[(&str, &str)]) -> anyhow::Result<Strin
 }
 
 #[tokio::test]
-async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up() -> anyhow::Result<()> {
+async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up_for_nats_and_redis()
+-> anyhow::Result<()> {
     let log = refused_start(
         "missing-ca",
         &[("TOOLFLEET_NATS__TLS__CA_FILE", "/nonexistent/ca.pem")],
@@ -198,6 +199,32 @@ async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up() -> anyhow::R
         log.contains("nats.credentials_file /nonexistent/x.creds"),
         "{log}"
     );
+    // Redis settings are checked before any server is waited for.
+    let log = refused_start(
+        "missing-redis-password",
+        &[("TOOLFLEET_REDIS__PASSWORD_FILE", "/nonexistent/redis.pw")],
+    )
+    .await?;
+    assert!(
+        log.contains("cannot read redis.password_file /nonexistent/redis.pw"),
+        "{log}"
+    );
+    let log = refused_start(
+        "two-redis-passwords",
+        &[
+            ("TOOLFLEET_REDIS__PASSWORD", "redis-secret-5b0c"),
+            ("TOOLFLEET_REDIS__PASSWORD_FILE", "/etc/hostname"),
+        ],
+    )
+    .await?;
+    assert!(log.contains("not both"), "{log}");
+    assert!(!log.contains("redis-secret-5b0c"), "{log}");
+    let log = refused_start(
+        "redis-tls-without-rediss",
+        &[("TOOLFLEET_REDIS__TLS__CA_FILE", "/etc/hostname")],
+    )
+    .await?;
+    assert!(log.contains("needs a rediss:// URL"), "{log}");
     Ok(())
 }
 

@@ -273,7 +273,10 @@ async fn a_second_orchestrator_finishes_jobs_whose_orchestrator_was_killed_twice
 #[tokio::test]
 async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Result<()> {
     const JOBS: usize = 20;
-    let redis = toolfleet_tests::RedisConfig { append_only: true };
+    let redis = toolfleet_tests::RedisConfig {
+        append_only: true,
+        ..Default::default()
+    };
     let mut fleet = Fleet::start_with_redis(2, FAST_REDELIVERY, redis).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 2).await?;

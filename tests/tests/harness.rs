@@ -79,7 +79,10 @@ async fn two_nats_servers_get_their_own_ports() -> anyhow::Result<()> {
 #[tokio::test]
 async fn redis_keeps_keys_across_restart_only_with_aof() -> anyhow::Result<()> {
     let (durable, plain) = tokio::try_join!(
-        RedisServer::start_with(RedisConfig { append_only: true }),
+        RedisServer::start_with(RedisConfig {
+            append_only: true,
+            ..Default::default()
+        }),
         RedisServer::start(),
     )?;
     assert_ne!(durable.port(), plain.port());

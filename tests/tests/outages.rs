@@ -50,7 +50,10 @@ async fn wait_all(api: &ApiClient, ids: &[String]) -> anyhow::Result<Vec<v1::Job
 
 #[tokio::test]
 async fn worker_chaos_through_nats_and_redis_outages_tells_the_truth() -> anyhow::Result<()> {
-    let redis = RedisConfig { append_only: true };
+    let redis = RedisConfig {
+        append_only: true,
+        ..Default::default()
+    };
     let mut fleet = Fleet::start_with_redis(3, &[], redis).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;

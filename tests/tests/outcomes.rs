@@ -82,7 +82,10 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
         ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
         ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
     ];
-    let redis = RedisConfig { append_only: true };
+    let redis = RedisConfig {
+        append_only: true,
+        ..Default::default()
+    };
     let fleet = Fleet::start_with_redis(1, &env, redis).await?;
     let mut results = fleet.results("job-outage").await?;
     let applied = call(

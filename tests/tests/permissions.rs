@@ -1,8 +1,11 @@
-//! Least privilege on the bus, with the shipped users
-//! (`deploy/nats/toolfleet-users.conf`): a fleet of two worker pools runs
-//! jobs on it once `toolfleet-orchestrator setup` has created the streams,
-//! consumers and bucket (a pool started before waits for it, saying so),
-//! and every action outside a user's part is refused by nats-server itself.
+//! Least privilege with the shipped users, on the bus
+//! (`deploy/nats/toolfleet-users.conf`) and in Redis
+//! (`deploy/redis/toolfleet-users.conf`): a fleet of two worker pools runs
+//! jobs with them, and every action outside a user's part is refused by the
+//! server itself. On NATS, once `toolfleet-orchestrator setup` has created
+//! the streams, consumers and bucket (a pool started before waits for it,
+//! saying so); in Redis, over TLS, where no pool can forge another pool's
+//! result or read a job.
 
 use std::time::Duration;
 
@@ -10,11 +13,13 @@ use async_nats::jetstream;
 use serde_json::json;
 use tokio::sync::mpsc;
 use toolfleet_proto::v1;
+use toolfleet_tests::certificates::Certificates;
 use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
-use toolfleet_tests::{NatsServer, RedisConfig, ServerOptions, cargo_bin};
+use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bin};
 
 /// The shipped users, exactly as deployed.
 const USERS: &str = include_str!("../../deploy/nats/toolfleet-users.conf");
+const REDIS_USERS: &str = include_str!("../../deploy/redis/toolfleet-users.conf");
 
 const GENERAL_TOOLS: &[&str] = &["calculate", "get_current_weather"];
 const KNOWLEDGE_TOOLS: &[&str] = &["factual_qa", "trend_analysis"];
@@ -254,6 +259,235 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         orchestrator.publish(subject, "{}".into()).await?;
         orchestrator.flush().await?;
         refused(&mut errors, &format!("Publish to \"{subject}\"")).await?;
+    }
+    Ok(())
+}
+
+/// A user of the shipped Redis users, with a random password.
+struct RedisUser {
+    name: &'static str,
+    placeholder: &'static str,
+    password: String,
+}
+
+impl RedisUser {
+    fn new(name: &'static str, placeholder: &'static str) -> Self {
+        let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), name);
+        Self {
+            name,
+            placeholder,
+            password: format!("{name}-{random:016x}"),
+        }
+    }
+
+    /// The hash the shipped file wants in place of its placeholder, as its
+    /// comment says to make it (`printf %s "$PASSWORD" | sha256sum`).
+    fn sha256(&self) -> String {
+        use sha2::Digest;
+        format!("{:x}", sha2::Sha256::digest(self.password.as_bytes()))
+    }
+
+    /// A client as this user, over TLS trusting `ca`.
+    fn client(&self, url: &str, ca: &str) -> anyhow::Result<redis::Client> {
+        use redis::IntoConnectionInfo;
+        let info = url.into_connection_info()?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_username(self.name)
+            .set_password(&self.password);
+        let certificates = redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(ca)?),
+        };
+        Ok(redis::Client::build_with_tls(
+            info.set_redis_settings(settings),
+            certificates,
+        )?)
+    }
+}
+
+#[tokio::test]
+async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_another_pools_result()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certificates = Certificates::generate(dir.path())?;
+    let orchestrator = RedisUser::new("orchestrator", "@ORCHESTRATOR_PASSWORD_SHA256@");
+    let general = RedisUser::new("pool-general", "@POOL_GENERAL_PASSWORD_SHA256@");
+    let knowledge = RedisUser::new("pool-knowledge", "@POOL_KNOWLEDGE_PASSWORD_SHA256@");
+    let mut users = REDIS_USERS.to_owned();
+    for user in [&orchestrator, &general, &knowledge] {
+        users = users.replace(user.placeholder, &user.sha256());
+    }
+    assert!(!users.contains("#@"), "a password placeholder is left");
+    // The harness's own user, to read what the fleet wrote.
+    users.push_str("user harness on >harness-pw ~* &* +@all\n");
+    let users_file = dir.path().join("toolfleet-users.conf");
+    std::fs::write(&users_file, users)?;
+    let redis = RedisConfig {
+        tls: Some(RedisTls {
+            cert_file: dir.path().join("server.pem"),
+            key_file: dir.path().join("server.key"),
+            ca_file: dir.path().join("ca.pem"),
+        }),
+        include: Some(users_file),
+        admin: Some(("harness".into(), "harness-pw".into())),
+        ..Default::default()
+    };
+    let mut fleet = Fleet::start_with_redis(0, &[], redis).await?;
+    let url = fleet.redis.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let ca = certificates.path("ca.pem");
+
+    // The workers read their password from a file, the orchestrator from
+    // its environment.
+    for (user, tools) in [(&general, GENERAL_TOOLS), (&knowledge, KNOWLEDGE_TOOLS)] {
+        let password_file = dir.path().join(format!("{}.password", user.name));
+        std::fs::write(&password_file, format!("{}\n", user.password))?;
+        let password_file = password_file.to_string_lossy().into_owned();
+        let env = [
+            ("TOOLFLEET_REDIS__USER", user.name),
+            ("TOOLFLEET_REDIS__PASSWORD_FILE", password_file.as_str()),
+            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.as_str()),
+        ];
+        let index = fleet.start_pool_worker(tools, &env)?;
+        fleet
+            .worker(index)
+            .wait_for_log("worker ready", Duration::from_secs(30))
+            .await?;
+    }
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_REDIS__USER", orchestrator.name),
+            ("TOOLFLEET_REDIS__PASSWORD", orchestrator.password.as_str()),
+            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.as_str()),
+        ])
+        .await?;
+    let all_tools = [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat();
+    fleet.wait_for_tools(0, &all_tools, 1).await?;
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job(
+            "2+2, and what did AMD launch?",
+            &json!([
+                {"tool_calls": [
+                    {"name": "calculate", "arguments": {"expression": "2+2"}},
+                    {"name": "factual_qa", "arguments": {
+                        "entity": "AMD", "start_date_range": "2016-01-01",
+                        "end_date_range": "2020-12-31", "predicate": "LAUNCHED"}}
+                ]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
+
+    // The pool "general", with its own credentials: its own tools' ledger
+    // is writable; another pool's result, a job's record and conversation,
+    // and every command outside reads, writes and scripts are refused.
+    let keys = toolfleet_proto::names::RedisKeys::default();
+    let job_id = job.job_id.as_str();
+    let mut pool = general
+        .client(&url, &ca)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let own: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(keys.call_result(job_id, "calculate", "probe", 9))
+        .arg("{}")
+        .query_async(&mut pool)
+        .await;
+    own?;
+    let harness = fleet.redis.client();
+    let mut admin = harness.get_multiplexed_async_connection().await?;
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
+        .query_async(&mut admin)
+        .await?;
+    assert!(
+        stored.is_some(),
+        "the factual_qa result is not where the pool would forge it"
+    );
+    let refusals: [(&str, redis::Cmd); 6] = [
+        ("forging another pool's result", {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
+                .arg("{}");
+            cmd
+        }),
+        ("forging it in a script", {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg("return redis.call('SET', KEYS[1], 'x')")
+                .arg(1)
+                .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 2));
+            cmd
+        }),
+        ("reading the job's conversation", {
+            let mut cmd = redis::cmd("LRANGE");
+            cmd.arg(keys.job_items(job_id)).arg(0).arg(-1);
+            cmd
+        }),
+        ("rewriting the job record", {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(keys.job(job_id)).arg("status").arg("succeeded");
+            cmd
+        }),
+        ("listing every key", {
+            let mut cmd = redis::cmd("KEYS");
+            cmd.arg("*");
+            cmd
+        }),
+        ("flushing everything", redis::cmd("FLUSHALL")),
+    ];
+    for (what, cmd) in refusals {
+        let refused: redis::RedisResult<redis::Value> = cmd.query_async(&mut pool).await;
+        let code = refused.as_ref().err().and_then(|e| e.code());
+        assert_eq!(code, Some("NOPERM"), "{what} was not refused: {refused:?}");
+    }
+    let after: Option<String> = redis::cmd("GET")
+        .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
+        .query_async(&mut admin)
+        .await?;
+    assert_eq!(after, stored, "another pool's result changed");
+
+    // Nobody gets in without a user, nor without TLS.
+    let anonymous = redis::Client::build_with_tls(
+        url.as_str(),
+        redis::TlsCertificates {
+            client_tls: None,
+            root_cert: Some(std::fs::read(&ca)?),
+        },
+    )?;
+    let mut anonymous = anonymous.get_multiplexed_async_connection().await;
+    if let Ok(connection) = anonymous.as_mut() {
+        let ping: redis::RedisResult<String> = redis::cmd("PING").query_async(connection).await;
+        assert!(ping.is_err(), "an anonymous client got an answer");
+    }
+    let plain = format!("redis://{}", url.trim_start_matches("rediss://"));
+    let plain: redis::RedisResult<String> = async {
+        let mut connection = redis::Client::open(plain.as_str())?
+            .get_multiplexed_async_connection()
+            .await?;
+        redis::cmd("PING").query_async(&mut connection).await
+    }
+    .await;
+    assert!(plain.is_err(), "a plaintext client got an answer");
+
+    // No password in any log.
+    for log in fleet
+        .workers()
+        .iter()
+        .chain(fleet.orchestrators())
+        .map(|process| process.log_tail(100_000))
+    {
+        for user in [&orchestrator, &general, &knowledge] {
+            assert!(
+                !log.contains(&user.password),
+                "{}'s password was logged",
+                user.name
+            );
+        }
     }
     Ok(())
 }

@@ -144,7 +144,7 @@ impl Ledger {
             .key(self.claim_key(call))
             .key(
                 self.keys
-                    .call_started(&call.job_id, &call.call_id, call.attempt),
+                    .call_started(&call.job_id, &call.tool, &call.call_id, call.attempt),
             )
             .key(self.claims_key(call))
             .arg(owner)
@@ -212,16 +212,16 @@ impl Ledger {
 
     fn claim_key(&self, call: &ToolCall) -> String {
         self.keys
-            .call_claim(&call.job_id, &call.call_id, call.attempt)
+            .call_claim(&call.job_id, &call.tool, &call.call_id, call.attempt)
     }
 
     fn claims_key(&self, call: &ToolCall) -> String {
         self.keys
-            .call_claims(&call.job_id, &call.call_id, call.attempt)
+            .call_claims(&call.job_id, &call.tool, &call.call_id, call.attempt)
     }
 
     fn result_key(&self, call: &ToolCall) -> String {
         self.keys
-            .call_result(&call.job_id, &call.call_id, call.attempt)
+            .call_result(&call.job_id, &call.tool, &call.call_id, call.attempt)
     }
 }

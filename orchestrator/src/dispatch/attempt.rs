@@ -110,7 +110,7 @@ impl Dispatcher {
             let job_id = &round.lease.job_id;
             if let Some(text) = self
                 .store
-                .call_result(job_id, &call.wire_id, attempt)
+                .call_result(job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
                 return Ok(Answer {
@@ -240,7 +240,7 @@ impl Dispatcher {
             // stored in Redis before it replied.
             if let Some(text) = self
                 .store
-                .call_result(&lease.job_id, &call.wire_id, attempt)
+                .call_result(&lease.job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
                 return Ok(text);

@@ -522,7 +522,7 @@ impl JobStore {
         Ok(self.conn().hgetall(self.keys.job_attempts(job_id)).await?)
     }
 
-    /// The envelope a worker stored for one call attempt.
+    /// The envelope a worker stored for one attempt of a call to `tool`.
     ///
     /// # Errors
     ///
@@ -530,12 +530,13 @@ impl JobStore {
     pub async fn call_result(
         &self,
         job_id: &str,
+        tool: &str,
         call_id: &str,
         attempt: u32,
     ) -> Result<Option<String>, Error> {
         Ok(self
             .conn()
-            .get(self.keys.call_result(job_id, call_id, attempt))
+            .get(self.keys.call_result(job_id, tool, call_id, attempt))
             .await?)
     }
 

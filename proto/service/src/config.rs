@@ -88,11 +88,22 @@ pub struct NatsTlsOptions {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RedisOptions {
-    /// Server URL (`redis://` or `rediss://`, may carry a password).
-    /// Default: `redis://127.0.0.1:6379/`.
+    /// Server URL (`redis://`, or `rediss://` for TLS; may carry a user and
+    /// password). Default: `redis://127.0.0.1:6379/`.
     pub url: String,
     /// Prefix of every key. Default: `tf`.
     pub key_prefix: String,
+    /// ACL user name; wins over one in the URL. Default: none.
+    pub user: Option<String>,
+    /// Password; wins over one in the URL; never printed or logged (set it
+    /// through `TOOLFLEET_REDIS__PASSWORD`). Default: none.
+    #[serde(skip_serializing)]
+    pub password: Option<String>,
+    /// A file holding the password (a mounted Secret); not with `password`.
+    /// Default: none.
+    pub password_file: Option<String>,
+    /// TLS to the server, with a `rediss://` URL.
+    pub tls: RedisTlsOptions,
 }
 
 impl Default for RedisOptions {
@@ -100,8 +111,26 @@ impl Default for RedisOptions {
         Self {
             url: "redis://127.0.0.1:6379/".into(),
             key_prefix: "tf".into(),
+            user: None,
+            password: None,
+            password_file: None,
+            tls: RedisTlsOptions::default(),
         }
     }
+}
+
+/// TLS to the Redis server (the URL must be `rediss://`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RedisTlsOptions {
+    /// CA certificates (PEM) the server's certificate chains to. Default:
+    /// none (the system's roots).
+    pub ca_file: Option<String>,
+    /// Client certificate (PEM), for a server that verifies clients
+    /// (`tls-auth-clients yes`). Default: none.
+    pub cert_file: Option<String>,
+    /// The client certificate's private key (PEM). Default: none.
+    pub key_file: Option<String>,
 }
 
 /// Prometheus metrics endpoint.

@@ -37,6 +37,10 @@ pub enum ConnectError {
     /// authenticating are set.
     #[error("nats: {0}")]
     NatsConfig(String),
+    /// The Redis settings cannot work: a file is missing, TLS files
+    /// without a `rediss://` URL, or two passwords.
+    #[error("redis: {0}")]
+    RedisConfig(String),
     /// Redis is unreachable: check `redis.url`.
     #[error("cannot connect to Redis at {url}")]
     Redis {
@@ -209,22 +213,115 @@ pub fn redis_config() -> ConnectionManagerConfig {
         .set_connection_timeout(Some(REDIS_RESPONSE_TIMEOUT))
 }
 
-/// Connects to Redis with a connection that reconnects by itself, waiting
-/// with backoff while Redis is unreachable.
-///
-/// # Errors
-///
-/// [`ConnectError::Redis`] for a URL that cannot work.
-pub async fn redis(options: &RedisOptions) -> Result<ConnectionManager, ConnectError> {
-    let url = redact_url(&options.url);
-    let client =
-        redis::Client::open(options.url.as_str()).map_err(|source| ConnectError::Redis {
-            url: url.clone(),
-            source,
+/// A Redis client whose settings have been checked, not yet connected.
+#[derive(Debug, Clone)]
+pub struct RedisClient {
+    client: redis::Client,
+    /// The URL without its password, for log lines.
+    url: String,
+}
+
+impl RedisClient {
+    /// The client `options` ask for. Every file is read here, before any
+    /// server is waited for, so that a setting that cannot work stops
+    /// start-up at once with its key.
+    ///
+    /// # Errors
+    ///
+    /// [`ConnectError::Redis`] for a URL that cannot work,
+    /// [`ConnectError::RedisConfig`] for settings that cannot.
+    pub fn new(options: &RedisOptions) -> Result<Self, ConnectError> {
+        let url = redact_url(&options.url);
+        let client = redis_client(options).map_err(|err| match err {
+            RedisSetupError::Config(message) => ConnectError::RedisConfig(message),
+            RedisSetupError::Client(source) => ConnectError::Redis {
+                url: url.clone(),
+                source,
+            },
         })?;
-    let what = format!("Redis at {url}");
-    Ok(patiently(&what, || {
-        ConnectionManager::new_with_config(client.clone(), redis_config())
-    })
-    .await)
+        Ok(Self { client, url })
+    }
+
+    /// A connection that reconnects by itself, once Redis answers: waits
+    /// with backoff while it is unreachable.
+    pub async fn connect(&self) -> ConnectionManager {
+        let what = format!("Redis at {}", self.url);
+        patiently(&what, || {
+            ConnectionManager::new_with_config(self.client.clone(), redis_config())
+        })
+        .await
+    }
+}
+
+enum RedisSetupError {
+    Config(String),
+    Client(redis::RedisError),
+}
+
+/// The client `options` ask for: the URL, with the user and the password
+/// (from the options, the file, or the URL), and TLS with the files given.
+/// Every file is read here, so that a missing one stops start-up naming its
+/// key.
+fn redis_client(options: &RedisOptions) -> Result<redis::Client, RedisSetupError> {
+    use redis::IntoConnectionInfo;
+    let config = RedisSetupError::Config;
+    let read = |key: &str, path: &str| {
+        std::fs::read(path).map_err(|err| config(format!("cannot read {key} {path}: {err}")))
+    };
+    let mut info = options
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(RedisSetupError::Client)?;
+    let password = match (&options.password, &options.password_file) {
+        (Some(_), Some(_)) => {
+            return Err(config(
+                "set redis.password or redis.password_file, not both".into(),
+            ));
+        }
+        (Some(password), None) => Some(password.clone()),
+        (None, Some(path)) => {
+            let text = String::from_utf8(read("redis.password_file", path)?)
+                .map_err(|_| config(format!("redis.password_file {path} is not text")))?;
+            // A Secret mounted as a file often ends with a newline.
+            Some(text.trim_end_matches(['\r', '\n']).to_owned())
+        }
+        (None, None) => None,
+    };
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &options.user {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    let tls = &options.tls;
+    if tls.ca_file.is_none() && tls.cert_file.is_none() && tls.key_file.is_none() {
+        return redis::Client::open(info).map_err(RedisSetupError::Client);
+    }
+    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        return Err(config("redis.tls.* needs a rediss:// URL".into()));
+    }
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("redis.tls.cert_file", cert)?,
+            client_key: read("redis.tls.key_file", key)?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(config(
+                "redis.tls.cert_file and redis.tls.key_file go together".into(),
+            ));
+        }
+    };
+    let root_cert = match &tls.ca_file {
+        Some(path) => Some(read("redis.tls.ca_file", path)?),
+        None => None,
+    };
+    let certificates = redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    redis::Client::build_with_tls(info, certificates).map_err(RedisSetupError::Client)
 }

@@ -37,7 +37,7 @@ mod wait;
 pub use nats_server::NatsServer;
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use reaper::Reaper;
-pub use redis_server::{RedisConfig, RedisServer};
+pub use redis_server::{RedisConfig, RedisServer, RedisTls};
 pub use wait::{Outcome, wait_until};
 
 /// The gRPC URL (`http://<address>`) in a line an orchestrator logged with

@@ -35,6 +35,25 @@ pub struct RedisConfig {
     /// (`appendfsync always`), so data survives [`RedisServer::kill`] and
     /// [`RedisServer::restart`]. Default: off, and nothing is persisted.
     pub append_only: bool,
+    /// Serve TLS only (`rediss://`), with these files. Default: plaintext.
+    pub tls: Option<RedisTls>,
+    /// A config file to `include` (ACL users, say). Default: none.
+    pub include: Option<PathBuf>,
+    /// The user and password the harness itself connects as, where the
+    /// included file turns the default user off. Default: none.
+    pub admin: Option<(String, String)>,
+}
+
+/// TLS files of a [`RedisServer`] (PEM).
+#[derive(Debug, Clone)]
+pub struct RedisTls {
+    /// The server's certificate.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+    /// The CA the harness trusts the server by (and client certificates
+    /// must chain to, where clients are verified).
+    pub ca_file: PathBuf,
 }
 
 /// A `redis-server` on a free loopback port, with its data dir in its own
@@ -46,6 +65,7 @@ pub struct RedisServer {
     process: ChildProcess,
     port: u16,
     client: redis::Client,
+    tls: bool,
     start_timeout: Duration,
 }
 
@@ -112,20 +132,21 @@ impl RedisServer {
             process.set_args(server_args(port, process.dir(), &config));
             process.respawn()?;
         }
-        let client = redis::Client::open(url(port))?;
+        let client = admin_client(port, &config)?;
         let server = Self {
             process,
             port,
             client,
+            tls: config.tls.is_some(),
             start_timeout: options.start_timeout,
         };
         server.wait_ready().await?;
         Ok(server)
     }
 
-    /// `redis://127.0.0.1:<port>/`.
+    /// `redis://127.0.0.1:<port>/`, or `rediss://` with TLS.
     pub fn url(&self) -> String {
-        url(self.port)
+        url(self.port, self.tls)
     }
 
     /// The port; it stays the same across restarts.
@@ -215,16 +236,48 @@ impl RedisServer {
     }
 }
 
-fn url(port: u16) -> String {
-    format!("redis://127.0.0.1:{port}/")
+fn url(port: u16, tls: bool) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    format!("{scheme}://127.0.0.1:{port}/")
+}
+
+/// The harness's own client: as `config.admin`, over TLS trusting its CA.
+fn admin_client(port: u16, config: &RedisConfig) -> anyhow::Result<redis::Client> {
+    use redis::IntoConnectionInfo;
+    let mut info = url(port, config.tls.is_some()).into_connection_info()?;
+    if let Some((user, password)) = &config.admin {
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_username(user)
+            .set_password(password);
+        info = info.set_redis_settings(settings);
+    }
+    let Some(tls) = &config.tls else {
+        return Ok(redis::Client::open(info)?);
+    };
+    let root_cert = std::fs::read(&tls.ca_file)
+        .with_context(|| format!("cannot read {}", tls.ca_file.display()))?;
+    let certificates = redis::TlsCertificates {
+        client_tls: None,
+        root_cert: Some(root_cert),
+    };
+    Ok(redis::Client::build_with_tls(info, certificates)?)
 }
 
 fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
     let port = port.to_string();
     let append_only = if config.append_only { "yes" } else { "no" };
+    // With TLS, the port speaks TLS only.
+    let (plain_port, tls_port) = match config.tls {
+        Some(_) => ("0", port.as_str()),
+        None => (port.as_str(), "0"),
+    };
     let mut args: Vec<OsString> = [
         "--port",
-        &port,
+        plain_port,
+        "--tls-port",
+        tls_port,
         "--bind",
         "127.0.0.1",
         "--daemonize",
@@ -245,6 +298,22 @@ fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
     .map(OsString::from)
     .into();
     args.push(PathBuf::from(dir).into());
+    if let Some(tls) = &config.tls {
+        args.extend([
+            "--tls-cert-file".into(),
+            tls.cert_file.clone().into(),
+            "--tls-key-file".into(),
+            tls.key_file.clone().into(),
+            "--tls-ca-cert-file".into(),
+            tls.ca_file.clone().into(),
+            // Clients authenticate with ACL users; a certificate is optional.
+            "--tls-auth-clients".into(),
+            "optional".into(),
+        ]);
+    }
+    if let Some(include) = &config.include {
+        args.extend(["--include".into(), include.clone().into()]);
+    }
     args
 }
 
