@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use crate::job::Item;
+use crate::job::{Item, WireIds};
 use crate::model::http::ErrorDetails;
 use crate::model::scripted::Scripted;
 use crate::model::{TurnRequest, chat_completions, openai_responses};
@@ -61,7 +61,7 @@ pub fn scripted(script: &[u8]) {
             return;
         };
         items.extend(played.items);
-        for call in pending_calls(&items) {
+        for call in pending_calls(&items, &WireIds::Legacy) {
             items.push(Item::ToolResult {
                 output: format!(
                     r#"{{"ok":true,"data":{{"a":[1,{{"b":"{{{{{id}}}}}"}}]}},"text":"{{{{{id}.data}}}}"}}"#,
@@ -82,12 +82,14 @@ fn plan(mut items: Vec<Item>) {
             text: "fuzz".into(),
         },
     );
-    for call in pending_calls(&items) {
-        assert!(
-            toolfleet_proto::call::is_valid_call_id(&call.wire_id)
-                || call.wire_id.starts_with("x."),
-            "an unchecked wire id: {:?}",
-            call.wire_id
-        );
+    let secret = WireIds::Secret("fuzz".into());
+    for wire_ids in [&WireIds::Legacy, &secret] {
+        for call in pending_calls(&items, wire_ids) {
+            assert!(
+                toolfleet_proto::call::is_valid_wire_id(&call.wire_id),
+                "an unchecked wire id: {:?}",
+                call.wire_id
+            );
+        }
     }
 }

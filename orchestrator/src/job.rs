@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
+use toolfleet_proto::call::is_valid_call_id;
 pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus};
 pub use toolfleet_service::clock::now_ms;
 
@@ -20,6 +21,69 @@ pub use toolfleet_service::clock::now_ms;
 /// time-ordered hex digits ([`JobId`]); safe in subjects and keys.
 pub fn new_job_id(tenant: &str) -> String {
     JobId::format(tenant, now_ms(), rand::random::<u64>())
+}
+
+/// How a job's calls are named on the wire (NATS headers and message ids,
+/// Redis keys). Anyone who knows a call's ids could take its JetStream
+/// message id or write its ledger keys, so new jobs name their calls from a
+/// secret of their own, kept in the job record, which only orchestrators may
+/// read: a worker pool learns the ids of the calls it serves and no others.
+/// The id of a call depends only on the secret and the call's position in
+/// the conversation (which only grows), so a resumed run finds its calls
+/// again.
+#[derive(Clone, PartialEq, Eq)]
+pub enum WireIds {
+    /// `c` and 24 hex digits of SHA-256 over the secret and the position.
+    Secret(String),
+    /// Jobs stored before call secrets: the model's id where it is safe and
+    /// the first with that id, else `x.<position>`.
+    Legacy,
+}
+
+impl WireIds {
+    /// A new job's secret: 128 random bits, in hex.
+    pub fn new_secret() -> String {
+        format!("{:032x}", rand::random::<u128>())
+    }
+
+    /// The ids of a job whose record holds `secret` (empty for a job stored
+    /// before secrets).
+    pub fn from_secret(secret: &str) -> Self {
+        if secret.is_empty() {
+            Self::Legacy
+        } else {
+            Self::Secret(secret.to_owned())
+        }
+    }
+
+    /// The wire id of the call at `position` in the conversation, whose
+    /// model id is `call_id`; `duplicate` when an earlier call had that id.
+    pub fn of(&self, position: usize, call_id: &str, duplicate: bool) -> String {
+        use sha2::{Digest, Sha256};
+        match self {
+            Self::Secret(secret) => {
+                let digest = Sha256::new()
+                    .chain_update(secret.as_bytes())
+                    .chain_update(b":")
+                    .chain_update(position.to_string().as_bytes())
+                    .finalize();
+                let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+                format!("c{hex}")
+            }
+            Self::Legacy if !duplicate && is_valid_call_id(call_id) => call_id.to_owned(),
+            Self::Legacy => format!("x.{position}"),
+        }
+    }
+}
+
+/// The secret never reaches a log line.
+impl std::fmt::Debug for WireIds {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Secret(_) => f.write_str("WireIds::Secret(..)"),
+            Self::Legacy => f.write_str("WireIds::Legacy"),
+        }
+    }
 }
 
 /// Which model runs a job.
@@ -252,6 +316,8 @@ pub struct JobRecord {
     pub finished_at_ms: u64,
     /// A client asked to cancel.
     pub cancel_requested: bool,
+    /// How its calls are named on the wire.
+    pub wire_ids: WireIds,
 }
 
 /// A runner's hold on a job. Writes made with it fail once another runner

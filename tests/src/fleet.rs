@@ -347,6 +347,23 @@ impl Fleet {
         Ok(Results { subscriber })
     }
 
+    /// The wire ids of the calls `job_id` has dispatched so far (the job's
+    /// attempts record), sorted. A job's calls are named on the wire from
+    /// its secret, so this is how a test finds them.
+    ///
+    /// # Errors
+    ///
+    /// Redis is unreachable.
+    pub async fn dispatched_wire_ids(&self, job_id: &str) -> anyhow::Result<Vec<String>> {
+        let mut redis = self.redis.connection().await?;
+        let mut ids: Vec<String> = redis::cmd("HKEYS")
+            .arg(RedisKeys::default().job_attempts(job_id))
+            .query_async(&mut redis)
+            .await?;
+        ids.sort();
+        Ok(ids)
+    }
+
     /// The envelope stored in Redis for one attempt (by its ids; whichever
     /// call it answers), if any.
     ///

@@ -988,8 +988,10 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
         fleet.count_in_worker_logs("executing call") > 0
     })
     .await?;
+    // Its wire id, as anyone who read the call on the bus would know it.
+    let wire_ids = fleet.dispatched_wire_ids(&job_id).await?;
     let mut forged = async_nats::HeaderMap::new();
-    forged.insert(headers::CALL_ID, "nap");
+    forged.insert(headers::CALL_ID, wire_ids[0].as_str());
     forged.insert(headers::ATTEMPT, "1");
     fleet
         .client
@@ -1011,17 +1013,30 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
     Ok(())
 }
 
+/// A pool that may write its own tool's ledger (the Redis ACLs allow no
+/// more) stores, for a call it was sent, a result bound to other arguments,
+/// and wakes the round. The record answers another call, so it is refused
+/// and logged, never the answer: the call runs as its next attempt. The
+/// call's wire id comes from the job's secret, so the forger had to read
+/// the call to learn it.
 #[tokio::test]
-async fn a_result_stored_for_a_forged_call_with_the_same_ids_is_never_the_answer()
--> anyhow::Result<()> {
+async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyhow::Result<()> {
+    use toolfleet_proto::envelope::StoredResult;
+    use toolfleet_proto::names::{self, RedisKeys};
+    use toolfleet_proto::{Envelope, ToolCall};
     let fleet = fleet(1).await?;
     let api = fleet.api(0).await?;
+    let mut calls = fleet
+        .client
+        .subscribe(names::call_subject("calculate"))
+        .await?;
+    fleet.client.flush().await?;
     let job_id = api
         .clone()
         .submit_job(scripted(
             "2+2",
             json!([
-                {"delay_ms": 1500,
+                {"delay_ms": 1000,
                  "tool_calls": [{"id": "calc", "name": "calculate",
                                  "arguments": {"expression": "2+2"}}]},
                 {"message": "{{calc.data.result}}"}
@@ -1030,19 +1045,40 @@ async fn a_result_stored_for_a_forged_call_with_the_same_ids_is_never_the_answer
         .await?
         .into_inner()
         .job_id;
-    // Before the orchestrator dispatches it, a forged call with the same
-    // job, call id and attempt, and other arguments, runs and stores its
-    // result under those ids.
-    let forged =
-        toolfleet_tests::fleet::call(&job_id, "calc", "calculate", r#"{"expression":"1000000"}"#);
-    let mut replies = fleet.results(&job_id).await?;
-    fleet.publish_call(&forged).await?;
-    replies.next(JOB).await?;
+    // No worker takes the call while the forger is at work.
+    fleet.worker(0).stop(JOB).await?;
+    let message = tokio::time::timeout(JOB, calls.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no call was published"))?;
+    let call: ToolCall = serde_json::from_slice(&message.payload)?;
+    assert_eq!(call.job_id, job_id);
+    assert_ne!(call.call_id, "calc", "the model's id went on the wire");
+    let forged_call = ToolCall {
+        arguments: r#"{"expression":"1000000"}"#.into(),
+        ..call.clone()
+    };
+    let forged = StoredResult::new(
+        &forged_call,
+        Envelope::Ok(json!({"expression": "1000000", "result": 1_000_000})),
+    );
+    let key = RedisKeys::default().call_result(&job_id, &call.tool, &call.call_id, call.attempt);
+    let mut redis = fleet.redis.connection().await?;
+    redis::cmd("SET")
+        .arg(&key)
+        .arg(forged.to_json())
+        .query_async::<()>(&mut redis)
+        .await?;
+    fleet
+        .client
+        .publish(names::reply_subject(&job_id), "{}".into())
+        .await?;
+    fleet.client.flush().await?;
+    fleet.worker(0).respawn()?;
 
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(status(&job), v1::JobStatus::Succeeded);
     assert_eq!(job.output_text, "4", "{job:?}");
-    assert_eq!(results(&job)[0].2, 2, "the forged result cost one attempt");
+    assert_eq!(results(&job)[0].2, 2, "the forged record cost one attempt");
     assert!(
         fleet
             .orchestrator(0)
@@ -1050,9 +1086,5 @@ async fn a_result_stored_for_a_forged_call_with_the_same_ids_is_never_the_answer
             .contains("the stored result answers another call"),
         "the orchestrator refused the record"
     );
-    // (The forged message also took the real attempt's JetStream message
-    // id, so the real attempt 1 never reached a worker: the orchestrator
-    // found the forged record by its poll, refused it, and attempt 2 ran.
-    // The worker's own refusal is in tests/tests/worker.rs.)
     Ok(())
 }

@@ -47,7 +47,11 @@ async fn a_resumed_round_answers_a_dispatched_call_from_its_stored_result() -> a
     .await?;
     fleet.orchestrator(0).kill();
     // The first attempt of the model's first call, as dispatched.
-    let dispatched = call(&job_id, "call_0_0", "increment_counter", "{}");
+    let wire_ids = fleet.dispatched_wire_ids(&job_id).await?;
+    let [wire_id] = wire_ids.as_slice() else {
+        anyhow::bail!("one call was dispatched, not {wire_ids:?}");
+    };
+    let dispatched = call(&job_id, wire_id, "increment_counter", "{}");
     let stored = toolfleet_tests::wait_until("the worker to store its result", WAIT, || async {
         fleet.stored_result(&dispatched).await.ok().flatten()
     })

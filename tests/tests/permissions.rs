@@ -401,26 +401,31 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     own?;
     let harness = fleet.redis.client();
     let mut admin = harness.get_multiplexed_async_connection().await?;
-    let stored: Option<String> = redis::cmd("GET")
-        .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
+    // The factual_qa call's result, where another pool would forge it.
+    let pattern = keys.call_result(job_id, "factual_qa", "*", 1);
+    let found: Vec<String> = redis::cmd("KEYS")
+        .arg(&pattern)
         .query_async(&mut admin)
         .await?;
-    assert!(
-        stored.is_some(),
-        "the factual_qa result is not where the pool would forge it"
-    );
+    let [result_key] = found.as_slice() else {
+        anyhow::bail!("one factual_qa result, not {found:?}");
+    };
+    let stored: Option<String> = redis::cmd("GET")
+        .arg(result_key)
+        .query_async(&mut admin)
+        .await?;
+    assert!(stored.is_some(), "no factual_qa result at {result_key}");
     let refusals: [(&str, redis::Cmd); 6] = [
         ("forging another pool's result", {
             let mut cmd = redis::cmd("SET");
-            cmd.arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
-                .arg("{}");
+            cmd.arg(result_key).arg("{}");
             cmd
         }),
         ("forging it in a script", {
             let mut cmd = redis::cmd("EVAL");
             cmd.arg("return redis.call('SET', KEYS[1], 'x')")
                 .arg(1)
-                .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 2));
+                .arg(format!("{}:2", result_key.trim_end_matches(":1")));
             cmd
         }),
         ("reading the job's conversation", {
@@ -446,7 +451,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
         assert_eq!(code, Some("NOPERM"), "{what} was not refused: {refused:?}");
     }
     let after: Option<String> = redis::cmd("GET")
-        .arg(keys.call_result(job_id, "factual_qa", "call_0_1", 1))
+        .arg(result_key)
         .query_async(&mut admin)
         .await?;
     assert_eq!(after, stored, "another pool's result changed");

@@ -181,6 +181,7 @@ impl JobRun<'_> {
                 cancel_requested: progress.cancel_requested,
                 stop: stop.reason(),
                 now_ms: now_ms(),
+                wire_ids: &record.wire_ids,
             };
             match step::next_step(&progress.items, state) {
                 Step::Finish(ending) => return Ok(Some(ending)),

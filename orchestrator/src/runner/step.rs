@@ -11,10 +11,8 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 
-use toolfleet_proto::call::is_valid_call_id;
-
 use crate::dispatch::PlannedCall;
-use crate::job::{Ending, Item, JobErrorCode, JobSpec, assistant_text};
+use crate::job::{Ending, Item, JobErrorCode, JobSpec, WireIds, assistant_text};
 
 /// Why a run was told to stop. The first reason set wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,6 +52,8 @@ pub(crate) struct RunState<'a> {
     pub(crate) stop: Option<StopReason>,
     /// Unix ms now.
     pub(crate) now_ms: u64,
+    /// How the job's calls are named on the wire.
+    pub(crate) wire_ids: &'a WireIds,
 }
 
 /// The next step of a run over `items`, the conversation as stored. It also
@@ -73,7 +73,7 @@ pub(crate) fn next_step(items: &[Item], state: RunState<'_>) -> Step {
     if state.now_ms >= state.spec.deadline_ms {
         return Step::Finish(deadline_exceeded());
     }
-    let pending = pending_calls(items);
+    let pending = pending_calls(items, state.wire_ids);
     if !pending.is_empty() {
         // A resumed run whose last checkpointed turn was already over the
         // limit ends as an uninterrupted run would have.
@@ -124,11 +124,10 @@ fn max_rounds_exceeded(spec: &JobSpec) -> Ending {
 ///
 /// A model's call ids are data: the k-th result with an id answers the k-th
 /// call with that id, and only the first call with an id runs (the others
-/// are duplicates). A call keeps its id on the wire when it is a safe one
-/// (`is_valid_call_id`) and the first; otherwise its wire id is `x.<n>`, `n`
-/// being its position in the conversation, which never changes (items are
-/// only appended), so a resumed round finds its earlier attempts.
-pub(crate) fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
+/// are duplicates). A call's wire id is [`WireIds::of`] its position in the
+/// conversation, which never changes (items are only appended), so a
+/// resumed round finds its earlier attempts.
+pub(crate) fn pending_calls(items: &[Item], wire_ids: &WireIds) -> Vec<PlannedCall> {
     let mut answered: HashMap<&str, usize> = HashMap::new();
     for item in items {
         if let Item::ToolResult { call_id, .. } = item {
@@ -156,11 +155,7 @@ pub(crate) fn pending_calls(items: &[Item]) -> Vec<PlannedCall> {
         if is_answered {
             continue;
         }
-        let wire_id = if !duplicate && is_valid_call_id(call_id) {
-            call_id.clone()
-        } else {
-            format!("x.{position}")
-        };
+        let wire_id = wire_ids.of(position, call_id, duplicate);
         pending.push(PlannedCall {
             call_id: call_id.clone(),
             wire_id,
@@ -278,7 +273,45 @@ mod tests {
     }
 
     #[test]
-    fn model_call_ids_are_data_and_wire_ids_are_safe_and_stable() {
+    fn wire_ids_come_from_the_job_secret_and_the_position_alone() {
+        let items = vec![user(), call("call_a"), call("call_a"), call("bad\nid")];
+        let secret = WireIds::Secret("0123456789abcdef0123456789abcdef".into());
+        let ids: Vec<String> = pending_calls(&items, &secret)
+            .into_iter()
+            .map(|p| p.wire_id)
+            .collect();
+        assert_eq!(ids.len(), 3);
+        for id in &ids {
+            assert_eq!(id.len(), 25, "{id}");
+            assert!(id.starts_with('c'), "{id}");
+            assert!(toolfleet_proto::call::is_valid_wire_id(id), "{id}");
+        }
+        assert!(ids[0] != ids[1] && ids[1] != ids[2], "{ids:?}");
+        // Stable: a resumed run over more items finds the same ids.
+        let mut answered = items.clone();
+        answered.push(result("call_a"));
+        let resumed: Vec<String> = pending_calls(&answered, &secret)
+            .into_iter()
+            .map(|p| p.wire_id)
+            .collect();
+        assert_eq!(resumed, ids[1..]);
+        // Nothing of the model's id, nor anything one job's ids tell about
+        // another's: a different secret names every call differently.
+        let renamed = vec![user(), call("other"), call("other"), call("x")];
+        let same_positions: Vec<String> = pending_calls(&renamed, &secret)
+            .into_iter()
+            .map(|p| p.wire_id)
+            .collect();
+        assert_eq!(same_positions, ids);
+        let other = WireIds::Secret(WireIds::new_secret());
+        for planned in pending_calls(&items, &other) {
+            assert!(!ids.contains(&planned.wire_id));
+        }
+        assert_eq!(format!("{secret:?}"), "WireIds::Secret(..)");
+    }
+
+    #[test]
+    fn legacy_jobs_put_model_call_ids_on_the_wire_when_safe_and_stable() {
         let items = vec![
             user(),
             call("call_a"),
@@ -287,7 +320,7 @@ mod tests {
             call(&"x".repeat(65)),
             call(""),
         ];
-        let pending = pending_calls(&items);
+        let pending = pending_calls(&items, &WireIds::Legacy);
         let view: Vec<(&str, &str, bool)> = pending
             .iter()
             .map(|p| (p.call_id.as_str(), p.wire_id.as_str(), p.duplicate))
@@ -307,15 +340,15 @@ mod tests {
         // second the second; the wire ids of the rest do not move.
         let mut answered = items.clone();
         answered.push(result("call_a"));
-        let pending = pending_calls(&answered);
+        let pending = pending_calls(&answered, &WireIds::Legacy);
         assert_eq!(pending[0].wire_id, "x.2");
         assert_eq!(
             (pending[1].wire_id.as_str(), pending[1].duplicate),
             ("x.3", true)
         );
         answered.push(result("call_a"));
-        assert_eq!(pending_calls(&answered).len(), 3);
-        for planned in pending_calls(&items) {
+        assert_eq!(pending_calls(&answered, &WireIds::Legacy).len(), 3);
+        for planned in pending_calls(&items, &WireIds::Legacy) {
             assert!(
                 toolfleet_proto::call::is_valid_call_id(&planned.wire_id)
                     || planned.wire_id.starts_with("x.")
@@ -333,6 +366,7 @@ mod tests {
             cancel_requested: false,
             stop: None,
             now_ms: 500,
+            wire_ids: &WireIds::Legacy,
         };
         let failed = |code| move |step: &Step| matches!(step, Step::Finish(Ending::Failed(e)) if e.code == code);
         type Case<'a> = (&'a str, Vec<Item>, RunState<'a>, Box<dyn Fn(&Step) -> bool>);

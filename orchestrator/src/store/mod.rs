@@ -4,11 +4,12 @@
 //! Layout (names in `toolfleet_proto::names::RedisKeys`), one hash tag per job:
 //! - `tf:{<job>}:job`: a hash: `spec` (JSON), `status`, `rounds`, `epoch`,
 //!   `turns`, `events` (count), `output_text`, `error_code`, `error_message`,
-//!   `created_at_ms`, `finished_at_ms`, `cancel_requested`;
+//!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `call_secret`
+//!   (what its calls' wire ids are made from, [`WireIds`]);
 //! - `tf:{<job>}:items`: a list of conversation items (JSON), appended to;
 //! - `tf:{<job>}:events`: a stream whose entry ids are `0-<n>`, so event offset
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
-//! - `tf:{<job>}:attempts`: a hash call id -> the attempt last dispatched;
+//! - `tf:{<job>}:attempts`: a hash wire call id -> the attempt last dispatched;
 //! - `tf:{<job>}:tools`: a hash tool name -> the manifest the model was
 //!   offered (a call to it waits for its workers rather than being unknown);
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
@@ -33,7 +34,7 @@ use toolfleet_proto::names::{self, RedisKeys};
 
 use crate::job::{
     Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, Lease,
-    ProviderKind, ToolManifest, TurnCheckpoint, new_job_id, now_ms,
+    ProviderKind, ToolManifest, TurnCheckpoint, WireIds, new_job_id, now_ms,
 };
 
 /// A failed store operation.
@@ -214,6 +215,7 @@ impl JobStore {
             .arg(user)
             .arg(queued.kind())
             .arg(queued.data_json())
+            .arg(WireIds::new_secret())
             .invoke_async(&mut self.conn())
             .await?;
         if created == 1 {
@@ -476,6 +478,7 @@ impl JobStore {
             created_at_ms: number("created_at_ms"),
             finished_at_ms: number("finished_at_ms"),
             cancel_requested: field("cancel_requested") == "1",
+            wire_ids: WireIds::from_secret(field("call_secret")),
         }))
     }
 
