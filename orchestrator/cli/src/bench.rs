@@ -58,6 +58,11 @@ pub(crate) struct BenchArgs {
     /// the worker's own default.
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
+    /// NATS and Redis speak TLS only (with certificates made for the run),
+    /// and the orchestrator, the workers and the raw floor's clients connect
+    /// over it: compare with a run without to see what TLS costs.
+    #[arg(long, conflicts_with_all = ["target", "processes"])]
+    tls: bool,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -98,6 +103,8 @@ impl Percentiles {
 struct Report {
     /// `echo`, or `sleep <ms>ms`.
     tool: String,
+    /// NATS and Redis over TLS (`--tls`).
+    tls: bool,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -135,6 +142,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let mut options = LocalFleetOptions {
                 test_tools: true,
                 workers,
+                tls: args.tls,
                 ..LocalFleetOptions::default()
             };
             if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
@@ -153,7 +161,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let api = Api::connect(address.clone())
         .await
         .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
-    let result = measure(&args, &api, &nats_url).await;
+    let ca_file = fleet.as_ref().and_then(LocalFleet::ca_file);
+    let result = measure(&args, &api, &nats_url, ca_file.as_deref()).await;
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
@@ -168,7 +177,13 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<Report> {
+/// `ca_file`: the CA of a NATS server that speaks TLS.
+async fn measure(
+    args: &BenchArgs,
+    api: &Api,
+    nats_url: &str,
+    ca_file: Option<&str>,
+) -> anyhow::Result<Report> {
     let tool = Workload::of(args);
     let load_script = script(tool, args.rounds, args.calls);
     eprintln!("warming up...");
@@ -216,10 +231,11 @@ async fn measure(args: &BenchArgs, api: &Api, nats_url: &str) -> anyhow::Result<
         args.raw_requests, args.concurrency
     );
     let (raw_rate, raw_latencies) =
-        raw_request_reply(nats_url, args.raw_requests, args.concurrency).await?;
+        raw_request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?;
     let tool_calls_per_sec = tool_calls as f64 / elapsed;
     Ok(Report {
         tool: tool.name(),
+        tls: ca_file.is_some(),
         jobs: args.jobs,
         concurrency: args.concurrency,
         calls_per_round: args.calls,
@@ -371,11 +387,19 @@ async fn run_job(
 
 async fn raw_request_reply(
     nats_url: &str,
+    ca_file: Option<&str>,
     requests: usize,
     concurrency: usize,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
-    let responder = async_nats::connect(nats_url).await?;
-    let client = async_nats::connect(nats_url).await?;
+    let connect = || async {
+        let mut options = async_nats::ConnectOptions::new();
+        if let Some(ca) = ca_file {
+            options = options.add_root_certificates(ca.into()).require_tls(true);
+        }
+        options.connect(nats_url).await
+    };
+    let responder = connect().await?;
+    let client = connect().await?;
     let mut inbox = responder.subscribe("toolfleet.bench.raw").await?;
     responder.flush().await?;
     let echo = tokio::spawn(async move {
@@ -436,6 +460,9 @@ fn print(report: &Report) -> std::io::Result<()> {
         report.calls_per_round,
         report.tool
     )?;
+    if report.tls {
+        outln!("transport            NATS and Redis over TLS")?;
+    }
     outln!("jobs/s               {:.0}", report.jobs_per_sec)?;
     outln!("tool calls/s         {:.0}", report.tool_calls_per_sec)?;
     outln!("tool call round trip {}", p(&report.tool_call_round_trip))?;

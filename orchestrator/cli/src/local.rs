@@ -34,8 +34,10 @@ use toolfleet_proto::v1;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 use crate::client::{self, ApiClient};
+use crate::supervisor::certificates::Certificates;
 use crate::supervisor::{
-    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, ServerOptions,
+    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, RedisTls,
+    ServerOptions,
 };
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
 
@@ -60,6 +62,10 @@ pub struct LocalFleetOptions {
     pub keep_dir: bool,
     /// How long each start-up step may take. Default: 30s.
     pub start_timeout: Duration,
+    /// NATS and Redis speak TLS only, with certificates generated into the
+    /// temp dir, and the orchestrator and workers connect over it. For
+    /// measuring what TLS costs (`toolfleet bench --tls`). Default: false.
+    pub tls: bool,
     /// How long [`LocalFleet::shutdown`] waits for the orchestrator and the
     /// workers to drain before it gives up on them. Default: 15s.
     pub drain_timeout: Duration,
@@ -96,6 +102,7 @@ impl Default for LocalFleetOptions {
             log_to_file: true,
             keep_dir: false,
             start_timeout: Duration::from_secs(30),
+            tls: false,
             drain_timeout: Duration::from_secs(15),
             orchestrator,
             worker,
@@ -122,6 +129,8 @@ pub struct LocalFleet {
     _stop_tasks: DropGuard,
     nats: NatsServer,
     redis: RedisServer,
+    /// The certificates NATS and Redis serve with, if they speak TLS.
+    tls: Option<Certificates>,
     dir: tempfile::TempDir,
 }
 
@@ -172,14 +181,35 @@ impl LocalFleet {
             start_timeout: deadline,
         };
 
+        let tls = match options.tls {
+            true => Some(Certificates::generate(dir.path())?),
+            false => None,
+        };
         progress.start("starting nats-server");
-        let nats = progress.finish(NatsServer::start_with_options(&servers).await, |nats| {
-            format!("{}, v{}", nats.url(), nats.version())
-        })?;
+        let nats = match &tls {
+            Some(certificates) => {
+                let config = format!(
+                    "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+                    certificates.path("server.pem"),
+                    certificates.path("server.key"),
+                );
+                NatsServer::start_with_config(&servers, &config).await
+            }
+            None => NatsServer::start_with_options(&servers).await,
+        };
+        let nats = progress.finish(nats, |nats| format!("{}, v{}", nats.url(), nats.version()))?;
         options.kill_switch.register_process(nats.process());
 
         progress.start("starting redis-server");
-        let redis = RedisServer::start_with_options(RedisConfig::default(), &servers).await;
+        let redis_config = RedisConfig {
+            tls: tls.as_ref().map(|certificates| RedisTls {
+                cert_file: certificates.path("server.pem").into(),
+                key_file: certificates.path("server.key").into(),
+                ca_file: certificates.path("ca.pem").into(),
+            }),
+            ..RedisConfig::default()
+        };
+        let redis = RedisServer::start_with_options(redis_config, &servers).await;
         let redis = progress.finish(redis, RedisServer::url)?;
         options.kill_switch.register_process(redis.process());
 
@@ -196,6 +226,7 @@ impl LocalFleet {
             _stop_tasks: stop_tasks,
             nats,
             redis,
+            tls,
             dir,
         };
 
@@ -257,6 +288,13 @@ impl LocalFleet {
     /// see [`KillSwitch`].
     pub fn kill_switch(&self) -> KillSwitch {
         self.kill_switch.clone()
+    }
+
+    /// The CA file NATS and Redis are trusted by, when they speak TLS.
+    pub fn ca_file(&self) -> Option<String> {
+        self.tls
+            .as_ref()
+            .map(|certificates| certificates.path("ca.pem"))
     }
 
     /// A gRPC client of the orchestrator.
@@ -349,6 +387,8 @@ impl LocalFleet {
         orchestrator.instance_id = "dev-orchestrator".into();
         orchestrator.nats.url = self.nats.url();
         orchestrator.redis.url = self.redis.url();
+        orchestrator.nats.tls.ca_file = self.ca_file();
+        orchestrator.redis.tls.ca_file = self.ca_file();
         orchestrator.grpc.listen = self.grpc_addr;
         let orchestrator = Orchestrator::new(orchestrator);
         let shutdown = self.shutdown.child_token();
@@ -374,6 +414,8 @@ impl LocalFleet {
             worker.worker_id = format!("dev-worker-{n}");
             worker.nats.url = self.nats.url();
             worker.redis.url = self.redis.url();
+            worker.nats.tls.ca_file = self.ca_file();
+            worker.redis.tls.ca_file = self.ca_file();
             worker.test_tools = options.test_tools;
             let id = worker.worker_id.clone();
             let connected = Worker::connect(worker.clone())

@@ -15,6 +15,8 @@
 //! - [`ServerOptions`]: where a server's dir goes, its process group, whether
 //!   its log is printed on drop, how long it may take to start. The defaults
 //!   are the tests'.
+//! - [`certificates`]: a CA, server and client certificates for a fleet
+//!   with TLS (`toolfleet bench --tls`, the TLS tests).
 //! - [`KillHandle`]: kills a process from any thread without owning it, for a
 //!   signal handler that exits without running destructors.
 //! - [`Reaper`]: a watchdog process that kills the servers and removes the
@@ -28,6 +30,7 @@
 //! Servers bind 127.0.0.1 only, so they never clash with a machine's own NATS
 //! or Redis on the default ports.
 
+pub mod certificates;
 mod nats_server;
 mod process;
 pub mod reaper;
