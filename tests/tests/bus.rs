@@ -261,3 +261,137 @@ async fn both_services_authenticate_with_a_token() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// NATS JWTs as `nsc` makes them (nats-io/jwt v2): a header, the claims and
+/// an Ed25519 signature by the issuer's NKey, each base64url. Written here
+/// because no maintained Rust crate makes operator JWTs; only the test needs
+/// them.
+mod operator_mode {
+    use data_encoding::{BASE32_NOPAD, BASE64URL_NOPAD};
+    use serde_json::{Value, json};
+    use sha2::{Digest, Sha256};
+
+    /// A signed JWT of `kind` (`operator`, `account`, `user`) for `subject`,
+    /// with `nats` as the kind's own claims.
+    pub(crate) fn jwt(
+        issuer: &nkeys::KeyPair,
+        subject: &str,
+        name: &str,
+        kind: &str,
+        nats: Value,
+    ) -> anyhow::Result<String> {
+        let mut nats = nats;
+        nats["type"] = json!(kind);
+        nats["version"] = json!(2);
+        let mut claims = json!({
+            "jti": "",
+            "iat": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_secs(),
+            "iss": issuer.public_key(),
+            "name": name,
+            "sub": subject,
+            "nats": nats,
+        });
+        // The id is the hash of the claims without it, as the Go library makes it.
+        let id = Sha256::digest(serde_json::to_vec(&claims)?);
+        claims["jti"] = json!(BASE32_NOPAD.encode(&id));
+        let header = BASE64URL_NOPAD.encode(br#"{"typ":"JWT","alg":"ed25519-nkey"}"#);
+        let body = BASE64URL_NOPAD.encode(&serde_json::to_vec(&claims)?);
+        let signed = format!("{header}.{body}");
+        let signature = issuer.sign(signed.as_bytes())?;
+        Ok(format!("{signed}.{}", BASE64URL_NOPAD.encode(&signature)))
+    }
+
+    /// An account that may use everything, JetStream included.
+    pub(crate) fn unlimited_account() -> Value {
+        json!({
+            "limits": {
+                "subs": -1, "data": -1, "payload": -1, "imports": -1, "exports": -1,
+                "wildcards": true, "conn": -1, "leaf": -1,
+                "mem_storage": -1, "disk_storage": -1, "streams": -1, "consumer": -1
+            },
+            "default_permissions": {"pub": {}, "sub": {}}
+        })
+    }
+
+    /// A user of an account, with no limits of its own.
+    pub(crate) fn user() -> Value {
+        json!({"pub": {}, "sub": {}, "subs": -1, "data": -1, "payload": -1})
+    }
+
+    /// A `.creds` file's text: the user's JWT and its seed.
+    pub(crate) fn creds(user_jwt: &str, seed: &str) -> String {
+        format!(
+            "-----BEGIN NATS USER JWT-----\n{user_jwt}\n------END NATS USER JWT------\n\n\
+             -----BEGIN USER NKEY SEED-----\n{seed}\n------END USER NKEY SEED------\n"
+        )
+    }
+}
+
+/// Operator mode, as `nsc` deploys it: the server trusts an operator, the
+/// account is signed by the operator, and each service connects with a
+/// credentials file (its user's JWT, signed by the account, and its seed).
+#[tokio::test]
+async fn both_services_run_jobs_with_credentials_files_in_operator_mode() -> anyhow::Result<()> {
+    use operator_mode::{creds, jwt, unlimited_account, user};
+    let dir = tempfile::tempdir()?;
+    let operator = nkeys::KeyPair::new_operator();
+    let account = nkeys::KeyPair::new_account();
+    let operator_jwt = jwt(
+        &operator,
+        &operator.public_key(),
+        "toolfleet-test",
+        "operator",
+        json!({}),
+    )?;
+    let account_jwt = jwt(
+        &operator,
+        &account.public_key(),
+        "TOOLFLEET",
+        "account",
+        unlimited_account(),
+    )?;
+    // JetStream needs the server's own account.
+    let system = nkeys::KeyPair::new_account();
+    let system_jwt = jwt(&operator, &system.public_key(), "SYS", "account", json!({}))?;
+    let mut creds_files = Vec::new();
+    for name in ["harness", "orchestrator", "worker"] {
+        let key = nkeys::KeyPair::new_user();
+        let user_jwt = jwt(&account, &key.public_key(), name, "user", user())?;
+        let path = dir.path().join(format!("{name}.creds"));
+        std::fs::write(&path, creds(&user_jwt, &key.seed()?))?;
+        creds_files.push(path.to_string_lossy().into_owned());
+    }
+    let config = format!(
+        "operator: \"{operator_jwt}\"\nsystem_account: {system}\nresolver: MEMORY\n\
+         resolver_preload: {{\n  {account}: \"{account_jwt}\"\n  {system}: \"{system_jwt}\"\n}}\n",
+        account = account.public_key(),
+        system = system.public_key(),
+    );
+    let nats = NatsServer::start_with_config(&ServerOptions::default(), &config).await?;
+    let anonymous = async_nats::connect(nats.url()).await;
+    assert!(anonymous.is_err(), "an anonymous client got in");
+    let client = async_nats::ConnectOptions::with_credentials_file(&creds_files[0])
+        .await?
+        .connect(nats.url())
+        .await?;
+    let worker_env = [("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[2].as_str())];
+    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &worker_env).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[1].as_str())])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job(
+            "2+2?",
+            &json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
+    Ok(())
+}

@@ -584,3 +584,39 @@ async fn the_test_tools_flag_names_every_test_tool() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A tool's consumer that the setup step made keeps its own AckWait, which
+/// a worker's `runtime.ack_wait` does not change: the worker keeps its calls
+/// alive against the consumer's, so a call that runs longer than that
+/// AckWait is delivered once.
+#[tokio::test]
+async fn calls_are_kept_alive_against_the_consumers_own_ack_wait() -> anyhow::Result<()> {
+    let nats = toolfleet_tests::NatsServer::start().await?;
+    let set_up =
+        tokio::process::Command::new(toolfleet_tests::cargo_bin("toolfleet-orchestrator")?)
+            .args(["setup", "--nats-url", &nats.url(), "--tools", "sleep"])
+            .env("TOOLFLEET_SETUP__CALL_ACK_WAIT", "2s")
+            .output()
+            .await?;
+    anyhow::ensure!(set_up.status.success(), "{set_up:?}");
+    let client = nats.client().await?;
+    let env = [("TOOLFLEET_RUNTIME__ACK_WAIT", "30s")];
+    let fleet = Fleet::start_on(nats, client, Default::default(), 1, &env).await?;
+    assert_eq!(fleet.count_in_worker_logs("has its own AckWait"), 1);
+    let mut results = fleet.results("job-ack-wait").await?;
+    fleet
+        .publish_call(&call("job-ack-wait", "nap", "sleep", r#"{"ms": 5000}"#))
+        .await?;
+    let answer = results.next(Duration::from_secs(30)).await?;
+    assert!(answer.envelope.is_ok(), "{}", answer.body);
+    let js = jetstream::new(fleet.client.clone());
+    let stream = js.get_stream(names::CALL_STREAM).await?;
+    let consumer = stream.consumer_info(names::call_consumer("sleep")).await?;
+    // Every delivery, redeliveries included, takes a consumer sequence.
+    assert_eq!(
+        consumer.delivered.consumer_sequence, 1,
+        "the call was delivered more than once"
+    );
+    assert_eq!(fleet.count_in_worker_logs("executing call"), 1);
+    Ok(())
+}
