@@ -356,11 +356,19 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
             .wait_for_log("worker ready", Duration::from_secs(30))
             .await?;
     }
+    // The orchestrator also presents a client certificate, which the
+    // server checks against its CA.
+    let (client_cert, client_key) = (
+        certificates.path("client.pem"),
+        certificates.path("client.key"),
+    );
     fleet
         .spawn_orchestrator(&[
             ("TOOLFLEET_REDIS__USER", orchestrator.name),
             ("TOOLFLEET_REDIS__PASSWORD", orchestrator.password.as_str()),
             ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.as_str()),
+            ("TOOLFLEET_REDIS__TLS__CERT_FILE", client_cert.as_str()),
+            ("TOOLFLEET_REDIS__TLS__KEY_FILE", client_key.as_str()),
         ])
         .await?;
     let all_tools = [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat();
