@@ -230,7 +230,9 @@ pub enum JobEvent {
     ToolCallDispatched {
         /// 1 for the first attempt.
         attempt: u32,
-        /// The call.
+        /// The call: the model's id where it is safe to show (1 to 64 of
+        /// `[A-Za-z0-9_-]`) and the first with that id in the job, else
+        /// `x.<position in the conversation>`.
         call_id: String,
         /// The tool.
         name: String,
@@ -239,7 +241,9 @@ pub enum JobEvent {
     ToolCallResult {
         /// Attempts it took (0: answered by the orchestrator's own checks).
         attempts: u32,
-        /// The call.
+        /// The call: the model's id where it is safe to show (1 to 64 of
+        /// `[A-Za-z0-9_-]`) and the first with that id in the job, else
+        /// `x.<position in the conversation>`.
         call_id: String,
         /// The envelope's error code, if it failed.
         code: Option<String>,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use toolfleet_orchestrator::job::{
     Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, TurnCheckpoint,
 };
-use toolfleet_orchestrator::store::{Acquired, Error, Idempotency, JobStore, SettledCall};
+use toolfleet_orchestrator::store::{
+    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall,
+};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
 use toolfleet_tests::{NatsServer, RedisServer};
@@ -98,7 +100,12 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         )
         .await?;
     assert_eq!(store.offered_tools(&job_id).await?, [echo]);
-    store.record_dispatch(&lease, &[("c1", "echo")], 1).await?;
+    let dispatched = DispatchedCall {
+        event_id: "c1",
+        wire_id: "c1",
+        name: "echo",
+    };
+    store.record_dispatch(&lease, &[dispatched], 1).await?;
     assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
     let settled = SettledCall {

@@ -56,6 +56,7 @@ impl Dispatcher {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),
                         wire_id: call.wire_id.clone(),
+                        event_id: call.event_id.clone(),
                         name: call.name.clone(),
                         output: envelope.to_json(),
                         attempts: attempt,

@@ -35,7 +35,7 @@ use attempt::{Notice, forward_results};
 
 use crate::job::{JobSpec, Lease};
 use crate::registry::{LiveTool, RegistryHandle};
-use crate::store::{self, JobStore, SettledCall};
+use crate::store::{self, DispatchedCall, JobStore, SettledCall};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -96,10 +96,14 @@ pub struct PlannedCall {
     /// the model verbatim, never put on the wire.
     pub call_id: String,
     /// The id the call has on the wire and in Redis keys (NATS headers,
-    /// message ids, the ledger, the attempts record): the model's id when it
-    /// is a safe one ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id)) and the first with that id in the
-    /// job, else one the orchestrator derives from the call's position.
+    /// message ids, the ledger, the attempts record): made from the job's
+    /// secret and the call's position ([`WireIds`](crate::job::WireIds)).
     pub wire_id: String,
+    /// The id the job's events show the call by: the model's id when it is
+    /// a safe one ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id))
+    /// and the first with that id in the job, else `x.<position>`. Safe to
+    /// print, and what the client can match with its conversation.
+    pub event_id: String,
     /// The tool name the model wrote.
     pub name: String,
     /// The arguments text as the model wrote it.
@@ -110,11 +114,13 @@ pub struct PlannedCall {
 }
 
 impl PlannedCall {
-    /// A call whose model id is safe and new: the same id on the wire.
+    /// A call whose model id is safe and new: the same id on the wire and
+    /// in events (a job stored before call secrets names its calls so).
     pub fn new(call_id: &str, name: &str, arguments: &str) -> Self {
         Self {
             call_id: call_id.to_owned(),
             wire_id: call_id.to_owned(),
+            event_id: call_id.to_owned(),
             name: name.to_owned(),
             arguments: arguments.to_owned(),
             duplicate: false,
@@ -127,8 +133,10 @@ impl PlannedCall {
 pub struct CallOutcome {
     /// The model's call id, for the conversation.
     pub call_id: String,
-    /// The call's id on the wire, for events and records.
+    /// The call's id on the wire, for records.
     pub wire_id: String,
+    /// The id its events show ([`PlannedCall::event_id`]).
+    pub event_id: String,
     /// Its tool name.
     pub name: String,
     /// The envelope JSON for the model.
@@ -236,6 +244,7 @@ impl Dispatcher {
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),
                         wire_id: call.wire_id.clone(),
+                        event_id: call.event_id.clone(),
                         name: call.name.clone(),
                         output: envelope.to_json(),
                         attempts: 0,
@@ -369,9 +378,13 @@ impl Dispatcher {
         calls: &[&PlannedCall],
         attempt: u32,
     ) -> Result<(), RoundError> {
-        let calls: Vec<(&str, &str)> = calls
+        let calls: Vec<DispatchedCall<'_>> = calls
             .iter()
-            .map(|call| (call.wire_id.as_str(), call.name.as_str()))
+            .map(|call| DispatchedCall {
+                event_id: &call.event_id,
+                wire_id: &call.wire_id,
+                name: &call.name,
+            })
             .collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
         Ok(())
@@ -384,7 +397,7 @@ impl Dispatcher {
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
         let settled = SettledCall {
-            call_id: &outcome.wire_id,
+            call_id: &outcome.event_id,
             name: &outcome.name,
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,

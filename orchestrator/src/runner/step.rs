@@ -159,6 +159,7 @@ pub(crate) fn pending_calls(items: &[Item], wire_ids: &WireIds) -> Vec<PlannedCa
         pending.push(PlannedCall {
             call_id: call_id.clone(),
             wire_id,
+            event_id: WireIds::Legacy.of(position, call_id, duplicate),
             name: name.clone(),
             arguments: arguments.clone(),
             duplicate,
@@ -281,6 +282,12 @@ mod tests {
             .map(|p| p.wire_id)
             .collect();
         assert_eq!(ids.len(), 3);
+        // Events still show the ids the conversation has, where safe.
+        let shown: Vec<String> = pending_calls(&items, &secret)
+            .into_iter()
+            .map(|p| p.event_id)
+            .collect();
+        assert_eq!(shown, ["call_a", "x.2", "x.3"]);
         for id in &ids {
             assert_eq!(id.len(), 25, "{id}");
             assert!(id.starts_with('c'), "{id}");

@@ -858,9 +858,9 @@ impl JobStore {
             .collect()
     }
 
-    /// Records that `attempt` of each call (call id, tool name) is about to
-    /// be published: a `tool_call_dispatched` event each, and the attempt a
-    /// resumed runner looks up first.
+    /// Records that `attempt` of each call is about to be published: a
+    /// `tool_call_dispatched` event each, and the attempt a resumed runner
+    /// looks up first.
     ///
     /// # Errors
     ///
@@ -868,7 +868,7 @@ impl JobStore {
     pub async fn record_dispatch(
         &self,
         lease: &Lease,
-        calls: &[(&str, &str)],
+        calls: &[DispatchedCall<'_>],
         attempt: u32,
     ) -> Result<(), Error> {
         if calls.is_empty() {
@@ -876,15 +876,15 @@ impl JobStore {
         }
         let events = calls
             .iter()
-            .map(|(call_id, name)| JobEvent::ToolCallDispatched {
+            .map(|call| JobEvent::ToolCallDispatched {
                 attempt,
-                call_id: (*call_id).to_owned(),
-                name: (*name).to_owned(),
+                call_id: call.event_id.to_owned(),
+                name: call.name.to_owned(),
             })
             .collect();
         let attempts = calls
             .iter()
-            .map(|(call_id, _)| ((*call_id).to_owned(), attempt))
+            .map(|call| (call.wire_id.to_owned(), attempt))
             .collect();
         self.commit(
             lease,
@@ -1028,7 +1028,7 @@ impl JobStore {
 /// A call with its final envelope, for [`JobStore::record_call_result`].
 #[derive(Debug, Clone, Copy)]
 pub struct SettledCall<'a> {
-    /// The model's call id.
+    /// The id the job's events show the call by.
     pub call_id: &'a str,
     /// The tool name.
     pub name: &'a str,
@@ -1038,6 +1038,17 @@ pub struct SettledCall<'a> {
     pub round_trip: Option<Duration>,
     /// The final envelope.
     pub envelope: &'a Envelope,
+}
+
+/// A call about to be published, for [`JobStore::record_dispatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchedCall<'a> {
+    /// The id the job's events show the call by.
+    pub event_id: &'a str,
+    /// The id its attempts are recorded under.
+    pub wire_id: &'a str,
+    /// The tool.
+    pub name: &'a str,
 }
 
 /// The writes of one verb, committed atomically under a lease. Private: a
