@@ -122,7 +122,7 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
             help.stdout
         );
     }
-    for command in ["submit", "get", "watch", "cancel", "jobs", "tools"] {
+    for command in ["submit", "get", "watch", "trace", "cancel", "jobs", "tools"] {
         let help = toolfleet(&[command, "--help"]).await?;
         assert!(
             help.stdout.contains("--addr <URL>"),
@@ -386,6 +386,52 @@ async fn the_scripted_demo_answers_its_own_questions_and_says_when_it_cannot() -
         known.stdout.contains("AMD – LAUNCHED – Ryzen"),
         "{}",
         known.stdout
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() -> anyhow::Result<()>
+{
+    let (fleet, url) = fleet().await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [
+            {"id": "nap", "name": "sleep", "arguments": {"ms": 1200}},
+            {"id": "flaky", "name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 1}}
+        ]},
+        {"message": "done"}
+    ]);
+    let job = toolfleet_tests::fleet::run_job(&api, scripted_job("x", &script)).await?;
+    let trace = toolfleet(&["trace", &job.job_id, "--addr", &url, "--width", "40"]).await?;
+    assert_eq!(trace.code, Some(0), "{}", trace.stderr);
+    let lines: Vec<&str> = trace.stdout.lines().collect();
+    assert!(
+        lines[0].starts_with(&format!("job {}: succeeded in ", job.job_id))
+            && lines[0].ends_with("2 turns, 2 calls, 1 retry"),
+        "{}",
+        trace.stdout
+    );
+    let row = |label: &str| lines.iter().find(|line| line.starts_with(label)).copied();
+    assert!(
+        row("turn 0").is_some_and(|l| l.ends_with("2 calls")),
+        "{}",
+        trace.stdout
+    );
+    assert!(
+        row("  nap sleep").is_some_and(|l| l.ends_with("ok  ◀ slowest")),
+        "the 1.2 s sleep is the slowest step: {}",
+        trace.stdout
+    );
+    assert!(
+        row("  flaky fail").is_some_and(|l| l.contains('↻') && l.contains("ok, 2 attempts")),
+        "{}",
+        trace.stdout
+    );
+    assert!(
+        row("turn 1").is_some_and(|l| l.ends_with("answered")),
+        "{}",
+        trace.stdout
     );
     Ok(())
 }

@@ -18,7 +18,7 @@ use toolfleet_proto::{JobEvent, JobStatus};
 
 use crate::demo::{self, Demo};
 use crate::output::{out, outln};
-use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, transcript};
+use crate::{EXIT_JOB_CANCELLED, EXIT_JOB_FAILED, timeline, transcript};
 use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::model::scripted::Scripted;
 
@@ -239,6 +239,17 @@ pub(crate) struct WatchArgs {
 }
 
 #[derive(Debug, Args)]
+pub(crate) struct TraceArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The job id, as `submit` printed it.
+    job_id: String,
+    /// Columns of the time axis.
+    #[arg(long, value_name = "N", default_value_t = 60)]
+    width: usize,
+}
+
+#[derive(Debug, Args)]
 pub(crate) struct CancelArgs {
     #[command(flatten)]
     server: Server,
@@ -391,11 +402,35 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
         None
     };
     let last = stream_events(&mut client, &args.job_id, args.from, origin, args.json).await?;
-    Ok(match JobEvent::decode(&last.kind, &last.data) {
+    Ok(ending_code(&last))
+}
+
+/// The exit code for a job's final event.
+fn ending_code(last: &v1::JobEvent) -> ExitCode {
+    match JobEvent::decode(&last.kind, &last.data) {
         Ok(JobEvent::JobFailed { .. }) => ExitCode::from(EXIT_JOB_FAILED),
         Ok(JobEvent::JobCancelled { .. }) => ExitCode::from(EXIT_JOB_CANCELLED),
         _ => ExitCode::SUCCESS,
+    }
+}
+
+/// `toolfleet trace`: reads every event up to the final one, then draws
+/// them; exits like `watch`.
+pub(crate) async fn trace(args: TraceArgs) -> anyhow::Result<ExitCode> {
+    let mut client = connect(
+        &args.server.addr,
+        args.server.token.as_deref(),
+        &args.server.tls,
+    )
+    .await?;
+    let mut events = Vec::new();
+    let last = each_event(&mut client, &args.job_id, 0, |event| {
+        events.push(event.clone());
+        Ok(())
     })
+    .await?;
+    out!("{}", timeline::waterfall(&args.job_id, &events, args.width))?;
+    Ok(ending_code(&last))
 }
 
 /// `toolfleet cancel`.
@@ -570,6 +605,26 @@ async fn stream_events(
     origin: Option<u64>,
     json: bool,
 ) -> anyhow::Result<v1::JobEvent> {
+    let mut start_ms = origin;
+    each_event(client, job_id, from, |event| {
+        if json {
+            outln!("{}", transcript::event_json(event))
+        } else {
+            let start = *start_ms.get_or_insert(event.timestamp_ms);
+            outln!("{}", transcript::event_line(event, start))
+        }
+    })
+    .await
+}
+
+/// Hands each event from `from` on to `on_event` as it happens, and returns
+/// the final one.
+async fn each_event(
+    client: &mut ApiClient,
+    job_id: &str,
+    from: u64,
+    mut on_event: impl FnMut(&v1::JobEvent) -> std::io::Result<()>,
+) -> anyhow::Result<v1::JobEvent> {
     let mut events = client
         .watch_job(v1::WatchJobRequest {
             job_id: job_id.to_owned(),
@@ -579,7 +634,6 @@ async fn stream_events(
         .map_err(|status| rpc_error("WatchJob", &status))?
         .into_inner();
     let mut next = from;
-    let mut start_ms = origin;
     let resume = |next: u64| format!("resume with: toolfleet watch {job_id} --from {next}");
     loop {
         let event = events
@@ -593,12 +647,7 @@ async fn stream_events(
                 resume(next)
             );
         };
-        if json {
-            outln!("{}", transcript::event_json(&event))?;
-        } else {
-            let start = *start_ms.get_or_insert(event.timestamp_ms);
-            outln!("{}", transcript::event_line(&event, start))?;
-        }
+        on_event(&event)?;
         next = event.offset.saturating_add(1);
         if event.r#final {
             return Ok(event);

@@ -20,6 +20,7 @@ mod dev;
 pub mod local;
 pub mod output;
 pub mod supervisor;
+mod timeline;
 mod transcript;
 
 use std::process::ExitCode;
@@ -53,6 +54,10 @@ enum Command {
     Get(client::GetArgs),
     /// Stream a job's events until its final one.
     Watch(client::WatchArgs),
+    /// Draw a job as a waterfall: each model turn and call on one time axis,
+    /// retries marked, the slowest step pointed at. Waits for a running job
+    /// to end.
+    Trace(client::TraceArgs),
     /// Ask a job to stop; it stops at its next step.
     Cancel(client::CancelArgs),
     /// List your jobs, newest first: filter by status and metadata, a page
@@ -103,6 +108,7 @@ impl Cli {
             Command::Submit(args) => client::submit(args).await,
             Command::Get(args) => client::get(args).await,
             Command::Watch(args) => client::watch(args).await,
+            Command::Trace(args) => client::trace(args).await,
             Command::Cancel(args) => client::cancel(args).await,
             Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,

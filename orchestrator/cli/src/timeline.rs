@@ -1,0 +1,408 @@
+//! `toolfleet trace`: one job as a waterfall in the terminal, drawn from its
+//! events. Each model turn and each call is a bar on one time axis; a call's
+//! retries are marked where each attempt was dispatched; the slowest step is
+//! pointed at. Users would rather look at this than read the events.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use toolfleet_proto::JobEvent;
+use toolfleet_proto::v1;
+
+/// Width of the label column (`turn 3`, `call_0_1 get_current_weather`).
+const LABEL_WIDTH: usize = 34;
+
+/// What a row of the waterfall stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// A model turn: from the end of the step before it to its checkpoint.
+    Turn,
+    /// A call: from its first dispatch to its final envelope.
+    Call,
+    /// A moment: the job resumed by another replica.
+    Mark,
+}
+
+#[derive(Debug, Clone)]
+struct Row {
+    step: Step,
+    label: String,
+    start_ms: u64,
+    end_ms: u64,
+    /// When each attempt after the first was dispatched.
+    retries_ms: Vec<u64>,
+    detail: String,
+}
+
+impl Row {
+    fn duration_ms(&self) -> u64 {
+        self.end_ms.saturating_sub(self.start_ms)
+    }
+}
+
+/// The job as rows on a time axis, read from its events in order.
+#[derive(Debug, Default)]
+struct Timeline {
+    start_ms: u64,
+    end_ms: u64,
+    rows: Vec<Row>,
+    outcome: Option<String>,
+}
+
+impl Timeline {
+    fn of(events: &[v1::JobEvent]) -> Self {
+        let mut timeline = Self::default();
+        let Some(first) = events.first() else {
+            return timeline;
+        };
+        timeline.start_ms = first.timestamp_ms;
+        // Where the next model turn started: the end of the step before it.
+        let mut phase_start = first.timestamp_ms;
+        // The row of each call in flight, by call id.
+        let mut open_calls: HashMap<String, usize> = HashMap::new();
+        for event in events {
+            let at = event.timestamp_ms;
+            timeline.end_ms = timeline.end_ms.max(at);
+            let Ok(decoded) = JobEvent::decode(&event.kind, &event.data) else {
+                // A kind this CLI does not know (a newer server): not drawn.
+                continue;
+            };
+            match decoded {
+                JobEvent::JobQueued { .. } => {}
+                JobEvent::JobStarted { .. } => phase_start = at,
+                JobEvent::JobResumed { epoch, owner } => {
+                    phase_start = at;
+                    timeline.rows.push(Row {
+                        step: Step::Mark,
+                        label: "resumed".into(),
+                        start_ms: at,
+                        end_ms: at,
+                        retries_ms: Vec::new(),
+                        detail: format!("by {owner} (lease epoch {epoch})"),
+                    });
+                }
+                JobEvent::ModelTurn {
+                    turn, tool_calls, ..
+                } => {
+                    let detail = match tool_calls.len() {
+                        0 => "answered".to_owned(),
+                        1 => "1 call".to_owned(),
+                        n => format!("{n} calls"),
+                    };
+                    timeline.rows.push(Row {
+                        step: Step::Turn,
+                        label: format!("turn {turn}"),
+                        start_ms: phase_start,
+                        end_ms: at,
+                        retries_ms: Vec::new(),
+                        detail,
+                    });
+                    phase_start = at;
+                }
+                JobEvent::ToolCallDispatched {
+                    attempt,
+                    call_id,
+                    name,
+                } => match open_calls.get(&call_id) {
+                    Some(&row) if attempt > 1 => timeline.rows[row].retries_ms.push(at),
+                    Some(_) => {}
+                    None => {
+                        open_calls.insert(call_id.clone(), timeline.rows.len());
+                        timeline.rows.push(Row {
+                            step: Step::Call,
+                            label: format!("  {call_id} {name}"),
+                            start_ms: at,
+                            end_ms: at,
+                            retries_ms: Vec::new(),
+                            detail: String::new(),
+                        });
+                    }
+                },
+                JobEvent::ToolCallResult {
+                    attempts,
+                    call_id,
+                    code,
+                    name,
+                    ok,
+                    round_trip_us,
+                } => {
+                    let row = match open_calls.remove(&call_id) {
+                        Some(row) => row,
+                        // Answered by the orchestrator's own checks: a moment.
+                        None => {
+                            timeline.rows.push(Row {
+                                step: Step::Call,
+                                label: format!("  {call_id} {name}"),
+                                start_ms: at,
+                                end_ms: at,
+                                retries_ms: Vec::new(),
+                                detail: String::new(),
+                            });
+                            timeline.rows.len() - 1
+                        }
+                    };
+                    let row = &mut timeline.rows[row];
+                    row.end_ms = at;
+                    row.detail = call_detail(ok, code.as_deref(), attempts, round_trip_us);
+                    phase_start = phase_start.max(at);
+                }
+                JobEvent::JobSucceeded { .. } => timeline.outcome = Some("succeeded".into()),
+                JobEvent::JobFailed { code, .. } => {
+                    timeline.outcome = Some(format!("failed ({})", code.as_str()));
+                }
+                JobEvent::JobCancelled { .. } => timeline.outcome = Some("cancelled".into()),
+            }
+        }
+        timeline
+    }
+
+    /// The slowest turn or call, if any took time.
+    fn slowest(&self) -> Option<usize> {
+        self.rows
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| row.step != Step::Mark && row.duration_ms() > 0)
+            .max_by_key(|(_, row)| row.duration_ms())
+            .map(|(index, _)| index)
+    }
+}
+
+fn call_detail(ok: bool, code: Option<&str>, attempts: u32, round_trip_us: Option<u64>) -> String {
+    let outcome = match (ok, code) {
+        (true, _) => "ok".to_owned(),
+        (false, Some(code)) => code.to_owned(),
+        (false, None) => "failed".to_owned(),
+    };
+    let tries = match attempts {
+        0 => ", answered without running".to_owned(),
+        1 => String::new(),
+        n => format!(", {n} attempts"),
+    };
+    let last = round_trip_us
+        .filter(|_| attempts > 1)
+        .map(|us| format!(", last {}", millis(us as f64 / 1000.0)))
+        .unwrap_or_default();
+    format!("{outcome}{tries}{last}")
+}
+
+fn count(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn millis(ms: f64) -> String {
+    if ms >= 1000.0 {
+        format!("{:.2} s", ms / 1000.0)
+    } else {
+        format!("{ms:.1} ms")
+    }
+}
+
+/// The waterfall of the job `job_id` from its `events` (in order, from the
+/// first), with bars `width` columns wide.
+pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> String {
+    let width = width.max(10);
+    let timeline = Timeline::of(events);
+    let total = timeline.end_ms.saturating_sub(timeline.start_ms);
+    let turns = timeline
+        .rows
+        .iter()
+        .filter(|r| r.step == Step::Turn)
+        .count();
+    let calls = timeline
+        .rows
+        .iter()
+        .filter(|r| r.step == Step::Call)
+        .count();
+    let retries: usize = timeline.rows.iter().map(|r| r.retries_ms.len()).sum();
+    let outcome = timeline.outcome.as_deref().unwrap_or("running");
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "job {job_id}: {outcome} in {}; {}, {}, {}",
+        millis(total as f64),
+        count(turns, "turn", "turns"),
+        count(calls, "call", "calls"),
+        count(retries, "retry", "retries"),
+    );
+    let column = |at: u64| -> usize {
+        let offset = at.saturating_sub(timeline.start_ms);
+        let scaled = offset.saturating_mul(width as u64) / total.max(1);
+        usize::try_from(scaled).unwrap_or(usize::MAX).min(width - 1)
+    };
+    let end_label = millis(total as f64);
+    let _ = writeln!(
+        out,
+        "{:LABEL_WIDTH$} 0{end_label:>width$}",
+        "",
+        width = width - 1
+    );
+    let slowest = timeline.slowest();
+    for (index, row) in timeline.rows.iter().enumerate() {
+        let (from, to) = (column(row.start_ms), column(row.end_ms));
+        let fill = match row.step {
+            Step::Turn => '█',
+            Step::Call => '━',
+            Step::Mark => '│',
+        };
+        let mut bar: Vec<char> = vec![' '; width];
+        for cell in &mut bar[from..=to.max(from)] {
+            *cell = fill;
+        }
+        for retry in &row.retries_ms {
+            bar[column(*retry)] = '↻';
+        }
+        let bar: String = bar.into_iter().collect();
+        let took = match row.step {
+            Step::Mark => String::new(),
+            _ => millis(row.duration_ms() as f64),
+        };
+        let label: String = row.label.chars().take(LABEL_WIDTH).collect();
+        let pointer = if Some(index) == slowest {
+            "  ◀ slowest"
+        } else {
+            ""
+        };
+        let line = format!(
+            "{label:LABEL_WIDTH$} {bar} {took:>9}  {}{pointer}",
+            row.detail
+        );
+        let _ = writeln!(out, "{}", line.trim_end());
+    }
+    let _ = writeln!(
+        out,
+        "(turn: from the step before it to its checkpoint; call: first dispatch to its \
+         final answer; ↻ a retry dispatched)"
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn event(offset: u64, kind: &str, data: Value, timestamp_ms: u64) -> v1::JobEvent {
+        v1::JobEvent {
+            job_id: "t-1".into(),
+            offset,
+            kind: kind.to_owned(),
+            data: data.to_string(),
+            timestamp_ms,
+            r#final: matches!(kind, "job_succeeded" | "job_failed" | "job_cancelled"),
+        }
+    }
+
+    fn job() -> Vec<v1::JobEvent> {
+        let calls = json!([{"call_id": "c1", "name": "sleep"}, {"call_id": "c2", "name": "fail"}]);
+        vec![
+            event(0, "job_queued", json!({"metadata": {}}), 1_000),
+            event(1, "job_started", json!({"epoch": 1, "owner": "o1"}), 1_002),
+            event(
+                2,
+                "model_turn",
+                json!({"round": 1, "text": "", "tool_calls": calls, "turn": 0}),
+                1_010,
+            ),
+            event(
+                3,
+                "tool_call_dispatched",
+                json!({"attempt": 1, "call_id": "c1", "name": "sleep"}),
+                1_011,
+            ),
+            event(
+                4,
+                "tool_call_dispatched",
+                json!({"attempt": 1, "call_id": "c2", "name": "fail"}),
+                1_011,
+            ),
+            event(
+                5,
+                "tool_call_dispatched",
+                json!({"attempt": 2, "call_id": "c2", "name": "fail"}),
+                1_030,
+            ),
+            event(
+                6,
+                "tool_call_result",
+                json!({"attempts": 2, "call_id": "c2", "code": null, "name": "fail", "ok": true, "round_trip_us": 4000}),
+                1_035,
+            ),
+            event(
+                7,
+                "tool_call_result",
+                json!({"attempts": 1, "call_id": "c1", "code": null, "name": "sleep", "ok": true, "round_trip_us": 90_000}),
+                1_100,
+            ),
+            event(
+                8,
+                "model_turn",
+                json!({"round": 1, "text": "done", "tool_calls": [], "turn": 1}),
+                1_105,
+            ),
+            event(9, "job_succeeded", json!({"output_text": "done"}), 1_106),
+        ]
+    }
+
+    #[test]
+    fn a_job_reads_as_turns_and_calls_on_one_axis() {
+        let drawn = waterfall("t-1", &job(), 53);
+        let lines: Vec<&str> = drawn.lines().collect();
+        assert_eq!(
+            lines[0],
+            "job t-1: succeeded in 106.0 ms; 2 turns, 2 calls, 1 retry"
+        );
+        let row = |label: &str| {
+            *lines
+                .iter()
+                .find(|line| line.starts_with(label))
+                .unwrap_or_else(|| panic!("no row {label} in\n{drawn}"))
+        };
+        // turn 0 runs from the start to 10 ms: the first columns.
+        assert!(row("turn 0").contains(" █████ "), "{drawn}");
+        assert!(row("turn 0").ends_with("8.0 ms  2 calls"), "{drawn}");
+        // The sleep is the slowest step, from 11 ms to 100 ms.
+        assert!(
+            row("  c1 sleep").ends_with("89.0 ms  ok  ◀ slowest"),
+            "{drawn}"
+        );
+        // The retried call shows where its second attempt went out.
+        assert!(row("  c2 fail").contains('↻'), "{drawn}");
+        assert!(
+            row("  c2 fail").ends_with("24.0 ms  ok, 2 attempts, last 4.0 ms"),
+            "{drawn}"
+        );
+        assert!(row("turn 1").ends_with("5.0 ms  answered"), "{drawn}");
+        // Every bar ends inside the axis.
+        let bar_end = LABEL_WIDTH + 1 + 53;
+        for line in &lines[2..lines.len() - 1] {
+            let bar: String = line.chars().skip(LABEL_WIDTH + 1).take(53).collect();
+            assert_eq!(bar.chars().count(), 53, "{line}");
+            assert!(line.chars().count() > bar_end, "{line}");
+        }
+    }
+
+    #[test]
+    fn a_resumed_job_and_an_unanswered_call_are_drawn_too() {
+        let mut events = job();
+        events.truncate(5);
+        events.push(event(
+            5,
+            "job_resumed",
+            json!({"epoch": 2, "owner": "o2"}),
+            1_050,
+        ));
+        let drawn = waterfall("t-1", &events, 40);
+        assert!(drawn.starts_with("job t-1: running in 50.0 ms"), "{drawn}");
+        assert!(drawn.contains("resumed"), "{drawn}");
+        assert!(drawn.contains("by o2 (lease epoch 2)"), "{drawn}");
+        // Calls still in flight are drawn from their dispatch, without a result.
+        assert!(
+            drawn.lines().any(|l| l.starts_with("  c1 sleep")),
+            "{drawn}"
+        );
+        assert_eq!(
+            waterfall("t-2", &[], 40).lines().next(),
+            Some("job t-2: running in 0.0 ms; 0 turns, 0 calls, 0 retries")
+        );
+    }
+}
