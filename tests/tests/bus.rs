@@ -170,61 +170,55 @@ async fn refused_start(name: &str, env: &[(&str, &str)]) -> anyhow::Result<Strin
 #[tokio::test]
 async fn a_missing_file_or_two_ways_to_authenticate_stop_start_up_for_nats_and_redis()
 -> anyhow::Result<()> {
-    let log = refused_start(
-        "missing-ca",
-        &[("TOOLFLEET_NATS__TLS__CA_FILE", "/nonexistent/ca.pem")],
-    )
-    .await?;
-    assert!(
-        log.contains("nats.tls.ca_file /nonexistent/ca.pem"),
-        "{log}"
-    );
-    let log = refused_start(
-        "two-ways",
-        &[
-            ("TOOLFLEET_NATS__TOKEN", "tok-secret-aa91"),
-            ("TOOLFLEET_NATS__USER", "u"),
-            ("TOOLFLEET_NATS__PASSWORD", "p"),
-        ],
-    )
-    .await?;
-    assert!(log.contains("set one of"), "{log}");
-    assert!(!log.contains("tok-secret-aa91"), "{log}");
-    let log = refused_start(
-        "missing-creds",
-        &[("TOOLFLEET_NATS__CREDENTIALS_FILE", "/nonexistent/x.creds")],
-    )
-    .await?;
-    assert!(
-        log.contains("nats.credentials_file /nonexistent/x.creds"),
-        "{log}"
-    );
-    // Redis settings are checked before any server is waited for.
-    let log = refused_start(
-        "missing-redis-password",
-        &[("TOOLFLEET_REDIS__PASSWORD_FILE", "/nonexistent/redis.pw")],
-    )
-    .await?;
-    assert!(
-        log.contains("cannot read redis.password_file /nonexistent/redis.pw"),
-        "{log}"
-    );
-    let log = refused_start(
-        "two-redis-passwords",
-        &[
-            ("TOOLFLEET_REDIS__PASSWORD", "redis-secret-5b0c"),
-            ("TOOLFLEET_REDIS__PASSWORD_FILE", "/etc/hostname"),
-        ],
-    )
-    .await?;
-    assert!(log.contains("not both"), "{log}");
-    assert!(!log.contains("redis-secret-5b0c"), "{log}");
-    let log = refused_start(
-        "redis-tls-without-rediss",
-        &[("TOOLFLEET_REDIS__TLS__CA_FILE", "/etc/hostname")],
-    )
-    .await?;
-    assert!(log.contains("needs a rediss:// URL"), "{log}");
+    // (name, settings, what the refusal says). Redis settings are checked
+    // before any server is waited for, like NATS's.
+    type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+    let cases: [Case<'_>; 6] = [
+        (
+            "missing-ca",
+            &[("TOOLFLEET_NATS__TLS__CA_FILE", "/nonexistent/ca.pem")],
+            "nats.tls.ca_file /nonexistent/ca.pem",
+        ),
+        (
+            "two-ways",
+            &[
+                ("TOOLFLEET_NATS__TOKEN", "tok-secret-aa91"),
+                ("TOOLFLEET_NATS__USER", "u"),
+                ("TOOLFLEET_NATS__PASSWORD", "p"),
+            ],
+            "set one of",
+        ),
+        (
+            "missing-creds",
+            &[("TOOLFLEET_NATS__CREDENTIALS_FILE", "/nonexistent/x.creds")],
+            "nats.credentials_file /nonexistent/x.creds",
+        ),
+        (
+            "missing-redis-password",
+            &[("TOOLFLEET_REDIS__PASSWORD_FILE", "/nonexistent/redis.pw")],
+            "cannot read redis.password_file /nonexistent/redis.pw",
+        ),
+        (
+            "two-redis-passwords",
+            &[
+                ("TOOLFLEET_REDIS__PASSWORD", "redis-secret-5b0c"),
+                ("TOOLFLEET_REDIS__PASSWORD_FILE", "/etc/hostname"),
+            ],
+            "not both",
+        ),
+        (
+            "redis-tls-without-rediss",
+            &[("TOOLFLEET_REDIS__TLS__CA_FILE", "/etc/hostname")],
+            "needs a rediss:// URL",
+        ),
+    ];
+    for (name, settings, says) in cases {
+        let log = refused_start(name, settings).await?;
+        assert!(log.contains(says), "{name}: {log}");
+        for secret in ["tok-secret-aa91", "redis-secret-5b0c"] {
+            assert!(!log.contains(secret), "{name} logged a secret: {log}");
+        }
+    }
     Ok(())
 }
 

@@ -35,6 +35,18 @@ struct Row {
 }
 
 impl Row {
+    /// A row that starts and (so far) ends `at`.
+    fn at(step: Step, label: String, at: u64, detail: String) -> Self {
+        Self {
+            step,
+            label,
+            start_ms: at,
+            end_ms: at,
+            retries_ms: Vec::new(),
+            detail,
+        }
+    }
+
     fn duration_ms(&self) -> u64 {
         self.end_ms.saturating_sub(self.start_ms)
     }
@@ -72,14 +84,10 @@ impl Timeline {
                 JobEvent::JobStarted { .. } => phase_start = at,
                 JobEvent::JobResumed { epoch, owner } => {
                     phase_start = at;
-                    timeline.rows.push(Row {
-                        step: Step::Mark,
-                        label: "resumed".into(),
-                        start_ms: at,
-                        end_ms: at,
-                        retries_ms: Vec::new(),
-                        detail: format!("by {owner} (lease epoch {epoch})"),
-                    });
+                    let detail = format!("by {owner} (lease epoch {epoch})");
+                    timeline
+                        .rows
+                        .push(Row::at(Step::Mark, "resumed".into(), at, detail));
                 }
                 JobEvent::ModelTurn {
                     turn, tool_calls, ..
@@ -90,12 +98,8 @@ impl Timeline {
                         n => format!("{n} calls"),
                     };
                     timeline.rows.push(Row {
-                        step: Step::Turn,
-                        label: format!("turn {turn}"),
                         start_ms: phase_start,
-                        end_ms: at,
-                        retries_ms: Vec::new(),
-                        detail,
+                        ..Row::at(Step::Turn, format!("turn {turn}"), at, detail)
                     });
                     phase_start = at;
                 }
@@ -108,14 +112,10 @@ impl Timeline {
                     Some(_) => {}
                     None => {
                         open_calls.insert(call_id.clone(), timeline.rows.len());
-                        timeline.rows.push(Row {
-                            step: Step::Call,
-                            label: format!("  {call_id} {name}"),
-                            start_ms: at,
-                            end_ms: at,
-                            retries_ms: Vec::new(),
-                            detail: String::new(),
-                        });
+                        let label = format!("  {call_id} {name}");
+                        timeline
+                            .rows
+                            .push(Row::at(Step::Call, label, at, String::new()));
                     }
                 },
                 JobEvent::ToolCallResult {
@@ -130,14 +130,10 @@ impl Timeline {
                         Some(row) => row,
                         // Answered by the orchestrator's own checks: a moment.
                         None => {
-                            timeline.rows.push(Row {
-                                step: Step::Call,
-                                label: format!("  {call_id} {name}"),
-                                start_ms: at,
-                                end_ms: at,
-                                retries_ms: Vec::new(),
-                                detail: String::new(),
-                            });
+                            let label = format!("  {call_id} {name}");
+                            timeline
+                                .rows
+                                .push(Row::at(Step::Call, label, at, String::new()));
                             timeline.rows.len() - 1
                         }
                     };
