@@ -166,8 +166,10 @@ impl Envelope {
 /// but other arguments would otherwise have its result taken as the
 /// victim's. Readers check [`answers`](Self::answers) and refuse a record
 /// that does not answer their call.
+///
+/// Unknown fields are ignored, so that a field added later does not make an
+/// older orchestrator refuse a newer worker's records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StoredResult {
     /// The tool the call was for.
     pub tool: String,
@@ -175,6 +177,10 @@ pub struct StoredResult {
     pub arguments_sha256: String,
     /// The answer.
     pub envelope: Envelope,
+    /// How long the worker worked on the attempt (checks and run), on its
+    /// own clock, in microseconds; absent in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worked_us: Option<u64>,
 }
 
 impl StoredResult {
@@ -184,6 +190,16 @@ impl StoredResult {
             tool: call.tool.clone(),
             arguments_sha256: arguments_sha256(&call.arguments),
             envelope,
+            worked_us: None,
+        }
+    }
+
+    /// The record, saying that the worker worked `worked` on it.
+    #[must_use]
+    pub fn worked(self, worked: std::time::Duration) -> Self {
+        Self {
+            worked_us: Some(u64::try_from(worked.as_micros()).unwrap_or(u64::MAX)),
+            ..self
         }
     }
 
@@ -214,6 +230,7 @@ impl StoredResult {
                     tool: tool.to_owned(),
                     arguments_sha256: arguments_sha256(arguments),
                     envelope,
+                    worked_us: None,
                 })
                 .map_err(|_| record_error)
         })

@@ -253,6 +253,12 @@ pub enum JobEvent {
         ok: bool,
         /// Publish to result of the last attempt, as the runner saw it.
         round_trip_us: Option<u64>,
+        /// How long the worker worked on the last attempt (checks and run),
+        /// by its own clock; the rest of the round trip is the wait in the
+        /// queue and the way there and back. Absent for calls answered
+        /// without a worker, and from workers older than this field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worked_us: Option<u64>,
     },
     /// The job ended with the model's answer.
     JobSucceeded {
@@ -508,8 +514,21 @@ mod tests {
                     name: "rm".into(),
                     ok: false,
                     round_trip_us: None,
+                    worked_us: None,
                 },
                 r#"{"attempts":0,"call_id":"c2","code":"UNKNOWN_TOOL","name":"rm","ok":false,"round_trip_us":null}"#,
+            ),
+            (
+                JobEvent::ToolCallResult {
+                    attempts: 1,
+                    call_id: "c1".into(),
+                    code: None,
+                    name: "echo".into(),
+                    ok: true,
+                    round_trip_us: Some(900),
+                    worked_us: Some(150),
+                },
+                r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"worked_us":150}"#,
             ),
             (
                 JobEvent::JobSucceeded {

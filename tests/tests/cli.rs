@@ -405,6 +405,7 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
     let job = toolfleet_tests::fleet::run_job(&api, scripted_job("x", &script)).await?;
     let trace = toolfleet(&["trace", &job.job_id, "--addr", &url, "--width", "40"]).await?;
     assert_eq!(trace.code, Some(0), "{}", trace.stderr);
+    println!("{}", trace.stdout);
     let lines: Vec<&str> = trace.stdout.lines().collect();
     assert!(
         lines[0].starts_with(&format!("job {}: succeeded in ", job.job_id))
@@ -419,8 +420,9 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
         trace.stdout
     );
     assert!(
-        row("  nap sleep").is_some_and(|l| l.ends_with("ok  ◀ slowest")),
-        "the 1.2 s sleep is the slowest step: {}",
+        row("  nap sleep")
+            .is_some_and(|l| l.contains("ok, worker 1.2") && l.ends_with("◀ slowest")),
+        "the 1.2 s sleep is the slowest step, and the worker's: {}",
         trace.stdout
     );
     assert!(

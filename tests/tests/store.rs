@@ -113,6 +113,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         name: "echo",
         attempts: 1,
         round_trip: Some(Duration::from_micros(1500)),
+        worked: Some(Duration::from_micros(400)),
         envelope: &envelope,
     };
     store.record_call_result(&lease, &settled).await?;
@@ -181,7 +182,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     let stored = store.events(&job_id, 4, 1).await?;
     assert_eq!(
         stored[0].data,
-        r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500}"#
+        r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500,"worked_us":400}"#
     );
     Ok(())
 }

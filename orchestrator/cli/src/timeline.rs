@@ -31,6 +31,9 @@ struct Row {
     end_ms: u64,
     /// When each attempt after the first was dispatched.
     retries_ms: Vec<u64>,
+    /// How long the worker worked on a call's last attempt; the bar before
+    /// that is waiting (queue, network, earlier attempts, retry pauses).
+    worked_ms: Option<u64>,
     detail: String,
 }
 
@@ -43,6 +46,7 @@ impl Row {
             start_ms: at,
             end_ms: at,
             retries_ms: Vec::new(),
+            worked_ms: None,
             detail,
         }
     }
@@ -125,6 +129,7 @@ impl Timeline {
                     name,
                     ok,
                     round_trip_us,
+                    worked_us,
                 } => {
                     let row = match open_calls.remove(&call_id) {
                         Some(row) => row,
@@ -139,7 +144,9 @@ impl Timeline {
                     };
                     let row = &mut timeline.rows[row];
                     row.end_ms = at;
-                    row.detail = call_detail(ok, code.as_deref(), attempts, round_trip_us);
+                    row.worked_ms = worked_us.map(|us| us / 1000);
+                    row.detail =
+                        call_detail(ok, code.as_deref(), attempts, round_trip_us, worked_us);
                     phase_start = phase_start.max(at);
                 }
                 JobEvent::JobSucceeded { .. } => timeline.outcome = Some("succeeded".into()),
@@ -163,7 +170,13 @@ impl Timeline {
     }
 }
 
-fn call_detail(ok: bool, code: Option<&str>, attempts: u32, round_trip_us: Option<u64>) -> String {
+fn call_detail(
+    ok: bool,
+    code: Option<&str>,
+    attempts: u32,
+    round_trip_us: Option<u64>,
+    worked_us: Option<u64>,
+) -> String {
     let outcome = match (ok, code) {
         (true, _) => "ok".to_owned(),
         (false, Some(code)) => code.to_owned(),
@@ -178,7 +191,10 @@ fn call_detail(ok: bool, code: Option<&str>, attempts: u32, round_trip_us: Optio
         .filter(|_| attempts > 1)
         .map(|us| format!(", last {}", millis(us as f64 / 1000.0)))
         .unwrap_or_default();
-    format!("{outcome}{tries}{last}")
+    let worker = worked_us
+        .map(|us| format!(", worker {}", millis(us as f64 / 1000.0)))
+        .unwrap_or_default();
+    format!("{outcome}{tries}{last}{worker}")
 }
 
 fn count(n: usize, one: &str, many: &str) -> String {
@@ -241,8 +257,17 @@ pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> 
             Step::Mark => '│',
         };
         let mut bar: Vec<char> = vec![' '; width];
-        for cell in &mut bar[from..=to.max(from)] {
-            *cell = fill;
+        // A call's wait, then the worker's share at its end.
+        let worked_from = match (row.step, row.worked_ms) {
+            (Step::Call, Some(worked)) => column(row.end_ms.saturating_sub(worked)).max(from),
+            _ => from,
+        };
+        for (offset, cell) in bar[from..=to.max(from)].iter_mut().enumerate() {
+            *cell = if from + offset < worked_from {
+                '╌'
+            } else {
+                fill
+            };
         }
         for retry in &row.retries_ms {
             bar[column(*retry)] = '↻';
@@ -266,8 +291,9 @@ pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> 
     }
     let _ = writeln!(
         out,
-        "(turn: from the step before it to its checkpoint; call: first dispatch to its \
-         final answer; ↻ a retry dispatched)"
+        "(█ turn: from the step before it to its checkpoint; call: first dispatch to its \
+         final answer, ╌ waiting (queue, network, retries) then ━ the worker; ↻ a retry \
+         dispatched)"
     );
     out
 }
@@ -326,7 +352,8 @@ mod tests {
             event(
                 7,
                 "tool_call_result",
-                json!({"attempts": 1, "call_id": "c1", "code": null, "name": "sleep", "ok": true, "round_trip_us": 90_000}),
+                json!({"attempts": 1, "call_id": "c1", "code": null, "name": "sleep", "ok": true,
+                       "round_trip_us": 89_000, "worked_us": 45_000}),
                 1_100,
             ),
             event(
@@ -356,10 +383,19 @@ mod tests {
         // turn 0 runs from the start to 10 ms: the first columns.
         assert!(row("turn 0").contains(" █████ "), "{drawn}");
         assert!(row("turn 0").ends_with("8.0 ms  2 calls"), "{drawn}");
-        // The sleep is the slowest step, from 11 ms to 100 ms.
+        // The sleep is the slowest step, from 11 ms to 100 ms: it waited,
+        // then the worker worked its last 45 ms.
+        let sleep = row("  c1 sleep");
         assert!(
-            row("  c1 sleep").ends_with("89.0 ms  ok  ◀ slowest"),
+            sleep.ends_with("89.0 ms  ok, worker 45.0 ms  ◀ slowest"),
             "{drawn}"
+        );
+        let bar: String = sleep.chars().skip(LABEL_WIDTH + 1).take(53).collect();
+        let (waited, worked) = (bar.matches('╌').count(), bar.matches('━').count());
+        assert!(waited > 0 && worked > 0, "{drawn}");
+        assert!(
+            bar.trim_end().ends_with('━'),
+            "the worker's share comes last: {drawn}"
         );
         // The retried call shows where its second attempt went out.
         assert!(row("  c2 fail").contains('↻'), "{drawn}");

@@ -91,6 +91,7 @@ fn event_summary(event: &JobEvent) -> String {
             name,
             ok,
             round_trip_us,
+            worked_us,
         } => {
             let outcome = if *ok {
                 "ok".to_owned()
@@ -108,6 +109,13 @@ fn event_summary(event: &JobEvent) -> String {
                 let _ = write!(
                     summary,
                     ", {:.1} ms",
+                    Duration::from_micros(*micros).as_secs_f64() * 1e3
+                );
+            }
+            if let Some(micros) = worked_us {
+                let _ = write!(
+                    summary,
+                    " (worker {:.1} ms)",
                     Duration::from_micros(*micros).as_secs_f64() * 1e3
                 );
             }

@@ -22,6 +22,8 @@ use crate::job::now_ms;
 struct Answer {
     envelope: Envelope,
     round_trip: Option<Duration>,
+    /// How long the worker worked on it, by its own clock.
+    worked: Option<Duration>,
 }
 
 impl Dispatcher {
@@ -43,6 +45,7 @@ impl Dispatcher {
             let answer = self.answer(round, call, attempt, resumed).await?;
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
+            let worked = answer.worked;
             let max_retry_after = self.options.max_retry_after;
             let verdict = retry::verdict(
                 answer.envelope,
@@ -61,6 +64,7 @@ impl Dispatcher {
                         output: envelope.to_json(),
                         attempts: attempt,
                         round_trip,
+                        worked,
                     };
                     self.record_result(round.lease, &outcome, &envelope).await?;
                     return Ok(outcome);
@@ -114,9 +118,11 @@ impl Dispatcher {
                 .call_result(job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
+                let (envelope, worked) = parse_stored(call, &text);
                 return Ok(Answer {
-                    envelope: parse_envelope(call, &text),
+                    envelope,
                     round_trip: None,
+                    worked,
                 });
             }
         }
@@ -125,9 +131,11 @@ impl Dispatcher {
         let text = self.wait(round, call, attempt, &mut notices).await?;
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
+        let (envelope, worked) = parse_stored(call, &text);
         Ok(Answer {
-            envelope: parse_envelope(call, &text),
+            envelope,
             round_trip: Some(elapsed),
+            worked,
         })
     }
 
@@ -275,32 +283,37 @@ async fn pause_before_retry(
     }
 }
 
-/// The envelope of the result a worker stored, if that result answers this
-/// call (its tool and arguments, not only its ids; see
-/// [`StoredResult`]). One that answers another call is refused with a
+/// The envelope of the result a worker stored, and how long the worker
+/// worked on it, if that result answers this call (its tool and arguments,
+/// not only its ids; see [`StoredResult`]). One that answers another call is refused with a
 /// retryable `FOREIGN_RESULT`, so that the next attempt, with keys of its
 /// own, runs the real call. An unreadable one (a bug or a foreign writer) is
 /// the tool's failure, not the runner's.
-fn parse_envelope(call: &PlannedCall, text: &str) -> Envelope {
+fn parse_stored(call: &PlannedCall, text: &str) -> (Envelope, Option<Duration>) {
     match StoredResult::read(text, &call.name, &call.arguments) {
-        Ok(record) if record.answers(&call.name, &call.arguments) => record.envelope,
+        Ok(record) if record.answers(&call.name, &call.arguments) => {
+            let worked = record.worked_us.map(Duration::from_micros);
+            (record.envelope, worked)
+        }
         Ok(record) => {
             error!(
                 call_id = %call.wire_id,
                 stored_tool = excerpt(&record.tool, 64),
                 "the stored result answers another call (a forged call with these ids?); refused"
             );
-            Envelope::retryable(
+            let refused = Envelope::retryable(
                 ErrorCode::FOREIGN_RESULT,
                 "the stored result did not belong to this call; it was not used",
-            )
+            );
+            (refused, None)
         }
         Err(err) => {
             warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable result");
-            Envelope::terminal(
+            let unreadable = Envelope::terminal(
                 ErrorCode::TOOL_EXECUTION_FAILED,
                 "the tool's answer was unreadable",
-            )
+            );
+            (unreadable, None)
         }
     }
 }

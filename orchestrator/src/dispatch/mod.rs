@@ -145,6 +145,8 @@ pub struct CallOutcome {
     pub attempts: u32,
     /// Dispatch to result of the last attempt, as this runner saw it.
     pub round_trip: Option<Duration>,
+    /// How long the worker worked on the last attempt, by its own clock.
+    pub worked: Option<Duration>,
 }
 
 /// Why a round stopped before every call had its answer.
@@ -249,6 +251,7 @@ impl Dispatcher {
                         output: envelope.to_json(),
                         attempts: 0,
                         round_trip: None,
+                        worked: None,
                     };
                     self.record_result(lease, &outcome, &envelope).await?;
                     outcomes[index] = Some(outcome);
@@ -401,6 +404,7 @@ impl Dispatcher {
             name: &outcome.name,
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,
+            worked: outcome.worked,
             envelope,
         };
         self.store.record_call_result(lease, &settled).await?;

@@ -132,6 +132,11 @@ pub struct JobStore {
     submission_ttl: Duration,
 }
 
+/// A duration in whole microseconds, as events carry them.
+fn micros(duration: Duration) -> u64 {
+    u64::try_from(duration.as_micros()).unwrap_or(u64::MAX)
+}
+
 fn millis(d: Duration) -> u64 {
     toolfleet_service::clock::millis(d).max(1)
 }
@@ -915,9 +920,8 @@ impl JobStore {
             code: settled.envelope.error().map(|e| e.code.to_string()),
             name: settled.name.to_owned(),
             ok: settled.envelope.is_ok(),
-            round_trip_us: settled
-                .round_trip
-                .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
+            round_trip_us: settled.round_trip.map(micros),
+            worked_us: settled.worked.map(micros),
         };
         self.commit(
             lease,
@@ -1036,6 +1040,8 @@ pub struct SettledCall<'a> {
     pub attempts: u32,
     /// Publish to result of the last attempt, as the runner saw it.
     pub round_trip: Option<Duration>,
+    /// How long the worker worked on the last attempt, by its own clock.
+    pub worked: Option<Duration>,
     /// The final envelope.
     pub envelope: &'a Envelope,
 }

@@ -148,7 +148,8 @@ impl Executor {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "call finished"
         );
-        self.settle(call, &owner, &envelope).await
+        self.settle(call, &owner, &envelope, started.elapsed())
+            .await
     }
 }
 

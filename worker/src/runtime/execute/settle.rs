@@ -43,14 +43,18 @@ pub(super) async fn acknowledge(message: &Message, outcome: Outcome) {
 }
 
 impl Executor {
-    /// Stores `envelope` as the attempt's result and publishes what is stored.
+    /// Stores `envelope` as the attempt's result, with the time the worker
+    /// `worked` on it, and publishes what is stored.
     pub(super) async fn settle(
         &self,
         call: &ToolCall,
         owner: &str,
         envelope: &Envelope,
+        worked: Duration,
     ) -> Outcome {
-        let record = StoredResult::new(call, envelope.clone()).to_json();
+        let record = StoredResult::new(call, envelope.clone())
+            .worked(worked)
+            .to_json();
         let stored = match self.ledger.complete(call, owner, &record).await {
             Ok(stored) => stored,
             Err(err) => {
