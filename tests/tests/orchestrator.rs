@@ -1088,3 +1088,68 @@ async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyho
     );
     Ok(())
 }
+
+/// GETs `path` over plain HTTP/1.0 (the metrics endpoint), and returns the
+/// body.
+async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response}"))?;
+    anyhow::ensure!(head.contains(" 200 "), "{head}");
+    Ok(body.to_owned())
+}
+
+/// Durations are real Prometheus histograms (buckets that can be summed over
+/// replicas), on both services.
+#[tokio::test]
+async fn call_durations_are_exported_as_histograms_with_buckets() -> anyhow::Result<()> {
+    let free = || -> anyhow::Result<String> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .to_string())
+    };
+    let (worker_metrics, orchestrator_metrics) = (free()?, free()?);
+    let mut fleet = Fleet::start_with(1, &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let api = fleet.api(0).await?;
+    let job = toolfleet_tests::fleet::run_job(
+        &api,
+        scripted(
+            "2+2",
+            json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    for (address, metric) in [
+        (&worker_metrics, "toolfleet_worker_call_duration_seconds"),
+        (
+            &orchestrator_metrics,
+            "toolfleet_tool_call_round_trip_seconds",
+        ),
+    ] {
+        let text = http_get(address, "/metrics").await?;
+        for bucket in ["le=\"0.001\"", "le=\"300\"", "le=\"+Inf\""] {
+            let line = format!("{metric}_bucket{{tool=\"calculate\",{bucket}}}");
+            assert!(text.contains(&line), "no {line} in\n{text}");
+        }
+        assert!(
+            text.contains(&format!("{metric}_count{{tool=\"calculate\"}} 1")),
+            "{text}"
+        );
+    }
+    Ok(())
+}

@@ -82,6 +82,14 @@ pub mod paths {
     pub const READYZ: &str = "/readyz";
 }
 
+/// Buckets of every duration histogram (metrics named `*_seconds`), in
+/// seconds: from a millisecond (a no-op call) to five minutes (a slow model
+/// turn or a long tool).
+pub const DURATION_BUCKETS: [f64; 17] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
+];
+
 /// Installs the Prometheus recorder and serves, on `listen`, the metrics at
 /// `/metrics`, liveness at `/healthz` and `readiness` at `/readyz`, for the
 /// life of the process.
@@ -93,7 +101,12 @@ pub async fn serve_http(listen: SocketAddr, readiness: Readiness) -> anyhow::Res
     use axum::http::StatusCode;
     use axum::routing::get;
 
-    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder()?;
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    // Real histograms, so that percentiles can be taken over replicas and
+    // over time (a summary's quantiles cannot be added up).
+    let metrics = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)?
+        .install_recorder()?;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let app = axum::Router::new()
         .route(
