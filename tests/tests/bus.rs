@@ -107,19 +107,7 @@ async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Resul
     fleet.spawn_orchestrator(&orchestrator_env).await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
 
-    let job = run_job(
-        &fleet.api(0).await?,
-        scripted_job(
-            "2+2?",
-            &json!([
-                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
-                {"message": "{{call_0_0.data.result}}"}
-            ]),
-        ),
-    )
-    .await?;
-    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    assert_eq!(job.output_text, "4");
+    calculate_through(&fleet).await?;
 
     // No secret in any log: the password, the seed.
     let seed_text = worker_key.seed()?;
@@ -133,6 +121,25 @@ async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Resul
         );
         assert!(!log.contains(&seed_text), "a seed was logged");
     }
+    Ok(())
+}
+
+/// Runs a job whose one call is `calculate` `2+2` through `fleet`, and
+/// checks that it answered 4.
+async fn calculate_through(fleet: &Fleet) -> anyhow::Result<()> {
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job(
+            "2+2?",
+            &json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "4");
     Ok(())
 }
 
@@ -374,18 +381,6 @@ async fn both_services_run_jobs_with_credentials_files_in_operator_mode() -> any
         .spawn_orchestrator(&[("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[1].as_str())])
         .await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
-    let job = run_job(
-        &fleet.api(0).await?,
-        scripted_job(
-            "2+2?",
-            &json!([
-                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},
-                {"message": "{{call_0_0.data.result}}"}
-            ]),
-        ),
-    )
-    .await?;
-    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    assert_eq!(job.output_text, "4");
+    calculate_through(&fleet).await?;
     Ok(())
 }

@@ -14,6 +14,7 @@ use toolfleet_proto::{JobEvent, v1};
 
 use crate::local::{LocalFleet, LocalFleetOptions};
 use crate::output::outln;
+use crate::supervisor::wait_until;
 use processes::ProcessFleet;
 
 mod processes;
@@ -412,13 +413,17 @@ async fn raw_request_reply(
     // `flush` only sends the subscription; the server may not have it yet
     // when the other connection's first request arrives (then "no
     // responders"), so the floor starts once one request was answered.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while let Err(err) = client.request("toolfleet.bench.raw", "{}".into()).await {
-        if Instant::now() > deadline {
-            return Err(err.into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_until(
+        "the raw floor's responder",
+        Duration::from_secs(5),
+        || async {
+            client
+                .request("toolfleet.bench.raw", "{}".into())
+                .await
+                .is_ok()
+        },
+    )
+    .await?;
     let window = Arc::new(Semaphore::new(concurrency.max(1)));
     let started = Instant::now();
     let mut tasks = Vec::with_capacity(requests);
