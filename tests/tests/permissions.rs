@@ -24,6 +24,13 @@ const REDIS_USERS: &str = include_str!("../../deploy/redis/toolfleet-users.conf"
 const GENERAL_TOOLS: &[&str] = &["calculate", "get_current_weather"];
 const KNOWLEDGE_TOOLS: &[&str] = &["factual_qa", "trend_analysis"];
 
+/// A password for the user `name`, random per run, so that no log line can
+/// match it by luck.
+fn random_password(name: &str) -> String {
+    let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), name);
+    format!("{name}-{random:016x}")
+}
+
 /// One user of the shipped configuration, with the password the test gives
 /// it through the server's variables.
 struct User {
@@ -34,9 +41,7 @@ struct User {
 
 impl User {
     fn new(name: &'static str, variable: &'static str) -> Self {
-        // Random per run, so that no log line can match by luck.
-        let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), name);
-        let password = format!("{name}-{random:016x}");
+        let password = random_password(name);
         Self {
             name,
             variable,
@@ -282,11 +287,10 @@ struct RedisUser {
 
 impl RedisUser {
     fn new(name: &'static str, placeholder: &'static str) -> Self {
-        let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), name);
         Self {
             name,
             placeholder,
-            password: format!("{name}-{random:016x}"),
+            password: random_password(name),
         }
     }
 
