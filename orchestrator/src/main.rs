@@ -90,12 +90,9 @@ async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result
 async fn set_up(
     options: Result<OrchestratorOptions, toolfleet_service::config::ConfigError>,
 ) -> ExitCode {
-    let options = match options {
+    let options = match binary::configured("toolfleet-orchestrator setup", options) {
         Ok(options) => options,
-        Err(err) => {
-            eprintln!("toolfleet-orchestrator setup: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     telemetry::init_logging(&options.log);
     match setup::run(&options).await {

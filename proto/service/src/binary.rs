@@ -91,6 +91,19 @@ pub struct Process {
     pub readiness: Readiness,
 }
 
+/// The options `loaded`, or, when they could not be loaded, exit code 2
+/// after saying why on stderr as `name` (a binary or subcommand).
+///
+/// # Errors
+///
+/// The exit code for a bad configuration.
+pub fn configured<O>(name: &str, loaded: Result<O, ConfigError>) -> Result<O, ExitCode> {
+    loaded.map_err(|err| {
+        eprintln!("{name}: {err}");
+        ExitCode::from(2)
+    })
+}
+
 /// The `healthcheck` subcommand of the service `name`: asks the health
 /// endpoint that the options `loaded` configure (`metrics.listen`), and maps
 /// the answer to an exit code (0 healthy, 1 not, 2 bad configuration).
@@ -99,12 +112,9 @@ pub async fn healthcheck<O: ServiceOptions>(
     loaded: Result<O, ConfigError>,
     live: bool,
 ) -> ExitCode {
-    let options = match loaded {
+    let options = match configured(name, loaded) {
         Ok(options) => options,
-        Err(err) => {
-            eprintln!("{name}: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let Some(listen) = options.metrics().listen else {
         eprintln!("{name}: no health endpoint: set metrics.listen (--metrics-listen)");
@@ -135,12 +145,9 @@ where
     F: FnOnce(O, Process) -> Fut,
     Fut: Future<Output = anyhow::Result<()>>,
 {
-    let options = match loaded {
+    let options = match configured(name, loaded) {
         Ok(options) => options,
-        Err(err) => {
-            eprintln!("{name}: {err}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     if print_config {
         println!(
