@@ -101,6 +101,17 @@ pub(crate) struct Server {
     tls: TlsArgs,
 }
 
+impl Server {
+    /// A client of the orchestrator these flags name.
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`].
+    async fn connect(&self) -> anyhow::Result<ApiClient> {
+        connect(&self.addr, self.token.as_deref(), &self.tls).await
+    }
+}
+
 /// TLS to the orchestrator: an `https://` address, or any of these flags.
 #[derive(Debug, Clone, Default, Args)]
 pub(crate) struct TlsArgs {
@@ -313,12 +324,7 @@ pub(crate) struct ToolsArgs {
 /// `toolfleet submit`.
 pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let request = args.request()?;
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     warn_of_unserved_tools(&mut client, &request.tools).await;
     let submitted = submit_job(&mut client, request).await?;
     if args.json {
@@ -370,12 +376,7 @@ async fn warn_of_unserved_tools(client: &mut ApiClient, named: &[String]) {
 
 /// `toolfleet get`.
 pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     let job = get_job(&mut client, &args.job_id).await?;
     print_job(&job, args.json)?;
     // The same table as `watch`: a finished job's code says how it ended.
@@ -389,12 +390,7 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
 pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     // Times are shown from the job's start, also when the watch starts later.
     let origin = if args.from > 0 {
         Some(get_job(&mut client, &args.job_id).await?.created_at_ms)
@@ -417,12 +413,7 @@ fn ending_code(last: &v1::JobEvent) -> ExitCode {
 /// `toolfleet trace`: reads every event up to the final one, then draws
 /// them; exits like `watch`.
 pub(crate) async fn trace(args: TraceArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     let mut events = Vec::new();
     let last = each_event(&mut client, &args.job_id, 0, |event| {
         events.push(event.clone());
@@ -435,12 +426,7 @@ pub(crate) async fn trace(args: TraceArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet cancel`.
 pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     let response = client
         .cancel_job(v1::CancelJobRequest {
             job_id: args.job_id.clone(),
@@ -463,12 +449,7 @@ pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet jobs`.
 pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     let page = client
         .list_jobs(v1::ListJobsRequest {
             page_size: args.limit,
@@ -502,12 +483,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
 
 /// `toolfleet tools`.
 pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
-    let mut client = connect(
-        &args.server.addr,
-        args.server.token.as_deref(),
-        &args.server.tls,
-    )
-    .await?;
+    let mut client = args.server.connect().await?;
     let mut tools = client
         .list_tools(v1::ListToolsRequest {})
         .await
