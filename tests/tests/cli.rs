@@ -403,6 +403,9 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
         {"message": "done"}
     ]);
     let job = toolfleet_tests::fleet::run_job(&api, scripted_job("x", &script)).await?;
+    // An axis too wide to draw is refused as bad usage, before anything runs.
+    let too_wide = toolfleet(&["trace", &job.job_id, "--addr", &url, "--width", "100000"]).await?;
+    assert_eq!(too_wide.code, Some(2), "{}", too_wide.stderr);
     let trace = toolfleet(&["trace", &job.job_id, "--addr", &url, "--width", "40"]).await?;
     assert_eq!(trace.code, Some(0), "{}", trace.stderr);
     println!("{}", trace.stdout);

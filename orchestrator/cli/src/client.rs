@@ -255,9 +255,10 @@ pub(crate) struct TraceArgs {
     server: Server,
     /// The job id, as `submit` printed it.
     job_id: String,
-    /// Columns of the time axis.
-    #[arg(long, value_name = "N", default_value_t = 60)]
-    width: usize,
+    /// Columns of the time axis, 10 to 1000.
+    #[arg(long, value_name = "N", default_value_t = 60,
+          value_parser = clap::value_parser!(u16).range(10..=1000))]
+    width: u16,
 }
 
 #[derive(Debug, Args)]
@@ -420,7 +421,10 @@ pub(crate) async fn trace(args: TraceArgs) -> anyhow::Result<ExitCode> {
         Ok(())
     })
     .await?;
-    out!("{}", timeline::waterfall(&args.job_id, &events, args.width))?;
+    out!(
+        "{}",
+        timeline::waterfall(&args.job_id, &events, usize::from(args.width))
+    )?;
     Ok(ending_code(&last))
 }
 
