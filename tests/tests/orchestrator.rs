@@ -1045,8 +1045,11 @@ async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyho
         .await?
         .into_inner()
         .job_id;
-    // No worker takes the call while the forger is at work.
-    fleet.worker(0).stop(JOB).await?;
+    // No worker takes the call while the forger is at work. Killed, not
+    // stopped: its announcement lives on until the registry TTL, so the
+    // tool stays live and the call is published (a drained worker withdraws
+    // its tools, and the call would wait unpublished for a worker).
+    fleet.worker(0).kill();
     let message = tokio::time::timeout(JOB, calls.next())
         .await?
         .ok_or_else(|| anyhow::anyhow!("no call was published"))?;
