@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use toolfleet_service::config::{
-    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, load_layered,
+    ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, TelemetryOptions,
+    load_layered,
 };
 use toolfleet_service::queue;
 
@@ -46,6 +47,8 @@ pub struct OrchestratorOptions {
     pub setup: SetupOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
+    /// OpenTelemetry traces.
+    pub telemetry: TelemetryOptions,
     /// Log output.
     pub log: LogOptions,
 }
@@ -171,6 +174,7 @@ const ENV_KEYS: &[&str] = &[
     "openai",
     "setup",
     "metrics",
+    "telemetry",
     "log",
 ];
 

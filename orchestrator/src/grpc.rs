@@ -17,7 +17,11 @@ use toolfleet_proto::v1::{self, agent_service_server::AgentService, item};
 use tracing::{info, warn};
 
 use crate::auth::{AuthMode, Caller, caller_of};
-use crate::job::{Item, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
+use toolfleet_service::traces::{self, SpanContext};
+
+use crate::job::{
+    Item, JobId, JobLimits, JobRecord, JobSpec, JobStatus, JobTrace, ProviderKind, now_ms,
+};
 use crate::model::Providers;
 use crate::model::scripted::Scripted;
 use crate::registry::RegistryHandle;
@@ -652,20 +656,38 @@ impl AgentService for AgentApi {
         request: Request<v1::SubmitJobRequest>,
     ) -> Result<Response<v1::SubmitJobResponse>, Status> {
         let caller = caller_of(&request);
+        let (trace, mut span) = JobTrace::begin(client_trace(request.metadata()), "submit job");
+        span.set("rpc.system", "grpc");
+        span.set("rpc.method", "SubmitJob");
+        span.set("toolfleet.tenant", caller.tenant.clone());
         let request = request.into_inner();
         let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
         let fingerprint = fingerprint(&request);
-        let spec = self.spec(request, &caller)?;
-        self.check_quotas(&caller).await?;
-        let idempotency = key.as_deref().map(|key| Idempotency {
-            key,
-            fingerprint: &fingerprint,
-        });
-        let (job_id, duplicate) = self
-            .store
-            .submit(&spec, idempotency)
-            .await
-            .map_err(|e| to_status(&e))?;
+        let submitted = async {
+            let spec = self.spec(request, &caller)?;
+            self.check_quotas(&caller).await?;
+            let idempotency = key.as_deref().map(|key| Idempotency {
+                key,
+                fingerprint: &fingerprint,
+            });
+            let (job_id, duplicate) = self
+                .store
+                .submit(&spec, idempotency, trace.as_ref())
+                .await
+                .map_err(|e| to_status(&e))?;
+            Ok::<_, Status>((spec, job_id, duplicate))
+        };
+        let (spec, job_id, duplicate) = match submitted.await {
+            Ok(submitted) => submitted,
+            Err(status) => {
+                span.fail(format!("{:?}", status.code()));
+                return Err(status);
+            }
+        };
+        span.set("toolfleet.job_id", job_id.clone());
+        span.set("toolfleet.provider", spec.provider.as_str());
+        span.set("gen_ai.request.model", spec.model.clone());
+        span.set("toolfleet.duplicate", duplicate);
         let queued = if duplicate {
             // Queue again only if it may never have been queued; the message
             // id makes this a no-op when it was.
@@ -678,9 +700,11 @@ impl AgentService for AgentApi {
             self.enqueue(&job_id, &spec.tenant).await?;
         }
         if !duplicate {
-            info!(job_id, "job submitted");
+            let trace_id = trace.as_ref().map(JobTrace::trace_id).unwrap_or_default();
+            info!(job_id, trace_id, "job submitted");
             crate::metrics::job_submitted();
         }
+        span.end();
         Ok(Response::new(v1::SubmitJobResponse { job_id, duplicate }))
     }
 
@@ -708,7 +732,8 @@ impl AgentService for AgentApi {
         let caller = caller_of(&request);
         let request = request.into_inner();
         let job_id = request.job_id;
-        self.own_job(&job_id, &caller).await?;
+        let record = self.own_job(&job_id, &caller).await?;
+        let trace_id = record.trace.as_ref().map(JobTrace::trace_id);
         // Subscribe before the first read, so no wake-up is missed.
         let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
@@ -723,6 +748,7 @@ impl AgentService for AgentApi {
             store,
             job_id,
             request.from_offset,
+            trace_id,
             wakeups,
             tx,
         ));
@@ -837,6 +863,7 @@ async fn follow_events(
     store: JobStore,
     job_id: String,
     mut offset: u64,
+    mut trace_id: Option<String>,
     mut wakeups: async_nats::Subscriber,
     tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
 ) {
@@ -882,7 +909,8 @@ async fn follow_events(
                         if let Ok(Some(last)) = store.last_event(&job_id).await
                             && last.is_final
                         {
-                            let _ = tx.send(Ok(to_event(&job_id, last))).await;
+                            let event = to_event(&job_id, last, trace_id.take());
+                            let _ = tx.send(Ok(event)).await;
                         }
                         return;
                     }
@@ -904,7 +932,7 @@ async fn follow_events(
         for event in events {
             offset = event.offset + 1;
             let is_final = event.is_final;
-            let sent = tx.send(Ok(to_event(&job_id, event))).await;
+            let sent = tx.send(Ok(to_event(&job_id, event, trace_id.take()))).await;
             if sent.is_err() || is_final {
                 return;
             }
@@ -912,8 +940,10 @@ async fn follow_events(
     }
 }
 
-fn to_event(job_id: &str, event: store::Event) -> v1::JobEvent {
+/// An event for the client; `trace_id` goes on the first of a stream.
+fn to_event(job_id: &str, event: store::Event, trace_id: Option<String>) -> v1::JobEvent {
     v1::JobEvent {
+        trace_id: trace_id.unwrap_or_default(),
         job_id: job_id.to_owned(),
         offset: event.offset,
         kind: event.kind,
@@ -971,7 +1001,18 @@ fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
         metadata: record.spec.metadata.into_iter().collect(),
         created_at_ms: record.created_at_ms,
         finished_at_ms: record.finished_at_ms,
+        trace_id: record
+            .trace
+            .as_ref()
+            .map(JobTrace::trace_id)
+            .unwrap_or_default(),
     }
+}
+
+/// The W3C trace context a client sent with its request, if valid.
+fn client_trace(metadata: &tonic::metadata::MetadataMap) -> Option<SpanContext> {
+    let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
+    traces::extract(header("traceparent"), header("tracestate"))
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ pub use toolfleet_proto::ToolManifest;
 use toolfleet_proto::call::is_valid_call_id;
 pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus};
 pub use toolfleet_service::clock::now_ms;
+pub use toolfleet_service::traces::JobTrace;
 
 /// A new id for a job of `tenant` (a checked name): the tenant, then 28
 /// time-ordered hex digits ([`JobId`]); safe in subjects and keys.
@@ -318,6 +319,17 @@ pub struct JobRecord {
     pub cancel_requested: bool,
     /// How its calls are named on the wire.
     pub wire_ids: WireIds,
+    /// Its trace, when it has one ([`JobTrace`]).
+    pub trace: Option<JobTrace>,
+}
+
+/// What every step of a run reads of its job: the spec and the trace.
+#[derive(Debug, Clone, Copy)]
+pub struct JobRef<'a> {
+    /// The job as submitted.
+    pub spec: &'a JobSpec,
+    /// Its trace, if it has one.
+    pub trace: Option<&'a JobTrace>,
 }
 
 /// A runner's hold on a job. Writes made with it fail once another runner

@@ -13,6 +13,7 @@
 //!   record, lease, ending, ids and the clock.
 //! - [`store`]: jobs, items, events and leases in Redis, written in verbs.
 //! - [`registry`]: the live tools announced by workers.
+//! - `spans`: the OpenTelemetry spans of a job's steps.
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
@@ -30,6 +31,7 @@ pub mod registry;
 pub mod runner;
 pub mod server;
 pub mod setup;
+pub(crate) mod spans;
 pub mod store;
 
 pub use config::OrchestratorOptions;

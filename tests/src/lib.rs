@@ -11,6 +11,7 @@
 //!   probe, never a sleep.
 //! - [`certificates::Certificates`]: a CA, server and client certificates
 //!   generated at test time, for TLS.
+//! - [`otlp::Collector`]: an OTLP trace collector in the test process.
 //! - [`tally::Tally`]: each side-effecting call's answer held against its
 //!   effect, so a fault test fails when the model was told something false.
 //!
@@ -24,6 +25,7 @@
 
 pub mod certificates;
 pub mod fleet;
+pub mod otlp;
 pub mod tally;
 
 pub use toolfleet_cli::supervisor::{

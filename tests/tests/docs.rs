@@ -42,7 +42,7 @@ fn has_row(section: &str, key: &str) -> bool {
 
 /// The sections both services share; the guide documents them once, with
 /// the worker.
-const SHARED: [&str; 4] = ["nats.", "redis.", "metrics.", "log."];
+const SHARED: [&str; 5] = ["nats.", "redis.", "metrics.", "telemetry.", "log."];
 
 #[test]
 fn every_configuration_key_is_documented() {
@@ -60,7 +60,7 @@ fn every_configuration_key_is_documented() {
             .unwrap();
     let own = section(&guide, "## toolfleet-orchestrator");
     assert!(own.contains(
-        "`nats.*`, `redis.*`, `metrics.*` and `log.*` are the same keys as the worker's"
+        "`nats.*`, `redis.*`, `metrics.*`, `telemetry.*` and `log.*` are the same keys as the worker's"
     ));
     let missing = undocumented(&orchestrator, |key| {
         has_row(own, key)

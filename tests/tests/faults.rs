@@ -597,7 +597,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         tenant: "default".into(),
         limits: Default::default(),
     };
-    let (job_id, _) = store.submit(&spec, None).await?;
+    let (job_id, _) = store.submit(&spec, None, None).await?;
 
     fleet
         .spawn_orchestrator(&[

@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use toolfleet_orchestrator::job::{
-    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, TurnCheckpoint,
+    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, ProviderKind,
+    TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
-    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall,
+    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall, was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
@@ -62,7 +63,12 @@ async fn events(store: &JobStore, job_id: &str) -> anyhow::Result<Vec<JobEvent>>
 async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;
-    let (job_id, _) = store.submit(&spec(), None).await?;
+    let trace = JobTrace::from_fields(
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        "vendor=value",
+    );
+    let (job_id, _) = store.submit(&spec(), None, trace.as_ref()).await?;
+    assert_eq!(store.get(&job_id).await?.unwrap().trace, trace);
     let Acquired::Lease(lease) = store
         .acquire(&job_id, "replica-a", Duration::from_secs(5))
         .await?
@@ -108,8 +114,10 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     store.record_dispatch(&lease, &[dispatched], 1).await?;
     assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
+    assert!(!was_settled(&store.attempts(&job_id).await?, "c1"));
     let settled = SettledCall {
         call_id: "c1",
+        wire_id: "c1",
         name: "echo",
         attempts: 1,
         round_trip: Some(Duration::from_micros(1500)),
@@ -117,6 +125,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         envelope: &envelope,
     };
     store.record_call_result(&lease, &settled).await?;
+    assert!(was_settled(&store.attempts(&job_id).await?, "c1"));
     let result = Item::ToolResult {
         call_id: "c1".into(),
         name: "echo".into(),
@@ -193,7 +202,7 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     let store = store(&redis, &nats).await?;
 
     // A queued job nobody runs is cancelled at once.
-    let (queued, _) = store.submit(&spec(), None).await?;
+    let (queued, _) = store.submit(&spec(), None, None).await?;
     assert_eq!(store.cancel(&queued).await?, Some(JobStatus::Cancelled));
     let record = store.get(&queued).await?.unwrap();
     assert_eq!(record.error.map(|e| e.code), Some(JobErrorCode::Cancelled));
@@ -205,7 +214,7 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     );
 
     // A running job is only asked; its runner ends it.
-    let (running, _) = store.submit(&spec(), None).await?;
+    let (running, _) = store.submit(&spec(), None, None).await?;
     let Acquired::Lease(lease) = store.acquire(&running, "r", Duration::from_secs(5)).await? else {
         panic!("the lease is free");
     };
@@ -249,6 +258,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
                 key: "key-1",
                 fingerprint: "fp",
             }),
+            None,
         )
         .await?;
     assert!(!duplicate);
@@ -259,7 +269,8 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
                 Some(Idempotency {
                     key: "key-1",
                     fingerprint: "fp"
-                })
+                }),
+                None,
             )
             .await?,
         (job_id.clone(), true)

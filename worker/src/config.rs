@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 pub use toolfleet_service::config::{
-    ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions, redact_url,
+    ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions,
+    TelemetryOptions, redact_url,
 };
 use toolfleet_service::config::{duration, load_layered};
 use toolfleet_service::queue;
@@ -48,6 +49,8 @@ pub struct WorkerOptions {
     pub kg: KgOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
+    /// OpenTelemetry traces.
+    pub telemetry: TelemetryOptions,
     /// Log output.
     pub log: LogOptions,
 }
@@ -146,6 +149,7 @@ const ENV_KEYS: &[&str] = &[
     "weather",
     "kg",
     "metrics",
+    "telemetry",
     "log",
 ];
 

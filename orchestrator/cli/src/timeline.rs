@@ -311,6 +311,7 @@ mod tests {
             data: data.to_string(),
             timestamp_ms,
             r#final: matches!(kind, "job_succeeded" | "job_failed" | "job_cancelled"),
+            trace_id: String::new(),
         }
     }
 

@@ -151,6 +151,9 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
     if let Some(error) = &job.error {
         let _ = writeln!(out, "error: {}: {}", error.code, error.message);
     }
+    if !job.trace_id.is_empty() {
+        let _ = writeln!(out, "trace: {}", job.trace_id);
+    }
     let _ = writeln!(out, "transcript:");
     for entry in &job.items {
         let Some(kind) = &entry.kind else { continue };
@@ -272,6 +275,7 @@ pub(crate) fn event_json(event: &v1::JobEvent) -> Value {
         "data": json_or_text(&event.data),
         "timestamp_ms": event.timestamp_ms,
         "final": event.r#final,
+        "trace_id": event.trace_id,
     })
 }
 
@@ -311,6 +315,7 @@ pub(crate) fn job_json(job: &v1::Job) -> Value {
         "metadata": job.metadata,
         "created_at_ms": job.created_at_ms,
         "finished_at_ms": job.finished_at_ms,
+        "trace_id": job.trace_id,
     })
 }
 
@@ -398,6 +403,7 @@ mod tests {
             data: data.to_string(),
             timestamp_ms,
             r#final: kind.starts_with("job_") && kind != "job_queued" && kind != "job_started",
+            trace_id: String::new(),
         }
     }
 
@@ -530,11 +536,13 @@ mod tests {
             metadata: [("team".to_owned(), "a".to_owned())].into(),
             created_at_ms: 1000,
             finished_at_ms: 2500,
+            trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
         };
         let report = job_report(&job);
         for expected in [
             "job j1: succeeded in 1.500s, 1 tool round\n",
             "metadata: team=a\n",
+            "trace: 4bf92f3577b34da6a3ce929d0e0e4736\n",
             "  user         what is 23*19?\n",
             "  tool_call    call_0_0  calculate({\"expression\": \"23 * 19\"})\n",
             "  tool_result  call_0_0  calculate, 1 attempt: {\"data\":{\"result\":437},\"ok\":true}\n",
@@ -545,6 +553,7 @@ mod tests {
         }
         let json = job_json(&job);
         assert_eq!(json["status"], "succeeded");
+        assert_eq!(json["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(
             json["items"][1]["tool_call"]["arguments"],
             "{\"expression\": \"23 * 19\"}"

@@ -16,7 +16,10 @@ use tracing::{debug, error, warn};
 
 use super::retry::{self, Verdict};
 use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
+use toolfleet_service::traces;
+
 use crate::job::now_ms;
+use crate::{spans, store};
 
 /// An attempt's envelope, and how long it took if this runner sent it.
 struct Answer {
@@ -39,10 +42,21 @@ impl Dispatcher {
         let (call, policy) = (&ready.call, &ready.policy);
         // Held until this function returns, however it returns.
         let _slot = self.call_slot(round, call).await?;
+        // Settled by an earlier runner, which recorded its event and spans:
+        // its stored envelope answers it again, and nothing more is recorded.
+        let settled = store::was_settled(attempts, &call.wire_id);
+        let trace = if settled { None } else { round.trace };
+        let mut span = spans::call(trace, call.span_ref());
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
+        if resumed {
+            span.set("toolfleet.resumed", true);
+        }
         let mut round_trip = None;
         loop {
+            let mut attempt_span = spans::attempt(trace, call.span_ref(), attempt, resumed);
             let answer = self.answer(round, call, attempt, resumed).await?;
+            attempt_span.outcome(&answer.envelope);
+            attempt_span.end();
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
             let worked = answer.worked;
@@ -66,7 +80,13 @@ impl Dispatcher {
                         round_trip,
                         worked,
                     };
-                    self.record_result(round.lease, &outcome, &envelope).await?;
+                    span.set("toolfleet.attempts", i64::from(attempt));
+                    span.outcome(&envelope);
+                    if !settled {
+                        self.record_result(round.lease, trace, &outcome, &envelope)
+                            .await?;
+                    }
+                    span.end();
                     return Ok(outcome);
                 }
                 Verdict::Retry(delay) => delay,
@@ -74,7 +94,7 @@ impl Dispatcher {
             pause_before_retry(round, call, attempt, delay).await?;
             attempt += 1;
             crate::metrics::tool_call_retried(&call.name);
-            self.record_dispatches(round.lease, &[call], attempt)
+            self.record_dispatches(round.lease, round.trace, &[call], attempt)
                 .await?;
         }
     }
@@ -93,7 +113,8 @@ impl Dispatcher {
             Some(0) => (1, false),
             Some(n) => (*n, true),
             None => {
-                self.record_dispatches(round.lease, &[call], 1).await?;
+                self.record_dispatches(round.lease, round.trace, &[call], 1)
+                    .await?;
                 (1, false)
             }
         })
@@ -172,6 +193,10 @@ impl Dispatcher {
             reply_to: Some(names::reply_subject(&lease.job_id)),
         };
         let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
+        // The worker's spans are children of this attempt's.
+        let trace_headers = spans::attempt_context(round.trace, &call.wire_id, attempt)
+            .map(|context| traces::headers(&context))
+            .unwrap_or_default();
         let mut delays = ExponentialBuilder::default()
             .with_min_delay(Duration::from_millis(50))
             .with_max_delay(Duration::from_secs(2))
@@ -185,6 +210,9 @@ impl Dispatcher {
             headers.insert(headers::CALL_ID, wire.call_id.as_str());
             headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
             headers.insert(headers::TOOL, wire.tool.as_str());
+            for (name, value) in &trace_headers {
+                headers.insert(*name, value.as_str());
+            }
             let sent = self
                 .js
                 .publish_with_headers(names::call_subject(&wire.tool), headers, payload.clone())

@@ -33,8 +33,11 @@ use toolfleet_service::clock::millis;
 
 use attempt::{Notice, forward_results};
 
-use crate::job::{JobSpec, Lease};
+use toolfleet_service::traces::StepSpan;
+
+use crate::job::{JobRef, JobSpec, JobTrace, Lease};
 use crate::registry::{LiveTool, RegistryHandle};
+use crate::spans;
 use crate::store::{self, DispatchedCall, JobStore, SettledCall};
 
 /// How the dispatcher waits and retries.
@@ -128,6 +131,17 @@ impl PlannedCall {
     }
 }
 
+impl PlannedCall {
+    /// What the call's spans name it by.
+    pub(crate) fn span_ref(&self) -> spans::CallRef<'_> {
+        spans::CallRef {
+            tool: &self.name,
+            wire_id: &self.wire_id,
+            event_id: &self.event_id,
+        }
+    }
+}
+
 /// The answer to one call.
 #[derive(Debug, Clone)]
 pub struct CallOutcome {
@@ -187,6 +201,7 @@ struct Ready {
 struct Round<'a> {
     lease: &'a Lease,
     spec: &'a JobSpec,
+    trace: Option<&'a JobTrace>,
     /// Results from the job's reply subject, for every call of the round.
     notify: broadcast::Sender<Notice>,
     stop: &'a CancellationToken,
@@ -203,12 +218,13 @@ impl Dispatcher {
     pub async fn run_round(
         &self,
         lease: &Lease,
-        spec: &JobSpec,
+        job: JobRef<'_>,
         calls: &[PlannedCall],
         attempts: &HashMap<String, u32>,
         offered: &HashMap<String, LiveTool>,
         stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
+        let spec = job.spec;
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
@@ -243,6 +259,10 @@ impl Dispatcher {
                     },
                 )),
                 Err(envelope) => {
+                    // Refused here: a call span with no attempt.
+                    let mut span = spans::call(job.trace, call.span_ref());
+                    span.set("toolfleet.attempts", 0_i64);
+                    span.outcome(&envelope);
                     let outcome = CallOutcome {
                         call_id: call.call_id.clone(),
                         wire_id: call.wire_id.clone(),
@@ -253,14 +273,16 @@ impl Dispatcher {
                         round_trip: None,
                         worked: None,
                     };
-                    self.record_result(lease, &outcome, &envelope).await?;
+                    self.record_result(lease, job.trace, &outcome, &envelope)
+                        .await?;
+                    span.end();
                     outcomes[index] = Some(outcome);
                 }
             }
         }
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
-            let settled = self.dispatch(lease, spec, &calls, attempts, stop).await?;
+            let settled = self.dispatch(lease, job, &calls, attempts, stop).await?;
             for ((index, _), outcome) in ready.iter().zip(settled) {
                 outcomes[*index] = Some(outcome);
             }
@@ -274,7 +296,7 @@ impl Dispatcher {
     async fn dispatch(
         &self,
         lease: &Lease,
-        spec: &JobSpec,
+        JobRef { spec, trace }: JobRef<'_>,
         calls: &[&Ready],
         attempts: &HashMap<String, u32>,
         stop: &CancellationToken,
@@ -294,6 +316,7 @@ impl Dispatcher {
         let round = Round {
             lease,
             spec,
+            trace,
             notify,
             stop,
         };
@@ -310,7 +333,7 @@ impl Dispatcher {
             .map(|r| &r.call)
             .filter(|c| !attempts.contains_key(&c.wire_id))
             .collect();
-        self.record_dispatches(lease, &fresh, 1).await?;
+        self.record_dispatches(lease, trace, &fresh, 1).await?;
         let mut recorded = attempts.clone();
         for call in fresh {
             recorded.insert(call.wire_id.clone(), 0);
@@ -378,9 +401,15 @@ impl Dispatcher {
     async fn record_dispatches(
         &self,
         lease: &Lease,
+        trace: Option<&JobTrace>,
         calls: &[&PlannedCall],
         attempt: u32,
     ) -> Result<(), RoundError> {
+        // One commit for the round: its span goes under the first attempt.
+        let commit = calls.first().map_or_else(StepSpan::off, |call| {
+            let step = spans::attempt_step(&call.wire_id, attempt);
+            spans::commit(trace, &step, "record_dispatch")
+        });
         let calls: Vec<DispatchedCall<'_>> = calls
             .iter()
             .map(|call| DispatchedCall {
@@ -390,17 +419,22 @@ impl Dispatcher {
             })
             .collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
+        commit.end();
         Ok(())
     }
 
     async fn record_result(
         &self,
         lease: &Lease,
+        trace: Option<&JobTrace>,
         outcome: &CallOutcome,
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
+        let step = spans::call_step(&outcome.wire_id);
+        let commit = spans::commit(trace, &step, "record_call_result");
         let settled = SettledCall {
             call_id: &outcome.event_id,
+            wire_id: &outcome.wire_id,
             name: &outcome.name,
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,
@@ -408,6 +442,7 @@ impl Dispatcher {
             envelope,
         };
         self.store.record_call_result(lease, &settled).await?;
+        commit.end();
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
 use crate::job::Item;
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
@@ -219,7 +219,10 @@ pub(crate) fn parse_response(response: &Value, turn: u32) -> Result<Turn, ModelE
             ));
         }
     }
-    Ok(Turn { items })
+    Ok(Turn {
+        items,
+        usage: Usage::read(response),
+    })
 }
 
 /// A string, or (some servers) an array of parts whose text is joined.

@@ -58,6 +58,35 @@ pub struct TurnRequest<'a> {
 pub struct Turn {
     /// The output items.
     pub items: Vec<Item>,
+    /// The tokens the turn used, when the provider said.
+    pub usage: Option<Usage>,
+}
+
+/// The tokens a model turn used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub input_tokens: u64,
+    /// Completion tokens (reasoning included).
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// The usage object of a response, with the two names OpenAI's APIs use
+    /// (`input_tokens`/`output_tokens` in Responses, `prompt_tokens`/
+    /// `completion_tokens` in Chat Completions). Absent or malformed: none.
+    pub fn read(response: &serde_json::Value) -> Option<Self> {
+        let usage = response.get("usage")?;
+        let count = |names: [&str; 2]| {
+            names
+                .iter()
+                .find_map(|name| usage.get(*name).and_then(serde_json::Value::as_u64))
+        };
+        Some(Self {
+            input_tokens: count(["input_tokens", "prompt_tokens"])?,
+            output_tokens: count(["output_tokens", "completion_tokens"])?,
+        })
+    }
 }
 
 impl Turn {

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
 use crate::job::Item;
 
 /// A model behind the OpenAI Responses API (or a server that speaks it).
@@ -159,7 +159,10 @@ pub(crate) fn parse_response(response: &Value) -> Result<Turn, ModelError> {
             other => tracing::debug!(item_type = other, "ignoring output item"),
         }
     }
-    let turn = Turn { items };
+    let turn = Turn {
+        items,
+        usage: Usage::read(response),
+    };
 
     if status == Some("incomplete") {
         let reason = response

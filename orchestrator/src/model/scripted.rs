@@ -148,7 +148,7 @@ impl Scripted {
                 raw: None,
             });
         }
-        Ok(Turn { items })
+        Ok(Turn { items, usage: None })
     }
 }
 

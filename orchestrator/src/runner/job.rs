@@ -13,10 +13,12 @@ use tracing::{Instrument, info, info_span, warn};
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
-use crate::job::{Ending, Item, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms};
+use crate::job::{
+    Ending, Item, JobRef, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
+};
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
 use crate::registry::LiveTool;
-use crate::store;
+use crate::{spans, store};
 
 /// Why a job stopped without ending.
 #[derive(Debug)]
@@ -88,7 +90,12 @@ pub(super) struct JobRun<'a> {
 impl JobRun<'_> {
     /// Runs the job to its end, unless stopped.
     pub(super) async fn drive(self, abandon: CancellationToken) -> Result<(), Stopped> {
-        let span = info_span!("job", job_id = %self.lease.job_id, epoch = self.lease.epoch);
+        let span = info_span!(
+            "job",
+            job_id = %self.lease.job_id,
+            epoch = self.lease.epoch,
+            trace_id = tracing::field::Empty
+        );
         async move {
             let stop = StopSignal::child_of(&abandon);
             let run = async {
@@ -152,10 +159,15 @@ impl JobRun<'_> {
         if record.status.is_final() {
             return Ok(None);
         }
+        let trace = record.trace.as_ref();
+        if let Some(trace) = trace {
+            tracing::Span::current().record("trace_id", trace.trace_id());
+        }
         let resumed = record.status != JobStatus::Queued;
-        let kind = store
-            .start(&self.lease, &self.runner.owner, resumed)
-            .await?;
+        let (lease, owner) = (&self.lease, &self.runner.owner);
+        let started = spans::run(trace, job_id, lease.epoch, owner, resumed);
+        let kind = store.start(lease, owner, resumed).await?;
+        started.end();
         info!(kind, "job running");
         let spec = &record.spec;
         let provider = match self.runner.providers.for_job(spec) {
@@ -183,18 +195,17 @@ impl JobRun<'_> {
                 now_ms: now_ms(),
                 wire_ids: &record.wire_ids,
             };
+            let job = JobRef { spec, trace };
             match step::next_step(&progress.items, state) {
                 Step::Finish(ending) => return Ok(Some(ending)),
                 Step::Stop(_) => return Err(Stopped::HandedBack),
                 Step::Dispatch(calls) => {
-                    if let Some(ending) = self.dispatch(spec, &calls, &mut progress, stop).await? {
+                    if let Some(ending) = self.dispatch(job, &calls, &mut progress, stop).await? {
                         return Ok(Some(ending));
                     }
                 }
                 Step::PlayTurn => {
-                    let played = self
-                        .play_turn(spec, &*provider, &mut progress, stop)
-                        .await?;
+                    let played = self.play_turn(job, &*provider, &mut progress, stop).await?;
                     if let Some(ending) = played {
                         return Ok(Some(ending));
                     }
@@ -208,7 +219,7 @@ impl JobRun<'_> {
     /// next step sees why.
     async fn dispatch(
         &self,
-        spec: &JobSpec,
+        job: JobRef<'_>,
         calls: &[PlannedCall],
         progress: &mut Progress,
         stop: &StopSignal,
@@ -220,7 +231,7 @@ impl JobRun<'_> {
             .dispatcher
             .run_round(
                 &self.lease,
-                spec,
+                job,
                 calls,
                 &attempts,
                 &progress.offered,
@@ -262,11 +273,13 @@ impl JobRun<'_> {
     /// handed-back job plays it on its new replica).
     async fn play_turn(
         &self,
-        spec: &JobSpec,
+        JobRef { spec, trace }: JobRef<'_>,
         provider: &dyn Provider,
         progress: &mut Progress,
         stop: &StopSignal,
     ) -> Result<Option<Ending>, Stopped> {
+        let number = progress.turns + 1;
+        let mut span = spans::turn(trace, number, spec);
         let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
         let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
         let request = TurnRequest {
@@ -280,16 +293,33 @@ impl JobRun<'_> {
         let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
         let turn = tokio::select! {
             turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
-                Err(_) => return Ok(Some(step::deadline_exceeded())),
-                Ok(Err(err)) => return Ok(Some(model_failure(&err))),
+                Err(_) => {
+                    span.fail("the job's deadline passed during the turn");
+                    span.end();
+                    return Ok(Some(step::deadline_exceeded()));
+                }
+                Ok(Err(err)) => {
+                    span.set("toolfleet.outcome", err.code().to_string());
+                    span.fail(err.code().to_string());
+                    span.end();
+                    return Ok(Some(model_failure(&err)));
+                }
                 Ok(Ok(turn)) => turn,
             },
+            // Not recorded: the turn is played again where the job goes on.
             () = stop.token.cancelled() => return Ok(None),
         };
         if stop.reason() == Some(StopReason::CancelRequested) {
             return Ok(None);
         }
         let has_calls = turn.tool_calls().next().is_some();
+        if span.is_recording() {
+            span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
+            if let Some(usage) = turn.usage {
+                span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
+                span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
+            }
+        }
         let offered: Vec<ToolManifest> = new_offers.iter().map(|t| t.manifest.clone()).collect();
         let checkpoint = TurnCheckpoint {
             items: &turn.items,
@@ -298,10 +328,13 @@ impl JobRun<'_> {
             offered: &offered,
         };
         // The checkpoint: once this commit lands, the turn is never played again.
+        let commit = spans::commit(trace, &spans::turn_step(number), "record_turn");
         self.runner
             .store
             .record_turn(&self.lease, checkpoint)
             .await?;
+        commit.end();
+        span.end();
         progress.turns = checkpoint.turns;
         progress.rounds = checkpoint.rounds;
         for tool in new_offers {

@@ -5,11 +5,14 @@
 //! - `tf:{<job>}:job`: a hash: `spec` (JSON), `status`, `rounds`, `epoch`,
 //!   `turns`, `events` (count), `output_text`, `error_code`, `error_message`,
 //!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `call_secret`
-//!   (what its calls' wire ids are made from, [`WireIds`]);
+//!   (what its calls' wire ids are made from, [`WireIds`]), `traceparent`
+//!   and `tracestate` (its trace, [`JobTrace`]);
 //! - `tf:{<job>}:items`: a list of conversation items (JSON), appended to;
 //! - `tf:{<job>}:events`: a stream whose entry ids are `0-<n>`, so event offset
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
-//! - `tf:{<job>}:attempts`: a hash wire call id -> the attempt last dispatched;
+//! - `tf:{<job>}:attempts`: a hash wire call id -> the attempt last dispatched,
+//!   and `settled:<wire call id>` -> attempts made, once the call's result
+//!   is recorded ([`was_settled`]);
 //! - `tf:{<job>}:tools`: a hash tool name -> the manifest the model was
 //!   offered (a call to it waits for its workers rather than being unknown);
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
@@ -33,8 +36,8 @@ use toolfleet_proto::Envelope;
 use toolfleet_proto::names::{self, RedisKeys};
 
 use crate::job::{
-    Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, Lease,
-    ProviderKind, ToolManifest, TurnCheckpoint, WireIds, new_job_id, now_ms,
+    Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, JobTrace,
+    Lease, ProviderKind, ToolManifest, TurnCheckpoint, WireIds, new_job_id, now_ms,
 };
 
 /// A failed store operation.
@@ -173,6 +176,7 @@ impl JobStore {
         &self,
         spec: &JobSpec,
         idempotency: Option<Idempotency<'_>>,
+        trace: Option<&JobTrace>,
     ) -> Result<(String, bool), Error> {
         let mut job_id = new_job_id(&spec.tenant);
         let mut duplicate = false;
@@ -208,6 +212,7 @@ impl JobStore {
             text: spec.input.clone(),
         })
         .expect("an item serializes");
+        let (traceparent, tracestate) = trace.map(JobTrace::to_fields).unwrap_or_default();
         let queued = JobEvent::JobQueued {
             metadata: spec.metadata.clone(),
         };
@@ -221,6 +226,8 @@ impl JobStore {
             .arg(queued.kind())
             .arg(queued.data_json())
             .arg(WireIds::new_secret())
+            .arg(traceparent)
+            .arg(tracestate)
             .invoke_async(&mut self.conn())
             .await?;
         if created == 1 {
@@ -484,6 +491,7 @@ impl JobStore {
             finished_at_ms: number("finished_at_ms"),
             cancel_requested: field("cancel_requested") == "1",
             wire_ids: WireIds::from_secret(field("call_secret")),
+            trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
         }))
     }
 
@@ -927,6 +935,7 @@ impl JobStore {
             lease,
             Commit {
                 events: vec![event],
+                attempts: vec![(settled_field(settled.wire_id), settled.attempts)],
                 ..Commit::default()
             },
         )
@@ -1034,6 +1043,8 @@ impl JobStore {
 pub struct SettledCall<'a> {
     /// The id the job's events show the call by.
     pub call_id: &'a str,
+    /// The id its attempts are recorded under.
+    pub wire_id: &'a str,
     /// The tool name.
     pub name: &'a str,
     /// Attempts made (0: answered by the orchestrator's own checks).
@@ -1044,6 +1055,21 @@ pub struct SettledCall<'a> {
     pub worked: Option<Duration>,
     /// The final envelope.
     pub envelope: &'a Envelope,
+}
+
+/// Whether the result of call `wire_id` was recorded
+/// ([`JobStore::record_call_result`]), by the [`JobStore::attempts`] of its
+/// job: a resumed round answers it again from the stored envelope, but
+/// records neither its event nor its spans a second time.
+pub fn was_settled(attempts: &HashMap<String, u32>, wire_id: &str) -> bool {
+    attempts.contains_key(&settled_field(wire_id))
+}
+
+/// The attempts-hash field that marks a call settled. A wire id never holds
+/// a colon ([`is_valid_wire_id`](toolfleet_proto::call::is_valid_wire_id)),
+/// so no call's own field can be mistaken for it.
+fn settled_field(wire_id: &str) -> String {
+    format!("settled:{wire_id}")
 }
 
 /// A call about to be published, for [`JobStore::record_dispatch`].

@@ -42,14 +42,15 @@ fn script(template: &str) -> Script {
 }
 
 /// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
-/// event data, call secret.
+/// event data, call secret, traceparent, tracestate (both may be empty).
 /// Creates the job unless it exists. Returns 1 when created, 0 when it existed.
 pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
-           'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6])
+           'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6],
+           'traceparent', ARGV[7], 'tracestate', ARGV[8])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
 return 1

@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{ConfigError, LogOptions, MetricsOptions, Overrides};
+use crate::config::{ConfigError, LogOptions, MetricsOptions, Overrides, TelemetryOptions};
 use crate::telemetry::Readiness;
-use crate::{signals, telemetry};
+use crate::{signals, telemetry, traces};
 
 /// The flags every service binary takes; a binary adds its own next to them
 /// with `#[command(flatten)]`. Global, so that a subcommand
@@ -50,14 +50,16 @@ pub trait ServiceOptions: Serialize {
     fn log(&self) -> &LogOptions;
     /// The Prometheus endpoint.
     fn metrics(&self) -> &MetricsOptions;
+    /// OpenTelemetry export.
+    fn telemetry(&self) -> &TelemetryOptions;
     /// The options fit for printing and logging: every password in a URL
     /// hidden (secret fields are never serialized at all).
     fn redacted(&self) -> Self;
 }
 
 /// Implements [`ServiceOptions`] for an options struct (which must be
-/// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`
-/// and `log`. A macro rather than a default method because the sections are
+/// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`,
+/// `telemetry` and `log`. A macro rather than a default method because the sections are
 /// fields of each service's own struct.
 #[macro_export]
 macro_rules! service_options {
@@ -71,10 +73,17 @@ macro_rules! service_options {
                 &self.metrics
             }
 
+            fn telemetry(&self) -> &$crate::config::TelemetryOptions {
+                &self.telemetry
+            }
+
             fn redacted(&self) -> Self {
                 let mut shown = self.clone();
                 shown.nats.url = $crate::config::redact_url(&shown.nats.url);
                 shown.redis.url = $crate::config::redact_url(&shown.redis.url);
+                if let Some(endpoint) = &mut shown.telemetry.otlp_endpoint {
+                    *endpoint = $crate::config::redact_url(endpoint);
+                }
                 shown
             }
         }
@@ -159,20 +168,27 @@ where
     telemetry::init_logging(options.log());
     let served = async {
         tracing::info!(config = %serde_json::to_string(&options.redacted())?, "starting");
+        let exporting = traces::install(options.telemetry(), name)
+            .map_err(|err| anyhow::anyhow!("telemetry: cannot export traces: {err}"))?;
         let readiness = Readiness::default();
         if let Some(listen) = options.metrics().listen {
             telemetry::serve_http(listen, readiness.clone()).await?;
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(signals::watch_signals(shutdown.clone()));
-        serve(
+        let served = serve(
             options,
             Process {
                 shutdown,
                 readiness,
             },
         )
-        .await
+        .await;
+        // The spans of the drain too.
+        if let Some(exporting) = exporting {
+            exporting.shutdown().await;
+        }
+        served
     }
     .await;
     match served {

@@ -160,6 +160,44 @@ impl Default for LogOptions {
     }
 }
 
+/// OpenTelemetry traces (see `docs/observability.md`). Off unless an
+/// endpoint is set here or in `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TelemetryOptions {
+    /// The OTLP collector, e.g. `http://otel-collector:4317`. Default: none
+    /// (the standard variables, else tracing off).
+    pub otlp_endpoint: Option<String>,
+    /// `grpc` or `http/protobuf`. Default: `OTEL_EXPORTER_OTLP_PROTOCOL`,
+    /// else `grpc`.
+    pub otlp_protocol: Option<OtlpProtocol>,
+    /// The share of jobs traced, 0.0 to 1.0; a job's spans in every process
+    /// follow its decision. Default: `OTEL_TRACES_SAMPLER(_ARG)`, else 1.0.
+    #[serde(deserialize_with = "ratio")]
+    pub sample_ratio: Option<f64>,
+}
+
+/// The transport of OTLP exports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OtlpProtocol {
+    /// OTLP over gRPC (port 4317 by convention).
+    #[serde(rename = "grpc")]
+    Grpc,
+    /// OTLP over HTTP with protobuf bodies (port 4318 by convention).
+    #[serde(rename = "http/protobuf")]
+    HttpProtobuf,
+}
+
+fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64>, D::Error> {
+    let ratio = Option::<f64>::deserialize(deserializer)?;
+    match ratio {
+        Some(r) if !(0.0..=1.0).contains(&r) => Err(serde::de::Error::custom(format!(
+            "{r} is not a ratio between 0.0 and 1.0"
+        ))),
+        other => Ok(other),
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -12,6 +12,7 @@
 //! - [`binary`]: a binary's `main` around its options: print-config, logging,
 //!   metrics, signals and exit codes;
 //! - [`telemetry`]: the tracing subscriber and the Prometheus endpoint;
+//! - [`traces`]: OpenTelemetry: one trace per job across every process;
 //! - [`signals`]: SIGTERM/SIGINT into a cancellation, a second one exits;
 //! - [`identity`]: default replica ids; [`clock`]: Unix milliseconds.
 //!
@@ -26,3 +27,4 @@ pub mod queue;
 pub mod reload;
 pub mod signals;
 pub mod telemetry;
+pub mod traces;

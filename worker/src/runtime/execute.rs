@@ -29,6 +29,7 @@ use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{ToolCall, ToolManifest};
+use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
 use tracing::{Instrument, debug, error, info_span};
 
 use crate::config::RuntimeOptions;
@@ -101,9 +102,17 @@ impl Executor {
         metrics::in_flight(1.0);
         let outcome = match decode(&message) {
             Ok(call) => {
-                let span = info_span!("call", job_id = %call.job_id, call_id = %call.call_id,
-                                      tool = %call.tool, attempt = call.attempt);
-                self.process(&tool, &call, &message).instrument(span).await
+                let parent = trace_context(&message);
+                let trace_id = parent.as_ref().map(|p| p.trace_id().to_string());
+                let log = info_span!("call", job_id = %call.job_id, call_id = %call.call_id,
+                                     tool = %call.tool, attempt = call.attempt, trace_id);
+                let mut span = execution_span(parent.as_ref(), &call, &message);
+                let outcome = self
+                    .process(&tool, &call, &message, &mut span)
+                    .instrument(log)
+                    .await;
+                span.end();
+                outcome
             }
             Err(reason) => {
                 metrics::call_rejected(reason);
@@ -115,13 +124,28 @@ impl Executor {
     }
 
     /// The four steps for a decoded call; returns how the delivery ended.
-    async fn process(&self, subject_tool: &str, call: &ToolCall, message: &Message) -> Outcome {
+    /// `span` gets an event as each step ends.
+    async fn process(
+        &self,
+        subject_tool: &str,
+        call: &ToolCall,
+        message: &Message,
+        span: &mut StepSpan,
+    ) -> Outcome {
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let earlier = match self.claim(call, &owner).await {
-            Claimed::Stored(envelope) => return self.reply_stored(call, envelope).await,
-            Claimed::Later(delay) => return Outcome::Retry(delay),
+        let claimed = self.claim(call, &owner).await;
+        span.event("claimed");
+        let earlier = match claimed {
+            Claimed::Stored(envelope) => {
+                span.set("toolfleet.ledger_hit", true);
+                return self.reply_stored(call, envelope).await;
+            }
+            Claimed::Later(delay) => {
+                span.set("toolfleet.handed_back", true);
+                return Outcome::Retry(delay);
+            }
             Claimed::Acquired(earlier) => earlier,
         };
         let started = Instant::now();
@@ -133,24 +157,65 @@ impl Executor {
             self.options.max_argument_bytes,
             SystemTime::now(),
         );
+        span.event("checked");
         let envelope = match checked {
             Err(envelope) => envelope,
             Ok(checked) => match self.run(checked, call, message, &owner, earlier).await {
                 Ran::Finished(envelope) => envelope,
-                Ran::Abandoned => return self.hand_back(call, &owner, Duration::ZERO).await,
+                Ran::Abandoned => {
+                    span.set("toolfleet.handed_back", true);
+                    return self.hand_back(call, &owner, Duration::ZERO).await;
+                }
                 // Not at once: what the probe asks is down for a moment.
-                Ran::AskLater => return self.hand_back(call, &owner, Duration::from_secs(1)).await,
+                Ran::AskLater => {
+                    span.set("toolfleet.handed_back", true);
+                    return self.hand_back(call, &owner, Duration::from_secs(1)).await;
+                }
             },
         };
+        span.event("ran");
+        span.set("toolfleet.run_ms", started.elapsed().as_secs_f64() * 1e3);
+        span.outcome(&envelope);
         metrics::call_finished(&call.tool, &envelope, started.elapsed());
         debug!(
             ok = envelope.is_ok(),
             elapsed_ms = started.elapsed().as_millis() as u64,
             "call finished"
         );
-        self.settle(call, &owner, &envelope, started.elapsed())
-            .await
+        let settled = self
+            .settle(call, &owner, &envelope, started.elapsed())
+            .await;
+        span.event("stored");
+        settled
     }
+}
+
+/// The trace context the orchestrator sent with the call, if valid.
+fn trace_context(message: &Message) -> Option<SpanContext> {
+    let headers = message.headers.as_ref()?;
+    let header = |name: &str| headers.get(name).map(|v| v.as_str());
+    traces::extract(header("traceparent"), header("tracestate"))
+}
+
+/// The span of this delivery's execution, a child of the attempt that sent
+/// it. One span with an event per step, not a span per step: a worker
+/// killed mid-call would leave the steps it finished without their parent.
+fn execution_span(parent: Option<&SpanContext>, call: &ToolCall, message: &Message) -> StepSpan {
+    let mut span = StepSpan::child(parent, format!("execute {}", call.tool), SpanKind::Consumer);
+    if span.is_recording() {
+        span.set("toolfleet.tool", call.tool.clone());
+        span.set("toolfleet.attempt", i64::from(call.attempt));
+        span.set("messaging.system", "nats");
+        if let Ok(info) = message.info() {
+            span.set("toolfleet.delivery", info.delivered);
+            let waited = time::OffsetDateTime::now_utc() - info.published;
+            span.set(
+                "toolfleet.queue_wait_ms",
+                waited.as_seconds_f64().max(0.0) * 1e3,
+            );
+        }
+    }
+    span
 }
 
 /// The call a message carries, if it is one the orchestrator sends; else

@@ -1,0 +1,155 @@
+//! The spans of a job's steps, as the orchestrator records them: one owner
+//! for their names, their step ids and their attributes (see
+//! `toolfleet_service::traces` for why a step's span has an id of its own
+//! and is recorded only when it ends).
+//!
+//! ```text
+//! submit job                      (root, ended at submission; grpc.rs)
+//! ├─ start job / resume job       run:<epoch>, linked to the run before
+//! ├─ model turn                   turn:<n>
+//! │  └─ record_turn               (a Redis commit)
+//! └─ tool call <tool>             call:<wire id>
+//!    ├─ attempt <n>               attempt:<wire id>:<n>
+//!    │  ├─ record_dispatch
+//!    │  └─ execute <tool>         (in the worker, from the call's headers)
+//!    └─ record_call_result
+//! ```
+
+use toolfleet_service::traces::{SpanContext, SpanKind, StepSpan};
+
+use crate::job::{JobSpec, JobTrace};
+
+/// The call a span is about: its tool, its wire id (which names its steps)
+/// and the id its events show.
+#[derive(Clone, Copy)]
+pub(crate) struct CallRef<'a> {
+    pub(crate) tool: &'a str,
+    pub(crate) wire_id: &'a str,
+    pub(crate) event_id: &'a str,
+}
+
+/// The span of a run of the job: its start, or its resumption by replica
+/// `owner` after another stopped, linked to the run before it.
+pub(crate) fn run(
+    trace: Option<&JobTrace>,
+    job_id: &str,
+    epoch: u64,
+    owner: &str,
+    resumed: bool,
+) -> StepSpan {
+    let name = if resumed { "resume job" } else { "start job" };
+    let mut span = StepSpan::step(
+        trace,
+        name,
+        SpanKind::Internal,
+        &format!("run:{epoch}"),
+        None,
+    );
+    if let Some(trace) = trace.filter(|_| span.is_recording()) {
+        span.set("toolfleet.job_id", job_id.to_owned());
+        span.set("toolfleet.epoch", epoch_value(epoch));
+        span.set("toolfleet.replica", owner.to_owned());
+        span.set("toolfleet.resumed", resumed);
+        if epoch > 1 {
+            span.link(trace.step(&format!("run:{}", epoch - 1)));
+        }
+    }
+    span
+}
+
+/// The span of model turn `turn` (counted from 1).
+pub(crate) fn turn(trace: Option<&JobTrace>, turn: u32, spec: &JobSpec) -> StepSpan {
+    let mut span = StepSpan::step(
+        trace,
+        "model turn",
+        SpanKind::Client,
+        &turn_step(turn),
+        None,
+    );
+    if span.is_recording() {
+        span.set("gen_ai.system", spec.provider.as_str());
+        span.set("gen_ai.request.model", spec.model.clone());
+        span.set("toolfleet.turn", i64::from(turn));
+    }
+    span
+}
+
+/// The span of a call, across its attempts.
+pub(crate) fn call(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
+    let name = format!("tool call {}", call.tool);
+    let step = call_step(call.wire_id);
+    let mut span = StepSpan::step(trace, name, SpanKind::Internal, &step, None);
+    if span.is_recording() {
+        span.set("toolfleet.tool", call.tool.to_owned());
+        span.set("toolfleet.call_id", call.event_id.to_owned());
+    }
+    span
+}
+
+/// The span of one attempt of a call; `resumed` when a runner picks up an
+/// attempt another one dispatched.
+pub(crate) fn attempt(
+    trace: Option<&JobTrace>,
+    call: CallRef<'_>,
+    attempt: u32,
+    resumed: bool,
+) -> StepSpan {
+    let mut span = StepSpan::step(
+        trace,
+        format!("attempt {attempt}"),
+        SpanKind::Producer,
+        &attempt_step(call.wire_id, attempt),
+        Some(&call_step(call.wire_id)),
+    );
+    if span.is_recording() {
+        span.set("toolfleet.tool", call.tool.to_owned());
+        span.set("toolfleet.attempt", i64::from(attempt));
+        span.set("toolfleet.resumed", resumed);
+        span.set("messaging.system", "nats");
+    }
+    span
+}
+
+/// The span of the Redis commit `verb` (`record_turn`) made for the step
+/// `parent`.
+pub(crate) fn commit(trace: Option<&JobTrace>, parent: &str, verb: &'static str) -> StepSpan {
+    let Some(trace) = trace.filter(|t| t.records()) else {
+        return StepSpan::off();
+    };
+    let mut span = StepSpan::child(Some(&trace.step(parent)), verb, SpanKind::Client);
+    span.set("db.system", "redis");
+    span.set("db.operation", verb);
+    span
+}
+
+/// The trace context a worker gets with an attempt: the attempt's span when
+/// the job is recorded here, else the job's own context (the client's, with
+/// tracing off), so that the worker's logs still carry the trace id.
+pub(crate) fn attempt_context(
+    trace: Option<&JobTrace>,
+    wire_id: &str,
+    attempt: u32,
+) -> Option<SpanContext> {
+    let trace = trace?;
+    Some(if trace.records() {
+        trace.step(&attempt_step(wire_id, attempt))
+    } else {
+        trace.root().clone()
+    })
+}
+
+pub(crate) fn turn_step(turn: u32) -> String {
+    format!("turn:{turn}")
+}
+
+pub(crate) fn call_step(wire_id: &str) -> String {
+    format!("call:{wire_id}")
+}
+
+pub(crate) fn attempt_step(wire_id: &str, attempt: u32) -> String {
+    format!("attempt:{wire_id}:{attempt}")
+}
+
+fn epoch_value(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,285 @@
+//! OpenTelemetry traces across processes, received by a real OTLP collector
+//! (`toolfleet_tests::otlp`): one connected trace per job, through a retry,
+//! a worker killed mid-call and an orchestrator killed mid-job.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use futures::StreamExt;
+use serde_json::json;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+use toolfleet_tests::otlp::{Collector, ReceivedSpan};
+use toolfleet_tests::wait_until;
+
+/// The client's own trace: the job's spans continue it.
+const CLIENT_TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+
+const FAST_REDELIVERY: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+    ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+];
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+];
+const WAIT: Duration = Duration::from_secs(60);
+
+fn with<'a>(
+    base: &[(&'a str, &'a str)],
+    more: &'a [(&'static str, String)],
+) -> Vec<(&'a str, &'a str)> {
+    base.iter()
+        .copied()
+        .chain(more.iter().map(|(k, v)| (*k, v.as_str())))
+        .collect()
+}
+
+fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
+    spans.iter().filter(|s| s.span.name == name).collect()
+}
+
+fn children<'a>(spans: &'a [ReceivedSpan], parent: &ReceivedSpan) -> Vec<&'a ReceivedSpan> {
+    let id = parent.span_id();
+    spans.iter().filter(|s| s.parent_id() == id).collect()
+}
+
+fn one<'a>(found: Vec<&'a ReceivedSpan>, what: &str) -> &'a ReceivedSpan {
+    assert_eq!(found.len(), 1, "{what}: {found:#?}");
+    found[0]
+}
+
+#[tokio::test]
+async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resumed_run()
+-> anyhow::Result<()> {
+    let collector = Collector::start().await?;
+    let export = collector.env();
+    let mut fleet = Fleet::start_with(2, &with(FAST_REDELIVERY, &export)).await?;
+    fleet
+        .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
+        .await?;
+    fleet
+        .wait_for_tools(0, &["sleep", "fail", "echo"], 2)
+        .await?;
+    let api = fleet.api(0).await?;
+
+    // Three parallel calls: one retried once, one whose worker is killed
+    // while it runs (and whose orchestrator is killed after), one plain.
+    let script = json!([
+        {"tool_calls": [
+            {"name": "sleep", "arguments": {"ms": 2000}},
+            {"name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 1}},
+            {"name": "echo", "arguments": {"said": "hello"}}]},
+        {"message": "done"}
+    ]);
+    let mut request = tonic::Request::new(scripted_job("trace me", &script));
+    request.metadata_mut().insert(
+        "traceparent",
+        format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01").parse()?,
+    );
+    let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
+
+    // The first event of a watch names the trace; the others do not.
+    let mut events = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    let mut seen = Vec::new();
+    while seen
+        .iter()
+        .filter(|e: &&v1::JobEvent| e.kind == "tool_call_result")
+        .count()
+        < 2
+    {
+        let event = tokio::time::timeout(WAIT, events.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("the watch ended early: {seen:?}"))??;
+        seen.push(event);
+    }
+    assert_eq!(seen[0].trace_id, CLIENT_TRACE);
+    assert!(seen[1..].iter().all(|e| e.trace_id.is_empty()), "{seen:?}");
+    drop(events);
+
+    // Kill the worker running `sleep`, then, once the settled calls'
+    // spans are out, the orchestrator.
+    let running_sleep = wait_until("a worker runs sleep", WAIT, || async {
+        fleet.workers().iter().position(|w| {
+            std::fs::read_to_string(w.log_path())
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l.contains("executing call") && l.contains("tool=sleep"))
+        })
+    })
+    .await?;
+    fleet.worker(running_sleep).kill();
+    wait_until("the settled calls' spans", WAIT, || async {
+        let spans = collector.spans();
+        !named(&spans, "tool call fail").is_empty() && !named(&spans, "tool call echo").is_empty()
+    })
+    .await?;
+    fleet.orchestrator(0).kill();
+    let second = fleet
+        .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
+        .await?;
+    let api = fleet.api(second).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.trace_id, CLIENT_TRACE, "GetJob names the trace");
+
+    wait_until("the last turn's span", WAIT, || async {
+        let spans = collector.spans();
+        spans.iter().any(|s| {
+            s.span.name == "model turn" && s.attribute("toolfleet.turn").as_deref() == Some("2")
+        }) && !named(&spans, "tool call sleep").is_empty()
+    })
+    .await?;
+    // The processes export every 50 ms: wait until nothing more comes.
+    let mut count = 0;
+    wait_until("the exports to settle", WAIT, || {
+        let before = count;
+        count = collector.spans().len();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            before == count
+        }
+    })
+    .await?;
+    let spans = collector.spans();
+
+    // One trace, the client's.
+    for span in &spans {
+        assert_eq!(span.trace_id(), CLIENT_TRACE, "{span:#?}");
+    }
+    // Connected: every parent arrived, but the client's own span.
+    let ids: HashSet<String> = spans.iter().map(ReceivedSpan::span_id).collect();
+    let unparented: Vec<_> = spans
+        .iter()
+        .filter(|s| !ids.contains(&s.parent_id()))
+        .collect();
+    let root = one(unparented, "the only span whose parent is not in the trace");
+    assert_eq!(root.span.name, "submit job");
+    assert_eq!(root.parent_id(), CLIENT_SPAN);
+    assert_eq!(root.service, "toolfleet-orchestrator");
+    assert_eq!(
+        root.attribute("toolfleet.job_id").as_deref(),
+        Some(job_id.as_str())
+    );
+    // No span twice (a resumed step is recorded by one process only).
+    let mut twice: Vec<_> = spans
+        .iter()
+        .filter(|s| spans.iter().filter(|o| o.span_id() == s.span_id()).count() > 1)
+        .map(|s| (s.span.name.clone(), s.service.clone(), s.span_id()))
+        .collect();
+    twice.sort();
+    assert!(twice.is_empty(), "spans recorded twice: {twice:#?}");
+
+    // The runs: started by the first orchestrator, resumed by the second,
+    // which links back to the first.
+    let started = one(named(&spans, "start job"), "start job");
+    let resumed = named(&spans, "resume job");
+    assert!(!resumed.is_empty(), "no resumed run");
+    for run in &resumed {
+        assert_eq!(run.parent_id(), root.span_id());
+        assert_eq!(run.attribute("toolfleet.resumed").as_deref(), Some("true"));
+        assert_eq!(run.span.links.len(), 1, "{run:#?}");
+    }
+    let links: HashSet<String> = resumed
+        .iter()
+        .map(|r| {
+            r.span.links[0]
+                .span_id
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect()
+        })
+        .collect();
+    assert!(
+        links.contains(&started.span_id()),
+        "no run links to the first: {links:?}"
+    );
+    assert_eq!(started.parent_id(), root.span_id());
+
+    // Two model turns under the root, each with its checkpoint commit.
+    let turns = named(&spans, "model turn");
+    assert_eq!(turns.len(), 2, "{turns:#?}");
+    for turn in &turns {
+        assert_eq!(turn.parent_id(), root.span_id());
+        assert_eq!(turn.attribute("gen_ai.system").as_deref(), Some("scripted"));
+        let commits = children(&spans, turn);
+        assert!(
+            commits.iter().any(|c| c.span.name == "record_turn"),
+            "{commits:#?}"
+        );
+    }
+
+    // Each call: one span under the root, its attempts under it, and the
+    // workers' executions under the attempts.
+    let mut attempts_of: HashMap<&str, Vec<&ReceivedSpan>> = HashMap::new();
+    for tool in ["sleep", "fail", "echo"] {
+        let call = one(named(&spans, &format!("tool call {tool}")), tool);
+        assert_eq!(call.parent_id(), root.span_id(), "{tool}");
+        assert_eq!(
+            call.attribute("toolfleet.outcome").as_deref(),
+            Some("ok"),
+            "{tool}"
+        );
+        let attempts: Vec<_> = children(&spans, call)
+            .into_iter()
+            .filter(|s| s.span.name.starts_with("attempt "))
+            .collect();
+        for attempt in &attempts {
+            let executions: Vec<_> = children(&spans, attempt)
+                .into_iter()
+                .filter(|s| s.span.name == format!("execute {tool}"))
+                .collect();
+            assert!(
+                !executions.is_empty(),
+                "{tool}: {attempt:#?} has no execution"
+            );
+            for execution in executions {
+                assert_eq!(execution.service, "toolfleet-worker");
+                assert!(execution.attribute("toolfleet.queue_wait_ms").is_some());
+            }
+        }
+        attempts_of.insert(tool, attempts);
+    }
+    // The retried call: two attempts, the first retryable.
+    let mut retried = attempts_of["fail"].clone();
+    retried.sort_by_key(|a| a.attribute("toolfleet.attempt"));
+    assert_eq!(retried.len(), 2, "{retried:#?}");
+    assert_eq!(
+        retried[0].attribute("toolfleet.attempt").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        retried[0].attribute("toolfleet.retryable").as_deref(),
+        Some("true")
+    );
+    assert_eq!(
+        retried[1].attribute("toolfleet.attempt").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        retried[1].attribute("toolfleet.outcome").as_deref(),
+        Some("ok")
+    );
+    // The call whose worker and orchestrator died: its one attempt was
+    // picked up again by the second orchestrator and run by the other worker.
+    let sleep = one(attempts_of["sleep"].clone(), "the sleep call's attempt");
+    assert_eq!(
+        sleep.attribute("toolfleet.resumed").as_deref(),
+        Some("true")
+    );
+    assert_eq!(sleep.attribute("toolfleet.outcome").as_deref(), Some("ok"));
+    let sleep_call = one(named(&spans, "tool call sleep"), "sleep");
+    assert_eq!(
+        sleep_call.attribute("toolfleet.resumed").as_deref(),
+        Some("true")
+    );
+    Ok(())
+}
