@@ -123,13 +123,22 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     })
     .await?;
     fleet.orchestrator(0).kill();
-    let second = fleet
-        .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
-        .await?;
+    // The second writes JSON logs: its lines about the job name the trace.
+    let mut json_logs = with(FAST_TAKEOVER, &export);
+    json_logs.push(("TOOLFLEET_LOG__FORMAT", "json"));
+    let second = fleet.spawn_orchestrator(&json_logs).await?;
     let api = fleet.api(second).await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.trace_id, CLIENT_TRACE, "GetJob names the trace");
+    let log = std::fs::read_to_string(fleet.orchestrator(second).log_path())?;
+    let running: serde_json::Value = log
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .find(|line| line["fields"]["message"] == "job running")
+        .ok_or_else(|| anyhow::anyhow!("no JSON line says the job runs:\n{log}"))?;
+    assert_eq!(running["span"]["trace_id"], CLIENT_TRACE, "{running}");
+    assert_eq!(running["span"]["job_id"], job_id.as_str(), "{running}");
 
     wait_until("the last turn's span", WAIT, || async {
         let spans = collector.spans();

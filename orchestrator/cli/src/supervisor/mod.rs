@@ -44,9 +44,19 @@ pub use redis_server::{RedisConfig, RedisServer, RedisTls};
 pub use wait::{Outcome, wait_until};
 
 /// The gRPC URL (`http://<address>`) in a line an orchestrator logged with
-/// its address (`grpc=<address>`: "grpc listening", "orchestrator ready").
+/// its address (`grpc=<address>`, or a `grpc` field in JSON: "grpc
+/// listening", "orchestrator ready").
 pub fn logged_grpc_url(line: &str) -> Option<String> {
-    let address = line.split("grpc=").nth(1)?.split_whitespace().next()?;
+    // `log.format = "json"` writes the field as `"grpc":"<address>"`.
+    let address = match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(json) => json["fields"]["grpc"].as_str()?.to_owned(),
+        Err(_) => line
+            .split("grpc=")
+            .nth(1)?
+            .split_whitespace()
+            .next()?
+            .to_owned(),
+    };
     Some(format!("http://{address}"))
 }
 
@@ -59,6 +69,11 @@ mod tests {
         let ready = "INFO toolfleet_orchestrator::server: orchestrator ready instance=o-1 grpc=127.0.0.1:43127";
         assert_eq!(
             logged_grpc_url(ready).as_deref(),
+            Some("http://127.0.0.1:43127")
+        );
+        let json = r#"{"level":"INFO","fields":{"message":"orchestrator ready","grpc":"127.0.0.1:43127"}}"#;
+        assert_eq!(
+            logged_grpc_url(json).as_deref(),
             Some("http://127.0.0.1:43127")
         );
         assert_eq!(logged_grpc_url("orchestrator ready instance=o-1"), None);
