@@ -12,12 +12,14 @@
 //! - [`job`]: the job as every module shares it: spec, conversation items,
 //!   record, lease, ending, ids and the clock.
 //! - [`store`]: jobs, items, events and leases in Redis, written in verbs.
-//! - [`registry`]: the live tools announced by workers.
+//! - [`registry`]: the live tools announced by workers; `backlog` reports
+//!   each tool's workers and waiting calls as gauges.
 //! - `spans`: the OpenTelemetry spans of a job's steps.
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
 pub mod auth;
+pub(crate) mod backlog;
 pub mod config;
 pub mod dispatch;
 #[cfg(fuzzing)]

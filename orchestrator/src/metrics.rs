@@ -5,9 +5,75 @@
 pub const JOBS_FINISHED_TOTAL: &str = "toolfleet_jobs_finished_total";
 /// Jobs submitted.
 pub const JOBS_SUBMITTED_TOTAL: &str = "toolfleet_jobs_submitted_total";
+/// Submission to end of a job, in seconds, by `outcome`.
+pub const JOB_DURATION: &str = "toolfleet_job_duration_seconds";
+/// Runs that resumed a job another runner had started (a takeover after a
+/// crash or a lost lease, or a hand-back at shutdown).
+pub const JOBS_RESUMED_TOTAL: &str = "toolfleet_jobs_resumed_total";
 
-pub(crate) fn job_finished(outcome: &'static str) {
+pub(crate) fn job_finished(outcome: &'static str, took: Option<std::time::Duration>) {
     metrics::counter!(JOBS_FINISHED_TOTAL, "outcome" => outcome).increment(1);
+    if let Some(took) = took {
+        metrics::histogram!(JOB_DURATION, "outcome" => outcome).record(took.as_secs_f64());
+    }
+}
+
+pub(crate) fn job_resumed() {
+    metrics::counter!(JOBS_RESUMED_TOTAL).increment(1);
+}
+
+/// Model turns, by `provider` and `outcome` (`ok` or the job error code).
+pub const MODEL_TURN_DURATION: &str = "toolfleet_model_turn_duration_seconds";
+/// Tokens the model used, by `provider` and `kind` (`input`, `output`).
+pub const MODEL_TOKENS_TOTAL: &str = "toolfleet_model_tokens_total";
+
+pub(crate) fn model_turn(provider: &'static str, outcome: String, took: std::time::Duration) {
+    metrics::histogram!(MODEL_TURN_DURATION, "provider" => provider, "outcome" => outcome)
+        .record(took.as_secs_f64());
+}
+
+pub(crate) fn model_tokens(provider: &'static str, input: u64, output: u64) {
+    metrics::counter!(MODEL_TOKENS_TOTAL, "provider" => provider, "kind" => "input")
+        .increment(input);
+    metrics::counter!(MODEL_TOKENS_TOTAL, "provider" => provider, "kind" => "output")
+        .increment(output);
+}
+
+/// Tool calls settled, by `tool` and `outcome` (`ok` or the error code of
+/// the final envelope: terminal errors, and retryable ones out of attempts).
+pub const TOOL_CALLS_TOTAL: &str = "toolfleet_tool_calls_total";
+
+pub(crate) fn tool_call_settled(tool: &str, envelope: &toolfleet_proto::Envelope) {
+    let outcome = envelope
+        .error()
+        .map_or_else(|| "ok".to_owned(), |e| e.code.to_string());
+    metrics::counter!(TOOL_CALLS_TOTAL, "tool" => tool.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
+/// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
+/// every replica).
+pub const TOOL_WORKERS: &str = "toolfleet_tool_workers";
+/// Calls waiting for a worker in the tool's JetStream consumer, by `tool`
+/// (the fleet's, the same on every replica).
+pub const TOOL_CALLS_WAITING: &str = "toolfleet_tool_calls_waiting";
+
+pub(crate) fn tool_workers(tool: &str, workers: usize) {
+    metrics::gauge!(TOOL_WORKERS, "tool" => tool.to_owned()).set(workers as f64);
+}
+
+pub(crate) fn tool_calls_waiting(tool: &str, waiting: u64) {
+    metrics::gauge!(TOOL_CALLS_WAITING, "tool" => tool.to_owned()).set(waiting as f64);
+}
+
+/// Makes the unlabelled series exist from the start, at 0, so that a rate
+/// over them is 0 rather than empty before the first event.
+pub(crate) fn register() {
+    metrics::counter!(JOBS_SUBMITTED_TOTAL).increment(0);
+    metrics::counter!(JOBS_RESUMED_TOTAL).increment(0);
+    for provider in crate::job::ProviderKind::ALL {
+        model_tokens(provider.as_str(), 0, 0);
+    }
 }
 
 pub(crate) fn job_submitted() {
@@ -17,7 +83,8 @@ pub(crate) fn job_submitted() {
 /// Tool call round trip (publish to result) in seconds, by `tool`, as the
 /// runner sees it.
 pub const TOOL_CALL_ROUND_TRIP: &str = "toolfleet_tool_call_round_trip_seconds";
-/// Retries of tool calls after retryable envelopes, by `tool`.
+/// Retries of tool calls after retryable envelopes, by `tool` and `code`
+/// (the retried envelope's).
 pub const TOOL_CALL_RETRIES_TOTAL: &str = "toolfleet_tool_call_retries_total";
 
 pub(crate) fn tool_call_round_trip(tool: &str, elapsed: std::time::Duration) {
@@ -33,6 +100,7 @@ pub(crate) fn tool_call_throttled(tool: &str) {
     metrics::counter!(TOOL_CALLS_THROTTLED_TOTAL, "tool" => tool.to_owned()).increment(1);
 }
 
-pub(crate) fn tool_call_retried(tool: &str) {
-    metrics::counter!(TOOL_CALL_RETRIES_TOTAL, "tool" => tool.to_owned()).increment(1);
+pub(crate) fn tool_call_retried(tool: &str, code: String) {
+    metrics::counter!(TOOL_CALL_RETRIES_TOTAL, "tool" => tool.to_owned(), "code" => code)
+        .increment(1);
 }

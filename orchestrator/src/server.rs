@@ -217,6 +217,12 @@ impl Orchestrator {
         let tasks = TaskTracker::new();
         let background = CancellationToken::new();
         let jobs = CancellationToken::new();
+        crate::metrics::register();
+        tasks.spawn(crate::backlog::run(
+            js.clone(),
+            registry.handle(),
+            background.clone(),
+        ));
         tasks.spawn(registry.run(background.clone()));
         let sweep = &options.runner;
         tasks.spawn(runner::sweep::run(

@@ -71,3 +71,25 @@ fn every_configuration_key_is_documented() {
         "orchestrator keys without a row: {missing:?}"
     );
 }
+
+/// Every metric a service exports has a row in its README's table.
+#[test]
+fn every_metric_is_documented() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    for service in ["orchestrator", "worker"] {
+        let source = std::fs::read_to_string(format!("{root}/{service}/src/metrics.rs"))
+            .expect("the metrics module is readable");
+        let readme = std::fs::read_to_string(format!("{root}/{service}/README.md"))
+            .expect("the README is readable");
+        let names: Vec<&str> = source
+            .split('"')
+            .filter(|part| part.starts_with("toolfleet_") && !part.contains(' '))
+            .collect();
+        assert!(names.len() >= 5, "{service}: {names:?}");
+        let missing: Vec<_> = names
+            .iter()
+            .filter(|name| !readme.contains(&format!("| `{name}` |")))
+            .collect();
+        assert!(missing.is_empty(), "{service}/README.md lacks {missing:?}");
+    }
+}

@@ -38,3 +38,27 @@ pub(crate) fn dedup_hit(tool: &str) {
 pub(crate) fn in_flight(delta: f64) {
     metrics::gauge!(IN_FLIGHT).increment(delta);
 }
+
+/// The deliveries this worker handles at once (`runtime.max_in_flight`):
+/// `in_flight / max_in_flight` is its saturation.
+pub const MAX_IN_FLIGHT: &str = "toolfleet_worker_max_in_flight";
+/// Deliveries of a call after its first (JetStream redelivered it: a worker
+/// died or handed it back, or its ack was lost), by `tool`.
+pub const REDELIVERIES_TOTAL: &str = "toolfleet_worker_redeliveries_total";
+
+pub(crate) fn max_in_flight(slots: usize) {
+    metrics::gauge!(MAX_IN_FLIGHT).set(slots as f64);
+    // The gauge of calls in flight exists from the start, at 0.
+    metrics::gauge!(IN_FLIGHT).increment(0.0);
+}
+
+/// Makes a served tool's counters of rare events exist from the start, at
+/// 0, so that a rate over them is 0 rather than empty before the first.
+pub(crate) fn register_tool(tool: &str) {
+    metrics::counter!(REDELIVERIES_TOTAL, "tool" => tool.to_owned()).increment(0);
+    metrics::counter!(DEDUP_HITS_TOTAL, "tool" => tool.to_owned()).increment(0);
+}
+
+pub(crate) fn redelivered(tool: &str) {
+    metrics::counter!(REDELIVERIES_TOTAL, "tool" => tool.to_owned()).increment(1);
+}

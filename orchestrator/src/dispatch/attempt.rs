@@ -60,6 +60,7 @@ impl Dispatcher {
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
             let worked = answer.worked;
+            let code = answer.envelope.error().map(|e| e.code.to_string());
             let max_retry_after = self.options.max_retry_after;
             let verdict = retry::verdict(
                 answer.envelope,
@@ -93,7 +94,7 @@ impl Dispatcher {
             };
             pause_before_retry(round, call, attempt, delay).await?;
             attempt += 1;
-            crate::metrics::tool_call_retried(&call.name);
+            crate::metrics::tool_call_retried(&call.name, code.unwrap_or_default());
             self.record_dispatches(round.lease, round.trace, &[call], attempt)
                 .await?;
         }

@@ -443,6 +443,7 @@ impl Dispatcher {
         };
         self.store.record_call_result(lease, &settled).await?;
         commit.end();
+        crate::metrics::tool_call_settled(&outcome.name, envelope);
         Ok(())
     }
 }

@@ -269,3 +269,36 @@ impl Default for OpenAiOptions {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_is_read_in_both_apis_spellings_and_malformed_usage_is_none() {
+        let responses = serde_json::json!({"usage": {"input_tokens": 12, "output_tokens": 5}});
+        let chat = serde_json::json!({"usage": {"prompt_tokens": 7, "completion_tokens": 3}});
+        assert_eq!(
+            Usage::read(&responses),
+            Some(Usage {
+                input_tokens: 12,
+                output_tokens: 5
+            })
+        );
+        assert_eq!(
+            Usage::read(&chat),
+            Some(Usage {
+                input_tokens: 7,
+                output_tokens: 3
+            })
+        );
+        for bad in [
+            serde_json::json!({}),
+            serde_json::json!({"usage": null}),
+            serde_json::json!({"usage": {"input_tokens": -1, "output_tokens": 2}}),
+            serde_json::json!({"usage": {"input_tokens": "12", "output_tokens": 2}}),
+        ] {
+            assert_eq!(Usage::read(&bad), None, "{bad}");
+        }
+    }
+}

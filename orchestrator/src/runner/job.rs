@@ -3,6 +3,7 @@
 //! the work they name and keeps the job alive while it runs.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -14,7 +15,8 @@ use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
 use crate::job::{
-    Ending, Item, JobRef, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
+    Ending, Item, JobErrorCode, JobRef, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint,
+    now_ms,
 };
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
 use crate::registry::LiveTool;
@@ -85,6 +87,8 @@ pub(super) struct JobRun<'a> {
     pub(super) runner: &'a Runner,
     pub(super) lease: Lease,
     pub(super) message: &'a jetstream::Message,
+    /// When the job was submitted (Unix ms), once the run has read it.
+    pub(super) created_at_ms: AtomicU64,
 }
 
 impl JobRun<'_> {
@@ -163,7 +167,12 @@ impl JobRun<'_> {
         if let Some(trace) = trace {
             tracing::Span::current().record("trace_id", trace.trace_id());
         }
+        self.created_at_ms
+            .store(record.created_at_ms, Ordering::Relaxed);
         let resumed = record.status != JobStatus::Queued;
+        if resumed {
+            crate::metrics::job_resumed();
+        }
         let (lease, owner) = (&self.lease, &self.runner.owner);
         let started = spans::run(trace, job_id, lease.epoch, owner, resumed);
         let kind = store.start(lease, owner, resumed).await?;
@@ -291,14 +300,19 @@ impl JobRun<'_> {
             turn: progress.turns,
         };
         let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+        let asked = std::time::Instant::now();
+        let provider_name = spec.provider.as_str();
         let turn = tokio::select! {
             turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
                 Err(_) => {
+                    let code = JobErrorCode::DeadlineExceeded.as_str().to_owned();
+                    crate::metrics::model_turn(provider_name, code, asked.elapsed());
                     span.fail("the job's deadline passed during the turn");
                     span.end();
                     return Ok(Some(step::deadline_exceeded()));
                 }
                 Ok(Err(err)) => {
+                    crate::metrics::model_turn(provider_name, err.code().to_string(), asked.elapsed());
                     span.set("toolfleet.outcome", err.code().to_string());
                     span.fail(err.code().to_string());
                     span.end();
@@ -313,6 +327,10 @@ impl JobRun<'_> {
             return Ok(None);
         }
         let has_calls = turn.tool_calls().next().is_some();
+        crate::metrics::model_turn(provider_name, "ok".to_owned(), asked.elapsed());
+        if let Some(usage) = turn.usage {
+            crate::metrics::model_tokens(provider_name, usage.input_tokens, usage.output_tokens);
+        }
         if span.is_recording() {
             span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
             if let Some(usage) = turn.usage {
@@ -388,7 +406,9 @@ impl JobRun<'_> {
         self.runner.store.finish(&self.lease, ending).await?;
         let kind = ending.event().kind();
         info!(kind, "job finished");
-        crate::metrics::job_finished(kind);
+        let created = self.created_at_ms.load(Ordering::Relaxed);
+        let took = (created > 0).then(|| Duration::from_millis(now_ms().saturating_sub(created)));
+        crate::metrics::job_finished(kind, took);
         Ok(())
     }
 }

@@ -239,6 +239,7 @@ impl Runner {
             runner: self,
             lease: lease.clone(),
             message,
+            created_at_ms: Default::default(),
         };
         match run.drive(abandon).await {
             Ok(()) => Delivery::Done,

@@ -102,6 +102,9 @@ impl Executor {
         metrics::in_flight(1.0);
         let outcome = match decode(&message) {
             Ok(call) => {
+                if message.info().is_ok_and(|info| info.delivered > 1) {
+                    metrics::redelivered(&call.tool);
+                }
                 let parent = trace_context(&message);
                 let trace_id = parent.as_ref().map(|p| p.trace_id().to_string());
                 let log = info_span!("call", job_id = %call.job_id, call_id = %call.call_id,

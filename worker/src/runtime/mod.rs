@@ -261,6 +261,10 @@ fn start_intake(
     let options = &executor.options;
     // One pool of slots for every tool: a tool takes them as its calls arrive.
     let slots = Arc::new(Semaphore::new(options.max_in_flight.get()));
+    crate::metrics::max_in_flight(options.max_in_flight.get());
+    for (tool, _) in &consumers {
+        crate::metrics::register_tool(tool);
+    }
     let keep_alive = options.ack_wait / 3;
     let intake = TaskTracker::new();
     for (tool, consumer) in consumers {

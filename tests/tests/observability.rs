@@ -1,0 +1,139 @@
+//! The dashboard and alert rules in `deploy/observability/`: the rules are
+//! valid (`promtool check rules`), and every metric a dashboard panel or a
+//! rule names is exported by a running fleet.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::wait_until;
+
+const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/observability");
+
+/// The toolfleet metric names in `text` (`toolfleet_..._bucket` included:
+/// that is the series a histogram quantile reads).
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    let mut rest = text;
+    while let Some(start) = rest.find("toolfleet_") {
+        let name: String = rest[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        rest = &rest[start + name.len()..];
+        names.insert(name);
+    }
+    names
+}
+
+/// Every query of the dashboard's panels.
+fn dashboard_queries() -> anyhow::Result<String> {
+    let text = std::fs::read_to_string(format!("{DEPLOY}/grafana-dashboard.json"))?;
+    let dashboard: Value = serde_json::from_str(&text)?;
+    let panels = dashboard["panels"]
+        .as_array()
+        .ok_or_else(|| anyhow::anyhow!("the dashboard has no panels"))?;
+    let mut queries = String::new();
+    for panel in panels {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            queries.push_str(target["expr"].as_str().unwrap_or_default());
+            queries.push('\n');
+        }
+    }
+    anyhow::ensure!(!queries.is_empty(), "the dashboard queries nothing");
+    Ok(queries)
+}
+
+#[test]
+fn the_alert_rules_are_valid() -> anyhow::Result<()> {
+    let checked = std::process::Command::new("promtool")
+        .args(["check", "rules", &format!("{DEPLOY}/alerts.yml")])
+        .output()
+        .map_err(|err| anyhow::anyhow!("cannot run promtool ({err}); scripts/setup installs it"))?;
+    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
+        + &String::from_utf8_lossy(&checked.stderr);
+    assert!(checked.status.success(), "{said}");
+    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -> anyhow::Result<()>
+{
+    let mut queried = metric_names(&dashboard_queries()?);
+    queried.extend(metric_names(&std::fs::read_to_string(format!(
+        "{DEPLOY}/alerts.yml"
+    ))?));
+    assert!(queried.len() > 10, "{queried:?}");
+
+    let free = || -> anyhow::Result<String> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .to_string())
+    };
+    let (worker_metrics, orchestrator_metrics) = (free()?, free()?);
+    let mut fleet = Fleet::start_with(1, &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])
+        .await?;
+    fleet.wait_for_tools(0, &["echo", "fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    // A retried call, a failed one, a job that fails: every family has a
+    // series. Takeovers and redeliveries are counters that start at 0.
+    let script = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": {}},
+            {"name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 1}},
+            {"name": "fail", "arguments": {"mode": "terminal"}}]},
+        {"message": "done"}
+    ]);
+    let job = run_job(&api, scripted_job("metrics", &script)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+
+    // The fleet's gauges are refreshed every 5 s.
+    let missing = || async {
+        let exported = scrape(&orchestrator_metrics).await + &scrape(&worker_metrics).await;
+        queried
+            .iter()
+            .filter(|name| !exported.lines().any(|l| is_series_of(l, name)))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let exported = wait_until(
+        "every queried metric in a scrape",
+        Duration::from_secs(30),
+        || async { missing().await.is_empty() },
+    )
+    .await;
+    if let Err(err) = exported {
+        anyhow::bail!("{err}: never exported: {:?}", missing().await);
+    }
+    Ok(())
+}
+
+/// Whether an exposition line is a sample of metric `name` (of a
+/// histogram's buckets, for a histogram's own name).
+fn is_series_of(line: &str, name: &str) -> bool {
+    let sample_of = |name: &str| {
+        line.strip_prefix(name)
+            .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+    };
+    sample_of(name) || sample_of(&format!("{name}_bucket"))
+}
+
+async fn scrape(address: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    let mut response = String::new();
+    if stream.write_all(request.as_bytes()).await.is_err()
+        || stream.read_to_string(&mut response).await.is_err()
+    {
+        return String::new();
+    }
+    response
+}
