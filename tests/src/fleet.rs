@@ -108,7 +108,17 @@ impl Fleet {
     ///
     /// The binary is missing or the worker did not become ready.
     pub async fn spawn_worker(&mut self) -> anyhow::Result<usize> {
-        let index = self.start_worker()?;
+        self.spawn_worker_with(&[]).await
+    }
+
+    /// Like [`spawn_worker`](Self::spawn_worker), with `env` on top of the
+    /// fleet's worker environment for this one worker.
+    ///
+    /// # Errors
+    ///
+    /// The binary is missing or the worker did not become ready.
+    pub async fn spawn_worker_with(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
+        let index = self.start_worker_with(&["--test-tools"], env)?;
         self.workers[index]
             .wait_for_log("worker ready", WORKER_READY)
             .await

@@ -25,9 +25,9 @@
 
 pub mod certificates;
 pub mod fleet;
-pub mod otlp;
 pub mod tally;
 
+pub use toolfleet_cli::supervisor::otlp;
 pub use toolfleet_cli::supervisor::{
     ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, RedisTls, ServerOptions,
     cargo_bin, wait_until,

@@ -440,3 +440,56 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
     );
     Ok(())
 }
+
+/// A small `toolfleet bench` run, traced: its report names the ratio and
+/// counts the spans its collector received; without tracing both are null.
+#[tokio::test]
+async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let small = [
+        "bench",
+        "-J",
+        "20",
+        "-C",
+        "4",
+        "--sequential",
+        "5",
+        "--raw-requests",
+        "100",
+    ];
+    for (tracing, json) in [(true, "traced.json"), (false, "plain.json")] {
+        let path = dir.path().join(json);
+        let mut args = small.to_vec();
+        let path_arg = path.to_string_lossy().into_owned();
+        args.extend(["--json", &path_arg]);
+        if tracing {
+            args.extend(["--trace-ratio", "1.0"]);
+        }
+        let run = toolfleet(&args).await?;
+        assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+        let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        assert_eq!(report["jobs"], 20, "{report}");
+        if tracing {
+            assert_eq!(report["trace_ratio"], 1.0, "{report}");
+            // At least a root, a run, two turns and a call per job.
+            let spans = report["spans_received"].as_u64().unwrap_or_default();
+            assert!(spans >= 20 * 5, "{report}");
+            assert!(
+                run.stdout.contains("tracing              sampling ratio 1"),
+                "{}",
+                run.stdout
+            );
+        } else {
+            assert!(report["trace_ratio"].is_null(), "{report}");
+            assert!(report["spans_received"].is_null(), "{report}");
+        }
+    }
+    let refused = toolfleet(&["bench", "--trace-ratio", "2"]).await?;
+    assert_eq!(refused.code, Some(2));
+    assert!(
+        refused.stderr.contains("not a ratio from 0.0 to 1.0"),
+        "{}",
+        refused.stderr
+    );
+    Ok(())
+}

@@ -292,3 +292,96 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     );
     Ok(())
 }
+
+/// OTLP over HTTP, configured by the standard variables on the worker and
+/// by the config on the orchestrator; and a job that is not sampled sends
+/// no span from any process, though its trace id is returned.
+#[tokio::test]
+async fn spans_go_over_http_too_and_an_unsampled_job_sends_none() -> anyhow::Result<()> {
+    let collector = Collector::start().await?;
+    let endpoint = collector.http_endpoint.as_str();
+    let standard = [
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let mut fleet = Fleet::start_with(0, FAST_REDELIVERY).await?;
+    fleet.spawn_worker_with(&standard).await?;
+    let configured = [
+        ("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint),
+        ("TOOLFLEET_TELEMETRY__OTLP_PROTOCOL", "http/protobuf"),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let traced = fleet.spawn_orchestrator(&configured).await?;
+    fleet.wait_for_tools(traced, &["echo"], 1).await?;
+    let api = fleet.api(traced).await?;
+    let echo = json!([
+        {"tool_calls": [{"name": "echo", "arguments": {"n": 1}},
+                        {"name": "echo", "arguments": {"n": 2}},
+                        {"name": "echo", "arguments": {"n": 3}},
+                        {"name": "echo", "arguments": {"n": 4}}]},
+        {"message": "done"}
+    ]);
+    let job = toolfleet_tests::fleet::run_job(&api, scripted_job("over http", &echo)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    // No client context: the job's trace is its own.
+    assert_eq!(job.trace_id.len(), 32, "{job:?}");
+    assert_ne!(job.trace_id, CLIENT_TRACE);
+    let of_job = |trace: &str| -> Vec<ReceivedSpan> {
+        collector
+            .spans()
+            .into_iter()
+            .filter(|s| s.trace_id() == trace)
+            .collect()
+    };
+    wait_until("the job's spans over HTTP", WAIT, || async {
+        let spans = of_job(&job.trace_id);
+        spans.iter().any(|s| s.span.name == "submit job")
+            && spans
+                .iter()
+                .filter(|s| s.span.name == "tool call echo")
+                .count()
+                == 4
+    })
+    .await?;
+    // The worker, configured by the standard variables alone.
+    wait_until("the worker's execution spans over HTTP", WAIT, || async {
+        of_job(&job.trace_id)
+            .iter()
+            .filter(|s| s.span.name == "execute echo" && s.service == "toolfleet-worker")
+            .count()
+            == 4
+    })
+    .await?;
+
+    // Not sampled: a trace id, and not one span anywhere.
+    fleet.orchestrator(traced).kill();
+    let unsampled = fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint),
+            ("TOOLFLEET_TELEMETRY__OTLP_PROTOCOL", "http/protobuf"),
+            ("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", "0.0"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+        ])
+        .await?;
+    let api = fleet.api(unsampled).await?;
+    let job = toolfleet_tests::fleet::run_job(&api, scripted_job("not sampled", &echo)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.trace_id.len(), 32, "{job:?}");
+    let mut count = 0;
+    wait_until("the exports to settle", WAIT, || {
+        let before = count;
+        count = collector.spans().len();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            before == count
+        }
+    })
+    .await?;
+    assert!(
+        of_job(&job.trace_id).is_empty(),
+        "{:#?}",
+        of_job(&job.trace_id)
+    );
+    Ok(())
+}

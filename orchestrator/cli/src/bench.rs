@@ -12,8 +12,12 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use toolfleet_proto::{JobEvent, v1};
 
+use toolfleet_service::config::TelemetryOptions;
+use toolfleet_service::traces;
+
 use crate::local::{LocalFleet, LocalFleetOptions};
 use crate::output::outln;
+use crate::supervisor::otlp::Collector;
 use crate::supervisor::wait_until;
 use processes::ProcessFleet;
 
@@ -64,6 +68,11 @@ pub(crate) struct BenchArgs {
     /// over it: compare with a run without to see what TLS costs.
     #[arg(long, conflicts_with_all = ["target", "processes"])]
     tls: bool,
+    /// Trace the fleet with this sampling ratio (0.0 to 1.0), exporting over
+    /// OTLP to a collector the bench starts, which counts the spans and
+    /// drops them: compare with a run without to see what tracing costs.
+    #[arg(long, value_name = "RATIO", value_parser = sample_ratio, conflicts_with = "target")]
+    trace_ratio: Option<f64>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -100,12 +109,26 @@ impl Percentiles {
     }
 }
 
+/// A `--trace-ratio`: a number from 0.0 to 1.0.
+fn sample_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text:?} is not a ratio from 0.0 to 1.0")),
+    }
+}
+
 #[derive(Debug, Default, Serialize)]
 struct Report {
     /// `echo`, or `sleep <ms>ms`.
     tool: String,
     /// NATS and Redis over TLS (`--tls`).
     tls: bool,
+    /// The sampling ratio of the fleet's traces (`--trace-ratio`); none when
+    /// tracing was off.
+    trace_ratio: Option<f64>,
+    /// Spans the bench's collector received over the whole run (warm-up
+    /// included), when tracing was on.
+    spans_received: Option<u64>,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -124,15 +147,36 @@ struct Report {
 /// Runs the benchmark and prints (and optionally writes) the report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let workers = args.workers.max(1);
+    let collector = match args.trace_ratio {
+        Some(ratio) => {
+            let collector = Collector::counting().await?;
+            eprintln!(
+                "tracing with sampling ratio {ratio}, to a collector at {} that counts spans...",
+                collector.endpoint
+            );
+            Some(collector)
+        }
+        None => None,
+    };
+    let telemetry = TelemetryOptions {
+        otlp_endpoint: collector.as_ref().map(|c| c.endpoint.clone()),
+        otlp_protocol: None,
+        sample_ratio: args.trace_ratio,
+    };
     let processes = if args.processes {
         eprintln!(
             "starting a fleet of processes (nats-server, redis-server, 1 orchestrator, \
              {workers} workers serving every tool)..."
         );
         let tool = Workload::of(&args).tool();
-        Some(ProcessFleet::start(workers, args.max_in_flight, tool).await?)
+        Some(ProcessFleet::start(workers, args.max_in_flight, tool, &telemetry).await?)
     } else {
         None
+    };
+    // The fleet in this process exports through this process's tracer.
+    let exporting = match (&processes, &args.target) {
+        (None, None) => traces::install(&telemetry, "toolfleet-bench")?,
+        _ => None,
     };
     let fleet = match (&args.target, &processes) {
         (None, None) => {
@@ -167,8 +211,14 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
+    // Stopped processes have sent what they buffered; this one sends its own.
     drop(processes);
-    let report = result?;
+    if let Some(exporting) = exporting {
+        exporting.shutdown().await;
+    }
+    let mut report = result?;
+    report.trace_ratio = args.trace_ratio;
+    report.spans_received = collector.as_ref().map(Collector::received);
     print(&report)?;
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
@@ -250,6 +300,9 @@ async fn measure(
         raw_nats_requests_per_sec: raw_rate,
         raw_nats_round_trip: Percentiles::of(raw_latencies),
         tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
+        // Filled in by the caller, which owns the collector.
+        trace_ratio: None,
+        spans_received: None,
     })
 }
 
@@ -477,6 +530,9 @@ fn print(report: &Report) -> std::io::Result<()> {
     )?;
     if report.tls {
         outln!("transport            NATS and Redis over TLS")?;
+    }
+    if let (Some(ratio), Some(spans)) = (report.trace_ratio, report.spans_received) {
+        outln!("tracing              sampling ratio {ratio}, {spans} spans received")?;
     }
     outln!("jobs/s               {:.0}", report.jobs_per_sec)?;
     outln!("tool calls/s         {:.0}", report.tool_calls_per_sec)?;

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use toolfleet_proto::v1;
+use toolfleet_service::config::TelemetryOptions;
 
 use crate::supervisor::{
     ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
@@ -34,11 +35,13 @@ pub(super) struct ProcessFleet {
 impl ProcessFleet {
     /// Starts the servers, the orchestrator and `workers` workers (each with
     /// `max_in_flight` slots, if given), and returns once the orchestrator
-    /// lists `tool` on every worker.
+    /// lists `tool` on every worker. Every process exports traces as
+    /// `telemetry` says.
     pub(super) async fn start(
         workers: usize,
         max_in_flight: Option<usize>,
         tool: &str,
+        telemetry: &TelemetryOptions,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
@@ -60,7 +63,13 @@ impl ProcessFleet {
             "--redis-url".to_owned(),
             redis.url(),
         ];
-        let no_env: [(&str, &str); 0] = [];
+        let mut tracing = Vec::new();
+        if let Some(endpoint) = &telemetry.otlp_endpoint {
+            tracing.push(("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint.clone()));
+        }
+        if let Some(ratio) = telemetry.sample_ratio {
+            tracing.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
+        }
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
         // The bench's jobs are scripted, on loopback.
@@ -71,7 +80,9 @@ impl ProcessFleet {
             [
                 ("TOOLFLEET_API__ALLOW_SCRIPTED", "true"),
                 ("TOOLFLEET_API__AUTH", "none"),
-            ],
+            ]
+            .into_iter()
+            .chain(tracing.iter().map(|(k, v)| (*k, v.as_str()))),
             &options,
         )?;
         let mut spawned = Vec::new();
@@ -84,8 +95,9 @@ impl ProcessFleet {
             }
             let name = format!("worker-{n}");
             let binary = cargo_bin("toolfleet-worker")?;
+            let env = tracing.iter().map(|(k, v)| (*k, v.as_str()));
             spawned.push(ChildProcess::spawn_with(
-                &name, binary, &args, no_env, &options,
+                &name, binary, &args, env, &options,
             )?);
         }
         let ready = orchestrator

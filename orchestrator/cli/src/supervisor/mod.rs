@@ -17,6 +17,8 @@
 //!   are the tests'.
 //! - [`certificates`]: a CA, server and client certificates for a fleet
 //!   with TLS (`toolfleet bench --tls`, the TLS tests).
+//! - [`otlp::Collector`]: an OTLP trace collector (gRPC and HTTP) in the
+//!   process, for the trace tests and `toolfleet bench --trace-ratio`.
 //! - [`KillHandle`]: kills a process from any thread without owning it, for a
 //!   signal handler that exits without running destructors.
 //! - [`Reaper`]: a watchdog process that kills the servers and removes the
@@ -32,6 +34,7 @@
 
 pub mod certificates;
 mod nats_server;
+pub mod otlp;
 mod process;
 pub mod reaper;
 mod redis_server;

@@ -1,7 +1,10 @@
-//! An OTLP trace collector in the test process: the gRPC `TraceService` of
-//! the OpenTelemetry protocol, built from `opentelemetry-proto`'s service
-//! definitions, keeping every span it is sent, with the `service.name` of the
-//! process that sent it.
+//! An OTLP trace collector in the test process, keeping every span it is
+//! sent with the `service.name` of the process that sent it: the gRPC
+//! `TraceService` of the OpenTelemetry protocol, built from
+//! `opentelemetry-proto`'s service definitions, and its HTTP form
+//! (`POST /v1/traces` with a protobuf body) on a port of its own. The trace
+//! tests read what it kept; `toolfleet bench --trace-ratio` starts one that
+//! only counts, so that tracing costs what exporting costs.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,6 +17,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
+use prost::Message as _;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// A span as the collector received it.
@@ -49,24 +53,76 @@ impl ReceivedSpan {
 
 /// A running collector; stops when dropped.
 pub struct Collector {
-    /// `http://127.0.0.1:<port>`, for `telemetry.otlp_endpoint`.
+    /// Spans received, kept or not.
+    received: Arc<std::sync::atomic::AtomicU64>,
+    /// `http://127.0.0.1:<port>` of OTLP over gRPC, for
+    /// `telemetry.otlp_endpoint`.
     pub endpoint: String,
+    /// `http://127.0.0.1:<port>` of OTLP over HTTP (`http/protobuf`).
+    pub http_endpoint: String,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
     _stop: DropGuard,
 }
 
 impl Collector {
-    /// Starts a collector on a free loopback port.
+    /// Starts a collector that keeps every span, on free loopback ports.
     ///
     /// # Errors
     ///
     /// No port could be bound.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_keeping(true).await
+    }
+
+    /// Starts a collector that only counts the spans it receives.
+    ///
+    /// # Errors
+    ///
+    /// No port could be bound.
+    pub async fn counting() -> anyhow::Result<Self> {
+        Self::start_keeping(false).await
+    }
+
+    async fn start_keeping(keep: bool) -> anyhow::Result<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let address: SocketAddr = listener.local_addr()?;
+        let http_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let http_address: SocketAddr = http_listener.local_addr()?;
         let spans = Arc::new(Mutex::new(Vec::new()));
-        let service = Receiver(spans.clone());
+        let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let receiver = Receiver {
+            spans: keep.then(|| spans.clone()),
+            received: received.clone(),
+        };
+        let service = receiver.clone();
         let stop = CancellationToken::new();
+        let http = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post({
+                move |body: bytes::Bytes| {
+                    let answer = match ExportTraceServiceRequest::decode(body) {
+                        Ok(request) => {
+                            receiver.keep(request);
+                            let response = ExportTraceServiceResponse {
+                                partial_success: None,
+                            };
+                            (axum::http::StatusCode::OK, response.encode_to_vec())
+                        }
+                        Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                    };
+                    std::future::ready(answer)
+                }
+            }),
+        );
+        let http_stopped = stop.clone();
+        tokio::spawn(async move {
+            let served = axum::serve(http_listener, http)
+                .with_graceful_shutdown(http_stopped.cancelled_owned())
+                .await;
+            if let Err(err) = served {
+                eprintln!("the OTLP/HTTP collector stopped: {err}");
+            }
+        });
         let stopped = stop.clone();
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -80,12 +136,20 @@ impl Collector {
         });
         Ok(Self {
             endpoint: format!("http://{address}"),
+            http_endpoint: format!("http://{http_address}"),
+            received,
             spans,
             _stop: stop.drop_guard(),
         })
     }
 
-    /// Every span received so far.
+    /// How many spans were received so far.
+    pub fn received(&self) -> u64 {
+        self.received.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every span received so far (none from a [`counting`](Self::counting)
+    /// collector).
     pub fn spans(&self) -> Vec<ReceivedSpan> {
         self.spans
             .lock()
@@ -103,16 +167,27 @@ impl Collector {
     }
 }
 
-struct Receiver(Arc<Mutex<Vec<ReceivedSpan>>>);
+#[derive(Clone)]
+struct Receiver {
+    spans: Option<Arc<Mutex<Vec<ReceivedSpan>>>>,
+    received: Arc<std::sync::atomic::AtomicU64>,
+}
 
-#[tonic::async_trait]
-impl TraceService for Receiver {
-    async fn export(
-        &self,
-        request: tonic::Request<ExportTraceServiceRequest>,
-    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+impl Receiver {
+    fn keep(&self, request: ExportTraceServiceRequest) {
+        let Some(spans) = &self.spans else {
+            let count: usize = request
+                .resource_spans
+                .iter()
+                .flat_map(|r| &r.scope_spans)
+                .map(|s| s.spans.len())
+                .sum();
+            self.received
+                .fetch_add(count as u64, std::sync::atomic::Ordering::Relaxed);
+            return;
+        };
         let mut received = Vec::new();
-        for resource_spans in request.into_inner().resource_spans {
+        for resource_spans in request.resource_spans {
             let service = resource_spans
                 .resource
                 .as_ref()
@@ -127,10 +202,22 @@ impl TraceService for Receiver {
                 }
             }
         }
-        self.0
+        self.received
+            .fetch_add(received.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        spans
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(received);
+    }
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        self.keep(request.into_inner());
         Ok(tonic::Response::new(ExportTraceServiceResponse {
             partial_success: None,
         }))
