@@ -47,7 +47,7 @@ pub struct OrchestratorOptions {
     pub setup: SetupOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
-    /// OpenTelemetry traces.
+    /// OpenTelemetry export (traces and metrics).
     pub telemetry: TelemetryOptions,
     /// Log output.
     pub log: LogOptions,

@@ -1,6 +1,6 @@
 //! The dashboard and alert rules in `deploy/observability/`: the rules are
 //! valid (`promtool check rules`), and every metric a dashboard panel or a
-//! rule names is exported by a running fleet.
+//! rule names is exported by a running fleet, to Prometheus and over OTLP.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::otlp::Collector;
 use toolfleet_tests::wait_until;
 
 const DEPLOY: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/observability");
@@ -74,10 +75,20 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
             .to_string())
     };
     let (worker_metrics, orchestrator_metrics) = (free()?, free()?);
-    let mut fleet = Fleet::start_with(1, &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]).await?;
-    fleet
-        .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])
-        .await?;
+    let collector = Collector::start().await?;
+    let otlp = [
+        (
+            "TOOLFLEET_TELEMETRY__OTLP_ENDPOINT",
+            collector.endpoint.as_str(),
+        ),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
+    ];
+    let mut worker_env = vec![("TOOLFLEET_METRICS__LISTEN", worker_metrics.as_str())];
+    worker_env.extend(otlp);
+    let mut fleet = Fleet::start_with(1, &worker_env).await?;
+    let mut orchestrator_env = vec![("TOOLFLEET_METRICS__LISTEN", orchestrator_metrics.as_str())];
+    orchestrator_env.extend(otlp);
+    fleet.spawn_orchestrator(&orchestrator_env).await?;
     fleet.wait_for_tools(0, &["echo", "fail"], 1).await?;
     let api = fleet.api(0).await?;
     // A retried call, a failed one, a job that fails: every family has a
@@ -109,6 +120,25 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
     .await;
     if let Err(err) = exported {
         anyhow::bail!("{err}: never exported: {:?}", missing().await);
+    }
+
+    // The same metrics over OTLP, under their family names.
+    let families: BTreeSet<String> = queried
+        .iter()
+        .map(|name| name.strip_suffix("_bucket").unwrap_or(name).to_owned())
+        .collect();
+    let pushed = wait_until(
+        "every queried metric over OTLP",
+        Duration::from_secs(30),
+        || async { families.is_subset(&collector.metric_names()) },
+    )
+    .await;
+    if let Err(err) = pushed {
+        let received = collector.metric_names();
+        anyhow::bail!(
+            "{err}: never pushed: {:?}",
+            families.difference(&received).collect::<Vec<_>>()
+        );
     }
     Ok(())
 }

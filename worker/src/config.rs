@@ -49,7 +49,7 @@ pub struct WorkerOptions {
     pub kg: KgOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
-    /// OpenTelemetry traces.
+    /// OpenTelemetry export (traces and metrics).
     pub telemetry: TelemetryOptions,
     /// Log output.
     pub log: LogOptions,

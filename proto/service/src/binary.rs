@@ -170,9 +170,12 @@ where
         tracing::info!(config = %serde_json::to_string(&options.redacted())?, "starting");
         let exporting = traces::install(options.telemetry(), name)
             .map_err(|err| anyhow::anyhow!("telemetry: cannot export traces: {err}"))?;
+        let listen = options.metrics().listen;
+        let metrics = telemetry::install_metrics(listen.is_some(), options.telemetry(), name)
+            .map_err(|err| anyhow::anyhow!("telemetry: cannot export metrics: {err}"))?;
         let readiness = Readiness::default();
-        if let Some(listen) = options.metrics().listen {
-            telemetry::serve_http(listen, readiness.clone()).await?;
+        if let Some(listen) = listen {
+            telemetry::serve_http(listen, readiness.clone(), &metrics).await?;
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(signals::watch_signals(shutdown.clone()));
@@ -184,10 +187,11 @@ where
             },
         )
         .await;
-        // The spans of the drain too.
+        // The spans and metrics of the drain too.
         if let Some(exporting) = exporting {
             exporting.shutdown().await;
         }
+        metrics.shutdown().await;
         served
     }
     .await;

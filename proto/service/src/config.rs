@@ -160,8 +160,8 @@ impl Default for LogOptions {
     }
 }
 
-/// OpenTelemetry traces (see `docs/observability.md`). Off unless an
-/// endpoint is set here or in `OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`.
+/// OpenTelemetry export of traces and metrics (see `docs/observability.md`).
+/// Off unless an endpoint is set here or in `OTEL_EXPORTER_OTLP_ENDPOINT`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TelemetryOptions {

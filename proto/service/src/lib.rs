@@ -23,6 +23,7 @@ pub mod clock;
 pub mod config;
 pub mod connect;
 pub mod identity;
+mod otlp;
 pub mod queue;
 pub mod reload;
 pub mod signals;

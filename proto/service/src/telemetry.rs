@@ -7,7 +7,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{LogFormat, LogOptions};
+use metrics_exporter_prometheus::PrometheusHandle;
+use metrics_opentelemetry::{OpenTelemetryMetrics, OpenTelemetryRecorder};
+use opentelemetry_sdk::metrics::SdkMeterProvider;
+
+use crate::config::{LogFormat, LogOptions, OtlpProtocol, TelemetryOptions};
+use crate::otlp::{self, Signal};
 
 /// Installs the global tracing subscriber. `RUST_LOG` wins over `options.level`.
 pub fn init_logging(options: &LogOptions) {
@@ -90,28 +95,168 @@ pub const DURATION_BUCKETS: [f64; 17] = [
     120.0, 300.0,
 ];
 
-/// Installs the Prometheus recorder and serves, on `listen`, the metrics at
-/// `/metrics`, liveness at `/healthz` and `readiness` at `/readyz`, for the
-/// life of the process.
+/// Where the process's metrics go: Prometheus (scraped from
+/// [`serve_http`]) and OTLP (pushed), either, both or neither.
+#[derive(Default)]
+pub struct Metrics {
+    prometheus: Option<PrometheusHandle>,
+    otlp: Option<SdkMeterProvider>,
+}
+
+impl Metrics {
+    /// Pushes the last OTLP export and stops.
+    pub async fn shutdown(self) {
+        if let Some(provider) = self.otlp {
+            // The SDK's shutdown blocks its caller until the export task answers.
+            let _ = tokio::task::spawn_blocking(move || provider.shutdown()).await;
+        }
+    }
+}
+
+/// Installs the recorder of the `metrics` facade: Prometheus when
+/// `prometheus` (the process serves `/metrics`), OTLP when an endpoint is
+/// configured for metrics (`telemetry.otlp_endpoint`, or the standard
+/// variables; every `OTEL_METRIC_EXPORT_INTERVAL`, 60 s by default), both
+/// through one fan-out. Must run inside the tokio runtime.
 ///
 /// # Errors
 ///
-/// The address cannot be bound, or a recorder is already installed.
-pub async fn serve_http(listen: SocketAddr, readiness: Readiness) -> anyhow::Result<()> {
-    use axum::http::StatusCode;
-    use axum::routing::get;
-
+/// A bad bucket list or OTLP endpoint, or a recorder already installed.
+pub fn install_metrics(
+    prometheus: bool,
+    telemetry: &TelemetryOptions,
+    service: &str,
+) -> anyhow::Result<Metrics> {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
     // Real histograms, so that percentiles can be taken over replicas and
     // over time (a summary's quantiles cannot be added up).
-    let metrics = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)?
-        .install_recorder()?;
+    let prometheus = if prometheus {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)?
+            .build_recorder();
+        let handle = recorder.handle();
+        // Built, not installed: its upkeep (draining histograms) is ours.
+        let upkeep = handle.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            loop {
+                tick.tick().await;
+                upkeep.run_upkeep();
+            }
+        });
+        Some((recorder, handle))
+    } else {
+        None
+    };
+    let otlp = match otlp::target(telemetry, Signal::Metrics) {
+        Some(target) => Some(otlp_meters(target, service)?),
+        None => None,
+    };
+    let metrics = Metrics {
+        prometheus: prometheus.as_ref().map(|(_, handle)| handle.clone()),
+        otlp: otlp.as_ref().map(|(provider, _)| provider.clone()),
+    };
+    let taken =
+        |err: &dyn std::fmt::Display| anyhow::anyhow!("cannot install the metrics recorder: {err}");
+    match (prometheus, otlp) {
+        (None, None) => {}
+        (Some((recorder, _)), None) => {
+            metrics::set_global_recorder(recorder).map_err(|e| taken(&e))?
+        }
+        (None, Some((_, recorder))) => {
+            metrics::set_global_recorder(recorder).map_err(|e| taken(&e))?
+        }
+        (Some((prometheus, _)), Some((_, otlp))) => metrics::set_global_recorder(
+            metrics_util::layers::FanoutBuilder::default()
+                .add_recorder(prometheus)
+                .add_recorder(otlp)
+                .build(),
+        )
+        .map_err(|e| taken(&e))?,
+    }
+    Ok(metrics)
+}
+
+/// The OTLP meter provider and the `metrics` recorder that feeds it.
+fn otlp_meters(
+    target: otlp::Target,
+    service: &str,
+) -> anyhow::Result<(SdkMeterProvider, OpenTelemetryRecorder)> {
+    use opentelemetry::metrics::MeterProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    use opentelemetry_sdk::metrics::{Aggregation, Instrument, Stream};
+
+    let exporter = match target.protocol {
+        OtlpProtocol::Grpc => {
+            let mut builder = opentelemetry_otlp::MetricExporter::builder().with_tonic();
+            if let Some(endpoint) = target.endpoint {
+                builder = builder.with_endpoint(endpoint);
+            }
+            builder.with_protocol(Protocol::Grpc).build()?
+        }
+        OtlpProtocol::HttpProtobuf => {
+            let mut builder = opentelemetry_otlp::MetricExporter::builder().with_http();
+            if let Some(endpoint) = target.endpoint {
+                builder = builder.with_endpoint(endpoint);
+            }
+            builder.with_protocol(Protocol::HttpBinary).build()?
+        }
+    };
+    // Exported by a tokio task, like the spans (see decision 0014).
+    let reader =
+        opentelemetry_sdk::metrics::periodic_reader_with_async_runtime::PeriodicReader::builder(
+            exporter,
+            opentelemetry_sdk::runtime::Tokio,
+        )
+        .build();
+    // The same buckets as Prometheus's for every duration.
+    let durations = |instrument: &Instrument| {
+        instrument.name().ends_with("_seconds").then(|| {
+            Stream::builder()
+                .with_aggregation(Aggregation::ExplicitBucketHistogram {
+                    boundaries: DURATION_BUCKETS.to_vec(),
+                    record_min_max: true,
+                })
+                .build()
+                .ok()
+        })?
+    };
+    let provider = SdkMeterProvider::builder()
+        .with_reader(reader)
+        .with_view(durations)
+        .with_resource(otlp::resource(service))
+        .build();
+    let meter = provider.meter("toolfleet");
+    let recorder = OpenTelemetryRecorder::new(OpenTelemetryMetrics::new(meter));
+    Ok((provider, recorder))
+}
+
+/// Serves, on `listen`, the Prometheus metrics of `metrics` at `/metrics`
+/// (404 when the process has none), liveness at `/healthz` and `readiness`
+/// at `/readyz`, for the life of the process.
+///
+/// # Errors
+///
+/// The address cannot be bound.
+pub async fn serve_http(
+    listen: SocketAddr,
+    readiness: Readiness,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    use axum::http::StatusCode;
+    use axum::routing::get;
+
+    let metrics = metrics.prometheus.clone();
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let app = axum::Router::new()
         .route(
             paths::METRICS,
-            get(move || std::future::ready(metrics.render())),
+            get(move || {
+                std::future::ready(match &metrics {
+                    Some(metrics) => (StatusCode::OK, metrics.render()),
+                    None => (StatusCode::NOT_FOUND, String::new()),
+                })
+            }),
         )
         .route(paths::HEALTHZ, get(|| std::future::ready("ok")))
         .route(

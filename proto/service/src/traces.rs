@@ -41,6 +41,7 @@ use toolfleet_proto::Envelope;
 pub use opentelemetry::trace::{SpanContext, SpanKind};
 
 use crate::config::{OtlpProtocol, TelemetryOptions};
+use crate::otlp::{self, Signal};
 
 /// Whether spans are exported: set once, by [`install`].
 static ENABLED: AtomicBool = AtomicBool::new(false);
@@ -68,21 +69,6 @@ impl Exporting {
     }
 }
 
-/// Whether spans go anywhere: an endpoint in the options or the standard
-/// variables, and tracing not turned off by `OTEL_SDK_DISABLED=true` or
-/// `OTEL_TRACES_EXPORTER=none`.
-fn endpoint_configured(options: &TelemetryOptions) -> bool {
-    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.eq_ignore_ascii_case("true"))
-        || std::env::var("OTEL_TRACES_EXPORTER").is_ok_and(|v| v.eq_ignore_ascii_case("none"));
-    let from_env = [
-        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
-        "OTEL_EXPORTER_OTLP_ENDPOINT",
-    ]
-    .iter()
-    .any(|name| std::env::var(name).is_ok_and(|v| !v.is_empty()));
-    !disabled && (options.otlp_endpoint.is_some() || from_env)
-}
-
 /// Starts exporting spans of the service `service` (its `service.name`,
 /// unless `OTEL_SERVICE_NAME` names it) when an endpoint is configured.
 /// Must run inside the tokio runtime: the export runs on its tasks.
@@ -91,49 +77,31 @@ fn endpoint_configured(options: &TelemetryOptions) -> bool {
 ///
 /// The exporter cannot be built from the options (a bad endpoint URL).
 pub fn install(options: &TelemetryOptions, service: &str) -> anyhow::Result<Option<Exporting>> {
-    if !endpoint_configured(options) {
+    let Some(target) = otlp::target(options, Signal::Traces) else {
         return Ok(None);
-    }
-    let protocol = options.otlp_protocol.or_else(|| {
-        // The standard variables choose when the config does not; gRPC,
-        // the collectors' usual 4317, when neither does.
-        let named = [
-            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
-            "OTEL_EXPORTER_OTLP_PROTOCOL",
-        ]
-        .iter()
-        .find_map(|name| std::env::var(name).ok());
-        match named.as_deref() {
-            Some("http/protobuf") => Some(OtlpProtocol::HttpProtobuf),
-            _ => None,
-        }
-    });
-    let exporter = match protocol.unwrap_or(OtlpProtocol::Grpc) {
+    };
+    let exporter = match target.protocol {
         OtlpProtocol::Grpc => {
             let mut builder = opentelemetry_otlp::SpanExporter::builder().with_tonic();
-            if let Some(endpoint) = &options.otlp_endpoint {
-                builder = builder.with_endpoint(endpoint.clone());
+            if let Some(endpoint) = target.endpoint {
+                builder = builder.with_endpoint(endpoint);
             }
             builder.with_protocol(Protocol::Grpc).build()?
         }
         OtlpProtocol::HttpProtobuf => {
             let mut builder = opentelemetry_otlp::SpanExporter::builder().with_http();
-            if let Some(endpoint) = &options.otlp_endpoint {
-                builder = builder.with_endpoint(http_traces_url(endpoint));
+            if let Some(endpoint) = target.endpoint {
+                builder = builder.with_endpoint(endpoint);
             }
             builder.with_protocol(Protocol::HttpBinary).build()?
         }
     };
     let processor =
         BatchSpanProcessor::builder(exporter, opentelemetry_sdk::runtime::Tokio).build();
-    let mut resource = opentelemetry_sdk::Resource::builder();
-    if std::env::var("OTEL_SERVICE_NAME").is_err() {
-        resource = resource.with_service_name(service.to_owned());
-    }
     let mut provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
         .with_id_generator(StepIds::default())
-        .with_resource(resource.build());
+        .with_resource(otlp::resource(service));
     // Unset, the SDK reads OTEL_TRACES_SAMPLER(_ARG), else samples every
     // job. Children follow their job's decision, which travels with it.
     if let Some(ratio) = options.sample_ratio {
@@ -145,20 +113,6 @@ pub fn install(options: &TelemetryOptions, service: &str) -> anyhow::Result<Opti
     let _ = TRACER.set(provider.tracer("toolfleet"));
     ENABLED.store(true, Ordering::Relaxed);
     Ok(Some(Exporting { provider }))
-}
-
-/// The URL spans are posted to over HTTP: a collector's base URL gets the
-/// standard `/v1/traces` path, as `OTEL_EXPORTER_OTLP_ENDPOINT` would.
-fn http_traces_url(endpoint: &str) -> String {
-    let trimmed = endpoint.trim_end_matches('/');
-    let has_path = trimmed
-        .split_once("://")
-        .is_some_and(|(_, rest)| rest.contains('/'));
-    if has_path {
-        endpoint.to_owned()
-    } else {
-        format!("{trimmed}/v1/traces")
-    }
 }
 
 thread_local! {
@@ -544,22 +498,6 @@ mod tests {
         assert_ne!(turn.span_id(), job.root().span_id());
         assert_eq!(turn.trace_id(), job.root().trace_id());
         assert!(turn.is_sampled());
-    }
-
-    #[test]
-    fn http_endpoints_get_the_traces_path_unless_they_have_one() {
-        assert_eq!(
-            http_traces_url("http://collector:4318"),
-            "http://collector:4318/v1/traces"
-        );
-        assert_eq!(
-            http_traces_url("http://collector:4318/"),
-            "http://collector:4318/v1/traces"
-        );
-        assert_eq!(
-            http_traces_url("https://otlp.example/custom/traces"),
-            "https://otlp.example/custom/traces"
-        );
     }
 
     #[test]

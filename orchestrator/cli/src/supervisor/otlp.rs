@@ -1,14 +1,22 @@
-//! An OTLP trace collector in the test process, keeping every span it is
-//! sent with the `service.name` of the process that sent it: the gRPC
-//! `TraceService` of the OpenTelemetry protocol, built from
-//! `opentelemetry-proto`'s service definitions, and its HTTP form
-//! (`POST /v1/traces` with a protobuf body) on a port of its own. The trace
+//! An OTLP collector in the test process, keeping every span it is sent with
+//! the `service.name` of the process that sent it, and the names of the
+//! metrics it is sent: the gRPC `TraceService` and `MetricsService` of the
+//! OpenTelemetry protocol, built from `opentelemetry-proto`'s service
+//! definitions, and their HTTP form (`POST /v1/traces`, `/v1/metrics`, with
+//! protobuf bodies) on a port of their own. The trace
 //! tests read what it kept; `toolfleet bench --trace-ratio` starts one that
 //! only counts, so that tracing costs what exporting costs.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
     TraceService, TraceServiceServer,
 };
@@ -61,6 +69,7 @@ pub struct Collector {
     /// `http://127.0.0.1:<port>` of OTLP over HTTP (`http/protobuf`).
     pub http_endpoint: String,
     spans: Arc<Mutex<Vec<ReceivedSpan>>>,
+    metrics: Arc<Mutex<BTreeSet<String>>>,
     _stop: DropGuard,
 }
 
@@ -90,30 +99,53 @@ impl Collector {
         let http_address: SocketAddr = http_listener.local_addr()?;
         let spans = Arc::new(Mutex::new(Vec::new()));
         let received = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let metrics = Arc::new(Mutex::new(BTreeSet::new()));
         let receiver = Receiver {
             spans: keep.then(|| spans.clone()),
             received: received.clone(),
+            metrics: metrics.clone(),
         };
         let service = receiver.clone();
         let stop = CancellationToken::new();
-        let http = axum::Router::new().route(
-            "/v1/traces",
-            axum::routing::post({
-                move |body: bytes::Bytes| {
-                    let answer = match ExportTraceServiceRequest::decode(body) {
-                        Ok(request) => {
-                            receiver.keep(request);
-                            let response = ExportTraceServiceResponse {
-                                partial_success: None,
-                            };
-                            (axum::http::StatusCode::OK, response.encode_to_vec())
-                        }
-                        Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
-                    };
-                    std::future::ready(answer)
-                }
-            }),
-        );
+        let http = axum::Router::new()
+            .route(
+                "/v1/metrics",
+                axum::routing::post({
+                    let receiver = receiver.clone();
+                    move |body: bytes::Bytes| {
+                        let answer = match ExportMetricsServiceRequest::decode(body) {
+                            Ok(request) => {
+                                receiver.keep_metrics(&request);
+                                let response = ExportMetricsServiceResponse {
+                                    partial_success: None,
+                                };
+                                (axum::http::StatusCode::OK, response.encode_to_vec())
+                            }
+                            Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                        };
+                        std::future::ready(answer)
+                    }
+                }),
+            )
+            .route(
+                "/v1/traces",
+                axum::routing::post({
+                    let receiver = receiver.clone();
+                    move |body: bytes::Bytes| {
+                        let answer = match ExportTraceServiceRequest::decode(body) {
+                            Ok(request) => {
+                                receiver.keep(request);
+                                let response = ExportTraceServiceResponse {
+                                    partial_success: None,
+                                };
+                                (axum::http::StatusCode::OK, response.encode_to_vec())
+                            }
+                            Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+                        };
+                        std::future::ready(answer)
+                    }
+                }),
+            );
         let http_stopped = stop.clone();
         tokio::spawn(async move {
             let served = axum::serve(http_listener, http)
@@ -127,7 +159,8 @@ impl Collector {
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let served = tonic::transport::Server::builder()
-                .add_service(TraceServiceServer::new(service))
+                .add_service(TraceServiceServer::new(service.clone()))
+                .add_service(MetricsServiceServer::new(service))
                 .serve_with_incoming_shutdown(incoming, stopped.cancelled_owned())
                 .await;
             if let Err(err) = served {
@@ -139,8 +172,17 @@ impl Collector {
             http_endpoint: format!("http://{http_address}"),
             received,
             spans,
+            metrics,
             _stop: stop.drop_guard(),
         })
+    }
+
+    /// The names of the metrics received so far.
+    pub fn metric_names(&self) -> BTreeSet<String> {
+        self.metrics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// How many spans were received so far.
@@ -171,9 +213,23 @@ impl Collector {
 struct Receiver {
     spans: Option<Arc<Mutex<Vec<ReceivedSpan>>>>,
     received: Arc<std::sync::atomic::AtomicU64>,
+    metrics: Arc<Mutex<BTreeSet<String>>>,
 }
 
 impl Receiver {
+    fn keep_metrics(&self, request: &ExportMetricsServiceRequest) {
+        let names = request
+            .resource_metrics
+            .iter()
+            .flat_map(|r| &r.scope_metrics)
+            .flat_map(|s| &s.metrics)
+            .map(|m| m.name.clone());
+        self.metrics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend(names);
+    }
+
     fn keep(&self, request: ExportTraceServiceRequest) {
         let Some(spans) = &self.spans else {
             let count: usize = request
@@ -208,6 +264,19 @@ impl Receiver {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(received);
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        self.keep_metrics(request.get_ref());
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
     }
 }
 
