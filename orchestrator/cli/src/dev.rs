@@ -2,6 +2,8 @@
 //! `--serve`, the fleet until Ctrl-C.
 
 use std::process::ExitCode;
+use toolfleet_service::config::TelemetryOptions;
+use toolfleet_service::traces;
 
 use anyhow::bail;
 use clap::Args;
@@ -98,6 +100,12 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
             eprintln!("\nsecond signal: killed nats-server and redis-server, removed the temp dir");
         }
     }));
+    // The fleet in this process traces when the standard variables say where
+    // to (OTEL_EXPORTER_OTLP_ENDPOINT), like the services do.
+    let exporting = traces::install(&TelemetryOptions::default(), "toolfleet-dev")?;
+    if exporting.is_some() {
+        eprintln!("exporting traces to the OTLP collector the OTEL_EXPORTER_OTLP_* variables name");
+    }
     let options = LocalFleetOptions {
         grpc_port: args.grpc_port,
         workers: args.workers.into(),
@@ -136,6 +144,9 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
     // A fleet that does not stop cleanly says so on stderr; the job's
     // outcome still decides the exit code.
     fleet.shutdown().await;
+    if let Some(exporting) = exporting {
+        exporting.shutdown().await;
+    }
     signals.abort();
     outcome
 }
