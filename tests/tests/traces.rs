@@ -36,6 +36,19 @@ fn with<'a>(
         .collect()
 }
 
+/// Stops every live process of the fleet gracefully: each sends the spans
+/// it still holds before it exits, so that the collector has them all.
+async fn stop_all(fleet: &Fleet) -> anyhow::Result<()> {
+    let live = fleet
+        .orchestrators()
+        .chain(fleet.workers())
+        .filter(|p| p.is_running());
+    for process in live {
+        process.stop(WAIT).await?;
+    }
+    Ok(())
+}
+
 fn named<'a>(spans: &'a [ReceivedSpan], name: &str) -> Vec<&'a ReceivedSpan> {
     spans.iter().filter(|s| s.span.name == name).collect()
 }
@@ -140,24 +153,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert_eq!(running["span"]["trace_id"], CLIENT_TRACE, "{running}");
     assert_eq!(running["span"]["job_id"], job_id.as_str(), "{running}");
 
-    wait_until("the last turn's span", WAIT, || async {
-        let spans = collector.spans();
-        spans.iter().any(|s| {
-            s.span.name == "model turn" && s.attribute("toolfleet.turn").as_deref() == Some("2")
-        }) && !named(&spans, "tool call sleep").is_empty()
-    })
-    .await?;
-    // The processes export every 50 ms: wait until nothing more comes.
-    let mut count = 0;
-    wait_until("the exports to settle", WAIT, || {
-        let before = count;
-        count = collector.spans().len();
-        async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            before == count
-        }
-    })
-    .await?;
+    stop_all(&fleet).await?;
     let spans = collector.spans();
 
     // One trace, the client's.
@@ -368,16 +364,7 @@ async fn spans_go_over_http_too_and_an_unsampled_job_sends_none() -> anyhow::Res
     let job = toolfleet_tests::fleet::run_job(&api, scripted_job("not sampled", &echo)).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.trace_id.len(), 32, "{job:?}");
-    let mut count = 0;
-    wait_until("the exports to settle", WAIT, || {
-        let before = count;
-        count = collector.spans().len();
-        async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            before == count
-        }
-    })
-    .await?;
+    stop_all(&fleet).await?;
     assert!(
         of_job(&job.trace_id).is_empty(),
         "{:#?}",
