@@ -44,6 +44,16 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         tools: Vec<String>,
     },
+    /// Exit 0 when an orchestrator with this configuration is ready (its
+    /// `/readyz` on metrics.listen answers 200), 1 otherwise: for exec
+    /// probes in images without a shell, and where the gRPC port speaks TLS
+    /// (which the kubelet's gRPC probe cannot).
+    Healthcheck {
+        /// Only check that it is alive (`/healthz`): it may still be waiting
+        /// for NATS or Redis.
+        #[arg(long)]
+        live: bool,
+    },
 }
 
 #[tokio::main]
@@ -56,7 +66,7 @@ async fn main() -> ExitCode {
     } = Flags::parse();
     let tools = match &command {
         Some(Command::Setup { tools }) => Some(tools).filter(|t| !t.is_empty()),
-        None => None,
+        _ => None,
     };
     let overrides = service
         .overrides()
@@ -65,8 +75,12 @@ async fn main() -> ExitCode {
         .set("setup.tools", tools)
         .into_value();
     let options = OrchestratorOptions::load(service.config.as_deref(), overrides);
-    if command.is_some() {
-        return set_up(options).await;
+    match command {
+        Some(Command::Setup { .. }) => return set_up(options).await,
+        Some(Command::Healthcheck { live }) => {
+            return binary::healthcheck("toolfleet-orchestrator", options, live).await;
+        }
+        None => {}
     }
     binary::run(
         "toolfleet-orchestrator",

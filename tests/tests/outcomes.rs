@@ -211,24 +211,37 @@ fn results(job: &v1::Job) -> usize {
 /// instead of exiting; once both are up they serve, and a job runs end to end.
 #[tokio::test]
 async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyhow::Result<()> {
-    // The worker's health endpoint, on a port free right now.
-    let health = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .to_string();
+    // The services' health endpoints, on ports free right now.
+    let free = || -> anyhow::Result<String> {
+        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .to_string())
+    };
+    let (health, orchestrator_health) = (free()?, free()?);
     let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
     fleet.nats.kill();
     fleet.redis.kill();
     let worker = fleet.start_worker()?;
-    let orchestrator = fleet.start_orchestrator(&[])?;
-    // `toolfleet-worker healthcheck`, as an exec probe runs it.
-    let probe = |live: bool| {
-        let mut command =
-            std::process::Command::new(toolfleet_tests::cargo_bin("toolfleet-worker")?);
-        command.args(["healthcheck", "--metrics-listen", &health]);
+    let orchestrator =
+        fleet.start_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_health)])?;
+    // `toolfleet-worker healthcheck` and `toolfleet-orchestrator
+    // healthcheck`, as exec probes run them: both answer alike.
+    let ask = |binary: &str, listen: &str, live: bool| {
+        let mut command = std::process::Command::new(toolfleet_tests::cargo_bin(binary)?);
+        command.args(["healthcheck", "--metrics-listen", listen]);
         if live {
             command.arg("--live");
         }
         anyhow::Ok(command.output()?.status.success())
+    };
+    let probe = |live: bool| {
+        let worker = ask("toolfleet-worker", &health, live)?;
+        let orchestrator = ask("toolfleet-orchestrator", &orchestrator_health, live)?;
+        anyhow::ensure!(
+            worker == orchestrator,
+            "the worker says {worker}, the orchestrator {orchestrator} (live: {live})"
+        );
+        anyhow::Ok(worker)
     };
     // The orchestrator listens at once: its gRPC health says it is not
     // serving yet, and its API asks to retry.
