@@ -1,0 +1,142 @@
+"""Checks the Helm chart deploy/helm/toolfleet without a cluster or a helm
+binary, through the Helm v4 SDK (helm-python-sdk):
+
+- `helm lint --strict` finds no error and no warning;
+- it renders with its default values and with other value sets, and every
+  manifest validates (kubernetes-validate, strict) against a current
+  Kubernetes;
+- values the schema forbids fail the render;
+- every container of every rendered Deployment and Job runs in the
+  workspace's own binary: the setup Job for real against the test NATS
+  server, the services' commands and environments load (`--print-config`),
+  the workers serve exactly the tools the setup creates consumers for, and
+  every probe is a subcommand of the container's binary.
+
+Usage: chart.py CHART_DIR BIN_DIR NATS_URL
+"""
+
+import sys
+
+import helm_python
+import kubernetes_validate
+import yaml
+
+from common import Checks
+
+KUBERNETES = kubernetes_validate.latest_version()
+
+# Value sets beside the defaults; each must render and validate.
+VALUE_SETS = {
+    "defaults": None,
+    "one pool, external NATS and Redis over TLS, no auth": {
+        "nats": {"url": "tls://nats.messaging.svc:4222"},
+        "redis": {"url": "rediss://redis.cache.svc:6380/"},
+        "orchestrator": {"auth": "none"},
+        "pools": [
+            {
+                "name": "everything",
+                "tools": ["calculate", "get_current_weather", "factual_qa", "trend_analysis"],
+                "replicas": 3,
+                "maxInFlight": 64,
+                "resources": {},
+            }
+        ],
+    },
+    "no service account of its own": {
+        "serviceAccount": {"create": False, "name": "tool-runner"},
+    },
+}
+
+# Values the schema must refuse, and why.
+REFUSED = {
+    "a tool name that is not one": {"pools": [{"name": "p", "tools": ["bad tool!"], "replicas": 1, "maxInFlight": 1, "resources": {}}]},
+    "an unknown key": {"orchestrator": {"replica": 2}},
+    "no pool": {"pools": []},
+    "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
+    "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},
+}
+
+
+def manifests(rendered: dict[str, str]) -> list[dict]:
+    docs = []
+    for path, text in sorted(rendered.items()):
+        if path.endswith("NOTES.txt"):
+            continue
+        docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return docs
+
+
+def container_env(container: dict) -> dict[str, str]:
+    """The container's environment as the kubelet gives it; a field
+    reference gets a pod name."""
+    env = {}
+    for var in container.get("env", []):
+        if "value" in var:
+            env[var["name"]] = str(var["value"])
+        elif "fieldRef" in var.get("valueFrom", {}):
+            env[var["name"]] = "pod-0"
+    return env
+
+
+def check_containers(docs: list[dict], checks: Checks, label: str) -> None:
+    # The images' own environment (deploy/Dockerfile) under the chart's.
+    image_env = {"TOOLFLEET_LOG__FORMAT": "json"}
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "Job"):
+            continue
+        for container in doc["spec"]["template"]["spec"]["containers"]:
+            where = f"{label}: {doc['kind']} {doc['metadata']['name']}"
+            image = container["image"].split(":")[0]
+            binary = "toolfleet-worker" if "worker" in image else "toolfleet-orchestrator"
+            args = [str(a) for a in container.get("args", [])]
+            env = {**image_env, **container_env(container)}
+            if args[:1] == ["setup"]:
+                checks.setup(where, binary, args, env)
+            else:
+                checks.service(where, binary, args, env)
+            for probe in ("readinessProbe", "livenessProbe"):
+                command = container.get(probe, {}).get("exec", {}).get("command")
+                if command:
+                    checks.probe(f"{where} {probe}", binary, command)
+                elif doc["kind"] == "Deployment":
+                    checks.failures.append(f"{where}: no exec {probe}")
+
+
+def main() -> int:
+    chart_dir, bin_dir, nats_url = sys.argv[1:4]
+    failures = []
+    lint = helm_python.lint(chart_dir, strict=True)
+    for message in lint["messages"]:
+        if message["severity"] >= 2:
+            failures.append(f"lint: {message['path']}: {message['error']}")
+    failures.extend(f"lint: {error}" for error in lint["errors"])
+    chart = helm_python.Chart.load(chart_dir)
+    validated = 0
+    for label, values in VALUE_SETS.items():
+        checks = Checks(bin_dir, nats_url)
+        rendered = chart.render(values, name="tf", namespace="toolfleet", is_install=True)
+        docs = manifests(rendered)
+        for doc in docs:
+            try:
+                kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+                validated += 1
+            except kubernetes_validate.ValidationError as err:
+                failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err.message}")
+        check_containers(docs, checks, label)
+        if checks.finish(f"chart ({label})", 3) != 0:
+            failures.extend(checks.failures or [f"{label}: too few containers"])
+    for label, values in REFUSED.items():
+        try:
+            chart.render(values, name="tf", namespace="toolfleet", is_install=True)
+            failures.append(f"the values with {label} rendered")
+        except helm_python.HelmError:
+            pass
+    print(f"chart: {len(VALUE_SETS)} value sets, {validated} manifests valid for Kubernetes {KUBERNETES}, "
+          f"{len(REFUSED)} bad value sets refused")
+    for failure in failures:
+        print(f"FAIL {failure}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

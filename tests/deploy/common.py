@@ -1,0 +1,86 @@
+"""What the deployment checks share: running a toolfleet binary the way a
+container would, and the checks every deployment file must pass."""
+
+import json
+import os
+import subprocess
+
+BINARIES = ("toolfleet-orchestrator", "toolfleet-worker")
+
+
+def run(binary: str, args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Runs `binary` with only `env` (and PATH), as a container would."""
+    full_env = {"PATH": os.environ.get("PATH", ""), **env}
+    return subprocess.run(
+        [binary, *args], env=full_env, capture_output=True, text=True, timeout=60
+    )
+
+
+class Checks:
+    """Failures found so far, and the tools set up and served."""
+
+    def __init__(self, bin_dir: str, nats_url: str):
+        self.bin_dir = bin_dir
+        self.nats_url = nats_url
+        self.failures: list[str] = []
+        self.set_up: set[str] = set()
+        self.served: set[str] = set()
+        self.checked = 0
+
+    def binary(self, name: str) -> str:
+        return os.path.join(self.bin_dir, name)
+
+    def setup(self, where: str, binary: str, args: list[str], env: dict[str, str]) -> None:
+        """Runs the setup step for real against the test NATS server."""
+        env = {**env, "TOOLFLEET_NATS__URL": self.nats_url}
+        done = run(self.binary(binary), args, env)
+        tools = args[args.index("--tools") + 1].split(",")
+        self.set_up.update(tools)
+        expected = [f"tool_{tool}" for tool in tools]
+        if done.returncode != 0 or not all(e in done.stdout for e in expected):
+            self.failures.append(
+                f"{where}: setup {args} gave {done.returncode}:\n{done.stdout}{done.stderr}"
+            )
+        self.checked += 1
+
+    def service(self, where: str, binary: str, args: list[str], env: dict[str, str]) -> dict | None:
+        """Loads a long-running service's configuration (`--print-config`):
+        it must load, log JSON and leave JetStream objects to the setup."""
+        done = run(self.binary(binary), [*args, "--print-config"], env)
+        self.checked += 1
+        if done.returncode != 0:
+            self.failures.append(f"{where}: {args} does not load:\n{done.stderr}")
+            return None
+        config = json.loads(done.stdout)
+        if "--tools" in args:
+            tools = args[args.index("--tools") + 1].split(",")
+            if config.get("tools") != tools:
+                self.failures.append(f"{where}: serves {config.get('tools')}, not {tools}")
+            self.served.update(tools)
+        if config["nats"]["create_missing"] is not False:
+            self.failures.append(f"{where}: would create JetStream objects itself")
+        if config["log"]["format"] != "json":
+            self.failures.append(f"{where}: logs are not JSON")
+        return config
+
+    def probe(self, where: str, binary: str, command: list[str]) -> None:
+        """A probe must run the container's own binary with one of its
+        subcommands."""
+        if os.path.basename(command[0]) != binary:
+            self.failures.append(f"{where}: the probe runs {command[0]}, not {binary}")
+            return
+        done = run(self.binary(binary), [*command[1:], "--help"], {})
+        if done.returncode != 0:
+            self.failures.append(f"{where}: probe {command[1:]} is not a subcommand:\n{done.stderr}")
+
+    def finish(self, what: str, at_least: int) -> int:
+        """Reports; the exit code of the check."""
+        if self.served != self.set_up:
+            self.failures.append(
+                f"the workers serve {sorted(self.served)}, "
+                f"the setup creates consumers for {sorted(self.set_up)}"
+            )
+        print(f"{what}: {self.checked} toolfleet containers checked")
+        for failure in self.failures:
+            print(f"FAIL {failure}")
+        return 1 if self.failures or self.checked < at_least else 0
