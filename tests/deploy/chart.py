@@ -37,9 +37,24 @@ VALUE_SETS = {
                 "name": "everything",
                 "tools": ["calculate", "get_current_weather", "factual_qa", "trend_analysis"],
                 "replicas": 3,
+                "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70},
                 "maxInFlight": 64,
                 "resources": {},
             }
+        ],
+    },
+    "without network policies, every pool autoscaled": {
+        "networkPolicy": {"enabled": False, "grpcFrom": [], "metricsFrom": [], "egressPorts": [4222]},
+        "pools": [
+            {
+                "name": name,
+                "tools": tools,
+                "replicas": 1,
+                "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 20, "targetCPU": 60},
+                "maxInFlight": 8,
+                "resources": {"requests": {"cpu": "100m"}},
+            }
+            for name, tools in [("math", ["calculate"]), ("weather", ["get_current_weather"])]
         ],
     },
     "no service account of its own": {
@@ -47,9 +62,23 @@ VALUE_SETS = {
     },
 }
 
+# What each value set must render, by kind.
+KINDS = {
+    "defaults": {"Deployment": 3, "Service": 1, "PodDisruptionBudget": 1, "Job": 1,
+                 "ServiceAccount": 1, "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1},
+    "one pool, external NATS and Redis over TLS, no auth": {"Deployment": 2, "NetworkPolicy": 2,
+                                                            "HorizontalPodAutoscaler": 0},
+    "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
+                                                        "HorizontalPodAutoscaler": 2},
+    "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
+}
+
 # Values the schema must refuse, and why.
 REFUSED = {
-    "a tool name that is not one": {"pools": [{"name": "p", "tools": ["bad tool!"], "replicas": 1, "maxInFlight": 1, "resources": {}}]},
+    "a tool name that is not one": {"pools": [{"name": "p", "tools": ["bad tool!"], "replicas": 1, "maxInFlight": 1, "resources": {},
+                                               "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70}}]},
+    "a CPU target over 100%": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
+                                          "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150}}]},
     "an unknown key": {"orchestrator": {"replica": 2}},
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
@@ -116,6 +145,10 @@ def main() -> int:
         checks = Checks(bin_dir, nats_url)
         rendered = chart.render(values, name="tf", namespace="toolfleet", is_install=True)
         docs = manifests(rendered)
+        for kind, count in KINDS[label].items():
+            found = sum(1 for doc in docs if doc["kind"] == kind)
+            if found != count:
+                failures.append(f"{label}: {found} {kind} rendered, not {count}")
         for doc in docs:
             try:
                 kubernetes_validate.validate(doc, KUBERNETES, strict=True)

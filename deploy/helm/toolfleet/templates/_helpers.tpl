@@ -53,3 +53,17 @@ seccompProfile:
 - name: TOOLFLEET_LOG__FORMAT
   value: json
 {{- end -}}
+
+{{/* Where the services may connect: DNS, and the configured ports. */}}
+{{- define "toolfleet.egress" -}}
+- ports:
+    - port: 53
+      protocol: UDP
+    - port: 53
+      protocol: TCP
+- ports:
+    {{- range .Values.networkPolicy.egressPorts }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end -}}
