@@ -15,6 +15,9 @@ binary, through the Helm v4 SDK (helm-python-sdk):
 Usage: chart.py CHART_DIR BIN_DIR NATS_URL
 """
 
+import json
+import os
+import subprocess
 import sys
 
 import helm_python
@@ -37,7 +40,7 @@ VALUE_SETS = {
                 "name": "everything",
                 "tools": ["calculate", "get_current_weather", "factual_qa", "trend_analysis"],
                 "replicas": 3,
-                "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70},
+                "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70, "lagThreshold": 10},
                 "maxInFlight": 64,
                 "resources": {},
             }
@@ -50,7 +53,7 @@ VALUE_SETS = {
                 "name": name,
                 "tools": tools,
                 "replicas": 1,
-                "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 20, "targetCPU": 60},
+                "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 20, "targetCPU": 60, "lagThreshold": 10},
                 "maxInFlight": 8,
                 "resources": {"requests": {"cpu": "100m"}},
             }
@@ -59,6 +62,21 @@ VALUE_SETS = {
     },
     "no service account of its own": {
         "serviceAccount": {"create": False, "name": "tool-runner"},
+    },
+    "KEDA, every pool scaling to zero": {
+        "keda": {"enabled": True, "natsMonitoringEndpoint": "nats.messaging.svc:8222", "account": "$G"},
+        "pools": [
+            {
+                "name": name,
+                "tools": tools,
+                "replicas": 1,
+                "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 8, "targetCPU": 70, "lagThreshold": 16},
+                "maxInFlight": 16,
+                "resources": {},
+            }
+            for name, tools in [("general", ["calculate", "get_current_weather"]),
+                                ("knowledge", ["factual_qa", "trend_analysis"])]
+        ],
     },
 }
 
@@ -71,14 +89,20 @@ KINDS = {
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
                                                         "HorizontalPodAutoscaler": 2},
     "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
+    "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
 }
+
+# Kinds that are CRDs, validated against their CRD's schema (crds.mjs).
+CUSTOM = {"keda.sh/v1alpha1"}
 
 # Values the schema must refuse, and why.
 REFUSED = {
     "a tool name that is not one": {"pools": [{"name": "p", "tools": ["bad tool!"], "replicas": 1, "maxInFlight": 1, "resources": {},
-                                               "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70}}]},
+                                               "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70, "lagThreshold": 10}}]},
+    "scale to zero without KEDA": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
+                                              "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2, "targetCPU": 70, "lagThreshold": 10}}]},
     "a CPU target over 100%": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
-                                          "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150}}]},
+                                          "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150, "lagThreshold": 10}}]},
     "an unknown key": {"orchestrator": {"replica": 2}},
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
@@ -93,6 +117,29 @@ def manifests(rendered: dict[str, str]) -> list[dict]:
             continue
         docs.extend(doc for doc in yaml.safe_load_all(text) if doc)
     return docs
+
+
+def scaled_objects_match_pools(scaled: list[dict], docs: list[dict]) -> list[str]:
+    """Each ScaledObject scales a rendered pool on exactly the consumers of
+    that pool's tools, in toolfleet's call stream."""
+    deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    problems = []
+    for obj in scaled:
+        target = obj["spec"]["scaleTargetRef"]["name"]
+        deployment = deployments.get(target)
+        if deployment is None:
+            problems.append(f"{obj['metadata']['name']} scales {target}, which is not rendered")
+            continue
+        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        tools = args[args.index("--tools") + 1].split(",")
+        triggers = obj["spec"]["triggers"]
+        consumers = sorted(t["metadata"]["consumer"] for t in triggers)
+        if consumers != sorted(f"tool_{tool}" for tool in tools):
+            problems.append(f"{obj['metadata']['name']}: consumers {consumers} for tools {tools}")
+        for trigger in triggers:
+            if trigger["type"] != "nats-jetstream" or trigger["metadata"]["stream"] != "TOOLFLEET_CALLS":
+                problems.append(f"{obj['metadata']['name']}: trigger {trigger}")
+    return problems
 
 
 def container_env(container: dict) -> dict[str, str]:
@@ -149,12 +196,25 @@ def main() -> int:
             found = sum(1 for doc in docs if doc["kind"] == kind)
             if found != count:
                 failures.append(f"{label}: {found} {kind} rendered, not {count}")
+        custom = [doc for doc in docs if doc["apiVersion"] in CUSTOM]
         for doc in docs:
+            if doc in custom:
+                continue
             try:
                 kubernetes_validate.validate(doc, KUBERNETES, strict=True)
                 validated += 1
             except kubernetes_validate.ValidationError as err:
                 failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err.message}")
+        if custom:
+            done = subprocess.run(
+                ["node", os.path.join(os.path.dirname(__file__), "crds.mjs")],
+                input=json.dumps(custom), capture_output=True, text=True, timeout=60,
+            )
+            if done.returncode != 0:
+                failures.append(f"{label}: custom resources:\n{done.stdout}{done.stderr}")
+            else:
+                validated += len(custom)
+            failures.extend(f"{label}: {f}" for f in scaled_objects_match_pools(custom, docs))
         check_containers(docs, checks, label)
         if checks.finish(f"chart ({label})", 3) != 0:
             failures.extend(checks.failures or [f"{label}: too few containers"])

@@ -64,14 +64,16 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 }
 
 /// `deploy/helm/toolfleet`: lint without errors or warnings, every manifest
-/// of every value set valid for a current Kubernetes, bad values refused by
-/// the schema, and every container's command, environment and probes run
-/// by the binary it names (the setup Job for real).
+/// of every value set valid for a current Kubernetes (KEDA's ScaledObjects
+/// against KEDA's CRD schema, each scaling its pool on its tools'
+/// consumers), bad values refused, and every container's command,
+/// environment and probes run by the binary it names (the setup Job for
+/// real).
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
     let said = check("chart.py", &["deploy/helm/toolfleet"]).await?;
-    assert!(said.contains("chart: 4 value sets"), "{said}");
-    assert!(said.contains("6 bad value sets refused"), "{said}");
+    assert!(said.contains("chart: 5 value sets"), "{said}");
+    assert!(said.contains("7 bad value sets refused"), "{said}");
     Ok(())
 }
