@@ -30,5 +30,43 @@ pub mod tally;
 pub use toolfleet_cli::supervisor::otlp;
 pub use toolfleet_cli::supervisor::{
     ChildProcess, LogMark, NatsServer, Outcome, RedisConfig, RedisServer, RedisTls, ServerOptions,
-    cargo_bin, wait_until,
+    cargo_bin, free_port, wait_until,
 };
+
+use std::path::{Path, PathBuf};
+
+/// `127.0.0.1:<port>`, with a port free right now: for a service's
+/// `metrics.listen` and the like.
+///
+/// # Errors
+///
+/// No port could be reserved.
+pub fn free_loopback_address() -> anyhow::Result<String> {
+    Ok(format!("127.0.0.1:{}", free_port()?))
+}
+
+/// The repository's root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is in the repository")
+        .to_owned()
+}
+
+/// The Python of the venv that scripts/setup prepared, with the Python
+/// client's gRPC packages and the deployment checks' packages
+/// (`TOOLFLEET_PYTHON` overrides it).
+///
+/// # Errors
+///
+/// It is missing: scripts/setup was not run.
+pub fn venv_python() -> anyhow::Result<PathBuf> {
+    let path = std::env::var_os("TOOLFLEET_PYTHON")
+        .map_or_else(|| repo_root().join(".tools/venv/bin/python"), PathBuf::from);
+    anyhow::ensure!(
+        path.is_file(),
+        "{} not found: run scripts/setup (it installs the packages the tests use)",
+        path.display()
+    );
+    Ok(path)
+}

@@ -3,27 +3,7 @@
 //! with the workspace's own binaries (tests/deploy/*.py, in the venv that
 //! scripts/setup makes).
 
-use std::path::{Path, PathBuf};
-
-use toolfleet_tests::{NatsServer, cargo_bin};
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is in the repository")
-        .to_owned()
-}
-
-/// The venv's Python, where scripts/setup installed the checks' packages.
-fn python() -> anyhow::Result<PathBuf> {
-    let python = repo().join(".tools/venv/bin/python");
-    anyhow::ensure!(
-        python.exists(),
-        "{} is missing: run scripts/setup",
-        python.display()
-    );
-    Ok(python)
-}
+use toolfleet_tests::{NatsServer, cargo_bin, repo_root, venv_python};
 
 /// Runs `tests/deploy/<script>` with `args`, then the binaries' dir and a
 /// test NATS server's URL; returns what it said, failing if it failed.
@@ -33,9 +13,9 @@ async fn check(script: &str, args: &[&str]) -> anyhow::Result<String> {
         .parent()
         .expect("a binary is in a dir")
         .to_owned();
-    let output = tokio::process::Command::new(python()?)
-        .arg(repo().join("tests/deploy").join(script))
-        .args(args.iter().map(|a| repo().join(a)))
+    let output = tokio::process::Command::new(venv_python()?)
+        .arg(repo_root().join("tests/deploy").join(script))
+        .args(args.iter().map(|a| repo_root().join(a)))
         .arg(bin_dir)
         .arg(nats.url())
         .output()

@@ -69,12 +69,10 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
     ))?));
     assert!(queried.len() > 10, "{queried:?}");
 
-    let free = || -> anyhow::Result<String> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .to_string())
-    };
-    let (worker_metrics, orchestrator_metrics) = (free()?, free()?);
+    let (worker_metrics, orchestrator_metrics) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
     let collector = Collector::start().await?;
     let otlp = [
         (

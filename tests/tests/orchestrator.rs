@@ -1113,12 +1113,10 @@ async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
 /// replicas), on both services.
 #[tokio::test]
 async fn call_durations_are_exported_as_histograms_with_buckets() -> anyhow::Result<()> {
-    let free = || -> anyhow::Result<String> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .to_string())
-    };
-    let (worker_metrics, orchestrator_metrics) = (free()?, free()?);
+    let (worker_metrics, orchestrator_metrics) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
     let mut fleet = Fleet::start_with(1, &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]).await?;
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])

@@ -212,12 +212,10 @@ fn results(job: &v1::Job) -> usize {
 #[tokio::test]
 async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyhow::Result<()> {
     // The services' health endpoints, on ports free right now.
-    let free = || -> anyhow::Result<String> {
-        Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .to_string())
-    };
-    let (health, orchestrator_health) = (free()?, free()?);
+    let (health, orchestrator_health) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
     let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
     fleet.nats.kill();
     fleet.redis.kill();

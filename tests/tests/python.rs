@@ -1,35 +1,17 @@
 //! The Python client (`clients/python`) against a real fleet: its runnable
 //! example, and the grpcurl session of `docs/api.md` run through it.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use tokio::process::Command;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::Fleet;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ is in the repository")
-        .to_owned()
-}
-
-/// The Python that scripts/setup prepared (`TOOLFLEET_PYTHON` overrides it).
-fn python() -> anyhow::Result<PathBuf> {
-    let path = std::env::var_os("TOOLFLEET_PYTHON")
-        .map_or_else(|| repo().join(".tools/venv/bin/python"), PathBuf::from);
-    anyhow::ensure!(
-        path.is_file(),
-        "{} not found: run scripts/setup (it installs the Python client's gRPC packages)",
-        path.display()
-    );
-    Ok(path)
-}
+use toolfleet_tests::{repo_root, venv_python};
 
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(program)
         .args(args)
-        .current_dir(repo())
+        .current_dir(repo_root())
         .output()
         .await?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -45,7 +27,7 @@ async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
 
 #[tokio::test]
 async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow::Result<()> {
-    let python = python()?;
+    let python = venv_python()?;
     // Built from this checkout's .proto, so the client matches the server.
     run(
         &python,
@@ -141,7 +123,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     ];
     let refused = Command::new(&python)
         .args(example)
-        .current_dir(repo())
+        .current_dir(repo_root())
         .env_remove("TOOLFLEET_TOKEN")
         .output()
         .await?;
@@ -153,7 +135,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     );
     let output = Command::new(&python)
         .args(example)
-        .current_dir(repo())
+        .current_dir(repo_root())
         .env("TOOLFLEET_TOKEN", "tok-python-5e2b")
         .output()
         .await?;
@@ -187,7 +169,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     let ca = certificates.path("ca.pem");
     let anonymous = Command::new(&python)
         .args(example)
-        .current_dir(repo())
+        .current_dir(repo_root())
         .env_remove("TOOLFLEET_TOKEN")
         .env("TOOLFLEET_TLS_CA_FILE", &ca)
         .output()
@@ -198,7 +180,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     );
     let output = Command::new(&python)
         .args(example)
-        .current_dir(repo())
+        .current_dir(repo_root())
         .env_remove("TOOLFLEET_TOKEN")
         .env("TOOLFLEET_TLS_CA_FILE", &ca)
         .env("TOOLFLEET_TLS_CERT_FILE", certificates.path("client.pem"))

@@ -46,6 +46,20 @@ pub use reaper::Reaper;
 pub use redis_server::{RedisConfig, RedisServer, RedisTls};
 pub use wait::{Outcome, wait_until};
 
+/// A loopback port the kernel considers free right now. Another process can
+/// take it before whoever it is for binds it: a server started on it must
+/// retry then ([`RedisServer::start_with`] does).
+///
+/// # Errors
+///
+/// No port could be reserved.
+pub fn free_port() -> anyhow::Result<u16> {
+    use anyhow::Context as _;
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").context("cannot reserve a loopback port")?;
+    Ok(listener.local_addr()?.port())
+}
+
 /// The gRPC URL (`http://<address>`) in a line an orchestrator logged with
 /// its address (`grpc=<address>`, or a `grpc` field in JSON: "grpc
 /// listening", "orchestrator ready").

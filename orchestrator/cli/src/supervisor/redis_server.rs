@@ -2,7 +2,6 @@
 
 use std::{
     ffi::OsString,
-    net::TcpListener,
     path::{Path, PathBuf},
     process::ExitStatus,
     time::Duration,
@@ -10,6 +9,7 @@ use std::{
 
 use anyhow::Context as _;
 
+use super::free_port;
 use super::process::{self, ChildProcess, ScratchDir, ServerOptions};
 
 /// Path of the `redis-server` binary to use; wins over `PATH`.
@@ -315,11 +315,4 @@ fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
         args.extend(["--include".into(), include.clone().into()]);
     }
     args
-}
-
-/// A port the kernel considers free right now. Another process can take it before
-/// redis-server binds it; [`RedisServer::start_with`] retries then.
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("cannot reserve a loopback port")?;
-    Ok(listener.local_addr()?.port())
 }
