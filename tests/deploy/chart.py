@@ -35,6 +35,8 @@ VALUE_SETS = {
         "nats": {"url": "tls://nats.messaging.svc:4222"},
         "redis": {"url": "rediss://redis.cache.svc:6380/"},
         "orchestrator": {"auth": "none"},
+        "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318",
+                      "otlpProtocol": "http/protobuf", "sampleRatio": 0.05},
         "pools": [
             {
                 "name": "everything",
@@ -101,6 +103,7 @@ REFUSED = {
                                                "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70, "lagThreshold": 10}}]},
     "scale to zero without KEDA": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
                                               "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 2, "targetCPU": 70, "lagThreshold": 10}}]},
+    "a sampling ratio over 1": {"telemetry": {"otlpEndpoint": "http://c:4317", "otlpProtocol": "grpc", "sampleRatio": 2}},
     "a CPU target over 100%": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
                                           "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150, "lagThreshold": 10}}]},
     "an unknown key": {"orchestrator": {"replica": 2}},
@@ -154,7 +157,7 @@ def container_env(container: dict) -> dict[str, str]:
     return env
 
 
-def check_containers(docs: list[dict], checks: Checks, label: str) -> None:
+def check_containers(docs: list[dict], checks: Checks, label: str, values: dict | None) -> None:
     # The images' own environment (deploy/Dockerfile) under the chart's.
     image_env = {"TOOLFLEET_LOG__FORMAT": "json"}
     for doc in docs:
@@ -169,7 +172,13 @@ def check_containers(docs: list[dict], checks: Checks, label: str) -> None:
             if args[:1] == ["setup"]:
                 checks.setup(where, binary, args, env)
             else:
-                checks.service(where, binary, args, env)
+                config = checks.service(where, binary, args, env)
+                # The services export where the values say, or not at all.
+                wanted = ((values or {}).get("telemetry") or {}).get("otlpEndpoint") or None
+                if config and config["telemetry"]["otlp_endpoint"] != wanted:
+                    checks.failures.append(
+                        f"{where}: exports to {config['telemetry']['otlp_endpoint']}, not {wanted}"
+                    )
             for probe in ("readinessProbe", "livenessProbe"):
                 command = container.get(probe, {}).get("exec", {}).get("command")
                 if command:
@@ -215,7 +224,7 @@ def main() -> int:
             else:
                 validated += len(custom)
             failures.extend(f"{label}: {f}" for f in scaled_objects_match_pools(custom, docs))
-        check_containers(docs, checks, label)
+        check_containers(docs, checks, label, values)
         if checks.finish(f"chart ({label})", 3) != 0:
             failures.extend(checks.failures or [f"{label}: too few containers"])
     for label, values in REFUSED.items():

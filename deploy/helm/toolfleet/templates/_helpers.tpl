@@ -52,6 +52,16 @@ seccompProfile:
   value: {{ .Values.redis.url | quote }}
 - name: TOOLFLEET_LOG__FORMAT
   value: json
+{{- with .Values.telemetry }}
+{{- if .otlpEndpoint }}
+- name: TOOLFLEET_TELEMETRY__OTLP_ENDPOINT
+  value: {{ .otlpEndpoint | quote }}
+- name: TOOLFLEET_TELEMETRY__OTLP_PROTOCOL
+  value: {{ .otlpProtocol | quote }}
+- name: TOOLFLEET_TELEMETRY__SAMPLE_RATIO
+  value: {{ .sampleRatio | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* Where the services may connect: DNS, and the configured ports. */}}
