@@ -25,7 +25,6 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::trace::v1::Span;
-use prost::Message as _;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// A span as the collector received it.
@@ -110,40 +109,16 @@ impl Collector {
         let http = axum::Router::new()
             .route(
                 "/v1/metrics",
-                axum::routing::post({
+                http_export::<ExportMetricsServiceRequest, ExportMetricsServiceResponse>({
                     let receiver = receiver.clone();
-                    move |body: bytes::Bytes| {
-                        let answer = match ExportMetricsServiceRequest::decode(body) {
-                            Ok(request) => {
-                                receiver.keep_metrics(&request);
-                                let response = ExportMetricsServiceResponse {
-                                    partial_success: None,
-                                };
-                                (axum::http::StatusCode::OK, response.encode_to_vec())
-                            }
-                            Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
-                        };
-                        std::future::ready(answer)
-                    }
+                    move |request| receiver.keep_metrics(&request)
                 }),
             )
             .route(
                 "/v1/traces",
-                axum::routing::post({
+                http_export::<ExportTraceServiceRequest, ExportTraceServiceResponse>({
                     let receiver = receiver.clone();
-                    move |body: bytes::Bytes| {
-                        let answer = match ExportTraceServiceRequest::decode(body) {
-                            Ok(request) => {
-                                receiver.keep(request);
-                                let response = ExportTraceServiceResponse {
-                                    partial_success: None,
-                                };
-                                (axum::http::StatusCode::OK, response.encode_to_vec())
-                            }
-                            Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
-                        };
-                        std::future::ready(answer)
-                    }
+                    move |request| receiver.keep(request)
                 }),
             );
         let http_stopped = stop.clone();
@@ -291,6 +266,28 @@ impl TraceService for Receiver {
             partial_success: None,
         }))
     }
+}
+
+/// The HTTP form of an OTLP export: a protobuf `Req` body, handed to
+/// `keep`, answered with an empty protobuf `Resp` (no partial success); a
+/// body that does not decode gets 400.
+fn http_export<Req, Resp>(
+    keep: impl Fn(Req) + Clone + Send + Sync + 'static,
+) -> axum::routing::MethodRouter
+where
+    Req: prost::Message + Default + 'static,
+    Resp: prost::Message + Default,
+{
+    axum::routing::post(move |body: bytes::Bytes| {
+        let answer = match Req::decode(body) {
+            Ok(request) => {
+                keep(request);
+                (axum::http::StatusCode::OK, Resp::default().encode_to_vec())
+            }
+            Err(_) => (axum::http::StatusCode::BAD_REQUEST, Vec::new()),
+        };
+        std::future::ready(answer)
+    })
 }
 
 fn attribute(attributes: &[KeyValue], key: &str) -> Option<String> {
