@@ -7,95 +7,138 @@ binary, through the Helm v4 SDK (helm-python-sdk):
   Kubernetes;
 - values the schema forbids fail the render;
 - every container of every rendered Deployment and Job runs in the
-  workspace's own binary: the setup Job for real against the test NATS
-  server, the services' commands and environments load (`--print-config`),
-  the workers serve exactly the tools the setup creates consumers for, and
-  every probe is a subcommand of the container's binary.
+  workspace's own binary, with the files and environment the kubelet would
+  give it (kube.py): the setup Job for real against the test NATS server,
+  the services' configurations load (`--print-config`) with every file they
+  name mounted, the workers serve exactly their pool's tools and the setup
+  creates consumers for exactly those, and every probe is a subcommand of
+  the container's binary;
+- the NATS users and Redis ACL users it generates for the default pools are
+  deploy/nats and deploy/redis's files (which tests/tests/permissions.rs
+  loads into real servers), and adding a pool adds exactly its user with
+  exactly its tools' permissions.
 
 Usage: chart.py CHART_DIR BIN_DIR NATS_URL
 """
 
 import json
 import os
+import re
 import subprocess
 import sys
+import tempfile
 
 import helm_python
 import kubernetes_validate
 import yaml
 
 from common import Checks
+from kube import Manifests, Unresolved
 
 KUBERNETES = kubernetes_validate.latest_version()
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def pool(name: str, tools: list[str], replicas: int = 1, autoscaled: bool = False, low: int = 1, **extra) -> dict:
+    return {
+        "name": name, "tools": tools, "replicas": replicas, "maxInFlight": 16, "resources": {},
+        "autoscaling": {"enabled": autoscaled, "minReplicas": low, "maxReplicas": 8, "targetCPU": 70, "lagThreshold": 16},
+        **extra,
+    }
+
+
+GENERAL = ["calculate", "get_current_weather"]
+KNOWLEDGE = ["factual_qa", "trend_analysis"]
 
 # Value sets beside the defaults; each must render and validate.
 VALUE_SETS = {
     "defaults": None,
     "one pool, external NATS and Redis over TLS, no auth": {
-        "nats": {"url": "tls://nats.messaging.svc:4222"},
-        "redis": {"url": "rediss://redis.cache.svc:6380/"},
+        "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none"},
+        "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "none"},
         "orchestrator": {"auth": "none"},
         "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318",
                       "otlpProtocol": "http/protobuf", "sampleRatio": 0.05},
-        "pools": [
-            {
-                "name": "everything",
-                "tools": ["calculate", "get_current_weather", "factual_qa", "trend_analysis"],
-                "replicas": 3,
-                "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 1, "targetCPU": 70, "lagThreshold": 10},
-                "maxInFlight": 64,
-                "resources": {},
-            }
-        ],
+        "pools": [pool("everything", GENERAL + KNOWLEDGE, replicas=3)],
     },
     "without network policies, every pool autoscaled": {
         "networkPolicy": {"enabled": False, "grpcFrom": [], "metricsFrom": [], "egressPorts": [4222]},
-        "pools": [
-            {
-                "name": name,
-                "tools": tools,
-                "replicas": 1,
-                "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 20, "targetCPU": 60, "lagThreshold": 10},
-                "maxInFlight": 8,
-                "resources": {"requests": {"cpu": "100m"}},
-            }
-            for name, tools in [("math", ["calculate"]), ("weather", ["get_current_weather"])]
-        ],
+        "pools": [pool("math", ["calculate"], autoscaled=True), pool("weather", ["get_current_weather"], autoscaled=True)],
     },
     "no service account of its own": {
         "serviceAccount": {"create": False, "name": "tool-runner"},
     },
     "KEDA, every pool scaling to zero": {
         "keda": {"enabled": True, "natsMonitoringEndpoint": "nats.messaging.svc:8222", "account": "$G"},
+        "pools": [pool("general", GENERAL, autoscaled=True, low=0), pool("knowledge", KNOWLEDGE, autoscaled=True, low=0)],
+    },
+    "dev: the chart's own NATS and Redis": "values-dev.yaml",
+    "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
+        "credentials": {"create": False, "secretName": "fleet-passwords"},
+        "openai": {"secretName": "openai", "secretKey": "api-key"},
+        "orchestrator": {
+            "tls": {"secretName": "toolfleet-grpc-tls", "verifyClients": True},
+            "config": {"api": {"default_model": {"provider": "openai-responses", "name": "gpt-4.1-mini"},
+                               "max_calls_per_turn": 16}},
+        },
         "pools": [
-            {
-                "name": name,
-                "tools": tools,
-                "replicas": 1,
-                "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 8, "targetCPU": 70, "lagThreshold": 16},
-                "maxInFlight": 16,
-                "resources": {},
-            }
-            for name, tools in [("general", ["calculate", "get_current_weather"]),
-                                ("knowledge", ["factual_qa", "trend_analysis"])]
+            pool("general", GENERAL, config={"runtime": {"max_deliveries": 7}}),
+            pool("knowledge", KNOWLEDGE, graph={
+                "file": "graphs/companies.jsonl",
+                "volume": {"persistentVolumeClaim": {"claimName": "knowledge-graph", "readOnly": True}},
+            }),
         ],
+        "observability": {
+            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
+            "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
+            "grafanaDashboard": {"enabled": True, "labels": {"grafana_dashboard": "1"}},
+        },
     },
 }
 
 # What each value set must render, by kind.
 KINDS = {
-    "defaults": {"Deployment": 3, "Service": 1, "PodDisruptionBudget": 1, "Job": 1,
-                 "ServiceAccount": 1, "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1},
+    "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 1, "Job": 1, "ServiceAccount": 1,
+                 "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 2, "Secret": 2},
     "one pool, external NATS and Redis over TLS, no auth": {"Deployment": 2, "NetworkPolicy": 2,
-                                                            "HorizontalPodAutoscaler": 0},
+                                                            "HorizontalPodAutoscaler": 0, "ConfigMap": 1,
+                                                            "Secret": 0},
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
                                                         "HorizontalPodAutoscaler": 2},
     "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
+    "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
+    "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
+        "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 3, "Secret": 0},
+}
+
+# What the services of a value set must have in their configuration
+# (`--print-config`), by the Deployment's component or pool.
+CONFIGURED = {
+    "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
+        "orchestrator": {"api.default_model.name": "gpt-4.1-mini", "api.max_calls_per_turn": 16,
+                         "nats.user": "orchestrator", "redis.user": "orchestrator"},
+        "general": {"runtime.max_deliveries": 7, "runtime.max_in_flight": 16, "nats.user": "pool-general",
+                    "nats.inbox_prefix": "_INBOX.pool-general"},
+        "knowledge": {"runtime.max_deliveries": 5},
+    },
+    "one pool, external NATS and Redis over TLS, no auth": {
+        "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none"},
+    },
+}
+
+# Secrets the user creates beside the chart (NOTES.txt, docs/deploy.md).
+USER_SECRETS = {
+    "toolfleet-tokens": {"tokens.toml": '[tenants.team]\ntoken_sha256 = ["' + "0" * 64 + '"]\n'},
+    "toolfleet-grpc-tls": {"tls.crt": "certificate", "tls.key": "key", "ca.crt": "client CA"},
+    "openai": {"api-key": "sk-test"},
+    "fleet-passwords": {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
+                        for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")},
 }
 
 # Kinds that are CRDs, validated against their CRD's schema (crds.mjs).
-CUSTOM = {"keda.sh/v1alpha1"}
+CUSTOM = {"keda.sh/v1alpha1", "monitoring.coreos.com/v1"}
 
 # Values the schema must refuse, and why.
 REFUSED = {
@@ -110,10 +153,14 @@ REFUSED = {
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
     "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},
+    "a graph file outside its volume": {"pools": [pool("kg", KNOWLEDGE, graph={
+        "file": "../etc/passwd", "volume": {"emptyDir": {}}})]},
+    "an unknown NATS login": {"nats": {"url": "nats://nats:4222", "auth": "token"}},
 }
 
 
 def manifests(rendered: dict[str, str]) -> list[dict]:
+    """The rendered manifests, NOTES.txt left out."""
     docs = []
     for path, text in sorted(rendered.items()):
         if path.endswith("NOTES.txt"):
@@ -122,73 +169,173 @@ def manifests(rendered: dict[str, str]) -> list[dict]:
     return docs
 
 
-def scaled_objects_match_pools(scaled: list[dict], docs: list[dict]) -> list[str]:
+def pool_tools(values: dict) -> dict[str, list[str]]:
+    """Each pool's tools, from the values the chart rendered with."""
+    return {p["name"]: p["tools"] for p in values["pools"]}
+
+
+def scaled_objects_match_pools(scaled: list[dict], docs: list[dict], tools: dict[str, list[str]]) -> list[str]:
     """Each ScaledObject scales a rendered pool on exactly the consumers of
     that pool's tools, in toolfleet's call stream."""
     deployments = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
     problems = []
     for obj in scaled:
+        if obj["kind"] != "ScaledObject":
+            continue
         target = obj["spec"]["scaleTargetRef"]["name"]
         deployment = deployments.get(target)
         if deployment is None:
             problems.append(f"{obj['metadata']['name']} scales {target}, which is not rendered")
             continue
-        args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-        tools = args[args.index("--tools") + 1].split(",")
+        pool_tools = tools[deployment["metadata"]["labels"]["toolfleet.dev/pool"]]
         triggers = obj["spec"]["triggers"]
         consumers = sorted(t["metadata"]["consumer"] for t in triggers)
-        if consumers != sorted(f"tool_{tool}" for tool in tools):
-            problems.append(f"{obj['metadata']['name']}: consumers {consumers} for tools {tools}")
+        if consumers != sorted(f"tool_{tool}" for tool in pool_tools):
+            problems.append(f"{obj['metadata']['name']}: consumers {consumers} for tools {pool_tools}")
         for trigger in triggers:
             if trigger["type"] != "nats-jetstream" or trigger["metadata"]["stream"] != "TOOLFLEET_CALLS":
                 problems.append(f"{obj['metadata']['name']}: trigger {trigger}")
     return problems
 
 
-def container_env(container: dict) -> dict[str, str]:
-    """The container's environment as the kubelet gives it; a field
-    reference gets a pod name."""
-    env = {}
-    for var in container.get("env", []):
-        if "value" in var:
-            env[var["name"]] = str(var["value"])
-        elif "fieldRef" in var.get("valueFrom", {}):
-            env[var["name"]] = "pod-0"
-    return env
+def lookup(config: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(config, dict):
+            return None
+        config = config.get(part)
+    return config
 
 
-def check_containers(docs: list[dict], checks: Checks, label: str, values: dict | None) -> None:
-    # The images' own environment (deploy/Dockerfile) under the chart's.
-    image_env = {"TOOLFLEET_LOG__FORMAT": "json"}
-    for doc in docs:
-        if doc["kind"] not in ("Deployment", "Job"):
-            continue
-        for container in doc["spec"]["template"]["spec"]["containers"]:
-            where = f"{label}: {doc['kind']} {doc['metadata']['name']}"
-            image = container["image"].split(":")[0]
-            binary = "toolfleet-worker" if "worker" in image else "toolfleet-orchestrator"
-            args = [str(a) for a in container.get("args", [])]
-            env = {**image_env, **container_env(container)}
-            if args[:1] == ["setup"]:
-                checks.setup(where, binary, args, env)
-            else:
-                config = checks.service(where, binary, args, env)
+def named_files(config: dict) -> list[str]:
+    """Every file the configuration names (the keys `*_file`, `*_path`)."""
+    files = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            files.extend(named_files(value))
+        elif isinstance(value, str) and key.endswith(("_file", "_path")):
+            files.append(value)
+    return files
+
+
+def check_containers(docs: list[dict], checks: Checks, label: str, values: dict) -> None:
+    tools = pool_tools(values)
+    wanted = CONFIGURED.get(label, {})
+    manifests = Manifests(docs, USER_SECRETS)
+    with tempfile.TemporaryDirectory() as root:
+        graph = os.path.join(root, "graph-volume")
+        os.makedirs(os.path.join(graph, "graphs"))
+        open(os.path.join(graph, "graphs", "companies.jsonl"), "w").close()
+        for doc in manifests.workloads():
+            component = doc["metadata"]["labels"].get("app.kubernetes.io/component")
+            if component in ("nats", "redis"):
+                continue
+            try:
+                commands = manifests.commands(doc, os.path.join(root, doc["metadata"]["name"]), {"graph": graph})
+            except Unresolved as err:
+                checks.failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err}")
+                continue
+            for command in commands:
+                where = f"{label}: {command.where}"
+                if command.args[:1] == ["setup"]:
+                    checks.setup(where, command.binary, command.args, command.env)
+                    continue
+                config = checks.service(where, command.binary, command.args, command.env)
+                if config is None:
+                    continue
+                pool = command.labels.get("toolfleet.dev/pool")
+                if pool is not None and config["tools"] != tools[pool]:
+                    checks.failures.append(f"{where}: serves {config['tools']}, pool {pool} has {tools[pool]}")
+                for key, value in wanted.get(pool or component, {}).items():
+                    if lookup(config, key) != value:
+                        checks.failures.append(f"{where}: {key} is {lookup(config, key)!r}, not {value!r}")
+                for path in named_files(config):
+                    if not os.path.exists(path):
+                        checks.failures.append(f"{where}: names {path}, which no volume holds")
                 # The services export where the values say, or not at all.
-                wanted = ((values or {}).get("telemetry") or {}).get("otlpEndpoint") or None
-                if config and config["telemetry"]["otlp_endpoint"] != wanted:
-                    checks.failures.append(
-                        f"{where}: exports to {config['telemetry']['otlp_endpoint']}, not {wanted}"
-                    )
-            for probe in ("readinessProbe", "livenessProbe"):
-                command = container.get(probe, {}).get("exec", {}).get("command")
-                if command:
-                    checks.probe(f"{where} {probe}", binary, command)
-                elif doc["kind"] == "Deployment":
-                    checks.failures.append(f"{where}: no exec {probe}")
+                endpoint = values["telemetry"]["otlpEndpoint"] or None
+                if config["telemetry"]["otlp_endpoint"] != endpoint:
+                    checks.failures.append(f"{where}: exports to {config['telemetry']['otlp_endpoint']}, not {endpoint}")
+            for container, command in zip(doc["spec"]["template"]["spec"]["containers"], commands):
+                for probe in ("readinessProbe", "livenessProbe"):
+                    exec_command = container.get(probe, {}).get("exec", {}).get("command")
+                    if exec_command:
+                        checks.probe(f"{label}: {command.where} {probe}", command.binary, exec_command)
+                    elif doc["kind"] == "Deployment":
+                        checks.failures.append(f"{label}: {command.where}: no exec {probe}")
+
+
+def check_observability(docs: list[dict]) -> list[str]:
+    """The PrometheusRule and the dashboard ConfigMap ship
+    deploy/observability's files as they are."""
+    failures = []
+    with open(os.path.join(ROOT, "deploy/observability/alerts.yml")) as f:
+        alerts = yaml.safe_load(f)
+    with open(os.path.join(ROOT, "deploy/observability/grafana-dashboard.json")) as f:
+        dashboard = json.load(f)
+    for doc in docs:
+        if doc["kind"] == "PrometheusRule" and doc["spec"] != alerts:
+            failures.append("the PrometheusRule is not deploy/observability/alerts.yml")
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["name"].endswith("-dashboard"):
+            if json.loads(doc["data"]["toolfleet.json"]) != dashboard:
+                failures.append("the dashboard ConfigMap is not deploy/observability/grafana-dashboard.json")
+    return failures
+
+
+def nats_users(conf: str) -> dict[str, set[str]]:
+    """Each user of a NATS users file, and the subjects it is allowed."""
+    blocks = re.split(r"\n\s*user: ", re.sub(r"#[^\n]*", "", conf))[1:]
+    return {block.split()[0]: set(re.findall(r'"([^"]+)"', block)) for block in blocks}
+
+
+def redis_users(conf: str) -> dict[str, str]:
+    """Each user line of a Redis ACL file, its password hash blanked."""
+    return {m[1]: re.sub(r"#\S+", "#", m[0]) for m in re.finditer(r"^user (\S+) .*$", conf, re.M)}
+
+
+def users_files(docs: list[dict]) -> tuple[str, str]:
+    """The NATS users file and the Redis ACL file the chart rendered."""
+    manifests = Manifests(docs)
+    name = next(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-nats-users"))
+    redis = next(n for n in manifests.secrets if n.endswith("-redis-users"))
+    return manifests.config_maps[name]["toolfleet-users.conf"], manifests.secrets[redis]["toolfleet-users.conf"]
+
+
+def check_users(chart, defaults: dict) -> list[str]:
+    """The default pools' users are deploy/'s files; one more pool adds
+    exactly its own users, allowed exactly its tools."""
+    failures = []
+    nats, redis = users_files(manifests(chart.render(None, name="tf", namespace="toolfleet", is_install=True)))
+    with open(os.path.join(ROOT, "deploy/nats/toolfleet-users.conf")) as f:
+        if f.read() != nats:
+            failures.append("deploy/nats/toolfleet-users.conf is not what the chart renders for its default pools")
+    with open(os.path.join(ROOT, "deploy/redis/toolfleet-users.conf")) as f:
+        placeholders = re.sub(r"user (\S+) on #[0-9a-f]{64}",
+                              lambda m: f"user {m[1]} on #@{m[1].upper().replace('-', '_')}_PASSWORD_SHA256@", redis)
+        if f.read() != placeholders:
+            failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools")
+    more = {"pools": [*defaults["pools"], pool("maps", ["geocode", "route-plan"])]}
+    more_nats, more_redis = users_files(manifests(chart.render(more, name="tf", namespace="toolfleet", is_install=True)))
+    expected_nats = {**nats_users(nats), "pool-maps": {
+        "toolfleet.reply.*", "$JS.API.STREAM.INFO.TOOLFLEET_CALLS", "$JS.API.STREAM.INFO.KV_toolfleet_registry",
+        "_INBOX.pool-maps.>",
+        *(f"$JS.API.CONSUMER.{api}.TOOLFLEET_CALLS.tool_{tool}" for tool in ("geocode", "route-plan") for api in ("INFO", "MSG.NEXT")),
+        *(f"$JS.ACK.TOOLFLEET_CALLS.tool_{tool}.>" for tool in ("geocode", "route-plan")),
+        *(f"$KV.toolfleet_registry.{tool}.>" for tool in ("geocode", "route-plan")),
+    }}
+    if nats_users(more_nats) != expected_nats:
+        failures.append(f"one more pool: NATS users {nats_users(more_nats)}, not {expected_nats}")
+    expected_redis = {**redis_users(redis), "pool-maps": (
+        "user pool-maps on # resetchannels ~tf:{*}:tool:geocode:* ~tf:{*}:tool:route-plan:* "
+        "-@all +@read +@write +@scripting +@connection -@dangerous -function -script|flush -script|kill")}
+    if redis_users(more_redis) != expected_redis:
+        failures.append(f"one more pool: Redis users {redis_users(more_redis)}, not {expected_redis}")
+    return failures
 
 
 def main() -> int:
     chart_dir, bin_dir, nats_url = sys.argv[1:4]
+    with open(os.path.join(chart_dir, "values.yaml")) as f:
+        defaults = yaml.safe_load(f)
     failures = []
     lint = helm_python.lint(chart_dir, strict=True)
     for message in lint["messages"]:
@@ -196,8 +343,12 @@ def main() -> int:
             failures.append(f"lint: {message['path']}: {message['error']}")
     failures.extend(f"lint: {error}" for error in lint["errors"])
     chart = helm_python.Chart.load(chart_dir)
+    failures.extend(check_users(chart, defaults))
     validated = 0
     for label, values in VALUE_SETS.items():
+        if isinstance(values, str):
+            with open(os.path.join(chart_dir, values)) as f:
+                values = yaml.safe_load(f)
         checks = Checks(bin_dir, nats_url)
         rendered = chart.render(values, name="tf", namespace="toolfleet", is_install=True)
         docs = manifests(rendered)
@@ -214,17 +365,19 @@ def main() -> int:
                 validated += 1
             except kubernetes_validate.ValidationError as err:
                 failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err.message}")
+        effective = {**defaults, **(values or {})}
         if custom:
             done = subprocess.run(
-                ["node", os.path.join(os.path.dirname(__file__), "crds.mjs")],
+                ["node", os.path.join(HERE, "crds.mjs")],
                 input=json.dumps(custom), capture_output=True, text=True, timeout=60,
             )
             if done.returncode != 0:
                 failures.append(f"{label}: custom resources:\n{done.stdout}{done.stderr}")
             else:
                 validated += len(custom)
-            failures.extend(f"{label}: {f}" for f in scaled_objects_match_pools(custom, docs))
-        check_containers(docs, checks, label, values)
+            failures.extend(f"{label}: {f}" for f in scaled_objects_match_pools(custom, docs, pool_tools(effective)))
+        failures.extend(f"{label}: {f}" for f in check_observability(docs))
+        check_containers(docs, checks, label, effective)
         if checks.finish(f"chart ({label})", 3) != 0:
             failures.extend(checks.failures or [f"{label}: too few containers"])
     for label, values in REFUSED.items():

@@ -3,9 +3,13 @@
 // Reads a JSON array of manifests on stdin; prints one line per invalid
 // one; exits 1 if any is invalid or of a kind it has no schema for.
 import { ScaledObject } from "@kubernetes-models/keda/keda.sh/v1alpha1/ScaledObject";
+import { PrometheusRule } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/PrometheusRule";
+import { ServiceMonitor } from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor";
 
 const MODELS = {
   "keda.sh/v1alpha1/ScaledObject": ScaledObject,
+  "monitoring.coreos.com/v1/PrometheusRule": PrometheusRule,
+  "monitoring.coreos.com/v1/ServiceMonitor": ServiceMonitor,
 };
 
 const chunks = [];

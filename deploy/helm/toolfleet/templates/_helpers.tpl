@@ -44,24 +44,155 @@ seccompProfile:
   type: RuntimeDefault
 {{- end -}}
 
-{{/* The connection settings every toolfleet container shares. */}}
-{{- define "toolfleet.connectionEnv" -}}
-- name: TOOLFLEET_NATS__URL
-  value: {{ .Values.nats.url | quote }}
-- name: TOOLFLEET_REDIS__URL
-  value: {{ .Values.redis.url | quote }}
-- name: TOOLFLEET_LOG__FORMAT
-  value: json
-{{- with .Values.telemetry }}
+{{/* Where NATS and Redis are: the chart's own servers with dev.enabled. */}}
+{{- define "toolfleet.natsURL" -}}
+{{- if .Values.dev.enabled -}}
+nats://{{ include "toolfleet.name" . }}-nats:4222
+{{- else -}}
+{{ .Values.nats.url }}
+{{- end -}}
+{{- end -}}
+
+{{- define "toolfleet.redisURL" -}}
+{{- if .Values.dev.enabled -}}
+redis://{{ include "toolfleet.name" . }}-redis:6379/
+{{- else -}}
+{{ .Values.redis.url }}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port of the NATS monitoring endpoint KEDA reads. */}}
+{{- define "toolfleet.natsMonitoring" -}}
+{{- if .Values.dev.enabled -}}
+{{ include "toolfleet.name" . }}-nats:8222
+{{- else -}}
+{{ .Values.keda.natsMonitoringEndpoint }}
+{{- end -}}
+{{- end -}}
+
+{{- define "toolfleet.credentialsSecret" -}}
+{{- .Values.credentials.secretName | default (printf "%s-credentials" (include "toolfleet.name" .)) -}}
+{{- end -}}
+
+{{/* Every NATS user: setup, orchestrator and one per pool. */}}
+{{- define "toolfleet.natsUsers" -}}
+{{- $users := list "setup" "orchestrator" -}}
+{{- range .Values.pools }}{{ $users = append $users (printf "pool-%s" .name) }}{{ end -}}
+{{- $users | join "," -}}
+{{- end -}}
+
+{{/* The environment variable the NATS server reads a user's password from. */}}
+{{- define "toolfleet.natsPasswordVar" -}}
+TOOLFLEET_NATS_{{ . | upper | replace "-" "_" }}_PASSWORD
+{{- end -}}
+
+{{/*
+The configuration every service of role .user shares (a YAML map): where
+NATS and Redis are and which users it logs in as (their passwords come
+from the credentials Secret, in the environment), JSON logs, and where
+traces and metrics go. Setup leaves Redis out: it never connects to it.
+*/}}
+{{- define "toolfleet.baseConfig" -}}
+{{- $v := .root.Values -}}
+log:
+  format: json
+nats:
+  url: {{ include "toolfleet.natsURL" .root | quote }}
+  # Only the setup Job creates JetStream objects.
+  create_missing: false
+  {{- if eq $v.nats.auth "users" }}
+  user: {{ .user | quote }}
+  inbox_prefix: {{ printf "_INBOX.%s" .user | quote }}
+  {{- end }}
+{{- if ne .user "setup" }}
+redis:
+  url: {{ include "toolfleet.redisURL" .root | quote }}
+  {{- if eq $v.redis.auth "users" }}
+  user: {{ .user | quote }}
+  {{- end }}
+{{- with $v.telemetry }}
 {{- if .otlpEndpoint }}
-- name: TOOLFLEET_TELEMETRY__OTLP_ENDPOINT
-  value: {{ .otlpEndpoint | quote }}
-- name: TOOLFLEET_TELEMETRY__OTLP_PROTOCOL
-  value: {{ .otlpProtocol | quote }}
-- name: TOOLFLEET_TELEMETRY__SAMPLE_RATIO
-  value: {{ .sampleRatio | quote }}
+telemetry:
+  otlp_endpoint: {{ .otlpEndpoint | quote }}
+  otlp_protocol: {{ .otlpProtocol | quote }}
+  sample_ratio: {{ .sampleRatio }}
 {{- end }}
 {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The environment of a service of role .user: its config file, and its
+NATS and Redis passwords from the credentials Secret.
+*/}}
+{{- define "toolfleet.env" -}}
+{{- $v := .root.Values -}}
+- name: TOOLFLEET_CONFIG
+  value: /etc/toolfleet/config/config.toml
+{{- if eq $v.nats.auth "users" }}
+- name: TOOLFLEET_NATS__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "toolfleet.credentialsSecret" .root }}
+      key: nats-{{ .user }}
+{{- end }}
+{{- if and (eq $v.redis.auth "users") (ne .user "setup") }}
+- name: TOOLFLEET_REDIS__PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "toolfleet.credentialsSecret" .root }}
+      key: redis-{{ .user }}
+{{- end }}
+{{- end -}}
+
+{{/* The config volume of a service: its own file of the ConfigMap. */}}
+{{- define "toolfleet.configVolume" -}}
+- name: config
+  configMap:
+    name: {{ include "toolfleet.name" .root }}-config
+    items:
+      - key: {{ .user }}.toml
+        path: config.toml
+{{- end -}}
+
+{{/*
+Renders the map .table as TOML (under the table .name; "" at the root).
+Written here because Helm's toToml writes every number of the values as
+a float (Helm reads them as float64), and toolfleet's integer keys refuse
+`32.0`. Scalars and lists first, then sub-tables, as TOML requires.
+*/}}
+{{- define "toolfleet.toml" -}}
+{{- $name := .name -}}
+{{- range $key, $value := .table }}
+{{- if not (or (kindIs "map" $value) (kindIs "invalid" $value)) }}
+{{ include "toolfleet.tomlKey" $key }} = {{ include "toolfleet.tomlValue" $value }}
+{{- end }}
+{{- end }}
+{{- range $key, $value := .table }}
+{{- if kindIs "map" $value }}
+{{- $table := include "toolfleet.tomlKey" $key }}
+{{- if $name }}{{ $table = printf "%s.%s" $name $table }}{{ end }}
+
+[{{ $table }}]
+{{- include "toolfleet.toml" (dict "name" $table "table" $value) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "toolfleet.tomlKey" -}}
+{{- if regexMatch "^[A-Za-z0-9_-]+$" . }}{{ . }}{{ else }}{{ toJson . }}{{ end -}}
+{{- end -}}
+
+{{- define "toolfleet.tomlValue" -}}
+{{- if kindIs "float64" . -}}
+{{- if eq . (float64 (int64 .)) }}{{ int64 . }}{{ else }}{{ . }}{{ end -}}
+{{- else if kindIs "slice" . -}}
+[{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "toolfleet.tomlValue" $v }}{{ end }}]
+{{- else if kindIs "string" . -}}
+{{ toJson . }}
+{{- else -}}
+{{ . }}
+{{- end -}}
 {{- end -}}
 
 {{/* Where the services may connect: DNS, and the configured ports. */}}
@@ -76,4 +207,146 @@ seccompProfile:
     - port: {{ . }}
       protocol: TCP
     {{- end }}
+{{- end -}}
+
+{{/*
+toolfleet's NATS users (docs/security.md, decision 0012), generated from
+the pools: setup, orchestrator, and one user per pool that may pull, ack
+and register exactly its own tools.
+*/}}
+{{- define "toolfleet.natsUsersConf" -}}
+# toolfleet's NATS users, each with the least it needs (docs/security.md,
+# decision 0012), rendered by the Helm chart from its pools
+# (deploy/helm/toolfleet, templates/nats-users.yaml). There is no anonymous
+# user: a client without credentials is refused. Passwords come from the
+# server's environment (a variable not defined in this file is looked up
+# there).
+#
+# Each user has its own inbox prefix (nats.inbox_prefix = "_INBOX.<user>")
+# and may subscribe only there, so no one reads another's replies or pulled
+# calls. Services run with nats.create_missing = false: only `setup` creates
+# streams, consumers and the registry bucket.
+#
+# A pool's user may pull and ack only its tools' consumers
+# ($JS.API.CONSUMER.{INFO,MSG.NEXT}.TOOLFLEET_CALLS.tool_<tool>,
+# $JS.ACK.TOOLFLEET_CALLS.tool_<tool>.>) and write only their registry keys
+# ($KV.toolfleet_registry.<tool>.>). To add a pool, add it to the chart's
+# values (or render this file with it); `toolfleet-orchestrator setup`
+# then creates its tools' consumers.
+
+authorization {
+  users = [
+    # `toolfleet-orchestrator setup`: the one privileged step. It creates and
+    # updates the streams, consumers and the registry bucket; run it as a
+    # job, not as a service.
+    {
+      user: setup
+      password: ${{ include "toolfleet.natsPasswordVar" "setup" }}
+      permissions: {
+        publish: { allow: ["$JS.API.>"] }
+        subscribe: { allow: ["_INBOX.setup.>"] }
+      }
+    }
+
+    # The orchestrators: publish calls and jobs, read replies, pull jobs,
+    # wake job watchers, follow the registry. No right to create anything,
+    # nor to pull or read calls.
+    {
+      user: orchestrator
+      password: ${{ include "toolfleet.natsPasswordVar" "orchestrator" }}
+      permissions: {
+        publish: {
+          allow: [
+            "toolfleet.call.*"
+            "toolfleet.job.run"
+            "toolfleet.events.*"
+            "$JS.API.STREAM.INFO.TOOLFLEET_JOBS"
+            "$JS.API.CONSUMER.INFO.TOOLFLEET_JOBS.orchestrators"
+            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_JOBS.orchestrators"
+            # Each tool's backlog (toolfleet_tool_calls_waiting): state only.
+            "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.*"
+            "$JS.ACK.TOOLFLEET_JOBS.orchestrators.>"
+            "$JS.API.STREAM.INFO.KV_toolfleet_registry"
+            "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry"
+            "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry.>"
+            "$JS.API.CONSUMER.DELETE.KV_toolfleet_registry.>"
+            "$JS.FC.KV_toolfleet_registry.>"
+          ]
+        }
+        subscribe: {
+          allow: ["toolfleet.reply.*", "toolfleet.events.*", "_INBOX.orchestrator.>"]
+        }
+      }
+    }
+    {{- range .Values.pools }}
+    {{- $user := printf "pool-%s" .name }}
+
+    # Worker pool "{{ .name }}": {{ join ", " .tools }}.
+    {
+      user: {{ $user }}
+      password: ${{ include "toolfleet.natsPasswordVar" $user }}
+      permissions: {
+        publish: {
+          allow: [
+            "toolfleet.reply.*"
+            "$JS.API.STREAM.INFO.TOOLFLEET_CALLS"
+            {{- range .tools }}
+            "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}"
+            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}"
+            "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>"
+            {{- end }}
+            "$JS.API.STREAM.INFO.KV_toolfleet_registry"
+            {{- range .tools }}
+            "$KV.toolfleet_registry.{{ . }}.>"
+            {{- end }}
+          ]
+        }
+        subscribe: { allow: ["_INBOX.{{ $user }}.>"] }
+      }
+    }
+    {{- end }}
+  ]
+}
+{{- end -}}
+
+{{/*
+toolfleet's Redis ACL users (docs/security.md, decision 0013), generated
+from the pools; .hashes maps a user to its password's SHA-256 (hex).
+*/}}
+{{- define "toolfleet.redisUsersConf" -}}
+{{- $hashes := .hashes -}}
+# toolfleet's Redis users, each allowed only the keys and commands it needs
+# (docs/security.md, decision 0013), rendered by the Helm chart from its
+# pools (deploy/helm/toolfleet, templates/credentials.yaml). Include it from
+# redis.conf (`include /etc/redis/toolfleet-users.conf`; redis-server 7.0 or
+# newer; not with an `aclfile`, which holds users instead). Passwords are
+# stored as SHA-256 hashes: in deploy/redis, replace each
+# @..._PASSWORD_SHA256@ with `printf %s "$PASSWORD" | sha256sum` (the Helm
+# chart does this from its Secret). The patterns assume the default key
+# prefix `tf` (redis.key_prefix).
+#
+# Key layout (proto/src/names.rs): a job's keys share the hash tag
+# {<job_id>}; a call's ledger lives under its tool,
+# tf:{<job_id>}:tool:<tool>:{claim,started,claims,result}:<call>:<attempt>.
+# Tool names and call ids never hold `{`, `}` or `:`, so one tool's pattern
+# never matches another tool's key.
+#
+# Commands: reads, writes and scripts (the services speak through Lua
+# scripts, whose keys are checked against the patterns too), nothing
+# @dangerous (KEYS, FLUSHALL, CONFIG, DEBUG, ...), no functions, and no
+# SCRIPT FLUSH or KILL. No pub/sub channels.
+
+# Nobody connects without a user.
+user default off
+
+# The orchestrators: every job key, the tenants' indexes and quotas, the
+# submission keys; the call ledgers read-only (a result is only ever
+# written by the pool that ran the call).
+user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:unfinished ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction -@dangerous -function -script|flush -script|kill
+{{- range .pools }}
+{{- $user := printf "pool-%s" .name }}
+
+# Worker pool "{{ .name }}": the ledgers of {{ join ", " .tools }}.
+user {{ $user }} on #{{ get $hashes $user }} resetchannels{{ range .tools }} ~tf:{*}:tool:{{ . }}:*{{ end }} -@all +@read +@write +@scripting +@connection -@dangerous -function -script|flush -script|kill
+{{- end }}
 {{- end -}}
