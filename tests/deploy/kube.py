@@ -10,10 +10,17 @@ Secrets and field references resolve as the kubelet would resolve them.
 
 import base64
 import os
+import re
 from dataclasses import dataclass, field
 
-# The images, each named after the binary it runs (deploy/Dockerfile's targets).
-BINARIES = ("toolfleet-orchestrator", "toolfleet-worker")
+# What each image runs when a container names no command: toolfleet's own
+# (deploy/Dockerfile's targets) and the dev NATS and Redis.
+ENTRYPOINTS = {
+    "toolfleet-orchestrator": "toolfleet-orchestrator",
+    "toolfleet-worker": "toolfleet-worker",
+    "nats": "nats-server",
+    "redis": "redis-server",
+}
 
 
 class Unresolved(Exception):
@@ -64,10 +71,13 @@ class Manifests:
         except KeyError:
             raise Unresolved(f"Secret {name} has no key {key}") from None
 
-    def commands(self, doc: dict, root: str, volumes: dict[str, str] | None = None) -> list[Command]:
+    def commands(self, doc: dict, root: str, volumes: dict[str, str] | None = None,
+                 rewrites: dict[str, str] | None = None) -> list[Command]:
         """Each container of the workload `doc`, its files written under
         `root`; `volumes` maps the names of volumes that are neither
-        ConfigMaps nor Secrets (a PersistentVolumeClaim) to local dirs."""
+        ConfigMaps, Secrets nor emptyDirs (a PersistentVolumeClaim) to local
+        dirs; `rewrites` replaces text (an address) wherever mount paths
+        are rewritten."""
         spec = doc["spec"]["template"]["spec"]
         pod = doc["metadata"]["name"] + "-0"
         sources = {v["name"]: v for v in spec.get("volumes", [])}
@@ -96,25 +106,29 @@ class Manifests:
                             raise
                 else:
                     raise Unresolved(f"{where}: env {var['name']} from {source}")
-            command = Command(where, self._binary(container["image"]), [str(a) for a in container.get("args", [])],
-                              env, mounts, doc["metadata"].get("labels", {}))
+            argv = [str(a) for a in container.get("command") or [self._entrypoint(container["image"])]]
+            argv += [str(a) for a in container.get("args", [])]
+            command = Command(where, argv[0], argv[1:], env, mounts, doc["metadata"].get("labels", {}))
             # Paths inside the container, wherever they are written down.
-            command.env = {k: _rewrite(v, mounts) for k, v in env.items()}
-            command.args = [_rewrite(a, mounts) for a in command.args]
+            # A mount path, as a whole path or a prefix of one.
+            replace = {re.escape(m) + r"(?=[/\s\"']|$)": local for m, local in mounts.items()}
+            replace.update({re.escape(old): new for old, new in (rewrites or {}).items()})
+            command.env = {k: _rewrite(v, replace) for k, v in env.items()}
+            command.args = [_rewrite(a, replace) for a in command.args]
             for local in mounts.values():
                 if os.path.islink(local):
                     continue
                 for dirpath, _, files in os.walk(local):
                     for name in files:
-                        _rewrite_file(os.path.join(dirpath, name), mounts)
+                        _rewrite_file(os.path.join(dirpath, name), replace)
             commands.append(command)
         return commands
 
-    def _binary(self, image: str) -> str:
+    def _entrypoint(self, image: str) -> str:
         name = image.rsplit(":", 1)[0].rsplit("/", 1)[-1]
-        if name not in BINARIES:
-            raise Unresolved(f"image {image} is not a toolfleet image")
-        return name
+        if name not in ENTRYPOINTS:
+            raise Unresolved(f"image {image}: its entrypoint is unknown")
+        return ENTRYPOINTS[name]
 
     def _write_volume(self, volume: dict, local: str, volumes: dict[str, str]) -> None:
         os.makedirs(local, exist_ok=True)
@@ -140,6 +154,8 @@ class Manifests:
                     os.makedirs(os.path.dirname(path), exist_ok=True)
                     with open(path, "w") as out:
                         out.write(data[item["key"]])
+        elif "emptyDir" in volume:
+            pass
         elif volume["name"] in volumes:
             os.rmdir(local)
             os.symlink(volumes[volume["name"]], local)
@@ -147,16 +163,16 @@ class Manifests:
             raise Unresolved(f"volume {volume['name']}: no local stand-in for {volume}")
 
 
-def _rewrite(text: str, mounts: dict[str, str]) -> str:
-    for mount, local in mounts.items():
-        text = text.replace(mount + "/", local + "/")
+def _rewrite(text: str, replace: dict[str, str]) -> str:
+    for pattern, new in replace.items():
+        text = re.sub(pattern, lambda _: new, text, flags=re.M)
     return text
 
 
-def _rewrite_file(path: str, mounts: dict[str, str]) -> None:
+def _rewrite_file(path: str, replace: dict[str, str]) -> None:
     with open(path) as f:
         text = f.read()
-    rewritten = _rewrite(text, mounts)
+    rewritten = _rewrite(text, replace)
     if rewritten != text:
         with open(path, "w") as out:
             out.write(rewritten)

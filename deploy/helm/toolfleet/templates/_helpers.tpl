@@ -332,7 +332,8 @@ from the pools; .hashes maps a user to its password's SHA-256 (hex).
 # never matches another tool's key.
 #
 # Commands: reads, writes and scripts (the services speak through Lua
-# scripts, whose keys are checked against the patterns too), nothing
+# scripts, whose keys are checked against the patterns too), TIME for the
+# orchestrators (the tenants' quotas run on Redis's clock), nothing
 # @dangerous (KEYS, FLUSHALL, CONFIG, DEBUG, ...), no functions, and no
 # SCRIPT FLUSH or KILL. No pub/sub channels.
 
@@ -342,7 +343,7 @@ user default off
 # The orchestrators: every job key, the tenants' indexes and quotas, the
 # submission keys; the call ledgers read-only (a result is only ever
 # written by the pool that ran the call).
-user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:unfinished ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction -@dangerous -function -script|flush -script|kill
+user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:unfinished ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -function -script|flush -script|kill
 {{- range .pools }}
 {{- $user := printf "pool-%s" .name }}
 
