@@ -1,14 +1,17 @@
 //! What the fleet has to do, as gauges an operator can alert on, refreshed
 //! every [`INTERVAL`]: for each tool, the workers with a fresh heartbeat
-//! and the calls waiting in its JetStream consumer.
+//! and the calls waiting in its JetStream consumer. The same poll tells the
+//! registry which tools have a queue, so that a tool with no live worker
+//! (a pool scaled to zero) stays available while its calls can wait.
 //!
 //! Every replica reports the same numbers (they are the fleet's, not the
 //! replica's): take `max` over replicas, never `sum`.
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use async_nats::jetstream;
+use async_nats::jetstream::ErrorCode;
+use async_nats::jetstream::stream::ConsumerErrorKind;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names;
 use tracing::debug;
@@ -21,39 +24,54 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 
 /// Refreshes the gauges until `stop`.
 pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: CancellationToken) {
-    // Tools seen once stay reported, with 0 workers once theirs are gone:
-    // "no live worker for a tool" is a series at 0, not a missing series.
-    let mut seen = BTreeSet::new();
     let mut tick = tokio::time::interval(INTERVAL);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
-        let live = registry.live_tools();
-        for tool in &live {
-            seen.insert(tool.manifest.name.clone());
-        }
-        for name in &seen {
-            let workers = live
-                .iter()
-                .find(|t| &t.manifest.name == name)
-                .map_or(0, |t| t.workers);
-            metrics::tool_workers(name, workers);
-            match waiting_calls(&js, name).await {
-                Ok(waiting) => metrics::tool_calls_waiting(name, waiting),
-                // A consumer not set up yet, or a NATS user without
-                // CONSUMER.INFO on it: the gauge keeps its last value.
-                Err(err) => debug!(tool = %name, error = %err, "cannot read the tool's backlog"),
+        // Every tool ever announced stays reported, with 0 workers once
+        // theirs are gone: "no live worker for a tool" is a series at 0,
+        // not a missing series.
+        for name in registry.known_tools() {
+            match waiting_calls(&js, &name).await {
+                Ok(waiting) => {
+                    registry.set_queued(&name, true);
+                    metrics::tool_calls_waiting(&name, waiting);
+                }
+                Err(Backlog::NoQueue) => registry.set_queued(&name, false),
+                // A NATS user without CONSUMER.INFO on it, or an outage:
+                // the gauge and what the registry knows stay as they were.
+                Err(Backlog::Unknown(err)) => {
+                    debug!(tool = %name, error = %err, "cannot read the tool's backlog")
+                }
             }
+            let workers = registry.get(&name).map_or(0, |t| t.workers);
+            metrics::tool_workers(&name, workers);
         }
     }
 }
 
+enum Backlog {
+    /// The tool has no consumer: no setup made one, or it was deleted.
+    NoQueue,
+    Unknown(anyhow::Error),
+}
+
 /// Calls published for `tool` and not yet delivered to any worker.
-async fn waiting_calls(js: &jetstream::Context, tool: &str) -> anyhow::Result<u64> {
+async fn waiting_calls(js: &jetstream::Context, tool: &str) -> Result<u64, Backlog> {
     let mut consumer: jetstream::consumer::PullConsumer = js
         .get_consumer_from_stream(names::call_consumer(tool), names::CALL_STREAM)
-        .await?;
-    Ok(consumer.info().await?.num_pending)
+        .await
+        .map_err(|err| match err.kind() {
+            ConsumerErrorKind::JetStream(e) if e.error_code() == ErrorCode::CONSUMER_NOT_FOUND => {
+                Backlog::NoQueue
+            }
+            _ => Backlog::Unknown(err.into()),
+        })?;
+    let info = consumer
+        .info()
+        .await
+        .map_err(|e| Backlog::Unknown(e.into()))?;
+    Ok(info.num_pending)
 }

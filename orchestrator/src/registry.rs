@@ -1,6 +1,12 @@
-//! The live tool registry: what workers announce in the registry KV bucket,
-//! kept current by a watch. A tool is live while at least one worker's
+//! The tool registry: what workers announce in the registry KV bucket, kept
+//! current by a watch. A tool is live while at least one worker's
 //! announcement of it was received less than the registry TTL ago.
+//!
+//! A tool stays available with no live worker while its queue (its durable
+//! consumer) exists: its calls wait there for the next worker, as when KEDA
+//! has scaled its pool to zero. Its manifest then comes from the tool
+//! catalog in Redis, where this registry keeps the newest manifest of every
+//! tool announced, so that it outlives the announcements and this process.
 //!
 //! Liveness is measured on this process's own monotonic clock, from when an
 //! announcement arrived, never by comparing a worker's clock with ours; the
@@ -22,16 +28,18 @@ use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use tracing::{debug, warn};
 
 use crate::job::now_ms;
+use crate::store::JobStore;
 
-/// A live tool: its manifest, compiled schema and how many workers serve it.
+/// A tool jobs may use: its manifest, compiled schema and how many workers
+/// serve it.
 #[derive(Clone)]
 pub struct LiveTool {
     /// The newest manifest announced.
     pub manifest: ToolManifest,
     /// The manifest's schema, compiled once.
     pub validator: Arc<jsonschema::Validator>,
-    /// Workers with a fresh heartbeat (0 for a tool known only because a
-    /// job was offered it).
+    /// Workers with a fresh heartbeat: 0 for a tool whose calls wait in its
+    /// queue for a worker, or one known only because a job was offered it.
     pub workers: usize,
 }
 
@@ -58,6 +66,9 @@ struct Entry {
     manifest: Option<(ToolManifest, Arc<jsonschema::Validator>)>,
     /// worker id -> when its last announcement arrived
     workers: HashMap<String, Instant>,
+    /// Its queue (durable consumer) exists: a worker announced the tool, or
+    /// the backlog poll last saw it. With no live worker, its calls wait there.
+    queued: bool,
 }
 
 /// Cheap handle to the registry; the only way other code reads it.
@@ -68,44 +79,85 @@ pub struct RegistryHandle {
 }
 
 impl RegistryHandle {
-    /// A live tool by name.
+    /// An available tool by name: live, or queued with no live worker.
     pub fn get(&self, name: &str) -> Option<LiveTool> {
         let tools = self
             .tools
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        tools.get(name).and_then(|entry| self.live(entry))
+        tools.get(name).and_then(|entry| self.available(entry))
     }
 
-    /// Every live tool, by name.
+    /// Every available tool, by name.
     pub fn live_tools(&self) -> Vec<LiveTool> {
         let tools = self
             .tools
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut live: Vec<_> = tools.values().filter_map(|e| self.live(e)).collect();
+        let mut live: Vec<_> = tools.values().filter_map(|e| self.available(e)).collect();
         live.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
         live
     }
 
-    fn live(&self, entry: &Entry) -> Option<LiveTool> {
+    /// The name of every tool with a known manifest, available or not.
+    pub fn known_tools(&self) -> Vec<String> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut names: Vec<_> = tools
+            .iter()
+            .filter(|(_, entry)| entry.manifest.is_some())
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Whether `tool`'s queue exists (so its calls can wait for a worker).
+    pub fn set_queued(&self, tool: &str, queued: bool) {
+        let mut tools = self
+            .tools
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(entry) = tools.get_mut(tool) {
+            entry.queued = queued;
+        }
+    }
+
+    fn available(&self, entry: &Entry) -> Option<LiveTool> {
         let workers = entry
             .workers
             .values()
             .filter(|arrived| arrived.elapsed() < self.ttl)
             .count();
         let (manifest, validator) = entry.manifest.clone()?;
-        (workers > 0).then_some(LiveTool {
+        (workers > 0 || entry.queued).then_some(LiveTool {
             manifest,
             validator,
             workers,
         })
     }
 
-    fn apply(&self, key: &str, operation: kv::Operation, value: &[u8]) {
-        let Some((tool, worker)) = names::parse_registry_key(key) else {
+    /// Learns `manifest` from the catalog, unless an announcement came first.
+    fn remember(&self, manifest: ToolManifest) {
+        let Some(known) = LiveTool::known(manifest) else {
             return;
         };
+        let mut tools = self
+            .tools
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let entry = tools.entry(known.manifest.name.clone()).or_default();
+        if entry.manifest.is_none() {
+            entry.manifest = Some((known.manifest, known.validator));
+        }
+    }
+
+    /// Applies one registry update; returns the manifest it announced when
+    /// that is new to this registry (for the catalog).
+    fn apply(&self, key: &str, operation: kv::Operation, value: &[u8]) -> Option<ToolManifest> {
+        let (tool, worker) = names::parse_registry_key(key)?;
         let mut tools = self
             .tools
             .write()
@@ -116,7 +168,7 @@ impl RegistryHandle {
                     Ok(a) => a,
                     Err(err) => {
                         warn!(key = excerpt(key, 200), error = %err, "ignoring an unreadable announcement");
-                        return;
+                        return None;
                     }
                 };
                 if let Err(why) = announcement.check(tool, worker, now_ms()) {
@@ -125,30 +177,37 @@ impl RegistryHandle {
                         error = why,
                         "ignoring an invalid announcement"
                     );
-                    return;
+                    return None;
                 }
                 let entry = tools.entry(tool.to_owned()).or_default();
                 let changed = entry
                     .manifest
                     .as_ref()
                     .is_none_or(|(m, _)| *m != announcement.manifest);
+                let mut new = None;
                 if changed {
                     match jsonschema::validator_for(&announcement.manifest.parameters) {
                         Ok(validator) => {
+                            new = Some(announcement.manifest.clone());
                             entry.manifest = Some((announcement.manifest, Arc::new(validator)));
                         }
                         Err(err) => {
                             warn!(tool, error = %err, "ignoring a tool whose schema does not compile");
-                            return;
+                            return None;
                         }
                     }
                 }
                 entry.workers.insert(worker.to_owned(), Instant::now());
+                // A worker pulls from the tool's queue, so it exists (until
+                // the backlog poll sees otherwise).
+                entry.queued = true;
+                new
             }
             kv::Operation::Delete | kv::Operation::Purge => {
                 if let Some(entry) = tools.get_mut(tool) {
                     entry.workers.remove(worker);
                 }
+                None
             }
         }
     }
@@ -156,15 +215,18 @@ impl RegistryHandle {
 
 /// Watches the registry bucket and keeps a [`RegistryHandle`] current.
 pub struct Registry {
-    store: kv::Store,
+    bucket: kv::Store,
+    catalog: JobStore,
     handle: RegistryHandle,
 }
 
 impl Registry {
-    /// A registry fed from `store`; announcements expire after `ttl`.
-    pub fn new(store: kv::Store, ttl: Duration) -> Self {
+    /// A registry fed from `bucket`, whose announcements expire after
+    /// `ttl`, keeping its tool catalog in `catalog`.
+    pub fn new(bucket: kv::Store, ttl: Duration, catalog: JobStore) -> Self {
         Self {
-            store,
+            bucket,
+            catalog,
             handle: RegistryHandle {
                 tools: Arc::default(),
                 ttl,
@@ -177,10 +239,29 @@ impl Registry {
         self.handle.clone()
     }
 
-    /// Follows the bucket until `shutdown`, re-watching after errors.
+    /// Applies one registry update; a manifest new to this registry goes to
+    /// the catalog.
+    async fn update(&self, entry: &kv::Entry) {
+        let Some(manifest) = self.handle.apply(&entry.key, entry.operation, &entry.value) else {
+            return;
+        };
+        if let Err(err) = self.catalog.remember_tool(&manifest).await {
+            warn!(tool = %manifest.name, error = %err, "cannot keep the tool in the catalog");
+        }
+    }
+
+    /// Loads the tool catalog, then follows the bucket until `shutdown`,
+    /// re-watching after errors.
     pub async fn run(self, shutdown: CancellationToken) {
+        match self.catalog.tool_catalog().await {
+            Ok(manifests) => manifests.into_iter().for_each(|m| self.handle.remember(m)),
+            // The tools still live are announced again within a heartbeat.
+            Err(err) => {
+                warn!(error = %err, "cannot read the tool catalog; knowing only the live tools")
+            }
+        }
         loop {
-            match self.store.watch_with_history(">").await {
+            match self.bucket.watch_with_history(">").await {
                 Ok(mut watch) => loop {
                     tokio::select! {
                         biased;
@@ -188,7 +269,7 @@ impl Registry {
                         entry = watch.next() => match entry {
                             Some(Ok(entry)) => {
                                 debug!(key = %entry.key, "registry update");
-                                self.handle.apply(&entry.key, entry.operation, &entry.value);
+                                self.update(&entry).await;
                             }
                             Some(Err(err)) => {
                                 warn!(error = %err, "registry watch failed; re-watching");

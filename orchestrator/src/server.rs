@@ -188,7 +188,7 @@ impl Orchestrator {
             options.store.job_retention,
             options.store.idempotency_ttl,
         );
-        let registry = Registry::new(bucket, ttl);
+        let registry = Registry::new(bucket, ttl, store.clone());
         let providers = Arc::new(Providers::new(options.openai.clone()));
         let dispatcher = Dispatcher {
             nats: nats.clone(),

@@ -197,6 +197,13 @@ impl RedisKeys {
         format!("{}:unfinished", self.prefix)
     }
 
+    /// The manifest of every tool a worker ever announced (a hash of tool
+    /// name to manifest JSON), so that a tool whose pool is scaled to zero
+    /// stays known: its calls wait in its queue for the next worker.
+    pub fn tool_catalog(&self) -> String {
+        format!("{}:catalog", self.prefix)
+    }
+
     /// A tenant's jobs, scored by submission time (a sorted set): the index
     /// that `ListJobs` reads, newest first.
     pub fn tenant_jobs(&self, tenant: &str) -> String {

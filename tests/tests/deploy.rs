@@ -5,10 +5,15 @@
 
 use toolfleet_tests::{NatsServer, cargo_bin, repo_root, venv_python};
 
-/// Runs `tests/deploy/<script>` with `args`, then the binaries' dir and a
-/// test NATS server's URL; returns what it said, failing if it failed.
-async fn check(script: &str, args: &[&str]) -> anyhow::Result<String> {
-    let nats = NatsServer::start().await?;
+/// Runs `tests/deploy/<script>` with `args` (paths in the repository), the
+/// binaries' dir and, with `nats`, a test NATS server's URL; returns what it
+/// said, failing if it failed.
+async fn check(script: &str, args: &[&str], nats: bool) -> anyhow::Result<String> {
+    let server = if nats {
+        Some(NatsServer::start().await?)
+    } else {
+        None
+    };
     let bin_dir = cargo_bin("toolfleet-worker")?
         .parent()
         .expect("a binary is in a dir")
@@ -17,7 +22,7 @@ async fn check(script: &str, args: &[&str]) -> anyhow::Result<String> {
         .arg(repo_root().join("tests/deploy").join(script))
         .args(args.iter().map(|a| repo_root().join(a)))
         .arg(bin_dir)
-        .arg(nats.url())
+        .args(server.as_ref().map(NatsServer::url))
         .output()
         .await?;
     let said = String::from_utf8_lossy(&output.stdout).into_owned()
@@ -34,6 +39,7 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
     let said = check(
         "compose.py",
         &["deploy/docker-compose.yml", "deploy/Dockerfile"],
+        true,
     )
     .await?;
     assert!(
@@ -44,16 +50,36 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 }
 
 /// `deploy/helm/toolfleet`: lint without errors or warnings, every manifest
-/// of every value set valid for a current Kubernetes (KEDA's ScaledObjects
-/// against KEDA's CRD schema, each scaling its pool on its tools'
-/// consumers), bad values refused, and every container's command,
-/// environment and probes run by the binary it names (the setup Job for
-/// real).
+/// of every value set valid for a current Kubernetes (KEDA's ScaledObjects,
+/// the ServiceMonitor and the PrometheusRule against their CRDs' schemas,
+/// each ScaledObject scaling its pool on its tools' consumers), bad values
+/// refused, the NATS and Redis users generated from the pools equal to
+/// deploy/'s files (one pool more adds exactly its users), and every
+/// container's configuration, environment, mounted files and probes run by
+/// the binary it names (the setup Job for real).
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
-    let said = check("chart.py", &["deploy/helm/toolfleet"]).await?;
+    let said = check("chart.py", &["deploy/helm/toolfleet"], true).await?;
     assert!(said.contains("chart: 7 value sets"), "{said}");
     assert!(said.contains("10 bad value sets refused"), "{said}");
+    Ok(())
+}
+
+/// What the chart renders runs: its dev NATS and Redis with the users it
+/// generates from the pools, the setup Job, the orchestrator and three
+/// pools, as local processes with the rendered configuration, environment
+/// and files. With two KEDA-scaled pools at zero, each ScaledObject's
+/// trigger read against the live `/jsz` as KEDA reads it gives exactly the
+/// calls waiting for that pool's tools; scaled up again, every job
+/// succeeds.
+#[tokio::test]
+async fn the_rendered_chart_runs_a_fleet_and_keda_reads_its_backlog() -> anyhow::Result<()> {
+    let said = check("pods.py", &["deploy/helm/toolfleet"], false).await?;
+    assert!(
+        said.contains("KEDA reads the lags {'tool_calculate': 3, 'tool_get_current_weather': 6}"),
+        "{said}"
+    );
+    assert!(said.contains("pods: 3 jobs succeeded"), "{said}");
     Ok(())
 }

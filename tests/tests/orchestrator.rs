@@ -1154,3 +1154,80 @@ async fn call_durations_are_exported_as_histograms_with_buckets() -> anyhow::Res
     }
     Ok(())
 }
+
+/// How many workers `ListTools` of `api` says serve `tool`; `None` when it
+/// does not list the tool.
+async fn listed_workers(api: &ApiClient, tool: &str) -> Option<u32> {
+    let tools = api.clone().list_tools(v1::ListToolsRequest {}).await.ok()?;
+    tools
+        .into_inner()
+        .tools
+        .into_iter()
+        .find(|t| t.name == tool)
+        .map(|t| t.workers)
+}
+
+/// A pool scaled to zero (its workers stopped, its queue kept): its tools
+/// stay listed with 0 workers and offered to new jobs, also by an
+/// orchestrator started afterwards (the manifests are kept in Redis); a
+/// call waits in the queue until a worker starts, then runs. A tool whose
+/// queue is deleted is no longer offered.
+#[tokio::test]
+async fn a_tool_with_no_live_worker_stays_available_while_its_queue_exists() -> anyhow::Result<()> {
+    let mut fleet = fleet(1).await?;
+    fleet.worker(0).stop(Duration::from_secs(30)).await?;
+    let first = fleet.api(0).await?;
+    toolfleet_tests::wait_until("calculate listed with 0 workers", JOB, || async {
+        (listed_workers(&first, "calculate").await == Some(0)).then_some(())
+    })
+    .await?;
+
+    let second = fleet.spawn_orchestrator(&[]).await?;
+    let api = fleet.api(second).await?;
+    toolfleet_tests::wait_until("the new orchestrator to know calculate", JOB, || async {
+        (listed_workers(&api, "calculate").await == Some(0)).then_some(())
+    })
+    .await?;
+    let job_id = api
+        .clone()
+        .submit_job(scripted(
+            "6*7 with no worker up",
+            json!([
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "6*7"}}]},
+                {"message": "{{call_0_0.data.result}}"}
+            ]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    // The call waits for a worker, answered by nobody in the meantime.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let waiting = api
+        .clone()
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(status(&waiting), v1::JobStatus::Running, "{waiting:?}");
+    assert!(results(&waiting).is_empty(), "{waiting:?}");
+
+    fleet.spawn_worker().await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.output_text, "42");
+
+    // No queue, no tool: its calls would wait for nothing.
+    let js = async_nats::jetstream::new(fleet.client.clone());
+    js.get_stream(toolfleet_proto::names::CALL_STREAM)
+        .await?
+        .delete_consumer(&toolfleet_proto::names::call_consumer("fail"))
+        .await?;
+    fleet.worker(1).stop(Duration::from_secs(30)).await?;
+    toolfleet_tests::wait_until("fail to be withdrawn", JOB, || async {
+        listed_workers(&api, "fail").await.is_none().then_some(())
+    })
+    .await?;
+    assert_eq!(listed_workers(&api, "calculate").await, Some(0));
+    Ok(())
+}

@@ -33,7 +33,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use toolfleet_proto::Envelope;
+use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, RedisKeys};
+use tracing::warn;
 
 use crate::job::{
     Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, JobTrace,
@@ -869,6 +871,48 @@ impl JobStore {
                 })
             })
             .collect()
+    }
+
+    /// Keeps `manifest` in the tool catalog (the newest one a worker
+    /// announced), for when no worker of the tool is live.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn remember_tool(&self, manifest: &ToolManifest) -> Result<(), Error> {
+        // A manifest is plain data; serializing it cannot fail.
+        let text = serde_json::to_string(manifest).expect("a manifest serializes");
+        let () = self
+            .conn()
+            .hset(self.keys.tool_catalog(), &manifest.name, text)
+            .await?;
+        Ok(())
+    }
+
+    /// Every manifest of the tool catalog that parses (one that does not is
+    /// logged and left out: the catalog is only a cache of announcements).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn tool_catalog(&self) -> Result<Vec<ToolManifest>, Error> {
+        let key = self.keys.tool_catalog();
+        let stored: HashMap<String, String> =
+            read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
+        Ok(stored
+            .into_iter()
+            .filter_map(|(tool, text)| match serde_json::from_str::<ToolManifest>(&text) {
+                Ok(manifest) if manifest.name == tool => Some(manifest),
+                Ok(_) => {
+                    warn!(tool = excerpt(&tool, 64), "ignoring a catalog entry filed under another name");
+                    None
+                }
+                Err(err) => {
+                    warn!(tool = excerpt(&tool, 64), error = %err, "ignoring an unreadable catalog entry");
+                    None
+                }
+            })
+            .collect())
     }
 
     /// Records that `attempt` of each call is about to be published: a
