@@ -133,8 +133,9 @@ USER_SECRETS = {
     "toolfleet-tokens": {"tokens.toml": '[tenants.team]\ntoken_sha256 = ["' + "0" * 64 + '"]\n'},
     "toolfleet-grpc-tls": {"tls.crt": "certificate", "tls.key": "key", "ca.crt": "client CA"},
     "openai": {"api-key": "sk-test"},
-    "fleet-passwords": {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
-                        for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")},
+    **{name: {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
+              for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")}
+       for name in ("fleet-passwords", "toolfleet-credentials")},
 }
 
 # Kinds that are CRDs, validated against their CRD's schema (crds.mjs).

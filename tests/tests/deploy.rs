@@ -66,6 +66,18 @@ async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() ->
     Ok(())
 }
 
+/// `k8s/`: exactly what the chart renders for users without Helm; kustomize
+/// builds its base and its dev and prod overlays, every manifest is valid
+/// for a current Kubernetes, and every container runs with the binary it
+/// names (the setup Job for real).
+#[tokio::test]
+async fn the_kustomize_base_and_overlays_are_rendered_from_the_chart_and_build()
+-> anyhow::Result<()> {
+    let said = check("kustomize.py", &["deploy/helm/toolfleet", "k8s"], true).await?;
+    assert!(said.contains("k8s: 3 kustomize builds"), "{said}");
+    Ok(())
+}
+
 /// What the chart renders runs: its dev NATS and Redis with the users it
 /// generates from the pools, the setup Job, the orchestrator and three
 /// pools, as local processes with the rendered configuration, environment

@@ -1,6 +1,6 @@
-{{/* The name of every object: <release>-toolfleet-<part>. */}}
+{{/* The name of every object: <release>-toolfleet-<part>, or <fullnameOverride>-<part>. */}}
 {{- define "toolfleet.name" -}}
-{{- printf "%s-toolfleet" .Release.Name | trunc 53 | trimSuffix "-" -}}
+{{- .Values.fullnameOverride | default (printf "%s-toolfleet" .Release.Name) | trunc 53 | trimSuffix "-" -}}
 {{- end -}}
 
 {{- define "toolfleet.labels" -}}
