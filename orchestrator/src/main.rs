@@ -75,12 +75,14 @@ async fn main() -> ExitCode {
         .set("setup.tools", tools)
         .into_value();
     let options = OrchestratorOptions::load(service.config.as_deref(), overrides);
+    // With --print-config, a subcommand only prints the configuration it
+    // would run with: it never touches JetStream.
     match command {
-        Some(Command::Setup { .. }) => return set_up(options).await,
-        Some(Command::Healthcheck { live }) => {
+        Some(Command::Setup { .. }) if !service.print_config => return set_up(options).await,
+        Some(Command::Healthcheck { live }) if !service.print_config => {
             return binary::healthcheck("toolfleet-orchestrator", options, live).await;
         }
-        None => {}
+        _ => {}
     }
     binary::run(
         "toolfleet-orchestrator",

@@ -55,8 +55,10 @@ KNOWLEDGE = ["factual_qa", "trend_analysis"]
 VALUE_SETS = {
     "defaults": None,
     "one pool, external NATS and Redis over TLS, no auth": {
-        "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none"},
-        "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "none"},
+        "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none",
+                 "tls": {"secretName": "nats-ca", "clientCert": False}},
+        "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "none",
+                  "tls": {"secretName": "redis-client", "clientCert": True}},
         "orchestrator": {"auth": "none"},
         "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318",
                       "otlpProtocol": "http/protobuf", "sampleRatio": 0.05},
@@ -124,7 +126,9 @@ CONFIGURED = {
         "knowledge": {"runtime.max_deliveries": 5},
     },
     "one pool, external NATS and Redis over TLS, no auth": {
-        "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none"},
+        "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none",
+                         "redis.tls.cert_file": "/etc/toolfleet/redis-tls/tls.crt", "nats.tls.cert_file": None},
+        "everything": {"nats.tls.ca_file": "/etc/toolfleet/nats-tls/ca.crt"},
     },
 }
 
@@ -133,6 +137,8 @@ USER_SECRETS = {
     "toolfleet-tokens": {"tokens.toml": '[tenants.team]\ntoken_sha256 = ["' + "0" * 64 + '"]\n'},
     "toolfleet-grpc-tls": {"tls.crt": "certificate", "tls.key": "key", "ca.crt": "client CA"},
     "openai": {"api-key": "sk-test"},
+    "nats-ca": {"ca.crt": "nats CA"},
+    "redis-client": {"ca.crt": "redis CA", "tls.crt": "client certificate", "tls.key": "client key"},
     **{name: {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
               for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")}
        for name in ("fleet-passwords", "toolfleet-credentials")},
@@ -156,7 +162,10 @@ REFUSED = {
     "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},
     "a graph file outside its volume": {"pools": [pool("kg", KNOWLEDGE, graph={
         "file": "../etc/passwd", "volume": {"emptyDir": {}}})]},
-    "an unknown NATS login": {"nats": {"url": "nats://nats:4222", "auth": "token"}},
+    "an unknown NATS login": {"nats": {"url": "nats://nats:4222", "auth": "token",
+                                       "tls": {"secretName": "", "clientCert": False}}},
+    "Redis TLS without rediss://": {"redis": {"url": "redis://r:6379/", "auth": "users",
+                                              "tls": {"secretName": "ca", "clientCert": False}}},
 }
 
 
@@ -247,6 +256,9 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
                 if pool is not None and config["tools"] != tools[pool]:
                     checks.failures.append(f"{where}: serves {config['tools']}, pool {pool} has {tools[pool]}")
                 for key, value in wanted.get(pool or component, {}).items():
+                    # A path inside the container is where its volume is here.
+                    if isinstance(value, str) and value.startswith("/"):
+                        value = command.path(value)
                     if lookup(config, key) != value:
                         checks.failures.append(f"{where}: {key} is {lookup(config, key)!r}, not {value!r}")
                 for path in named_files(config):

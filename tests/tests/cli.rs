@@ -159,6 +159,39 @@ async fn print_config_shows_durations_as_documented_and_the_id_in_use() -> anyho
     let config: Value = serde_json::from_slice(&output.stdout)?;
     assert_eq!(config["runtime"]["result_retention"], "24h");
     assert_eq!(config["runtime"]["ack_wait"], "30s");
+
+    // A subcommand with --print-config prints what it would run with and
+    // touches nothing: setup would otherwise wait for this NATS forever.
+    let nowhere = format!("nats://{}", toolfleet_tests::free_loopback_address()?);
+    for (binary, args) in [
+        (
+            "toolfleet-orchestrator",
+            &["setup", "--tools", "calculate", "--print-config"][..],
+        ),
+        (
+            "toolfleet-orchestrator",
+            &["healthcheck", "--print-config"][..],
+        ),
+        (
+            "toolfleet-worker",
+            &["healthcheck", "--live", "--print-config"][..],
+        ),
+    ] {
+        let output = tokio::time::timeout(
+            Duration::from_secs(30),
+            Command::new(cargo_bin(binary)?)
+                .args(["--nats-url", &nowhere])
+                .args(args)
+                .output(),
+        )
+        .await??;
+        assert!(output.status.success(), "{binary} {args:?}");
+        let config: Value = serde_json::from_slice(&output.stdout)?;
+        assert_eq!(config["nats"]["url"], nowhere.as_str(), "{binary} {args:?}");
+        if args[0] == "setup" {
+            assert_eq!(config["setup"]["tools"], json!(["calculate"]));
+        }
+    }
     Ok(())
 }
 

@@ -64,7 +64,10 @@ async fn main() -> ExitCode {
         .set("kg.graph_path", flags.kg_graph.as_ref())
         .into_value();
     let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
-    if let Some(Command::Healthcheck { live }) = flags.command {
+    // With --print-config, `healthcheck` only prints the configuration.
+    if let Some(Command::Healthcheck { live }) = flags.command
+        && !flags.service.print_config
+    {
         return binary::healthcheck("toolfleet-worker", options, live).await;
     }
     binary::run(

@@ -104,12 +104,14 @@ nats:
   user: {{ .user | quote }}
   inbox_prefix: {{ printf "_INBOX.%s" .user | quote }}
   {{- end }}
+  {{- include "toolfleet.tlsConfig" (dict "tls" $v.nats.tls "dir" "/etc/toolfleet/nats-tls") | nindent 2 }}
 {{- if ne .user "setup" }}
 redis:
   url: {{ include "toolfleet.redisURL" .root | quote }}
   {{- if eq $v.redis.auth "users" }}
   user: {{ .user | quote }}
   {{- end }}
+  {{- include "toolfleet.tlsConfig" (dict "tls" $v.redis.tls "dir" "/etc/toolfleet/redis-tls") | nindent 2 }}
 {{- with $v.telemetry }}
 {{- if .otlpEndpoint }}
 telemetry:
@@ -145,6 +147,36 @@ NATS and Redis passwords from the credentials Secret.
 {{- end }}
 {{- end -}}
 
+{{/* The `tls` table of nats or redis, from its Secret mounted at .dir. */}}
+{{- define "toolfleet.tlsConfig" -}}
+{{- if .tls.secretName -}}
+tls:
+  ca_file: {{ printf "%s/ca.crt" .dir }}
+  {{- if .tls.clientCert }}
+  cert_file: {{ printf "%s/tls.crt" .dir }}
+  key_file: {{ printf "%s/tls.key" .dir }}
+  {{- end }}
+{{- end -}}
+{{- end -}}
+
+{{/* The mounts of a service of role .user: its config file, and the TLS
+Secrets of NATS and (but for setup) Redis. */}}
+{{- define "toolfleet.mounts" -}}
+- name: config
+  mountPath: /etc/toolfleet/config
+  readOnly: true
+{{- if .root.Values.nats.tls.secretName }}
+- name: nats-tls
+  mountPath: /etc/toolfleet/nats-tls
+  readOnly: true
+{{- end }}
+{{- if and .root.Values.redis.tls.secretName (ne .user "setup") }}
+- name: redis-tls
+  mountPath: /etc/toolfleet/redis-tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
 {{/* The config volume of a service: its own file of the ConfigMap. */}}
 {{- define "toolfleet.configVolume" -}}
 - name: config
@@ -153,6 +185,16 @@ NATS and Redis passwords from the credentials Secret.
     items:
       - key: {{ .user }}.toml
         path: config.toml
+{{- with .root.Values.nats.tls.secretName }}
+- name: nats-tls
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- if and .root.Values.redis.tls.secretName (ne .user "setup") }}
+- name: redis-tls
+  secret:
+    secretName: {{ .root.Values.redis.tls.secretName }}
+{{- end }}
 {{- end -}}
 
 {{/*
