@@ -14,7 +14,8 @@
    zero, submits jobs whose calls wait for them, and evaluates each rendered ScaledObject's trigger as KEDA's
    nats-jetstream scaler does, against the live `/jsz`: the account,
    stream and consumer it names must exist, and the lag it reads
-   (num_pending + num_ack_pending) must equal the calls waiting.
+   (num_pending + num_ack_pending) must equal the calls waiting, as must
+   the orchestrator's toolfleet_tool_calls_waiting gauge.
 4. Starts a worker of each of those pools again, as KEDA does when scaling
    from zero: every job must succeed, and every process must stop cleanly.
 
@@ -25,6 +26,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -221,11 +223,23 @@ def main() -> int:
         probe_command = Command(command.where, os.path.basename(probe[0]), probe[1:], command.env)
         wait_until(f"{command.where} to be ready", lambda: fleet.run(probe_command).returncode == 0, 60)
 
+    metrics_ports = {}
+
     def service(component: str) -> subprocess.Popen:
-        [command] = commands(component, {"0.0.0.0:50051": ports["grpc"], "0.0.0.0:9090": free_port()})
+        metrics_ports[component] = free_port()
+        [command] = commands(component, {"0.0.0.0:50051": ports["grpc"], "0.0.0.0:9090": metrics_ports[component]})
         process = fleet.start(command)
         ready(command, by_component[component])
         return process
+
+    def calls_waiting() -> dict[str, int]:
+        """The orchestrator's toolfleet_tool_calls_waiting, by consumer."""
+        url = f"http://127.0.0.1:{metrics_ports['orchestrator']}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            text = response.read().decode()
+        return {f"tool_{m[1]}": int(float(m[2]))
+                for m in re.finditer(r'^toolfleet_tool_calls_waiting\{tool="([^"]+)"\} (\S+)$', text, re.M)
+                if f"tool_{m[1]}" in WAITING}
 
     def toolfleet(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([fleet.executable("toolfleet"), *args], capture_output=True, text=True, timeout=120,
@@ -277,6 +291,9 @@ def main() -> int:
             if seen != WAITING:
                 failures.append(f"KEDA would read lags {seen}, the calls waiting are {WAITING}")
             print(f"pods: KEDA reads the lags {seen} with the autoscaled pools at zero")
+            # With no worker, nothing is delivered: the orchestrators' gauge
+            # (num_pending) shows the same calls.
+            wait_until("the orchestrator's gauge", lambda: calls_waiting() == WAITING)
         except (RuntimeError, LookupError) as err:
             failures.append(f"KEDA's view: {err}; it reads {lags() if not isinstance(err, LookupError) else '-'}")
         # A name KEDA would not find must not pass unnoticed.
