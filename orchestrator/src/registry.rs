@@ -27,8 +27,13 @@ use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use tracing::{debug, warn};
 
+use tokio::sync::mpsc;
+
 use crate::job::now_ms;
 use crate::store::JobStore;
+
+/// Manifests waiting for the catalog's writer; more are dropped (logged).
+const CATALOG_BACKLOG: usize = 64;
 
 /// A tool jobs may use: its manifest, compiled schema and how many workers
 /// serve it.
@@ -239,27 +244,33 @@ impl Registry {
         self.handle.clone()
     }
 
-    /// Applies one registry update; a manifest new to this registry goes to
-    /// the catalog.
-    async fn update(&self, entry: &kv::Entry) {
-        let Some(manifest) = self.handle.apply(&entry.key, entry.operation, &entry.value) else {
-            return;
-        };
-        if let Err(err) = self.catalog.remember_tool(&manifest).await {
-            warn!(tool = %manifest.name, error = %err, "cannot keep the tool in the catalog");
-        }
+    /// Starts the catalog's own task: it loads the catalog into the
+    /// handle, then writes each manifest sent to it. Redis is never awaited
+    /// on the watch's path, so an outage of Redis cannot stall liveness.
+    fn catalog_keeper(&self) -> mpsc::Sender<ToolManifest> {
+        let (remember, mut to_remember) = mpsc::channel::<ToolManifest>(CATALOG_BACKLOG);
+        let (catalog, handle) = (self.catalog.clone(), self.handle.clone());
+        tokio::spawn(async move {
+            match catalog.tool_catalog().await {
+                Ok(manifests) => manifests.into_iter().for_each(|m| handle.remember(m)),
+                // The tools still live are announced again within a heartbeat.
+                Err(err) => {
+                    warn!(error = %err, "cannot read the tool catalog; knowing only the live tools")
+                }
+            }
+            while let Some(manifest) = to_remember.recv().await {
+                if let Err(err) = catalog.remember_tool(&manifest).await {
+                    warn!(tool = %manifest.name, error = %err, "cannot keep the tool in the catalog");
+                }
+            }
+        });
+        remember
     }
 
-    /// Loads the tool catalog, then follows the bucket until `shutdown`,
-    /// re-watching after errors.
+    /// Follows the bucket until `shutdown`, re-watching after errors, and
+    /// keeps each manifest new to this registry in the catalog.
     pub async fn run(self, shutdown: CancellationToken) {
-        match self.catalog.tool_catalog().await {
-            Ok(manifests) => manifests.into_iter().for_each(|m| self.handle.remember(m)),
-            // The tools still live are announced again within a heartbeat.
-            Err(err) => {
-                warn!(error = %err, "cannot read the tool catalog; knowing only the live tools")
-            }
-        }
+        let catalog = self.catalog_keeper();
         loop {
             match self.bucket.watch_with_history(">").await {
                 Ok(mut watch) => loop {
@@ -269,7 +280,13 @@ impl Registry {
                         entry = watch.next() => match entry {
                             Some(Ok(entry)) => {
                                 debug!(key = %entry.key, "registry update");
-                                self.update(&entry).await;
+                                if let Some(manifest) = self.handle.apply(&entry.key, entry.operation, &entry.value)
+                                    && catalog.try_send(manifest).is_err()
+                                {
+                                    // Only a cache: the next start reads what
+                                    // the live workers announce again.
+                                    warn!("the tool catalog is behind; a manifest was not kept");
+                                }
                             }
                             Some(Err(err)) => {
                                 warn!(error = %err, "registry watch failed; re-watching");
