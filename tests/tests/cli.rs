@@ -517,12 +517,97 @@ async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow
             assert!(report["spans_received"].is_null(), "{report}");
         }
     }
+    // The load phase is accounted process by process, NATS and Redis too.
+    let plain: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("plain.json"))?)?;
+    let cpu = &plain["accounting"]["cpu_ms_per_job_by_process"];
+    for process in [
+        "bench (orchestrator, workers, client)",
+        "nats-server",
+        "redis-server",
+    ] {
+        assert!(
+            cpu[process].as_f64().is_some_and(|ms| ms > 0.0),
+            "{process}: {plain}"
+        );
+    }
+    let accounting = &plain["accounting"];
+    // 2 rounds of 3 calls: every call is published to JetStream and its
+    // result stored in Redis, at the least.
+    assert!(
+        accounting["nats_messages_in_per_job"]
+            .as_f64()
+            .unwrap_or_default()
+            >= 6.0,
+        "{plain}"
+    );
+    assert!(
+        accounting["redis_commands_per_job"]
+            .as_f64()
+            .unwrap_or_default()
+            >= 6.0,
+        "{plain}"
+    );
+    assert!(
+        plain["load_seconds"].as_f64().unwrap_or_default() > 0.0,
+        "{plain}"
+    );
+
     let refused = toolfleet(&["bench", "--trace-ratio", "2"]).await?;
     assert_eq!(refused.code, Some(2));
     assert!(
         refused.stderr.contains("not a ratio from 0.0 to 1.0"),
         "{}",
         refused.stderr
+    );
+    Ok(())
+}
+
+/// `toolfleet bench --processes` accounts the load phase to every process
+/// of the fleet: the orchestrator, each worker, NATS, Redis and the client.
+#[tokio::test]
+async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("report.json");
+    let path_arg = path.to_string_lossy().into_owned();
+    let run = toolfleet(&[
+        "bench",
+        "--processes",
+        "-J",
+        "20",
+        "-C",
+        "4",
+        "--sequential",
+        "5",
+        "--raw-requests",
+        "100",
+        "--json",
+        &path_arg,
+    ])
+    .await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    let accounting = &report["accounting"];
+    for process in [
+        "orchestrator",
+        "worker-0",
+        "worker-1",
+        "nats-server",
+        "redis-server",
+    ] {
+        let cpu = accounting["cpu_ms_per_job_by_process"][process].as_f64();
+        assert!(cpu.is_some_and(|ms| ms > 0.0), "{process}: {report}");
+        let rss = accounting["rss_mb_by_process"][process].as_f64();
+        assert!(rss.is_some_and(|mb| mb > 1.0), "{process}: {report}");
+    }
+    assert!(
+        accounting["cpu_ms_per_job_by_process"]["bench client"].is_number(),
+        "{report}"
+    );
+    assert!(
+        run.stdout.contains("load phase, per job:"),
+        "{}",
+        run.stdout
     );
     Ok(())
 }

@@ -19,8 +19,10 @@ use crate::local::{LocalFleet, LocalFleetOptions};
 use crate::output::outln;
 use crate::supervisor::otlp::Collector;
 use crate::supervisor::wait_until;
+use accounting::{Accounting, Probe, Sources};
 use processes::ProcessFleet;
 
+mod accounting;
 mod processes;
 
 type Api = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
@@ -139,6 +141,11 @@ struct Report {
     sequential_jobs: usize,
     sequential_job_latency: Percentiles,
     cpu_ms_per_job: Option<f64>,
+    /// Wall time of the load phase.
+    load_seconds: f64,
+    /// What the load phase cost, by process, in Redis commands and in NATS
+    /// messages, per job.
+    accounting: Accounting,
     raw_nats_requests_per_sec: f64,
     raw_nats_round_trip: Percentiles,
     tool_calls_vs_raw_nats: f64,
@@ -207,7 +214,28 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
     let ca_file = fleet.as_ref().and_then(LocalFleet::ca_file);
-    let result = measure(&args, &api, &nats_url, ca_file.as_deref()).await;
+    let sources = match (&fleet, &processes) {
+        (Some(fleet), _) => Sources {
+            processes: vec![
+                Probe::this("bench (orchestrator, workers, client)"),
+                Probe::new("nats-server", fleet.nats().process().pid()),
+                Probe::new("redis-server", fleet.redis().process().pid()),
+            ],
+            // Over TLS the bench would need the fleet's client settings.
+            redis_url: (!args.tls).then(|| fleet.redis_url()),
+            nats_monitoring: Some(fleet.nats().monitoring_url()),
+        },
+        (None, Some(processes)) => {
+            let mut sources = processes.sources();
+            sources.processes.push(Probe::this("bench client"));
+            sources
+        }
+        (None, None) => Sources {
+            processes: vec![Probe::this("bench client")],
+            ..Sources::default()
+        },
+    };
+    let result = measure(&args, &api, (&nats_url, ca_file.as_deref()), &sources).await;
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
@@ -228,15 +256,17 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `ca_file`: the CA of a NATS server that speaks TLS.
+/// `ca_file`: the CA of a NATS server that speaks TLS; `sources`: what to
+/// account the load phase's cost to.
 async fn measure(
     args: &BenchArgs,
     api: &Api,
-    nats_url: &str,
-    ca_file: Option<&str>,
+    (nats_url, ca_file): (&str, Option<&str>),
+    sources: &Sources,
 ) -> anyhow::Result<Report> {
     let tool = Workload::of(args);
     let load_script = script(tool, args.rounds, args.calls);
+    let idle = sources.read().await;
     eprintln!("warming up...");
     load(
         api,
@@ -255,10 +285,17 @@ async fn measure(
         args.calls,
         tool.name()
     );
+    let before = sources.read().await;
     let cpu_before = process_cpu();
     let started = Instant::now();
     let round_trips = load(api, (&load_script, tool), args.jobs, args.concurrency, true).await?;
-    let elapsed = started.elapsed().as_secs_f64();
+    let load_time = started.elapsed();
+    let elapsed = load_time.as_secs_f64();
+    let accounting = Accounting::of(
+        (&idle, &before, &sources.read().await),
+        args.jobs,
+        load_time,
+    );
     let cpu_ms_per_job = match (cpu_before, process_cpu()) {
         // The bench's own CPU covers the fleet only when the fleet runs in it.
         (Some(before), Some(after)) if args.target.is_none() && !args.processes => {
@@ -297,6 +334,8 @@ async fn measure(
         sequential_jobs: args.sequential,
         sequential_job_latency: Percentiles::of(latencies),
         cpu_ms_per_job,
+        load_seconds: elapsed,
+        accounting,
         raw_nats_requests_per_sec: raw_rate,
         raw_nats_round_trip: Percentiles::of(raw_latencies),
         tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
@@ -546,8 +585,9 @@ fn print(report: &Report) -> std::io::Result<()> {
         Some(cpu) => outln!(
             "CPU per job          {cpu:.2} ms (orchestrator + workers + bench client; NATS and Redis not included)"
         )?,
-        None => outln!("CPU per job          n/a (remote fleet)")?,
+        None => outln!("CPU per job          n/a (the fleet runs in other processes; see below)")?,
     }
+    print_accounting(&report.accounting)?;
     outln!(
         "raw NATS req/reply   {:.0} req/s  {}",
         report.raw_nats_requests_per_sec,
@@ -557,5 +597,55 @@ fn print(report: &Report) -> std::io::Result<()> {
         "tool calls vs raw    {:.1}%",
         report.tool_calls_vs_raw_nats * 100.0
     )?;
+    Ok(())
+}
+
+/// The load phase's cost: a row per process, then Redis and NATS.
+fn print_accounting(accounting: &Accounting) -> std::io::Result<()> {
+    if accounting.cpu_ms_per_job_by_process.is_empty() {
+        return Ok(());
+    }
+    outln!("load phase, per job:")?;
+    outln!(
+        "  {:<40} {:>10} {:>10} {:>10}",
+        "process",
+        "CPU ms",
+        "RSS idle",
+        "RSS load"
+    )?;
+    let mb = |value: Option<&f64>| value.map_or("-".to_owned(), |mb| format!("{mb:.1} MB"));
+    for (name, cpu) in &accounting.cpu_ms_per_job_by_process {
+        outln!(
+            "  {name:<40} {cpu:>10.3} {:>10} {:>10}",
+            mb(accounting.idle_rss_mb_by_process.get(name)),
+            mb(accounting.rss_mb_by_process.get(name)),
+        )?;
+    }
+    outln!(
+        "  {:<40} {:>10.3}   ({:.2} cores busy)",
+        "all",
+        accounting.cpu_ms_per_job_total,
+        accounting.cores_busy
+    )?;
+    if let Some(commands) = accounting.redis_commands_per_job {
+        let mut by_name: Vec<_> = accounting.redis_commands_per_job_by_name.iter().collect();
+        by_name.sort_by(|a, b| b.1.total_cmp(a.1));
+        let top: Vec<String> = by_name
+            .iter()
+            .take(6)
+            .map(|(name, n)| format!("{name} {n:.1}"))
+            .collect();
+        outln!("  Redis commands       {commands:.1} ({})", top.join(", "))?;
+    }
+    if let (Some(msgs_in), Some(msgs_out), Some(bytes_in), Some(bytes_out)) = (
+        accounting.nats_messages_in_per_job,
+        accounting.nats_messages_out_per_job,
+        accounting.nats_bytes_in_per_job,
+        accounting.nats_bytes_out_per_job,
+    ) {
+        outln!(
+            "  NATS messages        {msgs_in:.1} in, {msgs_out:.1} out ({bytes_in:.0} B in, {bytes_out:.0} B out)"
+        )?;
+    }
     Ok(())
 }

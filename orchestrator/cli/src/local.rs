@@ -273,6 +273,16 @@ impl LocalFleet {
         self.redis.url()
     }
 
+    /// The NATS server (its process, its monitoring endpoint).
+    pub fn nats(&self) -> &NatsServer {
+        &self.nats
+    }
+
+    /// The Redis server (its process).
+    pub fn redis(&self) -> &RedisServer {
+        &self.redis
+    }
+
     /// The temp dir: the servers' data and logs, and `fleet.log`.
     pub fn dir(&self) -> &Path {
         self.dir.path()

@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use toolfleet_proto::v1;
 use toolfleet_service::config::TelemetryOptions;
 
+use super::accounting::{Probe, Sources};
 use crate::supervisor::{
     ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
 };
@@ -27,8 +28,8 @@ pub(super) struct ProcessFleet {
     // Declared before the servers, so that they are killed first.
     workers: Vec<ChildProcess>,
     orchestrator: ChildProcess,
-    _redis: RedisServer,
-    _nats: NatsServer,
+    redis: RedisServer,
+    nats: NatsServer,
     _dir: tempfile::TempDir,
 }
 
@@ -110,12 +111,27 @@ impl ProcessFleet {
             nats_url: nats.url(),
             workers: spawned,
             orchestrator,
-            _redis: redis,
-            _nats: nats,
+            redis,
+            nats,
             _dir: dir,
         };
         fleet.wait_for_tool(tool, workers).await?;
         Ok(fleet)
+    }
+
+    /// Every process of the fleet and where its servers report.
+    pub(super) fn sources(&self) -> Sources {
+        let mut processes = vec![
+            Probe::new("orchestrator", self.orchestrator.pid()),
+            Probe::new("nats-server", self.nats.process().pid()),
+            Probe::new("redis-server", self.redis.process().pid()),
+        ];
+        processes.extend(self.workers.iter().map(|w| Probe::new(w.name(), w.pid())));
+        Sources {
+            processes,
+            redis_url: Some(self.redis.url()),
+            nats_monitoring: Some(self.nats.monitoring_url()),
+        }
     }
 
     async fn wait_for_tool(&self, tool: &str, workers: usize) -> anyhow::Result<()> {

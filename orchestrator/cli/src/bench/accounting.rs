@@ -1,0 +1,300 @@
+//! What a bench phase cost, process by process: CPU and memory of every
+//! process of the fleet (from /proc, Linux), the Redis commands it ran
+//! (`INFO commandstats`) and the messages NATS moved (`/varz`), each read
+//! before and after the phase.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+/// A process to account for.
+#[derive(Debug, Clone)]
+pub(super) struct Probe {
+    /// `orchestrator`, `worker-0`, `nats-server`, ...
+    pub(super) name: String,
+    pub(super) pid: u32,
+}
+
+impl Probe {
+    pub(super) fn new(name: impl Into<String>, pid: u32) -> Self {
+        Self {
+            name: name.into(),
+            pid,
+        }
+    }
+
+    /// This process.
+    pub(super) fn this(name: impl Into<String>) -> Self {
+        Self::new(name, std::process::id())
+    }
+}
+
+/// Where the fleet's servers can be asked what they did.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Sources {
+    pub(super) processes: Vec<Probe>,
+    /// Redis, for `INFO commandstats` (plain `redis://` only).
+    pub(super) redis_url: Option<String>,
+    /// NATS's monitoring endpoint, for `/varz`.
+    pub(super) nats_monitoring: Option<String>,
+}
+
+/// One reading of everything in [`Sources`].
+#[derive(Debug, Clone, Default)]
+pub(super) struct Reading {
+    usage: BTreeMap<String, Usage>,
+    /// Calls so far by command.
+    redis_calls: Option<BTreeMap<String, u64>>,
+    nats: Option<NatsCounters>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Usage {
+    cpu: Duration,
+    rss_bytes: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct NatsCounters {
+    in_msgs: u64,
+    out_msgs: u64,
+    in_bytes: u64,
+    out_bytes: u64,
+}
+
+impl Sources {
+    /// Reads every source; one that cannot be read is left out.
+    pub(super) async fn read(&self) -> Reading {
+        let usage = self
+            .processes
+            .iter()
+            .filter_map(|p| usage(p.pid).map(|u| (p.name.clone(), u)))
+            .collect();
+        let redis_calls = match &self.redis_url {
+            Some(url) => redis_commandstats(url).await.ok(),
+            None => None,
+        };
+        let nats = match &self.nats_monitoring {
+            Some(url) => nats_varz(url).await.ok(),
+            None => None,
+        };
+        Reading {
+            usage,
+            redis_calls,
+            nats,
+        }
+    }
+}
+
+/// What a phase of `jobs` jobs cost, per job, by process and server.
+#[derive(Debug, Default, Serialize)]
+pub(super) struct Accounting {
+    /// CPU milliseconds per job of each process (user + system).
+    pub(super) cpu_ms_per_job_by_process: BTreeMap<String, f64>,
+    /// Their sum: every process of the fleet, NATS and Redis included.
+    pub(super) cpu_ms_per_job_total: f64,
+    /// CPU of all of them over the phase's wall time, in cores.
+    pub(super) cores_busy: f64,
+    /// Resident memory of each process at the end of the phase, in MB.
+    pub(super) rss_mb_by_process: BTreeMap<String, f64>,
+    /// Resident memory of each process before any job, in MB.
+    pub(super) idle_rss_mb_by_process: BTreeMap<String, f64>,
+    /// Redis commands per job (`INFO commandstats`), and by command.
+    pub(super) redis_commands_per_job: Option<f64>,
+    pub(super) redis_commands_per_job_by_name: BTreeMap<String, f64>,
+    /// Messages and bytes NATS received and sent per job (`/varz`).
+    pub(super) nats_messages_in_per_job: Option<f64>,
+    pub(super) nats_messages_out_per_job: Option<f64>,
+    pub(super) nats_bytes_in_per_job: Option<f64>,
+    pub(super) nats_bytes_out_per_job: Option<f64>,
+}
+
+impl Accounting {
+    /// The difference of `after` and `before`, over `jobs` jobs that took
+    /// `elapsed`; `idle` gives the memory before any job.
+    pub(super) fn of(
+        (idle, before, after): (&Reading, &Reading, &Reading),
+        jobs: usize,
+        elapsed: Duration,
+    ) -> Self {
+        let per_job = |n: f64| n / jobs.max(1) as f64;
+        let mb = |bytes: u64| bytes as f64 / 1_048_576.0;
+        let mut accounting = Self::default();
+        for (name, end) in &after.usage {
+            let Some(start) = before.usage.get(name) else {
+                continue;
+            };
+            let cpu_ms = end.cpu.saturating_sub(start.cpu).as_secs_f64() * 1000.0;
+            accounting
+                .cpu_ms_per_job_by_process
+                .insert(name.clone(), per_job(cpu_ms));
+            accounting.cpu_ms_per_job_total += per_job(cpu_ms);
+            accounting.cores_busy += cpu_ms / 1000.0 / elapsed.as_secs_f64().max(1e-9);
+            accounting
+                .rss_mb_by_process
+                .insert(name.clone(), mb(end.rss_bytes));
+        }
+        accounting.idle_rss_mb_by_process = idle
+            .usage
+            .iter()
+            .map(|(name, u)| (name.clone(), mb(u.rss_bytes)))
+            .collect();
+        if let (Some(start), Some(end)) = (&before.redis_calls, &after.redis_calls) {
+            let mut total = 0.0;
+            for (name, calls) in end {
+                // The bench's own `INFO` is not the fleet's.
+                if name == "info" {
+                    continue;
+                }
+                let done = calls.saturating_sub(start.get(name).copied().unwrap_or(0)) as f64;
+                if done > 0.0 {
+                    accounting
+                        .redis_commands_per_job_by_name
+                        .insert(name.clone(), per_job(done));
+                    total += done;
+                }
+            }
+            accounting.redis_commands_per_job = Some(per_job(total));
+        }
+        if let (Some(start), Some(end)) = (before.nats, after.nats) {
+            let delta = |a: u64, b: u64| Some(per_job(a.saturating_sub(b) as f64));
+            accounting.nats_messages_in_per_job = delta(end.in_msgs, start.in_msgs);
+            accounting.nats_messages_out_per_job = delta(end.out_msgs, start.out_msgs);
+            accounting.nats_bytes_in_per_job = delta(end.in_bytes, start.in_bytes);
+            accounting.nats_bytes_out_per_job = delta(end.out_bytes, start.out_bytes);
+        }
+        accounting
+    }
+}
+
+/// CPU (user + system) and resident memory of `pid`, from /proc.
+fn usage(pid: u32) -> Option<Usage> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may contain spaces) start at ") ".
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let rss_kb: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(Usage {
+        // Linux reports clock ticks; USER_HZ is 100 on every mainstream platform.
+        cpu: Duration::from_millis((utime + stime) * 10),
+        rss_bytes: rss_kb * 1024,
+    })
+}
+
+/// Calls so far of every command, from `INFO commandstats`.
+async fn redis_commandstats(url: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+    let client = redis::Client::open(url)?;
+    let mut connection = client.get_multiplexed_async_connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut connection)
+        .await?;
+    Ok(parse_commandstats(&info))
+}
+
+/// `cmdstat_evalsha:calls=12,usec=...` lines to `{"evalsha": 12}`;
+/// subcommands (`cmdstat_client|setname`) count under their own names.
+fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
+    info.lines()
+        .filter_map(|line| {
+            let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
+            let calls = stats
+                .split(',')
+                .find_map(|field| field.strip_prefix("calls="))?
+                .parse()
+                .ok()?;
+            Some((name.to_owned(), calls))
+        })
+        .collect()
+}
+
+/// NATS's message and byte counters, from `/varz`.
+async fn nats_varz(monitoring: &str) -> anyhow::Result<NatsCounters> {
+    let varz: Value = reqwest::Client::new()
+        .get(format!("{monitoring}/varz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    let counter = |key: &str| {
+        varz[key]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("/varz has no {key}"))
+    };
+    Ok(NatsCounters {
+        in_msgs: counter("in_msgs")?,
+        out_msgs: counter("out_msgs")?,
+        in_bytes: counter("in_bytes")?,
+        out_bytes: counter("out_bytes")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commandstats_are_read_by_name_with_subcommands_apart() {
+        let info = "# Commandstats\r\n\
+                    cmdstat_evalsha:calls=12,usec=340,usec_per_call=28.33,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_client|setname:calls=2,usec=3,usec_per_call=1.50,rejected_calls=0,failed_calls=0\r\n\
+                    cmdstat_broken:usec=1\r\n";
+        let stats = parse_commandstats(info);
+        assert_eq!(stats.get("evalsha"), Some(&12));
+        assert_eq!(stats.get("client|setname"), Some(&2));
+        assert_eq!(stats.len(), 2);
+    }
+
+    #[test]
+    fn a_phase_is_the_difference_per_job() {
+        let reading = |cpu_ms: u64, rss: u64, evalsha: u64, msgs: u64| Reading {
+            usage: BTreeMap::from([(
+                "orchestrator".to_owned(),
+                Usage {
+                    cpu: Duration::from_millis(cpu_ms),
+                    rss_bytes: rss,
+                },
+            )]),
+            redis_calls: Some(BTreeMap::from([
+                ("evalsha".to_owned(), evalsha),
+                ("info".to_owned(), evalsha),
+            ])),
+            nats: Some(NatsCounters {
+                in_msgs: msgs,
+                out_msgs: 2 * msgs,
+                in_bytes: 100 * msgs,
+                out_bytes: 200 * msgs,
+            }),
+        };
+        let idle = reading(0, 10 << 20, 0, 0);
+        let before = reading(1_000, 20 << 20, 50, 10);
+        let after = reading(3_000, 30 << 20, 250, 110);
+        let accounting = Accounting::of((&idle, &before, &after), 100, Duration::from_secs(4));
+        assert_eq!(accounting.cpu_ms_per_job_by_process["orchestrator"], 20.0);
+        assert_eq!(accounting.cpu_ms_per_job_total, 20.0);
+        assert_eq!(accounting.cores_busy, 0.5);
+        assert_eq!(accounting.rss_mb_by_process["orchestrator"], 30.0);
+        assert_eq!(accounting.idle_rss_mb_by_process["orchestrator"], 10.0);
+        assert_eq!(accounting.redis_commands_per_job, Some(2.0));
+        assert!(
+            !accounting
+                .redis_commands_per_job_by_name
+                .contains_key("info")
+        );
+        assert_eq!(accounting.nats_messages_in_per_job, Some(1.0));
+        assert_eq!(accounting.nats_messages_out_per_job, Some(2.0));
+        assert_eq!(accounting.nats_bytes_out_per_job, Some(200.0));
+    }
+}
