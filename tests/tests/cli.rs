@@ -604,6 +604,34 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
         accounting["cpu_ms_per_job_by_process"]["bench client"].is_number(),
         "{report}"
     );
+    // JetStream syncs every two minutes and Redis keeps nothing, by default.
+    assert_eq!(report["fsync_always"], false, "{report}");
+
+    // With --fsync-always both servers say they fsync every write.
+    let run = toolfleet(&[
+        "bench",
+        "-J",
+        "10",
+        "-C",
+        "2",
+        "--sequential",
+        "2",
+        "--raw-requests",
+        "10",
+        "--fsync-always",
+        "--json",
+        &path_arg,
+    ])
+    .await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(report["fsync_always"], true, "{report}");
+    assert!(
+        run.stdout
+            .contains("durability           JetStream and Redis fsync every write"),
+        "{}",
+        run.stdout
+    );
     assert!(
         run.stdout.contains("load phase, per job:"),
         "{}",

@@ -70,6 +70,12 @@ pub(crate) struct BenchArgs {
     /// over it: compare with a run without to see what TLS costs.
     #[arg(long, conflicts_with_all = ["target", "processes"])]
     tls: bool,
+    /// JetStream and Redis fsync every write before acknowledging it
+    /// (`sync_interval: always`, `appendfsync always`), as systems that fsync
+    /// every step do. Without it, JetStream syncs every two minutes and the
+    /// bench's Redis keeps nothing on disk.
+    #[arg(long, conflicts_with = "target")]
+    fsync_always: bool,
     /// Trace the fleet with this sampling ratio (0.0 to 1.0), exporting over
     /// OTLP to a collector the bench starts, which counts the spans and
     /// drops them: compare with a run without to see what tracing costs.
@@ -125,6 +131,9 @@ struct Report {
     tool: String,
     /// NATS and Redis over TLS (`--tls`).
     tls: bool,
+    /// JetStream and Redis fsync every write (`--fsync-always`), as the
+    /// servers themselves report it when they can be asked.
+    fsync_always: bool,
     /// The sampling ratio of the fleet's traces (`--trace-ratio`); none when
     /// tracing was off.
     trace_ratio: Option<f64>,
@@ -176,7 +185,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
              {workers} workers serving every tool)..."
         );
         let tool = Workload::of(&args).tool();
-        Some(ProcessFleet::start(workers, args.max_in_flight, tool, &telemetry).await?)
+        let servers = (&telemetry, args.fsync_always);
+        Some(ProcessFleet::start(workers, args.max_in_flight, tool, servers).await?)
     } else {
         None
     };
@@ -195,6 +205,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 test_tools: true,
                 workers,
                 tls: args.tls,
+                fsync_always: args.fsync_always,
                 ..LocalFleetOptions::default()
             };
             if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
@@ -236,6 +247,11 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         },
     };
     let result = measure(&args, &api, (&nats_url, ca_file.as_deref()), &sources).await;
+    // What the servers say, where they can be asked.
+    let fsync_always = sources
+        .fsync_every_write()
+        .await
+        .unwrap_or(args.fsync_always);
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
@@ -246,6 +262,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     let mut report = result?;
     report.trace_ratio = args.trace_ratio;
+    report.fsync_always = fsync_always;
     report.spans_received = collector.as_ref().map(Collector::received);
     print(&report)?;
     if let Some(path) = &args.json {
@@ -339,9 +356,10 @@ async fn measure(
         raw_nats_requests_per_sec: raw_rate,
         raw_nats_round_trip: Percentiles::of(raw_latencies),
         tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
-        // Filled in by the caller, which owns the collector.
+        // Filled in by the caller, which owns the collector and the servers.
         trace_ratio: None,
         spans_received: None,
+        fsync_always: false,
     })
 }
 
@@ -569,6 +587,9 @@ fn print(report: &Report) -> std::io::Result<()> {
     )?;
     if report.tls {
         outln!("transport            NATS and Redis over TLS")?;
+    }
+    if report.fsync_always {
+        outln!("durability           JetStream and Redis fsync every write")?;
     }
     if let (Some(ratio), Some(spans)) = (report.trace_ratio, report.spans_received) {
         outln!("tracing              sampling ratio {ratio}, {spans} spans received")?;

