@@ -1200,8 +1200,25 @@ async fn a_tool_with_no_live_worker_stays_available_while_its_queue_exists() -> 
         .await?
         .into_inner()
         .job_id;
-    // The call waits for a worker, answered by nobody in the meantime.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The call is dispatched (not answered UNKNOWN_TOOL), and waits for a
+    // worker, answered by nobody in the meantime.
+    let mut events = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    tokio::time::timeout(JOB, async {
+        while let Some(event) = events.next().await {
+            if event?.kind == "tool_call_dispatched" {
+                return anyhow::Ok(());
+            }
+        }
+        anyhow::bail!("the events ended before the call was dispatched")
+    })
+    .await??;
     let waiting = api
         .clone()
         .get_job(v1::GetJobRequest {
