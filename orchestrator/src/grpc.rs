@@ -835,7 +835,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::ListToolsResponse>, Status> {
         let tools = self
             .registry
-            .live_tools()
+            .available_tools()
             .into_iter()
             .map(|t| v1::Tool {
                 name: t.manifest.name,

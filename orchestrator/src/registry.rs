@@ -21,13 +21,12 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::kv;
 use futures::StreamExt;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use tracing::{debug, warn};
-
-use tokio::sync::mpsc;
 
 use crate::job::now_ms;
 use crate::store::JobStore;
@@ -94,7 +93,7 @@ impl RegistryHandle {
     }
 
     /// Every available tool, by name.
-    pub fn live_tools(&self) -> Vec<LiveTool> {
+    pub fn available_tools(&self) -> Vec<LiveTool> {
         let tools = self
             .tools
             .read()

@@ -183,39 +183,52 @@ pub const MAX_WORKER_ID_LEN: usize = 128;
 /// sanity bound on what a worker writes, not a liveness check.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
 
+impl ToolManifest {
+    /// Checks a manifest filed under `tool` (a registry key, the tool
+    /// catalog): its name is valid and is `tool`, and its description and
+    /// schema are within their bounds. (Whether the schema compiles is the
+    /// reader's check: it compiles it anyway.)
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, for the log.
+    pub fn check(&self, tool: &str) -> Result<(), String> {
+        if !is_valid_tool_name(tool) || self.name != tool {
+            return Err("the manifest's name is not the tool of its key".into());
+        }
+        if self.description.len() > MAX_DESCRIPTION_BYTES {
+            return Err(format!(
+                "the description is over {MAX_DESCRIPTION_BYTES} bytes"
+            ));
+        }
+        if !self.parameters.is_object() {
+            return Err("the parameters schema is not a JSON object".into());
+        }
+        if self.parameters.to_string().len() > MAX_SCHEMA_BYTES {
+            return Err(format!(
+                "the parameters schema is over {MAX_SCHEMA_BYTES} bytes"
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl WorkerAnnouncement {
     /// Checks an announcement read from registry key `tool.worker` at
-    /// `now_ms`: the names agree with the key and are valid, the description
-    /// and schema are within their bounds, and the heartbeat is within
-    /// [`MAX_CLOCK_SKEW`] of `now_ms`. (Whether the schema compiles is the
-    /// reader's check: it compiles it anyway.) Anyone who can write to the
-    /// bucket can write anything, so the orchestrator ignores what fails.
+    /// `now_ms`: its manifest passes [`ToolManifest::check`], the worker id
+    /// agrees with the key and is valid, and the heartbeat is within
+    /// [`MAX_CLOCK_SKEW`] of `now_ms`. Anyone who can write to the bucket
+    /// can write anything, so the orchestrator ignores what fails.
     ///
     /// # Errors
     ///
     /// What is wrong, for the log.
     pub fn check(&self, tool: &str, worker: &str, now_ms: u64) -> Result<(), String> {
-        let manifest = &self.manifest;
-        if !is_valid_tool_name(tool) || manifest.name != tool {
-            return Err("the manifest's name is not the tool of its key".into());
-        }
+        self.manifest.check(tool)?;
         let valid_worker = (1..=MAX_WORKER_ID_LEN).contains(&worker.len())
             && worker.bytes().all(|b| b.is_ascii_graphic());
         if !valid_worker || self.worker_id != worker {
             return Err("the worker id is not the worker of its key".into());
-        }
-        if manifest.description.len() > MAX_DESCRIPTION_BYTES {
-            return Err(format!(
-                "the description is over {MAX_DESCRIPTION_BYTES} bytes"
-            ));
-        }
-        if !manifest.parameters.is_object() {
-            return Err("the parameters schema is not a JSON object".into());
-        }
-        if manifest.parameters.to_string().len() > MAX_SCHEMA_BYTES {
-            return Err(format!(
-                "the parameters schema is over {MAX_SCHEMA_BYTES} bytes"
-            ));
         }
         let skew_ms = u64::try_from(MAX_CLOCK_SKEW.as_millis()).unwrap_or(u64::MAX);
         if self.heartbeat_ms.abs_diff(now_ms) > skew_ms {

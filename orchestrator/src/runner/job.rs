@@ -377,7 +377,7 @@ impl JobRun<'_> {
             .runner
             .dispatcher
             .registry
-            .live_tools()
+            .available_tools()
             .into_iter()
             .filter(|t| allowed(&t.manifest.name))
             .collect();

@@ -889,8 +889,9 @@ impl JobStore {
         Ok(())
     }
 
-    /// Every manifest of the tool catalog that parses (one that does not is
-    /// logged and left out: the catalog is only a cache of announcements).
+    /// Every manifest of the tool catalog that parses and passes
+    /// [`ToolManifest::check`] (one that does not is logged and left out: the
+    /// catalog is only a cache of announcements).
     ///
     /// # Errors
     ///
@@ -901,16 +902,15 @@ impl JobStore {
             read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
         Ok(stored
             .into_iter()
-            .filter_map(|(tool, text)| match serde_json::from_str::<ToolManifest>(&text) {
-                Ok(manifest) if manifest.name == tool => Some(manifest),
-                Ok(_) => {
-                    warn!(tool = excerpt(&tool, 64), "ignoring a catalog entry filed under another name");
-                    None
-                }
-                Err(err) => {
-                    warn!(tool = excerpt(&tool, 64), error = %err, "ignoring an unreadable catalog entry");
-                    None
-                }
+            .filter_map(|(tool, text)| {
+                let checked = serde_json::from_str::<ToolManifest>(&text)
+                    .map_err(|err| err.to_string())
+                    .and_then(|manifest| manifest.check(&tool).map(|()| manifest));
+                checked
+                    .inspect_err(|why| {
+                        warn!(tool = excerpt(&tool, 64), error = %why, "ignoring a catalog entry");
+                    })
+                    .ok()
             })
             .collect())
     }
