@@ -474,25 +474,27 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
     Ok(())
 }
 
+/// A `toolfleet bench` run small enough for a test.
+const SMALL_BENCH: [&str; 9] = [
+    "bench",
+    "-J",
+    "20",
+    "-C",
+    "4",
+    "--sequential",
+    "5",
+    "--raw-requests",
+    "100",
+];
+
 /// A small `toolfleet bench` run, traced: its report names the ratio and
 /// counts the spans its collector received; without tracing both are null.
 #[tokio::test]
 async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let small = [
-        "bench",
-        "-J",
-        "20",
-        "-C",
-        "4",
-        "--sequential",
-        "5",
-        "--raw-requests",
-        "100",
-    ];
     for (tracing, json) in [(true, "traced.json"), (false, "plain.json")] {
         let path = dir.path().join(json);
-        let mut args = small.to_vec();
+        let mut args = SMALL_BENCH.to_vec();
         let path_arg = path.to_string_lossy().into_owned();
         args.extend(["--json", &path_arg]);
         if tracing {
@@ -570,21 +572,9 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("report.json");
     let path_arg = path.to_string_lossy().into_owned();
-    let run = toolfleet(&[
-        "bench",
-        "--processes",
-        "-J",
-        "20",
-        "-C",
-        "4",
-        "--sequential",
-        "5",
-        "--raw-requests",
-        "100",
-        "--json",
-        &path_arg,
-    ])
-    .await?;
+    let mut args = SMALL_BENCH.to_vec();
+    args.extend(["--processes", "--json", &path_arg]);
+    let run = toolfleet(&args).await?;
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     let accounting = &report["accounting"];

@@ -303,7 +303,7 @@ async fn measure(
         tool.name()
     );
     let before = sources.read().await;
-    let cpu_before = process_cpu();
+    let cpu_before = accounting::cpu_of(std::process::id());
     let started = Instant::now();
     let round_trips = load(api, (&load_script, tool), args.jobs, args.concurrency, true).await?;
     let load_time = started.elapsed();
@@ -313,7 +313,7 @@ async fn measure(
         args.jobs,
         load_time,
     );
-    let cpu_ms_per_job = match (cpu_before, process_cpu()) {
+    let cpu_ms_per_job = match (cpu_before, accounting::cpu_of(std::process::id())) {
         // The bench's own CPU covers the fleet only when the fleet runs in it.
         (Some(before), Some(after)) if args.target.is_none() && !args.processes => {
             Some((after - before).as_secs_f64() * 1000.0 / args.jobs as f64)
@@ -556,17 +556,6 @@ async fn raw_request_reply(
     let rate = requests as f64 / started.elapsed().as_secs_f64();
     echo.abort();
     Ok((rate, latencies))
-}
-
-/// User + system CPU time of this process so far (Linux), from /proc.
-fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the command name (which may contain spaces) start at ") ".
-    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    // Linux reports clock ticks; USER_HZ is 100 on every mainstream platform.
-    Some(Duration::from_millis((utime + stime) * 10))
 }
 
 fn print(report: &Report) -> std::io::Result<()> {

@@ -204,6 +204,11 @@ impl Accounting {
     }
 }
 
+/// CPU time (user + system) of `pid` so far, from /proc.
+pub(super) fn cpu_of(pid: u32) -> Option<Duration> {
+    usage(pid).map(|u| u.cpu)
+}
+
 /// CPU (user + system) and resident memory of `pid`, from /proc.
 fn usage(pid: u32) -> Option<Usage> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
