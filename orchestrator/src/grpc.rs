@@ -867,19 +867,24 @@ async fn follow_events(
     mut wakeups: async_nats::Subscriber,
     tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
 ) {
+    const BATCH: usize = 256;
     let mut drained = false;
     let mut failing_since: Option<std::time::Instant> = None;
+    // Whether an empty read must look at the job: on the first read and
+    // after a poll, not after each wake-up, which only comes from a job
+    // that exists and has not ended (its final event ends the stream).
+    let mut check_job = true;
     loop {
         let read = async {
-            let events = store.events(&job_id, offset, 256).await?;
-            let job = if events.is_empty() {
-                store.get(&job_id).await?
+            let events = store.events(&job_id, offset, BATCH).await?;
+            let status = if events.is_empty() && check_job {
+                Some(store.status(&job_id).await?)
             } else {
                 None
             };
-            Ok::<_, store::Error>((events, job))
+            Ok::<_, store::Error>((events, status))
         };
-        let (events, job) = match read.await {
+        let (events, status) = match read.await {
             Ok(read) => {
                 failing_since = None;
                 read
@@ -896,39 +901,29 @@ async fn follow_events(
                 }
             }
         };
-        if events.is_empty() {
-            match job {
-                // Expired, or never existed.
-                None => return,
-                // A finished job has all its events (status and final event
-                // are one write): read once more, then stop. A stream that
-                // started past the final event still ends with it, so every
-                // watch of a finished job says how it ended.
-                Some(job) if job.status.is_final() => {
-                    if drained {
-                        if let Ok(Some(last)) = store.last_event(&job_id).await
-                            && last.is_final
-                        {
-                            let event = to_event(&job_id, last, trace_id.take());
-                            let _ = tx.send(Ok(event)).await;
-                        }
-                        return;
+        match status {
+            // Expired, or never existed.
+            Some(None) => return,
+            // A finished job has all its events (status and final event
+            // are one write): read once more, then stop. A stream that
+            // started past the final event still ends with it, so every
+            // watch of a finished job says how it ended.
+            Some(Some(status)) if status.is_final() => {
+                if drained {
+                    if let Ok(Some(last)) = store.last_event(&job_id).await
+                        && last.is_final
+                    {
+                        let event = to_event(&job_id, last, trace_id.take());
+                        let _ = tx.send(Ok(event)).await;
                     }
-                    drained = true;
-                    continue;
+                    return;
                 }
-                Some(_) => {}
+                drained = true;
+                continue;
             }
-            // Wait for a wake-up; poll anyway now and then, since wake-ups
-            // are best effort.
-            tokio::select! {
-                () = tx.closed() => return,
-                // A subscription that ended wakes nobody: polling goes on.
-                Some(_) = wakeups.next() => {}
-                () = tokio::time::sleep(WATCH_POLL) => {}
-            }
-            continue;
+            _ => {}
         }
+        let full = events.len() == BATCH;
         for event in events {
             offset = event.offset + 1;
             let is_final = event.is_final;
@@ -937,7 +932,35 @@ async fn follow_events(
                 return;
             }
         }
+        if full {
+            continue;
+        }
+        // Wait for a wake-up that brings events not read yet; poll anyway
+        // now and then, since wake-ups are best effort.
+        check_job = loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                // A subscription that ended wakes nobody: polling goes on.
+                Some(wake_up) = wakeups.next() => {
+                    if wake_up_needs_read(&wake_up.payload, offset) {
+                        break false;
+                    }
+                }
+                () = tokio::time::sleep(WATCH_POLL) => break true,
+            }
+        };
     }
+}
+
+/// Whether a wake-up may bring events past `offset` (the next one a
+/// watcher reads). A commit's wake-up says how many events the job has; one
+/// that says nothing, or is not a number (it came from anyone on the bus),
+/// is read: a wrong wake-up costs a read, never an event.
+fn wake_up_needs_read(payload: &[u8], offset: u64) -> bool {
+    std::str::from_utf8(payload)
+        .ok()
+        .and_then(|events| events.parse::<u64>().ok())
+        .is_none_or(|events| events > offset)
 }
 
 /// An event for the client; `trace_id` goes on the first of a stream.
@@ -1040,6 +1063,19 @@ mod tests {
         assert_eq!(conflict.code(), tonic::Code::AlreadyExists);
         assert!(conflict.message().starts_with("idempotency_key: "));
         assert!(conflict.message().len() < 300);
+    }
+
+    #[test]
+    fn a_wake_up_is_skipped_only_when_it_says_nothing_new_was_written() {
+        // A commit's wake-up: the job now has 5 events (offsets 0 to 4).
+        assert!(wake_up_needs_read(b"5", 4), "offset 4 is not read yet");
+        assert!(!wake_up_needs_read(b"5", 5), "all 5 were read");
+        assert!(!wake_up_needs_read(b"5", 9));
+        // Anything else is read: an empty wake-up (creation, cancel), or
+        // bytes from someone else on the bus.
+        for payload in [&b""[..], b"-1", b"5 ", b"\xff\xfe", b"99999999999999999999999"] {
+            assert!(wake_up_needs_read(payload, 5), "{payload:?}");
+        }
     }
 
     #[test]

@@ -235,7 +235,7 @@ impl JobStore {
         if created == 1 {
             self.index_new_job(spec, &job_id).await?;
         }
-        self.notify(&job_id).await;
+        self.notify(&job_id, None).await;
         Ok((job_id, duplicate))
     }
 
@@ -497,6 +497,27 @@ impl JobStore {
         }))
     }
 
+    /// The job's status alone, or `None` for an unknown (or expired) job:
+    /// what a watcher needs, without reading and parsing the whole record.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a status that does not
+    /// parse.
+    pub async fn status(&self, job_id: &str) -> Result<Option<JobStatus>, Error> {
+        let key = self.keys.job(job_id);
+        let status: Option<String> =
+            read_with_retry(|| async { self.conn().hget(&key, "status").await }).await?;
+        status
+            .map(|status| {
+                status.parse().map_err(|_| Error::Corrupt {
+                    job_id: job_id.to_owned(),
+                    detail: "status".to_owned(),
+                })
+            })
+            .transpose()
+    }
+
     /// Whether a client asked to cancel the job.
     ///
     /// # Errors
@@ -606,11 +627,14 @@ impl JobStore {
     }
 
     /// Wakes the watchers of `job_id`. Best effort: a watcher that misses it
-    /// reads Redis on its next poll.
-    async fn notify(&self, job_id: &str) {
+    /// reads Redis on its next poll. `events`, when known, is how many events
+    /// the job has now: a watcher that has read that many skips the read
+    /// ([`wake_up_needs_read`]).
+    async fn notify(&self, job_id: &str, events: Option<u64>) {
+        let payload = events.map_or_else(bytes::Bytes::new, |n| n.to_string().into());
         let _ = self
             .nats
-            .publish(names::events_subject(job_id), bytes::Bytes::new())
+            .publish(names::events_subject(job_id), payload)
             .await;
     }
 
@@ -635,7 +659,7 @@ impl JobStore {
             .arg("the job was cancelled before it started")
             .invoke_async(&mut self.conn())
             .await?;
-        self.notify(job_id).await;
+        self.notify(job_id, None).await;
         let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
             self.forget_unfinished(job_id).await;
@@ -683,7 +707,7 @@ impl JobStore {
             .arg(lost.data_json())
             .invoke_async(&mut self.conn())
             .await?;
-        self.notify(job_id).await;
+        self.notify(job_id, None).await;
         self.forget_unfinished(job_id).await;
         Ok(())
     }
@@ -1073,7 +1097,7 @@ impl JobStore {
             return Err(Error::LeaseLost(job_id.clone()));
         }
         if !commit.events.is_empty() {
-            self.notify(job_id).await;
+            self.notify(job_id, u64::try_from(events).ok()).await;
         }
         if finished {
             self.forget_unfinished(job_id).await;
