@@ -1073,7 +1073,13 @@ mod tests {
         assert!(!wake_up_needs_read(b"5", 9));
         // Anything else is read: an empty wake-up (creation, cancel), or
         // bytes from someone else on the bus.
-        for payload in [&b""[..], b"-1", b"5 ", b"\xff\xfe", b"99999999999999999999999"] {
+        for payload in [
+            &b""[..],
+            b"-1",
+            b"5 ",
+            b"\xff\xfe",
+            b"99999999999999999999999",
+        ] {
             assert!(wake_up_needs_read(payload, 5), "{payload:?}");
         }
     }

@@ -124,8 +124,20 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         worked: Some(Duration::from_micros(400)),
         envelope: &envelope,
     };
-    store.record_call_result(&lease, &settled).await?;
-    assert!(was_settled(&store.attempts(&job_id).await?, "c1"));
+    // Calls that settle together are recorded in one commit, in order.
+    let ok = Envelope::Ok(serde_json::json!("fine"));
+    let other = SettledCall {
+        call_id: "c0",
+        wire_id: "w0",
+        name: "echo",
+        attempts: 2,
+        round_trip: None,
+        worked: None,
+        envelope: &ok,
+    };
+    store.record_call_results(&lease, &[settled, other]).await?;
+    let attempts = store.attempts(&job_id).await?;
+    assert!(was_settled(&attempts, "c1") && was_settled(&attempts, "w0"));
     let result = Item::ToolResult {
         call_id: "c1".into(),
         name: "echo".into(),
@@ -180,6 +192,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             "model_turn",
             "tool_call_dispatched",
             "tool_call_result",
+            "tool_call_result",
             "job_failed"
         ]
     );
@@ -192,6 +205,11 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     assert_eq!(
         stored[0].data,
         r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500,"worked_us":400}"#
+    );
+    let stored = store.events(&job_id, 5, 1).await?;
+    assert_eq!(
+        stored[0].data,
+        r#"{"attempts":2,"call_id":"c0","code":null,"name":"echo","ok":true,"round_trip_us":null}"#
     );
     Ok(())
 }

@@ -84,7 +84,7 @@ impl Dispatcher {
                     span.set("toolfleet.attempts", i64::from(attempt));
                     span.outcome(&envelope);
                     if !settled {
-                        self.record_result(round.lease, trace, &outcome, &envelope)
+                        self.record_result(round.lease, round.results, trace, &outcome, &envelope)
                             .await?;
                     }
                     span.end();

@@ -16,6 +16,7 @@
 
 mod attempt;
 mod quota;
+mod results;
 mod retry;
 
 use std::collections::HashMap;
@@ -32,13 +33,14 @@ use toolfleet_proto::{Envelope, ErrorCode, RetryPolicy, check_arguments};
 use toolfleet_service::clock::millis;
 
 use attempt::{Notice, forward_results};
+use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
 
 use crate::job::{JobRef, JobSpec, JobTrace, Lease};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
-use crate::store::{self, DispatchedCall, JobStore, SettledCall};
+use crate::store::{self, DispatchedCall, JobStore};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -204,6 +206,8 @@ struct Round<'a> {
     trace: Option<&'a JobTrace>,
     /// Results from the job's reply subject, for every call of the round.
     notify: broadcast::Sender<Notice>,
+    /// Where the round's final envelopes are recorded.
+    results: &'a GroupCommit<Settled>,
     stop: &'a CancellationToken,
 }
 
@@ -225,6 +229,7 @@ impl Dispatcher {
         stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
         let spec = job.spec;
+        let results = GroupCommit::new();
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
@@ -273,7 +278,7 @@ impl Dispatcher {
                         round_trip: None,
                         worked: None,
                     };
-                    self.record_result(lease, job.trace, &outcome, &envelope)
+                    self.record_result(lease, &results, job.trace, &outcome, &envelope)
                         .await?;
                     span.end();
                     outcomes[index] = Some(outcome);
@@ -282,7 +287,9 @@ impl Dispatcher {
         }
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
-            let settled = self.dispatch(lease, job, &calls, attempts, stop).await?;
+            let settled = self
+                .dispatch(lease, job, &calls, attempts, &results, stop)
+                .await?;
             for ((index, _), outcome) in ready.iter().zip(settled) {
                 outcomes[*index] = Some(outcome);
             }
@@ -299,6 +306,7 @@ impl Dispatcher {
         JobRef { spec, trace }: JobRef<'_>,
         calls: &[&Ready],
         attempts: &HashMap<String, u32>,
+        results: &GroupCommit<Settled>,
         stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
         // Subscribe before publishing, so no result can slip past.
@@ -318,6 +326,7 @@ impl Dispatcher {
             spec,
             trace,
             notify,
+            results,
             stop,
         };
         if !spec.parallel_tool_calls {
@@ -423,25 +432,33 @@ impl Dispatcher {
         Ok(())
     }
 
+    /// Records a call's final envelope, in a commit it may share with the
+    /// round's other calls ([`GroupCommit`]).
     async fn record_result(
         &self,
         lease: &Lease,
+        results: &GroupCommit<Settled>,
         trace: Option<&JobTrace>,
         outcome: &CallOutcome,
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
         let step = spans::call_step(&outcome.wire_id);
         let commit = spans::commit(trace, &step, "record_call_result");
-        let settled = SettledCall {
-            call_id: &outcome.event_id,
-            wire_id: &outcome.wire_id,
-            name: &outcome.name,
+        let settled = Settled {
+            event_id: outcome.event_id.clone(),
+            wire_id: outcome.wire_id.clone(),
+            name: outcome.name.clone(),
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,
             worked: outcome.worked,
-            envelope,
+            envelope: envelope.clone(),
         };
-        self.store.record_call_result(lease, &settled).await?;
+        results
+            .record(settled, |batch| async move {
+                let calls: Vec<_> = batch.iter().map(Settled::as_call).collect();
+                self.store.record_call_results(lease, &calls).await
+            })
+            .await?;
         commit.end();
         crate::metrics::tool_call_settled(&outcome.name, envelope);
         Ok(())

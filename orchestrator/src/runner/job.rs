@@ -81,6 +81,10 @@ struct Progress {
     /// of them waits for its workers if they are gone for a moment (a NATS
     /// outage, a restart) instead of being unknown.
     offered: HashMap<String, LiveTool>,
+    /// The pending calls come from a turn this run just recorded: none of
+    /// them was ever dispatched (their wire ids are new), so the round needs
+    /// no look at the attempts recorded in Redis.
+    fresh_round: bool,
 }
 
 pub(super) struct JobRun<'a> {
@@ -125,8 +129,14 @@ impl JobRun<'_> {
     /// request, until the run stops.
     async fn keep_alive(&self, stop: &StopSignal) {
         let options = &self.runner.options;
-        let mut renew = tokio::time::interval(options.job_ack_wait.min(options.lease_ttl) / 3);
-        let mut poll = tokio::time::interval(options.cancel_poll_interval);
+        // The first ticks come one period from now, not at once: the lease
+        // and the message were just taken, and the run reads the cancel flag
+        // with the job.
+        let every = |period: Duration| {
+            tokio::time::interval_at(tokio::time::Instant::now() + period, period)
+        };
+        let mut renew = every(options.job_ack_wait.min(options.lease_ttl) / 3);
+        let mut poll = every(options.cancel_poll_interval);
         loop {
             tokio::select! {
                 () = stop.token.cancelled() => return,
@@ -194,6 +204,7 @@ impl JobRun<'_> {
                 .filter_map(LiveTool::known)
                 .map(|tool| (tool.manifest.name.clone(), tool))
                 .collect(),
+            fresh_round: false,
         };
         loop {
             let state = RunState {
@@ -234,7 +245,13 @@ impl JobRun<'_> {
         stop: &StopSignal,
     ) -> Result<Option<Ending>, Stopped> {
         let store = &self.runner.store;
-        let attempts = store.attempts(&self.lease.job_id).await?;
+        // Only the first try of a fresh round: one that failed part way
+        // (NATS) may have recorded attempts.
+        let attempts = if std::mem::take(&mut progress.fresh_round) {
+            HashMap::new()
+        } else {
+            store.attempts(&self.lease.job_id).await?
+        };
         let round = self
             .runner
             .dispatcher
@@ -355,6 +372,7 @@ impl JobRun<'_> {
         span.end();
         progress.turns = checkpoint.turns;
         progress.rounds = checkpoint.rounds;
+        progress.fresh_round = has_calls;
         for tool in new_offers {
             progress.offered.insert(tool.manifest.name.clone(), tool);
         }

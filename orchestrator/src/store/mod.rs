@@ -43,7 +43,7 @@ use crate::job::{
 };
 
 /// A failed store operation.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// Redis is unreachable or refused the command; the operation may be
     /// retried.
@@ -978,32 +978,40 @@ impl JobStore {
         .await
     }
 
-    /// Records a call's final envelope as a `tool_call_result` event (the
-    /// result item itself joins the conversation with the round's others in
+    /// Records calls' final envelopes, one `tool_call_result` event each in
+    /// the order given, in one commit (the result items themselves join the
+    /// conversation with the round's others in
     /// [`record_results`](Self::record_results)).
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_call_result(
+    pub async fn record_call_results(
         &self,
         lease: &Lease,
-        settled: &SettledCall<'_>,
+        settled: &[SettledCall<'_>],
     ) -> Result<(), Error> {
-        let event = JobEvent::ToolCallResult {
-            attempts: settled.attempts,
-            call_id: settled.call_id.to_owned(),
-            code: settled.envelope.error().map(|e| e.code.to_string()),
-            name: settled.name.to_owned(),
-            ok: settled.envelope.is_ok(),
-            round_trip_us: settled.round_trip.map(micros),
-            worked_us: settled.worked.map(micros),
-        };
+        let events = settled
+            .iter()
+            .map(|settled| JobEvent::ToolCallResult {
+                attempts: settled.attempts,
+                call_id: settled.call_id.to_owned(),
+                code: settled.envelope.error().map(|e| e.code.to_string()),
+                name: settled.name.to_owned(),
+                ok: settled.envelope.is_ok(),
+                round_trip_us: settled.round_trip.map(micros),
+                worked_us: settled.worked.map(micros),
+            })
+            .collect();
+        let attempts = settled
+            .iter()
+            .map(|settled| (settled_field(settled.wire_id), settled.attempts))
+            .collect();
         self.commit(
             lease,
             Commit {
-                events: vec![event],
-                attempts: vec![(settled_field(settled.wire_id), settled.attempts)],
+                events,
+                attempts,
                 ..Commit::default()
             },
         )
@@ -1106,7 +1114,7 @@ impl JobStore {
     }
 }
 
-/// A call with its final envelope, for [`JobStore::record_call_result`].
+/// A call with its final envelope, for [`JobStore::record_call_results`].
 #[derive(Debug, Clone, Copy)]
 pub struct SettledCall<'a> {
     /// The id the job's events show the call by.
@@ -1126,7 +1134,7 @@ pub struct SettledCall<'a> {
 }
 
 /// Whether the result of call `wire_id` was recorded
-/// ([`JobStore::record_call_result`]), by the [`JobStore::attempts`] of its
+/// ([`JobStore::record_call_results`]), by the [`JobStore::attempts`] of its
 /// job: a resumed round answers it again from the stored envelope, but
 /// records neither its event nor its spans a second time.
 pub fn was_settled(attempts: &HashMap<String, u32>, wire_id: &str) -> bool {

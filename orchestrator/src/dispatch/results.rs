@@ -1,0 +1,179 @@
+//! Group commit of a round's results. A call that settles while another
+//! call's result is being written joins the next commit instead of queueing
+//! a commit of its own, so a round of n parallel calls takes from 1 to n
+//! Redis commits (and wake-ups) instead of n. Each caller still returns only
+//! once the commit that holds its result is stored: nothing is answered
+//! before Redis has it.
+
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use toolfleet_proto::Envelope;
+
+use super::RoundError;
+use crate::store::{self, SettledCall};
+
+/// A call's final envelope, waiting for its commit.
+pub(super) struct Settled {
+    pub(super) event_id: String,
+    pub(super) wire_id: String,
+    pub(super) name: String,
+    pub(super) attempts: u32,
+    pub(super) round_trip: Option<Duration>,
+    pub(super) worked: Option<Duration>,
+    pub(super) envelope: Envelope,
+}
+
+impl Settled {
+    pub(super) fn as_call(&self) -> SettledCall<'_> {
+        SettledCall {
+            call_id: &self.event_id,
+            wire_id: &self.wire_id,
+            name: &self.name,
+            attempts: self.attempts,
+            round_trip: self.round_trip,
+            worked: self.worked,
+            envelope: &self.envelope,
+        }
+    }
+}
+
+type Waiting<T> = (T, oneshot::Sender<Result<(), store::Error>>);
+
+/// Commits of one round's results (`T`), grouped.
+pub(super) struct GroupCommit<T> {
+    /// Results not yet taken by a commit, in the order they settled.
+    queue: Mutex<Vec<Waiting<T>>>,
+    /// Held while a commit is in flight: one at a time, so the next takes
+    /// everything that settled meanwhile.
+    writing: tokio::sync::Mutex<()>,
+}
+
+impl<T> GroupCommit<T> {
+    pub(super) fn new() -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            writing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Records `result` and returns once it is stored: by `commit` of a
+    /// batch that starts with it, or by another caller's commit that took
+    /// it along. `commit` gets the batch in the order the results came.
+    ///
+    /// # Errors
+    ///
+    /// The error of the commit that took `result`; or
+    /// [`RoundError::Interrupted`] when that commit's caller was dropped
+    /// before it finished (the round ended).
+    pub(super) async fn record<F, Fut>(&self, result: T, commit: F) -> Result<(), RoundError>
+    where
+        F: FnOnce(Vec<T>) -> Fut,
+        Fut: Future<Output = Result<(), store::Error>>,
+    {
+        let (done, stored) = oneshot::channel();
+        self.lock_queue().push((result, done));
+        {
+            let _writing = self.writing.lock().await;
+            // Empty when an earlier commit already took this result.
+            let batch = std::mem::take(&mut *self.lock_queue());
+            if !batch.is_empty() {
+                let (results, waiting): (Vec<T>, Vec<_>) = batch.into_iter().unzip();
+                let outcome = commit(results).await;
+                for done in waiting {
+                    let _ = done.send(outcome.clone());
+                }
+            }
+        }
+        match stored.await {
+            Ok(outcome) => Ok(outcome?),
+            Err(_) => Err(RoundError::Interrupted),
+        }
+    }
+
+    fn lock_queue(&self) -> MutexGuard<'_, Vec<Waiting<T>>> {
+        // No code panics while holding it; a poisoned queue is still whole.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    /// Records `results` at once (as a round's parallel calls do) through a
+    /// commit that takes 10 ms; returns the batches committed and what each
+    /// caller got.
+    async fn record_together(
+        results: &[u32],
+        fail: bool,
+    ) -> (Vec<Vec<u32>>, Vec<Result<(), RoundError>>) {
+        let group = GroupCommit::new();
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let calls = results.iter().map(|&result| {
+            let batches = Arc::clone(&batches);
+            group.record(result, move |batch| async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                batches.lock().unwrap().push(batch);
+                if fail {
+                    Err(store::Error::LeaseLost("j".into()))
+                } else {
+                    Ok(())
+                }
+            })
+        });
+        let outcomes = futures::future::join_all(calls).await;
+        let batches = batches.lock().unwrap().clone();
+        (batches, outcomes)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn results_that_settle_during_a_commit_share_the_next_one() {
+        let (batches, outcomes) = record_together(&[1, 2, 3, 4], false).await;
+        assert_eq!(batches, [vec![1], vec![2, 3, 4]]);
+        assert!(outcomes.iter().all(Result::is_ok));
+        // One result alone is one commit of one.
+        assert_eq!(record_together(&[7], false).await.0, [vec![7]]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn every_result_of_a_failed_commit_gets_its_error() {
+        let (batches, outcomes) = record_together(&[1, 2, 3], true).await;
+        assert_eq!(batches, [vec![1], vec![2, 3]]);
+        for outcome in outcomes {
+            assert!(matches!(
+                outcome,
+                Err(RoundError::Store(store::Error::LeaseLost(_)))
+            ));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_result_whose_commit_was_dropped_is_interrupted() {
+        let group = GroupCommit::new();
+        let after = |delay: Duration| {
+            move |_| async move {
+                tokio::time::sleep(delay).await;
+                Ok(())
+            }
+        };
+        // Boxed, so that the timeout below owns (and drops) the second.
+        let mut first = Box::pin(group.record(1, after(Duration::from_millis(10))));
+        let mut second = Box::pin(group.record(2, after(Duration::from_secs(60))));
+        let mut third = Box::pin(group.record(3, after(Duration::ZERO)));
+        // The first commits alone; the second and third wait for it.
+        assert!(futures::poll!(first.as_mut()).is_pending());
+        assert!(futures::poll!(second.as_mut()).is_pending());
+        assert!(futures::poll!(third.as_mut()).is_pending());
+        // The second's commit takes the third along, and is dropped a
+        // second in: the third was never stored, and is told so.
+        let second = tokio::time::timeout(Duration::from_secs(1), second);
+        let (first, second, third) = tokio::join!(first, second, third);
+        assert!(first.is_ok());
+        assert!(second.is_err(), "the slow commit was dropped");
+        assert!(matches!(third, Err(RoundError::Interrupted)));
+    }
+}
