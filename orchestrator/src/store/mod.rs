@@ -21,7 +21,7 @@
 //!
 //! The store speaks in verbs of the job's life ([`JobStore::start`],
 //! [`JobStore::record_turn`], [`JobStore::record_dispatch`],
-//! [`JobStore::record_call_result`], [`JobStore::record_results`],
+//! [`JobStore::record_call_results`], [`JobStore::record_results`],
 //! [`JobStore::finish`]): each is one Lua commit fenced by the lease, and
 //! only this module spells a hash field.
 
