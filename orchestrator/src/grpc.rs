@@ -942,7 +942,7 @@ async fn follow_events(
                 () = tx.closed() => return,
                 // A subscription that ended wakes nobody: polling goes on.
                 Some(wake_up) = wakeups.next() => {
-                    if wake_up_needs_read(&wake_up.payload, offset) {
+                    if store::wake_up_needs_read(&wake_up.payload, offset) {
                         break false;
                     }
                 }
@@ -950,17 +950,6 @@ async fn follow_events(
             }
         };
     }
-}
-
-/// Whether a wake-up may bring events past `offset` (the next one a
-/// watcher reads). A commit's wake-up says how many events the job has; one
-/// that says nothing, or is not a number (it came from anyone on the bus),
-/// is read: a wrong wake-up costs a read, never an event.
-fn wake_up_needs_read(payload: &[u8], offset: u64) -> bool {
-    std::str::from_utf8(payload)
-        .ok()
-        .and_then(|events| events.parse::<u64>().ok())
-        .is_none_or(|events| events > offset)
 }
 
 /// An event for the client; `trace_id` goes on the first of a stream.
@@ -1063,25 +1052,6 @@ mod tests {
         assert_eq!(conflict.code(), tonic::Code::AlreadyExists);
         assert!(conflict.message().starts_with("idempotency_key: "));
         assert!(conflict.message().len() < 300);
-    }
-
-    #[test]
-    fn a_wake_up_is_skipped_only_when_it_says_nothing_new_was_written() {
-        // A commit's wake-up: the job now has 5 events (offsets 0 to 4).
-        assert!(wake_up_needs_read(b"5", 4), "offset 4 is not read yet");
-        assert!(!wake_up_needs_read(b"5", 5), "all 5 were read");
-        assert!(!wake_up_needs_read(b"5", 9));
-        // Anything else is read: an empty wake-up (creation, cancel), or
-        // bytes from someone else on the bus.
-        for payload in [
-            &b""[..],
-            b"-1",
-            b"5 ",
-            b"\xff\xfe",
-            b"99999999999999999999999",
-        ] {
-            assert!(wake_up_needs_read(payload, 5), "{payload:?}");
-        }
     }
 
     #[test]

@@ -1133,6 +1133,17 @@ pub struct SettledCall<'a> {
     pub envelope: &'a Envelope,
 }
 
+/// Whether a wake-up ([`JobStore::subscribe_events`]) may bring events past `offset` (the next one a
+/// watcher reads). A commit's wake-up says how many events the job has; one
+/// that says nothing, or is not a number (it came from anyone on the bus),
+/// is read: a wrong wake-up costs a read, never an event.
+pub fn wake_up_needs_read(payload: &[u8], offset: u64) -> bool {
+    std::str::from_utf8(payload)
+        .ok()
+        .and_then(|events| events.parse::<u64>().ok())
+        .is_none_or(|events| events > offset)
+}
+
 /// Whether the result of call `wire_id` was recorded
 /// ([`JobStore::record_call_results`]), by the [`JobStore::attempts`] of its
 /// job: a resumed round answers it again from the stored envelope, but
@@ -1249,4 +1260,28 @@ fn parse_event(entry: &redis::streams::StreamId) -> Option<Event> {
         timestamp_ms: text("ts").and_then(|t| t.parse().ok()).unwrap_or_default(),
         is_final: text("final").is_some_and(|f| f == "1"),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_wake_up_is_skipped_only_when_it_says_nothing_new_was_written() {
+        // A commit's wake-up: the job now has 5 events (offsets 0 to 4).
+        assert!(wake_up_needs_read(b"5", 4), "offset 4 is not read yet");
+        assert!(!wake_up_needs_read(b"5", 5), "all 5 were read");
+        assert!(!wake_up_needs_read(b"5", 9));
+        // Anything else is read: an empty wake-up (creation, cancel), or
+        // bytes from someone else on the bus.
+        for payload in [
+            &b""[..],
+            b"-1",
+            b"5 ",
+            b"\xff\xfe",
+            b"99999999999999999999999",
+        ] {
+            assert!(wake_up_needs_read(payload, 5), "{payload:?}");
+        }
+    }
 }
