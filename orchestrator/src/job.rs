@@ -348,6 +348,11 @@ pub struct Lease {
 /// counters once it is counted. Once stored, the turn is never played again.
 #[derive(Debug, Clone, Copy)]
 pub struct TurnCheckpoint<'a> {
+    /// The results of the round before the turn (the model's input), if the
+    /// run has not stored them yet: a run stores a round's results with the
+    /// turn that follows, not in a commit of their own. They are stored
+    /// before the turn's items.
+    pub results: &'a [Item],
     /// The turn's output items, in the provider's order.
     pub items: &'a [Item],
     /// Turns played, this one included.

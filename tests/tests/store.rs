@@ -10,7 +10,7 @@ use toolfleet_orchestrator::job::{
     TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
-    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall, was_settled,
+    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall, Unstored, was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
@@ -98,6 +98,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         .record_turn(
             &lease,
             TurnCheckpoint {
+                results: &[],
                 items: &turn,
                 turns: 1,
                 rounds: 1,
@@ -144,23 +145,34 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         output: envelope.to_json(),
         attempts: 1,
     };
-    store
-        .record_results(&lease, std::slice::from_ref(&result))
-        .await?;
-    let record = store.get(&job_id).await?.unwrap();
-    assert_eq!((record.turns, record.rounds), (1, 1));
-    assert_eq!(
-        store.items(&job_id, 1).await?,
-        [&turn[..], &[result]].concat()
-    );
-
+    // The round's results are stored with the run's next commit: here the
+    // end, with the turn that ended the job, after the results.
+    let over = [Item::ToolCall {
+        call_id: "c2".into(),
+        name: "echo".into(),
+        arguments: "{}".into(),
+        raw: None,
+    }];
+    let last_turn = TurnCheckpoint {
+        results: std::slice::from_ref(&result),
+        items: &over,
+        turns: 2,
+        rounds: 2,
+        offered: &[],
+    };
     store
         .finish(
             &lease,
             &Ending::failed(JobErrorCode::MaxToolRoundsExceeded, "too many"),
+            Unstored::Turn(last_turn),
         )
         .await?;
+    assert_eq!(
+        store.items(&job_id, 1).await?,
+        [&turn[..], &[result], &over[..]].concat()
+    );
     let record = store.get(&job_id).await?.unwrap();
+    assert_eq!((record.turns, record.rounds), (2, 2));
     assert_eq!(record.status, JobStatus::Failed);
     let error = record.error.expect("a failed job has an error");
     assert_eq!(
@@ -175,7 +187,9 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         Err(Error::LeaseLost(_))
     ));
     assert!(matches!(
-        store.finish(&lease, &Ending::Cancelled).await,
+        store
+            .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+            .await,
         Err(Error::LeaseLost(_))
     ));
 
@@ -193,6 +207,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             "tool_call_dispatched",
             "tool_call_result",
             "tool_call_result",
+            "model_turn",
             "job_failed"
         ]
     );
@@ -239,7 +254,16 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     store.start(&lease, "r", false).await?;
     assert_eq!(store.cancel(&running).await?, Some(JobStatus::Running));
     assert!(store.cancel_requested(&running).await?);
-    store.finish(&lease, &Ending::Cancelled).await?;
+    let results = [Item::ToolResult {
+        call_id: "c1".into(),
+        name: "echo".into(),
+        output: Envelope::Ok(serde_json::json!(1)).to_json(),
+        attempts: 1,
+    }];
+    store
+        .finish(&lease, &Ending::Cancelled, Unstored::Results(&results))
+        .await?;
+    assert_eq!(store.items(&running, 1).await?, results);
     assert_eq!(
         store.get(&running).await?.unwrap().status,
         JobStatus::Cancelled
@@ -325,6 +349,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         raw: None,
     }];
     let turn = TurnCheckpoint {
+        results: &[],
         items: &late,
         turns: 1,
         rounds: 0,
@@ -342,6 +367,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         raw: None,
     }];
     let turn = TurnCheckpoint {
+        results: &[],
         items: &ok,
         turns: 1,
         rounds: 0,

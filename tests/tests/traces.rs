@@ -209,16 +209,22 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     );
     assert_eq!(started.parent_id(), root.span_id());
 
-    // Two model turns under the root, each with its checkpoint commit.
+    // Two model turns under the root, each with its checkpoint commit: the
+    // first its own, the last (the answer) the commit that ends the job.
     let turns = named(&spans, "model turn");
     assert_eq!(turns.len(), 2, "{turns:#?}");
     for turn in &turns {
         assert_eq!(turn.parent_id(), root.span_id());
         assert_eq!(turn.attribute("gen_ai.system").as_deref(), Some("scripted"));
+        let checkpoint = match turn.attribute("toolfleet.turn").as_deref() {
+            Some("1") => "record_turn",
+            Some("2") => "finish",
+            other => panic!("turn {other:?}: {turn:#?}"),
+        };
         let commits = children(&spans, turn);
         assert!(
-            commits.iter().any(|c| c.span.name == "record_turn"),
-            "{commits:#?}"
+            commits.iter().any(|c| c.span.name == checkpoint),
+            "{checkpoint}: {commits:#?}"
         );
     }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind};
 use tokio_util::sync::CancellationToken;
+use toolfleet_service::traces::StepSpan;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
@@ -20,7 +21,8 @@ use crate::job::{
 };
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
 use crate::registry::LiveTool;
-use crate::{spans, store};
+use crate::spans;
+use crate::store::{self, Unstored};
 
 /// Why a job stopped without ending.
 #[derive(Debug)]
@@ -74,6 +76,12 @@ impl StopSignal {
 /// The conversation and counters of a run, as far as it got.
 struct Progress {
     items: Vec<Item>,
+    /// How many of `items` are stored. The rest are the results of the last
+    /// round, which are stored with the next commit (the next turn's, or the
+    /// end's), and the turn that ended the job.
+    stored: usize,
+    /// The turn that ended the job, stored with the end.
+    last_turn: Option<LastTurn>,
     turns: u32,
     rounds: u32,
     cancel_requested: bool,
@@ -85,6 +93,71 @@ struct Progress {
     /// them was ever dispatched (their wire ids are new), so the round needs
     /// no look at the attempts recorded in Redis.
     fresh_round: bool,
+}
+
+/// A turn that ended the job, not stored yet: its items are `items[start..]`
+/// of the run's [`Progress`].
+struct LastTurn {
+    start: usize,
+    turns: u32,
+    rounds: u32,
+    offered: Vec<ToolManifest>,
+    /// The span of its checkpoint: the commit that ends the job.
+    commit: StepSpan,
+}
+
+/// How a run ends the job: the ending, and what the run did that is not
+/// stored yet, to store with it in one commit.
+struct End {
+    ending: Ending,
+    /// The items after the stored ones.
+    unstored: Vec<Item>,
+    /// The turn that ended the job; its items are `unstored[start..]`.
+    last_turn: Option<LastTurn>,
+}
+
+impl End {
+    /// An end before anything was done.
+    fn at_once(ending: Ending) -> Self {
+        Self {
+            ending,
+            unstored: Vec::new(),
+            last_turn: None,
+        }
+    }
+
+    fn unstored(&self) -> Unstored<'_> {
+        match &self.last_turn {
+            Some(turn) => {
+                let (results, items) = self.unstored.split_at(turn.start.min(self.unstored.len()));
+                Unstored::Turn(TurnCheckpoint {
+                    results,
+                    items,
+                    turns: turn.turns,
+                    rounds: turn.rounds,
+                    offered: &turn.offered,
+                })
+            }
+            None if self.unstored.is_empty() => Unstored::Nothing,
+            None => Unstored::Results(&self.unstored),
+        }
+    }
+}
+
+impl Progress {
+    /// The run ends the job with `ending`.
+    fn end(mut self, ending: Ending) -> End {
+        let unstored = self.items.split_off(self.stored);
+        let last_turn = self.last_turn.map(|turn| LastTurn {
+            start: turn.start - self.stored,
+            ..turn
+        });
+        End {
+            ending,
+            unstored,
+            last_turn,
+        }
+    }
 }
 
 pub(super) struct JobRun<'a> {
@@ -117,7 +190,7 @@ impl JobRun<'_> {
                 // Whatever the run made of it, another runner owns the job now.
                 (_, Some(StopReason::LeaseLost)) => Err(Stopped::LeaseLost),
                 (Ok(None), _) => Ok(()),
-                (Ok(Some(ending)), _) => self.finish(&ending).await,
+                (Ok(Some(end)), _) => self.finish(end).await,
                 (Err(stopped), _) => Err(stopped),
             }
         }
@@ -164,7 +237,7 @@ impl JobRun<'_> {
 
     /// The loop: does what [`step::next_step`] says until the job ends or the
     /// run stops. `Ok(None)`: the job had already ended.
-    async fn run(&self, stop: &StopSignal) -> Result<Option<Ending>, Stopped> {
+    async fn run(&self, stop: &StopSignal) -> Result<Option<End>, Stopped> {
         let store = &self.runner.store;
         let job_id = &self.lease.job_id;
         let Some(record) = store.get(job_id).await? else {
@@ -191,11 +264,14 @@ impl JobRun<'_> {
         let spec = &record.spec;
         let provider = match self.runner.providers.for_job(spec) {
             Ok(provider) => provider,
-            Err(err) => return Ok(Some(model_failure(&err))),
+            Err(err) => return Ok(Some(End::at_once(model_failure(&err)))),
         };
         let offered = store.offered_tools(job_id).await?;
+        let items = store.items(job_id, 0).await?;
         let mut progress = Progress {
-            items: store.items(job_id, 0).await?,
+            stored: items.len(),
+            items,
+            last_turn: None,
             turns: record.turns,
             rounds: record.rounds,
             cancel_requested: record.cancel_requested,
@@ -216,27 +292,22 @@ impl JobRun<'_> {
                 wire_ids: &record.wire_ids,
             };
             let job = JobRef { spec, trace };
-            match step::next_step(&progress.items, state) {
-                Step::Finish(ending) => return Ok(Some(ending)),
+            let ending = match step::next_step(&progress.items, state) {
+                Step::Finish(ending) => Some(ending),
                 Step::Stop(_) => return Err(Stopped::HandedBack),
-                Step::Dispatch(calls) => {
-                    if let Some(ending) = self.dispatch(job, &calls, &mut progress, stop).await? {
-                        return Ok(Some(ending));
-                    }
-                }
-                Step::PlayTurn => {
-                    let played = self.play_turn(job, &*provider, &mut progress, stop).await?;
-                    if let Some(ending) = played {
-                        return Ok(Some(ending));
-                    }
-                }
+                Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
+                Step::PlayTurn => self.play_turn(job, &*provider, &mut progress, stop).await?,
+            };
+            if let Some(ending) = ending {
+                return Ok(Some(progress.end(ending)));
             }
         }
     }
 
-    /// Runs one round of calls and records their results; returns the job's
-    /// ending if the round ends it. An interrupted round returns `None`: the
-    /// next step sees why.
+    /// Runs one round of calls; returns the job's ending if the round ends
+    /// it. Each result is recorded as it settles; the result items join the
+    /// conversation here and are stored with the run's next commit. An
+    /// interrupted round returns `None`: the next step sees why.
     async fn dispatch(
         &self,
         job: JobRef<'_>,
@@ -288,13 +359,13 @@ impl JobRun<'_> {
                 attempts: o.attempts,
             })
             .collect();
-        store.record_results(&self.lease, &results).await?;
         progress.items.extend(results);
         Ok(None)
     }
 
-    /// Plays one model turn and checkpoints it; returns the job's ending if
-    /// the turn ends it. A turn cut short by a stop is dropped unrecorded:
+    /// Plays one model turn and checkpoints it (with the round's results
+    /// before it); returns the job's ending if the turn ends it, and then
+    /// leaves the turn to the commit that ends the job. A turn cut short by a stop is dropped unrecorded:
     /// the next step sees why (a cancelled job needs no answer, and a
     /// handed-back job plays it on its new replica).
     async fn play_turn(
@@ -356,27 +427,41 @@ impl JobRun<'_> {
             }
         }
         let offered: Vec<ToolManifest> = new_offers.iter().map(|t| t.manifest.clone()).collect();
-        let checkpoint = TurnCheckpoint {
-            items: &turn.items,
-            turns: progress.turns + 1,
-            rounds: progress.rounds + u32::from(has_calls),
-            offered: &offered,
-        };
-        // The checkpoint: once this commit lands, the turn is never played again.
-        let commit = spans::commit(trace, &spans::turn_step(number), "record_turn");
-        self.runner
-            .store
-            .record_turn(&self.lease, checkpoint)
-            .await?;
-        commit.end();
+        let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
+        let ending = step::after_turn(&turn.items, rounds, spec);
+        if ending.is_some() {
+            // Stored with the end, in the same commit: one round trip less.
+            progress.last_turn = Some(LastTurn {
+                start: progress.items.len(),
+                turns,
+                rounds,
+                offered,
+                commit: spans::commit(trace, &spans::turn_step(number), "finish"),
+            });
+        } else {
+            let checkpoint = TurnCheckpoint {
+                results: &progress.items[progress.stored..],
+                items: &turn.items,
+                turns,
+                rounds,
+                offered: &offered,
+            };
+            // The checkpoint: once this commit lands, the turn is never played again.
+            let commit = spans::commit(trace, &spans::turn_step(number), "record_turn");
+            self.runner
+                .store
+                .record_turn(&self.lease, checkpoint)
+                .await?;
+            commit.end();
+            progress.stored = progress.items.len() + turn.items.len();
+        }
         span.end();
-        progress.turns = checkpoint.turns;
-        progress.rounds = checkpoint.rounds;
+        progress.turns = turns;
+        progress.rounds = rounds;
         progress.fresh_round = has_calls;
         for tool in new_offers {
             progress.offered.insert(tool.manifest.name.clone(), tool);
         }
-        let ending = step::after_turn(&turn.items, progress.rounds, spec);
         progress.items.extend(turn.items);
         Ok(ending)
     }
@@ -420,8 +505,15 @@ impl JobRun<'_> {
         (tools, new)
     }
 
-    async fn finish(&self, ending: &Ending) -> Result<(), Stopped> {
-        self.runner.store.finish(&self.lease, ending).await?;
+    async fn finish(&self, end: End) -> Result<(), Stopped> {
+        let ending = &end.ending;
+        self.runner
+            .store
+            .finish(&self.lease, ending, end.unstored())
+            .await?;
+        if let Some(turn) = end.last_turn {
+            turn.commit.end();
+        }
         let kind = ending.event().kind();
         info!(kind, "job finished");
         let created = self.created_at_ms.load(Ordering::Relaxed);

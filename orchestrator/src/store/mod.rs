@@ -21,8 +21,7 @@
 //!
 //! The store speaks in verbs of the job's life ([`JobStore::start`],
 //! [`JobStore::record_turn`], [`JobStore::record_dispatch`],
-//! [`JobStore::record_call_results`], [`JobStore::record_results`],
-//! [`JobStore::finish`]): each is one Lua commit fenced by the lease, and
+//! [`JobStore::record_call_results`], [`JobStore::finish`]): each is one Lua commit fenced by the lease, and
 //! only this module spells a hash field.
 
 mod scripts;
@@ -863,17 +862,7 @@ impl JobStore {
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
     pub async fn record_turn(&self, lease: &Lease, turn: TurnCheckpoint<'_>) -> Result<(), Error> {
-        self.commit(
-            lease,
-            Commit {
-                items: turn.items,
-                events: vec![turn.event()],
-                counters: Some((turn.turns, turn.rounds)),
-                offers: turn.offered,
-                ..Commit::default()
-            },
-        )
-        .await
+        self.commit(lease, Commit::of_turn(turn)).await
     }
 
     /// The manifests of every tool the job's model was offered so far.
@@ -980,8 +969,8 @@ impl JobStore {
 
     /// Records calls' final envelopes, one `tool_call_result` event each in
     /// the order given, in one commit (the result items themselves join the
-    /// conversation with the round's others in
-    /// [`record_results`](Self::record_results)).
+    /// conversation with the round's others in the next commit of the run,
+    /// [`record_turn`](Self::record_turn) or [`finish`](Self::finish)).
     ///
     /// # Errors
     ///
@@ -1018,45 +1007,33 @@ impl JobStore {
         .await
     }
 
-    /// Appends a round's results (`ToolResult` items, in the model's call
-    /// order) to the conversation.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_results(&self, lease: &Lease, results: &[Item]) -> Result<(), Error> {
-        debug_assert!(
-            results.iter().all(|i| matches!(i, Item::ToolResult { .. })),
-            "only results are recorded here"
-        );
-        self.commit(
-            lease,
-            Commit {
-                items: results,
-                ..Commit::default()
-            },
-        )
-        .await
-    }
-
     /// Ends the job: its final status, answer or error, final event, and the
-    /// expiry of all its keys after the retention. Nothing is written after.
+    /// expiry of all its keys after the retention, with what the run had not
+    /// stored yet (`unstored`) before them, in one commit. Nothing is written
+    /// after.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job (or it had
     /// already ended); [`Error::Redis`].
-    pub async fn finish(&self, lease: &Lease, ending: &Ending) -> Result<(), Error> {
-        self.commit(
-            lease,
-            Commit {
-                events: vec![ending.event()],
-                status: Some(ending.status()),
-                ending: Some(ending),
+    pub async fn finish(
+        &self,
+        lease: &Lease,
+        ending: &Ending,
+        unstored: Unstored<'_>,
+    ) -> Result<(), Error> {
+        let mut commit = match unstored {
+            Unstored::Nothing => Commit::default(),
+            Unstored::Results(results) => Commit {
+                results,
                 ..Commit::default()
             },
-        )
-        .await
+            Unstored::Turn(turn) => Commit::of_turn(turn),
+        };
+        commit.events.push(ending.event());
+        commit.status = Some(ending.status());
+        commit.ending = Some(ending);
+        self.commit(lease, commit).await
     }
 
     /// Writes `commit` atomically, if `lease` still holds and the job has not
@@ -1076,8 +1053,8 @@ impl JobStore {
             .arg(&lease.token)
             .arg(now_ms())
             .arg(if finished { millis(self.retention) } else { 0 });
-        invocation.arg(commit.items.len());
-        for item in commit.items {
+        invocation.arg(commit.results.len() + commit.items.len());
+        for item in commit.results.iter().chain(commit.items) {
             invocation.arg(serde_json::to_string(item).expect("an item serializes"));
         }
         invocation.arg(commit.events.len());
@@ -1159,6 +1136,18 @@ fn settled_field(wire_id: &str) -> String {
     format!("settled:{wire_id}")
 }
 
+/// What a run did but has not stored when it ends the job: stored by
+/// [`JobStore::finish`] in the commit that ends it.
+#[derive(Debug, Clone, Copy)]
+pub enum Unstored<'a> {
+    /// Everything is stored.
+    Nothing,
+    /// The results of the run's last round (no turn followed them).
+    Results(&'a [Item]),
+    /// The turn that ended the job, with the results before it.
+    Turn(TurnCheckpoint<'a>),
+}
+
 /// A call about to be published, for [`JobStore::record_dispatch`].
 #[derive(Debug, Clone, Copy)]
 pub struct DispatchedCall<'a> {
@@ -1174,6 +1163,8 @@ pub struct DispatchedCall<'a> {
 /// caller says what happened, and only [`Commit::fields`] names hash fields.
 #[derive(Debug, Default)]
 struct Commit<'a> {
+    /// Results of a round, appended to the conversation before `items`.
+    results: &'a [Item],
     items: &'a [Item],
     events: Vec<JobEvent>,
     status: Option<JobStatus>,
@@ -1187,7 +1178,20 @@ struct Commit<'a> {
     offers: &'a [ToolManifest],
 }
 
-impl Commit<'_> {
+impl<'a> Commit<'a> {
+    /// A checkpointed turn: the results before it, its items, its
+    /// `model_turn` event, the job's counters and the tools it offered.
+    fn of_turn(turn: TurnCheckpoint<'a>) -> Self {
+        Commit {
+            results: turn.results,
+            items: turn.items,
+            events: vec![turn.event()],
+            counters: Some((turn.turns, turn.rounds)),
+            offers: turn.offered,
+            ..Commit::default()
+        }
+    }
+
     /// The job hash fields this commit sets.
     fn fields(&self) -> Vec<(&'static str, String)> {
         let mut fields = Vec::new();
