@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use toolfleet_proto::{JobEvent, v1};
 
-use toolfleet_service::config::TelemetryOptions;
+use toolfleet_proto::names::RedisKeys;
+use toolfleet_service::config::{RedisOptions, TelemetryOptions};
 use toolfleet_service::traces;
 
 use crate::local::{LocalFleet, LocalFleetOptions};
@@ -24,6 +25,7 @@ use processes::ProcessFleet;
 
 mod accounting;
 mod processes;
+mod stored;
 
 type Api = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 
@@ -65,6 +67,15 @@ pub(crate) struct BenchArgs {
     /// the worker's own default.
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
+    /// Jobs the orchestrator runs at once (`runner.max_jobs`). Default: the
+    /// orchestrator's own default (64).
+    #[arg(long, value_name = "N", conflicts_with = "target")]
+    max_jobs: Option<std::num::NonZeroUsize>,
+    /// Fill Redis with this many finished jobs after the warm-up (copies of
+    /// a warm-up job's keys, indexed for its tenant), to show that a job's
+    /// cost does not depend on what else is stored.
+    #[arg(long, value_name = "N", conflicts_with_all = ["target", "tls"])]
+    stored_jobs: Option<usize>,
     /// NATS and Redis speak TLS only (with certificates made for the run),
     /// and the orchestrator, the workers and the raw floor's clients connect
     /// over it: compare with a run without to see what TLS costs.
@@ -140,6 +151,9 @@ struct Report {
     /// Spans the bench's collector received over the whole run (warm-up
     /// included), when tracing was on.
     spans_received: Option<u64>,
+    /// Finished jobs Redis held before the load (`--stored-jobs`), besides
+    /// the warm-up's.
+    stored_jobs: usize,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -186,7 +200,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
         let tool = Workload::of(&args).tool();
         let servers = (&telemetry, args.fsync_always);
-        Some(ProcessFleet::start(workers, args.max_in_flight, tool, servers).await?)
+        let slots = (args.max_in_flight, args.max_jobs);
+        Some(ProcessFleet::start(workers, slots, tool, servers).await?)
     } else {
         None
     };
@@ -210,6 +225,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             };
             if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
                 options.worker.runtime.max_in_flight = slots;
+            }
+            if let Some(jobs) = args.max_jobs {
+                options.orchestrator.runner.max_jobs = jobs;
             }
             Some(LocalFleet::start(options).await?)
         }
@@ -293,6 +311,14 @@ async fn measure(
         false,
     )
     .await?;
+    if let Some(count) = args.stored_jobs {
+        let url = sources
+            .redis_url
+            .as_deref()
+            .context("--stored-jobs needs the fleet's Redis")?;
+        let keys = RedisKeys::new(RedisOptions::default().key_prefix);
+        stored::fill(url, &keys, count).await?;
+    }
 
     eprintln!(
         "load: {} jobs, {} in flight, {} rounds of {} parallel {} calls...",
@@ -341,6 +367,7 @@ async fn measure(
     Ok(Report {
         tool: tool.name(),
         tls: ca_file.is_some(),
+        stored_jobs: args.stored_jobs.unwrap_or(0),
         jobs: args.jobs,
         concurrency: args.concurrency,
         calls_per_round: args.calls,
@@ -577,6 +604,12 @@ fn print(report: &Report) -> std::io::Result<()> {
     if report.tls {
         outln!("transport            NATS and Redis over TLS")?;
     }
+    if report.stored_jobs > 0 {
+        outln!(
+            "stored               {} finished jobs in Redis before the load",
+            report.stored_jobs
+        )?;
+    }
     if report.fsync_always {
         outln!("durability           JetStream and Redis fsync every write")?;
     }
@@ -617,18 +650,20 @@ fn print_accounting(accounting: &Accounting) -> std::io::Result<()> {
     }
     outln!("load phase, per job:")?;
     outln!(
-        "  {:<40} {:>10} {:>10} {:>10}",
+        "  {:<40} {:>10} {:>10} {:>10} {:>10}",
         "process",
         "CPU ms",
         "RSS idle",
-        "RSS load"
+        "RSS load",
+        "RSS peak"
     )?;
     let mb = |value: Option<&f64>| value.map_or("-".to_owned(), |mb| format!("{mb:.1} MB"));
     for (name, cpu) in &accounting.cpu_ms_per_job_by_process {
         outln!(
-            "  {name:<40} {cpu:>10.3} {:>10} {:>10}",
+            "  {name:<40} {cpu:>10.3} {:>10} {:>10} {:>10}",
             mb(accounting.idle_rss_mb_by_process.get(name)),
             mb(accounting.rss_mb_by_process.get(name)),
+            mb(accounting.peak_rss_mb_by_process.get(name)),
         )?;
     }
     outln!(

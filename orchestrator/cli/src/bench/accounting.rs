@@ -54,6 +54,8 @@ pub(super) struct Reading {
 struct Usage {
     cpu: Duration,
     rss_bytes: u64,
+    /// The most resident memory so far (`VmHWM`).
+    peak_rss_bytes: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -136,6 +138,9 @@ pub(super) struct Accounting {
     pub(super) rss_mb_by_process: BTreeMap<String, f64>,
     /// Resident memory of each process before any job, in MB.
     pub(super) idle_rss_mb_by_process: BTreeMap<String, f64>,
+    /// The most resident memory of each process up to the end of the phase
+    /// (its `VmHWM`: the peak of the load, unless warm-up held more), in MB.
+    pub(super) peak_rss_mb_by_process: BTreeMap<String, f64>,
     /// Redis commands per job (`INFO commandstats`), and by command.
     pub(super) redis_commands_per_job: Option<f64>,
     pub(super) redis_commands_per_job_by_name: BTreeMap<String, f64>,
@@ -170,6 +175,9 @@ impl Accounting {
             accounting
                 .rss_mb_by_process
                 .insert(name.clone(), mb(end.rss_bytes));
+            accounting
+                .peak_rss_mb_by_process
+                .insert(name.clone(), mb(end.peak_rss_bytes));
         }
         accounting.idle_rss_mb_by_process = idle
             .usage
@@ -217,17 +225,20 @@ fn usage(pid: u32) -> Option<Usage> {
     let utime: u64 = fields.get(11)?.parse().ok()?;
     let stime: u64 = fields.get(12)?.parse().ok()?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kb: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
+    let kb = |field: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(field))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
     Some(Usage {
         // Linux reports clock ticks; USER_HZ is 100 on every mainstream platform.
         cpu: Duration::from_millis((utime + stime) * 10),
-        rss_bytes: rss_kb * 1024,
+        rss_bytes: kb("VmRSS:")? * 1024,
+        peak_rss_bytes: kb("VmHWM:")? * 1024,
     })
 }
 

@@ -35,14 +35,15 @@ pub(super) struct ProcessFleet {
 }
 
 impl ProcessFleet {
-    /// Starts the servers, the orchestrator and `workers` workers (each with
-    /// `max_in_flight` slots, if given), and returns once the orchestrator
+    /// Starts the servers, the orchestrator (running at most `max_jobs` jobs
+    /// at once, if given) and `workers` workers (each with `max_in_flight`
+    /// slots, if given), and returns once the orchestrator
     /// lists `tool` on every worker. Every process exports traces as
     /// `telemetry` says; with `fsync_always`, JetStream and Redis fsync every
     /// write before acknowledging it.
     pub(super) async fn start(
         workers: usize,
-        max_in_flight: Option<usize>,
+        (max_in_flight, max_jobs): (Option<usize>, Option<std::num::NonZeroUsize>),
         tool: &str,
         (telemetry, fsync_always): (&TelemetryOptions, bool),
     ) -> anyhow::Result<Self> {
@@ -84,16 +85,19 @@ impl ProcessFleet {
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
         // The bench's jobs are scripted, on loopback.
+        let mut env = vec![
+            ("TOOLFLEET_API__ALLOW_SCRIPTED", "true".to_owned()),
+            ("TOOLFLEET_API__AUTH", "none".to_owned()),
+        ];
+        if let Some(jobs) = max_jobs {
+            env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
+        }
+        env.extend(tracing.iter().cloned());
         let orchestrator = ChildProcess::spawn_with(
             "orchestrator",
             cargo_bin("toolfleet-orchestrator")?,
             &args,
-            [
-                ("TOOLFLEET_API__ALLOW_SCRIPTED", "true"),
-                ("TOOLFLEET_API__AUTH", "none"),
-            ]
-            .into_iter()
-            .chain(tracing.iter().map(|(k, v)| (*k, v.as_str()))),
+            env.iter().map(|(k, v)| (*k, v.as_str())),
             &options,
         )?;
         let mut spawned = Vec::new();
