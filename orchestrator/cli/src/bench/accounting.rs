@@ -316,6 +316,8 @@ mod tests {
                 Usage {
                     cpu: Duration::from_millis(cpu_ms),
                     rss_bytes: rss,
+                    // The peak here: 5 MB over what the process holds.
+                    peak_rss_bytes: rss + (5 << 20),
                 },
             )]),
             redis_calls: Some(BTreeMap::from([
@@ -338,6 +340,7 @@ mod tests {
         assert_eq!(accounting.cores_busy, 0.5);
         assert_eq!(accounting.rss_mb_by_process["orchestrator"], 30.0);
         assert_eq!(accounting.idle_rss_mb_by_process["orchestrator"], 10.0);
+        assert_eq!(accounting.peak_rss_mb_by_process["orchestrator"], 35.0);
         assert_eq!(accounting.redis_commands_per_job, Some(2.0));
         assert!(
             !accounting
