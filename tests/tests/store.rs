@@ -94,6 +94,12 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         },
     ];
     let echo = ToolManifest::new("echo", "Echoes.", serde_json::json!({"type": "object"}));
+    // The turn's commit also records the first attempt of its call.
+    let dispatched = DispatchedCall {
+        event_id: "c1",
+        wire_id: "c1",
+        name: "echo",
+    };
     store
         .record_turn(
             &lease,
@@ -104,16 +110,14 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
                 rounds: 1,
                 offered: std::slice::from_ref(&echo),
             },
+            &[dispatched],
         )
         .await?;
     assert_eq!(store.offered_tools(&job_id).await?, [echo]);
-    let dispatched = DispatchedCall {
-        event_id: "c1",
-        wire_id: "c1",
-        name: "echo",
-    };
-    store.record_dispatch(&lease, &[dispatched], 1).await?;
     assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
+    // A retry records its attempt on its own.
+    store.record_dispatch(&lease, &[dispatched], 2).await?;
+    assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&2));
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
     assert!(!was_settled(&store.attempts(&job_id).await?, "c1"));
     let settled = SettledCall {
@@ -205,6 +209,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             "job_started",
             "model_turn",
             "tool_call_dispatched",
+            "tool_call_dispatched",
             "tool_call_result",
             "tool_call_result",
             "model_turn",
@@ -219,9 +224,14 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     let stored = store.events(&job_id, 4, 1).await?;
     assert_eq!(
         stored[0].data,
-        r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500,"worked_us":400}"#
+        r#"{"attempt":2,"call_id":"c1","name":"echo"}"#
     );
     let stored = store.events(&job_id, 5, 1).await?;
+    assert_eq!(
+        stored[0].data,
+        r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500,"worked_us":400}"#
+    );
+    let stored = store.events(&job_id, 6, 1).await?;
     assert_eq!(
         stored[0].data,
         r#"{"attempts":2,"call_id":"c0","code":null,"name":"echo","ok":true,"round_trip_us":null}"#
@@ -355,7 +365,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         rounds: 0,
         offered: &[],
     };
-    let write = store.record_turn(&zombie, turn).await;
+    let write = store.record_turn(&zombie, turn, &[]).await;
     assert!(matches!(write, Err(Error::LeaseLost(_))), "{write:?}");
     assert!(matches!(
         store.renew(&zombie, Duration::from_secs(1)).await,
@@ -373,7 +383,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         rounds: 0,
         offered: &[],
     };
-    store.record_turn(&taker, turn).await?;
+    store.record_turn(&taker, turn, &[]).await?;
     let items = store.items(&job_id, 0).await?;
     assert_eq!(
         items.len(),

@@ -233,27 +233,14 @@ impl Dispatcher {
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
-            let over_limit = index >= spec.limits.max_calls_per_turn as usize;
             let checked = if attempts.contains_key(&call.wire_id) {
-                // Dispatched before (a resumed round): it passed the checks
-                // then, and what its attempt stored or answers decides its
-                // outcome, never a registry that changed since (its workers
-                // may be restarting right now).
-                Ok(self.retry_policy(&call.name))
-            } else if over_limit {
-                Err(Envelope::terminal(
-                    ErrorCode::TOO_MANY_CALLS,
-                    format!(
-                        "the model made more than {} calls in one turn; this one was not run. \
-                         Make fewer calls per turn",
-                        spec.limits.max_calls_per_turn
-                    ),
-                ))
+                // Dispatched before (a resumed round, or recorded with its
+                // turn): it passed the checks then, and what its attempt
+                // stored or answers decides its outcome, never a registry
+                // that changed since (its workers may be restarting now).
+                Ok(self.retry_policy(&call.name, offered))
             } else {
-                self.check(spec, call, offered).map(|tool| {
-                    tool.manifest
-                        .retry_policy(self.options.default_retry_policy())
-                })
+                self.admit(spec, index, call, offered)
             };
             match checked {
                 Ok(policy) => ready.push((
@@ -351,11 +338,42 @@ impl Dispatcher {
         futures::future::join_all(runs).await.into_iter().collect()
     }
 
-    /// The retry policy of `tool`: its live manifest's, else the defaults.
-    fn retry_policy(&self, tool: &str) -> RetryPolicy {
+    /// Whether the `index`-th call of a turn may be published, and then its
+    /// retry policy; else the envelope that answers it: the orchestrator's
+    /// own checks (see [`check`](Self::check)) and the job's calls-per-turn
+    /// limit. A runner asks before it records a fresh round's first
+    /// attempts with the turn; the round asks again for any call it finds
+    /// unrecorded.
+    pub(crate) fn admit(
+        &self,
+        spec: &JobSpec,
+        index: usize,
+        call: &PlannedCall,
+        offered: &HashMap<String, LiveTool>,
+    ) -> Result<RetryPolicy, Envelope> {
+        if index >= spec.limits.max_calls_per_turn as usize {
+            return Err(Envelope::terminal(
+                ErrorCode::TOO_MANY_CALLS,
+                format!(
+                    "the model made more than {} calls in one turn; this one was not run. \
+                     Make fewer calls per turn",
+                    spec.limits.max_calls_per_turn
+                ),
+            ));
+        }
+        self.check(spec, call, offered).map(|tool| {
+            tool.manifest
+                .retry_policy(self.options.default_retry_policy())
+        })
+    }
+
+    /// The retry policy of `tool`: its live manifest's, else the one the
+    /// job was offered, else the defaults.
+    fn retry_policy(&self, tool: &str, offered: &HashMap<String, LiveTool>) -> RetryPolicy {
         let default = self.options.default_retry_policy();
         self.registry
             .get(tool)
+            .or_else(|| offered.get(tool).cloned())
             .map_or(default, |live| live.manifest.retry_policy(default))
     }
 

@@ -17,12 +17,12 @@ use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
 use crate::job::{
     Ending, Item, JobErrorCode, JobRef, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint,
-    now_ms,
+    WireIds, now_ms,
 };
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{self, Unstored};
+use crate::store::{self, DispatchedCall, Unstored};
 
 /// Why a job stopped without ending.
 #[derive(Debug)]
@@ -89,10 +89,12 @@ struct Progress {
     /// of them waits for its workers if they are gone for a moment (a NATS
     /// outage, a restart) instead of being unknown.
     offered: HashMap<String, LiveTool>,
-    /// The pending calls come from a turn this run just recorded: none of
-    /// them was ever dispatched (their wire ids are new), so the round needs
-    /// no look at the attempts recorded in Redis.
-    fresh_round: bool,
+    /// The attempts of a round whose turn this run just recorded, with the
+    /// first attempt of each call it admitted (0: recorded, not yet
+    /// published; see `Dispatcher::run_round`): none was dispatched before
+    /// (their wire ids are new), so the round needs no look at the attempts
+    /// recorded in Redis.
+    fresh_round: Option<HashMap<String, u32>>,
 }
 
 /// A turn that ended the job, not stored yet: its items are `items[start..]`
@@ -280,7 +282,7 @@ impl JobRun<'_> {
                 .filter_map(LiveTool::known)
                 .map(|tool| (tool.manifest.name.clone(), tool))
                 .collect(),
-            fresh_round: false,
+            fresh_round: None,
         };
         loop {
             let state = RunState {
@@ -296,7 +298,11 @@ impl JobRun<'_> {
                 Step::Finish(ending) => Some(ending),
                 Step::Stop(_) => return Err(Stopped::HandedBack),
                 Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
-                Step::PlayTurn => self.play_turn(job, &*provider, &mut progress, stop).await?,
+                Step::PlayTurn => {
+                    let wire_ids = &record.wire_ids;
+                    self.play_turn((job, wire_ids), &*provider, &mut progress, stop)
+                        .await?
+                }
             };
             if let Some(ending) = ending {
                 return Ok(Some(progress.end(ending)));
@@ -318,10 +324,9 @@ impl JobRun<'_> {
         let store = &self.runner.store;
         // Only the first try of a fresh round: one that failed part way
         // (NATS) may have recorded attempts.
-        let attempts = if std::mem::take(&mut progress.fresh_round) {
-            HashMap::new()
-        } else {
-            store.attempts(&self.lease.job_id).await?
+        let attempts = match progress.fresh_round.take() {
+            Some(recorded) => recorded,
+            None => store.attempts(&self.lease.job_id).await?,
         };
         let round = self
             .runner
@@ -363,14 +368,15 @@ impl JobRun<'_> {
         Ok(None)
     }
 
-    /// Plays one model turn and checkpoints it (with the round's results
-    /// before it); returns the job's ending if the turn ends it, and then
-    /// leaves the turn to the commit that ends the job. A turn cut short by a stop is dropped unrecorded:
-    /// the next step sees why (a cancelled job needs no answer, and a
-    /// handed-back job plays it on its new replica).
+    /// Plays one model turn and checkpoints it, with the round's results
+    /// before it and the first attempts of the calls it makes; returns the
+    /// job's ending if the turn ends it, and then leaves the turn to the
+    /// commit that ends the job. A turn cut short by a stop is dropped
+    /// unrecorded: the next step sees why (a cancelled job needs no answer,
+    /// and a handed-back job plays it on its new replica).
     async fn play_turn(
         &self,
-        JobRef { spec, trace }: JobRef<'_>,
+        (JobRef { spec, trace }, wire_ids): (JobRef<'_>, &WireIds),
         provider: &dyn Provider,
         progress: &mut Progress,
         stop: &StopSignal,
@@ -429,19 +435,54 @@ impl JobRun<'_> {
         let offered: Vec<ToolManifest> = new_offers.iter().map(|t| t.manifest.clone()).collect();
         let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
         let ending = step::after_turn(&turn.items, rounds, spec);
+        let start = progress.items.len();
+        progress.items.extend(turn.items);
+        progress.turns = turns;
+        progress.rounds = rounds;
+        for tool in new_offers {
+            progress.offered.insert(tool.manifest.name.clone(), tool);
+        }
         if ending.is_some() {
             // Stored with the end, in the same commit: one round trip less.
             progress.last_turn = Some(LastTurn {
-                start: progress.items.len(),
+                start,
                 turns,
                 rounds,
                 offered,
                 commit: spans::commit(trace, &spans::turn_step(number), "finish"),
             });
         } else {
+            // The first attempts of the calls are recorded with the turn: the
+            // round that follows publishes them without a commit of its own.
+            let admitted = if has_calls && spec.parallel_tool_calls {
+                let pending = step::pending_calls(&progress.items, wire_ids);
+                let dispatcher = &self.runner.dispatcher;
+                pending
+                    .into_iter()
+                    .enumerate()
+                    .filter(|(index, call)| {
+                        dispatcher
+                            .admit(spec, *index, call, &progress.offered)
+                            .is_ok()
+                    })
+                    .map(|(_, call)| call)
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            let dispatched: Vec<DispatchedCall<'_>> = admitted
+                .iter()
+                .map(|call| DispatchedCall {
+                    event_id: &call.event_id,
+                    wire_id: &call.wire_id,
+                    name: &call.name,
+                })
+                .collect();
+            let (results, items) =
+                progress.items[progress.stored..].split_at(start - progress.stored);
             let checkpoint = TurnCheckpoint {
-                results: &progress.items[progress.stored..],
-                items: &turn.items,
+                results,
+                items,
                 turns,
                 rounds,
                 offered: &offered,
@@ -450,19 +491,18 @@ impl JobRun<'_> {
             let commit = spans::commit(trace, &spans::turn_step(number), "record_turn");
             self.runner
                 .store
-                .record_turn(&self.lease, checkpoint)
+                .record_turn(&self.lease, checkpoint, &dispatched)
                 .await?;
             commit.end();
-            progress.stored = progress.items.len() + turn.items.len();
+            progress.stored = progress.items.len();
+            progress.fresh_round = has_calls.then(|| {
+                admitted
+                    .iter()
+                    .map(|call| (call.wire_id.clone(), 0))
+                    .collect()
+            });
         }
         span.end();
-        progress.turns = turns;
-        progress.rounds = rounds;
-        progress.fresh_round = has_calls;
-        for tool in new_offers {
-            progress.offered.insert(tool.manifest.name.clone(), tool);
-        }
-        progress.items.extend(turn.items);
         Ok(ending)
     }
 

@@ -854,15 +854,24 @@ impl JobStore {
         Ok(kind)
     }
 
-    /// Checkpoints a model turn: its items, its `model_turn` event and the
-    /// job's counters, in one commit. Once it lands the turn is never played
-    /// again.
+    /// Checkpoints a model turn: the results before it, its items, its
+    /// `model_turn` event and the job's counters, and the first attempt of
+    /// each of its calls about to be published (`dispatched`, as
+    /// [`record_dispatch`](Self::record_dispatch) records one), in one
+    /// commit. Once it lands the turn is never played again.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_turn(&self, lease: &Lease, turn: TurnCheckpoint<'_>) -> Result<(), Error> {
-        self.commit(lease, Commit::of_turn(turn)).await
+    pub async fn record_turn(
+        &self,
+        lease: &Lease,
+        turn: TurnCheckpoint<'_>,
+        dispatched: &[DispatchedCall<'_>],
+    ) -> Result<(), Error> {
+        let mut commit = Commit::of_turn(turn);
+        commit.dispatched(dispatched, 1);
+        self.commit(lease, commit).await
     }
 
     /// The manifests of every tool the job's model was offered so far.
@@ -944,27 +953,9 @@ impl JobStore {
         if calls.is_empty() {
             return Ok(());
         }
-        let events = calls
-            .iter()
-            .map(|call| JobEvent::ToolCallDispatched {
-                attempt,
-                call_id: call.event_id.to_owned(),
-                name: call.name.to_owned(),
-            })
-            .collect();
-        let attempts = calls
-            .iter()
-            .map(|call| (call.wire_id.to_owned(), attempt))
-            .collect();
-        self.commit(
-            lease,
-            Commit {
-                events,
-                attempts,
-                ..Commit::default()
-            },
-        )
-        .await
+        let mut commit = Commit::default();
+        commit.dispatched(calls, attempt);
+        self.commit(lease, commit).await
     }
 
     /// Records calls' final envelopes, one `tool_call_result` event each in
@@ -1189,6 +1180,18 @@ impl<'a> Commit<'a> {
             counters: Some((turn.turns, turn.rounds)),
             offers: turn.offered,
             ..Commit::default()
+        }
+    }
+
+    /// Records that `attempt` of each of `calls` is about to be published.
+    fn dispatched(&mut self, calls: &[DispatchedCall<'_>], attempt: u32) {
+        for call in calls {
+            self.events.push(JobEvent::ToolCallDispatched {
+                attempt,
+                call_id: call.event_id.to_owned(),
+                name: call.name.to_owned(),
+            });
+            self.attempts.push((call.wire_id.to_owned(), attempt));
         }
     }
 
