@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1::{self, item::Kind};
@@ -43,6 +43,28 @@ fn results(job: &v1::Job) -> Vec<(String, Value, u32)> {
             _ => None,
         })
         .collect()
+}
+
+/// Every event of a finished job.
+async fn events_of(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<v1::JobEvent>> {
+    let stream = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.to_owned(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    Ok(stream.try_collect().await?)
+}
+
+/// The kinds of a job's `tool_call_*` events, in order.
+async fn call_event_kinds(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<String>> {
+    Ok(events_of(api, job_id)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind.starts_with("tool_call_"))
+        .map(|e| e.kind)
+        .collect())
 }
 
 fn status(job: &v1::Job) -> v1::JobStatus {
@@ -121,13 +143,18 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     let fleet = fleet(1).await?;
     let mut api = fleet.api(0).await?;
 
-    // A model asking for a generic escape hatch gets UNKNOWN_TOOL; nothing runs.
+    // A model asking for a generic escape hatch gets UNKNOWN_TOOL; nothing
+    // runs, and nothing is recorded as dispatched: only the round's valid
+    // call is.
     let job = run(
         &mut api,
         scripted(
             "hack",
             json!([
-                {"tool_calls": [{"name": "run_shell", "arguments": {"cmd": "id"}}]},
+                {"tool_calls": [
+                    {"name": "run_shell", "arguments": {"cmd": "id"}},
+                    {"name": "calculate", "arguments": {"expression": "2*3"}}
+                ]},
                 {"message": "{{call_0_0.error.code}}"}
             ]),
         ),
@@ -136,7 +163,19 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     assert_eq!(status(&job), v1::JobStatus::Succeeded);
     assert_eq!(job.output_text, "UNKNOWN_TOOL");
     assert_eq!(results(&job)[0].2, 0);
+    assert_eq!(results(&job)[1].2, 1);
     assert!(!fleet.worker(0).log_tail(10_000).contains("run_shell"));
+    let dispatched: Vec<String> = events_of(&mut api, &job.job_id)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "tool_call_dispatched")
+        .map(|e| e.data)
+        .collect();
+    assert_eq!(dispatched.len(), 1, "{dispatched:?}");
+    assert!(
+        dispatched[0].contains(r#""name":"calculate""#),
+        "{dispatched:?}"
+    );
 
     // A tool outside the job's allow-list is unknown to that job too.
     let mut allow = scripted(
@@ -202,23 +241,8 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     );
     one_by_one.parallel_tool_calls = Some(false);
     let job = run(&mut api, one_by_one).await?;
-    let events: Vec<v1::JobEvent> = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job.job_id.clone(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner()
-        .map(|e| e.expect("an event"))
-        .collect()
-        .await;
-    let calls: Vec<_> = events
-        .iter()
-        .filter(|e| e.kind.starts_with("tool_call_"))
-        .map(|e| e.kind.as_str())
-        .collect();
     assert_eq!(
-        calls,
+        call_event_kinds(&mut api, &job.job_id).await?,
         [
             "tool_call_dispatched",
             "tool_call_result",
@@ -786,6 +810,10 @@ async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused(
             Some("TOO_MANY_CALLS".into())
         ]
     );
+    // Only the calls within the limit were dispatched.
+    let kinds = call_event_kinds(&mut api, &job.job_id).await?;
+    let dispatched = kinds.iter().filter(|k| *k == "tool_call_dispatched");
+    assert_eq!(dispatched.count(), 3, "{kinds:?}");
 
     // Each quote of a 4 KB output is fine; twenty of them are not.
     let quotes = "{{call_0_0.data.text}}".repeat(20);
