@@ -240,6 +240,73 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
 }
 
 #[tokio::test]
+async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -> anyhow::Result<()>
+{
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    let Acquired::Lease(lease) = store.acquire(&job_id, "r", Duration::from_secs(5)).await? else {
+        panic!("the lease is free");
+    };
+    // The commit script writes its lists in chunks (512 values per
+    // command): 1,300 items, 700 attempts (1,400 values) and 701 events
+    // take several each.
+    let results: Vec<Item> = (0..1300)
+        .map(|n| Item::ToolResult {
+            call_id: format!("r{n}"),
+            name: "echo".into(),
+            output: Envelope::Ok(serde_json::json!(n)).to_json(),
+            attempts: 1,
+        })
+        .collect();
+    let ids: Vec<String> = (0..700).map(|n| format!("w{n}")).collect();
+    let dispatched: Vec<DispatchedCall<'_>> = ids
+        .iter()
+        .map(|id| DispatchedCall {
+            event_id: id,
+            wire_id: id,
+            name: "echo",
+        })
+        .collect();
+    let turn = [Item::Assistant {
+        text: "many".into(),
+        raw: None,
+    }];
+    let checkpoint = TurnCheckpoint {
+        results: &results,
+        items: &turn,
+        turns: 1,
+        rounds: 1,
+        offered: &[],
+    };
+    store.record_turn(&lease, checkpoint, &dispatched).await?;
+    // The user message, then the results in order, then the turn.
+    let items = store.items(&job_id, 1).await?;
+    assert_eq!(items, [&results[..], &turn[..]].concat());
+    let attempts = store.attempts(&job_id).await?;
+    assert_eq!(attempts.len(), 700);
+    assert!(ids.iter().all(|id| attempts.get(id) == Some(&1)));
+    // job_queued, model_turn, then a dispatch per call, numbered on.
+    let stored = store.events(&job_id, 0, 1000).await?;
+    assert_eq!(stored.len(), 702);
+    for (offset, event) in stored.iter().enumerate() {
+        assert_eq!(event.offset, offset as u64);
+    }
+    assert!(
+        stored[701].data.contains(r#""call_id":"w699""#),
+        "{:?}",
+        stored[701]
+    );
+    // The next commit numbers its events after them.
+    store
+        .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+        .await?;
+    let last = store.last_event(&job_id).await?.expect("the final event");
+    assert_eq!((last.offset, last.is_final), (702, true));
+    Ok(())
+}
+
+#[tokio::test]
 async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;

@@ -102,29 +102,48 @@ return 0
 ///   n, (call_id, attempt)...; n, (tool, manifest)...
 /// Appends items and events and updates fields, only while the lease holds.
 /// With retention_ms > 0 (the job finished) every key of the job expires.
-/// Returns the number of events, or [`LEASE_LOST`] (also when the job
-/// already finished: nothing is written after the end).
+/// Returns the number of events the job has after the commit (0 for a
+/// commit without events), or [`LEASE_LOST`] (also when the job already
+/// finished: nothing is written after the end).
+///
+/// One command per list, not per element: the commands a script runs cost
+/// Redis CPU like any other (`INFO commandstats` counts them), so the items
+/// are one `RPUSH`, the fields of each hash one `HSET`, and the events take
+/// their sequence numbers with one `HINCRBY` (older replicas, which add one
+/// at a time, still agree with it during a rolling upgrade). `unpack` has a
+/// limit on how many values it returns, so very long lists go in chunks.
 pub(super) static COMMIT: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if $ENDED then return -1 end
+local CHUNK = 512
+-- Runs `command key ARGV[first .. first + count - 1]`, CHUNK values a time
+-- (an even number, so that field-value pairs stay together).
+local function each_chunk(command, key, first, count)
+  local last = first + count - 1
+  for from = first, last, CHUNK do
+    redis.call(command, key, unpack(ARGV, from, math.min(from + CHUNK - 1, last)))
+  end
+end
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('RPUSH', KEYS[2], ARGV[i]); i = i + 1 end
+each_chunk('RPUSH', KEYS[2], i, n); i = i + n
 n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do
-  local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
-  redis.call('XADD', KEYS[3], '0-' .. seq, 'kind', ARGV[i], 'data', ARGV[i + 1], 'ts', ARGV[2], 'final', ARGV[i + 2])
-  i = i + 3
+local events = 0
+if n > 0 then
+  events = redis.call('HINCRBY', KEYS[1], 'events', n)
+  for seq = events - n + 1, events do
+    redis.call('XADD', KEYS[3], '0-' .. seq, 'kind', ARGV[i], 'data', ARGV[i + 1], 'ts', ARGV[2], 'final', ARGV[i + 2])
+    i = i + 3
+  end
 end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2 end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1]); i = i + 2 end
-n = tonumber(ARGV[i]); i = i + 1
-for _ = 1, n do redis.call('HSET', KEYS[6], ARGV[i], ARGV[i + 1]); i = i + 2 end
+for k = 1, 3 do
+  n = tonumber(ARGV[i]); i = i + 1
+  local hash = ({KEYS[1], KEYS[5], KEYS[6]})[k]
+  each_chunk('HSET', hash, i, 2 * n); i = i + 2 * n
+end
 local retention = tonumber(ARGV[3])
 if retention > 0 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
@@ -132,7 +151,7 @@ if retention > 0 then
   redis.call('PEXPIRE', KEYS[6], retention)
   redis.call('DEL', KEYS[4])
 end
-return tonumber(redis.call('HGET', KEYS[1], 'events'))
+return events
 ",
     )
 });
