@@ -838,15 +838,15 @@ impl AgentService for AgentApi {
             .available_tools()
             .into_iter()
             .map(|t| v1::Tool {
-                name: t.manifest.name,
-                description: t.manifest.description,
+                name: t.manifest.name.clone(),
+                description: t.manifest.description.clone(),
                 parameters: t.manifest.parameters.to_string(),
                 strict: t.manifest.strict,
                 workers: u32::try_from(t.workers).unwrap_or(u32::MAX),
                 timeout_ms: t.manifest.timeout_ms,
                 max_attempts: t.manifest.max_attempts,
                 side_effects: t.manifest.side_effects,
-                version: t.manifest.version,
+                version: t.manifest.version.clone(),
             })
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))

@@ -38,8 +38,10 @@ const CATALOG_BACKLOG: usize = 64;
 /// serve it.
 #[derive(Clone)]
 pub struct LiveTool {
-    /// The newest manifest announced.
-    pub manifest: ToolManifest,
+    /// The newest manifest announced. Shared: every turn and call reads
+    /// the registry, and a manifest (with its schema) is too big to copy
+    /// each time.
+    pub manifest: Arc<ToolManifest>,
     /// The manifest's schema, compiled once.
     pub validator: Arc<jsonschema::Validator>,
     /// Workers with a fresh heartbeat: 0 for a tool whose calls wait in its
@@ -53,7 +55,7 @@ impl LiveTool {
     pub fn known(manifest: ToolManifest) -> Option<Self> {
         match jsonschema::validator_for(&manifest.parameters) {
             Ok(validator) => Some(Self {
-                manifest,
+                manifest: Arc::new(manifest),
                 validator: Arc::new(validator),
                 workers: 0,
             }),
@@ -67,7 +69,7 @@ impl LiveTool {
 
 #[derive(Default)]
 struct Entry {
-    manifest: Option<(ToolManifest, Arc<jsonschema::Validator>)>,
+    manifest: Option<(Arc<ToolManifest>, Arc<jsonschema::Validator>)>,
     /// worker id -> when its last announcement arrived
     workers: HashMap<String, Instant>,
     /// Its queue (durable consumer) exists: a worker announced the tool, or
@@ -135,8 +137,11 @@ impl RegistryHandle {
             .values()
             .filter(|arrived| arrived.elapsed() < self.ttl)
             .count();
+        if workers == 0 && !entry.queued {
+            return None;
+        }
         let (manifest, validator) = entry.manifest.clone()?;
-        (workers > 0 || entry.queued).then_some(LiveTool {
+        Some(LiveTool {
             manifest,
             validator,
             workers,
@@ -187,13 +192,14 @@ impl RegistryHandle {
                 let changed = entry
                     .manifest
                     .as_ref()
-                    .is_none_or(|(m, _)| *m != announcement.manifest);
+                    .is_none_or(|(m, _)| **m != announcement.manifest);
                 let mut new = None;
                 if changed {
                     match jsonschema::validator_for(&announcement.manifest.parameters) {
                         Ok(validator) => {
                             new = Some(announcement.manifest.clone());
-                            entry.manifest = Some((announcement.manifest, Arc::new(validator)));
+                            let manifest = Arc::new(announcement.manifest);
+                            entry.manifest = Some((manifest, Arc::new(validator)));
                         }
                         Err(err) => {
                             warn!(tool, error = %err, "ignoring a tool whose schema does not compile");

@@ -432,7 +432,7 @@ impl JobRun<'_> {
                 span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
             }
         }
-        let offered: Vec<ToolManifest> = new_offers.iter().map(|t| t.manifest.clone()).collect();
+        let offered: Vec<ToolManifest> = new_offers.iter().map(|t| (*t.manifest).clone()).collect();
         let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
         let ending = step::after_turn(&turn.items, rounds, spec);
         let start = progress.items.len();
