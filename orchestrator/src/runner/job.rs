@@ -22,7 +22,7 @@ use crate::job::{
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{self, DispatchedCall, Unstored};
+use crate::store::{self, DispatchedCall, RunStart, Unstored};
 
 /// Why a job stopped without ending.
 #[derive(Debug)]
@@ -242,7 +242,12 @@ impl JobRun<'_> {
     async fn run(&self, stop: &StopSignal) -> Result<Option<End>, Stopped> {
         let store = &self.runner.store;
         let job_id = &self.lease.job_id;
-        let Some(record) = store.get(job_id).await? else {
+        let Some(RunStart {
+            record,
+            offered,
+            items,
+        }) = store.load_run(job_id).await?
+        else {
             return Ok(None);
         };
         if record.status.is_final() {
@@ -268,8 +273,6 @@ impl JobRun<'_> {
             Ok(provider) => provider,
             Err(err) => return Ok(Some(End::at_once(model_failure(&err)))),
         };
-        let offered = store.offered_tools(job_id).await?;
-        let items = store.items(job_id, 0).await?;
         let mut progress = Progress {
             stored: items.len(),
             items,

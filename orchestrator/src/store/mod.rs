@@ -462,40 +462,121 @@ impl JobStore {
         let key = self.keys.job(job_id);
         let fields: HashMap<String, String> =
             read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
-        if fields.is_empty() {
-            return Ok(None);
-        }
-        let corrupt = |detail: &str| Error::Corrupt {
-            job_id: job_id.to_owned(),
-            detail: detail.to_owned(),
-        };
-        let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
-        let number = |name: &str| field(name).parse::<u64>().unwrap_or_default();
-        let spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;
-        let status: JobStatus = field("status").parse().map_err(|_| corrupt("status"))?;
-        let error = match fields.get("error_code") {
-            Some(code) => Some(JobError {
-                code: code.parse().map_err(|_| corrupt("error_code"))?,
-                message: field("error_message").to_owned(),
-            }),
-            None => None,
-        };
-        Ok(Some(JobRecord {
-            job_id: job_id.to_owned(),
-            spec,
-            status,
-            output_text: field("output_text").to_owned(),
-            error,
-            rounds: u32::try_from(number("rounds")).unwrap_or(u32::MAX),
-            turns: u32::try_from(number("turns")).unwrap_or(u32::MAX),
-            created_at_ms: number("created_at_ms"),
-            finished_at_ms: number("finished_at_ms"),
-            cancel_requested: field("cancel_requested") == "1",
-            wire_ids: WireIds::from_secret(field("call_secret")),
-            trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
-        }))
+        parse_record(job_id, &fields)
     }
 
+    /// What a run starts from, read in one round trip: the job record (`None`
+    /// for an unknown or expired job), the manifests its model was offered
+    /// ([`offered_tools`](Self::offered_tools)) and its conversation
+    /// ([`items`](Self::items)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a record, manifest or item
+    /// that does not parse.
+    pub async fn load_run(&self, job_id: &str) -> Result<Option<RunStart>, Error> {
+        let mut pipe = redis::pipe();
+        pipe.hgetall(self.keys.job(job_id))
+            .hgetall(self.keys.job_tools(job_id))
+            .lrange(self.keys.job_items(job_id), 0, -1);
+        type Reply = (
+            HashMap<String, String>,
+            HashMap<String, String>,
+            Vec<String>,
+        );
+        let (fields, offered, items): Reply =
+            read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?;
+        let Some(record) = parse_record(job_id, &fields)? else {
+            return Ok(None);
+        };
+        Ok(Some(RunStart {
+            record,
+            offered: parse_manifests(job_id, &offered)?,
+            items: parse_items(job_id, &items)?,
+        }))
+    }
+}
+
+/// What a run starts from ([`JobStore::load_run`]).
+#[derive(Debug)]
+pub struct RunStart {
+    /// The job record.
+    pub record: JobRecord,
+    /// The manifests the job's model was offered so far.
+    pub offered: Vec<ToolManifest>,
+    /// The conversation.
+    pub items: Vec<Item>,
+}
+
+/// A job record from its hash's `fields`; `None` when there are none.
+fn parse_record(
+    job_id: &str,
+    fields: &HashMap<String, String>,
+) -> Result<Option<JobRecord>, Error> {
+    if fields.is_empty() {
+        return Ok(None);
+    }
+    let corrupt = |detail: &str| Error::Corrupt {
+        job_id: job_id.to_owned(),
+        detail: detail.to_owned(),
+    };
+    let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
+    let number = |name: &str| field(name).parse::<u64>().unwrap_or_default();
+    let spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;
+    let status: JobStatus = field("status").parse().map_err(|_| corrupt("status"))?;
+    let error = match fields.get("error_code") {
+        Some(code) => Some(JobError {
+            code: code.parse().map_err(|_| corrupt("error_code"))?,
+            message: field("error_message").to_owned(),
+        }),
+        None => None,
+    };
+    Ok(Some(JobRecord {
+        job_id: job_id.to_owned(),
+        spec,
+        status,
+        output_text: field("output_text").to_owned(),
+        error,
+        rounds: u32::try_from(number("rounds")).unwrap_or(u32::MAX),
+        turns: u32::try_from(number("turns")).unwrap_or(u32::MAX),
+        created_at_ms: number("created_at_ms"),
+        finished_at_ms: number("finished_at_ms"),
+        cancel_requested: field("cancel_requested") == "1",
+        wire_ids: WireIds::from_secret(field("call_secret")),
+        trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
+    }))
+}
+
+/// Offered manifests from the job's tools hash.
+fn parse_manifests(
+    job_id: &str,
+    stored: &HashMap<String, String>,
+) -> Result<Vec<ToolManifest>, Error> {
+    stored
+        .values()
+        .map(|text| {
+            serde_json::from_str(text).map_err(|e| Error::Corrupt {
+                job_id: job_id.to_owned(),
+                detail: format!("offered tool: {e}"),
+            })
+        })
+        .collect()
+}
+
+/// Conversation items from their stored JSON texts.
+fn parse_items(job_id: &str, texts: &[String]) -> Result<Vec<Item>, Error> {
+    texts
+        .iter()
+        .map(|t| {
+            serde_json::from_str(t).map_err(|e| Error::Corrupt {
+                job_id: job_id.to_owned(),
+                detail: format!("item: {e}"),
+            })
+        })
+        .collect()
+}
+
+impl JobStore {
     /// The job's status alone, or `None` for an unknown (or expired) job:
     /// what a watcher needs, without reading and parsing the whole record.
     ///
@@ -540,15 +621,7 @@ impl JobStore {
         let key = self.keys.job_items(job_id);
         let texts: Vec<String> =
             read_with_retry(|| async { self.conn().lrange(&key, start, -1).await }).await?;
-        texts
-            .iter()
-            .map(|t| {
-                serde_json::from_str(t).map_err(|e| Error::Corrupt {
-                    job_id: job_id.to_owned(),
-                    detail: format!("item: {e}"),
-                })
-            })
-            .collect()
+        parse_items(job_id, &texts)
     }
 
     /// The last attempt dispatched for each call of the job.
@@ -884,15 +957,7 @@ impl JobStore {
         let key = self.keys.job_tools(job_id);
         let stored: HashMap<String, String> =
             read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
-        stored
-            .values()
-            .map(|text| {
-                serde_json::from_str(text).map_err(|e| Error::Corrupt {
-                    job_id: job_id.to_owned(),
-                    detail: format!("offered tool: {e}"),
-                })
-            })
-            .collect()
+        parse_manifests(job_id, &stored)
     }
 
     /// Keeps `manifest` in the tool catalog (the newest one a worker
