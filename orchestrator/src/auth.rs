@@ -276,7 +276,7 @@ fn sha256(text: &str) -> [u8; 32] {
 
 /// The SHA-256 of `token`, in hex: what the tokens file stores.
 pub fn token_sha256(token: &str) -> String {
-    sha256(token).iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", Sha256::digest(token.as_bytes()))
 }
 
 fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
@@ -423,6 +423,15 @@ mod tests {
 
     fn file(tenants: &str) -> String {
         tenants.to_owned()
+    }
+
+    #[test]
+    fn a_token_is_stored_as_the_hex_of_its_sha256() {
+        // `printf token | sha256sum`: what `toolfleet tokens` writes.
+        assert_eq!(
+            token_sha256("token"),
+            "3c469e9d6c5875d37a43f353d4f88e61fcf812c66eee3457465a40b0da4153e0"
+        );
     }
 
     #[test]

@@ -188,8 +188,7 @@ fn fingerprint(request: &v1::SubmitJobRequest) -> String {
         "deadline_ms": request.deadline_ms,
         "metadata": metadata,
     });
-    let digest = Sha256::digest(canonical.to_string().as_bytes());
-    digest.iter().map(|byte| format!("{byte:02x}")).collect()
+    format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
 }
 
 /// A model spec with nothing set: the same as none (proto3 cannot tell).

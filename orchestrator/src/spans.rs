@@ -7,7 +7,7 @@
 //! submit job                      (root, ended at submission; grpc.rs)
 //! ├─ start job / resume job       run:<epoch>, linked to the run before
 //! ├─ model turn                   turn:<n>
-//! │  └─ record_turn               (a Redis commit)
+//! │  └─ record_turn / finish      (a Redis commit)
 //! └─ tool call <tool>             call:<wire id>
 //!    ├─ attempt <n>               attempt:<wire id>:<n>
 //!    │  ├─ record_dispatch
@@ -18,6 +18,34 @@
 use toolfleet_service::traces::{SpanContext, SpanKind, StepSpan};
 
 use crate::job::{JobSpec, JobTrace};
+
+/// A step of a job, which names its span (and so its span's id). Spelled
+/// out only for a job that is traced here: building names for spans that
+/// record nothing showed in the orchestrator's profile.
+#[derive(Clone, Copy)]
+pub(crate) enum Step<'a> {
+    /// Model turn n (from 1).
+    Turn(u32),
+    /// A call, by wire id, across its attempts.
+    Call(&'a str),
+    /// An attempt of a call.
+    Attempt(&'a str, u32),
+}
+
+impl Step<'_> {
+    fn name(self) -> String {
+        match self {
+            Self::Turn(turn) => format!("turn:{turn}"),
+            Self::Call(wire_id) => format!("call:{wire_id}"),
+            Self::Attempt(wire_id, attempt) => format!("attempt:{wire_id}:{attempt}"),
+        }
+    }
+}
+
+/// The trace, if this process records the job's spans.
+fn recorded(trace: Option<&JobTrace>) -> Option<&JobTrace> {
+    trace.filter(|t| t.records())
+}
 
 /// The call a span is about: its tool, its wire id (which names its steps)
 /// and the id its events show.
@@ -59,30 +87,27 @@ pub(crate) fn run(
 
 /// The span of model turn `turn` (counted from 1).
 pub(crate) fn turn(trace: Option<&JobTrace>, turn: u32, spec: &JobSpec) -> StepSpan {
-    let mut span = StepSpan::step(
-        trace,
-        "model turn",
-        SpanKind::Client,
-        &turn_step(turn),
-        None,
-    );
-    if span.is_recording() {
-        span.set("gen_ai.system", spec.provider.as_str());
-        span.set("gen_ai.request.model", spec.model.clone());
-        span.set("toolfleet.turn", i64::from(turn));
-    }
+    let Some(trace) = recorded(trace) else {
+        return StepSpan::off();
+    };
+    let step = Step::Turn(turn).name();
+    let mut span = StepSpan::step(Some(trace), "model turn", SpanKind::Client, &step, None);
+    span.set("gen_ai.system", spec.provider.as_str());
+    span.set("gen_ai.request.model", spec.model.clone());
+    span.set("toolfleet.turn", i64::from(turn));
     span
 }
 
 /// The span of a call, across its attempts.
 pub(crate) fn call(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
+    let Some(trace) = recorded(trace) else {
+        return StepSpan::off();
+    };
     let name = format!("tool call {}", call.tool);
-    let step = call_step(call.wire_id);
-    let mut span = StepSpan::step(trace, name, SpanKind::Internal, &step, None);
-    if span.is_recording() {
-        span.set("toolfleet.tool", call.tool.to_owned());
-        span.set("toolfleet.call_id", call.event_id.to_owned());
-    }
+    let step = Step::Call(call.wire_id).name();
+    let mut span = StepSpan::step(Some(trace), name, SpanKind::Internal, &step, None);
+    span.set("toolfleet.tool", call.tool.to_owned());
+    span.set("toolfleet.call_id", call.event_id.to_owned());
     span
 }
 
@@ -94,29 +119,31 @@ pub(crate) fn attempt(
     attempt: u32,
     resumed: bool,
 ) -> StepSpan {
+    let Some(trace) = recorded(trace) else {
+        return StepSpan::off();
+    };
     let mut span = StepSpan::step(
-        trace,
+        Some(trace),
         format!("attempt {attempt}"),
         SpanKind::Producer,
-        &attempt_step(call.wire_id, attempt),
-        Some(&call_step(call.wire_id)),
+        &Step::Attempt(call.wire_id, attempt).name(),
+        Some(&Step::Call(call.wire_id).name()),
     );
-    if span.is_recording() {
-        span.set("toolfleet.tool", call.tool.to_owned());
-        span.set("toolfleet.attempt", i64::from(attempt));
-        span.set("toolfleet.resumed", resumed);
-        span.set("messaging.system", "nats");
-    }
+    span.set("toolfleet.tool", call.tool.to_owned());
+    span.set("toolfleet.attempt", i64::from(attempt));
+    span.set("toolfleet.resumed", resumed);
+    span.set("messaging.system", "nats");
     span
 }
 
 /// The span of the Redis commit `verb` (`record_turn`) made for the step
 /// `parent`.
-pub(crate) fn commit(trace: Option<&JobTrace>, parent: &str, verb: &'static str) -> StepSpan {
-    let Some(trace) = trace.filter(|t| t.records()) else {
+pub(crate) fn commit(trace: Option<&JobTrace>, parent: Step<'_>, verb: &'static str) -> StepSpan {
+    let Some(trace) = recorded(trace) else {
         return StepSpan::off();
     };
-    let mut span = StepSpan::child(Some(&trace.step(parent)), verb, SpanKind::Client);
+    let parent = trace.step(&parent.name());
+    let mut span = StepSpan::child(Some(&parent), verb, SpanKind::Client);
     span.set("db.system", "redis");
     span.set("db.operation", verb);
     span
@@ -132,22 +159,10 @@ pub(crate) fn attempt_context(
 ) -> Option<SpanContext> {
     let trace = trace?;
     Some(if trace.records() {
-        trace.step(&attempt_step(wire_id, attempt))
+        trace.step(&Step::Attempt(wire_id, attempt).name())
     } else {
         trace.root().clone()
     })
-}
-
-pub(crate) fn turn_step(turn: u32) -> String {
-    format!("turn:{turn}")
-}
-
-pub(crate) fn call_step(wire_id: &str) -> String {
-    format!("call:{wire_id}")
-}
-
-pub(crate) fn attempt_step(wire_id: &str, attempt: u32) -> String {
-    format!("attempt:{wire_id}:{attempt}")
 }
 
 fn epoch_value(epoch: u64) -> i64 {

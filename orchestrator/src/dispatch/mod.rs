@@ -434,8 +434,8 @@ impl Dispatcher {
     ) -> Result<(), RoundError> {
         // One commit for the round: its span goes under the first attempt.
         let commit = calls.first().map_or_else(StepSpan::off, |call| {
-            let step = spans::attempt_step(&call.wire_id, attempt);
-            spans::commit(trace, &step, "record_dispatch")
+            let step = spans::Step::Attempt(&call.wire_id, attempt);
+            spans::commit(trace, step, "record_dispatch")
         });
         let calls: Vec<DispatchedCall<'_>> = calls
             .iter()
@@ -460,8 +460,8 @@ impl Dispatcher {
         outcome: &CallOutcome,
         envelope: &Envelope,
     ) -> Result<(), RoundError> {
-        let step = spans::call_step(&outcome.wire_id);
-        let commit = spans::commit(trace, &step, "record_call_result");
+        let step = spans::Step::Call(&outcome.wire_id);
+        let commit = spans::commit(trace, step, "record_call_result");
         let settled = Settled {
             event_id: outcome.event_id.clone(),
             wire_id: outcome.wire_id.clone(),

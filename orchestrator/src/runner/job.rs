@@ -452,7 +452,7 @@ impl JobRun<'_> {
                 turns,
                 rounds,
                 offered,
-                commit: spans::commit(trace, &spans::turn_step(number), "finish"),
+                commit: spans::commit(trace, spans::Step::Turn(number), "finish"),
             });
         } else {
             // The first attempts of the calls are recorded with the turn: the
@@ -491,7 +491,7 @@ impl JobRun<'_> {
                 offered: &offered,
             };
             // The checkpoint: once this commit lands, the turn is never played again.
-            let commit = spans::commit(trace, &spans::turn_step(number), "record_turn");
+            let commit = spans::commit(trace, spans::Step::Turn(number), "record_turn");
             self.runner
                 .store
                 .record_turn(&self.lease, checkpoint, &dispatched)
