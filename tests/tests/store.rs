@@ -307,6 +307,42 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
 }
 
 #[tokio::test]
+async fn a_submission_after_redis_lost_its_scripts_is_whole_and_indexed() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    store.submit(&spec(), None, None).await?;
+    // As after a restart: the script cache is empty, and a submission
+    // without an idempotency key creates and indexes its job in one
+    // pipeline, which must load the script and run again.
+    let mut raw = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await?;
+    let (job_id, duplicate) = store.submit(&spec(), None, None).await?;
+    assert!(!duplicate);
+    let record = store.get(&job_id).await?.expect("the job was created");
+    assert_eq!(record.status, JobStatus::Queued);
+    assert_eq!(
+        events(&store, &job_id).await?.len(),
+        1,
+        "one job_queued event"
+    );
+    let unfinished = store.unfinished_before(u64::MAX, 10).await?;
+    assert!(unfinished.contains(&job_id), "{unfinished:?}");
+    let listed: Vec<String> = redis::cmd("ZRANGE")
+        .arg(RedisKeys::default().tenant_jobs(&spec().tenant))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut raw)
+        .await?;
+    assert!(listed.contains(&job_id), "{listed:?}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;

@@ -181,6 +181,7 @@ impl JobStore {
     ) -> Result<(String, bool), Error> {
         let mut job_id = new_job_id(&spec.tenant);
         let mut duplicate = false;
+        let fresh = idempotency.is_none();
         if let Some(Idempotency { key, fingerprint }) = idempotency {
             let record = self.keys.submission(&spec.tenant, key);
             // The record binds the key to the request it was first used for.
@@ -217,7 +218,8 @@ impl JobStore {
         let queued = JobEvent::JobQueued {
             metadata: spec.metadata.clone(),
         };
-        let created: i64 = scripts::CREATE
+        let mut create = scripts::CREATE.prepare_invoke();
+        create
             .key(self.keys.job(&job_id))
             .key(self.keys.job_items(&job_id))
             .key(self.keys.job_events(&job_id))
@@ -228,20 +230,50 @@ impl JobStore {
             .arg(queued.data_json())
             .arg(WireIds::new_secret())
             .arg(traceparent)
-            .arg(tracestate)
-            .invoke_async(&mut self.conn())
-            .await?;
-        if created == 1 {
-            self.index_new_job(spec, &job_id).await?;
+            .arg(tracestate);
+        if fresh {
+            // A new random id cannot exist yet: the job and its index
+            // entries go in one round trip, in this order.
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(&create);
+            self.index_new_job(&mut pipe, spec, &job_id);
+            let (_created,): (i64,) = self.query_invoking(&pipe, &scripts::CREATE).await?;
+        } else {
+            let created: i64 = create.invoke_async(&mut self.conn()).await?;
+            if created == 1 {
+                let mut pipe = redis::pipe();
+                self.index_new_job(&mut pipe, spec, &job_id);
+                let () = pipe.query_async(&mut self.conn()).await?;
+            }
         }
         self.notify(&job_id, None).await;
         Ok((job_id, duplicate))
     }
 
-    /// Puts a newly created job into the sets that find it again: the
-    /// unfinished jobs (the sweeper's), its tenant's job index (`ListJobs`)
-    /// and, under an active-jobs quota, its tenant's active jobs.
-    async fn index_new_job(&self, spec: &JobSpec, job_id: &str) -> Result<(), Error> {
+    /// Runs `pipe`, which invokes `script`. A Redis that lost its script
+    /// cache (a restart) answers `NOSCRIPT`: the script is loaded and the
+    /// pipeline run again, so its other commands must bear running twice.
+    async fn query_invoking<T: redis::FromRedisValue>(
+        &self,
+        pipe: &redis::Pipeline,
+        script: &redis::Script,
+    ) -> redis::RedisResult<T> {
+        match pipe.query_async(&mut self.conn()).await {
+            Err(err)
+                if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+            {
+                script.load_async(&mut self.conn()).await?;
+                pipe.query_async(&mut self.conn()).await
+            }
+            other => other,
+        }
+    }
+
+    /// Adds to `pipe` the writes that put a newly created job into the sets
+    /// that find it again: the unfinished jobs (the sweeper's), its tenant's
+    /// job index (`ListJobs`) and, under an active-jobs quota, its tenant's
+    /// active jobs. Each may run twice ([`query_invoking`](Self::query_invoking)).
+    fn index_new_job(&self, pipe: &mut redis::Pipeline, spec: &JobSpec, job_id: &str) {
         let now = now_ms();
         let index = self.keys.tenant_jobs(&spec.tenant);
         // The index forgets what has surely expired: jobs live at most
@@ -249,7 +281,6 @@ impl JobStore {
         let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
         // A plain pipeline, not MULTI: the keys are in different hash slots
         // (Redis Cluster), and each write stands on its own.
-        let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
             .arg(self.keys.unfinished_jobs())
             .arg(now)
@@ -273,8 +304,6 @@ impl JobStore {
                 .arg(job_id)
                 .ignore();
         }
-        let () = pipe.query_async(&mut self.conn()).await?;
-        Ok(())
     }
 
     /// A page of `tenant`'s jobs, newest first: those submitted before
