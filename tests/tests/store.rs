@@ -343,6 +343,50 @@ async fn a_submission_after_redis_lost_its_scripts_is_whole_and_indexed() -> any
 }
 
 #[tokio::test]
+async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    // Also after Redis lost its scripts: the pipeline loads it and runs again.
+    let mut raw = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await?;
+    let ttl = Duration::from_secs(5);
+    let (taken, start) = store.acquire_and_load(&job_id, "a", ttl).await?;
+    let Acquired::Lease(lease) = taken else {
+        panic!("the lease is free: {taken:?}");
+    };
+    assert_eq!(lease.epoch, 1);
+    let start = start.expect("the holder reads where the run starts");
+    assert_eq!(start.record.status, JobStatus::Queued);
+    assert_eq!(
+        start.items,
+        [Item::User {
+            text: "hello".into()
+        }]
+    );
+    assert!(start.offered.is_empty());
+    // Another runner gets neither the lease nor the job's state.
+    let (held, start) = store.acquire_and_load(&job_id, "b", ttl).await?;
+    assert!(
+        matches!(held, Acquired::Held) && start.is_none(),
+        "{held:?}"
+    );
+    store
+        .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+        .await?;
+    let (finished, start) = store.acquire_and_load(&job_id, "b", ttl).await?;
+    assert!(matches!(finished, Acquired::Finished) && start.is_none());
+    let (missing, start) = store.acquire_and_load("acme-nothing", "b", ttl).await?;
+    assert!(matches!(missing, Acquired::Missing) && start.is_none());
+    Ok(())
+}
+
+#[tokio::test]
 async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;

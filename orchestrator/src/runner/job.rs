@@ -171,8 +171,13 @@ pub(super) struct JobRun<'a> {
 }
 
 impl JobRun<'_> {
-    /// Runs the job to its end, unless stopped.
-    pub(super) async fn drive(self, abandon: CancellationToken) -> Result<(), Stopped> {
+    /// Runs the job to its end, unless stopped; `start` is what the run
+    /// starts from, when the lease's round trip read it.
+    pub(super) async fn drive(
+        self,
+        abandon: CancellationToken,
+        start: Option<RunStart>,
+    ) -> Result<(), Stopped> {
         let span = info_span!(
             "job",
             job_id = %self.lease.job_id,
@@ -182,7 +187,7 @@ impl JobRun<'_> {
         async move {
             let stop = StopSignal::child_of(&abandon);
             let run = async {
-                let result = self.run(&stop).await;
+                let result = self.run(&stop, start).await;
                 // Ends keep_alive, unless it stopped the run itself.
                 stop.token.cancel();
                 result
@@ -239,14 +244,22 @@ impl JobRun<'_> {
 
     /// The loop: does what [`step::next_step`] says until the job ends or the
     /// run stops. `Ok(None)`: the job had already ended.
-    async fn run(&self, stop: &StopSignal) -> Result<Option<End>, Stopped> {
+    async fn run(
+        &self,
+        stop: &StopSignal,
+        start: Option<RunStart>,
+    ) -> Result<Option<End>, Stopped> {
         let store = &self.runner.store;
         let job_id = &self.lease.job_id;
+        let start = match start {
+            Some(start) => Some(start),
+            None => store.load_run(job_id).await?,
+        };
         let Some(RunStart {
             record,
             offered,
             items,
-        }) = store.load_run(job_id).await?
+        }) = start
         else {
             return Ok(None);
         };

@@ -215,18 +215,19 @@ impl Runner {
         message: &jetstream::Message,
         abandon: CancellationToken,
     ) -> Delivery {
-        let lease = match self
+        // The lease and what the run starts from, in one round trip.
+        let taken = self
             .store
-            .acquire(job_id, &self.owner, self.options.lease_ttl)
-            .await
-        {
-            Ok(Acquired::Lease(lease)) => lease,
-            Ok(Acquired::Finished) => {
+            .acquire_and_load(job_id, &self.owner, self.options.lease_ttl)
+            .await;
+        let (lease, start) = match taken {
+            Ok((Acquired::Lease(lease), start)) => (lease, start),
+            Ok((Acquired::Finished, _)) => {
                 debug!(job_id, "job already finished");
                 return Delivery::Done;
             }
-            Ok(Acquired::Missing) => return self.lost(job_id, message).await,
-            Ok(Acquired::Held) => {
+            Ok((Acquired::Missing, _)) => return self.lost(job_id, message).await,
+            Ok((Acquired::Held, _)) => {
                 debug!(job_id, "job is held by another runner");
                 return Delivery::HeldElsewhere;
             }
@@ -241,7 +242,7 @@ impl Runner {
             message,
             created_at_ms: Default::default(),
         };
-        match run.drive(abandon).await {
+        match run.drive(abandon, start).await {
             Ok(()) => Delivery::Done,
             Err(Stopped::HandedBack) => {
                 if let Err(err) = self.store.release(&lease).await {

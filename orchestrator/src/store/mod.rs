@@ -505,25 +505,39 @@ impl JobStore {
     /// that does not parse.
     pub async fn load_run(&self, job_id: &str) -> Result<Option<RunStart>, Error> {
         let mut pipe = redis::pipe();
+        self.load_run_commands(&mut pipe, job_id);
+        let (fields, offered, items): (Fields, Fields, Vec<String>) =
+            read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?;
+        parse_run_start(job_id, &fields, &offered, &items)
+    }
+
+    /// The reads of [`load_run`](Self::load_run): the job, its offered
+    /// tools, its items.
+    fn load_run_commands(&self, pipe: &mut redis::Pipeline, job_id: &str) {
         pipe.hgetall(self.keys.job(job_id))
             .hgetall(self.keys.job_tools(job_id))
             .lrange(self.keys.job_items(job_id), 0, -1);
-        type Reply = (
-            HashMap<String, String>,
-            HashMap<String, String>,
-            Vec<String>,
-        );
-        let (fields, offered, items): Reply =
-            read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?;
-        let Some(record) = parse_record(job_id, &fields)? else {
-            return Ok(None);
-        };
-        Ok(Some(RunStart {
-            record,
-            offered: parse_manifests(job_id, &offered)?,
-            items: parse_items(job_id, &items)?,
-        }))
     }
+}
+
+/// A Redis hash, read whole.
+type Fields = HashMap<String, String>;
+
+/// What [`JobStore::load_run`] read, parsed; `None` for a job with no record.
+fn parse_run_start(
+    job_id: &str,
+    fields: &Fields,
+    offered: &Fields,
+    items: &[String],
+) -> Result<Option<RunStart>, Error> {
+    let Some(record) = parse_record(job_id, fields)? else {
+        return Ok(None);
+    };
+    Ok(Some(RunStart {
+        record,
+        offered: parse_manifests(job_id, offered)?,
+        items: parse_items(job_id, items)?,
+    }))
 }
 
 /// What a run starts from ([`JobStore::load_run`]).
@@ -870,28 +884,78 @@ impl JobStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<Acquired, Error> {
-        let epoch: i64 = scripts::ACQUIRE
+        let epoch: i64 = self
+            .acquisition(job_id, owner, ttl)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(acquired(job_id, owner, epoch))
+    }
+
+    /// [`acquire`](Self::acquire), and with the lease what the run starts
+    /// from ([`load_run`](Self::load_run)), in one round trip: the reads
+    /// follow the lease in one pipeline, so they see the job as its new
+    /// holder does. The start is `None` without a lease, and when the job's
+    /// state does not parse (the run's own read then says why).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn acquire_and_load(
+        &self,
+        job_id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Acquired, Option<RunStart>), Error> {
+        let acquisition = self.acquisition(job_id, owner, ttl);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&acquisition);
+        self.load_run_commands(&mut pipe, job_id);
+        let (epoch, fields, offered, items): (i64, Fields, Fields, Vec<String>) =
+            self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
+        let acquired = acquired(job_id, owner, epoch);
+        let start = match acquired {
+            Acquired::Lease(_) => parse_run_start(job_id, &fields, &offered, &items)
+                .ok()
+                .flatten(),
+            _ => None,
+        };
+        Ok((acquired, start))
+    }
+
+    fn acquisition(
+        &self,
+        job_id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> redis::ScriptInvocation<'static> {
+        let mut invocation = scripts::ACQUIRE.prepare_invoke();
+        invocation
             .key(self.keys.job(job_id))
             .key(self.keys.job_lease(job_id))
             .arg(owner)
-            .arg(millis(ttl))
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(match epoch {
-            -2 => Acquired::Missing,
-            -1 => Acquired::Finished,
-            0 => Acquired::Held,
-            epoch => {
-                let epoch = u64::try_from(epoch).unwrap_or_default();
-                Acquired::Lease(Lease {
-                    job_id: job_id.to_owned(),
-                    token: format!("{owner}:{epoch}"),
-                    epoch,
-                })
-            }
-        })
+            .arg(millis(ttl));
+        invocation
     }
+}
 
+/// What [`JobStore::acquire`]'s script answered, as an [`Acquired`].
+fn acquired(job_id: &str, owner: &str, epoch: i64) -> Acquired {
+    match epoch {
+        -2 => Acquired::Missing,
+        -1 => Acquired::Finished,
+        0 => Acquired::Held,
+        epoch => {
+            let epoch = u64::try_from(epoch).unwrap_or_default();
+            Acquired::Lease(Lease {
+                job_id: job_id.to_owned(),
+                token: format!("{owner}:{epoch}"),
+                epoch,
+            })
+        }
+    }
+}
+
+impl JobStore {
     /// Extends the lease by `ttl`.
     ///
     /// # Errors
