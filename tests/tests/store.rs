@@ -59,6 +59,19 @@ async fn events(store: &JobStore, job_id: &str) -> anyhow::Result<Vec<JobEvent>>
         .collect()
 }
 
+/// Empties Redis's script cache, as a restart does; returns a connection of
+/// the test's own.
+async fn forget_scripts(redis: &RedisServer) -> anyhow::Result<redis::aio::MultiplexedConnection> {
+    let mut raw = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await?;
+    Ok(raw)
+}
+
 #[tokio::test]
 async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
@@ -314,13 +327,7 @@ async fn a_submission_after_redis_lost_its_scripts_is_whole_and_indexed() -> any
     // As after a restart: the script cache is empty, and a submission
     // without an idempotency key creates and indexes its job in one
     // pipeline, which must load the script and run again.
-    let mut raw = redis::Client::open(redis.url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    let () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut raw)
-        .await?;
+    let mut raw = forget_scripts(&redis).await?;
     let (job_id, duplicate) = store.submit(&spec(), None, None).await?;
     assert!(!duplicate);
     let record = store.get(&job_id).await?.expect("the job was created");
@@ -348,13 +355,7 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
     let store = store(&redis, &nats).await?;
     let (job_id, _) = store.submit(&spec(), None, None).await?;
     // Also after Redis lost its scripts: the pipeline loads it and runs again.
-    let mut raw = redis::Client::open(redis.url())?
-        .get_multiplexed_async_connection()
-        .await?;
-    let () = redis::cmd("SCRIPT")
-        .arg("FLUSH")
-        .query_async(&mut raw)
-        .await?;
+    forget_scripts(&redis).await?;
     let ttl = Duration::from_secs(5);
     let (taken, start) = store.acquire_and_load(&job_id, "a", ttl).await?;
     let Acquired::Lease(lease) = taken else {

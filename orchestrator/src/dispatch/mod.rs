@@ -134,6 +134,15 @@ impl PlannedCall {
 }
 
 impl PlannedCall {
+    /// The call as its dispatch is recorded ([`JobStore::record_dispatch`]).
+    pub(crate) fn dispatched(&self) -> DispatchedCall<'_> {
+        DispatchedCall {
+            event_id: &self.event_id,
+            wire_id: &self.wire_id,
+            name: &self.name,
+        }
+    }
+
     /// What the call's spans name it by.
     pub(crate) fn span_ref(&self) -> spans::CallRef<'_> {
         spans::CallRef {
@@ -437,14 +446,7 @@ impl Dispatcher {
             let step = spans::Step::Attempt(&call.wire_id, attempt);
             spans::commit(trace, step, "record_dispatch")
         });
-        let calls: Vec<DispatchedCall<'_>> = calls
-            .iter()
-            .map(|call| DispatchedCall {
-                event_id: &call.event_id,
-                wire_id: &call.wire_id,
-                name: &call.name,
-            })
-            .collect();
+        let calls: Vec<DispatchedCall<'_>> = calls.iter().map(|call| call.dispatched()).collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
         commit.end();
         Ok(())

@@ -486,14 +486,8 @@ impl JobRun<'_> {
             } else {
                 Vec::new()
             };
-            let dispatched: Vec<DispatchedCall<'_>> = admitted
-                .iter()
-                .map(|call| DispatchedCall {
-                    event_id: &call.event_id,
-                    wire_id: &call.wire_id,
-                    name: &call.name,
-                })
-                .collect();
+            let dispatched: Vec<DispatchedCall<'_>> =
+                admitted.iter().map(PlannedCall::dispatched).collect();
             let (results, items) =
                 progress.items[progress.stored..].split_at(start - progress.stored);
             let checkpoint = TurnCheckpoint {
