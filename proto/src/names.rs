@@ -134,7 +134,10 @@ impl RedisKeys {
         call_id: &str,
         attempt: u32,
     ) -> String {
-        self.job_key(job_id, &format!("tool:{tool}:{kind}:{call_id}:{attempt}"))
+        // One `format!`, not the job key's and another inside it: four of
+        // these keys are built for every call a worker claims.
+        let prefix = &self.prefix;
+        format!("{prefix}:{{{job_id}}}:tool:{tool}:{kind}:{call_id}:{attempt}")
     }
 
     /// The claim of one call attempt: the worker executing it, with a lease TTL.
