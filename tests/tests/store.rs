@@ -83,8 +83,9 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     let (job_id, _) = store.submit(&spec(), None, trace.as_ref()).await?;
     assert_eq!(store.get(&job_id).await?.unwrap().trace, trace);
     let Acquired::Lease(lease) = store
-        .acquire(&job_id, "replica-a", Duration::from_secs(5))
+        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(5))
         .await?
+        .0
     else {
         panic!("a queued job's lease is free");
     };
@@ -126,7 +127,8 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             &[dispatched],
         )
         .await?;
-    assert_eq!(store.offered_tools(&job_id).await?, [echo]);
+    let start = store.load_run(&job_id).await?.expect("the job");
+    assert_eq!(start.offered, [echo]);
     assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
     // A retry records its attempt on its own.
     store.record_dispatch(&lease, &[dispatched], 2).await?;
@@ -258,7 +260,11 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;
     let (job_id, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store.acquire(&job_id, "r", Duration::from_secs(5)).await? else {
+    let Acquired::Lease(lease) = store
+        .acquire_and_load(&job_id, "r", Duration::from_secs(5))
+        .await?
+        .0
+    else {
         panic!("the lease is free");
     };
     // The commit script writes its lists in chunks (512 values per
@@ -406,7 +412,11 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
 
     // A running job is only asked; its runner ends it.
     let (running, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store.acquire(&running, "r", Duration::from_secs(5)).await? else {
+    let Acquired::Lease(lease) = store
+        .acquire_and_load(&running, "r", Duration::from_secs(5))
+        .await?
+        .0
+    else {
         panic!("the lease is free");
     };
     store.start(&lease, "r", false).await?;
@@ -477,25 +487,27 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
     );
 
     let Acquired::Lease(zombie) = store
-        .acquire(&job_id, "replica-a", Duration::from_millis(200))
+        .acquire_and_load(&job_id, "replica-a", Duration::from_millis(200))
         .await?
+        .0
     else {
         panic!("the first runner gets the lease");
     };
     assert_eq!(
         store
-            .acquire(&job_id, "replica-b", Duration::from_secs(5))
-            .await?,
+            .acquire_and_load(&job_id, "replica-b", Duration::from_secs(5))
+            .await?
+            .0,
         Acquired::Held
     );
     // replica-a stalls past its lease; replica-b takes over with a higher epoch.
     let taker =
         toolfleet_tests::wait_until("the lease to expire", Duration::from_secs(5), || async {
             match store
-                .acquire(&job_id, "replica-b", Duration::from_secs(5))
+                .acquire_and_load(&job_id, "replica-b", Duration::from_secs(5))
                 .await
             {
-                Ok(Acquired::Lease(lease)) => Some(lease),
+                Ok((Acquired::Lease(lease), _)) => Some(lease),
                 _ => None,
             }
         })

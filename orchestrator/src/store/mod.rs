@@ -496,7 +496,7 @@ impl JobStore {
 
     /// What a run starts from, read in one round trip: the job record (`None`
     /// for an unknown or expired job), the manifests its model was offered
-    /// ([`offered_tools`](Self::offered_tools)) and its conversation
+    /// and its conversation
     /// ([`items`](Self::items)).
     ///
     /// # Errors
@@ -871,30 +871,12 @@ impl JobStore {
         }
     }
 
-    /// Takes the job's lease for `owner` for `ttl`, with the next epoch. See
+    /// Takes the job's lease for `owner` for `ttl`, with the next epoch (see
     /// [`Acquired`] for a lease held elsewhere, a job that already ended and
-    /// one whose state is gone.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn acquire(
-        &self,
-        job_id: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<Acquired, Error> {
-        let epoch: i64 = self
-            .acquisition(job_id, owner, ttl)
-            .invoke_async(&mut self.conn())
-            .await?;
-        Ok(acquired(job_id, owner, epoch))
-    }
-
-    /// [`acquire`](Self::acquire), and with the lease what the run starts
-    /// from ([`load_run`](Self::load_run)), in one round trip: the reads
-    /// follow the lease in one pipeline, so they see the job as its new
-    /// holder does. The start is `None` without a lease, and when the job's
+    /// one whose state is gone), and with the lease what the run starts from
+    /// ([`load_run`](Self::load_run)), in one round trip: the reads follow
+    /// the lease in one pipeline, so they see the job as its new holder
+    /// does. The start is `None` without a lease, and when the job's
     /// state does not parse (the run's own read then says why).
     ///
     /// # Errors
@@ -906,7 +888,12 @@ impl JobStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
-        let acquisition = self.acquisition(job_id, owner, ttl);
+        let mut acquisition = scripts::ACQUIRE.prepare_invoke();
+        acquisition
+            .key(self.keys.job(job_id))
+            .key(self.keys.job_lease(job_id))
+            .arg(owner)
+            .arg(millis(ttl));
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
@@ -921,24 +908,10 @@ impl JobStore {
         };
         Ok((acquired, start))
     }
-
-    fn acquisition(
-        &self,
-        job_id: &str,
-        owner: &str,
-        ttl: Duration,
-    ) -> redis::ScriptInvocation<'static> {
-        let mut invocation = scripts::ACQUIRE.prepare_invoke();
-        invocation
-            .key(self.keys.job(job_id))
-            .key(self.keys.job_lease(job_id))
-            .arg(owner)
-            .arg(millis(ttl));
-        invocation
-    }
 }
 
-/// What [`JobStore::acquire`]'s script answered, as an [`Acquired`].
+/// What the lease script of [`JobStore::acquire_and_load`] answered, as an
+/// [`Acquired`].
 fn acquired(job_id: &str, owner: &str, epoch: i64) -> Acquired {
     match epoch {
         -2 => Acquired::Missing,
@@ -1038,19 +1011,6 @@ impl JobStore {
         let mut commit = Commit::of_turn(turn);
         commit.dispatched(dispatched, 1);
         self.commit(lease, commit).await
-    }
-
-    /// The manifests of every tool the job's model was offered so far.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`], or [`Error::Corrupt`] for a manifest that does not
-    /// parse.
-    pub async fn offered_tools(&self, job_id: &str) -> Result<Vec<ToolManifest>, Error> {
-        let key = self.keys.job_tools(job_id);
-        let stored: HashMap<String, String> =
-            read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
-        parse_manifests(job_id, &stored)
     }
 
     /// Keeps `manifest` in the tool catalog (the newest one a worker
@@ -1382,7 +1342,7 @@ impl<'a> Commit<'a> {
     }
 }
 
-/// Result of [`JobStore::acquire`].
+/// Result of [`JobStore::acquire_and_load`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Acquired {
     /// The lease is ours.
