@@ -25,6 +25,11 @@ pub struct OrchestratorOptions {
     /// Identity of this replica in job leases. Default: empty, which means
     /// `<hostname>-<pid>-<random>`.
     pub instance_id: String,
+    /// Threads that run this process's tasks; 0 means one per CPU the
+    /// process may use (its cgroup's CPU limit included), and 1 a
+    /// single-threaded runtime, the cheapest where several busy processes
+    /// share few cores. Default: 0.
+    pub threads: usize,
     /// NATS connection.
     pub nats: NatsOptions,
     /// Redis connection and key layout.
@@ -162,6 +167,7 @@ impl Default for RegistryOptions {
 }
 
 const ENV_KEYS: &[&str] = &[
+    "threads",
     "instance_id",
     "nats",
     "redis",

@@ -56,8 +56,7 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let Flags {
         command,
         service,
@@ -75,22 +74,26 @@ async fn main() -> ExitCode {
         .set("setup.tools", tools)
         .into_value();
     let options = OrchestratorOptions::load(service.config.as_deref(), overrides);
-    // With --print-config, a subcommand only prints the configuration it
-    // would run with: it never touches JetStream.
-    match command {
-        Some(Command::Setup { .. }) if !service.print_config => return set_up(options).await,
-        Some(Command::Healthcheck { live }) if !service.print_config => {
-            return binary::healthcheck("toolfleet-orchestrator", options, live).await;
+    let threads = options.as_ref().map_or(0, |options| options.threads);
+    binary::block_on(threads, async move {
+        // With --print-config, a subcommand only prints the configuration it
+        // would run with: it never touches JetStream.
+        match command {
+            Some(Command::Setup { .. }) if !service.print_config => set_up(options).await,
+            Some(Command::Healthcheck { live }) if !service.print_config => {
+                binary::healthcheck("toolfleet-orchestrator", options, live).await
+            }
+            _ => {
+                binary::run(
+                    "toolfleet-orchestrator",
+                    options,
+                    service.print_config,
+                    serve,
+                )
+                .await
+            }
         }
-        _ => {}
-    }
-    binary::run(
-        "toolfleet-orchestrator",
-        options,
-        service.print_config,
-        serve,
-    )
-    .await
+    })
 }
 
 async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result<()> {

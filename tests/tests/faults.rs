@@ -72,11 +72,17 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
     Ok(())
 }
 
+/// The workers and the orchestrator run single-threaded (`threads = 1`), as
+/// `toolfleet bench --processes` runs them: the guarantees hold in that
+/// shape too (the other fault tests run the default one).
 #[tokio::test]
 async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyhow::Result<()> {
     const JOBS: usize = 100;
-    let mut fleet = Fleet::start_with(3, FAST_REDELIVERY).await?;
-    fleet.spawn_orchestrator(&[]).await?;
+    const SINGLE_THREADED: (&str, &str) = ("TOOLFLEET_THREADS", "1");
+    let mut worker_env = FAST_REDELIVERY.to_vec();
+    worker_env.push(SINGLE_THREADED);
+    let mut fleet = Fleet::start_with(3, &worker_env).await?;
+    fleet.spawn_orchestrator(&[SINGLE_THREADED]).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
     let api = fleet.api(0).await?;
 

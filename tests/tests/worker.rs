@@ -543,11 +543,29 @@ async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() ->
 /// nothing to do hold none.
 #[tokio::test]
 async fn a_busy_tool_gets_every_slot_while_the_other_tools_are_idle() -> anyhow::Result<()> {
+    busy_tool_takes_every_slot(&[]).await?;
+    Ok(())
+}
+
+/// On a single-threaded runtime (`threads = 1`) the worker still runs its
+/// I/O-bound calls at once, every slot of them.
+#[tokio::test]
+async fn a_single_threaded_worker_still_runs_every_slot_at_once() -> anyhow::Result<()> {
+    let fleet = busy_tool_takes_every_slot(&[("TOOLFLEET_THREADS", "1")]).await?;
+    // The configuration it logged at start.
+    assert_eq!(fleet.count_in_worker_logs(r#""threads":1,"#), 1);
+    Ok(())
+}
+
+/// Runs four calls per slot of `measure_concurrency` on one worker started
+/// with `env`, and checks that as many ran at once as it has slots.
+async fn busy_tool_takes_every_slot(env: &[(&str, &str)]) -> anyhow::Result<Fleet> {
     const SLOTS: usize = 8;
     const CALLS: usize = 4 * SLOTS;
     let slots = SLOTS.to_string();
-    let fleet =
-        Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.as_str())]).await?;
+    let mut env = env.to_vec();
+    env.push(("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.as_str()));
+    let fleet = Fleet::start_with(1, &env).await?;
     let mut results = fleet.results("job-busy").await?;
     for n in 0..CALLS {
         let busy = call(
@@ -568,7 +586,7 @@ async fn a_busy_tool_gets_every_slot_while_the_other_tools_are_idle() -> anyhow:
         most, SLOTS as i64,
         "the busy tool ran at most {most} calls at once on {SLOTS} slots"
     );
-    Ok(())
+    Ok(fleet)
 }
 
 #[tokio::test]

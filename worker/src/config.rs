@@ -27,6 +27,11 @@ pub struct WorkerOptions {
     /// Identity of this process in the registry and in claims. Default: empty,
     /// which means `<hostname>-<pid>-<random>`.
     pub worker_id: String,
+    /// Threads that run this process's tasks; 0 means one per CPU the
+    /// process may use (its cgroup's CPU limit included), and 1 a
+    /// single-threaded runtime, the cheapest where several busy processes
+    /// share few cores. Default: 0.
+    pub threads: usize,
     /// NATS connection.
     pub nats: NatsOptions,
     /// Redis connection and key layout.
@@ -139,6 +144,7 @@ impl Default for RegistryOptions {
 /// Top-level keys that `TOOLFLEET_*` variables may set. Other `TOOLFLEET_*`
 /// variables (the orchestrator's, the test harness's) are ignored.
 const ENV_KEYS: &[&str] = &[
+    "threads",
     "worker_id",
     "nats",
     "redis",

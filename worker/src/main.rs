@@ -51,8 +51,7 @@ enum Command {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let flags = Flags::parse();
     let overrides = flags
         .service
@@ -64,19 +63,22 @@ async fn main() -> ExitCode {
         .set("kg.graph_path", flags.kg_graph.as_ref())
         .into_value();
     let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
-    // With --print-config, `healthcheck` only prints the configuration.
-    if let Some(Command::Healthcheck { live }) = flags.command
-        && !flags.service.print_config
-    {
-        return binary::healthcheck("toolfleet-worker", options, live).await;
-    }
-    binary::run(
-        "toolfleet-worker",
-        options,
-        flags.service.print_config,
-        serve,
-    )
-    .await
+    let threads = options.as_ref().map_or(0, |options| options.threads);
+    binary::block_on(threads, async move {
+        // With --print-config, `healthcheck` only prints the configuration.
+        if let Some(Command::Healthcheck { live }) = flags.command
+            && !flags.service.print_config
+        {
+            return binary::healthcheck("toolfleet-worker", options, live).await;
+        }
+        binary::run(
+            "toolfleet-worker",
+            options,
+            flags.service.print_config,
+            serve,
+        )
+        .await
+    })
 }
 
 async fn serve(options: WorkerOptions, process: Process) -> anyhow::Result<()> {

@@ -21,7 +21,7 @@ use crate::output::outln;
 use crate::supervisor::otlp::Collector;
 use crate::supervisor::wait_until;
 use accounting::{Accounting, Probe, Sources};
-use processes::ProcessFleet;
+use processes::{FleetShape, ProcessFleet};
 
 mod accounting;
 mod processes;
@@ -67,6 +67,11 @@ pub(crate) struct BenchArgs {
     /// the worker's own default.
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
+    /// Threads of the orchestrator and of each worker (`threads`; 0: one per
+    /// CPU). Default: 1, the cheapest shape for five busy processes on a few
+    /// cores.
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "processes")]
+    threads: usize,
     /// Jobs the orchestrator runs at once (`runner.max_jobs`). Default: the
     /// orchestrator's own default (64).
     #[arg(long, value_name = "N", conflicts_with = "target")]
@@ -154,6 +159,9 @@ struct Report {
     /// Finished jobs Redis held before the load (`--stored-jobs`), besides
     /// the warm-up's.
     stored_jobs: usize,
+    /// The `threads` of the orchestrator and the workers (`--threads`), when
+    /// they ran as processes of their own.
+    threads: Option<usize>,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -196,12 +204,18 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let processes = if args.processes {
         eprintln!(
             "starting a fleet of processes (nats-server, redis-server, 1 orchestrator, \
-             {workers} workers serving every tool)..."
+             {workers} workers serving every tool; threads = {})...",
+            args.threads
         );
         let tool = Workload::of(&args).tool();
-        let servers = (&telemetry, args.fsync_always);
-        let slots = (args.max_in_flight, args.max_jobs);
-        Some(ProcessFleet::start(workers, slots, tool, servers).await?)
+        let shape = FleetShape {
+            workers,
+            max_in_flight: args.max_in_flight,
+            max_jobs: args.max_jobs,
+            threads: args.threads,
+            fsync_always: args.fsync_always,
+        };
+        Some(ProcessFleet::start(&shape, tool, &telemetry).await?)
     } else {
         None
     };
@@ -368,6 +382,7 @@ async fn measure(
         tool: tool.name(),
         tls: ca_file.is_some(),
         stored_jobs: args.stored_jobs.unwrap_or(0),
+        threads: args.processes.then_some(args.threads),
         jobs: args.jobs,
         concurrency: args.concurrency,
         calls_per_round: args.calls,

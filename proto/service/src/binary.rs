@@ -52,14 +52,16 @@ pub trait ServiceOptions: Serialize {
     fn metrics(&self) -> &MetricsOptions;
     /// OpenTelemetry export.
     fn telemetry(&self) -> &TelemetryOptions;
+    /// The `threads` key: see [`block_on`].
+    fn threads(&self) -> usize;
     /// The options fit for printing and logging: every password in a URL
     /// hidden (secret fields are never serialized at all).
     fn redacted(&self) -> Self;
 }
 
 /// Implements [`ServiceOptions`] for an options struct (which must be
-/// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`,
-/// `telemetry` and `log`. A macro rather than a default method because the sections are
+/// `Clone`) with the keys every service has: `threads`, and the sections
+/// `nats`, `redis`, `metrics`, `telemetry` and `log`. A macro rather than a default method because the sections are
 /// fields of each service's own struct.
 #[macro_export]
 macro_rules! service_options {
@@ -75,6 +77,10 @@ macro_rules! service_options {
 
             fn telemetry(&self) -> &$crate::config::TelemetryOptions {
                 &self.telemetry
+            }
+
+            fn threads(&self) -> usize {
+                self.threads
             }
 
             fn redacted(&self) -> Self {
@@ -203,4 +209,35 @@ where
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a binary's `main` on the runtime its `threads` key asks for (0: one
+/// thread per CPU this process may use, its cgroup's limit included). One
+/// thread gets tokio's single-threaded runtime, with no work stealing: where
+/// several busy processes share few cores (the bench runs five on two), the
+/// multi-threaded runtime's threads mostly wake each other, and the
+/// single-threaded one cost the orchestrator about 20% less CPU per job
+/// (docs/performance.md).
+///
+/// # Panics
+///
+/// When the runtime cannot be built (the OS refused a thread or the I/O
+/// driver): nothing can run without it.
+pub fn block_on<F: Future>(threads: usize, main: F) -> F::Output {
+    let threads = match threads {
+        0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        n => n,
+    };
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(threads);
+        builder
+    };
+    builder
+        .enable_all()
+        .build()
+        .expect("the tokio runtime could not be built")
+        .block_on(main)
 }

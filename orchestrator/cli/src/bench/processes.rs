@@ -20,6 +20,21 @@ use crate::supervisor::{
 /// How long each process may take to come up.
 const READY: Duration = Duration::from_secs(60);
 
+/// What fleet to start.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FleetShape {
+    /// Worker processes.
+    pub(super) workers: usize,
+    /// Each worker's `runtime.max_in_flight`, if given.
+    pub(super) max_in_flight: Option<usize>,
+    /// The orchestrator's `runner.max_jobs`, if given.
+    pub(super) max_jobs: Option<std::num::NonZeroUsize>,
+    /// The `threads` of the orchestrator and each worker.
+    pub(super) threads: usize,
+    /// JetStream and Redis fsync every write before acknowledging it.
+    pub(super) fsync_always: bool,
+}
+
 /// The fleet; every process is killed and its dir removed on drop.
 pub(super) struct ProcessFleet {
     /// The orchestrator's gRPC URL.
@@ -35,18 +50,21 @@ pub(super) struct ProcessFleet {
 }
 
 impl ProcessFleet {
-    /// Starts the servers, the orchestrator (running at most `max_jobs` jobs
-    /// at once, if given) and `workers` workers (each with `max_in_flight`
-    /// slots, if given), and returns once the orchestrator
-    /// lists `tool` on every worker. Every process exports traces as
-    /// `telemetry` says; with `fsync_always`, JetStream and Redis fsync every
-    /// write before acknowledging it.
+    /// Starts the servers, the orchestrator and the workers `shape` asks
+    /// for, and returns once the orchestrator lists `tool` on every worker.
+    /// Every process exports traces as `telemetry` says.
     pub(super) async fn start(
-        workers: usize,
-        (max_in_flight, max_jobs): (Option<usize>, Option<std::num::NonZeroUsize>),
+        shape: &FleetShape,
         tool: &str,
-        (telemetry, fsync_always): (&TelemetryOptions, bool),
+        telemetry: &TelemetryOptions,
     ) -> anyhow::Result<Self> {
+        let FleetShape {
+            workers,
+            max_in_flight,
+            max_jobs,
+            threads,
+            fsync_always,
+        } = *shape;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
             .tempdir()
@@ -75,12 +93,12 @@ impl ProcessFleet {
             "--redis-url".to_owned(),
             redis.url(),
         ];
-        let mut tracing = Vec::new();
+        let mut common = vec![("TOOLFLEET_THREADS", threads.to_string())];
         if let Some(endpoint) = &telemetry.otlp_endpoint {
-            tracing.push(("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint.clone()));
+            common.push(("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint.clone()));
         }
         if let Some(ratio) = telemetry.sample_ratio {
-            tracing.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
+            common.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
         }
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
@@ -92,7 +110,7 @@ impl ProcessFleet {
         if let Some(jobs) = max_jobs {
             env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
         }
-        env.extend(tracing.iter().cloned());
+        env.extend(common.iter().cloned());
         let orchestrator = ChildProcess::spawn_with(
             "orchestrator",
             cargo_bin("toolfleet-orchestrator")?,
@@ -110,7 +128,7 @@ impl ProcessFleet {
             }
             let name = format!("worker-{n}");
             let binary = cargo_bin("toolfleet-worker")?;
-            let env = tracing.iter().map(|(k, v)| (*k, v.as_str()));
+            let env = common.iter().map(|(k, v)| (*k, v.as_str()));
             spawned.push(ChildProcess::spawn_with(
                 &name, binary, &args, env, &options,
             )?);
