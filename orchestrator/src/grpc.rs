@@ -6,7 +6,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::{Stream, StreamExt};
+use futures::Stream;
 use serde::{Deserialize, Serialize};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -863,7 +863,7 @@ async fn follow_events(
     job_id: String,
     mut offset: u64,
     mut trace_id: Option<String>,
-    mut wakeups: async_nats::Subscriber,
+    mut wakeups: store::WakeUps,
     tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
 ) {
     const BATCH: usize = 256;
@@ -936,17 +936,10 @@ async fn follow_events(
         }
         // Wait for a wake-up that brings events not read yet; poll anyway
         // now and then, since wake-ups are best effort.
-        check_job = loop {
-            tokio::select! {
-                () = tx.closed() => return,
-                // A subscription that ended wakes nobody: polling goes on.
-                Some(wake_up) = wakeups.next() => {
-                    if store::wake_up_needs_read(&wake_up.payload, offset) {
-                        break false;
-                    }
-                }
-                () = tokio::time::sleep(WATCH_POLL) => break true,
-            }
+        check_job = tokio::select! {
+            () = tx.closed() => return,
+            () = wakeups.past(offset) => false,
+            () = tokio::time::sleep(WATCH_POLL) => true,
         };
     }
 }

@@ -553,3 +553,39 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
     assert_eq!(items[1], ok[0]);
     Ok(())
 }
+
+/// A commit wakes the job's watchers in the writer's own process directly,
+/// and those of other replicas (another store) through NATS; with the bus
+/// gone, the local ones are still woken.
+#[tokio::test]
+async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let (store, other_replica) = (store(&redis, &nats).await?, store(&redis, &nats).await?);
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    let Acquired::Lease(lease) = store
+        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(30))
+        .await?
+        .0
+    else {
+        panic!("a queued job's lease is free");
+    };
+    let mut here = store.subscribe_events(&job_id).await?;
+    let mut there = other_replica.subscribe_events(&job_id).await?;
+    let dispatched = DispatchedCall {
+        event_id: "c1",
+        wire_id: "c1",
+        name: "echo",
+    };
+    let woken = Duration::from_secs(10);
+    // The job had one event (job_queued); the commit adds one.
+    store.record_dispatch(&lease, &[dispatched], 1).await?;
+    tokio::time::timeout(woken, here.past(1)).await?;
+    tokio::time::timeout(woken, there.past(1)).await?;
+    nats.kill();
+    store.record_dispatch(&lease, &[dispatched], 2).await?;
+    tokio::time::timeout(woken, here.past(2))
+        .await
+        .map_err(|_| anyhow::anyhow!("the watcher in the writer's process was not woken"))?;
+    assert_eq!(store.events(&job_id, 0, 10).await?.len(), 3);
+    Ok(())
+}

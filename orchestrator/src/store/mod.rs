@@ -25,6 +25,7 @@
 //! only this module spells a hash field.
 
 mod scripts;
+mod wake_ups;
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -35,6 +36,7 @@ use toolfleet_proto::Envelope;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, RedisKeys};
 use tracing::warn;
+pub use wake_ups::WakeUps;
 
 use crate::job::{
     Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, JobTrace,
@@ -131,6 +133,8 @@ pub struct Event {
 pub struct JobStore {
     redis: ConnectionManager,
     nats: async_nats::Client,
+    /// The watchers in this process, woken without NATS.
+    watchers: std::sync::Arc<wake_ups::LocalWatchers>,
     keys: RedisKeys,
     retention: Duration,
     submission_ttl: Duration,
@@ -157,6 +161,7 @@ impl JobStore {
         Self {
             redis,
             nats,
+            watchers: std::sync::Arc::default(),
             keys,
             retention,
             submission_ttl,
@@ -737,15 +742,16 @@ impl JobStore {
     pub async fn subscribe_events(
         &self,
         job_id: &str,
-    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
-        self.nats.subscribe(names::events_subject(job_id)).await
+    ) -> Result<WakeUps, async_nats::SubscribeError> {
+        WakeUps::subscribe(&self.nats, self.watchers.clone(), job_id).await
     }
 
-    /// Wakes the watchers of `job_id`. Best effort: a watcher that misses it
-    /// reads Redis on its next poll. `events`, when known, is how many events
-    /// the job has now: a watcher that has read that many skips the read
-    /// ([`wake_up_needs_read`]).
+    /// Wakes the watchers of `job_id`, in this process and, through NATS,
+    /// in every other. Best effort: a watcher that misses it reads Redis on
+    /// its next poll. `events`, when known, is how many events the job has
+    /// now: a watcher that has read that many skips the read.
     async fn notify(&self, job_id: &str, events: Option<u64>) {
+        self.watchers.wake(job_id, events);
         let payload = events.map_or_else(bytes::Bytes::new, |n| n.to_string().into());
         let _ = self
             .nats
@@ -1219,17 +1225,6 @@ pub struct SettledCall<'a> {
     pub envelope: &'a Envelope,
 }
 
-/// Whether a wake-up ([`JobStore::subscribe_events`]) may bring events past `offset` (the next one a
-/// watcher reads). A commit's wake-up says how many events the job has; one
-/// that says nothing, or is not a number (it came from anyone on the bus),
-/// is read: a wrong wake-up costs a read, never an event.
-pub fn wake_up_needs_read(payload: &[u8], offset: u64) -> bool {
-    std::str::from_utf8(payload)
-        .ok()
-        .and_then(|events| events.parse::<u64>().ok())
-        .is_none_or(|events| events > offset)
-}
-
 /// Whether the result of call `wire_id` was recorded
 /// ([`JobStore::record_call_results`]), by the [`JobStore::attempts`] of its
 /// job: a resumed round answers it again from the stored envelope, but
@@ -1385,28 +1380,4 @@ fn parse_event(entry: &redis::streams::StreamId) -> Option<Event> {
         timestamp_ms: text("ts").and_then(|t| t.parse().ok()).unwrap_or_default(),
         is_final: text("final").is_some_and(|f| f == "1"),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_wake_up_is_skipped_only_when_it_says_nothing_new_was_written() {
-        // A commit's wake-up: the job now has 5 events (offsets 0 to 4).
-        assert!(wake_up_needs_read(b"5", 4), "offset 4 is not read yet");
-        assert!(!wake_up_needs_read(b"5", 5), "all 5 were read");
-        assert!(!wake_up_needs_read(b"5", 9));
-        // Anything else is read: an empty wake-up (creation, cancel), or
-        // bytes from someone else on the bus.
-        for payload in [
-            &b""[..],
-            b"-1",
-            b"5 ",
-            b"\xff\xfe",
-            b"99999999999999999999999",
-        ] {
-            assert!(wake_up_needs_read(payload, 5), "{payload:?}");
-        }
-    }
 }
