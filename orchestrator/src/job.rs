@@ -343,6 +343,8 @@ pub struct Lease {
     pub token: String,
     /// Incremented by every takeover.
     pub epoch: u64,
+    /// Whether the job ran before this lease (its run resumes).
+    pub resumed: bool,
 }
 
 /// A model turn as it is checkpointed: its output items, and the job's

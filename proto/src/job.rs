@@ -292,6 +292,17 @@ pub struct EventDecodeError {
 }
 
 impl JobEvent {
+    /// The event of a run's start under lease `epoch` by replica `owner`:
+    /// [`JobResumed`](Self::JobResumed) when the job ran before, else
+    /// [`JobStarted`](Self::JobStarted).
+    pub fn run_started(epoch: u64, owner: String, resumed: bool) -> Self {
+        if resumed {
+            Self::JobResumed { epoch, owner }
+        } else {
+            Self::JobStarted { epoch, owner }
+        }
+    }
+
     /// The wire kind, e.g. `tool_call_result`.
     pub fn kind(&self) -> &'static str {
         match self {

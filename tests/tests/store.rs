@@ -89,7 +89,8 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     else {
         panic!("a queued job's lease is free");
     };
-    store.start(&lease, "replica-a", false).await?;
+    // Taking the lease started the run.
+    assert!(!lease.resumed);
     assert_eq!(
         store.get(&job_id).await?.unwrap().status,
         JobStatus::Running
@@ -202,7 +203,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
 
     // Nothing is written after the end, even with the lease that ended it.
     assert!(matches!(
-        store.start(&lease, "replica-a", true).await,
+        store.record_dispatch(&lease, &[dispatched], 3).await,
         Err(Error::LeaseLost(_))
     ));
     assert!(matches!(
@@ -305,23 +306,24 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     let attempts = store.attempts(&job_id).await?;
     assert_eq!(attempts.len(), 700);
     assert!(ids.iter().all(|id| attempts.get(id) == Some(&1)));
-    // job_queued, model_turn, then a dispatch per call, numbered on.
+    // job_queued, job_started, model_turn, then a dispatch per call,
+    // numbered on.
     let stored = store.events(&job_id, 0, 1000).await?;
-    assert_eq!(stored.len(), 702);
+    assert_eq!(stored.len(), 703);
     for (offset, event) in stored.iter().enumerate() {
         assert_eq!(event.offset, offset as u64);
     }
     assert!(
-        stored[701].data.contains(r#""call_id":"w699""#),
+        stored[702].data.contains(r#""call_id":"w699""#),
         "{:?}",
-        stored[701]
+        stored[702]
     );
     // The next commit numbers its events after them.
     store
         .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
         .await?;
     let last = store.last_event(&job_id).await?.expect("the final event");
-    assert_eq!((last.offset, last.is_final), (702, true));
+    assert_eq!((last.offset, last.is_final), (703, true));
     Ok(())
 }
 
@@ -367,9 +369,10 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
     let Acquired::Lease(lease) = taken else {
         panic!("the lease is free: {taken:?}");
     };
-    assert_eq!(lease.epoch, 1);
+    assert_eq!((lease.epoch, lease.resumed), (1, false));
     let start = start.expect("the holder reads where the run starts");
-    assert_eq!(start.record.status, JobStatus::Queued);
+    // Taking the lease started the run, and the holder reads it so.
+    assert_eq!(start.record.status, JobStatus::Running);
     assert_eq!(
         start.items,
         [Item::User {
@@ -378,15 +381,37 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
     );
     assert!(start.offered.is_empty());
     // Another runner gets neither the lease nor the job's state.
-    let (held, start) = store.acquire_and_load(&job_id, "b", ttl).await?;
+    let other = r#"replica "b""#;
+    let (held, start) = store.acquire_and_load(&job_id, other, ttl).await?;
     assert!(
         matches!(held, Acquired::Held) && start.is_none(),
         "{held:?}"
     );
+    // Once the lease is free, it resumes the run (any replica id goes into
+    // the event's data as JSON).
+    store.release(&lease).await?;
+    let (taken, _) = store.acquire_and_load(&job_id, other, ttl).await?;
+    let Acquired::Lease(lease) = taken else {
+        panic!("the lease was released: {taken:?}");
+    };
+    assert_eq!((lease.epoch, lease.resumed), (2, true));
+    assert_eq!(
+        events(&store, &job_id).await?[1..],
+        [
+            JobEvent::JobStarted {
+                epoch: 1,
+                owner: "a".into()
+            },
+            JobEvent::JobResumed {
+                epoch: 2,
+                owner: other.into()
+            }
+        ]
+    );
     store
         .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
         .await?;
-    let (finished, start) = store.acquire_and_load(&job_id, "b", ttl).await?;
+    let (finished, start) = store.acquire_and_load(&job_id, other, ttl).await?;
     assert!(matches!(finished, Acquired::Finished) && start.is_none());
     let (missing, start) = store.acquire_and_load("acme-nothing", "b", ttl).await?;
     assert!(matches!(missing, Acquired::Missing) && start.is_none());
@@ -419,7 +444,6 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     else {
         panic!("the lease is free");
     };
-    store.start(&lease, "r", false).await?;
     assert_eq!(store.cancel(&running).await?, Some(JobStatus::Running));
     assert!(store.cancel_requested(&running).await?);
     let results = [Item::ToolResult {
@@ -577,15 +601,15 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
         name: "echo",
     };
     let woken = Duration::from_secs(10);
-    // The job had one event (job_queued); the commit adds one.
+    // The job had two events (job_queued, job_started); the commit adds one.
     store.record_dispatch(&lease, &[dispatched], 1).await?;
-    tokio::time::timeout(woken, here.past(1)).await?;
-    tokio::time::timeout(woken, there.past(1)).await?;
+    tokio::time::timeout(woken, here.past(2)).await?;
+    tokio::time::timeout(woken, there.past(2)).await?;
     nats.kill();
     store.record_dispatch(&lease, &[dispatched], 2).await?;
-    tokio::time::timeout(woken, here.past(2))
+    tokio::time::timeout(woken, here.past(3))
         .await
         .map_err(|_| anyhow::anyhow!("the watcher in the writer's process was not woken"))?;
-    assert_eq!(store.events(&job_id, 0, 10).await?.len(), 3);
+    assert_eq!(store.events(&job_id, 0, 10).await?.len(), 4);
     Ok(())
 }

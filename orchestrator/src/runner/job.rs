@@ -16,7 +16,7 @@ use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, RoundError};
 use crate::job::{
-    Ending, Item, JobErrorCode, JobRef, JobSpec, JobStatus, Lease, ToolManifest, TurnCheckpoint,
+    Ending, Item, JobErrorCode, JobEvent, JobRef, JobSpec, Lease, ToolManifest, TurnCheckpoint,
     WireIds, now_ms,
 };
 use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
@@ -168,6 +168,8 @@ pub(super) struct JobRun<'a> {
     pub(super) message: &'a jetstream::Message,
     /// When the job was submitted (Unix ms), once the run has read it.
     pub(super) created_at_ms: AtomicU64,
+    /// When the runner asked for the lease, which started the run.
+    pub(super) taken_at: std::time::SystemTime,
 }
 
 impl JobRun<'_> {
@@ -272,15 +274,16 @@ impl JobRun<'_> {
         }
         self.created_at_ms
             .store(record.created_at_ms, Ordering::Relaxed);
-        let resumed = record.status != JobStatus::Queued;
-        if resumed {
+        // Taking the lease started the run.
+        let (lease, owner) = (&self.lease, &self.runner.owner);
+        if lease.resumed {
             crate::metrics::job_resumed();
         }
-        let (lease, owner) = (&self.lease, &self.runner.owner);
-        let started = spans::run(trace, job_id, lease.epoch, owner, resumed);
-        let kind = store.start(lease, owner, resumed).await?;
+        let mut started = spans::run(trace, job_id, lease.epoch, owner, lease.resumed);
+        started.started_at(self.taken_at);
         started.end();
-        info!(kind, "job running");
+        let event = JobEvent::run_started(lease.epoch, owner.clone(), lease.resumed);
+        info!(kind = event.kind(), "job running");
         let spec = &record.spec;
         let provider = match self.runner.providers.for_job(spec) {
             Ok(provider) => provider,

@@ -215,7 +215,9 @@ impl Runner {
         message: &jetstream::Message,
         abandon: CancellationToken,
     ) -> Delivery {
-        // The lease and what the run starts from, in one round trip.
+        // The lease, the run's start and what it starts from, in one round
+        // trip.
+        let taken_at = std::time::SystemTime::now();
         let taken = self
             .store
             .acquire_and_load(job_id, &self.owner, self.options.lease_ttl)
@@ -241,6 +243,7 @@ impl Runner {
             lease: lease.clone(),
             message,
             created_at_ms: Default::default(),
+            taken_at,
         };
         match run.drive(abandon, start).await {
             Ok(()) => Delivery::Done,

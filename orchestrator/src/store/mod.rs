@@ -19,10 +19,11 @@
 //!
 //! Finished jobs expire after the retention.
 //!
-//! The store speaks in verbs of the job's life ([`JobStore::start`],
-//! [`JobStore::record_turn`], [`JobStore::record_dispatch`],
-//! [`JobStore::record_call_results`], [`JobStore::finish`]): each is one Lua commit fenced by the lease, and
-//! only this module spells a hash field.
+//! The store speaks in verbs of the job's life: taking the lease starts a
+//! run ([`JobStore::acquire_and_load`]); [`JobStore::record_turn`],
+//! [`JobStore::record_dispatch`], [`JobStore::record_call_results`] and
+//! [`JobStore::finish`] are each one Lua commit fenced by the lease. Only
+//! this module spells a hash field.
 
 mod scripts;
 mod wake_ups;
@@ -879,10 +880,12 @@ impl JobStore {
 
     /// Takes the job's lease for `owner` for `ttl`, with the next epoch (see
     /// [`Acquired`] for a lease held elsewhere, a job that already ended and
-    /// one whose state is gone), and with the lease what the run starts from
-    /// ([`load_run`](Self::load_run)), in one round trip: the reads follow
-    /// the lease in one pipeline, so they see the job as its new holder
-    /// does. The start is `None` without a lease, and when the job's
+    /// one whose state is gone), and starts the run: the job is running, with
+    /// its `job_started` event (`job_resumed` when it ran before, as
+    /// [`Lease::resumed`] says). With the lease comes what the run starts
+    /// from ([`load_run`](Self::load_run)), all in one round trip: the reads
+    /// follow the lease in one pipeline, so they see the job as its new
+    /// holder does. The start is `None` without a lease, and when the job's
     /// state does not parse (the run's own read then says why).
     ///
     /// # Errors
@@ -894,31 +897,72 @@ impl JobStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
+        let (started, resumed) = (StartEvent::new(owner, false), StartEvent::new(owner, true));
         let mut acquisition = scripts::ACQUIRE.prepare_invoke();
         acquisition
             .key(self.keys.job(job_id))
             .key(self.keys.job_lease(job_id))
+            .key(self.keys.job_events(job_id))
             .arg(owner)
-            .arg(millis(ttl));
+            .arg(millis(ttl))
+            .arg(now_ms())
+            .arg(started.kind)
+            .arg(resumed.kind)
+            .arg(&started.before_epoch)
+            .arg(&started.after_epoch);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
-        let (epoch, fields, offered, items): (i64, Fields, Fields, Vec<String>) =
-            self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
-        let acquired = acquired(job_id, owner, epoch);
+        let ((epoch, events, resumed), fields, offered, items): (
+            (i64, u64, u8),
+            Fields,
+            Fields,
+            Vec<String>,
+        ) = self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
+        let acquired = acquired(job_id, owner, epoch, resumed == 1);
         let start = match acquired {
-            Acquired::Lease(_) => parse_run_start(job_id, &fields, &offered, &items)
-                .ok()
-                .flatten(),
+            Acquired::Lease(_) => {
+                self.notify(job_id, Some(events)).await;
+                parse_run_start(job_id, &fields, &offered, &items)
+                    .ok()
+                    .flatten()
+            }
             _ => None,
         };
         Ok((acquired, start))
     }
 }
 
+/// The event that starts a run, as the lease script writes it: its kind,
+/// and its data around the epoch, which only the script knows.
+struct StartEvent {
+    kind: &'static str,
+    before_epoch: String,
+    after_epoch: String,
+}
+
+impl StartEvent {
+    fn new(owner: &str, resumed: bool) -> Self {
+        // The data of an event with an epoch no lease reaches, cut where that
+        // epoch is: its first digits in the text, since `epoch` is the data's
+        // first field (serde_json orders fields by name).
+        const PLACEHOLDER: u64 = u64::MAX;
+        let event = JobEvent::run_started(PLACEHOLDER, owner.to_owned(), resumed);
+        let data = event.data_json();
+        let (before_epoch, after_epoch) = data
+            .split_once(&PLACEHOLDER.to_string())
+            .expect("the event's data holds its epoch");
+        Self {
+            kind: event.kind(),
+            before_epoch: before_epoch.to_owned(),
+            after_epoch: after_epoch.to_owned(),
+        }
+    }
+}
+
 /// What the lease script of [`JobStore::acquire_and_load`] answered, as an
 /// [`Acquired`].
-fn acquired(job_id: &str, owner: &str, epoch: i64) -> Acquired {
+fn acquired(job_id: &str, owner: &str, epoch: i64, resumed: bool) -> Acquired {
     match epoch {
         -2 => Acquired::Missing,
         -1 => Acquired::Finished,
@@ -929,6 +973,7 @@ fn acquired(job_id: &str, owner: &str, epoch: i64) -> Acquired {
                 job_id: job_id.to_owned(),
                 token: format!("{owner}:{epoch}"),
                 epoch,
+                resumed,
             })
         }
     }
@@ -966,37 +1011,6 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         Ok(())
-    }
-
-    /// Marks the job running under `lease` (`job_started`, or `job_resumed`
-    /// when another runner had it before); returns the event kind written.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn start(
-        &self,
-        lease: &Lease,
-        owner: &str,
-        resumed: bool,
-    ) -> Result<&'static str, Error> {
-        let (epoch, owner) = (lease.epoch, owner.to_owned());
-        let event = if resumed {
-            JobEvent::JobResumed { epoch, owner }
-        } else {
-            JobEvent::JobStarted { epoch, owner }
-        };
-        let kind = event.kind();
-        self.commit(
-            lease,
-            Commit {
-                events: vec![event],
-                status: Some(JobStatus::Running),
-                ..Commit::default()
-            },
-        )
-        .await?;
-        Ok(kind)
     }
 
     /// Checkpoints a model turn: the results before it, its items, its

@@ -58,20 +58,32 @@ return 1
     )
 });
 
-/// KEYS: job, lease. ARGV: owner, ttl_ms.
-/// Takes the lease if it is free and the job is not finished. Returns the new
-/// epoch, 0 if another runner holds it, -1 if the job is finished, -2 if it is
-/// missing.
+/// KEYS: job, lease, events. ARGV: owner, ttl_ms, now_ms, the kinds of the
+/// events of a first run and of a resumed one, and the event's data before
+/// and after its epoch.
+/// Takes the lease if it is free and the job is not finished, and starts
+/// the run in the same step: the job is running, with a `job_started` event
+/// (`job_resumed` when it ran before). Returns `{epoch, events, resumed}`:
+/// the new epoch (0 if another runner holds the lease, -1 if the job is
+/// finished, -2 if it is missing; nothing is written then), the number of
+/// events the job has, and 1 when the run resumes.
 pub(super) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return -2 end
-if $ENDED then return -1 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if not status then return {-2, 0, 0} end
+if $ENDED then return {-1, 0, 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0} end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
-return epoch
+local resumed = 0
+local kind = ARGV[4]
+if status ~= '$QUEUED' then resumed = 1; kind = ARGV[5] end
+redis.call('HSET', KEYS[1], 'status', '$RUNNING')
+local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
+redis.call('XADD', KEYS[3], '0-' .. events, 'kind', kind, 'data', ARGV[6] .. epoch .. ARGV[7],
+           'ts', ARGV[3], 'final', '0')
+return {epoch, events, resumed}
 ",
     )
 });
