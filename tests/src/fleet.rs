@@ -561,6 +561,9 @@ pub async fn wait_finished(api: &ApiClient, job_id: &str) -> anyhow::Result<v1::
     tokio::time::timeout(Duration::from_secs(120), async {
         while let Some(event) = events.next().await {
             if event?.r#final {
+                // Read the stream's end rather than reset it by dropping it
+                // (docs/api.md).
+                let _ = events.next().await;
                 break;
             }
         }

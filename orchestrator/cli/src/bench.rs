@@ -526,6 +526,9 @@ async fn run_job(
             round_trips.push(Duration::from_micros(us));
         }
         if event.r#final {
+            // Read the stream's end rather than reset it by dropping it: a
+            // connection that resets too many streams is closed (docs/api.md).
+            let _ = events.next().await;
             anyhow::ensure!(
                 matches!(decoded, Ok(JobEvent::JobSucceeded { .. })),
                 "job {job_id} ended with {}: {}",

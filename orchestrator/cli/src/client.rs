@@ -630,6 +630,9 @@ async fn each_event(
         on_event(&event)?;
         next = event.offset.saturating_add(1);
         if event.r#final {
+            // The server ends the stream after it: read that end, rather
+            // than reset the stream by dropping it (docs/api.md).
+            let _ = events.message().await;
             return Ok(event);
         }
     }
