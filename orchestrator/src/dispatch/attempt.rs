@@ -250,8 +250,13 @@ impl Dispatcher {
         let Round {
             lease, spec, stop, ..
         } = round;
-        let mut poll = tokio::time::interval(self.options.poll_interval);
-        poll.tick().await; // the first tick is immediate; the caller just looked
+        // The first look at Redis is a period away: the caller just looked,
+        // or just published. Not `interval`'s immediate first tick: awaiting
+        // it goes through the timer wheel, which fires on the next
+        // millisecond, and on a busy thread that held every result reply
+        // for about a millisecond.
+        let period = self.options.poll_interval;
+        let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
         loop {
