@@ -162,6 +162,9 @@ pub fn to_status(err: &store::Error) -> Status {
              request",
             excerpt(key, ECHO_CHARS)
         )),
+        // Only a round's result commit meets it, and the round reads the
+        // stored result instead; no request answers with it.
+        store::Error::ResultMismatch(_) => Status::internal("a tool result was inconsistent"),
         store::Error::Corrupt { job_id, .. } => {
             warn!(error = %err, "corrupt job record");
             Status::internal(format!("the record of job {job_id} is unreadable"))

@@ -428,7 +428,7 @@ pub struct Received {
     pub call_id: String,
     /// Whether the worker answered from the stored result.
     pub dedup_hit: bool,
-    /// The envelope JSON exactly as published.
+    /// The envelope of the published record, as JSON.
     pub body: String,
     /// The parsed envelope.
     pub envelope: Envelope,
@@ -453,9 +453,12 @@ impl Results {
         let dedup_hit = headers
             .get(names::headers::DEDUP_HIT)
             .is_some_and(|v| v.as_str() == "true");
-        let body = String::from_utf8(message.payload.to_vec())?;
-        let envelope = serde_json::from_str(&body)
-            .with_context(|| format!("result is not an envelope: {body}"))?;
+        // The stored record, as the worker's ledger holds it.
+        let stored = String::from_utf8(message.payload.to_vec())?;
+        let envelope = serde_json::from_str::<StoredResult>(&stored)
+            .with_context(|| format!("result is not a stored record: {stored}"))?
+            .envelope;
+        let body = envelope.to_json();
         Ok(Received {
             call_id,
             dedup_hit,

@@ -993,11 +993,21 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
     Ok(())
 }
 
+/// Anyone on the bus can publish on a job's reply subject. A reply that is
+/// not a stored record is only a wake-up, read from Redis (which holds
+/// nothing yet). One that is a record answering the call, as a reader of
+/// the call can forge, is checked against Redis when its result is
+/// recorded: the commit writes nothing, and the round reads what the worker
+/// stored.
 #[tokio::test]
 async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::Result<()> {
+    use toolfleet_proto::envelope::StoredResult;
     use toolfleet_proto::names::{self, headers};
+    use toolfleet_proto::{Envelope, ToolCall};
     let fleet = fleet(1).await?;
     let api = fleet.api(0).await?;
+    let mut calls = fleet.client.subscribe(names::call_subject("sleep")).await?;
+    fleet.client.flush().await?;
     let job_id = api
         .clone()
         .submit_job(scripted(
@@ -1010,29 +1020,34 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
         .await?
         .into_inner()
         .job_id;
-    // Once the call is out, a forged answer on the job's reply subject.
+    // Once the call is out, forged answers on the job's reply subject.
     let mark = fleet.orchestrator(0).log_mark();
-    toolfleet_tests::wait_until("the call to be dispatched", JOB, || async {
-        fleet.count_in_worker_logs("executing call") > 0
-    })
-    .await?;
-    // Its wire id, as anyone who read the call on the bus would know it.
-    let wire_ids = fleet.dispatched_wire_ids(&job_id).await?;
-    let mut forged = async_nats::HeaderMap::new();
-    forged.insert(headers::CALL_ID, wire_ids[0].as_str());
-    forged.insert(headers::ATTEMPT, "1");
-    fleet
-        .client
-        .publish_with_headers(
-            names::reply_subject(&job_id),
-            forged,
-            r#"{"ok":true,"data":"injected"}"#.into(),
-        )
-        .await?;
+    let message = tokio::time::timeout(JOB, calls.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("no call was published"))?;
+    // Its wire id and arguments, as anyone who read the call knows them.
+    let call: ToolCall = serde_json::from_slice(&message.payload)?;
+    let subject = names::reply_subject(&call.job_id);
+    let forge = |body: String| {
+        let mut forged = async_nats::HeaderMap::new();
+        forged.insert(headers::CALL_ID, call.call_id.as_str());
+        forged.insert(headers::ATTEMPT, "1");
+        fleet
+            .client
+            .publish_with_headers(subject.clone(), forged, body.into())
+    };
+    forge(r#"{"ok":true,"data":"injected"}"#.to_owned()).await?;
     fleet.client.flush().await?;
     fleet
         .orchestrator(0)
         .wait_for_log_after(mark, "no stored result", JOB)
+        .await?;
+    let record = StoredResult::new(&call, Envelope::Ok(json!("injected"))).to_json();
+    forge(record).await?;
+    fleet.client.flush().await?;
+    fleet
+        .orchestrator(0)
+        .wait_for_log_after(mark, "is not the stored one", JOB)
         .await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(status(&job), v1::JobStatus::Succeeded);

@@ -144,6 +144,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         round_trip: Some(Duration::from_micros(1500)),
         worked: Some(Duration::from_micros(400)),
         envelope: &envelope,
+        unchecked: None,
     };
     // Calls that settle together are recorded in one commit, in order.
     let ok = Envelope::Ok(serde_json::json!("fine"));
@@ -155,6 +156,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         round_trip: None,
         worked: None,
         envelope: &ok,
+        unchecked: None,
     };
     store.record_call_results(&lease, &[settled, other]).await?;
     let attempts = store.attempts(&job_id).await?;
@@ -611,5 +613,67 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
         .await
         .map_err(|_| anyhow::anyhow!("the watcher in the writer's process was not woken"))?;
     assert_eq!(store.events(&job_id, 0, 10).await?.len(), 4);
+    Ok(())
+}
+
+/// A result that came with a worker's reply is recorded only if Redis holds
+/// exactly that text for its call; otherwise the commit, and every result
+/// grouped in it, writes nothing.
+#[tokio::test]
+async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    let Acquired::Lease(lease) = store
+        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(30))
+        .await?
+        .0
+    else {
+        panic!("a queued job's lease is free");
+    };
+    let stored = r#"{"tool":"echo","arguments_sha256":"x","envelope":{"ok":true,"data":1}}"#;
+    let key = RedisKeys::default().call_result(&job_id, "echo", "w1", 1);
+    let mut raw = redis::Client::open(redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let () = redis::cmd("SET")
+        .arg(&key)
+        .arg(stored)
+        .query_async(&mut raw)
+        .await?;
+    let ok = Envelope::Ok(serde_json::json!(1));
+    fn result<'a>(wire_id: &'a str, unchecked: &'a str, envelope: &'a Envelope) -> SettledCall<'a> {
+        SettledCall {
+            call_id: wire_id,
+            wire_id,
+            name: "echo",
+            attempts: 1,
+            round_trip: None,
+            worked: None,
+            envelope,
+            unchecked: Some(unchecked),
+        }
+    }
+    let events_before = store.events(&job_id, 0, 100).await?.len();
+    // A forged text, and a result no worker stored, each with an honest one.
+    let forged = stored.replace(r#""data":1"#, r#""data":2"#);
+    for wrong in [result("w1", &forged, &ok), result("w2", stored, &ok)] {
+        let batch = [result("w1", stored, &ok), wrong];
+        assert!(matches!(
+            store.record_call_results(&lease, &batch).await,
+            Err(Error::ResultMismatch(_))
+        ));
+        assert_eq!(store.events(&job_id, 0, 100).await?.len(), events_before);
+        assert!(!was_settled(&store.attempts(&job_id).await?, "w1"));
+    }
+    // The text Redis holds is recorded.
+    store
+        .record_call_results(&lease, &[result("w1", stored, &ok)])
+        .await?;
+    assert_eq!(
+        store.events(&job_id, 0, 100).await?.len(),
+        events_before + 1
+    );
+    assert!(was_settled(&store.attempts(&job_id).await?, "w1"));
     Ok(())
 }

@@ -27,6 +27,10 @@ struct Answer {
     round_trip: Option<Duration>,
     /// How long the worker worked on it, by its own clock.
     worked: Option<Duration>,
+    /// The stored result's text when it came with the worker's reply and
+    /// was not read from Redis: the commit that records it checks it there
+    /// (see [`settling_record`]).
+    unchecked: Option<String>,
 }
 
 impl Dispatcher {
@@ -52,14 +56,20 @@ impl Dispatcher {
             span.set("toolfleet.resumed", true);
         }
         let mut round_trip = None;
+        // An answer read again from Redis, after the one a reply carried
+        // turned out not to be the stored one.
+        let mut reread = None;
         loop {
             let mut attempt_span = spans::attempt(trace, call.span_ref(), attempt, resumed);
-            let answer = self.answer(round, call, attempt, resumed).await?;
+            let answer = match reread.take() {
+                Some(answer) => answer,
+                None => self.answer(round, call, attempt, resumed).await?,
+            };
             attempt_span.outcome(&answer.envelope);
             attempt_span.end();
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
-            let worked = answer.worked;
+            let (worked, unchecked) = (answer.worked, answer.unchecked);
             let code = answer.envelope.error().map(|e| e.code.to_string());
             let max_retry_after = self.options.max_retry_after;
             let verdict = retry::verdict(
@@ -84,8 +94,29 @@ impl Dispatcher {
                     span.set("toolfleet.attempts", i64::from(attempt));
                     span.outcome(&envelope);
                     if !settled {
-                        self.record_result(round.lease, round.results, trace, &outcome, &envelope)
-                            .await?;
+                        let recorded = self
+                            .record_result(
+                                round.lease,
+                                round.results,
+                                trace,
+                                &outcome,
+                                &envelope,
+                                unchecked,
+                            )
+                            .await;
+                        if let Err(RoundError::Store(store::Error::ResultMismatch(_))) = recorded {
+                            // Its commit (perhaps another call's, grouped
+                            // with this one) wrote nothing: read what Redis
+                            // holds, and decide again.
+                            warn!(
+                                call_id = %call.wire_id,
+                                attempt,
+                                "a result that came with a reply is not the stored one (not a worker's); reading the stored one"
+                            );
+                            reread = Some(self.stored_answer(round, call, attempt).await?);
+                            continue;
+                        }
+                        recorded?;
                     }
                     span.end();
                     return Ok(outcome);
@@ -140,17 +171,12 @@ impl Dispatcher {
                 .call_result(job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
-                let (envelope, worked) = parse_stored(call, &text);
-                return Ok(Answer {
-                    envelope,
-                    round_trip: None,
-                    worked,
-                });
+                return Ok(checked_answer(call, &text));
             }
         }
         let sent = Instant::now();
         self.publish(round, call, attempt, resumed).await?;
-        let text = self.wait(round, call, attempt, &mut notices).await?;
+        let (text, from_reply) = self.wait(round, call, attempt, &mut notices, true).await?;
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
         let (envelope, worked) = parse_stored(call, &text);
@@ -158,7 +184,33 @@ impl Dispatcher {
             envelope,
             round_trip: Some(elapsed),
             worked,
+            unchecked: from_reply.then_some(text),
         })
+    }
+
+    /// The answer of `attempt` as Redis holds it, once it holds one.
+    async fn stored_answer(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+    ) -> Result<Answer, RoundError> {
+        // Before looking, so that no result can slip past.
+        let mut notices = round.notify.subscribe();
+        let job_id = &round.lease.job_id;
+        let text = match self
+            .store
+            .call_result(job_id, &call.name, &call.wire_id, attempt)
+            .await?
+        {
+            Some(text) => text,
+            None => {
+                self.wait(round, call, attempt, &mut notices, false)
+                    .await?
+                    .0
+            }
+        };
+        Ok(checked_answer(call, &text))
     }
 
     /// Publishes one attempt, retrying while JetStream is unreachable.
@@ -239,14 +291,18 @@ impl Dispatcher {
         }
     }
 
-    /// Waits for the envelope of one attempt: a notification, or Redis.
+    /// Waits for the stored result of one attempt: the one its reply
+    /// carries, when `from_reply` and it settles the call (see
+    /// [`settling_record`]; `true` comes back with it), else the one Redis
+    /// holds once a reply or a poll finds it there.
     async fn wait(
         &self,
         round: &Round<'_>,
         call: &PlannedCall,
         attempt: u32,
         notices: &mut broadcast::Receiver<Notice>,
-    ) -> Result<String, RoundError> {
+        from_reply: bool,
+    ) -> Result<(String, bool), RoundError> {
         let Round {
             lease, spec, stop, ..
         } = round;
@@ -267,6 +323,12 @@ impl Dispatcher {
                 notice = notices.recv() => match notice {
                     Ok(notice) => {
                         let ours = notice.call_id == call.wire_id && notice.attempt == attempt;
+                        if ours
+                            && from_reply
+                            && let Some(text) = settling_record(call, &notice.stored)
+                        {
+                            return Ok((text, true));
+                        }
                         (ours, ours)
                     }
                     // Missed notices: Redis has the answer.
@@ -278,15 +340,14 @@ impl Dispatcher {
             if !look {
                 continue;
             }
-            // A reply is a wake-up, never the answer: anyone who can publish
-            // on the bus can publish one. The answer is what a worker
-            // stored in Redis before it replied.
+            // Otherwise a reply is only a wake-up: the answer is what a
+            // worker stored in Redis before it replied.
             if let Some(text) = self
                 .store
                 .call_result(&lease.job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
-                return Ok(text);
+                return Ok((text, false));
             }
             if replied {
                 warn!(
@@ -352,12 +413,43 @@ fn parse_stored(call: &PlannedCall, text: &str) -> (Envelope, Option<Duration>) 
     }
 }
 
+/// The answer of a stored result read from Redis.
+fn checked_answer(call: &PlannedCall, text: &str) -> Answer {
+    let (envelope, worked) = parse_stored(call, text);
+    Answer {
+        envelope,
+        round_trip: None,
+        worked,
+        unchecked: None,
+    }
+}
+
+/// The stored result a worker's reply carries, when the round may take it
+/// without reading Redis: a record that answers `call` (its tool and
+/// arguments) with a success or a terminal failure, which settles the call
+/// as it is. Anyone who can publish on the bus can publish a reply, so such
+/// a record is never trusted: the commit that records the call's result
+/// writes nothing unless Redis holds exactly this text, and the round then
+/// reads what Redis holds (`JobStore::record_call_results`). Anything else
+/// (a retryable failure, which would decide a retry; a record of another
+/// call; not a record) is only a wake-up, answered from Redis.
+fn settling_record(call: &PlannedCall, payload: &[u8]) -> Option<String> {
+    let text = std::str::from_utf8(payload).ok()?;
+    // A record, not a bare envelope (which `StoredResult::read` also takes,
+    // for results stored before records had their call's name).
+    let record: StoredResult = serde_json::from_str(text).ok()?;
+    let settles = record.answers(&call.name, &call.arguments)
+        && record.envelope.error().is_none_or(|error| !error.retryable);
+    settles.then(|| text.to_owned())
+}
+
 /// A result notification from the reply subject: which attempt has a
-/// result to read from Redis.
+/// result, and the stored result the worker says it is.
 #[derive(Debug, Clone)]
 pub(super) struct Notice {
     call_id: String,
     attempt: u32,
+    stored: bytes::Bytes,
 }
 
 pub(super) async fn forward_results(
@@ -375,6 +467,11 @@ pub(super) async fn forward_results(
         let (Some(call_id), Some(attempt)) = (call_id, attempt) else {
             continue;
         };
-        let _ = notify.send(Notice { call_id, attempt });
+        let stored = message.payload;
+        let _ = notify.send(Notice {
+            call_id,
+            attempt,
+            stored,
+        });
     }
 }

@@ -274,7 +274,7 @@ impl Dispatcher {
                         round_trip: None,
                         worked: None,
                     };
-                    self.record_result(lease, &results, job.trace, &outcome, &envelope)
+                    self.record_result(lease, &results, job.trace, &outcome, &envelope, None)
                         .await?;
                     span.end();
                     outcomes[index] = Some(outcome);
@@ -461,6 +461,7 @@ impl Dispatcher {
         trace: Option<&JobTrace>,
         outcome: &CallOutcome,
         envelope: &Envelope,
+        unchecked: Option<String>,
     ) -> Result<(), RoundError> {
         let step = spans::Step::Call(&outcome.wire_id);
         let commit = spans::commit(trace, step, "record_call_result");
@@ -472,6 +473,7 @@ impl Dispatcher {
             round_trip: outcome.round_trip,
             worked: outcome.worked,
             envelope: envelope.clone(),
+            unchecked,
         };
         results
             .record(settled, |batch| async move {

@@ -23,6 +23,9 @@ pub(super) struct Settled {
     pub(super) round_trip: Option<Duration>,
     pub(super) worked: Option<Duration>,
     pub(super) envelope: Envelope,
+    /// The stored result as the worker's reply carried it, not read from
+    /// Redis: the commit checks it ([`SettledCall::unchecked`]).
+    pub(super) unchecked: Option<String>,
 }
 
 impl Settled {
@@ -35,6 +38,7 @@ impl Settled {
             round_trip: self.round_trip,
             worked: self.worked,
             envelope: &self.envelope,
+            unchecked: self.unchecked.as_deref(),
         }
     }
 }

@@ -58,6 +58,11 @@ pub enum Error {
     /// time to live. Tell the client to use a new key; never name the job.
     #[error("idempotency key {0:?} was used for a different request")]
     IdempotencyConflict(String),
+    /// A result that came with a worker's reply is not the one stored for
+    /// its call (a forged reply): nothing was written. Read the stored
+    /// result instead.
+    #[error("a reply's result for job {0} is not the stored one")]
+    ResultMismatch(String),
     /// Stored data does not parse: a bug or a foreign writer. Fail the job.
     #[error("corrupt record for job {job_id}: {detail}")]
     Corrupt {
@@ -1125,11 +1130,23 @@ impl JobStore {
             .iter()
             .map(|settled| (settled_field(settled.wire_id), settled.attempts))
             .collect();
+        let job_id = &lease.job_id;
+        let checks = settled
+            .iter()
+            .filter_map(|settled| {
+                let text = settled.unchecked?;
+                let key =
+                    self.keys
+                        .call_result(job_id, settled.name, settled.wire_id, settled.attempts);
+                Some((key, text))
+            })
+            .collect();
         self.commit(
             lease,
             Commit {
                 events,
                 attempts,
+                checks,
                 ..Commit::default()
             },
         )
@@ -1182,6 +1199,10 @@ impl JobStore {
             .arg(&lease.token)
             .arg(now_ms())
             .arg(if finished { millis(self.retention) } else { 0 });
+        invocation.arg(commit.checks.len());
+        for (key, text) in &commit.checks {
+            invocation.key(key).arg(*text);
+        }
         invocation.arg(commit.results.len() + commit.items.len());
         for item in commit.results.iter().chain(commit.items) {
             invocation.arg(serde_json::to_string(item).expect("an item serializes"));
@@ -1210,6 +1231,9 @@ impl JobStore {
         if events == scripts::LEASE_LOST {
             return Err(Error::LeaseLost(job_id.clone()));
         }
+        if events == scripts::RESULT_MISMATCH {
+            return Err(Error::ResultMismatch(job_id.clone()));
+        }
         if !commit.events.is_empty() {
             self.notify(job_id, u64::try_from(events).ok()).await;
         }
@@ -1237,6 +1261,10 @@ pub struct SettledCall<'a> {
     pub worked: Option<Duration>,
     /// The final envelope.
     pub envelope: &'a Envelope,
+    /// The stored result's text as the worker's reply carried it, when it
+    /// was not read from Redis: the commit checks it against what Redis
+    /// holds and writes nothing if it differs ([`Error::ResultMismatch`]).
+    pub unchecked: Option<&'a str>,
 }
 
 /// Whether the result of call `wire_id` was recorded
@@ -1294,6 +1322,9 @@ struct Commit<'a> {
     attempts: Vec<(String, u32)>,
     /// Tool manifests offered to the model, to remember.
     offers: &'a [ToolManifest],
+    /// Stored results (key, text) that must be in Redis as given, or the
+    /// commit writes nothing.
+    checks: Vec<(String, &'a str)>,
 }
 
 impl<'a> Commit<'a> {

@@ -23,6 +23,10 @@ use crate::job::JobStatus;
 /// What [`COMMIT`] returns when the lease is not held (or the job ended).
 pub(super) const LEASE_LOST: i64 = -1;
 
+/// What [`COMMIT`] returns when a stored result it was asked to check is
+/// not the text given.
+pub(super) const RESULT_MISMATCH: i64 = -2;
+
 /// A script with the status placeholders filled in.
 fn script(template: &str) -> Script {
     let ended = JobStatus::ALL
@@ -108,11 +112,14 @@ return 0
     )
 });
 
-/// KEYS: job, items, events, lease, attempts, tools.
-/// ARGV: token, now_ms, retention_ms (0: keep), then five counted lists:
-///   n, items...; n, (kind, data, final)...; n, (field, value)...;
-///   n, (call_id, attempt)...; n, (tool, manifest)...
-/// Appends items and events and updates fields, only while the lease holds.
+/// KEYS: job, items, events, lease, attempts, tools, then the stored
+/// results to check. ARGV: token, now_ms, retention_ms (0: keep), then six
+/// counted lists: n, the texts the results to check must hold (one per key
+/// after the sixth); n, items...; n, (kind, data, final)...; n, (field,
+/// value)...; n, (call_id, attempt)...; n, (tool, manifest)...
+/// Appends items and events and updates fields, only while the lease holds
+/// and each result to check holds its text (else [`RESULT_MISMATCH`], and
+/// nothing is written).
 /// With retention_ms > 0 (the job finished) every key of the job expires.
 /// Returns the number of events the job has after the commit (0 for a
 /// commit without events), or [`LEASE_LOST`] (also when the job already
@@ -141,6 +148,11 @@ local function each_chunk(command, key, first, count)
 end
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
+for k = 1, n do
+  if redis.call('GET', KEYS[6 + k]) ~= ARGV[i] then return -2 end
+  i = i + 1
+end
+n = tonumber(ARGV[i]); i = i + 1
 each_chunk('RPUSH', KEYS[2], i, n); i = i + n
 n = tonumber(ARGV[i]); i = i + 1
 local events = 0

@@ -72,15 +72,17 @@ impl Executor {
         self.reply_with(call, &stored, true).await
     }
 
-    /// Replies with the stored record `stored` if it answers `call`. One
-    /// that answers another call with the same ids (other tool or
-    /// arguments: a forged call got there first) is never sent as this
-    /// call's answer; the delivery ends, and the orchestrator, which checks
-    /// the record too, tries another attempt.
+    /// Replies with the stored record `stored`, as Redis holds it (the
+    /// orchestrator may take it without a read, and checks it against Redis
+    /// when it records the result), if it answers `call`. One that answers
+    /// another call with the same ids (other tool or arguments: a forged
+    /// call got there first) is never sent as this call's answer; the
+    /// delivery ends, and the orchestrator, which checks the record too,
+    /// tries another attempt.
     async fn reply_with(&self, call: &ToolCall, stored: &str, dedup_hit: bool) -> Outcome {
         match StoredResult::read(stored, &call.tool, &call.arguments) {
             Ok(record) if record.answers(&call.tool, &call.arguments) => {
-                self.reply(call, record.envelope.to_json().into_bytes(), dedup_hit)
+                self.reply(call, stored.as_bytes().to_vec(), dedup_hit)
                     .await;
                 Outcome::Answered
             }
@@ -105,7 +107,7 @@ impl Executor {
         Outcome::Retry(delay)
     }
 
-    async fn reply(&self, call: &ToolCall, envelope: Vec<u8>, dedup_hit: bool) {
+    async fn reply(&self, call: &ToolCall, stored: Vec<u8>, dedup_hit: bool) {
         let Some(reply_to) = &call.reply_to else {
             return;
         };
@@ -120,7 +122,7 @@ impl Executor {
         let subject = Subject::from(reply_to.as_str());
         if let Err(err) = self
             .nats
-            .publish_with_headers(subject, headers, envelope.into())
+            .publish_with_headers(subject, headers, stored.into())
             .await
         {
             // Redis holds the result; the orchestrator reads it from there.
