@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use toolfleet_orchestrator::job::{
-    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, ProviderKind,
+    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease, ProviderKind,
     TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
@@ -41,6 +41,19 @@ async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStor
         Duration::from_secs(60),
         Duration::from_secs(60),
     ))
+}
+
+/// The lease of the queued job `job_id`, taken by `owner` for `ttl`.
+async fn lease(
+    store: &JobStore,
+    job_id: &str,
+    owner: &str,
+    ttl: Duration,
+) -> anyhow::Result<Lease> {
+    match store.acquire_and_load(job_id, owner, ttl).await?.0 {
+        Acquired::Lease(lease) => Ok(lease),
+        other => anyhow::bail!("the lease of a queued job is free, but it was {other:?}"),
+    }
 }
 
 /// The job's events, decoded: every stored event must be a known kind.
@@ -82,13 +95,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     );
     let (job_id, _) = store.submit(&spec(), None, trace.as_ref()).await?;
     assert_eq!(store.get(&job_id).await?.unwrap().trace, trace);
-    let Acquired::Lease(lease) = store
-        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(5))
-        .await?
-        .0
-    else {
-        panic!("a queued job's lease is free");
-    };
+    let lease = lease(&store, &job_id, "replica-a", Duration::from_secs(5)).await?;
     // Taking the lease started the run.
     assert!(!lease.resumed);
     assert_eq!(
@@ -263,13 +270,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;
     let (job_id, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store
-        .acquire_and_load(&job_id, "r", Duration::from_secs(5))
-        .await?
-        .0
-    else {
-        panic!("the lease is free");
-    };
+    let lease = lease(&store, &job_id, "r", Duration::from_secs(5)).await?;
     // The commit script writes its lists in chunks (512 values per
     // command): 1,300 items, 700 attempts (1,400 values) and 701 events
     // take several each.
@@ -439,13 +440,7 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
 
     // A running job is only asked; its runner ends it.
     let (running, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store
-        .acquire_and_load(&running, "r", Duration::from_secs(5))
-        .await?
-        .0
-    else {
-        panic!("the lease is free");
-    };
+    let lease = lease(&store, &running, "r", Duration::from_secs(5)).await?;
     assert_eq!(store.cancel(&running).await?, Some(JobStatus::Running));
     assert!(store.cancel_requested(&running).await?);
     let results = [Item::ToolResult {
@@ -512,13 +507,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         (job_id.clone(), true)
     );
 
-    let Acquired::Lease(zombie) = store
-        .acquire_and_load(&job_id, "replica-a", Duration::from_millis(200))
-        .await?
-        .0
-    else {
-        panic!("the first runner gets the lease");
-    };
+    let zombie = lease(&store, &job_id, "replica-a", Duration::from_millis(200)).await?;
     assert_eq!(
         store
             .acquire_and_load(&job_id, "replica-b", Duration::from_secs(5))
@@ -588,13 +577,7 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let (store, other_replica) = (store(&redis, &nats).await?, store(&redis, &nats).await?);
     let (job_id, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store
-        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(30))
-        .await?
-        .0
-    else {
-        panic!("a queued job's lease is free");
-    };
+    let lease = lease(&store, &job_id, "replica-a", Duration::from_secs(30)).await?;
     let mut here = store.subscribe_events(&job_id).await?;
     let mut there = other_replica.subscribe_events(&job_id).await?;
     let dispatched = DispatchedCall {
@@ -624,13 +607,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = store(&redis, &nats).await?;
     let (job_id, _) = store.submit(&spec(), None, None).await?;
-    let Acquired::Lease(lease) = store
-        .acquire_and_load(&job_id, "replica-a", Duration::from_secs(30))
-        .await?
-        .0
-    else {
-        panic!("a queued job's lease is free");
-    };
+    let lease = lease(&store, &job_id, "replica-a", Duration::from_secs(30)).await?;
     let stored = r#"{"tool":"echo","arguments_sha256":"x","envelope":{"ok":true,"data":1}}"#;
     let key = RedisKeys::default().call_result(&job_id, "echo", "w1", 1);
     let mut raw = redis::Client::open(redis.url())?
