@@ -902,7 +902,7 @@ impl JobStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
-        let (started, resumed) = (StartEvent::new(owner, false), StartEvent::new(owner, true));
+        let start = StartEvent::new(owner);
         let mut acquisition = scripts::ACQUIRE.prepare_invoke();
         acquisition
             .key(self.keys.job(job_id))
@@ -911,10 +911,10 @@ impl JobStore {
             .arg(owner)
             .arg(millis(ttl))
             .arg(now_ms())
-            .arg(started.kind)
-            .arg(resumed.kind)
-            .arg(&started.before_epoch)
-            .arg(&started.after_epoch);
+            .arg(start.started)
+            .arg(start.resumed)
+            .arg(&start.before_epoch)
+            .arg(&start.after_epoch);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
@@ -938,27 +938,30 @@ impl JobStore {
     }
 }
 
-/// The event that starts a run, as the lease script writes it: its kind,
-/// and its data around the epoch, which only the script knows.
+/// The event that starts a run, as the lease script writes it: its kind
+/// for a first run and for a resumed one, and its data (the same for both)
+/// around the epoch, which only the script knows.
 struct StartEvent {
-    kind: &'static str,
+    started: &'static str,
+    resumed: &'static str,
     before_epoch: String,
     after_epoch: String,
 }
 
 impl StartEvent {
-    fn new(owner: &str, resumed: bool) -> Self {
+    fn new(owner: &str) -> Self {
         // The data of an event with an epoch no lease reaches, cut where that
         // epoch is: its first digits in the text, since `epoch` is the data's
         // first field (serde_json orders fields by name).
         const PLACEHOLDER: u64 = u64::MAX;
-        let event = JobEvent::run_started(PLACEHOLDER, owner.to_owned(), resumed);
-        let data = event.data_json();
+        let started = JobEvent::run_started(PLACEHOLDER, owner.to_owned(), false);
+        let data = started.data_json();
         let (before_epoch, after_epoch) = data
             .split_once(&PLACEHOLDER.to_string())
             .expect("the event's data holds its epoch");
         Self {
-            kind: event.kind(),
+            started: started.kind(),
+            resumed: JobEvent::run_started(PLACEHOLDER, String::new(), true).kind(),
             before_epoch: before_epoch.to_owned(),
             after_epoch: after_epoch.to_owned(),
         }
