@@ -282,7 +282,8 @@ impl JobRun<'_> {
         let mut started = spans::run(trace, job_id, lease.epoch, owner, lease.resumed);
         started.started_at(self.taken_at);
         started.end();
-        let event = JobEvent::run_started(lease.epoch, owner.clone(), lease.resumed);
+        // The kind alone: an event without its owner allocates nothing.
+        let event = JobEvent::run_started(lease.epoch, String::new(), lease.resumed);
         info!(kind = event.kind(), "job running");
         let spec = &record.spec;
         let provider = match self.runner.providers.for_job(spec) {
