@@ -57,7 +57,8 @@ impl LocalWatchers {
 pub struct WakeUps {
     job_id: String,
     nats: Option<async_nats::Subscriber>,
-    /// `None` only while dropping.
+    /// `None` while dropping, or once its sender is gone (which the
+    /// registry never drops while a receiver lives).
     local: Option<watch::Receiver<Option<u64>>>,
     watchers: Arc<LocalWatchers>,
 }
