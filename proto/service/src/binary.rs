@@ -52,16 +52,14 @@ pub trait ServiceOptions: Serialize {
     fn metrics(&self) -> &MetricsOptions;
     /// OpenTelemetry export.
     fn telemetry(&self) -> &TelemetryOptions;
-    /// The `threads` key: see [`block_on`].
-    fn threads(&self) -> usize;
     /// The options fit for printing and logging: every password in a URL
     /// hidden (secret fields are never serialized at all).
     fn redacted(&self) -> Self;
 }
 
 /// Implements [`ServiceOptions`] for an options struct (which must be
-/// `Clone`) with the keys every service has: `threads`, and the sections
-/// `nats`, `redis`, `metrics`, `telemetry` and `log`. A macro rather than a default method because the sections are
+/// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`,
+/// `telemetry` and `log`. A macro rather than a default method because the sections are
 /// fields of each service's own struct.
 #[macro_export]
 macro_rules! service_options {
@@ -77,10 +75,6 @@ macro_rules! service_options {
 
             fn telemetry(&self) -> &$crate::config::TelemetryOptions {
                 &self.telemetry
-            }
-
-            fn threads(&self) -> usize {
-                self.threads
             }
 
             fn redacted(&self) -> Self {
