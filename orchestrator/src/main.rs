@@ -84,7 +84,7 @@ fn main() -> ExitCode {
         .into_value();
     let options = OrchestratorOptions::load(service.config.as_deref(), overrides);
     let threads = options.as_ref().map_or(0, |options| options.threads);
-    binary::block_on(threads, async move {
+    binary::block_on("toolfleet-orchestrator", threads, async move {
         // With --print-config, a subcommand only prints the configuration it
         // would run with: it never touches JetStream.
         match command {

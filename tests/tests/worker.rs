@@ -557,6 +557,25 @@ async fn a_single_threaded_worker_still_runs_every_slot_at_once() -> anyhow::Res
     Ok(())
 }
 
+/// More threads than `threads` allows is a bad configuration, said before
+/// a thread starts, for both services.
+#[tokio::test]
+async fn too_many_threads_stop_a_service_at_start() -> anyhow::Result<()> {
+    for binary in ["toolfleet-worker", "toolfleet-orchestrator"] {
+        let output = tokio::process::Command::new(toolfleet_tests::cargo_bin(binary)?)
+            .env("TOOLFLEET_THREADS", "100000000")
+            .output()
+            .await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{binary}: {stderr}");
+        assert!(
+            stderr.contains("threads is 100000000; at most 1024"),
+            "{binary}: {stderr}"
+        );
+    }
+    Ok(())
+}
+
 /// Runs four calls per slot of `measure_concurrency` on one worker started
 /// with `env`, and checks that as many ran at once as it has slots.
 async fn busy_tool_takes_every_slot(env: &[(&str, &str)]) -> anyhow::Result<Fleet> {

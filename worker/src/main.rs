@@ -64,7 +64,7 @@ fn main() -> ExitCode {
         .into_value();
     let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
     let threads = options.as_ref().map_or(0, |options| options.threads);
-    binary::block_on(threads, async move {
+    binary::block_on("toolfleet-worker", threads, async move {
         // With --print-config, `healthcheck` only prints the configuration.
         if let Some(Command::Healthcheck { live }) = flags.command
             && !flags.service.print_config

@@ -205,19 +205,24 @@ where
     }
 }
 
-/// Runs a binary's `main` on the runtime its `threads` key asks for (0: one
-/// thread per CPU this process may use, its cgroup's limit included). One
-/// thread gets tokio's single-threaded runtime, with no work stealing: where
-/// several busy processes share few cores (the bench runs five on two), the
-/// multi-threaded runtime's threads mostly wake each other, and the
-/// single-threaded one cost the orchestrator about 20% less CPU per job
-/// (docs/performance.md).
-///
-/// # Panics
-///
-/// When the runtime cannot be built (the OS refused a thread or the I/O
-/// driver): nothing can run without it.
-pub fn block_on<F: Future>(threads: usize, main: F) -> F::Output {
+/// The most threads a service runs its tasks on (the `threads` key): far
+/// more than any machine's cores, and few enough to start.
+pub const MAX_THREADS: usize = 1024;
+
+/// Runs the binary `name`'s `main` on the runtime its `threads` key asks
+/// for (0: one thread per CPU this process may use, its cgroup's limit
+/// included). One thread gets tokio's single-threaded runtime, with no work
+/// stealing: where several busy processes share few cores (the bench runs
+/// five on two), the multi-threaded runtime's threads mostly wake each
+/// other, and the single-threaded one cost the orchestrator about 20% less
+/// CPU per job (docs/performance.md). A runtime that cannot be built (the
+/// OS refused that many threads) exits 1, saying why; more than
+/// [`MAX_THREADS`] is a bad configuration (exit 2).
+pub fn block_on(name: &str, threads: usize, main: impl Future<Output = ExitCode>) -> ExitCode {
+    if threads > MAX_THREADS {
+        eprintln!("{name}: invalid configuration: threads is {threads}; at most {MAX_THREADS}");
+        return ExitCode::from(2);
+    }
     let threads = match threads {
         0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         n => n,
@@ -229,9 +234,11 @@ pub fn block_on<F: Future>(threads: usize, main: F) -> F::Output {
         builder.worker_threads(threads);
         builder
     };
-    builder
-        .enable_all()
-        .build()
-        .expect("the tokio runtime could not be built")
-        .block_on(main)
+    match builder.enable_all().build() {
+        Ok(runtime) => runtime.block_on(main),
+        Err(err) => {
+            eprintln!("{name}: cannot start a runtime of {threads} threads (threads): {err}");
+            ExitCode::FAILURE
+        }
+    }
 }
