@@ -205,6 +205,7 @@ impl OrchestratorOptions {
             call_ack_wait: self.setup.call_ack_wait,
             registry_ttl: self.registry.ttl,
             tools: self.setup.tools.clone(),
+            replicas: self.nats.replicas,
         }
     }
 

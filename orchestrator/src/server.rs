@@ -176,7 +176,7 @@ impl Orchestrator {
         let js = jetstream::new(nats.clone());
         // SubmitJob publishes to the job stream: it must exist before the
         // API answers.
-        let missing = Missing::from_create_missing(options.nats.create_missing);
+        let missing = Missing::from_options(&options.nats);
         let job_queue = WorkQueue::jobs();
         patiently("the job stream", || job_queue.open(&js, missing)).await;
         let ttl = options.registry.ttl;

@@ -118,6 +118,8 @@ KINDS = {
 # What the services of a value set must have in their configuration
 # (`--print-config`), by the Deployment's component or pool.
 CONFIGURED = {
+    "defaults": {"everything": {"nats.replicas": 3}},
+    "dev: the chart's own NATS and Redis": {"everything": {"nats.replicas": 1}},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "orchestrator": {"api.default_model.name": "gpt-4.1-mini", "api.max_calls_per_turn": 16,
                          "nats.user": "orchestrator", "redis.user": "orchestrator"},
@@ -157,6 +159,8 @@ REFUSED = {
     "a CPU target over 100%": {"pools": [{"name": "p", "tools": ["calculate"], "replicas": 1, "maxInFlight": 1, "resources": {},
                                           "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150, "lagThreshold": 10}}]},
     "an unknown key": {"orchestrator": {"replica": 2}},
+    "six copies of a stream": {"nats": {"replicas": 6}},
+    "a seed list with a blank": {"nats": {"url": "nats://a:4222, nats://b:4222"}},
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
     "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},

@@ -7,8 +7,9 @@ configuration: one owner (deploy/helm/toolfleet), and k8s/ its output.
   passwords come from the Secret toolfleet-credentials, which an overlay or
   the operator makes. Helm's own labels and hooks are left out.
 - k8s/overlays/dev: the base, the chart's single dev NATS and Redis (with
-  the users generated from the pools) and generated Secrets holding fixed
-  dev passwords and a dev token: for trying it out, never for production.
+  the users generated from the pools; the streams keep one copy there) and
+  generated Secrets holding fixed dev passwords and a dev token: for trying
+  it out, never for production.
 - k8s/overlays/prod: the base in its own namespace, pinned images, more
   orchestrator replicas; the operator creates the Secrets (k8s/README.md).
 
@@ -18,6 +19,7 @@ would write.
 """
 
 import hashlib
+import json
 import os
 import re
 import sys
@@ -127,6 +129,15 @@ def files(chart_dir: str) -> dict[str, str]:
         "kind": "Kustomization",
         "resources": ["../../base", "servers.yaml"],
         "replicas": [{"name": "toolfleet-orchestrator", "count": 1}],
+        # The base keeps 3 copies of each stream (nats.replicas); the dev
+        # NATS is one server, and the setup Job is what creates the streams.
+        "patches": [{
+            "target": {"kind": "Job", "name": "toolfleet-setup"},
+            "patch": json.dumps([{
+                "op": "add", "path": "/spec/template/spec/containers/0/env/-",
+                "value": {"name": "TOOLFLEET_NATS__REPLICAS", "value": "1"},
+            }]),
+        }],
         "secretGenerator": [
             {"name": "toolfleet-credentials", "literals": [f"{key}={dev_password(key)}" for key in keys]},
             {"name": "toolfleet-redis-users", "files": ["toolfleet-users.conf=redis-users.conf"]},

@@ -13,7 +13,7 @@ use toolfleet_proto::{Envelope, ToolCall};
 
 use toolfleet_proto::v1;
 
-use crate::{ChildProcess, NatsServer, RedisConfig, RedisServer, cargo_bin};
+use crate::{ChildProcess, NatsCluster, NatsServer, RedisConfig, RedisServer, cargo_bin};
 
 /// A gRPC client of the AgentService.
 pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
@@ -21,15 +21,72 @@ pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transpo
 /// How long a worker gets to connect and set up its consumers.
 const WORKER_READY: Duration = Duration::from_secs(30);
 
+/// The NATS of a fleet: one server, or a cluster.
+pub enum Nats {
+    /// One nats-server.
+    Server(Box<NatsServer>),
+    /// A cluster: the services get every node as a seed.
+    Cluster(NatsCluster),
+}
+
+impl Nats {
+    /// What the services' `nats.url` gets: the server's URL, or every node's.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Server(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// A new client connection (to every node of a cluster).
+    ///
+    /// # Errors
+    ///
+    /// No server accepts the connection.
+    pub async fn client(&self) -> anyhow::Result<async_nats::Client> {
+        match self {
+            Self::Server(server) => server.client().await,
+            Self::Cluster(cluster) => cluster.client().await,
+        }
+    }
+
+    /// The one server of a fleet that runs on one.
+    ///
+    /// # Panics
+    ///
+    /// The fleet runs on a cluster: a test of a cluster names its node.
+    pub fn server(&self) -> &NatsServer {
+        match self {
+            Self::Server(server) => server,
+            Self::Cluster(_) => panic!("this fleet runs on a NATS cluster"),
+        }
+    }
+
+    /// The cluster of a fleet that runs on one.
+    ///
+    /// # Panics
+    ///
+    /// The fleet runs on one server.
+    pub fn cluster(&self) -> &NatsCluster {
+        match self {
+            Self::Cluster(cluster) => cluster,
+            Self::Server(_) => panic!("this fleet runs on one NATS server"),
+        }
+    }
+}
+
 /// NATS, Redis and `toolfleet-worker` processes with the test tools enabled.
 pub struct Fleet {
-    /// The fleet's NATS server.
-    pub nats: NatsServer,
+    /// The fleet's NATS.
+    pub nats: Nats,
     /// The fleet's Redis server.
     pub redis: RedisServer,
     /// A client connected to `nats`.
     pub client: async_nats::Client,
     workers: Vec<ChildProcess>,
+    /// Environment of every service, worker or orchestrator (`nats.replicas`
+    /// on a cluster).
+    service_env: Vec<(String, String)>,
     worker_env: Vec<(String, String)>,
     orchestrators: Vec<ChildProcess>,
 }
@@ -67,7 +124,39 @@ impl Fleet {
     ) -> anyhow::Result<Self> {
         let nats = NatsServer::start().await?;
         let client = nats.client().await?;
-        Self::start_on(nats, client, redis, workers, worker_env).await
+        Self::start_on(
+            Nats::Server(nats.into()),
+            client,
+            redis,
+            workers,
+            worker_env,
+        )
+        .await
+    }
+
+    /// Like [`start_with_redis`](Self::start_with_redis), on a NATS cluster
+    /// of `nodes` servers; every service keeps `replicas` copies of each
+    /// stream (`nats.replicas`).
+    ///
+    /// # Errors
+    ///
+    /// A server or worker did not start; the error names which.
+    pub async fn start_on_cluster(
+        nodes: usize,
+        replicas: usize,
+        workers: usize,
+        worker_env: &[(&str, &str)],
+        redis: RedisConfig,
+    ) -> anyhow::Result<Self> {
+        let cluster = NatsCluster::start(nodes).await?;
+        let client = cluster.client().await?;
+        let mut fleet =
+            Self::start_on(Nats::Cluster(cluster), client, redis, 0, worker_env).await?;
+        fleet.service_env = vec![("TOOLFLEET_NATS__REPLICAS".to_owned(), replicas.to_string())];
+        for _ in 0..workers {
+            fleet.spawn_worker().await?;
+        }
+        Ok(fleet)
     }
 
     /// A fleet on a NATS server the test configured itself (authentication,
@@ -78,7 +167,7 @@ impl Fleet {
     ///
     /// Redis or a worker did not start; the error names which.
     pub async fn start_on(
-        nats: NatsServer,
+        nats: Nats,
         client: async_nats::Client,
         redis: RedisConfig,
         workers: usize,
@@ -90,6 +179,7 @@ impl Fleet {
             redis,
             client,
             workers: Vec::new(),
+            service_env: Vec::new(),
             orchestrators: Vec::new(),
             worker_env: worker_env
                 .iter()
@@ -171,6 +261,7 @@ impl Fleet {
             "RUST_LOG".to_owned(),
             "info,toolfleet_worker=debug".to_owned(),
         )];
+        all_env.extend(self.service_env.iter().cloned());
         all_env.extend(self.worker_env.iter().cloned());
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, all_env)?;
@@ -223,6 +314,7 @@ impl Fleet {
             ),
             ("TOOLFLEET_API__AUTH".to_owned(), "none".to_owned()),
         ];
+        all_env.extend(self.service_env.iter().cloned());
         all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let process =
             ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1;
 use toolfleet_tests::certificates::Certificates;
-use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job};
 use toolfleet_tests::{ChildProcess, NatsServer, RedisConfig, cargo_bin};
 use toolfleet_tests::{ServerOptions, wait_until};
 
@@ -98,7 +98,14 @@ async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Resul
     ];
     let mut worker_env = vec![("TOOLFLEET_NATS__NKEY_SEED_FILE", seed.as_str())];
     worker_env.extend(tls_env);
-    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &worker_env).await?;
+    let mut fleet = Fleet::start_on(
+        Nats::Server(nats.into()),
+        client,
+        RedisConfig::default(),
+        1,
+        &worker_env,
+    )
+    .await?;
     let mut orchestrator_env = vec![
         ("TOOLFLEET_NATS__USER", "orchestrator"),
         ("TOOLFLEET_NATS__PASSWORD", ORCHESTRATOR_PASSWORD),
@@ -245,7 +252,14 @@ async fn both_services_authenticate_with_a_token() -> anyhow::Result<()> {
         .connect(nats.url())
         .await?;
     let env = [("TOOLFLEET_NATS__TOKEN", TOKEN)];
-    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &env).await?;
+    let mut fleet = Fleet::start_on(
+        Nats::Server(nats.into()),
+        client,
+        RedisConfig::default(),
+        1,
+        &env,
+    )
+    .await?;
     fleet.spawn_orchestrator(&env).await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
     let job = run_job(
@@ -376,7 +390,14 @@ async fn both_services_run_jobs_with_credentials_files_in_operator_mode() -> any
         .connect(nats.url())
         .await?;
     let worker_env = [("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[2].as_str())];
-    let mut fleet = Fleet::start_on(nats, client, RedisConfig::default(), 1, &worker_env).await?;
+    let mut fleet = Fleet::start_on(
+        Nats::Server(nats.into()),
+        client,
+        RedisConfig::default(),
+        1,
+        &worker_env,
+    )
+    .await?;
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[1].as_str())])
         .await?;

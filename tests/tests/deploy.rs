@@ -3,17 +3,32 @@
 //! with the workspace's own binaries (tests/deploy/*.py, in the venv that
 //! scripts/setup makes).
 
-use toolfleet_tests::{NatsServer, cargo_bin, repo_root, venv_python};
+use toolfleet_tests::{NatsCluster, NatsServer, cargo_bin, repo_root, venv_python};
+
+/// The NATS a check's setup steps run against.
+enum Nats {
+    /// The check starts its own servers.
+    None,
+    /// One server, as `deploy/docker-compose.yml` has.
+    Server,
+    /// Three nodes, since the chart's default keeps three copies of each
+    /// stream (`nats.replicas`).
+    Cluster,
+}
 
 /// Runs `tests/deploy/<script>` with `args` (paths in the repository), the
-/// binaries' dir and, with `nats`, a test NATS server's URL; returns what it
-/// said, failing if it failed.
-async fn check(script: &str, args: &[&str], nats: bool) -> anyhow::Result<String> {
-    let server = if nats {
-        Some(NatsServer::start().await?)
-    } else {
-        None
+/// binaries' dir and the URL of the test NATS `nats` asks for; returns what
+/// it said, failing if it failed.
+async fn check(script: &str, args: &[&str], nats: Nats) -> anyhow::Result<String> {
+    let (server, cluster) = match nats {
+        Nats::None => (None, None),
+        Nats::Server => (Some(NatsServer::start().await?), None),
+        Nats::Cluster => (None, Some(NatsCluster::start(3).await?)),
     };
+    let url = server
+        .as_ref()
+        .map(NatsServer::url)
+        .or_else(|| cluster.as_ref().map(NatsCluster::url));
     let bin_dir = cargo_bin("toolfleet-worker")?
         .parent()
         .expect("a binary is in a dir")
@@ -22,7 +37,7 @@ async fn check(script: &str, args: &[&str], nats: bool) -> anyhow::Result<String
         .arg(repo_root().join("tests/deploy").join(script))
         .args(args.iter().map(|a| repo_root().join(a)))
         .arg(bin_dir)
-        .args(server.as_ref().map(NatsServer::url))
+        .args(url)
         .output()
         .await?;
     let said = String::from_utf8_lossy(&output.stdout).into_owned()
@@ -39,7 +54,7 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
     let said = check(
         "compose.py",
         &["deploy/docker-compose.yml", "deploy/Dockerfile"],
-        true,
+        Nats::Server,
     )
     .await?;
     assert!(
@@ -56,13 +71,14 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 /// refused, the NATS and Redis users generated from the pools equal to
 /// deploy/'s files (one pool more adds exactly its users), and every
 /// container's configuration, environment, mounted files and probes run by
-/// the binary it names (the setup Job for real).
+/// the binary it names (the setup Job for real, on a NATS cluster: the
+/// defaults keep three copies of each stream).
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
-    let said = check("chart.py", &["deploy/helm/toolfleet"], true).await?;
+    let said = check("chart.py", &["deploy/helm/toolfleet"], Nats::Cluster).await?;
     assert!(said.contains("chart: 7 value sets"), "{said}");
-    assert!(said.contains("11 bad value sets refused"), "{said}");
+    assert!(said.contains("13 bad value sets refused"), "{said}");
     Ok(())
 }
 
@@ -73,7 +89,12 @@ async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() ->
 #[tokio::test]
 async fn the_kustomize_base_and_overlays_are_rendered_from_the_chart_and_build()
 -> anyhow::Result<()> {
-    let said = check("kustomize.py", &["deploy/helm/toolfleet", "k8s"], true).await?;
+    let said = check(
+        "kustomize.py",
+        &["deploy/helm/toolfleet", "k8s"],
+        Nats::Cluster,
+    )
+    .await?;
     assert!(said.contains("k8s: 3 kustomize builds"), "{said}");
     Ok(())
 }
@@ -87,7 +108,7 @@ async fn the_kustomize_base_and_overlays_are_rendered_from_the_chart_and_build()
 /// succeeds.
 #[tokio::test]
 async fn the_rendered_chart_runs_a_fleet_and_keda_reads_its_backlog() -> anyhow::Result<()> {
-    let said = check("pods.py", &["deploy/helm/toolfleet"], false).await?;
+    let said = check("pods.py", &["deploy/helm/toolfleet"], Nats::None).await?;
     assert!(
         said.contains("KEDA reads the lags {'tool_calculate': 3, 'tool_get_current_weather': 6}"),
         "{said}"

@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
+use toolfleet_proto::names;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
 use toolfleet_tests::tally::{Tally, answer_of};
+use toolfleet_tests::{RedisConfig, wait_until};
 
 /// Short timers so that redeliveries happen within a second: the claim lease
 /// stays below AckWait, as in production.
@@ -21,6 +23,31 @@ const FAST_REDELIVERY: &[(&str, &str)] = &[
 
 fn scripted(script: Value) -> v1::SubmitJobRequest {
     scripted_job("fault test", &script)
+}
+
+/// The NATS a fault test runs on. The durability tests run on both; a
+/// test on a cluster has `cluster` in its name.
+#[derive(Debug, Clone, Copy)]
+enum On {
+    /// One nats-server.
+    Server,
+    /// Three nodes, each stream kept on all three (`nats.replicas = 3`).
+    Cluster,
+}
+
+impl On {
+    /// A fleet with `workers` workers (`worker_env` on each) on this NATS.
+    async fn fleet(
+        self,
+        workers: usize,
+        worker_env: &[(&str, &str)],
+        redis: RedisConfig,
+    ) -> anyhow::Result<Fleet> {
+        match self {
+            Self::Server => Fleet::start_with_redis(workers, worker_env, redis).await,
+            Self::Cluster => Fleet::start_on_cluster(3, 3, workers, worker_env, redis).await,
+        }
+    }
 }
 
 /// Restarts every worker that died, until the test ends. Returns nothing:
@@ -77,38 +104,25 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
 /// shape too (the other fault tests run the default one).
 #[tokio::test]
 async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyhow::Result<()> {
+    worker_chaos(On::Server).await
+}
+
+#[tokio::test]
+async fn cluster_killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect()
+-> anyhow::Result<()> {
+    worker_chaos(On::Cluster).await
+}
+
+async fn worker_chaos(on: On) -> anyhow::Result<()> {
     const JOBS: usize = 100;
     const SINGLE_THREADED: (&str, &str) = ("TOOLFLEET_THREADS", "1");
     let mut worker_env = FAST_REDELIVERY.to_vec();
     worker_env.push(SINGLE_THREADED);
-    let mut fleet = Fleet::start_with(3, &worker_env).await?;
+    let mut fleet = on.fleet(3, &worker_env, RedisConfig::default()).await?;
     fleet.spawn_orchestrator(&[SINGLE_THREADED]).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
     let api = fleet.api(0).await?;
-
-    let mut jobs = Vec::new();
-    for job in 0..JOBS {
-        let round = |r: usize| {
-            let calls: Vec<Value> = (0..3)
-                .map(|k| {
-                    json!({"name": "increment_counter",
-                             "arguments": {"key": format!("chaos:{job}:{r}:{k}"), "delay_ms": 300}})
-                })
-                .collect();
-            json!({"tool_calls": calls})
-        };
-        let script = json!([round(0), round(1), {"message": "done"}]);
-        let job_id = api
-            .clone()
-            .submit_job(scripted(script))
-            .await?
-            .into_inner()
-            .job_id;
-        jobs.push(tokio::spawn({
-            let api = api.clone();
-            async move { wait_finished(&api, &job_id).await }
-        }));
-    }
+    let jobs = submit_rounds(&api, JOBS, "chaos").await?;
 
     let kills = Arc::new(AtomicUsize::new(0));
     let chaos = async {
@@ -129,6 +143,61 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
         () = chaos => unreachable!(),
         () = restart_dead_workers(&fleet) => unreachable!(),
     };
+    let (calls, tally) = tally_rounds(&fleet, finished, "chaos").await?;
+    let recovered = fleet.count_in_worker_logs("earlier execution was applied");
+    let dedup_hits = fleet.count_in_worker_logs("answered from the stored result");
+    println!(
+        "worker chaos ({on:?}): jobs {JOBS}, calls {calls}, kills {}, recovered by probe {recovered}, \
+         dedup hits {dedup_hits}, {tally}",
+        kills.load(Ordering::SeqCst)
+    );
+    tally.assert_truthful();
+    assert_eq!(calls, JOBS * 6);
+    Ok(())
+}
+
+/// Submits `jobs` jobs of two rounds of three side-effecting calls (300 ms
+/// each), counted under `<tag>:<job>:<round>:<call>`; each handle ends with
+/// its job finished.
+async fn submit_rounds(
+    api: &ApiClient,
+    jobs: usize,
+    tag: &str,
+) -> anyhow::Result<Vec<tokio::task::JoinHandle<anyhow::Result<v1::Job>>>> {
+    let mut handles = Vec::new();
+    for job in 0..jobs {
+        let round = |r: usize| {
+            let calls: Vec<Value> = (0..3)
+                .map(|k| {
+                    json!({"name": "increment_counter",
+                             "arguments": {"key": format!("{tag}:{job}:{r}:{k}"), "delay_ms": 300}})
+                })
+                .collect();
+            json!({"tool_calls": calls})
+        };
+        let script = json!([round(0), round(1), {"message": "done"}]);
+        let job_id = api
+            .clone()
+            .submit_job(scripted(script))
+            .await?
+            .into_inner()
+            .job_id;
+        handles.push(tokio::spawn({
+            let api = api.clone();
+            async move { wait_finished(&api, &job_id).await }
+        }));
+    }
+    Ok(handles)
+}
+
+/// The jobs of [`submit_rounds`], each of which must have succeeded, as
+/// finished: how many calls they made, and each call's answer held against
+/// its effect.
+async fn tally_rounds(
+    fleet: &Fleet,
+    finished: Vec<Result<anyhow::Result<v1::Job>, tokio::task::JoinError>>,
+    tag: &str,
+) -> anyhow::Result<(usize, Tally)> {
     let mut calls = 0;
     let mut tally = Tally::default();
     for (i, job) in finished.into_iter().enumerate() {
@@ -142,22 +211,13 @@ async fn killing_workers_in_a_loop_loses_no_call_and_repeats_no_effect() -> anyh
             for k in 0..3 {
                 let call_id = format!("call_{r}_{k}");
                 let answer = answer_of(&job, &call_id);
-                let effect = fleet.counter(&format!("chaos:{i}:{r}:{k}")).await?;
+                let effect = fleet.counter(&format!("{tag}:{i}:{r}:{k}")).await?;
                 tally.add(&format!("job {i} {call_id}"), &answer, effect);
                 calls += 1;
             }
         }
     }
-    let recovered = fleet.count_in_worker_logs("earlier execution was applied");
-    let dedup_hits = fleet.count_in_worker_logs("answered from the stored result");
-    println!(
-        "worker chaos: jobs {JOBS}, calls {calls}, kills {}, recovered by probe {recovered}, \
-         dedup hits {dedup_hits}, {tally}",
-        kills.load(Ordering::SeqCst)
-    );
-    tally.assert_truthful();
-    assert_eq!(calls, JOBS * 6);
-    Ok(())
+    Ok((calls, tally))
 }
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.
@@ -196,8 +256,18 @@ async fn wait_all(api: &ApiClient, ids: &[String]) -> anyhow::Result<Vec<v1::Job
 #[tokio::test]
 async fn a_second_orchestrator_finishes_jobs_whose_orchestrator_was_killed_twice()
 -> anyhow::Result<()> {
+    orchestrator_kills(On::Server).await
+}
+
+#[tokio::test]
+async fn cluster_a_second_orchestrator_finishes_jobs_whose_orchestrator_was_killed_twice()
+-> anyhow::Result<()> {
+    orchestrator_kills(On::Cluster).await
+}
+
+async fn orchestrator_kills(on: On) -> anyhow::Result<()> {
     const JOBS: usize = 20;
-    let mut fleet = Fleet::start_with(2, FAST_REDELIVERY).await?;
+    let mut fleet = on.fleet(2, FAST_REDELIVERY, RedisConfig::default()).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 2).await?;
     let api = fleet.api(0).await?;
@@ -268,7 +338,7 @@ async fn a_second_orchestrator_finishes_jobs_whose_orchestrator_was_killed_twice
         })
         .sum();
     println!(
-        "orchestrator kills: jobs {JOBS}, calls {}, kills 2, resumptions {resumed}, turns played {}, \
+        "orchestrator kills ({on:?}): jobs {JOBS}, calls {}, kills 2, resumptions {resumed}, turns played {}, \
          turns played twice 0, duplicates found 0",
         JOBS * 3,
         played.len()
@@ -313,7 +383,7 @@ async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Resu
     fleet.workers()[0]
         .wait_for_log("executing call", Duration::from_secs(30))
         .await?;
-    fleet.nats.restart().await?;
+    fleet.nats.server().restart().await?;
     let jobs = wait_all(&fleet.api(0).await?, &ids).await?;
     assert!(
         jobs.iter()
@@ -401,6 +471,18 @@ async fn jobs_whose_redis_state_is_lost_fail_with_a_clear_code() -> anyhow::Resu
 
 #[tokio::test]
 async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()> {
+    rolling_restart(On::Server).await
+}
+
+/// On a cluster, the NATS nodes restart in turn too, as an upgrade of the
+/// cluster does.
+#[tokio::test]
+async fn cluster_a_rolling_restart_of_every_process_and_nats_node_fails_no_job()
+-> anyhow::Result<()> {
+    rolling_restart(On::Cluster).await
+}
+
+async fn rolling_restart(on: On) -> anyhow::Result<()> {
     const JOBS: usize = 200;
     // Workers stop by SIGTERM here, draining: the claim lease only has to
     // outlast a busy moment of a loaded machine, which 500 ms (the kill
@@ -411,7 +493,7 @@ async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()>
         ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "2s"),
         ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
     ];
-    let mut fleet = Fleet::start_with(3, &drained).await?;
+    let mut fleet = on.fleet(3, &drained, RedisConfig::default()).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
@@ -433,8 +515,29 @@ async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()>
                 .job_id,
         );
     }
-    // SIGTERM each process in turn, wait until it is back, then the next one.
+    // SIGTERM each process in turn, wait until it is back, then the next one:
+    // on a cluster, each NATS node first, back and caught up before the next.
     let mut restarts = 0;
+    if let On::Cluster = on {
+        let cluster = fleet.nats.cluster();
+        let js = async_nats::jetstream::new(fleet.client.clone());
+        for node in cluster.nodes() {
+            let status = node.stop().await?;
+            assert!(status.success(), "a NATS node exited with {status:?}");
+            node.restart().await?;
+            for stream in [names::JOB_STREAM, names::CALL_STREAM] {
+                let what = format!("every copy of {stream} to catch up");
+                wait_until(&what, Duration::from_secs(30), || async {
+                    cluster
+                        .stream_copies(&js, stream)
+                        .await
+                        .is_ok_and(|copies| copies.current)
+                })
+                .await?;
+            }
+            restarts += 1;
+        }
+    }
     let processes: Vec<_> = fleet
         .orchestrators()
         .chain(fleet.workers().iter())
@@ -456,6 +559,7 @@ async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()>
         process.wait_for_log(ready, Duration::from_secs(30)).await?;
         restarts += 1;
     }
+
     // The orchestrators listen on new ports since their restart.
     let api = fleet.api(0).await?;
     let jobs = wait_all(&api, &ids).await?;
@@ -476,7 +580,7 @@ async fn a_rolling_restart_of_every_process_fails_no_job() -> anyhow::Result<()>
     }
     let duplicates = wrong.len();
     println!(
-        "rolling restart: jobs {JOBS}, calls {JOBS}, restarts {restarts}, failed {failed}, duplicates found {duplicates}"
+        "rolling restart ({on:?}): jobs {JOBS}, calls {JOBS}, restarts {restarts}, failed {failed}, duplicates found {duplicates}"
     );
     assert_eq!(failed, 0, "{failures:#?}");
     assert_eq!(duplicates, 0, "{wrong:#?}");
@@ -622,5 +726,72 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
     // Finished jobs leave the index, so they are never swept again.
     assert!(store.unfinished_before(u64::MAX, 10).await?.is_empty());
     println!("lost queue message: jobs 1, swept 1, finished 1");
+    Ok(())
+}
+
+/// kill -9 the NATS node that leads the call stream while jobs run: the
+/// other two elect a new leader, every service moves to a node that is up,
+/// and no call is lost or run twice. The node comes back and catches up.
+#[tokio::test]
+async fn cluster_killing_the_nats_node_that_leads_the_calls_stream_loses_no_call_and_repeats_no_effect()
+-> anyhow::Result<()> {
+    const JOBS: usize = 60;
+    let mut fleet = On::Cluster
+        .fleet(3, FAST_REDELIVERY, RedisConfig::default())
+        .await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
+    let api = fleet.api(0).await?;
+    let jobs = submit_rounds(&api, JOBS, "leader").await?;
+    let cluster = fleet.nats.cluster();
+    let js = async_nats::jetstream::new(fleet.client.clone());
+    // Under load: once the first effects are done, while most calls wait.
+    wait_until(
+        "the first calls to run",
+        Duration::from_secs(30),
+        || async { fleet.counter("leader:0:0:0").await.is_ok_and(|n| n > 0) },
+    )
+    .await?;
+    let before = cluster.stream_copies(&js, names::CALL_STREAM).await?;
+    let victim = cluster.node(before.leader);
+    let killed_at = std::time::Instant::now();
+    victim.kill();
+    let after = wait_until(
+        "another node to lead the calls stream",
+        Duration::from_secs(30),
+        || async {
+            cluster
+                .stream_copies(&js, names::CALL_STREAM)
+                .await
+                .ok()
+                .filter(|copies| copies.leader != before.leader)
+        },
+    )
+    .await?;
+    // As the test's client sees it: its own requests wait out the dead node.
+    let seen_after = killed_at.elapsed();
+    // A crashed server comes back after a while, with its store.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    victim.restart().await?;
+    let finished = futures::future::join_all(jobs).await;
+    let (calls, tally) = tally_rounds(&fleet, finished, "leader").await?;
+    wait_until(
+        "the restarted node's copy to catch up",
+        Duration::from_secs(30),
+        || async {
+            cluster
+                .stream_copies(&js, names::CALL_STREAM)
+                .await
+                .is_ok_and(|copies| copies.current)
+        },
+    )
+    .await?;
+    println!(
+        "calls stream leader killed (Cluster): jobs {JOBS}, calls {calls}, leader node {} killed, \
+         node {} seen leading after {seen_after:.1?}, {tally}",
+        before.leader, after.leader
+    );
+    tally.assert_truthful();
+    assert_eq!(calls, JOBS * 6);
     Ok(())
 }

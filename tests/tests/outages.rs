@@ -99,9 +99,9 @@ async fn worker_chaos_through_nats_and_redis_outages_tells_the_truth() -> anyhow
     // NATS, then Redis, each down for 30 s while the jobs run.
     let outages = async {
         tokio::time::sleep(Duration::from_secs(5)).await;
-        fleet.nats.kill();
+        fleet.nats.server().kill();
         tokio::time::sleep(OUTAGE).await;
-        fleet.nats.restart().await?;
+        fleet.nats.server().restart().await?;
         tokio::time::sleep(Duration::from_secs(5)).await;
         fleet.redis.kill();
         tokio::time::sleep(OUTAGE).await;

@@ -171,7 +171,7 @@ async fn a_tool_unannounced_during_a_nats_outage_is_not_unknown() -> anyhow::Res
         get(&api).await.is_ok_and(|job| results(&job) >= 1)
     })
     .await?;
-    fleet.nats.kill();
+    fleet.nats.server().kill();
     // The second turn's call is checked while NATS is down and no tool is
     // live: it is either published (and waits) or, wrongly, answered.
     let orchestrator = fleet.orchestrator(0);
@@ -186,7 +186,7 @@ async fn a_tool_unannounced_during_a_nats_outage_is_not_unknown() -> anyhow::Res
         },
     )
     .await?;
-    fleet.nats.restart().await?;
+    fleet.nats.server().restart().await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     let second = answer_of(&job, "call_1_0");
@@ -217,7 +217,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         toolfleet_tests::free_loopback_address()?,
     );
     let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
-    fleet.nats.kill();
+    fleet.nats.server().kill();
     fleet.redis.kill();
     let worker = fleet.start_worker()?;
     let orchestrator =
@@ -289,7 +289,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         .await?;
         assert!(!probe(false)?, "not ready while waiting for {server}");
         match server {
-            "NATS" => fleet.nats.restart().await?,
+            "NATS" => fleet.nats.server().restart().await?,
             _ => fleet.redis.restart().await?,
         }
     }

@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use toolfleet_proto::v1;
 use toolfleet_tests::certificates::Certificates;
-use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job};
 use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bin};
 
 /// The shipped users, exactly as deployed.
@@ -194,7 +194,14 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
     let anonymous = async_nats::connect(&url).await;
     assert!(anonymous.is_err(), "an anonymous client got in");
     let (admin, _) = users.setup.connect(&url).await?;
-    let mut fleet = Fleet::start_on(nats, admin.clone(), RedisConfig::default(), 0, &[]).await?;
+    let mut fleet = Fleet::start_on(
+        Nats::Server(nats.into()),
+        admin.clone(),
+        RedisConfig::default(),
+        0,
+        &[],
+    )
+    .await?;
 
     // A pool started before the setup step waits for it, and says which.
     let general_env = users.general.env();

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use serde_json::{Value, json};
 use toolfleet_proto::names;
-use toolfleet_tests::fleet::{Fleet, call};
+use toolfleet_tests::fleet::{Fleet, Nats, call};
 use toolfleet_tests::wait_until;
 
 const RESULT: Duration = Duration::from_secs(20);
@@ -638,7 +638,14 @@ async fn calls_are_kept_alive_against_the_consumers_own_ack_wait() -> anyhow::Re
     anyhow::ensure!(set_up.status.success(), "{set_up:?}");
     let client = nats.client().await?;
     let env = [("TOOLFLEET_RUNTIME__ACK_WAIT", "30s")];
-    let fleet = Fleet::start_on(nats, client, Default::default(), 1, &env).await?;
+    let fleet = Fleet::start_on(
+        Nats::Server(nats.into()),
+        client,
+        Default::default(),
+        1,
+        &env,
+    )
+    .await?;
     assert_eq!(fleet.count_in_worker_logs("has its own AckWait"), 1);
     let mut results = fleet.results("job-ack-wait").await?;
     fleet

@@ -16,8 +16,15 @@ use serde_json::{Value, json};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NatsOptions {
-    /// Server URL(s), comma separated. Default: `nats://127.0.0.1:4222`.
+    /// Server URL(s), comma separated: the seeds of a cluster, of which
+    /// the client learns the rest. Default: `nats://127.0.0.1:4222`.
     pub url: String,
+    /// Copies JetStream keeps of each stream and of the registry bucket
+    /// this service creates (`nats.create_missing`), 1 to 5; more than one
+    /// needs a NATS cluster. `toolfleet-orchestrator setup` applies it to
+    /// existing ones too. Default: 1.
+    #[serde(deserialize_with = "replicas")]
+    pub replicas: usize,
     /// Path of a NATS credentials file (a user JWT and its NKey seed), if
     /// the server runs in operator mode. Default: none.
     pub credentials_file: Option<String>,
@@ -54,6 +61,7 @@ impl Default for NatsOptions {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
+            replicas: 1,
             credentials_file: None,
             nkey_seed_file: None,
             user: None,
@@ -198,6 +206,20 @@ fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<f64
     }
 }
 
+/// The most copies of a stream JetStream keeps.
+const MAX_REPLICAS: usize = 5;
+
+fn replicas<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    let replicas = usize::deserialize(deserializer)?;
+    if (1..=MAX_REPLICAS).contains(&replicas) {
+        Ok(replicas)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "{replicas} replicas: JetStream keeps 1 to {MAX_REPLICAS} copies of a stream"
+        )))
+    }
+}
+
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -277,14 +299,56 @@ pub mod duration {
 }
 
 /// `url` without its password, for messages and logs:
-/// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`.
+/// `redis://:secret@host:6379/0` becomes `redis://***@host:6379/0`; each URL
+/// of a comma-separated list ([`url_list`]) is redacted on its own.
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}***{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
+    url_list(url)
+        .into_iter()
+        .map(redact_one)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Everything between the scheme (if any) and the last `@` is a user and a
+/// password.
+fn redact_one(url: &str) -> String {
+    let Some(at) = url.rfind('@') else {
+        return url.to_owned();
+    };
+    let start = url.find("://").map_or(0, |scheme| scheme + 3);
+    if at < start {
+        return url.to_owned();
     }
+    format!("{}***{}", &url[..start], &url[at..])
+}
+
+/// The URLs of a comma-separated list (`nats.url`'s seeds), trimmed. A
+/// password may hold a comma too: a piece whose `@` has no scheme before it
+/// continues the URL before it when that one has a scheme and no `@` yet.
+pub fn url_list(urls: &str) -> Vec<&str> {
+    let mut list: Vec<(usize, usize)> = Vec::new();
+    let mut start = 0;
+    for piece in urls.split(',') {
+        let end = start + piece.len();
+        let continues = piece
+            .find('@')
+            .is_some_and(|at| !piece[..at].contains("://"));
+        match list.last_mut() {
+            Some(last)
+                if continues
+                    && urls[last.0..last.1].contains("://")
+                    && !urls[last.0..last.1].contains('@') =>
+            {
+                last.1 = end;
+            }
+            _ => list.push((start, end)),
+        }
+        start = end + 1;
+    }
+    list.into_iter()
+        .map(|(start, end)| urls[start..end].trim())
+        .filter(|url| !url.is_empty())
+        .collect()
 }
 
 /// A configuration that could not be loaded; the message names the key.
@@ -395,10 +459,44 @@ mod tests {
             "redis://***@host:6379/0"
         );
         assert_eq!(redact_url("nats://user:pw@a:4222"), "nats://***@a:4222");
+        assert_eq!(redact_url("user:pw@a:4222"), "***@a:4222");
+        assert_eq!(
+            redact_url("nats://u:p@a:4222, nats://b:4222,nats://v:q,w@c"),
+            "nats://***@a:4222,nats://b:4222,nats://***@c"
+        );
         assert_eq!(
             redact_url("redis://127.0.0.1:6379/"),
             "redis://127.0.0.1:6379/"
         );
+    }
+
+    #[test]
+    fn url_lists_split_at_commas_outside_passwords() {
+        assert_eq!(url_list("nats://a:4222"), ["nats://a:4222"]);
+        assert_eq!(
+            url_list("nats://a:4222, b:4223,,nats://u:p,w@c"),
+            ["nats://a:4222", "b:4223", "nats://u:p,w@c"]
+        );
+        assert_eq!(url_list("a:1,u@b"), ["a:1", "u@b"]);
+        assert!(url_list(" , ").is_empty());
+    }
+
+    #[test]
+    fn replicas_are_one_to_five() {
+        let load = |replicas: usize| {
+            load_layered::<NatsSection>(None, json!({"nats": {"replicas": replicas}}), &[])
+        };
+        assert_eq!(load(3).unwrap().nats.replicas, 3);
+        for wrong in [0, 6] {
+            let err = load(wrong).unwrap_err().to_string();
+            assert!(err.contains("nats.replicas"), "{err}");
+            assert!(err.contains("1 to 5"), "{err}");
+        }
+    }
+
+    #[derive(Debug, Default, Serialize, Deserialize)]
+    struct NatsSection {
+        nats: NatsOptions,
     }
 
     #[test]

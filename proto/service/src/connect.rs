@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::config::{NatsOptions, RedisOptions, redact_url};
+use crate::config::{NatsOptions, RedisOptions, redact_url, url_list};
 
 /// Longest pause between two attempts while waiting for a server.
 const MAX_PATIENCE_STEP: Duration = Duration::from_secs(5);
@@ -67,13 +67,15 @@ pub async fn nats(
         url: redact_url(&options.url),
         source,
     };
+    let seeds = nats_seeds(&options.url)?;
     let connect = nats_options(options)
         .await?
         .name(client_name)
         .retry_on_initial_connect()
         .max_reconnects(None);
-    // Returns at once (`retry_on_initial_connect`) and connects behind.
-    let client = connect.connect(options.url.as_str()).await.map_err(error)?;
+    // Returns at once (`retry_on_initial_connect`) and connects behind, to
+    // any seed; the servers tell it of the rest of their cluster.
+    let client = connect.connect(seeds).await.map_err(error)?;
     let url = redact_url(&options.url);
     patiently(&format!("NATS at {url}"), || async {
         match client.connection_state() {
@@ -83,6 +85,23 @@ pub async fn nats(
     })
     .await;
     Ok(client)
+}
+
+/// The servers of `nats.url`: one URL, or a cluster's seeds, comma separated.
+fn nats_seeds(url: &str) -> Result<Vec<async_nats::ServerAddr>, ConnectError> {
+    let seeds = url_list(url);
+    if seeds.is_empty() {
+        return Err(ConnectError::NatsConfig("nats.url names no server".into()));
+    }
+    seeds
+        .into_iter()
+        .map(|seed| {
+            // The client's message names no part of the URL.
+            seed.parse().map_err(|err| {
+                ConnectError::NatsConfig(format!("nats.url {}: {err}", redact_url(seed)))
+            })
+        })
+        .collect()
 }
 
 /// The client options `options` ask for: one way of authenticating at most,
@@ -324,4 +343,25 @@ fn redis_client(options: &RedisOptions) -> Result<redis::Client, RedisSetupError
         root_cert,
     };
     redis::Client::build_with_tls(info, certificates).map_err(RedisSetupError::Client)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nats_url_is_a_list_of_seeds() {
+        let seeds = nats_seeds("nats://127.0.0.1:4222, tls://u:p@b:4223,c").unwrap();
+        let hosts: Vec<_> = seeds.iter().map(|s| (s.host(), s.port())).collect();
+        assert_eq!(
+            hosts,
+            [("127.0.0.1", 4222), ("b", 4223), ("c", 4222)],
+            "a seed without a port gets NATS' default"
+        );
+        let err = nats_seeds("nats://a:4222,nats://u:secret@b:port").unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("nats.url nats://***@b:port"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+        assert!(nats_seeds(" ,").is_err());
+    }
 }

@@ -16,11 +16,16 @@
 //! development) a service creates what it finds missing; without it, it
 //! waits for the setup step, so its NATS user needs no right to create
 //! anything, and a pool's consumer exists before its first worker starts.
+//!
+//! On a NATS cluster each stream and the bucket keep `nats.replicas` copies
+//! (consumers follow their stream), so that losing a server loses no call.
 
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv, stream};
 use toolfleet_proto::names;
+
+use crate::config::NatsOptions;
 
 /// How long JetStream remembers a message id to drop a re-publish of it.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
@@ -61,17 +66,23 @@ impl QueueError {
 /// Whether a service may create the objects it opens (`nats.create_missing`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Missing {
-    /// Create an object that does not exist yet (development, one user).
-    Create,
+    /// Create an object that does not exist yet (development, one user),
+    /// with this many copies of its stream (`nats.replicas`).
+    Create {
+        /// Copies JetStream keeps, on as many servers of its cluster.
+        replicas: usize,
+    },
     /// Only open it; a missing one is an error that names the setup step.
     Wait,
 }
 
 impl Missing {
-    /// `nats.create_missing` as a [`Missing`].
-    pub fn from_create_missing(create_missing: bool) -> Self {
-        if create_missing {
-            Self::Create
+    /// `nats.create_missing` and `nats.replicas` as a [`Missing`].
+    pub fn from_options(options: &NatsOptions) -> Self {
+        if options.create_missing {
+            Self::Create {
+                replicas: options.replicas,
+            }
         } else {
             Self::Wait
         }
@@ -86,7 +97,10 @@ impl Missing {
             verb: "open",
             what,
             hint: match self {
-                Self::Create => "",
+                Self::Create { replicas: 1 } => "",
+                Self::Create { .. } => {
+                    " (nats.replicas above 1 needs a NATS cluster of at least as many servers)"
+                }
                 Self::Wait => {
                     " (nats.create_missing is off: `toolfleet-orchestrator setup` creates it)"
                 }
@@ -130,9 +144,10 @@ impl WorkQueue {
         }
     }
 
-    fn config(&self) -> stream::Config {
+    fn config(&self, replicas: usize) -> stream::Config {
         stream::Config {
             name: self.name.to_owned(),
+            num_replicas: replicas,
             description: Some(self.description.to_owned()),
             subjects: vec![self.subjects.to_owned()],
             retention: stream::RetentionPolicy::WorkQueue,
@@ -155,10 +170,25 @@ impl WorkQueue {
     ) -> Result<stream::Stream, QueueError> {
         let what = || format!("stream {}", self.name);
         match missing {
-            Missing::Create => js
-                .get_or_create_stream(self.config())
-                .await
-                .map_err(|e| missing.error(what(), e)),
+            Missing::Create { replicas } => {
+                let stream = js
+                    .get_or_create_stream(self.config(replicas))
+                    .await
+                    .map_err(|e| missing.error(what(), e))?;
+                let kept = stream.cached_info().config.num_replicas;
+                if kept != replicas {
+                    // An existing stream keeps its settings: only the
+                    // setup step changes them.
+                    tracing::warn!(
+                        stream = self.name,
+                        replicas = kept,
+                        configured = replicas,
+                        "the stream keeps {kept} copies, not nats.replicas: \
+                         `toolfleet-orchestrator setup` scales it"
+                    );
+                }
+                Ok(stream)
+            }
             Missing::Wait => js
                 .get_stream(self.name)
                 .await
@@ -236,7 +266,7 @@ impl SharedConsumer {
     ) -> Result<consumer::PullConsumer, QueueError> {
         let what = || format!("consumer {}", self.name);
         match missing {
-            Missing::Create => stream
+            Missing::Create { .. } => stream
                 .get_or_create_consumer(&self.name, self.config())
                 .await
                 .map_err(|e| missing.error(what(), e)),
@@ -249,8 +279,9 @@ impl SharedConsumer {
 }
 
 /// The registry bucket, whose entries live `ttl` without a refresh.
-fn registry_config(ttl: Duration) -> kv::Config {
+fn registry_config(ttl: Duration, replicas: usize) -> kv::Config {
     kv::Config {
+        num_replicas: replicas,
         bucket: names::REGISTRY_BUCKET.to_owned(),
         description: "toolfleet: live tool announcements of workers".to_owned(),
         history: 1,
@@ -273,11 +304,11 @@ pub async fn registry(
     missing: Missing,
 ) -> Result<kv::Store, QueueError> {
     let what = || format!("bucket {}", names::REGISTRY_BUCKET);
-    match js.get_key_value(names::REGISTRY_BUCKET).await {
-        Ok(store) => Ok(store),
-        Err(err) if missing == Missing::Wait => Err(missing.error(what(), err)),
-        Err(_) => js
-            .create_key_value(registry_config(ttl))
+    match (js.get_key_value(names::REGISTRY_BUCKET).await, missing) {
+        (Ok(store), _) => Ok(store),
+        (Err(err), Missing::Wait) => Err(missing.error(what(), err)),
+        (Err(_), Missing::Create { replicas }) => js
+            .create_key_value(registry_config(ttl, replicas))
             .await
             .map_err(|e| missing.error(what(), e)),
     }
@@ -297,6 +328,9 @@ pub struct Layout {
     pub registry_ttl: Duration,
     /// The tools whose consumers to create (`setup.tools`).
     pub tools: Vec<String>,
+    /// Copies of each stream and of the bucket (`nats.replicas`); an
+    /// existing stream is scaled to it in place.
+    pub replicas: usize,
 }
 
 /// Creates every object of `layout`, or updates it to `layout`'s settings
@@ -325,7 +359,7 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
     let mut done = Vec::new();
     for (queue, consumers) in queues {
         let what = format!("stream {}", queue.name);
-        js.create_or_update_stream(queue.config())
+        js.create_or_update_stream(queue.config(layout.replicas))
             .await
             .map_err(|e| QueueError::refused(&what, e))?;
         done.push(what);
@@ -338,7 +372,7 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
         }
     }
     let what = format!("bucket {}", names::REGISTRY_BUCKET);
-    js.create_or_update_key_value(registry_config(layout.registry_ttl))
+    js.create_or_update_key_value(registry_config(layout.registry_ttl, layout.replicas))
         .await
         .map_err(|e| QueueError::refused(&what, e))?;
     done.push(what);

@@ -161,7 +161,7 @@ impl Worker {
     ) -> (Vec<(String, consumer::PullConsumer)>, kv::Store) {
         let js = jetstream::new(self.nats.clone());
         let runtime = &self.options.runtime;
-        let missing = Missing::from_create_missing(self.options.nats.create_missing);
+        let missing = Missing::from_options(&self.options.nats);
         let calls = WorkQueue::calls(runtime.call_max_age);
         let stream = patiently("the call stream", || calls.open(&js, missing)).await;
         let mut consumers = Vec::new();

@@ -100,6 +100,7 @@ nats:
   url: {{ include "toolfleet.natsURL" .root | quote }}
   # Only the setup Job creates JetStream objects.
   create_missing: false
+  replicas: {{ if $v.dev.enabled }}1{{ else }}{{ $v.nats.replicas }}{{ end }}
   {{- if eq $v.nats.auth "users" }}
   user: {{ .user | quote }}
   inbox_prefix: {{ printf "_INBOX.%s" .user | quote }}

@@ -5,6 +5,8 @@
 //! (`toolfleet-tests`) is built on it.
 //!
 //! - [`NatsServer`]: a `nats-server` with JetStream on a port it picks itself.
+//! - [`NatsCluster`]: nats-servers routed into one cluster, each a
+//!   [`NatsServer`] that can be killed and restarted.
 //! - [`RedisServer`]: a `redis-server` on a free port, optionally with an
 //!   append-only file ([`RedisConfig`]) so data survives a restart.
 //! - [`ChildProcess`]: any other program, usually a workspace binary found with
@@ -33,6 +35,7 @@
 //! or Redis on the default ports.
 
 pub mod certificates;
+mod nats_cluster;
 mod nats_server;
 pub mod otlp;
 mod process;
@@ -40,6 +43,7 @@ pub mod reaper;
 mod redis_server;
 mod wait;
 
+pub use nats_cluster::{NatsCluster, StreamCopies};
 pub use nats_server::{JETSTREAM_SYNC_ALWAYS, NatsServer};
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use reaper::Reaper;

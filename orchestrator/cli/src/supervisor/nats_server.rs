@@ -56,9 +56,35 @@ pub struct NatsServer {
     store_dir: PathBuf,
     version: String,
     start_timeout: Duration,
-    /// Started with a configuration file (authentication, TLS): readiness is
-    /// read from its log, since an anonymous probe would be refused.
-    configured: bool,
+    ready: Ready,
+}
+
+/// How a server is started: its name (of its dir and its log), its
+/// configuration file, and how its readiness shows.
+pub(super) struct Launch<'a> {
+    pub(super) name: &'a str,
+    pub(super) config: Option<&'a str>,
+    pub(super) ready: Ready,
+}
+
+impl Default for Launch<'_> {
+    fn default() -> Self {
+        Self {
+            name: "nats-server",
+            config: None,
+            ready: Ready::Probe,
+        }
+    }
+}
+
+/// When a started server counts as ready.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Ready {
+    /// When JetStream answers an anonymous client.
+    Probe,
+    /// When its log says so: with authentication (a configuration file),
+    /// an anonymous probe would be refused.
+    Logged,
 }
 
 /// The line the server logs once it serves.
@@ -83,7 +109,7 @@ impl NatsServer {
     /// the scratch dir can't be created, or the server doesn't come up in time
     /// (the message carries its log).
     pub async fn start_with_options(options: &ServerOptions) -> anyhow::Result<Self> {
-        Self::start_configured(options, None).await
+        Self::launch(options, &Launch::default()).await
     }
 
     /// Starts a server with `config` (nats-server's configuration format:
@@ -97,17 +123,22 @@ impl NatsServer {
     /// As [`start_with_options`](Self::start_with_options), or a config the
     /// server refuses (the message carries its log).
     pub async fn start_with_config(options: &ServerOptions, config: &str) -> anyhow::Result<Self> {
-        Self::start_configured(options, Some(config)).await
+        let launch = Launch {
+            config: Some(config),
+            ready: Ready::Logged,
+            ..Launch::default()
+        };
+        Self::launch(options, &launch).await
     }
 
-    async fn start_configured(
+    pub(super) async fn launch(
         options: &ServerOptions,
-        config: Option<&str>,
+        launch: &Launch<'_>,
     ) -> anyhow::Result<Self> {
         let (binary, version) = binary().await?;
-        let dir = ScratchDir::new("nats-server", options.parent_dir.as_deref())?;
+        let dir = ScratchDir::new(launch.name, options.parent_dir.as_deref())?;
         let store_dir = dir.path().join("jetstream");
-        let config_file = match config {
+        let config_file = match launch.config {
             Some(text) => {
                 let path = dir.path().join("nats.conf");
                 std::fs::write(&path, text).context("cannot write the nats-server config")?;
@@ -118,8 +149,7 @@ impl NatsServer {
         // `-p -1` and `-m -1`: the server picks free ports and logs them, so
         // parallel tests in separate processes can't race for one.
         let args = server_args(("-1", "-1"), &store_dir, config_file.as_deref());
-        let process =
-            ChildProcess::spawn_in("nats-server", dir, binary, args, Vec::new(), options)?;
+        let process = ChildProcess::spawn_in(launch.name, dir, binary, args, Vec::new(), options)?;
         let monitoring = process
             .wait_for_log(MONITORING, options.start_timeout)
             .await?;
@@ -135,7 +165,7 @@ impl NatsServer {
             store_dir,
             version,
             start_timeout: options.start_timeout,
-            configured: config_file.is_some(),
+            ready: launch.ready,
         };
         // Restarts must come back on the same port, for clients to reconnect.
         server.process.set_args(server_args(
@@ -220,7 +250,7 @@ impl NatsServer {
     }
 
     async fn wait_ready(&self) -> anyhow::Result<()> {
-        if self.configured {
+        if let Ready::Logged = self.ready {
             self.process.wait_for_log(READY, self.start_timeout).await?;
             return Ok(());
         }
