@@ -98,6 +98,20 @@ pub struct RedisKeys {
     prefix: String,
 }
 
+/// How many sorted sets the index of unfinished jobs is spread over, each
+/// in a hash slot of its own, so that on a Redis Cluster no one node holds
+/// (and serves the writes of) every job's entry.
+pub const UNFINISHED_SHARDS: u32 = 16;
+
+/// The shard of the unfinished index that holds `job_id`: FNV-1a of its
+/// bytes. Stored data depends on it: it never changes across versions.
+fn unfinished_shard_of(job_id: &str) -> u32 {
+    let hash = job_id.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
+        (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
+    });
+    hash % UNFINISHED_SHARDS
+}
+
 impl Default for RedisKeys {
     fn default() -> Self {
         Self::new("tf")
@@ -194,10 +208,20 @@ impl RedisKeys {
         self.job_key(job_id, "lease")
     }
 
-    /// Every job that has not finished, scored by submission time (a sorted
-    /// set). The sweeper finds jobs here whose queue message was lost.
-    pub fn unfinished_jobs(&self) -> String {
-        format!("{}:unfinished", self.prefix)
+    /// The shard of the index of unfinished jobs that holds `job_id`
+    /// (`<prefix>:unfinished:{<shard>}`, a sorted set scored by submission
+    /// time). The sweeper finds jobs there whose queue message was lost.
+    pub fn unfinished_jobs(&self, job_id: &str) -> String {
+        self.unfinished_shard(unfinished_shard_of(job_id))
+    }
+
+    /// Every shard of the index of unfinished jobs, for the sweeper.
+    pub fn unfinished_shards(&self) -> impl Iterator<Item = String> + '_ {
+        (0..UNFINISHED_SHARDS).map(|shard| self.unfinished_shard(shard))
+    }
+
+    fn unfinished_shard(&self, shard: u32) -> String {
+        format!("{}:unfinished:{{{shard}}}", self.prefix)
     }
 
     /// The manifest of every tool a worker ever announced (a hash of tool
@@ -297,5 +321,25 @@ mod tests {
         ] {
             assert!(key.starts_with("tf:{j1}:"), "{key}");
         }
+    }
+
+    #[test]
+    fn the_unfinished_index_is_spread_over_shards_that_never_move() {
+        let keys = RedisKeys::default();
+        // Pinned: stored entries are found again only where they were put.
+        // FNV-1a, as Python computes it independently.
+        assert_eq!(keys.unfinished_jobs("j1"), "tf:unfinished:{4}");
+        assert_eq!(
+            keys.unfinished_jobs("t-7f3a-0192b3c4d5e6f708a1b2c3d4e5f60718"),
+            "tf:unfinished:{15}"
+        );
+        let shards: Vec<String> = keys.unfinished_shards().collect();
+        assert_eq!(shards.len(), 16);
+        assert_eq!(shards[0], "tf:unfinished:{0}");
+        let used: std::collections::HashSet<String> = (0..1000)
+            .map(|n| keys.unfinished_jobs(&format!("job-{n}")))
+            .collect();
+        assert_eq!(used.len(), 16, "1,000 jobs use every shard");
+        assert!(used.iter().all(|key| shards.contains(key)));
     }
 }

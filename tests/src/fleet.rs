@@ -13,7 +13,11 @@ use toolfleet_proto::{Envelope, ToolCall};
 
 use toolfleet_proto::v1;
 
-use crate::{ChildProcess, NatsCluster, NatsServer, RedisConfig, RedisServer, cargo_bin};
+use toolfleet_service::connect::RedisConnection;
+
+use crate::{
+    ChildProcess, NatsCluster, NatsServer, RedisCluster, RedisConfig, RedisServer, cargo_bin,
+};
 
 /// A gRPC client of the AgentService.
 pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
@@ -75,12 +79,70 @@ impl Nats {
     }
 }
 
+/// The Redis of a fleet: one server, or a Redis Cluster.
+pub enum Redis {
+    /// One redis-server.
+    Server(Box<RedisServer>),
+    /// A Redis Cluster: the services get every node as a seed.
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    /// What the services' `redis.url` gets: the server's URL, or every
+    /// node's.
+    pub fn url(&self) -> String {
+        match self {
+            Self::Server(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// A connection for the harness's own reads, to the server or the
+    /// cluster.
+    ///
+    /// # Errors
+    ///
+    /// Redis does not accept the connection.
+    pub async fn connection(&self) -> anyhow::Result<RedisConnection> {
+        Ok(match self {
+            Self::Server(server) => server.connection().await?.into(),
+            Self::Cluster(cluster) => {
+                RedisConnection::Cluster(cluster.client()?.get_async_connection().await?)
+            }
+        })
+    }
+
+    /// The one server of a fleet that runs on one.
+    ///
+    /// # Panics
+    ///
+    /// The fleet runs on a Redis Cluster.
+    pub fn server(&self) -> &RedisServer {
+        match self {
+            Self::Server(server) => server,
+            Self::Cluster(_) => panic!("this fleet runs on a Redis Cluster"),
+        }
+    }
+
+    /// The Redis Cluster of a fleet that runs on one.
+    ///
+    /// # Panics
+    ///
+    /// The fleet runs on one server.
+    pub fn cluster(&self) -> &RedisCluster {
+        match self {
+            Self::Cluster(cluster) => cluster,
+            Self::Server(_) => panic!("this fleet runs on one Redis server"),
+        }
+    }
+}
+
 /// NATS, Redis and `toolfleet-worker` processes with the test tools enabled.
 pub struct Fleet {
     /// The fleet's NATS.
     pub nats: Nats,
-    /// The fleet's Redis server.
-    pub redis: RedisServer,
+    /// The fleet's Redis.
+    pub redis: Redis,
     /// A client connected to `nats`.
     pub client: async_nats::Client,
     workers: Vec<ChildProcess>,
@@ -134,25 +196,32 @@ impl Fleet {
         .await
     }
 
-    /// Like [`start_with_redis`](Self::start_with_redis), on a NATS cluster
-    /// of `nodes` servers; every service keeps `replicas` copies of each
-    /// stream (`nats.replicas`).
+    /// Like [`start_with_redis`](Self::start_with_redis), on clusters: a
+    /// NATS cluster of 3 nodes where every service keeps 3 copies of each
+    /// stream (`nats.replicas`), and a Redis Cluster of 3 primaries with a
+    /// replica each, every node configured by `redis` (`redis.cluster`).
     ///
     /// # Errors
     ///
     /// A server or worker did not start; the error names which.
-    pub async fn start_on_cluster(
-        nodes: usize,
-        replicas: usize,
+    pub async fn start_on_clusters(
         workers: usize,
         worker_env: &[(&str, &str)],
         redis: RedisConfig,
     ) -> anyhow::Result<Self> {
-        let cluster = NatsCluster::start(nodes).await?;
-        let client = cluster.client().await?;
-        let mut fleet =
-            Self::start_on(Nats::Cluster(cluster), client, redis, 0, worker_env).await?;
-        fleet.service_env = vec![("TOOLFLEET_NATS__REPLICAS".to_owned(), replicas.to_string())];
+        let (nats, redis) =
+            tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1, redis))?;
+        let client = nats.client().await?;
+        let mut fleet = Self::start_with_servers(
+            Nats::Cluster(nats),
+            client,
+            Redis::Cluster(redis),
+            worker_env,
+        );
+        fleet.service_env = vec![
+            ("TOOLFLEET_NATS__REPLICAS".to_owned(), "3".to_owned()),
+            ("TOOLFLEET_REDIS__CLUSTER".to_owned(), "true".to_owned()),
+        ];
         for _ in 0..workers {
             fleet.spawn_worker().await?;
         }
@@ -174,7 +243,21 @@ impl Fleet {
         worker_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
         let redis = RedisServer::start_with(redis).await?;
-        let mut fleet = Self {
+        let mut fleet =
+            Self::start_with_servers(nats, client, Redis::Server(redis.into()), worker_env);
+        for _ in 0..workers {
+            fleet.spawn_worker().await?;
+        }
+        Ok(fleet)
+    }
+
+    fn start_with_servers(
+        nats: Nats,
+        client: async_nats::Client,
+        redis: Redis,
+        worker_env: &[(&str, &str)],
+    ) -> Self {
+        Self {
             nats,
             redis,
             client,
@@ -185,11 +268,7 @@ impl Fleet {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
-        };
-        for _ in 0..workers {
-            fleet.spawn_worker().await?;
         }
-        Ok(fleet)
     }
 
     /// Starts one more worker and waits until it serves; returns its index.

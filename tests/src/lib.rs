@@ -29,8 +29,8 @@ pub mod tally;
 
 pub use toolfleet_cli::supervisor::otlp;
 pub use toolfleet_cli::supervisor::{
-    ChildProcess, LogMark, NatsCluster, NatsServer, Outcome, RedisConfig, RedisServer, RedisTls,
-    ServerOptions, cargo_bin, free_port, wait_until,
+    ChildProcess, LogMark, NatsCluster, NatsServer, Outcome, RedisCluster, RedisConfig,
+    RedisServer, RedisTls, ServerOptions, cargo_bin, free_port, wait_until,
 };
 
 use std::path::{Path, PathBuf};

@@ -32,7 +32,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
             "toolfleet-worker",
         ],
     ),
-    ("toolfleet-tests", &["toolfleet-proto", "toolfleet-cli"]),
+    (
+        "toolfleet-tests",
+        &["toolfleet-proto", "toolfleet-service", "toolfleet-cli"],
+    ),
 ];
 
 /// The workspace crates and their normal and build dependencies on each other.

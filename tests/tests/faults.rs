@@ -31,7 +31,8 @@ fn scripted(script: Value) -> v1::SubmitJobRequest {
 enum On {
     /// One nats-server.
     Server,
-    /// Three nodes, each stream kept on all three (`nats.replicas = 3`).
+    /// Three NATS nodes, each stream kept on all three (`nats.replicas =
+    /// 3`), and a Redis Cluster of three primaries with a replica each.
     Cluster,
 }
 
@@ -45,7 +46,7 @@ impl On {
     ) -> anyhow::Result<Fleet> {
         match self {
             Self::Server => Fleet::start_with_redis(workers, worker_env, redis).await,
-            Self::Cluster => Fleet::start_on_cluster(3, 3, workers, worker_env, redis).await,
+            Self::Cluster => Fleet::start_on_clusters(workers, worker_env, redis).await,
         }
     }
 }
@@ -399,7 +400,7 @@ async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Resu
         Box::pin(worker.wait_for_log_after(mark, "executing call", Duration::from_secs(30)))
     });
     futures::future::select_ok(executing).await?;
-    fleet.redis.restart().await?;
+    fleet.redis.server().restart().await?;
     let jobs = wait_all(&fleet.api(0).await?, &ids).await?;
     assert!(
         jobs.iter()
@@ -440,7 +441,7 @@ async fn jobs_whose_redis_state_is_lost_fail_with_a_clear_code() -> anyhow::Resu
     fleet.workers()[0]
         .wait_for_log("executing call", Duration::from_secs(30))
         .await?;
-    fleet.redis.flush_all().await?;
+    fleet.redis.server().flush_all().await?;
     let job = toolfleet_tests::wait_until("the lost job to fail", Duration::from_secs(60), || {
         let mut api = api.clone();
         let job_id = job_id.clone();

@@ -103,9 +103,9 @@ async fn worker_chaos_through_nats_and_redis_outages_tells_the_truth() -> anyhow
         tokio::time::sleep(OUTAGE).await;
         fleet.nats.server().restart().await?;
         tokio::time::sleep(Duration::from_secs(5)).await;
-        fleet.redis.kill();
+        fleet.redis.server().kill();
         tokio::time::sleep(OUTAGE).await;
-        fleet.redis.restart().await?;
+        fleet.redis.server().restart().await?;
         anyhow::Ok(())
     };
     let jobs = tokio::select! {

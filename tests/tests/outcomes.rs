@@ -107,7 +107,7 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
     // command now waits out the client's reconnect attempts (seconds), so
     // the execution gives up late: it fails to store its result or, if a
     // redelivery took over meanwhile, to release the claim.
-    fleet.redis.kill();
+    fleet.redis.server().kill();
     toolfleet_tests::wait_until("the execution to give up", 2 * WAIT, || async {
         let log = fleet.worker(0).log_tail(1_000_000);
         log.contains("could not store the result") || log.contains("could not release the claim")
@@ -119,7 +119,7 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
         fleet.count_in_worker_logs("redis unavailable") >= before + 3
     })
     .await?;
-    fleet.redis.restart().await?;
+    fleet.redis.server().restart().await?;
     let answer = results.next(WAIT).await?;
     assert!(
         answer.envelope.is_ok(),
@@ -218,7 +218,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
     );
     let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
     fleet.nats.server().kill();
-    fleet.redis.kill();
+    fleet.redis.server().kill();
     let worker = fleet.start_worker()?;
     let orchestrator =
         fleet.start_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_health)])?;
@@ -290,7 +290,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         assert!(!probe(false)?, "not ready while waiting for {server}");
         match server {
             "NATS" => fleet.nats.server().restart().await?,
-            _ => fleet.redis.restart().await?,
+            _ => fleet.redis.server().restart().await?,
         }
     }
     fleet

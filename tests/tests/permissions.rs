@@ -412,7 +412,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
         .query_async(&mut pool)
         .await;
     own?;
-    let harness = fleet.redis.client();
+    let harness = fleet.redis.server().client();
     let mut admin = harness.get_multiplexed_async_connection().await?;
     // The factual_qa call's result, where another pool would forge it.
     let pattern = keys.call_result(job_id, "factual_qa", "*", 1);

@@ -424,7 +424,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
     until_the_token_works(&api, narrow).await?;
     let mut redis = fleet.redis.connection().await?;
     let in_flight_key = toolfleet_proto::names::RedisKeys::default().tenant_calls("narrow");
-    let in_flight = |mut redis: redis::aio::ConnectionManager| {
+    let in_flight = |mut redis: toolfleet_service::connect::RedisConnection| {
         let key = in_flight_key.clone();
         async move {
             let n: u32 = redis::cmd("ZCARD")
@@ -496,7 +496,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         "{outputs:?}"
     );
     let most: Option<u32> = redis::cmd("GET")
-        .arg("narrow-calls:most")
+        .arg(toolfleet_worker::tools::testing::MeasureConcurrency::most_key("narrow-calls"))
         .query_async(&mut redis)
         .await?;
     assert_eq!(most, Some(2));

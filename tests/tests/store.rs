@@ -35,7 +35,7 @@ fn spec() -> JobSpec {
 
 async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStore> {
     Ok(JobStore::new(
-        redis.connection().await?,
+        redis.connection().await?.into(),
         nats.client().await?,
         RedisKeys::default(),
         Duration::from_secs(60),

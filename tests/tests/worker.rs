@@ -599,7 +599,8 @@ async fn busy_tool_takes_every_slot(env: &[(&str, &str)]) -> anyhow::Result<Flee
         let answer = results.next(Duration::from_secs(120)).await?;
         assert!(answer.envelope.is_ok(), "{}", answer.body);
     }
-    let most = fleet.counter("busy:most").await?;
+    let most_key = toolfleet_worker::tools::testing::MeasureConcurrency::most_key("busy");
+    let most = fleet.counter(&most_key).await?;
     println!("busy tool: calls {CALLS}, slots {SLOTS}, most running at once {most}");
     assert_eq!(
         most, SLOTS as i64,
@@ -611,7 +612,7 @@ async fn busy_tool_takes_every_slot(env: &[(&str, &str)]) -> anyhow::Result<Flee
 #[tokio::test]
 async fn the_test_tools_flag_names_every_test_tool() -> anyhow::Result<()> {
     let redis = toolfleet_tests::RedisServer::start().await?;
-    let toolbox = toolfleet_worker::tools::testing::toolbox(redis.connection().await?);
+    let toolbox = toolfleet_worker::tools::testing::toolbox(redis.connection().await?.into());
     for manifest in toolbox.manifests() {
         assert!(
             toolfleet_worker::tools::TEST_TOOLS_HELP.contains(&manifest.name),

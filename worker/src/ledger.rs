@@ -10,9 +10,9 @@
 use std::time::Duration;
 
 use redis::Script;
-use redis::aio::ConnectionManager;
 use toolfleet_proto::ToolCall;
 use toolfleet_proto::names::RedisKeys;
+use toolfleet_service::connect::RedisConnection;
 
 /// What a delivery found when it tried to claim its call.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +85,7 @@ return 0
 /// Claims and results of call attempts, for one worker process.
 #[derive(Clone)]
 pub(crate) struct Ledger {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     keys: RedisKeys,
     lease: Duration,
     retention: Duration,
@@ -105,7 +105,7 @@ fn millis(d: Duration) -> u64 {
 
 impl Ledger {
     pub(crate) fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         keys: RedisKeys,
         lease: Duration,
         retention: Duration,

@@ -32,10 +32,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use redis::AsyncCommands;
-use redis::aio::ConnectionManager;
 use toolfleet_proto::Envelope;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, RedisKeys};
+use toolfleet_service::connect::RedisConnection;
 use tracing::warn;
 pub use wake_ups::WakeUps;
 
@@ -137,7 +137,7 @@ pub struct Event {
 /// Redis-backed job store.
 #[derive(Clone)]
 pub struct JobStore {
-    redis: ConnectionManager,
+    redis: RedisConnection,
     nats: async_nats::Client,
     /// The watchers in this process, woken without NATS.
     watchers: std::sync::Arc<wake_ups::LocalWatchers>,
@@ -158,7 +158,7 @@ fn millis(d: Duration) -> u64 {
 impl JobStore {
     /// A store on `redis` that wakes event watchers through `nats`.
     pub fn new(
-        redis: ConnectionManager,
+        redis: RedisConnection,
         nats: async_nats::Client,
         keys: RedisKeys,
         retention: Duration,
@@ -174,7 +174,7 @@ impl JobStore {
         }
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> RedisConnection {
         self.redis.clone()
     }
 
@@ -242,19 +242,25 @@ impl JobStore {
             .arg(WireIds::new_secret())
             .arg(traceparent)
             .arg(tracestate);
-        if fresh {
+        if fresh && !self.redis.is_cluster() {
             // A new random id cannot exist yet: the job and its index
             // entries go in one round trip, in this order.
             let mut pipe = redis::pipe();
             pipe.invoke_script(&create);
-            self.index_new_job(&mut pipe, spec, &job_id);
+            for group in self.index_new_job(spec, &job_id) {
+                for command in group.cmd_iter() {
+                    pipe.add_command(command.clone()).ignore();
+                }
+            }
             let (_created,): (i64,) = self.query_invoking(&pipe, &scripts::CREATE).await?;
         } else {
+            // On a cluster the job and each index are in slots of their
+            // own: the job first, so that no index names a job not yet
+            // there (ListJobs would drop it as expired).
             let created: i64 = create.invoke_async(&mut self.conn()).await?;
             if created == 1 {
-                let mut pipe = redis::pipe();
-                self.index_new_job(&mut pipe, spec, &job_id);
-                let () = pipe.query_async(&mut self.conn()).await?;
+                let groups = self.index_new_job(spec, &job_id);
+                self.conn().run_in_order(groups).await?;
             }
         }
         self.notify(&job_id, None).await;
@@ -280,24 +286,28 @@ impl JobStore {
         }
     }
 
-    /// Adds to `pipe` the writes that put a newly created job into the sets
-    /// that find it again: the unfinished jobs (the sweeper's), its tenant's
-    /// job index (`ListJobs`) and, under an active-jobs quota, its tenant's
-    /// active jobs. Each may run twice ([`query_invoking`](Self::query_invoking)).
-    fn index_new_job(&self, pipe: &mut redis::Pipeline, spec: &JobSpec, job_id: &str) {
+    /// The writes that put a newly created job into the sets that find it
+    /// again, one pipeline per hash slot: the unfinished jobs (the
+    /// sweeper's), then its tenant's job index (`ListJobs`) and, under an
+    /// active-jobs quota, its tenant's active jobs. Each may run twice
+    /// ([`query_invoking`](Self::query_invoking)).
+    fn index_new_job(&self, spec: &JobSpec, job_id: &str) -> Vec<redis::Pipeline> {
         let now = now_ms();
         let index = self.keys.tenant_jobs(&spec.tenant);
         // The index forgets what has surely expired: jobs live at most
         // their deadline (24h at most) plus the retention.
         let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
-        // A plain pipeline, not MULTI: the keys are in different hash slots
+        // Plain pipelines, not MULTI: the keys are in different hash slots
         // (Redis Cluster), and each write stands on its own.
-        pipe.cmd("ZADD")
-            .arg(self.keys.unfinished_jobs())
+        let mut unfinished = redis::pipe();
+        unfinished
+            .cmd("ZADD")
+            .arg(self.keys.unfinished_jobs(job_id))
             .arg(now)
             .arg(job_id)
-            .ignore()
-            .cmd("ZADD")
+            .ignore();
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
             .arg(&index)
             .arg(now)
             .arg(job_id)
@@ -315,6 +325,7 @@ impl JobStore {
                 .arg(job_id)
                 .ignore();
         }
+        vec![unfinished, pipe]
     }
 
     /// A page of `tenant`'s jobs, newest first: those submitted before
@@ -474,11 +485,19 @@ impl JobStore {
             return Ok(rough);
         }
         let members: Vec<String> = self.conn().smembers(&key).await?;
-        let mut pipe = redis::pipe();
-        for job_id in &members {
-            pipe.hget(self.keys.job(job_id), "status");
-        }
-        let statuses: Vec<Option<String>> = pipe.query_async(&mut self.conn()).await?;
+        let statuses: Vec<Option<String>> = if self.redis.is_cluster() {
+            // Each job in its own slot: one read each, all at once.
+            let reads = members.iter().map(|job_id| async move {
+                self.conn().hget(self.keys.job(job_id), "status").await
+            });
+            futures::future::try_join_all(reads).await?
+        } else {
+            let mut pipe = redis::pipe();
+            for job_id in &members {
+                pipe.hget(self.keys.job(job_id), "status");
+            }
+            pipe.query_async(&mut self.conn()).await?
+        };
         let mut active = 0;
         let mut ended = Vec::new();
         for (job_id, status) in members.iter().zip(statuses) {
@@ -840,7 +859,7 @@ impl JobStore {
     }
 
     /// Unfinished jobs submitted before `before_ms` (at most `limit`), oldest
-    /// first: the sweeper's candidates.
+    /// first: the sweeper's candidates, from every shard of the index.
     ///
     /// # Errors
     ///
@@ -850,15 +869,25 @@ impl JobStore {
         before_ms: u64,
         limit: usize,
     ) -> Result<Vec<String>, Error> {
-        Ok(redis::cmd("ZRANGEBYSCORE")
-            .arg(self.keys.unfinished_jobs())
-            .arg(0)
-            .arg(before_ms)
-            .arg("LIMIT")
-            .arg(0)
-            .arg(limit)
-            .query_async(&mut self.conn())
-            .await?)
+        let mut oldest: Vec<(String, u64)> = Vec::new();
+        // One shard at a time: a sweep runs every 30 s, and each shard may
+        // live on another node of a cluster.
+        for shard in self.keys.unfinished_shards() {
+            let found: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
+                .arg(shard)
+                .arg(0)
+                .arg(before_ms)
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(limit)
+                .query_async(&mut self.conn())
+                .await?;
+            oldest.extend(found);
+        }
+        oldest.sort_by_key(|(_, submitted)| *submitted);
+        oldest.truncate(limit);
+        Ok(oldest.into_iter().map(|(job_id, _)| job_id).collect())
     }
 
     /// Whether a runner holds the job's lease right now.
@@ -874,7 +903,7 @@ impl JobStore {
     /// by a failure is dropped by the sweeper once it sees it finished.
     pub async fn forget_unfinished(&self, job_id: &str) {
         let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
-            .arg(self.keys.unfinished_jobs())
+            .arg(self.keys.unfinished_jobs(job_id))
             .arg(job_id)
             .query_async(&mut self.conn())
             .await;

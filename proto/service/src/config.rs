@@ -97,8 +97,13 @@ pub struct NatsTlsOptions {
 #[serde(deny_unknown_fields, default)]
 pub struct RedisOptions {
     /// Server URL (`redis://`, or `rediss://` for TLS; may carry a user and
-    /// password). Default: `redis://127.0.0.1:6379/`.
+    /// password); with `cluster`, the seeds of a Redis Cluster, comma
+    /// separated. Default: `redis://127.0.0.1:6379/`.
     pub url: String,
+    /// `url` names the seeds of a Redis Cluster: each command goes to the
+    /// primary of its key's slot. Default: false.
+    #[serde(deserialize_with = "figment::util::bool_from_str_or_int")]
+    pub cluster: bool,
     /// Prefix of every key. Default: `tf`.
     pub key_prefix: String,
     /// ACL user name; wins over one in the URL. Default: none.
@@ -118,6 +123,7 @@ impl Default for RedisOptions {
     fn default() -> Self {
         Self {
             url: "redis://127.0.0.1:6379/".into(),
+            cluster: false,
             key_prefix: "tf".into(),
             user: None,
             password: None,

@@ -233,11 +233,103 @@ pub fn redis_config() -> ConnectionManagerConfig {
 }
 
 /// A Redis client whose settings have been checked, not yet connected.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RedisClient {
-    client: redis::Client,
+    target: Target,
     /// The URL without its password, for log lines.
     url: String,
+}
+
+/// One server, or a cluster (`redis.cluster`).
+// One per process, made once at start-up: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone)]
+enum Target {
+    Server(redis::Client),
+    Cluster(redis::cluster::ClusterClient),
+}
+
+/// A connection to Redis that reconnects by itself: to one server, or to
+/// a Redis Cluster, where each command goes to the primary of its key's
+/// hash slot and follows the cluster's redirections when slots move.
+/// Every command, pipeline and script of toolfleet runs on either: those
+/// with several keys keep them in one slot (`{...}` hash tags,
+/// `toolfleet_proto::names::RedisKeys`).
+#[derive(Clone)]
+pub enum RedisConnection {
+    /// One server (or a primary behind a stable address).
+    Server(ConnectionManager),
+    /// A Redis Cluster.
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl RedisConnection {
+    /// Whether this is a Redis Cluster, where a pipeline's keys must share
+    /// one slot.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// Runs `groups` in order, each a pipeline whose keys share one hash
+    /// slot: as one pipeline (one round trip) on one server, and one round
+    /// trip per group on a cluster, whose client refuses a pipeline that
+    /// spans slots.
+    ///
+    /// # Errors
+    ///
+    /// The first error Redis answers; the groups before it have run.
+    pub async fn run_in_order(&mut self, groups: Vec<redis::Pipeline>) -> redis::RedisResult<()> {
+        if self.is_cluster() {
+            for group in groups {
+                let () = group.query_async(self).await?;
+            }
+            return Ok(());
+        }
+        let mut all = redis::pipe();
+        for group in groups {
+            for command in group.cmd_iter() {
+                all.add_command(command.clone()).ignore();
+            }
+        }
+        all.query_async(self).await
+    }
+}
+
+impl From<ConnectionManager> for RedisConnection {
+    fn from(connection: ConnectionManager) -> Self {
+        Self::Server(connection)
+    }
+}
+
+impl redis::aio::ConnectionLike for RedisConnection {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Self::Server(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => connection.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Self::Server(connection) => connection.req_packed_commands(cmd, offset, count),
+            Self::Cluster(connection) => connection.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(connection) => connection.get_db(),
+            Self::Cluster(connection) => connection.get_db(),
+        }
+    }
 }
 
 impl RedisClient {
@@ -251,25 +343,81 @@ impl RedisClient {
     /// [`ConnectError::RedisConfig`] for settings that cannot.
     pub fn new(options: &RedisOptions) -> Result<Self, ConnectError> {
         let url = redact_url(&options.url);
-        let client = redis_client(options).map_err(|err| match err {
+        let error = |err| match err {
             RedisSetupError::Config(message) => ConnectError::RedisConfig(message),
             RedisSetupError::Client(source) => ConnectError::Redis {
                 url: url.clone(),
                 source,
             },
-        })?;
-        Ok(Self { client, url })
+        };
+        if options.key_prefix.contains(['{', '}']) {
+            // A tag in the prefix would be every key's hash tag: one slot
+            // for all of them on a Redis Cluster.
+            return Err(ConnectError::RedisConfig(format!(
+                "redis.key_prefix {:?} holds a brace: use letters, digits, ':', '-' or '_'",
+                options.key_prefix
+            )));
+        }
+        let target = if options.cluster {
+            Target::Cluster(cluster_client(options).map_err(error)?)
+        } else {
+            Target::Server(redis_client(options).map_err(error)?)
+        };
+        Ok(Self { target, url })
     }
 
     /// A connection that reconnects by itself, once Redis answers: waits
-    /// with backoff while it is unreachable.
-    pub async fn connect(&self) -> ConnectionManager {
+    /// with backoff while it is unreachable (while no seed of a cluster
+    /// answers).
+    pub async fn connect(&self) -> RedisConnection {
         let what = format!("Redis at {}", self.url);
-        patiently(&what, || {
-            ConnectionManager::new_with_config(self.client.clone(), redis_config())
-        })
-        .await
+        match &self.target {
+            Target::Server(client) => patiently(&what, || {
+                ConnectionManager::new_with_config(client.clone(), redis_config())
+            })
+            .await
+            .into(),
+            Target::Cluster(client) => {
+                RedisConnection::Cluster(patiently(&what, || client.get_async_connection()).await)
+            }
+        }
     }
+}
+
+/// The cluster client `options` ask for: every seed of `redis.url`, each
+/// with the user, password and TLS settings one server would get.
+fn cluster_client(
+    options: &RedisOptions,
+) -> Result<redis::cluster::ClusterClient, RedisSetupError> {
+    let seeds = url_list(&options.url);
+    if seeds.is_empty() {
+        return Err(RedisSetupError::Config("redis.url names no server".into()));
+    }
+    let mut nodes = Vec::new();
+    let mut certificates = None;
+    for seed in seeds {
+        let one = RedisOptions {
+            url: seed.to_owned(),
+            ..options.clone()
+        };
+        let (info, tls) = connection_info(&one)?;
+        let db = info.redis_settings().db();
+        if db != 0 {
+            return Err(RedisSetupError::Config(format!(
+                "redis.url {} selects database {db}: a Redis Cluster has only database 0",
+                redact_url(seed)
+            )));
+        }
+        nodes.push(info);
+        certificates = tls;
+    }
+    let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+        .connection_timeout(REDIS_RESPONSE_TIMEOUT)
+        .response_timeout(REDIS_RESPONSE_TIMEOUT);
+    if let Some(certificates) = certificates {
+        builder = builder.certs(certificates);
+    }
+    builder.build().map_err(RedisSetupError::Client)
 }
 
 enum RedisSetupError {
@@ -279,9 +427,20 @@ enum RedisSetupError {
 
 /// The client `options` ask for: the URL, with the user and the password
 /// (from the options, the file, or the URL), and TLS with the files given.
-/// Every file is read here, so that a missing one stops start-up naming its
-/// key.
 fn redis_client(options: &RedisOptions) -> Result<redis::Client, RedisSetupError> {
+    match connection_info(options)? {
+        (info, None) => redis::Client::open(info),
+        (info, Some(certificates)) => redis::Client::build_with_tls(info, certificates),
+    }
+    .map_err(RedisSetupError::Client)
+}
+
+/// The server `options.url` names, with the user and the password (from the
+/// options, the file, or the URL), and the TLS files, if any. Every file is
+/// read here, so that a missing one stops start-up naming its key.
+fn connection_info(
+    options: &RedisOptions,
+) -> Result<(redis::ConnectionInfo, Option<redis::TlsCertificates>), RedisSetupError> {
     use redis::IntoConnectionInfo;
     let config = RedisSetupError::Config;
     let read = |key: &str, path: &str| {
@@ -317,7 +476,7 @@ fn redis_client(options: &RedisOptions) -> Result<redis::Client, RedisSetupError
     info = info.set_redis_settings(settings);
     let tls = &options.tls;
     if tls.ca_file.is_none() && tls.cert_file.is_none() && tls.key_file.is_none() {
-        return redis::Client::open(info).map_err(RedisSetupError::Client);
+        return Ok((info, None));
     }
     if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
         return Err(config("redis.tls.* needs a rediss:// URL".into()));
@@ -342,12 +501,33 @@ fn redis_client(options: &RedisOptions) -> Result<redis::Client, RedisSetupError
         client_tls,
         root_cert,
     };
-    redis::Client::build_with_tls(info, certificates).map_err(RedisSetupError::Client)
+    Ok((info, Some(certificates)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn redis_settings_that_cannot_work_on_a_cluster_stop_start_up() {
+        let options = |url: &str, prefix: &str| RedisOptions {
+            url: url.into(),
+            cluster: true,
+            key_prefix: prefix.into(),
+            ..RedisOptions::default()
+        };
+        let error = |options: RedisOptions| match RedisClient::new(&options) {
+            Err(err) => err.to_string(),
+            Ok(_) => panic!("{} accepted", options.url),
+        };
+        assert!(RedisClient::new(&options("redis://a:7000,redis://b:7001", "tf")).is_ok());
+        let braced = error(options("redis://a:7000", "tf{x}"));
+        assert!(braced.contains("redis.key_prefix"), "{braced}");
+        let db = error(options("redis://a:7000,redis://:secret@b:7001/2", "tf"));
+        assert!(db.contains("database 2"), "{db}");
+        assert!(!db.contains("secret"), "{db}");
+        assert!(error(options(" , ", "tf")).contains("names no server"));
+    }
 
     #[test]
     fn nats_url_is_a_list_of_seeds() {

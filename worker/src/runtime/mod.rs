@@ -19,12 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, consumer, kv};
-use redis::aio::ConnectionManager;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::RedisKeys;
+use toolfleet_service::connect::RedisConnection;
 use toolfleet_service::connect::{self, ConnectError, RedisClient, patiently};
 use toolfleet_service::queue::{self, Missing, SharedConsumer, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
@@ -63,7 +63,7 @@ pub struct Worker {
     options: WorkerOptions,
     worker_id: String,
     nats: async_nats::Client,
-    redis: ConnectionManager,
+    redis: RedisConnection,
     readiness: Readiness,
 }
 
@@ -102,7 +102,7 @@ impl Worker {
     }
 
     /// The Redis connection, for tools that need one.
-    pub fn redis(&self) -> ConnectionManager {
+    pub fn redis(&self) -> RedisConnection {
         self.redis.clone()
     }
 

@@ -15,7 +15,7 @@ pub const TEST_TOOLS_HELP: &str = "Also serve the test tools: echo, sleep, fail,
 set_flag, increment_counter and measure_concurrency (test_tools). Never in production; only \
 in builds with the test-tools feature (toolfleet dev and the tests).";
 
-use redis::aio::ConnectionManager;
+use toolfleet_service::connect::RedisConnection;
 
 use crate::tool::Toolbox;
 use knowledge_graph::{FactualQa, KgOptions, KnowledgeBase, TrendAnalysis};
@@ -78,14 +78,14 @@ pub fn check_selection(selection: &Selection<'_>) -> Result<(), BuildError> {
 }
 
 #[cfg(feature = "test-tools")]
-fn test_tools(redis: ConnectionManager) -> Toolbox {
+fn test_tools(redis: RedisConnection) -> Toolbox {
     testing::toolbox(redis)
 }
 
 /// None in a build without them (`check_selection` refused the setting
 /// already).
 #[cfg(not(feature = "test-tools"))]
-fn test_tools(_redis: ConnectionManager) -> Toolbox {
+fn test_tools(_redis: RedisConnection) -> Toolbox {
     Toolbox::new()
 }
 
@@ -99,7 +99,7 @@ const KNOWLEDGE_GRAPH_TOOLS: [&str; 2] = ["factual_qa", "trend_analysis"];
 ///
 /// [`BuildError`] when `selection` names an unknown tool or a tool cannot be
 /// built.
-pub fn builtin(selection: Selection<'_>, redis: ConnectionManager) -> Result<Toolbox, BuildError> {
+pub fn builtin(selection: Selection<'_>, redis: RedisConnection) -> Result<Toolbox, BuildError> {
     check_selection(&selection)?;
     let weather = weather::GetCurrentWeather::new(selection.weather)
         .map_err(|e| BuildError::Weather(Box::new(e)))?;

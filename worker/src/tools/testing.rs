@@ -19,9 +19,9 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
 use serde_json::{Value, json};
 use toolfleet_proto::{ErrorCode, ToolManifest};
+use toolfleet_service::connect::RedisConnection;
 
 use crate::tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 
@@ -29,7 +29,7 @@ use crate::tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
 pub const TEST_FAILURE: ErrorCode = ErrorCode::from_static("TEST_FAILURE");
 
 /// The test tool pack. `redis` backs the tools that record what they did.
-pub fn toolbox(redis: ConnectionManager) -> Toolbox {
+pub fn toolbox(redis: RedisConnection) -> Toolbox {
     Toolbox::new()
         .with(Echo)
         .with(Sleep)
@@ -138,7 +138,7 @@ impl Tool for Panic {
 
 /// Sets a Redis key: a side effect the runtime cannot probe.
 pub struct SetFlag {
-    redis: ConnectionManager,
+    redis: RedisConnection,
 }
 
 impl Tool for SetFlag {
@@ -147,7 +147,7 @@ impl Tool for SetFlag {
             "set_flag",
             "Test tool: sets the Redis key `key` to 1, then waits `delay_ms`.",
             json!({"type": "object", "additionalProperties": false, "required": ["key"],
-                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}]+$"},
                                   "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
         .non_strict()
@@ -196,7 +196,7 @@ impl Tool for Crash {
 
 /// Increments a Redis counter: a side effect whose repetitions are visible.
 pub struct IncrementCounter {
-    redis: ConnectionManager,
+    redis: RedisConnection,
 }
 
 /// `INCR` the counter and count the idempotency key beside it, atomically.
@@ -207,9 +207,10 @@ return value
 ";
 
 impl IncrementCounter {
-    /// The hash beside `key` that counts executions per idempotency key.
+    /// The hash beside `key` that counts executions per idempotency key,
+    /// in `key`'s hash slot (the script touches both on a Redis Cluster).
     pub fn executions_key(key: &str) -> String {
-        format!("{key}:executions")
+        format!("{{{key}}}:executions")
     }
 }
 
@@ -221,7 +222,7 @@ impl Tool for IncrementCounter {
              with `delay_ms` it then waits, so a worker killed meanwhile leaves the effect \
              applied and no result.",
             json!({"type": "object", "additionalProperties": false, "required": ["key"],
-                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}]+$"},
                                   "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
         .non_strict()
@@ -281,7 +282,7 @@ impl Tool for IncrementCounter {
 
 /// Waits while counting how many of its calls run at once.
 pub struct MeasureConcurrency {
-    redis: ConnectionManager,
+    redis: RedisConnection,
 }
 
 /// KEYS: running, most. One more call runs; `most` keeps the highest count.
@@ -292,9 +293,10 @@ return running
 ";
 
 impl MeasureConcurrency {
-    /// The key that holds the most calls of `key` that ever ran at once.
+    /// The key that holds the most calls of `key` that ever ran at once,
+    /// in `key`'s hash slot (the script touches both on a Redis Cluster).
     pub fn most_key(key: &str) -> String {
-        format!("{key}:most")
+        format!("{{{key}}}:most")
     }
 }
 
@@ -303,9 +305,9 @@ impl Tool for MeasureConcurrency {
         ToolManifest::new(
             "measure_concurrency",
             "Test tool: waits `ms` milliseconds while counting, in the Redis key `key`, how \
-             many of its calls run at once; `key:most` keeps the highest count.",
+             many of its calls run at once; `{key}:most` keeps the highest count.",
             json!({"type": "object", "additionalProperties": false, "required": ["key", "ms"],
-                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200},
+                   "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}]+$"},
                                   "ms": {"type": "integer", "minimum": 0, "maximum": 60_000}}}),
         )
         .with_timeout(Duration::from_secs(90))

@@ -9,6 +9,8 @@
 //!   [`NatsServer`] that can be killed and restarted.
 //! - [`RedisServer`]: a `redis-server` on a free port, optionally with an
 //!   append-only file ([`RedisConfig`]) so data survives a restart.
+//! - [`RedisCluster`]: redis-servers formed into a Redis Cluster, primaries
+//!   and replicas, each a [`RedisServer`].
 //! - [`ChildProcess`]: any other program, usually a workspace binary found with
 //!   [`cargo_bin`]; its log can be waited on.
 //! - [`wait_until`]: polls a condition up to a deadline; readiness is always a
@@ -40,6 +42,7 @@ mod nats_server;
 pub mod otlp;
 mod process;
 pub mod reaper;
+mod redis_cluster;
 mod redis_server;
 mod wait;
 
@@ -47,6 +50,7 @@ pub use nats_cluster::{NatsCluster, StreamCopies};
 pub use nats_server::{JETSTREAM_SYNC_ALWAYS, NatsServer};
 pub use process::{ChildProcess, KillHandle, LogMark, ServerOptions, cargo_bin, log_tail_report};
 pub use reaper::Reaper;
+pub use redis_cluster::RedisCluster;
 pub use redis_server::{RedisConfig, RedisServer, RedisTls};
 pub use wait::{Outcome, wait_until};
 

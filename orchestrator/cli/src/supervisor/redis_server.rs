@@ -42,6 +42,10 @@ pub struct RedisConfig {
     /// The user and password the harness itself connects as, where the
     /// included file turns the default user off. Default: none.
     pub admin: Option<(String, String)>,
+    /// Run as a Redis Cluster node whose cluster bus listens on this port
+    /// ([`super::RedisCluster`] forms the cluster). Default: none, a
+    /// standalone server.
+    pub cluster_bus_port: Option<u16>,
 }
 
 /// TLS files of a [`RedisServer`] (PEM).
@@ -105,17 +109,26 @@ impl RedisServer {
         config: RedisConfig,
         options: &ServerOptions,
     ) -> anyhow::Result<Self> {
+        Self::launch("redis-server", config, options).await
+    }
+
+    /// Starts a server named `name` (its dir and log), as
+    /// [`start_with_options`](Self::start_with_options) does.
+    pub(super) async fn launch(
+        name: &str,
+        config: RedisConfig,
+        options: &ServerOptions,
+    ) -> anyhow::Result<Self> {
         let binary = match process::program_from_env(BINARY_ENV, INSTALL_HINT)? {
             Some(path) => path,
             None => process::find_on_path("redis-server").with_context(|| {
                 format!("redis-server not found ({BINARY_ENV} unset, none on PATH); {INSTALL_HINT}")
             })?,
         };
-        let dir = ScratchDir::new("redis-server", options.parent_dir.as_deref())?;
+        let dir = ScratchDir::new(name, options.parent_dir.as_deref())?;
         let mut port = free_port()?;
         let args = server_args(port, dir.path(), &config);
-        let process =
-            ChildProcess::spawn_in("redis-server", dir, binary, args, Vec::new(), options)?;
+        let process = ChildProcess::spawn_in(name, dir, binary, args, Vec::new(), options)?;
         for attempt in 1.. {
             match process.wait_for_log(READY, options.start_timeout).await {
                 Ok(_) => break,
@@ -314,5 +327,33 @@ fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
     if let Some(include) = &config.include {
         args.extend(["--include".into(), include.clone().into()]);
     }
+    if let Some(bus_port) = config.cluster_bus_port {
+        args.extend(
+            [
+                "--cluster-enabled",
+                "yes",
+                // In the data dir, so that a restarted node rejoins as itself.
+                "--cluster-config-file",
+                "nodes.conf",
+                // A primary that stops answering for 2 s is failed over.
+                "--cluster-node-timeout",
+                "2000",
+                "--cluster-port",
+                &bus_port.to_string(),
+            ]
+            .map(OsString::from),
+        );
+    }
     args
+}
+
+/// The `redis-cli` beside the `redis-server` in use (Debian's redis-tools,
+/// which redis-server depends on), else the one on `PATH`.
+pub(super) fn redis_cli() -> anyhow::Result<PathBuf> {
+    let beside = process::program_from_env(BINARY_ENV, INSTALL_HINT)?
+        .and_then(|server| server.parent().map(|dir| dir.join("redis-cli")))
+        .filter(|path| path.is_file());
+    beside
+        .or_else(|| process::find_on_path("redis-cli"))
+        .with_context(|| format!("redis-cli not found; {INSTALL_HINT}"))
 }
