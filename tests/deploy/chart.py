@@ -52,8 +52,16 @@ GENERAL = ["calculate", "get_current_weather"]
 KNOWLEDGE = ["factual_qa", "trend_analysis"]
 
 # Value sets beside the defaults; each must render and validate.
+# Seeds of a NATS cluster and of a Redis Cluster, as a user lists them.
+CLUSTER_NATS = "nats://nats-0.nats:4222,nats://nats-1.nats:4222,nats://nats-2.nats:4222"
+CLUSTER_REDIS = "redis://redis-0.redis:6379,redis://redis-1.redis:6379,redis://redis-2.redis:6379"
+
 VALUE_SETS = {
     "defaults": None,
+    "a NATS cluster and a Redis Cluster": {
+        "nats": {"url": CLUSTER_NATS, "replicas": 3},
+        "redis": {"url": CLUSTER_REDIS, "cluster": True},
+    },
     "one pool, external NATS and Redis over TLS, no auth": {
         "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none",
                  "tls": {"secretName": "nats-ca", "clientCert": False}},
@@ -109,6 +117,7 @@ KINDS = {
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
                                                         "HorizontalPodAutoscaler": 2},
     "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
+    "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
@@ -118,8 +127,12 @@ KINDS = {
 # What the services of a value set must have in their configuration
 # (`--print-config`), by the Deployment's component or pool.
 CONFIGURED = {
-    "defaults": {"everything": {"nats.replicas": 3}},
-    "dev: the chart's own NATS and Redis": {"everything": {"nats.replicas": 1}},
+    "defaults": {role: {"nats.replicas": 3, "redis.cluster": False} for role in ("orchestrator", "general")},
+    "a NATS cluster and a Redis Cluster": {
+        role: {"nats.replicas": 3, "nats.url": CLUSTER_NATS, "redis.cluster": True, "redis.url": CLUSTER_REDIS}
+        for role in ("orchestrator", "general", "knowledge")},
+    "dev: the chart's own NATS and Redis": {
+        role: {"nats.replicas": 1, "redis.cluster": False} for role in ("orchestrator", "general")},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "orchestrator": {"api.default_model.name": "gpt-4.1-mini", "api.max_calls_per_turn": 16,
                          "nats.user": "orchestrator", "redis.user": "orchestrator"},
@@ -160,6 +173,7 @@ REFUSED = {
                                           "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 2, "targetCPU": 150, "lagThreshold": 10}}]},
     "an unknown key": {"orchestrator": {"replica": 2}},
     "six copies of a stream": {"nats": {"replicas": 6}},
+    "a Redis seed list with another scheme": {"redis": {"url": "redis://a:6379,http://b:6379"}},
     "a seed list with a blank": {"nats": {"url": "nats://a:4222, nats://b:4222"}},
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},

@@ -109,6 +109,7 @@ nats:
 {{- if ne .user "setup" }}
 redis:
   url: {{ include "toolfleet.redisURL" .root | quote }}
+  cluster: {{ and $v.redis.cluster (not $v.dev.enabled) }}
   {{- if eq $v.redis.auth "users" }}
   user: {{ .user | quote }}
   {{- end }}
