@@ -654,3 +654,147 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
     assert!(was_settled(&store.attempts(&job_id).await?, "w1"));
     Ok(())
 }
+
+/// A submission with an idempotency key is three steps: the key's record
+/// (the tenant's slot), the job (the job's slot), the job's index entries
+/// (the sweeper's and the tenant's slots). Builds the state a crash leaves
+/// after each step, on `redis`, and checks that the client's retry with
+/// the same key completes the job the record promised, once, at its first
+/// submission time.
+async fn a_retry_completes_a_submission_that_died_between_its_steps(
+    redis: toolfleet_tests::fleet::Redis,
+) -> anyhow::Result<()> {
+    use redis::AsyncCommands;
+    let nats = NatsServer::start().await?;
+    let store = JobStore::new(
+        redis.connection().await?,
+        nats.client().await?,
+        RedisKeys::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let mut raw = redis.connection().await?;
+    let keys = RedisKeys::default();
+    let spec = spec();
+    let idempotency = || {
+        Some(Idempotency {
+            key: "order-7",
+            fingerprint: "print",
+        })
+    };
+    let (job_id, duplicate) = store.submit(&spec, idempotency(), None).await?;
+    assert!(!duplicate);
+    let tenant_index = keys.tenant_jobs(&spec.tenant);
+    let unindex = |mut raw: toolfleet_service::connect::RedisConnection| {
+        let (tenant_index, shard, job_id) = (
+            tenant_index.clone(),
+            keys.unfinished_jobs(&job_id),
+            job_id.clone(),
+        );
+        async move {
+            let _: i64 = raw.zrem(&tenant_index, &job_id).await?;
+            let _: i64 = raw.zrem(&shard, &job_id).await?;
+            anyhow::Ok(())
+        }
+    };
+    let indexed = |mut raw: toolfleet_service::connect::RedisConnection| {
+        let (tenant_index, job_id) = (tenant_index.clone(), job_id.clone());
+        let store = &store;
+        async move {
+            let score: Option<u64> = raw.zscore(&tenant_index, &job_id).await?;
+            let unfinished = store.unfinished_before(u64::MAX, 1000).await?;
+            anyhow::Ok((score, unfinished.contains(&job_id)))
+        }
+    };
+
+    // Died after the record, before the job: the retry creates the job.
+    let () = raw
+        .del(&[
+            keys.job(&job_id),
+            keys.job_items(&job_id),
+            keys.job_events(&job_id),
+        ])
+        .await?;
+    unindex(raw.clone()).await?;
+    assert!(store.get(&job_id).await?.is_none());
+    assert_eq!(
+        store.submit(&spec, idempotency(), None).await?,
+        (job_id.clone(), true)
+    );
+    let recreated = store
+        .get(&job_id)
+        .await?
+        .expect("the retry created the job");
+    assert_eq!(recreated.status, JobStatus::Queued);
+    assert_eq!(
+        events(&store, &job_id).await?.len(),
+        1,
+        "one job_queued event"
+    );
+    let (score, unfinished) = indexed(raw.clone()).await?;
+    assert_eq!(
+        score,
+        Some(recreated.created_at_ms),
+        "listed at its creation"
+    );
+    assert!(unfinished, "the sweeper finds it");
+
+    // Died after the job, before its indexes: the retry indexes it, at the
+    // time it was created, and creates nothing.
+    unindex(raw.clone()).await?;
+    assert_eq!(
+        store.submit(&spec, idempotency(), None).await?,
+        (job_id.clone(), true)
+    );
+    assert_eq!(events(&store, &job_id).await?.len(), 1, "not created again");
+    assert_eq!(
+        indexed(raw.clone()).await?,
+        (Some(recreated.created_at_ms), true)
+    );
+
+    // A retry after the job ended lists it again, and does not hand it
+    // to the sweeper.
+    assert_eq!(store.cancel(&job_id).await?, Some(JobStatus::Cancelled));
+    unindex(raw.clone()).await?;
+    assert_eq!(
+        store.submit(&spec, idempotency(), None).await?,
+        (job_id.clone(), true)
+    );
+    assert_eq!(
+        indexed(raw.clone()).await?,
+        (Some(recreated.created_at_ms), false)
+    );
+    assert_eq!(
+        store.get(&job_id).await?.map(|r| r.status),
+        Some(JobStatus::Cancelled)
+    );
+
+    // The key still refuses a different request.
+    let other = Some(Idempotency {
+        key: "order-7",
+        fingerprint: "another print",
+    });
+    assert!(matches!(
+        store.submit(&spec, other, None).await,
+        Err(Error::IdempotencyConflict(_))
+    ));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_retry_completes_a_submission_that_died_between_its_steps_on_one_server()
+-> anyhow::Result<()> {
+    let redis = toolfleet_tests::fleet::Redis::Server(Box::new(RedisServer::start().await?));
+    a_retry_completes_a_submission_that_died_between_its_steps(redis).await
+}
+
+#[tokio::test]
+async fn cluster_a_retry_completes_a_submission_that_died_between_its_steps() -> anyhow::Result<()>
+{
+    let cluster =
+        toolfleet_tests::RedisCluster::start(3, 0, toolfleet_tests::RedisConfig::default()).await?;
+    a_retry_completes_a_submission_that_died_between_its_steps(
+        toolfleet_tests::fleet::Redis::Cluster(cluster),
+    )
+    .await
+}

@@ -229,13 +229,14 @@ impl JobStore {
         let queued = JobEvent::JobQueued {
             metadata: spec.metadata.clone(),
         };
+        let now = now_ms();
         let mut create = scripts::CREATE.prepare_invoke();
         create
             .key(self.keys.job(&job_id))
             .key(self.keys.job_items(&job_id))
             .key(self.keys.job_events(&job_id))
             .arg(spec_json)
-            .arg(now_ms())
+            .arg(now)
             .arg(user)
             .arg(queued.kind())
             .arg(queued.data_json())
@@ -247,21 +248,23 @@ impl JobStore {
             // entries go in one round trip, in this order.
             let mut pipe = redis::pipe();
             pipe.invoke_script(&create);
-            for group in self.index_new_job(spec, &job_id) {
+            for group in self.index_new_job(spec, &job_id, now, false) {
                 for command in group.cmd_iter() {
                     pipe.add_command(command.clone()).ignore();
                 }
             }
-            let (_created,): (i64,) = self.query_invoking(&pipe, &scripts::CREATE).await?;
+            let (_created,): ((i64, u64, i64),) =
+                self.query_invoking(&pipe, &scripts::CREATE).await?;
         } else {
             // On a cluster the job and each index are in slots of their
             // own: the job first, so that no index names a job not yet
-            // there (ListJobs would drop it as expired).
-            let created: i64 = create.invoke_async(&mut self.conn()).await?;
-            if created == 1 {
-                let groups = self.index_new_job(spec, &job_id);
-                self.conn().run_in_order(groups).await?;
-            }
+            // there (ListJobs would drop it as expired). A duplicate
+            // indexes its job again, at its first time: the submission it
+            // repeats may have died between the job and its indexes.
+            let (_created, created_ms, ended): (i64, u64, i64) =
+                create.invoke_async(&mut self.conn()).await?;
+            let groups = self.index_new_job(spec, &job_id, created_ms, ended == 1);
+            self.conn().run_in_order(groups).await?;
         }
         self.notify(&job_id, None).await;
         Ok((job_id, duplicate))
@@ -286,12 +289,19 @@ impl JobStore {
         }
     }
 
-    /// The writes that put a newly created job into the sets that find it
-    /// again, one pipeline per hash slot: the unfinished jobs (the
+    /// The writes that put a job created at `created_ms` into the sets that
+    /// find it again, one pipeline per hash slot: the unfinished jobs (the
     /// sweeper's), then its tenant's job index (`ListJobs`) and, under an
-    /// active-jobs quota, its tenant's active jobs. Each may run twice
-    /// ([`query_invoking`](Self::query_invoking)).
-    fn index_new_job(&self, spec: &JobSpec, job_id: &str) -> Vec<redis::Pipeline> {
+    /// active-jobs quota, its tenant's active jobs; an `ended` job only
+    /// into its tenant's index. Each may run twice
+    /// ([`query_invoking`](Self::query_invoking), a repeated submission).
+    fn index_new_job(
+        &self,
+        spec: &JobSpec,
+        job_id: &str,
+        created_ms: u64,
+        ended: bool,
+    ) -> Vec<redis::Pipeline> {
         let now = now_ms();
         let index = self.keys.tenant_jobs(&spec.tenant);
         // The index forgets what has surely expired: jobs live at most
@@ -299,23 +309,26 @@ impl JobStore {
         let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
         // Plain pipelines, not MULTI: the keys are in different hash slots
         // (Redis Cluster), and each write stands on its own.
-        let mut unfinished = redis::pipe();
-        unfinished
-            .cmd("ZADD")
-            .arg(self.keys.unfinished_jobs(job_id))
-            .arg(now)
-            .arg(job_id)
-            .ignore();
         let mut pipe = redis::pipe();
         pipe.cmd("ZADD")
             .arg(&index)
-            .arg(now)
+            .arg(created_ms)
             .arg(job_id)
             .ignore()
             .cmd("ZREMRANGEBYSCORE")
             .arg(&index)
             .arg("-inf")
             .arg(format!("({horizon}"))
+            .ignore();
+        if ended {
+            return vec![pipe];
+        }
+        let mut unfinished = redis::pipe();
+        unfinished
+            .cmd("ZADD")
+            .arg(self.keys.unfinished_jobs(job_id))
+            .arg(created_ms)
+            .arg(job_id)
             .ignore();
         // Counted only under an active-jobs quota, whose check prunes
         // the set: without one, nothing would.

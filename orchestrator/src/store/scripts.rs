@@ -47,17 +47,25 @@ fn script(template: &str) -> Script {
 
 /// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
 /// event data, call secret, traceparent, tracestate (both may be empty).
-/// Creates the job unless it exists. Returns 1 when created, 0 when it existed.
+/// Creates the job unless it exists. Returns `{created, created_at_ms,
+/// ended}`: 1 and the given time when created; 0, the existing job's
+/// creation time and 1 if it has ended, when it existed.
 pub(super) static CREATE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
-if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+local existing = redis.call('HMGET', KEYS[1], 'status', 'created_at_ms')
+local status = existing[1]
+if status then
+  local ended = 0
+  if $ENDED then ended = 1 end
+  return {0, tonumber(existing[2]) or 0, ended}
+end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
            'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6],
            'traceparent', ARGV[7], 'tracestate', ARGV[8])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
-return 1
+return {1, tonumber(ARGV[2]), 0}
 ",
     )
 });
