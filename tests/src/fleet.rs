@@ -106,9 +106,7 @@ impl Redis {
     pub async fn connection(&self) -> anyhow::Result<RedisConnection> {
         Ok(match self {
             Self::Server(server) => server.connection().await?.into(),
-            Self::Cluster(cluster) => {
-                RedisConnection::Cluster(cluster.client()?.get_async_connection().await?)
-            }
+            Self::Cluster(cluster) => cluster.client()?.get_async_connection().await?.into(),
         })
     }
 

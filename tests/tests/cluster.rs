@@ -10,8 +10,8 @@ use redis::AsyncCommands;
 use serde_json::json;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_proto::v1;
-use toolfleet_tests::RedisConfig;
 use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::{RedisCluster, RedisConfig};
 
 #[tokio::test]
 async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> anyhow::Result<()> {
@@ -62,4 +62,155 @@ async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> any
         .await?;
     assert_eq!(status, "succeeded");
     Ok(())
+}
+
+/// Redis replicates asynchronously: a primary answers a write before its
+/// replica has it. Cuts every replica off its primary (frozen, its link
+/// closed by the primary, as a partition or a stalled replica would), then:
+/// without `redis.wait_replicas`, a submission is acknowledged, its
+/// primary is killed, its replica promoted, and the acknowledged job is
+/// gone; with `redis.wait_replicas = 1`, the same submission fails as not
+/// written, and the client's retry with its idempotency key, once the
+/// replicas are back, creates a job that outlives the next failover.
+#[tokio::test]
+async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirmed_it()
+-> anyhow::Result<()> {
+    use std::time::Duration;
+    use toolfleet_orchestrator::job::{JobSpec, ProviderKind};
+    use toolfleet_orchestrator::store::{Idempotency, JobStore};
+    use toolfleet_service::connect::{RedisConnection, ReplicaAcks};
+    use toolfleet_tests::NatsServer;
+
+    let redis = RedisCluster::start(3, 1, RedisConfig::default()).await?;
+    redis.wait_replicas_linked(HEAL).await?;
+    let nats = NatsServer::start().await?;
+    let connection: RedisConnection = redis.client()?.get_async_connection().await?.into();
+    let store = |acks: Option<ReplicaAcks>| {
+        let redis = connection.clone().with_replica_acks(acks);
+        let nats = nats.client();
+        async move {
+            anyhow::Ok(JobStore::new(
+                redis,
+                nats.await?,
+                RedisKeys::default(),
+                Duration::from_secs(60),
+                Duration::from_secs(60),
+            ))
+        }
+    };
+    let spec = JobSpec {
+        input: "keep me".into(),
+        instructions: String::new(),
+        provider: ProviderKind::Scripted,
+        model: String::new(),
+        script: Some(r#"[{"message":"kept"}]"#.into()),
+        tools: Vec::new(),
+        max_tool_rounds: 8,
+        parallel_tool_calls: true,
+        deadline_ms: 60_000,
+        metadata: Default::default(),
+        tenant: "default".into(),
+        limits: Default::default(),
+    };
+    let keys = RedisKeys::default();
+    // Acknowledged by the primary alone, and lost with it.
+    let unconfirmed = store(None).await?;
+    let frozen = cut_off_replicas(&redis).await?;
+    assert_eq!(frozen.len(), 3, "one replica per primary");
+    let (lost, _) = unconfirmed.submit(&spec, None, None).await?;
+    assert!(unconfirmed.get(&lost).await?.is_some(), "acknowledged");
+    let killed = fail_over(&redis, &keys.job(&lost), &frozen).await?;
+    assert!(
+        unconfirmed.get(&lost).await?.is_none(),
+        "the promoted replica never had the acknowledged job {lost}"
+    );
+    // Back, as the replica of the node that took its place.
+    redis.node(killed).restart().await?;
+    redis.wait_healthy(HEAL).await?;
+    redis.wait_replicas_linked(HEAL).await?;
+
+    // Confirmed by a replica, or not acknowledged at all.
+    let confirmed = store(Some(ReplicaAcks {
+        replicas: 1,
+        timeout: Duration::from_millis(300),
+    }))
+    .await?;
+    let idempotency = || {
+        Some(Idempotency {
+            key: "order-1",
+            fingerprint: "print",
+        })
+    };
+    let frozen = cut_off_replicas(&redis).await?;
+    let refused = confirmed.submit(&spec, idempotency(), None).await;
+    thaw(&redis, &frozen)?;
+    let Err(err) = refused else {
+        anyhow::bail!("a write no replica holds was acknowledged");
+    };
+    let err = format!("{:#}", anyhow::Error::new(err));
+    assert!(err.contains("redis.wait_replicas"), "{err}");
+    redis.wait_replicas_linked(HEAL).await?;
+    let (kept, _) = confirmed.submit(&spec, idempotency(), None).await?;
+    let killed = fail_over(&redis, &keys.job(&kept), &[]).await?;
+    let record = confirmed.get(&kept).await?;
+    assert!(record.is_some(), "the promoted replica has job {kept}");
+    // A write waits for a replica again: the promoted node needs one.
+    redis.node(killed).restart().await?;
+    redis.wait_healthy(HEAL).await?;
+    redis.wait_replicas_linked(HEAL).await?;
+    assert_eq!(
+        confirmed.submit(&spec, idempotency(), None).await?,
+        (kept, true),
+        "the idempotency record survived too"
+    );
+    Ok(())
+}
+
+/// How long a Redis Cluster may take to heal: promote a replica, take a
+/// node back.
+const HEAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Freezes every replica of `redis` and has every primary drop its link:
+/// no write from now on reaches a replica. Returns the frozen nodes.
+async fn cut_off_replicas(redis: &RedisCluster) -> anyhow::Result<Vec<usize>> {
+    let replicas = redis.replicas().await?;
+    for &replica in &replicas {
+        redis.node(replica).process().freeze()?;
+    }
+    for (index, node) in redis.nodes().iter().enumerate() {
+        if replicas.contains(&index) || !node.process().is_running() {
+            continue;
+        }
+        let mut primary = node.client().get_multiplexed_async_connection().await?;
+        let _dropped: i64 = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("replica")
+            .query_async(&mut primary)
+            .await?;
+    }
+    Ok(replicas)
+}
+
+/// Lets the `frozen` nodes of `redis` go on.
+fn thaw(redis: &RedisCluster, frozen: &[usize]) -> anyhow::Result<()> {
+    for &node in frozen {
+        redis.node(node).process().thaw()?;
+    }
+    Ok(())
+}
+
+/// Kills the primary of `key`, thaws the `frozen` nodes, and waits until
+/// the killed primary's replica serves `key`; returns the killed node.
+async fn fail_over(redis: &RedisCluster, key: &str, frozen: &[usize]) -> anyhow::Result<usize> {
+    let primary = redis.primary_of(key).await?;
+    redis.node(primary).kill();
+    thaw(redis, frozen)?;
+    toolfleet_tests::wait_until("the replica to be promoted", HEAL, || async {
+        anyhow::ensure!(redis.primary_of(key).await? != primary);
+        anyhow::Ok(())
+    })
+    .await?;
+    redis.wait_healthy(HEAL).await?;
+    Ok(primary)
 }

@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -117,6 +118,14 @@ pub struct RedisOptions {
     pub password_file: Option<String>,
     /// TLS to the server, with a `rediss://` URL.
     pub tls: RedisTlsOptions,
+    /// Replicas that must hold a write before it counts as written (Redis
+    /// `WAIT` after each write); 0 acknowledges a write once the primary
+    /// has it, which a failover can lose. Default: 0.
+    pub wait_replicas: u32,
+    /// How long a write waits for `wait_replicas` replicas before it fails
+    /// as not written; more than 0s and less than 5s. Default: 500ms.
+    #[serde(with = "crate::config::duration")]
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisOptions {
@@ -129,6 +138,8 @@ impl Default for RedisOptions {
             password: None,
             password_file: None,
             tls: RedisTlsOptions::default(),
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(500),
         }
     }
 }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{NatsOptions, RedisOptions, redact_url, url_list};
+pub use crate::redis_connection::{RedisConnection, ReplicaAcks};
 
 /// Longest pause between two attempts while waiting for a server.
 const MAX_PATIENCE_STEP: Duration = Duration::from_secs(5);
@@ -238,6 +239,8 @@ pub struct RedisClient {
     target: Target,
     /// The URL without its password, for log lines.
     url: String,
+    /// Replicas that must confirm each write (`redis.wait_replicas`).
+    acks: Option<ReplicaAcks>,
 }
 
 /// One server, or a cluster (`redis.cluster`).
@@ -247,89 +250,6 @@ pub struct RedisClient {
 enum Target {
     Server(redis::Client),
     Cluster(redis::cluster::ClusterClient),
-}
-
-/// A connection to Redis that reconnects by itself: to one server, or to
-/// a Redis Cluster, where each command goes to the primary of its key's
-/// hash slot and follows the cluster's redirections when slots move.
-/// Every command, pipeline and script of toolfleet runs on either: those
-/// with several keys keep them in one slot (`{...}` hash tags,
-/// `toolfleet_proto::names::RedisKeys`).
-#[derive(Clone)]
-pub enum RedisConnection {
-    /// One server (or a primary behind a stable address).
-    Server(ConnectionManager),
-    /// A Redis Cluster.
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl RedisConnection {
-    /// Whether this is a Redis Cluster, where a pipeline's keys must share
-    /// one slot.
-    pub fn is_cluster(&self) -> bool {
-        matches!(self, Self::Cluster(_))
-    }
-
-    /// Runs `groups` in order, each a pipeline whose keys share one hash
-    /// slot: as one pipeline (one round trip) on one server, and one round
-    /// trip per group on a cluster, whose client refuses a pipeline that
-    /// spans slots.
-    ///
-    /// # Errors
-    ///
-    /// The first error Redis answers; the groups before it have run.
-    pub async fn run_in_order(&mut self, groups: Vec<redis::Pipeline>) -> redis::RedisResult<()> {
-        if self.is_cluster() {
-            for group in groups {
-                let () = group.query_async(self).await?;
-            }
-            return Ok(());
-        }
-        let mut all = redis::pipe();
-        for group in groups {
-            for command in group.cmd_iter() {
-                all.add_command(command.clone()).ignore();
-            }
-        }
-        all.query_async(self).await
-    }
-}
-
-impl From<ConnectionManager> for RedisConnection {
-    fn from(connection: ConnectionManager) -> Self {
-        Self::Server(connection)
-    }
-}
-
-impl redis::aio::ConnectionLike for RedisConnection {
-    fn req_packed_command<'a>(
-        &'a mut self,
-        cmd: &'a redis::Cmd,
-    ) -> redis::RedisFuture<'a, redis::Value> {
-        match self {
-            Self::Server(connection) => connection.req_packed_command(cmd),
-            Self::Cluster(connection) => connection.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        cmd: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
-        match self {
-            Self::Server(connection) => connection.req_packed_commands(cmd, offset, count),
-            Self::Cluster(connection) => connection.req_packed_commands(cmd, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Self::Server(connection) => connection.get_db(),
-            Self::Cluster(connection) => connection.get_db(),
-        }
-    }
 }
 
 impl RedisClient {
@@ -358,12 +278,13 @@ impl RedisClient {
                 options.key_prefix
             )));
         }
+        let acks = replica_acks(options)?;
         let target = if options.cluster {
             Target::Cluster(cluster_client(options).map_err(error)?)
         } else {
             Target::Server(redis_client(options).map_err(error)?)
         };
-        Ok(Self { target, url })
+        Ok(Self { target, url, acks })
     }
 
     /// A connection that reconnects by itself, once Redis answers: waits
@@ -371,17 +292,41 @@ impl RedisClient {
     /// answers).
     pub async fn connect(&self) -> RedisConnection {
         let what = format!("Redis at {}", self.url);
-        match &self.target {
+        let connection: RedisConnection = match &self.target {
             Target::Server(client) => patiently(&what, || {
                 ConnectionManager::new_with_config(client.clone(), redis_config())
             })
             .await
             .into(),
-            Target::Cluster(client) => {
-                RedisConnection::Cluster(patiently(&what, || client.get_async_connection()).await)
-            }
-        }
+            Target::Cluster(client) => patiently(&what, || client.get_async_connection())
+                .await
+                .into(),
+        };
+        connection.with_replica_acks(self.acks)
     }
+}
+
+/// What `redis.wait_replicas` and `redis.wait_timeout` ask for: none with
+/// 0 replicas.
+fn replica_acks(options: &RedisOptions) -> Result<Option<ReplicaAcks>, ConnectError> {
+    if options.wait_replicas == 0 {
+        return Ok(None);
+    }
+    let timeout = options.wait_timeout;
+    if timeout.is_zero() || timeout >= REDIS_RESPONSE_TIMEOUT {
+        // WAIT with 0 blocks for ever; one longer than the client waits
+        // for any answer would time out as a lost connection.
+        return Err(ConnectError::RedisConfig(format!(
+            "redis.wait_timeout {} with redis.wait_replicas: give it more than 0s and less than \
+             {} (500ms, say)",
+            crate::config::duration::format(timeout),
+            crate::config::duration::format(REDIS_RESPONSE_TIMEOUT)
+        )));
+    }
+    Ok(Some(ReplicaAcks {
+        replicas: options.wait_replicas,
+        timeout,
+    }))
 }
 
 /// The cluster client `options` ask for: every seed of `redis.url`, each
@@ -527,6 +472,37 @@ mod tests {
         assert!(db.contains("database 2"), "{db}");
         assert!(!db.contains("secret"), "{db}");
         assert!(error(options(" , ", "tf")).contains("names no server"));
+    }
+
+    #[test]
+    fn waiting_for_replicas_needs_a_timeout_that_ends_before_the_client_gives_up() {
+        let client = |replicas: u32, timeout: Duration| {
+            RedisClient::new(&RedisOptions {
+                wait_replicas: replicas,
+                wait_timeout: timeout,
+                ..RedisOptions::default()
+            })
+        };
+        let acks = |replicas, timeout| client(replicas, timeout).map(|client| client.acks);
+        assert_eq!(
+            acks(0, Duration::ZERO).ok(),
+            Some(None),
+            "0 replicas: no WAIT"
+        );
+        assert_eq!(
+            acks(1, Duration::from_millis(500)).ok(),
+            Some(Some(ReplicaAcks {
+                replicas: 1,
+                timeout: Duration::from_millis(500)
+            }))
+        );
+        for wrong in [Duration::ZERO, REDIS_RESPONSE_TIMEOUT] {
+            let Err(err) = client(1, wrong) else {
+                panic!("{wrong:?} accepted");
+            };
+            let message = err.to_string();
+            assert!(message.contains("redis.wait_timeout"), "{message}");
+        }
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub mod connect;
 pub mod identity;
 mod otlp;
 pub mod queue;
+mod redis_connection;
 pub mod reload;
 pub mod signals;
 pub mod telemetry;

@@ -291,22 +291,46 @@ impl ChildProcess {
     ///
     /// If the signal can't be sent.
     pub fn terminate(&self) -> anyhow::Result<()> {
+        self.signal("TERM")
+    }
+
+    /// Sends SIGSTOP, if the process is still running: it does nothing, and
+    /// answers nobody, until [`thaw`](Self::thaw) (a hung or partitioned
+    /// server, as its peers see it).
+    ///
+    /// # Errors
+    ///
+    /// If the signal can't be sent.
+    pub fn freeze(&self) -> anyhow::Result<()> {
+        self.signal("STOP")
+    }
+
+    /// Sends SIGCONT: a [`freeze`](Self::freeze)n process goes on.
+    ///
+    /// # Errors
+    ///
+    /// If the signal can't be sent.
+    pub fn thaw(&self) -> anyhow::Result<()> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, signal: &str) -> anyhow::Result<()> {
         let mut state = self.lock();
         // Only an unreaped child is signalled, so its pid can't have been reused.
         if state.child.try_wait()?.is_some() {
             return Ok(());
         }
         let pid = state.child.id();
-        note(&self.log_path, &format!("sending SIGTERM to pid {pid}"));
+        note(&self.log_path, &format!("sending SIG{signal} to pid {pid}"));
         // `kill` through the shell, because `unsafe_code` is forbidden (no libc)
         // and this doesn't deserve a dependency.
         let status = Command::new("sh")
             .arg("-c")
-            .arg(format!("kill -s TERM {pid}"))
+            .arg(format!("kill -s {signal} {pid}"))
             .status()
-            .context("cannot run sh to send SIGTERM")?;
+            .with_context(|| format!("cannot run sh to send SIG{signal}"))?;
         if !status.success() {
-            bail!("kill -s TERM {pid} ({}) failed: {status}", self.name);
+            bail!("kill -s {signal} {pid} ({}) failed: {status}", self.name);
         }
         Ok(())
     }

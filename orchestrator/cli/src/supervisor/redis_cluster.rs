@@ -197,6 +197,65 @@ impl RedisCluster {
         .await
     }
 
+    /// The indexes of the running nodes that are replicas right now, as
+    /// each says of itself.
+    ///
+    /// # Errors
+    ///
+    /// A running node does not answer.
+    pub async fn replicas(&self) -> anyhow::Result<Vec<usize>> {
+        let mut replicas = Vec::new();
+        for (index, info) in self.replication_infos().await? {
+            if info.contains("role:slave") {
+                replicas.push(index);
+            }
+        }
+        Ok(replicas)
+    }
+
+    /// Waits until every running replica is linked to its primary and
+    /// done with its initial copy: from then on each write of a primary
+    /// reaches its replicas.
+    ///
+    /// # Errors
+    ///
+    /// Not within `timeout`.
+    pub async fn wait_replicas_linked(&self, timeout: Duration) -> anyhow::Result<()> {
+        wait_until(
+            "every replica of the Redis Cluster to be linked to its primary",
+            timeout,
+            || async {
+                for (index, info) in self.replication_infos().await? {
+                    anyhow::ensure!(
+                        !info.contains("role:slave")
+                            || (info.contains("master_link_status:up")
+                                && info.contains("master_sync_in_progress:0")),
+                        "node {index} is a replica not in sync yet"
+                    );
+                }
+                anyhow::Ok(())
+            },
+        )
+        .await
+    }
+
+    /// `INFO replication` of every running node, by index.
+    async fn replication_infos(&self) -> anyhow::Result<Vec<(usize, String)>> {
+        let mut infos = Vec::new();
+        for (index, node) in self.nodes.iter().enumerate() {
+            if !node.process().is_running() {
+                continue;
+            }
+            let mut connection = node.client().get_multiplexed_async_connection().await?;
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut connection)
+                .await?;
+            infos.push((index, info));
+        }
+        Ok(infos)
+    }
+
     /// The index of the node that serves `key`'s slot as its primary right
     /// now, as a running node sees it.
     ///
