@@ -60,7 +60,7 @@ VALUE_SETS = {
     "defaults": None,
     "a NATS cluster and a Redis Cluster": {
         "nats": {"url": CLUSTER_NATS, "replicas": 3},
-        "redis": {"url": CLUSTER_REDIS, "cluster": True},
+        "redis": {"url": CLUSTER_REDIS, "cluster": True, "waitReplicas": 1},
     },
     "one pool, external NATS and Redis over TLS, no auth": {
         "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none",
@@ -127,9 +127,11 @@ KINDS = {
 # What the services of a value set must have in their configuration
 # (`--print-config`), by the Deployment's component or pool.
 CONFIGURED = {
-    "defaults": {role: {"nats.replicas": 3, "redis.cluster": False} for role in ("orchestrator", "general")},
+    "defaults": {role: {"nats.replicas": 3, "redis.cluster": False, "redis.wait_replicas": 0}
+                 for role in ("orchestrator", "general")},
     "a NATS cluster and a Redis Cluster": {
-        role: {"nats.replicas": 3, "nats.url": CLUSTER_NATS, "redis.cluster": True, "redis.url": CLUSTER_REDIS}
+        role: {"nats.replicas": 3, "nats.url": CLUSTER_NATS, "redis.cluster": True, "redis.url": CLUSTER_REDIS,
+               "redis.wait_replicas": 1}
         for role in ("orchestrator", "general", "knowledge")},
     "dev: the chart's own NATS and Redis": {
         role: {"nats.replicas": 1, "redis.cluster": False} for role in ("orchestrator", "general")},
@@ -177,6 +179,7 @@ REFUSED = {
     "a seed list with a blank": {"nats": {"url": "nats://a:4222, nats://b:4222"}},
     "no pool": {"pools": []},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
+    "a negative count of Redis replicas to wait for": {"redis": {"waitReplicas": -1}},
     "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},
     "a graph file outside its volume": {"pools": [pool("kg", KNOWLEDGE, graph={
         "file": "../etc/passwd", "volume": {"emptyDir": {}}})]},

@@ -197,7 +197,8 @@ impl Fleet {
     /// Like [`start_with_redis`](Self::start_with_redis), on clusters: a
     /// NATS cluster of 3 nodes where every service keeps 3 copies of each
     /// stream (`nats.replicas`), and a Redis Cluster of 3 primaries with a
-    /// replica each, every node configured by `redis` (`redis.cluster`).
+    /// replica each, every node configured by `redis` (`redis.cluster`); a
+    /// write counts once a replica holds it (`redis.wait_replicas = 1`).
     ///
     /// # Errors
     ///
@@ -207,8 +208,25 @@ impl Fleet {
         worker_env: &[(&str, &str)],
         redis: RedisConfig,
     ) -> anyhow::Result<Self> {
-        let (nats, redis) =
-            tokio::try_join!(NatsCluster::start(3), RedisCluster::start(3, 1, redis))?;
+        Self::start_on_clusters_with_replicas(workers, worker_env, redis, 1).await
+    }
+
+    /// Like [`start_on_clusters`](Self::start_on_clusters), with `replicas`
+    /// replicas of each Redis primary.
+    ///
+    /// # Errors
+    ///
+    /// A server or worker did not start; the error names which.
+    pub async fn start_on_clusters_with_replicas(
+        workers: usize,
+        worker_env: &[(&str, &str)],
+        redis: RedisConfig,
+        replicas: usize,
+    ) -> anyhow::Result<Self> {
+        let (nats, redis) = tokio::try_join!(
+            NatsCluster::start(3),
+            RedisCluster::start(3, replicas, redis)
+        )?;
         let client = nats.client().await?;
         let mut fleet = Self::start_with_servers(
             Nats::Cluster(nats),
@@ -219,6 +237,9 @@ impl Fleet {
         fleet.service_env = vec![
             ("TOOLFLEET_NATS__REPLICAS".to_owned(), "3".to_owned()),
             ("TOOLFLEET_REDIS__CLUSTER".to_owned(), "true".to_owned()),
+            // As deploy.md asks of a cluster: a write counts once a
+            // replica holds it too.
+            ("TOOLFLEET_REDIS__WAIT_REPLICAS".to_owned(), "1".to_owned()),
         ];
         for _ in 0..workers {
             fleet.spawn_worker().await?;

@@ -25,6 +25,8 @@ pub struct Tally {
     pub ok_applied: usize,
     /// Answered with an error (a poison call not run again), and not applied.
     pub error_not_applied: usize,
+    /// The codes of those errors, and how many of each.
+    pub error_codes: std::collections::BTreeMap<String, usize>,
     /// The answer says something other than what happened: an error over an
     /// applied effect, ok over none, or `OUTCOME_UNKNOWN` from a tool whose
     /// probe can know. Each one is a duplicate effect waiting to happen.
@@ -39,7 +41,13 @@ impl Tally {
         match (answer.is_ok(), effect) {
             (_, n) if n > 1 => self.duplicates.push(format!("{call}: applied {n} times")),
             (true, 1) => self.ok_applied += 1,
-            (false, 0) => self.error_not_applied += 1,
+            (false, 0) => {
+                self.error_not_applied += 1;
+                let code = answer
+                    .error()
+                    .map_or_else(|| "no code".to_owned(), |e| e.code.to_string());
+                *self.error_codes.entry(code).or_default() += 1;
+            }
             (ok, n) => self.mismatches.push(format!(
                 "{call}: answered {} with the effect applied {n} times",
                 if ok {
@@ -78,6 +86,10 @@ impl std::fmt::Display for Tally {
             self.error_not_applied,
             self.mismatches.len(),
             self.duplicates.len()
-        )
+        )?;
+        if !self.error_codes.is_empty() {
+            write!(f, " (errors: {:?})", self.error_codes)?;
+        }
+        Ok(())
     }
 }

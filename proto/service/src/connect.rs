@@ -356,7 +356,11 @@ fn cluster_client(
         nodes.push(info);
         certificates = tls;
     }
+    // No retries of its own: it would send again a request whose
+    // connection dropped after it was sent (RedisConnection sends again
+    // only what a node refused unrun).
     let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+        .retries(0)
         .connection_timeout(REDIS_RESPONSE_TIMEOUT)
         .response_timeout(REDIS_RESPONSE_TIMEOUT);
     if let Some(certificates) = certificates {

@@ -209,11 +209,58 @@ impl From<ClusterConnection> for RedisConnection {
     }
 }
 
+/// Whether a Redis Cluster node refused `err`'s request without running it:
+/// the slot is served elsewhere (`MOVED`, `ASK`, a primary demoted to
+/// replica), or not served right now (a failover, a node loading its
+/// data). Sending it again cannot apply it twice.
+fn refused_unrun(err: &RedisError) -> bool {
+    use redis::ServerErrorKind::{
+        Ask, BusyLoading, ClusterDown, MasterDown, Moved, ReadOnly, TryAgain,
+    };
+    matches!(
+        err.kind(),
+        ErrorKind::Server(
+            Moved | Ask | TryAgain | ClusterDown | MasterDown | BusyLoading | ReadOnly
+        )
+    )
+}
+
+/// Sends again what a cluster node refused unrun, after the client has
+/// refreshed its map of the slots: a few times within about a second (a
+/// failover takes the cluster's node timeout, longer than that: callers
+/// get the error and retry as after any Redis failure).
+///
+/// redis-rs' own retries are off (`cluster_client`'s `retries(0)`): it
+/// would also send again a request whose connection dropped after it was
+/// sent, which a failover does to every request in flight, and a script
+/// that had run would run twice (a test tool's counter counted one call
+/// twice in the failover test before this).
+async fn unless_refused<T, F, Fut>(attempt: F) -> RedisResult<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = RedisResult<T>>,
+{
+    use backon::{ExponentialBuilder, Retryable};
+    attempt
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(20))
+                .with_max_delay(Duration::from_millis(400))
+                .with_max_times(5)
+                .with_jitter(),
+        )
+        .when(refused_unrun)
+        .await
+}
+
 impl ConnectionLike for Link {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Server(connection) => connection.req_packed_command(cmd),
-            Self::Cluster(connection) => connection.req_packed_command(cmd),
+            Self::Cluster(connection) => Box::pin(unless_refused(move || {
+                let mut connection = connection.clone();
+                async move { connection.req_packed_command(cmd).await }
+            })),
         }
     }
 
@@ -225,7 +272,10 @@ impl ConnectionLike for Link {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Server(connection) => connection.req_packed_commands(cmd, offset, count),
-            Self::Cluster(connection) => connection.req_packed_commands(cmd, offset, count),
+            Self::Cluster(connection) => Box::pin(unless_refused(move || {
+                let mut connection = connection.clone();
+                async move { connection.req_packed_commands(cmd, offset, count).await }
+            })),
         }
     }
 
@@ -308,6 +358,32 @@ mod tests {
             writes(&Cmd::new()),
             "a command without a name is not known to read"
         );
+    }
+
+    #[test]
+    fn only_what_a_node_refused_unrun_is_sent_again() {
+        use redis::ServerErrorKind;
+        let error = |kind| RedisError::from((kind, "test"));
+        for refused in [
+            ServerErrorKind::Moved,
+            ServerErrorKind::Ask,
+            ServerErrorKind::TryAgain,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::ReadOnly,
+        ] {
+            assert!(
+                refused_unrun(&error(ErrorKind::Server(refused))),
+                "{refused:?}"
+            );
+        }
+        // A dropped connection may have run it; a script error ran part.
+        for unknown in [
+            ErrorKind::Io,
+            ErrorKind::Server(ServerErrorKind::ResponseError),
+            ErrorKind::Server(ServerErrorKind::NoScript),
+        ] {
+            assert!(!refused_unrun(&error(unknown)), "{unknown:?}");
+        }
     }
 
     #[test]

@@ -110,6 +110,7 @@ nats:
 redis:
   url: {{ include "toolfleet.redisURL" .root | quote }}
   cluster: {{ and $v.redis.cluster (not $v.dev.enabled) }}
+  wait_replicas: {{ if $v.dev.enabled }}0{{ else }}{{ $v.redis.waitReplicas }}{{ end }}
   {{- if eq $v.redis.auth "users" }}
   user: {{ .user | quote }}
   {{- end }}
