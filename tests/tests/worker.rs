@@ -538,6 +538,44 @@ async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() ->
     Ok(())
 }
 
+/// A probe can be slow (its store failing over). The delivery that asks it
+/// keeps its message and its claim alive meanwhile, as it does while the
+/// tool runs: otherwise JetStream redelivers the call after `ack_wait`, the
+/// second delivery takes the lapsed claim and asks the probe before the
+/// first has run the call, both hear "not applied", and both run it.
+#[tokio::test]
+async fn a_slow_probe_keeps_its_claim_and_the_call_runs_once() -> anyhow::Result<()> {
+    let fleet = Fleet::start_with(
+        2,
+        &[
+            ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+            ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+        ],
+    )
+    .await?;
+    let mut results = fleet.results("job-slow-probe").await?;
+    // A retry (attempt 2) of a side-effecting call asks the probe first,
+    // which answers "not applied" 2.5 s later: past ack_wait and the lease.
+    let mut retry = call(
+        "job-slow-probe",
+        "counted",
+        "increment_counter",
+        r#"{"key":"slow-probe:counter","probe_delay_ms":2500}"#,
+    );
+    retry.attempt = 2;
+    fleet.publish_call(&retry).await?;
+    let answered = results.next(RESULT).await?;
+    assert!(answered.envelope.is_ok(), "{}", answered.body);
+    // A second delivery, had there been one, ran by now too.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        fleet.counter("slow-probe:counter").await?,
+        1,
+        "the call ran once"
+    );
+    Ok(())
+}
+
 /// A worker serves every built-in and test tool, but only one of them has
 /// work. That tool must get every execution slot the worker has: tools with
 /// nothing to do hold none.

@@ -92,6 +92,19 @@ pub(crate) struct BenchArgs {
     /// bench's Redis keeps nothing on disk.
     #[arg(long, conflicts_with = "target")]
     fsync_always: bool,
+    /// With `--processes`: NATS is a cluster of 3 servers on loopback, each
+    /// stream kept on all three (`nats.replicas = 3`).
+    #[arg(long, requires = "processes", conflicts_with = "fsync_always")]
+    nats_cluster: bool,
+    /// With `--processes`: Redis is a Redis Cluster of 3 primaries with a
+    /// replica each (`redis.cluster`).
+    #[arg(long, requires = "processes", conflicts_with = "stored_jobs")]
+    redis_cluster: bool,
+    /// With `--processes`: every write waits for this many replicas
+    /// (`redis.wait_replicas`; needs `--redis-cluster`, whose primaries have
+    /// one).
+    #[arg(long, value_name = "N", requires = "redis_cluster")]
+    wait_replicas: Option<u32>,
     /// Trace the fleet with this sampling ratio (0.0 to 1.0), exporting over
     /// OTLP to a collector the bench starts, which counts the spans and
     /// drops them: compare with a run without to see what tracing costs.
@@ -202,9 +215,19 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         sample_ratio: args.trace_ratio,
     };
     let processes = if args.processes {
+        let nats = if args.nats_cluster {
+            "a NATS cluster of 3"
+        } else {
+            "nats-server"
+        };
+        let redis = if args.redis_cluster {
+            "a Redis Cluster of 3 primaries and 3 replicas"
+        } else {
+            "redis-server"
+        };
         eprintln!(
-            "starting a fleet of processes (nats-server, redis-server, 1 orchestrator, \
-             {workers} workers serving every tool; threads = {})...",
+            "starting a fleet of processes ({nats}, {redis}, 1 orchestrator, {workers} workers \
+             serving every tool; threads = {})...",
             args.threads
         );
         let tool = Workload::of(&args).tool();
@@ -214,6 +237,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             max_jobs: args.max_jobs,
             threads: args.threads,
             fsync_always: args.fsync_always,
+            nats_cluster: args.nats_cluster,
+            redis_cluster: args.redis_cluster,
+            wait_replicas: args.wait_replicas,
         };
         Some(ProcessFleet::start(&shape, tool, &telemetry).await?)
     } else {
@@ -265,8 +291,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 Probe::new("redis-server", fleet.redis().process().pid()),
             ],
             // Over TLS the bench would need the fleet's client settings.
-            redis_url: (!args.tls).then(|| fleet.redis_url()),
-            nats_monitoring: Some(fleet.nats().monitoring_url()),
+            redis_urls: (!args.tls).then(|| fleet.redis_url()).into_iter().collect(),
+            nats_monitoring: vec![fleet.nats().monitoring_url()],
         },
         (None, Some(processes)) => {
             let mut sources = processes.sources();
@@ -326,10 +352,9 @@ async fn measure(
     )
     .await?;
     if let Some(count) = args.stored_jobs {
-        let url = sources
-            .redis_url
-            .as_deref()
-            .context("--stored-jobs needs the fleet's Redis")?;
+        let [url] = sources.redis_urls.as_slice() else {
+            anyhow::bail!("--stored-jobs needs the fleet's one Redis server");
+        };
         let keys = RedisKeys::new(RedisOptions::default().key_prefix);
         stored::fill(url, &keys, count).await?;
     }

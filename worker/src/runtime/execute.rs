@@ -169,8 +169,9 @@ impl Executor {
                     span.set("toolfleet.handed_back", true);
                     return self.hand_back(call, &owner, Duration::ZERO).await;
                 }
-                // Not at once: what the probe asks is down for a moment.
-                Ran::AskLater => {
+                // Not at once: what the probe asks is down for a moment,
+                // or another delivery has the call.
+                Ran::AskLater | Ran::ClaimLost => {
                     span.set("toolfleet.handed_back", true);
                     return self.hand_back(call, &owner, Duration::from_secs(1)).await;
                 }

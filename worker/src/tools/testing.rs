@@ -220,10 +220,12 @@ impl Tool for IncrementCounter {
             "increment_counter",
             "Test tool: increments the Redis counter `key` by one and returns the new value; \
              with `delay_ms` it then waits, so a worker killed meanwhile leaves the effect \
-             applied and no result.",
+             applied and no result; with `probe_delay_ms` its probe answers that much later \
+             than it read (a slow store).",
             json!({"type": "object", "additionalProperties": false, "required": ["key"],
                    "properties": {"key": {"type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[^{}]+$"},
-                                  "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
+                                  "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000},
+                                  "probe_delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
         .non_strict()
         .with_side_effects()
@@ -260,6 +262,10 @@ impl Tool for IncrementCounter {
             .arg(&ctx.idempotency_key)
             .query_async(&mut redis)
             .await;
+        let delay = args["probe_delay_ms"].as_u64().unwrap_or(0);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
         match count {
             Ok(Some(n)) if n > 0 => {
                 let value: Option<i64> = redis::cmd("GET")

@@ -35,10 +35,12 @@ impl Probe {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Sources {
     pub(super) processes: Vec<Probe>,
-    /// Redis, for `INFO commandstats` (plain `redis://` only).
-    pub(super) redis_url: Option<String>,
-    /// NATS's monitoring endpoint, for `/varz`.
-    pub(super) nats_monitoring: Option<String>,
+    /// Every Redis server, for `INFO commandstats` (plain `redis://` only).
+    /// A Redis Cluster's replicas count the writes they copy.
+    pub(super) redis_urls: Vec<String>,
+    /// Every NATS server's monitoring endpoint, for `/varz`. A cluster's
+    /// servers count what they pass each other too.
+    pub(super) nats_monitoring: Vec<String>,
 }
 
 /// One reading of everything in [`Sources`].
@@ -74,14 +76,30 @@ impl Sources {
             .iter()
             .filter_map(|p| usage(p.pid).map(|u| (p.name.clone(), u)))
             .collect();
-        let redis_calls = match &self.redis_url {
-            Some(url) => redis_commandstats(url).await.ok(),
-            None => None,
-        };
-        let nats = match &self.nats_monitoring {
-            Some(url) => nats_varz(url).await.ok(),
-            None => None,
-        };
+        // Summed over the servers; left out if any cannot be read.
+        let mut redis_calls = (!self.redis_urls.is_empty()).then(BTreeMap::new);
+        for url in &self.redis_urls {
+            match (redis_commandstats(url).await, redis_calls.as_mut()) {
+                (Ok(calls), Some(sum)) => {
+                    for (command, count) in calls {
+                        *sum.entry(command).or_insert(0) += count;
+                    }
+                }
+                _ => redis_calls = None,
+            }
+        }
+        let mut nats = (!self.nats_monitoring.is_empty()).then(NatsCounters::default);
+        for url in &self.nats_monitoring {
+            match (nats_varz(url).await, nats.as_mut()) {
+                (Ok(counters), Some(sum)) => {
+                    sum.in_msgs += counters.in_msgs;
+                    sum.out_msgs += counters.out_msgs;
+                    sum.in_bytes += counters.in_bytes;
+                    sum.out_bytes += counters.out_bytes;
+                }
+                _ => nats = None,
+            }
+        }
         Reading {
             usage,
             redis_calls,
@@ -91,37 +109,44 @@ impl Sources {
 }
 
 impl Sources {
-    /// Whether both servers say they fsync every write before acknowledging
+    /// Whether every server says it fsyncs every write before acknowledging
     /// it (JetStream's `sync_always`, Redis's `appendonly yes` with
-    /// `appendfsync always`); `None` when either cannot be asked.
+    /// `appendfsync always`); `None` when one cannot be asked.
     pub(super) async fn fsync_every_write(&self) -> Option<bool> {
-        let monitoring = self.nats_monitoring.as_ref()?;
-        let varz: Value = reqwest::Client::new()
-            .get(format!("{monitoring}/varz"))
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        let nats = varz["jetstream"]["config"]["sync_always"]
-            .as_bool()
-            .unwrap_or(false);
-        let client = redis::Client::open(self.redis_url.as_deref()?).ok()?;
-        let mut connection = client.get_multiplexed_async_connection().await.ok()?;
-        let mut setting = async |name: &str| -> Option<String> {
-            let reply: Vec<String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async(&mut connection)
+        if self.nats_monitoring.is_empty() || self.redis_urls.is_empty() {
+            return None;
+        }
+        let mut every = true;
+        for monitoring in &self.nats_monitoring {
+            let varz: Value = reqwest::Client::new()
+                .get(format!("{monitoring}/varz"))
+                .timeout(Duration::from_secs(5))
+                .send()
+                .await
+                .ok()?
+                .json()
                 .await
                 .ok()?;
-            reply.get(1).cloned()
-        };
-        let aof = setting("appendonly").await? == "yes";
-        let always = setting("appendfsync").await? == "always";
-        Some(nats && aof && always)
+            every &= varz["jetstream"]["config"]["sync_always"]
+                .as_bool()
+                .unwrap_or(false);
+        }
+        for url in &self.redis_urls {
+            let client = redis::Client::open(url.as_str()).ok()?;
+            let mut connection = client.get_multiplexed_async_connection().await.ok()?;
+            let mut setting = async |name: &str| -> Option<String> {
+                let reply: Vec<String> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg(name)
+                    .query_async(&mut connection)
+                    .await
+                    .ok()?;
+                reply.get(1).cloned()
+            };
+            every &= setting("appendonly").await? == "yes";
+            every &= setting("appendfsync").await? == "always";
+        }
+        Some(every)
     }
 }
 

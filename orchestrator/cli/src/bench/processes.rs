@@ -1,9 +1,11 @@
-//! The production topology for `toolfleet bench --processes`: nats-server,
-//! redis-server, one `toolfleet-orchestrator` process and N
-//! `toolfleet-worker` processes, each worker serving the whole default tool
-//! set (the built-in tools and the test tools). The in-process fleet of
-//! `toolfleet dev` shares one process and one runtime; this one pays what a
-//! deployment pays, and shows what one worker serving many tools does.
+//! The production topology for `toolfleet bench --processes`: nats-server
+//! (or a NATS cluster of 3, `--nats-cluster`), redis-server (or a Redis
+//! Cluster of 3 primaries with a replica each, `--redis-cluster`), one
+//! `toolfleet-orchestrator` process and N `toolfleet-worker` processes,
+//! each worker serving the whole default tool set (the built-in tools and
+//! the test tools). The in-process fleet of `toolfleet dev` shares one
+//! process and one runtime; this one pays what a deployment pays, and
+//! shows what one worker serving many tools does.
 
 use std::time::Duration;
 
@@ -13,8 +15,8 @@ use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
 use crate::supervisor::{
-    ChildProcess, JETSTREAM_SYNC_ALWAYS, NatsServer, RedisConfig, RedisServer, ServerOptions,
-    cargo_bin, logged_grpc_url,
+    ChildProcess, JETSTREAM_SYNC_ALWAYS, NatsCluster, NatsServer, RedisCluster, RedisConfig,
+    RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
 };
 
 /// How long each process may take to come up.
@@ -33,6 +35,70 @@ pub(super) struct FleetShape {
     pub(super) threads: usize,
     /// JetStream and Redis fsync every write before acknowledging it.
     pub(super) fsync_always: bool,
+    /// A NATS cluster of 3 nodes, each stream kept on all three.
+    pub(super) nats_cluster: bool,
+    /// A Redis Cluster of 3 primaries with a replica each.
+    pub(super) redis_cluster: bool,
+    /// The services' `redis.wait_replicas`, if given.
+    pub(super) wait_replicas: Option<u32>,
+}
+
+/// The fleet's NATS: one server or a cluster. One per bench run: its size
+/// costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Nats {
+    Server(NatsServer),
+    Cluster(NatsCluster),
+}
+
+impl Nats {
+    fn url(&self) -> String {
+        match self {
+            Self::Server(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// Each server, named as the bench reports it.
+    fn named(&self) -> Vec<(String, &NatsServer)> {
+        match self {
+            Self::Server(server) => vec![("nats-server".to_owned(), server)],
+            Self::Cluster(cluster) => named("nats-server", cluster.nodes()),
+        }
+    }
+}
+
+/// The fleet's Redis: one server or a cluster. One per bench run.
+#[allow(clippy::large_enum_variant)]
+enum Redis {
+    Server(RedisServer),
+    Cluster(RedisCluster),
+}
+
+impl Redis {
+    fn url(&self) -> String {
+        match self {
+            Self::Server(server) => server.url(),
+            Self::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// Each server, named as the bench reports it.
+    fn named(&self) -> Vec<(String, &RedisServer)> {
+        match self {
+            Self::Server(server) => vec![("redis-server".to_owned(), server)],
+            Self::Cluster(cluster) => named("redis-server", cluster.nodes()),
+        }
+    }
+}
+
+/// `<kind>-<i>` for the `i`th node.
+fn named<'a, T>(kind: &str, nodes: &'a [T]) -> Vec<(String, &'a T)> {
+    nodes
+        .iter()
+        .enumerate()
+        .map(|(index, node)| (format!("{kind}-{index}"), node))
+        .collect()
 }
 
 /// The fleet; every process is killed and its dir removed on drop.
@@ -44,8 +110,8 @@ pub(super) struct ProcessFleet {
     // Declared before the servers, so that they are killed first.
     workers: Vec<ChildProcess>,
     orchestrator: ChildProcess,
-    redis: RedisServer,
-    nats: NatsServer,
+    redis: Redis,
+    nats: Nats,
     _dir: tempfile::TempDir,
 }
 
@@ -64,6 +130,9 @@ impl ProcessFleet {
             max_jobs,
             threads,
             fsync_always,
+            nats_cluster,
+            redis_cluster,
+            wait_replicas,
         } = *shape;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
@@ -77,16 +146,23 @@ impl ProcessFleet {
             log_tail_on_drop: false,
             ..ServerOptions::default()
         };
-        let nats = if fsync_always {
-            NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?
-        } else {
-            NatsServer::start_with_options(&options).await?
+        let nats = match (nats_cluster, fsync_always) {
+            (true, true) => anyhow::bail!("--fsync-always is not supported with --nats-cluster"),
+            (true, false) => Nats::Cluster(NatsCluster::start_with_options(3, &options).await?),
+            (false, true) => Nats::Server(
+                NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?,
+            ),
+            (false, false) => Nats::Server(NatsServer::start_with_options(&options).await?),
         };
         let redis_config = RedisConfig {
             append_only: fsync_always,
             ..RedisConfig::default()
         };
-        let redis = RedisServer::start_with_options(redis_config, &options).await?;
+        let redis = if redis_cluster {
+            Redis::Cluster(RedisCluster::start_with_options(3, 1, redis_config, &options).await?)
+        } else {
+            Redis::Server(RedisServer::start_with_options(redis_config, &options).await?)
+        };
         let connection = [
             "--nats-url".to_owned(),
             nats.url(),
@@ -99,6 +175,15 @@ impl ProcessFleet {
         }
         if let Some(ratio) = telemetry.sample_ratio {
             common.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
+        }
+        if nats_cluster {
+            common.push(("TOOLFLEET_NATS__REPLICAS", "3".to_owned()));
+        }
+        if redis_cluster {
+            common.push(("TOOLFLEET_REDIS__CLUSTER", "true".to_owned()));
+        }
+        if let Some(replicas) = wait_replicas {
+            common.push(("TOOLFLEET_REDIS__WAIT_REPLICAS", replicas.to_string()));
         }
         let mut args = connection.to_vec();
         args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
@@ -153,16 +238,23 @@ impl ProcessFleet {
 
     /// Every process of the fleet and where its servers report.
     pub(super) fn sources(&self) -> Sources {
-        let mut processes = vec![
-            Probe::new("orchestrator", self.orchestrator.pid()),
-            Probe::new("nats-server", self.nats.process().pid()),
-            Probe::new("redis-server", self.redis.process().pid()),
-        ];
+        let nats = self.nats.named();
+        let redis = self.redis.named();
+        let mut processes = vec![Probe::new("orchestrator", self.orchestrator.pid())];
+        processes.extend(
+            nats.iter()
+                .map(|(name, node)| Probe::new(name, node.process().pid())),
+        );
+        processes.extend(
+            redis
+                .iter()
+                .map(|(name, node)| Probe::new(name, node.process().pid())),
+        );
         processes.extend(self.workers.iter().map(|w| Probe::new(w.name(), w.pid())));
         Sources {
             processes,
-            redis_url: Some(self.redis.url()),
-            nats_monitoring: Some(self.nats.monitoring_url()),
+            redis_urls: redis.iter().map(|(_, node)| node.url()).collect(),
+            nats_monitoring: nats.iter().map(|(_, node)| node.monitoring_url()).collect(),
         }
     }
 

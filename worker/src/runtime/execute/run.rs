@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{AckKind, Message};
 use serde_json::Value;
-use tokio::task::{JoinError, JoinHandle};
+use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
 use tracing::{Instrument, debug, error, warn};
@@ -29,6 +29,9 @@ pub(super) enum Ran {
     /// The probe could not reach what it asks: hand the call back, and ask
     /// again on its next delivery.
     AskLater,
+    /// The claim lapsed while the probe ran, so another delivery may be
+    /// running the call: hand it back without running it.
+    ClaimLost,
 }
 
 /// A tool task that ended before its timeout: its own result, or the panic
@@ -99,13 +102,26 @@ impl Executor {
             return after_poison(applied, poisoned);
         }
         if needs_probe(side_effects, previously_started, call.attempt) {
-            let applied = checked
+            // Kept alive like a run: a slow probe (its store failing over)
+            // must not let the message be redelivered and the claim lapse,
+            // or another delivery could probe, find nothing, and run the
+            // call alongside this one.
+            let probe = checked
                 .tool
                 .tool
-                .probe(checked.args.clone(), ctx.clone())
-                .await;
+                .probe(checked.args.clone(), ctx.clone());
+            let applied = self
+                .keep_alive(call, message, owner, checked.timeout, probe)
+                .await
+                .unwrap_or(Applied::Unavailable);
             if let Some(answer) = before_run(applied, previously_started) {
                 return answer;
+            }
+            // It may have lapsed all the same (a renewal that failed): run
+            // only while it is still this delivery's.
+            if !matches!(self.ledger.renew(call, owner).await, Ok(true)) {
+                warn!("claim lost while probing; handed back without running");
+                return Ran::ClaimLost;
             }
         }
         self.execute(checked, ctx, call, message, owner).await
@@ -151,16 +167,17 @@ impl Executor {
         }
     }
 
-    /// Awaits the tool up to `timeout` while keeping the JetStream message and
-    /// the claim alive, so a long call is neither redelivered nor stolen.
-    async fn keep_alive<T>(
+    /// Awaits `run` (the tool, or its probe) up to `timeout` while keeping
+    /// the JetStream message and the claim alive, so a long call is neither
+    /// redelivered nor stolen. `None`: the time ran out.
+    async fn keep_alive<F: std::future::Future>(
         &self,
         call: &ToolCall,
         message: &Message,
         owner: &str,
         timeout: Duration,
-        run: JoinHandle<T>,
-    ) -> Option<Result<T, JoinError>> {
+        run: F,
+    ) -> Option<F::Output> {
         let period = (self.options.ack_wait / 3).min(self.ledger.lease() / 3);
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let sleep = tokio::time::sleep(timeout);
@@ -175,7 +192,7 @@ impl Executor {
                     }
                     match self.ledger.renew(call, owner).await {
                         Ok(true) => {}
-                        Ok(false) => warn!("claim lost while executing; another delivery may run the call"),
+                        Ok(false) => warn!("claim lost while running; another delivery may run the call"),
                         Err(err) => warn!(error = %err, "could not renew the claim"),
                     }
                 }
@@ -369,6 +386,7 @@ mod tests {
         match ran {
             Ran::Finished(envelope) => code(envelope),
             Ran::AskLater => "ask later".to_owned(),
+            Ran::ClaimLost => "claim lost".to_owned(),
             Ran::Abandoned => "abandoned".to_owned(),
         }
     }
