@@ -737,37 +737,65 @@ pub async fn run_job(api: &ApiClient, request: v1::SubmitJobRequest) -> anyhow::
 }
 
 /// Follows a job's events to its final one (at most two minutes), then
-/// returns the finished job.
+/// returns the finished job. As docs/api.md asks of a client, an
+/// `UNAVAILABLE` answer (the job store failing over) is retried, and a
+/// broken event stream resumes after the last event read.
 ///
 /// # Errors
 ///
-/// The job did not finish in time, or the API failed.
+/// The job did not finish in time, or the API failed otherwise.
 pub async fn wait_finished(api: &ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
     let mut api = api.clone();
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.into(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
     tokio::time::timeout(Duration::from_secs(120), async {
-        while let Some(event) = events.next().await {
-            if event?.r#final {
-                // Read the stream's end rather than reset it by dropping it
-                // (docs/api.md).
-                let _ = events.next().await;
-                break;
+        let mut from_offset = 0;
+        'watch: loop {
+            let watch = api
+                .watch_job(v1::WatchJobRequest {
+                    job_id: job_id.into(),
+                    from_offset,
+                })
+                .await;
+            let mut events = match watch {
+                Ok(events) => events.into_inner(),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                    continue;
+                }
+                Err(status) => return Err(status.into()),
+            };
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(status) if status.code() == tonic::Code::Unavailable => break,
+                    Err(status) => return Err(status.into()),
+                };
+                from_offset = event.offset + 1;
+                if event.r#final {
+                    // Read the stream's end rather than reset it by
+                    // dropping it (docs/api.md).
+                    let _ = events.next().await;
+                    break 'watch;
+                }
+            }
+            tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+        }
+        loop {
+            let request = v1::GetJobRequest {
+                job_id: job_id.into(),
+            };
+            match api.get_job(request).await {
+                Ok(job) => return Ok(job.into_inner()),
+                Err(status) if status.code() == tonic::Code::Unavailable => {
+                    tokio::time::sleep(UNAVAILABLE_PAUSE).await;
+                }
+                Err(status) => return Err(status.into()),
             }
         }
-        anyhow::Ok(())
     })
     .await
-    .with_context(|| format!("job {job_id} did not finish within 2 minutes"))??;
-    Ok(api
-        .get_job(v1::GetJobRequest {
-            job_id: job_id.into(),
-        })
-        .await?
-        .into_inner())
+    .with_context(|| format!("job {job_id} did not finish within 2 minutes"))?
 }
+
+/// How long [`wait_finished`] waits before it asks again after
+/// `UNAVAILABLE`.
+const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(200);

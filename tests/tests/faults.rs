@@ -806,8 +806,6 @@ async fn cluster_killing_the_nats_node_that_leads_the_calls_stream_loses_no_call
 /// follows the cluster's new map, and no job or call is lost or run twice.
 /// The killed node comes back 2 s later as a replica.
 #[tokio::test]
-#[ignore = "one run in 11 applied one call twice, not yet explained (issue 17's note of \
-            2026-12-02); run it with --run-ignored all"]
 async fn cluster_failing_over_a_redis_primary_loses_no_call_and_repeats_no_effect()
 -> anyhow::Result<()> {
     const JOBS: usize = 60;
