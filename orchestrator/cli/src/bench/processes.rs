@@ -149,9 +149,9 @@ impl ProcessFleet {
         let nats = match (nats_cluster, fsync_always) {
             (true, true) => anyhow::bail!("--fsync-always is not supported with --nats-cluster"),
             (true, false) => Nats::Cluster(NatsCluster::start_with_options(3, &options).await?),
-            (false, true) => Nats::Server(
-                NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?,
-            ),
+            (false, true) => {
+                Nats::Server(NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?)
+            }
             (false, false) => Nats::Server(NatsServer::start_with_options(&options).await?),
         };
         let redis_config = RedisConfig {

@@ -106,10 +106,7 @@ impl Executor {
             // must not let the message be redelivered and the claim lapse,
             // or another delivery could probe, find nothing, and run the
             // call alongside this one.
-            let probe = checked
-                .tool
-                .tool
-                .probe(checked.args.clone(), ctx.clone());
+            let probe = checked.tool.tool.probe(checked.args.clone(), ctx.clone());
             let applied = self
                 .keep_alive(call, message, owner, checked.timeout, probe)
                 .await
