@@ -227,6 +227,9 @@ impl Fleet {
             NatsCluster::start(3),
             RedisCluster::start(3, replicas, redis)
         )?;
+        // The services wait for a replica after each write: not before
+        // every replica has its first copy.
+        redis.wait_replicas_linked(Duration::from_secs(30)).await?;
         let client = nats.client().await?;
         let mut fleet = Self::start_with_servers(
             Nats::Cluster(nats),

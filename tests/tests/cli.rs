@@ -565,6 +565,50 @@ async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow
     Ok(())
 }
 
+/// `toolfleet bench --processes` on a NATS cluster and a Redis Cluster,
+/// every write waiting for a replica: each server is accounted for by
+/// name, the Redis commands include the `WAIT`s, and the report says what
+/// ran.
+#[tokio::test]
+async fn cluster_bench_accounts_every_node_of_both_clusters() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("report.json");
+    let path_arg = path.to_string_lossy().into_owned();
+    let mut args = SMALL_BENCH.to_vec();
+    args.extend([
+        "--processes",
+        "--nats-cluster",
+        "--redis-cluster",
+        "--wait-replicas",
+        "1",
+        "--json",
+        &path_arg,
+    ]);
+    let run = toolfleet(&args).await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(report["nats_cluster"], true, "{report}");
+    assert_eq!(report["redis_cluster"], true, "{report}");
+    assert_eq!(report["wait_replicas"], 1, "{report}");
+    let accounting = &report["accounting"];
+    let nodes = (0..3)
+        .map(|i| format!("nats-server-{i}"))
+        .chain((0..6).map(|i| format!("redis-server-{i}")));
+    for process in nodes {
+        let rss = accounting["rss_mb_by_process"][&process].as_f64();
+        assert!(rss.is_some_and(|mb| mb > 1.0), "{process}: {report}");
+    }
+    let waits = accounting["redis_commands_per_job_by_name"]["wait"].as_f64();
+    assert!(waits.is_some_and(|n| n > 1.0), "{report}");
+    for line in [
+        "servers              NATS cluster of 3 (3 copies of each stream), Redis Cluster of 3 primaries, 1 replica each",
+        "replication          every write waits for 1 replica(s)",
+    ] {
+        assert!(run.stdout.contains(line), "{}", run.stdout);
+    }
+    Ok(())
+}
+
 /// `toolfleet bench --processes` accounts the load phase to every process
 /// of the fleet: the orchestrator, each worker, NATS, Redis and the client.
 #[tokio::test]

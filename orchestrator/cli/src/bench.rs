@@ -175,6 +175,14 @@ struct Report {
     /// The `threads` of the orchestrator and the workers (`--threads`), when
     /// they ran as processes of their own.
     threads: Option<usize>,
+    /// NATS ran as a cluster of 3, every stream on all three
+    /// (`--nats-cluster`).
+    nats_cluster: bool,
+    /// Redis ran as a Redis Cluster of 3 primaries with a replica each
+    /// (`--redis-cluster`).
+    redis_cluster: bool,
+    /// Replicas every write waited for (`--wait-replicas`; 0: none).
+    wait_replicas: u32,
     jobs: usize,
     concurrency: usize,
     calls_per_round: usize,
@@ -407,6 +415,9 @@ async fn measure(
         tool: tool.name(),
         tls: ca_file.is_some(),
         stored_jobs: args.stored_jobs.unwrap_or(0),
+        nats_cluster: args.nats_cluster,
+        redis_cluster: args.redis_cluster,
+        wait_replicas: args.wait_replicas.unwrap_or(0),
         threads: args.processes.then_some(args.threads),
         jobs: args.jobs,
         concurrency: args.concurrency,
@@ -572,12 +583,19 @@ async fn raw_request_reply(
     requests: usize,
     concurrency: usize,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
+    // Both clients on one server, a cluster's first: the floor is NATS's
+    // own request/reply through one server.
+    let server = toolfleet_service::config::url_list(nats_url)
+        .first()
+        .copied()
+        .unwrap_or(nats_url)
+        .to_owned();
     let connect = || async {
         let mut options = async_nats::ConnectOptions::new();
         if let Some(ca) = ca_file {
             options = options.add_root_certificates(ca.into()).require_tls(true);
         }
-        options.connect(nats_url).await
+        options.connect(server.as_str()).await
     };
     let responder = connect().await?;
     let client = connect().await?;
@@ -655,6 +673,25 @@ fn print(report: &Report) -> std::io::Result<()> {
     }
     if report.fsync_always {
         outln!("durability           JetStream and Redis fsync every write")?;
+    }
+    if report.nats_cluster || report.redis_cluster {
+        let nats = if report.nats_cluster {
+            "NATS cluster of 3 (3 copies of each stream)"
+        } else {
+            "one NATS server"
+        };
+        let redis = if report.redis_cluster {
+            "Redis Cluster of 3 primaries, 1 replica each"
+        } else {
+            "one Redis server"
+        };
+        outln!("servers              {nats}, {redis}")?;
+    }
+    if report.wait_replicas > 0 {
+        outln!(
+            "replication          every write waits for {} replica(s)",
+            report.wait_replicas
+        )?;
     }
     if let (Some(ratio), Some(spans)) = (report.trace_ratio, report.spans_received) {
         outln!("tracing              sampling ratio {ratio}, {spans} spans received")?;

@@ -159,7 +159,10 @@ impl ProcessFleet {
             ..RedisConfig::default()
         };
         let redis = if redis_cluster {
-            Redis::Cluster(RedisCluster::start_with_options(3, 1, redis_config, &options).await?)
+            let cluster = RedisCluster::start_with_options(3, 1, redis_config, &options).await?;
+            // Writes that wait for a replica fail until each has its copy.
+            cluster.wait_replicas_linked(READY).await?;
+            Redis::Cluster(cluster)
         } else {
             Redis::Server(RedisServer::start_with_options(redis_config, &options).await?)
         };
