@@ -798,3 +798,66 @@ async fn cluster_a_retry_completes_a_submission_that_died_between_its_steps() ->
     )
     .await
 }
+
+/// A primary with a replica behind one address (what a Service that
+/// follows the primary gives) is one server to toolfleet, and
+/// `redis.wait_replicas` works there as on a cluster: a submission is
+/// acknowledged only once the replica holds the job, and refused while the
+/// replica does not answer.
+#[tokio::test]
+async fn on_a_primary_with_a_replica_a_write_counts_once_the_replica_holds_it() -> anyhow::Result<()>
+{
+    use redis::AsyncCommands;
+    use toolfleet_service::connect::{RedisConnection, ReplicaAcks};
+    let (primary, replica, nats) = (
+        RedisServer::start().await?,
+        RedisServer::start().await?,
+        NatsServer::start().await?,
+    );
+    let mut on_replica = replica.connection().await?;
+    let () = redis::cmd("REPLICAOF")
+        .arg("127.0.0.1")
+        .arg(primary.port())
+        .query_async(&mut on_replica)
+        .await?;
+    toolfleet_tests::wait_until(
+        "the replica to copy the primary",
+        Duration::from_secs(30),
+        || async {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut replica.connection().await?)
+                .await?;
+            anyhow::ensure!(info.contains("master_link_status:up"), "{info}");
+            anyhow::Ok(())
+        },
+    )
+    .await?;
+    let connection: RedisConnection = primary.connection().await?.into();
+    let store = JobStore::new(
+        connection.with_replica_acks(Some(ReplicaAcks {
+            replicas: 1,
+            timeout: Duration::from_millis(300),
+        })),
+        nats.client().await?,
+        RedisKeys::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    // Read at once from the replica: it had the job before the answer.
+    let status: Option<String> = on_replica
+        .hget(RedisKeys::default().job(&job_id), "status")
+        .await?;
+    assert_eq!(status.as_deref(), Some("queued"));
+
+    replica.process().freeze()?;
+    let refused = store.submit(&spec(), None, None).await;
+    replica.process().thaw()?;
+    let Err(err) = refused else {
+        anyhow::bail!("a write the replica does not hold was acknowledged");
+    };
+    let err = format!("{:#}", anyhow::Error::new(err));
+    assert!(err.contains("0 of the 1 replicas"), "{err}");
+    Ok(())
+}
