@@ -35,7 +35,7 @@ use redis::AsyncCommands;
 use toolfleet_proto::Envelope;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, RedisKeys};
-use toolfleet_service::connect::RedisConnection;
+use toolfleet_service::connect::{RedisConnection, append_ignored};
 use tracing::warn;
 pub use wake_ups::WakeUps;
 
@@ -248,11 +248,7 @@ impl JobStore {
             // entries go in one round trip, in this order.
             let mut pipe = redis::pipe();
             pipe.invoke_script(&create);
-            for group in self.index_new_job(spec, &job_id, now, false) {
-                for command in group.cmd_iter() {
-                    pipe.add_command(command.clone()).ignore();
-                }
-            }
+            append_ignored(&mut pipe, &self.index_new_job(spec, &job_id, now, false));
             let (_created,): ((i64, u64, i64),) =
                 self.query_invoking(&pipe, &scripts::CREATE).await?;
         } else {

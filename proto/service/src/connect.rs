@@ -11,7 +11,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{NatsOptions, RedisOptions, redact_url, url_list};
-pub use crate::redis_connection::{RedisConnection, ReplicaAcks};
+pub use crate::redis_connection::{RedisConnection, ReplicaAcks, append_ignored};
 
 /// Longest pause between two attempts while waiting for a server.
 const MAX_PATIENCE_STEP: Duration = Duration::from_secs(5);

@@ -182,12 +182,19 @@ impl RedisConnection {
             return Ok(());
         }
         let mut all = redis::pipe();
-        for group in groups {
-            for command in group.cmd_iter() {
-                all.add_command(command.clone()).ignore();
-            }
-        }
+        append_ignored(&mut all, &groups);
         all.query_async(self).await
+    }
+}
+
+/// Appends every command of `groups` to `pipe`, their answers ignored: one
+/// server's single round trip for writes that a cluster runs group by
+/// group ([`RedisConnection::run_in_order`]).
+pub fn append_ignored(pipe: &mut Pipeline, groups: &[Pipeline]) {
+    for group in groups {
+        for command in group.cmd_iter() {
+            pipe.add_command(command.clone()).ignore();
+        }
     }
 }
 

@@ -7,6 +7,7 @@ use async_nats::jetstream;
 use super::free_port;
 use super::nats_server::{Launch, NatsServer, Ready};
 use super::process::ServerOptions;
+use super::wait::start_with_attempts;
 
 /// Name of the cluster every node joins.
 const CLUSTER_NAME: &str = "toolfleet";
@@ -43,17 +44,10 @@ impl NatsCluster {
     /// A node that does not come up in time; the error carries its log.
     pub async fn start_with_options(size: usize, options: &ServerOptions) -> anyhow::Result<Self> {
         anyhow::ensure!(size > 0, "a NATS cluster needs at least one node");
-        let mut attempt = 1;
-        loop {
-            match Self::try_start(size, options).await {
-                Ok(cluster) => return Ok(cluster),
-                Err(err) if attempt < START_ATTEMPTS => {
-                    tracing::warn!(error = %format!("{err:#}"), "NATS cluster did not start, once more");
-                    attempt += 1;
-                }
-                Err(err) => return Err(err),
-            }
-        }
+        start_with_attempts("NATS cluster", START_ATTEMPTS, || {
+            Self::try_start(size, options)
+        })
+        .await
     }
 
     async fn try_start(size: usize, options: &ServerOptions) -> anyhow::Result<Self> {

@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use super::free_port;
 use super::process::ServerOptions;
 use super::redis_server::{RedisConfig, RedisServer, redis_cli};
-use super::wait::wait_until;
+use super::wait::{start_with_attempts, wait_until};
 
 /// Tries at forming the cluster: a port the kernel called free can be taken
 /// by another process before its node binds it.
@@ -73,17 +73,10 @@ impl RedisCluster {
             config.tls.is_none() && config.include.is_none(),
             "the harness's Redis Cluster runs without TLS and ACL files"
         );
-        let mut attempt = 1;
-        loop {
-            match Self::try_start(primaries, replicas, &config, options).await {
-                Ok(cluster) => return Ok(cluster),
-                Err(err) if attempt < START_ATTEMPTS => {
-                    tracing::warn!(error = %format!("{err:#}"), "Redis Cluster did not form, once more");
-                    attempt += 1;
-                }
-                Err(err) => return Err(err),
-            }
-        }
+        start_with_attempts("Redis Cluster", START_ATTEMPTS, || {
+            Self::try_start(primaries, replicas, &config, options)
+        })
+        .await
     }
 
     async fn try_start(

@@ -124,3 +124,29 @@ where
         pause = (pause * 2).min(POLL_MAX);
     }
 }
+
+/// Runs `start` up to `attempts` times until it succeeds, logging each
+/// failure but the last, which is returned: for starting a cluster, whose
+/// ports the kernel called free can be taken by another process before its
+/// nodes bind them.
+pub(super) async fn start_with_attempts<T, F, Fut>(
+    what: &str,
+    attempts: usize,
+    mut start: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<T>>,
+{
+    let mut attempt = 1;
+    loop {
+        match start().await {
+            Ok(started) => return Ok(started),
+            Err(err) if attempt < attempts => {
+                tracing::warn!(error = %format!("{err:#}"), "{what} did not start, once more");
+                attempt += 1;
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
