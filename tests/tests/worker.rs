@@ -566,8 +566,19 @@ async fn a_slow_probe_keeps_its_claim_and_the_call_runs_once() -> anyhow::Result
     fleet.publish_call(&retry).await?;
     let answered = results.next(RESULT).await?;
     assert!(answered.envelope.is_ok(), "{}", answered.body);
-    // A second delivery, had there been one, ran by now too.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A redelivery would have come 1 s in, and taken the claim at once:
+    // by the answer, 2.5 s in, it would be counted.
+    let claims_key = names::RedisKeys::default().call_claims(
+        &retry.job_id,
+        &retry.tool,
+        &retry.call_id,
+        retry.attempt,
+    );
+    let claims: Option<i64> = redis::cmd("GET")
+        .arg(&claims_key)
+        .query_async(&mut fleet.redis.connection().await?)
+        .await?;
+    assert_eq!(claims, Some(1), "one delivery took the claim");
     assert_eq!(
         fleet.counter("slow-probe:counter").await?,
         1,
