@@ -730,6 +730,11 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
     Ok(())
 }
 
+/// How long a cluster node killed under load stays down before it is
+/// restarted: the shape of the fault (the others carry on without it
+/// meanwhile), not a wait for anything to be ready.
+const NODE_DOWN_FOR: Duration = Duration::from_secs(2);
+
 /// kill -9 the NATS node that leads the call stream while jobs run: the
 /// other two elect a new leader, every service moves to a node that is up,
 /// and no call is lost or run twice. The node comes back and catches up.
@@ -772,7 +777,7 @@ async fn cluster_killing_the_nats_node_that_leads_the_calls_stream_loses_no_call
     // As the test's client sees it: its own requests wait out the dead node.
     let seen_after = killed_at.elapsed();
     // A crashed server comes back after a while, with its store.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(NODE_DOWN_FOR).await;
     victim.restart().await?;
     let finished = futures::future::join_all(jobs).await;
     let (calls, tally) = tally_rounds(&fleet, finished, "leader").await?;
@@ -843,7 +848,7 @@ async fn cluster_failing_over_a_redis_primary_loses_no_call_and_repeats_no_effec
     .await?;
     let promoted_after = killed_at.elapsed();
     // A crashed server comes back after a while.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    tokio::time::sleep(NODE_DOWN_FOR).await;
     redis.node(victim).restart().await?;
     let finished = futures::future::join_all(jobs).await;
     let (calls, tally) = tally_rounds(&fleet, finished, "failover").await?;

@@ -306,11 +306,24 @@ impl RedisClient {
     }
 }
 
+/// The most replicas a write may wait for (the chart's schema has the same
+/// bound).
+const MAX_WAIT_REPLICAS: u32 = 5;
+
 /// What `redis.wait_replicas` and `redis.wait_timeout` ask for: none with
 /// 0 replicas.
 fn replica_acks(options: &RedisOptions) -> Result<Option<ReplicaAcks>, ConnectError> {
     if options.wait_replicas == 0 {
         return Ok(None);
+    }
+    if options.wait_replicas > MAX_WAIT_REPLICAS {
+        // More than any deployment keeps per primary: every write would
+        // fail, so say it now.
+        return Err(ConnectError::RedisConfig(format!(
+            "redis.wait_replicas {}: at most {MAX_WAIT_REPLICAS} (the replicas each primary keeps, \
+             or fewer)",
+            options.wait_replicas
+        )));
     }
     let timeout = options.wait_timeout;
     if timeout.is_zero() || timeout >= REDIS_RESPONSE_TIMEOUT {
@@ -500,6 +513,14 @@ mod tests {
                 timeout: Duration::from_millis(500)
             }))
         );
+        let Err(too_many) = client(MAX_WAIT_REPLICAS + 1, Duration::from_millis(500)) else {
+            panic!("{} replicas accepted", MAX_WAIT_REPLICAS + 1);
+        };
+        assert!(
+            too_many.to_string().contains("redis.wait_replicas 6"),
+            "{too_many}"
+        );
+        assert!(client(MAX_WAIT_REPLICAS, Duration::from_millis(500)).is_ok());
         for wrong in [Duration::ZERO, REDIS_RESPONSE_TIMEOUT] {
             let Err(err) = client(1, wrong) else {
                 panic!("{wrong:?} accepted");
