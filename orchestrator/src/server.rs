@@ -24,7 +24,7 @@ use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
-use toolfleet_service::connect::{self, ConnectError, RedisClient, patiently};
+use toolfleet_service::connect::{self, ConnectError, OwnMessages, RedisClient, patiently};
 use toolfleet_service::queue::{self, Missing, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
@@ -171,7 +171,15 @@ impl Orchestrator {
     async fn start(&self, api: &StartingApi) -> Result<Running, StartError> {
         let options = &self.options;
         let redis = RedisClient::new(&options.redis)?;
-        let nats = connect::nats(&options.nats, "toolfleet-orchestrator").await?;
+        // Its only plain publishes are its jobs' wake-ups, which it hands
+        // to its own watchers directly (`store::wake_ups`): NATS's copy back
+        // to it was about seven messages out per job, each read for nothing.
+        let nats = connect::nats(
+            &options.nats,
+            "toolfleet-orchestrator",
+            OwnMessages::Skipped,
+        )
+        .await?;
         let redis = redis.connect().await;
         let js = jetstream::new(nats.clone());
         // SubmitJob publishes to the job stream: it must exist before the

@@ -10,7 +10,7 @@
 
 use async_nats::jetstream;
 use toolfleet_proto::manifest::is_valid_tool_name;
-use toolfleet_service::connect::{self, ConnectError};
+use toolfleet_service::connect::{self, ConnectError, OwnMessages};
 use toolfleet_service::queue::{self, QueueError};
 
 use crate::config::OrchestratorOptions;
@@ -41,7 +41,12 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
     if let Some(bad) = options.setup.tools.iter().find(|t| !is_valid_tool_name(t)) {
         return Err(SetupError::ToolName(bad.clone()));
     }
-    let nats = connect::nats(&options.nats, "toolfleet-orchestrator-setup").await?;
+    let nats = connect::nats(
+        &options.nats,
+        "toolfleet-orchestrator-setup",
+        OwnMessages::Delivered,
+    )
+    .await?;
     let done = queue::set_up(&jetstream::new(nats.clone()), &options.layout()).await?;
     // Nothing is pending, but a clean close lets the server log it as one.
     let _ = nats.drain().await;

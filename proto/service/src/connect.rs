@@ -53,6 +53,18 @@ pub enum ConnectError {
     },
 }
 
+/// Whether NATS delivers a connection's own messages to that connection's
+/// subscriptions (NATS's "echo").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnMessages {
+    /// Delivered, as NATS does by default.
+    Delivered,
+    /// Not delivered: for a service that reaches its own subscribers
+    /// without the bus, so that each of its messages is not sent back to
+    /// it for nothing.
+    Skipped,
+}
+
 /// Connects to NATS as `client_name`, with the credentials file if one is
 /// configured, and waits until the connection is up. The client reconnects
 /// for ever after that.
@@ -63,17 +75,21 @@ pub enum ConnectError {
 pub async fn nats(
     options: &NatsOptions,
     client_name: &str,
+    own_messages: OwnMessages,
 ) -> Result<async_nats::Client, ConnectError> {
     let error = |source| ConnectError::Nats {
         url: redact_url(&options.url),
         source,
     };
     let seeds = nats_seeds(&options.url)?;
-    let connect = nats_options(options)
+    let mut connect = nats_options(options)
         .await?
         .name(client_name)
         .retry_on_initial_connect()
         .max_reconnects(None);
+    if own_messages == OwnMessages::Skipped {
+        connect = connect.no_echo();
+    }
     // Returns at once (`retry_on_initial_connect`) and connects behind, to
     // any seed; the servers tell it of the rest of their cluster.
     let client = connect.connect(seeds).await.map_err(error)?;

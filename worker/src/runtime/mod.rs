@@ -25,7 +25,7 @@ use tokio_util::task::TaskTracker;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
-use toolfleet_service::connect::{self, ConnectError, RedisClient, patiently};
+use toolfleet_service::connect::{self, ConnectError, OwnMessages, RedisClient, patiently};
 use toolfleet_service::queue::{self, Missing, SharedConsumer, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
@@ -77,7 +77,7 @@ impl Worker {
         let worker_id = options.resolved_worker_id();
         let name = format!("toolfleet-worker {worker_id}");
         let redis = RedisClient::new(&options.redis)?;
-        let nats = connect::nats(&options.nats, &name).await?;
+        let nats = connect::nats(&options.nats, &name, OwnMessages::Delivered).await?;
         let redis = redis.connect().await;
         Ok(Self {
             options,
