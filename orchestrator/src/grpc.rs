@@ -876,17 +876,25 @@ async fn follow_events(
     // after a poll, not after each wake-up, which only comes from a job
     // that exists and has not ended (its final event ends the stream).
     let mut check_job = true;
+    // The next events, when a write in this process handed them over.
+    let mut handed: Option<std::sync::Arc<[store::Event]>> = None;
     loop {
-        let read = async {
-            let events = store.events(&job_id, offset, BATCH).await?;
-            let status = if events.is_empty() && check_job {
-                Some(store.status(&job_id).await?)
-            } else {
-                None
-            };
-            Ok::<_, store::Error>((events, status))
+        let read = match handed.take() {
+            Some(events) => Ok((events.to_vec(), None)),
+            None => {
+                async {
+                    let events = store.events(&job_id, offset, BATCH).await?;
+                    let status = if events.is_empty() && check_job {
+                        Some(store.status(&job_id).await?)
+                    } else {
+                        None
+                    };
+                    Ok::<_, store::Error>((events, status))
+                }
+                .await
+            }
         };
-        let (events, status) = match read.await {
+        let (events, status) = match read {
             Ok(read) => {
                 failing_since = None;
                 read
@@ -941,7 +949,12 @@ async fn follow_events(
         // now and then, since wake-ups are best effort.
         check_job = tokio::select! {
             () = tx.closed() => return,
-            () = wakeups.past(offset) => false,
+            woken = wakeups.past(offset) => {
+                if let store::Woken::Handed(events) = woken {
+                    handed = Some(events);
+                }
+                false
+            }
             () = tokio::time::sleep(WATCH_POLL) => true,
         };
     }

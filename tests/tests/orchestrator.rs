@@ -357,6 +357,58 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
     Ok(())
 }
 
+/// How many `XRANGE`s (reads of a job's event log) Redis has run.
+async fn event_log_reads(fleet: &Fleet) -> anyhow::Result<u64> {
+    let mut redis = fleet.redis.connection().await?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis)
+        .await?;
+    Ok(info
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_xrange:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(Ok(0), str::parse)?)
+}
+
+#[tokio::test]
+async fn a_live_watch_gets_the_events_this_replica_stores_without_reading_them_back()
+-> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    // Steps apart in time, so that the watcher has sent everything before
+    // each write when it comes.
+    let job_id = api
+        .submit_job(scripted(
+            "two rounds, one call each",
+            json!([
+                {"delay_ms": 100, "tool_calls": [{"name": "sleep", "arguments": {"ms": 100}}]},
+                {"delay_ms": 100, "tool_calls": [{"name": "sleep", "arguments": {"ms": 100}}]},
+                {"delay_ms": 100, "message": "ok"}
+            ]),
+        ))
+        .await?
+        .into_inner()
+        .job_id;
+    let reads_before = event_log_reads(&fleet).await?;
+    let live = events_of(&mut api, &job_id).await?;
+    let reads = event_log_reads(&fleet).await? - reads_before;
+    // A replay of the finished job reads every event from Redis: the live
+    // stream handed over the same events, field for field.
+    let stored = events_of(&mut api, &job_id).await?;
+    assert_eq!(live, stored);
+    assert!(live.len() >= 9, "{live:?}");
+    assert!(live.last().is_some_and(|e| e.r#final));
+    // The first read, and at most one more where a write came before the
+    // watcher had sent the one before it; not one per write.
+    assert!(
+        reads <= 2,
+        "{reads} reads of the event log for {} events",
+        live.len()
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_interrupted_round_leaves_no_subscriber_on_the_reply_subject() -> anyhow::Result<()> {
     let fleet = fleet(1).await?;

@@ -37,7 +37,8 @@ use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_service::connect::{RedisConnection, append_ignored};
 use tracing::warn;
-pub use wake_ups::WakeUps;
+use wake_ups::Written;
+pub use wake_ups::{WakeUps, Woken};
 
 use crate::job::{
     Ending, Item, JobError, JobErrorCode, JobEvent, JobId, JobRecord, JobSpec, JobStatus, JobTrace,
@@ -262,7 +263,7 @@ impl JobStore {
             let groups = self.index_new_job(spec, &job_id, created_ms, ended == 1);
             self.conn().run_in_order(groups).await?;
         }
-        self.notify(&job_id, None).await;
+        self.notify(&job_id, Written::counted(None)).await;
         Ok((job_id, duplicate))
     }
 
@@ -782,10 +783,11 @@ impl JobStore {
 
     /// Wakes the watchers of `job_id`, in this process and, through NATS,
     /// in every other. Best effort: a watcher that misses it reads Redis on
-    /// its next poll. `events`, when known, is how many events the job has
-    /// now: a watcher that has read that many skips the read.
-    async fn notify(&self, job_id: &str, events: Option<u64>) {
-        self.watchers.wake(job_id, events);
+    /// its next poll. `written.events`, when known, is how many events the
+    /// job has now: a watcher that has read that many skips the read.
+    async fn notify(&self, job_id: &str, written: Written) {
+        let events = written.events;
+        self.watchers.wake(job_id, written);
         let payload = events.map_or_else(bytes::Bytes::new, |n| n.to_string().into());
         let _ = self
             .nats
@@ -814,7 +816,7 @@ impl JobStore {
             .arg("the job was cancelled before it started")
             .invoke_async(&mut self.conn())
             .await?;
-        self.notify(job_id, None).await;
+        self.notify(job_id, Written::counted(None)).await;
         let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
             self.forget_unfinished(job_id).await;
@@ -862,7 +864,7 @@ impl JobStore {
             .arg(lost.data_json())
             .invoke_async(&mut self.conn())
             .await?;
-        self.notify(job_id, None).await;
+        self.notify(job_id, Written::counted(None)).await;
         self.forget_unfinished(job_id).await;
         Ok(())
     }
@@ -941,6 +943,7 @@ impl JobStore {
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
         let start = StartEvent::new(owner);
+        let now = now_ms();
         let mut acquisition = scripts::ACQUIRE.prepare_invoke();
         acquisition
             .key(self.keys.job(job_id))
@@ -948,7 +951,7 @@ impl JobStore {
             .key(self.keys.job_events(job_id))
             .arg(owner)
             .arg(millis(ttl))
-            .arg(now_ms())
+            .arg(now)
             .arg(start.started)
             .arg(start.resumed)
             .arg(&start.before_epoch)
@@ -963,9 +966,10 @@ impl JobStore {
             Vec<String>,
         ) = self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
         let acquired = acquired(job_id, owner, epoch, resumed == 1);
-        let start = match acquired {
-            Acquired::Lease(_) => {
-                self.notify(job_id, Some(events)).await;
+        let start = match &acquired {
+            Acquired::Lease(lease) => {
+                let stored = start.stored(lease, events, now);
+                self.notify(job_id, stored).await;
                 parse_run_start(job_id, &fields, &offered, &items)
                     .ok()
                     .flatten()
@@ -1003,6 +1007,24 @@ impl StartEvent {
             before_epoch: before_epoch.to_owned(),
             after_epoch: after_epoch.to_owned(),
         }
+    }
+
+    /// What the lease script wrote for `lease`, with the job's event count
+    /// after it (`events`) and its time (`now`), as its watchers get it.
+    fn stored(&self, lease: &Lease, events: u64, now: u64) -> Written {
+        let event = Event {
+            offset: 0,
+            kind: (if lease.resumed {
+                self.resumed
+            } else {
+                self.started
+            })
+            .to_owned(),
+            data: format!("{}{}{}", self.before_epoch, lease.epoch, self.after_epoch),
+            timestamp_ms: now,
+            is_final: false,
+        };
+        Written::numbered(vec![event], Some(events))
     }
 }
 
@@ -1229,6 +1251,20 @@ impl JobStore {
         let job_id = &lease.job_id;
         let finished = commit.ending.is_some();
         let fields = commit.fields();
+        let now = now_ms();
+        // The events as the script stores them, and as this process's
+        // watchers get them; their offsets are known once it answers.
+        let events: Vec<Event> = commit
+            .events
+            .iter()
+            .map(|event| Event {
+                offset: 0,
+                kind: event.kind().to_owned(),
+                data: event.data_json(),
+                timestamp_ms: now,
+                is_final: event.is_final(),
+            })
+            .collect();
         let mut invocation = scripts::COMMIT.prepare_invoke();
         invocation
             .key(self.keys.job(job_id))
@@ -1238,7 +1274,7 @@ impl JobStore {
             .key(self.keys.job_attempts(job_id))
             .key(self.keys.job_tools(job_id))
             .arg(&lease.token)
-            .arg(now_ms())
+            .arg(now)
             .arg(if finished { millis(self.retention) } else { 0 });
         invocation.arg(commit.checks.len());
         for (key, text) in &commit.checks {
@@ -1248,12 +1284,12 @@ impl JobStore {
         for item in commit.results.iter().chain(commit.items) {
             invocation.arg(serde_json::to_string(item).expect("an item serializes"));
         }
-        invocation.arg(commit.events.len());
-        for event in &commit.events {
+        invocation.arg(events.len());
+        for event in &events {
             invocation
-                .arg(event.kind())
-                .arg(event.data_json())
-                .arg(if event.is_final() { "1" } else { "0" });
+                .arg(&event.kind)
+                .arg(&event.data)
+                .arg(if event.is_final { "1" } else { "0" });
         }
         invocation.arg(fields.len());
         for (field, value) in &fields {
@@ -1268,15 +1304,19 @@ impl JobStore {
             let json = serde_json::to_string(manifest).expect("a manifest serializes");
             invocation.arg(&manifest.name).arg(json);
         }
-        let events: i64 = invocation.invoke_async(&mut self.conn()).await?;
-        if events == scripts::LEASE_LOST {
+        let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        if answer == scripts::LEASE_LOST {
             return Err(Error::LeaseLost(job_id.clone()));
         }
-        if events == scripts::RESULT_MISMATCH {
+        if answer == scripts::RESULT_MISMATCH {
             return Err(Error::ResultMismatch(job_id.clone()));
         }
-        if !commit.events.is_empty() {
-            self.notify(job_id, u64::try_from(events).ok()).await;
+        if !events.is_empty() {
+            self.notify(
+                job_id,
+                Written::numbered(events, u64::try_from(answer).ok()),
+            )
+            .await;
         }
         if finished {
             self.forget_unfinished(job_id).await;

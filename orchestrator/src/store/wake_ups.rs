@@ -6,8 +6,11 @@
 //! one-call job's latency in the bench); the NATS one is still sent, for the
 //! other replicas, and the watcher skips it once it has read that far.
 //!
-//! A wake-up is never the news itself: the watcher reads the events from
-//! Redis. A wrong one costs a read, never an event.
+//! A wake-up from the bus is never the news itself: the watcher reads the
+//! events from Redis, and a wrong one costs a read, never an event. A
+//! direct one also hands over the events its write stored, so that a
+//! watcher that has read everything before them sends them without reading
+//! them back (about five reads of the job's log per job in the bench).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -16,27 +19,76 @@ use futures::StreamExt;
 use tokio::sync::watch;
 use toolfleet_proto::names;
 
-/// The watchers in this process, by job: each job's latest wake-up (how
-/// many events it has, `None` when the writer did not say).
+use super::Event;
+
+/// What a write tells the watchers of its job.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Written {
+    /// How many events the job has now; `None` when the writer did not say.
+    pub(super) events: Option<u64>,
+    /// The events the write stored, in order, the last of them being the
+    /// job's last (so the first has offset `events - len`), when the
+    /// writer handed them over; stored exactly so.
+    pub(super) stored: Option<Arc<[Event]>>,
+}
+
+impl Written {
+    /// A write that says only how many events the job has.
+    pub(super) fn counted(events: Option<u64>) -> Self {
+        Self {
+            events,
+            stored: None,
+        }
+    }
+
+    /// A write that stored `stored`, after which the job has `events`
+    /// events (as its script answered): numbers them, the last being
+    /// `events - 1`. An answer that cannot be the count after them hands
+    /// nothing over, and says nothing.
+    pub(super) fn numbered(mut stored: Vec<Event>, events: Option<u64>) -> Self {
+        let Some(first) = events.and_then(|events| events.checked_sub(stored.len() as u64)) else {
+            return Self::counted(None);
+        };
+        for (event, offset) in stored.iter_mut().zip(first..) {
+            event.offset = offset;
+        }
+        Self {
+            events: Some(first + stored.len() as u64),
+            stored: Some(stored.into()),
+        }
+    }
+}
+
+/// What a watcher is woken to do ([`WakeUps::past`]).
+#[derive(Debug)]
+pub enum Woken {
+    /// Events past its offset may be in Redis: read them.
+    Read,
+    /// The events from its offset on, as the write in this process that
+    /// stored them handed them over: send them, no read needed.
+    Handed(Arc<[Event]>),
+}
+
+/// The watchers in this process, by job: each job's latest wake-up.
 #[derive(Debug, Default)]
 pub(super) struct LocalWatchers {
-    by_job: Mutex<HashMap<String, watch::Sender<Option<u64>>>>,
+    by_job: Mutex<HashMap<String, watch::Sender<Written>>>,
 }
 
 impl LocalWatchers {
     /// Wakes this process's watchers of `job_id`, if it has any.
-    pub(super) fn wake(&self, job_id: &str, events: Option<u64>) {
+    pub(super) fn wake(&self, job_id: &str, written: Written) {
         let by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(sender) = by_job.get(job_id) {
-            sender.send_replace(events);
+            sender.send_replace(written);
         }
     }
 
-    fn watch(&self, job_id: &str) -> watch::Receiver<Option<u64>> {
+    fn watch(&self, job_id: &str) -> watch::Receiver<Written> {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         by_job
             .entry(job_id.to_owned())
-            .or_insert_with(|| watch::channel(None).0)
+            .or_insert_with(|| watch::channel(Written::default()).0)
             .subscribe()
     }
 
@@ -59,7 +111,7 @@ pub struct WakeUps {
     nats: Option<async_nats::Subscriber>,
     /// `None` while dropping, or once its sender is gone (which the
     /// registry never drops while a receiver lives).
-    local: Option<watch::Receiver<Option<u64>>>,
+    local: Option<watch::Receiver<Written>>,
     watchers: Arc<LocalWatchers>,
 }
 
@@ -80,13 +132,15 @@ impl WakeUps {
     }
 
     /// Returns at the first wake-up that may bring events past `offset` (the
-    /// next one the watcher reads); pending forever if no wake-up can come
-    /// any more. Cancel-safe: a wake-up is never half taken.
-    pub async fn past(&mut self, offset: u64) {
+    /// next one the watcher reads), with those events when this process
+    /// stored them and they start at `offset`; pending forever if no
+    /// wake-up can come any more. Cancel-safe: a wake-up is never half
+    /// taken.
+    pub async fn past(&mut self, offset: u64) -> Woken {
         loop {
-            let events = tokio::select! {
+            let written = tokio::select! {
                 message = next_message(&mut self.nats) => match message {
-                    Some(message) => parse(&message.payload),
+                    Some(message) => Written::counted(parse(&message.payload)),
                     // A subscription that ended wakes nobody.
                     None => {
                         self.nats = None;
@@ -94,15 +148,15 @@ impl WakeUps {
                     }
                 },
                 changed = changed(&mut self.local) => match changed {
-                    Some(events) => events,
+                    Some(written) => written,
                     None => {
                         self.local = None;
                         continue;
                     }
                 },
             };
-            if needs_read(events, offset) {
-                return;
+            if needs_read(written.events, offset) {
+                return woken(written.stored, offset);
             }
         }
     }
@@ -124,10 +178,10 @@ async fn next_message(nats: &mut Option<async_nats::Subscriber>) -> Option<async
 
 /// The latest local wake-up once there is a new one; `None` once nobody
 /// can send one.
-async fn changed(local: &mut Option<watch::Receiver<Option<u64>>>) -> Option<Option<u64>> {
+async fn changed(local: &mut Option<watch::Receiver<Written>>) -> Option<Written> {
     match local {
         Some(receiver) => match receiver.changed().await {
-            Ok(()) => Some(*receiver.borrow_and_update()),
+            Ok(()) => Some(receiver.borrow_and_update().clone()),
             Err(_) => None,
         },
         None => std::future::pending().await,
@@ -146,6 +200,19 @@ fn parse(payload: &[u8]) -> Option<u64> {
 /// not say) may bring events past `offset`.
 fn needs_read(events: Option<u64>, offset: u64) -> bool {
     events.is_none_or(|events| events > offset)
+}
+
+/// What a wake-up that may bring events past `offset` asks of its watcher:
+/// to send the `stored` events when they are exactly the next ones, else
+/// to read. Only the latest of a job's local wake-ups is kept, so a watcher
+/// that missed one finds a gap here, and reads.
+fn woken(stored: Option<Arc<[Event]>>, offset: u64) -> Woken {
+    match stored {
+        Some(events) if events.first().is_some_and(|first| first.offset == offset) => {
+            Woken::Handed(events)
+        }
+        _ => Woken::Read,
+    }
 }
 
 #[cfg(test)]
@@ -179,13 +246,50 @@ mod tests {
         }
     }
 
+    fn event(kind: &str) -> Event {
+        Event {
+            offset: 0,
+            kind: kind.to_owned(),
+            data: "{}".to_owned(),
+            timestamp_ms: 1,
+            is_final: false,
+        }
+    }
+
+    fn offsets(woken: &Woken) -> Option<Vec<u64>> {
+        match woken {
+            Woken::Read => None,
+            Woken::Handed(events) => Some(events.iter().map(|e| e.offset).collect()),
+        }
+    }
+
+    #[test]
+    fn a_local_wake_up_hands_over_its_events_only_when_they_are_the_next_ones() {
+        // A commit of two events after which the job has 7: offsets 5 and 6.
+        let written = Written::numbered(vec![event("a"), event("b")], Some(7));
+        assert_eq!(written.events, Some(7));
+        let handed = |offset| offsets(&woken(written.stored.clone(), offset));
+        assert_eq!(handed(5), Some(vec![5, 6]), "the watcher read 0 to 4");
+        // A watcher that missed an earlier write, or has read part of
+        // these, reads Redis.
+        assert_eq!(handed(4), None);
+        assert_eq!(handed(6), None);
+        // An answer that cannot count them hands nothing over.
+        for events in [Some(1), None] {
+            let written = Written::numbered(vec![event("a"), event("b")], events);
+            assert_eq!(written.events, None);
+            assert!(written.stored.is_none());
+        }
+        assert_eq!(offsets(&woken(None, 5)), None, "a count alone is read");
+    }
+
     #[test]
     fn a_job_is_forgotten_with_its_last_local_watcher() {
         let watchers = LocalWatchers::default();
         let first = watchers.watch("job-a");
         let mut second = watchers.watch("job-a");
-        watchers.wake("job-a", Some(3));
-        assert_eq!(*second.borrow_and_update(), Some(3));
+        watchers.wake("job-a", Written::counted(Some(3)));
+        assert_eq!(second.borrow_and_update().events, Some(3));
         drop(first);
         watchers.unwatch("job-a");
         assert_eq!(
@@ -197,7 +301,7 @@ mod tests {
         watchers.unwatch("job-a");
         assert!(watchers.by_job.lock().unwrap().is_empty());
         // Waking a job nobody here watches is a no-op.
-        watchers.wake("job-b", None);
+        watchers.wake("job-b", Written::counted(None));
         assert!(watchers.by_job.lock().unwrap().is_empty());
     }
 }
