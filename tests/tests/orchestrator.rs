@@ -409,6 +409,67 @@ async fn a_live_watch_gets_the_events_this_replica_stores_without_reading_them_b
     Ok(())
 }
 
+/// The timestamps of a finished job's `tool_call_result` events, by call.
+async fn result_times(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<(String, u64)>> {
+    Ok(events_of(api, job_id)
+        .await?
+        .into_iter()
+        .filter(|e| e.kind == "tool_call_result")
+        .map(|e| {
+            let data: Value = serde_json::from_str(&e.data).expect("event data is JSON");
+            (
+                data["call_id"].as_str().unwrap_or("").to_owned(),
+                e.timestamp_ms,
+            )
+        })
+        .collect())
+}
+
+#[tokio::test]
+async fn a_parallel_round_s_results_linger_for_one_commit_unless_the_linger_is_zero()
+-> anyhow::Result<()> {
+    let mut fleet = Fleet::start(1).await?;
+    // A linger far longer than the round: the first two results wait for
+    // the third; with none, each is stored as it settles.
+    let lingering = fleet
+        .spawn_orchestrator(&[("TOOLFLEET_DISPATCH__RESULT_LINGER", "10s")])
+        .await?;
+    let eager = fleet
+        .spawn_orchestrator(&[("TOOLFLEET_DISPATCH__RESULT_LINGER", "0s")])
+        .await?;
+    fleet.wait_for_tools(lingering, &["sleep"], 1).await?;
+    fleet.wait_for_tools(eager, &["sleep"], 1).await?;
+    let round = || {
+        scripted(
+            "three calls that settle 300 ms apart",
+            json!([
+                {"tool_calls": [
+                    {"id": "a", "name": "sleep", "arguments": {"ms": 0}},
+                    {"id": "b", "name": "sleep", "arguments": {"ms": 300}},
+                    {"id": "c", "name": "sleep", "arguments": {"ms": 600}}
+                ]},
+                {"message": "ok"}
+            ]),
+        )
+    };
+    let mut api = fleet.api(lingering).await?;
+    let job = run(&mut api, round()).await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded);
+    let times = result_times(&mut api, &job.job_id).await?;
+    assert_eq!(times.len(), 3, "{times:?}");
+    assert!(
+        times.iter().all(|(_, at)| *at == times[0].1),
+        "one commit, made when the last result came: {times:?}"
+    );
+    let mut api = fleet.api(eager).await?;
+    let job = run(&mut api, round()).await?;
+    let times = result_times(&mut api, &job.job_id).await?;
+    let at = |id: &str| times.iter().find(|(call, _)| call == id).map(|(_, at)| *at);
+    let (a, c) = (at("a").unwrap_or(0), at("c").unwrap_or(0));
+    assert!(c >= a + 400, "each stored as it settled: {times:?}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn an_interrupted_round_leaves_no_subscriber_on_the_reply_subject() -> anyhow::Result<()> {
     let fleet = fleet(1).await?;

@@ -65,6 +65,12 @@ pub struct DispatchOptions {
     /// a longer one is cut to it. Default: 5m.
     #[serde(with = "toolfleet_service::config::duration")]
     pub max_retry_after: Duration,
+    /// How long a parallel round's settled result may wait for the round's
+    /// other calls, so that they are stored (and shown to watchers) in one
+    /// commit; the round's last result is stored at once. `0s` stores each
+    /// result as it settles. Default: 2ms.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub result_linger: Duration,
 }
 
 impl Default for DispatchOptions {
@@ -75,6 +81,7 @@ impl Default for DispatchOptions {
             retry_max_backoff: Duration::from_secs(10),
             max_argument_bytes: 256 * 1024,
             max_retry_after: Duration::from_secs(300),
+            result_linger: Duration::from_millis(2),
         }
     }
 }
@@ -238,7 +245,7 @@ impl Dispatcher {
         stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
         let spec = job.spec;
-        let results = GroupCommit::new();
+        let results = GroupCommit::new(self.options.result_linger);
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
         for (index, call) in calls.iter().enumerate() {
@@ -339,6 +346,14 @@ impl Dispatcher {
             .filter(|c| !attempts.contains_key(&c.wire_id))
             .collect();
         self.record_dispatches(lease, trace, &fresh, 1).await?;
+        // Their results are worth grouping: all but those an earlier runner
+        // settled, which are answered without being recorded again.
+        results.expect(
+            calls
+                .iter()
+                .filter(|r| !store::was_settled(attempts, &r.call.wire_id))
+                .count(),
+        );
         let mut recorded = attempts.clone();
         for call in fresh {
             recorded.insert(call.wire_id.clone(), 0);

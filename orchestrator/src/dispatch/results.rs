@@ -1,14 +1,19 @@
 //! Group commit of a round's results. A call that settles while another
 //! call's result is being written joins the next commit instead of queueing
-//! a commit of its own, so a round of n parallel calls takes from 1 to n
-//! Redis commits (and wake-ups) instead of n. Each caller still returns only
-//! once the commit that holds its result is stored: nothing is answered
-//! before Redis has it.
+//! a commit of its own. And while some of a parallel round's calls have not
+//! settled, a settled result lingers a little for them (`linger`, from the
+//! first result waiting): the round's last result is committed at once,
+//! with every result still waiting, so the round ends no later, and a round
+//! of n calls that settle close together is one Redis commit (and one
+//! wake-up of its watchers) instead of up to n. Each caller still returns
+//! only once the commit that holds its result is stored: nothing is
+//! answered before Redis has it.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use toolfleet_proto::Envelope;
 
 use super::RoundError;
@@ -49,17 +54,36 @@ type Waiting<T> = (T, oneshot::Sender<Result<(), store::Error>>);
 pub(super) struct GroupCommit<T> {
     /// Results not yet taken by a commit, in the order they settled.
     queue: Mutex<Vec<Waiting<T>>>,
-    /// Held while a commit is in flight: one at a time, so the next takes
-    /// everything that settled meanwhile.
+    /// Held while a commit is in flight or lingering: one at a time, so
+    /// the next takes everything that settled meanwhile.
     writing: tokio::sync::Mutex<()>,
+    /// Results still to come that are worth lingering for: the parallel
+    /// calls being driven that have not recorded theirs yet.
+    coming: AtomicUsize,
+    /// Told of every result queued, for a commit that lingers.
+    queued: Notify,
+    /// Longest a queued result waits for the ones still coming.
+    linger: Duration,
 }
 
 impl<T> GroupCommit<T> {
-    pub(super) fn new() -> Self {
+    /// A group whose results are committed as they settle, until
+    /// [`expect`](Self::expect) says more are coming.
+    pub(super) fn new(linger: Duration) -> Self {
         Self {
             queue: Mutex::new(Vec::new()),
             writing: tokio::sync::Mutex::new(()),
+            coming: AtomicUsize::new(0),
+            queued: Notify::new(),
+            linger,
         }
+    }
+
+    /// Says that `results` more are coming, each to be recorded once: a
+    /// parallel round's calls, driven at once. Calls driven one after the
+    /// other are not worth waiting for, and are not counted.
+    pub(super) fn expect(&self, results: usize) {
+        self.coming.fetch_add(results, Ordering::Relaxed);
     }
 
     /// Records `result` and returns once it is stored: by `commit` of a
@@ -78,8 +102,15 @@ impl<T> GroupCommit<T> {
     {
         let (done, stored) = oneshot::channel();
         self.lock_queue().push((result, done));
+        // Saturating: a result recorded again (its first commit was refused)
+        // was counted once.
+        let _ = self
+            .coming
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        self.queued.notify_one();
         {
             let _writing = self.writing.lock().await;
+            self.linger().await;
             // Empty when an earlier commit already took this result.
             let batch = std::mem::take(&mut *self.lock_queue());
             if !batch.is_empty() {
@@ -93,6 +124,27 @@ impl<T> GroupCommit<T> {
         match stored.await {
             Ok(outcome) => Ok(outcome?),
             Err(_) => Err(RoundError::Interrupted),
+        }
+    }
+
+    /// Waits, up to `linger`, while results are queued and more are
+    /// coming; returns at once when none are, or when `linger` is zero
+    /// (a timer, even an expired one, would wait for the timer wheel's
+    /// next tick, about a millisecond).
+    async fn linger(&self) {
+        if self.linger.is_zero() {
+            return;
+        }
+        let until = tokio::time::Instant::now() + self.linger;
+        while self.coming.load(Ordering::Relaxed) > 0 && !self.lock_queue().is_empty() {
+            // `notify_one` keeps a permit when nobody waits: a result
+            // queued between the check and this wait is not missed.
+            if tokio::time::timeout_at(until, self.queued.notified())
+                .await
+                .is_err()
+            {
+                return;
+            }
         }
     }
 
@@ -115,7 +167,7 @@ mod tests {
         results: &[u32],
         fail: bool,
     ) -> (Vec<Vec<u32>>, Vec<Result<(), RoundError>>) {
-        let group = GroupCommit::new();
+        let group = GroupCommit::new(Duration::from_millis(100));
         let batches = Arc::new(Mutex::new(Vec::new()));
         let calls = results.iter().map(|&result| {
             let batches = Arc::clone(&batches);
@@ -155,9 +207,73 @@ mod tests {
         }
     }
 
+    /// Records `(result, after_ms)` pairs, each that long after the start,
+    /// with `expected` of them announced, through a commit that takes 1 ms;
+    /// returns each batch with the time (ms) its commit started.
+    async fn record_at(
+        results: &[(u32, u64)],
+        expected: usize,
+        linger_ms: u64,
+    ) -> Vec<(Vec<u32>, u64)> {
+        let group = GroupCommit::new(Duration::from_millis(linger_ms));
+        group.expect(expected);
+        let start = tokio::time::Instant::now();
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let calls = results.iter().map(|&(result, after_ms)| {
+            let (group, batches) = (&group, Arc::clone(&batches));
+            async move {
+                tokio::time::sleep(Duration::from_millis(after_ms)).await;
+                group
+                    .record(result, move |batch| async move {
+                        let at = u64::try_from(start.elapsed().as_millis()).unwrap();
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        batches.lock().unwrap().push((batch, at));
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        let outcomes = futures::future::join_all(calls).await;
+        assert!(outcomes.iter().all(Result::is_ok));
+        batches.lock().unwrap().clone()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_parallel_round_settling_close_together_is_one_commit_made_by_its_last_result() {
+        // Three calls settle at 0, 2 and 3 ms; they linger up to 5 ms.
+        let batches = record_at(&[(1, 0), (2, 2), (3, 3)], 3, 5).await;
+        assert_eq!(
+            batches,
+            [(vec![1, 2, 3], 3)],
+            "committed when the last came"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_result_lingers_no_longer_than_its_bound() {
+        // The third call settles long after: the first two go without it,
+        // 5 ms after the first came.
+        let batches = record_at(&[(1, 0), (2, 2), (3, 50)], 3, 5).await;
+        assert_eq!(batches, [(vec![1, 2], 5), (vec![3], 50)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn results_nobody_expects_are_committed_as_they_settle() {
+        // Serial calls, and calls refused before a round is driven: no
+        // lingering, whatever the bound.
+        let batches = record_at(&[(1, 0), (2, 2)], 0, 100).await;
+        assert_eq!(batches, [(vec![1], 0), (vec![2], 2)]);
+        // Nor with a zero bound.
+        let batches = record_at(&[(1, 0), (2, 2)], 2, 0).await;
+        assert_eq!(batches, [(vec![1], 0), (vec![2], 2)]);
+        // No lingering once every expected result came either.
+        let batches = record_at(&[(1, 0), (2, 2), (3, 4)], 2, 100).await;
+        assert_eq!(batches, [(vec![1, 2], 2), (vec![3], 4)]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_result_whose_commit_was_dropped_is_interrupted() {
-        let group = GroupCommit::new();
+        let group = GroupCommit::new(Duration::ZERO);
         let after = |delay: Duration| {
             move |_| async move {
                 tokio::time::sleep(delay).await;
