@@ -2,14 +2,16 @@
 //! JetStream (at once, or one by one), gather the envelopes, retry the
 //! retryable ones with backoff, and answer in the model's call order.
 //!
-//! A reply on the job's reply subject only wakes the round up: the answer is
-//! always read from Redis, where the worker stored the envelope before it
-//! replied, so a reply published by anyone else answers nothing. Redis is
-//! polled as well, so a lost notification or a takeover by another replica
-//! only costs a poll interval.
+//! A reply on the job's reply subject carries the record the worker stored
+//! before it replied. The round takes it only when it settles the call, and
+//! the commit that records it checks it against Redis (decision 0020); any
+//! other reply only wakes the round up to read Redis, so a reply published
+//! by anyone else answers nothing. Redis is polled as well, so a lost
+//! notification or a takeover by another replica only costs a poll
+//! interval.
 //!
-//! - this module: the round (checks, the reply subscription, the calls in
-//!   parallel or one by one);
+//! - this module: the round (checks, the calls in parallel or one by one)
+//!   and the reply subscription a run keeps for its rounds ([`Replies`]);
 //! - `attempt`: one call through its attempts: publish, wait, retry;
 //! - `retry`: the verdict after each attempt, a pure function;
 //! - `quota`: the slot each call holds in its tenant's calls in flight.
@@ -198,6 +200,28 @@ pub enum RoundError {
     Nats(String),
 }
 
+/// A run's subscription to its job's reply subject, taken before its first
+/// round publishes and kept for the run's later rounds: one `SUB` and
+/// `UNSUB` per run, not per round. Dropped with the run (its forwarder is
+/// aborted and the subscription ends), so that a run that stopped leaves no
+/// subscriber on the subject.
+pub struct Replies {
+    /// Every reply heard, for every call of the run's rounds.
+    notify: broadcast::Sender<Notice>,
+    _forwarder: AbortOnDropHandle<()>,
+}
+
+/// What a round takes from the run it is part of.
+#[derive(Clone, Copy)]
+pub struct RunRef<'a> {
+    /// The run's lease: every commit checks it.
+    pub lease: &'a Lease,
+    /// The run's reply subscription ([`Dispatcher::listen`]).
+    pub replies: &'a Replies,
+    /// Interrupts the round.
+    pub stop: &'a CancellationToken,
+}
+
 /// Publishes calls and gathers their results.
 #[derive(Clone)]
 pub struct Dispatcher {
@@ -220,30 +244,58 @@ struct Round<'a> {
     lease: &'a Lease,
     spec: &'a JobSpec,
     trace: Option<&'a JobTrace>,
-    /// Results from the job's reply subject, for every call of the round.
-    notify: broadcast::Sender<Notice>,
+    /// Results from the job's reply subject, for every call of the run.
+    notify: &'a broadcast::Sender<Notice>,
     /// Where the round's final envelopes are recorded.
     results: &'a GroupCommit<Settled>,
     stop: &'a CancellationToken,
 }
 
 impl Dispatcher {
-    /// Runs one round: every call gets an outcome, in the order given.
-    /// `attempts` holds the attempts already dispatched (a resumed round).
-    /// `stop` interrupts the round.
+    /// Subscribes to `job_id`'s replies, for the rounds of one run of the
+    /// job (`spec`'s). Before any of them publishes, so that no result can
+    /// slip past.
+    ///
+    /// # Errors
+    ///
+    /// [`RoundError::Nats`] when NATS refused the subscription.
+    pub async fn listen(&self, job_id: &str, spec: &JobSpec) -> Result<Replies, RoundError> {
+        // Room for every reply of a full round, four times over; a receiver
+        // that lags anyway reads Redis.
+        let capacity = (spec.limits.max_calls_per_turn as usize).clamp(16, 256) * 4;
+        let (notify, _) = broadcast::channel(capacity);
+        let subscriber = self
+            .nats
+            .subscribe(names::reply_subject(job_id))
+            .await
+            .map_err(|e| RoundError::Nats(e.to_string()))?;
+        let forwarder = tokio::spawn(forward_results(subscriber, notify.clone()));
+        Ok(Replies {
+            notify,
+            _forwarder: AbortOnDropHandle::new(forwarder),
+        })
+    }
+
+    /// Runs one round of `run`: every call gets an outcome, in the order
+    /// given. `attempts` holds the attempts already dispatched (a resumed
+    /// round).
     ///
     /// # Errors
     ///
     /// [`RoundError`] when the round could not finish.
     pub async fn run_round(
         &self,
-        lease: &Lease,
+        run: RunRef<'_>,
         job: JobRef<'_>,
         calls: &[PlannedCall],
         attempts: &HashMap<String, u32>,
         offered: &HashMap<String, LiveTool>,
-        stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
+        let RunRef {
+            lease,
+            replies,
+            stop,
+        } = run;
         let spec = job.spec;
         let results = GroupCommit::new(self.options.result_linger);
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
@@ -290,9 +342,15 @@ impl Dispatcher {
         }
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
-            let settled = self
-                .dispatch(lease, job, &calls, attempts, &results, stop)
-                .await?;
+            let round = Round {
+                lease,
+                spec,
+                trace: job.trace,
+                notify: &replies.notify,
+                results: &results,
+                stop,
+            };
+            let settled = self.dispatch(&round, &calls, attempts).await?;
             for ((index, _), outcome) in ready.iter().zip(settled) {
                 outcomes[*index] = Some(outcome);
             }
@@ -305,37 +363,21 @@ impl Dispatcher {
     /// gathers their outcomes in the same order.
     async fn dispatch(
         &self,
-        lease: &Lease,
-        JobRef { spec, trace }: JobRef<'_>,
+        round: &Round<'_>,
         calls: &[&Ready],
         attempts: &HashMap<String, u32>,
-        results: &GroupCommit<Settled>,
-        stop: &CancellationToken,
     ) -> Result<Vec<CallOutcome>, RoundError> {
-        // Subscribe before publishing, so no result can slip past.
-        let (notify, _) = broadcast::channel(calls.len().max(16) * 4);
-        let subscriber = self
-            .nats
-            .subscribe(names::reply_subject(&lease.job_id))
-            .await
-            .map_err(|e| RoundError::Nats(e.to_string()))?;
-        // Aborted (and its subscription dropped) however the round ends: an
-        // interrupted or failed round must not leave a subscriber behind on
-        // the job's reply subject.
-        let _forwarder =
-            AbortOnDropHandle::new(tokio::spawn(forward_results(subscriber, notify.clone())));
-        let round = Round {
+        let Round {
             lease,
             spec,
             trace,
-            notify,
             results,
-            stop,
-        };
+            ..
+        } = round;
         if !spec.parallel_tool_calls {
             let mut done = Vec::new();
             for ready in calls {
-                done.push(self.drive(&round, ready, attempts).await?);
+                done.push(self.drive(round, ready, attempts).await?);
             }
             return Ok(done);
         }
@@ -345,7 +387,7 @@ impl Dispatcher {
             .map(|r| &r.call)
             .filter(|c| !attempts.contains_key(&c.wire_id))
             .collect();
-        self.record_dispatches(lease, trace, &fresh, 1).await?;
+        self.record_dispatches(lease, *trace, &fresh, 1).await?;
         // Their results are worth grouping: all but those an earlier runner
         // settled, which are answered without being recorded again.
         results.expect(
@@ -358,7 +400,7 @@ impl Dispatcher {
         for call in fresh {
             recorded.insert(call.wire_id.clone(), 0);
         }
-        let runs = calls.iter().map(|r| self.drive(&round, r, &recorded));
+        let runs = calls.iter().map(|r| self.drive(round, r, &recorded));
         futures::future::join_all(runs).await.into_iter().collect()
     }
 

@@ -14,7 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
-use crate::dispatch::{PlannedCall, RoundError};
+use crate::dispatch::{PlannedCall, Replies, RoundError, RunRef};
 use crate::job::{
     Ending, Item, JobErrorCode, JobEvent, JobRef, JobSpec, Lease, ToolManifest, TurnCheckpoint,
     WireIds, now_ms,
@@ -170,6 +170,8 @@ pub(super) struct JobRun<'a> {
     pub(super) created_at_ms: AtomicU64,
     /// When the runner asked for the lease, which started the run.
     pub(super) taken_at: std::time::SystemTime,
+    /// The job's replies, from the run's first round on.
+    pub(super) replies: tokio::sync::OnceCell<Replies>,
 }
 
 impl JobRun<'_> {
@@ -348,18 +350,24 @@ impl JobRun<'_> {
             Some(recorded) => recorded,
             None => store.attempts(&self.lease.job_id).await?,
         };
-        let round = self
-            .runner
-            .dispatcher
-            .run_round(
-                &self.lease,
-                job,
-                calls,
-                &attempts,
-                &progress.offered,
-                &stop.token,
-            )
+        let dispatcher = &self.runner.dispatcher;
+        let replies = self
+            .replies
+            .get_or_try_init(|| dispatcher.listen(&self.lease.job_id, job.spec))
             .await;
+        let round = match replies {
+            Ok(replies) => {
+                let run = RunRef {
+                    lease: &self.lease,
+                    replies,
+                    stop: &stop.token,
+                };
+                dispatcher
+                    .run_round(run, job, calls, &attempts, &progress.offered)
+                    .await
+            }
+            Err(err) => Err(err),
+        };
         let outcomes = match round {
             Ok(outcomes) => outcomes,
             Err(RoundError::Interrupted) => return Ok(None),

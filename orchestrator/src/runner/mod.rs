@@ -244,6 +244,7 @@ impl Runner {
             message,
             created_at_ms: Default::default(),
             taken_at,
+            replies: tokio::sync::OnceCell::new(),
         };
         match run.drive(abandon, start).await {
             Ok(()) => Delivery::Done,
