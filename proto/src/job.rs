@@ -342,12 +342,18 @@ impl JobEvent {
 
     /// The `data` JSON object, as stored and streamed.
     pub fn data_json(&self) -> String {
-        // Adjacent tagging puts the fields under "data"; take them out. The
-        // event is plain data: serializing it cannot fail.
-        let value = serde_json::to_value(self).unwrap_or_default();
-        value
-            .get("data")
-            .map_or_else(|| "{}".to_owned(), serde_json::Value::to_string)
+        // Adjacent tagging writes `{"kind":"<kind>","data":<data>}`: the data
+        // is what follows the kind, less the closing brace. Written straight
+        // to text, not through a `serde_json::Value` (a map and a string per
+        // field; about 3% of the orchestrator's CPU in a profile of the
+        // bench). Every variant declares its fields in name order, so the
+        // keys come sorted, as they did through a `Value`. The event is
+        // plain data: serializing it cannot fail.
+        let whole = serde_json::to_string(self).unwrap_or_default();
+        let data_at = r#"{"kind":"","data":"#.len() + self.kind().len();
+        whole
+            .get(data_at..whole.len().saturating_sub(1))
+            .map_or_else(|| "{}".to_owned(), str::to_owned)
     }
 
     /// Decodes an event from its wire `kind` and `data`.
@@ -574,6 +580,10 @@ mod tests {
     fn events_keep_the_wire_format_and_decode_back() {
         for (event, data) in every_event() {
             assert_eq!(event.data_json(), data, "{}", event.kind());
+            // Keys in name order, as a `Value` (a sorted map) writes them: a
+            // field declared out of order fails here.
+            let value = serde_json::to_value(&event).unwrap();
+            assert_eq!(value["data"].to_string(), data, "{}", event.kind());
             assert_eq!(JobEvent::decode(event.kind(), data).unwrap(), event);
             assert_eq!(
                 event.is_final(),
