@@ -70,9 +70,42 @@ pub struct DispatchOptions {
     /// How long a parallel round's settled result may wait for the round's
     /// other calls, so that they are stored (and shown to watchers) in one
     /// commit; the round's last result is stored at once. `0s` stores each
-    /// result as it settles. Default: 2ms.
-    #[serde(with = "toolfleet_service::config::duration")]
+    /// result as it settles; at most [`MAX_RESULT_LINGER`]. Default: 2ms.
+    #[serde(with = "result_linger")]
     pub result_linger: Duration,
+}
+
+/// The longest `dispatch.result_linger`. A result waits that long only
+/// while its round still has calls out, but a call that waits for its
+/// tenant's call slot held by a call of the same round makes it wait the
+/// whole linger: a bound keeps that a pause, never a stall.
+pub const MAX_RESULT_LINGER: Duration = Duration::from_secs(1);
+
+/// `dispatch.result_linger`: a duration, at most [`MAX_RESULT_LINGER`].
+mod result_linger {
+    use std::time::Duration;
+
+    use serde::de::Error;
+    use serde::{Deserializer, Serializer};
+    use toolfleet_service::config::duration;
+
+    use super::MAX_RESULT_LINGER;
+
+    pub(super) fn serialize<S: Serializer>(linger: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        duration::serialize(linger, s)
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let linger = duration::deserialize(d)?;
+        if linger > MAX_RESULT_LINGER {
+            return Err(D::Error::custom(format!(
+                "{} is longer than the most a result may wait, {}",
+                duration::format(linger),
+                duration::format(MAX_RESULT_LINGER)
+            )));
+        }
+        Ok(linger)
+    }
 }
 
 impl Default for DispatchOptions {
@@ -541,5 +574,26 @@ impl Dispatcher {
         commit.end();
         crate::metrics::tool_call_settled(&outcome.name, envelope);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::OrchestratorOptions;
+
+    #[test]
+    fn a_result_lingers_at_most_a_second_and_start_up_says_so() {
+        let load = |linger: &str| {
+            let overrides = serde_json::json!({"dispatch": {"result_linger": linger}});
+            OrchestratorOptions::load(None, overrides)
+        };
+        for (text, linger) in [("0s", Duration::ZERO), ("1s", MAX_RESULT_LINGER)] {
+            let options = load(text).expect("a linger within the bound loads");
+            assert_eq!(options.dispatch.result_linger, linger);
+        }
+        let error = load("1s1ms").expect_err("longer than a second").to_string();
+        assert!(error.contains("result_linger"), "{error}");
+        assert!(error.contains("1s1ms is longer than"), "{error}");
     }
 }
