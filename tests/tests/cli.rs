@@ -475,7 +475,7 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
 }
 
 /// A `toolfleet bench` run small enough for a test.
-const SMALL_BENCH: [&str; 9] = [
+const SMALL_BENCH: [&str; 11] = [
     "bench",
     "-J",
     "20",
@@ -485,7 +485,37 @@ const SMALL_BENCH: [&str; 9] = [
     "5",
     "--raw-requests",
     "100",
+    "--raw-calls",
+    "200",
 ];
+
+/// The raw JetStream floor of a report: it ran `calls` calls, each a
+/// publish, its ack, a pull, a reply and the pull's ack, which nats-server
+/// did work for.
+fn assert_jetstream_floor(report: &serde_json::Value, calls: u64) {
+    let floor = &report["raw_jetstream"];
+    assert_eq!(floor["calls"], calls, "{report}");
+    assert!(
+        floor["calls_per_sec"].as_f64().is_some_and(|n| n > 0.0),
+        "{report}"
+    );
+    // In: the publish, the consumer's ack, the reply (the pull requests
+    // come on top); out: the publish's ack, the delivery, the reply's.
+    for key in ["nats_messages_in_per_call", "nats_messages_out_per_call"] {
+        assert!(
+            floor[key].as_f64().is_some_and(|n| n >= 3.0),
+            "{key}: {report}"
+        );
+    }
+    let nats = floor["cpu_ms_per_call_by_process"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(name, _)| name.starts_with("nats-server"))
+        .filter_map(|(_, ms)| ms.as_f64())
+        .sum::<f64>();
+    assert!(nats > 0.0, "{report}");
+}
 
 /// A small `toolfleet bench` run, traced: its report names the ratio and
 /// counts the spans its collector received; without tracing both are null.
@@ -533,6 +563,7 @@ async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow
             "{process}: {plain}"
         );
     }
+    assert_jetstream_floor(&plain, 200);
     let accounting = &plain["accounting"];
     // 2 rounds of 3 calls: every call is published to JetStream and its
     // result stored in Redis, at the least.
@@ -600,6 +631,8 @@ async fn cluster_bench_accounts_every_node_of_both_clusters() -> anyhow::Result<
     }
     let waits = accounting["redis_commands_per_job_by_name"]["wait"].as_f64();
     assert!(waits.is_some_and(|n| n > 1.0), "{report}");
+    // The floor's stream is kept on all three servers too.
+    assert_jetstream_floor(&report, 200);
     for line in [
         "servers              NATS cluster of 3 (3 copies of each stream), Redis Cluster of 3 primaries, 1 replica each",
         "replication          every write waits for 1 replica(s)",
@@ -640,6 +673,12 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     );
     // JetStream syncs every two minutes and Redis keeps nothing, by default.
     assert_eq!(report["fsync_always"], false, "{report}");
+    assert_jetstream_floor(&report, 200);
+    assert!(
+        run.stdout.contains("raw JetStream calls  "),
+        "{}",
+        run.stdout
+    );
 
     // With --fsync-always both servers say they fsync every write.
     let run = toolfleet(&[
@@ -652,6 +691,8 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
         "2",
         "--raw-requests",
         "10",
+        "--raw-calls",
+        "20",
         "--fsync-always",
         "--json",
         &path_arg,

@@ -19,11 +19,11 @@ use toolfleet_service::traces;
 use crate::local::{LocalFleet, LocalFleetOptions};
 use crate::output::outln;
 use crate::supervisor::otlp::Collector;
-use crate::supervisor::wait_until;
 use accounting::{Accounting, Probe, Sources};
 use processes::{FleetShape, ProcessFleet};
 
 mod accounting;
+mod floor;
 mod processes;
 mod stored;
 
@@ -54,6 +54,11 @@ pub(crate) struct BenchArgs {
     /// Requests of the raw NATS request/reply floor.
     #[arg(long, default_value_t = 20_000)]
     raw_requests: usize,
+    /// Calls of the raw JetStream floor: each published to a work-queue
+    /// stream and acked, pulled, replied to and acked, as a tool call is,
+    /// with nothing else (no Redis, no model loop). 0 skips it.
+    #[arg(long, default_value_t = 12_000)]
+    raw_calls: usize,
     /// Run the fleet as a deployment does: nats-server, redis-server, and the
     /// orchestrator and each worker as processes of their own, every worker
     /// serving the whole default tool set. Without it, the orchestrator and
@@ -201,6 +206,77 @@ struct Report {
     raw_nats_requests_per_sec: f64,
     raw_nats_round_trip: Percentiles,
     tool_calls_vs_raw_nats: f64,
+    /// The raw JetStream floor (`--raw-calls`); none when skipped, or when
+    /// it could not run (the reason is printed).
+    raw_jetstream: Option<JetStreamFloor>,
+}
+
+/// What the raw JetStream floor did, and what it cost per call.
+#[derive(Debug, Serialize)]
+struct JetStreamFloor {
+    calls: usize,
+    concurrency: usize,
+    calls_per_sec: f64,
+    round_trip: Percentiles,
+    /// CPU milliseconds per call, by process: the servers' and the bench
+    /// client's (publisher and responders); the fleet's processes idle.
+    cpu_ms_per_call_by_process: std::collections::BTreeMap<String, f64>,
+    cpu_ms_per_call_total: f64,
+    nats_messages_in_per_call: Option<f64>,
+    nats_messages_out_per_call: Option<f64>,
+    /// The load's tool calls/s over this floor's calls/s.
+    tool_calls_vs_raw_jetstream: f64,
+}
+
+/// Runs the raw JetStream floor with as many calls in flight as the load
+/// had (jobs in flight times parallel calls) and as many responders as the
+/// fleet has workers, and accounts it. A floor that cannot run (a
+/// `--target` whose NATS refuses a new stream) is reported and skipped.
+async fn jetstream_floor(
+    args: &BenchArgs,
+    (nats_url, ca_file): (&str, Option<&str>),
+    sources: &Sources,
+    tool_calls_per_sec: f64,
+) -> Option<JetStreamFloor> {
+    let concurrency = args.concurrency * args.calls;
+    eprintln!(
+        "floor: {} raw JetStream calls, {concurrency} in flight...",
+        args.raw_calls
+    );
+    let replicas = if args.nats_cluster { 3 } else { 1 };
+    let before = sources.read().await;
+    let started = Instant::now();
+    let ran = floor::jetstream_calls(
+        nats_url,
+        ca_file,
+        (args.raw_calls, concurrency),
+        (args.workers.max(1), replicas),
+    )
+    .await;
+    let elapsed = started.elapsed();
+    let (rate, latencies) = match ran {
+        Ok(ran) => ran,
+        Err(err) => {
+            eprintln!("floor: the raw JetStream calls could not run: {err:#}");
+            return None;
+        }
+    };
+    let cost = Accounting::of(
+        (&before, &before, &sources.read().await),
+        args.raw_calls,
+        elapsed,
+    );
+    Some(JetStreamFloor {
+        calls: args.raw_calls,
+        concurrency,
+        calls_per_sec: rate,
+        round_trip: Percentiles::of(latencies),
+        cpu_ms_per_call_by_process: cost.cpu_ms_per_job_by_process,
+        cpu_ms_per_call_total: cost.cpu_ms_per_job_total,
+        nats_messages_in_per_call: cost.nats_messages_in_per_job,
+        nats_messages_out_per_call: cost.nats_messages_out_per_job,
+        tool_calls_vs_raw_jetstream: tool_calls_per_sec / rate,
+    })
 }
 
 /// Runs the benchmark and prints (and optionally writes) the report.
@@ -409,8 +485,13 @@ async fn measure(
         args.raw_requests, args.concurrency
     );
     let (raw_rate, raw_latencies) =
-        raw_request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?;
+        floor::request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?;
     let tool_calls_per_sec = tool_calls as f64 / elapsed;
+    let raw_jetstream = if args.raw_calls == 0 {
+        None
+    } else {
+        jetstream_floor(args, (nats_url, ca_file), sources, tool_calls_per_sec).await
+    };
     Ok(Report {
         tool: tool.name(),
         tls: ca_file.is_some(),
@@ -434,6 +515,7 @@ async fn measure(
         raw_nats_requests_per_sec: raw_rate,
         raw_nats_round_trip: Percentiles::of(raw_latencies),
         tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
+        raw_jetstream,
         // Filled in by the caller, which owns the collector and the servers.
         trace_ratio: None,
         spans_received: None,
@@ -577,75 +659,6 @@ async fn run_job(
     anyhow::bail!("the event stream of job {job_id} ended before the job did")
 }
 
-async fn raw_request_reply(
-    nats_url: &str,
-    ca_file: Option<&str>,
-    requests: usize,
-    concurrency: usize,
-) -> anyhow::Result<(f64, Vec<Duration>)> {
-    // Both clients on one server, a cluster's first: the floor is NATS's
-    // own request/reply through one server.
-    let server = toolfleet_service::config::url_list(nats_url)
-        .first()
-        .copied()
-        .unwrap_or(nats_url)
-        .to_owned();
-    let connect = || async {
-        let mut options = async_nats::ConnectOptions::new();
-        if let Some(ca) = ca_file {
-            options = options.add_root_certificates(ca.into()).require_tls(true);
-        }
-        options.connect(server.as_str()).await
-    };
-    let responder = connect().await?;
-    let client = connect().await?;
-    let mut inbox = responder.subscribe("toolfleet.bench.raw").await?;
-    responder.flush().await?;
-    let echo = tokio::spawn(async move {
-        while let Some(message) = inbox.next().await {
-            if let Some(reply) = message.reply {
-                let _ = responder.publish(reply, message.payload).await;
-            }
-        }
-    });
-    // `flush` only sends the subscription; the server may not have it yet
-    // when the other connection's first request arrives (then "no
-    // responders"), so the floor starts once one request was answered.
-    wait_until(
-        "the raw floor's responder",
-        Duration::from_secs(5),
-        || async {
-            client
-                .request("toolfleet.bench.raw", "{}".into())
-                .await
-                .is_ok()
-        },
-    )
-    .await?;
-    let window = Arc::new(Semaphore::new(concurrency.max(1)));
-    let started = Instant::now();
-    let mut tasks = Vec::with_capacity(requests);
-    for _ in 0..requests {
-        let permit = window.clone().acquire_owned().await?;
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            let reply = client
-                .request("toolfleet.bench.raw", r#"{"round":0,"call":0}"#.into())
-                .await;
-            drop(permit);
-            reply.map(|_| sent.elapsed())
-        }));
-    }
-    let mut latencies = Vec::with_capacity(requests);
-    for task in tasks {
-        latencies.push(task.await??);
-    }
-    let rate = requests as f64 / started.elapsed().as_secs_f64();
-    echo.abort();
-    Ok((rate, latencies))
-}
-
 fn print(report: &Report) -> std::io::Result<()> {
     let p = |x: &Percentiles| {
         format!(
@@ -720,6 +733,35 @@ fn print(report: &Report) -> std::io::Result<()> {
         "tool calls vs raw    {:.1}%",
         report.tool_calls_vs_raw_nats * 100.0
     )?;
+    if let Some(floor) = &report.raw_jetstream {
+        outln!(
+            "raw JetStream calls  {:.0} calls/s  {}  ({} in flight)",
+            floor.calls_per_sec,
+            p(&floor.round_trip),
+            floor.concurrency
+        )?;
+        let busy: Vec<String> = floor
+            .cpu_ms_per_call_by_process
+            .iter()
+            .filter(|(_, ms)| **ms >= 0.0005)
+            .map(|(name, ms)| format!("{name} {ms:.3}"))
+            .collect();
+        outln!(
+            "  CPU per call       {:.3} ms ({})",
+            floor.cpu_ms_per_call_total,
+            busy.join(", ")
+        )?;
+        if let (Some(sent), Some(received)) = (
+            floor.nats_messages_in_per_call,
+            floor.nats_messages_out_per_call,
+        ) {
+            outln!("  NATS messages      {sent:.1} in, {received:.1} out")?;
+        }
+        outln!(
+            "tool calls vs raw JS {:.1}%",
+            floor.tool_calls_vs_raw_jetstream * 100.0
+        )?;
+    }
     Ok(())
 }
 
