@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
 use redis::AsyncCommands as _;
-use toolfleet_tests::{ChildProcess, NatsServer, RedisConfig, RedisServer, cargo_bin, wait_until};
+use toolfleet_tests::{
+    ChildProcess, NatsServer, RedisConfig, RedisServer, ServerOptions, cargo_bin, wait_until,
+};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -73,6 +75,36 @@ async fn two_nats_servers_get_their_own_ports() -> anyhow::Result<()> {
         .await?
         .expect("subscription open");
     assert_eq!(message.payload, "b");
+    Ok(())
+}
+
+/// The threads of a nats-server's Go runtime are `GOMAXPROCS` when asked
+/// for (the bench's `--threads`), Go's own choice otherwise, and a restart
+/// keeps them.
+#[tokio::test]
+async fn nats_server_runs_on_the_threads_it_was_given() -> anyhow::Result<()> {
+    let gomaxprocs = |pid: u32| -> anyhow::Result<Option<String>> {
+        let environ = std::fs::read(format!("/proc/{pid}/environ"))?;
+        Ok(environ
+            .split(|b| *b == 0)
+            .filter_map(|entry| std::str::from_utf8(entry).ok())
+            .find_map(|entry| entry.strip_prefix("GOMAXPROCS="))
+            .map(str::to_owned))
+    };
+    let options = ServerOptions {
+        nats_threads: Some(1),
+        ..ServerOptions::default()
+    };
+    let (given, default) = tokio::try_join!(
+        NatsServer::start_with_options(&options),
+        NatsServer::start()
+    )?;
+    assert_eq!(gomaxprocs(given.process().pid())?.as_deref(), Some("1"));
+    // Whatever this process has, the server inherits: none, usually.
+    let inherited = std::env::var("GOMAXPROCS").ok();
+    assert_eq!(gomaxprocs(default.process().pid())?, inherited);
+    given.restart().await?;
+    assert_eq!(gomaxprocs(given.process().pid())?.as_deref(), Some("1"));
     Ok(())
 }
 

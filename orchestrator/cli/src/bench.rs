@@ -73,8 +73,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
     /// Threads of the orchestrator and of each worker (`threads`; 0: one per
-    /// CPU). Default: 1, the cheapest shape for five busy processes on a few
-    /// cores.
+    /// CPU), and of nats-server's Go runtime (`GOMAXPROCS`; 0: Go's
+    /// default). Default: 1, the cheapest shape for five busy processes on a
+    /// few cores.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "processes")]
     threads: usize,
     /// Jobs the orchestrator runs at once (`runner.max_jobs`). Default: the
@@ -177,8 +178,8 @@ struct Report {
     /// Finished jobs Redis held before the load (`--stored-jobs`), besides
     /// the warm-up's.
     stored_jobs: usize,
-    /// The `threads` of the orchestrator and the workers (`--threads`), when
-    /// they ran as processes of their own.
+    /// The `threads` of the orchestrator and the workers, and nats-server's
+    /// `GOMAXPROCS` (`--threads`), when they ran as processes of their own.
     threads: Option<usize>,
     /// NATS ran as a cluster of 3, every stream on all three
     /// (`--nats-cluster`).
@@ -311,7 +312,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         };
         eprintln!(
             "starting a fleet of processes ({nats}, {redis}, 1 orchestrator, {workers} workers \
-             serving every tool; threads = {})...",
+             serving every tool; threads = {}, nats-server's too)...",
             args.threads
         );
         let tool = Workload::of(&args).tool();

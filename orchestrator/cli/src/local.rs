@@ -185,6 +185,7 @@ impl LocalFleet {
             // Not a test: a failed start-up's error carries the log's tail.
             log_tail_on_drop: false,
             start_timeout: deadline,
+            ..ServerOptions::default()
         };
 
         let tls = match options.tls {

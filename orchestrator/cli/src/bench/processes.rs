@@ -31,7 +31,8 @@ pub(super) struct FleetShape {
     pub(super) max_in_flight: Option<usize>,
     /// The orchestrator's `runner.max_jobs`, if given.
     pub(super) max_jobs: Option<std::num::NonZeroUsize>,
-    /// The `threads` of the orchestrator and each worker.
+    /// The `threads` of the orchestrator and each worker, and nats-server's
+    /// `GOMAXPROCS` (0: each one's default).
     pub(super) threads: usize,
     /// JetStream and Redis fsync every write before acknowledging it.
     pub(super) fsync_always: bool,
@@ -144,6 +145,8 @@ impl ProcessFleet {
             parent_dir: Some(dir.path().to_owned()),
             own_process_group: true,
             log_tail_on_drop: false,
+            // Like the fleet's own processes (decision 0025).
+            nats_threads: (threads > 0).then_some(threads),
             ..ServerOptions::default()
         };
         let nats = match (nats_cluster, fsync_always) {

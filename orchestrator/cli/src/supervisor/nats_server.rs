@@ -149,7 +149,12 @@ impl NatsServer {
         // `-p -1` and `-m -1`: the server picks free ports and logs them, so
         // parallel tests in separate processes can't race for one.
         let args = server_args(("-1", "-1"), &store_dir, config_file.as_deref());
-        let process = ChildProcess::spawn_in(launch.name, dir, binary, args, Vec::new(), options)?;
+        let envs = options
+            .nats_threads
+            .map(|threads| ("GOMAXPROCS".into(), threads.to_string().into()))
+            .into_iter()
+            .collect();
+        let process = ChildProcess::spawn_in(launch.name, dir, binary, args, envs, options)?;
         let monitoring = process
             .wait_for_log(MONITORING, options.start_timeout)
             .await?;

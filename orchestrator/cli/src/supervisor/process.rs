@@ -46,6 +46,10 @@ pub struct ServerOptions {
     /// How long each step of start-up (and of a restart) may take: the server's
     /// "ready" log line, then its readiness probe. Default: 20s.
     pub start_timeout: Duration,
+    /// The threads nats-server's Go runtime runs code on (`GOMAXPROCS`).
+    /// Default: none, Go's own choice (one per CPU, or the container's CPU
+    /// limit). Redis runs commands on one thread anyway.
+    pub nats_threads: Option<usize>,
 }
 
 impl Default for ServerOptions {
@@ -55,6 +59,7 @@ impl Default for ServerOptions {
             own_process_group: false,
             log_tail_on_drop: true,
             start_timeout: Duration::from_secs(20),
+            nats_threads: None,
         }
     }
 }
