@@ -734,13 +734,24 @@ impl AgentService for AgentApi {
         let caller = caller_of(&request);
         let request = request.into_inner();
         let job_id = request.job_id;
-        let record = self.own_job(&job_id, &caller).await?;
-        let trace_id = record.trace.as_ref().map(JobTrace::trace_id);
-        // Subscribe before the first read, so no wake-up is missed.
+        // The id's shape first: nothing else of it reaches a subject.
+        if !JobId::parse(&job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
+            return Err(not_found(&job_id));
+        }
+        // Subscribe before the first read, so no wake-up is missed; the
+        // first read also says whose job it is (one round trip for both).
         let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
             Status::unavailable("event notifications are unavailable; retry later")
         })?;
+        let start = self
+            .store
+            .watch_start(&job_id, request.from_offset, WATCH_BATCH)
+            .await
+            .map_err(|e| to_status(&e))?
+            .filter(|start| start.tenant == caller.tenant)
+            .ok_or_else(|| not_found(&job_id))?;
+        let trace_id = start.trace.as_ref().map(JobTrace::trace_id);
         let store = self.store.clone();
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // Owned by the client's stream: it ends with the job's final event,
@@ -749,7 +760,7 @@ impl AgentService for AgentApi {
         tokio::spawn(follow_events(
             store,
             job_id,
-            request.from_offset,
+            (request.from_offset, start.events),
             trace_id,
             wakeups,
             tx,
@@ -858,29 +869,36 @@ impl AgentService for AgentApi {
 /// How long a watcher rides out a job store outage before it gives up.
 const WATCH_OUTAGE: Duration = Duration::from_secs(30);
 
+/// Events a watch reads from Redis at once.
+const WATCH_BATCH: usize = 256;
+
 /// Streams a job's events from `offset` into `tx` until the final one, the
-/// client leaving, or the job expiring. Redis errors are retried (a restart
-/// of Redis is not the end of a watch) for up to [`WATCH_OUTAGE`].
+/// client leaving, or the job expiring, starting with `first`, the events
+/// from `offset` on that the watch read when it began. Redis errors are
+/// retried (a restart of Redis is not the end of a watch) for up to
+/// [`WATCH_OUTAGE`].
 async fn follow_events(
     store: JobStore,
     job_id: String,
-    mut offset: u64,
+    (mut offset, first): (u64, Vec<store::Event>),
     mut trace_id: Option<String>,
     mut wakeups: store::WakeUps,
     tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
 ) {
-    const BATCH: usize = 256;
+    const BATCH: usize = WATCH_BATCH;
     let mut drained = false;
     let mut failing_since: Option<std::time::Instant> = None;
     // Whether an empty read must look at the job: on the first read and
     // after a poll, not after each wake-up, which only comes from a job
     // that exists and has not ended (its final event ends the stream).
     let mut check_job = true;
-    // The next events, when a write in this process handed them over.
-    let mut handed: Option<std::sync::Arc<[store::Event]>> = None;
+    // The next events, when they are at hand: the watch's first read, or
+    // what a write in this process handed over. An empty first read is
+    // read again here, where an empty read looks at the job.
+    let mut handed = (!first.is_empty()).then_some(first);
     loop {
         let read = match handed.take() {
-            Some(events) => Ok((events.to_vec(), None)),
+            Some(events) => Ok((events, None)),
             None => {
                 async {
                     let events = store.events(&job_id, offset, BATCH).await?;
@@ -951,7 +969,7 @@ async fn follow_events(
             () = tx.closed() => return,
             woken = wakeups.past(offset) => {
                 if let store::Woken::Handed(events) = woken {
-                    handed = Some(events);
+                    handed = Some(events.to_vec());
                 }
                 false
             }

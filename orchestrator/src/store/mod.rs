@@ -580,6 +580,17 @@ fn parse_run_start(
     }))
 }
 
+/// What a watch starts from ([`JobStore::watch_start`]).
+#[derive(Debug)]
+pub struct WatchStart {
+    /// Who submitted the job: only they may watch it.
+    pub tenant: String,
+    /// The job's trace, when it is traced.
+    pub trace: Option<JobTrace>,
+    /// The first events from the watch's offset on.
+    pub events: Vec<Event>,
+}
+
 /// What a run starts from ([`JobStore::load_run`]).
 #[derive(Debug)]
 pub struct RunStart {
@@ -734,6 +745,59 @@ impl JobStore {
             .await?)
     }
 
+    /// What a watch of `job_id` from `offset` starts from, read in one
+    /// round trip: who owns the job, its trace, and its first `count`
+    /// events from `offset` on. `None` for an unknown or expired job. Reads
+    /// of the job's spec only its tenant: the rest is not a watch's.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a spec without a tenant.
+    pub async fn watch_start(
+        &self,
+        job_id: &str,
+        offset: u64,
+        count: usize,
+    ) -> Result<Option<WatchStart>, Error> {
+        /// The one field of a spec a watch needs; serde skips the others.
+        #[derive(serde::Deserialize)]
+        struct Owner {
+            tenant: String,
+        }
+        let mut pipe = redis::pipe();
+        pipe.hmget(
+            self.keys.job(job_id),
+            &["spec", "traceparent", "tracestate"],
+        )
+        .xrange_count(
+            self.keys.job_events(job_id),
+            events_start(offset),
+            "+",
+            count,
+        );
+        /// The spec, `traceparent` and `tracestate` fields of the job.
+        type JobFields = (Option<String>, Option<String>, Option<String>);
+        let ((spec, traceparent, tracestate), events): (
+            JobFields,
+            redis::streams::StreamRangeReply,
+        ) = read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?;
+        let Some(spec) = spec else {
+            return Ok(None);
+        };
+        let owner: Owner = serde_json::from_str(&spec).map_err(|_| Error::Corrupt {
+            job_id: job_id.to_owned(),
+            detail: "spec".to_owned(),
+        })?;
+        Ok(Some(WatchStart {
+            tenant: owner.tenant,
+            trace: JobTrace::from_fields(
+                traceparent.as_deref().unwrap_or_default(),
+                tracestate.as_deref().unwrap_or_default(),
+            ),
+            events: events.ids.iter().filter_map(parse_event).collect(),
+        }))
+    }
+
     /// Events from `offset` on, at most `count`.
     ///
     /// # Errors
@@ -746,8 +810,7 @@ impl JobStore {
         count: usize,
     ) -> Result<Vec<Event>, Error> {
         let key = self.keys.job_events(job_id);
-        // Saturating: `from_offset = u64::MAX` reads nothing, never wraps to 0.
-        let start = format!("0-{}", offset.saturating_add(1));
+        let start = events_start(offset);
         let reply: redis::streams::StreamRangeReply =
             read_with_retry(|| async { self.conn().xrange_count(&key, &start, "+", count).await })
                 .await?;
@@ -1494,6 +1557,12 @@ where
             result => return result,
         }
     }
+}
+
+/// The stream id of event `offset`, the first an `XRANGE` from it reads.
+/// Saturating: `from_offset = u64::MAX` reads nothing, never wraps to 0.
+fn events_start(offset: u64) -> String {
+    format!("0-{}", offset.saturating_add(1))
 }
 
 fn parse_event(entry: &redis::streams::StreamId) -> Option<Event> {
