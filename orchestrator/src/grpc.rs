@@ -349,9 +349,7 @@ impl AgentApi {
     /// that is not a job id, or names another tenant, is refused before
     /// Redis is asked.
     async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
-        if !JobId::parse(job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
-            return Err(not_found(job_id));
-        }
+        may_own(job_id, caller)?;
         let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
         record
             .filter(|record| record.spec.tenant == caller.tenant)
@@ -735,9 +733,7 @@ impl AgentService for AgentApi {
         let request = request.into_inner();
         let job_id = request.job_id;
         // The id's shape first: nothing else of it reaches a subject.
-        if !JobId::parse(&job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
-            return Err(not_found(&job_id));
-        }
+        may_own(&job_id, &caller)?;
         // Subscribe before the first read, so no wake-up is missed; the
         // first read also says whose job it is (one round trip for both).
         let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
@@ -866,6 +862,17 @@ impl AgentService for AgentApi {
     }
 }
 
+/// Refuses, before Redis is asked, an id that is not a job id or names
+/// another tenant than the caller's: the same `NOT_FOUND` as for a missing
+/// job.
+fn may_own(job_id: &str, caller: &Caller) -> Result<(), Status> {
+    if JobId::parse(job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
+        Ok(())
+    } else {
+        Err(not_found(job_id))
+    }
+}
+
 /// How long a watcher rides out a job store outage before it gives up.
 const WATCH_OUTAGE: Duration = Duration::from_secs(30);
 
@@ -885,7 +892,6 @@ async fn follow_events(
     mut wakeups: store::WakeUps,
     tx: tokio::sync::mpsc::Sender<Result<v1::JobEvent, Status>>,
 ) {
-    const BATCH: usize = WATCH_BATCH;
     let mut drained = false;
     let mut failing_since: Option<std::time::Instant> = None;
     // Whether an empty read must look at the job: on the first read and
@@ -901,7 +907,7 @@ async fn follow_events(
             Some(events) => Ok((events, None)),
             None => {
                 async {
-                    let events = store.events(&job_id, offset, BATCH).await?;
+                    let events = store.events(&job_id, offset, WATCH_BATCH).await?;
                     let status = if events.is_empty() && check_job {
                         Some(store.status(&job_id).await?)
                     } else {
@@ -951,7 +957,7 @@ async fn follow_events(
             }
             _ => {}
         }
-        let full = events.len() == BATCH;
+        let full = events.len() == WATCH_BATCH;
         for event in events {
             offset = event.offset + 1;
             let is_final = event.is_final;
