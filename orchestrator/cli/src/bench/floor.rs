@@ -129,7 +129,7 @@ pub(super) async fn jetstream_calls(
     };
     let missing = Missing::Create { replicas };
     let stream = queue.open(&js, missing).await?;
-    let consumer = SharedConsumer {
+    SharedConsumer {
         name: FLOOR_CONSUMER.to_owned(),
         description: "toolfleet bench: the raw JetStream floor's responders".to_owned(),
         filter_subject: String::new(),
@@ -142,7 +142,6 @@ pub(super) async fn jetstream_calls(
         (nats_url, ca_file),
         &caller,
         &js,
-        &consumer,
         (calls, concurrency, responders),
     )
     .await;
@@ -154,13 +153,21 @@ async fn serve_and_call(
     (nats_url, ca_file): (&str, Option<&str>),
     caller: &async_nats::Client,
     js: &async_nats::jetstream::Context,
-    consumer: &async_nats::jetstream::consumer::PullConsumer,
     (calls, concurrency, responders): (usize, usize, usize),
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
     let mut serving = Vec::with_capacity(responders);
     for _ in 0..responders.max(1) {
+        // A connection of its own, as each worker has: its pulls, the
+        // deliveries, its replies and its acks all go over it.
         let client = connect(nats_url, ca_file).await?;
-        let mut messages = consumer.messages().await?;
+        let mut messages = async_nats::jetstream::new(client.clone())
+            .get_stream(FLOOR_STREAM)
+            .await?
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(FLOOR_CONSUMER)
+            .await
+            .map_err(|err| anyhow::anyhow!(err))?
+            .messages()
+            .await?;
         serving.push(tokio::spawn(async move {
             while let Some(Ok(message)) = messages.next().await {
                 let id = message
