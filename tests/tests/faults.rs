@@ -300,6 +300,32 @@ async fn orchestrator_kills(on: On) -> anyhow::Result<()> {
                 >= JOBS
         })
         .await?;
+    // A turn is logged when the model answers, one round trip before it
+    // is stored: wait until every job's first turn is stored too, so that
+    // the kill falls in a round, not between an answer and its commit
+    // (a turn never stored is asked again, by design).
+    wait_until("first turns stored", Duration::from_secs(30), || {
+        let (api, ids) = (api.clone(), ids.clone());
+        async move {
+            for job_id in ids {
+                let job = api
+                    .clone()
+                    .get_job(v1::GetJobRequest { job_id })
+                    .await
+                    .ok()?
+                    .into_inner();
+                let stored = job
+                    .items
+                    .iter()
+                    .any(|item| matches!(item.kind, Some(v1::item::Kind::ToolCall(_))));
+                if !stored {
+                    return None;
+                }
+            }
+            Some(())
+        }
+    })
+    .await?;
     first.kill();
     first.respawn()?;
     first
