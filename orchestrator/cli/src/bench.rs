@@ -72,10 +72,10 @@ pub(crate) struct BenchArgs {
     /// the worker's own default.
     #[arg(long, value_name = "N")]
     max_in_flight: Option<usize>,
-    /// Threads of the orchestrator and of each worker (`threads`; 0: one per
-    /// CPU), and of nats-server's Go runtime (`GOMAXPROCS`; 0: Go's
-    /// default). Default: 1, the cheapest shape for five busy processes on a
-    /// few cores.
+    /// Threads of the orchestrator, of each worker and of the bench's own
+    /// client (`threads`; 0: one per CPU), and of nats-server's Go runtime
+    /// (`GOMAXPROCS`; 0: Go's default). Default: 1, the cheapest shape for
+    /// six busy processes on a few cores.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "processes")]
     threads: usize,
     /// Jobs the orchestrator runs at once (`runner.max_jobs`). Default: the
@@ -281,6 +281,16 @@ async fn jetstream_floor(
 }
 
 /// Runs the benchmark and prints (and optionally writes) the report.
+impl BenchArgs {
+    /// Threads of the bench's own runtime, which drives the load, the watches
+    /// and the floors: with `--processes`, `--threads`, like every process of
+    /// the fleet (decision 0026); without, one per CPU, since the fleet runs
+    /// on it too.
+    pub(crate) fn client_threads(&self) -> usize {
+        if self.processes { self.threads } else { 0 }
+    }
+}
+
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let workers = args.workers.max(1);
     let collector = match args.trace_ratio {

@@ -103,6 +103,17 @@ impl Cli {
     /// Anything that stopped the command: the orchestrator is unreachable, it
     /// rejected the request, the local fleet did not start. Each message says
     /// what to do.
+    /// Threads of the runtime this command runs on (0: one per CPU). Only
+    /// `bench --processes` asks for fewer: its client is then one more busy
+    /// process on the bench's few cores, and is shaped as the fleet's are.
+    #[must_use]
+    pub fn threads(&self) -> usize {
+        match &self.command {
+            Command::Bench(args) => args.client_threads(),
+            _ => 0,
+        }
+    }
+
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Submit(args) => client::submit(args).await,
@@ -130,3 +141,32 @@ const EXIT_JOB_CANCELLED: u8 = 4;
 const EXIT_INTERRUPTED: u8 = 130;
 
 pub use toolfleet_service::signals::{watch_signals, watch_signals_then};
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::Cli;
+
+    fn threads(args: &[&str]) -> usize {
+        Cli::try_parse_from(args)
+            .expect("valid command line")
+            .threads()
+    }
+
+    #[test]
+    fn only_a_bench_of_processes_runs_on_the_fleet_s_threads() {
+        assert_eq!(threads(&["toolfleet", "bench", "--processes"]), 1);
+        assert_eq!(
+            threads(&["toolfleet", "bench", "--processes", "--threads", "3"]),
+            3
+        );
+        assert_eq!(
+            threads(&["toolfleet", "bench", "--processes", "--threads", "0"]),
+            0
+        );
+        // The in-process bench and `dev` run the fleet on their own runtime.
+        assert_eq!(threads(&["toolfleet", "bench"]), 0);
+        assert_eq!(threads(&["toolfleet", "dev"]), 0);
+    }
+}

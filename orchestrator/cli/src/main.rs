@@ -6,16 +6,17 @@ use std::process::ExitCode;
 use clap::Parser;
 use toolfleet_cli::Cli;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    match cli.run().await {
-        Ok(code) => code,
-        // The reader of our output went away (`| head -1`): not an error.
-        Err(err) if toolfleet_cli::output::is_broken_pipe(&err) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("toolfleet: {err:#}");
-            ExitCode::FAILURE
+    toolfleet_service::binary::block_on("toolfleet", cli.threads(), async move {
+        match cli.run().await {
+            Ok(code) => code,
+            // The reader of our output went away (`| head -1`): not an error.
+            Err(err) if toolfleet_cli::output::is_broken_pipe(&err) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("toolfleet: {err:#}");
+                ExitCode::FAILURE
+            }
         }
-    }
+    })
 }
