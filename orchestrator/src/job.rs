@@ -229,6 +229,14 @@ pub enum Item {
     },
 }
 
+impl Item {
+    /// The item as a job's conversation stores it: one element of its list
+    /// in Redis, and one argument of the commit that appends it.
+    pub fn stored_json(&self) -> String {
+        serde_json::to_string(self).expect("an item serializes")
+    }
+}
+
 /// The assistant text of `items`, concatenated.
 pub fn assistant_text(items: &[Item]) -> String {
     items

@@ -222,10 +222,10 @@ impl JobStore {
         // Also for a duplicate: if the first submission died between its
         // idempotency record and the job, this creates the job it promised.
         let spec_json = serde_json::to_string(spec).expect("a spec serializes");
-        let user = serde_json::to_string(&Item::User {
+        let user = Item::User {
             text: spec.input.clone(),
-        })
-        .expect("an item serializes");
+        }
+        .stored_json();
         let (traceparent, tracestate) = trace.map(JobTrace::to_fields).unwrap_or_default();
         let queued = JobEvent::JobQueued {
             metadata: spec.metadata.clone(),
@@ -1345,7 +1345,7 @@ impl JobStore {
         }
         invocation.arg(commit.results.len() + commit.items.len());
         for item in commit.results.iter().chain(commit.items) {
-            invocation.arg(serde_json::to_string(item).expect("an item serializes"));
+            invocation.arg(item.stored_json());
         }
         invocation.arg(events.len());
         for event in &events {
