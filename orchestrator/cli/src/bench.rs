@@ -280,7 +280,6 @@ async fn jetstream_floor(
     })
 }
 
-/// Runs the benchmark and prints (and optionally writes) the report.
 impl BenchArgs {
     /// Threads of the bench's own runtime, which drives the load, the watches
     /// and the floors: with `--processes`, `--threads`, like every process of
@@ -291,6 +290,7 @@ impl BenchArgs {
     }
 }
 
+/// Runs the benchmark and prints (and optionally writes) the report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let workers = args.workers.max(1);
     let collector = match args.trace_ratio {

@@ -95,14 +95,6 @@ enum Command {
 }
 
 impl Cli {
-    /// Runs the command and returns the process's exit code (see
-    /// `toolfleet --help`).
-    ///
-    /// # Errors
-    ///
-    /// Anything that stopped the command: the orchestrator is unreachable, it
-    /// rejected the request, the local fleet did not start. Each message says
-    /// what to do.
     /// Threads of the runtime this command runs on (0: one per CPU). Only
     /// `bench --processes` asks for fewer: its client is then one more busy
     /// process on the bench's few cores, and is shaped as the fleet's are.
@@ -114,6 +106,14 @@ impl Cli {
         }
     }
 
+    /// Runs the command and returns the process's exit code (see
+    /// `toolfleet --help`).
+    ///
+    /// # Errors
+    ///
+    /// Anything that stopped the command: the orchestrator is unreachable, it
+    /// rejected the request, the local fleet did not start. Each message says
+    /// what to do.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
             Command::Submit(args) => client::submit(args).await,
