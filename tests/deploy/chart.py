@@ -360,7 +360,7 @@ def check_users(chart, defaults: dict) -> list[str]:
         failures.append(f"one more pool: NATS users {nats_users(more_nats)}, not {expected_nats}")
     expected_redis = {**redis_users(redis), "pool-maps": (
         "user pool-maps on # resetchannels ~tf:{*}:tool:geocode:* ~tf:{*}:tool:route-plan:* "
-        "-@all +@read +@write +@scripting +@connection -@dangerous -function -script|flush -script|kill")}
+        "-@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill")}
     if redis_users(more_redis) != expected_redis:
         failures.append(f"one more pool: Redis users {redis_users(more_redis)}, not {expected_redis}")
     return failures

@@ -1341,7 +1341,7 @@ impl JobStore {
             .arg(if finished { millis(self.retention) } else { 0 });
         invocation.arg(commit.checks.len());
         for (key, text) in &commit.checks {
-            invocation.key(key).arg(*text);
+            invocation.arg(key).arg(*text);
         }
         invocation.arg(commit.results.len() + commit.items.len());
         for item in commit.results.iter().chain(commit.items) {

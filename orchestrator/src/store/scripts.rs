@@ -120,14 +120,21 @@ return 0
     )
 });
 
-/// KEYS: job, items, events, lease, attempts, tools, then the stored
-/// results to check. ARGV: token, now_ms, retention_ms (0: keep), then six
-/// counted lists: n, the texts the results to check must hold (one per key
-/// after the sixth); n, items...; n, (kind, data, final)...; n, (field,
+/// KEYS: job, items, events, lease, attempts, tools. ARGV: token, now_ms,
+/// retention_ms (0: keep), then six counted lists: n, (result key, the text
+/// it must hold)...; n, items...; n, (kind, data, final)...; n, (field,
 /// value)...; n, (call_id, attempt)...; n, (tool, manifest)...
 /// Appends items and events and updates fields, only while the lease holds
 /// and each result to check holds its text (else [`RESULT_MISMATCH`], and
 /// nothing is written).
+///
+/// The result keys to check are arguments, not KEYS (decision 0028): Redis
+/// checks every key given to `EVALSHA` as read-write, and the orchestrator
+/// may only read a call's result; the script's `GET` of it is checked as a
+/// read. A call's result key has its job's hash tag, so it is in the slot of
+/// the declared keys, which is what Redis Cluster requires of a key a
+/// script reaches; a key that is not there (a slot being migrated) reads as
+/// missing, a mismatch, which the round answers by reading Redis.
 /// With retention_ms > 0 (the job finished) every key of the job expires.
 /// Returns the number of events the job has after the commit (0 for a
 /// commit without events), or [`LEASE_LOST`] (also when the job already
@@ -157,8 +164,8 @@ end
 local i = 4
 local n = tonumber(ARGV[i]); i = i + 1
 for k = 1, n do
-  if redis.call('GET', KEYS[6 + k]) ~= ARGV[i] then return -2 end
-  i = i + 1
+  if redis.call('GET', ARGV[i]) ~= ARGV[i + 1] then return -2 end
+  i = i + 2
 end
 n = tonumber(ARGV[i]); i = i + 1
 each_chunk('RPUSH', KEYS[2], i, n); i = i + n
