@@ -18,6 +18,14 @@ pub(crate) fn job_finished(outcome: &'static str, took: Option<std::time::Durati
     }
 }
 
+/// Messages on the job queue terminated without running: not a job id, so
+/// not one an orchestrator queued.
+pub const JOB_MESSAGES_REJECTED_TOTAL: &str = "toolfleet_job_messages_rejected_total";
+
+pub(crate) fn job_message_rejected() {
+    metrics::counter!(JOB_MESSAGES_REJECTED_TOTAL).increment(1);
+}
+
 pub(crate) fn job_resumed() {
     metrics::counter!(JOBS_RESUMED_TOTAL).increment(1);
 }
@@ -71,6 +79,7 @@ pub(crate) fn tool_calls_waiting(tool: &str, waiting: u64) {
 pub(crate) fn register() {
     metrics::counter!(JOBS_SUBMITTED_TOTAL).increment(0);
     metrics::counter!(JOBS_RESUMED_TOTAL).increment(0);
+    metrics::counter!(JOB_MESSAGES_REJECTED_TOTAL).increment(0);
     for provider in crate::job::ProviderKind::ALL {
         model_tokens(provider.as_str(), 0, 0);
     }

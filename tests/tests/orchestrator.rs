@@ -1169,6 +1169,52 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
     Ok(())
 }
 
+/// Junk on the job queue (what a reply-subject trick once made the server
+/// write there) is terminated at its first delivery: never run, never
+/// redelivered, and the queue keeps serving real jobs.
+#[tokio::test]
+async fn junk_on_the_job_queue_is_terminated_once() -> anyhow::Result<()> {
+    use async_nats::jetstream;
+    use toolfleet_proto::names;
+    let fleet = fleet(1).await?;
+    let js = jetstream::new(fleet.client.clone());
+    for junk in [
+        "",
+        "not a job id",
+        r#"{"type":"io.nats.jetstream.api.v1.stream_info_response"}"#,
+    ] {
+        js.publish(names::JOB_SUBJECT, junk.into()).await?.await?;
+    }
+    let job = run(
+        &mut fleet.api(0).await?,
+        scripted("hi", json!([{"message": "still serving"}])),
+    )
+    .await?;
+    assert_eq!(job.output_text, "still serving");
+    let dropped = "dropping a queue message that is not a job id";
+    let log = || {
+        std::fs::read_to_string(fleet.orchestrator(0).log_path())
+            .unwrap_or_default()
+            .matches(dropped)
+            .count()
+    };
+    fleet
+        .orchestrator(0)
+        .wait_until("the junk dropped", JOB, || async { log() >= 3 })
+        .await?;
+    let mut stream = js.get_stream(names::JOB_STREAM).await?;
+    let mut consumer: jetstream::consumer::PullConsumer = stream
+        .get_consumer(names::JOB_CONSUMER)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let info = consumer.info().await?;
+    assert_eq!(info.num_redelivered, 0, "{info:?}");
+    assert_eq!(info.num_ack_pending, 0, "{info:?}");
+    assert_eq!(stream.info().await?.state.messages, 0, "the junk is gone");
+    assert_eq!(log(), 3, "each junk message was delivered once");
+    Ok(())
+}
+
 /// A pool that may write its own tool's ledger (the Redis ACLs allow no
 /// more) stores, for a call it was sent, a result bound to other arguments,
 /// and wakes the round. The record answers another call, so it is refused

@@ -12,10 +12,6 @@ use toolfleet_tests::wait_until;
 
 const RESULT: Duration = Duration::from_secs(20);
 
-fn error_code(envelope: &toolfleet_proto::Envelope) -> Option<&str> {
-    envelope.error().map(|e| e.code.as_str())
-}
-
 #[tokio::test]
 async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> anyhow::Result<()> {
     let fleet = Fleet::start(2).await?;
@@ -213,7 +209,7 @@ async fn invalid_arguments_are_answered_without_running_the_tool() -> anyhow::Re
 }
 
 #[tokio::test]
-async fn an_unknown_tool_is_never_executed() -> anyhow::Result<()> {
+async fn an_unknown_tool_is_never_executed_nor_claimed_nor_answered() -> anyhow::Result<()> {
     let fleet = Fleet::start(1).await?;
     let mut results = fleet.results("job-unknown").await?;
 
@@ -226,20 +222,22 @@ async fn an_unknown_tool_is_never_executed() -> anyhow::Result<()> {
             r#"{"cmd": "id"}"#,
         ))
         .await?;
-    // Smuggled onto a served tool's subject, the worker refuses it.
-    let mut smuggled = call("job-unknown", "shell_2", "run_shell", r#"{"cmd": "id"}"#);
+    // Smuggled onto a served tool's subject, the worker drops it before the
+    // claim, and without an answer: it is not this worker's to answer.
+    let shell = call("job-unknown", "shell_2", "run_shell", r#"{"cmd": "id"}"#);
     let mut headers = async_nats::HeaderMap::new();
-    headers.insert(names::headers::MSG_ID, smuggled.msg_id().as_str());
+    headers.insert(names::headers::MSG_ID, shell.msg_id().as_str());
     let js = jetstream::new(fleet.client.clone());
     js.publish_with_headers(
         names::call_subject("echo"),
         headers,
-        serde_json::to_vec(&smuggled)?.into(),
+        serde_json::to_vec(&shell)?.into(),
     )
     .await?
     .await?;
-    // A real tool's name in the body does not help a call on another subject.
-    smuggled = call(
+    // A real tool's name in the body does not help a call on another
+    // subject: it is another tool's call, misrouted, and dropped too.
+    let counter = call(
         "job-unknown",
         "counter_1",
         "increment_counter",
@@ -247,28 +245,37 @@ async fn an_unknown_tool_is_never_executed() -> anyhow::Result<()> {
     );
     js.publish(
         names::call_subject("echo"),
-        serde_json::to_vec(&smuggled)?.into(),
+        serde_json::to_vec(&counter)?.into(),
     )
     .await?
     .await?;
+    fleet
+        .worker(0)
+        .wait_until("both smuggled calls dropped", RESULT, || async {
+            fleet.count_in_worker_logs(DROPPED) >= 2
+        })
+        .await?;
 
-    let mut codes = HashMap::new();
-    for _ in 0..2 {
-        let received = results.next(RESULT).await?;
-        codes.insert(
-            received.call_id,
-            error_code(&received.envelope).map(str::to_owned),
-        );
-    }
-    assert_eq!(codes["shell_2"].as_deref(), Some("UNKNOWN_TOOL"));
-    assert_eq!(codes["counter_1"].as_deref(), Some("UNKNOWN_TOOL"));
+    // The next answer on the job's reply subject is a real echo call's:
+    // neither dropped call was answered.
+    fleet
+        .publish_call(&call("job-unknown", "echo_1", "echo", r#"{"text":"hi"}"#))
+        .await?;
+    let received = results.next(RESULT).await?;
+    assert_eq!(received.call_id, "echo_1");
+    assert!(received.envelope.is_ok(), "{}", received.body);
     assert_eq!(fleet.counter("smuggled").await?, 0);
+    // Nothing reached the ledger, so nothing is redelivered.
+    for dropped in [&shell, &counter] {
+        assert_eq!(fleet.stored_result(dropped).await?, None);
+    }
+    assert_eq!(fleet.count_in_worker_logs("redis unavailable"), 0);
 
     let mut stream = js.get_stream(names::CALL_STREAM).await?;
     let info = stream.info().await?;
     assert_eq!(
         info.state.messages, 1,
-        "the run_shell call is still unconsumed"
+        "the run_shell call is still unconsumed, and the dropped calls are gone"
     );
     assert!(
         js.get_consumer_from_stream::<jetstream::consumer::pull::Config, _, _>(
@@ -281,6 +288,9 @@ async fn an_unknown_tool_is_never_executed() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// What a worker logs when it drops a call that is not its own.
+const DROPPED: &str = "call for a tool this worker does not serve here dropped unanswered";
 
 #[tokio::test]
 async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> anyhow::Result<()> {

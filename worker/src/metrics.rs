@@ -13,9 +13,11 @@ pub const CALL_DURATION: &str = "toolfleet_worker_call_duration_seconds";
 pub const DEDUP_HITS_TOTAL: &str = "toolfleet_worker_dedup_hits_total";
 /// Calls executing right now.
 pub const IN_FLIGHT: &str = "toolfleet_worker_in_flight";
-/// Call messages terminated without running: not JSON of a call, or a field
-/// that is not one the orchestrator sends, by `reason` (`undecodable` or the
-/// field's name).
+/// Call messages terminated without running or answering, by `reason`:
+/// `undecodable` (not JSON of a call), `misrouted` (a call that is not this
+/// worker's: its tool not served, or not the tool of the subject and queue
+/// it came from), `stored_result` (the ledger's result is another call's),
+/// or the name of a field that is not one the orchestrator sends.
 pub const CALLS_REJECTED_TOTAL: &str = "toolfleet_worker_calls_rejected_total";
 
 pub(crate) fn call_rejected(reason: &'static str) {

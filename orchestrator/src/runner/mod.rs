@@ -199,7 +199,8 @@ impl Runner {
                 job_id = toolfleet_proto::envelope::excerpt(&job_id, 64),
                 "dropping a queue message that is not a job id"
             );
-            Delivery::Done
+            crate::metrics::job_message_rejected();
+            Delivery::Rejected
         };
         if let Some(ack) = ack_for(delivery, self.options.lease_ttl)
             && let Err(err) = message.ack_with(ack).await

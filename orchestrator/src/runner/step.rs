@@ -198,6 +198,9 @@ pub(crate) enum Delivery {
     Stale,
     /// Redis failed on the way: try again shortly.
     RetryLater,
+    /// Not a job id: nothing this service queued, and never runnable.
+    /// Terminate it, so that JetStream never delivers it again.
+    Rejected,
 }
 
 /// Pause before a job whose store failed is delivered again.
@@ -212,6 +215,7 @@ pub(crate) fn ack_for(delivery: Delivery, lease_ttl: Duration) -> Option<AckKind
         Delivery::HandedBack => Some(AckKind::Nak(None)),
         Delivery::Stale => None,
         Delivery::RetryLater => Some(AckKind::Nak(Some(RETRY_LATER))),
+        Delivery::Rejected => Some(AckKind::Term),
     }
 }
 
@@ -504,6 +508,7 @@ mod tests {
             (Delivery::HandedBack, Some(AckKind::Nak(None))),
             (Delivery::Stale, None),
             (Delivery::RetryLater, Some(AckKind::Nak(Some(RETRY_LATER)))),
+            (Delivery::Rejected, Some(AckKind::Term)),
         ];
         for (delivery, ack) in cases {
             assert_eq!(

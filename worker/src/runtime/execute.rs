@@ -1,10 +1,13 @@
-//! The life of one delivered call, in four steps:
+//! The life of one delivered call, in four steps after a first check:
 //!
+//! 0. [`own`]: is the call this worker's (its tool served, the subject and
+//!    the queue it came from that tool's)? If not, its message is terminated
+//!    unanswered, before the ledger is touched.
 //! 1. [`claim`]: claim the attempt in the Redis ledger. A stored result is
 //!    answered again, a live claim elsewhere is handed back for later, and a
 //!    delivery past `runtime.max_deliveries` is answered without running.
-//! 2. [`check`]: the pure checks of the call against the loaded tool (served,
-//!    deadline, argument size, JSON Schema).
+//! 2. [`check`]: the pure checks of the call against the loaded tool
+//!    (deadline, argument size, JSON Schema).
 //! 3. [`run`]: ask the probe first when a side effect may already have
 //!    happened, then execute the tool with its timeout, catching panics, until
 //!    the drain abandons it.
@@ -18,6 +21,7 @@
 
 mod check;
 mod claim;
+mod own;
 mod run;
 mod settle;
 
@@ -119,26 +123,34 @@ impl Executor {
             }
             Err(reason) => {
                 metrics::call_rejected(reason);
-                Outcome::Undecodable
+                Outcome::Rejected
             }
         };
         settle::acknowledge(&message, outcome).await;
         metrics::in_flight(-1.0);
     }
 
-    /// The four steps for a decoded call; returns how the delivery ended.
-    /// `span` gets an event as each step ends.
+    /// The steps for a decoded call, pulled from `pulled`'s queue; returns
+    /// how the delivery ended. `span` gets an event as each step ends.
     async fn process(
         &self,
-        subject_tool: &str,
+        pulled: &str,
         call: &ToolCall,
         message: &Message,
         span: &mut StepSpan,
     ) -> Outcome {
+        let Some(tool) = own::own(&self.tools, pulled, &message.subject, call) else {
+            error!(
+                subject = excerpt(&message.subject, 128),
+                pulled, "call for a tool this worker does not serve here dropped unanswered"
+            );
+            metrics::call_rejected(own::NOT_OURS);
+            return Outcome::Rejected;
+        };
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let claimed = self.claim(call, &owner).await;
+        let claimed = self.claim(call, &owner, tool.manifest.side_effects).await;
         span.event("claimed");
         let earlier = match claimed {
             Claimed::Stored(envelope) => {
@@ -154,8 +166,7 @@ impl Executor {
         let started = Instant::now();
         // The checks never await, so only `run` has to watch the abandon token.
         let checked = check::check(
-            &self.tools,
-            subject_tool,
+            tool,
             call,
             self.options.max_argument_bytes,
             SystemTime::now(),

@@ -1,13 +1,12 @@
-//! Step 2: the checks of a claimed call against the tool that would run it.
-//! Pure apart from one log line: no NATS, no Redis, and the clock comes in as
-//! `now`, so a table test covers every answer.
+//! Step 2: the checks of a claimed call against the tool that runs it (that
+//! the call is this tool's was checked before the claim, in [`super::own`]).
+//! Pure: no NATS, no Redis, and the clock comes in as `now`, so a table test
+//! covers every answer.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall, check_arguments};
-use tracing::warn;
 
 use super::LoadedTool;
 
@@ -22,23 +21,14 @@ pub(super) struct Checked<'a> {
     pub(super) timeout: Duration,
 }
 
-/// Checks `call`, delivered on the subject of `subject_tool`, against the
-/// tools of this worker at `now`. `Err` is the terminal envelope that answers
-/// the call instead of running it.
+/// Checks `call` against `tool`, the tool that runs it, at `now`. `Err` is
+/// the terminal envelope that answers the call instead of running it.
 pub(super) fn check<'a>(
-    tools: &'a HashMap<String, LoadedTool>,
-    subject_tool: &str,
+    tool: &'a LoadedTool,
     call: &ToolCall,
     max_argument_bytes: usize,
     now: SystemTime,
 ) -> Result<Checked<'a>, Envelope> {
-    let Some(tool) = tools.get(&call.tool).filter(|_| call.tool == subject_tool) else {
-        warn!(subject_tool, "call for a tool this worker does not serve");
-        return Err(Envelope::terminal(
-            ErrorCode::UNKNOWN_TOOL,
-            format!("no tool named {:?} is available", call.tool),
-        ));
-    };
     let deadline = call
         .deadline_ms
         .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
@@ -81,9 +71,8 @@ mod tests {
     use crate::tools::testing::Sleep;
 
     /// The test tool `sleep`: `{"ms": integer 0..=600000}`, 30 s timeout.
-    fn tools() -> HashMap<String, LoadedTool> {
-        let sleep = LoadedTool::load(Arc::new(Sleep), None).expect("the sleep schema compiles");
-        HashMap::from([("sleep".to_owned(), sleep)])
+    fn sleep() -> LoadedTool {
+        LoadedTool::load(Arc::new(Sleep), None).expect("the sleep schema compiles")
     }
 
     fn call(tool: &str, arguments: &str, deadline_ms: Option<u64>) -> ToolCall {
@@ -103,74 +92,54 @@ mod tests {
     fn every_check_answers_or_passes_the_call() {
         const NOW_MS: u64 = 1_000_000;
         let now = UNIX_EPOCH + Duration::from_millis(NOW_MS);
-        let tools = tools();
+        let tool = sleep();
         let ok = r#"{"ms": 5}"#;
         let big = format!(r#"{{"ms": 5, "pad": "{}"}}"#, "x".repeat(100));
-        // (what, subject, call, Ok(timeout) or Err(code))
-        let cases: Vec<(&str, &str, ToolCall, Result<Duration, &str>)> = vec![
+        // (what, call, Ok(timeout) or Err(code))
+        let cases: Vec<(&str, ToolCall, Result<Duration, &str>)> = vec![
             (
                 "valid, no deadline",
-                "sleep",
                 call("sleep", ok, None),
                 Ok(Duration::from_secs(30)),
             ),
             (
                 "deadline sooner than the timeout",
-                "sleep",
                 call("sleep", ok, Some(NOW_MS + 2_000)),
                 Ok(Duration::from_secs(2)),
             ),
             (
                 "deadline later than the timeout",
-                "sleep",
                 call("sleep", ok, Some(NOW_MS + 60_000)),
                 Ok(Duration::from_secs(30)),
             ),
             (
-                "tool not served",
-                "echo",
-                call("echo", ok, None),
-                Err("UNKNOWN_TOOL"),
-            ),
-            (
-                "tool is not the subject's",
-                "echo",
-                call("sleep", ok, None),
-                Err("UNKNOWN_TOOL"),
-            ),
-            (
                 "deadline passed",
-                "sleep",
                 call("sleep", ok, Some(NOW_MS - 1)),
                 Err("DEADLINE_EXCEEDED"),
             ),
             (
                 "deadline is now",
-                "sleep",
                 call("sleep", ok, Some(NOW_MS)),
                 Err("DEADLINE_EXCEEDED"),
             ),
             (
                 "arguments too large",
-                "sleep",
                 call("sleep", &big, None),
                 Err("PAYLOAD_TOO_LARGE"),
             ),
             (
                 "not JSON",
-                "sleep",
                 call("sleep", "{ms: 5", None),
                 Err("INVALID_TOOL_ARGUMENTS"),
             ),
             (
                 "against the schema",
-                "sleep",
                 call("sleep", r#"{"ms": -1}"#, None),
                 Err("INVALID_TOOL_ARGUMENTS"),
             ),
         ];
-        for (what, subject, call, expected) in cases {
-            match (check(&tools, subject, &call, 64, now), expected) {
+        for (what, call, expected) in cases {
+            match (check(&tool, &call, 64, now), expected) {
                 (Ok(checked), Ok(timeout)) => {
                     assert_eq!(checked.timeout, timeout, "{what}");
                     assert_eq!(checked.args, json!({"ms": 5}), "{what}");

@@ -33,12 +33,8 @@ pub(super) struct Earlier {
 }
 
 impl Executor {
-    /// Claims `call` for `owner`.
-    pub(super) async fn claim(&self, call: &ToolCall, owner: &str) -> Claimed {
-        let side_effects = self
-            .tools
-            .get(&call.tool)
-            .is_some_and(|t| t.manifest.side_effects);
+    /// Claims `call` for `owner`; `side_effects` is its tool's.
+    pub(super) async fn claim(&self, call: &ToolCall, owner: &str, side_effects: bool) -> Claimed {
         let claim = match self.ledger.claim(call, owner, side_effects).await {
             Ok(claim) => claim,
             Err(err) => {

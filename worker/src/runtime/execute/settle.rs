@@ -20,8 +20,9 @@ pub(super) enum Outcome {
     Answered,
     /// Not answered; JetStream should redeliver after `delay`.
     Retry(Duration),
-    /// The message can never be answered (undecodable): terminate it.
-    Undecodable,
+    /// The message is not one this worker may ever answer (undecodable, not
+    /// its tool's, or its stored result is another call's): terminate it.
+    Rejected,
 }
 
 /// The one conversion from how a delivery ended to its JetStream ack.
@@ -29,7 +30,7 @@ pub(super) fn ack_for(outcome: Outcome) -> AckKind {
     match outcome {
         Outcome::Answered => AckKind::Ack,
         Outcome::Retry(delay) => AckKind::Nak(Some(delay)),
-        Outcome::Undecodable => AckKind::Term,
+        Outcome::Rejected => AckKind::Term,
     }
 }
 
@@ -91,7 +92,7 @@ impl Executor {
                     "the stored result of this attempt answers another call; not answered from it"
                 );
                 crate::metrics::call_rejected("stored_result");
-                Outcome::Undecodable
+                Outcome::Rejected
             }
         }
     }
@@ -148,7 +149,7 @@ mod tests {
                 Outcome::Retry(Duration::ZERO),
                 AckKind::Nak(Some(Duration::ZERO)),
             ),
-            (Outcome::Undecodable, AckKind::Term),
+            (Outcome::Rejected, AckKind::Term),
         ];
         for (outcome, expected) in cases {
             let what = format!("{outcome:?}");
