@@ -19,6 +19,12 @@ pub const JOB_CONSUMER: &str = "orchestrators";
 
 /// NATS KV bucket where workers announce their tools with a TTL.
 pub const REGISTRY_BUCKET: &str = "toolfleet_registry";
+/// The stream that holds the registry bucket (JetStream's `KV_<bucket>`).
+pub const REGISTRY_STREAM: &str = "KV_toolfleet_registry";
+/// The subject prefix of the registry's keys (JetStream's `$KV.<bucket>.`):
+/// a worker's announcement of `tool` is published to this prefix and
+/// [`registry_key`].
+pub const REGISTRY_KEY_PREFIX: &str = "$KV.toolfleet_registry.";
 
 /// Prefix of the core NATS subjects results are published to.
 const REPLY_SUBJECT_PREFIX: &str = "toolfleet.reply.";
@@ -265,6 +271,12 @@ impl RedisKeys {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_registry_stream_and_keys_are_jetstreams_names_for_the_bucket() {
+        assert_eq!(REGISTRY_STREAM, format!("KV_{REGISTRY_BUCKET}"));
+        assert_eq!(REGISTRY_KEY_PREFIX, format!("$KV.{REGISTRY_BUCKET}."));
+    }
 
     proptest! {
         #[test]

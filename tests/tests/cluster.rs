@@ -32,8 +32,11 @@ async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> any
     assert_eq!(job.output_text, "1 2 3");
 
     let js = jetstream::new(fleet.client.clone());
-    let bucket_stream = format!("KV_{}", names::REGISTRY_BUCKET);
-    for stream in [names::JOB_STREAM, names::CALL_STREAM, &bucket_stream] {
+    for stream in [
+        names::JOB_STREAM,
+        names::CALL_STREAM,
+        names::REGISTRY_STREAM,
+    ] {
         let copies = fleet.nats.cluster().stream_copies(&js, stream).await?;
         assert_eq!(copies.copies, 3, "{stream} keeps a copy on every node");
     }

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
+use futures::TryStreamExt;
 use serde_json::json;
 use tokio::sync::mpsc;
 use toolfleet_proto::v1;
@@ -286,6 +287,29 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
     assert!(forged.is_err(), "a pool wrote another tool's registry key");
     let admin_registry = js.get_key_value("toolfleet_registry").await?;
     assert_eq!(admin_registry.get("factual_qa.worker-x").await?, None);
+    // A rollup on its own key would erase every pool's announcements: the
+    // registry's stream refuses the message, and they stay.
+    let announced = |registry: async_nats::jetstream::kv::Store| async move {
+        let keys: Vec<String> = registry.keys().await?.try_collect().await?;
+        anyhow::Ok(keys)
+    };
+    let before = announced(admin_registry.clone()).await?;
+    assert!(
+        before.iter().any(|key| key.starts_with("factual_qa.")),
+        "{before:?}"
+    );
+    let mut rollup = async_nats::HeaderMap::new();
+    rollup.insert("Nats-Rollup", "all");
+    let rolled = pool_js
+        .publish_with_headers(
+            "$KV.toolfleet_registry.calculate.worker-x",
+            rollup,
+            "{}".into(),
+        )
+        .await?
+        .await;
+    assert!(rolled.is_err(), "the registry took a rollup: {rolled:?}");
+    assert_eq!(announced(admin_registry.clone()).await?, before);
 
     // The orchestrators may not take calls, nor create anything.
     let (orchestrator, mut errors) = users.orchestrator.connect(&url).await?;

@@ -56,7 +56,9 @@ impl Announcer {
         }
         for manifest in &self.manifests {
             let key = names::registry_key(&manifest.name, &self.worker_id);
-            if let Err(err) = self.store.purge(&key).await {
+            // A delete marker, not a purge: a purge is a rollup, which the
+            // registry's stream refuses (toolfleet_service::queue).
+            if let Err(err) = self.store.delete(&key).await {
                 warn!(error = %err, key, "could not withdraw the announcement; it expires with its TTL");
             }
         }

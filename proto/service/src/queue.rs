@@ -278,14 +278,25 @@ impl SharedConsumer {
     }
 }
 
-/// The registry bucket, whose entries live `ttl` without a refresh.
-fn registry_config(ttl: Duration, replicas: usize) -> kv::Config {
-    kv::Config {
-        num_replicas: replicas,
-        bucket: names::REGISTRY_BUCKET.to_owned(),
-        description: "toolfleet: live tool announcements of workers".to_owned(),
-        history: 1,
+/// The stream behind the registry bucket, whose entries live `ttl` without
+/// a refresh: what `create_key_value` would make of a bucket with one value
+/// per key, except that a message may not roll the stream up. A rollup
+/// header (`Nats-Rollup: all`) on any worker's own key would otherwise
+/// erase every pool's announcements; the stream refuses such a message. A
+/// worker withdraws its announcement with a delete marker, never a purge
+/// (which is a rollup of its key).
+fn registry_config(ttl: Duration, replicas: usize) -> stream::Config {
+    stream::Config {
+        name: names::REGISTRY_STREAM.to_owned(),
+        description: Some("toolfleet: live tool announcements of workers".to_owned()),
+        subjects: vec![format!("{}>", names::REGISTRY_KEY_PREFIX)],
+        max_messages_per_subject: 1,
         max_age: ttl,
+        discard: stream::DiscardPolicy::New,
+        allow_rollup: false,
+        deny_delete: true,
+        allow_direct: true,
+        num_replicas: replicas.max(1),
         ..Default::default()
     }
 }
@@ -307,10 +318,14 @@ pub async fn registry(
     match (js.get_key_value(names::REGISTRY_BUCKET).await, missing) {
         (Ok(store), _) => Ok(store),
         (Err(err), Missing::Wait) => Err(missing.error(what(), err)),
-        (Err(_), Missing::Create { replicas }) => js
-            .create_key_value(registry_config(ttl, replicas))
-            .await
-            .map_err(|e| missing.error(what(), e)),
+        (Err(_), Missing::Create { replicas }) => {
+            js.get_or_create_stream(registry_config(ttl, replicas))
+                .await
+                .map_err(|e| missing.error(what(), e))?;
+            js.get_key_value(names::REGISTRY_BUCKET)
+                .await
+                .map_err(|e| missing.error(what(), e))
+        }
     }
 }
 
@@ -372,7 +387,7 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
         }
     }
     let what = format!("bucket {}", names::REGISTRY_BUCKET);
-    js.create_or_update_key_value(registry_config(layout.registry_ttl, layout.replicas))
+    js.create_or_update_stream(registry_config(layout.registry_ttl, layout.replicas))
         .await
         .map_err(|e| QueueError::refused(&what, e))?;
     done.push(what);
