@@ -15,7 +15,6 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -181,7 +180,7 @@ impl Orchestrator {
         )
         .await?;
         let redis = redis.connect().await;
-        let js = jetstream::new(nats.clone());
+        let js = connect::jetstream(nats.clone(), &options.nats);
         // SubmitJob publishes to the job stream: it must exist before the
         // API answers.
         let missing = Missing::from_options(&options.nats);

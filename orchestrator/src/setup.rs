@@ -8,7 +8,6 @@
 //! consumer exists before its first worker (KEDA scales a pool from zero on
 //! that consumer's backlog). Decision 0012.
 
-use async_nats::jetstream;
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_service::connect::{self, ConnectError, OwnMessages};
 use toolfleet_service::queue::{self, QueueError};
@@ -47,7 +46,8 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
         OwnMessages::Delivered,
     )
     .await?;
-    let done = queue::set_up(&jetstream::new(nats.clone()), &options.layout()).await?;
+    let js = connect::jetstream(nats.clone(), &options.nats);
+    let done = queue::set_up(&js, &options.layout()).await?;
     // Nothing is pending, but a clean close lets the server log it as one.
     let _ = nats.drain().await;
     Ok(done)

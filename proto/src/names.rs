@@ -19,6 +19,9 @@ pub const JOB_CONSUMER: &str = "orchestrators";
 
 /// NATS KV bucket where workers announce their tools with a TTL.
 pub const REGISTRY_BUCKET: &str = "toolfleet_registry";
+/// The JetStream API prefix a worker pool's NATS account imports the API
+/// under (`nats.api_prefix` of its workers; decision 0029).
+pub const POOL_API_PREFIX: &str = "JS.toolfleet.API";
 /// The stream that holds the registry bucket (JetStream's `KV_<bucket>`).
 pub const REGISTRY_STREAM: &str = "KV_toolfleet_registry";
 /// The subject prefix of the registry's keys (JetStream's `$KV.<bucket>.`):
@@ -46,6 +49,11 @@ pub mod headers {
     pub const TENANT: &str = "Toolfleet-Tenant";
     /// Set to "true" on a result that was answered from the stored record.
     pub const DEDUP_HIT: &str = "Toolfleet-Dedup-Hit";
+    /// JetStream KV's marker of what a message does to its key; a worker
+    /// withdraws its announcement with [`KV_DELETE`].
+    pub const KV_OPERATION: &str = "KV-Operation";
+    /// The [`KV_OPERATION`] of a delete marker.
+    pub const KV_DELETE: &str = "DEL";
 }
 
 /// The subject calls of `tool` are published to.

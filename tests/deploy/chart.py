@@ -315,10 +315,34 @@ def check_observability(docs: list[dict]) -> list[str]:
     return failures
 
 
-def nats_users(conf: str) -> dict[str, set[str]]:
-    """Each user of a NATS users file, and the subjects it is allowed."""
-    blocks = re.split(r"\n\s*user: ", re.sub(r"#[^\n]*", "", conf))[1:]
-    return {block.split()[0]: set(re.findall(r'"([^"]+)"', block)) for block in blocks}
+def nats_accounts(conf: str) -> dict[str, dict]:
+    """Each account of a NATS accounts file: its users and the subjects each
+    may use, what it exports (subject, to which accounts, response type) and
+    what it imports (subject, as which local subject)."""
+    text = re.sub(r"#[^\n]*", "", conf)
+    heads = list(re.finditer(r'^  "?([\w-]+)"?: \{$', text, re.M))
+    accounts = {}
+    for head, after in zip(heads, [*heads[1:], None]):
+        body = text[head.end():after.start() if after else len(text)]
+
+        def section(name: str) -> str:
+            match = re.search(rf"\n    {name}: \[(.*?)\n    \]", body, re.S)
+            return match[1] if match else ""
+
+        users = {block.split()[0]: set(re.findall(r'"([^"]+)"', block))
+                 for block in re.split(r"\n\s*user: ", section("users"))[1:]}
+        exports = set()
+        for line in section("exports").strip().splitlines():
+            subject = re.search(r'service: "([^"]+)"', line)[1]
+            to = tuple(re.findall(r'"([^"]+)"', line.split("accounts:")[1]))
+            exports.add((subject, to, "stream" if "response_type: stream" in line else "single"))
+        imports = set()
+        for line in section("imports").strip().splitlines():
+            subject = re.search(r'subject: "([^"]+)"', line)[1]
+            to = re.search(r'to: "([^"]+)"', line)
+            imports.add((re.search(r"account: (\w+)", line)[1], subject, to[1] if to else subject))
+        accounts[head[1]] = {"users": users, "exports": exports, "imports": imports}
+    return accounts
 
 
 def redis_users(conf: str) -> dict[str, str]:
@@ -349,15 +373,46 @@ def check_users(chart, defaults: dict) -> list[str]:
             failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools")
     more = {"pools": [*defaults["pools"], pool("maps", ["geocode", "route-plan"])]}
     more_nats, more_redis = users_files(manifests(chart.render(more, name="tf", namespace="toolfleet", is_install=True)))
-    expected_nats = {**nats_users(nats), "pool-maps": {
-        "toolfleet.reply.*", "$JS.API.STREAM.INFO.TOOLFLEET_CALLS", "$JS.API.STREAM.INFO.KV_toolfleet_registry",
-        "_INBOX.pool-maps.>",
-        *(f"$JS.API.CONSUMER.{api}.TOOLFLEET_CALLS.tool_{tool}" for tool in ("geocode", "route-plan") for api in ("INFO", "MSG.NEXT")),
-        *(f"$JS.ACK.TOOLFLEET_CALLS.tool_{tool}.>" for tool in ("geocode", "route-plan")),
-        *(f"$KV.toolfleet_registry.{tool}.>" for tool in ("geocode", "route-plan")),
+    # One more pool: an account of its own whose user may use exactly what
+    # it imports, and the account toolfleet exports exactly its tools' to
+    # it, and the reply subjects to it as to every pool.
+    tools = ("geocode", "route-plan")
+    served = [(api, f"CONSUMER.{api}.TOOLFLEET_CALLS.tool_{tool}") for tool in tools for api in ("INFO", "MSG.NEXT")]
+    own = [*(f"$JS.ACK.TOOLFLEET_CALLS.tool_{tool}.>" for tool in tools),
+           *(f"$KV.toolfleet_registry.{tool}.>" for tool in tools)]
+    accounts = nats_accounts(nats)
+    toolfleet = accounts["toolfleet"]
+    pools = sorted(name for name in accounts if name != "toolfleet")
+    replies = ("toolfleet.reply.*", tuple(pools), "single")
+    expected = {**accounts, "toolfleet": {**toolfleet, "exports": {
+        *(e for e in toolfleet["exports"] if e != replies),
+        ("toolfleet.reply.*", tuple(sorted([*pools, "pool-maps"])), "single"),
+        *((f"$JS.API.{api}", ("pool-maps",), "stream" if kind == "MSG.NEXT" else "single") for kind, api in served),
+        *((subject, ("pool-maps",), "single") for subject in own),
+    }}, "pool-maps": {
+        "users": {"pool-maps": {"toolfleet.reply.*", "_INBOX.pool-maps.>",
+                                *(f"JS.toolfleet.API.{api}" for _, api in served), *own}},
+        "exports": set(),
+        "imports": {("toolfleet", "toolfleet.reply.*", "toolfleet.reply.*"),
+                    *(("toolfleet", f"$JS.API.{api}", f"JS.toolfleet.API.{api}") for _, api in served),
+                    *(("toolfleet", subject, subject) for subject in own)},
     }}
-    if nats_users(more_nats) != expected_nats:
-        failures.append(f"one more pool: NATS users {nats_users(more_nats)}, not {expected_nats}")
+    if nats_accounts(more_nats) != expected:
+        failures.append(f"one more pool: NATS accounts {nats_accounts(more_nats)}, not {expected}")
+    # A tool served by two pools: its consumer, acks and registry keys are
+    # exported to both, and each pool's account imports them.
+    shared_tool = defaults["pools"][0]["tools"][0]
+    first = f"pool-{defaults['pools'][0]['name']}"
+    shared = nats_accounts(users_files(manifests(chart.render(
+        {"pools": [*defaults["pools"], pool("copy", [shared_tool])]},
+        name="tf", namespace="toolfleet", is_install=True)))[0])
+    both = (first, "pool-copy")
+    for subject in (f"$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{shared_tool}",
+                    f"$JS.ACK.TOOLFLEET_CALLS.tool_{shared_tool}.>", f"$KV.toolfleet_registry.{shared_tool}.>"):
+        if (subject, both, "single") not in shared["toolfleet"]["exports"]:
+            failures.append(f"a tool in two pools: {subject} is not exported to both: {shared['toolfleet']['exports']}")
+        if not any(i[1] == subject for i in shared["pool-copy"]["imports"]):
+            failures.append(f"a tool in two pools: the second pool does not import {subject}")
     expected_redis = {**redis_users(redis), "pool-maps": (
         "user pool-maps on # resetchannels ~tf:{*}:tool:geocode:* ~tf:{*}:tool:route-plan:* "
         "-@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill")}

@@ -70,7 +70,7 @@ def values(chart_dir: str) -> dict:
                           "volume": {"persistentVolumeClaim": {"claimName": "knowledge-graph", "readOnly": True}}}
     return {
         **dev,
-        "keda": {"enabled": True, "natsMonitoringEndpoint": "unused:8222", "account": "$G"},
+        "keda": {"enabled": True, "natsMonitoringEndpoint": "unused:8222"},
         "orchestrator": {**dev["orchestrator"], "auth": "tokens", "tokensSecret": "toolfleet-tokens",
                          "config": {"api": {"allow_scripted": True}}},
         "pools": [autoscaled("math", ["calculate"]), autoscaled("weather", ["get_current_weather"]), knowledge],
@@ -297,7 +297,7 @@ def main() -> int:
         except (RuntimeError, LookupError) as err:
             failures.append(f"KEDA's view: {err}; it reads {lags() if not isinstance(err, LookupError) else '-'}")
         # A name KEDA would not find must not pass unnoticed.
-        for key, typo in (("consumer", "tool_calculat"), ("stream", "TOOLFLEET_CALL"), ("account", "toolfleet")):
+        for key, typo in (("consumer", "tool_calculat"), ("stream", "TOOLFLEET_CALL"), ("account", "toolflet")):
             wrong = copy.deepcopy(triggers[0])
             wrong["metadata"][key] = typo
             try:

@@ -10,13 +10,13 @@
 use std::time::Duration;
 
 use async_nats::jetstream;
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use serde_json::json;
 use tokio::sync::mpsc;
-use toolfleet_proto::v1;
+use toolfleet_proto::{names, v1};
 use toolfleet_tests::certificates::Certificates;
 use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job};
-use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bin};
+use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bin, wait_until};
 
 /// The shipped users, exactly as deployed.
 const USERS: &str = include_str!("../../deploy/nats/toolfleet-users.conf");
@@ -51,9 +51,10 @@ impl User {
     }
 
     /// A service's NATS settings as this user: its password, its own inbox
-    /// prefix, and nothing created on the fly.
+    /// prefix, nothing created on the fly, and for a pool the JetStream API
+    /// as its account imports it.
     fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
+        let mut env = vec![
             ("TOOLFLEET_NATS__USER", self.name.to_owned()),
             ("TOOLFLEET_NATS__PASSWORD", self.password.clone()),
             (
@@ -61,7 +62,14 @@ impl User {
                 format!("_INBOX.{}", self.name),
             ),
             ("TOOLFLEET_NATS__CREATE_MISSING", "false".to_owned()),
-        ]
+        ];
+        if self.name.starts_with("pool-") {
+            env.push((
+                "TOOLFLEET_NATS__API_PREFIX",
+                names::POOL_API_PREFIX.to_owned(),
+            ));
+        }
+        env
     }
 
     /// A connection as this user whose server errors (the permission
@@ -279,12 +287,14 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         pool.flush().await?;
         refused(&mut errors, &format!("Publish to \"{subject}\"")).await?;
     }
-    // Through the KV API too: the write is refused, and nothing lands.
+    // Nothing landed in the registry, and a pool may not even open it (its
+    // stream's state would list every pool's keys).
     let mut pool_js = jetstream::new(pool.clone());
     pool_js.set_timeout(Duration::from_secs(2));
-    let registry = pool_js.get_key_value("toolfleet_registry").await?;
-    let forged = registry.put("factual_qa.worker-x", "{}".into()).await;
-    assert!(forged.is_err(), "a pool wrote another tool's registry key");
+    assert!(
+        pool_js.get_key_value("toolfleet_registry").await.is_err(),
+        "a pool read the registry's stream"
+    );
     let admin_registry = js.get_key_value("toolfleet_registry").await?;
     assert_eq!(admin_registry.get("factual_qa.worker-x").await?, None);
     // A rollup on its own key would erase every pool's announcements: the
@@ -311,6 +321,8 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
     assert!(rolled.is_err(), "the registry took a rollup: {rolled:?}");
     assert_eq!(announced(admin_registry.clone()).await?, before);
 
+    reply_subjects_stay_in_the_pools_account(&js, &users, &url).await?;
+
     // The orchestrators may not take calls, nor create anything.
     let (orchestrator, mut errors) = users.orchestrator.connect(&url).await?;
     for subject in [
@@ -322,6 +334,121 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         orchestrator.flush().await?;
         refused(&mut errors, &format!("Publish to \"{subject}\"")).await?;
     }
+    Ok(())
+}
+
+/// The last sequence `stream` ever stored: it grows with every message,
+/// whoever consumes it afterwards.
+async fn last_seq(js: &jetstream::Context, stream: &str) -> anyhow::Result<u64> {
+    Ok(js
+        .get_stream(stream)
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence)
+}
+
+/// nats-server checks a publisher's right to a message's subject, never to
+/// its reply subject, and JetStream answers on the reply subject the
+/// requester chose. A pool's own JetStream requests (a consumer's state, a
+/// pull) with another pool's call subject, the job queue, a registry key or
+/// another user's inbox as their reply subject must write nothing there:
+/// the answers stay in the pool's own account. Each probe is made by a pool
+/// first, then once by the orchestrator (in the streams' account), whose
+/// answer does land: the control shows that the probe would have been seen.
+async fn reply_subjects_stay_in_the_pools_account(
+    js: &jetstream::Context,
+    users: &Users,
+    url: &str,
+) -> anyhow::Result<()> {
+    let (pool, _) = users.general.connect(url).await?;
+    let (orchestrator, _) = users.orchestrator.connect(url).await?;
+    let pull = r#"{"batch":1,"no_wait":true}"#;
+    let pool_requests = [
+        (
+            format!(
+                "{}.CONSUMER.INFO.TOOLFLEET_CALLS.tool_calculate",
+                names::POOL_API_PREFIX
+            ),
+            "",
+        ),
+        (
+            format!(
+                "{}.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_calculate",
+                names::POOL_API_PREFIX
+            ),
+            pull,
+        ),
+    ];
+    // Which stream a leaked answer would land in, and the reply subject.
+    let targets = [
+        (names::CALL_STREAM, "toolfleet.call.factual_qa"),
+        (names::CALL_STREAM, "toolfleet.call.nobody"),
+        (names::JOB_STREAM, names::JOB_SUBJECT),
+        (
+            names::REGISTRY_STREAM,
+            "$KV.toolfleet_registry.factual_qa.forged",
+        ),
+    ];
+    for (stream, reply) in targets {
+        let before = last_seq(js, stream).await?;
+        for (subject, body) in &pool_requests {
+            pool.publish_with_reply(subject.clone(), reply, (*body).into())
+                .await?;
+        }
+        pool.flush().await?;
+        // The pool's own answer, on its own inbox, after its probes: the
+        // server has handled them.
+        let answered = pool.request(pool_requests[0].0.clone(), "".into()).await?;
+        assert!(
+            String::from_utf8_lossy(&answered.payload).contains("tool_calculate"),
+            "the pool's consumer state: {answered:?}"
+        );
+        orchestrator
+            .publish_with_reply(
+                "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_calculate",
+                reply,
+                "".into(),
+            )
+            .await?;
+        orchestrator.flush().await?;
+        wait_until(
+            &format!("the control answer in {stream}"),
+            Duration::from_secs(10),
+            || async { last_seq(js, stream).await.is_ok_and(|seq| seq > before) },
+        )
+        .await?;
+        assert_eq!(
+            last_seq(js, stream).await?,
+            before + 1,
+            "a pool's answer on {reply} landed in {stream}"
+        );
+    }
+    // Another user's inbox: the control's answer is the first to arrive.
+    let mut inbox = orchestrator.subscribe("_INBOX.orchestrator.probe").await?;
+    orchestrator.flush().await?;
+    for (subject, body) in &pool_requests {
+        pool.publish_with_reply(subject.clone(), "_INBOX.orchestrator.probe", (*body).into())
+            .await?;
+    }
+    pool.flush().await?;
+    pool.request(pool_requests[0].0.clone(), "".into()).await?;
+    orchestrator
+        .publish_with_reply(
+            "$JS.API.STREAM.INFO.TOOLFLEET_JOBS",
+            "_INBOX.orchestrator.probe",
+            "".into(),
+        )
+        .await?;
+    let first = tokio::time::timeout(Duration::from_secs(10), inbox.next())
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the inbox closed"))?;
+    let first = String::from_utf8_lossy(&first.payload);
+    assert!(
+        first.contains("stream_info_response"),
+        "a pool's answer reached the orchestrator's inbox: {first}"
+    );
     Ok(())
 }
 

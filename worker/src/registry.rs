@@ -1,11 +1,16 @@
 //! Announces this worker's tools in the registry (a NATS KV bucket whose
 //! entries expire): one key per tool and worker, refreshed by a heartbeat, so
 //! the orchestrator sees which tools are live and how many workers serve them.
+//!
+//! A worker writes its keys as plain JetStream publishes to the keys'
+//! subjects, not through a KV handle: opening one reads the bucket's stream
+//! state, which can list every key (every pool's tools and workers), and a
+//! pool's NATS account may only write its own tools' keys (decision 0029).
 
 use std::time::Duration;
 
 use async_nats::connection::State;
-use async_nats::jetstream::kv;
+use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
@@ -19,7 +24,7 @@ const RECONNECT_CHECK: Duration = Duration::from_millis(250);
 
 /// Keeps the announcements of one worker alive.
 pub(crate) struct Announcer {
-    pub(crate) store: kv::Store,
+    pub(crate) js: jetstream::Context,
     /// The connection, watched so that a reconnect announces at once.
     pub(crate) nats: async_nats::Client,
     pub(crate) worker_id: String,
@@ -58,7 +63,9 @@ impl Announcer {
             let key = names::registry_key(&manifest.name, &self.worker_id);
             // A delete marker, not a purge: a purge is a rollup, which the
             // registry's stream refuses (toolfleet_service::queue).
-            if let Err(err) = self.store.delete(&key).await {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(names::headers::KV_OPERATION, names::headers::KV_DELETE);
+            if let Err(err) = self.write(&key, Some(headers), Vec::new()).await {
                 warn!(error = %err, key, "could not withdraw the announcement; it expires with its TTL");
             }
         }
@@ -76,10 +83,30 @@ impl Announcer {
             let key = names::registry_key(&manifest.name, &self.worker_id);
             // A manifest is plain data; serializing it cannot fail.
             let value = serde_json::to_vec(&announcement).expect("announcement serializes");
-            match self.store.put(&key, value.into()).await {
-                Ok(_) => debug!(key, "announced"),
+            match self.write(&key, None, value).await {
+                Ok(()) => debug!(key, "announced"),
                 Err(err) => warn!(error = %err, key, "heartbeat failed; retrying at the next one"),
             }
         }
+    }
+
+    /// Writes `key` of the registry and waits for JetStream to store it.
+    async fn write(
+        &self,
+        key: &str,
+        headers: Option<async_nats::HeaderMap>,
+        value: Vec<u8>,
+    ) -> Result<(), async_nats::Error> {
+        let subject = format!("{}{key}", names::REGISTRY_KEY_PREFIX);
+        let published = match headers {
+            Some(headers) => {
+                self.js
+                    .publish_with_headers(subject, headers, value.into())
+                    .await?
+            }
+            None => self.js.publish(subject, value.into()).await?,
+        };
+        published.await?;
+        Ok(())
     }
 }

@@ -49,6 +49,11 @@ pub struct NatsOptions {
     /// that no one reads another's deliveries (`deploy/nats/`). Default:
     /// `_INBOX`.
     pub inbox_prefix: String,
+    /// Prefix of the JetStream API subjects. `$JS.API` where toolfleet's
+    /// streams are in this service's own NATS account; a worker pool whose
+    /// account imports the API (`deploy/nats/toolfleet-users.conf`, decision
+    /// 0029) uses `JS.toolfleet.API`. Default: `$JS.API`.
+    pub api_prefix: String,
     /// Create the streams, consumers and registry bucket this service needs
     /// when they do not exist. Turn it off where `toolfleet-orchestrator
     /// setup` creates them and this service's NATS user may not: a missing
@@ -70,6 +75,7 @@ impl Default for NatsOptions {
             token: None,
             tls: NatsTlsOptions::default(),
             inbox_prefix: "_INBOX".into(),
+            api_prefix: "$JS.API".into(),
             create_missing: true,
         }
     }

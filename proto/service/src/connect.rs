@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::{NatsOptions, RedisOptions, redact_url, url_list};
@@ -63,6 +64,12 @@ pub enum OwnMessages {
     /// without the bus, so that each of its messages is not sent back to
     /// it for nothing.
     Skipped,
+}
+
+/// JetStream over `client`, under `options.api_prefix` (`nats.api_prefix`):
+/// the one way a service opens it.
+pub fn jetstream(client: async_nats::Client, options: &NatsOptions) -> jetstream::Context {
+    jetstream::with_prefix(client, &options.api_prefix)
 }
 
 /// Connects to NATS as `client_name`, with the credentials file if one is
@@ -146,6 +153,12 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
         return Err(config(format!(
             "nats.inbox_prefix {:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)",
             options.inbox_prefix
+        )));
+    }
+    if !is_subject_prefix(&options.api_prefix) {
+        return Err(config(format!(
+            "nats.api_prefix {:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)",
+            options.api_prefix
         )));
     }
     let mut connect = async_nats::ConnectOptions::new();

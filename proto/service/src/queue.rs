@@ -276,6 +276,31 @@ impl SharedConsumer {
                 .map_err(|e| missing.error(what(), e)),
         }
     }
+
+    /// Opens the consumer on `queue`'s stream, as [`open`](Self::open)
+    /// does, but with [`Missing::Wait`] it asks only for the consumer's
+    /// state, never the stream's: a worker pool's NATS account reaches its
+    /// own tools' consumers and nothing else of the stream (the stream's
+    /// state can list every subject in it, so every tool).
+    ///
+    /// # Errors
+    ///
+    /// [`QueueError`] when JetStream is unavailable, refuses, or (with
+    /// [`Missing::Wait`]) has no such consumer.
+    pub async fn open_in(
+        &self,
+        js: &jetstream::Context,
+        queue: &WorkQueue,
+        missing: Missing,
+    ) -> Result<consumer::PullConsumer, QueueError> {
+        match missing {
+            Missing::Create { .. } => self.open(&queue.open(js, missing).await?, missing).await,
+            Missing::Wait => js
+                .get_consumer_from_stream(&self.name, queue.name)
+                .await
+                .map_err(|e| missing.error(format!("consumer {}", self.name), e)),
+        }
+    }
 }
 
 /// The stream behind the registry bucket, whose entries live `ttl` without
@@ -371,7 +396,13 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
             tool_consumers.collect(),
         ),
     ];
-    let mut done = Vec::new();
+    // The bucket first: a worker that finds its consumer can announce at
+    // once (it has no right to see whether the bucket exists).
+    let what = format!("bucket {}", names::REGISTRY_BUCKET);
+    js.create_or_update_stream(registry_config(layout.registry_ttl, layout.replicas))
+        .await
+        .map_err(|e| QueueError::refused(&what, e))?;
+    let mut done = vec![what];
     for (queue, consumers) in queues {
         let what = format!("stream {}", queue.name);
         js.create_or_update_stream(queue.config(layout.replicas))
@@ -386,10 +417,5 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
             done.push(what);
         }
     }
-    let what = format!("bucket {}", names::REGISTRY_BUCKET);
-    js.create_or_update_stream(registry_config(layout.registry_ttl, layout.replicas))
-        .await
-        .map_err(|e| QueueError::refused(&what, e))?;
-    done.push(what);
     Ok(done)
 }

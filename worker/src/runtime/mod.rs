@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer, kv};
+use async_nats::jetstream::{self, consumer};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -126,7 +126,7 @@ impl Worker {
             () = shutdown.cancelled() => return Ok(()),
         };
         let announcer = Announcer {
-            store: registry,
+            js: registry,
             nats: self.nats.clone(),
             worker_id: self.worker_id.clone(),
             manifests: tools.values().map(|t| t.manifest.clone()).collect(),
@@ -152,29 +152,32 @@ impl Worker {
         Ok(())
     }
 
-    /// The call stream, one durable consumer per tool, and the registry bucket.
-    /// A consumer that existed keeps its own AckWait, so that is the one
-    /// the calls are kept alive against.
+    /// One durable consumer per tool, and where to announce the tools. A
+    /// consumer that existed keeps its own AckWait, so that is the one the
+    /// calls are kept alive against. With `nats.create_missing` the call
+    /// stream and the registry bucket are created if need be; without it,
+    /// only the consumers are opened (the setup step makes the bucket
+    /// before any consumer).
     async fn set_up_jetstream(
         &self,
         tools: &HashMap<String, LoadedTool>,
-    ) -> (Vec<(String, consumer::PullConsumer)>, kv::Store) {
-        let js = jetstream::new(self.nats.clone());
+    ) -> (Vec<(String, consumer::PullConsumer)>, jetstream::Context) {
+        let js = connect::jetstream(self.nats.clone(), &self.options.nats);
         let runtime = &self.options.runtime;
         let missing = Missing::from_options(&self.options.nats);
         let calls = WorkQueue::calls(runtime.call_max_age);
-        let stream = patiently("the call stream", || calls.open(&js, missing)).await;
         let mut consumers = Vec::new();
         for name in tools.keys() {
             let what = format!("the consumer of {name}");
             let shared = SharedConsumer::tool(name, runtime.ack_wait);
-            let consumer = patiently(&what, || shared.open(&stream, missing)).await;
+            let consumer = patiently(&what, || shared.open_in(&js, &calls, missing)).await;
             consumers.push((name.clone(), consumer));
         }
-        let ttl = self.options.registry.ttl;
-        let registry =
+        if let Missing::Create { .. } = missing {
+            let ttl = self.options.registry.ttl;
             patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
-        (consumers, registry)
+        }
+        (consumers, js)
     }
 
     /// The executor of `tools`, keeping calls alive against `ack_wait`.

@@ -104,6 +104,10 @@ nats:
   {{- if eq $v.nats.auth "users" }}
   user: {{ .user | quote }}
   inbox_prefix: {{ printf "_INBOX.%s" .user | quote }}
+  {{- if hasPrefix "pool-" .user }}
+  # The pool's own NATS account imports the JetStream API under this prefix.
+  api_prefix: "JS.toolfleet.API"
+  {{- end }}
   {{- end }}
   {{- include "toolfleet.tlsConfig" (dict "tls" $v.nats.tls "dir" "/etc/toolfleet/nats-tls") | nindent 2 }}
 {{- if ne .user "setup" }}
@@ -260,97 +264,140 @@ the pools: setup, orchestrator, and one user per pool that may pull, ack
 and register exactly its own tools.
 */}}
 {{- define "toolfleet.natsUsersConf" -}}
-# toolfleet's NATS users, each with the least it needs (docs/security.md,
-# decision 0012), rendered by the Helm chart from its pools
-# (deploy/helm/toolfleet, templates/nats-users.yaml). There is no anonymous
-# user: a client without credentials is refused. Passwords come from the
-# server's environment (a variable not defined in this file is looked up
-# there).
+{{- /* Each tool's pools (a tool may be served by several), in pool order. */ -}}
+{{- $servers := dict -}}
+{{- $tools := list -}}
+{{- range .Values.pools -}}
+{{- $account := printf "pool-%s" .name -}}
+{{- range .tools -}}
+{{- if not (hasKey $servers .) -}}{{- $tools = append $tools . -}}{{- end -}}
+{{- $_ := set $servers . (append (get $servers . | default list) $account) -}}
+{{- end -}}
+{{- end -}}
+# toolfleet's NATS accounts and users, each with the least it needs
+# (docs/security.md, decisions 0012 and 0029), rendered by the Helm chart
+# from its pools (deploy/helm/toolfleet, templates/nats-users.yaml). There
+# is no anonymous user: a client without credentials is refused. Passwords
+# come from the server's environment (a variable not defined in this file
+# is looked up there).
+#
+# Accounts are what keep the pools apart. nats-server checks a publisher's
+# right to a message's subject, never to its reply subject, and JetStream
+# answers a request (or delivers a pulled call) on the reply subject the
+# requester chose. So every pool has an account of its own, where it can
+# only reach what the account `toolfleet` exports to it: its own tools'
+# consumers and acks, its own tools' registry keys, and the reply subjects.
+# An answer to a pool's request goes back into the pool's own account,
+# whatever reply subject it names: it can never land in a call queue, the
+# job queue, the registry or another user's inbox.
 #
 # Each user has its own inbox prefix (nats.inbox_prefix = "_INBOX.<user>")
-# and may subscribe only there, so no one reads another's replies or pulled
-# calls. Services run with nats.create_missing = false: only `setup` creates
-# streams, consumers and the registry bucket.
-#
-# A pool's user may pull and ack only its tools' consumers
-# ($JS.API.CONSUMER.{INFO,MSG.NEXT}.TOOLFLEET_CALLS.tool_<tool>,
-# $JS.ACK.TOOLFLEET_CALLS.tool_<tool>.>) and write only their registry keys
-# ($KV.toolfleet_registry.<tool>.>). To add a pool, add it to the chart's
-# values (or render this file with it); `toolfleet-orchestrator setup`
-# then creates its tools' consumers.
+# and may subscribe only there. Services run with nats.create_missing =
+# false: only `setup` creates streams, consumers and the registry bucket.
+# To add a pool, add it to the chart's values (or render this file with
+# it); `toolfleet-orchestrator setup` then creates its tools' consumers.
 
-authorization {
-  users = [
-    # `toolfleet-orchestrator setup`: the one privileged step. It creates and
-    # updates the streams, consumers and the registry bucket; run it as a
-    # job, not as a service.
-    {
-      user: setup
-      password: ${{ include "toolfleet.natsPasswordVar" "setup" }}
-      permissions: {
-        publish: { allow: ["$JS.API.>"] }
-        subscribe: { allow: ["_INBOX.setup.>"] }
-      }
-    }
-
-    # The orchestrators: publish calls and jobs, read replies, pull jobs,
-    # wake job watchers, follow the registry. No right to create anything,
-    # nor to pull or read calls.
-    {
-      user: orchestrator
-      password: ${{ include "toolfleet.natsPasswordVar" "orchestrator" }}
-      permissions: {
-        publish: {
-          allow: [
-            "toolfleet.call.*"
-            "toolfleet.job.run"
-            "toolfleet.events.*"
-            "$JS.API.STREAM.INFO.TOOLFLEET_JOBS"
-            "$JS.API.CONSUMER.INFO.TOOLFLEET_JOBS.orchestrators"
-            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_JOBS.orchestrators"
-            # Each tool's backlog (toolfleet_tool_calls_waiting): state only.
-            "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.*"
-            "$JS.ACK.TOOLFLEET_JOBS.orchestrators.>"
-            "$JS.API.STREAM.INFO.KV_toolfleet_registry"
-            "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry"
-            "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry.>"
-            "$JS.API.CONSUMER.DELETE.KV_toolfleet_registry.>"
-            "$JS.FC.KV_toolfleet_registry.>"
-          ]
-        }
-        subscribe: {
-          allow: ["toolfleet.reply.*", "toolfleet.events.*", "_INBOX.orchestrator.>"]
+accounts {
+  # The streams, the consumers, the registry and the orchestrators.
+  toolfleet: {
+    jetstream: enabled
+    users: [
+      # `toolfleet-orchestrator setup`: the one privileged step. It creates
+      # and updates the streams, consumers and the registry bucket; run it
+      # as a job, not as a service.
+      {
+        user: setup
+        password: ${{ include "toolfleet.natsPasswordVar" "setup" }}
+        permissions: {
+          publish: { allow: ["$JS.API.>"] }
+          subscribe: { allow: ["_INBOX.setup.>"] }
         }
       }
-    }
-    {{- range .Values.pools }}
-    {{- $user := printf "pool-%s" .name }}
 
-    # Worker pool "{{ .name }}": {{ join ", " .tools }}.
-    {
-      user: {{ $user }}
-      password: ${{ include "toolfleet.natsPasswordVar" $user }}
-      permissions: {
-        publish: {
-          allow: [
-            "toolfleet.reply.*"
-            "$JS.API.STREAM.INFO.TOOLFLEET_CALLS"
-            {{- range .tools }}
-            "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}"
-            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}"
-            "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>"
-            {{- end }}
-            "$JS.API.STREAM.INFO.KV_toolfleet_registry"
-            {{- range .tools }}
-            "$KV.toolfleet_registry.{{ . }}.>"
-            {{- end }}
-          ]
+      # The orchestrators: publish calls and jobs, read replies, pull jobs,
+      # wake job watchers, follow the registry. No right to create anything,
+      # nor to pull or read calls.
+      {
+        user: orchestrator
+        password: ${{ include "toolfleet.natsPasswordVar" "orchestrator" }}
+        permissions: {
+          publish: {
+            allow: [
+              "toolfleet.call.*"
+              "toolfleet.job.run"
+              "toolfleet.events.*"
+              "$JS.API.STREAM.INFO.TOOLFLEET_JOBS"
+              "$JS.API.CONSUMER.INFO.TOOLFLEET_JOBS.orchestrators"
+              "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_JOBS.orchestrators"
+              # Each tool's backlog (toolfleet_tool_calls_waiting): state only.
+              "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.*"
+              "$JS.ACK.TOOLFLEET_JOBS.orchestrators.>"
+              "$JS.API.STREAM.INFO.KV_toolfleet_registry"
+              "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry"
+              "$JS.API.CONSUMER.CREATE.KV_toolfleet_registry.>"
+              "$JS.API.CONSUMER.DELETE.KV_toolfleet_registry.>"
+              "$JS.FC.KV_toolfleet_registry.>"
+            ]
+          }
+          subscribe: {
+            allow: ["toolfleet.reply.*", "toolfleet.events.*", "_INBOX.orchestrator.>"]
+          }
         }
-        subscribe: { allow: ["_INBOX.{{ $user }}.>"] }
       }
-    }
-    {{- end }}
-  ]
+    ]
+    # What a pool may reach here, each to the pools that serve the tool.
+    # MSG.NEXT answers with a stream of calls; every other export answers
+    # once (a consumer's state, a registry write's ack) or not at all.
+    exports: [
+      {{- range $tools }}
+      {{- $to := printf "[\"%s\"]" (get $servers . | join "\", \"") }}
+      { service: "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}", accounts: {{ $to }} }
+      { service: "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}", response_type: stream, accounts: {{ $to }} }
+      { service: "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>", accounts: {{ $to }} }
+      { service: "$KV.toolfleet_registry.{{ . }}.>", accounts: {{ $to }} }
+      {{- end }}
+      { service: "toolfleet.reply.*", accounts: [{{ range $i, $pool := .Values.pools }}{{ if $i }}, {{ end }}"pool-{{ $pool.name }}"{{ end }}] }
+    ]
+  }
+  {{- range .Values.pools }}
+  {{- $user := printf "pool-%s" .name }}
+
+  # Worker pool "{{ .name }}": {{ join ", " .tools }}. Its account has no
+  # JetStream of its own and nothing but what it imports. The JetStream
+  # API comes in under the prefix JS.toolfleet.API (nats.api_prefix), since
+  # the server answers $JS.API itself in an account without JetStream.
+  "{{ $user }}": {
+    users: [
+      {
+        user: {{ $user }}
+        password: ${{ include "toolfleet.natsPasswordVar" $user }}
+        permissions: {
+          publish: {
+            allow: [
+              "toolfleet.reply.*"
+              {{- range .tools }}
+              "JS.toolfleet.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}"
+              "JS.toolfleet.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}"
+              "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>"
+              "$KV.toolfleet_registry.{{ . }}.>"
+              {{- end }}
+            ]
+          }
+          subscribe: { allow: ["_INBOX.{{ $user }}.>"] }
+        }
+      }
+    ]
+    imports: [
+      {{- range .tools }}
+      { service: { account: toolfleet, subject: "$JS.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}" }, to: "JS.toolfleet.API.CONSUMER.INFO.TOOLFLEET_CALLS.tool_{{ . }}" }
+      { service: { account: toolfleet, subject: "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}" }, to: "JS.toolfleet.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_{{ . }}" }
+      { service: { account: toolfleet, subject: "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>" } }
+      { service: { account: toolfleet, subject: "$KV.toolfleet_registry.{{ . }}.>" } }
+      {{- end }}
+      { service: { account: toolfleet, subject: "toolfleet.reply.*" } }
+    ]
+  }
+  {{- end }}
 }
 {{- end -}}
 
