@@ -21,6 +21,7 @@ use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bi
 /// The shipped users, exactly as deployed.
 const USERS: &str = include_str!("../../deploy/nats/toolfleet-users.conf");
 const REDIS_USERS: &str = include_str!("../../deploy/redis/toolfleet-users.conf");
+const REDIS_CONF: &str = include_str!("../../deploy/redis/redis.conf");
 
 const GENERAL_TOOLS: &[&str] = &["calculate", "get_current_weather"];
 const KNOWLEDGE_TOOLS: &[&str] = &["factual_qa", "trend_analysis"];
@@ -510,15 +511,30 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     assert!(!users.contains("#@"), "a password placeholder is left");
     // The harness's own user, to read what the fleet wrote.
     users.push_str("user harness on >harness-pw ~* &* +@all\n");
-    let users_file = dir.path().join("toolfleet-users.conf");
-    std::fs::write(&users_file, users)?;
+    // The shipped redis.conf, its files under /etc/redis/ in the test's dir
+    // instead: the users, and the certificates where it expects them.
+    let etc = dir.path().join("etc");
+    std::fs::create_dir_all(etc.join("tls"))?;
+    std::fs::write(etc.join("toolfleet-users.conf"), users)?;
+    for (made, expected) in [
+        ("server.pem", "tls.crt"),
+        ("server.key", "tls.key"),
+        ("ca.pem", "ca.crt"),
+    ] {
+        std::fs::copy(dir.path().join(made), etc.join("tls").join(expected))?;
+    }
+    let config_file = etc.join("redis.conf");
+    std::fs::write(
+        &config_file,
+        REDIS_CONF.replace("/etc/redis/", &format!("{}/", etc.display())),
+    )?;
     let redis = RedisConfig {
         tls: Some(RedisTls {
-            cert_file: dir.path().join("server.pem"),
-            key_file: dir.path().join("server.key"),
-            ca_file: dir.path().join("ca.pem"),
+            cert_file: etc.join("tls/tls.crt"),
+            key_file: etc.join("tls/tls.key"),
+            ca_file: etc.join("tls/ca.crt"),
         }),
-        include: Some(users_file),
+        config_file: Some(config_file),
         admin: Some(("harness".into(), "harness-pw".into())),
         ..Default::default()
     };
@@ -564,11 +580,20 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     let (job, with_acls) = time_two_pool_jobs(&fleet).await?;
     assert!(job.output_text.starts_with("4 / "), "{}", job.output_text);
 
+    // The plaintext port is closed, and the workers, which present no
+    // certificate, got in (tls-auth-clients optional).
+    let harness = fleet.redis.server().client();
+    let mut admin = harness.get_multiplexed_async_connection().await?;
+    let port: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("port")
+        .query_async(&mut admin)
+        .await?;
+    assert_eq!(port, ["port", "0"], "the plaintext port is open");
+
     // Every command and script the fleet ran was within its users' rights:
     // a refusal that a retry hides (a commit refused, then the job resumed)
     // still leaves an entry here.
-    let harness = fleet.redis.server().client();
-    let mut admin = harness.get_multiplexed_async_connection().await?;
     let refusals: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query_async(&mut admin).await?;
     assert!(
         refusals.is_empty(),

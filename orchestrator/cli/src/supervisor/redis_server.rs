@@ -46,6 +46,12 @@ pub struct RedisConfig {
     /// ([`super::RedisCluster`] forms the cluster). Default: none, a
     /// standalone server.
     pub cluster_bus_port: Option<u16>,
+    /// Start from this configuration file (a deployment's own): then only
+    /// where the server runs comes from here (its port, data dir, log and
+    /// `include`), and everything else from the file, TLS included;
+    /// [`tls`](Self::tls) only says which port it serves TLS on and how
+    /// the harness trusts it. Default: none.
+    pub config_file: Option<PathBuf>,
 }
 
 /// TLS files of a [`RedisServer`] (PEM).
@@ -279,6 +285,9 @@ fn admin_client(port: u16, config: &RedisConfig) -> anyhow::Result<redis::Client
 }
 
 fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
+    if let Some(file) = &config.config_file {
+        return file_args(file, port, dir, config);
+    }
     let port = port.to_string();
     let append_only = if config.append_only { "yes" } else { "no" };
     // With TLS, the port speaks TLS only.
@@ -343,6 +352,35 @@ fn server_args(port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
             ]
             .map(OsString::from),
         );
+    }
+    args
+}
+
+/// The arguments of a server started from `file`: where it runs, nothing
+/// else.
+fn file_args(file: &Path, port: u16, dir: &Path, config: &RedisConfig) -> Vec<OsString> {
+    let port_flag = if config.tls.is_some() {
+        "--tls-port"
+    } else {
+        "--port"
+    };
+    let mut args: Vec<OsString> = vec![file.into()];
+    args.extend(
+        [
+            port_flag,
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--daemonize",
+            "no",
+            "--logfile",
+            "",
+        ]
+        .map(OsString::from),
+    );
+    args.extend(["--dir".into(), dir.into()]);
+    if let Some(include) = &config.include {
+        args.extend(["--include".into(), include.clone().into()]);
     }
     args
 }
