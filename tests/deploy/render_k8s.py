@@ -24,6 +24,7 @@ import os
 import re
 import sys
 
+import bcrypt
 import helm_python
 import yaml
 
@@ -43,6 +44,20 @@ DEV_TOKEN = "dev-token-not-secret"
 
 def dev_password(key: str) -> str:
     return f"dev-{key}-not-secret"
+
+
+# bcrypt with a fixed salt, so that rendering is reproducible (--check).
+DEV_SALT = b"$2b$10$vd2MRevhkY5PFCd0pi8PBO"
+
+
+def dev_secret(key: str) -> str:
+    """The dev overlay's value of a credentials key, as a kustomize literal:
+    a password, or (nats-<user>-bcrypt) its bcrypt hash in the double quotes
+    the NATS server wants, inside single quotes that kustomize strips."""
+    if key.endswith("-bcrypt"):
+        hashed = bcrypt.hashpw(dev_password(key.removesuffix("-bcrypt")).encode(), DEV_SALT).decode()
+        return f"'\"{hashed}\"'"
+    return dev_password(key)
 
 
 def render(chart, values: dict) -> dict[str, list[dict]]:
@@ -139,7 +154,7 @@ def files(chart_dir: str) -> dict[str, str]:
             }]),
         }],
         "secretGenerator": [
-            {"name": "toolfleet-credentials", "literals": [f"{key}={dev_password(key)}" for key in keys]},
+            {"name": "toolfleet-credentials", "literals": [f"{key}={dev_secret(key)}" for key in keys]},
             {"name": "toolfleet-redis-users", "files": ["toolfleet-users.conf=redis-users.conf"]},
             {"name": "toolfleet-tokens", "files": ["tokens.toml"]},
         ],

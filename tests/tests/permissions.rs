@@ -7,6 +7,7 @@
 //! saying so); in Redis, over TLS, where no pool can forge another pool's
 //! result or read a job.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -20,6 +21,7 @@ use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bi
 
 /// The shipped users, exactly as deployed.
 const USERS: &str = include_str!("../../deploy/nats/toolfleet-users.conf");
+const NATS_CONF: &str = include_str!("../../deploy/nats/nats-server.conf");
 const REDIS_USERS: &str = include_str!("../../deploy/redis/toolfleet-users.conf");
 const REDIS_CONF: &str = include_str!("../../deploy/redis/redis.conf");
 
@@ -39,15 +41,18 @@ struct User {
     name: &'static str,
     variable: &'static str,
     password: String,
+    /// The CA the server's certificate chains to.
+    ca: String,
 }
 
 impl User {
-    fn new(name: &'static str, variable: &'static str) -> Self {
+    fn new(name: &'static str, variable: &'static str, ca: &str) -> Self {
         let password = random_password(name);
         Self {
             name,
             variable,
             password,
+            ca: ca.to_owned(),
         }
     }
 
@@ -63,6 +68,7 @@ impl User {
                 format!("_INBOX.{}", self.name),
             ),
             ("TOOLFLEET_NATS__CREATE_MISSING", "false".to_owned()),
+            ("TOOLFLEET_NATS__TLS__CA_FILE", self.ca.clone()),
         ];
         if self.name.starts_with("pool-") {
             env.push((
@@ -85,6 +91,7 @@ impl User {
             self.password.clone(),
         )
         .custom_inbox_prefix(format!("_INBOX.{}", self.name))
+        .add_root_certificates(self.ca.clone().into())
         .event_callback(move |event| {
             let errors = errors.clone();
             async move {
@@ -107,33 +114,89 @@ struct Users {
 }
 
 impl Users {
-    fn new() -> Self {
+    fn new(ca: &str) -> Self {
         Self {
-            setup: User::new("setup", "TOOLFLEET_NATS_SETUP_PASSWORD"),
-            orchestrator: User::new("orchestrator", "TOOLFLEET_NATS_ORCHESTRATOR_PASSWORD"),
-            general: User::new("pool-general", "TOOLFLEET_NATS_POOL_GENERAL_PASSWORD"),
-            knowledge: User::new("pool-knowledge", "TOOLFLEET_NATS_POOL_KNOWLEDGE_PASSWORD"),
+            setup: User::new("setup", "TOOLFLEET_NATS_SETUP_PASSWORD_BCRYPT", ca),
+            orchestrator: User::new(
+                "orchestrator",
+                "TOOLFLEET_NATS_ORCHESTRATOR_PASSWORD_BCRYPT",
+                ca,
+            ),
+            general: User::new(
+                "pool-general",
+                "TOOLFLEET_NATS_POOL_GENERAL_PASSWORD_BCRYPT",
+                ca,
+            ),
+            knowledge: User::new(
+                "pool-knowledge",
+                "TOOLFLEET_NATS_POOL_KNOWLEDGE_PASSWORD_BCRYPT",
+                ca,
+            ),
         }
     }
 
-    /// The shipped users, with the passwords as the variables it reads
-    /// (where a deployment sets them in the server's environment).
-    fn server_config(&self) -> String {
-        let mut config = String::new();
-        for user in [
+    /// The server's environment as a deployment sets it: each password's
+    /// bcrypt hash, in the double quotes the users file asks for.
+    fn server_env(&self) -> anyhow::Result<Vec<(String, String)>> {
+        [
             &self.setup,
             &self.orchestrator,
             &self.general,
             &self.knowledge,
-        ] {
-            config.push_str(&format!("{}: \"{}\"\n", user.variable, user.password));
-        }
-        config + USERS
+        ]
+        .into_iter()
+        .map(|user| {
+            // The lowest cost: a test's every connection checks a hash.
+            let hash = bcrypt::hash(&user.password, 4)?;
+            Ok((user.variable.to_owned(), format!("\"{hash}\"")))
+        })
+        .collect()
     }
+}
+
+/// The shipped nats-server.conf and users file side by side in `etc`, the
+/// config's paths under /etc/nats/ and /data/ moved there, and the test's certificates
+/// (made in `certificates`) where it expects them. Returns the config file.
+fn shipped_nats_config(etc: &Path, certificates: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(etc.join("tls"))?;
+    std::fs::write(etc.join("toolfleet-users.conf"), USERS)?;
+    for (made, expected) in [
+        ("server.pem", "tls.crt"),
+        ("server.key", "tls.key"),
+        ("ca.pem", "ca.crt"),
+    ] {
+        std::fs::copy(certificates.join(made), etc.join("tls").join(expected))?;
+    }
+    let config = etc.join("nats-server.conf");
+    std::fs::write(
+        &config,
+        NATS_CONF
+            .replace("/etc/nats/", &format!("{}/", etc.display()))
+            .replace("/data/", &format!("{}/data/", etc.display())),
+    )?;
+    Ok(config)
 }
 
 fn as_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
     env.iter().map(|(k, v)| (*k, v.as_str())).collect()
+}
+
+/// What the server at `url` says of itself when a client connects (its
+/// first line, `INFO {...}`), before any TLS.
+async fn server_info(url: &str) -> anyhow::Result<serde_json::Value> {
+    use tokio::io::AsyncBufReadExt;
+    let address = url.trim_start_matches("nats://");
+    let stream = tokio::net::TcpStream::connect(address).await?;
+    let mut line = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::BufReader::new(stream).read_line(&mut line),
+    )
+    .await??;
+    let json = line
+        .strip_prefix("INFO ")
+        .ok_or_else(|| anyhow::anyhow!("not an INFO line: {line:?}"))?;
+    Ok(serde_json::from_str(json.trim())?)
 }
 
 /// Waits for the server to refuse something: the error naming `needle`.
@@ -213,11 +276,37 @@ async fn set_up(nats_url: &str, user: &User, tools: &[&str]) -> anyhow::Result<S
 
 #[tokio::test]
 async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow::Result<()> {
-    let users = Users::new();
-    let nats =
-        NatsServer::start_with_config(&ServerOptions::default(), &users.server_config()).await?;
+    let dir = tempfile::tempdir()?;
+    Certificates::generate(dir.path())?;
+    let ca = dir.path().join("etc/tls/ca.crt").display().to_string();
+    let users = Users::new(&ca);
+    let config = shipped_nats_config(&dir.path().join("etc"), dir.path())?;
+    let options = ServerOptions {
+        nats_env: users.server_env()?,
+        ..ServerOptions::default()
+    };
+    let store_dir = dir.path().join("etc/data/jetstream");
+    let nats = NatsServer::start_from_file(&options, &config, &store_dir).await?;
     let url = nats.url();
-    let anonymous = async_nats::connect(&url).await;
+    // TLS on the client port, and only hashes of the passwords: the server
+    // does not warn of plaintext ones.
+    let info = server_info(&url).await?;
+    assert_eq!(info["tls_required"], true, "{info}");
+    let log = nats.process().log_tail(10_000);
+    assert!(!log.contains("Plaintext passwords"), "{log}");
+    // The monitoring endpoint lists every connection unauthenticated: on
+    // the loopback only. (The harness's own -a 127.0.0.1 would hide a
+    // missing host, so the file itself is read.)
+    assert!(
+        NATS_CONF
+            .lines()
+            .any(|line| line.trim() == "http: 127.0.0.1:8222"),
+        "the monitoring endpoint is not bound to the loopback"
+    );
+    let anonymous = async_nats::ConnectOptions::new()
+        .add_root_certificates(ca.clone().into())
+        .connect(&url)
+        .await;
     assert!(anonymous.is_err(), "an anonymous client got in");
     let (admin, _) = users.setup.connect(&url).await?;
     let mut fleet = Fleet::start_on(

@@ -81,9 +81,10 @@ redis://{{ include "toolfleet.name" . }}-redis:6379/
 {{- $users | join "," -}}
 {{- end -}}
 
-{{/* The environment variable the NATS server reads a user's password from. */}}
+{{/* The environment variable the NATS server reads a user's password's
+bcrypt hash from. */}}
 {{- define "toolfleet.natsPasswordVar" -}}
-TOOLFLEET_NATS_{{ . | upper | replace "-" "_" }}_PASSWORD
+TOOLFLEET_NATS_{{ . | upper | replace "-" "_" }}_PASSWORD_BCRYPT
 {{- end -}}
 
 {{/*
@@ -277,9 +278,13 @@ and register exactly its own tools.
 # toolfleet's NATS accounts and users, each with the least it needs
 # (docs/security.md, decisions 0012 and 0029), rendered by the Helm chart
 # from its pools (deploy/helm/toolfleet, templates/nats-users.yaml). There
-# is no anonymous user: a client without credentials is refused. Passwords
-# come from the server's environment (a variable not defined in this file
-# is looked up there).
+# is no anonymous user: a client without credentials is refused. The
+# server knows only the passwords' bcrypt hashes, from its environment (a
+# variable not defined in this file is looked up there): each variable
+# holds the hash in double quotes, "$2a$11$...", since nats-server reads a
+# variable's value as configuration, where an unquoted $ starts a variable
+# reference (make one with `htpasswd -bnBC 11 "" "$PASSWORD" | tr -d ':\n'`
+# or `nats server passwd`).
 #
 # Accounts are what keep the pools apart. nats-server checks a publisher's
 # right to a message's subject, never to its reply subject, and JetStream

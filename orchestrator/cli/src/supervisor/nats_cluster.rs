@@ -64,7 +64,7 @@ impl NatsCluster {
         let starts = configs.iter().zip(&names).map(|(config, name)| {
             let launch = Launch {
                 name,
-                config: Some(config),
+                config: Some(super::nats_server::Config::Text(config)),
                 ready: Ready::Probe,
             };
             async move { NatsServer::launch(options, &launch).await }

@@ -63,8 +63,17 @@ pub struct NatsServer {
 /// configuration file, and how its readiness shows.
 pub(super) struct Launch<'a> {
     pub(super) name: &'a str,
-    pub(super) config: Option<&'a str>,
+    pub(super) config: Option<Config<'a>>,
     pub(super) ready: Ready,
+}
+
+/// A server's configuration: text the harness writes into the server's
+/// scratch dir, or a deployment's file (whose `include`s are relative to
+/// it), which names its own JetStream store dir.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Config<'a> {
+    Text(&'a str),
+    File { path: &'a Path, store_dir: &'a Path },
 }
 
 impl Default for Launch<'_> {
@@ -124,7 +133,30 @@ impl NatsServer {
     /// server refuses (the message carries its log).
     pub async fn start_with_config(options: &ServerOptions, config: &str) -> anyhow::Result<Self> {
         let launch = Launch {
-            config: Some(config),
+            config: Some(Config::Text(config)),
+            ready: Ready::Logged,
+            ..Launch::default()
+        };
+        Self::launch(options, &launch).await
+    }
+
+    /// Like [`start_with_config`](Self::start_with_config), from the file
+    /// `config` (a deployment's own), whose `include`s nats-server reads
+    /// relative to it, and which enables JetStream in `store_dir` itself.
+    ///
+    /// # Errors
+    ///
+    /// As [`start_with_config`](Self::start_with_config).
+    pub async fn start_from_file(
+        options: &ServerOptions,
+        config: &Path,
+        store_dir: &Path,
+    ) -> anyhow::Result<Self> {
+        let launch = Launch {
+            config: Some(Config::File {
+                path: config,
+                store_dir,
+            }),
             ready: Ready::Logged,
             ..Launch::default()
         };
@@ -137,22 +169,33 @@ impl NatsServer {
     ) -> anyhow::Result<Self> {
         let (binary, version) = binary().await?;
         let dir = ScratchDir::new(launch.name, options.parent_dir.as_deref())?;
-        let store_dir = dir.path().join("jetstream");
-        let config_file = match launch.config {
-            Some(text) => {
+        // The store dir, and whether the harness sets it (`-js -sd`): a
+        // deployment's file sets it itself, and the server refuses both.
+        let (config_file, store_dir, js_flags) = match launch.config {
+            Some(Config::Text(text)) => {
                 let path = dir.path().join("nats.conf");
                 std::fs::write(&path, text).context("cannot write the nats-server config")?;
-                Some(path)
+                (Some(path), dir.path().join("jetstream"), true)
             }
-            None => None,
+            Some(Config::File { path, store_dir }) => {
+                (Some(path.to_owned()), store_dir.to_owned(), false)
+            }
+            None => (None, dir.path().join("jetstream"), true),
         };
+        let js = js_flags.then_some(store_dir.as_path());
         // `-p -1` and `-m -1`: the server picks free ports and logs them, so
         // parallel tests in separate processes can't race for one.
-        let args = server_args(("-1", "-1"), &store_dir, config_file.as_deref());
+        let args = server_args(("-1", "-1"), js, config_file.as_deref());
         let envs = options
             .nats_threads
             .map(|threads| ("GOMAXPROCS".into(), threads.to_string().into()))
             .into_iter()
+            .chain(
+                options
+                    .nats_env
+                    .iter()
+                    .map(|(key, value)| (key.into(), value.into())),
+            )
             .collect();
         let process = ChildProcess::spawn_in(launch.name, dir, binary, args, envs, options)?;
         let monitoring = process
@@ -175,7 +218,7 @@ impl NatsServer {
         // Restarts must come back on the same port, for clients to reconnect.
         server.process.set_args(server_args(
             (&port.to_string(), &monitoring_port.to_string()),
-            &server.store_dir,
+            js_flags.then_some(server.store_dir.as_path()),
             config_file.as_deref(),
         ));
         server.wait_ready().await?;
@@ -277,30 +320,20 @@ impl NatsServer {
 }
 
 /// `(port, monitoring_port)`: the client and monitoring ports, `-1` for
-/// free ones.
+/// free ones; `store_dir`: JetStream there, unless the config file sets it.
 fn server_args(
     (port, monitoring_port): (&str, &str),
-    store_dir: &Path,
+    store_dir: Option<&Path>,
     config: Option<&Path>,
 ) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     if let Some(config) = config {
         args.extend([OsString::from("-c"), config.into()]);
     }
-    args.extend(
-        [
-            "-a",
-            "127.0.0.1",
-            "-p",
-            port,
-            "-m",
-            monitoring_port,
-            "-js",
-            "-sd",
-        ]
-        .map(OsString::from),
-    );
-    args.push(store_dir.into());
+    args.extend(["-a", "127.0.0.1", "-p", port, "-m", monitoring_port].map(OsString::from));
+    if let Some(store_dir) = store_dir {
+        args.extend(["-js".into(), "-sd".into(), store_dir.into()]);
+    }
     args
 }
 

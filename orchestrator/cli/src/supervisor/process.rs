@@ -50,6 +50,9 @@ pub struct ServerOptions {
     /// Default: none, Go's own choice (one per CPU, or the container's CPU
     /// limit). Redis runs commands on one thread anyway.
     pub nats_threads: Option<usize>,
+    /// More environment of nats-server (a deployment's configuration reads
+    /// its secrets from there). Default: none.
+    pub nats_env: Vec<(String, String)>,
 }
 
 impl Default for ServerOptions {
@@ -60,6 +63,7 @@ impl Default for ServerOptions {
             log_tail_on_drop: true,
             start_timeout: Duration::from_secs(20),
             nats_threads: None,
+            nats_env: Vec::new(),
         }
     }
 }
