@@ -158,15 +158,8 @@ impl Users {
 /// config's paths under /etc/nats/ and /data/ moved there, and the test's certificates
 /// (made in `certificates`) where it expects them. Returns the config file.
 fn shipped_nats_config(etc: &Path, certificates: &Path) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(etc.join("tls"))?;
+    install_certificates(etc, certificates)?;
     std::fs::write(etc.join("toolfleet-users.conf"), USERS)?;
-    for (made, expected) in [
-        ("server.pem", "tls.crt"),
-        ("server.key", "tls.key"),
-        ("ca.pem", "ca.crt"),
-    ] {
-        std::fs::copy(certificates.join(made), etc.join("tls").join(expected))?;
-    }
     let config = etc.join("nats-server.conf");
     std::fs::write(
         &config,
@@ -175,6 +168,21 @@ fn shipped_nats_config(etc: &Path, certificates: &Path) -> anyhow::Result<PathBu
             .replace("/data/", &format!("{}/data/", etc.display())),
     )?;
     Ok(config)
+}
+
+/// The test's certificates (made in `certificates`) in `etc/tls`, named as
+/// a cert-manager Secret names them, which is where the shipped
+/// configurations expect them.
+fn install_certificates(etc: &Path, certificates: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(etc.join("tls"))?;
+    for (made, expected) in [
+        ("server.pem", "tls.crt"),
+        ("server.key", "tls.key"),
+        ("ca.pem", "ca.crt"),
+    ] {
+        std::fs::copy(certificates.join(made), etc.join("tls").join(expected))?;
+    }
+    Ok(())
 }
 
 fn as_refs<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
@@ -274,18 +282,34 @@ async fn set_up(nats_url: &str, user: &User, tools: &[&str]) -> anyhow::Result<S
     Ok(printed)
 }
 
+/// A fleet of two pools on exactly the shipped NATS and Redis configuration
+/// (TLS, accounts, ACL users), attacked with the credentials of pool
+/// `general`, as someone who took over one of its workers would: every
+/// probe of issue 32, and those of the issues before it. Each is refused by
+/// the server itself, or its effect stays inside the pool's own part.
 #[tokio::test]
-async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow::Result<()> {
+async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_another()
+-> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     Certificates::generate(dir.path())?;
-    let ca = dir.path().join("etc/tls/ca.crt").display().to_string();
+    let ca = dir.path().join("nats/tls/ca.crt").display().to_string();
     let users = Users::new(&ca);
-    let config = shipped_nats_config(&dir.path().join("etc"), dir.path())?;
+    let config = shipped_nats_config(&dir.path().join("nats"), dir.path())?;
     let options = ServerOptions {
         nats_env: users.server_env()?,
         ..ServerOptions::default()
     };
-    let store_dir = dir.path().join("etc/data/jetstream");
+    let redis_users = RedisUsers::new();
+    let redis = shipped_redis(
+        &dir.path().join("redis"),
+        dir.path(),
+        [
+            &redis_users.orchestrator,
+            &redis_users.general,
+            &redis_users.knowledge,
+        ],
+    )?;
+    let store_dir = dir.path().join("nats/data/jetstream");
     let nats = NatsServer::start_from_file(&options, &config, &store_dir).await?;
     let url = nats.url();
     // TLS on the client port, and only hashes of the passwords: the server
@@ -309,17 +333,22 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         .await;
     assert!(anonymous.is_err(), "an anonymous client got in");
     let (admin, _) = users.setup.connect(&url).await?;
-    let mut fleet = Fleet::start_on(
-        Nats::Server(nats.into()),
-        admin.clone(),
-        RedisConfig::default(),
-        0,
-        &[],
-    )
-    .await?;
+    let mut fleet =
+        Fleet::start_on(Nats::Server(nats.into()), admin.clone(), redis, 0, &[]).await?;
+    let redis_url = fleet.redis.url();
+    // Each service as its NATS user and its Redis user.
+    let env = |nats: &User, redis: &RedisUser| {
+        let mut env = nats.env();
+        env.extend([
+            ("TOOLFLEET_REDIS__USER", redis.name.to_owned()),
+            ("TOOLFLEET_REDIS__PASSWORD", redis.password.clone()),
+            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.clone()),
+        ]);
+        env
+    };
 
     // A pool started before the setup step waits for it, and says which.
-    let general_env = users.general.env();
+    let general_env = env(&users.general, &redis_users.general);
     let general = fleet.start_pool_worker(GENERAL_TOOLS, &as_refs(&general_env))?;
     fleet
         .worker(general)
@@ -332,21 +361,26 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         "{printed}"
     );
     // Each pool's consumer exists before its first worker starts.
-    let js = jetstream::new(admin.clone());
-    let calls = js.get_stream("TOOLFLEET_CALLS").await?;
-    calls.consumer_info("tool_factual_qa").await?;
+    jetstream::new(admin.clone())
+        .get_stream(names::CALL_STREAM)
+        .await?
+        .consumer_info("tool_factual_qa")
+        .await?;
     fleet
         .worker(general)
         .wait_for_log("worker ready", Duration::from_secs(30))
         .await?;
-    let knowledge_env = users.knowledge.env();
+    let knowledge_env = env(&users.knowledge, &redis_users.knowledge);
     let knowledge = fleet.start_pool_worker(KNOWLEDGE_TOOLS, &as_refs(&knowledge_env))?;
     fleet
         .worker(knowledge)
         .wait_for_log("worker ready", Duration::from_secs(30))
         .await?;
     fleet
-        .spawn_orchestrator(&as_refs(&users.orchestrator.env()))
+        .spawn_orchestrator(&as_refs(&env(
+            &users.orchestrator,
+            &redis_users.orchestrator,
+        )))
         .await?;
     fleet.wait_for_tools(0, &all_tools, 1).await?;
 
@@ -356,6 +390,54 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
         "{}",
         job.output_text
     );
+
+    // A call of the other pool's tool in this pool's queue (the orchestrator
+    // is the only one left who may publish there): general's worker drops
+    // it before it claims it, so Redis (where the claim would be refused)
+    // is never asked, and it is terminated, never redelivered.
+    let (orchestrator, _) = users.orchestrator.connect(&url).await?;
+    let misrouted = toolfleet_tests::fleet::call(
+        &job.job_id,
+        "c0misrouted",
+        "factual_qa",
+        r#"{"entity":"AMD"}"#,
+    );
+    jetstream::new(orchestrator.clone())
+        .publish(
+            names::call_subject("calculate"),
+            serde_json::to_vec(&misrouted)?.into(),
+        )
+        .await?
+        .await?;
+    fleet
+        .worker(general)
+        .wait_for_log(
+            "call for a tool this worker does not serve here dropped unanswered",
+            Duration::from_secs(20),
+        )
+        .await?;
+    let js = jetstream::new(admin.clone());
+    wait_until("the misrouted call gone", Duration::from_secs(10), || {
+        let js = js.clone();
+        async move {
+            let stream = js.get_stream(names::CALL_STREAM).await;
+            stream.is_ok_and(|stream| stream.cached_info().state.messages == 0)
+        }
+    })
+    .await?;
+    assert_eq!(fleet.count_in_worker_logs("redis unavailable"), 0);
+    // Redis refused the fleet nothing, that call's claim included.
+    let mut admin_redis = fleet
+        .redis
+        .server()
+        .client()
+        .get_multiplexed_async_connection()
+        .await?;
+    let refusals: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin_redis)
+        .await?;
+    assert!(refusals.is_empty(), "Redis refused the fleet: {refusals:?}");
 
     // A pool: reading every call, pulling another pool's calls, creating a
     // consumer of its own to read them, reading another user's inbox,
@@ -367,6 +449,8 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
     refused(&mut errors, "Subscription to \"_INBOX.orchestrator.>\"").await?;
     for subject in [
         "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
+        "JS.toolfleet.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
+        "JS.toolfleet.API.STREAM.INFO.KV_toolfleet_registry",
         "$JS.API.CONSUMER.CREATE.TOOLFLEET_CALLS",
         "$JS.API.STREAM.MSG.GET.TOOLFLEET_CALLS",
         "toolfleet.call.calculate",
@@ -412,6 +496,19 @@ async fn the_shipped_nats_users_run_a_fleet_and_may_do_nothing_else() -> anyhow:
     assert_eq!(announced(admin_registry.clone()).await?, before);
 
     reply_subjects_stay_in_the_pools_account(&js, &users, &url).await?;
+
+    // In Redis: another pool's result, the job, key names, FLUSHALL.
+    a_pool_is_refused_in_redis(
+        &redis_users.general,
+        &redis_url,
+        &ca,
+        &mut admin_redis,
+        &job.job_id,
+    )
+    .await?;
+
+    // And the other pool still serves: a job through both pools succeeds.
+    run_two_pool_job(&fleet).await?;
 
     // The orchestrators may not take calls, nor create anything.
     let (orchestrator, mut errors) = users.orchestrator.connect(&url).await?;
@@ -585,39 +682,47 @@ impl RedisUser {
     }
 }
 
-#[tokio::test]
-async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_another_pools_result()
--> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let certificates = Certificates::generate(dir.path())?;
-    let orchestrator = RedisUser::new("orchestrator", "@ORCHESTRATOR_PASSWORD_SHA256@");
-    let general = RedisUser::new("pool-general", "@POOL_GENERAL_PASSWORD_SHA256@");
-    let knowledge = RedisUser::new("pool-knowledge", "@POOL_KNOWLEDGE_PASSWORD_SHA256@");
-    let mut users = REDIS_USERS.to_owned();
-    for user in [&orchestrator, &general, &knowledge] {
-        users = users.replace(user.placeholder, &user.sha256());
+/// The users of the shipped Redis users file, with random passwords.
+struct RedisUsers {
+    orchestrator: RedisUser,
+    general: RedisUser,
+    knowledge: RedisUser,
+}
+
+impl RedisUsers {
+    fn new() -> Self {
+        Self {
+            orchestrator: RedisUser::new("orchestrator", "@ORCHESTRATOR_PASSWORD_SHA256@"),
+            general: RedisUser::new("pool-general", "@POOL_GENERAL_PASSWORD_SHA256@"),
+            knowledge: RedisUser::new("pool-knowledge", "@POOL_KNOWLEDGE_PASSWORD_SHA256@"),
+        }
     }
-    assert!(!users.contains("#@"), "a password placeholder is left");
+}
+
+/// The shipped redis.conf and users file (with `users`' hashes, and a
+/// user `harness` for the harness itself) in `etc`, their paths under
+/// /etc/redis/ moved there, and the test's certificates (made in
+/// `certificates`) where the file expects them.
+fn shipped_redis(
+    etc: &Path,
+    certificates: &Path,
+    users: [&RedisUser; 3],
+) -> anyhow::Result<RedisConfig> {
+    let mut file = REDIS_USERS.to_owned();
+    for user in users {
+        file = file.replace(user.placeholder, &user.sha256());
+    }
+    anyhow::ensure!(!file.contains("#@"), "a password placeholder is left");
     // The harness's own user, to read what the fleet wrote.
-    users.push_str("user harness on >harness-pw ~* &* +@all\n");
-    // The shipped redis.conf, its files under /etc/redis/ in the test's dir
-    // instead: the users, and the certificates where it expects them.
-    let etc = dir.path().join("etc");
-    std::fs::create_dir_all(etc.join("tls"))?;
-    std::fs::write(etc.join("toolfleet-users.conf"), users)?;
-    for (made, expected) in [
-        ("server.pem", "tls.crt"),
-        ("server.key", "tls.key"),
-        ("ca.pem", "ca.crt"),
-    ] {
-        std::fs::copy(dir.path().join(made), etc.join("tls").join(expected))?;
-    }
+    file.push_str("user harness on >harness-pw ~* &* +@all\n");
+    install_certificates(etc, certificates)?;
+    std::fs::write(etc.join("toolfleet-users.conf"), file)?;
     let config_file = etc.join("redis.conf");
     std::fs::write(
         &config_file,
         REDIS_CONF.replace("/etc/redis/", &format!("{}/", etc.display())),
     )?;
-    let redis = RedisConfig {
+    Ok(RedisConfig {
         tls: Some(RedisTls {
             cert_file: etc.join("tls/tls.crt"),
             key_file: etc.join("tls/tls.key"),
@@ -626,7 +731,103 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
         config_file: Some(config_file),
         admin: Some(("harness".into(), "harness-pw".into())),
         ..Default::default()
+    })
+}
+
+/// The pool "general" (`pool_user`), with its own credentials, in the
+/// shipped Redis at `url` after `job_id` ran: its own tools' ledger is
+/// writable; another pool's result, a job's record and conversation, key
+/// names, and every command outside reads, writes and scripts are refused.
+/// `admin` reads what is there.
+async fn a_pool_is_refused_in_redis(
+    pool_user: &RedisUser,
+    url: &str,
+    ca: &str,
+    admin: &mut redis::aio::MultiplexedConnection,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    // The pool "general", with its own credentials: its own tools' ledger
+    // is writable; another pool's result, a job's record and conversation,
+    // and every command outside reads, writes and scripts are refused.
+    let keys = toolfleet_proto::names::RedisKeys::default();
+    let mut pool = pool_user
+        .client(url, ca)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let own: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(keys.call_result(job_id, "calculate", "probe", 9))
+        .arg("{}")
+        .query_async(&mut pool)
+        .await;
+    own?;
+    // The factual_qa call's result, where another pool would forge it.
+    let pattern = keys.call_result(job_id, "factual_qa", "*", 1);
+    let found: Vec<String> = redis::cmd("KEYS").arg(&pattern).query_async(admin).await?;
+    let [result_key] = found.as_slice() else {
+        anyhow::bail!("one factual_qa result, not {found:?}");
     };
+    let stored: Option<String> = redis::cmd("GET").arg(result_key).query_async(admin).await?;
+    assert!(stored.is_some(), "no factual_qa result at {result_key}");
+    let refusals: [(&str, redis::Cmd); 8] = [
+        ("forging another pool's result", {
+            let mut cmd = redis::cmd("SET");
+            cmd.arg(result_key).arg("{}");
+            cmd
+        }),
+        ("forging it in a script", {
+            let mut cmd = redis::cmd("EVAL");
+            cmd.arg("return redis.call('SET', KEYS[1], 'x')")
+                .arg(1)
+                .arg(format!("{}:2", result_key.trim_end_matches(":1")));
+            cmd
+        }),
+        ("reading the job's conversation", {
+            let mut cmd = redis::cmd("LRANGE");
+            cmd.arg(keys.job_items(job_id)).arg(0).arg(-1);
+            cmd
+        }),
+        ("rewriting the job record", {
+            let mut cmd = redis::cmd("HSET");
+            cmd.arg(keys.job(job_id)).arg("status").arg("succeeded");
+            cmd
+        }),
+        ("listing every key", {
+            let mut cmd = redis::cmd("KEYS");
+            cmd.arg("*");
+            cmd
+        }),
+        ("flushing everything", redis::cmd("FLUSHALL")),
+        // Key patterns do not filter the names these return: they would
+        // list other pools' call ids.
+        ("scanning the key names", {
+            let mut cmd = redis::cmd("SCAN");
+            cmd.arg(0).arg("COUNT").arg(1000);
+            cmd
+        }),
+        ("sampling a key name", redis::cmd("RANDOMKEY")),
+    ];
+    for (what, cmd) in refusals {
+        let refused: redis::RedisResult<redis::Value> = cmd.query_async(&mut pool).await;
+        let code = refused.as_ref().err().and_then(|e| e.code());
+        assert_eq!(code, Some("NOPERM"), "{what} was not refused: {refused:?}");
+    }
+    let after: Option<String> = redis::cmd("GET").arg(result_key).query_async(admin).await?;
+    assert_eq!(after, stored, "another pool's result changed");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_another_pools_result()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certificates = Certificates::generate(dir.path())?;
+    let RedisUsers {
+        orchestrator,
+        general,
+        knowledge,
+    } = RedisUsers::new();
+    let etc = dir.path().join("etc");
+    let redis = shipped_redis(&etc, dir.path(), [&orchestrator, &general, &knowledge])?;
     let mut fleet = Fleet::start_with_redis(0, &[], redis).await?;
     let url = fleet.redis.url();
     assert!(url.starts_with("rediss://"), "{url}");
@@ -710,83 +911,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
         with_acls.as_secs_f64() / without_acls.as_secs_f64().max(1e-9)
     );
 
-    // The pool "general", with its own credentials: its own tools' ledger
-    // is writable; another pool's result, a job's record and conversation,
-    // and every command outside reads, writes and scripts are refused.
-    let keys = toolfleet_proto::names::RedisKeys::default();
-    let job_id = job.job_id.as_str();
-    let mut pool = general
-        .client(&url, &ca)?
-        .get_multiplexed_async_connection()
-        .await?;
-    let own: redis::RedisResult<()> = redis::cmd("SET")
-        .arg(keys.call_result(job_id, "calculate", "probe", 9))
-        .arg("{}")
-        .query_async(&mut pool)
-        .await;
-    own?;
-    // The factual_qa call's result, where another pool would forge it.
-    let pattern = keys.call_result(job_id, "factual_qa", "*", 1);
-    let found: Vec<String> = redis::cmd("KEYS")
-        .arg(&pattern)
-        .query_async(&mut admin)
-        .await?;
-    let [result_key] = found.as_slice() else {
-        anyhow::bail!("one factual_qa result, not {found:?}");
-    };
-    let stored: Option<String> = redis::cmd("GET")
-        .arg(result_key)
-        .query_async(&mut admin)
-        .await?;
-    assert!(stored.is_some(), "no factual_qa result at {result_key}");
-    let refusals: [(&str, redis::Cmd); 8] = [
-        ("forging another pool's result", {
-            let mut cmd = redis::cmd("SET");
-            cmd.arg(result_key).arg("{}");
-            cmd
-        }),
-        ("forging it in a script", {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg("return redis.call('SET', KEYS[1], 'x')")
-                .arg(1)
-                .arg(format!("{}:2", result_key.trim_end_matches(":1")));
-            cmd
-        }),
-        ("reading the job's conversation", {
-            let mut cmd = redis::cmd("LRANGE");
-            cmd.arg(keys.job_items(job_id)).arg(0).arg(-1);
-            cmd
-        }),
-        ("rewriting the job record", {
-            let mut cmd = redis::cmd("HSET");
-            cmd.arg(keys.job(job_id)).arg("status").arg("succeeded");
-            cmd
-        }),
-        ("listing every key", {
-            let mut cmd = redis::cmd("KEYS");
-            cmd.arg("*");
-            cmd
-        }),
-        ("flushing everything", redis::cmd("FLUSHALL")),
-        // Key patterns do not filter the names these return: they would
-        // list other pools' call ids.
-        ("scanning the key names", {
-            let mut cmd = redis::cmd("SCAN");
-            cmd.arg(0).arg("COUNT").arg(1000);
-            cmd
-        }),
-        ("sampling a key name", redis::cmd("RANDOMKEY")),
-    ];
-    for (what, cmd) in refusals {
-        let refused: redis::RedisResult<redis::Value> = cmd.query_async(&mut pool).await;
-        let code = refused.as_ref().err().and_then(|e| e.code());
-        assert_eq!(code, Some("NOPERM"), "{what} was not refused: {refused:?}");
-    }
-    let after: Option<String> = redis::cmd("GET")
-        .arg(result_key)
-        .query_async(&mut admin)
-        .await?;
-    assert_eq!(after, stored, "another pool's result changed");
+    a_pool_is_refused_in_redis(&general, &url, &ca, &mut admin, &job.job_id).await?;
 
     // Nobody gets in without a user, nor without TLS.
     let anonymous = redis::Client::build_with_tls(
