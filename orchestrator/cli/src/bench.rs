@@ -43,15 +43,20 @@ pub(crate) struct BenchArgs {
     calls: usize,
     /// Make every call a `sleep` of this many milliseconds (an I/O-bound
     /// tool) instead of a no-op `echo`.
-    #[arg(long, value_name = "MS")]
+    #[arg(long, value_name = "MS", conflicts_with = "calculate")]
     sleep_ms: Option<u64>,
+    /// Make every call `calculate` of "1+1", a built-in tool of the shipped
+    /// pool `general`, instead of `echo`: the tool `--nats-accounts` runs,
+    /// so a run with this flag alone is what to compare it with.
+    #[arg(long)]
+    calculate: bool,
     /// Tool rounds per job.
     #[arg(short = 'R', long, default_value_t = 2)]
     rounds: usize,
     /// One-round one-call jobs run one after the other, for latency.
     #[arg(long, default_value_t = 300)]
     sequential: usize,
-    /// Requests of the raw NATS request/reply floor.
+    /// Requests of the raw NATS request/reply floor. 0 skips it.
     #[arg(long, default_value_t = 20_000)]
     raw_requests: usize,
     /// Calls of the raw JetStream floor: each published to a work-queue
@@ -111,6 +116,15 @@ pub(crate) struct BenchArgs {
     /// one).
     #[arg(long, value_name = "N", requires = "redis_cluster")]
     wait_replicas: Option<u32>,
+    /// With `--processes`: NATS runs toolfleet's shipped accounts and users
+    /// (deploy/nats/toolfleet-users.conf, decision 0029), the setup step
+    /// creates the streams as `setup`, the orchestrator connects as
+    /// `orchestrator`, and the workers as the pool `general`, in its own
+    /// account, serving its tools; the load calls `calculate`. Compare with
+    /// `--processes --calculate` to see what the accounts cost. The raw
+    /// floors are skipped: their clients have no user there.
+    #[arg(long, requires = "processes", conflicts_with_all = ["nats_cluster", "fsync_always"])]
+    nats_accounts: bool,
     /// Trace the fleet with this sampling ratio (0.0 to 1.0), exporting over
     /// OTLP to a collector the bench starts, which counts the spans and
     /// drops them: compare with a run without to see what tracing costs.
@@ -204,9 +218,12 @@ struct Report {
     /// What the load phase cost, by process, in Redis commands and in NATS
     /// messages, per job.
     accounting: Accounting,
-    raw_nats_requests_per_sec: f64,
-    raw_nats_round_trip: Percentiles,
-    tool_calls_vs_raw_nats: f64,
+    /// The raw NATS floor (`--raw-requests`); none when skipped.
+    raw_nats_requests_per_sec: Option<f64>,
+    raw_nats_round_trip: Option<Percentiles>,
+    tool_calls_vs_raw_nats: Option<f64>,
+    /// NATS ran the shipped accounts and users (`--nats-accounts`).
+    nats_accounts: bool,
     /// The raw JetStream floor (`--raw-calls`); none when skipped, or when
     /// it could not run (the reason is printed).
     raw_jetstream: Option<JetStreamFloor>,
@@ -335,6 +352,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
             nats_cluster: args.nats_cluster,
             redis_cluster: args.redis_cluster,
             wait_replicas: args.wait_replicas,
+            nats_accounts: args.nats_accounts,
         };
         Some(ProcessFleet::start(&shape, tool, &telemetry).await?)
     } else {
@@ -426,6 +444,24 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The raw NATS floor's requests: none where its client has no NATS user.
+fn raw_requests(args: &BenchArgs) -> usize {
+    if args.nats_accounts {
+        0
+    } else {
+        args.raw_requests
+    }
+}
+
+/// The raw JetStream floor's calls: none where its client has no NATS user.
+fn raw_calls(args: &BenchArgs) -> usize {
+    if args.nats_accounts {
+        0
+    } else {
+        args.raw_calls
+    }
+}
+
 /// `ca_file`: the CA of a NATS server that speaks TLS; `sources`: what to
 /// account the load phase's cost to.
 async fn measure(
@@ -491,14 +527,17 @@ async fn measure(
         latencies.push(started.elapsed());
     }
 
-    eprintln!(
-        "floor: {} raw NATS requests, {} in flight...",
-        args.raw_requests, args.concurrency
-    );
-    let (raw_rate, raw_latencies) =
-        floor::request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?;
+    let raw_nats = if raw_requests(args) == 0 {
+        None
+    } else {
+        eprintln!(
+            "floor: {} raw NATS requests, {} in flight...",
+            args.raw_requests, args.concurrency
+        );
+        Some(floor::request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?)
+    };
     let tool_calls_per_sec = tool_calls as f64 / elapsed;
-    let raw_jetstream = if args.raw_calls == 0 {
+    let raw_jetstream = if raw_calls(args) == 0 {
         None
     } else {
         jetstream_floor(args, (nats_url, ca_file), sources, tool_calls_per_sec).await
@@ -523,9 +562,10 @@ async fn measure(
         cpu_ms_per_job,
         load_seconds: elapsed,
         accounting,
-        raw_nats_requests_per_sec: raw_rate,
-        raw_nats_round_trip: Percentiles::of(raw_latencies),
-        tool_calls_vs_raw_nats: tool_calls_per_sec / raw_rate,
+        raw_nats_requests_per_sec: raw_nats.as_ref().map(|(rate, _)| *rate),
+        tool_calls_vs_raw_nats: raw_nats.as_ref().map(|(rate, _)| tool_calls_per_sec / rate),
+        raw_nats_round_trip: raw_nats.map(|(_, latencies)| Percentiles::of(latencies)),
+        nats_accounts: args.nats_accounts,
         raw_jetstream,
         // Filled in by the caller, which owns the collector and the servers.
         trace_ratio: None,
@@ -539,6 +579,9 @@ async fn measure(
 enum Workload {
     /// `echo`: no work, so the numbers are the fleet's own cost.
     Echo,
+    /// `calculate` of "1+1": next to no work, in a tool of the shipped
+    /// pool `general`.
+    Calculate,
     /// `sleep`: a tool that waits, as most real tools wait on I/O; the
     /// numbers show how well a worker keeps its slots busy.
     Sleep { ms: u64 },
@@ -546,12 +589,17 @@ enum Workload {
 
 impl Workload {
     fn of(args: &BenchArgs) -> Self {
-        args.sleep_ms.map_or(Self::Echo, |ms| Self::Sleep { ms })
+        match args.sleep_ms {
+            Some(ms) => Self::Sleep { ms },
+            None if args.calculate || args.nats_accounts => Self::Calculate,
+            None => Self::Echo,
+        }
     }
 
     fn name(self) -> String {
         match self {
             Self::Echo => "echo".to_owned(),
+            Self::Calculate => "calculate".to_owned(),
             Self::Sleep { ms } => format!("sleep {ms}ms"),
         }
     }
@@ -559,6 +607,7 @@ impl Workload {
     fn tool(self) -> &'static str {
         match self {
             Self::Echo => "echo",
+            Self::Calculate => "calculate",
             Self::Sleep { .. } => "sleep",
         }
     }
@@ -566,6 +615,7 @@ impl Workload {
     fn call(self, round: usize, call: usize) -> Value {
         match self {
             Self::Echo => json!({"name": "echo", "arguments": {"round": round, "call": call}}),
+            Self::Calculate => json!({"name": "calculate", "arguments": {"expression": "1+1"}}),
             Self::Sleep { ms } => json!({"name": "sleep", "arguments": {"ms": ms}}),
         }
     }
@@ -735,15 +785,20 @@ fn print(report: &Report) -> std::io::Result<()> {
         None => outln!("CPU per job          n/a (the fleet runs in other processes; see below)")?,
     }
     print_accounting(&report.accounting)?;
-    outln!(
-        "raw NATS req/reply   {:.0} req/s  {}",
+    match (
         report.raw_nats_requests_per_sec,
-        p(&report.raw_nats_round_trip)
-    )?;
-    outln!(
-        "tool calls vs raw    {:.1}%",
-        report.tool_calls_vs_raw_nats * 100.0
-    )?;
+        &report.raw_nats_round_trip,
+        report.tool_calls_vs_raw_nats,
+    ) {
+        (Some(rate), Some(round_trip), Some(ratio)) => {
+            outln!("raw NATS req/reply   {rate:.0} req/s  {}", p(round_trip))?;
+            outln!("tool calls vs raw    {:.1}%", ratio * 100.0)?;
+        }
+        _ if report.nats_accounts => {
+            outln!("raw NATS floors      skipped (--nats-accounts: no user of theirs)")?;
+        }
+        _ => outln!("raw NATS req/reply   skipped")?,
+    }
     if let Some(floor) = &report.raw_jetstream {
         outln!(
             "raw JetStream calls  {:.0} calls/s  {}  ({} in flight)",

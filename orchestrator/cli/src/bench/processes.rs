@@ -42,6 +42,101 @@ pub(super) struct FleetShape {
     pub(super) redis_cluster: bool,
     /// The services' `redis.wait_replicas`, if given.
     pub(super) wait_replicas: Option<u32>,
+    /// NATS runs the shipped accounts and users, and the workers are the
+    /// pool `general` ([`Accounts`]).
+    pub(super) nats_accounts: bool,
+}
+
+/// `--nats-accounts`: toolfleet's shipped NATS accounts and users
+/// (decision 0029), with a password per user made for the run.
+struct Accounts {
+    /// `(user, the variable the users file reads its password from, password)`.
+    users: Vec<(&'static str, &'static str, String)>,
+}
+
+/// The shipped accounts and users, as the chart renders them.
+const SHIPPED_USERS: &str = include_str!("../../../../deploy/nats/toolfleet-users.conf");
+/// The pool the bench's workers are, and its tools (the shipped file's).
+const POOL: &str = "pool-general";
+const POOL_TOOLS: &str = "calculate,get_current_weather";
+
+impl Accounts {
+    fn new() -> Self {
+        let users = [
+            ("setup", "TOOLFLEET_NATS_SETUP_PASSWORD_BCRYPT"),
+            (
+                "orchestrator",
+                "TOOLFLEET_NATS_ORCHESTRATOR_PASSWORD_BCRYPT",
+            ),
+            (
+                "pool-general",
+                "TOOLFLEET_NATS_POOL_GENERAL_PASSWORD_BCRYPT",
+            ),
+            (
+                "pool-knowledge",
+                "TOOLFLEET_NATS_POOL_KNOWLEDGE_PASSWORD_BCRYPT",
+            ),
+        ];
+        let users = users
+            .into_iter()
+            .map(|(user, variable)| {
+                // A loopback server for one run: unguessable is enough.
+                let random = std::hash::BuildHasher::hash_one(&std::hash::RandomState::new(), user);
+                (user, variable, format!("{user}-{random:016x}"))
+            })
+            .collect();
+        Self { users }
+    }
+
+    /// The server's configuration: the shipped file, with each password
+    /// variable defined in it. In plaintext: a bcrypt hash costs only at
+    /// connect time, and the bench needs no hashing of its own.
+    fn server_config(&self) -> String {
+        let mut config = String::new();
+        for (_, variable, password) in &self.users {
+            config.push_str(&format!("{variable}: \"{password}\"\n"));
+        }
+        config + SHIPPED_USERS
+    }
+
+    /// A service's NATS settings as `user`, as docs/security.md has them.
+    fn env(&self, user: &str) -> Vec<(&'static str, String)> {
+        let password = self
+            .users
+            .iter()
+            .find(|(name, ..)| *name == user)
+            .map(|(.., password)| password.clone())
+            .unwrap_or_default();
+        let mut env = vec![
+            ("TOOLFLEET_NATS__USER", user.to_owned()),
+            ("TOOLFLEET_NATS__PASSWORD", password),
+            ("TOOLFLEET_NATS__INBOX_PREFIX", format!("_INBOX.{user}")),
+            ("TOOLFLEET_NATS__CREATE_MISSING", "false".to_owned()),
+        ];
+        if user.starts_with("pool-") {
+            env.push((
+                "TOOLFLEET_NATS__API_PREFIX",
+                toolfleet_proto::names::POOL_API_PREFIX.to_owned(),
+            ));
+        }
+        env
+    }
+
+    /// Runs `toolfleet-orchestrator setup` as `setup` for the pool's tools.
+    async fn set_up(&self, nats_url: &str) -> anyhow::Result<()> {
+        let output = tokio::process::Command::new(cargo_bin("toolfleet-orchestrator")?)
+            .args(["setup", "--nats-url", nats_url, "--tools", POOL_TOOLS])
+            .envs(self.env("setup"))
+            .output()
+            .await
+            .context("cannot run toolfleet-orchestrator setup")?;
+        anyhow::ensure!(
+            output.status.success(),
+            "toolfleet-orchestrator setup failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        Ok(())
+    }
 }
 
 /// The fleet's NATS: one server or a cluster. One per bench run: its size
@@ -134,6 +229,7 @@ impl ProcessFleet {
             nats_cluster,
             redis_cluster,
             wait_replicas,
+            nats_accounts,
         } = *shape;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
@@ -149,13 +245,27 @@ impl ProcessFleet {
             nats_threads: (threads > 0).then_some(threads),
             ..ServerOptions::default()
         };
-        let nats = match (nats_cluster, fsync_always) {
-            (true, true) => anyhow::bail!("--fsync-always is not supported with --nats-cluster"),
-            (true, false) => Nats::Cluster(NatsCluster::start_with_options(3, &options).await?),
-            (false, true) => {
+        let accounts = nats_accounts.then(Accounts::new);
+        let nats = match (nats_cluster, fsync_always, &accounts) {
+            (false, false, Some(accounts)) => {
+                let nats =
+                    NatsServer::start_with_config(&options, &accounts.server_config()).await?;
+                accounts.set_up(&nats.url()).await?;
+                Nats::Server(nats)
+            }
+            (_, _, Some(_)) => anyhow::bail!(
+                "--nats-accounts is not supported with --nats-cluster or --fsync-always"
+            ),
+            (true, true, None) => {
+                anyhow::bail!("--fsync-always is not supported with --nats-cluster")
+            }
+            (true, false, None) => {
+                Nats::Cluster(NatsCluster::start_with_options(3, &options).await?)
+            }
+            (false, true, None) => {
                 Nats::Server(NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?)
             }
-            (false, false) => Nats::Server(NatsServer::start_with_options(&options).await?),
+            (false, false, None) => Nats::Server(NatsServer::start_with_options(&options).await?),
         };
         let redis_config = RedisConfig {
             append_only: fsync_always,
@@ -202,6 +312,9 @@ impl ProcessFleet {
             env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
         }
         env.extend(common.iter().cloned());
+        if let Some(accounts) = &accounts {
+            env.extend(accounts.env("orchestrator"));
+        }
         let orchestrator = ChildProcess::spawn_with(
             "orchestrator",
             cargo_bin("toolfleet-orchestrator")?,
@@ -212,14 +325,22 @@ impl ProcessFleet {
         let mut spawned = Vec::new();
         for n in 0..workers {
             let mut args = connection.to_vec();
-            args.extend(["--test-tools".to_owned(), "--worker-id".to_owned()]);
-            args.push(format!("bench-worker-{n}"));
+            let mut env = common.clone();
+            match &accounts {
+                // The pool `general`, serving its own tools only.
+                Some(accounts) => {
+                    args.extend(["--tools".to_owned(), POOL_TOOLS.to_owned()]);
+                    env.extend(accounts.env(POOL));
+                }
+                None => args.push("--test-tools".to_owned()),
+            }
+            args.extend(["--worker-id".to_owned(), format!("bench-worker-{n}")]);
             if let Some(slots) = max_in_flight {
                 args.extend(["--max-in-flight".to_owned(), slots.to_string()]);
             }
             let name = format!("worker-{n}");
             let binary = cargo_bin("toolfleet-worker")?;
-            let env = common.iter().map(|(k, v)| (*k, v.as_str()));
+            let env = env.iter().map(|(k, v)| (*k, v.as_str()));
             spawned.push(ChildProcess::spawn_with(
                 &name, binary, &args, env, &options,
             )?);
