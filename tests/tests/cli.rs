@@ -642,6 +642,45 @@ async fn cluster_bench_accounts_every_node_of_both_clusters() -> anyhow::Result<
     Ok(())
 }
 
+/// `toolfleet bench --processes --nats-accounts` runs its fleet on the
+/// shipped NATS accounts and users: the workers, as the pool `general` in
+/// its own account, serve `calculate` to every job, and NATS carries the
+/// same messages per job as without accounts; the floors, whose clients
+/// have no user there, are skipped and say so.
+#[tokio::test]
+async fn bench_on_the_shipped_nats_accounts_runs_the_pools_tool() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("report.json");
+    let path_arg = path.to_string_lossy().into_owned();
+    let mut args = SMALL_BENCH.to_vec();
+    args.extend(["--processes", "--nats-accounts", "--json", &path_arg]);
+    let run = toolfleet(&args).await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(report["tool"], "calculate", "{report}");
+    assert_eq!(report["nats_accounts"], true, "{report}");
+    assert!(
+        report["tool_calls_per_sec"]
+            .as_f64()
+            .is_some_and(|n| n > 0.0),
+        "{report}"
+    );
+    for key in ["raw_nats_requests_per_sec", "raw_jetstream"] {
+        assert!(report[key].is_null(), "{key}: {report}");
+    }
+    assert!(
+        run.stdout
+            .contains("raw NATS floors      skipped (--nats-accounts"),
+        "{}",
+        run.stdout
+    );
+    // Per job, the calls' publishes and acks and the replies: as many as
+    // a job's 2 rounds of 3 calls need, whatever account they cross.
+    let messages_in = report["accounting"]["nats_messages_in_per_job"].as_f64();
+    assert!(messages_in.is_some_and(|n| n >= 18.0), "{report}");
+    Ok(())
+}
+
 /// `toolfleet bench --processes` accounts the load phase to every process
 /// of the fleet: the orchestrator, each worker, NATS, Redis and the client.
 #[tokio::test]
