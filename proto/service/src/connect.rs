@@ -149,17 +149,15 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
             "set one of credentials_file, nkey_seed_file, user and password, or token".into(),
         ));
     }
-    if !is_subject_prefix(&options.inbox_prefix) {
-        return Err(config(format!(
-            "nats.inbox_prefix {:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)",
-            options.inbox_prefix
-        )));
-    }
-    if !is_subject_prefix(&options.api_prefix) {
-        return Err(config(format!(
-            "nats.api_prefix {:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)",
-            options.api_prefix
-        )));
+    for (key, prefix) in [
+        ("inbox_prefix", &options.inbox_prefix),
+        ("api_prefix", &options.api_prefix),
+    ] {
+        if !is_subject_prefix(prefix) {
+            return Err(config(format!(
+                "nats.{key} {prefix:?} is not a subject prefix (dot-separated tokens without spaces or wildcards)"
+            )));
+        }
     }
     let mut connect = async_nats::ConnectOptions::new();
     if let Some(path) = &options.credentials_file {

@@ -148,6 +148,35 @@ enum Nats {
 }
 
 impl Nats {
+    /// The NATS `shape` asks for; with `accounts`, set up as their `setup`.
+    async fn start(
+        shape: &FleetShape,
+        options: &ServerOptions,
+        accounts: Option<&Accounts>,
+    ) -> anyhow::Result<Self> {
+        Ok(match (shape.nats_cluster, shape.fsync_always, accounts) {
+            (false, false, Some(accounts)) => {
+                let nats =
+                    NatsServer::start_with_config(options, &accounts.server_config()).await?;
+                accounts.set_up(&nats.url()).await?;
+                Self::Server(nats)
+            }
+            (_, _, Some(_)) => anyhow::bail!(
+                "--nats-accounts is not supported with --nats-cluster or --fsync-always"
+            ),
+            (true, true, None) => {
+                anyhow::bail!("--fsync-always is not supported with --nats-cluster")
+            }
+            (true, false, None) => {
+                Self::Cluster(NatsCluster::start_with_options(3, options).await?)
+            }
+            (false, true, None) => {
+                Self::Server(NatsServer::start_with_config(options, JETSTREAM_SYNC_ALWAYS).await?)
+            }
+            (false, false, None) => Self::Server(NatsServer::start_with_options(options).await?),
+        })
+    }
+
     fn url(&self) -> String {
         match self {
             Self::Server(server) => server.url(),
@@ -172,6 +201,22 @@ enum Redis {
 }
 
 impl Redis {
+    /// The Redis `shape` asks for.
+    async fn start(shape: &FleetShape, options: &ServerOptions) -> anyhow::Result<Self> {
+        let config = RedisConfig {
+            append_only: shape.fsync_always,
+            ..RedisConfig::default()
+        };
+        Ok(if shape.redis_cluster {
+            let cluster = RedisCluster::start_with_options(3, 1, config, options).await?;
+            // Writes that wait for a replica fail until each has its copy.
+            cluster.wait_replicas_linked(READY).await?;
+            Self::Cluster(cluster)
+        } else {
+            Self::Server(RedisServer::start_with_options(config, options).await?)
+        })
+    }
+
     fn url(&self) -> String {
         match self {
             Self::Server(server) => server.url(),
@@ -225,11 +270,11 @@ impl ProcessFleet {
             max_in_flight,
             max_jobs,
             threads,
-            fsync_always,
             nats_cluster,
             redis_cluster,
             wait_replicas,
             nats_accounts,
+            ..
         } = *shape;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
@@ -246,39 +291,8 @@ impl ProcessFleet {
             ..ServerOptions::default()
         };
         let accounts = nats_accounts.then(Accounts::new);
-        let nats = match (nats_cluster, fsync_always, &accounts) {
-            (false, false, Some(accounts)) => {
-                let nats =
-                    NatsServer::start_with_config(&options, &accounts.server_config()).await?;
-                accounts.set_up(&nats.url()).await?;
-                Nats::Server(nats)
-            }
-            (_, _, Some(_)) => anyhow::bail!(
-                "--nats-accounts is not supported with --nats-cluster or --fsync-always"
-            ),
-            (true, true, None) => {
-                anyhow::bail!("--fsync-always is not supported with --nats-cluster")
-            }
-            (true, false, None) => {
-                Nats::Cluster(NatsCluster::start_with_options(3, &options).await?)
-            }
-            (false, true, None) => {
-                Nats::Server(NatsServer::start_with_config(&options, JETSTREAM_SYNC_ALWAYS).await?)
-            }
-            (false, false, None) => Nats::Server(NatsServer::start_with_options(&options).await?),
-        };
-        let redis_config = RedisConfig {
-            append_only: fsync_always,
-            ..RedisConfig::default()
-        };
-        let redis = if redis_cluster {
-            let cluster = RedisCluster::start_with_options(3, 1, redis_config, &options).await?;
-            // Writes that wait for a replica fail until each has its copy.
-            cluster.wait_replicas_linked(READY).await?;
-            Redis::Cluster(cluster)
-        } else {
-            Redis::Server(RedisServer::start_with_options(redis_config, &options).await?)
-        };
+        let nats = Nats::start(shape, &options, accounts.as_ref()).await?;
+        let redis = Redis::start(shape, &options).await?;
         let connection = [
             "--nats-url".to_owned(),
             nats.url(),
