@@ -415,7 +415,7 @@ def check_users(chart, defaults: dict) -> list[str]:
             failures.append(f"a tool in two pools: the second pool does not import {subject}")
     expected_redis = {**redis_users(redis), "pool-maps": (
         "user pool-maps on # resetchannels ~tf:{*}:tool:geocode:* ~tf:{*}:tool:route-plan:* "
-        "-@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill")}
+        "-@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots")}
     if redis_users(more_redis) != expected_redis:
         failures.append(f"one more pool: Redis users {redis_users(more_redis)}, not {expected_redis}")
     return failures

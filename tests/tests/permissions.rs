@@ -890,6 +890,18 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
         "Redis refused the fleet {} times: {refusals:?}",
         refusals.len()
     );
+    // On a Redis Cluster each service's client first learns where the
+    // slots are, with CLUSTER SLOTS (redis-rs): every user may ask.
+    for user in [&orchestrator, &general, &knowledge] {
+        let allowed: redis::RedisResult<String> = redis::cmd("ACL")
+            .arg("DRYRUN")
+            .arg(user.name)
+            .arg("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut admin)
+            .await;
+        assert_eq!(allowed.ok().as_deref(), Some("OK"), "{}", user.name);
+    }
     // The same jobs on a fleet without ACLs or TLS: for the reader, not an
     // assertion (timings belong in benchmarks).
     let without_acls = {

@@ -434,7 +434,8 @@ from the pools; .hashes maps a user to its password's SHA-256 (hex).
 # @dangerous (KEYS, FLUSHALL, CONFIG, DEBUG, ...), no functions, and no
 # SCRIPT FLUSH or KILL. No pub/sub channels. No SCAN or RANDOMKEY either:
 # key patterns do not filter the names they return, so they would list
-# every key, other pools' call ids among them.
+# every key, other pools' call ids among them. CLUSTER SLOTS alone of the
+# cluster commands: a Redis Cluster client learns the slots' nodes with it.
 
 # Nobody connects without a user.
 user default off
@@ -442,11 +443,11 @@ user default off
 # The orchestrators: every job key, the tenants' indexes and quotas, the
 # submission keys; the call ledgers read-only (a result is only ever
 # written by the pool that ran the call).
-user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:unfinished:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill
+user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:unfinished:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
 {{- range .pools }}
 {{- $user := printf "pool-%s" .name }}
 
 # Worker pool "{{ .name }}": the ledgers of {{ join ", " .tools }}.
-user {{ $user }} on #{{ get $hashes $user }} resetchannels{{ range .tools }} ~tf:{*}:tool:{{ . }}:*{{ end }} -@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill
+user {{ $user }} on #{{ get $hashes $user }} resetchannels{{ range .tools }} ~tf:{*}:tool:{{ . }}:*{{ end }} -@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
 {{- end }}
 {{- end -}}
