@@ -1,0 +1,355 @@
+//! The commits of a run, each one Lua script fenced by the lease: a turn
+//! ([`JobStore::record_turn`]), a dispatch, a round's results, the end.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use super::wake_ups::Written;
+use toolfleet_proto::Envelope;
+
+use crate::job::{
+    Ending, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
+};
+
+use super::*;
+
+impl JobStore {
+    /// Checkpoints a model turn: the results before it, its items, its
+    /// `model_turn` event and the job's counters, and the first attempt of
+    /// each of its calls about to be published (`dispatched`, as
+    /// [`record_dispatch`](Self::record_dispatch) records one), in one
+    /// commit. Once it lands the turn is never played again.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_turn(
+        &self,
+        lease: &Lease,
+        turn: TurnCheckpoint<'_>,
+        dispatched: &[DispatchedCall<'_>],
+    ) -> Result<(), Error> {
+        let mut commit = Commit::of_turn(turn);
+        commit.dispatched(dispatched, 1);
+        self.commit(lease, commit).await
+    }
+
+    /// Records that `attempt` of each call is about to be published: a
+    /// `tool_call_dispatched` event each, and the attempt a resumed runner
+    /// looks up first.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_dispatch(
+        &self,
+        lease: &Lease,
+        calls: &[DispatchedCall<'_>],
+        attempt: u32,
+    ) -> Result<(), Error> {
+        if calls.is_empty() {
+            return Ok(());
+        }
+        let mut commit = Commit::default();
+        commit.dispatched(calls, attempt);
+        self.commit(lease, commit).await
+    }
+
+    /// Records calls' final envelopes, one `tool_call_result` event each in
+    /// the order given, in one commit (the result items themselves join the
+    /// conversation with the round's others in the next commit of the run,
+    /// [`record_turn`](Self::record_turn) or [`finish`](Self::finish)).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_call_results(
+        &self,
+        lease: &Lease,
+        settled: &[SettledCall<'_>],
+    ) -> Result<(), Error> {
+        let events = settled
+            .iter()
+            .map(|settled| JobEvent::ToolCallResult {
+                attempts: settled.attempts,
+                call_id: settled.call_id.to_owned(),
+                code: settled.envelope.error().map(|e| e.code.to_string()),
+                name: settled.name.to_owned(),
+                ok: settled.envelope.is_ok(),
+                round_trip_us: settled.round_trip.map(micros),
+                worked_us: settled.worked.map(micros),
+            })
+            .collect();
+        let attempts = settled
+            .iter()
+            .map(|settled| (settled_field(settled.wire_id), settled.attempts))
+            .collect();
+        let job_id = &lease.job_id;
+        let checks = settled
+            .iter()
+            .filter_map(|settled| {
+                let text = settled.unchecked?;
+                let key =
+                    self.keys
+                        .call_result(job_id, settled.name, settled.wire_id, settled.attempts);
+                Some((key, text))
+            })
+            .collect();
+        self.commit(
+            lease,
+            Commit {
+                events,
+                attempts,
+                checks,
+                ..Commit::default()
+            },
+        )
+        .await
+    }
+
+    /// Ends the job: its final status, answer or error, final event, and the
+    /// expiry of all its keys after the retention, with what the run had not
+    /// stored yet (`unstored`) before them, in one commit. Nothing is written
+    /// after.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job (or it had
+    /// already ended); [`Error::Redis`].
+    pub async fn finish(
+        &self,
+        lease: &Lease,
+        ending: &Ending,
+        unstored: Unstored<'_>,
+    ) -> Result<(), Error> {
+        let mut commit = match unstored {
+            Unstored::Nothing => Commit::default(),
+            Unstored::Results(results) => Commit {
+                results,
+                ..Commit::default()
+            },
+            Unstored::Turn(turn) => Commit::of_turn(turn),
+        };
+        commit.events.push(ending.event());
+        commit.status = Some(ending.status());
+        commit.ending = Some(ending);
+        self.commit(lease, commit).await
+    }
+
+    /// Writes `commit` atomically, if `lease` still holds and the job has not
+    /// ended.
+    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), Error> {
+        let job_id = &lease.job_id;
+        let finished = commit.ending.is_some();
+        let fields = commit.fields();
+        let now = now_ms();
+        // The events as the script stores them, and as this process's
+        // watchers get them; their offsets are known once it answers.
+        let events: Vec<Event> = commit
+            .events
+            .iter()
+            .map(|event| Event {
+                offset: 0,
+                kind: event.kind().to_owned(),
+                data: event.data_json(),
+                timestamp_ms: now,
+                is_final: event.is_final(),
+            })
+            .collect();
+        let mut invocation = scripts::COMMIT.prepare_invoke();
+        invocation
+            .key(self.keys.job(job_id))
+            .key(self.keys.job_items(job_id))
+            .key(self.keys.job_events(job_id))
+            .key(self.keys.job_lease(job_id))
+            .key(self.keys.job_attempts(job_id))
+            .key(self.keys.job_tools(job_id))
+            .arg(&lease.token)
+            .arg(now)
+            .arg(if finished { millis(self.retention) } else { 0 });
+        invocation.arg(commit.checks.len());
+        for (key, text) in &commit.checks {
+            invocation.arg(key).arg(*text);
+        }
+        invocation.arg(commit.results.len() + commit.items.len());
+        for item in commit.results.iter().chain(commit.items) {
+            invocation.arg(item.stored_json());
+        }
+        invocation.arg(events.len());
+        for event in &events {
+            invocation
+                .arg(&event.kind)
+                .arg(&event.data)
+                .arg(if event.is_final { "1" } else { "0" });
+        }
+        invocation.arg(fields.len());
+        for (field, value) in &fields {
+            invocation.arg(*field).arg(value);
+        }
+        invocation.arg(commit.attempts.len());
+        for (call_id, attempt) in &commit.attempts {
+            invocation.arg(call_id).arg(*attempt);
+        }
+        invocation.arg(commit.offers.len());
+        for manifest in commit.offers {
+            let json = serde_json::to_string(manifest).expect("a manifest serializes");
+            invocation.arg(&manifest.name).arg(json);
+        }
+        let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
+        if answer == scripts::LEASE_LOST {
+            return Err(Error::LeaseLost(job_id.clone()));
+        }
+        if answer == scripts::RESULT_MISMATCH {
+            return Err(Error::ResultMismatch(job_id.clone()));
+        }
+        if !events.is_empty() {
+            self.notify(
+                job_id,
+                Written::numbered(events, u64::try_from(answer).ok()),
+            )
+            .await;
+        }
+        if finished {
+            self.forget_unfinished(job_id).await;
+        }
+        Ok(())
+    }
+}
+
+/// A call with its final envelope, for [`JobStore::record_call_results`].
+#[derive(Debug, Clone, Copy)]
+pub struct SettledCall<'a> {
+    /// The id the job's events show the call by.
+    pub call_id: &'a str,
+    /// The id its attempts are recorded under.
+    pub wire_id: &'a str,
+    /// The tool name.
+    pub name: &'a str,
+    /// Attempts made (0: answered by the orchestrator's own checks).
+    pub attempts: u32,
+    /// Publish to result of the last attempt, as the runner saw it.
+    pub round_trip: Option<Duration>,
+    /// How long the worker worked on the last attempt, by its own clock.
+    pub worked: Option<Duration>,
+    /// The final envelope.
+    pub envelope: &'a Envelope,
+    /// The stored result's text as the worker's reply carried it, when it
+    /// was not read from Redis: the commit checks it against what Redis
+    /// holds and writes nothing if it differs ([`Error::ResultMismatch`]).
+    pub unchecked: Option<&'a str>,
+}
+
+/// Whether the result of call `wire_id` was recorded
+/// ([`JobStore::record_call_results`]), by the [`JobStore::attempts`] of its
+/// job: a resumed round answers it again from the stored envelope, but
+/// records neither its event nor its spans a second time.
+pub fn was_settled(attempts: &HashMap<String, u32>, wire_id: &str) -> bool {
+    attempts.contains_key(&settled_field(wire_id))
+}
+
+/// The attempts-hash field that marks a call settled. A wire id never holds
+/// a colon ([`is_valid_wire_id`](toolfleet_proto::call::is_valid_wire_id)),
+/// so no call's own field can be mistaken for it.
+fn settled_field(wire_id: &str) -> String {
+    format!("settled:{wire_id}")
+}
+
+/// What a run did but has not stored when it ends the job: stored by
+/// [`JobStore::finish`] in the commit that ends it.
+#[derive(Debug, Clone, Copy)]
+pub enum Unstored<'a> {
+    /// Everything is stored.
+    Nothing,
+    /// The results of the run's last round (no turn followed them).
+    Results(&'a [Item]),
+    /// The turn that ended the job, with the results before it.
+    Turn(TurnCheckpoint<'a>),
+}
+
+/// A call about to be published, for [`JobStore::record_dispatch`].
+#[derive(Debug, Clone, Copy)]
+pub struct DispatchedCall<'a> {
+    /// The id the job's events show the call by.
+    pub event_id: &'a str,
+    /// The id its attempts are recorded under.
+    pub wire_id: &'a str,
+    /// The tool.
+    pub name: &'a str,
+}
+
+/// The writes of one verb, committed atomically under a lease. Private: a
+/// caller says what happened, and only [`Commit::fields`] names hash fields.
+#[derive(Debug, Default)]
+struct Commit<'a> {
+    /// Results of a round, appended to the conversation before `items`.
+    results: &'a [Item],
+    items: &'a [Item],
+    events: Vec<JobEvent>,
+    status: Option<JobStatus>,
+    /// Turns and rounds after a checkpointed turn.
+    counters: Option<(u32, u32)>,
+    /// The job ended: its outcome is stored and every key expires.
+    ending: Option<&'a Ending>,
+    /// Dispatched attempts: call id, attempt.
+    attempts: Vec<(String, u32)>,
+    /// Tool manifests offered to the model, to remember.
+    offers: &'a [ToolManifest],
+    /// Stored results (key, text) that must be in Redis as given, or the
+    /// commit writes nothing.
+    checks: Vec<(String, &'a str)>,
+}
+
+impl<'a> Commit<'a> {
+    /// A checkpointed turn: the results before it, its items, its
+    /// `model_turn` event, the job's counters and the tools it offered.
+    fn of_turn(turn: TurnCheckpoint<'a>) -> Self {
+        Commit {
+            results: turn.results,
+            items: turn.items,
+            events: vec![turn.event()],
+            counters: Some((turn.turns, turn.rounds)),
+            offers: turn.offered,
+            ..Commit::default()
+        }
+    }
+
+    /// Records that `attempt` of each of `calls` is about to be published.
+    fn dispatched(&mut self, calls: &[DispatchedCall<'_>], attempt: u32) {
+        for call in calls {
+            self.events.push(JobEvent::ToolCallDispatched {
+                attempt,
+                call_id: call.event_id.to_owned(),
+                name: call.name.to_owned(),
+            });
+            self.attempts.push((call.wire_id.to_owned(), attempt));
+        }
+    }
+
+    /// The job hash fields this commit sets.
+    fn fields(&self) -> Vec<(&'static str, String)> {
+        let mut fields = Vec::new();
+        if let Some(status) = self.status {
+            fields.push(("status", status.as_str().to_owned()));
+        }
+        if let Some((turns, rounds)) = self.counters {
+            fields.push(("turns", turns.to_string()));
+            fields.push(("rounds", rounds.to_string()));
+        }
+        match self.ending {
+            Some(Ending::Succeeded(text)) => fields.push(("output_text", text.clone())),
+            Some(Ending::Failed(error)) => {
+                fields.push(("error_code", error.code.as_str().to_owned()));
+                fields.push(("error_message", error.message.clone()));
+            }
+            Some(Ending::Cancelled) => {
+                fields.push(("error_code", JobErrorCode::Cancelled.as_str().to_owned()));
+                fields.push(("error_message", "the job was cancelled".to_owned()));
+            }
+            None => {}
+        }
+        if self.ending.is_some() {
+            fields.push(("finished_at_ms", now_ms().to_string()));
+        }
+        fields
+    }
+}

@@ -1,0 +1,159 @@
+//! The indexes of jobs: a tenant's jobs, newest first, paged by a cursor
+//! ([`JobStore::list`]); and the unfinished jobs the sweeper looks at.
+
+use redis::AsyncCommands;
+
+use crate::job::{JobId, JobRecord};
+
+use super::*;
+
+impl JobStore {
+    /// A page of `tenant`'s jobs, newest first: those submitted before
+    /// `before` (a cursor from an earlier page; `None` starts at the newest)
+    /// that `keep` accepts, at most `limit`, reading at most `scan` index
+    /// entries. Returns the jobs and the cursor of the next page, `None` at
+    /// the end. Entries whose job has expired are dropped from the index.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn list(
+        &self,
+        tenant: &str,
+        before: Option<ListCursor>,
+        limit: usize,
+        scan: usize,
+        keep: impl Fn(&JobRecord) -> bool,
+    ) -> Result<(Vec<JobRecord>, Option<ListCursor>), Error> {
+        let index = self.keys.tenant_jobs(tenant);
+        let mut jobs = Vec::new();
+        let mut cursor = before;
+        let mut scanned = 0;
+        while jobs.len() < limit && scanned < scan {
+            let batch = (scan - scanned).min(100);
+            let max = cursor
+                .as_ref()
+                .map_or_else(|| "+inf".to_owned(), |c| format!("({}", c.submitted_ms + 1));
+            // Entries of the cursor's own millisecond are read again and
+            // skipped by id below, so jobs submitted in one ms are not lost.
+            let entries: Vec<(String, u64)> = read_with_retry(|| async {
+                redis::cmd("ZREVRANGEBYSCORE")
+                    .arg(&index)
+                    .arg(&max)
+                    .arg("-inf")
+                    .arg("WITHSCORES")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(batch + 64)
+                    .query_async(&mut self.conn())
+                    .await
+            })
+            .await?;
+            let fresh: Vec<(String, u64)> = entries
+                .into_iter()
+                .filter(|(id, ms)| cursor.as_ref().is_none_or(|c| c.is_after(id, *ms)))
+                .take(batch)
+                .collect();
+            if fresh.is_empty() {
+                return Ok((jobs, None));
+            }
+            for (job_id, submitted_ms) in fresh {
+                scanned += 1;
+                cursor = Some(ListCursor {
+                    submitted_ms,
+                    job_id: job_id.clone(),
+                });
+                match self.get(&job_id).await? {
+                    Some(record) if keep(&record) => {
+                        jobs.push(record);
+                        if jobs.len() == limit {
+                            break;
+                        }
+                    }
+                    Some(_) => {}
+                    None => {
+                        let _: i64 = self.conn().zrem(&index, &job_id).await?;
+                    }
+                }
+            }
+        }
+        Ok((jobs, cursor))
+    }
+
+    /// Unfinished jobs submitted before `before_ms` (at most `limit`), oldest
+    /// first: the sweeper's candidates, from every shard of the index.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn unfinished_before(
+        &self,
+        before_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<String>, Error> {
+        let mut oldest: Vec<(String, u64)> = Vec::new();
+        // One shard at a time: a sweep runs every 30 s, and each shard may
+        // live on another node of a cluster.
+        for shard in self.keys.unfinished_shards() {
+            let found: Vec<(String, u64)> = redis::cmd("ZRANGEBYSCORE")
+                .arg(shard)
+                .arg(0)
+                .arg(before_ms)
+                .arg("WITHSCORES")
+                .arg("LIMIT")
+                .arg(0)
+                .arg(limit)
+                .query_async(&mut self.conn())
+                .await?;
+            oldest.extend(found);
+        }
+        oldest.sort_by_key(|(_, submitted)| *submitted);
+        oldest.truncate(limit);
+        Ok(oldest.into_iter().map(|(job_id, _)| job_id).collect())
+    }
+
+    /// Drops a job from the unfinished index. Best effort: a job left there
+    /// by a failure is dropped by the sweeper once it sees it finished.
+    pub async fn forget_unfinished(&self, job_id: &str) {
+        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
+            .arg(self.keys.unfinished_jobs(job_id))
+            .arg(job_id)
+            .query_async(&mut self.conn())
+            .await;
+        if let Err(err) = removed {
+            tracing::debug!(job_id, error = %err, "could not drop a job from the unfinished index");
+        }
+    }
+}
+
+/// Where a page of [`JobStore::list`] ended: the last job it read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListCursor {
+    /// When that job was submitted (Unix ms).
+    pub submitted_ms: u64,
+    /// Its id.
+    pub job_id: String,
+}
+
+impl ListCursor {
+    /// Whether the entry (`job_id`, submitted at `ms`) comes after the
+    /// cursor in newest-first order (ties ordered by id, descending).
+    fn is_after(&self, job_id: &str, ms: u64) -> bool {
+        ms < self.submitted_ms || (ms == self.submitted_ms && job_id < self.job_id.as_str())
+    }
+
+    /// The page token a client sends back: `<ms>.<job id>`.
+    pub fn to_token(&self) -> String {
+        format!("{}.{}", self.submitted_ms, self.job_id)
+    }
+
+    /// A page token read back; `None` when it is not one this server made.
+    pub fn from_token(token: &str) -> Option<Self> {
+        let (ms, job_id) = token.split_once('.')?;
+        let valid_id = JobId::parse(job_id).is_some();
+        Some(Self {
+            submitted_ms: ms.parse().ok()?,
+            job_id: valid_id.then(|| job_id.to_owned())?,
+        })
+    }
+}

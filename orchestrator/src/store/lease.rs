@@ -1,0 +1,192 @@
+//! The fenced lease of a job's runner: taking it starts (or resumes) the
+//! run and loads the job in the same round trip; renewing and releasing.
+
+use std::time::Duration;
+
+use super::wake_ups::Written;
+use redis::AsyncCommands;
+
+use crate::job::{JobEvent, Lease, now_ms};
+
+use super::read::parse_run_start;
+use super::*;
+
+impl JobStore {
+    /// Takes the job's lease for `owner` for `ttl`, with the next epoch (see
+    /// [`Acquired`] for a lease held elsewhere, a job that already ended and
+    /// one whose state is gone), and starts the run: the job is running, with
+    /// its `job_started` event (`job_resumed` when it ran before, as
+    /// [`Lease::resumed`] says). With the lease comes what the run starts
+    /// from ([`load_run`](Self::load_run)), all in one round trip: the reads
+    /// follow the lease in one pipeline, so they see the job as its new
+    /// holder does. The start is `None` without a lease, and when the job's
+    /// state does not parse (the run's own read then says why).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn acquire_and_load(
+        &self,
+        job_id: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Acquired, Option<RunStart>), Error> {
+        let start = StartEvent::new(owner);
+        let now = now_ms();
+        let mut acquisition = scripts::ACQUIRE.prepare_invoke();
+        acquisition
+            .key(self.keys.job(job_id))
+            .key(self.keys.job_lease(job_id))
+            .key(self.keys.job_events(job_id))
+            .arg(owner)
+            .arg(millis(ttl))
+            .arg(now)
+            .arg(start.started)
+            .arg(start.resumed)
+            .arg(&start.before_epoch)
+            .arg(&start.after_epoch);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&acquisition);
+        self.load_run_commands(&mut pipe, job_id);
+        let ((epoch, events, resumed), fields, offered, items): (
+            (i64, u64, u8),
+            Fields,
+            Fields,
+            Vec<String>,
+        ) = self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
+        let acquired = acquired(job_id, owner, epoch, resumed == 1);
+        let start = match &acquired {
+            Acquired::Lease(lease) => {
+                let stored = start.stored(lease, events, now);
+                self.notify(job_id, stored).await;
+                parse_run_start(job_id, &fields, &offered, &items)
+                    .ok()
+                    .flatten()
+            }
+            _ => None,
+        };
+        Ok((acquired, start))
+    }
+
+    /// Extends the lease by `ttl`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner has the job; [`Error::Redis`].
+    pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<(), Error> {
+        let renewed: i64 = scripts::RENEW
+            .key(self.keys.job_lease(&lease.job_id))
+            .arg(&lease.token)
+            .arg(millis(ttl))
+            .invoke_async(&mut self.conn())
+            .await?;
+        if renewed == 1 {
+            Ok(())
+        } else {
+            Err(Error::LeaseLost(lease.job_id.clone()))
+        }
+    }
+
+    /// Gives the lease up (shutdown), so another replica can take over at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn release(&self, lease: &Lease) -> Result<(), Error> {
+        let _: i64 = scripts::RELEASE
+            .key(self.keys.job_lease(&lease.job_id))
+            .arg(&lease.token)
+            .invoke_async(&mut self.conn())
+            .await?;
+        Ok(())
+    }
+
+    /// Whether a runner holds the job's lease right now.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn lease_held(&self, job_id: &str) -> Result<bool, Error> {
+        Ok(self.conn().exists(self.keys.job_lease(job_id)).await?)
+    }
+}
+
+/// The event that starts a run, as the lease script writes it: its kind
+/// for a first run and for a resumed one, and its data (the same for both)
+/// around the epoch, which only the script knows.
+struct StartEvent {
+    started: &'static str,
+    resumed: &'static str,
+    before_epoch: String,
+    after_epoch: String,
+}
+
+impl StartEvent {
+    fn new(owner: &str) -> Self {
+        // The data of an event with an epoch no lease reaches, cut where that
+        // epoch is: its first digits in the text, since `epoch` is the data's
+        // first field (serde_json orders fields by name).
+        const PLACEHOLDER: u64 = u64::MAX;
+        let started = JobEvent::run_started(PLACEHOLDER, owner.to_owned(), false);
+        let data = started.data_json();
+        let (before_epoch, after_epoch) = data
+            .split_once(&PLACEHOLDER.to_string())
+            .expect("the event's data holds its epoch");
+        Self {
+            started: started.kind(),
+            resumed: JobEvent::run_started(PLACEHOLDER, String::new(), true).kind(),
+            before_epoch: before_epoch.to_owned(),
+            after_epoch: after_epoch.to_owned(),
+        }
+    }
+
+    /// What the lease script wrote for `lease`, with the job's event count
+    /// after it (`events`) and its time (`now`), as its watchers get it.
+    fn stored(&self, lease: &Lease, events: u64, now: u64) -> Written {
+        let event = Event {
+            offset: 0,
+            kind: (if lease.resumed {
+                self.resumed
+            } else {
+                self.started
+            })
+            .to_owned(),
+            data: format!("{}{}{}", self.before_epoch, lease.epoch, self.after_epoch),
+            timestamp_ms: now,
+            is_final: false,
+        };
+        Written::numbered(vec![event], Some(events))
+    }
+}
+
+/// What the lease script of [`JobStore::acquire_and_load`] answered, as an
+/// [`Acquired`].
+fn acquired(job_id: &str, owner: &str, epoch: i64, resumed: bool) -> Acquired {
+    match epoch {
+        -2 => Acquired::Missing,
+        -1 => Acquired::Finished,
+        0 => Acquired::Held,
+        epoch => {
+            let epoch = u64::try_from(epoch).unwrap_or_default();
+            Acquired::Lease(Lease {
+                job_id: job_id.to_owned(),
+                token: format!("{owner}:{epoch}"),
+                epoch,
+                resumed,
+            })
+        }
+    }
+}
+
+/// Result of [`JobStore::acquire_and_load`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Acquired {
+    /// The lease is ours.
+    Lease(Lease),
+    /// Another runner holds the job.
+    Held,
+    /// The job already finished.
+    Finished,
+    /// The job has a queue message but no record: its state was lost.
+    Missing,
+}

@@ -1,0 +1,167 @@
+//! Submitting a job: its record, first event and conversation in one
+//! script, the idempotency key mapped to it, and the tenant's indexes.
+
+use std::time::Duration;
+
+use super::wake_ups::Written;
+use toolfleet_service::connect::append_ignored;
+
+use crate::job::{Item, JobEvent, JobSpec, JobTrace, WireIds, new_job_id, now_ms};
+
+use super::*;
+
+impl JobStore {
+    /// Creates a job, or with an idempotency key returns the job an earlier
+    /// submission created. Returns the job id and whether it was a duplicate.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`] when Redis is unreachable.
+    pub async fn submit(
+        &self,
+        spec: &JobSpec,
+        idempotency: Option<Idempotency<'_>>,
+        trace: Option<&JobTrace>,
+    ) -> Result<(String, bool), Error> {
+        let mut job_id = new_job_id(&spec.tenant);
+        let mut duplicate = false;
+        let fresh = idempotency.is_none();
+        if let Some(Idempotency { key, fingerprint }) = idempotency {
+            let record = self.keys.submission(&spec.tenant, key);
+            // The record binds the key to the request it was first used for.
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&record)
+                .arg(format!("{job_id} {fingerprint}"))
+                .arg("NX")
+                .arg("PX")
+                .arg(millis(self.submission_ttl))
+                .arg("GET")
+                .query_async(&mut self.conn())
+                .await?;
+            if let Some(existing) = set {
+                // Records written before fingerprints hold only a job id.
+                let (existing_job, existing_print) = match existing.split_once(' ') {
+                    Some((job, print)) => (job.to_owned(), Some(print)),
+                    None => (existing.clone(), None),
+                };
+                if existing_print.is_some_and(|print| print != fingerprint) {
+                    return Err(Error::IdempotencyConflict(key.to_owned()));
+                }
+                job_id = existing_job;
+                duplicate = true;
+            }
+        }
+        // Also for a duplicate: if the first submission died between its
+        // idempotency record and the job, this creates the job it promised.
+        let spec_json = serde_json::to_string(spec).expect("a spec serializes");
+        let user = Item::User {
+            text: spec.input.clone(),
+        }
+        .stored_json();
+        let (traceparent, tracestate) = trace.map(JobTrace::to_fields).unwrap_or_default();
+        let queued = JobEvent::JobQueued {
+            metadata: spec.metadata.clone(),
+        };
+        let now = now_ms();
+        let mut create = scripts::CREATE.prepare_invoke();
+        create
+            .key(self.keys.job(&job_id))
+            .key(self.keys.job_items(&job_id))
+            .key(self.keys.job_events(&job_id))
+            .arg(spec_json)
+            .arg(now)
+            .arg(user)
+            .arg(queued.kind())
+            .arg(queued.data_json())
+            .arg(WireIds::new_secret())
+            .arg(traceparent)
+            .arg(tracestate);
+        if fresh && !self.redis.is_cluster() {
+            // A new random id cannot exist yet: the job and its index
+            // entries go in one round trip, in this order.
+            let mut pipe = redis::pipe();
+            pipe.invoke_script(&create);
+            append_ignored(&mut pipe, &self.index_new_job(spec, &job_id, now, false));
+            let (_created,): ((i64, u64, i64),) =
+                self.query_invoking(&pipe, &scripts::CREATE).await?;
+        } else {
+            // On a cluster the job and each index are in slots of their
+            // own: the job first, so that no index names a job not yet
+            // there (ListJobs would drop it as expired). A duplicate
+            // indexes its job again, at its first time: the submission it
+            // repeats may have died between the job and its indexes.
+            let (_created, created_ms, ended): (i64, u64, i64) =
+                create.invoke_async(&mut self.conn()).await?;
+            let groups = self.index_new_job(spec, &job_id, created_ms, ended == 1);
+            self.conn().run_in_order(groups).await?;
+        }
+        self.notify(&job_id, Written::counted(None)).await;
+        Ok((job_id, duplicate))
+    }
+
+    /// The writes that put a job created at `created_ms` into the sets that
+    /// find it again, one pipeline per hash slot: the unfinished jobs (the
+    /// sweeper's), then its tenant's job index (`ListJobs`) and, under an
+    /// active-jobs quota, its tenant's active jobs; an `ended` job only
+    /// into its tenant's index. Each may run twice
+    /// ([`query_invoking`](JobStore::query_invoking), a repeated submission).
+    fn index_new_job(
+        &self,
+        spec: &JobSpec,
+        job_id: &str,
+        created_ms: u64,
+        ended: bool,
+    ) -> Vec<redis::Pipeline> {
+        let now = now_ms();
+        let index = self.keys.tenant_jobs(&spec.tenant);
+        // The index forgets what has surely expired: jobs live at most
+        // their deadline (24h at most) plus the retention.
+        let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
+        // Plain pipelines, not MULTI: the keys are in different hash slots
+        // (Redis Cluster), and each write stands on its own.
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZADD")
+            .arg(&index)
+            .arg(created_ms)
+            .arg(job_id)
+            .ignore()
+            .cmd("ZREMRANGEBYSCORE")
+            .arg(&index)
+            .arg("-inf")
+            .arg(format!("({horizon}"))
+            .ignore();
+        if ended {
+            return vec![pipe];
+        }
+        let mut unfinished = redis::pipe();
+        unfinished
+            .cmd("ZADD")
+            .arg(self.keys.unfinished_jobs(job_id))
+            .arg(created_ms)
+            .arg(job_id)
+            .ignore();
+        // Counted only under an active-jobs quota, whose check prunes
+        // the set: without one, nothing would.
+        if spec.limits.max_active_jobs.is_some() {
+            pipe.cmd("SADD")
+                .arg(self.keys.tenant_active_jobs(&spec.tenant))
+                .arg(job_id)
+                .ignore();
+        }
+        vec![unfinished, pipe]
+    }
+}
+
+/// The longest a job may run (`api.max_deadline` cannot exceed it): the
+/// job index keeps entries this long plus the retention.
+const LONGEST_JOB: Duration = Duration::from_secs(24 * 3600);
+
+/// A submission's idempotency key and the fingerprint of its request: the
+/// key answers with the first job only for the same request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Idempotency<'a> {
+    /// The client's key.
+    pub key: &'a str,
+    /// A hash of everything the client asked for (hex, no spaces).
+    pub fingerprint: &'a str,
+}
