@@ -5,8 +5,8 @@
 //! - `tf:{<job>}:job`: a hash: `spec` (JSON), `status`, `rounds`, `epoch`,
 //!   `turns`, `events` (count), `output_text`, `error_code`, `error_message`,
 //!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `call_secret`
-//!   (what its calls' wire ids are made from, [`WireIds`]), `traceparent`
-//!   and `tracestate` (its trace, [`JobTrace`]);
+//!   (what its calls' wire ids are made from, [`WireIds`](crate::job::WireIds)), `traceparent`
+//!   and `tracestate` (its trace, [`JobTrace`](crate::job::JobTrace));
 //! - `tf:{<job>}:items`: a list of conversation items (JSON), appended to;
 //! - `tf:{<job>}:events`: a stream whose entry ids are `0-<n>`, so event offset
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
