@@ -2,11 +2,14 @@
 //! state vanished from Redis.
 
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
-use super::wake_ups::Written;
+use redis::Script;
 
 use crate::job::{Ending, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, now_ms};
 
+use super::scripts::script;
+use super::wake_ups::Written;
 use super::*;
 
 impl JobStore {
@@ -18,7 +21,7 @@ impl JobStore {
     /// [`Error::Redis`].
     pub async fn cancel(&self, job_id: &str) -> Result<Option<JobStatus>, Error> {
         let cancelled = Ending::Cancelled.event();
-        let status: String = scripts::CANCEL
+        let status: String = CANCEL
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .key(self.keys.job_items(job_id))
@@ -67,7 +70,7 @@ impl JobStore {
             code: JobErrorCode::JobStateLost,
             message: None,
         };
-        let _: i64 = scripts::LOST
+        let _: i64 = LOST
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .arg(serde_json::to_string(&placeholder).expect("a spec serializes"))
@@ -84,3 +87,52 @@ impl JobStore {
         Ok(())
     }
 }
+
+/// KEYS: job, events, items, lease. ARGV: now_ms, retention_ms, event kind,
+/// event data, error code, error message.
+/// Cancels a job nobody runs yet; asks a running one to stop. Returns the
+/// status after the request ('' if the job is missing).
+static CANCEL: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return '' end
+-- A queued job a runner already leased is as good as running: only ask.
+if status == '$QUEUED' and redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('HSET', KEYS[1], 'status', '$CANCELLED', 'finished_at_ms', ARGV[1],
+             'error_code', ARGV[5], 'error_message', ARGV[6])
+  local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
+  redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[1], 'final', '1')
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  return '$CANCELLED'
+end
+if status == '$RUNNING' or status == '$QUEUED' then
+  redis.call('HSET', KEYS[1], 'cancel_requested', '1')
+end
+return status
+",
+    )
+});
+
+/// KEYS: job, events. ARGV: placeholder spec, now_ms, retention_ms, error
+/// code, error message, event kind, event data.
+/// Records that a job's state vanished from Redis (flushed, or a failover
+/// that lost writes), so clients see a failed job instead of none.
+static LOST: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$FAILED', 'created_at_ms', ARGV[2],
+           'finished_at_ms', ARGV[2], 'rounds', 0, 'turns', 0, 'epoch', 0, 'events', 1,
+           'error_code', ARGV[4], 'error_message', ARGV[5])
+redis.call('DEL', KEYS[2])
+redis.call('XADD', KEYS[2], '0-1', 'kind', ARGV[6], 'data', ARGV[7],
+           'ts', ARGV[2], 'final', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+",
+    )
+});

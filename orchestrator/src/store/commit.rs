@@ -2,15 +2,18 @@
 //! ([`JobStore::record_turn`]), a dispatch, a round's results, the end.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::wake_ups::Written;
+use redis::Script;
 use toolfleet_proto::Envelope;
 
 use crate::job::{
     Ending, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
 
+use super::scripts::script;
+use super::wake_ups::Written;
 use super::*;
 
 impl JobStore {
@@ -156,7 +159,7 @@ impl JobStore {
                 is_final: event.is_final(),
             })
             .collect();
-        let mut invocation = scripts::COMMIT.prepare_invoke();
+        let mut invocation = COMMIT.prepare_invoke();
         invocation
             .key(self.keys.job(job_id))
             .key(self.keys.job_items(job_id))
@@ -196,10 +199,10 @@ impl JobStore {
             invocation.arg(&manifest.name).arg(json);
         }
         let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
-        if answer == scripts::LEASE_LOST {
+        if answer == LEASE_LOST {
             return Err(Error::LeaseLost(job_id.clone()));
         }
-        if answer == scripts::RESULT_MISMATCH {
+        if answer == RESULT_MISMATCH {
             return Err(Error::ResultMismatch(job_id.clone()));
         }
         if !events.is_empty() {
@@ -353,3 +356,85 @@ impl<'a> Commit<'a> {
         fields
     }
 }
+
+/// What [`COMMIT`] returns when the lease is not held (or the job ended).
+const LEASE_LOST: i64 = -1;
+
+/// What [`COMMIT`] returns when a stored result it was asked to check is
+/// not the text given.
+const RESULT_MISMATCH: i64 = -2;
+
+/// KEYS: job, items, events, lease, attempts, tools. ARGV: token, now_ms,
+/// retention_ms (0: keep), then six counted lists: n, (result key, the text
+/// it must hold)...; n, items...; n, (kind, data, final)...; n, (field,
+/// value)...; n, (call_id, attempt)...; n, (tool, manifest)...
+/// Appends items and events and updates fields, only while the lease holds
+/// and each result to check holds its text (else [`RESULT_MISMATCH`], and
+/// nothing is written).
+///
+/// The result keys to check are arguments, not KEYS (decision 0028): Redis
+/// checks every key given to `EVALSHA` as read-write, and the orchestrator
+/// may only read a call's result; the script's `GET` of it is checked as a
+/// read. A call's result key has its job's hash tag, so it is in the slot of
+/// the declared keys, which is what Redis Cluster requires of a key a
+/// script reaches; a key that is not there (a slot being migrated) reads as
+/// missing, a mismatch, which the round answers by reading Redis.
+/// With retention_ms > 0 (the job finished) every key of the job expires.
+/// Returns the number of events the job has after the commit (0 for a
+/// commit without events), or [`LEASE_LOST`] (also when the job already
+/// finished: nothing is written after the end).
+///
+/// One command per list, not per element: the commands a script runs cost
+/// Redis CPU like any other (`INFO commandstats` counts them), so the items
+/// are one `RPUSH`, the fields of each hash one `HSET`, and the events take
+/// their sequence numbers with one `HINCRBY` (older replicas, which add one
+/// at a time, still agree with it during a rolling upgrade). `unpack` has a
+/// limit on how many values it returns, so very long lists go in chunks.
+static COMMIT: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then return -1 end
+local status = redis.call('HGET', KEYS[1], 'status')
+if $ENDED then return -1 end
+local CHUNK = 512
+-- Runs `command key ARGV[first .. first + count - 1]`, CHUNK values a time
+-- (an even number, so that field-value pairs stay together).
+local function each_chunk(command, key, first, count)
+  local last = first + count - 1
+  for from = first, last, CHUNK do
+    redis.call(command, key, unpack(ARGV, from, math.min(from + CHUNK - 1, last)))
+  end
+end
+local i = 4
+local n = tonumber(ARGV[i]); i = i + 1
+for k = 1, n do
+  if redis.call('GET', ARGV[i]) ~= ARGV[i + 1] then return -2 end
+  i = i + 2
+end
+n = tonumber(ARGV[i]); i = i + 1
+each_chunk('RPUSH', KEYS[2], i, n); i = i + n
+n = tonumber(ARGV[i]); i = i + 1
+local events = 0
+if n > 0 then
+  events = redis.call('HINCRBY', KEYS[1], 'events', n)
+  for seq = events - n + 1, events do
+    redis.call('XADD', KEYS[3], '0-' .. seq, 'kind', ARGV[i], 'data', ARGV[i + 1], 'ts', ARGV[2], 'final', ARGV[i + 2])
+    i = i + 3
+  end
+end
+for k = 1, 3 do
+  n = tonumber(ARGV[i]); i = i + 1
+  local hash = ({KEYS[1], KEYS[5], KEYS[6]})[k]
+  each_chunk('HSET', hash, i, 2 * n); i = i + 2 * n
+end
+local retention = tonumber(ARGV[3])
+if retention > 0 then
+  for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
+  redis.call('PEXPIRE', KEYS[5], retention)
+  redis.call('PEXPIRE', KEYS[6], retention)
+  redis.call('DEL', KEYS[4])
+end
+return events
+",
+    )
+});

@@ -1,14 +1,17 @@
 //! The fenced lease of a job's runner: taking it starts (or resumes) the
 //! run and loads the job in the same round trip; renewing and releasing.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::wake_ups::Written;
 use redis::AsyncCommands;
+use redis::Script;
 
 use crate::job::{JobEvent, Lease, now_ms};
 
 use super::read::parse_run_start;
+use super::scripts::script;
+use super::wake_ups::Written;
 use super::*;
 
 impl JobStore {
@@ -33,7 +36,7 @@ impl JobStore {
     ) -> Result<(Acquired, Option<RunStart>), Error> {
         let start = StartEvent::new(owner);
         let now = now_ms();
-        let mut acquisition = scripts::ACQUIRE.prepare_invoke();
+        let mut acquisition = ACQUIRE.prepare_invoke();
         acquisition
             .key(self.keys.job(job_id))
             .key(self.keys.job_lease(job_id))
@@ -53,7 +56,7 @@ impl JobStore {
             Fields,
             Fields,
             Vec<String>,
-        ) = self.query_invoking(&pipe, &scripts::ACQUIRE).await?;
+        ) = self.query_invoking(&pipe, &ACQUIRE).await?;
         let acquired = acquired(job_id, owner, epoch, resumed == 1);
         let start = match &acquired {
             Acquired::Lease(lease) => {
@@ -74,7 +77,7 @@ impl JobStore {
     ///
     /// [`Error::LeaseLost`] when another runner has the job; [`Error::Redis`].
     pub async fn renew(&self, lease: &Lease, ttl: Duration) -> Result<(), Error> {
-        let renewed: i64 = scripts::RENEW
+        let renewed: i64 = RENEW
             .key(self.keys.job_lease(&lease.job_id))
             .arg(&lease.token)
             .arg(millis(ttl))
@@ -93,7 +96,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub async fn release(&self, lease: &Lease) -> Result<(), Error> {
-        let _: i64 = scripts::RELEASE
+        let _: i64 = RELEASE
             .key(self.keys.job_lease(&lease.job_id))
             .arg(&lease.token)
             .invoke_async(&mut self.conn())
@@ -190,3 +193,53 @@ pub enum Acquired {
     /// The job has a queue message but no record: its state was lost.
     Missing,
 }
+
+/// KEYS: job, lease, events. ARGV: owner, ttl_ms, now_ms, the kinds of the
+/// events of a first run and of a resumed one, and the event's data before
+/// and after its epoch.
+/// Takes the lease if it is free and the job is not finished, and starts
+/// the run in the same step: the job is running, with a `job_started` event
+/// (`job_resumed` when it ran before). Returns `{epoch, events, resumed}`:
+/// the new epoch (0 if another runner holds the lease, -1 if the job is
+/// finished, -2 if it is missing; nothing is written then), the number of
+/// events the job has, and 1 when the run resumes.
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {-2, 0, 0} end
+if $ENDED then return {-1, 0, 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0} end
+local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
+redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
+local resumed = 0
+local kind = ARGV[4]
+if status ~= '$QUEUED' then resumed = 1; kind = ARGV[5] end
+redis.call('HSET', KEYS[1], 'status', '$RUNNING')
+local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
+redis.call('XADD', KEYS[3], '0-' .. events, 'kind', kind, 'data', ARGV[6] .. epoch .. ARGV[7],
+           'ts', ARGV[3], 'final', '0')
+return {epoch, events, resumed}
+",
+    )
+});
+
+/// KEYS: lease. ARGV: token, ttl_ms. Returns 1 if renewed, 0 if lost.
+static RENEW: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0
+",
+    )
+});
+
+/// KEYS: lease. ARGV: token. Drops the lease if still ours.
+static RELEASE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+",
+    )
+});

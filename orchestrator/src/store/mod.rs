@@ -31,7 +31,9 @@
 //! - `index`: a tenant's jobs newest first, and the unfinished jobs;
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
-//! - `scripts`: the Lua; `wake_ups`: telling watchers of new events.
+//!
+//! Each verb's module holds the Lua scripts it runs; `scripts` builds them,
+//! and `wake_ups` tells watchers of new events.
 //!
 //! Only this module spells a hash field.
 

@@ -1,9 +1,11 @@
 //! Tenants' quotas as Redis keeps them, shared by every replica: the
 //! submissions' token bucket, the active jobs, and the calls in flight.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::AsyncCommands;
+use redis::Script;
 
 use crate::job::JobStatus;
 
@@ -22,7 +24,7 @@ impl JobStore {
         tenant: &str,
         rate: f64,
     ) -> Result<Option<Duration>, Error> {
-        let wait_ms: u64 = scripts::TAKE_SUBMISSION
+        let wait_ms: u64 = TAKE_SUBMISSION
             .key(self.keys.tenant_submissions(tenant))
             .arg(rate)
             .arg(rate.max(1.0))
@@ -46,7 +48,7 @@ impl JobStore {
         limit: u32,
         expires_ms: u64,
     ) -> Result<bool, Error> {
-        let taken: i64 = scripts::TAKE_CALL_SLOT
+        let taken: i64 = TAKE_CALL_SLOT
             .key(self.keys.tenant_calls(tenant))
             .arg(call)
             .arg(limit)
@@ -75,7 +77,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub async fn calls_in_flight(&self, tenant: &str) -> Result<u32, Error> {
-        Ok(scripts::COUNT_CALLS
+        Ok(COUNT_CALLS
             .key(self.keys.tenant_calls(tenant))
             .invoke_async(&mut self.conn())
             .await?)
@@ -122,3 +124,70 @@ impl JobStore {
         Ok(active)
     }
 }
+
+/// Takes a slot for a tool call in a tenant's calls in flight (KEYS[1], a
+/// sorted set scored by expiry): ARGV[1] the call, ARGV[2] the quota,
+/// ARGV[3] when the entry expires (Unix ms; the job's deadline, so that the
+/// slot of a runner that died comes back). Expired entries are dropped
+/// first. Returns 1 when the call holds a slot (already held counts: a
+/// resumed round), 0 when the tenant is at its quota.
+static TAKE_CALL_SLOT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local expires = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if not redis.call('ZSCORE', KEYS[1], ARGV[1])
+   and redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], expires, ARGV[1])
+if redis.call('PTTL', KEYS[1]) < expires - now then
+  redis.call('PEXPIRE', KEYS[1], math.max(1, expires - now))
+end
+return 1
+",
+    )
+});
+
+/// Counts a tenant's calls in flight (KEYS[1], as [`TAKE_CALL_SLOT`]),
+/// dropping the expired entries first.
+static COUNT_CALLS: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+return redis.call('ZCARD', KEYS[1])
+",
+    )
+});
+
+/// Takes one submission from a tenant's token bucket (KEYS[1], a hash of
+/// `tokens` and `at_ms`), refilled at ARGV[1] per second up to ARGV[2].
+/// Returns 0 when a token was taken, else the milliseconds until one is
+/// there. Redis's own clock, so every replica shares one bucket.
+static TAKE_SUBMISSION: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local bucket = redis.call('HMGET', KEYS[1], 'tokens', 'at_ms')
+local tokens = tonumber(bucket[1]) or burst
+local at = tonumber(bucket[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate / 1000)
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+else
+  wait = math.ceil((1 - tokens) * 1000 / rate)
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at_ms', now)
+redis.call('PEXPIRE', KEYS[1], math.ceil(burst * 1000 / rate) + 1000)
+return wait
+",
+    )
+});

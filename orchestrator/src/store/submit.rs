@@ -1,13 +1,16 @@
 //! Submitting a job: its record, first event and conversation in one
 //! script, the idempotency key mapped to it, and the tenant's indexes.
 
+use std::sync::LazyLock;
 use std::time::Duration;
 
-use super::wake_ups::Written;
+use redis::Script;
 use toolfleet_service::connect::append_ignored;
 
 use crate::job::{Item, JobEvent, JobSpec, JobTrace, WireIds, new_job_id, now_ms};
 
+use super::scripts::script;
+use super::wake_ups::Written;
 use super::*;
 
 impl JobStore {
@@ -63,7 +66,7 @@ impl JobStore {
             metadata: spec.metadata.clone(),
         };
         let now = now_ms();
-        let mut create = scripts::CREATE.prepare_invoke();
+        let mut create = CREATE.prepare_invoke();
         create
             .key(self.keys.job(&job_id))
             .key(self.keys.job_items(&job_id))
@@ -82,8 +85,7 @@ impl JobStore {
             let mut pipe = redis::pipe();
             pipe.invoke_script(&create);
             append_ignored(&mut pipe, &self.index_new_job(spec, &job_id, now, false));
-            let (_created,): ((i64, u64, i64),) =
-                self.query_invoking(&pipe, &scripts::CREATE).await?;
+            let (_created,): ((i64, u64, i64),) = self.query_invoking(&pipe, &CREATE).await?;
         } else {
             // On a cluster the job and each index are in slots of their
             // own: the job first, so that no index names a job not yet
@@ -165,3 +167,28 @@ pub struct Idempotency<'a> {
     /// A hash of everything the client asked for (hex, no spaces).
     pub fingerprint: &'a str,
 }
+
+/// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
+/// event data, call secret, traceparent, tracestate (both may be empty).
+/// Creates the job unless it exists. Returns `{created, created_at_ms,
+/// ended}`: 1 and the given time when created; 0, the existing job's
+/// creation time and 1 if it has ended, when it existed.
+static CREATE: LazyLock<Script> = LazyLock::new(|| {
+    script(
+        r"
+local existing = redis.call('HMGET', KEYS[1], 'status', 'created_at_ms')
+local status = existing[1]
+if status then
+  local ended = 0
+  if $ENDED then ended = 1 end
+  return {0, tonumber(existing[2]) or 0, ended}
+end
+redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
+           'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6],
+           'traceparent', ARGV[7], 'tracestate', ARGV[8])
+redis.call('RPUSH', KEYS[2], ARGV[3])
+redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
+return {1, tonumber(ARGV[2]), 0}
+",
+    )
+});
