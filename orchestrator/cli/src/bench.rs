@@ -123,7 +123,7 @@ pub(crate) struct BenchArgs {
     /// account, serving its tools; the load calls `calculate`. Compare with
     /// `--processes --calculate` to see what the accounts cost. The raw
     /// floors are skipped: their clients have no user there.
-    #[arg(long, requires = "processes", conflicts_with_all = ["nats_cluster", "fsync_always"])]
+    #[arg(long, requires = "processes", conflicts_with_all = ["nats_cluster", "fsync_always", "sleep_ms"])]
     nats_accounts: bool,
     /// Trace the fleet with this sampling ratio (0.0 to 1.0), exporting over
     /// OTLP to a collector the bench starts, which counts the spans and
