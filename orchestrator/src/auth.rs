@@ -32,6 +32,8 @@ pub use toolfleet_proto::job::is_valid_tenant;
 use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
+use crate::quota::Quotas;
+
 /// The tenant of every caller when authentication is off.
 pub const DEFAULT_TENANT: &str = "default";
 
@@ -59,18 +61,6 @@ pub struct Caller {
     pub tools: Option<Vec<String>>,
     /// What the tenant may use at once; `None`: no limit.
     pub quotas: Quotas,
-}
-
-/// A tenant's quotas (from the tokens file, else `api.default_*`).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Quotas {
-    /// Jobs queued or running at once.
-    pub max_active_jobs: Option<u32>,
-    /// Sustained submissions per second (a token bucket holding one
-    /// second's worth, at least one).
-    pub submissions_per_second: Option<f64>,
-    /// Tool calls of its jobs dispatched and not yet answered, at once.
-    pub max_calls_in_flight: Option<u32>,
 }
 
 impl Caller {
@@ -141,19 +131,17 @@ impl TenantEntry {
     /// The caller this entry makes `tenant`, after its checks; quotas it
     /// does not set come from `defaults`.
     fn caller(&self, tenant: &str, defaults: Quotas) -> Result<Arc<Caller>, String> {
+        let own = Quotas {
+            max_active_jobs: self.max_active_jobs,
+            submissions_per_second: self.submissions_per_second,
+            max_calls_in_flight: self.max_calls_in_flight,
+        };
         let why = if !is_valid_tenant(tenant) {
             Some("names are 1 to 64 lowercase letters, digits, - and _")
         } else if self.tools.as_ref().is_some_and(Vec::is_empty) {
             Some("tools lists no tool; list at least one, or leave the key out to allow every tool")
-        } else if self
-            .submissions_per_second
-            .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))
-        {
-            Some("submissions_per_second must be a number above 0")
-        } else if self.max_calls_in_flight == Some(0) {
-            Some("max_calls_in_flight must be at least 1")
         } else {
-            None
+            own.problem()
         };
         if let Some(why) = why {
             return Err(format!("tenant {tenant:?}: {why}"));
@@ -161,13 +149,7 @@ impl TenantEntry {
         Ok(Arc::new(Caller {
             tenant: tenant.to_owned(),
             tools: self.tools.clone(),
-            quotas: Quotas {
-                max_active_jobs: self.max_active_jobs.or(defaults.max_active_jobs),
-                submissions_per_second: self
-                    .submissions_per_second
-                    .or(defaults.submissions_per_second),
-                max_calls_in_flight: self.max_calls_in_flight.or(defaults.max_calls_in_flight),
-            },
+            quotas: defaults.overridden_by(own),
         }))
     }
 }

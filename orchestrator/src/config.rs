@@ -13,8 +13,8 @@ use toolfleet_service::config::{
 };
 use toolfleet_service::queue;
 
+use crate::api::ApiOptions;
 use crate::dispatch::DispatchOptions;
-use crate::grpc::ApiOptions;
 use crate::model::OpenAiOptions;
 use crate::runner::RunnerOptions;
 

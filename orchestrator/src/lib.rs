@@ -1,8 +1,9 @@
 //! The toolfleet orchestrator: the gRPC API, the model loop and the dispatch
 //! of tool calls to the worker fleet.
 //!
-//! - [`grpc`]: `toolfleet.v1.AgentService`, thin over the store and the queue;
-//!   [`auth`] says who each caller is (bearer tokens to tenants).
+//! - [`api`]: `toolfleet.v1.AgentService`, a thin adapter over the store and the queue;
+//!   [`auth`] says who each caller is (bearer tokens to tenants), and
+//!   [`quota`] what each tenant may use at once.
 //! - [`runner`]: takes jobs from JetStream and runs the model loop, resumable
 //!   from Redis at every step.
 //! - [`dispatch`]: checks, publishes and gathers one turn's tool calls, with
@@ -18,6 +19,7 @@
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
+pub mod api;
 pub mod auth;
 pub(crate) mod backlog;
 pub mod config;
@@ -25,10 +27,10 @@ pub mod dispatch;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
-pub mod grpc;
 pub mod job;
 pub mod metrics;
 pub mod model;
+pub mod quota;
 pub mod registry;
 pub mod runner;
 pub mod server;

@@ -28,11 +28,12 @@ use toolfleet_service::queue::{self, Missing, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
-use crate::auth::{AuthError, Authenticator, Quotas};
+use crate::api::{AgentApi, StartingApi};
+use crate::auth::{AuthError, Authenticator};
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
-use crate::grpc::{AgentApi, StartingApi};
 use crate::model::Providers;
+use crate::quota::{Quotas, TenantLimits};
 use crate::registry::Registry;
 use crate::runner::{self, Runner};
 use crate::store::JobStore;
@@ -104,12 +105,11 @@ impl Orchestrator {
         // Before anything listens: a replica that cannot tell callers
         // apart must not serve at all.
         let api_options = &self.options.api;
-        let defaults = Quotas {
-            max_active_jobs: Some(api_options.default_max_active_jobs).filter(|n| *n > 0),
-            submissions_per_second: Some(api_options.default_submissions_per_second)
-                .filter(|rate| *rate > 0.0),
-            max_calls_in_flight: Some(api_options.default_max_calls_in_flight).filter(|n| *n > 0),
-        };
+        let defaults = Quotas::from_defaults(
+            api_options.default_max_active_jobs,
+            api_options.default_submissions_per_second,
+            api_options.default_max_calls_in_flight,
+        );
         let auth = Authenticator::start(
             api_options.auth,
             api_options.tokens_file.as_deref(),
@@ -202,6 +202,7 @@ impl Orchestrator {
             js: js.clone(),
             store: store.clone(),
             registry: registry.handle(),
+            limits: TenantLimits::new(store.clone()),
             options: options.dispatch.clone(),
         };
         let instance = options.resolved_instance_id();
@@ -219,6 +220,7 @@ impl Orchestrator {
             js: js.clone(),
             registry: registry.handle(),
             providers,
+            limits: TenantLimits::new(store.clone()),
             options: options.api.clone(),
         });
         let tasks = TaskTracker::new();

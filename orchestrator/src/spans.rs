@@ -4,7 +4,7 @@
 //! and is recorded only when it ends).
 //!
 //! ```text
-//! submit job                      (root, ended at submission; grpc.rs)
+//! submit job                      (root, ended at submission; api/mod.rs)
 //! ├─ start job / resume job       run:<epoch>, linked to the run before
 //! ├─ model turn                   turn:<n>
 //! │  └─ record_turn / finish      (a Redis commit)

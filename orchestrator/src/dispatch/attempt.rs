@@ -19,6 +19,7 @@ use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
 use toolfleet_service::traces;
 
 use crate::job::now_ms;
+use crate::quota::{CallSlot, SlotRequest};
 use crate::{spans, store};
 
 /// An attempt's envelope, and how long it took if this runner sent it.
@@ -34,6 +35,26 @@ struct Answer {
 }
 
 impl Dispatcher {
+    /// The call's slot in its tenant's calls in flight, waiting while the
+    /// tenant is at its quota; `None` when the job has no such quota.
+    async fn call_slot(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+    ) -> Result<Option<CallSlot>, RoundError> {
+        let Some(limit) = round.spec.limits.max_calls_in_flight else {
+            return Ok(None);
+        };
+        let request = SlotRequest {
+            tenant: &round.spec.tenant,
+            call: format!("{}/{}", round.lease.job_id, call.wire_id),
+            tool: &call.name,
+            limit,
+            deadline_ms: round.spec.deadline_ms,
+        };
+        Ok(Some(self.limits.call_slot(request, round.stop).await?))
+    }
+
     /// Drives one call through its attempts to a final envelope.
     /// `attempts` holds what earlier runners recorded (see
     /// [`resume_point`](Self::resume_point)).

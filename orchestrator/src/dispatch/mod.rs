@@ -13,11 +13,12 @@
 //! - this module: the round (checks, the calls in parallel or one by one)
 //!   and the reply subscription a run keeps for its rounds ([`Replies`]);
 //! - `attempt`: one call through its attempts: publish, wait, retry;
-//! - `retry`: the verdict after each attempt, a pure function;
-//! - `quota`: the slot each call holds in its tenant's calls in flight.
+//! - `retry`: the verdict after each attempt, a pure function.
+//!
+//! Each call holds a slot in its tenant's calls in flight from before its
+//! first attempt until it settles ([`crate::quota`]).
 
 mod attempt;
-mod quota;
 mod results;
 mod retry;
 
@@ -40,6 +41,7 @@ use results::{GroupCommit, Settled};
 use toolfleet_service::traces::StepSpan;
 
 use crate::job::{JobRef, JobSpec, JobTrace, Lease};
+use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
 use crate::store::{self, DispatchedCall, JobStore};
@@ -233,6 +235,16 @@ pub enum RoundError {
     Nats(String),
 }
 
+impl From<SlotError> for RoundError {
+    fn from(err: SlotError) -> Self {
+        match err {
+            SlotError::DeadlineExceeded => Self::DeadlineExceeded,
+            SlotError::Interrupted => Self::Interrupted,
+            SlotError::Store(err) => Self::Store(err),
+        }
+    }
+}
+
 /// A run's subscription to its job's reply subject, taken before its first
 /// round publishes and kept for the run's later rounds: one `SUB` and
 /// `UNSUB` per run, not per round. Dropped with the run (its forwarder is
@@ -262,6 +274,8 @@ pub struct Dispatcher {
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
     pub(crate) registry: RegistryHandle,
+    /// Where each call takes its slot in its tenant's calls in flight.
+    pub(crate) limits: TenantLimits,
     pub(crate) options: DispatchOptions,
 }
 

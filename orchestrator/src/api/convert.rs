@@ -1,0 +1,232 @@
+//! Mapping between the API's protobuf messages and the orchestrator's own
+//! types, in one place: statuses from errors, jobs and events to the
+//! client, and what a request carries besides its fields (its trace
+//! context, its fingerprint).
+
+use tonic::Status;
+use tonic_types::StatusExt as _;
+use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::v1::{self, item};
+use toolfleet_service::traces::{self, SpanContext};
+use tracing::warn;
+
+use super::ECHO_CHARS;
+use crate::job::{Item, JobRecord, JobTrace};
+use crate::quota::{AdmitError, Refusal};
+use crate::registry::LiveTool;
+use crate::store;
+
+/// The one conversion from a store failure to a gRPC status. The detail goes
+/// to the log, not to the client.
+pub fn to_status(err: &store::Error) -> Status {
+    match err {
+        store::Error::Redis(source) => {
+            warn!(error = %source, "job store unavailable");
+            Status::unavailable("the job store is unavailable; retry later")
+        }
+        store::Error::LeaseLost(_) => Status::aborted("the job changed hands; retry"),
+        store::Error::IdempotencyConflict(key) => Status::already_exists(format!(
+            "idempotency_key: {:?} was used for a different request; use a new key for a new \
+             request",
+            excerpt(key, ECHO_CHARS)
+        )),
+        // Only a round's result commit meets it, and the round reads the
+        // stored result instead; no request answers with it.
+        store::Error::ResultMismatch(_) => Status::internal("a tool result was inconsistent"),
+        store::Error::Corrupt { job_id, .. } => {
+            warn!(error = %err, "corrupt job record");
+            Status::internal(format!("the record of job {job_id} is unreadable"))
+        }
+    }
+}
+
+/// `RESOURCE_EXHAUSTED` for a submission a tenant's limit refused, with a
+/// `google.rpc.RetryInfo` saying when to try again.
+pub(super) fn refused(refusal: &Refusal) -> Status {
+    Status::with_error_details(
+        tonic::Code::ResourceExhausted,
+        refusal.to_string(),
+        tonic_types::ErrorDetails::with_retry_info(Some(refusal.retry_after())),
+    )
+}
+
+/// The status of a submission that was not admitted.
+pub(super) fn not_admitted(err: &AdmitError) -> Status {
+    match err {
+        AdmitError::Refused(refusal) => refused(refusal),
+        AdmitError::Store(err) => to_status(err),
+    }
+}
+
+/// The same answer for a job of another tenant as for no job at all.
+pub(super) fn not_found(job_id: &str) -> Status {
+    Status::not_found(format!(
+        "job {} not found (unknown or expired)",
+        excerpt(job_id, ECHO_CHARS)
+    ))
+}
+
+pub(super) fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
+    Status::invalid_argument(format!("{field}: {problem}"))
+}
+
+/// SHA-256 (hex) of everything a submission asks for, in a canonical form:
+/// an idempotency key returns the first job only to the same request.
+pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
+    use sha2::{Digest, Sha256};
+    let model = request
+        .model
+        .as_ref()
+        .map(|m| serde_json::json!([m.provider, m.name, m.script, m.base_url]));
+    let metadata: std::collections::BTreeMap<&String, &String> = request.metadata.iter().collect();
+    let canonical = serde_json::json!({
+        "input": request.input,
+        "instructions": request.instructions,
+        "model": model,
+        "tools": request.tools,
+        "max_tool_rounds": request.max_tool_rounds,
+        "parallel_tool_calls": request.parallel_tool_calls,
+        "deadline_ms": request.deadline_ms,
+        "metadata": metadata,
+    });
+    format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
+}
+
+/// An event for the client; `trace_id` goes on the first of a stream.
+pub(super) fn to_event(
+    job_id: &str,
+    event: store::Event,
+    trace_id: Option<String>,
+) -> v1::JobEvent {
+    v1::JobEvent {
+        trace_id: trace_id.unwrap_or_default(),
+        job_id: job_id.to_owned(),
+        offset: event.offset,
+        kind: event.kind,
+        data: event.data,
+        timestamp_ms: event.timestamp_ms,
+        r#final: event.is_final,
+    }
+}
+
+pub(super) fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
+    v1::Job {
+        job_id: record.job_id,
+        status: v1::JobStatus::from(record.status).into(),
+        output_text: record.output_text,
+        error: record.error.map(|e| v1::JobError {
+            code: e.code.to_string(),
+            message: e.message,
+        }),
+        rounds: record.rounds,
+        items: items.iter().filter_map(to_item).collect(),
+        metadata: record.spec.metadata.into_iter().collect(),
+        created_at_ms: record.created_at_ms,
+        finished_at_ms: record.finished_at_ms,
+        trace_id: record
+            .trace
+            .as_ref()
+            .map(JobTrace::trace_id)
+            .unwrap_or_default(),
+    }
+}
+
+/// A conversation item as a client sees it; reasoning stays inside.
+fn to_item(item: &Item) -> Option<v1::Item> {
+    let kind = match item {
+        Item::User { text } => item::Kind::User(v1::UserMessage { text: text.clone() }),
+        Item::Assistant { text, .. } => {
+            item::Kind::Assistant(v1::AssistantMessage { text: text.clone() })
+        }
+        Item::ToolCall {
+            call_id,
+            name,
+            arguments,
+            ..
+        } => item::Kind::ToolCall(v1::ToolCallItem {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            arguments: arguments.clone(),
+        }),
+        Item::ToolResult {
+            call_id,
+            name,
+            output,
+            attempts,
+        } => item::Kind::ToolResult(v1::ToolResultItem {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            output: output.clone(),
+            attempts: *attempts,
+        }),
+        Item::Reasoning { .. } => return None,
+    };
+    Some(v1::Item { kind: Some(kind) })
+}
+
+/// A live tool as `ListTools` shows it.
+pub(super) fn to_tool(tool: &LiveTool) -> v1::Tool {
+    let manifest = &tool.manifest;
+    v1::Tool {
+        name: manifest.name.clone(),
+        description: manifest.description.clone(),
+        parameters: manifest.parameters.to_string(),
+        strict: manifest.strict,
+        workers: u32::try_from(tool.workers).unwrap_or(u32::MAX),
+        timeout_ms: manifest.timeout_ms,
+        max_attempts: manifest.max_attempts,
+        side_effects: manifest.side_effects,
+        version: manifest.version.clone(),
+    }
+}
+
+/// The W3C trace context a client sent with its request, if valid.
+pub(super) fn client_trace(metadata: &tonic::metadata::MetadataMap) -> Option<SpanContext> {
+    let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
+    traces::extract(header("traceparent"), header("tracestate"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_store_error_maps_to_a_status() {
+        let redis = store::Error::Redis(redis::RedisError::from(std::io::Error::other(
+            "down at 10.0.0.1",
+        )));
+        let status = to_status(&redis);
+        assert_eq!(status.code(), tonic::Code::Unavailable);
+        assert!(!status.message().contains("10.0.0.1"));
+        assert_eq!(
+            to_status(&store::Error::LeaseLost("j".into())).code(),
+            tonic::Code::Aborted
+        );
+        let corrupt = store::Error::Corrupt {
+            job_id: "j".into(),
+            detail: "spec".into(),
+        };
+        assert_eq!(to_status(&corrupt).code(), tonic::Code::Internal);
+        let conflict = to_status(&store::Error::IdempotencyConflict("k".repeat(10_000)));
+        assert_eq!(conflict.code(), tonic::Code::AlreadyExists);
+        assert!(conflict.message().starts_with("idempotency_key: "));
+        assert!(conflict.message().len() < 300);
+    }
+
+    #[test]
+    fn fingerprints_tell_requests_apart_and_ignore_map_order() {
+        let request = |input: &str, metadata: &[(&str, &str)]| v1::SubmitJobRequest {
+            input: input.into(),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Default::default()
+        };
+        let a = fingerprint(&request("hi", &[("a", "1"), ("b", "2")]));
+        assert_eq!(a, fingerprint(&request("hi", &[("b", "2"), ("a", "1")])));
+        assert_ne!(a, fingerprint(&request("hi!", &[("a", "1"), ("b", "2")])));
+        assert_ne!(a, fingerprint(&request("hi", &[("a", "1")])));
+        assert_eq!(a.len(), 64);
+    }
+}

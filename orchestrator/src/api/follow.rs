@@ -1,0 +1,421 @@
+//! `WatchJob`'s follower: streams a job's events from an offset until its
+//! final one, the client leaving, or the job expiring. [`Follower`] decides
+//! (a state type, tested without Redis); [`follow`] does the reads, the
+//! sends and the waits it asks for.
+//!
+//! Redis errors are retried (a restart of Redis is not the end of a watch)
+//! for up to [`WATCH_OUTAGE`]. A finished job has all its events (its
+//! status and final event are one write), so once the job is seen finished
+//! the follower reads once more and stops. A stream that started past the
+//! final event still ends with it, so every watch of a finished job says
+//! how it ended.
+
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use tonic::Status;
+use toolfleet_proto::v1;
+
+use super::convert::{to_event, to_status};
+use crate::job::JobStatus;
+use crate::store::{self, Event, JobStore, WakeUps, Woken};
+
+/// How long a watcher rides out a job store outage before it gives up.
+const WATCH_OUTAGE: Duration = Duration::from_secs(30);
+
+/// The pause between reads while the job store fails.
+const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// Events a watch reads from Redis at once.
+pub(super) const WATCH_BATCH: usize = 256;
+
+/// How often a watcher re-reads Redis without a wake-up.
+const WATCH_POLL: Duration = Duration::from_secs(1);
+
+/// Where one watch stands.
+#[derive(Debug)]
+pub(super) struct Follower {
+    job_id: String,
+    /// The offset of the next event to send.
+    offset: u64,
+    /// The job's trace id, until the first event sent carries it.
+    trace_id: Option<String>,
+    /// Whether an empty read must look at the job: on the first read and
+    /// after a poll, not after a wake-up, which only comes from a job that
+    /// exists and has not ended (its final event ends the stream).
+    check_job: bool,
+    /// The job was seen finished, and its events read once more since.
+    drained: bool,
+    /// Since when the job store has failed, while it does.
+    failing_since: Option<Instant>,
+}
+
+/// What one read of the job found.
+#[derive(Debug, Default)]
+pub(super) struct Read {
+    /// Its events from the follower's offset on, at most [`WATCH_BATCH`].
+    pub(super) events: Vec<Event>,
+    /// Its status, when the read asked: `Some(None)` when it is gone.
+    pub(super) status: Option<Option<JobStatus>>,
+}
+
+/// What the follower does next.
+#[derive(Debug)]
+pub(super) enum Next {
+    /// Send these events (the last may be the final one, which ends the
+    /// stream); then read again at once when `more`, else wait.
+    Send {
+        events: Vec<v1::JobEvent>,
+        more: bool,
+    },
+    /// Read again now: the job finished, and its last events are stored.
+    ReadAgain,
+    /// Read again after this pause: the job store failed.
+    RetryAfter(Duration),
+    /// Every event was read: send the final one if this stream has not
+    /// (it started past it), then end.
+    Finish,
+    /// End the stream: the job expired, or never existed.
+    End,
+    /// The job store failed for too long: send this and end.
+    Fail(Status),
+}
+
+impl Follower {
+    /// A watch of `job_id` from `offset`; `trace_id` goes on its first
+    /// event.
+    pub(super) fn new(job_id: String, offset: u64, trace_id: Option<String>) -> Self {
+        Self {
+            job_id,
+            offset,
+            trace_id,
+            check_job: true,
+            drained: false,
+            failing_since: None,
+        }
+    }
+
+    /// Whether a read that found `events` must also read the job's status.
+    pub(super) fn asks_status(&self, events: &[Event]) -> bool {
+        events.is_empty() && self.check_job
+    }
+
+    /// What to do after a read (`at` is now).
+    pub(super) fn on_read(&mut self, read: Result<Read, store::Error>, at: Instant) -> Next {
+        let read = match read {
+            Ok(read) => read,
+            Err(err) => {
+                let since = *self.failing_since.get_or_insert(at);
+                return if at.duration_since(since) > WATCH_OUTAGE {
+                    Next::Fail(to_status(&err))
+                } else {
+                    Next::RetryAfter(RETRY_PAUSE)
+                };
+            }
+        };
+        self.failing_since = None;
+        match read.status {
+            Some(None) => Next::End,
+            Some(Some(status)) if status.is_final() => {
+                if self.drained {
+                    Next::Finish
+                } else {
+                    self.drained = true;
+                    Next::ReadAgain
+                }
+            }
+            _ => self.send(read.events),
+        }
+    }
+
+    /// The events to send, up to and with a final one.
+    fn send(&mut self, events: Vec<Event>) -> Next {
+        let full = events.len() == WATCH_BATCH;
+        let mut out = Vec::with_capacity(events.len());
+        for event in events {
+            let is_final = event.is_final;
+            out.push(self.emit(event));
+            if is_final {
+                return Next::Send {
+                    events: out,
+                    more: false,
+                };
+            }
+        }
+        Next::Send {
+            events: out,
+            more: full,
+        }
+    }
+
+    /// `event` for the client, past which the follower now stands.
+    fn emit(&mut self, event: Event) -> v1::JobEvent {
+        self.offset = event.offset + 1;
+        to_event(&self.job_id, event, self.trace_id.take())
+    }
+
+    /// The job's last event, for [`Next::Finish`]: sent when it is the
+    /// final one.
+    pub(super) fn last(&mut self, event: Event) -> Option<v1::JobEvent> {
+        event.is_final.then(|| self.emit(event))
+    }
+
+    /// A wake-up came: the job exists and has not ended.
+    pub(super) fn on_woken(&mut self) {
+        self.check_job = false;
+    }
+
+    /// No wake-up came within a poll: the next empty read looks at the job.
+    pub(super) fn on_poll(&mut self) {
+        self.check_job = true;
+    }
+}
+
+type Sender = mpsc::Sender<Result<v1::JobEvent, Status>>;
+
+/// Streams into `tx` what `follower` decides, starting with `first`, the
+/// events the watch read when it began. Owned by the client's stream: ends
+/// as soon as the stream is dropped, which closes `tx`.
+pub(super) async fn follow(
+    store: JobStore,
+    mut follower: Follower,
+    first: Vec<Event>,
+    mut wakeups: WakeUps,
+    tx: Sender,
+) {
+    // The next events, when they are at hand: the watch's first read, or
+    // what a write in this process handed over. An empty first read is
+    // read again here, where an empty read looks at the job.
+    let mut handed = (!first.is_empty()).then_some(first);
+    loop {
+        let read = match handed.take() {
+            Some(events) => Ok(Read {
+                events,
+                status: None,
+            }),
+            None => read(&store, &follower).await,
+        };
+        let more = match follower.on_read(read, Instant::now()) {
+            Next::Send { events, more } => {
+                for event in events {
+                    let is_final = event.r#final;
+                    if tx.send(Ok(event)).await.is_err() || is_final {
+                        return;
+                    }
+                }
+                more
+            }
+            Next::ReadAgain => continue,
+            Next::RetryAfter(pause) => {
+                tokio::select! {
+                    () = tx.closed() => return,
+                    () = tokio::time::sleep(pause) => continue,
+                }
+            }
+            Next::Finish => {
+                if let Ok(Some(last)) = store.last_event(&follower.job_id).await
+                    && let Some(event) = follower.last(last)
+                {
+                    let _ = tx.send(Ok(event)).await;
+                }
+                return;
+            }
+            Next::End => return,
+            Next::Fail(status) => {
+                let _ = tx.send(Err(status)).await;
+                return;
+            }
+        };
+        if more {
+            continue;
+        }
+        // Wait for a wake-up that brings events not read yet; poll anyway
+        // now and then, since wake-ups are best effort.
+        tokio::select! {
+            () = tx.closed() => return,
+            woken = wakeups.past(follower.offset) => {
+                if let Woken::Handed(events) = woken {
+                    handed = Some(events.to_vec());
+                }
+                follower.on_woken();
+            }
+            () = tokio::time::sleep(WATCH_POLL) => follower.on_poll(),
+        }
+    }
+}
+
+/// The job's events from the follower's offset, and its status when the
+/// follower asks.
+async fn read(store: &JobStore, follower: &Follower) -> Result<Read, store::Error> {
+    let events = store
+        .events(&follower.job_id, follower.offset, WATCH_BATCH)
+        .await?;
+    let status = if follower.asks_status(&events) {
+        Some(store.status(&follower.job_id).await?)
+    } else {
+        None
+    };
+    Ok(Read { events, status })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(offset: u64, is_final: bool) -> Event {
+        Event {
+            offset,
+            kind: if is_final {
+                "job_succeeded"
+            } else {
+                "model_turn"
+            }
+            .into(),
+            data: "{}".into(),
+            timestamp_ms: 1_000 + offset,
+            is_final,
+        }
+    }
+
+    fn events(read: &mut Follower, events: Vec<Event>) -> (Vec<v1::JobEvent>, bool) {
+        let read = read.on_read(
+            Ok(Read {
+                events,
+                status: None,
+            }),
+            Instant::now(),
+        );
+        match read {
+            Next::Send { events, more } => (events, more),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    fn status(status: Option<JobStatus>) -> Result<Read, store::Error> {
+        Ok(Read {
+            events: Vec::new(),
+            status: Some(status),
+        })
+    }
+
+    fn redis_down() -> Result<Read, store::Error> {
+        Err(store::Error::Redis(redis::RedisError::from(
+            std::io::Error::other("down"),
+        )))
+    }
+
+    #[test]
+    fn events_are_sent_in_order_with_the_trace_id_on_the_first() {
+        let mut follower = Follower::new("j".into(), 3, Some("t".into()));
+        let (sent, more) = events(&mut follower, vec![event(3, false), event(4, false)]);
+        assert!(!more);
+        assert_eq!(sent.iter().map(|e| e.offset).collect::<Vec<_>>(), [3, 4]);
+        assert_eq!(sent[0].trace_id, "t");
+        assert_eq!(sent[1].trace_id, "");
+        assert_eq!(sent[0].job_id, "j");
+        assert_eq!(follower.offset, 5);
+        let (sent, _) = events(&mut follower, vec![event(5, false)]);
+        assert_eq!(sent[0].trace_id, "", "only the stream's first event");
+    }
+
+    #[test]
+    fn a_full_batch_reads_again_and_a_final_event_ends_the_stream() {
+        let mut follower = Follower::new("j".into(), 0, None);
+        let batch = (0..WATCH_BATCH as u64).map(|i| event(i, false)).collect();
+        let (sent, more) = events(&mut follower, batch);
+        assert_eq!((sent.len(), more), (WATCH_BATCH, true));
+        let offset = WATCH_BATCH as u64;
+        let (sent, more) = events(
+            &mut follower,
+            vec![event(offset, true), event(offset + 1, false)],
+        );
+        assert_eq!(sent.len(), 1, "nothing after the final event");
+        assert!(sent[0].r#final && !more);
+    }
+
+    #[test]
+    fn an_empty_read_asks_the_job_only_on_the_first_read_and_after_a_poll() {
+        let mut follower = Follower::new("j".into(), 0, None);
+        assert!(follower.asks_status(&[]));
+        assert!(!follower.asks_status(&[event(0, false)]));
+        follower.on_woken();
+        assert!(
+            !follower.asks_status(&[]),
+            "a wake-up comes from a live job"
+        );
+        follower.on_poll();
+        assert!(follower.asks_status(&[]));
+    }
+
+    #[test]
+    fn a_running_job_with_nothing_new_is_waited_for() {
+        let mut follower = Follower::new("j".into(), 2, None);
+        match follower.on_read(status(Some(JobStatus::Running)), Instant::now()) {
+            Next::Send { events, more } => assert!(events.is_empty() && !more),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_gone_job_ends_the_stream() {
+        let mut follower = Follower::new("j".into(), 0, None);
+        let next = follower.on_read(status(None), Instant::now());
+        assert!(matches!(next, Next::End), "{next:?}");
+    }
+
+    #[test]
+    fn a_finished_job_is_read_once_more_then_its_final_event_closes_the_stream() {
+        let mut follower = Follower::new("j".into(), 9, Some("t".into()));
+        let done = || status(Some(JobStatus::Succeeded));
+        assert!(matches!(
+            follower.on_read(done(), Instant::now()),
+            Next::ReadAgain
+        ));
+        assert!(matches!(
+            follower.on_read(done(), Instant::now()),
+            Next::Finish
+        ));
+        assert!(
+            follower.last(event(4, false)).is_none(),
+            "not a final event"
+        );
+        let last = follower.last(event(7, true)).expect("the final event");
+        assert_eq!((last.offset, last.trace_id.as_str()), (7, "t"));
+        assert!(last.r#final);
+    }
+
+    #[test]
+    fn the_job_store_failing_is_ridden_out_for_the_outage_bound() {
+        let mut follower = Follower::new("j".into(), 0, None);
+        let start = Instant::now();
+        assert!(matches!(
+            follower.on_read(redis_down(), start),
+            Next::RetryAfter(RETRY_PAUSE)
+        ));
+        let later = start + WATCH_OUTAGE;
+        assert!(matches!(
+            follower.on_read(redis_down(), later),
+            Next::RetryAfter(_)
+        ));
+        // A success in between starts the count again.
+        events(&mut follower, vec![]);
+        let much_later = later + WATCH_OUTAGE + Duration::from_secs(1);
+        assert!(matches!(
+            follower.on_read(redis_down(), much_later),
+            Next::RetryAfter(_)
+        ));
+        match follower.on_read(
+            redis_down(),
+            much_later + WATCH_OUTAGE + Duration::from_millis(1),
+        ) {
+            Next::Fail(status) => {
+                assert_eq!(status.code(), tonic::Code::Unavailable);
+                assert!(
+                    !status.message().contains("down"),
+                    "no detail to the client"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

@@ -1,0 +1,367 @@
+//! `toolfleet.v1.AgentService`, a thin adapter: each call checks its
+//! request ([`validate`]), asks the tenant's limits ([`crate::quota`]), the
+//! store or the job queue, and maps what comes back ([`convert`]).
+//! `WatchJob` streams from a [`follow`]er.
+//!
+//! - `options`: the API's limits and defaults (`api.*`);
+//! - `validate`: what a request may say, as a table of checks;
+//! - `convert`: protobuf to and from the orchestrator's types, and errors to
+//!   statuses;
+//! - `follow`: the event follower behind `WatchJob`, a state type.
+
+mod convert;
+mod follow;
+mod options;
+mod validate;
+
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+
+use async_nats::jetstream;
+use futures::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use toolfleet_proto::names;
+use toolfleet_proto::v1::{self, agent_service_server::AgentService};
+use tracing::{info, warn};
+
+use crate::auth::{Caller, caller_of};
+use crate::job::{JobRecord, JobStatus, JobTrace};
+use crate::model::Providers;
+use crate::quota::TenantLimits;
+use crate::registry::RegistryHandle;
+use crate::store::{Idempotency, JobStore};
+use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
+use follow::{Follower, WATCH_BATCH, follow};
+use validate::{ListQuery, Rules, may_own};
+
+pub use convert::to_status;
+pub use options::{ApiOptions, DefaultModel};
+
+/// How much of a client's value an error message repeats.
+const ECHO_CHARS: usize = 64;
+
+/// The AgentService implementation.
+pub struct AgentApi {
+    pub(crate) store: JobStore,
+    pub(crate) js: jetstream::Context,
+    pub(crate) registry: RegistryHandle,
+    pub(crate) providers: Arc<Providers>,
+    /// Asked before a submission is stored.
+    pub(crate) limits: TenantLimits,
+    pub(crate) options: ApiOptions,
+}
+
+/// A job the API stored (or found stored, for a repeated idempotency key).
+struct Submitted {
+    job_id: String,
+    duplicate: bool,
+    provider: &'static str,
+    model: String,
+}
+
+impl AgentApi {
+    fn rules(&self) -> Rules<'_> {
+        Rules {
+            options: &self.options,
+            has_api_key: self.providers.has_api_key(),
+        }
+    }
+
+    /// Checks, admits, stores and queues one submission.
+    async fn submit(
+        &self,
+        request: v1::SubmitJobRequest,
+        caller: &Caller,
+        trace: Option<&JobTrace>,
+    ) -> Result<Submitted, Status> {
+        let key = (!request.idempotency_key.is_empty()).then(|| request.idempotency_key.clone());
+        let fingerprint = fingerprint(&request);
+        let spec = validate::job_spec(request, caller, self.rules())?;
+        self.limits
+            .admit(&caller.tenant, &caller.quotas)
+            .await
+            .map_err(|e| not_admitted(&e))?;
+        let idempotency = key.as_deref().map(|key| Idempotency {
+            key,
+            fingerprint: &fingerprint,
+        });
+        let (job_id, duplicate) = self
+            .store
+            .submit(&spec, idempotency, trace)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Submitted {
+            job_id,
+            duplicate,
+            provider: spec.provider.as_str(),
+            model: spec.model,
+        })
+    }
+
+    /// Queues the job unless it is a duplicate that was queued already:
+    /// one that is still queued may never have been, and the message id
+    /// makes queueing it again a no-op when it was.
+    async fn queue(&self, submitted: &Submitted, tenant: &str) -> Result<(), Status> {
+        if submitted.duplicate {
+            let record = self
+                .store
+                .get(&submitted.job_id)
+                .await
+                .map_err(|e| to_status(&e))?;
+            if !record.is_some_and(|r| r.status == JobStatus::Queued) {
+                return Ok(());
+            }
+        }
+        self.enqueue(&submitted.job_id, tenant).await
+    }
+
+    /// The record of `job_id` if it belongs to the caller's tenant; the
+    /// same `NOT_FOUND` for another tenant's job as for a missing one. An id
+    /// that is not a job id, or names another tenant, is refused before
+    /// Redis is asked.
+    async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
+        may_own(job_id, caller)?;
+        let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
+        record
+            .filter(|record| record.spec.tenant == caller.tenant)
+            .ok_or_else(|| not_found(job_id))
+    }
+
+    async fn enqueue(&self, job_id: &str, tenant: &str) -> Result<(), Status> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, job_id);
+        headers.insert(names::headers::TENANT, tenant);
+        let publish = self
+            .js
+            .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
+            .await;
+        let acked = match publish {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        acked.map_err(|err| {
+            warn!(job_id, error = %err, "could not queue the job");
+            Status::unavailable(format!(
+                "job {job_id} is stored but could not be queued; submit again with the same idempotency_key"
+            ))
+        })
+    }
+}
+
+type EventStream = Pin<Box<dyn Stream<Item = Result<v1::JobEvent, Status>> + Send>>;
+
+/// The API as served from the moment the replica listens: every call answers
+/// `UNAVAILABLE` until the replica is ready (connected to NATS and Redis,
+/// its streams set up), then goes to the [`AgentApi`]. Serving that early
+/// lets gRPC health answer `NOT_SERVING` while the replica waits, instead of
+/// a port that does not answer at all.
+#[derive(Clone, Default)]
+pub struct StartingApi {
+    ready: Arc<OnceLock<AgentApi>>,
+}
+
+impl StartingApi {
+    /// From now on, calls go to `api`. Only the first call has an effect.
+    pub fn serve(&self, api: AgentApi) {
+        let _ = self.ready.set(api);
+    }
+
+    fn api(&self) -> Result<&AgentApi, Status> {
+        self.ready.get().ok_or_else(|| {
+            Status::unavailable("the orchestrator is starting (waiting for NATS and Redis); retry")
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for StartingApi {
+    async fn submit_job(
+        &self,
+        request: Request<v1::SubmitJobRequest>,
+    ) -> Result<Response<v1::SubmitJobResponse>, Status> {
+        self.api()?.submit_job(request).await
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Response<v1::Job>, Status> {
+        self.api()?.get_job(request).await
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        request: Request<v1::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        self.api()?.watch_job(request).await
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<v1::CancelJobRequest>,
+    ) -> Result<Response<v1::CancelJobResponse>, Status> {
+        self.api()?.cancel_job(request).await
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        self.api()?.list_jobs(request).await
+    }
+
+    async fn list_tools(
+        &self,
+        request: Request<v1::ListToolsRequest>,
+    ) -> Result<Response<v1::ListToolsResponse>, Status> {
+        self.api()?.list_tools(request).await
+    }
+}
+
+#[tonic::async_trait]
+impl AgentService for AgentApi {
+    async fn submit_job(
+        &self,
+        request: Request<v1::SubmitJobRequest>,
+    ) -> Result<Response<v1::SubmitJobResponse>, Status> {
+        let caller = caller_of(&request);
+        let (trace, mut span) = JobTrace::begin(client_trace(request.metadata()), "submit job");
+        span.set("rpc.system", "grpc");
+        span.set("rpc.method", "SubmitJob");
+        span.set("toolfleet.tenant", caller.tenant.clone());
+        let submitted = match self
+            .submit(request.into_inner(), &caller, trace.as_ref())
+            .await
+        {
+            Ok(submitted) => submitted,
+            Err(status) => {
+                span.fail(format!("{:?}", status.code()));
+                return Err(status);
+            }
+        };
+        span.set("toolfleet.job_id", submitted.job_id.clone());
+        span.set("toolfleet.provider", submitted.provider);
+        span.set("gen_ai.request.model", submitted.model.clone());
+        span.set("toolfleet.duplicate", submitted.duplicate);
+        self.queue(&submitted, &caller.tenant).await?;
+        let Submitted {
+            job_id, duplicate, ..
+        } = submitted;
+        if !duplicate {
+            let trace_id = trace.as_ref().map(JobTrace::trace_id).unwrap_or_default();
+            info!(job_id, trace_id, "job submitted");
+            crate::metrics::job_submitted();
+        }
+        span.end();
+        Ok(Response::new(v1::SubmitJobResponse { job_id, duplicate }))
+    }
+
+    async fn get_job(
+        &self,
+        request: Request<v1::GetJobRequest>,
+    ) -> Result<Response<v1::Job>, Status> {
+        let caller = caller_of(&request);
+        let job_id = request.into_inner().job_id;
+        let record = self.own_job(&job_id, &caller).await?;
+        let items = self
+            .store
+            .items(&job_id, 0)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(to_job(record, &items)))
+    }
+
+    type WatchJobStream = EventStream;
+
+    async fn watch_job(
+        &self,
+        request: Request<v1::WatchJobRequest>,
+    ) -> Result<Response<Self::WatchJobStream>, Status> {
+        let caller = caller_of(&request);
+        let request = request.into_inner();
+        let job_id = request.job_id;
+        // The id's shape first: nothing else of it reaches a subject.
+        may_own(&job_id, &caller)?;
+        // Subscribe before the first read, so no wake-up is missed; the
+        // first read also says whose job it is (one round trip for both).
+        let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
+            warn!(error = %err, "cannot subscribe to job events");
+            Status::unavailable("event notifications are unavailable; retry later")
+        })?;
+        let start = self
+            .store
+            .watch_start(&job_id, request.from_offset, WATCH_BATCH)
+            .await
+            .map_err(|e| to_status(&e))?
+            .filter(|start| start.tenant == caller.tenant)
+            .ok_or_else(|| not_found(&job_id))?;
+        let trace_id = start.trace.as_ref().map(JobTrace::trace_id);
+        let follower = Follower::new(job_id, request.from_offset, trace_id);
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        // Owned by the client's stream: it ends with the job's final event,
+        // or as soon as the stream is dropped (the client went away, or the
+        // server shut down), which closes `tx`.
+        tokio::spawn(follow(
+            self.store.clone(),
+            follower,
+            start.events,
+            wakeups,
+            tx,
+        ));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn cancel_job(
+        &self,
+        request: Request<v1::CancelJobRequest>,
+    ) -> Result<Response<v1::CancelJobResponse>, Status> {
+        let caller = caller_of(&request);
+        let job_id = request.into_inner().job_id;
+        self.own_job(&job_id, &caller).await?;
+        let status = self
+            .store
+            .cancel(&job_id)
+            .await
+            .map_err(|e| to_status(&e))?
+            .ok_or_else(|| not_found(&job_id))?;
+        Ok(Response::new(v1::CancelJobResponse {
+            status: v1::JobStatus::from(status).into(),
+        }))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<v1::ListJobsRequest>,
+    ) -> Result<Response<v1::ListJobsResponse>, Status> {
+        let caller = caller_of(&request);
+        let mut query = ListQuery::parse(request.into_inner())?;
+        let (before, limit) = (query.before.take(), query.limit);
+        let (records, next) = self
+            .store
+            .list(&caller.tenant, before, limit, limit * 10, |record| {
+                query.keeps(record)
+            })
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(v1::ListJobsResponse {
+            jobs: records.into_iter().map(|r| to_job(r, &[])).collect(),
+            next_page_token: next.map(|c| c.to_token()).unwrap_or_default(),
+        }))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Request<v1::ListToolsRequest>,
+    ) -> Result<Response<v1::ListToolsResponse>, Status> {
+        let tools = self
+            .registry
+            .available_tools()
+            .iter()
+            .map(to_tool)
+            .collect();
+        Ok(Response::new(v1::ListToolsResponse { tools }))
+    }
+}
