@@ -169,33 +169,13 @@ impl Orchestrator {
     /// registry watch, the sweeper and the runner.
     async fn start(&self, api: &StartingApi) -> Result<Running, StartError> {
         let options = &self.options;
-        let redis = RedisClient::new(&options.redis)?;
-        // Its only plain publishes are its jobs' wake-ups, which it hands
-        // to its own watchers directly (`store::wake_ups`): NATS's copy back
-        // to it was about seven messages out per job, each read for nothing.
-        let nats = connect::nats(
-            &options.nats,
-            "toolfleet-orchestrator",
-            OwnMessages::Skipped,
-        )
-        .await?;
-        let redis = redis.connect().await;
-        let js = connect::jetstream(nats.clone(), &options.nats);
-        // SubmitJob publishes to the job stream: it must exist before the
-        // API answers.
-        let missing = Missing::from_options(&options.nats);
-        let job_queue = WorkQueue::jobs();
-        patiently("the job stream", || job_queue.open(&js, missing)).await;
-        let ttl = options.registry.ttl;
-        let bucket = patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
-        let store = JobStore::new(
-            redis,
-            nats.clone(),
-            RedisKeys::new(options.redis.key_prefix.clone()),
-            options.store.job_retention,
-            options.store.idempotency_ttl,
-        );
-        let registry = Registry::new(bucket, ttl, store.clone());
+        let Connected {
+            nats,
+            js,
+            store,
+            registry,
+            missing,
+        } = self.connect().await?;
         let providers = Arc::new(Providers::new(options.openai.clone()));
         let dispatcher = Dispatcher {
             nats: nats.clone(),
@@ -252,6 +232,55 @@ impl Orchestrator {
             background: background.drop_guard(),
         })
     }
+
+    /// Connects to NATS and Redis, and waits for the job stream and the
+    /// registry bucket: `SubmitJob` publishes to the one, the runner reads
+    /// the tools from the other.
+    async fn connect(&self) -> Result<Connected, StartError> {
+        let options = &self.options;
+        let redis = RedisClient::new(&options.redis)?;
+        // Its only plain publishes are its jobs' wake-ups, which it hands
+        // to its own watchers directly (`store::wake_ups`): NATS's copy back
+        // to it was about seven messages out per job, each read for nothing.
+        let nats = connect::nats(
+            &options.nats,
+            "toolfleet-orchestrator",
+            OwnMessages::Skipped,
+        )
+        .await?;
+        let redis = redis.connect().await;
+        let js = connect::jetstream(nats.clone(), &options.nats);
+        let missing = Missing::from_options(&options.nats);
+        let job_queue = WorkQueue::jobs();
+        patiently("the job stream", || job_queue.open(&js, missing)).await;
+        let ttl = options.registry.ttl;
+        let bucket = patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
+        let store = JobStore::new(
+            redis,
+            nats.clone(),
+            RedisKeys::new(options.redis.key_prefix.clone()),
+            options.store.job_retention,
+            options.store.idempotency_ttl,
+        );
+        let registry = Registry::new(bucket, ttl, store.clone());
+        Ok(Connected {
+            nats,
+            js,
+            store,
+            registry,
+            missing,
+        })
+    }
+}
+
+/// A replica's connections and what it found on them.
+struct Connected {
+    nats: async_nats::Client,
+    js: async_nats::jetstream::Context,
+    store: JobStore,
+    registry: Registry,
+    /// What to do about a JetStream object that is missing.
+    missing: Missing,
 }
 
 /// The parts of a started replica that its drain stops. Dropped without a

@@ -18,7 +18,7 @@ use super::retry::{self, Verdict};
 use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
 use toolfleet_service::traces;
 
-use crate::job::now_ms;
+use crate::job::{JobTrace, now_ms};
 use crate::quota::{CallSlot, SlotRequest};
 use crate::{spans, store};
 
@@ -32,6 +32,32 @@ struct Answer {
     /// was not read from Redis: the commit that records it checks it there
     /// (see [`settling_record`]).
     unchecked: Option<String>,
+}
+
+/// A call's last attempt, whose envelope settles it.
+struct LastAttempt {
+    envelope: Envelope,
+    attempt: u32,
+    round_trip: Option<Duration>,
+    worked: Option<Duration>,
+    /// As [`Answer::unchecked`].
+    unchecked: Option<String>,
+}
+
+impl LastAttempt {
+    /// The outcome of `call`, settled by this attempt.
+    fn outcome(&self, call: &PlannedCall) -> CallOutcome {
+        CallOutcome {
+            call_id: call.call_id.clone(),
+            wire_id: call.wire_id.clone(),
+            event_id: call.event_id.clone(),
+            name: call.name.clone(),
+            output: self.envelope.to_json(),
+            attempts: self.attempt,
+            round_trip: self.round_trip,
+            worked: self.worked,
+        }
+    }
 }
 
 impl Dispatcher {
@@ -90,54 +116,33 @@ impl Dispatcher {
             attempt_span.end();
             resumed = false;
             round_trip = answer.round_trip.or(round_trip);
-            let (worked, unchecked) = (answer.worked, answer.unchecked);
             let code = answer.envelope.error().map(|e| e.code.to_string());
-            let max_retry_after = self.options.max_retry_after;
             let verdict = retry::verdict(
                 answer.envelope,
                 attempt,
                 policy,
-                max_retry_after,
+                self.options.max_retry_after,
                 rand::random(),
             );
             let delay = match verdict {
                 Verdict::Settle(envelope) => {
-                    let outcome = CallOutcome {
-                        call_id: call.call_id.clone(),
-                        wire_id: call.wire_id.clone(),
-                        event_id: call.event_id.clone(),
-                        name: call.name.clone(),
-                        output: envelope.to_json(),
-                        attempts: attempt,
+                    let last = LastAttempt {
+                        envelope,
+                        attempt,
                         round_trip,
-                        worked,
+                        worked: answer.worked,
+                        unchecked: answer.unchecked,
                     };
+                    let outcome = last.outcome(call);
                     span.set("toolfleet.attempts", i64::from(attempt));
-                    span.outcome(&envelope);
-                    if !settled {
-                        let recorded = self
-                            .record_result(
-                                round.lease,
-                                round.results,
-                                trace,
-                                &outcome,
-                                &envelope,
-                                unchecked,
-                            )
-                            .await;
-                        if let Err(RoundError::Store(store::Error::ResultMismatch(_))) = recorded {
-                            // Its commit (perhaps another call's, grouped
-                            // with this one) wrote nothing: read what Redis
-                            // holds, and decide again.
-                            warn!(
-                                call_id = %call.wire_id,
-                                attempt,
-                                "a result that came with a reply is not the stored one (not a worker's); reading the stored one"
-                            );
-                            reread = Some(self.stored_answer(round, call, attempt).await?);
-                            continue;
-                        }
-                        recorded?;
+                    span.outcome(&last.envelope);
+                    if !settled
+                        && let Some(answer) = self
+                            .record_outcome(round, call, last, &outcome, trace)
+                            .await?
+                    {
+                        reread = Some(answer);
+                        continue;
                     }
                     span.end();
                     return Ok(outcome);
@@ -150,6 +155,41 @@ impl Dispatcher {
             self.record_dispatches(round.lease, round.trace, &[call], attempt)
                 .await?;
         }
+    }
+
+    /// Records a call's outcome from its last attempt. `Some`: the result
+    /// a reply carried is not the one Redis holds; here is what Redis
+    /// holds, to decide on again.
+    async fn record_outcome(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        last: LastAttempt,
+        outcome: &CallOutcome,
+        trace: Option<&JobTrace>,
+    ) -> Result<Option<Answer>, RoundError> {
+        let recorded = self
+            .record_result(
+                round.lease,
+                round.results,
+                trace,
+                outcome,
+                &last.envelope,
+                last.unchecked,
+            )
+            .await;
+        if let Err(RoundError::Store(store::Error::ResultMismatch(_))) = recorded {
+            // Its commit (perhaps another call's, grouped with this one)
+            // wrote nothing: read what Redis holds, and decide again.
+            warn!(
+                call_id = %call.wire_id,
+                attempt = last.attempt,
+                "a result that came with a reply is not the stored one (not a worker's); reading the stored one"
+            );
+            return Ok(Some(self.stored_answer(round, call, last.attempt).await?));
+        }
+        recorded?;
+        Ok(None)
     }
 
     /// Where a call starts: `(attempt, resumed)`. In `attempts`, n > 0 resumes

@@ -16,13 +16,16 @@ use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, Replies, RoundError, RunRef};
 use crate::job::{
-    Ending, Item, JobErrorCode, JobEvent, JobRef, JobSpec, Lease, ToolManifest, TurnCheckpoint,
-    WireIds, now_ms,
+    Ending, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
-use crate::model::{ModelError, Provider, ToolSpec, TurnRequest};
+use crate::model::ModelError;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{self, DispatchedCall, RunStart, Unstored};
+use crate::store::{self, RunStart, Unstored};
+
+mod turn;
+
+use turn::TurnOf;
 
 /// Why a job stopped without ending.
 #[derive(Debug)]
@@ -147,6 +150,25 @@ impl End {
 }
 
 impl Progress {
+    /// Where a run of the job `record` starts: its stored conversation
+    /// `items`, and the tools it `offered` the model so far.
+    fn resumed(record: &JobRecord, items: Vec<Item>, offered: Vec<ToolManifest>) -> Self {
+        Self {
+            stored: items.len(),
+            items,
+            last_turn: None,
+            turns: record.turns,
+            rounds: record.rounds,
+            cancel_requested: record.cancel_requested,
+            offered: offered
+                .into_iter()
+                .filter_map(LiveTool::known)
+                .map(|tool| (tool.manifest.name.clone(), tool))
+                .collect(),
+            fresh_round: None,
+        }
+    }
+
     /// The run ends the job with `ending`.
     fn end(mut self, ending: Ending) -> End {
         let unstored = self.items.split_off(self.stored);
@@ -253,11 +275,9 @@ impl JobRun<'_> {
         stop: &StopSignal,
         start: Option<RunStart>,
     ) -> Result<Option<End>, Stopped> {
-        let store = &self.runner.store;
-        let job_id = &self.lease.job_id;
         let start = match start {
             Some(start) => Some(start),
-            None => store.load_run(job_id).await?,
+            None => self.runner.store.load_run(&self.lease.job_id).await?,
         };
         let Some(RunStart {
             record,
@@ -270,42 +290,13 @@ impl JobRun<'_> {
         if record.status.is_final() {
             return Ok(None);
         }
-        let trace = record.trace.as_ref();
-        if let Some(trace) = trace {
-            tracing::Span::current().record("trace_id", trace.trace_id());
-        }
-        self.created_at_ms
-            .store(record.created_at_ms, Ordering::Relaxed);
-        // Taking the lease started the run.
-        let (lease, owner) = (&self.lease, &self.runner.owner);
-        if lease.resumed {
-            crate::metrics::job_resumed();
-        }
-        let mut started = spans::run(trace, job_id, lease.epoch, owner, lease.resumed);
-        started.started_at(self.taken_at);
-        started.end();
-        // The kind alone: an event without its owner allocates nothing.
-        let event = JobEvent::run_started(lease.epoch, String::new(), lease.resumed);
-        info!(kind = event.kind(), "job running");
-        let spec = &record.spec;
+        self.started(&record);
+        let (spec, trace) = (&record.spec, record.trace.as_ref());
         let provider = match self.runner.providers.for_job(spec) {
             Ok(provider) => provider,
             Err(err) => return Ok(Some(End::at_once(model_failure(&err)))),
         };
-        let mut progress = Progress {
-            stored: items.len(),
-            items,
-            last_turn: None,
-            turns: record.turns,
-            rounds: record.rounds,
-            cancel_requested: record.cancel_requested,
-            offered: offered
-                .into_iter()
-                .filter_map(LiveTool::known)
-                .map(|tool| (tool.manifest.name.clone(), tool))
-                .collect(),
-            fresh_round: None,
-        };
+        let mut progress = Progress::resumed(&record, items, offered);
         loop {
             let state = RunState {
                 spec,
@@ -321,15 +312,40 @@ impl JobRun<'_> {
                 Step::Stop(_) => return Err(Stopped::HandedBack),
                 Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
                 Step::PlayTurn => {
-                    let wire_ids = &record.wire_ids;
-                    self.play_turn((job, wire_ids), &*provider, &mut progress, stop)
-                        .await?
+                    let turn = TurnOf {
+                        job,
+                        wire_ids: &record.wire_ids,
+                        provider: &*provider,
+                    };
+                    self.play_turn(turn, &mut progress, stop).await?
                 }
             };
             if let Some(ending) = ending {
                 return Ok(Some(progress.end(ending)));
             }
         }
+    }
+
+    /// Says that the run started (in the log, the metrics and the job's
+    /// trace), and notes when the job was submitted.
+    fn started(&self, record: &JobRecord) {
+        let trace = record.trace.as_ref();
+        if let Some(trace) = trace {
+            tracing::Span::current().record("trace_id", trace.trace_id());
+        }
+        self.created_at_ms
+            .store(record.created_at_ms, Ordering::Relaxed);
+        // Taking the lease started the run.
+        let (lease, owner) = (&self.lease, &self.runner.owner);
+        if lease.resumed {
+            crate::metrics::job_resumed();
+        }
+        let mut started = spans::run(trace, &lease.job_id, lease.epoch, owner, lease.resumed);
+        started.started_at(self.taken_at);
+        started.end();
+        // The kind alone: an event without its owner allocates nothing.
+        let event = JobEvent::run_started(lease.epoch, String::new(), lease.resumed);
+        info!(kind = event.kind(), "job running");
     }
 
     /// Runs one round of calls; returns the job's ending if the round ends
@@ -396,177 +412,6 @@ impl JobRun<'_> {
         Ok(None)
     }
 
-    /// Plays one model turn and checkpoints it, with the round's results
-    /// before it and the first attempts of the calls it makes; returns the
-    /// job's ending if the turn ends it, and then leaves the turn to the
-    /// commit that ends the job. A turn cut short by a stop is dropped
-    /// unrecorded: the next step sees why (a cancelled job needs no answer,
-    /// and a handed-back job plays it on its new replica).
-    async fn play_turn(
-        &self,
-        (JobRef { spec, trace }, wire_ids): (JobRef<'_>, &WireIds),
-        provider: &dyn Provider,
-        progress: &mut Progress,
-        stop: &StopSignal,
-    ) -> Result<Option<Ending>, Stopped> {
-        let number = progress.turns + 1;
-        let mut span = spans::turn(trace, number, spec);
-        let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
-        let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
-        let request = TurnRequest {
-            model: &spec.model,
-            instructions: &spec.instructions,
-            items: &progress.items,
-            tools: &specs,
-            parallel_tool_calls: spec.parallel_tool_calls,
-            turn: progress.turns,
-        };
-        let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
-        let asked = std::time::Instant::now();
-        let provider_name = spec.provider.as_str();
-        let turn = tokio::select! {
-            turn = tokio::time::timeout(left, provider.turn(request)) => match turn {
-                Err(_) => {
-                    let code = JobErrorCode::DeadlineExceeded.as_str().to_owned();
-                    crate::metrics::model_turn(provider_name, code, asked.elapsed());
-                    span.fail("the job's deadline passed during the turn");
-                    span.end();
-                    return Ok(Some(step::deadline_exceeded()));
-                }
-                Ok(Err(err)) => {
-                    crate::metrics::model_turn(provider_name, err.code().to_string(), asked.elapsed());
-                    span.set("toolfleet.outcome", err.code().to_string());
-                    span.fail(err.code().to_string());
-                    span.end();
-                    return Ok(Some(model_failure(&err)));
-                }
-                Ok(Ok(turn)) => turn,
-            },
-            // Not recorded: the turn is played again where the job goes on.
-            () = stop.token.cancelled() => return Ok(None),
-        };
-        if stop.reason() == Some(StopReason::CancelRequested) {
-            return Ok(None);
-        }
-        let has_calls = turn.tool_calls().next().is_some();
-        crate::metrics::model_turn(provider_name, "ok".to_owned(), asked.elapsed());
-        if let Some(usage) = turn.usage {
-            crate::metrics::model_tokens(provider_name, usage.input_tokens, usage.output_tokens);
-        }
-        if span.is_recording() {
-            span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
-            if let Some(usage) = turn.usage {
-                span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
-                span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
-            }
-        }
-        let offered: Vec<ToolManifest> = new_offers.iter().map(|t| (*t.manifest).clone()).collect();
-        let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
-        let ending = step::after_turn(&turn.items, rounds, spec);
-        let start = progress.items.len();
-        progress.items.extend(turn.items);
-        progress.turns = turns;
-        progress.rounds = rounds;
-        for tool in new_offers {
-            progress.offered.insert(tool.manifest.name.clone(), tool);
-        }
-        if ending.is_some() {
-            // Stored with the end, in the same commit: one round trip less.
-            progress.last_turn = Some(LastTurn {
-                start,
-                turns,
-                rounds,
-                offered,
-                commit: spans::commit(trace, spans::Step::Turn(number), "finish"),
-            });
-        } else {
-            // The first attempts of the calls are recorded with the turn: the
-            // round that follows publishes them without a commit of its own.
-            let admitted = if has_calls && spec.parallel_tool_calls {
-                let pending = step::pending_calls(&progress.items, wire_ids);
-                let dispatcher = &self.runner.dispatcher;
-                pending
-                    .into_iter()
-                    .enumerate()
-                    .filter(|(index, call)| {
-                        dispatcher
-                            .admit(spec, *index, call, &progress.offered)
-                            .is_ok()
-                    })
-                    .map(|(_, call)| call)
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            let dispatched: Vec<DispatchedCall<'_>> =
-                admitted.iter().map(PlannedCall::dispatched).collect();
-            let (results, items) =
-                progress.items[progress.stored..].split_at(start - progress.stored);
-            let checkpoint = TurnCheckpoint {
-                results,
-                items,
-                turns,
-                rounds,
-                offered: &offered,
-            };
-            // The checkpoint: once this commit lands, the turn is never played again.
-            let commit = spans::commit(trace, spans::Step::Turn(number), "record_turn");
-            self.runner
-                .store
-                .record_turn(&self.lease, checkpoint, &dispatched)
-                .await?;
-            commit.end();
-            progress.stored = progress.items.len();
-            progress.fresh_round = has_calls.then(|| {
-                admitted
-                    .iter()
-                    .map(|call| (call.wire_id.clone(), 0))
-                    .collect()
-            });
-        }
-        span.end();
-        Ok(ending)
-    }
-
-    /// The tools the job may use in its next turn: the live ones, and those
-    /// offered earlier in the job whose workers are gone for now (so that the
-    /// model's tool list does not flicker with an outage). Also returns the
-    /// live tools that are new to the job or changed, to record.
-    fn tools_for_turn(
-        &self,
-        spec: &JobSpec,
-        offered: &HashMap<String, LiveTool>,
-    ) -> (Vec<LiveTool>, Vec<LiveTool>) {
-        let allowed = |name: &str| spec.tools.is_empty() || spec.tools.iter().any(|t| t == name);
-        let live: Vec<LiveTool> = self
-            .runner
-            .dispatcher
-            .registry
-            .available_tools()
-            .into_iter()
-            .filter(|t| allowed(&t.manifest.name))
-            .collect();
-        let new: Vec<LiveTool> = live
-            .iter()
-            .filter(|t| {
-                offered
-                    .get(&t.manifest.name)
-                    .is_none_or(|o| o.manifest != t.manifest)
-            })
-            .cloned()
-            .collect();
-        let mut tools = live;
-        let mut gone: Vec<LiveTool> = offered
-            .values()
-            .filter(|o| allowed(&o.manifest.name))
-            .filter(|o| !tools.iter().any(|t| t.manifest.name == o.manifest.name))
-            .cloned()
-            .collect();
-        gone.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
-        tools.extend(gone);
-        (tools, new)
-    }
-
     async fn finish(&self, end: End) -> Result<(), Stopped> {
         let ending = &end.ending;
         self.runner
@@ -582,16 +427,6 @@ impl JobRun<'_> {
         let took = (created > 0).then(|| Duration::from_millis(now_ms().saturating_sub(created)));
         crate::metrics::job_finished(kind, took);
         Ok(())
-    }
-}
-
-/// A tool as the model is told about it.
-fn tool_spec(tool: &LiveTool) -> ToolSpec {
-    ToolSpec {
-        name: tool.manifest.name.clone(),
-        description: tool.manifest.description.clone(),
-        parameters: tool.manifest.parameters.clone(),
-        strict: tool.manifest.strict,
     }
 }
 

@@ -1,0 +1,281 @@
+//! One model turn of a run: ask the model (within the job's deadline, until
+//! a stop), then checkpoint what it said with the round's results before
+//! it and the first attempts of the calls it makes. A turn cut short by a
+//! stop is dropped unrecorded: the next step sees why (a cancelled job
+//! needs no answer, and a handed-back job plays it on its new replica).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use toolfleet_service::traces::StepSpan;
+
+use super::{JobRun, LastTurn, Progress, StopSignal, Stopped, model_failure};
+use crate::dispatch::PlannedCall;
+use crate::job::{
+    Ending, JobErrorCode, JobRef, JobSpec, ToolManifest, TurnCheckpoint, WireIds, now_ms,
+};
+use crate::model::{Provider, ToolSpec, Turn, TurnRequest};
+use crate::registry::LiveTool;
+use crate::runner::step::{self, StopReason};
+use crate::spans;
+use crate::store::DispatchedCall;
+
+/// What a turn is played for: the job, how its calls are named on the
+/// wire, and the model that plays it.
+pub(super) struct TurnOf<'a> {
+    pub(super) job: JobRef<'a>,
+    pub(super) wire_ids: &'a WireIds,
+    pub(super) provider: &'a dyn Provider,
+}
+
+/// What asking the model came to.
+enum Asked {
+    /// The model's turn.
+    Turn(Turn),
+    /// The job ends: the deadline passed, or the model failed.
+    Ended(Ending),
+    /// A stop cut it short; nothing is recorded.
+    Dropped,
+}
+
+impl JobRun<'_> {
+    /// Plays one model turn and checkpoints it; returns the job's ending if
+    /// the turn ends it, and then leaves the turn to the commit that ends
+    /// the job.
+    pub(super) async fn play_turn(
+        &self,
+        of: TurnOf<'_>,
+        progress: &mut Progress,
+        stop: &StopSignal,
+    ) -> Result<Option<Ending>, Stopped> {
+        let JobRef { spec, trace } = of.job;
+        let number = progress.turns + 1;
+        let mut span = spans::turn(trace, number, spec);
+        let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
+        let turn = match ask_model(&of, &tools, progress, stop, &mut span).await {
+            Asked::Turn(turn) => turn,
+            Asked::Ended(ending) => {
+                span.end();
+                return Ok(Some(ending));
+            }
+            Asked::Dropped => return Ok(None),
+        };
+        let has_calls = turn.tool_calls().next().is_some();
+        let offered: Vec<ToolManifest> = new_offers.iter().map(|t| (*t.manifest).clone()).collect();
+        let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
+        let ending = step::after_turn(&turn.items, rounds, spec);
+        let start = progress.items.len();
+        progress.items.extend(turn.items);
+        progress.turns = turns;
+        progress.rounds = rounds;
+        for tool in new_offers {
+            progress.offered.insert(tool.manifest.name.clone(), tool);
+        }
+        if ending.is_some() {
+            // Stored with the end, in the same commit: one round trip less.
+            progress.last_turn = Some(LastTurn {
+                start,
+                turns,
+                rounds,
+                offered,
+                commit: spans::commit(trace, spans::Step::Turn(number), "finish"),
+            });
+        } else {
+            let played = Played {
+                number,
+                start,
+                has_calls,
+                offered: &offered,
+            };
+            self.checkpoint(&of, played, progress).await?;
+        }
+        span.end();
+        Ok(ending)
+    }
+
+    /// Records a turn that did not end the job, with the round's results
+    /// before it and the first attempts of the calls it makes (the round
+    /// that follows publishes them without a commit of its own). Once this
+    /// commit lands, the turn is never played again.
+    async fn checkpoint(
+        &self,
+        of: &TurnOf<'_>,
+        played: Played<'_>,
+        progress: &mut Progress,
+    ) -> Result<(), Stopped> {
+        let spec = of.job.spec;
+        let admitted = if played.has_calls && spec.parallel_tool_calls {
+            self.admitted_calls(spec, of.wire_ids, progress)
+        } else {
+            Vec::new()
+        };
+        let dispatched: Vec<DispatchedCall<'_>> =
+            admitted.iter().map(PlannedCall::dispatched).collect();
+        let (results, items) =
+            progress.items[progress.stored..].split_at(played.start - progress.stored);
+        let checkpoint = TurnCheckpoint {
+            results,
+            items,
+            turns: progress.turns,
+            rounds: progress.rounds,
+            offered: played.offered,
+        };
+        let commit = spans::commit(
+            of.job.trace,
+            spans::Step::Turn(played.number),
+            "record_turn",
+        );
+        self.runner
+            .store
+            .record_turn(&self.lease, checkpoint, &dispatched)
+            .await?;
+        commit.end();
+        progress.stored = progress.items.len();
+        progress.fresh_round = played.has_calls.then(|| {
+            admitted
+                .iter()
+                .map(|call| (call.wire_id.clone(), 0))
+                .collect()
+        });
+        Ok(())
+    }
+
+    /// The calls of the turn just played that dispatch will publish: those
+    /// it admits now are recorded with the turn.
+    fn admitted_calls(
+        &self,
+        spec: &JobSpec,
+        wire_ids: &WireIds,
+        progress: &Progress,
+    ) -> Vec<PlannedCall> {
+        let dispatcher = &self.runner.dispatcher;
+        step::pending_calls(&progress.items, wire_ids)
+            .into_iter()
+            .enumerate()
+            .filter(|(index, call)| {
+                dispatcher
+                    .admit(spec, *index, call, &progress.offered)
+                    .is_ok()
+            })
+            .map(|(_, call)| call)
+            .collect()
+    }
+
+    /// The tools the job may use in its next turn: the live ones, and those
+    /// offered earlier in the job whose workers are gone for now (so that the
+    /// model's tool list does not flicker with an outage). Also returns the
+    /// live tools that are new to the job or changed, to record.
+    fn tools_for_turn(
+        &self,
+        spec: &JobSpec,
+        offered: &HashMap<String, LiveTool>,
+    ) -> (Vec<LiveTool>, Vec<LiveTool>) {
+        let allowed = |name: &str| spec.tools.is_empty() || spec.tools.iter().any(|t| t == name);
+        let live: Vec<LiveTool> = self
+            .runner
+            .dispatcher
+            .registry
+            .available_tools()
+            .into_iter()
+            .filter(|t| allowed(&t.manifest.name))
+            .collect();
+        let new: Vec<LiveTool> = live
+            .iter()
+            .filter(|t| {
+                offered
+                    .get(&t.manifest.name)
+                    .is_none_or(|o| o.manifest != t.manifest)
+            })
+            .cloned()
+            .collect();
+        let mut tools = live;
+        let mut gone: Vec<LiveTool> = offered
+            .values()
+            .filter(|o| allowed(&o.manifest.name))
+            .filter(|o| !tools.iter().any(|t| t.manifest.name == o.manifest.name))
+            .cloned()
+            .collect();
+        gone.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
+        tools.extend(gone);
+        (tools, new)
+    }
+}
+
+/// A turn the model played that did not end the job, to checkpoint.
+struct Played<'a> {
+    number: u32,
+    /// Where its items start in the run's conversation.
+    start: usize,
+    has_calls: bool,
+    /// The tools first offered (or changed) in this turn.
+    offered: &'a [ToolManifest],
+}
+
+/// Asks the model for the job's next turn, within the job's deadline and
+/// until a stop; records the turn's metrics and its span's attributes.
+async fn ask_model(
+    of: &TurnOf<'_>,
+    tools: &[LiveTool],
+    progress: &Progress,
+    stop: &StopSignal,
+    span: &mut StepSpan,
+) -> Asked {
+    let spec = of.job.spec;
+    let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
+    let request = TurnRequest {
+        model: &spec.model,
+        instructions: &spec.instructions,
+        items: &progress.items,
+        tools: &specs,
+        parallel_tool_calls: spec.parallel_tool_calls,
+        turn: progress.turns,
+    };
+    let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+    let asked = Instant::now();
+    let provider = spec.provider.as_str();
+    let answer = tokio::select! {
+        answer = tokio::time::timeout(left, of.provider.turn(request)) => answer,
+        // Not recorded: the turn is played again where the job goes on.
+        () = stop.token.cancelled() => return Asked::Dropped,
+    };
+    let turn = match answer {
+        Err(_) => {
+            let code = JobErrorCode::DeadlineExceeded.as_str().to_owned();
+            crate::metrics::model_turn(provider, code, asked.elapsed());
+            span.fail("the job's deadline passed during the turn");
+            return Asked::Ended(step::deadline_exceeded());
+        }
+        Ok(Err(err)) => {
+            crate::metrics::model_turn(provider, err.code().to_string(), asked.elapsed());
+            span.set("toolfleet.outcome", err.code().to_string());
+            span.fail(err.code().to_string());
+            return Asked::Ended(model_failure(&err));
+        }
+        Ok(Ok(turn)) => turn,
+    };
+    if stop.reason() == Some(StopReason::CancelRequested) {
+        return Asked::Dropped;
+    }
+    crate::metrics::model_turn(provider, "ok".to_owned(), asked.elapsed());
+    if let Some(usage) = turn.usage {
+        crate::metrics::model_tokens(provider, usage.input_tokens, usage.output_tokens);
+    }
+    if span.is_recording() {
+        span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
+        if let Some(usage) = turn.usage {
+            span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
+            span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
+        }
+    }
+    Asked::Turn(turn)
+}
+
+/// A tool as the model is told about it.
+fn tool_spec(tool: &LiveTool) -> ToolSpec {
+    ToolSpec {
+        name: tool.manifest.name.clone(),
+        description: tool.manifest.description.clone(),
+        parameters: tool.manifest.parameters.clone(),
+        strict: tool.manifest.strict,
+    }
+}
