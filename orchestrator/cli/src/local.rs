@@ -151,6 +151,60 @@ impl std::fmt::Debug for LocalFleet {
     }
 }
 
+/// The fleet's nats-server: with TLS when the fleet has certificates, and
+/// fsync on every write when asked.
+async fn start_nats(
+    options: &LocalFleetOptions,
+    servers: &ServerOptions,
+    tls: Option<&Certificates>,
+    progress: Progress,
+) -> anyhow::Result<NatsServer> {
+    progress.start("starting nats-server");
+    let mut nats_config = String::new();
+    if let Some(certificates) = tls {
+        nats_config += &format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+            certificates.path("server.pem"),
+            certificates.path("server.key"),
+        );
+    }
+    if options.fsync_always {
+        nats_config += supervisor::JETSTREAM_SYNC_ALWAYS;
+    }
+    let nats = if nats_config.is_empty() {
+        NatsServer::start_with_options(servers).await
+    } else {
+        NatsServer::start_with_config(servers, &nats_config).await
+    };
+    let nats = progress.finish(nats, |nats| format!("{}, v{}", nats.url(), nats.version()))?;
+    options.kill_switch.register_process(nats.process());
+    Ok(nats)
+}
+
+/// The fleet's redis-server: with TLS when the fleet has certificates, and
+/// an fsynced append-only file when asked.
+async fn start_redis(
+    options: &LocalFleetOptions,
+    servers: &ServerOptions,
+    tls: Option<&Certificates>,
+    progress: Progress,
+) -> anyhow::Result<RedisServer> {
+    progress.start("starting redis-server");
+    let redis_config = RedisConfig {
+        append_only: options.fsync_always,
+        tls: tls.map(|certificates| RedisTls {
+            cert_file: certificates.path("server.pem").into(),
+            key_file: certificates.path("server.key").into(),
+            ca_file: certificates.path("ca.pem").into(),
+        }),
+        ..RedisConfig::default()
+    };
+    let redis = RedisServer::start_with_options(redis_config, servers).await;
+    let redis = progress.finish(redis, RedisServer::url)?;
+    options.kill_switch.register_process(redis.process());
+    Ok(redis)
+}
+
 impl LocalFleet {
     /// Starts the servers, the orchestrator and the workers, and returns once
     /// the orchestrator lists every worker's tools on every worker.
@@ -192,39 +246,8 @@ impl LocalFleet {
             true => Some(Certificates::generate(dir.path())?),
             false => None,
         };
-        progress.start("starting nats-server");
-        let mut nats_config = String::new();
-        if let Some(certificates) = &tls {
-            nats_config += &format!(
-                "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
-                certificates.path("server.pem"),
-                certificates.path("server.key"),
-            );
-        }
-        if options.fsync_always {
-            nats_config += supervisor::JETSTREAM_SYNC_ALWAYS;
-        }
-        let nats = if nats_config.is_empty() {
-            NatsServer::start_with_options(&servers).await
-        } else {
-            NatsServer::start_with_config(&servers, &nats_config).await
-        };
-        let nats = progress.finish(nats, |nats| format!("{}, v{}", nats.url(), nats.version()))?;
-        options.kill_switch.register_process(nats.process());
-
-        progress.start("starting redis-server");
-        let redis_config = RedisConfig {
-            append_only: options.fsync_always,
-            tls: tls.as_ref().map(|certificates| RedisTls {
-                cert_file: certificates.path("server.pem").into(),
-                key_file: certificates.path("server.key").into(),
-                ca_file: certificates.path("ca.pem").into(),
-            }),
-            ..RedisConfig::default()
-        };
-        let redis = RedisServer::start_with_options(redis_config, &servers).await;
-        let redis = progress.finish(redis, RedisServer::url)?;
-        options.kill_switch.register_process(redis.process());
+        let nats = start_nats(&options, &servers, tls.as_ref(), progress).await?;
+        let redis = start_redis(&options, &servers, tls.as_ref(), progress).await?;
 
         let shutdown = CancellationToken::new();
         let stop_tasks = shutdown.clone().drop_guard();

@@ -242,6 +242,93 @@ fn named<'a, T>(kind: &str, nodes: &'a [T]) -> Vec<(String, &'a T)> {
         .collect()
 }
 
+/// The environment every process of the fleet shares: its threads, where
+/// it sends traces, and the servers' shape.
+fn common_env(shape: &FleetShape, telemetry: &TelemetryOptions) -> Vec<(&'static str, String)> {
+    let mut common = vec![("TOOLFLEET_THREADS", shape.threads.to_string())];
+    if let Some(endpoint) = &telemetry.otlp_endpoint {
+        common.push(("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint.clone()));
+    }
+    if let Some(ratio) = telemetry.sample_ratio {
+        common.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
+    }
+    if shape.nats_cluster {
+        common.push(("TOOLFLEET_NATS__REPLICAS", "3".to_owned()));
+    }
+    if shape.redis_cluster {
+        common.push(("TOOLFLEET_REDIS__CLUSTER", "true".to_owned()));
+    }
+    if let Some(replicas) = shape.wait_replicas {
+        common.push(("TOOLFLEET_REDIS__WAIT_REPLICAS", replicas.to_string()));
+    }
+    common
+}
+
+/// How the fleet's services are started: their connection flags, their
+/// shared environment, and their NATS accounts when the fleet has them.
+struct Launch<'a> {
+    connection: [String; 4],
+    common: Vec<(&'static str, String)>,
+    accounts: Option<&'a Accounts>,
+    options: &'a ServerOptions,
+}
+
+impl Launch<'_> {
+    /// The orchestrator, on any free port, taking scripted jobs from anyone
+    /// (the bench's jobs are scripted, on loopback).
+    fn orchestrator(
+        &self,
+        max_jobs: Option<std::num::NonZeroUsize>,
+    ) -> anyhow::Result<ChildProcess> {
+        let mut args = self.connection.to_vec();
+        args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
+        let mut env = vec![
+            ("TOOLFLEET_API__ALLOW_SCRIPTED", "true".to_owned()),
+            ("TOOLFLEET_API__AUTH", "none".to_owned()),
+        ];
+        if let Some(jobs) = max_jobs {
+            env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
+        }
+        env.extend(self.common.iter().cloned());
+        if let Some(accounts) = self.accounts {
+            env.extend(accounts.env("orchestrator"));
+        }
+        ChildProcess::spawn_with(
+            "orchestrator",
+            cargo_bin("toolfleet-orchestrator")?,
+            &args,
+            env.iter().map(|(k, v)| (*k, v.as_str())),
+            self.options,
+        )
+    }
+
+    /// Worker `n`: with the test tools, or, with NATS accounts, as the
+    /// pool `general` serving its own tools only.
+    fn worker(&self, n: usize, max_in_flight: Option<usize>) -> anyhow::Result<ChildProcess> {
+        let mut args = self.connection.to_vec();
+        let mut env = self.common.clone();
+        match self.accounts {
+            Some(accounts) => {
+                args.extend(["--tools".to_owned(), POOL_TOOLS.to_owned()]);
+                env.extend(accounts.env(POOL));
+            }
+            None => args.push("--test-tools".to_owned()),
+        }
+        args.extend(["--worker-id".to_owned(), format!("bench-worker-{n}")]);
+        if let Some(slots) = max_in_flight {
+            args.extend(["--max-in-flight".to_owned(), slots.to_string()]);
+        }
+        let env = env.iter().map(|(k, v)| (*k, v.as_str()));
+        ChildProcess::spawn_with(
+            &format!("worker-{n}"),
+            cargo_bin("toolfleet-worker")?,
+            &args,
+            env,
+            self.options,
+        )
+    }
+}
+
 /// The fleet; every process is killed and its dir removed on drop.
 pub(super) struct ProcessFleet {
     /// The orchestrator's gRPC URL.
@@ -270,9 +357,6 @@ impl ProcessFleet {
             max_in_flight,
             max_jobs,
             threads,
-            nats_cluster,
-            redis_cluster,
-            wait_replicas,
             nats_accounts,
             ..
         } = *shape;
@@ -293,72 +377,21 @@ impl ProcessFleet {
         let accounts = nats_accounts.then(Accounts::new);
         let nats = Nats::start(shape, &options, accounts.as_ref()).await?;
         let redis = Redis::start(shape, &options).await?;
-        let connection = [
-            "--nats-url".to_owned(),
-            nats.url(),
-            "--redis-url".to_owned(),
-            redis.url(),
-        ];
-        let mut common = vec![("TOOLFLEET_THREADS", threads.to_string())];
-        if let Some(endpoint) = &telemetry.otlp_endpoint {
-            common.push(("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint.clone()));
-        }
-        if let Some(ratio) = telemetry.sample_ratio {
-            common.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
-        }
-        if nats_cluster {
-            common.push(("TOOLFLEET_NATS__REPLICAS", "3".to_owned()));
-        }
-        if redis_cluster {
-            common.push(("TOOLFLEET_REDIS__CLUSTER", "true".to_owned()));
-        }
-        if let Some(replicas) = wait_replicas {
-            common.push(("TOOLFLEET_REDIS__WAIT_REPLICAS", replicas.to_string()));
-        }
-        let mut args = connection.to_vec();
-        args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
-        // The bench's jobs are scripted, on loopback.
-        let mut env = vec![
-            ("TOOLFLEET_API__ALLOW_SCRIPTED", "true".to_owned()),
-            ("TOOLFLEET_API__AUTH", "none".to_owned()),
-        ];
-        if let Some(jobs) = max_jobs {
-            env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
-        }
-        env.extend(common.iter().cloned());
-        if let Some(accounts) = &accounts {
-            env.extend(accounts.env("orchestrator"));
-        }
-        let orchestrator = ChildProcess::spawn_with(
-            "orchestrator",
-            cargo_bin("toolfleet-orchestrator")?,
-            &args,
-            env.iter().map(|(k, v)| (*k, v.as_str())),
-            &options,
-        )?;
-        let mut spawned = Vec::new();
-        for n in 0..workers {
-            let mut args = connection.to_vec();
-            let mut env = common.clone();
-            match &accounts {
-                // The pool `general`, serving its own tools only.
-                Some(accounts) => {
-                    args.extend(["--tools".to_owned(), POOL_TOOLS.to_owned()]);
-                    env.extend(accounts.env(POOL));
-                }
-                None => args.push("--test-tools".to_owned()),
-            }
-            args.extend(["--worker-id".to_owned(), format!("bench-worker-{n}")]);
-            if let Some(slots) = max_in_flight {
-                args.extend(["--max-in-flight".to_owned(), slots.to_string()]);
-            }
-            let name = format!("worker-{n}");
-            let binary = cargo_bin("toolfleet-worker")?;
-            let env = env.iter().map(|(k, v)| (*k, v.as_str()));
-            spawned.push(ChildProcess::spawn_with(
-                &name, binary, &args, env, &options,
-            )?);
-        }
+        let launch = Launch {
+            connection: [
+                "--nats-url".to_owned(),
+                nats.url(),
+                "--redis-url".to_owned(),
+                redis.url(),
+            ],
+            common: common_env(shape, telemetry),
+            accounts: accounts.as_ref(),
+            options: &options,
+        };
+        let orchestrator = launch.orchestrator(max_jobs)?;
+        let spawned = (0..workers)
+            .map(|n| launch.worker(n, max_in_flight))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let ready = orchestrator
             .wait_for_log("orchestrator ready", READY)
             .await?;
