@@ -20,8 +20,8 @@ pub use toolfleet_service::traces::JobTrace;
 
 /// A new id for a job of `tenant` (a checked name): the tenant, then 28
 /// time-ordered hex digits ([`JobId`]); safe in subjects and keys.
-pub fn new_job_id(tenant: &str) -> String {
-    JobId::format(tenant, now_ms(), rand::random::<u64>())
+pub fn new_job_id(tenant: &str) -> JobId {
+    JobId::new(tenant, now_ms(), rand::random::<u64>())
 }
 
 /// How a job's calls are named on the wire (NATS headers and message ids,
@@ -307,7 +307,7 @@ pub struct JobError {
 #[derive(Debug, Clone)]
 pub struct JobRecord {
     /// The job id.
-    pub job_id: String,
+    pub job_id: JobId,
     /// The spec.
     pub spec: JobSpec,
     /// The status.
@@ -346,7 +346,7 @@ pub struct JobRef<'a> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The job.
-    pub job_id: String,
+    pub job_id: JobId,
     /// `<owner>:<epoch>`.
     pub token: String,
     /// Incremented by every takeover.

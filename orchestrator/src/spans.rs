@@ -17,7 +17,7 @@
 
 use toolfleet_service::traces::{SpanContext, SpanKind, StepSpan};
 
-use crate::job::{JobSpec, JobTrace};
+use crate::job::{JobId, JobSpec, JobTrace};
 
 /// A step of a job, which names its span (and so its span's id). Spelled
 /// out only for a job that is traced here: building names for spans that
@@ -60,7 +60,7 @@ pub(crate) struct CallRef<'a> {
 /// `owner` after another stopped, linked to the run before it.
 pub(crate) fn run(
     trace: Option<&JobTrace>,
-    job_id: &str,
+    job_id: &JobId,
     epoch: u64,
     owner: &str,
     resumed: bool,
@@ -74,7 +74,7 @@ pub(crate) fn run(
         None,
     );
     if let Some(trace) = trace.filter(|_| span.is_recording()) {
-        span.set("toolfleet.job_id", job_id.to_owned());
+        span.set("toolfleet.job_id", job_id.to_string());
         span.set("toolfleet.epoch", epoch_value(epoch));
         span.set("toolfleet.replica", owner.to_owned());
         span.set("toolfleet.resumed", resumed);

@@ -78,9 +78,9 @@ impl ToolCall {
     ///
     /// [`InvalidCall`] naming the first field that fails.
     pub fn check(&self) -> Result<(), InvalidCall> {
-        if crate::job::JobId::parse(&self.job_id).is_none() {
+        let Some(job_id) = crate::job::JobId::parse(&self.job_id) else {
             return Err(InvalidCall("job_id"));
-        }
+        };
         if !is_valid_wire_id(&self.call_id) {
             return Err(InvalidCall("call_id"));
         }
@@ -98,7 +98,7 @@ impl ToolCall {
         if self
             .reply_to
             .as_ref()
-            .is_some_and(|subject| *subject != crate::names::reply_subject(&self.job_id))
+            .is_some_and(|subject| *subject != crate::names::reply_subject(&job_id))
         {
             return Err(InvalidCall("reply_to"));
         }
@@ -146,7 +146,9 @@ mod tests {
         let job_id = "acme-0190000000010000000000001234".to_owned();
         ToolCall {
             idempotency_key: ToolCall::default_idempotency_key(&job_id, "x.12"),
-            reply_to: Some(crate::names::reply_subject(&job_id)),
+            reply_to: Some(crate::names::reply_subject(
+                &crate::job::JobId::parse(&job_id).unwrap(),
+            )),
             job_id,
             call_id: "x.12".into(),
             attempt: 1,

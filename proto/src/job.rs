@@ -388,56 +388,131 @@ pub fn is_valid_tenant(name: &str) -> bool {
 /// milliseconds (so ids sort by time), 16 random.
 const SERIAL_LEN: usize = 28;
 
-/// A job id taken apart: `<tenant>-<28 lowercase hex digits>`.
+/// A job's id, checked: `<tenant>-<28 lowercase hex digits>`. Made by
+/// [`JobId::new`] or read by [`JobId::parse`] where an id comes in (a
+/// client's request, a job message, an index in Redis), and passed as this
+/// type from there on: an id that reaches a subject or a key is one of this
+/// form.
 ///
 /// The tenant is part of the id so that everything keyed by the id carries
 /// it: the job's Redis keys (`tf:{acme-0190…}:events`, which a per-tenant
 /// Redis ACL or a scan can select) and its reply subject. An id whose tenant
 /// is not the caller's is refused before anything is read. Ids made before
 /// tenants existed are the 28 digits alone; they stay valid, with no tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JobId<'a> {
-    /// The tenant the id names; `None` for an id from before tenants.
-    pub tenant: Option<&'a str>,
-}
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct JobId(String);
 
-impl<'a> JobId<'a> {
+impl JobId {
     /// A new id for `tenant`'s job submitted at `millis`, with `random`
     /// for uniqueness.
     ///
     /// # Panics
     ///
     /// If `tenant` is not a valid tenant name: callers hold a checked one.
-    pub fn format(tenant: &str, millis: u64, random: u64) -> String {
+    pub fn new(tenant: &str, millis: u64, random: u64) -> Self {
         assert!(is_valid_tenant(tenant), "a checked tenant name");
         // 12 hex digits of milliseconds last until the year 10889.
-        format!("{tenant}-{:012x}{random:016x}", millis & 0xffff_ffff_ffff)
+        Self(format!(
+            "{tenant}-{:012x}{random:016x}",
+            millis & 0xffff_ffff_ffff
+        ))
     }
 
     /// Reads `id`; `None` when it is not a job id of this form (a client's
     /// or a message's bytes can be anything).
-    pub fn parse(id: &'a str) -> Option<Self> {
-        let serial_start = id.len().checked_sub(SERIAL_LEN)?;
-        let serial = id.get(serial_start..)?;
-        if !serial
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-        {
-            return None;
-        }
-        if serial_start == 0 {
-            return Some(Self { tenant: None });
-        }
-        let tenant = id[..serial_start].strip_suffix('-')?;
-        is_valid_tenant(tenant).then_some(Self {
-            tenant: Some(tenant),
-        })
+    pub fn parse(id: &str) -> Option<Self> {
+        tenant_of(id).map(|_| Self(id.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The tenant the id names; `None` for an id from before tenants.
+    pub fn tenant(&self) -> Option<&str> {
+        tenant_of(&self.0).flatten()
     }
 
     /// Whether a caller of `tenant` may see the job with this id as far as
     /// the id tells (an id without a tenant defers to the stored record).
     pub fn may_belong_to(&self, tenant: &str) -> bool {
-        self.tenant.is_none_or(|named| named == tenant)
+        self.tenant().is_none_or(|named| named == tenant)
+    }
+}
+
+/// The tenant `id` names (`Some(None)`: an id from before tenants), or
+/// `None` when `id` is not a job id.
+fn tenant_of(id: &str) -> Option<Option<&str>> {
+    let serial_start = id.len().checked_sub(SERIAL_LEN)?;
+    let serial = id.get(serial_start..)?;
+    if !serial
+        .bytes()
+        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return None;
+    }
+    if serial_start == 0 {
+        return Some(None);
+    }
+    let tenant = id[..serial_start].strip_suffix('-')?;
+    is_valid_tenant(tenant).then_some(Some(tenant))
+}
+
+impl std::ops::Deref for JobId {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for JobId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+impl PartialEq<str> for JobId {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for JobId {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
+    }
+}
+
+impl From<JobId> for String {
+    fn from(id: JobId) -> Self {
+        id.0
+    }
+}
+
+impl<'de> Deserialize<'de> for JobId {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let id = String::deserialize(deserializer)?;
+        match tenant_of(&id) {
+            Some(_) => Ok(Self(id)),
+            None => Err(serde::de::Error::custom(
+                "not a job id (<tenant>-<28 lowercase hex digits>)",
+            )),
+        }
     }
 }
 
@@ -447,15 +522,21 @@ mod tests {
 
     #[test]
     fn job_ids_name_their_tenant_and_read_back() {
-        let id = JobId::format("acme-eu_1", 0x0190_0000_0001, 0xdead_beef);
+        let id = JobId::new("acme-eu_1", 0x0190_0000_0001, 0xdead_beef);
         assert_eq!(id, "acme-eu_1-01900000000100000000deadbeef");
-        assert_eq!(JobId::parse(&id).unwrap().tenant, Some("acme-eu_1"));
-        assert!(JobId::parse(&id).unwrap().may_belong_to("acme-eu_1"));
-        assert!(!JobId::parse(&id).unwrap().may_belong_to("acme"));
+        assert_eq!(JobId::parse(&id), Some(id.clone()));
+        assert_eq!(id.tenant(), Some("acme-eu_1"));
+        assert!(id.may_belong_to("acme-eu_1"));
+        assert!(!id.may_belong_to("acme"));
         // Ids from before tenants: the digits alone, owner unknown.
         let legacy = JobId::parse("019000000001000000000000beef").unwrap();
-        assert_eq!(legacy.tenant, None);
+        assert_eq!(legacy.tenant(), None);
         assert!(legacy.may_belong_to("anyone"));
+        // On the wire, the text alone; read back only when valid.
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, "\"acme-eu_1-01900000000100000000deadbeef\"");
+        assert_eq!(serde_json::from_str::<JobId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<JobId>("\"acme\"").is_err());
     }
 
     #[test]

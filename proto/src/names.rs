@@ -3,6 +3,10 @@
 //!
 //! Redis keys of one job share the hash tag `{<job_id>}` so that a job's
 //! updates can be atomic (MULTI or Lua) and the layout works on Redis Cluster.
+//! Whatever names one job takes its checked [`JobId`]; a call's keys take the
+//! job id of a call the worker checked ([`ToolCall::check`](crate::ToolCall::check)).
+
+use crate::job::JobId;
 
 /// JetStream work-queue stream that holds tool calls until a worker acks them.
 pub const CALL_STREAM: &str = "TOOLFLEET_CALLS";
@@ -74,7 +78,7 @@ pub fn call_consumer(tool: &str) -> String {
 }
 
 /// The subject the results of `job_id`'s calls are published to.
-pub fn reply_subject(job_id: &str) -> String {
+pub fn reply_subject(job_id: &JobId) -> String {
     format!("{REPLY_SUBJECT_PREFIX}{job_id}")
 }
 
@@ -91,7 +95,7 @@ pub fn job_of_reply_subject(subject: &str) -> Option<&str> {
 
 /// Core NATS subject that wakes the watchers of a job when it has new events
 /// (the events themselves are in Redis).
-pub fn events_subject(job_id: &str) -> String {
+pub fn events_subject(job_id: &JobId) -> String {
     format!("toolfleet.events.{job_id}")
 }
 
@@ -119,7 +123,7 @@ pub const UNFINISHED_SHARDS: u32 = 16;
 
 /// The shard of the unfinished index that holds `job_id`: FNV-1a of its
 /// bytes. Stored data depends on it: it never changes across versions.
-fn unfinished_shard_of(job_id: &str) -> u32 {
+fn unfinished_shard_of(job_id: &JobId) -> u32 {
     let hash = job_id.bytes().fold(0x811c_9dc5_u32, |hash, byte| {
         (hash ^ u32::from(byte)).wrapping_mul(0x0100_0193)
     });
@@ -145,7 +149,7 @@ impl RedisKeys {
         &self.prefix
     }
 
-    fn job_key(&self, job_id: &str, rest: &str) -> String {
+    fn job_key(&self, job_id: &JobId, rest: &str) -> String {
         format!("{}:{{{job_id}}}:{rest}", self.prefix)
     }
 
@@ -191,41 +195,41 @@ impl RedisKeys {
     }
 
     /// The job record (a hash).
-    pub fn job(&self, job_id: &str) -> String {
+    pub fn job(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "job")
     }
 
     /// The job's conversation items (a list, appended to).
-    pub fn job_items(&self, job_id: &str) -> String {
+    pub fn job_items(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "items")
     }
 
     /// The job's event log (a stream).
-    pub fn job_events(&self, job_id: &str) -> String {
+    pub fn job_events(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "events")
     }
 
     /// The attempt last dispatched for each call of the job (a hash).
-    pub fn job_attempts(&self, job_id: &str) -> String {
+    pub fn job_attempts(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "attempts")
     }
 
     /// The manifests of the tools the job's model was offered (a hash: tool
     /// name -> manifest JSON), so that a call to one of them whose workers are
     /// briefly gone waits for them instead of being unknown.
-    pub fn job_tools(&self, job_id: &str) -> String {
+    pub fn job_tools(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "tools")
     }
 
     /// The job's fenced lease (owner and epoch of the replica running it).
-    pub fn job_lease(&self, job_id: &str) -> String {
+    pub fn job_lease(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "lease")
     }
 
     /// The shard of the index of unfinished jobs that holds `job_id`
     /// (`<prefix>:unfinished:{<shard>}`, a sorted set scored by submission
     /// time). The sweeper finds jobs there whose queue message was lost.
-    pub fn unfinished_jobs(&self, job_id: &str) -> String {
+    pub fn unfinished_jobs(&self, job_id: &JobId) -> String {
         self.unfinished_shard(unfinished_shard_of(job_id))
     }
 
@@ -294,7 +298,8 @@ mod tests {
         }
 
         #[test]
-        fn every_reply_subject_parses_back_to_its_job(job in "[a-z0-9]{1,32}") {
+        fn every_reply_subject_parses_back_to_its_job(tenant in "[a-z0-9_-]{1,64}", at: u64, random: u64) {
+            let job = JobId::new(&tenant, at, random);
             let subject = reply_subject(&job);
             prop_assert_eq!(job_of_reply_subject(&subject), Some(job.as_str()));
         }
@@ -329,17 +334,19 @@ mod tests {
     #[test]
     fn job_keys_share_one_hash_tag() {
         let keys = RedisKeys::default();
+        let job = JobId::new("acme", 1, 2);
         for key in [
-            keys.call_claim("j1", "echo", "c", 1),
-            keys.call_result("j1", "echo", "c", 1),
-            keys.call_started("j1", "echo", "c", 1),
-            keys.job("j1"),
-            keys.job_items("j1"),
-            keys.job_events("j1"),
-            keys.job_lease("j1"),
-            keys.job_attempts("j1"),
+            keys.call_claim(&job, "echo", "c", 1),
+            keys.call_result(&job, "echo", "c", 1),
+            keys.call_started(&job, "echo", "c", 1),
+            keys.job(&job),
+            keys.job_items(&job),
+            keys.job_events(&job),
+            keys.job_lease(&job),
+            keys.job_attempts(&job),
+            keys.job_tools(&job),
         ] {
-            assert!(key.starts_with("tf:{j1}:"), "{key}");
+            assert!(key.starts_with(&format!("tf:{{{job}}}:")), "{key}");
         }
     }
 
@@ -348,16 +355,22 @@ mod tests {
         let keys = RedisKeys::default();
         // Pinned: stored entries are found again only where they were put.
         // FNV-1a, as Python computes it independently.
-        assert_eq!(keys.unfinished_jobs("j1"), "tf:unfinished:{4}");
+        let job = |id: &str| JobId::parse(id).unwrap();
         assert_eq!(
-            keys.unfinished_jobs("t-7f3a-0192b3c4d5e6f708a1b2c3d4e5f60718"),
+            keys.unfinished_jobs(&job("acme-019000000001000000000000beef")),
+            "tf:unfinished:{9}"
+        );
+        assert_eq!(
+            keys.unfinished_jobs(&job("t-7f3a-0192b3c4d5e6f708a1b2c3d4e5f6")),
             "tf:unfinished:{15}"
         );
         let shards: Vec<String> = keys.unfinished_shards().collect();
         assert_eq!(shards.len(), 16);
         assert_eq!(shards[0], "tf:unfinished:{0}");
         let used: std::collections::HashSet<String> = (0..1000)
-            .map(|n| keys.unfinished_jobs(&format!("job-{n}")))
+            .map(|n| {
+                keys.unfinished_jobs(&JobId::new("job", n, n.wrapping_mul(0x9e37_79b9_7f4a_7c15)))
+            })
             .collect();
         assert_eq!(used.len(), 16, "1,000 jobs use every shard");
         assert!(used.iter().all(|key| shards.contains(key)));

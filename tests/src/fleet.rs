@@ -559,8 +559,9 @@ impl Fleet {
     /// Redis is unreachable.
     pub async fn dispatched_wire_ids(&self, job_id: &str) -> anyhow::Result<Vec<String>> {
         let mut redis = self.redis.connection().await?;
+        let job_id = JobId::parse(job_id).context("not a job id")?;
         let mut ids: Vec<String> = redis::cmd("HKEYS")
-            .arg(RedisKeys::default().job_attempts(job_id))
+            .arg(RedisKeys::default().job_attempts(&job_id))
             .query_async(&mut redis)
             .await?;
         ids.sort();
@@ -665,15 +666,15 @@ impl Results {
 /// else a job id made from it as a name (`job-calc` becomes
 /// `job-calc-<28 hex digits>`, the same every time), since workers run only
 /// calls whose job id is one the orchestrator makes.
-pub fn job_id(job: &str) -> String {
-    if JobId::parse(job).is_some() {
-        return job.to_owned();
+pub fn job_id(job: &str) -> JobId {
+    if let Some(job_id) = JobId::parse(job) {
+        return job_id;
     }
     // FNV-1a: a stable digest of the name, no dependency.
     let digest = job.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     });
-    JobId::format(job, 0, digest)
+    JobId::new(job, 0, digest)
 }
 
 /// A first-attempt call of `tool` with `arguments` (a JSON text, possibly
@@ -682,7 +683,7 @@ pub fn job_id(job: &str) -> String {
 pub fn call(job: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCall {
     let job_id = &job_id(job);
     ToolCall {
-        job_id: job_id.to_owned(),
+        job_id: job_id.to_string(),
         call_id: call_id.to_owned(),
         attempt: 1,
         tool: tool.to_owned(),

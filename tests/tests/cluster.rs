@@ -44,8 +44,9 @@ async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> any
     // spread over every primary.
     let redis = fleet.redis.cluster();
     let keys = RedisKeys::default();
-    let job_node = redis.primary_of(&keys.job(&job.job_id)).await?;
-    for key in [keys.job_events(&job.job_id), keys.job_items(&job.job_id)] {
+    let job_id = toolfleet_tests::fleet::job_id(&job.job_id);
+    let job_node = redis.primary_of(&keys.job(&job_id)).await?;
+    for key in [keys.job_events(&job_id), keys.job_items(&job_id)] {
         assert_eq!(redis.primary_of(&key).await?, job_node, "{key}");
     }
     let mut shard_nodes = std::collections::HashSet::new();
@@ -61,7 +62,7 @@ async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> any
         .redis
         .connection()
         .await?
-        .hget(keys.job(&job.job_id), "status")
+        .hget(keys.job(&job_id), "status")
         .await?;
     assert_eq!(status, "succeeded");
     Ok(())

@@ -488,7 +488,8 @@ async fn an_interrupted_round_leaves_no_subscriber_on_the_reply_subject() -> any
     one_by_one.parallel_tool_calls = Some(false);
     let submitted = api.submit_job(one_by_one).await?.into_inner();
     fleet.worker(0).wait_for_log("executing call", JOB).await?;
-    let reply_subject = toolfleet_proto::names::reply_subject(&submitted.job_id);
+    let reply_subject =
+        toolfleet_proto::names::reply_subject(&toolfleet_tests::fleet::job_id(&submitted.job_id));
     // While the round runs, the orchestrator listens on the job's reply
     // subject: a request there finds a responder (which never answers).
     let listening = probe(&fleet.client, &reply_subject).await;
@@ -1140,7 +1141,7 @@ async fn a_reply_published_by_anyone_but_a_worker_answers_nothing() -> anyhow::R
         .ok_or_else(|| anyhow::anyhow!("no call was published"))?;
     // Its wire id and arguments, as anyone who read the call knows them.
     let call: ToolCall = serde_json::from_slice(&message.payload)?;
-    let subject = names::reply_subject(&call.job_id);
+    let subject = names::reply_subject(&toolfleet_tests::fleet::job_id(&call.job_id));
     let forge = |body: String| {
         let mut forged = async_nats::HeaderMap::new();
         forged.insert(headers::CALL_ID, call.call_id.as_str());
@@ -1275,7 +1276,10 @@ async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyho
         .await?;
     fleet
         .client
-        .publish(names::reply_subject(&job_id), "{}".into())
+        .publish(
+            names::reply_subject(&toolfleet_tests::fleet::job_id(&job_id)),
+            "{}".into(),
+        )
         .await?;
     fleet.client.flush().await?;
     fleet.worker(0).respawn()?;

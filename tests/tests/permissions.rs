@@ -750,6 +750,8 @@ async fn a_pool_is_refused_in_redis(
     // is writable; another pool's result, a job's record and conversation,
     // and every command outside reads, writes and scripts are refused.
     let keys = toolfleet_proto::names::RedisKeys::default();
+    let job = toolfleet_proto::JobId::parse(job_id)
+        .ok_or_else(|| anyhow::anyhow!("not a job id: {job_id}"))?;
     let mut pool = pool_user
         .client(url, ca)?
         .get_multiplexed_async_connection()
@@ -783,12 +785,12 @@ async fn a_pool_is_refused_in_redis(
         }),
         ("reading the job's conversation", {
             let mut cmd = redis::cmd("LRANGE");
-            cmd.arg(keys.job_items(job_id)).arg(0).arg(-1);
+            cmd.arg(keys.job_items(&job)).arg(0).arg(-1);
             cmd
         }),
         ("rewriting the job record", {
             let mut cmd = redis::cmd("HSET");
-            cmd.arg(keys.job(job_id)).arg("status").arg("succeeded");
+            cmd.arg(keys.job(&job)).arg("status").arg("succeeded");
             cmd
         }),
         ("listing every key", {

@@ -13,7 +13,7 @@ use toolfleet_orchestrator::store::{
     Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall, Unstored, was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
-use toolfleet_proto::{Envelope, ErrorCode, ToolManifest};
+use toolfleet_proto::{Envelope, ErrorCode, JobId, ToolManifest};
 use toolfleet_tests::{NatsServer, RedisServer};
 
 fn spec() -> JobSpec {
@@ -46,7 +46,7 @@ async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStor
 /// The lease of the queued job `job_id`, taken by `owner` for `ttl`.
 async fn lease(
     store: &JobStore,
-    job_id: &str,
+    job_id: &JobId,
     owner: &str,
     ttl: Duration,
 ) -> anyhow::Result<Lease> {
@@ -57,7 +57,7 @@ async fn lease(
 }
 
 /// The job's events, decoded: every stored event must be a known kind.
-async fn events(store: &JobStore, job_id: &str) -> anyhow::Result<Vec<JobEvent>> {
+async fn events(store: &JobStore, job_id: &JobId) -> anyhow::Result<Vec<JobEvent>> {
     let stored = store.events(job_id, 0, 100).await?;
     for (offset, event) in stored.iter().enumerate() {
         assert_eq!(event.offset, offset as u64);
@@ -356,7 +356,7 @@ async fn a_submission_after_redis_lost_its_scripts_is_whole_and_indexed() -> any
         .arg(-1)
         .query_async(&mut raw)
         .await?;
-    assert!(listed.contains(&job_id), "{listed:?}");
+    assert!(listed.contains(&job_id.to_string()), "{listed:?}");
     Ok(())
 }
 
@@ -416,7 +416,9 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
         .await?;
     let (finished, start) = store.acquire_and_load(&job_id, other, ttl).await?;
     assert!(matches!(finished, Acquired::Finished) && start.is_none());
-    let (missing, start) = store.acquire_and_load("acme-nothing", "b", ttl).await?;
+    let (missing, start) = store
+        .acquire_and_load(&JobId::new("acme", 0, 0), "b", ttl)
+        .await?;
     assert!(matches!(missing, Acquired::Missing) && start.is_none());
     Ok(())
 }
@@ -459,9 +461,10 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     );
 
     // A job whose state vanished is recorded as failed, with no message in its event.
-    assert_eq!(store.cancel("0000nosuchjob").await?, None);
-    store.record_lost("0000nosuchjob", "search").await?;
-    let record = store.get("0000nosuchjob").await?.unwrap();
+    let lost = JobId::new("search", 0, 0xbeef);
+    assert_eq!(store.cancel(&lost).await?, None);
+    store.record_lost(&lost, "search").await?;
+    let record = store.get(&lost).await?.unwrap();
     assert_eq!(record.status, JobStatus::Failed);
     assert_eq!(record.spec.tenant, "search", "reported to its owner");
     assert_eq!(
@@ -469,7 +472,7 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
         Some(JobErrorCode::JobStateLost)
     );
     assert_eq!(
-        events(&store, "0000nosuchjob").await?,
+        events(&store, &lost).await?,
         [JobEvent::JobFailed {
             code: JobErrorCode::JobStateLost,
             message: None
@@ -692,8 +695,8 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
             job_id.clone(),
         );
         async move {
-            let _: i64 = raw.zrem(&tenant_index, &job_id).await?;
-            let _: i64 = raw.zrem(&shard, &job_id).await?;
+            let _: i64 = raw.zrem(&tenant_index, job_id.as_str()).await?;
+            let _: i64 = raw.zrem(&shard, job_id.as_str()).await?;
             anyhow::Ok(())
         }
     };
@@ -701,7 +704,7 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
         let (tenant_index, job_id) = (tenant_index.clone(), job_id.clone());
         let store = &store;
         async move {
-            let score: Option<u64> = raw.zscore(&tenant_index, &job_id).await?;
+            let score: Option<u64> = raw.zscore(&tenant_index, job_id.as_str()).await?;
             let unfinished = store.unfinished_before(u64::MAX, 1000).await?;
             anyhow::Ok((score, unfinished.contains(&job_id)))
         }

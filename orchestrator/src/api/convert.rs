@@ -11,7 +11,7 @@ use toolfleet_service::traces::{self, SpanContext};
 use tracing::warn;
 
 use super::ECHO_CHARS;
-use crate::job::{Item, JobRecord, JobTrace};
+use crate::job::{Item, JobId, JobRecord, JobTrace};
 use crate::quota::{AdmitError, Refusal};
 use crate::registry::LiveTool;
 use crate::store;
@@ -94,13 +94,13 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
 
 /// An event for the client; `trace_id` goes on the first of a stream.
 pub(super) fn to_event(
-    job_id: &str,
+    job_id: &JobId,
     event: store::Event,
     trace_id: Option<String>,
 ) -> v1::JobEvent {
     v1::JobEvent {
         trace_id: trace_id.unwrap_or_default(),
-        job_id: job_id.to_owned(),
+        job_id: job_id.to_string(),
         offset: event.offset,
         kind: event.kind,
         data: event.data,
@@ -111,7 +111,7 @@ pub(super) fn to_event(
 
 pub(super) fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
     v1::Job {
-        job_id: record.job_id,
+        job_id: record.job_id.into(),
         status: v1::JobStatus::from(record.status).into(),
         output_text: record.output_text,
         error: record.error.map(|e| v1::JobError {
@@ -199,11 +199,11 @@ mod tests {
         assert_eq!(status.code(), tonic::Code::Unavailable);
         assert!(!status.message().contains("10.0.0.1"));
         assert_eq!(
-            to_status(&store::Error::LeaseLost("j".into())).code(),
+            to_status(&store::Error::LeaseLost(JobId::new("t", 1, 2))).code(),
             tonic::Code::Aborted
         );
         let corrupt = store::Error::Corrupt {
-            job_id: "j".into(),
+            job_id: JobId::new("t", 1, 2),
             detail: "spec".into(),
         };
         assert_eq!(to_status(&corrupt).code(), tonic::Code::Internal);

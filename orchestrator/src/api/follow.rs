@@ -17,7 +17,7 @@ use tonic::Status;
 use toolfleet_proto::v1;
 
 use super::convert::{to_event, to_status};
-use crate::job::JobStatus;
+use crate::job::{JobId, JobStatus};
 use crate::store::{self, Event, JobStore, WakeUps, Woken};
 
 /// How long a watcher rides out a job store outage before it gives up.
@@ -35,7 +35,7 @@ const WATCH_POLL: Duration = Duration::from_secs(1);
 /// Where one watch stands.
 #[derive(Debug)]
 pub(super) struct Follower {
-    job_id: String,
+    job_id: JobId,
     /// The offset of the next event to send.
     offset: u64,
     /// The job's trace id, until the first event sent carries it.
@@ -84,7 +84,7 @@ pub(super) enum Next {
 impl Follower {
     /// A watch of `job_id` from `offset`; `trace_id` goes on its first
     /// event.
-    pub(super) fn new(job_id: String, offset: u64, trace_id: Option<String>) -> Self {
+    pub(super) fn new(job_id: JobId, offset: u64, trace_id: Option<String>) -> Self {
         Self {
             job_id,
             offset,
@@ -262,6 +262,10 @@ async fn read(store: &JobStore, follower: &Follower) -> Result<Read, store::Erro
 mod tests {
     use super::*;
 
+    fn job() -> JobId {
+        JobId::new("acme", 1, 2)
+    }
+
     fn event(offset: u64, is_final: bool) -> Event {
         Event {
             offset,
@@ -306,13 +310,13 @@ mod tests {
 
     #[test]
     fn events_are_sent_in_order_with_the_trace_id_on_the_first() {
-        let mut follower = Follower::new("j".into(), 3, Some("t".into()));
+        let mut follower = Follower::new(job(), 3, Some("t".into()));
         let (sent, more) = events(&mut follower, vec![event(3, false), event(4, false)]);
         assert!(!more);
         assert_eq!(sent.iter().map(|e| e.offset).collect::<Vec<_>>(), [3, 4]);
         assert_eq!(sent[0].trace_id, "t");
         assert_eq!(sent[1].trace_id, "");
-        assert_eq!(sent[0].job_id, "j");
+        assert_eq!(sent[0].job_id, job().as_str());
         assert_eq!(follower.offset, 5);
         let (sent, _) = events(&mut follower, vec![event(5, false)]);
         assert_eq!(sent[0].trace_id, "", "only the stream's first event");
@@ -320,7 +324,7 @@ mod tests {
 
     #[test]
     fn a_full_batch_reads_again_and_a_final_event_ends_the_stream() {
-        let mut follower = Follower::new("j".into(), 0, None);
+        let mut follower = Follower::new(job(), 0, None);
         let batch = (0..WATCH_BATCH as u64).map(|i| event(i, false)).collect();
         let (sent, more) = events(&mut follower, batch);
         assert_eq!((sent.len(), more), (WATCH_BATCH, true));
@@ -335,7 +339,7 @@ mod tests {
 
     #[test]
     fn an_empty_read_asks_the_job_only_on_the_first_read_and_after_a_poll() {
-        let mut follower = Follower::new("j".into(), 0, None);
+        let mut follower = Follower::new(job(), 0, None);
         assert!(follower.asks_status(&[]));
         assert!(!follower.asks_status(&[event(0, false)]));
         follower.on_woken();
@@ -349,7 +353,7 @@ mod tests {
 
     #[test]
     fn a_running_job_with_nothing_new_is_waited_for() {
-        let mut follower = Follower::new("j".into(), 2, None);
+        let mut follower = Follower::new(job(), 2, None);
         match follower.on_read(status(Some(JobStatus::Running)), Instant::now()) {
             Next::Send { events, more } => assert!(events.is_empty() && !more),
             other => panic!("{other:?}"),
@@ -358,14 +362,14 @@ mod tests {
 
     #[test]
     fn a_gone_job_ends_the_stream() {
-        let mut follower = Follower::new("j".into(), 0, None);
+        let mut follower = Follower::new(job(), 0, None);
         let next = follower.on_read(status(None), Instant::now());
         assert!(matches!(next, Next::End), "{next:?}");
     }
 
     #[test]
     fn a_finished_job_is_read_once_more_then_its_final_event_closes_the_stream() {
-        let mut follower = Follower::new("j".into(), 9, Some("t".into()));
+        let mut follower = Follower::new(job(), 9, Some("t".into()));
         let done = || status(Some(JobStatus::Succeeded));
         assert!(matches!(
             follower.on_read(done(), Instant::now()),
@@ -386,7 +390,7 @@ mod tests {
 
     #[test]
     fn the_job_store_failing_is_ridden_out_for_the_outage_bound() {
-        let mut follower = Follower::new("j".into(), 0, None);
+        let mut follower = Follower::new(job(), 0, None);
         let start = Instant::now();
         assert!(matches!(
             follower.on_read(redis_down(), start),

@@ -26,7 +26,7 @@ use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
 use crate::auth::{Caller, caller_of};
-use crate::job::{JobRecord, JobStatus, JobTrace};
+use crate::job::{JobId, JobRecord, JobStatus, JobTrace};
 use crate::model::Providers;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
@@ -54,7 +54,7 @@ pub struct AgentApi {
 
 /// A job the API stored (or found stored, for a repeated idempotency key).
 struct Submitted {
-    job_id: String,
+    job_id: JobId,
     duplicate: bool,
     provider: &'static str,
     model: String,
@@ -121,27 +121,27 @@ impl AgentApi {
     /// that is not a job id, or names another tenant, is refused before
     /// Redis is asked.
     async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
-        may_own(job_id, caller)?;
-        let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
+        let id = may_own(job_id, caller)?;
+        let record = self.store.get(&id).await.map_err(|e| to_status(&e))?;
         record
             .filter(|record| record.spec.tenant == caller.tenant)
             .ok_or_else(|| not_found(job_id))
     }
 
-    async fn enqueue(&self, job_id: &str, tenant: &str) -> Result<(), Status> {
+    async fn enqueue(&self, job_id: &JobId, tenant: &str) -> Result<(), Status> {
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert(names::headers::MSG_ID, job_id);
+        headers.insert(names::headers::MSG_ID, job_id.as_str());
         headers.insert(names::headers::TENANT, tenant);
         let publish = self
             .js
-            .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
+            .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_string().into())
             .await;
         let acked = match publish {
             Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
             Err(e) => Err(e.to_string()),
         };
         acked.map_err(|err| {
-            warn!(job_id, error = %err, "could not queue the job");
+            warn!(%job_id, error = %err, "could not queue the job");
             Status::unavailable(format!(
                 "job {job_id} is stored but could not be queued; submit again with the same idempotency_key"
             ))
@@ -242,7 +242,7 @@ impl AgentService for AgentApi {
                 return Err(status);
             }
         };
-        span.set("toolfleet.job_id", submitted.job_id.clone());
+        span.set("toolfleet.job_id", submitted.job_id.to_string());
         span.set("toolfleet.provider", submitted.provider);
         span.set("gen_ai.request.model", submitted.model.clone());
         span.set("toolfleet.duplicate", submitted.duplicate);
@@ -252,11 +252,14 @@ impl AgentService for AgentApi {
         } = submitted;
         if !duplicate {
             let trace_id = trace.as_ref().map(JobTrace::trace_id).unwrap_or_default();
-            info!(job_id, trace_id, "job submitted");
+            info!(%job_id, trace_id, "job submitted");
             crate::metrics::job_submitted();
         }
         span.end();
-        Ok(Response::new(v1::SubmitJobResponse { job_id, duplicate }))
+        Ok(Response::new(v1::SubmitJobResponse {
+            job_id: job_id.into(),
+            duplicate,
+        }))
     }
 
     async fn get_job(
@@ -268,7 +271,7 @@ impl AgentService for AgentApi {
         let record = self.own_job(&job_id, &caller).await?;
         let items = self
             .store
-            .items(&job_id, 0)
+            .items(&record.job_id, 0)
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(to_job(record, &items)))
@@ -282,9 +285,8 @@ impl AgentService for AgentApi {
     ) -> Result<Response<Self::WatchJobStream>, Status> {
         let caller = caller_of(&request);
         let request = request.into_inner();
-        let job_id = request.job_id;
         // The id's shape first: nothing else of it reaches a subject.
-        may_own(&job_id, &caller)?;
+        let job_id = may_own(&request.job_id, &caller)?;
         // Subscribe before the first read, so no wake-up is missed; the
         // first read also says whose job it is (one round trip for both).
         let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
@@ -320,7 +322,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::CancelJobResponse>, Status> {
         let caller = caller_of(&request);
         let job_id = request.into_inner().job_id;
-        self.own_job(&job_id, &caller).await?;
+        let job_id = self.own_job(&job_id, &caller).await?.job_id;
         let status = self
             .store
             .cancel(&job_id)

@@ -341,15 +341,13 @@ pub(super) fn job_spec(
     })
 }
 
-/// Refuses, before Redis is asked, an id that is not a job id or names
-/// another tenant than the caller's: the same `NOT_FOUND` as for a missing
-/// job.
-pub(super) fn may_own(job_id: &str, caller: &Caller) -> Result<(), Status> {
-    if JobId::parse(job_id).is_some_and(|id| id.may_belong_to(&caller.tenant)) {
-        Ok(())
-    } else {
-        Err(not_found(job_id))
-    }
+/// The job id a client sent, read; refuses, before Redis is asked, an id
+/// that is not a job id or names another tenant than the caller's: the same
+/// `NOT_FOUND` as for a missing job.
+pub(super) fn may_own(job_id: &str, caller: &Caller) -> Result<JobId, Status> {
+    JobId::parse(job_id)
+        .filter(|id| id.may_belong_to(&caller.tenant))
+        .ok_or_else(|| not_found(job_id))
 }
 
 /// `ListJobs` page size when a request gives 0.
@@ -716,7 +714,16 @@ mod tests {
     #[test]
     fn an_id_of_another_shape_or_tenant_is_not_found_before_any_read() {
         let caller = caller(None);
-        for job_id in ["", "not-a-job", &"x".repeat(10_000)] {
+        let own = JobId::new("default", 1, 2);
+        assert_eq!(may_own(&own, &caller).unwrap(), own);
+        let legacy = "019000000001000000000000beef";
+        assert_eq!(
+            may_own(legacy, &caller).unwrap(),
+            legacy,
+            "defers to the record"
+        );
+        let other = JobId::new("other", 1, 2);
+        for job_id in ["", "not-a-job", &"x".repeat(10_000), &other] {
             let status = may_own(job_id, &caller).unwrap_err();
             assert_eq!(status.code(), Code::NotFound);
             assert!(status.message().len() < 300);

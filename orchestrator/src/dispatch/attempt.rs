@@ -297,7 +297,7 @@ impl Dispatcher {
             }
         };
         let wire = ToolCall {
-            job_id: lease.job_id.clone(),
+            job_id: lease.job_id.to_string(),
             call_id: call.wire_id.clone(),
             attempt,
             tool: call.name.clone(),

@@ -40,7 +40,7 @@ use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
 
-use crate::job::{JobRef, JobSpec, JobTrace, Lease};
+use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
@@ -306,7 +306,7 @@ impl Dispatcher {
     /// # Errors
     ///
     /// [`RoundError::Nats`] when NATS refused the subscription.
-    pub async fn listen(&self, job_id: &str, spec: &JobSpec) -> Result<Replies, RoundError> {
+    pub async fn listen(&self, job_id: &JobId, spec: &JobSpec) -> Result<Replies, RoundError> {
         // Room for every reply of a full round, four times over; a receiver
         // that lags anyway reads Redis.
         let capacity = (spec.limits.max_calls_per_turn as usize).clamp(16, 256) * 4;

@@ -175,7 +175,7 @@ mod tests {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 batches.lock().unwrap().push(batch);
                 if fail {
-                    Err(store::Error::LeaseLost("j".into()))
+                    Err(store::Error::LeaseLost(crate::job::JobId::new("t", 1, 2)))
                 } else {
                     Ok(())
                 }

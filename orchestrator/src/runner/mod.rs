@@ -26,6 +26,7 @@ use toolfleet_service::queue::{Missing, QueueError, SharedConsumer, WorkQueue};
 use tracing::{debug, info, warn};
 
 use crate::dispatch::Dispatcher;
+use crate::job::JobId;
 use crate::model::Providers;
 use crate::store::{Acquired, JobStore};
 use job::{JobRun, Stopped};
@@ -167,9 +168,9 @@ impl Runner {
 
     /// A job whose state vanished: record it as failed, for its tenant (the
     /// queue message's header), so that its owner sees why.
-    async fn lost(&self, job_id: &str, message: &jetstream::Message) -> Delivery {
+    async fn lost(&self, job_id: &JobId, message: &jetstream::Message) -> Delivery {
         tracing::error!(
-            job_id,
+            %job_id,
             "job state lost from Redis; failing the job with JOB_STATE_LOST"
         );
         let tenant = message
@@ -182,29 +183,32 @@ impl Runner {
         match self.store.record_lost(job_id, tenant).await {
             Ok(()) => Delivery::Done,
             Err(err) => {
-                warn!(job_id, error = %err, "cannot record the lost job; retrying later");
+                warn!(%job_id, error = %err, "cannot record the lost job; retrying later");
                 Delivery::RetryLater
             }
         }
     }
 
     async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
-        let job_id = String::from_utf8_lossy(&message.payload).into_owned();
-        let delivery = if crate::job::JobId::parse(&job_id).is_some() {
-            self.take_and_run(&job_id, &message, abandon).await
-        } else {
-            // Not one this service queued: nothing to run, and its bytes go
-            // into no key and, beyond an excerpt, into no log line.
-            warn!(
-                job_id = toolfleet_proto::envelope::excerpt(&job_id, 64),
-                "dropping a queue message that is not a job id"
-            );
-            crate::metrics::job_message_rejected();
-            Delivery::Rejected
+        let payload = String::from_utf8_lossy(&message.payload);
+        let job_id = JobId::parse(&payload);
+        let delivery = match &job_id {
+            Some(job_id) => self.take_and_run(job_id, &message, abandon).await,
+            None => {
+                // Not one this service queued: nothing to run, and its bytes
+                // go into no key and, beyond an excerpt, into no log line.
+                warn!(
+                    job_id = toolfleet_proto::envelope::excerpt(&payload, 64),
+                    "dropping a queue message that is not a job id"
+                );
+                crate::metrics::job_message_rejected();
+                Delivery::Rejected
+            }
         };
         if let Some(ack) = ack_for(delivery, self.options.lease_ttl)
             && let Err(err) = message.ack_with(ack).await
         {
+            let job_id = job_id.as_ref().map_or("(not a job id)", JobId::as_str);
             warn!(job_id, error = %err, "job ack failed; the job is redelivered and found finished");
         }
     }
@@ -212,7 +216,7 @@ impl Runner {
     /// Takes the job's lease and runs it; says how the delivery went.
     async fn take_and_run(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         message: &jetstream::Message,
         abandon: CancellationToken,
     ) -> Delivery {
@@ -226,16 +230,16 @@ impl Runner {
         let (lease, start) = match taken {
             Ok((Acquired::Lease(lease), start)) => (lease, start),
             Ok((Acquired::Finished, _)) => {
-                debug!(job_id, "job already finished");
+                debug!(%job_id, "job already finished");
                 return Delivery::Done;
             }
             Ok((Acquired::Missing, _)) => return self.lost(job_id, message).await,
             Ok((Acquired::Held, _)) => {
-                debug!(job_id, "job is held by another runner");
+                debug!(%job_id, "job is held by another runner");
                 return Delivery::HeldElsewhere;
             }
             Err(err) => {
-                warn!(job_id, error = %err, "cannot take the job; retrying later");
+                warn!(%job_id, error = %err, "cannot take the job; retrying later");
                 return Delivery::RetryLater;
             }
         };
@@ -251,7 +255,7 @@ impl Runner {
             Ok(()) => Delivery::Done,
             Err(Stopped::HandedBack) => {
                 if let Err(err) = self.store.release(&lease).await {
-                    warn!(job_id, error = %err, "could not release the lease; the job resumes when it expires");
+                    warn!(%job_id, error = %err, "could not release the lease; the job resumes when it expires");
                 }
                 Delivery::HandedBack
             }
@@ -261,7 +265,7 @@ impl Runner {
                 _ => Delivery::Stale,
             },
             Err(Stopped::Store(err)) => {
-                warn!(job_id, error = %err, "job store failed; the job resumes later");
+                warn!(%job_id, error = %err, "job store failed; the job resumes later");
                 let _ = self.store.release(&lease).await;
                 Delivery::RetryLater
             }

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names;
 use tracing::{debug, warn};
 
-use crate::job::now_ms;
+use crate::job::{JobId, now_ms};
 use crate::store::JobStore;
 
 /// Jobs looked at per sweep.
@@ -45,25 +45,29 @@ pub(crate) async fn run(
         };
         for job_id in candidates {
             if let Err(err) = sweep_one(&store, &js, &job_id).await {
-                debug!(job_id, error = %err, "sweep of a job failed; next time");
+                debug!(%job_id, error = %err, "sweep of a job failed; next time");
             }
         }
     }
 }
 
-async fn sweep_one(store: &JobStore, js: &jetstream::Context, job_id: &str) -> anyhow::Result<()> {
+async fn sweep_one(
+    store: &JobStore,
+    js: &jetstream::Context,
+    job_id: &JobId,
+) -> anyhow::Result<()> {
     match store.get(job_id).await? {
         // Expired, or lost with Redis: nothing to run.
         None => store.forget_unfinished(job_id).await,
         Some(job) if job.status.is_final() => store.forget_unfinished(job_id).await,
         Some(_) if store.lease_held(job_id).await? => {}
         Some(job) => {
-            warn!(job_id, "re-queueing an unfinished job that no runner holds");
+            warn!(%job_id, "re-queueing an unfinished job that no runner holds");
             let mut headers = async_nats::HeaderMap::new();
             let msg_id = format!("{job_id}:sweep-{}", now_ms());
             headers.insert(names::headers::MSG_ID, msg_id.as_str());
             headers.insert(names::headers::TENANT, job.spec.tenant.as_str());
-            js.publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_owned().into())
+            js.publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_string().into())
                 .await?
                 .await?;
         }

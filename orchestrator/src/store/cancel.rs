@@ -19,7 +19,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn cancel(&self, job_id: &str) -> Result<Option<JobStatus>, Error> {
+    pub async fn cancel(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
         let cancelled = Ending::Cancelled.event();
         let status: String = CANCEL
             .key(self.keys.job(job_id))
@@ -48,7 +48,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn record_lost(&self, job_id: &str, tenant: &str) -> Result<(), Error> {
+    pub async fn record_lost(&self, job_id: &JobId, tenant: &str) -> Result<(), Error> {
         // The record must parse like any other: an empty spec stands in for
         // the one that was lost.
         let placeholder = JobSpec {

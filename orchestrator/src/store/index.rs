@@ -49,8 +49,11 @@ impl JobStore {
                     .await
             })
             .await?;
-            let fresh: Vec<(String, u64)> = entries
+            let fresh: Vec<(JobId, u64)> = entries
                 .into_iter()
+                // An entry that is not a job id was not written here:
+                // skipped, as an expired job's is.
+                .filter_map(|(id, ms)| Some((JobId::parse(&id)?, ms)))
                 .filter(|(id, ms)| cursor.as_ref().is_none_or(|c| c.is_after(id, *ms)))
                 .take(batch)
                 .collect();
@@ -72,7 +75,7 @@ impl JobStore {
                     }
                     Some(_) => {}
                     None => {
-                        let _: i64 = self.conn().zrem(&index, &job_id).await?;
+                        let _: i64 = self.conn().zrem(&index, job_id.as_str()).await?;
                     }
                 }
             }
@@ -90,7 +93,7 @@ impl JobStore {
         &self,
         before_ms: u64,
         limit: usize,
-    ) -> Result<Vec<String>, Error> {
+    ) -> Result<Vec<JobId>, Error> {
         let mut oldest: Vec<(String, u64)> = Vec::new();
         // One shard at a time: a sweep runs every 30 s, and each shard may
         // live on another node of a cluster.
@@ -109,19 +112,24 @@ impl JobStore {
         }
         oldest.sort_by_key(|(_, submitted)| *submitted);
         oldest.truncate(limit);
-        Ok(oldest.into_iter().map(|(job_id, _)| job_id).collect())
+        // An entry that is not a job id was not written here: nothing to
+        // sweep.
+        Ok(oldest
+            .into_iter()
+            .filter_map(|(job_id, _)| JobId::parse(&job_id))
+            .collect())
     }
 
     /// Drops a job from the unfinished index. Best effort: a job left there
     /// by a failure is dropped by the sweeper once it sees it finished.
-    pub async fn forget_unfinished(&self, job_id: &str) {
+    pub async fn forget_unfinished(&self, job_id: &JobId) {
         let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
             .arg(self.keys.unfinished_jobs(job_id))
-            .arg(job_id)
+            .arg(job_id.as_str())
             .query_async(&mut self.conn())
             .await;
         if let Err(err) = removed {
-            tracing::debug!(job_id, error = %err, "could not drop a job from the unfinished index");
+            tracing::debug!(%job_id, error = %err, "could not drop a job from the unfinished index");
         }
     }
 }
@@ -132,14 +140,14 @@ pub struct ListCursor {
     /// When that job was submitted (Unix ms).
     pub submitted_ms: u64,
     /// Its id.
-    pub job_id: String,
+    pub job_id: JobId,
 }
 
 impl ListCursor {
     /// Whether the entry (`job_id`, submitted at `ms`) comes after the
     /// cursor in newest-first order (ties ordered by id, descending).
-    fn is_after(&self, job_id: &str, ms: u64) -> bool {
-        ms < self.submitted_ms || (ms == self.submitted_ms && job_id < self.job_id.as_str())
+    fn is_after(&self, job_id: &JobId, ms: u64) -> bool {
+        ms < self.submitted_ms || (ms == self.submitted_ms && *job_id < self.job_id)
     }
 
     /// The page token a client sends back: `<ms>.<job id>`.
@@ -150,10 +158,9 @@ impl ListCursor {
     /// A page token read back; `None` when it is not one this server made.
     pub fn from_token(token: &str) -> Option<Self> {
         let (ms, job_id) = token.split_once('.')?;
-        let valid_id = JobId::parse(job_id).is_some();
         Some(Self {
             submitted_ms: ms.parse().ok()?,
-            job_id: valid_id.then(|| job_id.to_owned())?,
+            job_id: JobId::parse(job_id)?,
         })
     }
 }

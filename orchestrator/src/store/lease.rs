@@ -30,7 +30,7 @@ impl JobStore {
     /// [`Error::Redis`].
     pub async fn acquire_and_load(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         owner: &str,
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
@@ -109,7 +109,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn lease_held(&self, job_id: &str) -> Result<bool, Error> {
+    pub async fn lease_held(&self, job_id: &JobId) -> Result<bool, Error> {
         Ok(self.conn().exists(self.keys.job_lease(job_id)).await?)
     }
 }
@@ -164,7 +164,7 @@ impl StartEvent {
 
 /// What the lease script of [`JobStore::acquire_and_load`] answered, as an
 /// [`Acquired`].
-fn acquired(job_id: &str, owner: &str, epoch: i64, resumed: bool) -> Acquired {
+fn acquired(job_id: &JobId, owner: &str, epoch: i64, resumed: bool) -> Acquired {
     match epoch {
         -2 => Acquired::Missing,
         -1 => Acquired::Finished,

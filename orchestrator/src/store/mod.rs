@@ -48,6 +48,7 @@ mod scripts;
 mod submit;
 mod wake_ups;
 
+use crate::job::JobId;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -71,7 +72,7 @@ pub enum Error {
     Redis(#[from] redis::RedisError),
     /// Another runner took the job over: stop working on it at once.
     #[error("lease lost for job {0}")]
-    LeaseLost(String),
+    LeaseLost(JobId),
     /// The idempotency key was used for a different request within its
     /// time to live. Tell the client to use a new key; never name the job.
     #[error("idempotency key {0:?} was used for a different request")]
@@ -80,12 +81,12 @@ pub enum Error {
     /// its call (a forged reply): nothing was written. Read the stored
     /// result instead.
     #[error("a reply's result for job {0} is not the stored one")]
-    ResultMismatch(String),
+    ResultMismatch(JobId),
     /// Stored data does not parse: a bug or a foreign writer. Fail the job.
     #[error("corrupt record for job {job_id}: {detail}")]
     Corrupt {
         /// The job.
-        job_id: String,
+        job_id: JobId,
         /// What did not parse.
         detail: String,
     },
@@ -177,7 +178,7 @@ impl JobStore {
     /// in every other. Best effort: a watcher that misses it reads Redis on
     /// its next poll. `written.events`, when known, is how many events the
     /// job has now: a watcher that has read that many skips the read.
-    async fn notify(&self, job_id: &str, written: Written) {
+    async fn notify(&self, job_id: &JobId, written: Written) {
         let events = written.events;
         self.watchers.wake(job_id, written);
         let payload = events.map_or_else(bytes::Bytes::new, |n| n.to_string().into());

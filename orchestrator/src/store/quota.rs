@@ -96,7 +96,16 @@ impl JobStore {
         if rough < limit {
             return Ok(rough);
         }
-        let members: Vec<String> = self.conn().smembers(&key).await?;
+        let mut members = Vec::new();
+        // Dropped from the set: a member that is not a job id (not written
+        // here), and below, every job that ended or expired.
+        let mut ended = Vec::new();
+        for member in self.conn().smembers::<_, Vec<String>>(&key).await? {
+            match JobId::parse(&member) {
+                Some(job_id) => members.push(job_id),
+                None => ended.push(member),
+            }
+        }
         let statuses: Vec<Option<String>> = if self.redis.is_cluster() {
             // Each job in its own slot: one read each, all at once.
             let reads = members.iter().map(|job_id| async move {
@@ -111,11 +120,10 @@ impl JobStore {
             pipe.query_async(&mut self.conn()).await?
         };
         let mut active = 0;
-        let mut ended = Vec::new();
-        for (job_id, status) in members.iter().zip(statuses) {
+        for (job_id, status) in members.into_iter().zip(statuses) {
             match status.and_then(|s| s.parse::<JobStatus>().ok()) {
                 Some(status) if !status.is_final() => active += 1,
-                _ => ended.push(job_id),
+                _ => ended.push(job_id.into()),
             }
         }
         if !ended.is_empty() {

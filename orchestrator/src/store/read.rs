@@ -15,7 +15,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] when the record does not parse.
-    pub async fn get(&self, job_id: &str) -> Result<Option<JobRecord>, Error> {
+    pub async fn get(&self, job_id: &JobId) -> Result<Option<JobRecord>, Error> {
         let key = self.keys.job(job_id);
         let fields: HashMap<String, String> =
             read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;
@@ -31,7 +31,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] for a record, manifest or item
     /// that does not parse.
-    pub async fn load_run(&self, job_id: &str) -> Result<Option<RunStart>, Error> {
+    pub async fn load_run(&self, job_id: &JobId) -> Result<Option<RunStart>, Error> {
         let mut pipe = redis::pipe();
         self.load_run_commands(&mut pipe, job_id);
         let (fields, offered, items): (Fields, Fields, Vec<String>) =
@@ -41,7 +41,7 @@ impl JobStore {
 
     /// The reads of [`load_run`](Self::load_run): the job, its offered
     /// tools, its items.
-    pub(super) fn load_run_commands(&self, pipe: &mut redis::Pipeline, job_id: &str) {
+    pub(super) fn load_run_commands(&self, pipe: &mut redis::Pipeline, job_id: &JobId) {
         pipe.hgetall(self.keys.job(job_id))
             .hgetall(self.keys.job_tools(job_id))
             .lrange(self.keys.job_items(job_id), 0, -1);
@@ -54,7 +54,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] for a status that does not
     /// parse.
-    pub async fn status(&self, job_id: &str) -> Result<Option<JobStatus>, Error> {
+    pub async fn status(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
         let key = self.keys.job(job_id);
         let status: Option<String> =
             read_with_retry(|| async { self.conn().hget(&key, "status").await }).await?;
@@ -73,7 +73,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn cancel_requested(&self, job_id: &str) -> Result<bool, Error> {
+    pub async fn cancel_requested(&self, job_id: &JobId) -> Result<bool, Error> {
         let flag: Option<String> = self
             .conn()
             .hget(self.keys.job(job_id), "cancel_requested")
@@ -86,7 +86,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] for an item that does not parse.
-    pub async fn items(&self, job_id: &str, from: usize) -> Result<Vec<Item>, Error> {
+    pub async fn items(&self, job_id: &JobId, from: usize) -> Result<Vec<Item>, Error> {
         let start = isize::try_from(from).unwrap_or(isize::MAX);
         let key = self.keys.job_items(job_id);
         let texts: Vec<String> =
@@ -99,7 +99,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn attempts(&self, job_id: &str) -> Result<HashMap<String, u32>, Error> {
+    pub async fn attempts(&self, job_id: &JobId) -> Result<HashMap<String, u32>, Error> {
         Ok(self.conn().hgetall(self.keys.job_attempts(job_id)).await?)
     }
 
@@ -110,7 +110,7 @@ impl JobStore {
     /// [`Error::Redis`].
     pub async fn call_result(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         tool: &str,
         call_id: &str,
         attempt: u32,
@@ -131,7 +131,7 @@ impl JobStore {
     /// [`Error::Redis`], or [`Error::Corrupt`] for a spec without a tenant.
     pub async fn watch_start(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         offset: u64,
         count: usize,
     ) -> Result<Option<WatchStart>, Error> {
@@ -181,7 +181,7 @@ impl JobStore {
     /// [`Error::Redis`].
     pub async fn events(
         &self,
-        job_id: &str,
+        job_id: &JobId,
         offset: u64,
         count: usize,
     ) -> Result<Vec<Event>, Error> {
@@ -199,7 +199,7 @@ impl JobStore {
     /// # Errors
     ///
     /// Redis is unreachable.
-    pub async fn last_event(&self, job_id: &str) -> Result<Option<Event>, Error> {
+    pub async fn last_event(&self, job_id: &JobId) -> Result<Option<Event>, Error> {
         let key = self.keys.job_events(job_id);
         let reply: redis::streams::StreamRangeReply =
             read_with_retry(|| async { self.conn().xrevrange_count(&key, "+", "-", 1).await })
@@ -215,7 +215,7 @@ impl JobStore {
     /// NATS refused the subscription.
     pub async fn subscribe_events(
         &self,
-        job_id: &str,
+        job_id: &JobId,
     ) -> Result<WakeUps, async_nats::SubscribeError> {
         WakeUps::subscribe(&self.nats, self.watchers.clone(), job_id).await
     }
@@ -223,7 +223,7 @@ impl JobStore {
 
 /// What [`JobStore::load_run`] read, parsed; `None` for a job with no record.
 pub(super) fn parse_run_start(
-    job_id: &str,
+    job_id: &JobId,
     fields: &Fields,
     offered: &Fields,
     items: &[String],
@@ -262,7 +262,7 @@ pub struct RunStart {
 
 /// A job record from its hash's `fields`; `None` when there are none.
 fn parse_record(
-    job_id: &str,
+    job_id: &JobId,
     fields: &HashMap<String, String>,
 ) -> Result<Option<JobRecord>, Error> {
     if fields.is_empty() {
@@ -301,7 +301,7 @@ fn parse_record(
 
 /// Offered manifests from the job's tools hash.
 fn parse_manifests(
-    job_id: &str,
+    job_id: &JobId,
     stored: &HashMap<String, String>,
 ) -> Result<Vec<ToolManifest>, Error> {
     stored
@@ -316,7 +316,7 @@ fn parse_manifests(
 }
 
 /// Conversation items from their stored JSON texts.
-fn parse_items(job_id: &str, texts: &[String]) -> Result<Vec<Item>, Error> {
+fn parse_items(job_id: &JobId, texts: &[String]) -> Result<Vec<Item>, Error> {
     texts
         .iter()
         .map(|t| {

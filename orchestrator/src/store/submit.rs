@@ -25,7 +25,7 @@ impl JobStore {
         spec: &JobSpec,
         idempotency: Option<Idempotency<'_>>,
         trace: Option<&JobTrace>,
-    ) -> Result<(String, bool), Error> {
+    ) -> Result<(JobId, bool), Error> {
         let mut job_id = new_job_id(&spec.tenant);
         let mut duplicate = false;
         let fresh = idempotency.is_none();
@@ -44,13 +44,16 @@ impl JobStore {
             if let Some(existing) = set {
                 // Records written before fingerprints hold only a job id.
                 let (existing_job, existing_print) = match existing.split_once(' ') {
-                    Some((job, print)) => (job.to_owned(), Some(print)),
-                    None => (existing.clone(), None),
+                    Some((job, print)) => (job, Some(print)),
+                    None => (existing.as_str(), None),
                 };
                 if existing_print.is_some_and(|print| print != fingerprint) {
                     return Err(Error::IdempotencyConflict(key.to_owned()));
                 }
-                job_id = existing_job;
+                // A record that names no job was not written here: the key
+                // cannot be used again, as if taken by another request.
+                job_id = JobId::parse(existing_job)
+                    .ok_or_else(|| Error::IdempotencyConflict(key.to_owned()))?;
                 duplicate = true;
             }
         }
@@ -110,7 +113,7 @@ impl JobStore {
     fn index_new_job(
         &self,
         spec: &JobSpec,
-        job_id: &str,
+        job_id: &JobId,
         created_ms: u64,
         ended: bool,
     ) -> Vec<redis::Pipeline> {
@@ -125,7 +128,7 @@ impl JobStore {
         pipe.cmd("ZADD")
             .arg(&index)
             .arg(created_ms)
-            .arg(job_id)
+            .arg(job_id.as_str())
             .ignore()
             .cmd("ZREMRANGEBYSCORE")
             .arg(&index)
@@ -140,14 +143,14 @@ impl JobStore {
             .cmd("ZADD")
             .arg(self.keys.unfinished_jobs(job_id))
             .arg(created_ms)
-            .arg(job_id)
+            .arg(job_id.as_str())
             .ignore();
         // Counted only under an active-jobs quota, whose check prunes
         // the set: without one, nothing would.
         if spec.limits.max_active_jobs.is_some() {
             pipe.cmd("SADD")
                 .arg(self.keys.tenant_active_jobs(&spec.tenant))
-                .arg(job_id)
+                .arg(job_id.as_str())
                 .ignore();
         }
         vec![unfinished, pipe]

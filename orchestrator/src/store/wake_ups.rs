@@ -20,6 +20,7 @@ use tokio::sync::watch;
 use toolfleet_proto::names;
 
 use super::Event;
+use crate::job::JobId;
 
 /// What a write tells the watchers of its job.
 #[derive(Debug, Clone, Default)]
@@ -72,19 +73,19 @@ pub enum Woken {
 /// The watchers in this process, by job: each job's latest wake-up.
 #[derive(Debug, Default)]
 pub(super) struct LocalWatchers {
-    by_job: Mutex<HashMap<String, watch::Sender<Written>>>,
+    by_job: Mutex<HashMap<JobId, watch::Sender<Written>>>,
 }
 
 impl LocalWatchers {
     /// Wakes this process's watchers of `job_id`, if it has any.
-    pub(super) fn wake(&self, job_id: &str, written: Written) {
+    pub(super) fn wake(&self, job_id: &JobId, written: Written) {
         let by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(sender) = by_job.get(job_id) {
             sender.send_replace(written);
         }
     }
 
-    fn watch(&self, job_id: &str) -> watch::Receiver<Written> {
+    fn watch(&self, job_id: &JobId) -> watch::Receiver<Written> {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         by_job
             .entry(job_id.to_owned())
@@ -93,7 +94,7 @@ impl LocalWatchers {
     }
 
     /// Forgets `job_id` once its last watcher here is gone.
-    fn unwatch(&self, job_id: &str) {
+    fn unwatch(&self, job_id: &JobId) {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         if by_job
             .get(job_id)
@@ -107,7 +108,7 @@ impl LocalWatchers {
 /// One watcher's wake-ups for one job, from NATS and from this process
 /// ([`JobStore::subscribe_events`](super::JobStore::subscribe_events)).
 pub struct WakeUps {
-    job_id: String,
+    job_id: JobId,
     nats: Option<async_nats::Subscriber>,
     /// `None` while dropping, or once its sender is gone (which the
     /// registry never drops while a receiver lives).
@@ -119,7 +120,7 @@ impl WakeUps {
     pub(super) async fn subscribe(
         nats: &async_nats::Client,
         watchers: Arc<LocalWatchers>,
-        job_id: &str,
+        job_id: &JobId,
     ) -> Result<Self, async_nats::SubscribeError> {
         let subscriber = nats.subscribe(names::events_subject(job_id)).await?;
         let local = watchers.watch(job_id);
@@ -286,22 +287,23 @@ mod tests {
     #[test]
     fn a_job_is_forgotten_with_its_last_local_watcher() {
         let watchers = LocalWatchers::default();
-        let first = watchers.watch("job-a");
-        let mut second = watchers.watch("job-a");
-        watchers.wake("job-a", Written::counted(Some(3)));
+        let job = JobId::new("acme", 1, 2);
+        let first = watchers.watch(&job);
+        let mut second = watchers.watch(&job);
+        watchers.wake(&job, Written::counted(Some(3)));
         assert_eq!(second.borrow_and_update().events, Some(3));
         drop(first);
-        watchers.unwatch("job-a");
+        watchers.unwatch(&job);
         assert_eq!(
             watchers.by_job.lock().unwrap().len(),
             1,
             "one watcher is left"
         );
         drop(second);
-        watchers.unwatch("job-a");
+        watchers.unwatch(&job);
         assert!(watchers.by_job.lock().unwrap().is_empty());
         // Waking a job nobody here watches is a no-op.
-        watchers.wake("job-b", Written::counted(None));
+        watchers.wake(&JobId::new("acme", 3, 4), Written::counted(None));
         assert!(watchers.by_job.lock().unwrap().is_empty());
     }
 }

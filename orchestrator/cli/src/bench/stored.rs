@@ -61,7 +61,7 @@ pub(super) async fn fill(redis_url: &str, keys: &RedisKeys, count: usize) -> any
                     .arg(dump.as_slice())
                     .ignore();
             }
-            pipe.zadd(index, &copy, score).ignore();
+            pipe.zadd(index, copy.as_str(), score).ignore();
         }
         let () = pipe.query_async(&mut redis).await?;
         stored += batch;
