@@ -36,6 +36,8 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "toolfleet-tests",
         &["toolfleet-proto", "toolfleet-service", "toolfleet-cli"],
     ),
+    // scripts/longest-functions: reads the others' source, links none.
+    ("toolfleet-function-lengths", &[]),
 ];
 
 /// The workspace crates and their normal and build dependencies on each other.
