@@ -27,35 +27,13 @@ impl JobStore {
         trace: Option<&JobTrace>,
     ) -> Result<(JobId, bool), Error> {
         let mut job_id = new_job_id(&spec.tenant);
-        let mut duplicate = false;
         let fresh = idempotency.is_none();
-        if let Some(Idempotency { key, fingerprint }) = idempotency {
-            let record = self.keys.submission(&spec.tenant, key);
-            // The record binds the key to the request it was first used for.
-            let set: Option<String> = redis::cmd("SET")
-                .arg(&record)
-                .arg(format!("{job_id} {fingerprint}"))
-                .arg("NX")
-                .arg("PX")
-                .arg(millis(self.submission_ttl))
-                .arg("GET")
-                .query_async(&mut self.conn())
-                .await?;
-            if let Some(existing) = set {
-                // Records written before fingerprints hold only a job id.
-                let (existing_job, existing_print) = match existing.split_once(' ') {
-                    Some((job, print)) => (job, Some(print)),
-                    None => (existing.as_str(), None),
-                };
-                if existing_print.is_some_and(|print| print != fingerprint) {
-                    return Err(Error::IdempotencyConflict(key.to_owned()));
-                }
-                // A record that names no job was not written here: the key
-                // cannot be used again, as if taken by another request.
-                job_id = JobId::parse(existing_job)
-                    .ok_or_else(|| Error::IdempotencyConflict(key.to_owned()))?;
-                duplicate = true;
-            }
+        let mut duplicate = false;
+        if let Some(idempotency) = idempotency
+            && let Some(first) = self.bind_key(&spec.tenant, idempotency, &job_id).await?
+        {
+            job_id = first;
+            duplicate = true;
         }
         // Also for a duplicate: if the first submission died between its
         // idempotency record and the job, this creates the job it promised.
@@ -102,6 +80,44 @@ impl JobStore {
         }
         self.notify(&job_id, Written::counted(None)).await;
         Ok((job_id, duplicate))
+    }
+
+    /// Binds an idempotency key to the new job `job_id`, unless it is bound
+    /// already: then the job it was first used for (`Some`), when the
+    /// request is the same.
+    async fn bind_key(
+        &self,
+        tenant: &str,
+        Idempotency { key, fingerprint }: Idempotency<'_>,
+        job_id: &JobId,
+    ) -> Result<Option<JobId>, Error> {
+        let record = self.keys.submission(tenant, key);
+        // The record binds the key to the request it was first used for.
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&record)
+            .arg(format!("{job_id} {fingerprint}"))
+            .arg("NX")
+            .arg("PX")
+            .arg(millis(self.submission_ttl))
+            .arg("GET")
+            .query_async(&mut self.conn())
+            .await?;
+        let Some(existing) = set else {
+            return Ok(None);
+        };
+        // Records written before fingerprints hold only a job id.
+        let (existing_job, existing_print) = match existing.split_once(' ') {
+            Some((job, print)) => (job, Some(print)),
+            None => (existing.as_str(), None),
+        };
+        if existing_print.is_some_and(|print| print != fingerprint) {
+            return Err(Error::IdempotencyConflict(key.to_owned()));
+        }
+        // A record that names no job was not written here: the key cannot
+        // be used again, as if taken by another request.
+        JobId::parse(existing_job)
+            .map(Some)
+            .ok_or_else(|| Error::IdempotencyConflict(key.to_owned()))
     }
 
     /// The writes that put a job created at `created_ms` into the sets that
