@@ -19,7 +19,8 @@ use toolfleet_service::traces;
 use crate::local::{LocalFleet, LocalFleetOptions};
 use crate::output::outln;
 use crate::supervisor::otlp::Collector;
-use accounting::{Accounting, Probe, Sources};
+use accounting::{Accounting, Probe, Reading, Readings, Sources};
+use floor::{FloorShape, NatsAt};
 use processes::{FleetShape, ProcessFleet};
 
 mod accounting;
@@ -252,7 +253,7 @@ struct JetStreamFloor {
 /// `--target` whose NATS refuses a new stream) is reported and skipped.
 async fn jetstream_floor(
     args: &BenchArgs,
-    (nats_url, ca_file): (&str, Option<&str>),
+    nats: NatsAt<'_>,
     sources: &Sources,
     tool_calls_per_sec: f64,
 ) -> Option<JetStreamFloor> {
@@ -264,13 +265,13 @@ async fn jetstream_floor(
     let replicas = if args.nats_cluster { 3 } else { 1 };
     let before = sources.read().await;
     let started = Instant::now();
-    let ran = floor::jetstream_calls(
-        nats_url,
-        ca_file,
-        (args.raw_calls, concurrency),
-        (args.workers.max(1), replicas),
-    )
-    .await;
+    let shape = FloorShape {
+        calls: args.raw_calls,
+        concurrency,
+        responders: args.workers.max(1),
+        replicas,
+    };
+    let ran = floor::jetstream_calls(nats, shape).await;
     let elapsed = started.elapsed();
     let (rate, latencies) = match ran {
         Ok(ran) => ran,
@@ -279,11 +280,13 @@ async fn jetstream_floor(
             return None;
         }
     };
-    let cost = Accounting::of(
-        (&before, &before, &sources.read().await),
-        args.raw_calls,
-        elapsed,
-    );
+    let after = sources.read().await;
+    let readings = Readings {
+        idle: &before,
+        before: &before,
+        after: &after,
+    };
+    let cost = Accounting::of(readings, args.raw_calls, elapsed);
     Some(JetStreamFloor {
         calls: args.raw_calls,
         concurrency,
@@ -310,53 +313,15 @@ impl BenchArgs {
 /// Runs the benchmark and prints (and optionally writes) the report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let workers = args.workers.max(1);
-    let collector = match args.trace_ratio {
-        Some(ratio) => {
-            let collector = Collector::counting().await?;
-            eprintln!(
-                "tracing with sampling ratio {ratio}, to a collector at {} that counts spans...",
-                collector.endpoint
-            );
-            Some(collector)
-        }
-        None => None,
-    };
+    let collector = span_collector(&args).await?;
     let telemetry = TelemetryOptions {
         otlp_endpoint: collector.as_ref().map(|c| c.endpoint.clone()),
         otlp_protocol: None,
         sample_ratio: args.trace_ratio,
     };
-    let processes = if args.processes {
-        let nats = if args.nats_cluster {
-            "a NATS cluster of 3"
-        } else {
-            "nats-server"
-        };
-        let redis = if args.redis_cluster {
-            "a Redis Cluster of 3 primaries and 3 replicas"
-        } else {
-            "redis-server"
-        };
-        eprintln!(
-            "starting a fleet of processes ({nats}, {redis}, 1 orchestrator, {workers} workers \
-             serving every tool; threads = {}, nats-server's too)...",
-            args.threads
-        );
-        let tool = Workload::of(&args).tool();
-        let shape = FleetShape {
-            workers,
-            max_in_flight: args.max_in_flight,
-            max_jobs: args.max_jobs,
-            threads: args.threads,
-            fsync_always: args.fsync_always,
-            nats_cluster: args.nats_cluster,
-            redis_cluster: args.redis_cluster,
-            wait_replicas: args.wait_replicas,
-            nats_accounts: args.nats_accounts,
-        };
-        Some(ProcessFleet::start(&shape, tool, &telemetry).await?)
-    } else {
-        None
+    let processes = match args.processes {
+        true => Some(start_processes(&args, workers, &telemetry).await?),
+        false => None,
     };
     // The fleet in this process exports through this process's tracer.
     let exporting = match (&processes, &args.target) {
@@ -364,26 +329,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let fleet = match (&args.target, &processes) {
-        (None, None) => {
-            eprintln!(
-                "starting a local fleet (nats-server, redis-server, 1 orchestrator, {workers} \
-                 workers, in this process)..."
-            );
-            let mut options = LocalFleetOptions {
-                test_tools: true,
-                workers,
-                tls: args.tls,
-                fsync_always: args.fsync_always,
-                ..LocalFleetOptions::default()
-            };
-            if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
-                options.worker.runtime.max_in_flight = slots;
-            }
-            if let Some(jobs) = args.max_jobs {
-                options.orchestrator.runner.max_jobs = jobs;
-            }
-            Some(LocalFleet::start(options).await?)
-        }
+        (None, None) => Some(start_local(&args, workers).await?),
         _ => None,
     };
     let (address, nats_url) = match (&fleet, &processes, &args.target, &args.nats_url) {
@@ -396,28 +342,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
     let ca_file = fleet.as_ref().and_then(LocalFleet::ca_file);
-    let sources = match (&fleet, &processes) {
-        (Some(fleet), _) => Sources {
-            processes: vec![
-                Probe::this("bench (orchestrator, workers, client)"),
-                Probe::new("nats-server", fleet.nats().process().pid()),
-                Probe::new("redis-server", fleet.redis().process().pid()),
-            ],
-            // Over TLS the bench would need the fleet's client settings.
-            redis_urls: (!args.tls).then(|| fleet.redis_url()).into_iter().collect(),
-            nats_monitoring: vec![fleet.nats().monitoring_url()],
-        },
-        (None, Some(processes)) => {
-            let mut sources = processes.sources();
-            sources.processes.push(Probe::this("bench client"));
-            sources
-        }
-        (None, None) => Sources {
-            processes: vec![Probe::this("bench client")],
-            ..Sources::default()
-        },
+    let sources = sources(&args, fleet.as_ref(), processes.as_ref());
+    let nats = NatsAt {
+        url: &nats_url,
+        ca_file: ca_file.as_deref(),
     };
-    let result = measure(&args, &api, (&nats_url, ca_file.as_deref()), &sources).await;
+    let result = measure(&args, &api, nats, &sources).await;
     // What the servers say, where they can be asked.
     let fsync_always = sources
         .fsync_every_write()
@@ -444,6 +374,106 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// With `--trace-ratio`, a collector that counts the spans the fleet sends.
+async fn span_collector(args: &BenchArgs) -> anyhow::Result<Option<Collector>> {
+    let Some(ratio) = args.trace_ratio else {
+        return Ok(None);
+    };
+    let collector = Collector::counting().await?;
+    eprintln!(
+        "tracing with sampling ratio {ratio}, to a collector at {} that counts spans...",
+        collector.endpoint
+    );
+    Ok(Some(collector))
+}
+
+/// The fleet as processes (`--processes`).
+async fn start_processes(
+    args: &BenchArgs,
+    workers: usize,
+    telemetry: &TelemetryOptions,
+) -> anyhow::Result<ProcessFleet> {
+    let nats = if args.nats_cluster {
+        "a NATS cluster of 3"
+    } else {
+        "nats-server"
+    };
+    let redis = if args.redis_cluster {
+        "a Redis Cluster of 3 primaries and 3 replicas"
+    } else {
+        "redis-server"
+    };
+    eprintln!(
+        "starting a fleet of processes ({nats}, {redis}, 1 orchestrator, {workers} workers \
+         serving every tool; threads = {}, nats-server's too)...",
+        args.threads
+    );
+    let tool = Workload::of(args).tool();
+    let shape = FleetShape {
+        workers,
+        max_in_flight: args.max_in_flight,
+        max_jobs: args.max_jobs,
+        threads: args.threads,
+        fsync_always: args.fsync_always,
+        nats_cluster: args.nats_cluster,
+        redis_cluster: args.redis_cluster,
+        wait_replicas: args.wait_replicas,
+        nats_accounts: args.nats_accounts,
+    };
+    ProcessFleet::start(&shape, tool, telemetry).await
+}
+
+/// The fleet in this process, with its servers as processes.
+async fn start_local(args: &BenchArgs, workers: usize) -> anyhow::Result<LocalFleet> {
+    eprintln!(
+        "starting a local fleet (nats-server, redis-server, 1 orchestrator, {workers} \
+         workers, in this process)..."
+    );
+    let mut options = LocalFleetOptions {
+        test_tools: true,
+        workers,
+        tls: args.tls,
+        fsync_always: args.fsync_always,
+        ..LocalFleetOptions::default()
+    };
+    if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
+        options.worker.runtime.max_in_flight = slots;
+    }
+    if let Some(jobs) = args.max_jobs {
+        options.orchestrator.runner.max_jobs = jobs;
+    }
+    LocalFleet::start(options).await
+}
+
+/// The processes the bench accounts, and where their servers report.
+fn sources(
+    args: &BenchArgs,
+    fleet: Option<&LocalFleet>,
+    processes: Option<&ProcessFleet>,
+) -> Sources {
+    match (fleet, processes) {
+        (Some(fleet), _) => Sources {
+            processes: vec![
+                Probe::this("bench (orchestrator, workers, client)"),
+                Probe::new("nats-server", fleet.nats().process().pid()),
+                Probe::new("redis-server", fleet.redis().process().pid()),
+            ],
+            // Over TLS the bench would need the fleet's client settings.
+            redis_urls: (!args.tls).then(|| fleet.redis_url()).into_iter().collect(),
+            nats_monitoring: vec![fleet.nats().monitoring_url()],
+        },
+        (None, Some(processes)) => {
+            let mut sources = processes.sources();
+            sources.processes.push(Probe::this("bench client"));
+            sources
+        }
+        (None, None) => Sources {
+            processes: vec![Probe::this("bench client")],
+            ..Sources::default()
+        },
+    }
+}
+
 /// The raw NATS floor's requests: none where its client has no NATS user.
 fn raw_requests(args: &BenchArgs) -> usize {
     if args.nats_accounts {
@@ -462,26 +492,23 @@ fn raw_calls(args: &BenchArgs) -> usize {
     }
 }
 
-/// `ca_file`: the CA of a NATS server that speaks TLS; `sources`: what to
-/// account the load phase's cost to.
+/// Warms the fleet up, runs the load phase, the sequential jobs and the
+/// floors, and reports them.
 async fn measure(
     args: &BenchArgs,
     api: &Api,
-    (nats_url, ca_file): (&str, Option<&str>),
+    nats: NatsAt<'_>,
     sources: &Sources,
 ) -> anyhow::Result<Report> {
     let tool = Workload::of(args);
     let load_script = script(tool, args.rounds, args.calls);
+    let work = Work {
+        script: &load_script,
+        tool,
+    };
     let idle = sources.read().await;
     eprintln!("warming up...");
-    load(
-        api,
-        (&load_script, tool),
-        50.min(args.jobs),
-        args.concurrency,
-        false,
-    )
-    .await?;
+    load(api, work, 50.min(args.jobs), args.concurrency, false).await?;
     if let Some(count) = args.stored_jobs {
         let [url] = sources.redis_urls.as_slice() else {
             anyhow::bail!("--stored-jobs needs the fleet's one Redis server");
@@ -489,35 +516,7 @@ async fn measure(
         let keys = RedisKeys::new(RedisOptions::default().key_prefix);
         stored::fill(url, &keys, count).await?;
     }
-
-    eprintln!(
-        "load: {} jobs, {} in flight, {} rounds of {} parallel {} calls...",
-        args.jobs,
-        args.concurrency,
-        args.rounds,
-        args.calls,
-        tool.name()
-    );
-    let before = sources.read().await;
-    let cpu_before = accounting::cpu_of(std::process::id());
-    let started = Instant::now();
-    let round_trips = load(api, (&load_script, tool), args.jobs, args.concurrency, true).await?;
-    let load_time = started.elapsed();
-    let elapsed = load_time.as_secs_f64();
-    let accounting = Accounting::of(
-        (&idle, &before, &sources.read().await),
-        args.jobs,
-        load_time,
-    );
-    let cpu_ms_per_job = match (cpu_before, accounting::cpu_of(std::process::id())) {
-        // The bench's own CPU covers the fleet only when the fleet runs in it.
-        (Some(before), Some(after)) if args.target.is_none() && !args.processes => {
-            Some((after - before).as_secs_f64() * 1000.0 / args.jobs as f64)
-        }
-        _ => None,
-    };
-    let tool_calls = args.jobs * args.calls * args.rounds;
-
+    let phase = load_phase(args, api, work, sources, &idle).await?;
     eprintln!("latency: {} sequential one-call jobs...", args.sequential);
     let one_call = script(tool, 1, 1);
     let mut latencies = Vec::with_capacity(args.sequential);
@@ -526,7 +525,6 @@ async fn measure(
         run_job(api.clone(), &one_call, tool, false).await?;
         latencies.push(started.elapsed());
     }
-
     let raw_nats = if raw_requests(args) == 0 {
         None
     } else {
@@ -534,17 +532,18 @@ async fn measure(
             "floor: {} raw NATS requests, {} in flight...",
             args.raw_requests, args.concurrency
         );
-        Some(floor::request_reply(nats_url, ca_file, args.raw_requests, args.concurrency).await?)
+        Some(floor::request_reply(nats, args.raw_requests, args.concurrency).await?)
     };
-    let tool_calls_per_sec = tool_calls as f64 / elapsed;
+    let tool_calls = args.jobs * args.calls * args.rounds;
+    let tool_calls_per_sec = tool_calls as f64 / phase.seconds;
     let raw_jetstream = if raw_calls(args) == 0 {
         None
     } else {
-        jetstream_floor(args, (nats_url, ca_file), sources, tool_calls_per_sec).await
+        jetstream_floor(args, nats, sources, tool_calls_per_sec).await
     };
     Ok(Report {
         tool: tool.name(),
-        tls: ca_file.is_some(),
+        tls: nats.ca_file.is_some(),
         stored_jobs: args.stored_jobs.unwrap_or(0),
         nats_cluster: args.nats_cluster,
         redis_cluster: args.redis_cluster,
@@ -554,14 +553,14 @@ async fn measure(
         concurrency: args.concurrency,
         calls_per_round: args.calls,
         rounds: args.rounds,
-        jobs_per_sec: args.jobs as f64 / elapsed,
+        jobs_per_sec: args.jobs as f64 / phase.seconds,
         tool_calls_per_sec,
-        tool_call_round_trip: Percentiles::of(round_trips),
+        tool_call_round_trip: Percentiles::of(phase.round_trips),
         sequential_jobs: args.sequential,
         sequential_job_latency: Percentiles::of(latencies),
-        cpu_ms_per_job,
-        load_seconds: elapsed,
-        accounting,
+        cpu_ms_per_job: phase.cpu_ms_per_job,
+        load_seconds: phase.seconds,
+        accounting: phase.accounting,
         raw_nats_requests_per_sec: raw_nats.as_ref().map(|(rate, _)| *rate),
         tool_calls_vs_raw_nats: raw_nats.as_ref().map(|(rate, _)| tool_calls_per_sec / rate),
         raw_nats_round_trip: raw_nats.map(|(_, latencies)| Percentiles::of(latencies)),
@@ -572,6 +571,68 @@ async fn measure(
         spans_received: None,
         fsync_always: false,
     })
+}
+
+/// What the load phase measured.
+struct LoadPhase {
+    seconds: f64,
+    /// Each tool call's round trip, as the runner reported it.
+    round_trips: Vec<Duration>,
+    accounting: Accounting,
+    /// The bench's own CPU per job, when the fleet runs in it.
+    cpu_ms_per_job: Option<f64>,
+}
+
+/// The load phase: `args.jobs` jobs of `work`, `args.concurrency` at a
+/// time, accounted against `idle`.
+async fn load_phase(
+    args: &BenchArgs,
+    api: &Api,
+    work: Work<'_>,
+    sources: &Sources,
+    idle: &Reading,
+) -> anyhow::Result<LoadPhase> {
+    eprintln!(
+        "load: {} jobs, {} in flight, {} rounds of {} parallel {} calls...",
+        args.jobs,
+        args.concurrency,
+        args.rounds,
+        args.calls,
+        work.tool.name()
+    );
+    let before = sources.read().await;
+    let cpu_before = accounting::cpu_of(std::process::id());
+    let started = Instant::now();
+    let round_trips = load(api, work, args.jobs, args.concurrency, true).await?;
+    let load_time = started.elapsed();
+    let after = sources.read().await;
+    let readings = Readings {
+        idle,
+        before: &before,
+        after: &after,
+    };
+    let accounting = Accounting::of(readings, args.jobs, load_time);
+    let cpu_ms_per_job = match (cpu_before, accounting::cpu_of(std::process::id())) {
+        // The bench's own CPU covers the fleet only when the fleet runs in it.
+        (Some(before), Some(after)) if args.target.is_none() && !args.processes => {
+            Some((after - before).as_secs_f64() * 1000.0 / args.jobs as f64)
+        }
+        _ => None,
+    };
+    Ok(LoadPhase {
+        seconds: load_time.as_secs_f64(),
+        round_trips,
+        accounting,
+        cpu_ms_per_job,
+    })
+}
+
+/// What every job of a phase runs: the scripted model's script, and the
+/// tool its calls call.
+#[derive(Clone, Copy)]
+struct Work<'a> {
+    script: &'a str,
+    tool: Workload,
 }
 
 /// The tool every call of the bench runs.
@@ -637,7 +698,7 @@ fn script(tool: Workload, rounds: usize, calls: usize) -> String {
 /// trips the runner reported (when `collect`).
 async fn load(
     api: &Api,
-    (script, tool): (&str, Workload),
+    Work { script, tool }: Work<'_>,
     jobs: usize,
     concurrency: usize,
     collect: bool,
@@ -720,13 +781,17 @@ async fn run_job(
     anyhow::bail!("the event stream of job {job_id} ended before the job did")
 }
 
+/// Percentiles as the report prints them.
+fn percentiles(x: &Percentiles) -> String {
+    format!(
+        "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms",
+        x.p50_ms, x.p90_ms, x.p99_ms
+    )
+}
+
+/// The report, as a table on stdout.
 fn print(report: &Report) -> std::io::Result<()> {
-    let p = |x: &Percentiles| {
-        format!(
-            "p50 {:.2} ms  p90 {:.2} ms  p99 {:.2} ms",
-            x.p50_ms, x.p90_ms, x.p99_ms
-        )
-    };
+    let p = percentiles;
     outln!()?;
     outln!(
         "jobs                 {} ({} in flight, {} rounds x {} parallel {} calls)",
@@ -736,6 +801,45 @@ fn print(report: &Report) -> std::io::Result<()> {
         report.calls_per_round,
         report.tool
     )?;
+    print_setup(report)?;
+    outln!("jobs/s               {:.0}", report.jobs_per_sec)?;
+    outln!("tool calls/s         {:.0}", report.tool_calls_per_sec)?;
+    outln!("tool call round trip {}", p(&report.tool_call_round_trip))?;
+    outln!(
+        "sequential job       {}  ({} one-call jobs)",
+        p(&report.sequential_job_latency),
+        report.sequential_jobs
+    )?;
+    match report.cpu_ms_per_job {
+        Some(cpu) => outln!(
+            "CPU per job          {cpu:.2} ms (orchestrator + workers + bench client; NATS and Redis not included)"
+        )?,
+        None => outln!("CPU per job          n/a (the fleet runs in other processes; see below)")?,
+    }
+    print_accounting(&report.accounting)?;
+    match (
+        report.raw_nats_requests_per_sec,
+        &report.raw_nats_round_trip,
+        report.tool_calls_vs_raw_nats,
+    ) {
+        (Some(rate), Some(round_trip), Some(ratio)) => {
+            outln!("raw NATS req/reply   {rate:.0} req/s  {}", p(round_trip))?;
+            outln!("tool calls vs raw    {:.1}%", ratio * 100.0)?;
+        }
+        _ if report.nats_accounts => {
+            outln!("raw NATS floors      skipped (--nats-accounts: no user of theirs)")?;
+        }
+        _ => outln!("raw NATS req/reply   skipped")?,
+    }
+    if let Some(floor) = &report.raw_jetstream {
+        print_jetstream_floor(floor)?;
+    }
+    Ok(())
+}
+
+/// How the run was set up, where it differs from the default: transport,
+/// stored jobs, durability, servers, replication, tracing.
+fn print_setup(report: &Report) -> std::io::Result<()> {
     if report.tls {
         outln!("transport            NATS and Redis over TLS")?;
     }
@@ -770,65 +874,39 @@ fn print(report: &Report) -> std::io::Result<()> {
     if let (Some(ratio), Some(spans)) = (report.trace_ratio, report.spans_received) {
         outln!("tracing              sampling ratio {ratio}, {spans} spans received")?;
     }
-    outln!("jobs/s               {:.0}", report.jobs_per_sec)?;
-    outln!("tool calls/s         {:.0}", report.tool_calls_per_sec)?;
-    outln!("tool call round trip {}", p(&report.tool_call_round_trip))?;
-    outln!(
-        "sequential job       {}  ({} one-call jobs)",
-        p(&report.sequential_job_latency),
-        report.sequential_jobs
-    )?;
-    match report.cpu_ms_per_job {
-        Some(cpu) => outln!(
-            "CPU per job          {cpu:.2} ms (orchestrator + workers + bench client; NATS and Redis not included)"
-        )?,
-        None => outln!("CPU per job          n/a (the fleet runs in other processes; see below)")?,
-    }
-    print_accounting(&report.accounting)?;
-    match (
-        report.raw_nats_requests_per_sec,
-        &report.raw_nats_round_trip,
-        report.tool_calls_vs_raw_nats,
-    ) {
-        (Some(rate), Some(round_trip), Some(ratio)) => {
-            outln!("raw NATS req/reply   {rate:.0} req/s  {}", p(round_trip))?;
-            outln!("tool calls vs raw    {:.1}%", ratio * 100.0)?;
-        }
-        _ if report.nats_accounts => {
-            outln!("raw NATS floors      skipped (--nats-accounts: no user of theirs)")?;
-        }
-        _ => outln!("raw NATS req/reply   skipped")?,
-    }
-    if let Some(floor) = &report.raw_jetstream {
-        outln!(
-            "raw JetStream calls  {:.0} calls/s  {}  ({} in flight)",
-            floor.calls_per_sec,
-            p(&floor.round_trip),
-            floor.concurrency
-        )?;
-        let busy: Vec<String> = floor
-            .cpu_ms_per_call_by_process
-            .iter()
-            .filter(|(_, ms)| **ms >= 0.0005)
-            .map(|(name, ms)| format!("{name} {ms:.3}"))
-            .collect();
-        outln!(
-            "  CPU per call       {:.3} ms ({})",
-            floor.cpu_ms_per_call_total,
-            busy.join(", ")
-        )?;
-        if let (Some(sent), Some(received)) = (
-            floor.nats_messages_in_per_call,
-            floor.nats_messages_out_per_call,
-        ) {
-            outln!("  NATS messages      {sent:.1} in, {received:.1} out")?;
-        }
-        outln!(
-            "tool calls vs raw JS {:.1}%",
-            floor.tool_calls_vs_raw_jetstream * 100.0
-        )?;
-    }
     Ok(())
+}
+
+/// The raw JetStream floor: its rate, its cost per call, and the load's
+/// share of it.
+fn print_jetstream_floor(floor: &JetStreamFloor) -> std::io::Result<()> {
+    outln!(
+        "raw JetStream calls  {:.0} calls/s  {}  ({} in flight)",
+        floor.calls_per_sec,
+        percentiles(&floor.round_trip),
+        floor.concurrency
+    )?;
+    let busy: Vec<String> = floor
+        .cpu_ms_per_call_by_process
+        .iter()
+        .filter(|(_, ms)| **ms >= 0.0005)
+        .map(|(name, ms)| format!("{name} {ms:.3}"))
+        .collect();
+    outln!(
+        "  CPU per call       {:.3} ms ({})",
+        floor.cpu_ms_per_call_total,
+        busy.join(", ")
+    )?;
+    if let (Some(sent), Some(received)) = (
+        floor.nats_messages_in_per_call,
+        floor.nats_messages_out_per_call,
+    ) {
+        outln!("  NATS messages      {sent:.1} in, {received:.1} out")?;
+    }
+    outln!(
+        "tool calls vs raw JS {:.1}%",
+        floor.tool_calls_vs_raw_jetstream * 100.0
+    )
 }
 
 /// The load phase's cost: a row per process, then Redis and NATS.

@@ -67,96 +67,26 @@ struct Timeline {
 
 impl Timeline {
     fn of(events: &[v1::JobEvent]) -> Self {
-        let mut timeline = Self::default();
         let Some(first) = events.first() else {
-            return timeline;
+            return Self::default();
         };
-        timeline.start_ms = first.timestamp_ms;
-        // Where the next model turn started: the end of the step before it.
-        let mut phase_start = first.timestamp_ms;
-        // The row of each call in flight, by call id.
-        let mut open_calls: HashMap<String, usize> = HashMap::new();
+        let mut drawing = Drawing {
+            timeline: Self {
+                start_ms: first.timestamp_ms,
+                ..Self::default()
+            },
+            phase_start: first.timestamp_ms,
+            open_calls: HashMap::new(),
+        };
         for event in events {
             let at = event.timestamp_ms;
-            timeline.end_ms = timeline.end_ms.max(at);
-            let Ok(decoded) = JobEvent::decode(&event.kind, &event.data) else {
-                // A kind this CLI does not know (a newer server): not drawn.
-                continue;
-            };
-            match decoded {
-                JobEvent::JobQueued { .. } => {}
-                JobEvent::JobStarted { .. } => phase_start = at,
-                JobEvent::JobResumed { epoch, owner } => {
-                    phase_start = at;
-                    let detail = format!("by {owner} (lease epoch {epoch})");
-                    timeline
-                        .rows
-                        .push(Row::at(Step::Mark, "resumed".into(), at, detail));
-                }
-                JobEvent::ModelTurn {
-                    turn, tool_calls, ..
-                } => {
-                    let detail = match tool_calls.len() {
-                        0 => "answered".to_owned(),
-                        1 => "1 call".to_owned(),
-                        n => format!("{n} calls"),
-                    };
-                    timeline.rows.push(Row {
-                        start_ms: phase_start,
-                        ..Row::at(Step::Turn, format!("turn {turn}"), at, detail)
-                    });
-                    phase_start = at;
-                }
-                JobEvent::ToolCallDispatched {
-                    attempt,
-                    call_id,
-                    name,
-                } => match open_calls.get(&call_id) {
-                    Some(&row) if attempt > 1 => timeline.rows[row].retries_ms.push(at),
-                    Some(_) => {}
-                    None => {
-                        open_calls.insert(call_id.clone(), timeline.rows.len());
-                        let label = format!("  {call_id} {name}");
-                        timeline
-                            .rows
-                            .push(Row::at(Step::Call, label, at, String::new()));
-                    }
-                },
-                JobEvent::ToolCallResult {
-                    attempts,
-                    call_id,
-                    code,
-                    name,
-                    ok,
-                    round_trip_us,
-                    worked_us,
-                } => {
-                    let row = match open_calls.remove(&call_id) {
-                        Some(row) => row,
-                        // Answered by the orchestrator's own checks: a moment.
-                        None => {
-                            let label = format!("  {call_id} {name}");
-                            timeline
-                                .rows
-                                .push(Row::at(Step::Call, label, at, String::new()));
-                            timeline.rows.len() - 1
-                        }
-                    };
-                    let row = &mut timeline.rows[row];
-                    row.end_ms = at;
-                    row.worked_ms = worked_us.map(|us| us / 1000);
-                    row.detail =
-                        call_detail(ok, code.as_deref(), attempts, round_trip_us, worked_us);
-                    phase_start = phase_start.max(at);
-                }
-                JobEvent::JobSucceeded { .. } => timeline.outcome = Some("succeeded".into()),
-                JobEvent::JobFailed { code, .. } => {
-                    timeline.outcome = Some(format!("failed ({})", code.as_str()));
-                }
-                JobEvent::JobCancelled { .. } => timeline.outcome = Some("cancelled".into()),
+            drawing.timeline.end_ms = drawing.timeline.end_ms.max(at);
+            // A kind this CLI does not know (a newer server): not drawn.
+            if let Ok(decoded) = JobEvent::decode(&event.kind, &event.data) {
+                drawing.add(decoded, at);
             }
         }
-        timeline
+        drawing.timeline
     }
 
     /// The slowest turn or call, if any took time.
@@ -167,6 +97,92 @@ impl Timeline {
             .filter(|(_, row)| row.step != Step::Mark && row.duration_ms() > 0)
             .max_by_key(|(_, row)| row.duration_ms())
             .map(|(index, _)| index)
+    }
+}
+
+/// A timeline as its events are read.
+struct Drawing {
+    timeline: Timeline,
+    /// Where the next model turn started: the end of the step before it.
+    phase_start: u64,
+    /// The row of each call in flight, by call id.
+    open_calls: HashMap<String, usize>,
+}
+
+impl Drawing {
+    /// Draws the event `decoded`, which happened `at`.
+    fn add(&mut self, decoded: JobEvent, at: u64) {
+        let rows = &mut self.timeline.rows;
+        match decoded {
+            JobEvent::JobQueued { .. } => {}
+            JobEvent::JobStarted { .. } => self.phase_start = at,
+            JobEvent::JobResumed { epoch, owner } => {
+                self.phase_start = at;
+                let detail = format!("by {owner} (lease epoch {epoch})");
+                rows.push(Row::at(Step::Mark, "resumed".into(), at, detail));
+            }
+            JobEvent::ModelTurn {
+                turn, tool_calls, ..
+            } => {
+                let detail = match tool_calls.len() {
+                    0 => "answered".to_owned(),
+                    1 => "1 call".to_owned(),
+                    n => format!("{n} calls"),
+                };
+                rows.push(Row {
+                    start_ms: self.phase_start,
+                    ..Row::at(Step::Turn, format!("turn {turn}"), at, detail)
+                });
+                self.phase_start = at;
+            }
+            JobEvent::ToolCallDispatched {
+                attempt,
+                call_id,
+                name,
+            } => match self.open_calls.get(&call_id) {
+                Some(&row) if attempt > 1 => rows[row].retries_ms.push(at),
+                Some(_) => {}
+                None => {
+                    self.open_calls.insert(call_id.clone(), rows.len());
+                    let label = format!("  {call_id} {name}");
+                    rows.push(Row::at(Step::Call, label, at, String::new()));
+                }
+            },
+            JobEvent::ToolCallResult {
+                attempts,
+                call_id,
+                code,
+                name,
+                ok,
+                round_trip_us,
+                worked_us,
+            } => {
+                let row = self.call_row(&call_id, &name, at);
+                let row = &mut self.timeline.rows[row];
+                row.end_ms = at;
+                row.worked_ms = worked_us.map(|us| us / 1000);
+                row.detail = call_detail(ok, code.as_deref(), attempts, round_trip_us, worked_us);
+                self.phase_start = self.phase_start.max(at);
+            }
+            JobEvent::JobSucceeded { .. } => self.timeline.outcome = Some("succeeded".into()),
+            JobEvent::JobFailed { code, .. } => {
+                self.timeline.outcome = Some(format!("failed ({})", code.as_str()));
+            }
+            JobEvent::JobCancelled { .. } => self.timeline.outcome = Some("cancelled".into()),
+        }
+    }
+
+    /// The row of the call `call_id` that settled `at`: the one its
+    /// dispatch opened, or a new one for a call the orchestrator's own
+    /// checks answered (a moment).
+    fn call_row(&mut self, call_id: &str, name: &str, at: u64) -> usize {
+        if let Some(row) = self.open_calls.remove(call_id) {
+            return row;
+        }
+        let label = format!("  {call_id} {name}");
+        let rows = &mut self.timeline.rows;
+        rows.push(Row::at(Step::Call, label, at, String::new()));
+        rows.len() - 1
     }
 }
 
@@ -215,32 +231,8 @@ pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> 
     let width = width.max(10);
     let timeline = Timeline::of(events);
     let total = timeline.end_ms.saturating_sub(timeline.start_ms);
-    let turns = timeline
-        .rows
-        .iter()
-        .filter(|r| r.step == Step::Turn)
-        .count();
-    let calls = timeline
-        .rows
-        .iter()
-        .filter(|r| r.step == Step::Call)
-        .count();
-    let retries: usize = timeline.rows.iter().map(|r| r.retries_ms.len()).sum();
-    let outcome = timeline.outcome.as_deref().unwrap_or("running");
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "job {job_id}: {outcome} in {}; {}, {}, {}",
-        millis(total as f64),
-        count(turns, "turn", "turns"),
-        count(calls, "call", "calls"),
-        count(retries, "retry", "retries"),
-    );
-    let column = |at: u64| -> usize {
-        let offset = at.saturating_sub(timeline.start_ms);
-        let scaled = offset.saturating_mul(width as u64) / total.max(1);
-        usize::try_from(scaled).unwrap_or(usize::MAX).min(width - 1)
-    };
+    let _ = writeln!(out, "{}", summary(job_id, &timeline));
     let end_label = millis(total as f64);
     let _ = writeln!(
         out,
@@ -248,31 +240,14 @@ pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> 
         "",
         width = width - 1
     );
+    let axis = Axis {
+        start_ms: timeline.start_ms,
+        total_ms: total,
+        width,
+    };
     let slowest = timeline.slowest();
     for (index, row) in timeline.rows.iter().enumerate() {
-        let (from, to) = (column(row.start_ms), column(row.end_ms));
-        let fill = match row.step {
-            Step::Turn => '█',
-            Step::Call => '━',
-            Step::Mark => '│',
-        };
-        let mut bar: Vec<char> = vec![' '; width];
-        // A call's wait, then the worker's share at its end.
-        let worked_from = match (row.step, row.worked_ms) {
-            (Step::Call, Some(worked)) => column(row.end_ms.saturating_sub(worked)).max(from),
-            _ => from,
-        };
-        for (offset, cell) in bar[from..=to.max(from)].iter_mut().enumerate() {
-            *cell = if from + offset < worked_from {
-                '╌'
-            } else {
-                fill
-            };
-        }
-        for retry in &row.retries_ms {
-            bar[column(*retry)] = '↻';
-        }
-        let bar: String = bar.into_iter().collect();
+        let bar = axis.bar(row);
         let took = match row.step {
             Step::Mark => String::new(),
             _ => millis(row.duration_ms() as f64),
@@ -296,6 +271,67 @@ pub(crate) fn waterfall(job_id: &str, events: &[v1::JobEvent], width: usize) -> 
          dispatched)"
     );
     out
+}
+
+/// The waterfall's first line: how the job ended, in how long, with how
+/// many turns, calls and retries.
+fn summary(job_id: &str, timeline: &Timeline) -> String {
+    let total = timeline.end_ms.saturating_sub(timeline.start_ms);
+    let steps = |step: Step| timeline.rows.iter().filter(|r| r.step == step).count();
+    let retries: usize = timeline.rows.iter().map(|r| r.retries_ms.len()).sum();
+    let outcome = timeline.outcome.as_deref().unwrap_or("running");
+    format!(
+        "job {job_id}: {outcome} in {}; {}, {}, {}",
+        millis(total as f64),
+        count(steps(Step::Turn), "turn", "turns"),
+        count(steps(Step::Call), "call", "calls"),
+        count(retries, "retry", "retries"),
+    )
+}
+
+/// The time axis of the bars: the job's span over `width` columns.
+struct Axis {
+    start_ms: u64,
+    total_ms: u64,
+    width: usize,
+}
+
+impl Axis {
+    /// The column of the moment `at`.
+    fn column(&self, at: u64) -> usize {
+        let offset = at.saturating_sub(self.start_ms);
+        let scaled = offset.saturating_mul(self.width as u64) / self.total_ms.max(1);
+        usize::try_from(scaled)
+            .unwrap_or(usize::MAX)
+            .min(self.width - 1)
+    }
+
+    /// The bar of `row`: a call's wait, then the worker's share at its end,
+    /// and its retries.
+    fn bar(&self, row: &Row) -> String {
+        let (from, to) = (self.column(row.start_ms), self.column(row.end_ms));
+        let fill = match row.step {
+            Step::Turn => '█',
+            Step::Call => '━',
+            Step::Mark => '│',
+        };
+        let mut bar: Vec<char> = vec![' '; self.width];
+        let worked_from = match (row.step, row.worked_ms) {
+            (Step::Call, Some(worked)) => self.column(row.end_ms.saturating_sub(worked)).max(from),
+            _ => from,
+        };
+        for (offset, cell) in bar[from..=to.max(from)].iter_mut().enumerate() {
+            *cell = if from + offset < worked_from {
+                '╌'
+            } else {
+                fill
+            };
+        }
+        for retry in &row.retries_ms {
+            bar[self.column(*retry)] = '↻';
+        }
+        bar.into_iter().collect()
+    }
 }
 
 #[cfg(test)]

@@ -176,14 +176,27 @@ pub(super) struct Accounting {
     pub(super) nats_bytes_out_per_job: Option<f64>,
 }
 
+/// The readings a phase is accounted from.
+#[derive(Clone, Copy)]
+pub(super) struct Readings<'a> {
+    /// Before any job: the processes' memory at rest.
+    pub(super) idle: &'a Reading,
+    /// When the phase started.
+    pub(super) before: &'a Reading,
+    /// When it ended.
+    pub(super) after: &'a Reading,
+}
+
 impl Accounting {
-    /// The difference of `after` and `before`, over `jobs` jobs that took
-    /// `elapsed`; `idle` gives the memory before any job.
-    pub(super) fn of(
-        (idle, before, after): (&Reading, &Reading, &Reading),
-        jobs: usize,
-        elapsed: Duration,
-    ) -> Self {
+    /// The difference of `readings.after` and `readings.before`, over
+    /// `jobs` jobs that took `elapsed`; `readings.idle` gives the memory
+    /// before any job.
+    pub(super) fn of(readings: Readings<'_>, jobs: usize, elapsed: Duration) -> Self {
+        let Readings {
+            idle,
+            before,
+            after,
+        } = readings;
         let per_job = |n: f64| n / jobs.max(1) as f64;
         let mb = |bytes: u64| bytes as f64 / 1_048_576.0;
         let mut accounting = Self::default();
@@ -359,7 +372,15 @@ mod tests {
         let idle = reading(0, 10 << 20, 0, 0);
         let before = reading(1_000, 20 << 20, 50, 10);
         let after = reading(3_000, 30 << 20, 250, 110);
-        let accounting = Accounting::of((&idle, &before, &after), 100, Duration::from_secs(4));
+        let accounting = Accounting::of(
+            Readings {
+                idle: &idle,
+                before: &before,
+                after: &after,
+            },
+            100,
+            Duration::from_secs(4),
+        );
         assert_eq!(accounting.cpu_ms_per_job_by_process["orchestrator"], 20.0);
         assert_eq!(accounting.cpu_ms_per_job_total, 20.0);
         assert_eq!(accounting.cores_busy, 0.5);

@@ -21,16 +21,24 @@ use toolfleet_service::queue::{Missing, SharedConsumer, WorkQueue};
 
 use crate::supervisor::wait_until;
 
-/// Connects to the first server of `nats_url`: a floor goes through one
-/// server, a cluster's first.
-async fn connect(nats_url: &str, ca_file: Option<&str>) -> anyhow::Result<async_nats::Client> {
-    let server = toolfleet_service::config::url_list(nats_url)
+/// Where the floors reach NATS: the fleet's URL, and its CA file when the
+/// fleet runs over TLS.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct NatsAt<'a> {
+    pub(super) url: &'a str,
+    pub(super) ca_file: Option<&'a str>,
+}
+
+/// Connects to the first server of `nats`: a floor goes through one server,
+/// a cluster's first.
+async fn connect(nats: NatsAt<'_>) -> anyhow::Result<async_nats::Client> {
+    let server = toolfleet_service::config::url_list(nats.url)
         .first()
         .copied()
-        .unwrap_or(nats_url)
+        .unwrap_or(nats.url)
         .to_owned();
     let mut options = async_nats::ConnectOptions::new();
-    if let Some(ca) = ca_file {
+    if let Some(ca) = nats.ca_file {
         options = options.add_root_certificates(ca.into()).require_tls(true);
     }
     Ok(options.connect(server.as_str()).await?)
@@ -39,13 +47,12 @@ async fn connect(nats_url: &str, ca_file: Option<&str>) -> anyhow::Result<async_
 /// `requests` core NATS request/replies, `concurrency` at a time: the rate
 /// and each one's round trip.
 pub(super) async fn request_reply(
-    nats_url: &str,
-    ca_file: Option<&str>,
+    nats: NatsAt<'_>,
     requests: usize,
     concurrency: usize,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
-    let responder = connect(nats_url, ca_file).await?;
-    let client = connect(nats_url, ca_file).await?;
+    let responder = connect(nats).await?;
+    let client = connect(nats).await?;
     let mut inbox = responder.subscribe("toolfleet.bench.raw").await?;
     responder.flush().await?;
     let echo = tokio::spawn(async move {
@@ -107,17 +114,27 @@ const FLOOR_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// Calls waiting for their reply, by message id.
 type Waiting = Arc<Mutex<HashMap<u64, oneshot::Sender<()>>>>;
 
-/// `calls` raw JetStream calls, `concurrency` at a time, served by
-/// `responders` connections (as many as the fleet has workers), on a stream
-/// of `replicas` copies: the rate and each call's round trip (publish to
-/// reply). Each call carries a payload the size of the bench's own calls.
+/// The shape of a raw JetStream floor.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct FloorShape {
+    /// Calls in all.
+    pub(super) calls: usize,
+    /// Calls in flight at once.
+    pub(super) concurrency: usize,
+    /// Connections serving them (as many as the fleet has workers).
+    pub(super) responders: usize,
+    /// Copies of the floor's stream (as the fleet's streams have).
+    pub(super) replicas: usize,
+}
+
+/// Raw JetStream calls as `shape` says: the rate and each call's round trip
+/// (publish to reply). Each call carries a payload the size of the bench's
+/// own calls.
 pub(super) async fn jetstream_calls(
-    nats_url: &str,
-    ca_file: Option<&str>,
-    (calls, concurrency): (usize, usize),
-    (responders, replicas): (usize, usize),
+    nats: NatsAt<'_>,
+    shape: FloorShape,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
-    let caller = connect(nats_url, ca_file).await?;
+    let caller = connect(nats).await?;
     let js = async_nats::jetstream::new(caller.clone());
     // A run that was interrupted may have left it, with calls in it.
     let _ = js.delete_stream(FLOOR_STREAM).await;
@@ -127,7 +144,9 @@ pub(super) async fn jetstream_calls(
         description: "toolfleet bench: the raw JetStream floor's calls",
         max_age: Duration::ZERO,
     };
-    let missing = Missing::Create { replicas };
+    let missing = Missing::Create {
+        replicas: shape.replicas,
+    };
     let stream = queue.open(&js, missing).await?;
     SharedConsumer {
         name: FLOOR_CONSUMER.to_owned(),
@@ -138,49 +157,22 @@ pub(super) async fn jetstream_calls(
     }
     .open(&stream, missing)
     .await?;
-    let result = serve_and_call(
-        (nats_url, ca_file),
-        &caller,
-        &js,
-        (calls, concurrency, responders),
-    )
-    .await;
+    let result = serve_and_call(nats, &caller, &js, shape).await;
     let _ = js.delete_stream(FLOOR_STREAM).await;
     result
 }
 
+/// Serves the floor's stream with `shape.responders` connections and makes
+/// its calls.
 async fn serve_and_call(
-    (nats_url, ca_file): (&str, Option<&str>),
+    nats: NatsAt<'_>,
     caller: &async_nats::Client,
     js: &async_nats::jetstream::Context,
-    (calls, concurrency, responders): (usize, usize, usize),
+    shape: FloorShape,
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
-    let mut serving = Vec::with_capacity(responders);
-    for _ in 0..responders.max(1) {
-        // A connection of its own, as each worker has: its pulls, the
-        // deliveries, its replies and its acks all go over it.
-        let client = connect(nats_url, ca_file).await?;
-        let mut messages = async_nats::jetstream::new(client.clone())
-            .get_stream(FLOOR_STREAM)
-            .await?
-            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(FLOOR_CONSUMER)
-            .await
-            .map_err(|err| anyhow::anyhow!(err))?
-            .messages()
-            .await?;
-        serving.push(tokio::spawn(async move {
-            while let Some(Ok(message)) = messages.next().await {
-                let id = message
-                    .headers
-                    .as_ref()
-                    .and_then(|h| h.get(names::headers::MSG_ID))
-                    .map(|id| id.as_str().to_owned());
-                if let Some(id) = id {
-                    let _ = client.publish(FLOOR_REPLIES, id.into()).await;
-                }
-                let _ = message.ack().await;
-            }
-        }));
+    let mut serving = Vec::with_capacity(shape.responders);
+    for _ in 0..shape.responders.max(1) {
+        serving.push(respond(nats).await?);
     }
     let waiting: Waiting = Arc::default();
     let mut replies = caller.subscribe(FLOOR_REPLIES).await?;
@@ -204,7 +196,45 @@ async fn serve_and_call(
             }
         })
     };
-    let payload: bytes::Bytes = serde_json::to_vec(&ToolCall {
+    let result = call(js, &waiting, shape).await;
+    routing.abort();
+    for responder in serving {
+        responder.abort();
+    }
+    result
+}
+
+/// One responder: a connection of its own, as each worker has (its pulls,
+/// the deliveries, its replies and its acks all go over it), that answers
+/// each call with its message id and acks it.
+async fn respond(nats: NatsAt<'_>) -> anyhow::Result<tokio::task::JoinHandle<()>> {
+    let client = connect(nats).await?;
+    let mut messages = async_nats::jetstream::new(client.clone())
+        .get_stream(FLOOR_STREAM)
+        .await?
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(FLOOR_CONSUMER)
+        .await
+        .map_err(|err| anyhow::anyhow!(err))?
+        .messages()
+        .await?;
+    Ok(tokio::spawn(async move {
+        while let Some(Ok(message)) = messages.next().await {
+            let id = message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(names::headers::MSG_ID))
+                .map(|id| id.as_str().to_owned());
+            if let Some(id) = id {
+                let _ = client.publish(FLOOR_REPLIES, id.into()).await;
+            }
+            let _ = message.ack().await;
+        }
+    }))
+}
+
+/// What each floor call carries: a call the size of the bench's own.
+fn floor_payload() -> anyhow::Result<bytes::Bytes> {
+    Ok(serde_json::to_vec(&ToolCall {
         job_id: "0123456789abcdef0123456789abcdef".to_owned(),
         call_id: "call_1_0".to_owned(),
         attempt: 1,
@@ -214,11 +244,21 @@ async fn serve_and_call(
         idempotency_key: "0123456789abcdef0123456789abcdef:call_1_0".to_owned(),
         reply_to: Some(FLOOR_REPLIES.to_owned()),
     })?
-    .into();
-    let window = Arc::new(Semaphore::new(concurrency.max(1)));
+    .into())
+}
+
+/// Makes the floor's calls, `shape.concurrency` at a time, each answered
+/// through `waiting`: the rate and each call's round trip.
+async fn call(
+    js: &async_nats::jetstream::Context,
+    waiting: &Waiting,
+    shape: FloorShape,
+) -> anyhow::Result<(f64, Vec<Duration>)> {
+    let payload = floor_payload()?;
+    let window = Arc::new(Semaphore::new(shape.concurrency.max(1)));
     let started = Instant::now();
-    let mut tasks = Vec::with_capacity(calls);
-    for id in 0..calls as u64 {
+    let mut tasks = Vec::with_capacity(shape.calls);
+    for id in 0..shape.calls as u64 {
         let permit = window.clone().acquire_owned().await?;
         let (js, payload, waiting) = (js.clone(), payload.clone(), waiting.clone());
         tasks.push(tokio::spawn(async move {
@@ -246,7 +286,7 @@ async fn serve_and_call(
             }
         }));
     }
-    let mut latencies = Vec::with_capacity(calls);
+    let mut latencies = Vec::with_capacity(shape.calls);
     let mut failed = None;
     for task in tasks {
         match task.await? {
@@ -254,11 +294,7 @@ async fn serve_and_call(
             Err(err) => failed = failed.or(Some(err)),
         }
     }
-    let rate = calls as f64 / started.elapsed().as_secs_f64();
-    routing.abort();
-    for responder in serving {
-        responder.abort();
-    }
+    let rate = shape.calls as f64 / started.elapsed().as_secs_f64();
     match failed {
         Some(err) => Err(err),
         None => Ok((rate, latencies)),

@@ -185,7 +185,11 @@ impl NatsServer {
         let js = js_flags.then_some(store_dir.as_path());
         // `-p -1` and `-m -1`: the server picks free ports and logs them, so
         // parallel tests in separate processes can't race for one.
-        let args = server_args(("-1", "-1"), js, config_file.as_deref());
+        let free = Ports {
+            client: None,
+            monitoring: None,
+        };
+        let args = server_args(free, js, config_file.as_deref());
         let envs = options
             .nats_threads
             .map(|threads| ("GOMAXPROCS".into(), threads.to_string().into()))
@@ -216,8 +220,12 @@ impl NatsServer {
             ready: launch.ready,
         };
         // Restarts must come back on the same port, for clients to reconnect.
+        let ports = Ports {
+            client: Some(port),
+            monitoring: Some(monitoring_port),
+        };
         server.process.set_args(server_args(
-            (&port.to_string(), &monitoring_port.to_string()),
+            ports,
             js_flags.then_some(server.store_dir.as_path()),
             config_file.as_deref(),
         ));
@@ -319,18 +327,24 @@ impl NatsServer {
     }
 }
 
-/// `(port, monitoring_port)`: the client and monitoring ports, `-1` for
-/// free ones; `store_dir`: JetStream there, unless the config file sets it.
-fn server_args(
-    (port, monitoring_port): (&str, &str),
-    store_dir: Option<&Path>,
-    config: Option<&Path>,
-) -> Vec<OsString> {
+/// A server's client and monitoring ports: `None` for a free one.
+#[derive(Debug, Clone, Copy)]
+struct Ports {
+    client: Option<u16>,
+    monitoring: Option<u16>,
+}
+
+/// The command line of a server on `ports`; `store_dir`: JetStream there,
+/// unless the config file sets it.
+fn server_args(ports: Ports, store_dir: Option<&Path>, config: Option<&Path>) -> Vec<OsString> {
     let mut args: Vec<OsString> = Vec::new();
     if let Some(config) = config {
         args.extend([OsString::from("-c"), config.into()]);
     }
-    args.extend(["-a", "127.0.0.1", "-p", port, "-m", monitoring_port].map(OsString::from));
+    // -1: a free port, which the server picks and logs.
+    let port = |port: Option<u16>| port.map_or_else(|| "-1".to_owned(), |p| p.to_string());
+    let (client, monitoring) = (port(ports.client), port(ports.monitoring));
+    args.extend(["-a", "127.0.0.1", "-p", &client, "-m", &monitoring].map(OsString::from));
     if let Some(store_dir) = store_dir {
         args.extend(["-js".into(), "-sd".into(), store_dir.into()]);
     }
