@@ -350,6 +350,34 @@ mod tests {
         }
     }
 
+    /// Every key starts with the prefix; a tenant's keys share one hash tag
+    /// of their own, apart from another tenant's and from any job's.
+    #[test]
+    fn keys_carry_the_prefix_and_a_tenants_keys_share_its_tag() {
+        let keys = RedisKeys::new("tenant-a:tf");
+        let job = JobId::new("acme", 1, 2);
+        let tenant_keys = [
+            keys.tenant_jobs("acme"),
+            keys.tenant_active_jobs("acme"),
+            keys.tenant_calls("acme"),
+            keys.tenant_submissions("acme"),
+            keys.submission("acme", "key-1"),
+        ];
+        for key in &tenant_keys {
+            assert!(key.starts_with("tenant-a:tf:"), "{key}");
+            assert!(key.contains(":{acme}"), "{key}");
+        }
+        let distinct: std::collections::HashSet<&String> = tenant_keys.iter().collect();
+        assert_eq!(distinct.len(), tenant_keys.len());
+        assert_ne!(keys.tenant_calls("acme"), keys.tenant_calls("acme2"));
+        assert!(keys.job(&job).starts_with("tenant-a:tf:{acme-"));
+        assert_eq!(keys.tool_catalog(), "tenant-a:tf:catalog");
+        assert!(
+            keys.unfinished_shards()
+                .all(|k| k.starts_with("tenant-a:tf:unfinished:{"))
+        );
+    }
+
     #[test]
     fn the_unfinished_index_is_spread_over_shards_that_never_move() {
         let keys = RedisKeys::default();

@@ -438,3 +438,132 @@ return events
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::JobError;
+
+    fn call(text: &str) -> Item {
+        Item::ToolCall {
+            call_id: "c1".into(),
+            name: "echo".into(),
+            arguments: text.into(),
+            raw: None,
+        }
+    }
+
+    #[test]
+    fn a_settled_mark_is_its_own_field_no_call_can_name() {
+        let mut attempts = HashMap::from([("c1".to_owned(), 2)]);
+        assert!(!was_settled(&attempts, "c1"), "attempted, not settled");
+        attempts.insert(settled_field("c1"), 0);
+        assert!(was_settled(&attempts, "c1"));
+        assert!(!was_settled(&attempts, "c2"));
+        // A wire id holds no colon, so no call's attempts field is a mark.
+        assert!(!toolfleet_proto::call::is_valid_wire_id(&settled_field(
+            "c1"
+        )));
+    }
+
+    #[test]
+    fn a_turn_commits_its_items_event_counters_and_offers() {
+        let (results, items) = (vec![call("{}")], vec![call("{\"a\":1}")]);
+        let turn = TurnCheckpoint {
+            results: &results,
+            items: &items,
+            turns: 3,
+            rounds: 2,
+            offered: &[],
+        };
+        let commit = Commit::of_turn(turn);
+        assert_eq!((commit.results.len(), commit.items.len()), (1, 1));
+        assert_eq!(commit.events, [turn.event()]);
+        assert_eq!(
+            commit.fields(),
+            [("turns", "3".to_owned()), ("rounds", "2".to_owned())],
+            "counters only: the job runs on"
+        );
+    }
+
+    #[test]
+    fn a_dispatch_records_an_event_and_an_attempt_per_call() {
+        let mut commit = Commit::default();
+        let calls = [
+            DispatchedCall {
+                event_id: "call_a",
+                wire_id: "w1",
+                name: "echo",
+            },
+            DispatchedCall {
+                event_id: "x.1",
+                wire_id: "w2",
+                name: "sleep",
+            },
+        ];
+        commit.dispatched(&calls, 2);
+        assert_eq!(
+            commit.attempts,
+            [("w1".to_owned(), 2), ("w2".to_owned(), 2)],
+            "by wire id"
+        );
+        assert_eq!(
+            commit.events,
+            [
+                JobEvent::ToolCallDispatched {
+                    attempt: 2,
+                    call_id: "call_a".into(),
+                    name: "echo".into()
+                },
+                JobEvent::ToolCallDispatched {
+                    attempt: 2,
+                    call_id: "x.1".into(),
+                    name: "sleep".into()
+                },
+            ],
+            "by the id the events show"
+        );
+        assert!(commit.fields().is_empty());
+    }
+
+    /// The fields each ending writes: its outcome, and when it finished.
+    #[test]
+    fn each_ending_writes_its_outcome_and_its_time() {
+        let field = |fields: &[(&str, String)], name: &str| {
+            fields
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.clone())
+        };
+        let failed = Ending::Failed(JobError {
+            code: JobErrorCode::ModelRejected,
+            message: "no".into(),
+        });
+        for (ending, code, message, output) in [
+            (Ending::Succeeded("42".into()), None, None, Some("42")),
+            (failed, Some("MODEL_REJECTED"), Some("no"), None),
+            (
+                Ending::Cancelled,
+                Some("CANCELLED"),
+                Some("the job was cancelled"),
+                None,
+            ),
+        ] {
+            let commit = Commit {
+                status: Some(ending.status()),
+                ending: Some(&ending),
+                ..Commit::default()
+            };
+            let fields = commit.fields();
+            assert_eq!(
+                field(&fields, "status").as_deref(),
+                Some(ending.status().as_str())
+            );
+            assert_eq!(field(&fields, "error_code").as_deref(), code);
+            assert_eq!(field(&fields, "error_message").as_deref(), message);
+            assert_eq!(field(&fields, "output_text").as_deref(), output);
+            let finished: u64 = field(&fields, "finished_at_ms").unwrap().parse().unwrap();
+            assert!(finished > 0);
+        }
+    }
+}

@@ -164,3 +164,54 @@ impl ListCursor {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cursor(ms: u64, job: &JobId) -> ListCursor {
+        ListCursor {
+            submitted_ms: ms,
+            job_id: job.clone(),
+        }
+    }
+
+    #[test]
+    fn a_page_token_reads_back_as_its_cursor() {
+        let at = cursor(1_700_000_000_123, &JobId::new("acme", 5, 6));
+        let token = at.to_token();
+        assert_eq!(token, format!("1700000000123.{}", JobId::new("acme", 5, 6)));
+        assert_eq!(ListCursor::from_token(&token), Some(at));
+    }
+
+    #[test]
+    fn a_token_this_server_did_not_make_is_refused() {
+        let job = JobId::new("acme", 5, 6);
+        for token in [
+            String::new(),
+            ".".into(),
+            job.to_string(),
+            format!("12.{job}.x"),
+            format!("-1.{job}"),
+            format!("99999999999999999999999.{job}"),
+            format!("12.{}", "x".repeat(100_000)),
+            "12.acme-nothing".into(),
+            "12.acme-{0190000000010000000000001234}".into(),
+            format!("١٢.{job}"),
+        ] {
+            assert_eq!(ListCursor::from_token(&token), None, "{token:.80}");
+        }
+    }
+
+    #[test]
+    fn entries_after_a_cursor_are_older_or_of_its_millisecond_and_a_lower_id() {
+        let (low, high) = (JobId::new("a", 1, 1), JobId::new("a", 1, 2));
+        let at = cursor(100, &high);
+        assert!(at.is_after(&high, 99), "older");
+        assert!(!at.is_after(&high, 101), "newer");
+        assert!(at.is_after(&low, 100), "same ms, lower id");
+        assert!(!at.is_after(&high, 100), "the cursor's own entry");
+        let at = cursor(100, &low);
+        assert!(!at.is_after(&high, 100), "same ms, higher id");
+    }
+}

@@ -243,3 +243,53 @@ return 0
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(epoch: u64, resumed: bool) -> Lease {
+        Lease {
+            job_id: JobId::new("acme", 1, 2),
+            token: format!("o-1:{epoch}"),
+            epoch,
+            resumed,
+        }
+    }
+
+    /// What the lease script writes, as its watchers are handed it, is the
+    /// event the run would have written itself.
+    #[test]
+    fn the_start_event_a_lease_writes_is_the_runs_own() {
+        let start = StartEvent::new("o-1");
+        for (epoch, resumed) in [(1, false), (7, true), (u64::MAX - 1, true)] {
+            let written = start.stored(&lease(epoch, resumed), 4, 1_000);
+            assert_eq!(written.events, Some(4));
+            let events = written.stored.expect("handed over");
+            let [event] = &events[..] else {
+                panic!("one event: {events:?}");
+            };
+            assert_eq!(event.offset, 3, "the job's last");
+            let expected = JobEvent::run_started(epoch, "o-1".into(), resumed);
+            assert_eq!(event.kind, expected.kind());
+            assert_eq!(event.data, expected.data_json());
+            assert_eq!(
+                JobEvent::decode(&event.kind, &event.data).unwrap(),
+                expected
+            );
+            assert_eq!((event.timestamp_ms, event.is_final), (1_000, false));
+        }
+    }
+
+    #[test]
+    fn the_lease_scripts_answer_reads_as_what_happened() {
+        let job = JobId::new("acme", 1, 2);
+        assert!(matches!(acquired(&job, "o", -2, false), Acquired::Missing));
+        assert!(matches!(acquired(&job, "o", -1, false), Acquired::Finished));
+        assert!(matches!(acquired(&job, "o", 0, false), Acquired::Held));
+        let Acquired::Lease(taken) = acquired(&job, "o-1", 3, true) else {
+            panic!("a lease");
+        };
+        assert_eq!(taken, lease(3, true));
+    }
+}

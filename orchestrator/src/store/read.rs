@@ -345,3 +345,190 @@ fn parse_event(entry: &redis::streams::StreamId) -> Option<Event> {
         is_final: text("final").is_some_and(|f| f == "1"),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::{JobErrorCode, ProviderKind};
+
+    fn job() -> JobId {
+        JobId::new("acme", 1, 2)
+    }
+
+    fn spec() -> JobSpec {
+        JobSpec {
+            input: "hello".into(),
+            instructions: String::new(),
+            provider: ProviderKind::Scripted,
+            model: String::new(),
+            script: Some(r#"[{"message":"hi"}]"#.into()),
+            tools: vec!["echo".into()],
+            max_tool_rounds: 8,
+            parallel_tool_calls: true,
+            deadline_ms: 99,
+            metadata: Default::default(),
+            tenant: "acme".into(),
+            limits: Default::default(),
+        }
+    }
+
+    fn fields(pairs: &[(&str, &str)]) -> Fields {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    fn corrupt_detail(err: Error) -> String {
+        match err {
+            Error::Corrupt { job_id, detail } => {
+                assert_eq!(job_id, job(), "names the job");
+                detail
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_record_reads_back_from_its_hash() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        let traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let hash = fields(&[
+            ("spec", &spec_json),
+            ("status", "failed"),
+            ("error_code", "MODEL_REJECTED"),
+            ("error_message", "no"),
+            ("rounds", "2"),
+            ("turns", "3"),
+            ("created_at_ms", "5"),
+            ("finished_at_ms", "9"),
+            ("cancel_requested", "1"),
+            ("call_secret", "s3cret"),
+            ("traceparent", traceparent),
+        ]);
+        let record = parse_record(&job(), &hash).unwrap().unwrap();
+        assert_eq!(record.job_id, job());
+        assert_eq!(record.spec.tools, ["echo"]);
+        assert_eq!(record.status, JobStatus::Failed);
+        let error = record.error.unwrap();
+        assert_eq!(
+            (error.code, error.message.as_str()),
+            (JobErrorCode::ModelRejected, "no")
+        );
+        assert_eq!((record.rounds, record.turns), (2, 3));
+        assert_eq!((record.created_at_ms, record.finished_at_ms), (5, 9));
+        assert!(record.cancel_requested);
+        assert_eq!(record.wire_ids, WireIds::from_secret("s3cret"));
+        assert_eq!(
+            record.trace.map(|t| t.trace_id()),
+            Some("0af7651916cd43dd8448eb211c80319c".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_hash_that_is_not_there_is_no_job() {
+        assert!(parse_record(&job(), &Fields::new()).unwrap().is_none());
+        let run = parse_run_start(&job(), &Fields::new(), &Fields::new(), &[]).unwrap();
+        assert!(run.is_none());
+    }
+
+    #[test]
+    fn an_unreadable_field_names_the_job_and_the_field() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        for (hash, field) in [
+            (fields(&[("status", "queued")]), "spec"),
+            (fields(&[("spec", "{"), ("status", "queued")]), "spec"),
+            (
+                fields(&[("spec", &spec_json), ("status", "paused")]),
+                "status",
+            ),
+            (
+                fields(&[
+                    ("spec", &spec_json),
+                    ("status", "failed"),
+                    ("error_code", "OOPS"),
+                ]),
+                "error_code",
+            ),
+        ] {
+            let err = parse_record(&job(), &hash).unwrap_err();
+            assert_eq!(corrupt_detail(err), field);
+        }
+        // Counters are the store's own numbers: one that does not read is 0.
+        let hash = fields(&[("spec", &spec_json), ("status", "running"), ("rounds", "x")]);
+        assert_eq!(parse_record(&job(), &hash).unwrap().unwrap().rounds, 0);
+    }
+
+    #[test]
+    fn items_and_offered_tools_read_back_or_name_what_is_corrupt() {
+        let item = Item::User { text: "hi".into() };
+        let items = parse_items(&job(), &[item.stored_json()]).unwrap();
+        assert_eq!(items, [item]);
+        let err = parse_items(&job(), &["{\"kind\":".to_owned()]).unwrap_err();
+        assert!(corrupt_detail(err).starts_with("item: "));
+        let manifest = ToolManifest::new(
+            "echo",
+            "says it back",
+            serde_json::json!({"type": "object"}),
+        );
+        let offered = fields(&[("echo", &serde_json::to_string(&manifest).unwrap())]);
+        assert_eq!(parse_manifests(&job(), &offered).unwrap(), [manifest]);
+        let err = parse_manifests(&job(), &fields(&[("echo", "[]")])).unwrap_err();
+        assert!(corrupt_detail(err).starts_with("offered tool: "));
+    }
+
+    #[test]
+    fn event_offsets_map_to_stream_ids_and_back() {
+        assert_eq!(events_start(0), "0-1");
+        assert_eq!(events_start(41), "0-42");
+        assert_eq!(
+            events_start(u64::MAX),
+            format!("0-{}", u64::MAX),
+            "never wraps to 0"
+        );
+        let entry = |id: &str, pairs: &[(&str, &str)]| redis::streams::StreamId {
+            id: id.to_owned(),
+            map: pairs
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        (*k).to_owned(),
+                        redis::Value::BulkString(v.as_bytes().to_vec()),
+                    )
+                })
+                .collect(),
+            ..Default::default()
+        };
+        let event = parse_event(&entry(
+            "0-3",
+            &[
+                ("kind", "job_succeeded"),
+                ("data", "{}"),
+                ("ts", "7"),
+                ("final", "1"),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(
+            (
+                event.offset,
+                event.kind.as_str(),
+                event.timestamp_ms,
+                event.is_final
+            ),
+            (2, "job_succeeded", 7, true)
+        );
+        assert!(
+            parse_event(&entry("0-0", &[("kind", "k")])).is_none(),
+            "no offset -1"
+        );
+        assert!(
+            parse_event(&entry("1-3", &[("kind", "k")])).is_none(),
+            "not ours"
+        );
+        assert!(
+            parse_event(&entry("0-3", &[("data", "{}")])).is_none(),
+            "no kind"
+        );
+    }
+}

@@ -22,18 +22,82 @@ use crate::job::JobStatus;
 
 /// A script with the status placeholders filled in.
 pub(super) fn script(template: &str) -> Script {
+    Script::new(&fill(template))
+}
+
+/// The placeholders a template may hold.
+const PLACEHOLDERS: [&str; 5] = ["$ENDED", "$QUEUED", "$RUNNING", "$FAILED", "$CANCELLED"];
+
+/// `template` with its placeholders filled in.
+fn fill(template: &str) -> String {
     let ended = JobStatus::ALL
         .into_iter()
         .filter(|s| s.is_final())
         .map(|s| format!("status == '{s}'"))
         .collect::<Vec<_>>()
         .join(" or ");
-    Script::new(
-        &template
-            .replace("$ENDED", &ended)
-            .replace("$QUEUED", JobStatus::Queued.as_str())
-            .replace("$RUNNING", JobStatus::Running.as_str())
-            .replace("$FAILED", JobStatus::Failed.as_str())
-            .replace("$CANCELLED", JobStatus::Cancelled.as_str()),
-    )
+    let values = [
+        ended.as_str(),
+        JobStatus::Queued.as_str(),
+        JobStatus::Running.as_str(),
+        JobStatus::Failed.as_str(),
+        JobStatus::Cancelled.as_str(),
+    ];
+    PLACEHOLDERS
+        .into_iter()
+        .zip(values)
+        .fold(template.to_owned(), |text, (placeholder, value)| {
+            text.replace(placeholder, value)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_placeholder_is_filled_with_the_statuses_spelling() {
+        let filled = fill(&PLACEHOLDERS.join(" | "));
+        assert_eq!(
+            filled,
+            "status == 'succeeded' or status == 'failed' or status == 'cancelled' \
+             | queued | running | failed | cancelled"
+        );
+    }
+
+    /// A misspelt placeholder would reach Redis as Lua that never matches a
+    /// status: every `$NAME` in the store's scripts is one `fill` knows.
+    #[test]
+    fn the_stores_scripts_use_only_known_placeholders() {
+        let sources = [
+            include_str!("submit.rs"),
+            include_str!("lease.rs"),
+            include_str!("commit.rs"),
+            include_str!("cancel.rs"),
+            include_str!("quota.rs"),
+            include_str!("read.rs"),
+            include_str!("index.rs"),
+            include_str!("catalog.rs"),
+        ];
+        let mut used = 0;
+        for source in sources {
+            for (at, _) in source.match_indices('$') {
+                let name: String = source[at + 1..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_uppercase() || *c == '_')
+                    .collect();
+                if name.is_empty() {
+                    continue;
+                }
+                used += 1;
+                let placeholder = format!("${name}");
+                assert!(
+                    PLACEHOLDERS.contains(&placeholder.as_str()),
+                    "{placeholder}"
+                );
+            }
+        }
+        assert!(used > 0, "the scripts use placeholders");
+        assert!(!fill(include_str!("commit.rs")).contains("$ENDED"));
+    }
 }
