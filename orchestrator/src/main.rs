@@ -8,7 +8,7 @@ use std::process::ExitCode;
 /// mimalloc, not glibc's allocator: in a profile of the bench's load a
 /// fifth of the orchestrator's CPU was in `malloc` and `free` (the Redis and
 /// NATS clients' replies, gRPC frames), and mimalloc cut its CPU per job by
-/// about 12% (docs/performance.md). Every binary uses it, built without
+/// about 12% (docs/performance-history.md). Every binary uses it, built without
 /// transparent huge pages (decision 0027).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;

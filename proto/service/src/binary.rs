@@ -215,7 +215,7 @@ pub const MAX_THREADS: usize = 1024;
 /// stealing: where several busy processes share few cores (the bench runs
 /// five on two), the multi-threaded runtime's threads mostly wake each
 /// other, and the single-threaded one cost the orchestrator about 20% less
-/// CPU per job (docs/performance.md). A runtime that cannot be built (the
+/// CPU per job (docs/performance-history.md). A runtime that cannot be built (the
 /// OS refused that many threads) exits 1, saying why; more than
 /// [`MAX_THREADS`] is a bad configuration (exit 2).
 pub fn block_on(name: &str, threads: usize, main: impl Future<Output = ExitCode>) -> ExitCode {
