@@ -606,7 +606,7 @@ async fn grpc_address(process: &ChildProcess) -> anyhow::Result<String> {
         .wait_for_log("orchestrator ready", WORKER_READY)
         .await
         .with_context(|| format!("{} did not become ready", process.name()))?;
-    toolfleet_cli::supervisor::logged_grpc_url(&line)
+    toolfleet_fleet::supervisor::logged_grpc_url(&line)
         .with_context(|| format!("no gRPC address in {line:?}"))
 }
 

@@ -16,7 +16,7 @@
 //!   effect, so a fault test fails when the model was told something false.
 //!
 //! All but the fleet are the process supervisor of `toolfleet dev`
-//! ([`toolfleet_cli::supervisor`]), re-exported here with its defaults, which
+//! ([`toolfleet_fleet::supervisor`]), re-exported here with its defaults, which
 //! are the tests': every process runs in its own temp dir with one log file.
 //! Dropping it kills the process, prints the log's last 50 lines to stderr
 //! (shown by the test runner when the test fails) and removes the dir, unless
@@ -27,8 +27,8 @@ pub mod certificates;
 pub mod fleet;
 pub mod tally;
 
-pub use toolfleet_cli::supervisor::otlp;
-pub use toolfleet_cli::supervisor::{
+pub use toolfleet_fleet::supervisor::otlp;
+pub use toolfleet_fleet::supervisor::{
     ChildProcess, LogMark, NatsCluster, NatsServer, Outcome, RedisCluster, RedisConfig,
     RedisServer, RedisTls, ServerOptions, cargo_bin, free_port, wait_until,
 };

@@ -23,8 +23,10 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "toolfleet-orchestrator",
         &["toolfleet-proto", "toolfleet-service"],
     ),
+    // The local fleet: the servers as supervised processes, the services
+    // in-process or as processes.
     (
-        "toolfleet-cli",
+        "toolfleet-fleet",
         &[
             "toolfleet-proto",
             "toolfleet-service",
@@ -33,8 +35,34 @@ const ALLOWED: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "toolfleet-cli",
+        &[
+            "toolfleet-proto",
+            "toolfleet-service",
+            "toolfleet-orchestrator",
+            "toolfleet-worker",
+            "toolfleet-fleet",
+        ],
+    ),
+    // The bench's own binary, which `toolfleet bench` runs.
+    (
+        "toolfleet-bench",
+        &[
+            "toolfleet-proto",
+            "toolfleet-service",
+            "toolfleet-orchestrator",
+            "toolfleet-cli",
+            "toolfleet-fleet",
+        ],
+    ),
+    (
         "toolfleet-tests",
-        &["toolfleet-proto", "toolfleet-service", "toolfleet-cli"],
+        &[
+            "toolfleet-proto",
+            "toolfleet-service",
+            "toolfleet-cli",
+            "toolfleet-fleet",
+        ],
     ),
     // scripts/longest-functions: reads the others' source, links none.
     ("toolfleet-function-lengths", &[]),
@@ -121,6 +149,8 @@ const CRATE_SOURCES: &[&str] = &[
     "worker/src",
     "orchestrator/src",
     "orchestrator/cli/src",
+    "fleet/src",
+    "bench/src",
     "tests/src",
 ];
 

@@ -132,6 +132,17 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
     }
     let dev = toolfleet(&["dev", "--help"]).await?;
     assert!(dev.stdout.contains("measure_concurrency"), "{}", dev.stdout);
+    // `bench` is the bench's own binary, its flags and usage passed through.
+    let bench = toolfleet(&["bench", "--help"]).await?;
+    assert!(
+        bench.stdout.contains("Usage: toolfleet bench"),
+        "{}",
+        bench.stdout
+    );
+    assert!(bench.stdout.contains("--processes"), "{}", bench.stdout);
+    let wrong = toolfleet(&["bench", "--no-such-flag"]).await?;
+    assert_eq!(wrong.code, Some(2), "a usage error, as every command's");
+    assert!(wrong.stderr.contains("--no-such-flag"), "{}", wrong.stderr);
     Ok(())
 }
 
@@ -688,11 +699,16 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("report.json");
     let path_arg = path.to_string_lossy().into_owned();
+    // Enough jobs that every process spends several of the kernel's CPU
+    // ticks (10 ms) on the load: with 20, Redis's share could round to 0.
     let mut args = SMALL_BENCH.to_vec();
+    args[2] = "200";
+    args[4] = "16";
     args.extend(["--processes", "--json", &path_arg]);
     let run = toolfleet(&args).await?;
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(report["jobs"], 200, "{report}");
     let accounting = &report["accounting"];
     for process in [
         "orchestrator",

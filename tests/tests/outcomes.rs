@@ -247,8 +247,8 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         .orchestrator(orchestrator)
         .wait_for_log("grpc listening", WAIT)
         .await?;
-    let address =
-        toolfleet_cli::supervisor::logged_grpc_url(&listening).expect("the line names the address");
+    let address = toolfleet_fleet::supervisor::logged_grpc_url(&listening)
+        .expect("the line names the address");
     let channel = tonic::transport::Endpoint::from_shared(address.clone())?
         .connect()
         .await?;

@@ -12,9 +12,9 @@ use toolfleet_proto::v1;
 
 use crate::client::{self, DEFAULT_OPENAI_MODEL, Provider};
 use crate::demo;
-use crate::local::{KillSwitch, LocalFleet, LocalFleetOptions};
 use crate::output::outln;
 use crate::{EXIT_INTERRUPTED, watch_signals_then};
+use toolfleet_fleet::local::{KillSwitch, LocalFleet, LocalFleetOptions};
 
 #[derive(Debug, Args)]
 pub(crate) struct DevArgs {
@@ -196,7 +196,7 @@ async fn demo(fleet: &LocalFleet, args: &DevArgs) -> anyhow::Result<ExitCode> {
     } else {
         format!("{} {}", provider.as_str(), args.model())
     };
-    let mut client = fleet.client().await?;
+    let mut client = client::connect(&fleet.grpc_addr(), None, &client::TlsArgs::default()).await?;
     let request = v1::SubmitJobRequest {
         input: args.input.clone(),
         model: Some(model),

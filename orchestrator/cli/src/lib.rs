@@ -4,28 +4,25 @@
 //! - `client`: `submit`, `get`, `watch`, `cancel`, `jobs`, `tools` against any
 //!   orchestrator replica.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
-//! - [`local`]: the [`LocalFleet`](local::LocalFleet) of `toolfleet dev`
-//!   (and `toolfleet bench`): nats-server and redis-server as child
-//!   processes, an orchestrator and workers in this process.
-//! - [`supervisor`]: nats-server, redis-server and other programs as child
-//!   processes with a scratch dir and a log, killed on drop; the local fleet
-//!   and the test harness (`toolfleet-tests`) both run their servers with it.
+//! - `toolfleet-fleet` runs the local fleet of `dev` and `bench` (servers as
+//!   child processes, an orchestrator and workers in this process), and the
+//!   test harness's servers.
 //! - `dev`: the `dev` command.
-//! - `bench`: the `bench` command.
+//! - `bench`: runs `toolfleet-bench`, the bench's own binary (crate
+//!   `toolfleet-bench`), with its arguments.
 
 mod bench;
 mod client;
 pub mod demo;
 mod dev;
-pub mod local;
 pub mod output;
-pub mod supervisor;
 mod timeline;
 mod transcript;
 
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use toolfleet_fleet::supervisor;
 
 /// What the exit codes mean; shown at the end of `toolfleet --help`.
 const EXIT_CODES: &str = "\
@@ -87,7 +84,9 @@ enum Command {
     /// `echo` calls (-K) through the scripted model; then sequential one-call
     /// jobs for latency; then raw NATS request/reply through the same server.
     /// Build with --release for meaningful numbers. docs/benchmarks.md explains
-    /// the output.
+    /// the output. Runs `toolfleet-bench` (next to this binary, else on
+    /// PATH); `toolfleet bench --help` lists its flags.
+    #[command(disable_help_flag = true)]
     Bench(bench::BenchArgs),
     /// The watchdog `dev` starts (see `supervisor::reaper`): not for people.
     #[command(name = supervisor::reaper::COMMAND, hide = true)]
@@ -95,15 +94,11 @@ enum Command {
 }
 
 impl Cli {
-    /// Threads of the runtime this command runs on (0: one per CPU). Only
-    /// `bench --processes` asks for fewer: its client is then one more busy
-    /// process on the bench's few cores, and is shaped as the fleet's are.
+    /// Threads of the runtime this command runs on (0: one per CPU; `bench`
+    /// runs in a binary of its own, which picks its own).
     #[must_use]
     pub fn threads(&self) -> usize {
-        match &self.command {
-            Command::Bench(args) => args.client_threads(),
-            _ => 0,
-        }
+        0
     }
 
     /// Runs the command and returns the process's exit code (see
@@ -124,7 +119,7 @@ impl Cli {
             Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,
             Command::Dev(args) => dev::run(args).await,
-            Command::Bench(args) => bench::run(args).await.map(|()| ExitCode::SUCCESS),
+            Command::Bench(args) => bench::run(args),
             Command::Reap => {
                 supervisor::reaper::serve(std::io::stdin().lock());
                 Ok(ExitCode::SUCCESS)
@@ -141,32 +136,3 @@ const EXIT_JOB_CANCELLED: u8 = 4;
 const EXIT_INTERRUPTED: u8 = 130;
 
 pub use toolfleet_service::signals::{watch_signals, watch_signals_then};
-
-#[cfg(test)]
-mod tests {
-    use clap::Parser;
-
-    use super::Cli;
-
-    fn threads(args: &[&str]) -> usize {
-        Cli::try_parse_from(args)
-            .expect("valid command line")
-            .threads()
-    }
-
-    #[test]
-    fn only_a_bench_of_processes_runs_on_the_fleet_s_threads() {
-        assert_eq!(threads(&["toolfleet", "bench", "--processes"]), 1);
-        assert_eq!(
-            threads(&["toolfleet", "bench", "--processes", "--threads", "3"]),
-            3
-        );
-        assert_eq!(
-            threads(&["toolfleet", "bench", "--processes", "--threads", "0"]),
-            0
-        );
-        // The in-process bench and `dev` run the fleet on their own runtime.
-        assert_eq!(threads(&["toolfleet", "bench"]), 0);
-        assert_eq!(threads(&["toolfleet", "dev"]), 0);
-    }
-}

@@ -6,8 +6,11 @@
 
 use std::io;
 
-/// `println!` to standard output, returning the write's result.
-macro_rules! outln {
+/// `println!` to standard output, returning the write's result. Exported
+/// for the bench (`toolfleet-bench`), as `output::outln`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __outln {
     () => {
         $crate::output::write(format_args!("\n"))
     };
@@ -23,10 +26,11 @@ macro_rules! out {
     };
 }
 
-pub(crate) use {out, outln};
+pub use __outln as outln;
+pub(crate) use out;
 
 /// Writes and flushes (a watched job's events must show as they happen).
-pub(crate) fn write(text: std::fmt::Arguments<'_>) -> io::Result<()> {
+pub fn write(text: std::fmt::Arguments<'_>) -> io::Result<()> {
     use io::Write as _;
     let mut stdout = io::stdout().lock();
     stdout.write_fmt(text)?;

@@ -1,10 +1,12 @@
 //! Certificates for a local fleet with TLS and for the TLS tests, generated
 //! when needed (rcgen): a CA, a server certificate for `localhost` and
 //! `127.0.0.1`, and client certificates, written as PEM files. Never for
-//! production: the CA's key is thrown away, and nothing is rotated.
+//! production: the CA's key is thrown away, and nothing is rotated. Made
+//! with the `tls` feature; without it, [`Certificates::generate`] says so.
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "tls")]
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
 
 /// The DNS name of the client certificate `client.pem`.
@@ -21,11 +23,27 @@ pub struct Certificates {
 }
 
 impl Certificates {
+    /// Generates every certificate into `dir`: not in this build (no `tls`
+    /// feature), so an error that says so.
+    ///
+    /// # Errors
+    ///
+    /// Always.
+    #[cfg(not(feature = "tls"))]
+    pub fn generate(dir: &Path) -> anyhow::Result<Self> {
+        anyhow::bail!(
+            "cannot make certificates in {}: this build has no TLS for a local fleet \
+             (toolfleet-fleet's `tls` feature; `toolfleet bench --tls` has it)",
+            dir.display()
+        )
+    }
+
     /// Generates every certificate into `dir`.
     ///
     /// # Errors
     ///
     /// Generation or writing failed.
+    #[cfg(feature = "tls")]
     pub fn generate(dir: &Path) -> anyhow::Result<Self> {
         // Every certificate gets a subject of its own: OpenSSL (Python's
         // gRPC) takes a leaf whose subject equals its issuer's for

@@ -16,7 +16,7 @@
 //! at the terminal reaches only this process, which stops the fleet in order;
 //! for the second Ctrl-C, which exits without destructors, hand
 //! [`LocalFleet::kill_switch`] (or the one in [`LocalFleetOptions`]) to
-//! [`watch_signals_then`](crate::watch_signals_then).
+//! `toolfleet_cli::watch_signals_then`.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -31,15 +31,18 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use toolfleet_proto::v1;
+use toolfleet_proto::v1::agent_service_client::AgentServiceClient;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
-use crate::client::{self, ApiClient};
 use crate::supervisor::certificates::Certificates;
 use crate::supervisor::{
     self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, RedisTls,
     ServerOptions,
 };
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
+
+/// A gRPC client of the fleet's orchestrator, on loopback.
+type ApiClient = AgentServiceClient<tonic::transport::Channel>;
 
 /// How to run a [`LocalFleet`].
 #[derive(Debug, Clone)]
@@ -343,15 +346,6 @@ impl LocalFleet {
             .map(|certificates| certificates.path("ca.pem"))
     }
 
-    /// A gRPC client of the orchestrator.
-    ///
-    /// # Errors
-    ///
-    /// The orchestrator does not answer (it stopped).
-    pub(crate) async fn client(&self) -> anyhow::Result<ApiClient> {
-        client::connect(&self.grpc_addr(), None, &client::TlsArgs::default()).await
-    }
-
     /// Stops the orchestrator and the workers and waits for them to drain (up
     /// to [`LocalFleetOptions::drain_timeout`]), then kills the servers and
     /// removes the temp dir (unless [`LocalFleetOptions::keep_dir`]).
@@ -499,7 +493,7 @@ impl LocalFleet {
         loop {
             self.check_tasks().await?;
             if client.is_none() {
-                match client::connect(&self.grpc_addr(), None, &client::TlsArgs::default()).await {
+                match ApiClient::connect(self.grpc_addr()).await {
                     Ok(connected) => client = Some(connected),
                     Err(err) => last = format!("{err:#}"),
                 }
@@ -557,7 +551,7 @@ impl LocalFleet {
 
 /// Kills a fleet's servers and removes its temp dir, synchronously and at
 /// once. For the moment a process exits without running destructors (the
-/// second Ctrl-C, see [`watch_signals_then`](crate::watch_signals_then)):
+/// second Ctrl-C, see `toolfleet_cli::watch_signals_then`):
 /// `move || switch.kill()`. Cheap to clone; harmless to fire more than once or
 /// after the fleet stopped.
 #[derive(Debug, Clone, Default)]

@@ -20,9 +20,11 @@
 //!   its log is printed on drop, how long it may take to start. The defaults
 //!   are the tests'.
 //! - [`certificates`]: a CA, server and client certificates for a fleet
-//!   with TLS (`toolfleet bench --tls`, the TLS tests).
-//! - [`otlp::Collector`]: an OTLP trace collector (gRPC and HTTP) in the
-//!   process, for the trace tests and `toolfleet bench --trace-ratio`.
+//!   with TLS (`toolfleet bench --tls`, the TLS tests; made with the `tls`
+//!   feature).
+//! - `otlp::Collector`: an OTLP trace collector (gRPC and HTTP) in the
+//!   process, for the trace tests and `toolfleet bench --trace-ratio` (the
+//!   `otlp` feature).
 //! - [`KillHandle`]: kills a process from any thread without owning it, for a
 //!   signal handler that exits without running destructors.
 //! - [`Reaper`]: a watchdog process that kills the servers and removes the
@@ -39,6 +41,7 @@
 pub mod certificates;
 mod nats_cluster;
 mod nats_server;
+#[cfg(feature = "otlp")]
 pub mod otlp;
 mod process;
 pub mod reaper;

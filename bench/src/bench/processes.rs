@@ -14,7 +14,7 @@ use toolfleet_proto::v1;
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
-use crate::supervisor::{
+use toolfleet_fleet::supervisor::{
     ChildProcess, JETSTREAM_SYNC_ALWAYS, NatsCluster, NatsServer, RedisCluster, RedisConfig,
     RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
 };
@@ -55,7 +55,7 @@ struct Accounts {
 }
 
 /// The shipped accounts and users, as the chart renders them.
-const SHIPPED_USERS: &str = include_str!("../../../../deploy/nats/toolfleet-users.conf");
+const SHIPPED_USERS: &str = include_str!("../../../deploy/nats/toolfleet-users.conf");
 /// The pool the bench's workers are, and its tools (the shipped file's).
 const POOL: &str = "pool-general";
 const POOL_TOOLS: &str = "calculate,get_current_weather";

@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, oneshot};
 use toolfleet_proto::{ToolCall, names};
 use toolfleet_service::queue::{Missing, SharedConsumer, WorkQueue};
 
-use crate::supervisor::wait_until;
+use toolfleet_fleet::supervisor::wait_until;
 
 /// Where the floors reach NATS: the fleet's URL, and its CA file when the
 /// fleet runs over TLS.
