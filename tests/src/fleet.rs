@@ -13,127 +13,16 @@ use toolfleet_proto::{Envelope, ToolCall};
 
 use toolfleet_proto::v1;
 
-use toolfleet_service::connect::RedisConnection;
+pub use toolfleet_fleet::servers::{Nats, Redis};
+use toolfleet_fleet::servers::{RedisClusterShape, ServersSpec};
 
-use crate::{
-    ChildProcess, NatsCluster, NatsServer, RedisCluster, RedisConfig, RedisServer, cargo_bin,
-};
+use crate::{ChildProcess, RedisConfig, RedisServer, cargo_bin};
 
 /// A gRPC client of the AgentService.
 pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
 
 /// How long a worker gets to connect and set up its consumers.
 const WORKER_READY: Duration = Duration::from_secs(30);
-
-/// The NATS of a fleet: one server, or a cluster.
-pub enum Nats {
-    /// One nats-server.
-    Server(Box<NatsServer>),
-    /// A cluster: the services get every node as a seed.
-    Cluster(NatsCluster),
-}
-
-impl Nats {
-    /// What the services' `nats.url` gets: the server's URL, or every node's.
-    pub fn url(&self) -> String {
-        match self {
-            Self::Server(server) => server.url(),
-            Self::Cluster(cluster) => cluster.url(),
-        }
-    }
-
-    /// A new client connection (to every node of a cluster).
-    ///
-    /// # Errors
-    ///
-    /// No server accepts the connection.
-    pub async fn client(&self) -> anyhow::Result<async_nats::Client> {
-        match self {
-            Self::Server(server) => server.client().await,
-            Self::Cluster(cluster) => cluster.client().await,
-        }
-    }
-
-    /// The one server of a fleet that runs on one.
-    ///
-    /// # Panics
-    ///
-    /// The fleet runs on a cluster: a test of a cluster names its node.
-    pub fn server(&self) -> &NatsServer {
-        match self {
-            Self::Server(server) => server,
-            Self::Cluster(_) => panic!("this fleet runs on a NATS cluster"),
-        }
-    }
-
-    /// The cluster of a fleet that runs on one.
-    ///
-    /// # Panics
-    ///
-    /// The fleet runs on one server.
-    pub fn cluster(&self) -> &NatsCluster {
-        match self {
-            Self::Cluster(cluster) => cluster,
-            Self::Server(_) => panic!("this fleet runs on one NATS server"),
-        }
-    }
-}
-
-/// The Redis of a fleet: one server, or a Redis Cluster.
-pub enum Redis {
-    /// One redis-server.
-    Server(Box<RedisServer>),
-    /// A Redis Cluster: the services get every node as a seed.
-    Cluster(RedisCluster),
-}
-
-impl Redis {
-    /// What the services' `redis.url` gets: the server's URL, or every
-    /// node's.
-    pub fn url(&self) -> String {
-        match self {
-            Self::Server(server) => server.url(),
-            Self::Cluster(cluster) => cluster.url(),
-        }
-    }
-
-    /// A connection for the harness's own reads, to the server or the
-    /// cluster.
-    ///
-    /// # Errors
-    ///
-    /// Redis does not accept the connection.
-    pub async fn connection(&self) -> anyhow::Result<RedisConnection> {
-        Ok(match self {
-            Self::Server(server) => server.connection().await?.into(),
-            Self::Cluster(cluster) => cluster.client()?.get_async_connection().await?.into(),
-        })
-    }
-
-    /// The one server of a fleet that runs on one.
-    ///
-    /// # Panics
-    ///
-    /// The fleet runs on a Redis Cluster.
-    pub fn server(&self) -> &RedisServer {
-        match self {
-            Self::Server(server) => server,
-            Self::Cluster(_) => panic!("this fleet runs on a Redis Cluster"),
-        }
-    }
-
-    /// The Redis Cluster of a fleet that runs on one.
-    ///
-    /// # Panics
-    ///
-    /// The fleet runs on one server.
-    pub fn cluster(&self) -> &RedisCluster {
-        match self {
-            Self::Cluster(cluster) => cluster,
-            Self::Server(_) => panic!("this fleet runs on one Redis server"),
-        }
-    }
-}
 
 /// NATS, Redis and `toolfleet-worker` processes with the test tools enabled.
 pub struct Fleet {
@@ -182,16 +71,17 @@ impl Fleet {
         worker_env: &[(&str, &str)],
         redis: RedisConfig,
     ) -> anyhow::Result<Self> {
-        let nats = NatsServer::start().await?;
-        let client = nats.client().await?;
-        Self::start_on(
-            Nats::Server(nats.into()),
-            client,
+        let spec = ServersSpec {
             redis,
-            workers,
-            worker_env,
-        )
-        .await
+            ..ServersSpec::default()
+        };
+        let (nats, redis) = spec.start().await?;
+        let client = nats.client().await?;
+        let mut fleet = Self::start_with_servers(nats, client, redis, worker_env);
+        for _ in 0..workers {
+            fleet.spawn_worker().await?;
+        }
+        Ok(fleet)
     }
 
     /// Like [`start_with_redis`](Self::start_with_redis), on clusters: a
@@ -223,20 +113,20 @@ impl Fleet {
         redis: RedisConfig,
         replicas: usize,
     ) -> anyhow::Result<Self> {
-        let (nats, redis) = tokio::try_join!(
-            NatsCluster::start(3),
-            RedisCluster::start(3, replicas, redis)
-        )?;
-        // The services wait for a replica after each write: not before
-        // every replica has its first copy.
-        redis.wait_replicas_linked(Duration::from_secs(30)).await?;
+        let spec = ServersSpec {
+            nats_nodes: Some(3),
+            redis_cluster: Some(RedisClusterShape {
+                primaries: 3,
+                replicas,
+            }),
+            redis,
+            ..ServersSpec::default()
+        };
+        // The services wait for a replica after each write: the spec waits
+        // until every replica has its first copy.
+        let (nats, redis) = spec.start().await?;
         let client = nats.client().await?;
-        let mut fleet = Self::start_with_servers(
-            Nats::Cluster(nats),
-            client,
-            Redis::Cluster(redis),
-            worker_env,
-        );
+        let mut fleet = Self::start_with_servers(nats, client, redis, worker_env);
         fleet.service_env = vec![
             ("TOOLFLEET_NATS__REPLICAS".to_owned(), "3".to_owned()),
             ("TOOLFLEET_REDIS__CLUSTER".to_owned(), "true".to_owned()),

@@ -14,9 +14,9 @@ use toolfleet_proto::v1;
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
+use toolfleet_fleet::servers::{Nats, Redis, RedisClusterShape, ServersSpec};
 use toolfleet_fleet::supervisor::{
-    ChildProcess, JETSTREAM_SYNC_ALWAYS, NatsCluster, NatsServer, RedisCluster, RedisConfig,
-    RedisServer, ServerOptions, cargo_bin, logged_grpc_url,
+    ChildProcess, RedisConfig, ServerOptions, cargo_bin, logged_grpc_url,
 };
 
 /// How long each process may take to come up.
@@ -139,107 +139,38 @@ impl Accounts {
     }
 }
 
-/// The fleet's NATS: one server or a cluster. One per bench run: its size
-/// costs nothing.
-#[allow(clippy::large_enum_variant)]
-enum Nats {
-    Server(NatsServer),
-    Cluster(NatsCluster),
-}
-
-impl Nats {
-    /// The NATS `shape` asks for; with `accounts`, set up as their `setup`.
-    async fn start(
-        shape: &FleetShape,
-        options: &ServerOptions,
-        accounts: Option<&Accounts>,
-    ) -> anyhow::Result<Self> {
-        Ok(match (shape.nats_cluster, shape.fsync_always, accounts) {
-            (false, false, Some(accounts)) => {
-                let nats =
-                    NatsServer::start_with_config(options, &accounts.server_config()).await?;
-                accounts.set_up(&nats.url()).await?;
-                Self::Server(nats)
-            }
-            (_, _, Some(_)) => anyhow::bail!(
-                "--nats-accounts is not supported with --nats-cluster or --fsync-always"
-            ),
-            (true, true, None) => {
-                anyhow::bail!("--fsync-always is not supported with --nats-cluster")
-            }
-            (true, false, None) => {
-                Self::Cluster(NatsCluster::start_with_options(3, options).await?)
-            }
-            (false, true, None) => {
-                Self::Server(NatsServer::start_with_config(options, JETSTREAM_SYNC_ALWAYS).await?)
-            }
-            (false, false, None) => Self::Server(NatsServer::start_with_options(options).await?),
-        })
+/// The servers `shape` asks for, with `options`; with `accounts`, NATS runs
+/// the shipped accounts and users and is set up as their `setup`.
+async fn start_servers(
+    shape: &FleetShape,
+    options: &ServerOptions,
+    accounts: Option<&Accounts>,
+) -> anyhow::Result<(Nats, Redis)> {
+    if shape.nats_cluster && (accounts.is_some() || shape.fsync_always) {
+        anyhow::bail!(
+            "--nats-cluster runs without --nats-accounts or --fsync-always (a cluster's nodes \
+             have no configuration of their own here)"
+        );
     }
-
-    fn url(&self) -> String {
-        match self {
-            Self::Server(server) => server.url(),
-            Self::Cluster(cluster) => cluster.url(),
-        }
+    if accounts.is_some() && shape.fsync_always {
+        anyhow::bail!("--nats-accounts is not supported with --fsync-always");
     }
-
-    /// Each server, named as the bench reports it.
-    fn named(&self) -> Vec<(String, &NatsServer)> {
-        match self {
-            Self::Server(server) => vec![("nats-server".to_owned(), server)],
-            Self::Cluster(cluster) => named("nats-server", cluster.nodes()),
-        }
+    let spec = ServersSpec {
+        nats_nodes: shape.nats_cluster.then_some(3),
+        nats_config: accounts.map(Accounts::server_config),
+        fsync_always: shape.fsync_always,
+        redis_cluster: shape.redis_cluster.then_some(RedisClusterShape {
+            primaries: 3,
+            replicas: 1,
+        }),
+        redis: RedisConfig::default(),
+        options: options.clone(),
+    };
+    let (nats, redis) = spec.start().await?;
+    if let Some(accounts) = accounts {
+        accounts.set_up(&nats.url()).await?;
     }
-}
-
-/// The fleet's Redis: one server or a cluster. One per bench run.
-#[allow(clippy::large_enum_variant)]
-enum Redis {
-    Server(RedisServer),
-    Cluster(RedisCluster),
-}
-
-impl Redis {
-    /// The Redis `shape` asks for.
-    async fn start(shape: &FleetShape, options: &ServerOptions) -> anyhow::Result<Self> {
-        let config = RedisConfig {
-            append_only: shape.fsync_always,
-            ..RedisConfig::default()
-        };
-        Ok(if shape.redis_cluster {
-            let cluster = RedisCluster::start_with_options(3, 1, config, options).await?;
-            // Writes that wait for a replica fail until each has its copy.
-            cluster.wait_replicas_linked(READY).await?;
-            Self::Cluster(cluster)
-        } else {
-            Self::Server(RedisServer::start_with_options(config, options).await?)
-        })
-    }
-
-    fn url(&self) -> String {
-        match self {
-            Self::Server(server) => server.url(),
-            Self::Cluster(cluster) => cluster.url(),
-        }
-    }
-
-    /// Each server, named as the bench reports it.
-    fn named(&self) -> Vec<(String, &RedisServer)> {
-        match self {
-            Self::Server(server) => vec![("redis-server".to_owned(), server)],
-            Self::Cluster(cluster) => named("redis-server", cluster.nodes()),
-        }
-    }
-}
-
-/// `<kind>-<i>` for the `i`th node.
-fn named<'a, T>(kind: &str, nodes: &'a [T]) -> Vec<(String, &'a T)> {
-    nodes
-        .iter()
-        .enumerate()
-        .map(|(index, node)| (format!("{kind}-{index}"), node))
-        .collect()
+    Ok((nats, redis))
 }
 
 /// The environment every process of the fleet shares: its threads, where
@@ -375,8 +306,7 @@ impl ProcessFleet {
             ..ServerOptions::default()
         };
         let accounts = nats_accounts.then(Accounts::new);
-        let nats = Nats::start(shape, &options, accounts.as_ref()).await?;
-        let redis = Redis::start(shape, &options).await?;
+        let (nats, redis) = start_servers(shape, &options, accounts.as_ref()).await?;
         let launch = Launch {
             connection: [
                 "--nats-url".to_owned(),
