@@ -1,7 +1,7 @@
 //! `toolfleet.v1.AgentService`, a thin adapter: each call checks its
-//! request ([`validate`]), asks the tenant's limits ([`crate::quota`]), the
-//! store or the job queue, and maps what comes back ([`convert`]).
-//! `WatchJob` streams from a [`follow`]er.
+//! request (`validate`), asks the tenant's limits ([`crate::quota`]), the
+//! store or the job queue, and maps what comes back (`convert`).
+//! `WatchJob` streams from a follower (`follow`).
 //!
 //! - `options`: the API's limits and defaults (`api.*`);
 //! - `validate`: what a request may say, as a table of checks;
