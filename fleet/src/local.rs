@@ -34,6 +34,7 @@ use toolfleet_proto::v1;
 use toolfleet_proto::v1::agent_service_client::AgentServiceClient;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
+use crate::servers::{Nats, Redis, ServersSpec};
 use crate::supervisor::certificates::Certificates;
 use crate::supervisor::{
     self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, RedisTls,
@@ -154,58 +155,46 @@ impl std::fmt::Debug for LocalFleet {
     }
 }
 
-/// The fleet's nats-server: with TLS when the fleet has certificates, and
-/// fsync on every write when asked.
-async fn start_nats(
+/// The fleet's nats-server and redis-server: over TLS when the fleet has
+/// certificates, fsyncing every write when asked; each registered with the
+/// kill switch.
+async fn start_servers(
     options: &LocalFleetOptions,
-    servers: &ServerOptions,
+    servers: ServerOptions,
     tls: Option<&Certificates>,
     progress: Progress,
-) -> anyhow::Result<NatsServer> {
-    progress.start("starting nats-server");
-    let mut nats_config = String::new();
-    if let Some(certificates) = tls {
-        nats_config += &format!(
-            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
-            certificates.path("server.pem"),
-            certificates.path("server.key"),
-        );
-    }
-    if options.fsync_always {
-        nats_config += supervisor::JETSTREAM_SYNC_ALWAYS;
-    }
-    let nats = if nats_config.is_empty() {
-        NatsServer::start_with_options(servers).await
-    } else {
-        NatsServer::start_with_config(servers, &nats_config).await
-    };
-    let nats = progress.finish(nats, |nats| format!("{}, v{}", nats.url(), nats.version()))?;
-    options.kill_switch.register_process(nats.process());
-    Ok(nats)
-}
-
-/// The fleet's redis-server: with TLS when the fleet has certificates, and
-/// an fsynced append-only file when asked.
-async fn start_redis(
-    options: &LocalFleetOptions,
-    servers: &ServerOptions,
-    tls: Option<&Certificates>,
-    progress: Progress,
-) -> anyhow::Result<RedisServer> {
-    progress.start("starting redis-server");
-    let redis_config = RedisConfig {
-        append_only: options.fsync_always,
-        tls: tls.map(|certificates| RedisTls {
-            cert_file: certificates.path("server.pem").into(),
-            key_file: certificates.path("server.key").into(),
-            ca_file: certificates.path("ca.pem").into(),
+) -> anyhow::Result<(NatsServer, RedisServer)> {
+    progress.start("starting nats-server and redis-server");
+    let spec = ServersSpec {
+        nats_config: tls.map(|certificates| {
+            format!(
+                "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+                certificates.path("server.pem"),
+                certificates.path("server.key"),
+            )
         }),
-        ..RedisConfig::default()
+        fsync_always: options.fsync_always,
+        redis: RedisConfig {
+            tls: tls.map(|certificates| RedisTls {
+                cert_file: certificates.path("server.pem").into(),
+                key_file: certificates.path("server.key").into(),
+                ca_file: certificates.path("ca.pem").into(),
+            }),
+            ..RedisConfig::default()
+        },
+        options: servers,
+        ..ServersSpec::default()
     };
-    let redis = RedisServer::start_with_options(redis_config, servers).await;
-    let redis = progress.finish(redis, RedisServer::url)?;
+    let started = spec.start().await.and_then(|servers| match servers {
+        (Nats::Server(nats), Redis::Server(redis)) => Ok((*nats, *redis)),
+        _ => Err(anyhow!("a local fleet runs on one server of each")),
+    });
+    let (nats, redis) = progress.finish(started, |(nats, redis)| {
+        format!("{} (v{}), {}", nats.url(), nats.version(), redis.url())
+    })?;
+    options.kill_switch.register_process(nats.process());
     options.kill_switch.register_process(redis.process());
-    Ok(redis)
+    Ok((nats, redis))
 }
 
 impl LocalFleet {
@@ -249,8 +238,7 @@ impl LocalFleet {
             true => Some(Certificates::generate(dir.path())?),
             false => None,
         };
-        let nats = start_nats(&options, &servers, tls.as_ref(), progress).await?;
-        let redis = start_redis(&options, &servers, tls.as_ref(), progress).await?;
+        let (nats, redis) = start_servers(&options, servers, tls.as_ref(), progress).await?;
 
         let shutdown = CancellationToken::new();
         let stop_tasks = shutdown.clone().drop_guard();
