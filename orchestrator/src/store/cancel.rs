@@ -136,3 +136,19 @@ return 1
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::super::scripts::tests::assert_filled;
+    use super::*;
+
+    /// `cancel` parses what `CANCEL` answers as a status: the one it
+    /// spells itself is the cancelled status's spelling.
+    #[test]
+    fn the_cancel_scripts_are_filled_and_answer_statuses() {
+        let cancel = assert_filled("CANCEL", &CANCEL);
+        assert!(cancel.contains(&format!("return '{}'", JobStatus::Cancelled)));
+        let lost = assert_filled("LOST", &LOST);
+        assert!(lost.contains(&format!("'status', '{}'", JobStatus::Failed)));
+    }
+}

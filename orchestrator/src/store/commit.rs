@@ -566,4 +566,99 @@ mod tests {
             assert!(finished > 0);
         }
     }
+
+    #[test]
+    fn a_turn_remembers_the_tools_it_offered_and_leaves_the_status_alone() {
+        let offered = [
+            ToolManifest::new("echo", "says it back", serde_json::json!({})),
+            ToolManifest::new("sleep", "waits", serde_json::json!({})),
+        ];
+        let turn = TurnCheckpoint {
+            results: &[],
+            items: &[],
+            turns: 1,
+            rounds: 0,
+            offered: &offered,
+        };
+        let commit = Commit::of_turn(turn);
+        assert_eq!(commit.offers, offered);
+        assert!(commit.attempts.is_empty() && commit.checks.is_empty());
+        let fields = commit.fields();
+        assert!(
+            fields.iter().all(|(name, _)| *name != "status"),
+            "a turn runs on: {fields:?}"
+        );
+    }
+
+    /// The commit of [`JobStore::finish`] with the turn that ended the job
+    /// sets that turn's counters and the outcome, each field once.
+    #[test]
+    fn a_turn_that_ends_the_job_writes_its_counters_and_its_outcome_once() {
+        let items = [Item::Assistant {
+            text: "42".into(),
+            raw: None,
+        }];
+        let turn = TurnCheckpoint {
+            results: &[],
+            items: &items,
+            turns: 4,
+            rounds: 3,
+            offered: &[],
+        };
+        let ending = Ending::Succeeded("42".into());
+        let commit = Commit {
+            status: Some(ending.status()),
+            ending: Some(&ending),
+            ..Commit::of_turn(turn)
+        };
+        let fields = commit.fields();
+        let written: HashMap<&str, &str> = fields
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect();
+        assert_eq!(written.len(), fields.len(), "a field twice: {fields:?}");
+        assert_eq!(written.len(), 5, "{fields:?}");
+        assert_eq!(written["status"], "succeeded");
+        assert_eq!((written["turns"], written["rounds"]), ("4", "3"));
+        assert_eq!(written["output_text"], "42");
+        assert!(written["finished_at_ms"].parse::<u64>().unwrap() > 0);
+    }
+
+    /// Every field a commit writes is one the store reads back: a field
+    /// the readers do not know would be written and never seen.
+    #[test]
+    fn a_commit_writes_only_fields_the_store_reads() {
+        // The reading code, without its tests' own spellings.
+        let read = include_str!("read.rs")
+            .split("#[cfg(test)]")
+            .next()
+            .unwrap();
+        let failed = Ending::failed(JobErrorCode::ModelRejected, "no");
+        let turn = TurnCheckpoint {
+            results: &[],
+            items: &[],
+            turns: 1,
+            rounds: 1,
+            offered: &[],
+        };
+        for ending in [Ending::Succeeded("ok".into()), failed, Ending::Cancelled] {
+            let commit = Commit {
+                status: Some(ending.status()),
+                ending: Some(&ending),
+                ..Commit::of_turn(turn)
+            };
+            for (name, _) in commit.fields() {
+                assert!(read.contains(&format!("\"{name}\"")), "{name}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_commit_script_is_filled_and_writes_nothing_to_an_ended_job() {
+        use super::super::scripts::tests::{assert_ended_reads_status, assert_filled};
+        let shown = assert_filled("COMMIT", &COMMIT);
+        assert_ended_reads_status("COMMIT", &shown);
+        assert!(shown.contains(&format!("then return {LEASE_LOST} end")));
+        assert!(shown.contains(&format!("then return {RESULT_MISMATCH} end")));
+    }
 }

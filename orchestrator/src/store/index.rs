@@ -214,4 +214,78 @@ mod tests {
         let at = cursor(100, &low);
         assert!(!at.is_after(&high, 100), "same ms, higher id");
     }
+
+    #[test]
+    fn every_cursor_reads_back_from_its_token() {
+        let legacy = JobId::parse("0190000000010000000000001234").unwrap();
+        let jobs = [
+            JobId::new("acme", 5, 6),
+            JobId::new("a", 0, 0),
+            JobId::new("t_1-x", 0xffff_ffff_ffff, u64::MAX),
+            legacy,
+        ];
+        for job in &jobs {
+            for ms in [0, 1, 1_700_000_000_123, 0xffff_ffff_ffff] {
+                let at = cursor(ms, job);
+                assert_eq!(ListCursor::from_token(&at.to_token()), Some(at));
+            }
+        }
+    }
+
+    /// A client's token can be anything: whatever this server did not
+    /// make is refused, and nothing in it panics.
+    #[test]
+    fn a_malformed_token_is_refused() {
+        let job = JobId::new("acme", 5, 6);
+        for token in [
+            format!("12,{job}"),
+            format!("12:{job}"),
+            format!("12 {job}"),
+            format!("12{job}"),
+            format!(" 12.{job}"),
+            format!("12.{job} "),
+            format!("12..{job}"),
+            format!(".12.{job}"),
+            format!("0x12.{job}"),
+            format!("1e3.{job}"),
+            format!("1.5.{job}"),
+            format!("{}.{job}", u128::from(u64::MAX) + 1),
+            format!("{}.{job}", "9".repeat(10_000)),
+            "12.".into(),
+            format!(".{job}"),
+            format!("12.{job}\0"),
+            format!("12.{}", job.to_uppercase()),
+            "\u{0}.\u{0}".into(),
+            "\u{fffd}\u{fffd}.\u{202e}".into(),
+            "🦀.🦀".into(),
+        ] {
+            assert_eq!(ListCursor::from_token(&token), None, "{token:.80}");
+        }
+    }
+
+    /// Paging by cursor loses and repeats nothing: in the index's order
+    /// (newest first, ties by id descending, as `ZREVRANGEBYSCORE` reads
+    /// them), the entries after a cursor are exactly those after its own.
+    #[test]
+    fn the_entries_after_a_cursor_are_exactly_the_rest_of_the_index() {
+        let ids: Vec<JobId> = (0..4).map(|n| JobId::new("acme", 9, n)).collect();
+        let mut index: Vec<(u64, JobId)> = [100, 50, 0]
+            .into_iter()
+            .flat_map(|ms| ids.iter().map(move |id| (ms, id.clone())))
+            .collect();
+        // Redis's order: by score, then by member bytes, both descending.
+        index.sort_by(|a, b| {
+            b.0.cmp(&a.0)
+                .then_with(|| b.1.as_bytes().cmp(a.1.as_bytes()))
+        });
+        for (at, (ms, id)) in index.iter().enumerate() {
+            let page_end = cursor(*ms, id);
+            let rest: Vec<&(u64, JobId)> = index
+                .iter()
+                .filter(|(ms, id)| page_end.is_after(id, *ms))
+                .collect();
+            let expected: Vec<&(u64, JobId)> = index[at + 1..].iter().collect();
+            assert_eq!(rest, expected, "after entry {at}");
+        }
+    }
 }

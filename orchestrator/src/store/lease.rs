@@ -292,4 +292,58 @@ mod tests {
         };
         assert_eq!(taken, lease(3, true));
     }
+
+    /// The lease script splices the epoch into the data around it: an
+    /// owner whose name the data must escape, or that holds the digits the
+    /// split looks for, still gives the run's own event.
+    #[test]
+    fn the_start_event_is_the_runs_own_for_any_owner() {
+        for owner in [
+            "",
+            "o\"1\\",
+            "pod-7:18446744073709551615",
+            "18446744073709551615",
+            "ünïcødé\n\u{0}",
+        ] {
+            let start = StartEvent::new(owner);
+            for resumed in [false, true] {
+                let lease = Lease {
+                    job_id: JobId::new("acme", 1, 2),
+                    token: format!("{owner}:9"),
+                    epoch: 9,
+                    resumed,
+                };
+                let events = start.stored(&lease, 1, 5).stored.expect("handed over");
+                let expected = JobEvent::run_started(9, owner.to_owned(), resumed);
+                assert_eq!(events[0].kind, expected.kind(), "{owner:?}");
+                assert_eq!(
+                    JobEvent::decode(&events[0].kind, &events[0].data).unwrap(),
+                    expected,
+                    "{owner:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_lease_token_is_its_owner_and_epoch() {
+        let job = JobId::new("acme", 1, 2);
+        let Acquired::Lease(taken) = acquired(&job, "pod-7", i64::MAX, false) else {
+            panic!("a lease");
+        };
+        assert_eq!(taken.token, format!("pod-7:{}", i64::MAX));
+        assert_eq!(taken.epoch, u64::try_from(i64::MAX).unwrap());
+        assert!(!taken.resumed);
+    }
+
+    #[test]
+    fn the_lease_scripts_are_filled_and_a_lease_never_starts_an_ended_job() {
+        use super::super::scripts::tests::{assert_ended_reads_status, assert_filled};
+        let acquire = assert_filled("ACQUIRE", &ACQUIRE);
+        assert_ended_reads_status("ACQUIRE", &acquire);
+        assert!(acquire.contains("status ~= 'queued'"), "a resumed run");
+        assert!(acquire.contains("'status', 'running'"));
+        assert_filled("RENEW", &RENEW);
+        assert_filled("RELEASE", &RELEASE);
+    }
 }

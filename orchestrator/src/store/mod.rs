@@ -207,3 +207,94 @@ impl JobStore {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[test]
+    fn durations_go_to_redis_in_whole_units_that_never_wrap_or_vanish() {
+        assert_eq!(micros(Duration::from_nanos(1_500_999)), 1_500);
+        assert_eq!(micros(Duration::MAX), u64::MAX, "saturates");
+        assert_eq!(millis(Duration::from_micros(2_999)), 2);
+        assert_eq!(millis(Duration::MAX), u64::MAX, "saturates");
+        // `PX 0` is an error and `PEXPIRE 0` deletes the key at once: a
+        // TTL or a retention under a millisecond is one.
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(999)), 1);
+    }
+
+    fn dropped() -> redis::RedisError {
+        std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset").into()
+    }
+
+    /// Runs `read_with_retry` on answers given in turn (the last one
+    /// repeats), returning what it returned and how many reads it made.
+    async fn read_through(
+        answers: &[fn() -> redis::RedisResult<u32>],
+    ) -> (redis::RedisResult<u32>, u32) {
+        let reads = AtomicU32::new(0);
+        let result = read_with_retry(|| {
+            let n = reads.fetch_add(1, Ordering::SeqCst) as usize;
+            let answer = answers[n.min(answers.len() - 1)];
+            async move { answer() }
+        })
+        .await;
+        (result, reads.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_is_retried_twice_after_a_dropped_connection_and_no_more() {
+        let (result, reads) = read_through(&[|| Err(dropped()), || Ok(7)]).await;
+        assert_eq!((result.ok(), reads), (Some(7), 2), "the reconnected read");
+        let (result, reads) = read_through(&[|| Err(dropped())]).await;
+        assert!(result.unwrap_err().is_connection_dropped());
+        assert_eq!(reads, 3, "Redis still down: the error after three reads");
+        let (result, reads) = read_through(&[|| Ok(1)]).await;
+        assert_eq!((result.ok(), reads), (Some(1), 1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_read_that_redis_refused_is_not_retried() {
+        let (result, reads) =
+            read_through(&[|| Err((redis::ErrorKind::UnexpectedReturnType, "not a hash").into())])
+                .await;
+        assert_eq!(reads, 1);
+        assert_eq!(
+            result.unwrap_err().kind(),
+            redis::ErrorKind::UnexpectedReturnType
+        );
+    }
+
+    #[test]
+    fn errors_name_the_job_or_key_and_what_went_wrong() {
+        let job_id = JobId::new("acme", 1, 2);
+        let corrupt = Error::Corrupt {
+            job_id: job_id.clone(),
+            detail: "status".into(),
+        };
+        assert_eq!(
+            corrupt.to_string(),
+            format!("corrupt record for job {job_id}: status")
+        );
+        assert_eq!(
+            Error::LeaseLost(job_id.clone()).to_string(),
+            format!("lease lost for job {job_id}")
+        );
+        assert_eq!(
+            Error::ResultMismatch(job_id.clone()).to_string(),
+            format!("a reply's result for job {job_id} is not the stored one")
+        );
+        // The key, never the job it was first used for.
+        let conflict = Error::IdempotencyConflict("key-1".into()).to_string();
+        assert_eq!(
+            conflict,
+            "idempotency key \"key-1\" was used for a different request"
+        );
+        // The Redis error is the source, not part of the message.
+        let redis = Error::from(dropped());
+        assert_eq!(redis.to_string(), "redis unavailable");
+        assert!(std::error::Error::source(&redis).is_some());
+    }
+}

@@ -199,3 +199,18 @@ return wait
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::super::scripts::tests::assert_filled;
+    use super::*;
+
+    /// The quota scripts are built without `script()`: they must spell no
+    /// placeholder, which would reach Redis as Lua text.
+    #[test]
+    fn the_quota_scripts_hold_no_placeholder() {
+        assert_filled("TAKE_CALL_SLOT", &TAKE_CALL_SLOT);
+        assert_filled("COUNT_CALLS", &COUNT_CALLS);
+        assert_filled("TAKE_SUBMISSION", &TAKE_SUBMISSION);
+    }
+}

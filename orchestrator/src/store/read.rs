@@ -531,4 +531,271 @@ mod tests {
             "no kind"
         );
     }
+
+    fn entry(id: &str, pairs: &[(&str, &[u8])]) -> redis::streams::StreamId {
+        redis::streams::StreamId {
+            id: id.to_owned(),
+            map: pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), redis::Value::BulkString(v.to_vec())))
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    /// A job as submission writes it (`CREATE` in `submit`): queued, no
+    /// outcome, no turn yet, and no trace when the client sent none.
+    #[test]
+    fn a_submitted_record_reads_back_queued_with_no_outcome_or_trace() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        let hash = fields(&[
+            ("spec", &spec_json),
+            ("status", JobStatus::Queued.as_str()),
+            ("created_at_ms", "1700000000123"),
+            ("rounds", "0"),
+            ("epoch", "0"),
+            ("events", "1"),
+            ("call_secret", "s3cret"),
+            ("traceparent", ""),
+            ("tracestate", ""),
+        ]);
+        let record = parse_record(&job(), &hash).unwrap().unwrap();
+        assert_eq!(record.spec, spec());
+        assert_eq!(record.status, JobStatus::Queued);
+        assert_eq!((record.output_text.as_str(), record.error), ("", None));
+        assert_eq!((record.rounds, record.turns), (0, 0));
+        assert_eq!(
+            (record.created_at_ms, record.finished_at_ms),
+            (1_700_000_000_123, 0)
+        );
+        assert!(!record.cancel_requested);
+        assert_eq!(record.wire_ids, WireIds::from_secret("s3cret"));
+        assert!(record.trace.is_none());
+    }
+
+    /// Each way a job ends, as its writer stores it (a run's last commit,
+    /// a cancel before it started, a lost job), reads back as that outcome.
+    #[test]
+    fn each_ending_reads_back_as_its_outcome() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        let succeeded = fields(&[
+            ("spec", &spec_json),
+            ("status", "succeeded"),
+            ("output_text", "42"),
+            ("finished_at_ms", "9"),
+        ]);
+        let record = parse_record(&job(), &succeeded).unwrap().unwrap();
+        assert_eq!(record.status, JobStatus::Succeeded);
+        assert_eq!((record.output_text.as_str(), record.error), ("42", None));
+        assert_eq!(record.finished_at_ms, 9);
+        for (status, code, message) in [
+            (
+                JobStatus::Cancelled,
+                JobErrorCode::Cancelled,
+                "the job was cancelled before it started",
+            ),
+            (JobStatus::Failed, JobErrorCode::JobStateLost, "lost"),
+            (JobStatus::Failed, JobErrorCode::ModelRejected, ""),
+        ] {
+            let mut hash = fields(&[
+                ("spec", &spec_json),
+                ("status", status.as_str()),
+                ("error_code", code.as_str()),
+            ]);
+            if !message.is_empty() {
+                hash.insert("error_message".into(), message.into());
+            }
+            let record = parse_record(&job(), &hash).unwrap().unwrap();
+            assert_eq!(record.status, status);
+            assert_eq!(
+                record.error,
+                Some(JobError {
+                    code,
+                    message: message.into()
+                })
+            );
+        }
+    }
+
+    #[test]
+    fn counters_out_of_range_saturate_and_only_1_is_a_cancel_request() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        for (rounds, expected) in [
+            ("4294967295", u32::MAX),
+            ("4294967296", u32::MAX),
+            ("18446744073709551615", u32::MAX),
+            ("-1", 0),
+            ("", 0),
+        ] {
+            let hash = fields(&[
+                ("spec", &spec_json),
+                ("status", "running"),
+                ("rounds", rounds),
+            ]);
+            let record = parse_record(&job(), &hash).unwrap().unwrap();
+            assert_eq!(record.rounds, expected, "{rounds:?}");
+        }
+        for (flag, requested) in [("1", true), ("0", false), ("true", false), ("", false)] {
+            let hash = fields(&[
+                ("spec", &spec_json),
+                ("status", "running"),
+                ("cancel_requested", flag),
+            ]);
+            let record = parse_record(&job(), &hash).unwrap().unwrap();
+            assert_eq!(record.cancel_requested, requested, "{flag:?}");
+        }
+    }
+
+    /// Whatever a hash holds, reading it answers a record or names what
+    /// is corrupt: it never panics.
+    #[test]
+    fn a_hostile_hash_is_corrupt_not_a_panic() {
+        let deep = "[".repeat(100_000);
+        for (spec, status, field) in [
+            ("null", "queued", "spec"),
+            ("[]", "queued", "spec"),
+            ("{}", "queued", "spec"),
+            (deep.as_str(), "queued", "spec"),
+            ("\u{0}", "queued", "spec"),
+        ] {
+            let hash = fields(&[("spec", spec), ("status", status)]);
+            let err = parse_record(&job(), &hash).unwrap_err();
+            assert_eq!(corrupt_detail(err), field, "{spec:.20}");
+        }
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        for status in ["", "QUEUED", " queued", "queued\0"] {
+            let hash = fields(&[("spec", &spec_json), ("status", status)]);
+            let err = parse_record(&job(), &hash).unwrap_err();
+            assert_eq!(corrupt_detail(err), "status", "{status:?}");
+        }
+        let err = parse_items(&job(), std::slice::from_ref(&deep)).unwrap_err();
+        assert!(corrupt_detail(err).starts_with("item: "));
+        let err = parse_manifests(&job(), &fields(&[("echo", &deep)])).unwrap_err();
+        assert!(corrupt_detail(err).starts_with("offered tool: "));
+    }
+
+    #[test]
+    fn a_run_start_reads_back_its_record_offered_tools_and_conversation() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        let record = fields(&[("spec", &spec_json), ("status", "running"), ("turns", "2")]);
+        let manifests = [
+            ToolManifest::new("echo", "says it back", serde_json::json!({})),
+            ToolManifest::new("sleep", "waits", serde_json::json!({})),
+        ];
+        let offered: Fields = manifests
+            .iter()
+            .map(|m| (m.name.clone(), serde_json::to_string(m).unwrap()))
+            .collect();
+        let items = [
+            Item::User { text: "hi".into() },
+            Item::Reasoning {
+                raw: serde_json::json!({"id": "rs_1"}),
+            },
+            Item::ToolCall {
+                call_id: "call_1".into(),
+                name: "echo".into(),
+                arguments: "{\"text\":\"hi\"}".into(),
+                raw: Some(serde_json::json!({"id": "fc_1"})),
+            },
+            Item::ToolResult {
+                call_id: "call_1".into(),
+                name: "echo".into(),
+                output: "{\"ok\":true}".into(),
+                attempts: 2,
+            },
+            Item::Assistant {
+                text: "hi".into(),
+                raw: None,
+            },
+        ];
+        let texts: Vec<String> = items.iter().map(Item::stored_json).collect();
+        let run = parse_run_start(&job(), &record, &offered, &texts)
+            .unwrap()
+            .unwrap();
+        assert_eq!((run.record.job_id.clone(), run.record.turns), (job(), 2));
+        assert_eq!(run.items, items, "in order");
+        let mut read = run.offered;
+        read.sort_by(|a, b| a.name.cmp(&b.name));
+        assert_eq!(read, manifests);
+    }
+
+    /// A run never starts from part of its state: a corrupt record,
+    /// offered tool or item fails the whole read, named.
+    #[test]
+    fn a_run_start_with_a_corrupt_part_names_it() {
+        let spec_json = serde_json::to_string(&spec()).unwrap();
+        let record = fields(&[("spec", &spec_json), ("status", "running")]);
+        let item = Item::User { text: "hi".into() }.stored_json();
+        let err = parse_run_start(
+            &job(),
+            &fields(&[("spec", "{"), ("status", "running")]),
+            &Fields::new(),
+            std::slice::from_ref(&item),
+        )
+        .unwrap_err();
+        assert_eq!(corrupt_detail(err), "spec");
+        let err = parse_run_start(
+            &job(),
+            &record,
+            &fields(&[("echo", "{")]),
+            std::slice::from_ref(&item),
+        )
+        .unwrap_err();
+        assert!(corrupt_detail(err).starts_with("offered tool: "));
+        let err =
+            parse_run_start(&job(), &record, &Fields::new(), &[item, "{".into()]).unwrap_err();
+        assert!(corrupt_detail(err).starts_with("item: "));
+    }
+
+    #[test]
+    fn an_event_reads_back_at_the_offset_its_stream_id_stands_for() {
+        for offset in [0, 1, 41, u64::MAX - 1] {
+            let read = parse_event(&entry(&events_start(offset), &[("kind", b"k")])).unwrap();
+            assert_eq!(read.offset, offset);
+        }
+        // What the scripts always write, and only they: without it an
+        // event reads with no data, no time, and not final.
+        let bare = parse_event(&entry("0-1", &[("kind", b"model_turn")])).unwrap();
+        assert_eq!(
+            bare,
+            Event {
+                offset: 0,
+                kind: "model_turn".into(),
+                data: String::new(),
+                timestamp_ms: 0,
+                is_final: false,
+            }
+        );
+        let odd = parse_event(&entry(
+            "0-1",
+            &[("kind", b"k"), ("ts", b"soon"), ("final", b"true")],
+        ))
+        .unwrap();
+        assert_eq!((odd.timestamp_ms, odd.is_final), (0, false), "final is 1");
+    }
+
+    /// An entry this store did not write is skipped, never a panic.
+    #[test]
+    fn a_foreign_stream_entry_is_no_event() {
+        for id in [
+            "",
+            "0-",
+            "0",
+            "0-x",
+            "0--1",
+            "0-3-1",
+            "00-3",
+            "0-99999999999999999999999",
+            "1700000000000-0",
+        ] {
+            assert!(
+                parse_event(&entry(id, &[("kind", b"k")])).is_none(),
+                "{id:?}"
+            );
+        }
+        assert!(
+            parse_event(&entry("0-1", &[("kind", &[0xff, 0xfe])])).is_none(),
+            "a kind that is not text"
+        );
+    }
 }

@@ -52,8 +52,47 @@ fn fill(template: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
+
+    /// The source `script` runs, as redis-rs shows it: `Script` exposes its
+    /// code only through `Debug`. Asserts that the source is there and that
+    /// no placeholder (`$` and capitals) was left unfilled, naming the
+    /// script.
+    pub(in crate::store) fn assert_filled(name: &str, script: &Script) -> String {
+        let shown = format!("{script:?}");
+        assert!(
+            shown.contains("redis.call"),
+            "{name}: redis-rs no longer shows a script's source: {shown:.200}"
+        );
+        let unfilled: Vec<&str> = shown
+            .match_indices('$')
+            .map(|(at, _)| {
+                let end = shown[at + 1..]
+                    .find(|c: char| !(c.is_ascii_uppercase() || c == '_'))
+                    .map_or(shown.len(), |n| at + 1 + n);
+                &shown[at..end]
+            })
+            .filter(|placeholder| placeholder.len() > 1)
+            .collect();
+        assert!(unfilled.is_empty(), "{name} left {unfilled:?} unfilled");
+        shown
+    }
+
+    /// `$ENDED` becomes a condition on a Lua `status`: a script whose
+    /// `status` is not read before it would test a nil global, never true,
+    /// and so write to a finished job. Asserts the script reads the job's
+    /// status into a local first.
+    pub(in crate::store) fn assert_ended_reads_status(name: &str, shown: &str) {
+        let condition = fill("$ENDED");
+        let tested = shown.find(&condition).unwrap_or_else(|| {
+            panic!("{name} does not test whether the job ended");
+        });
+        let read = shown.find("local status =").unwrap_or_else(|| {
+            panic!("{name} does not read the job's status");
+        });
+        assert!(read < tested, "{name} tests the status before reading it");
+    }
 
     #[test]
     fn every_placeholder_is_filled_with_the_statuses_spelling() {
@@ -99,5 +138,23 @@ mod tests {
         }
         assert!(used > 0, "the scripts use placeholders");
         assert!(!fill(include_str!("commit.rs")).contains("$ENDED"));
+    }
+
+    #[test]
+    fn a_built_script_runs_its_template_filled() {
+        let built = script("return redis.call('HSET', KEYS[1], 'status', '$RUNNING')");
+        let shown = assert_filled("built", &built);
+        assert!(shown.contains("'status', 'running'"), "{shown}");
+    }
+
+    /// The check the store's modules run on their scripts catches a
+    /// script built without `script()`.
+    #[test]
+    #[should_panic(expected = "unbuilt left [\"$QUEUED\"] unfilled")]
+    fn a_script_not_built_from_its_template_is_caught() {
+        assert_filled(
+            "unbuilt",
+            &Script::new("return redis.call('GET', '$QUEUED')"),
+        );
     }
 }

@@ -211,3 +211,25 @@ return {1, tonumber(ARGV[2]), 0}
 ",
     )
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ApiOptions;
+
+    #[test]
+    fn the_create_script_is_filled_and_reports_an_ended_job() {
+        use super::super::scripts::tests::{assert_ended_reads_status, assert_filled};
+        let shown = assert_filled("CREATE", &CREATE);
+        assert_ended_reads_status("CREATE", &shown);
+        assert!(shown.contains("'status', 'queued'"), "a new job is queued");
+    }
+
+    /// The job index forgets entries older than the longest job plus the
+    /// retention: a job that may run longer would leave its tenant's list
+    /// while it still runs.
+    #[test]
+    fn the_job_index_outlives_the_longest_deadline_the_api_accepts() {
+        assert!(ApiOptions::default().max_deadline <= LONGEST_JOB);
+    }
+}
