@@ -31,9 +31,10 @@ impl JobStore {
         let mut scanned = 0;
         while jobs.len() < limit && scanned < scan {
             let batch = (scan - scanned).min(100);
-            let max = cursor
-                .as_ref()
-                .map_or_else(|| "+inf".to_owned(), |c| format!("({}", c.submitted_ms + 1));
+            let max = cursor.as_ref().map_or_else(
+                || "+inf".to_owned(),
+                |c| format!("({}", c.submitted_ms.saturating_add(1)),
+            );
             // Entries of the cursor's own millisecond are read again and
             // skipped by id below, so jobs submitted in one ms are not lost.
             let entries: Vec<(String, u64)> = read_with_retry(|| async {
@@ -134,6 +135,10 @@ impl JobStore {
     }
 }
 
+/// The latest submission time a job id can carry (48 bits of milliseconds,
+/// the year 10889).
+const MAX_SUBMITTED_MS: u64 = 0xffff_ffff_ffff;
+
 /// Where a page of [`JobStore::list`] ended: the last job it read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListCursor {
@@ -157,9 +162,15 @@ impl ListCursor {
 
     /// A page token read back; `None` when it is not one this server made.
     pub fn from_token(token: &str) -> Option<Self> {
-        let (ms, job_id) = token.split_once('.')?;
+        let (ms_text, job_id) = token.split_once('.')?;
+        let ms: u64 = ms_text.parse().ok()?;
+        // Only what `to_token` writes: no sign, no leading zero, and a time
+        // a job id can carry (48 bits of milliseconds).
+        if ms.to_string() != ms_text || ms > MAX_SUBMITTED_MS {
+            return None;
+        }
         Some(Self {
-            submitted_ms: ms.parse().ok()?,
+            submitted_ms: ms,
             job_id: JobId::parse(job_id)?,
         })
     }
@@ -198,6 +209,13 @@ mod tests {
             "12.acme-nothing".into(),
             "12.acme-{0190000000010000000000001234}".into(),
             format!("١٢.{job}"),
+            // What no page of this server ends with: a sign, a leading
+            // zero, a time no job id carries (whose next millisecond
+            // would overflow).
+            format!("+12.{job}"),
+            format!("012.{job}"),
+            format!("{}.{job}", u64::MAX),
+            format!("{}.{job}", MAX_SUBMITTED_MS + 1),
         ] {
             assert_eq!(ListCursor::from_token(&token), None, "{token:.80}");
         }
