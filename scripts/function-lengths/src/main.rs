@@ -7,13 +7,17 @@
 //! longest-functions --max LINES   every function over LINES; exit 1 if any
 //! ```
 //!
-//! A function's length is the lines from its `fn` line to its closing
-//! brace. Free functions, methods, trait methods with a body and functions
-//! nested in others all count; closures count toward the function they are
-//! in. Tests are left out: items under `#[cfg(test)]` (or a `cfg` that
-//! names `test`), `#[test]` functions, files a `#[cfg(test)] mod` declares,
-//! the test harness crate (`tests/`) and each crate's `tests/` directory.
-//! A file that does not parse is an error (exit 2).
+//! A function's length is the lines from its first line after the
+//! attributes (`pub`, `async` or `fn`) to its closing brace. Free
+//! functions, methods, trait methods with a body and functions nested in
+//! others all count; closures count toward the function they are in. Only
+//! the workspace's packages are read, and of them only product code: items
+//! under a `cfg` that needs `test` (`#[cfg(test)]`, `#[cfg(all(test, ...))]`),
+//! `#[test]` and `#[tokio::test]` functions, files a `#[cfg(test)] mod`
+//! declares, the test harness crate (`tests/`), each crate's `tests/` and
+//! `benches/`, and this tool itself are left out. Functions inside
+//! `macro_rules!` bodies are not seen (they are tokens, not items). A file
+//! that does not parse is an error (exit 2).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -52,8 +56,11 @@ fn run() -> anyhow::Result<ExitCode> {
     let mode = mode(std::env::args().skip(1).collect())?;
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let root = root.canonicalize().context("the workspace root")?;
+    let own = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .canonicalize()
+        .context("this tool's crate")?;
     let mut found = Vec::new();
-    for file in product_files(&root)? {
+    for file in product_files(&root, &own)? {
         let place = file
             .strip_prefix(&root)
             .unwrap_or(&file)
@@ -105,12 +112,13 @@ fn mode(args: Vec<String>) -> anyhow::Result<Mode> {
     }
 }
 
-/// Every `.rs` file of the workspace's product code: under each crate's
-/// `src/` and `benches/`, outside the test harness crate and anything a
+/// Every `.rs` file of the workspace's product code: in a package's
+/// directory (one whose `Cargo.toml` has a `[package]`), outside the
+/// skipped directories, the crate `own` (this tool) and anything a
 /// `#[cfg(test)] mod` declares.
-fn product_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
+fn product_files(root: &Path, own: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    walk(root, root, &mut files)?;
+    walk(root, own, false, &mut files)?;
     let tests_only: BTreeSet<PathBuf> = files
         .iter()
         .map(|file| {
@@ -127,28 +135,54 @@ fn product_files(root: &Path) -> anyhow::Result<Vec<PathBuf>> {
 }
 
 /// Directories that hold no product code: build output, the tools the
-/// scripts install, version control, and tests.
-const SKIPPED_DIRS: [&str; 5] = ["target", ".tools", ".git", "tests", "node_modules"];
+/// scripts install, version control, tests (the harness crate with the fuzz
+/// targets, and each crate's integration tests) and benchmarks.
+const SKIPPED_DIRS: [&str; 6] = [
+    "target",
+    ".tools",
+    ".git",
+    "tests",
+    "benches",
+    "node_modules",
+];
 
-fn walk(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+/// Collects the `.rs` files under `dir` that belong to a package:
+/// `in_package` once a directory above it is one.
+fn walk(dir: &Path, own: &Path, in_package: bool, files: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    if dir == own {
+        return Ok(());
+    }
+    let in_package = in_package || is_package(dir)?;
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         if path.is_dir() {
             if !SKIPPED_DIRS.contains(&name) {
-                walk(root, &path, files)?;
+                walk(&path, own, in_package, files)?;
             }
-        } else if name.ends_with(".rs") && path.parent() != Some(root) {
+        } else if in_package && name.ends_with(".rs") {
             files.push(path);
         }
     }
     Ok(())
 }
 
+/// Whether `dir` holds a package's `Cargo.toml` (not the workspace's
+/// virtual manifest).
+fn is_package(dir: &Path) -> anyhow::Result<bool> {
+    let manifest = dir.join("Cargo.toml");
+    if !manifest.is_file() {
+        return Ok(false);
+    }
+    let text = std::fs::read_to_string(&manifest)
+        .with_context(|| format!("reading {}", manifest.display()))?;
+    Ok(text.lines().any(|line| line.trim() == "[package]"))
+}
+
 /// The files of the modules `text` (the file `file`) declares under
-/// `#[cfg(test)]` without a body: `mod tests;` is `tests.rs` beside a
-/// `mod.rs`, `lib.rs` or `main.rs`, else in the directory named after
-/// the file.
+/// `#[cfg(test)]` without a body, at its top level or in inline modules:
+/// `mod tests;` is `tests.rs` (or `tests/mod.rs`) beside a `mod.rs`,
+/// `lib.rs` or `main.rs`, else in the directory named after the file.
 fn test_module_files(file: &Path, text: &str) -> Vec<PathBuf> {
     let Ok(parsed) = syn::parse_file(text) else {
         return Vec::new();
@@ -160,21 +194,30 @@ fn test_module_files(file: &Path, text: &str) -> Vec<PathBuf> {
     } else {
         dir.join(stem)
     };
-    parsed
-        .items
-        .iter()
-        .filter_map(|item| match item {
-            syn::Item::Mod(module) if module.content.is_none() && is_test_only(&module.attrs) => {
-                let name = module.ident.to_string();
-                Some([
-                    base.join(format!("{name}.rs")),
-                    base.join(name).join("mod.rs"),
-                ])
+    let mut files = Vec::new();
+    declared_test_files(&parsed.items, &base, &mut files);
+    files
+}
+
+/// Adds the files of the `#[cfg(test)]` modules `items` declare, whose
+/// files are found under `base`, and of those their inline modules declare.
+fn declared_test_files(items: &[syn::Item], base: &Path, files: &mut Vec<PathBuf>) {
+    for item in items {
+        let syn::Item::Mod(module) = item else {
+            continue;
+        };
+        let name = module.ident.to_string();
+        match &module.content {
+            None if is_test_only(&module.attrs) => {
+                files.push(base.join(format!("{name}.rs")));
+                files.push(base.join(name).join("mod.rs"));
             }
-            _ => None,
-        })
-        .flatten()
-        .collect()
+            Some((_, inner)) if !is_test_only(&module.attrs) => {
+                declared_test_files(inner, &base.join(name), files);
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Every function with a body in `text`, outside tests; `place` names the
@@ -191,7 +234,7 @@ fn functions(text: &str, place: &str) -> anyhow::Result<Vec<Function>> {
 }
 
 /// Whether `attrs` make an item test-only: `#[test]` (any path ending in
-/// `test`, such as `tokio::test`) or a `cfg` that names `test`.
+/// `test`, such as `tokio::test`) or a `cfg` that holds only under `test`.
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|attr| {
         let path = attr.path();
@@ -199,20 +242,77 @@ fn is_test_only(attrs: &[syn::Attribute]) -> bool {
             return true;
         }
         path.is_ident("cfg")
-            && attr
-                .meta
-                .require_list()
-                .is_ok_and(|list| names_test(list.tokens.clone()))
+            && attr.meta.require_list().is_ok_and(|list| {
+                predicates(list.tokens.clone())
+                    .iter()
+                    .any(|p| needs_test(p))
+            })
     })
 }
 
-/// Whether a `cfg`'s tokens name `test` (also inside `all(...)`).
-fn names_test(tokens: proc_macro2::TokenStream) -> bool {
-    tokens.into_iter().any(|token| match token {
-        proc_macro2::TokenTree::Ident(ident) => ident == "test",
-        proc_macro2::TokenTree::Group(group) => names_test(group.stream()),
+/// A `cfg` list's predicates, split at its commas.
+fn predicates(tokens: proc_macro2::TokenStream) -> Vec<Vec<proc_macro2::TokenTree>> {
+    let mut split = vec![Vec::new()];
+    for token in tokens {
+        match token {
+            proc_macro2::TokenTree::Punct(punct) if punct.as_char() == ',' => {
+                split.push(Vec::new())
+            }
+            token => split.last_mut().expect("starts with one").push(token),
+        }
+    }
+    split.retain(|predicate| !predicate.is_empty());
+    split
+}
+
+/// Whether a `cfg` predicate holds only under `test`: `test`, an `all` with
+/// such a part, an `any` of only such parts; never a `not`.
+fn needs_test(predicate: &[proc_macro2::TokenTree]) -> bool {
+    use proc_macro2::TokenTree::{Group, Ident};
+    match predicate {
+        [Ident(ident)] => ident == "test",
+        [Ident(ident), Group(group)] if ident == "all" => {
+            predicates(group.stream()).iter().any(|p| needs_test(p))
+        }
+        [Ident(ident), Group(group)] if ident == "any" => {
+            let parts = predicates(group.stream());
+            !parts.is_empty() && parts.iter().all(|p| needs_test(p))
+        }
         _ => false,
-    })
+    }
+}
+
+/// The line a function starts on: its visibility or first qualifier
+/// (`default`, `const`, `async`, `unsafe`, `extern`), else its `fn`.
+fn first_line(
+    vis: Option<&syn::Visibility>,
+    modifiers: &syn::FnModifiers,
+    sig: &syn::Signature,
+) -> usize {
+    let vis = vis.and_then(|vis| match vis {
+        syn::Visibility::Public(token) => Some(token.span),
+        syn::Visibility::Restricted(restricted) => Some(restricted.pub_token.span),
+        syn::Visibility::Inherited => None,
+    });
+    let safety = match &sig.safety {
+        syn::Safety::Safe(token) => Some(token.span),
+        syn::Safety::Unsafe(token) => Some(token.span),
+        syn::Safety::Default => None,
+    };
+    [
+        vis,
+        modifiers.defaultness.as_ref().map(|token| token.span),
+        sig.constness.as_ref().map(|token| token.span),
+        sig.asyncness.as_ref().map(|token| token.span),
+        safety,
+        sig.abi.as_ref().map(|abi| abi.extern_token.span),
+    ]
+    .into_iter()
+    .flatten()
+    .next()
+    .unwrap_or(sig.fn_token.span)
+    .start()
+    .line
 }
 
 struct Finder<'a> {
@@ -223,8 +323,7 @@ struct Finder<'a> {
 }
 
 impl Finder<'_> {
-    fn record(&mut self, name: String, sig: &syn::Signature, block: &syn::Block) {
-        let start = sig.fn_token.span.start().line;
+    fn record(&mut self, name: String, start: usize, block: &syn::Block) {
         let end = block.brace_token.span.close().end().line;
         self.found.push(Function {
             lines: end + 1 - start,
@@ -252,11 +351,8 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         if is_test_only(&function.attrs) {
             return;
         }
-        self.record(
-            function.sig.ident.to_string(),
-            &function.sig,
-            &function.block,
-        );
+        let start = first_line(Some(&function.vis), &function.modifiers, &function.sig);
+        self.record(function.sig.ident.to_string(), start, &function.block);
         // A nested function is its own, and not a method.
         let owner = self.self_type.take();
         visit::visit_item_fn(self, function);
@@ -280,11 +376,8 @@ impl<'ast> Visit<'ast> for Finder<'_> {
         if is_test_only(&method.attrs) {
             return;
         }
-        self.record(
-            self.method_name(&method.sig.ident),
-            &method.sig,
-            &method.block,
-        );
+        let start = first_line(Some(&method.vis), &method.modifiers, &method.sig);
+        self.record(self.method_name(&method.sig.ident), start, &method.block);
         let owner = self.self_type.take();
         visit::visit_impl_item_fn(self, method);
         self.self_type = owner;
@@ -304,7 +397,8 @@ impl<'ast> Visit<'ast> for Finder<'_> {
             return;
         }
         if let Some(block) = &method.default {
-            self.record(self.method_name(&method.sig.ident), &method.sig, block);
+            let start = first_line(None, &method.modifiers, &method.sig);
+            self.record(self.method_name(&method.sig.ident), start, block);
         }
         let owner = self.self_type.take();
         visit::visit_trait_item_fn(self, method);
@@ -361,11 +455,23 @@ mod tests {
         let text = "fn product() {}\n\
                     #[cfg(test)]\nmod tests { fn helper() {} #[test] fn t() {} }\n\
                     #[cfg(all(test, feature = \"x\"))]\nfn only_in_tests() {}\n\
-                    #[tokio::test]\nasync fn a_test() {}\n";
+                    #[tokio::test]\nasync fn a_test() {}\n\
+                    #[cfg(any(test, feature = \"x\"))]\nfn also_in_products() {}\n\
+                    #[cfg(not(test))]\nfn only_in_products() {}\n";
         assert_eq!(
             found(text),
-            [("product".to_owned(), 1, "f.rs:1".to_owned())]
+            [
+                ("product".to_owned(), 1, "f.rs:1".to_owned()),
+                ("also_in_products".to_owned(), 1, "f.rs:9".to_owned()),
+                ("only_in_products".to_owned(), 1, "f.rs:11".to_owned()),
+            ]
         );
+    }
+
+    #[test]
+    fn a_function_starts_at_its_visibility_not_its_docs_or_attributes() {
+        let text = "/// Docs.\n#[inline]\npub(crate)\nasync fn spread(\n) {\n}\n";
+        assert_eq!(found(text), [("spread".to_owned(), 4, "f.rs:3".to_owned())]);
     }
 
     #[test]
@@ -381,6 +487,9 @@ mod tests {
         );
         let files = test_module_files(Path::new("/w/src/lib.rs"), text);
         assert_eq!(files[0], PathBuf::from("/w/src/tests.rs"));
+        let text = "mod inner {\n    #[cfg(test)]\n    mod tests;\n}\n";
+        let files = test_module_files(Path::new("/w/src/store/mod.rs"), text);
+        assert_eq!(files[0], PathBuf::from("/w/src/store/inner/tests.rs"));
     }
 
     #[test]
