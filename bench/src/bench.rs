@@ -22,6 +22,7 @@ use processes::{FleetShape, ProcessFleet};
 use toolfleet_cli::output::outln;
 use toolfleet_fleet::local::{LocalFleet, LocalFleetOptions};
 use toolfleet_fleet::supervisor::otlp::Collector;
+use toolfleet_fleet::{FleetBuilder, Serving};
 
 mod accounting;
 mod floor;
@@ -437,20 +438,19 @@ async fn start_local(args: &BenchArgs, workers: usize) -> anyhow::Result<LocalFl
         "starting a local fleet (nats-server, redis-server, 1 orchestrator, {workers} \
          workers, in this process)..."
     );
-    let mut options = LocalFleetOptions {
-        test_tools: true,
-        workers,
-        tls: args.tls,
-        fsync_always: args.fsync_always,
-        ..LocalFleetOptions::default()
-    };
+    let builder = FleetBuilder::new()
+        .workers(workers)
+        .serving(Serving::TestTools)
+        .tls(args.tls)
+        .fsync_always(args.fsync_always);
+    let mut options = LocalFleetOptions::default();
     if let Some(slots) = args.max_in_flight.and_then(std::num::NonZeroUsize::new) {
         options.worker.runtime.max_in_flight = slots;
     }
     if let Some(jobs) = args.max_jobs {
         options.orchestrator.runner.max_jobs = jobs;
     }
-    LocalFleet::start(options).await
+    builder.start_in_process(options).await
 }
 
 /// The processes the bench accounts, and where their servers report.

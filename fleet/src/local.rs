@@ -1,6 +1,8 @@
-//! A whole toolfleet on this machine, for `toolfleet dev` and `toolfleet bench`.
+//! A whole toolfleet in this process, for `toolfleet dev` and `toolfleet
+//! bench`; started by
+//! [`FleetBuilder::start_in_process`](crate::FleetBuilder::start_in_process).
 //!
-//! [`LocalFleet::start`] runs `nats-server` (JetStream) and `redis-server` as
+//! It runs `nats-server` (JetStream) and `redis-server` as
 //! child processes on free loopback ports with the [`supervisor`], each with
 //! its data and log in a dir of its own inside the fleet's temp dir, then one
 //! orchestrator and N workers as tasks of this process, and returns once every
@@ -35,27 +37,24 @@ use toolfleet_proto::v1::agent_service_client::AgentServiceClient;
 use toolfleet_worker::{Worker, WorkerOptions, tools};
 
 use crate::servers::{Nats, Redis, ServersSpec};
+use crate::spec::{FleetSpec, Serving};
 use crate::supervisor::certificates::Certificates;
 use crate::supervisor::{
-    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisConfig, RedisServer, RedisTls,
-    ServerOptions,
+    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisServer, RedisTls, ServerOptions,
 };
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
 
 /// A gRPC client of the fleet's orchestrator, on loopback.
 type ApiClient = AgentServiceClient<tonic::transport::Channel>;
 
-/// How to run a [`LocalFleet`].
+/// How to run a [`LocalFleet`], beyond what its
+/// [`FleetBuilder`](crate::FleetBuilder) says
+/// (the servers, the workers and what they serve).
 #[derive(Debug, Clone)]
 pub struct LocalFleetOptions {
     /// gRPC port of the orchestrator on 127.0.0.1; 0 picks a free one.
     /// Default: 0.
     pub grpc_port: u16,
-    /// Worker tasks to run (`dev-worker-1`, ...). Default: 2.
-    pub workers: usize,
-    /// Also serve the test tools (`echo`, `sleep`, `fail`, `panic`,
-    /// `increment_counter`). Default: false.
-    pub test_tools: bool,
     /// Print a line to stderr per start-up and shutdown step. Default: true.
     pub progress: bool,
     /// Send the orchestrator's and workers' logs to `fleet.log` in the temp dir
@@ -66,15 +65,6 @@ pub struct LocalFleetOptions {
     pub keep_dir: bool,
     /// How long each start-up step may take. Default: 30s.
     pub start_timeout: Duration,
-    /// NATS and Redis speak TLS only, with certificates generated into the
-    /// temp dir, and the orchestrator and workers connect over it. For
-    /// measuring what TLS costs (`toolfleet bench --tls`). Default: false.
-    pub tls: bool,
-    /// JetStream and Redis fsync every write before acknowledging it
-    /// (`sync_interval: always`, `appendfsync always`), as systems that
-    /// fsync every step do (`toolfleet bench --fsync-always`). Default:
-    /// false: JetStream syncs every two minutes and Redis keeps nothing.
-    pub fsync_always: bool,
     /// How long [`LocalFleet::shutdown`] waits for the orchestrator and the
     /// workers to drain before it gives up on them. Default: 15s.
     pub drain_timeout: Duration,
@@ -83,7 +73,7 @@ pub struct LocalFleetOptions {
     /// with a 5s `runner.drain_timeout`.
     pub orchestrator: OrchestratorOptions,
     /// Every worker's options; the fleet sets `worker_id`, `nats.url`,
-    /// `redis.url` and `test_tools`. Default: the worker's defaults with a 5s
+    /// `redis.url`, and `tools` and `test_tools` as the builder serves. Default: the worker's defaults with a 5s
     /// `runtime.drain_timeout`.
     pub worker: WorkerOptions,
     /// Registered with the servers and the temp dir as soon as they exist, so
@@ -105,14 +95,10 @@ impl Default for LocalFleetOptions {
         worker.runtime.drain_timeout = Duration::from_secs(5);
         Self {
             grpc_port: 0,
-            workers: 2,
-            test_tools: false,
             progress: true,
             log_to_file: true,
             keep_dir: false,
             start_timeout: Duration::from_secs(30),
-            tls: false,
-            fsync_always: false,
             drain_timeout: Duration::from_secs(15),
             orchestrator,
             worker,
@@ -155,36 +141,79 @@ impl std::fmt::Debug for LocalFleet {
     }
 }
 
-/// The fleet's nats-server and redis-server: over TLS when the fleet has
-/// certificates, fsyncing every write when asked; each registered with the
-/// kill switch.
+/// What an in-process fleet takes of its description: its servers
+/// and its workers. The rest (a NATS of the caller's, clusters, several
+/// orchestrators, environment variables) only a fleet of processes has.
+struct InProcess {
+    servers: ServersSpec,
+    tls: bool,
+    workers: usize,
+    serving: Serving,
+}
+
+impl InProcess {
+    fn of(spec: FleetSpec) -> anyhow::Result<Self> {
+        let FleetSpec {
+            servers,
+            nats,
+            tls,
+            workers,
+            orchestrators,
+            serving,
+            env,
+            worker_env,
+            orchestrator_env,
+        } = spec;
+        if workers == 0 {
+            bail!("a local fleet needs at least one worker");
+        }
+        if nats.is_some() || servers.nats_nodes.is_some() || servers.redis_cluster.is_some() {
+            bail!("an in-process fleet runs on a nats-server and a redis-server of its own");
+        }
+        if orchestrators != 1 || !(env.is_empty() && worker_env.is_empty()) {
+            bail!(
+                "an in-process fleet runs one orchestrator, and its services take \
+                 LocalFleetOptions, not environment variables"
+            );
+        }
+        anyhow::ensure!(
+            orchestrator_env.is_empty(),
+            "an in-process orchestrator takes LocalFleetOptions, not environment variables"
+        );
+        Ok(Self {
+            servers,
+            tls,
+            workers,
+            serving,
+        })
+    }
+}
+
+/// The fleet's nats-server and redis-server, as `spec` says, with `options`:
+/// over TLS when the fleet has certificates; each registered with the kill
+/// switch.
 async fn start_servers(
-    options: &LocalFleetOptions,
-    servers: ServerOptions,
+    spec: ServersSpec,
+    options: ServerOptions,
     tls: Option<&Certificates>,
+    kill_switch: &KillSwitch,
     progress: Progress,
 ) -> anyhow::Result<(NatsServer, RedisServer)> {
     progress.start("starting nats-server and redis-server");
-    let spec = ServersSpec {
-        nats_config: tls.map(|certificates| {
-            format!(
-                "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
-                certificates.path("server.pem"),
-                certificates.path("server.key"),
-            )
-        }),
-        fsync_always: options.fsync_always,
-        redis: RedisConfig {
-            tls: tls.map(|certificates| RedisTls {
-                cert_file: certificates.path("server.pem").into(),
-                key_file: certificates.path("server.key").into(),
-                ca_file: certificates.path("ca.pem").into(),
-            }),
-            ..RedisConfig::default()
-        },
-        options: servers,
-        ..ServersSpec::default()
-    };
+    let mut spec = ServersSpec { options, ..spec };
+    if let Some(certificates) = tls {
+        let config = spec.nats_config.get_or_insert_default();
+        config.push_str(&format!(
+            "tls {{\n  cert_file: \"{}\"\n  key_file: \"{}\"\n}}\n",
+            certificates.path("server.pem"),
+            certificates.path("server.key"),
+        ));
+        spec.redis.tls = Some(RedisTls {
+            cert_file: certificates.path("server.pem").into(),
+            key_file: certificates.path("server.key").into(),
+            ca_file: certificates.path("ca.pem").into(),
+        });
+    }
     let started = spec.start().await.and_then(|servers| match servers {
         (Nats::Server(nats), Redis::Server(redis)) => Ok((*nats, *redis)),
         _ => Err(anyhow!("a local fleet runs on one server of each")),
@@ -192,25 +221,26 @@ async fn start_servers(
     let (nats, redis) = progress.finish(started, |(nats, redis)| {
         format!("{} (v{}), {}", nats.url(), nats.version(), redis.url())
     })?;
-    options.kill_switch.register_process(nats.process());
-    options.kill_switch.register_process(redis.process());
+    kill_switch.register_process(nats.process());
+    kill_switch.register_process(redis.process());
     Ok((nats, redis))
 }
 
 impl LocalFleet {
-    /// Starts the servers, the orchestrator and the workers, and returns once
-    /// the orchestrator lists every worker's tools on every worker.
+    /// Starts the servers `spec` describes, then the orchestrator and
+    /// the workers in this process, and returns once the orchestrator lists
+    /// every worker's tools on every worker.
     ///
     /// # Errors
     ///
-    /// A binary is missing or too old (the message says how to install one),
-    /// a server or component did not come up in time (the message carries its
-    /// log), or the gRPC port is taken. Whatever had started is stopped again.
-    pub async fn start(options: LocalFleetOptions) -> anyhow::Result<Self> {
+    /// The builder asks for what only a fleet of processes has (clusters,
+    /// environment variables), a binary is missing or too old (the message
+    /// says how to install one), a server or component did not come up in
+    /// time (the message carries its log), or the gRPC port is taken.
+    /// Whatever had started is stopped again.
+    pub(crate) async fn start(spec: FleetSpec, options: LocalFleetOptions) -> anyhow::Result<Self> {
         let progress = Progress(options.progress);
-        if options.workers == 0 {
-            bail!("a local fleet needs at least one worker");
-        }
+        let shape = InProcess::of(spec)?;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-dev-")
             .tempdir()
@@ -231,14 +261,21 @@ impl LocalFleet {
             // Not a test: a failed start-up's error carries the log's tail.
             log_tail_on_drop: false,
             start_timeout: deadline,
-            ..ServerOptions::default()
+            ..shape.servers.options.clone()
         };
 
-        let tls = match options.tls {
+        let tls = match shape.tls {
             true => Some(Certificates::generate(dir.path())?),
             false => None,
         };
-        let (nats, redis) = start_servers(&options, servers, tls.as_ref(), progress).await?;
+        let (nats, redis) = start_servers(
+            shape.servers.clone(),
+            servers,
+            tls.as_ref(),
+            &options.kill_switch,
+            progress,
+        )
+        .await?;
 
         let shutdown = CancellationToken::new();
         let stop_tasks = shutdown.clone().drop_guard();
@@ -261,20 +298,16 @@ impl LocalFleet {
         let started = fleet.start_orchestrator(&options).await;
         progress.finish(started, |()| format!("grpc {}", fleet.grpc_addr()))?;
 
-        progress.start(&format!("starting {} workers", options.workers));
-        let started = fleet.start_workers(&options).await;
+        progress.start(&format!("starting {} workers", shape.workers));
+        let started = fleet.start_workers(&options, &shape).await;
         let expected = progress.finish(started, |(ids, _)| ids.join(", "))?.1;
 
         progress.start("waiting for the workers' tools");
         let ready = fleet
-            .wait_for_tools(&expected, options.workers, deadline)
+            .wait_for_tools(&expected, shape.workers, deadline)
             .await;
         progress.finish(ready, |()| {
-            format!(
-                "{} on {} workers each",
-                expected.join(", "),
-                options.workers
-            )
+            format!("{} on {} workers each", expected.join(", "), shape.workers)
         })?;
         Ok(fleet)
     }
@@ -434,17 +467,22 @@ impl LocalFleet {
     async fn start_workers(
         &mut self,
         options: &LocalFleetOptions,
+        shape: &InProcess,
     ) -> anyhow::Result<(Vec<String>, Vec<String>)> {
         let mut ids = Vec::new();
         let mut tool_names = Vec::new();
-        for n in 1..=options.workers {
+        for n in 1..=shape.workers {
             let mut worker = options.worker.clone();
             worker.worker_id = format!("dev-worker-{n}");
             worker.nats.url = self.nats.url();
             worker.redis.url = self.redis.url();
             worker.nats.tls.ca_file = self.ca_file();
             worker.redis.tls.ca_file = self.ca_file();
-            worker.test_tools = options.test_tools;
+            match &shape.serving {
+                Serving::BuiltIn => {}
+                Serving::TestTools => worker.test_tools = true,
+                Serving::Tools(tools) => worker.tools.clone_from(tools),
+            }
             let id = worker.worker_id.clone();
             let connected = Worker::connect(worker.clone())
                 .await

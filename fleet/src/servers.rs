@@ -187,11 +187,7 @@ impl ServersSpec {
     /// A server did not start (the error names which), or the spec asks
     /// for what a cluster cannot do here (a configuration file, fsync).
     pub async fn start(&self) -> anyhow::Result<(Nats, Redis)> {
-        let (nats, redis) = tokio::try_join!(self.start_nats(), self.start_redis())?;
-        if let Redis::Cluster(cluster) = &redis {
-            cluster.wait_replicas_linked(REPLICAS_LINKED).await?;
-        }
-        Ok((nats, redis))
+        tokio::try_join!(self.start_nats(), self.start_redis())
     }
 
     async fn start_nats(&self) -> anyhow::Result<Nats> {
@@ -216,17 +212,26 @@ impl ServersSpec {
         })
     }
 
-    async fn start_redis(&self) -> anyhow::Result<Redis> {
+    /// Starts Redis alone, for a fleet on a NATS of its caller's; a Redis
+    /// Cluster's replicas hold their first copy before this returns.
+    pub(crate) async fn start_redis(&self) -> anyhow::Result<Redis> {
         let config = RedisConfig {
             append_only: self.redis.append_only || self.fsync_always,
             ..self.redis.clone()
         };
         let options = &self.options;
         Ok(match self.redis_cluster {
-            Some(shape) => Redis::Cluster(
-                RedisCluster::start_with_options(shape.primaries, shape.replicas, config, options)
-                    .await?,
-            ),
+            Some(shape) => {
+                let cluster = RedisCluster::start_with_options(
+                    shape.primaries,
+                    shape.replicas,
+                    config,
+                    options,
+                )
+                .await?;
+                cluster.wait_replicas_linked(REPLICAS_LINKED).await?;
+                Redis::Cluster(cluster)
+            }
             None => Redis::Server(
                 RedisServer::start_with_options(config, options)
                     .await?

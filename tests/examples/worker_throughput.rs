@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use futures::StreamExt;
 use tokio::sync::{Semaphore, oneshot};
 use toolfleet_proto::names;
-use toolfleet_tests::fleet::{Fleet, call};
+use toolfleet_tests::fleet::{Fleet, call, test_fleet};
 
 type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<()>>>>;
 
@@ -24,13 +24,10 @@ async fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let calls: usize = args.next().map_or(Ok(20_000), |a| a.parse())?;
     let in_flight: usize = args.next().map_or(Ok(64), |a| a.parse())?;
-    let fleet = Fleet::start_with(
-        2,
-        &[
-            ("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", "64"),
-            ("RUST_LOG", "warn,toolfleet_worker::runtime=info"),
-        ],
-    )
+    let fleet = Fleet::start(test_fleet(2).worker_env(&[
+        ("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", "64"),
+        ("RUST_LOG", "warn,toolfleet_worker::runtime=info"),
+    ]))
     .await?;
     println!("2 workers, {calls} echo calls, {in_flight} in flight");
 

@@ -1,5 +1,6 @@
-//! A local fleet for tests: one NATS, one Redis and worker processes, plus the
-//! client-side helpers to publish calls and read their results.
+//! A fleet for tests: the fleet crate's [`ProcessFleet`] (servers,
+//! orchestrator and worker processes) started from a [`FleetBuilder`], plus
+//! the client-side helpers to publish calls and read their results.
 
 use std::time::Duration;
 
@@ -13,384 +14,88 @@ use toolfleet_proto::{Envelope, ToolCall};
 
 use toolfleet_proto::v1;
 
-pub use toolfleet_fleet::servers::{Nats, Redis};
-use toolfleet_fleet::servers::{RedisClusterShape, ServersSpec};
+pub use toolfleet_fleet::processes::{ApiClient, ProcessFleet};
+pub use toolfleet_fleet::servers::{Nats, Redis, RedisClusterShape};
+pub use toolfleet_fleet::{FleetBuilder, Serving};
 
-use crate::{ChildProcess, RedisConfig, RedisServer, cargo_bin};
+/// What the services of a test log: debug lines of their own crates too,
+/// which the tests wait for.
+const SERVICE_LOG: &str = "info,toolfleet_orchestrator=debug,toolfleet_worker=debug";
 
-/// A gRPC client of the AgentService.
-pub type ApiClient = v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
+/// A test's fleet: `workers` workers with the test tools and no
+/// orchestrator (each test starts its own, configured as it needs), the
+/// services logging at debug level. Add to it with the builder's setters.
+pub fn test_fleet(workers: usize) -> FleetBuilder {
+    FleetBuilder::new()
+        .workers(workers)
+        .orchestrators(0)
+        .serving(Serving::TestTools)
+        .env(&[("RUST_LOG", SERVICE_LOG)])
+}
 
-/// How long a worker gets to connect and set up its consumers.
-const WORKER_READY: Duration = Duration::from_secs(30);
+/// `builder` on clusters: a NATS cluster of 3 nodes where every service
+/// keeps 3 copies of each stream, and a Redis Cluster of 3 primaries with
+/// `replicas` replicas each; as docs/deploy.md asks of a cluster, a write
+/// counts once a replica holds it too (`redis.wait_replicas = 1`).
+pub fn on_clusters(builder: FleetBuilder, replicas: usize) -> FleetBuilder {
+    builder
+        .nats_cluster(Some(3))
+        .redis_cluster(Some(RedisClusterShape {
+            primaries: 3,
+            replicas,
+        }))
+        .env(&[("TOOLFLEET_REDIS__WAIT_REPLICAS", "1")])
+}
 
-/// NATS, Redis and `toolfleet-worker` processes with the test tools enabled.
+/// A fleet of processes ([`ProcessFleet`], which it derefs to) with a NATS
+/// client of the test's, and helpers to publish calls and read their
+/// results.
 pub struct Fleet {
-    /// The fleet's NATS.
-    pub nats: Nats,
-    /// The fleet's Redis.
-    pub redis: Redis,
-    /// A client connected to `nats`.
+    fleet: ProcessFleet,
+    /// A client connected to the fleet's NATS.
     pub client: async_nats::Client,
-    workers: Vec<ChildProcess>,
-    /// Environment of every service, worker or orchestrator (`nats.replicas`
-    /// on a cluster).
-    service_env: Vec<(String, String)>,
-    worker_env: Vec<(String, String)>,
-    orchestrators: Vec<ChildProcess>,
+}
+
+impl std::ops::Deref for Fleet {
+    type Target = ProcessFleet;
+
+    fn deref(&self) -> &ProcessFleet {
+        &self.fleet
+    }
+}
+
+impl std::ops::DerefMut for Fleet {
+    fn deref_mut(&mut self) -> &mut ProcessFleet {
+        &mut self.fleet
+    }
 }
 
 impl Fleet {
-    /// Starts NATS, Redis and `workers` worker processes.
+    /// Starts the fleet `builder` describes ([`test_fleet`]), and connects
+    /// to its NATS.
     ///
     /// # Errors
     ///
-    /// A server or worker did not start; the error names which.
-    pub async fn start(workers: usize) -> anyhow::Result<Self> {
-        Self::start_with(workers, &[]).await
+    /// A server or service did not start; the error names which.
+    pub async fn start(builder: FleetBuilder) -> anyhow::Result<Self> {
+        let fleet = builder.start_processes().await?;
+        let client = fleet.nats.client().await?;
+        Ok(Self { fleet, client })
     }
 
-    /// Like [`start`](Self::start), with extra environment for every worker
-    /// (e.g. `TOOLFLEET_RUNTIME__CLAIM_LEASE=1s`).
+    /// Starts the fleet `builder` describes on a NATS the test configured
+    /// itself (authentication, TLS, permissions; [`FleetBuilder::on_nats`]):
+    /// `client` is the test's own connection to it.
     ///
     /// # Errors
     ///
-    /// A server or worker did not start; the error names which.
-    pub async fn start_with(workers: usize, worker_env: &[(&str, &str)]) -> anyhow::Result<Self> {
-        Self::start_with_redis(workers, worker_env, RedisConfig::default()).await
-    }
-
-    /// Like [`start_with`](Self::start_with), with a Redis configuration (AOF
-    /// on, for tests that restart Redis).
-    ///
-    /// # Errors
-    ///
-    /// A server or worker did not start; the error names which.
-    pub async fn start_with_redis(
-        workers: usize,
-        worker_env: &[(&str, &str)],
-        redis: RedisConfig,
-    ) -> anyhow::Result<Self> {
-        let spec = ServersSpec {
-            redis,
-            ..ServersSpec::default()
-        };
-        let (nats, redis) = spec.start().await?;
-        let client = nats.client().await?;
-        let mut fleet = Self::start_with_servers(nats, client, redis, worker_env);
-        for _ in 0..workers {
-            fleet.spawn_worker().await?;
-        }
-        Ok(fleet)
-    }
-
-    /// Like [`start_with_redis`](Self::start_with_redis), on clusters: a
-    /// NATS cluster of 3 nodes where every service keeps 3 copies of each
-    /// stream (`nats.replicas`), and a Redis Cluster of 3 primaries with a
-    /// replica each, every node configured by `redis` (`redis.cluster`); a
-    /// write counts once a replica holds it (`redis.wait_replicas = 1`).
-    ///
-    /// # Errors
-    ///
-    /// A server or worker did not start; the error names which.
-    pub async fn start_on_clusters(
-        workers: usize,
-        worker_env: &[(&str, &str)],
-        redis: RedisConfig,
-    ) -> anyhow::Result<Self> {
-        Self::start_on_clusters_with_replicas(workers, worker_env, redis, 1).await
-    }
-
-    /// Like [`start_on_clusters`](Self::start_on_clusters), with `replicas`
-    /// replicas of each Redis primary.
-    ///
-    /// # Errors
-    ///
-    /// A server or worker did not start; the error names which.
-    pub async fn start_on_clusters_with_replicas(
-        workers: usize,
-        worker_env: &[(&str, &str)],
-        redis: RedisConfig,
-        replicas: usize,
-    ) -> anyhow::Result<Self> {
-        let spec = ServersSpec {
-            nats_nodes: Some(3),
-            redis_cluster: Some(RedisClusterShape {
-                primaries: 3,
-                replicas,
-            }),
-            redis,
-            ..ServersSpec::default()
-        };
-        // The services wait for a replica after each write: the spec waits
-        // until every replica has its first copy.
-        let (nats, redis) = spec.start().await?;
-        let client = nats.client().await?;
-        let mut fleet = Self::start_with_servers(nats, client, redis, worker_env);
-        fleet.service_env = vec![
-            ("TOOLFLEET_NATS__REPLICAS".to_owned(), "3".to_owned()),
-            ("TOOLFLEET_REDIS__CLUSTER".to_owned(), "true".to_owned()),
-            // As deploy.md asks of a cluster: a write counts once a
-            // replica holds it too.
-            ("TOOLFLEET_REDIS__WAIT_REPLICAS".to_owned(), "1".to_owned()),
-        ];
-        for _ in 0..workers {
-            fleet.spawn_worker().await?;
-        }
-        Ok(fleet)
-    }
-
-    /// A fleet on a NATS server the test configured itself (authentication,
-    /// TLS, permissions): `client` is the harness's own connection to it,
-    /// and `worker_env` carries the workers' NATS settings.
-    ///
-    /// # Errors
-    ///
-    /// Redis or a worker did not start; the error names which.
-    pub async fn start_on(
-        nats: Nats,
+    /// A server or service did not start; the error names which.
+    pub async fn start_as(
+        builder: FleetBuilder,
         client: async_nats::Client,
-        redis: RedisConfig,
-        workers: usize,
-        worker_env: &[(&str, &str)],
     ) -> anyhow::Result<Self> {
-        let redis = RedisServer::start_with(redis).await?;
-        let mut fleet =
-            Self::start_with_servers(nats, client, Redis::Server(redis.into()), worker_env);
-        for _ in 0..workers {
-            fleet.spawn_worker().await?;
-        }
-        Ok(fleet)
-    }
-
-    fn start_with_servers(
-        nats: Nats,
-        client: async_nats::Client,
-        redis: Redis,
-        worker_env: &[(&str, &str)],
-    ) -> Self {
-        Self {
-            nats,
-            redis,
-            client,
-            workers: Vec::new(),
-            service_env: Vec::new(),
-            orchestrators: Vec::new(),
-            worker_env: worker_env
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                .collect(),
-        }
-    }
-
-    /// Starts one more worker and waits until it serves; returns its index.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or the worker did not become ready.
-    pub async fn spawn_worker(&mut self) -> anyhow::Result<usize> {
-        self.spawn_worker_with(&[]).await
-    }
-
-    /// Like [`spawn_worker`](Self::spawn_worker), with `env` on top of the
-    /// fleet's worker environment for this one worker.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or the worker did not become ready.
-    pub async fn spawn_worker_with(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
-        let index = self.start_worker_with(&["--test-tools"], env)?;
-        self.workers[index]
-            .wait_for_log("worker ready", WORKER_READY)
-            .await
-            .with_context(|| format!("worker-{index} did not become ready"))?;
-        Ok(index)
-    }
-
-    /// Starts one more worker without waiting for it to serve (it may be
-    /// waiting for a server that is down); returns its index.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or cannot be started.
-    pub fn start_worker(&mut self) -> anyhow::Result<usize> {
-        self.start_worker_with(&["--test-tools"], &[])
-    }
-
-    /// Starts one worker of a pool: it serves only `tools` (no test tools),
-    /// with `env` on top of the fleet's worker environment (its NATS user,
-    /// say). Does not wait for it to serve; returns its index.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or cannot be started.
-    pub fn start_pool_worker(
-        &mut self,
-        tools: &[&str],
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<usize> {
-        self.start_worker_with(&["--tools", &tools.join(",")], env)
-    }
-
-    fn start_worker_with(
-        &mut self,
-        serving: &[&str],
-        env: &[(&str, &str)],
-    ) -> anyhow::Result<usize> {
-        let index = self.workers.len();
-        let id = format!("worker-{index}");
-        let mut args = vec![
-            "--nats-url".to_owned(),
-            self.nats.url(),
-            "--redis-url".to_owned(),
-            self.redis.url(),
-            "--worker-id".to_owned(),
-            id.clone(),
-        ];
-        args.extend(serving.iter().map(|arg| (*arg).to_owned()));
-        let mut all_env = vec![(
-            "RUST_LOG".to_owned(),
-            "info,toolfleet_worker=debug".to_owned(),
-        )];
-        all_env.extend(self.service_env.iter().cloned());
-        all_env.extend(self.worker_env.iter().cloned());
-        all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-        let worker = ChildProcess::spawn(&id, cargo_bin("toolfleet-worker")?, args, all_env)?;
-        self.workers.push(worker);
-        Ok(index)
-    }
-
-    /// Starts a `toolfleet-orchestrator` process on a free port and waits until
-    /// it serves; returns its index. `env` adds configuration.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or the orchestrator did not become ready.
-    pub async fn spawn_orchestrator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
-        let index = self.start_orchestrator(env)?;
-        grpc_address(&self.orchestrators[index]).await?;
-        Ok(index)
-    }
-
-    /// Starts a `toolfleet-orchestrator` process without waiting for it to
-    /// serve (it may be waiting for a server that is down); returns its
-    /// index. [`api`](Self::api) waits for it.
-    ///
-    /// # Errors
-    ///
-    /// The binary is missing or cannot be started.
-    pub fn start_orchestrator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<usize> {
-        let index = self.orchestrators.len();
-        let id = format!("orchestrator-{index}");
-        let args = [
-            "--nats-url".to_owned(),
-            self.nats.url(),
-            "--redis-url".to_owned(),
-            self.redis.url(),
-            "--listen".to_owned(),
-            "127.0.0.1:0".to_owned(),
-            "--instance-id".to_owned(),
-            id.clone(),
-        ];
-        let mut all_env = vec![
-            (
-                "RUST_LOG".to_owned(),
-                "info,toolfleet_orchestrator=debug".to_owned(),
-            ),
-            // The tests' jobs are scripted, and only the security tests
-            // authenticate; a test that needs otherwise says so.
-            (
-                "TOOLFLEET_API__ALLOW_SCRIPTED".to_owned(),
-                "true".to_owned(),
-            ),
-            ("TOOLFLEET_API__AUTH".to_owned(), "none".to_owned()),
-        ];
-        all_env.extend(self.service_env.iter().cloned());
-        all_env.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
-        let process =
-            ChildProcess::spawn(&id, cargo_bin("toolfleet-orchestrator")?, args, all_env)?;
-        self.orchestrators.push(process);
-        Ok(index)
-    }
-
-    /// All orchestrator processes started so far.
-    pub fn orchestrators(&self) -> impl Iterator<Item = &ChildProcess> {
-        self.orchestrators.iter()
-    }
-
-    /// The `index`th orchestrator process.
-    pub fn orchestrator(&self, index: usize) -> &ChildProcess {
-        &self.orchestrators[index]
-    }
-
-    /// A gRPC client of the `index`th orchestrator (of its current run: a
-    /// respawned orchestrator listens on a new port).
-    ///
-    /// # Errors
-    ///
-    /// The orchestrator does not accept the connection.
-    pub async fn api(&self, index: usize) -> anyhow::Result<ApiClient> {
-        let address = self.grpc_url(index).await?;
-        Ok(ApiClient::connect(address).await?)
-    }
-
-    /// The gRPC URL of the `index`th orchestrator (of its current run), for
-    /// clients other than [`api`](Self::api): the CLI, the Python client.
-    ///
-    /// # Errors
-    ///
-    /// It never logged its address.
-    pub async fn grpc_url(&self, index: usize) -> anyhow::Result<String> {
-        grpc_address(&self.orchestrators[index]).await
-    }
-
-    /// Waits until the registry, as the `index`th orchestrator sees it, lists
-    /// `tools` each served by at least `workers` workers.
-    ///
-    /// # Errors
-    ///
-    /// Not within the deadline.
-    pub async fn wait_for_tools(
-        &self,
-        index: usize,
-        tools: &[&str],
-        workers: u32,
-    ) -> anyhow::Result<()> {
-        let mut api = self.api(index).await?;
-        crate::wait_until("the tools to be live", WORKER_READY, || {
-            let mut api = api.clone();
-            async move {
-                let Ok(live) = api.list_tools(v1::ListToolsRequest {}).await else {
-                    return false;
-                };
-                let live = live.into_inner().tools;
-                tools
-                    .iter()
-                    .all(|t| live.iter().any(|l| l.name == *t && l.workers >= workers))
-            }
-        })
-        .await?;
-        api.list_tools(v1::ListToolsRequest {}).await?;
-        Ok(())
-    }
-
-    /// The `index`th worker started.
-    pub fn worker(&self, index: usize) -> &ChildProcess {
-        &self.workers[index]
-    }
-
-    /// All workers started so far.
-    pub fn workers(&self) -> &[ChildProcess] {
-        &self.workers
-    }
-
-    /// How often `needle` occurs in the logs of every worker, over all their
-    /// runs (a respawn appends to its log).
-    pub fn count_in_worker_logs(&self, needle: &str) -> usize {
-        self.workers
-            .iter()
-            .map(|w| w.log_tail(1_000_000).matches(needle).count())
-            .sum()
+        let fleet = builder.start_processes().await?;
+        Ok(Self { fleet, client })
     }
 
     /// Publishes `call` to its tool's subject through JetStream, with the
@@ -487,17 +192,6 @@ impl Fleet {
         let value: Option<i64> = redis::cmd("GET").arg(key).query_async(&mut redis).await?;
         Ok(value.unwrap_or(0))
     }
-}
-
-/// The gRPC URL an orchestrator process logged when it became ready (in its
-/// current run), waiting for it if need be.
-async fn grpc_address(process: &ChildProcess) -> anyhow::Result<String> {
-    let line = process
-        .wait_for_log("orchestrator ready", WORKER_READY)
-        .await
-        .with_context(|| format!("{} did not become ready", process.name()))?;
-    toolfleet_fleet::supervisor::logged_grpc_url(&line)
-        .with_context(|| format!("no gRPC address in {line:?}"))
 }
 
 /// The results of one job's calls, as workers publish them.

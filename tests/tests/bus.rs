@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1;
 use toolfleet_tests::certificates::Certificates;
-use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job};
-use toolfleet_tests::{ChildProcess, NatsServer, RedisConfig, cargo_bin};
+use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job, test_fleet};
+use toolfleet_tests::{ChildProcess, NatsServer, cargo_bin};
 use toolfleet_tests::{ServerOptions, wait_until};
 
 const ORCHESTRATOR_PASSWORD: &str = "pw-orchestrator-5c1e9f";
@@ -98,12 +98,11 @@ async fn both_services_run_jobs_over_an_authenticated_tls_bus() -> anyhow::Resul
     ];
     let mut worker_env = vec![("TOOLFLEET_NATS__NKEY_SEED_FILE", seed.as_str())];
     worker_env.extend(tls_env);
-    let mut fleet = Fleet::start_on(
-        Nats::Server(nats.into()),
+    let mut fleet = Fleet::start_as(
+        test_fleet(1)
+            .on_nats(Nats::Server(nats.into()))
+            .worker_env(&worker_env),
         client,
-        RedisConfig::default(),
-        1,
-        &worker_env,
     )
     .await?;
     let mut orchestrator_env = vec![
@@ -252,12 +251,11 @@ async fn both_services_authenticate_with_a_token() -> anyhow::Result<()> {
         .connect(nats.url())
         .await?;
     let env = [("TOOLFLEET_NATS__TOKEN", TOKEN)];
-    let mut fleet = Fleet::start_on(
-        Nats::Server(nats.into()),
+    let mut fleet = Fleet::start_as(
+        test_fleet(1)
+            .on_nats(Nats::Server(nats.into()))
+            .worker_env(&env),
         client,
-        RedisConfig::default(),
-        1,
-        &env,
     )
     .await?;
     fleet.spawn_orchestrator(&env).await?;
@@ -390,12 +388,11 @@ async fn both_services_run_jobs_with_credentials_files_in_operator_mode() -> any
         .connect(nats.url())
         .await?;
     let worker_env = [("TOOLFLEET_NATS__CREDENTIALS_FILE", creds_files[2].as_str())];
-    let mut fleet = Fleet::start_on(
-        Nats::Server(nats.into()),
+    let mut fleet = Fleet::start_as(
+        test_fleet(1)
+            .on_nats(Nats::Server(nats.into()))
+            .worker_env(&worker_env),
         client,
-        RedisConfig::default(),
-        1,
-        &worker_env,
     )
     .await?;
     fleet

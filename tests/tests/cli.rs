@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use toolfleet_proto::v1;
 use toolfleet_tests::cargo_bin;
-use toolfleet_tests::fleet::{Fleet, cancelled_job, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, cancelled_job, scripted_job, test_fleet, wait_finished};
 
 /// What a run of the binary printed and how it exited.
 struct Run {
@@ -33,7 +33,7 @@ async fn toolfleet(args: &[&str]) -> anyhow::Result<Run> {
 }
 
 async fn fleet() -> anyhow::Result<(Fleet, String)> {
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["calculate"], 1).await?;
     let url = fleet.grpc_url(0).await?;
@@ -497,8 +497,13 @@ const SMALL_BENCH: [&str; 11] = [
     "--raw-requests",
     "100",
     "--raw-calls",
-    "200",
+    "2000",
 ];
+
+/// The raw calls of `SMALL_BENCH`: enough that nats-server spends several
+/// of the kernel's CPU ticks (10 ms) on them; with 200 its share could
+/// round to 0.
+const SMALL_BENCH_RAW_CALLS: u64 = 2000;
 
 /// The raw JetStream floor of a report: it ran `calls` calls, each a
 /// publish, its ack, a pull, a reply and the pull's ack, which nats-server
@@ -574,7 +579,7 @@ async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow
             "{process}: {plain}"
         );
     }
-    assert_jetstream_floor(&plain, 200);
+    assert_jetstream_floor(&plain, SMALL_BENCH_RAW_CALLS);
     let accounting = &plain["accounting"];
     // 2 rounds of 3 calls: every call is published to JetStream and its
     // result stored in Redis, at the least.
@@ -643,7 +648,7 @@ async fn cluster_bench_accounts_every_node_of_both_clusters() -> anyhow::Result<
     let waits = accounting["redis_commands_per_job_by_name"]["wait"].as_f64();
     assert!(waits.is_some_and(|n| n > 1.0), "{report}");
     // The floor's stream is kept on all three servers too.
-    assert_jetstream_floor(&report, 200);
+    assert_jetstream_floor(&report, SMALL_BENCH_RAW_CALLS);
     for line in [
         "servers              NATS cluster of 3 (3 copies of each stream), Redis Cluster of 3 primaries, 1 replica each",
         "replication          every write waits for 1 replica(s)",
@@ -728,7 +733,7 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     );
     // JetStream syncs every two minutes and Redis keeps nothing, by default.
     assert_eq!(report["fsync_always"], false, "{report}");
-    assert_jetstream_floor(&report, 200);
+    assert_jetstream_floor(&report, SMALL_BENCH_RAW_CALLS);
     assert!(
         run.stdout.contains("raw JetStream calls  "),
         "{}",

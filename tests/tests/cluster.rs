@@ -10,12 +10,12 @@ use redis::AsyncCommands;
 use serde_json::json;
 use toolfleet_proto::names::{self, RedisKeys};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::fleet::{Fleet, on_clusters, run_job, scripted_job, test_fleet};
 use toolfleet_tests::{RedisCluster, RedisConfig};
 
 #[tokio::test]
 async fn cluster_smoke_a_job_runs_on_a_nats_cluster_and_a_redis_cluster() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start_on_clusters(2, &[], RedisConfig::default()).await?;
+    let mut fleet = Fleet::start(on_clusters(test_fleet(2), 1)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["echo"], 2).await?;
     let api = fleet.api(0).await?;

@@ -9,7 +9,9 @@ use futures::StreamExt;
 use serde_json::{Value, json};
 use toolfleet_proto::names;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, on_clusters, scripted_job, test_fleet, wait_finished,
+};
 use toolfleet_tests::tally::{Tally, answer_of};
 use toolfleet_tests::{RedisConfig, wait_until};
 
@@ -45,8 +47,16 @@ impl On {
         redis: RedisConfig,
     ) -> anyhow::Result<Fleet> {
         match self {
-            Self::Server => Fleet::start_with_redis(workers, worker_env, redis).await,
-            Self::Cluster => Fleet::start_on_clusters(workers, worker_env, redis).await,
+            Self::Server => {
+                Fleet::start(test_fleet(workers).worker_env(worker_env).redis(redis)).await
+            }
+            Self::Cluster => {
+                Fleet::start(on_clusters(
+                    test_fleet(workers).worker_env(worker_env).redis(redis),
+                    1,
+                ))
+                .await
+            }
         }
     }
 }
@@ -69,7 +79,7 @@ async fn restart_dead_workers(fleet: &Fleet) {
 
 #[tokio::test]
 async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["crash", "echo"], 1).await?;
     let api = fleet.api(0).await?;
@@ -380,7 +390,7 @@ async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Resu
         append_only: true,
         ..Default::default()
     };
-    let mut fleet = Fleet::start_with_redis(2, FAST_REDELIVERY, redis).await?;
+    let mut fleet = Fleet::start(test_fleet(2).worker_env(FAST_REDELIVERY).redis(redis)).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 2).await?;
     let api = fleet.api(0).await?;
@@ -452,7 +462,7 @@ async fn jobs_finish_across_a_nats_restart_and_a_redis_restart() -> anyhow::Resu
 
 #[tokio::test]
 async fn jobs_whose_redis_state_is_lost_fail_with_a_clear_code() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["sleep"], 1).await?;
     let mut api = fleet.api(0).await?;
@@ -616,7 +626,7 @@ async fn rolling_restart(on: On) -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_worker().await?;
     let mut results = fleet.results("job-unknown-outcome").await?;
     let call = toolfleet_tests::fleet::call(
@@ -656,7 +666,7 @@ async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::R
 
 #[tokio::test]
 async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start_with(1, FAST_REDELIVERY).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["sleep"], 1).await?;
@@ -707,7 +717,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
     use toolfleet_orchestrator::store::JobStore;
     use toolfleet_proto::names::RedisKeys;
 
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     // A job stored without its queue message: as if the NATS store was lost
     // (or the publish failed) after the job was written.
     let store = JobStore::new(
@@ -849,7 +859,11 @@ async fn cluster_failing_over_a_redis_primary_loses_no_call_and_repeats_no_effec
         ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
         ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
     ];
-    let mut fleet = Fleet::start_on_clusters_with_replicas(3, &worker_env, persistent, 2).await?;
+    let mut fleet = Fleet::start(on_clusters(
+        test_fleet(3).worker_env(&worker_env).redis(persistent),
+        2,
+    ))
+    .await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
     let api = fleet.api(0).await?;

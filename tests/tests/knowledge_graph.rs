@@ -5,14 +5,14 @@ use serde_json::{Value, json};
 use toolfleet_cli::demo::{self, Demo};
 use toolfleet_proto::v1;
 use toolfleet_proto::v1::item::Kind;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
 use wiremock::matchers::{body_string_contains, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const KG_TOOLS: &[&str] = &["factual_qa", "trend_analysis"];
 
 async fn fleet(worker_env: &[(&str, &str)]) -> anyhow::Result<Fleet> {
-    let mut fleet = Fleet::start_with(1, worker_env).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(worker_env)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, KG_TOOLS, 1).await?;
     Ok(fleet)

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, run_job, scripted_job};
+use toolfleet_tests::fleet::{Fleet, run_job, scripted_job, test_fleet};
 use toolfleet_tests::otlp::Collector;
 use toolfleet_tests::wait_until;
 
@@ -83,7 +83,7 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
     ];
     let mut worker_env = vec![("TOOLFLEET_METRICS__LISTEN", worker_metrics.as_str())];
     worker_env.extend(otlp);
-    let mut fleet = Fleet::start_with(1, &worker_env).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&worker_env)).await?;
     let mut orchestrator_env = vec![("TOOLFLEET_METRICS__LISTEN", orchestrator_metrics.as_str())];
     orchestrator_env.extend(otlp);
     fleet.spawn_orchestrator(&orchestrator_env).await?;

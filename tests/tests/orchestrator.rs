@@ -7,13 +7,15 @@ use futures::{StreamExt, TryStreamExt};
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1::{self, item::Kind};
-use toolfleet_tests::fleet::{ApiClient, Fleet, cancelled_job, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, cancelled_job, scripted_job, test_fleet, wait_finished,
+};
 
 const JOB: Duration = Duration::from_secs(60);
 
 /// NATS, Redis, one orchestrator and `workers` workers with the test tools.
 async fn fleet(workers: usize) -> anyhow::Result<Fleet> {
-    let mut fleet = Fleet::start(workers).await?;
+    let mut fleet = Fleet::start(test_fleet(workers)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet
         .wait_for_tools(0, &["calculate", "get_current_weather", "fail", "sleep"], 1)
@@ -428,7 +430,7 @@ async fn result_times(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<(
 #[tokio::test]
 async fn a_parallel_round_s_results_linger_for_one_commit_unless_the_linger_is_zero()
 -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     // The longest linger, longer than the round: the first two results
     // wait for the third; with none, each is stored as it settles.
     let lingering = fleet
@@ -613,7 +615,7 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
 #[tokio::test]
 async fn reflection_is_off_by_default_and_answers_in_both_versions_when_on() -> anyhow::Result<()> {
     use tonic_reflection::pb::{v1, v1alpha};
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_GRPC__REFLECTION", "true")])
@@ -892,7 +894,7 @@ async fn every_request_field_is_bounded_and_errors_echo_little() -> anyhow::Resu
 #[tokio::test]
 async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused()
 -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     fleet
         .spawn_orchestrator(&[
             ("TOOLFLEET_API__MAX_CALLS_PER_TURN", "3"),
@@ -955,7 +957,7 @@ async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused(
 
 #[tokio::test]
 async fn the_scripted_model_is_off_unless_allowed() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_API__ALLOW_SCRIPTED", "false")])
         .await?;
@@ -1323,7 +1325,9 @@ async fn call_durations_are_exported_as_histograms_with_buckets() -> anyhow::Res
         toolfleet_tests::free_loopback_address()?,
         toolfleet_tests::free_loopback_address()?,
     );
-    let mut fleet = Fleet::start_with(1, &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]).await?;
+    let mut fleet =
+        Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)]))
+            .await?;
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])
         .await?;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
 use toolfleet_tests::RedisConfig;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet};
 use toolfleet_tests::tally::{Tally, answer_of};
 
 const JOBS: usize = 60;
@@ -54,7 +54,7 @@ async fn worker_chaos_through_nats_and_redis_outages_tells_the_truth() -> anyhow
         append_only: true,
         ..Default::default()
     };
-    let mut fleet = Fleet::start_with_redis(3, &[], redis).await?;
+    let mut fleet = Fleet::start(test_fleet(3).redis(redis)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
     let api = fleet.api(0).await?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::RedisConfig;
-use toolfleet_tests::fleet::{Fleet, call, run_job, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, call, run_job, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::tally::answer_of;
 
 /// Short runner timers: a dead orchestrator's jobs move within seconds.
@@ -26,7 +26,7 @@ const WAIT: Duration = Duration::from_secs(60);
 /// model must get its stored result, not `UNKNOWN_TOOL`.
 #[tokio::test]
 async fn a_resumed_round_answers_a_dispatched_call_from_its_stored_result() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
     let api = fleet.api(0).await?;
@@ -90,7 +90,7 @@ async fn hand_backs_during_a_redis_outage_do_not_make_a_call_poison() -> anyhow:
         append_only: true,
         ..Default::default()
     };
-    let fleet = Fleet::start_with_redis(1, &env, redis).await?;
+    let fleet = Fleet::start(test_fleet(1).worker_env(&env).redis(redis)).await?;
     let mut results = fleet.results("job-outage").await?;
     let applied = call(
         "job-outage",
@@ -144,7 +144,7 @@ async fn a_tool_unannounced_during_a_nats_outage_is_not_unknown() -> anyhow::Res
         ("TOOLFLEET_REGISTRY__TTL", "2s"),
         ("TOOLFLEET_REGISTRY__HEARTBEAT_INTERVAL", "500ms"),
     ];
-    let mut fleet = Fleet::start_with(1, &registry).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&registry)).await?;
     fleet.spawn_orchestrator(&registry[..1]).await?;
     fleet.wait_for_tools(0, &["echo"], 1).await?;
     let api = fleet.api(0).await?;
@@ -216,7 +216,8 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         toolfleet_tests::free_loopback_address()?,
         toolfleet_tests::free_loopback_address()?,
     );
-    let mut fleet = Fleet::start_with(0, &[("TOOLFLEET_METRICS__LISTEN", &health)]).await?;
+    let mut fleet =
+        Fleet::start(test_fleet(0).worker_env(&[("TOOLFLEET_METRICS__LISTEN", &health)])).await?;
     fleet.nats.server().kill();
     fleet.redis.server().kill();
     let worker = fleet.start_worker()?;

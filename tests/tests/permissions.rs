@@ -16,7 +16,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use toolfleet_proto::{names, v1};
 use toolfleet_tests::certificates::Certificates;
-use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job};
+use toolfleet_tests::fleet::{Fleet, Nats, run_job, scripted_job, test_fleet};
 use toolfleet_tests::{NatsServer, RedisConfig, RedisTls, ServerOptions, cargo_bin, wait_until};
 
 /// The shipped users, exactly as deployed.
@@ -333,8 +333,13 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         .await;
     assert!(anonymous.is_err(), "an anonymous client got in");
     let (admin, _) = users.setup.connect(&url).await?;
-    let mut fleet =
-        Fleet::start_on(Nats::Server(nats.into()), admin.clone(), redis, 0, &[]).await?;
+    let mut fleet = Fleet::start_as(
+        test_fleet(0)
+            .on_nats(Nats::Server(nats.into()))
+            .redis(redis),
+        admin.clone(),
+    )
+    .await?;
     let redis_url = fleet.redis.url();
     // Each service as its NATS user and its Redis user.
     let env = |nats: &User, redis: &RedisUser| {
@@ -830,7 +835,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     } = RedisUsers::new();
     let etc = dir.path().join("etc");
     let redis = shipped_redis(&etc, dir.path(), [&orchestrator, &general, &knowledge])?;
-    let mut fleet = Fleet::start_with_redis(0, &[], redis).await?;
+    let mut fleet = Fleet::start(test_fleet(0).redis(redis)).await?;
     let url = fleet.redis.url();
     assert!(url.starts_with("rediss://"), "{url}");
     let ca = certificates.path("ca.pem");
@@ -907,7 +912,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     // The same jobs on a fleet without ACLs or TLS: for the reader, not an
     // assertion (timings belong in benchmarks).
     let without_acls = {
-        let mut plain = Fleet::start_with_redis(0, &[], RedisConfig::default()).await?;
+        let mut plain = Fleet::start(test_fleet(0)).await?;
         for tools in [GENERAL_TOOLS, KNOWLEDGE_TOOLS] {
             let index = plain.start_pool_worker(tools, &[])?;
             plain

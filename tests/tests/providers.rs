@@ -3,7 +3,7 @@
 
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, run_job};
+use toolfleet_tests::fleet::{Fleet, run_job, test_fleet};
 use wiremock::matchers::{body_string_contains, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -44,7 +44,7 @@ async fn chat_completions_two_round_loop_through_the_fleet() -> anyhow::Result<(
         .mount(&model)
         .await;
 
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     let base_url = format!("{}/v1", model.uri());
     fleet
         .spawn_orchestrator(&[
@@ -112,7 +112,7 @@ async fn a_request_without_a_model_runs_on_the_configured_default_model() -> any
         })))
         .mount(&model)
         .await;
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     let base_url = format!("{}/v1", model.uri());
     fleet
         .spawn_orchestrator(&[

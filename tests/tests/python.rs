@@ -5,7 +5,7 @@ use std::path::Path;
 
 use tokio::process::Command;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
-use toolfleet_tests::fleet::Fleet;
+use toolfleet_tests::fleet::{Fleet, test_fleet};
 use toolfleet_tests::{repo_root, venv_python};
 
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -42,7 +42,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         ],
     )
     .await?;
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     // The document's session lists and describes through reflection.
     fleet
         .spawn_orchestrator(&[("TOOLFLEET_GRPC__REFLECTION", "true")])

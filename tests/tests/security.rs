@@ -10,7 +10,7 @@ use tonic::{Code, Request};
 use toolfleet_orchestrator::auth::token_sha256;
 use toolfleet_proto::v1;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, CLIENT_SPIFFE_ID, Certificates};
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet};
 use toolfleet_tests::{cargo_bin, wait_until};
 
 const SEARCH: &str = "tok-search-3f9a";
@@ -56,7 +56,7 @@ async fn until_the_token_works(api: &ApiClient, token: &str) -> anyhow::Result<(
 
 async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
     let path = tokens_file(dir, "");
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     let file = path.to_string_lossy().into_owned();
     fleet
         .spawn_orchestrator(&[
@@ -538,7 +538,7 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
         &format!("tools = [\"calculate\"]\nclient_names = [\"{CLIENT_DNS_NAME}\"]"),
     );
     std::fs::write(&tokens, text)?;
-    let mut fleet = Fleet::start(1).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
     let (tokens, cert, key, ca) = (
         tokens.to_string_lossy().into_owned(),
         path("server.pem"),

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, scripted_job, wait_finished};
+use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::otlp::{Collector, ReceivedSpan};
 use toolfleet_tests::wait_until;
 
@@ -68,7 +68,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
 -> anyhow::Result<()> {
     let collector = Collector::start().await?;
     let export = collector.env();
-    let mut fleet = Fleet::start_with(2, &with(FAST_REDELIVERY, &export)).await?;
+    let mut fleet = Fleet::start(test_fleet(2).worker_env(&with(FAST_REDELIVERY, &export))).await?;
     fleet
         .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
         .await?;
@@ -307,7 +307,7 @@ async fn spans_go_over_http_too_and_an_unsampled_job_sends_none() -> anyhow::Res
         ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
         ("OTEL_BSP_SCHEDULE_DELAY", "50"),
     ];
-    let mut fleet = Fleet::start_with(0, FAST_REDELIVERY).await?;
+    let mut fleet = Fleet::start(test_fleet(0).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_worker_with(&standard).await?;
     let configured = [
         ("TOOLFLEET_TELEMETRY__OTLP_ENDPOINT", endpoint),

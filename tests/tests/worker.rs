@@ -7,14 +7,14 @@ use std::time::Duration;
 use async_nats::jetstream;
 use serde_json::{Value, json};
 use toolfleet_proto::names;
-use toolfleet_tests::fleet::{Fleet, Nats, call};
+use toolfleet_tests::fleet::{Fleet, Nats, call, test_fleet};
 use toolfleet_tests::wait_until;
 
 const RESULT: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> anyhow::Result<()> {
-    let fleet = Fleet::start(2).await?;
+    let fleet = Fleet::start(test_fleet(2)).await?;
     let mut results = fleet.results("job-calc").await?;
     let calc = call(
         "job-calc",
@@ -61,7 +61,7 @@ async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> a
 #[tokio::test]
 async fn a_thousand_calls_over_two_workers_each_run_exactly_once() -> anyhow::Result<()> {
     const CALLS: usize = 1000;
-    let fleet = Fleet::start(2).await?;
+    let fleet = Fleet::start(test_fleet(2)).await?;
     let mut results = fleet.results("job-many").await?;
     let calls: Vec<_> = (0..CALLS)
         .map(|i| {
@@ -99,7 +99,8 @@ async fn a_thousand_calls_over_two_workers_each_run_exactly_once() -> anyhow::Re
 #[tokio::test]
 async fn the_same_call_delivered_twice_runs_once_and_is_answered_twice() -> anyhow::Result<()> {
     // A short lease, so a concurrent duplicate is looked at again quickly.
-    let fleet = Fleet::start_with(2, &[("TOOLFLEET_RUNTIME__CLAIM_LEASE", "1s")]).await?;
+    let fleet =
+        Fleet::start(test_fleet(2).worker_env(&[("TOOLFLEET_RUNTIME__CLAIM_LEASE", "1s")])).await?;
     let mut results = fleet.results("job-dup").await?;
 
     // One after the other: the second delivery finds the stored result.
@@ -135,7 +136,7 @@ async fn the_same_call_delivered_twice_runs_once_and_is_answered_twice() -> anyh
 
 #[tokio::test]
 async fn invalid_arguments_are_answered_without_running_the_tool() -> anyhow::Result<()> {
-    let fleet = Fleet::start(1).await?;
+    let fleet = Fleet::start(test_fleet(1)).await?;
     let mut results = fleet.results("job-bad").await?;
     let cases = [
         ("wrong_type", "increment_counter", r#"{"key": 5}"#),
@@ -210,7 +211,7 @@ async fn invalid_arguments_are_answered_without_running_the_tool() -> anyhow::Re
 
 #[tokio::test]
 async fn an_unknown_tool_is_never_executed_nor_claimed_nor_answered() -> anyhow::Result<()> {
-    let fleet = Fleet::start(1).await?;
+    let fleet = Fleet::start(test_fleet(1)).await?;
     let mut results = fleet.results("job-unknown").await?;
 
     // On its own subject, nothing consumes it: it waits in the stream.
@@ -294,8 +295,10 @@ const DROPPED: &str = "call for a tool this worker does not serve here dropped u
 
 #[tokio::test]
 async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> anyhow::Result<()> {
-    let fleet =
-        Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SLEEP", "300ms")]).await?;
+    let fleet = Fleet::start(
+        test_fleet(1).worker_env(&[("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SLEEP", "300ms")]),
+    )
+    .await?;
     let mut results = fleet.results("job-crash").await?;
 
     fleet
@@ -344,7 +347,7 @@ async fn panics_and_timeouts_become_envelopes_and_the_worker_keeps_serving() -> 
 #[tokio::test]
 async fn calls_with_forged_ids_are_dropped_unrun_and_the_worker_keeps_serving() -> anyhow::Result<()>
 {
-    let fleet = Fleet::start(1).await?;
+    let fleet = Fleet::start(test_fleet(1)).await?;
     let victim = toolfleet_tests::fleet::job_id("job-victim");
     let mut victims_results = fleet.results(&victim).await?;
     let effect = r#"{"key":"forged-effect"}"#;
@@ -396,7 +399,7 @@ async fn calls_with_forged_ids_are_dropped_unrun_and_the_worker_keeps_serving() 
 
 #[tokio::test]
 async fn a_stored_result_answers_only_the_call_it_was_stored_for() -> anyhow::Result<()> {
-    let fleet = Fleet::start(1).await?;
+    let fleet = Fleet::start(test_fleet(1)).await?;
     let mut results = fleet.results("job-bound").await?;
     let forged = call(
         "job-bound",
@@ -428,7 +431,7 @@ async fn a_stored_result_answers_only_the_call_it_was_stored_for() -> anyhow::Re
 #[tokio::test]
 async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
     // Drain long enough: the slow call finishes before the worker exits.
-    let fleet = Fleet::start(1).await?;
+    let fleet = Fleet::start(test_fleet(1)).await?;
     let mut results = fleet.results("job-term").await?;
     fleet
         .publish_call(&call("job-term", "finishes", "sleep", r#"{"ms": 1500}"#))
@@ -445,7 +448,9 @@ async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
     assert!(status.success(), "drained worker exits 0: {status:?}");
 
     // Drain too short: the call is handed back and another worker runs it.
-    let mut short = Fleet::start_with(1, &[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", "200ms")]).await?;
+    let mut short =
+        Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", "200ms")]))
+            .await?;
     let mut results = short.results("job-term2").await?;
     short
         .publish_call(&call(
@@ -487,16 +492,13 @@ async fn sigterm_during_a_slow_call_loses_nothing() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() -> anyhow::Result<()>
 {
-    let fleet = Fleet::start_with(
-        1,
-        &[
-            (
-                "TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__INCREMENT_COUNTER",
-                "300ms",
-            ),
-            ("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SET_FLAG", "300ms"),
-        ],
-    )
+    let fleet = Fleet::start(test_fleet(1).worker_env(&[
+        (
+            "TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__INCREMENT_COUNTER",
+            "300ms",
+        ),
+        ("TOOLFLEET_RUNTIME__TOOL_TIMEOUTS__SET_FLAG", "300ms"),
+    ]))
     .await?;
     let mut results = fleet.results("job-slow-effect").await?;
     // The counter was incremented before the timeout: the probe says so.
@@ -555,13 +557,10 @@ async fn a_side_effecting_call_that_times_out_is_probed_not_retried_blindly() ->
 /// first has run the call, both hear "not applied", and both run it.
 #[tokio::test]
 async fn a_slow_probe_keeps_its_claim_and_the_call_runs_once() -> anyhow::Result<()> {
-    let fleet = Fleet::start_with(
-        2,
-        &[
-            ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
-            ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
-        ],
-    )
+    let fleet = Fleet::start(test_fleet(2).worker_env(&[
+        ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+        ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+    ]))
     .await?;
     let mut results = fleet.results("job-slow-probe").await?;
     // A retry (attempt 2) of a side-effecting call asks the probe first,
@@ -643,7 +642,7 @@ async fn busy_tool_takes_every_slot(env: &[(&str, &str)]) -> anyhow::Result<Flee
     let slots = SLOTS.to_string();
     let mut env = env.to_vec();
     env.push(("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.as_str()));
-    let fleet = Fleet::start_with(1, &env).await?;
+    let fleet = Fleet::start(test_fleet(1).worker_env(&env)).await?;
     let mut results = fleet.results("job-busy").await?;
     for n in 0..CALLS {
         let busy = call(
@@ -698,12 +697,11 @@ async fn calls_are_kept_alive_against_the_consumers_own_ack_wait() -> anyhow::Re
     anyhow::ensure!(set_up.status.success(), "{set_up:?}");
     let client = nats.client().await?;
     let env = [("TOOLFLEET_RUNTIME__ACK_WAIT", "30s")];
-    let fleet = Fleet::start_on(
-        Nats::Server(nats.into()),
+    let fleet = Fleet::start_as(
+        test_fleet(1)
+            .on_nats(Nats::Server(nats.into()))
+            .worker_env(&env),
         client,
-        Default::default(),
-        1,
-        &env,
     )
     .await?;
     assert_eq!(fleet.count_in_worker_logs("has its own AckWait"), 1);

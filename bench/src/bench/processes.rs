@@ -7,20 +7,14 @@
 //! process and one runtime; this one pays what a deployment pays, and
 //! shows what one worker serving many tools does.
 
-use std::time::Duration;
-
 use anyhow::Context as _;
-use toolfleet_proto::v1;
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
-use toolfleet_fleet::servers::{Nats, Redis, RedisClusterShape, ServersSpec};
-use toolfleet_fleet::supervisor::{
-    ChildProcess, RedisConfig, ServerOptions, cargo_bin, logged_grpc_url,
-};
-
-/// How long each process may take to come up.
-const READY: Duration = Duration::from_secs(60);
+use toolfleet_fleet::processes;
+use toolfleet_fleet::servers::RedisClusterShape;
+use toolfleet_fleet::supervisor::{ServerOptions, cargo_bin};
+use toolfleet_fleet::{FleetBuilder, Serving};
 
 /// What fleet to start.
 #[derive(Debug, Clone, Copy)]
@@ -139,42 +133,22 @@ impl Accounts {
     }
 }
 
-/// The servers `shape` asks for, with `options`; with `accounts`, NATS runs
-/// the shipped accounts and users and is set up as their `setup`.
-async fn start_servers(
-    shape: &FleetShape,
-    options: &ServerOptions,
-    accounts: Option<&Accounts>,
-) -> anyhow::Result<(Nats, Redis)> {
-    if shape.nats_cluster && (accounts.is_some() || shape.fsync_always) {
+/// What `shape` cannot run here.
+fn check(shape: &FleetShape) -> anyhow::Result<()> {
+    if shape.nats_cluster && (shape.nats_accounts || shape.fsync_always) {
         anyhow::bail!(
             "--nats-cluster runs without --nats-accounts or --fsync-always (a cluster's nodes \
              have no configuration of their own here)"
         );
     }
-    if accounts.is_some() && shape.fsync_always {
+    if shape.nats_accounts && shape.fsync_always {
         anyhow::bail!("--nats-accounts is not supported with --fsync-always");
     }
-    let spec = ServersSpec {
-        nats_nodes: shape.nats_cluster.then_some(3),
-        nats_config: accounts.map(Accounts::server_config),
-        fsync_always: shape.fsync_always,
-        redis_cluster: shape.redis_cluster.then_some(RedisClusterShape {
-            primaries: 3,
-            replicas: 1,
-        }),
-        redis: RedisConfig::default(),
-        options: options.clone(),
-    };
-    let (nats, redis) = spec.start().await?;
-    if let Some(accounts) = accounts {
-        accounts.set_up(&nats.url()).await?;
-    }
-    Ok((nats, redis))
+    Ok(())
 }
 
 /// The environment every process of the fleet shares: its threads, where
-/// it sends traces, and the servers' shape.
+/// it sends traces, and how many Redis replicas a write waits for.
 fn common_env(shape: &FleetShape, telemetry: &TelemetryOptions) -> Vec<(&'static str, String)> {
     let mut common = vec![("TOOLFLEET_THREADS", shape.threads.to_string())];
     if let Some(endpoint) = &telemetry.otlp_endpoint {
@@ -183,81 +157,59 @@ fn common_env(shape: &FleetShape, telemetry: &TelemetryOptions) -> Vec<(&'static
     if let Some(ratio) = telemetry.sample_ratio {
         common.push(("TOOLFLEET_TELEMETRY__SAMPLE_RATIO", ratio.to_string()));
     }
-    if shape.nats_cluster {
-        common.push(("TOOLFLEET_NATS__REPLICAS", "3".to_owned()));
-    }
-    if shape.redis_cluster {
-        common.push(("TOOLFLEET_REDIS__CLUSTER", "true".to_owned()));
-    }
     if let Some(replicas) = shape.wait_replicas {
         common.push(("TOOLFLEET_REDIS__WAIT_REPLICAS", replicas.to_string()));
     }
     common
 }
 
-/// How the fleet's services are started: their connection flags, their
-/// shared environment, and their NATS accounts when the fleet has them.
-struct Launch<'a> {
-    connection: [String; 4],
-    common: Vec<(&'static str, String)>,
-    accounts: Option<&'a Accounts>,
-    options: &'a ServerOptions,
+/// The fleet as `shape` describes it, without its services yet (with NATS
+/// accounts, `setup` runs before them): every worker with the test tools,
+/// or, with NATS accounts, as the pool `general` serving its own tools only.
+fn builder(
+    shape: &FleetShape,
+    telemetry: &TelemetryOptions,
+    accounts: Option<&Accounts>,
+    options: ServerOptions,
+) -> FleetBuilder {
+    let mut worker_env = Vec::new();
+    let mut orchestrator_env = Vec::new();
+    if let Some(accounts) = accounts {
+        worker_env.extend(accounts.env(POOL));
+        orchestrator_env.extend(accounts.env("orchestrator"));
+    }
+    if let Some(slots) = shape.max_in_flight {
+        worker_env.push(("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.to_string()));
+    }
+    if let Some(jobs) = shape.max_jobs {
+        orchestrator_env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
+    }
+    let serving = match accounts {
+        Some(_) => Serving::Tools(POOL_TOOLS.split(',').map(str::to_owned).collect()),
+        None => Serving::TestTools,
+    };
+    FleetBuilder::new()
+        .workers(0)
+        .orchestrators(0)
+        .serving(serving)
+        .nats_cluster(shape.nats_cluster.then_some(3))
+        .nats_config(accounts.map(Accounts::server_config))
+        .fsync_always(shape.fsync_always)
+        .redis_cluster(shape.redis_cluster.then_some(RedisClusterShape {
+            primaries: 3,
+            replicas: 1,
+        }))
+        .server_options(options)
+        .env(&borrowed(&common_env(shape, telemetry)))
+        .worker_env(&borrowed(&worker_env))
+        .orchestrator_env(&borrowed(&orchestrator_env))
 }
 
-impl Launch<'_> {
-    /// The orchestrator, on any free port, taking scripted jobs from anyone
-    /// (the bench's jobs are scripted, on loopback).
-    fn orchestrator(
-        &self,
-        max_jobs: Option<std::num::NonZeroUsize>,
-    ) -> anyhow::Result<ChildProcess> {
-        let mut args = self.connection.to_vec();
-        args.extend(["--listen".to_owned(), "127.0.0.1:0".to_owned()]);
-        let mut env = vec![
-            ("TOOLFLEET_API__ALLOW_SCRIPTED", "true".to_owned()),
-            ("TOOLFLEET_API__AUTH", "none".to_owned()),
-        ];
-        if let Some(jobs) = max_jobs {
-            env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));
-        }
-        env.extend(self.common.iter().cloned());
-        if let Some(accounts) = self.accounts {
-            env.extend(accounts.env("orchestrator"));
-        }
-        ChildProcess::spawn_with(
-            "orchestrator",
-            cargo_bin("toolfleet-orchestrator")?,
-            &args,
-            env.iter().map(|(k, v)| (*k, v.as_str())),
-            self.options,
-        )
-    }
-
-    /// Worker `n`: with the test tools, or, with NATS accounts, as the
-    /// pool `general` serving its own tools only.
-    fn worker(&self, n: usize, max_in_flight: Option<usize>) -> anyhow::Result<ChildProcess> {
-        let mut args = self.connection.to_vec();
-        let mut env = self.common.clone();
-        match self.accounts {
-            Some(accounts) => {
-                args.extend(["--tools".to_owned(), POOL_TOOLS.to_owned()]);
-                env.extend(accounts.env(POOL));
-            }
-            None => args.push("--test-tools".to_owned()),
-        }
-        args.extend(["--worker-id".to_owned(), format!("bench-worker-{n}")]);
-        if let Some(slots) = max_in_flight {
-            args.extend(["--max-in-flight".to_owned(), slots.to_string()]);
-        }
-        let env = env.iter().map(|(k, v)| (*k, v.as_str()));
-        ChildProcess::spawn_with(
-            &format!("worker-{n}"),
-            cargo_bin("toolfleet-worker")?,
-            &args,
-            env,
-            self.options,
-        )
-    }
+/// `env` as the builder takes it.
+fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'a str, &'a str)> {
+    env.iter()
+        .map(|(name, value)| (*name, value.as_str()))
+        .collect()
 }
 
 /// The fleet; every process is killed and its dir removed on drop.
@@ -266,11 +218,8 @@ pub(super) struct ProcessFleet {
     pub(super) address: String,
     /// NATS, for the raw request/reply floor.
     pub(super) nats_url: String,
-    // Declared before the servers, so that they are killed first.
-    workers: Vec<ChildProcess>,
-    orchestrator: ChildProcess,
-    redis: Redis,
-    nats: Nats,
+    fleet: processes::ProcessFleet,
+    // Declared after the fleet, so that it goes once the processes are gone.
     _dir: tempfile::TempDir,
 }
 
@@ -283,14 +232,7 @@ impl ProcessFleet {
         tool: &str,
         telemetry: &TelemetryOptions,
     ) -> anyhow::Result<Self> {
-        let FleetShape {
-            workers,
-            max_in_flight,
-            max_jobs,
-            threads,
-            nats_accounts,
-            ..
-        } = *shape;
+        check(shape)?;
         let dir = tempfile::Builder::new()
             .prefix("toolfleet-bench-")
             .tempdir()
@@ -302,49 +244,39 @@ impl ProcessFleet {
             own_process_group: true,
             log_tail_on_drop: false,
             // Like the fleet's own processes (decision 0025).
-            nats_threads: (threads > 0).then_some(threads),
+            nats_threads: (shape.threads > 0).then_some(shape.threads),
             ..ServerOptions::default()
         };
-        let accounts = nats_accounts.then(Accounts::new);
-        let (nats, redis) = start_servers(shape, &options, accounts.as_ref()).await?;
-        let launch = Launch {
-            connection: [
-                "--nats-url".to_owned(),
-                nats.url(),
-                "--redis-url".to_owned(),
-                redis.url(),
-            ],
-            common: common_env(shape, telemetry),
-            accounts: accounts.as_ref(),
-            options: &options,
-        };
-        let orchestrator = launch.orchestrator(max_jobs)?;
-        let spawned = (0..workers)
-            .map(|n| launch.worker(n, max_in_flight))
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let ready = orchestrator
-            .wait_for_log("orchestrator ready", READY)
-            .await?;
-        let address =
-            logged_grpc_url(&ready).with_context(|| format!("no gRPC address in {ready:?}"))?;
-        let fleet = Self {
+        let accounts = shape.nats_accounts.then(Accounts::new);
+        let builder = builder(shape, telemetry, accounts.as_ref(), options);
+        let mut fleet = builder.start_processes().await?;
+        if let Some(accounts) = &accounts {
+            accounts.set_up(&fleet.nats.url()).await?;
+        }
+        fleet.start_orchestrator(&[])?;
+        for _ in 0..shape.workers {
+            fleet.start_worker()?;
+        }
+        let address = fleet.grpc_url(0).await?;
+        let workers = u32::try_from(shape.workers).unwrap_or(u32::MAX);
+        fleet.wait_for_tools(0, &[tool], workers).await?;
+        for worker in fleet.workers() {
+            anyhow::ensure!(worker.is_running(), "{} exited", worker.name());
+        }
+        Ok(Self {
             address,
-            nats_url: nats.url(),
-            workers: spawned,
-            orchestrator,
-            redis,
-            nats,
+            nats_url: fleet.nats.url(),
+            fleet,
             _dir: dir,
-        };
-        fleet.wait_for_tool(tool, workers).await?;
-        Ok(fleet)
+        })
     }
 
     /// Every process of the fleet and where its servers report.
     pub(super) fn sources(&self) -> Sources {
-        let nats = self.nats.named();
-        let redis = self.redis.named();
-        let mut processes = vec![Probe::new("orchestrator", self.orchestrator.pid())];
+        let fleet = &self.fleet;
+        let nats = fleet.nats.named();
+        let redis = fleet.redis.named();
+        let mut processes = vec![Probe::new("orchestrator", fleet.orchestrator(0).pid())];
         processes.extend(
             nats.iter()
                 .map(|(name, node)| Probe::new(name, node.process().pid())),
@@ -354,33 +286,16 @@ impl ProcessFleet {
                 .iter()
                 .map(|(name, node)| Probe::new(name, node.process().pid())),
         );
-        processes.extend(self.workers.iter().map(|w| Probe::new(w.name(), w.pid())));
+        processes.extend(
+            fleet
+                .workers()
+                .iter()
+                .map(|w| Probe::new(w.name(), w.pid())),
+        );
         Sources {
             processes,
             redis_urls: redis.iter().map(|(_, node)| node.url()).collect(),
             nats_monitoring: nats.iter().map(|(_, node)| node.monitoring_url()).collect(),
         }
-    }
-
-    async fn wait_for_tool(&self, tool: &str, workers: usize) -> anyhow::Result<()> {
-        let api = v1::agent_service_client::AgentServiceClient::connect(self.address.clone())
-            .await
-            .with_context(|| format!("cannot reach the orchestrator at {}", self.address))?;
-        let what = format!("{tool} on {workers} worker processes");
-        self.orchestrator
-            .wait_until(&what, READY, || {
-                let mut api = api.clone();
-                async move {
-                    let tools = api.list_tools(v1::ListToolsRequest {}).await.ok()?;
-                    let live = tools.into_inner().tools;
-                    let serving = live.iter().find(|t| t.name == tool)?.workers;
-                    (usize::try_from(serving).unwrap_or(0) >= workers).then_some(())
-                }
-            })
-            .await?;
-        for worker in &self.workers {
-            anyhow::ensure!(worker.is_running(), "{} exited", worker.name());
-        }
-        Ok(())
     }
 }

@@ -65,7 +65,7 @@ impl<T, E: std::fmt::Display> Outcome for Result<T, E> {
 /// ```no_run
 /// # async fn example(counter: &std::sync::atomic::AtomicU64) -> anyhow::Result<()> {
 /// use std::{sync::atomic::Ordering, time::Duration};
-/// use toolfleet_cli::supervisor::wait_until;
+/// use toolfleet_fleet::supervisor::wait_until;
 ///
 /// wait_until("the counter to reach 3", Duration::from_secs(5), || async {
 ///     counter.load(Ordering::SeqCst) >= 3

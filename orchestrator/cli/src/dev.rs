@@ -15,6 +15,7 @@ use crate::demo;
 use crate::output::outln;
 use crate::{EXIT_INTERRUPTED, watch_signals_then};
 use toolfleet_fleet::local::{KillSwitch, LocalFleet, LocalFleetOptions};
+use toolfleet_fleet::{FleetBuilder, Serving};
 
 #[derive(Debug, Args)]
 pub(crate) struct DevArgs {
@@ -106,16 +107,20 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
     if exporting.is_some() {
         eprintln!("exporting traces to the OTLP collector the OTEL_EXPORTER_OTLP_* variables name");
     }
+    let builder = FleetBuilder::new()
+        .workers(args.workers.into())
+        .serving(match args.test_tools {
+            true => Serving::TestTools,
+            false => Serving::BuiltIn,
+        });
     let options = LocalFleetOptions {
         grpc_port: args.grpc_port,
-        workers: args.workers.into(),
-        test_tools: args.test_tools,
         keep_dir: args.keep_dir,
         kill_switch,
         ..LocalFleetOptions::default()
     };
     let fleet = tokio::select! {
-        fleet = LocalFleet::start(options) => fleet?,
+        fleet = builder.start_in_process(options) => fleet?,
         () = shutdown.cancelled() => {
             // Dropping the half-started fleet kills and removes what it started.
             eprintln!("interrupted");
