@@ -32,7 +32,7 @@ import helm_python
 import kubernetes_validate
 import yaml
 
-from common import Checks
+from common import Checks, listen_ports
 from kube import Manifests, Unresolved
 
 KUBERNETES = kubernetes_validate.latest_version()
@@ -62,12 +62,14 @@ VALUE_SETS = {
         "nats": {"url": CLUSTER_NATS, "replicas": 3},
         "redis": {"url": CLUSTER_REDIS, "cluster": True, "waitReplicas": 1},
     },
-    "one pool, external NATS and Redis over TLS, no auth": {
+    "one pool, external NATS and Redis over TLS, no auth, other ports": {
         "nats": {"url": "tls://nats.messaging.svc:4222", "auth": "none",
                  "tls": {"secretName": "nats-ca", "clientCert": False}},
         "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "none",
                   "tls": {"secretName": "redis-client", "clientCert": True}},
-        "orchestrator": {"auth": "none"},
+        # Ports an image's environment must not override.
+        "orchestrator": {"auth": "none", "grpcPort": 8443, "metricsPort": 9464},
+        "worker": {"metricsPort": 9465},
         "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318",
                       "otlpProtocol": "http/protobuf", "sampleRatio": 0.05},
         "pools": [pool("everything", GENERAL + KNOWLEDGE, replicas=3)],
@@ -111,7 +113,7 @@ VALUE_SETS = {
 KINDS = {
     "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 1, "Job": 1, "ServiceAccount": 1,
                  "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 2, "Secret": 2},
-    "one pool, external NATS and Redis over TLS, no auth": {"Deployment": 2, "NetworkPolicy": 2,
+    "one pool, external NATS and Redis over TLS, no auth, other ports": {"Deployment": 2, "NetworkPolicy": 2,
                                                             "HorizontalPodAutoscaler": 0, "ConfigMap": 1,
                                                             "Secret": 0},
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
@@ -142,7 +144,7 @@ CONFIGURED = {
                     "nats.inbox_prefix": "_INBOX.pool-general"},
         "knowledge": {"runtime.max_deliveries": 5},
     },
-    "one pool, external NATS and Redis over TLS, no auth": {
+    "one pool, external NATS and Redis over TLS, no auth, other ports": {
         "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none",
                          "redis.tls.cert_file": "/etc/toolfleet/redis-tls/tls.crt", "nats.tls.cert_file": None},
         "everything": {"nats.tls.ca_file": "/etc/toolfleet/nats-tls/ca.crt"},
@@ -265,7 +267,8 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
             except Unresolved as err:
                 checks.failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err}")
                 continue
-            for command in commands:
+            containers = doc["spec"]["template"]["spec"]["containers"]
+            for container, command in zip(containers, commands):
                 where = f"{label}: {command.where}"
                 if command.args[:1] == ["setup"]:
                     checks.setup(where, command.binary, command.args, command.env)
@@ -285,6 +288,12 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
                 for path in named_files(config):
                     if not os.path.exists(path):
                         checks.failures.append(f"{where}: names {path}, which no volume holds")
+                # Every port the pod declares (and its Service and
+                # NetworkPolicy name) is one the service listens on.
+                declared = {p["containerPort"] for p in container.get("ports", [])}
+                if not declared <= listen_ports(config):
+                    checks.failures.append(f"{where}: declares ports {sorted(declared)}, "
+                                           f"listens on {sorted(listen_ports(config))}")
                 # The services export where the values say, or not at all.
                 endpoint = values["telemetry"]["otlpEndpoint"] or None
                 if config["telemetry"]["otlp_endpoint"] != endpoint:

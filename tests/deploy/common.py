@@ -17,6 +17,13 @@ def run(binary: str, args: list[str], env: dict[str, str]) -> subprocess.Complet
     )
 
 
+def listen_ports(config: dict) -> set[int]:
+    """The ports a service with this configuration (`--print-config`)
+    listens on: gRPC (the orchestrator's) and metrics."""
+    addresses = [config.get("grpc", {}).get("listen"), config.get("metrics", {}).get("listen")]
+    return {int(a.rsplit(":", 1)[1]) for a in addresses if a}
+
+
 class Checks:
     """Failures found so far, and the tools set up and served."""
 

@@ -2,6 +2,11 @@
 each container becomes a local command line with the environment and the
 files the kubelet would give it.
 
+A container of toolfleet's images starts with its image's environment
+(deploy/Dockerfile's ENV, read by image.py), the container's own `env`
+on top, as a container runtime does; files the image holds are the
+repository files the Dockerfile copies.
+
 A pod's ConfigMap and Secret volumes are written under a directory of
 the test's, and every mount path in the container's environment and in
 those files is rewritten to point there. Environment variables from
@@ -12,6 +17,11 @@ import base64
 import os
 import re
 from dataclasses import dataclass, field
+
+import image as images_of_dockerfile
+
+DOCKERFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "deploy", "Dockerfile")
 
 # What each image runs when a container names no command: toolfleet's own
 # (deploy/Dockerfile's targets) and the dev NATS and Redis.
@@ -52,8 +62,10 @@ class Manifests:
     """The rendered objects, and Secrets the user creates beside them
     (name -> key -> value)."""
 
-    def __init__(self, docs: list[dict], user_secrets: dict[str, dict[str, str]] | None = None):
+    def __init__(self, docs: list[dict], user_secrets: dict[str, dict[str, str]] | None = None,
+                 dockerfile: str = DOCKERFILE):
         self.docs = docs
+        self.images = images_of_dockerfile.read(dockerfile)
         self.config_maps = {d["metadata"]["name"]: dict(d.get("data") or {}) for d in docs if d["kind"] == "ConfigMap"}
         self.secrets: dict[str, dict[str, str]] = dict(user_secrets or {})
         for doc in docs:
@@ -89,7 +101,8 @@ class Manifests:
                 local = os.path.join(root, container["name"], mount["name"])
                 mounts[mount["mountPath"]] = local
                 self._write_volume(sources[mount["name"]], local, (volumes or {}))
-            env = {}
+            built = images_of_dockerfile.of(container["image"], self.images)
+            env = dict(built.env) if built else {}
             for var in container.get("env", []):
                 if "value" in var:
                     env[var["name"]] = str(var["value"])
@@ -106,12 +119,17 @@ class Manifests:
                             raise
                 else:
                     raise Unresolved(f"{where}: env {var['name']} from {source}")
-            argv = [str(a) for a in container.get("command") or [self._entrypoint(container["image"])]]
+            entrypoint = [os.path.basename(built.entrypoint[0])] if built and built.entrypoint else None
+            argv = [str(a) for a in container.get("command") or entrypoint or [self._entrypoint(container["image"])]]
             argv += [str(a) for a in container.get("args", [])]
             command = Command(where, argv[0], argv[1:], env, mounts, doc["metadata"].get("labels", {}))
             # Paths inside the container, wherever they are written down.
             # A mount path, as a whole path or a prefix of one.
             replace = {re.escape(m) + r"(?=[/\s\"']|$)": local for m, local in mounts.items()}
+            # Files the image holds, where no volume covers them.
+            for path, local in (built.files.items() if built else ()):
+                if command.path(path) == path:
+                    replace[re.escape(path) + r"(?=[\s\"']|$)"] = local
             replace.update({re.escape(old): new for old, new in (rewrites or {}).items()})
             command.env = {k: _rewrite(v, replace) for k, v in env.items()}
             command.args = [_rewrite(a, replace) for a in command.args]
