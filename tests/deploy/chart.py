@@ -86,6 +86,7 @@ VALUE_SETS = {
         "pools": [pool("general", GENERAL, autoscaled=True, low=0), pool("knowledge", KNOWLEDGE, autoscaled=True, low=0)],
     },
     "dev: the chart's own NATS and Redis": "values-dev.yaml",
+    "dev, a release name of 53 characters": "values-dev.yaml",
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "credentials": {"create": False, "secretName": "fleet-passwords"},
         "openai": {"secretName": "openai", "secretKey": "api-key"},
@@ -109,9 +110,12 @@ VALUE_SETS = {
     },
 }
 
+# The release name of a value set, when not "tf": Helm's longest.
+RELEASE_NAMES = {"dev, a release name of 53 characters": "a-release-name-as-long-as-helm-allows-fifty-three-chr"}
+
 # What each value set must render, by kind.
 KINDS = {
-    "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 1, "Job": 1, "ServiceAccount": 1,
+    "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 3, "Job": 1, "ServiceAccount": 1,
                  "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 2, "Secret": 2},
     "one pool, external NATS and Redis over TLS, no auth, other ports": {"Deployment": 2, "NetworkPolicy": 2,
                                                             "HorizontalPodAutoscaler": 0, "ConfigMap": 1,
@@ -122,6 +126,7 @@ KINDS = {
     "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
+    "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 3, "Secret": 0},
 }
@@ -298,13 +303,92 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
                 endpoint = values["telemetry"]["otlpEndpoint"] or None
                 if config["telemetry"]["otlp_endpoint"] != endpoint:
                     checks.failures.append(f"{where}: exports to {config['telemetry']['otlp_endpoint']}, not {endpoint}")
-            for container, command in zip(doc["spec"]["template"]["spec"]["containers"], commands):
-                for probe in ("readinessProbe", "livenessProbe"):
-                    exec_command = container.get(probe, {}).get("exec", {}).get("command")
-                    if exec_command:
-                        checks.probe(f"{label}: {command.where} {probe}", command.binary, exec_command)
-                    elif doc["kind"] == "Deployment":
-                        checks.failures.append(f"{label}: {command.where}: no exec {probe}")
+                if doc["kind"] == "Deployment":
+                    checks.failures.extend(f"{where}: {f}" for f in check_probes(container, config))
+
+
+# Each probe a service needs, and the path it must ask (docs/deploy.md).
+PROBES = {"startupProbe": "/healthz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+
+
+def check_probes(container: dict, config: dict) -> list[str]:
+    """A service's probes are HTTP GETs of the health paths on its
+    plaintext metrics port: a port the container declares, by name or
+    number, that the service (its `--print-config`) serves metrics on."""
+    failures = []
+    declared = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    metrics = int(config["metrics"]["listen"].rsplit(":", 1)[1])
+    for probe, path in PROBES.items():
+        http = container.get(probe, {}).get("httpGet")
+        if http is None:
+            failures.append(f"{probe}: not an HTTP probe")
+            continue
+        port = declared.get(http["port"], http["port"])
+        if http.get("path") != path or port != metrics or http.get("scheme", "HTTP") != "HTTP":
+            failures.append(f"{probe}: GET {http.get('path')} on port {http['port']}, "
+                            f"not {path} on the metrics port {metrics}")
+    return failures
+
+
+def selects(selector: dict, labels: dict[str, str]) -> bool:
+    """Whether a Kubernetes label selector selects a pod with `labels`."""
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expression in selector.get("matchExpressions") or []:
+        key, operator, values = expression["key"], expression["operator"], expression.get("values", [])
+        if not {"In": key in labels and labels[key] in values,
+                "NotIn": key not in labels or labels[key] not in values,
+                "Exists": key in labels, "DoesNotExist": key not in labels}[operator]:
+            return False
+    return True
+
+
+def check_network_policies(docs: list[dict], release: str) -> list[str]:
+    """Each NetworkPolicy selects pods of this chart's release only (not a
+    worker of another chart in the same umbrella release), every pod of the
+    release is selected by one, and no metrics port is open to sources
+    outside the cluster."""
+    failures = []
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    if not policies:
+        return failures
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+            for d in docs if d["kind"] in ("Deployment", "Job")}
+    for name, labels in pods.items():
+        if not any(selects(p["spec"]["podSelector"], labels) for p in policies):
+            failures.append(f"no NetworkPolicy selects the pods of {name}")
+    metrics_ports = {port["containerPort"] for d in docs if d["kind"] == "Deployment"
+                     for c in d["spec"]["template"]["spec"]["containers"]
+                     for port in c.get("ports", []) if port.get("name") == "metrics"}
+    for policy in policies:
+        selector = policy["spec"]["podSelector"]
+        for component in ("worker", "orchestrator", "setup"):
+            other = {"app.kubernetes.io/name": "another-chart", "app.kubernetes.io/instance": release,
+                     "app.kubernetes.io/component": component}
+            if selects(selector, other):
+                failures.append(f"NetworkPolicy {policy['metadata']['name']} selects another chart's {component}")
+        for rule in policy["spec"].get("ingress", []):
+            ports = {p["port"] for p in rule.get("ports", [])}
+            metrics = ports & metrics_ports
+            if metrics and not rule.get("from"):
+                failures.append(f"NetworkPolicy {policy['metadata']['name']}: port {sorted(metrics)} "
+                                "is open to any source")
+    return failures
+
+
+def check_names(docs: list[dict]) -> list[str]:
+    """Every object's name is a DNS label (a Service's must be; a pod's
+    hostname comes from its Deployment's), and unique within its kind."""
+    failures = []
+    seen = set()
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        if len(name) > 63 or not re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name):
+            failures.append(f"{doc['kind']} {name}: not a DNS label of at most 63 characters")
+        if (doc["kind"], name) in seen:
+            failures.append(f"two {doc['kind']} objects named {name}")
+        seen.add((doc["kind"], name))
+    return failures
 
 
 def check_observability(docs: list[dict]) -> list[str]:
@@ -448,8 +532,11 @@ def main() -> int:
             with open(os.path.join(chart_dir, values)) as f:
                 values = yaml.safe_load(f)
         checks = Checks(bin_dir, nats_url)
-        rendered = chart.render(values, name="tf", namespace="toolfleet", is_install=True)
+        release = RELEASE_NAMES.get(label, "tf")
+        rendered = chart.render(values, name=release, namespace="toolfleet", is_install=True)
         docs = manifests(rendered)
+        failures.extend(f"{label}: {f}" for f in check_names(docs))
+        failures.extend(f"{label}: {f}" for f in check_network_policies(docs, release))
         for kind, count in KINDS[label].items():
             found = sum(1 for doc in docs if doc["kind"] == kind)
             if found != count:

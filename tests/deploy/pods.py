@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import helm_python
@@ -217,11 +218,20 @@ def main() -> int:
         return manifests.commands(by_component[component], os.path.join(root, component),
                                   {"graph": graph}, rewrites)
 
-    def ready(command: Command, deployment: dict) -> None:
-        """Waits until the container's own readiness probe passes."""
-        probe = deployment["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
-        probe_command = Command(command.where, os.path.basename(probe[0]), probe[1:], command.env)
-        wait_until(f"{command.where} to be ready", lambda: fleet.run(probe_command).returncode == 0, 60)
+    def probe(component: str, name: str) -> bool:
+        """One HTTP probe of the container, as the kubelet makes it: a GET
+        of its path on the port it names (by name or number), here the
+        local port standing for that container port; 2xx and 3xx pass."""
+        [container] = by_component[component]["spec"]["template"]["spec"]["containers"]
+        http = container[name]["httpGet"]
+        declared = {p.get("name"): p["containerPort"] for p in container["ports"]}
+        port = declared.get(http["port"], http["port"])
+        local = {9090: metrics_ports[component], 50051: ports["grpc"]}[port]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{local}{http['path']}", timeout=1) as response:
+                return 200 <= response.status < 400
+        except urllib.error.HTTPError as err:
+            return 200 <= err.code < 400
 
     metrics_ports = {}
 
@@ -229,7 +239,10 @@ def main() -> int:
         metrics_ports[component] = free_port()
         [command] = commands(component, {"0.0.0.0:50051": ports["grpc"], "0.0.0.0:9090": metrics_ports[component]})
         process = fleet.start(command)
-        ready(command, by_component[component])
+        # The kubelet's order: the startup probe, then readiness (and
+        # liveness, which must pass as well).
+        for name in ("startupProbe", "readinessProbe", "livenessProbe"):
+            wait_until(f"{command.where} to pass its {name}", lambda: probe(component, name), 60)
         return process
 
     def calls_waiting() -> dict[str, int]:

@@ -69,15 +69,17 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 /// the ServiceMonitor and the PrometheusRule against their CRDs' schemas,
 /// each ScaledObject scaling its pool on its tools' consumers), bad values
 /// refused, the NATS and Redis users generated from the pools equal to
-/// deploy/'s files (one pool more adds exactly its users), and every
-/// container's configuration, environment, mounted files and probes run by
-/// the binary it names (the setup Job for real, on a NATS cluster: the
-/// defaults keep three copies of each stream).
+/// deploy/'s files (one pool more adds exactly its users), names DNS labels
+/// under a 53-character release name, NetworkPolicies that select this
+/// chart's pods only, and every container's configuration, environment
+/// (over its image's), mounted files and ports run by the binary it names,
+/// its probes HTTP on the port it serves metrics on (the setup Job for
+/// real, on a NATS cluster: the defaults keep three copies of each stream).
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
     let said = check("chart.py", &["deploy/helm/toolfleet"], Nats::Cluster).await?;
-    assert!(said.contains("chart: 8 value sets"), "{said}");
+    assert!(said.contains("chart: 9 value sets"), "{said}");
     assert!(said.contains("15 bad value sets refused"), "{said}");
     Ok(())
 }

@@ -1,6 +1,21 @@
-{{/* The name of every object: <release>-toolfleet-<part>, or <fullnameOverride>-<part>. */}}
+{{/* The name every object's starts with: <release>-toolfleet, or <fullnameOverride>. */}}
 {{- define "toolfleet.name" -}}
 {{- .Values.fullnameOverride | default (printf "%s-toolfleet" .Release.Name) | trunc 53 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/*
+The name of the object .part of the release (.root): <name>-<part>. A
+Service's name is a DNS label, so no name is over 63 characters: a longer
+one keeps its first 54 and ends with 8 hex digits of its whole's SHA-256,
+which keeps two long names that differ only at the end apart.
+*/}}
+{{- define "toolfleet.object" -}}
+{{- $full := printf "%s-%s" (include "toolfleet.name" .root) .part -}}
+{{- if gt (len $full) 63 -}}
+{{- printf "%s-%s" ($full | trunc 54 | trimSuffix "-") ($full | sha256sum | trunc 8) -}}
+{{- else -}}
+{{- $full -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "toolfleet.labels" -}}
@@ -31,6 +46,43 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- $tools | uniq | join "," -}}
 {{- end -}}
 
+{{/*
+A service's probes: HTTP on its plaintext metrics port (named `metrics`),
+which answers /healthz while the process runs (even while it waits for a
+server) and /readyz once it serves (docs/deploy.md). No process is forked
+per probe, and it works whether or not the gRPC port speaks TLS. The
+startup probe holds the liveness probe off until the endpoint is up.
+*/}}
+{{- define "toolfleet.probes" -}}
+startupProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 1
+  failureThreshold: 60
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  periodSeconds: 10
+  failureThreshold: 6
+{{- end -}}
+
+{{/* Who may scrape the metrics ports: networkPolicy.metricsFrom, or every
+pod of the cluster when it is empty (never a source outside it). */}}
+{{- define "toolfleet.metricsFrom" -}}
+{{- with .Values.networkPolicy.metricsFrom -}}
+{{- toYaml . -}}
+{{- else -}}
+- namespaceSelector: {}
+{{- end -}}
+{{- end -}}
+
 {{/* The restricted security context every container runs with. */}}
 {{- define "toolfleet.containerSecurity" -}}
 allowPrivilegeEscalation: false
@@ -47,7 +99,7 @@ seccompProfile:
 {{/* Where NATS and Redis are: the chart's own servers with dev.enabled. */}}
 {{- define "toolfleet.natsURL" -}}
 {{- if .Values.dev.enabled -}}
-nats://{{ include "toolfleet.name" . }}-nats:4222
+nats://{{ include "toolfleet.object" (dict "root" . "part" "nats") }}:4222
 {{- else -}}
 {{ .Values.nats.url }}
 {{- end -}}
@@ -55,7 +107,7 @@ nats://{{ include "toolfleet.name" . }}-nats:4222
 
 {{- define "toolfleet.redisURL" -}}
 {{- if .Values.dev.enabled -}}
-redis://{{ include "toolfleet.name" . }}-redis:6379/
+redis://{{ include "toolfleet.object" (dict "root" . "part" "redis") }}:6379/
 {{- else -}}
 {{ .Values.redis.url }}
 {{- end -}}
@@ -64,14 +116,14 @@ redis://{{ include "toolfleet.name" . }}-redis:6379/
 {{/* host:port of the NATS monitoring endpoint KEDA reads. */}}
 {{- define "toolfleet.natsMonitoring" -}}
 {{- if .Values.dev.enabled -}}
-{{ include "toolfleet.name" . }}-nats:8222
+{{ include "toolfleet.object" (dict "root" . "part" "nats") }}:8222
 {{- else -}}
 {{ .Values.keda.natsMonitoringEndpoint }}
 {{- end -}}
 {{- end -}}
 
 {{- define "toolfleet.credentialsSecret" -}}
-{{- .Values.credentials.secretName | default (printf "%s-credentials" (include "toolfleet.name" .)) -}}
+{{- .Values.credentials.secretName | default (include "toolfleet.object" (dict "root" . "part" "credentials")) -}}
 {{- end -}}
 
 {{/* Every NATS user: setup, orchestrator and one per pool. */}}
@@ -189,7 +241,7 @@ Secrets of NATS and (but for setup) Redis. */}}
 {{- define "toolfleet.configVolume" -}}
 - name: config
   configMap:
-    name: {{ include "toolfleet.name" .root }}-config
+    name: {{ include "toolfleet.object" (dict "root" .root "part" "config") }}
     items:
       - key: {{ .user }}.toml
         path: config.toml
