@@ -85,6 +85,10 @@ VALUE_SETS = {
         "keda": {"enabled": True, "natsMonitoringEndpoint": "nats.messaging.svc:8222", "account": "$G"},
         "pools": [pool("general", GENERAL, autoscaled=True, low=0), pool("knowledge", KNOWLEDGE, autoscaled=True, low=0)],
     },
+    "the setup as a Helm hook, own credentials": {
+        "setup": {"useHelmHooks": True, "hookDeadlineSeconds": 240},
+        "credentials": {"create": False, "secretName": "fleet-passwords"},
+    },
     "dev: the chart's own NATS and Redis": "values-dev.yaml",
     "dev, a release name of 53 characters": "values-dev.yaml",
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
@@ -127,6 +131,7 @@ KINDS = {
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
     "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
+    "the setup as a Helm hook, own credentials": {"Job": 1, "ConfigMap": 3, "Secret": 0},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 3, "Secret": 0},
 }
@@ -194,6 +199,11 @@ REFUSED = {
                                        "tls": {"secretName": "", "clientCert": False}}},
     "Redis TLS without rediss://": {"redis": {"url": "redis://r:6379/", "auth": "users",
                                               "tls": {"secretName": "ca", "clientCert": False}}},
+    # A pre-install hook runs before the release's own servers and Secret.
+    "the setup as a hook with the dev servers": {"setup": {"useHelmHooks": True, "hookDeadlineSeconds": 240},
+                                                 "dev": {"enabled": True}, "credentials": {"create": False}},
+    "the setup as a hook with the chart's credentials": {"setup": {"useHelmHooks": True,
+                                                                   "hookDeadlineSeconds": 240}},
 }
 
 
@@ -376,6 +386,39 @@ def check_network_policies(docs: list[dict], release: str) -> list[str]:
     return failures
 
 
+def setup_job(values: dict | None, chart) -> dict:
+    [job] = [d for d in manifests(chart.render(values, name="tf", namespace="toolfleet", is_install=True))
+             if d["kind"] == "Job"]
+    return job
+
+
+def check_setup_job(chart, defaults: dict) -> list[str]:
+    """By default the setup Job is a plain Job (a hook would deadlock
+    `helm install --wait` and Argo CD, which run post-install hooks only once
+    everything is ready), named by what it does: the same name on every
+    render (no GitOps diff, no change to an immutable Job), a new one when
+    the objects it makes change. As a hook it is pre-install/pre-upgrade,
+    ends within its deadline, and reads a configuration hook made before it."""
+    failures = []
+    job = setup_job(None, chart)
+    if "helm.sh/hook" in (job["metadata"].get("annotations") or {}):
+        failures.append(f"the default setup Job is a Helm hook: {job['metadata']['annotations']}")
+    if setup_job(None, chart)["metadata"]["name"] != job["metadata"]["name"]:
+        failures.append("the setup Job's name changes between two renders of the same values")
+    more = {"pools": [*defaults["pools"], pool("maps", ["geocode"])]}
+    if setup_job(more, chart)["metadata"]["name"] == job["metadata"]["name"]:
+        failures.append("a new tool leaves the setup Job's name as it was (its template cannot change in place)")
+    replicas = {"nats": {**defaults["nats"], "replicas": 5}}
+    if setup_job(replicas, chart)["metadata"]["name"] == job["metadata"]["name"]:
+        failures.append("new stream settings leave the setup Job's name as it was")
+    hooked = setup_job({"setup": {"useHelmHooks": True, "hookDeadlineSeconds": 200},
+                        "credentials": {"create": False, "secretName": "s"}}, chart)
+    annotations = hooked["metadata"].get("annotations") or {}
+    if annotations.get("helm.sh/hook") != "pre-install,pre-upgrade" or hooked["spec"].get("activeDeadlineSeconds") != 200:
+        failures.append(f"the setup hook: {annotations}, deadline {hooked['spec'].get('activeDeadlineSeconds')}")
+    return failures
+
+
 def check_names(docs: list[dict]) -> list[str]:
     """Every object's name is a DNS label (a Service's must be; a pod's
     hostname comes from its Deployment's), and unique within its kind."""
@@ -526,6 +569,7 @@ def main() -> int:
     failures.extend(f"lint: {error}" for error in lint["errors"])
     chart = helm_python.Chart.load(chart_dir)
     failures.extend(check_users(chart, defaults))
+    failures.extend(check_setup_job(chart, defaults))
     validated = 0
     for label, values in VALUE_SETS.items():
         if isinstance(values, str):

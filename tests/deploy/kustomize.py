@@ -9,7 +9,9 @@ chart, without a cluster:
 - every toolfleet container of each build runs in the workspace's own
   binary with the files and environment the kubelet would give it, as in
   chart.py: the setup Job for real against the test NATS server, the
-  services' configurations load, the workers serve their pools' tools.
+  services' configurations load, the workers serve their pools' tools;
+- the dev overlay's patch reaches the setup Job (named by a hash), so its
+  streams keep one copy on the one dev NATS.
 
 Usage: kustomize.py CHART_DIR K8S_DIR BIN_DIR NATS_URL
 """
@@ -55,6 +57,13 @@ def main() -> int:
                 validated += 1
             except kubernetes_validate.ValidationError as err:
                 failures.append(f"{build}: {doc['kind']} {doc['metadata']['name']}: {err.message}")
+        if build == "overlays/dev":
+            # The dev NATS is one server: the overlay's patch must reach the
+            # setup Job, whatever its name, or its streams want 3 copies.
+            [job] = [d for d in docs if d["kind"] == "Job"]
+            env = job["spec"]["template"]["spec"]["containers"][0]["env"]
+            if {"name": "TOOLFLEET_NATS__REPLICAS", "value": "1"} not in env:
+                failures.append(f"{build}: the setup Job {job['metadata']['name']} keeps 3 copies of each stream")
         checks = Checks(bin_dir, nats_url)
         check_containers(docs, checks, build, defaults)
         if checks.finish(f"k8s ({build})", 4) != 0:

@@ -147,7 +147,7 @@ def files(chart_dir: str) -> dict[str, str]:
         # The base keeps 3 copies of each stream (nats.replicas); the dev
         # NATS is one server, and the setup Job is what creates the streams.
         "patches": [{
-            "target": {"kind": "Job", "name": "toolfleet-setup"},
+            "target": {"kind": "Job", "labelSelector": "app.kubernetes.io/component=setup"},
             "patch": json.dumps([{
                 "op": "add", "path": "/spec/template/spec/containers/0/env/-",
                 "value": {"name": "TOOLFLEET_NATS__REPLICAS", "value": "1"},

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::fleet::{
-    ApiClient, Fleet, cancelled_job, scripted_job, test_fleet, wait_finished,
+    ApiClient, Fleet, cancelled_job, run_job, scripted_job, test_fleet, wait_finished,
 };
 
 const JOB: Duration = Duration::from_secs(60);
@@ -1303,6 +1303,13 @@ async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyho
 /// GETs `path` over plain HTTP/1.0 (the metrics endpoint), and returns the
 /// body.
 async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
+    let (status, body) = http_request(address, path).await?;
+    anyhow::ensure!(status == 200, "{path}: {status}");
+    Ok(body)
+}
+
+/// GETs `path` over plain HTTP/1.0: the status code and the body.
+async fn http_request(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream
@@ -1313,8 +1320,96 @@ async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
     let (head, body) = response
         .split_once("\r\n\r\n")
         .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response}"))?;
-    anyhow::ensure!(head.contains(" 200 "), "{head}");
-    Ok(body.to_owned())
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head}"))?;
+    Ok((status, body.to_owned()))
+}
+
+/// What a deployment that applies the setup step together with the
+/// services relies on (the chart's plain setup Job under `helm install
+/// --wait`, Argo CD or Flux; decision 0007): an orchestrator and a worker
+/// that may not create JetStream objects, started before the setup step
+/// ran, are alive but not ready, and SubmitJob answers UNAVAILABLE naming
+/// the step; once it has run, both become ready and a job runs.
+#[tokio::test]
+async fn services_started_before_the_setup_step_wait_for_it_then_serve() -> anyhow::Result<()> {
+    let (orchestrator_metrics, worker_metrics) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
+    let mut fleet =
+        Fleet::start(test_fleet(0).env(&[("TOOLFLEET_NATS__CREATE_MISSING", "false")])).await?;
+    fleet.start_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_metrics)])?;
+    fleet.start_pool_worker(
+        &["calculate"],
+        &[("TOOLFLEET_METRICS__LISTEN", &worker_metrics)],
+    )?;
+    let missing = "`toolfleet-orchestrator setup` creates it";
+    fleet.orchestrator(0).wait_for_log(missing, JOB).await?;
+    fleet.worker(0).wait_for_log(missing, JOB).await?;
+    for (service, metrics) in [
+        ("orchestrator", &orchestrator_metrics),
+        ("worker", &worker_metrics),
+    ] {
+        let live = http_request(metrics, "/healthz").await?.0;
+        let ready = http_request(metrics, "/readyz").await?.0;
+        assert_eq!(
+            (live, ready),
+            (200, 503),
+            "{service} waiting for the setup step"
+        );
+    }
+    let listening = fleet
+        .orchestrator(0)
+        .wait_for_log("grpc listening", JOB)
+        .await?;
+    let address = toolfleet_fleet::supervisor::logged_grpc_url(&listening)
+        .ok_or_else(|| anyhow::anyhow!("no address in {listening}"))?;
+    let mut api = ApiClient::connect(address).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "calculate", "arguments": {"expression": "6*7"}}]},
+        {"message": "{{call_0_0.data.result}}"}
+    ]);
+    let refused = api
+        .submit_job(scripted_job("before the setup", &script))
+        .await
+        .expect_err("a job before the setup step");
+    assert_eq!(refused.code(), Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains("toolfleet-orchestrator setup"),
+        "{refused:?}"
+    );
+
+    let setup = tokio::process::Command::new(toolfleet_tests::cargo_bin("toolfleet-orchestrator")?)
+        .args([
+            "setup",
+            "--nats-url",
+            &fleet.nats.url(),
+            "--tools",
+            "calculate",
+        ])
+        .output()
+        .await?;
+    assert!(setup.status.success(), "{setup:?}");
+    for metrics in [&orchestrator_metrics, &worker_metrics] {
+        toolfleet_tests::wait_until("ready after the setup step", JOB, || async {
+            http_request(metrics, "/readyz")
+                .await
+                .is_ok_and(|(status, _)| status == 200)
+        })
+        .await?;
+    }
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let job = run_job(
+        &fleet.api(0).await?,
+        scripted_job("after the setup", &script),
+    )
+    .await?;
+    assert_eq!(job.output_text, "42", "{job:?}");
+    Ok(())
 }
 
 /// Durations are real Prometheus histograms (buckets that can be summed over

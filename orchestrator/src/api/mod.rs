@@ -169,7 +169,10 @@ impl StartingApi {
 
     fn api(&self) -> Result<&AgentApi, Status> {
         self.ready.get().ok_or_else(|| {
-            Status::unavailable("the orchestrator is starting (waiting for NATS and Redis); retry")
+            Status::unavailable(
+                "the orchestrator is starting (waiting for NATS, Redis and the JetStream objects \
+                 `toolfleet-orchestrator setup` creates); retry",
+            )
         })
     }
 }

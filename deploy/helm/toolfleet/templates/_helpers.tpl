@@ -237,11 +237,12 @@ Secrets of NATS and (but for setup) Redis. */}}
 {{- end }}
 {{- end -}}
 
-{{/* The config volume of a service: its own file of the ConfigMap. */}}
+{{/* The config volume of a service: its own file of the ConfigMap
+(.configMap, or the release's config). */}}
 {{- define "toolfleet.configVolume" -}}
 - name: config
   configMap:
-    name: {{ include "toolfleet.object" (dict "root" .root "part" "config") }}
+    name: {{ .configMap | default (include "toolfleet.object" (dict "root" .root "part" "config")) }}
     items:
       - key: {{ .user }}.toml
         path: config.toml
@@ -502,4 +503,47 @@ user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job
 # Worker pool "{{ .name }}": the ledgers of {{ join ", " .tools }}.
 user {{ $user }} on #{{ get $hashes $user }} resetchannels{{ range .tools }} ~tf:{*}:tool:{{ . }}:*{{ end }} -@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
 {{- end }}
+{{- end -}}
+
+{{/*
+The setup Job's spec (templates/setup-job.yaml), its configuration from the
+ConfigMap .configMap. A plain Job retries a failed pod (the step itself
+waits for NATS); as a hook it must end within setup.hookDeadlineSeconds,
+inside Helm's --timeout, with its own reason rather than Helm's.
+*/}}
+{{- define "toolfleet.setupJobSpec" -}}
+{{- $root := .root -}}
+backoffLimit: 6
+{{- if $root.Values.setup.useHelmHooks }}
+activeDeadlineSeconds: {{ $root.Values.setup.hookDeadlineSeconds }}
+{{- end }}
+template:
+  metadata:
+    labels:
+      {{- include "toolfleet.selector" $root | nindent 6 }}
+      app.kubernetes.io/component: setup
+  spec:
+    serviceAccountName: {{ include "toolfleet.serviceAccount" $root }}
+    automountServiceAccountToken: false
+    restartPolicy: OnFailure
+    securityContext:
+      runAsNonRoot: true
+      seccompProfile:
+        type: RuntimeDefault
+    containers:
+      - name: setup
+        image: "{{ $root.Values.image.orchestrator }}:{{ $root.Values.image.tag }}"
+        imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+        args: [setup]
+        env:
+          {{- include "toolfleet.env" (dict "root" $root "user" "setup") | nindent 10 }}
+        resources:
+          requests: {cpu: 50m, memory: 32Mi}
+          limits: {memory: 128Mi}
+        securityContext:
+          {{- include "toolfleet.containerSecurity" $root | nindent 10 }}
+        volumeMounts:
+          {{- include "toolfleet.mounts" (dict "root" $root "user" "setup") | nindent 10 }}
+    volumes:
+      {{- include "toolfleet.configVolume" (dict "root" $root "user" "setup" "configMap" .configMap) | nindent 6 }}
 {{- end -}}
