@@ -82,7 +82,8 @@ VALUE_SETS = {
         "serviceAccount": {"create": False, "name": "tool-runner"},
     },
     "KEDA, every pool scaling to zero": {
-        "keda": {"enabled": True, "natsMonitoringEndpoint": "nats.messaging.svc:8222", "account": "$G"},
+        "keda": {"enabled": True, "natsMonitoring": {"service": "nats-headless", "namespace": "messaging", "port": 8222},
+                 "account": "$G", "fallback": {"failureThreshold": 3, "replicas": 2}},
         "pools": [pool("general", GENERAL, autoscaled=True, low=0), pool("knowledge", KNOWLEDGE, autoscaled=True, low=0)],
     },
     "the setup as a Helm hook, own credentials": {
@@ -243,6 +244,11 @@ def scaled_objects_match_pools(scaled: list[dict], docs: list[dict], tools: dict
         for trigger in triggers:
             if trigger["type"] != "nats-jetstream" or trigger["metadata"]["stream"] != "TOOLFLEET_CALLS":
                 problems.append(f"{obj['metadata']['name']}: trigger {trigger}")
+            # KEDA runs in a namespace of its own: only a Service's full
+            # name resolves from there.
+            endpoint = trigger["metadata"]["natsServerMonitoringEndpoint"]
+            if not re.fullmatch(r"[a-z0-9-]+\.[a-z0-9-]+\.svc\.cluster\.local:[0-9]+", endpoint):
+                problems.append(f"{obj['metadata']['name']}: KEDA cannot resolve {endpoint} from its namespace")
     return problems
 
 

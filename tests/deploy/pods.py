@@ -71,7 +71,7 @@ def values(chart_dir: str) -> dict:
                           "volume": {"persistentVolumeClaim": {"claimName": "knowledge-graph", "readOnly": True}}}
     return {
         **dev,
-        "keda": {"enabled": True, "natsMonitoringEndpoint": "unused:8222"},
+        "keda": {"enabled": True},
         "orchestrator": {**dev["orchestrator"], "auth": "tokens", "tokensSecret": "toolfleet-tokens",
                          "config": {"api": {"allow_scripted": True}}},
         "pools": [autoscaled("math", ["calculate"]), autoscaled("weather", ["get_current_weather"]), knowledge],
@@ -153,16 +153,39 @@ class Fleet:
         return "\n".join(out)
 
 
-def keda_lag(trigger: dict, endpoints: dict[str, str]) -> int:
+# The namespace the chart is rendered into, and the one KEDA runs in.
+NAMESPACE = "toolfleet"
+KEDA_NAMESPACE = "keda"
+
+
+def resolver(endpoints: dict[str, str], namespace: str):
+    """Cluster DNS as a pod in `namespace` sees it: `host:port` of a
+    Service of the release (`endpoints`, by short name) resolves to its
+    local address only by a name the pod's search path completes to the
+    Service's full name (`<ns>.svc.cluster.local`, `svc.cluster.local`,
+    `cluster.local`): a short name only from the Service's own namespace."""
+    full = {f"{service.split(':')[0]}.{NAMESPACE}.svc.cluster.local:{service.split(':')[1]}": local
+            for service, local in endpoints.items()}
+    search = ("", f".{namespace}.svc.cluster.local", ".svc.cluster.local", ".cluster.local")
+
+    def resolve(host_port: str) -> str | None:
+        host, _, port = host_port.rpartition(":")
+        return next((full[f"{host}{suffix}:{port}"] for suffix in search if f"{host}{suffix}:{port}" in full), None)
+
+    return resolve
+
+
+def keda_lag(trigger: dict, resolve) -> int:
     """What KEDA's nats-jetstream scaler reads for `trigger`: it asks
     `/jsz?acc=<account>&consumers=true&config=true` on the monitoring
     endpoint, finds the account, the stream and the consumer, and takes
     num_pending + num_ack_pending. Unlike KEDA (which falls back to the
     stream's last sequence), a name that is not there is an error."""
     meta = trigger["metadata"]
-    endpoint = endpoints.get(meta["natsServerMonitoringEndpoint"])
+    endpoint = resolve(meta["natsServerMonitoringEndpoint"])
     if endpoint is None:
-        raise LookupError(f"no rendered Service serves {meta['natsServerMonitoringEndpoint']}")
+        raise LookupError(f"{meta['natsServerMonitoringEndpoint']} does not resolve to a rendered Service "
+                          f"from KEDA's namespace {KEDA_NAMESPACE}")
     url = f"http://{endpoint}/jsz?acc={meta['account']}&consumers=true&config=true"
     with urllib.request.urlopen(url, timeout=5) as response:
         jsz = json.load(response)
@@ -183,7 +206,7 @@ def keda_lag(trigger: dict, endpoints: dict[str, str]) -> int:
 def main() -> int:
     chart_dir, bin_dir = sys.argv[1:3]
     chart = helm_python.Chart.load(chart_dir)
-    rendered = chart.render(values(chart_dir), name="tf", namespace="toolfleet", is_install=True)
+    rendered = chart.render(values(chart_dir), name="tf", namespace=NAMESPACE, is_install=True)
     docs = [d for path, text in sorted(rendered.items()) if not path.endswith("NOTES.txt")
             for d in yaml.safe_load_all(text) if d]
     tokens = f'[tenants.pods]\ntoken_sha256 = ["{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
@@ -200,6 +223,7 @@ def main() -> int:
                  "tf-toolfleet-redis:6379": f"127.0.0.1:{ports['redis']}",
                  "tf-toolfleet-orchestrator:50051": f"127.0.0.1:{ports['grpc']}"}
     services = {f"{d['metadata']['name']}:{p['port']}" for d in docs if d["kind"] == "Service" for p in d["spec"]["ports"]}
+    from_keda = resolver(endpoints, KEDA_NAMESPACE)
     if not set(endpoints) <= services:
         print(f"FAIL the rendered Services are {sorted(services)}")
         return 1
@@ -295,7 +319,7 @@ def main() -> int:
             failures.append(f"the ScaledObjects watch {[t['metadata']['consumer'] for t in triggers]}")
 
         def lags() -> dict[str, int]:
-            return {t["metadata"]["consumer"]: keda_lag(t, endpoints) for t in triggers}
+            return {t["metadata"]["consumer"]: keda_lag(t, from_keda) for t in triggers}
 
         try:
             wait_until("the calls to wait", lambda: lags() == WAITING)
@@ -314,7 +338,7 @@ def main() -> int:
             wrong = copy.deepcopy(triggers[0])
             wrong["metadata"][key] = typo
             try:
-                keda_lag(wrong, endpoints)
+                keda_lag(wrong, from_keda)
                 failures.append(f"a trigger naming {key} {typo} found a lag")
             except LookupError:
                 pass

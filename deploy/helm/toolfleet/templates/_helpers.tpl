@@ -113,12 +113,14 @@ redis://{{ include "toolfleet.object" (dict "root" . "part" "redis") }}:6379/
 {{- end -}}
 {{- end -}}
 
-{{/* host:port of the NATS monitoring endpoint KEDA reads. */}}
+{{/* host:port of the NATS monitoring endpoint KEDA reads, by a name that
+resolves from KEDA's namespace: the Service's full DNS name. */}}
 {{- define "toolfleet.natsMonitoring" -}}
+{{- $m := .Values.keda.natsMonitoring -}}
 {{- if .Values.dev.enabled -}}
-{{ include "toolfleet.object" (dict "root" . "part" "nats") }}:8222
+{{ include "toolfleet.object" (dict "root" . "part" "nats") }}.{{ .Release.Namespace }}.svc.{{ .Values.clusterDomain }}:8222
 {{- else -}}
-{{ .Values.keda.natsMonitoringEndpoint }}
+{{ $m.service }}.{{ $m.namespace | default .Release.Namespace }}.svc.{{ .Values.clusterDomain }}:{{ $m.port }}
 {{- end -}}
 {{- end -}}
 
