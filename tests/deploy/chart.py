@@ -51,6 +51,76 @@ def pool(name: str, tools: list[str], replicas: int = 1, autoscaled: bool = Fals
 GENERAL = ["calculate", "get_current_weather"]
 KNOWLEDGE = ["factual_qa", "trend_analysis"]
 
+# What a platform team sets (the global `pod`, a role's own, the image's
+# registry and digests), checked by check_platform.
+DIGEST = "sha256:" + "ab" * 32
+PLATFORM = {
+    "image": {"registry": "registry.example.com/ai", "orchestrator": "toolfleet-orchestrator",
+              "worker": "toolfleet-worker", "tag": "0.1.0", "digests": {"orchestrator": DIGEST, "worker": ""},
+              "pullPolicy": "IfNotPresent", "pullSecrets": ["registry-login"]},
+    "pod": {
+        "annotations": {"example.com/team": "agents"}, "labels": {"cost-center": "ai"},
+        "nodeSelector": {"pool": "general"}, "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                             "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "toolfleet"}}}}]}},
+        "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                                       "whenUnsatisfiable": "ScheduleAnyway",
+                                       "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "toolfleet"}}}],
+        "priorityClassName": "agents-high",
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"}],
+        "extraVolumes": [{"name": "corporate-ca", "emptyDir": {}}],
+        "extraVolumeMounts": [{"name": "corporate-ca", "mountPath": "/etc/ssl/corporate", "readOnly": True}],
+        "securityContext": {}, "containerSecurityContext": {"allowPrivilegeEscalation": False},
+    },
+    "orchestrator": {"pod": {"nodeSelector": {"pool": "control"}}, "preStopSeconds": 7},
+}
+
+
+def check_platform(docs: list[dict]) -> list[str]:
+    """PLATFORM's settings reach every pod, a role's key replaces the
+    global one, images carry the registry and a pinned digest wins."""
+    failures = []
+    for doc in (d for d in docs if d["kind"] in ("Deployment", "Job")):
+        name = doc["metadata"]["name"]
+        if doc["metadata"]["labels"].get("app.kubernetes.io/component") in ("nats", "redis"):
+            continue
+        template = doc["spec"]["template"]
+        spec = template["spec"]
+        orchestrator = name.endswith("-orchestrator")
+        want = {
+            "nodeSelector": {"pool": "control" if orchestrator else "general"},
+            "tolerations": PLATFORM["pod"]["tolerations"], "affinity": PLATFORM["pod"]["affinity"],
+            "topologySpreadConstraints": PLATFORM["pod"]["topologySpreadConstraints"],
+            "priorityClassName": "agents-high", "imagePullSecrets": [{"name": "registry-login"}],
+            "securityContext": {},
+        }
+        for key, value in want.items():
+            if spec.get(key) != value:
+                failures.append(f"{name}: {key} is {spec.get(key)!r}, not {value!r}")
+        if template["metadata"]["labels"].get("cost-center") != "ai" or \
+                template["metadata"].get("annotations", {}).get("example.com/team") != "agents":
+            failures.append(f"{name}: pod labels or annotations missing: {template['metadata']}")
+        container = spec["containers"][0]
+        worker = "worker" in container["image"]
+        image = "registry.example.com/ai/" + ("toolfleet-worker:0.1.0" if worker else f"toolfleet-orchestrator@{DIGEST}")
+        if container["image"] != image:
+            failures.append(f"{name}: image {container['image']}, not {image}")
+        if {"name": "HTTPS_PROXY", "value": "http://proxy.example.com:3128"} not in container["env"]:
+            failures.append(f"{name}: no extra env")
+        if not any(m["name"] == "corporate-ca" for m in container.get("volumeMounts", [])) or \
+                not any(v["name"] == "corporate-ca" for v in spec.get("volumes", [])):
+            failures.append(f"{name}: no extra volume")
+        if container["securityContext"] != {"allowPrivilegeEscalation": False}:
+            failures.append(f"{name}: container securityContext {container['securityContext']}")
+        if orchestrator:
+            pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("sleep", {}).get("seconds")
+            grace = spec["terminationGracePeriodSeconds"]
+            if pre_stop != 7 or grace != 7 + 20 + 10:
+                failures.append(f"{name}: preStop {pre_stop}, grace {grace}")
+    return failures
+
+
 # Value sets beside the defaults; each must render and validate.
 # Seeds of a NATS cluster and of a Redis Cluster, as a user lists them.
 CLUSTER_NATS = "nats://nats-0.nats:4222,nats://nats-1.nats:4222,nats://nats-2.nats:4222"
@@ -90,6 +160,7 @@ VALUE_SETS = {
         "setup": {"useHelmHooks": True, "hookDeadlineSeconds": 240},
         "credentials": {"create": False, "secretName": "fleet-passwords"},
     },
+    "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": PLATFORM,
     "dev: the chart's own NATS and Redis": "values-dev.yaml",
     "dev, a release name of 53 characters": "values-dev.yaml",
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
@@ -131,6 +202,7 @@ KINDS = {
     "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
+    "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": {"Deployment": 3},
     "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
     "the setup as a Helm hook, own credentials": {"Job": 1, "ConfigMap": 3, "Secret": 0},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
@@ -612,6 +684,8 @@ def main() -> int:
                 validated += len(custom)
             failures.extend(f"{label}: {f}" for f in scaled_objects_match_pools(custom, docs, pool_tools(effective)))
         failures.extend(f"{label}: {f}" for f in check_observability(docs))
+        if values is PLATFORM:
+            failures.extend(f"{label}: {f}" for f in check_platform(docs))
         check_containers(docs, checks, label, effective)
         if checks.finish(f"chart ({label})", 3) != 0:
             failures.extend(checks.failures or [f"{label}: too few containers"])

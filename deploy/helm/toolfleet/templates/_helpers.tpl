@@ -83,6 +83,75 @@ pod of the cluster when it is empty (never a source outside it). */}}
 {{- end -}}
 {{- end -}}
 
+{{/*
+The pod settings of a role (.own: orchestrator.pod, a pool's pod): the
+global `pod`, each key the role sets replacing the global one whole (a
+role's nodeSelector is its nodeSelector, not merged into the global one).
+*/}}
+{{- define "toolfleet.podSettings" -}}
+{{- $settings := deepCopy (.root.Values.pod | default dict) -}}
+{{- range $key, $value := (.own | default dict) -}}
+{{- $_ := set $settings $key $value -}}
+{{- end -}}
+{{- toYaml $settings -}}
+{{- end -}}
+
+{{/*
+The scheduling and security of a pod (.pod, its settings): pull secrets,
+its securityContext (the chart's restricted one unless the settings carry
+their own, e.g. {} on OpenShift, whose SCC assigns the user), its priority
+class, node selector, tolerations, affinity and spread.
+*/}}
+{{- define "toolfleet.podCommon" -}}
+{{- $pod := .pod -}}
+{{- with .root.Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- range . }}
+  - name: {{ . }}
+  {{- end }}
+{{- end }}
+securityContext:
+{{- if hasKey $pod "securityContext" }}
+  {{- toYaml $pod.securityContext | nindent 2 }}
+{{- else }}
+  runAsNonRoot: true
+  seccompProfile:
+    type: RuntimeDefault
+{{- end }}
+{{- with $pod.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- range $key := list "nodeSelector" "tolerations" "affinity" "topologySpreadConstraints" }}
+{{- with index $pod $key }}
+{{ $key }}:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* A toolfleet image (.which: orchestrator or worker): its registry and
+name, then its digest when one is pinned, else the tag. */}}
+{{- define "toolfleet.image" -}}
+{{- $image := .root.Values.image -}}
+{{- $name := index $image .which -}}
+{{- with $image.registry }}{{ $name = printf "%s/%s" (trimSuffix "/" .) $name }}{{ end -}}
+{{- with index ($image.digests | default dict) .which -}}
+{{ $name }}@{{ . }}
+{{- else -}}
+{{ $name }}:{{ $image.tag }}
+{{- end -}}
+{{- end -}}
+
+{{/* A container's securityContext: the settings' own (.pod), or the
+chart's restricted one. */}}
+{{- define "toolfleet.containerSecurityOf" -}}
+{{- if hasKey .pod "containerSecurityContext" -}}
+{{- toYaml .pod.containerSecurityContext -}}
+{{- else -}}
+{{- include "toolfleet.containerSecurity" .root -}}
+{{- end -}}
+{{- end -}}
+
 {{/* The restricted security context every container runs with. */}}
 {{- define "toolfleet.containerSecurity" -}}
 allowPrivilegeEscalation: false
@@ -515,6 +584,7 @@ inside Helm's --timeout, with its own reason rather than Helm's.
 */}}
 {{- define "toolfleet.setupJobSpec" -}}
 {{- $root := .root -}}
+{{- $pod := include "toolfleet.podSettings" (dict "root" $root) | fromYaml -}}
 backoffLimit: 6
 {{- if $root.Values.setup.useHelmHooks }}
 activeDeadlineSeconds: {{ $root.Values.setup.hookDeadlineSeconds }}
@@ -524,28 +594,41 @@ template:
     labels:
       {{- include "toolfleet.selector" $root | nindent 6 }}
       app.kubernetes.io/component: setup
+      {{- with $pod.labels }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
+    {{- with $pod.annotations }}
+    annotations:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
   spec:
     serviceAccountName: {{ include "toolfleet.serviceAccount" $root }}
     automountServiceAccountToken: false
     restartPolicy: OnFailure
-    securityContext:
-      runAsNonRoot: true
-      seccompProfile:
-        type: RuntimeDefault
+    {{- include "toolfleet.podCommon" (dict "root" $root "pod" $pod) | nindent 4 }}
     containers:
       - name: setup
-        image: "{{ $root.Values.image.orchestrator }}:{{ $root.Values.image.tag }}"
+        image: {{ include "toolfleet.image" (dict "root" $root "which" "orchestrator") | quote }}
         imagePullPolicy: {{ $root.Values.image.pullPolicy }}
         args: [setup]
         env:
           {{- include "toolfleet.env" (dict "root" $root "user" "setup") | nindent 10 }}
+          {{- with $pod.extraEnv }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
         resources:
           requests: {cpu: 50m, memory: 32Mi}
           limits: {memory: 128Mi}
         securityContext:
-          {{- include "toolfleet.containerSecurity" $root | nindent 10 }}
+          {{- include "toolfleet.containerSecurityOf" (dict "root" $root "pod" $pod) | nindent 10 }}
         volumeMounts:
           {{- include "toolfleet.mounts" (dict "root" $root "user" "setup") | nindent 10 }}
+          {{- with $pod.extraVolumeMounts }}
+          {{- toYaml . | nindent 10 }}
+          {{- end }}
     volumes:
       {{- include "toolfleet.configVolume" (dict "root" $root "user" "setup" "configMap" .configMap) | nindent 6 }}
+      {{- with $pod.extraVolumes }}
+      {{- toYaml . | nindent 6 }}
+      {{- end }}
 {{- end -}}
