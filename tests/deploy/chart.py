@@ -497,6 +497,35 @@ def check_setup_job(chart, defaults: dict) -> list[str]:
     return failures
 
 
+def check_release_chart() -> list[str]:
+    """scripts/release-chart, as the release workflow runs it: the copy
+    lints, carries the release's version, and its pods run the images the
+    release pushed, by digest; a bad version or digest is refused."""
+    failures = []
+    script = os.path.join(ROOT, "scripts", "release-chart")
+    orchestrator, worker = "sha256:" + "1" * 64, "sha256:" + "2" * 64
+    with tempfile.TemporaryDirectory() as out:
+        done = subprocess.run([script, "1.2.3-rc.1", "ghcr.io/acme", orchestrator, worker, out],
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0:
+            return [f"release-chart: {done.stderr}"]
+        copy = done.stdout.strip()
+        lint = helm_python.lint(copy, strict=True)
+        failures.extend(f"release chart lint: {m['error']}" for m in lint["messages"] if m["severity"] >= 2)
+        docs = manifests(helm_python.Chart.load(copy).render(None, name="tf", namespace="toolfleet", is_install=True))
+        for doc in (d for d in docs if d["kind"] in ("Deployment", "Job")):
+            image = doc["spec"]["template"]["spec"]["containers"][0]["image"]
+            want = (f"ghcr.io/acme/toolfleet-worker@{worker}" if "worker" in image
+                    else f"ghcr.io/acme/toolfleet-orchestrator@{orchestrator}")
+            if image != want or doc["metadata"]["labels"]["app.kubernetes.io/version"] != "1.2.3-rc.1":
+                failures.append(f"release chart: {doc['metadata']['name']} runs {image}, "
+                                f"version {doc['metadata']['labels']['app.kubernetes.io/version']}")
+        for bad in (["v1.2.3", "ghcr.io/acme", orchestrator, worker], ["1.2.3", "ghcr.io/acme", "latest", worker]):
+            if subprocess.run([script, *bad, out], capture_output=True, timeout=60).returncode == 0:
+                failures.append(f"release-chart took {bad}")
+    return failures
+
+
 def check_names(docs: list[dict]) -> list[str]:
     """Every object's name is a DNS label (a Service's must be; a pod's
     hostname comes from its Deployment's), and unique within its kind."""
@@ -648,6 +677,7 @@ def main() -> int:
     chart = helm_python.Chart.load(chart_dir)
     failures.extend(check_users(chart, defaults))
     failures.extend(check_setup_job(chart, defaults))
+    failures.extend(check_release_chart())
     validated = 0
     for label, values in VALUE_SETS.items():
         if isinstance(values, str):
