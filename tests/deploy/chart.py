@@ -614,6 +614,13 @@ def check_users(chart, defaults: dict) -> list[str]:
                               lambda m: f"user {m[1]} on #@{m[1].upper().replace('-', '_')}_PASSWORD_SHA256@", redis)
         if f.read() != placeholders:
             failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools")
+    if "\nuser default off\n" not in redis:
+        failures.append("the Redis users file leaves the default user on")
+    kept = users_files(manifests(chart.render({"redis": {**defaults["redis"], "defaultUser": "keep"}},
+                                              name="tf", namespace="toolfleet", is_install=True)))[1]
+    if re.search(r"^user default", kept, re.M) or redis_users(kept) != {k: v for k, v in redis_users(redis).items()
+                                                                       if k != "default"}:
+        failures.append("redis.defaultUser: keep changes more than the default user's line")
     more = {"pools": [*defaults["pools"], pool("maps", ["geocode", "route-plan"])]}
     more_nats, more_redis = users_files(manifests(chart.render(more, name="tf", namespace="toolfleet", is_install=True)))
     # One more pool: an account of its own whose user may use exactly what

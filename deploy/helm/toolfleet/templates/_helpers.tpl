@@ -560,9 +560,13 @@ from the pools; .hashes maps a user to its password's SHA-256 (hex).
 # key patterns do not filter the names they return, so they would list
 # every key, other pools' call ids among them. CLUSTER SLOTS alone of the
 # cluster commands: a Redis Cluster client learns the slots' nodes with it.
-
+{{ if eq .defaultUser "keep" }}
+# The default user is left as this Redis configures it (redis.defaultUser:
+# keep): a Redis chart's own probes and replication log in with it.
+{{- else }}
 # Nobody connects without a user.
 user default off
+{{- end }}
 
 # The orchestrators: every job key, the tenants' indexes and quotas, the
 # submission keys; the call ledgers read-only (a result is only ever
