@@ -158,13 +158,13 @@ VALUE_SETS = {
     },
     "the setup as a Helm hook, own credentials": {
         "setup": {"useHelmHooks": True, "hookDeadlineSeconds": 240},
-        "credentials": {"create": False, "secretName": "fleet-passwords"},
+        "credentials": {"existingSecret": "fleet-passwords", "passwordHashes": {"nats": {}, "redis": {}}},
     },
     "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": PLATFORM,
     "dev: the chart's own NATS and Redis": "values-dev.yaml",
     "dev, a release name of 53 characters": "values-dev.yaml",
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
-        "credentials": {"create": False, "secretName": "fleet-passwords"},
+        "credentials": {"existingSecret": "fleet-passwords", "passwordHashes": {"nats": {}, "redis": {}}},
         "openai": {"secretName": "openai", "secretKey": "api-key"},
         "orchestrator": {
             "tls": {"secretName": "toolfleet-grpc-tls", "verifyClients": True},
@@ -192,7 +192,7 @@ RELEASE_NAMES = {"dev, a release name of 53 characters": "a-release-name-as-long
 # What each value set must render, by kind.
 KINDS = {
     "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 3, "Job": 1, "ServiceAccount": 1,
-                 "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 2, "Secret": 2},
+                 "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 1, "Secret": 3},
     "one pool, external NATS and Redis over TLS, no auth, other ports": {"Deployment": 2, "NetworkPolicy": 2,
                                                             "HorizontalPodAutoscaler": 0, "ConfigMap": 1,
                                                             "Secret": 0},
@@ -201,12 +201,12 @@ KINDS = {
     "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
     "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
-    "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
+    "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 3, "Secret": 3},
     "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": {"Deployment": 3},
-    "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 4, "Secret": 2},
-    "the setup as a Helm hook, own credentials": {"Job": 1, "ConfigMap": 3, "Secret": 0},
+    "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 3, "Secret": 3},
+    "the setup as a Helm hook, own credentials": {"Job": 1, "ConfigMap": 2, "Secret": 1},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
-        "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 3, "Secret": 0},
+        "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 2, "Secret": 1},
 }
 
 # What the services of a value set must have in their configuration
@@ -274,7 +274,7 @@ REFUSED = {
                                               "tls": {"secretName": "ca", "clientCert": False}}},
     # A pre-install hook runs before the release's own servers and Secret.
     "the setup as a hook with the dev servers": {"setup": {"useHelmHooks": True, "hookDeadlineSeconds": 240},
-                                                 "dev": {"enabled": True}, "credentials": {"create": False}},
+                                                 "dev": {"enabled": True}, "credentials": {"existingSecret": "s"}},
     "the setup as a hook with the chart's credentials": {"setup": {"useHelmHooks": True,
                                                                    "hookDeadlineSeconds": 240}},
 }
@@ -490,7 +490,7 @@ def check_setup_job(chart, defaults: dict) -> list[str]:
     if setup_job(replicas, chart)["metadata"]["name"] == job["metadata"]["name"]:
         failures.append("new stream settings leave the setup Job's name as it was")
     hooked = setup_job({"setup": {"useHelmHooks": True, "hookDeadlineSeconds": 200},
-                        "credentials": {"create": False, "secretName": "s"}}, chart)
+                        "credentials": {"existingSecret": "s"}}, chart)
     annotations = hooked["metadata"].get("annotations") or {}
     if annotations.get("helm.sh/hook") != "pre-install,pre-upgrade" or hooked["spec"].get("activeDeadlineSeconds") != 200:
         failures.append(f"the setup hook: {annotations}, deadline {hooked['spec'].get('activeDeadlineSeconds')}")
@@ -563,6 +563,7 @@ def nats_accounts(conf: str) -> dict[str, dict]:
     may use, what it exports (subject, to which accounts, response type) and
     what it imports (subject, as which local subject)."""
     text = re.sub(r"#[^\n]*", "", conf)
+    text = re.sub(r"\n\s*password: [^\n]*", "", text)
     heads = list(re.finditer(r'^  "?([\w-]+)"?: \{$', text, re.M))
     accounts = {}
     for head, after in zip(heads, [*heads[1:], None]):
@@ -596,9 +597,16 @@ def redis_users(conf: str) -> dict[str, str]:
 def users_files(docs: list[dict]) -> tuple[str, str]:
     """The NATS users file and the Redis ACL file the chart rendered."""
     manifests = Manifests(docs)
-    name = next(d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-nats-users"))
+    nats = next(n for n in manifests.secrets if n.endswith("-nats-users"))
     redis = next(n for n in manifests.secrets if n.endswith("-redis-users"))
-    return manifests.config_maps[name]["toolfleet-users.conf"], manifests.secrets[redis]["toolfleet-users.conf"]
+    return manifests.secrets[nats]["toolfleet-users.conf"], manifests.secrets[redis]["toolfleet-users.conf"]
+
+
+def nats_placeholders(conf: str) -> str:
+    """A NATS users file with each password written in it replaced by the
+    environment variable deploy/nats's file reads it from."""
+    return re.sub(r'(user: (\S+)\n\s+password: )"\$2[aby]\$[^"]+"',
+                  lambda m: f"{m[1]}$TOOLFLEET_NATS_{m[2].upper().replace('-', '_')}_PASSWORD_BCRYPT", conf)
 
 
 def check_users(chart, defaults: dict) -> list[str]:
@@ -607,7 +615,7 @@ def check_users(chart, defaults: dict) -> list[str]:
     failures = []
     nats, redis = users_files(manifests(chart.render(None, name="tf", namespace="toolfleet", is_install=True)))
     with open(os.path.join(ROOT, "deploy/nats/toolfleet-users.conf")) as f:
-        if f.read() != nats:
+        if f.read() != nats_placeholders(nats):
             failures.append("deploy/nats/toolfleet-users.conf is not what the chart renders for its default pools")
     with open(os.path.join(ROOT, "deploy/redis/toolfleet-users.conf")) as f:
         placeholders = re.sub(r"user (\S+) on #[0-9a-f]{64}",

@@ -103,7 +103,7 @@ class Manifests:
                 self._write_volume(sources[mount["name"]], local, (volumes or {}))
             built = images_of_dockerfile.of(container["image"], self.images)
             env = dict(built.env) if built else {}
-            for var in container.get("env", []):
+            for var in container.get("env") or []:
                 if "value" in var:
                     env[var["name"]] = str(var["value"])
                     continue

@@ -34,7 +34,7 @@ BASE_VALUES = {
     "fullnameOverride": "toolfleet",
     "nats": {"url": "nats://nats:4222", "auth": "users"},
     "redis": {"url": "redis://redis:6379/", "auth": "users"},
-    "credentials": {"create": False, "secretName": "toolfleet-credentials"},
+    "credentials": {"existingSecret": "toolfleet-credentials", "passwordHashes": {"nats": {}, "redis": {}}},
 }
 
 # The dev overlay's passwords and API token: in the repository, so never
@@ -124,7 +124,7 @@ def files(chart_dir: str) -> dict[str, str]:
     out["overlays/dev/servers.yaml"] = dump(servers)
     # The Secrets the chart makes when it may: the same keys, and its Redis
     # users file with the dev passwords' hashes.
-    generated = render(chart, {**BASE_VALUES, "credentials": {"create": True, "secretName": "toolfleet-credentials"}})
+    generated = render(chart, {**BASE_VALUES, "credentials": {"existingSecret": "", "passwordHashes": {"nats": {}, "redis": {}}}})
     secrets = {d["metadata"]["name"]: d for d in generated["credentials.yaml"]}
     keys = sorted(secrets["toolfleet-credentials"]["data"])
     redis_file = secrets["toolfleet-redis-users"]

@@ -118,3 +118,20 @@ async fn the_rendered_chart_runs_a_fleet_and_keda_reads_its_backlog() -> anyhow:
     assert!(said.contains("pods: 3 jobs succeeded"), "{said}");
     Ok(())
 }
+
+/// The chart's NATS users under GitOps (`credentials.existingSecret` and
+/// `credentials.passwordHashes`): the same render every time with no
+/// password in it; against a running nats-server, a pool's password
+/// rotated by a reload of the rendered users file, and a new pool's
+/// worker, refused at first, serving once the server restarts with it
+/// (a reload does not bring in a new account's imports).
+#[tokio::test]
+async fn the_nats_users_render_the_same_rotate_by_reload_and_add_a_pool_by_restart()
+-> anyhow::Result<()> {
+    let said = check("reload.py", &["deploy/helm/toolfleet"], Nats::None).await?;
+    assert!(
+        said.contains("a password rotated by a reload, a pool added by a restart"),
+        "{said}"
+    );
+    Ok(())
+}

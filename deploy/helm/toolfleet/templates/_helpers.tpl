@@ -194,7 +194,18 @@ resolves from KEDA's namespace: the Service's full DNS name. */}}
 {{- end -}}
 
 {{- define "toolfleet.credentialsSecret" -}}
-{{- .Values.credentials.secretName | default (include "toolfleet.object" (dict "root" . "part" "credentials")) -}}
+{{- .Values.credentials.existingSecret | default (include "toolfleet.object" (dict "root" . "part" "credentials")) -}}
+{{- end -}}
+
+{{/* A NATS user's password in its users file (.user, with .hashes the
+bcrypt hashes known): the hash itself, quoted, or where none is known a
+reference to the server's environment. */}}
+{{- define "toolfleet.natsPassword" -}}
+{{- with get .hashes .user -}}
+"{{ . }}"
+{{- else -}}
+${{ include "toolfleet.natsPasswordVar" .user }}
+{{- end -}}
 {{- end -}}
 
 {{/* Every NATS user: setup, orchestrator and one per pool. */}}
@@ -389,10 +400,12 @@ the pools: setup, orchestrator, and one user per pool that may pull, ack
 and register exactly its own tools.
 */}}
 {{- define "toolfleet.natsUsersConf" -}}
+{{- $hashes := .hashes | default dict -}}
+{{- $root := .root -}}
 {{- /* Each tool's pools (a tool may be served by several), in pool order. */ -}}
 {{- $servers := dict -}}
 {{- $tools := list -}}
-{{- range .Values.pools -}}
+{{- range $root.Values.pools -}}
 {{- $account := printf "pool-%s" .name -}}
 {{- range .tools -}}
 {{- if not (hasKey $servers .) -}}{{- $tools = append $tools . -}}{{- end -}}
@@ -401,14 +414,15 @@ and register exactly its own tools.
 {{- end -}}
 # toolfleet's NATS accounts and users, each with the least it needs
 # (docs/security.md, decisions 0012 and 0029), rendered by the Helm chart
-# from its pools (deploy/helm/toolfleet, templates/nats-users.yaml). There
+# from its pools (deploy/helm/toolfleet, templates/credentials.yaml). There
 # is no anonymous user: a client without credentials is refused. The
-# server knows only the passwords' bcrypt hashes, from its environment (a
-# variable not defined in this file is looked up there): each variable
-# holds the hash in double quotes, "$2a$11$...", since nats-server reads a
-# variable's value as configuration, where an unquoted $ starts a variable
-# reference (make one with `htpasswd -bnBC 11 "" "$PASSWORD" | tr -d ':\n'`
-# or `nats server passwd`).
+# server knows only the passwords' bcrypt hashes: written here (the Helm
+# chart's Secret, which a server reloads with a new pool), or, as a
+# variable this file does not define, from its environment: each such
+# variable holds the hash in double quotes, "$2a$11$...", since nats-server
+# reads a variable's value as configuration, where an unquoted $ starts a
+# variable reference (make one with `htpasswd -bnBC 11 "" "$PASSWORD" | tr
+# -d ':\n'` or `nats server passwd`).
 #
 # Accounts are what keep the pools apart. nats-server checks a publisher's
 # right to a message's subject, never to its reply subject, and JetStream
@@ -436,7 +450,7 @@ accounts {
       # as a job, not as a service.
       {
         user: setup
-        password: ${{ include "toolfleet.natsPasswordVar" "setup" }}
+        password: {{ include "toolfleet.natsPassword" (dict "user" "setup" "hashes" $hashes) }}
         permissions: {
           publish: { allow: ["$JS.API.>"] }
           subscribe: { allow: ["_INBOX.setup.>"] }
@@ -448,7 +462,7 @@ accounts {
       # nor to pull or read calls.
       {
         user: orchestrator
-        password: ${{ include "toolfleet.natsPasswordVar" "orchestrator" }}
+        password: {{ include "toolfleet.natsPassword" (dict "user" "orchestrator" "hashes" $hashes) }}
         permissions: {
           publish: {
             allow: [
@@ -485,10 +499,10 @@ accounts {
       { service: "$JS.ACK.TOOLFLEET_CALLS.tool_{{ . }}.>", accounts: {{ $to }} }
       { service: "$KV.toolfleet_registry.{{ . }}.>", accounts: {{ $to }} }
       {{- end }}
-      { service: "toolfleet.reply.*", accounts: [{{ range $i, $pool := .Values.pools }}{{ if $i }}, {{ end }}"pool-{{ $pool.name }}"{{ end }}] }
+      { service: "toolfleet.reply.*", accounts: [{{ range $i, $pool := $root.Values.pools }}{{ if $i }}, {{ end }}"pool-{{ $pool.name }}"{{ end }}] }
     ]
   }
-  {{- range .Values.pools }}
+  {{- range $root.Values.pools }}
   {{- $user := printf "pool-%s" .name }}
 
   # Worker pool "{{ .name }}": {{ join ", " .tools }}. Its account has no
@@ -499,7 +513,7 @@ accounts {
     users: [
       {
         user: {{ $user }}
-        password: ${{ include "toolfleet.natsPasswordVar" $user }}
+        password: {{ include "toolfleet.natsPassword" (dict "user" $user "hashes" $hashes) }}
         permissions: {
           publish: {
             allow: [
