@@ -90,7 +90,7 @@ class Manifests:
         ConfigMaps, Secrets nor emptyDirs (a PersistentVolumeClaim) to local
         dirs; `rewrites` replaces text (an address) wherever mount paths
         are rewritten."""
-        spec = doc["spec"]["template"]["spec"]
+        spec = doc["spec"]["template"]["spec"] if doc["kind"] != "Pod" else doc["spec"]
         pod = doc["metadata"]["name"] + "-0"
         sources = {v["name"]: v for v in spec.get("volumes", [])}
         commands = []

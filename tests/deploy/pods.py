@@ -74,6 +74,9 @@ def values(chart_dir: str) -> dict:
         "keda": {"enabled": True},
         "orchestrator": {**dev["orchestrator"], "auth": "tokens", "tokensSecret": "toolfleet-tokens",
                          "config": {"api": {"allow_scripted": True}}},
+        # `helm test` with a token of the tokens file (the dev values run a
+        # scripted job).
+        "tests": {**dev["tests"], "tokenSecret": {"name": "toolfleet-check-token", "key": "token"}},
         "pools": [autoscaled("math", ["calculate"]), autoscaled("weather", ["get_current_weather"]), knowledge],
     }
 
@@ -106,6 +109,8 @@ class Fleet:
         self.nats_server = os.environ.get("TOOLFLEET_NATS_SERVER") or os.path.join(os.path.dirname(sys.executable), "nats-server")
 
     def executable(self, name: str) -> str:
+        # A path in the image is the binary of that name here.
+        name = os.path.basename(name)
         if name in ("toolfleet-orchestrator", "toolfleet-worker", "toolfleet"):
             return os.path.join(self.bin_dir, name)
         if name == "nats-server":
@@ -210,7 +215,12 @@ def main() -> int:
     docs = [d for path, text in sorted(rendered.items()) if not path.endswith("NOTES.txt")
             for d in yaml.safe_load_all(text) if d]
     tokens = f'[tenants.pods]\ntoken_sha256 = ["{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
-    manifests = Manifests(docs, {"toolfleet-tokens": {"tokens.toml": tokens}})
+    user_secrets = {"toolfleet-tokens": {"tokens.toml": tokens}, "toolfleet-check-token": {"token": TOKEN}}
+    manifests = Manifests(docs, user_secrets)
+    # The same release with `helm test`'s model-free check, for its pod only.
+    tools_check = chart.render({**values(chart_dir), "tests": {**values(chart_dir)["tests"], "check": "tools"}},
+                               name="tf", namespace=NAMESPACE, is_install=True)
+    [tools_pod] = [d for d in yaml.safe_load_all(tools_check["toolfleet/templates/tests/check.yaml"]) if d]
     by_component = {}
     for doc in manifests.workloads():
         labels = doc["metadata"]["labels"]
@@ -224,6 +234,13 @@ def main() -> int:
                  "tf-toolfleet-orchestrator:50051": f"127.0.0.1:{ports['grpc']}"}
     services = {f"{d['metadata']['name']}:{p['port']}" for d in docs if d["kind"] == "Service" for p in d["spec"]["ports"]}
     from_keda = resolver(endpoints, KEDA_NAMESPACE)
+    # A pod of the release reaches a Service by its short name or its full
+    # one: both become the local address.
+    cluster_dns = dict(endpoints)
+    for service, local in endpoints.items():
+        name, port = service.split(":")
+        for suffix in (f".{NAMESPACE}.svc", f".{NAMESPACE}.svc.cluster.local"):
+            cluster_dns[f"{name}{suffix}:{port}"] = local
     if not set(endpoints) <= services:
         print(f"FAIL the rendered Services are {sorted(services)}")
         return 1
@@ -236,7 +253,7 @@ def main() -> int:
     fleet = Fleet(root, bin_dir)
 
     def commands(component: str, listen: dict[str, int] | None = None) -> list[Command]:
-        rewrites = dict(endpoints)
+        rewrites = dict(cluster_dns)
         for address, port in (listen or {}).items():
             rewrites[address] = f"127.0.0.1:{port}"
         return manifests.commands(by_component[component], os.path.join(root, component),
@@ -353,6 +370,18 @@ def main() -> int:
             if done.returncode != 0 or output != "answer 42, London, UK":
                 failures.append(f"job {job}: watch exited {done.returncode}, output {output!r}:\n{done.stdout[-2000:]}")
         print(f"pods: {len(jobs)} jobs succeeded through {len(fleet.processes)} rendered containers")
+        # `helm test`: its hook pods, run as the kubelet would once Helm
+        # creates them, must succeed.
+        hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+        if [d["kind"] for d in hooks] != ["Pod"]:
+            failures.append(f"helm test runs {[d['kind'] for d in hooks]}")
+        for label, pod in (("scripted", hooks[0]), ("tools", tools_pod)):
+            [check] = Manifests([pod], user_secrets).commands(pod, os.path.join(root, f"test-{label}"),
+                                                              rewrites=cluster_dns)
+            done = fleet.run(check)
+            if done.returncode != 0:
+                failures.append(f"helm test ({label}) exited {done.returncode}:\n{done.stdout}{done.stderr}")
+        print("pods: helm test passed, a scripted job and every pool's tools served")
     except Exception as err:  # noqa: BLE001 - reported with the processes' logs
         failures.append(f"{type(err).__name__}: {err}")
     failures.extend(fleet.stop())

@@ -107,7 +107,8 @@ async fn the_kustomize_base_and_overlays_are_rendered_from_the_chart_and_build()
 /// and files. With two KEDA-scaled pools at zero, each ScaledObject's
 /// trigger read against the live `/jsz` as KEDA reads it gives exactly the
 /// calls waiting for that pool's tools; scaled up again, every job
-/// succeeds.
+/// succeeds, and so does `helm test`'s pod (a scripted job, and the
+/// model-free check that every pool's tools are served).
 #[tokio::test]
 async fn the_rendered_chart_runs_a_fleet_and_keda_reads_its_backlog() -> anyhow::Result<()> {
     let said = check("pods.py", &["deploy/helm/toolfleet"], Nats::None).await?;
@@ -116,6 +117,10 @@ async fn the_rendered_chart_runs_a_fleet_and_keda_reads_its_backlog() -> anyhow:
         "{said}"
     );
     assert!(said.contains("pods: 3 jobs succeeded"), "{said}");
+    assert!(
+        said.contains("pods: helm test passed, a scripted job and every pool's tools served"),
+        "{said}"
+    );
     Ok(())
 }
 

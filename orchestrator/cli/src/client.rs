@@ -320,6 +320,10 @@ pub(crate) struct ToolsArgs {
     /// Print the tools as JSON, schemas included.
     #[arg(long)]
     json: bool,
+    /// Exit 1, naming each, unless every one of these tools is served by
+    /// at least one live worker (a check for scripts and `helm test`).
+    #[arg(long, value_name = "TOOL,...", value_delimiter = ',')]
+    require: Vec<String>,
 }
 
 /// `toolfleet submit`.
@@ -505,7 +509,24 @@ pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
     } else {
         out!("{}", transcript::tools_table(&tools))?;
     }
-    Ok(ExitCode::SUCCESS)
+    let unserved = unserved(&tools, &args.require);
+    if unserved.is_empty() {
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!("not served: {}", unserved.join(", "));
+    Ok(ExitCode::FAILURE)
+}
+
+/// Each of `required` that no live worker serves, and why.
+fn unserved(tools: &[v1::Tool], required: &[String]) -> Vec<String> {
+    required
+        .iter()
+        .filter_map(|name| match tools.iter().find(|tool| &tool.name == name) {
+            None => Some(format!("{name} (no worker announces it)")),
+            Some(tool) if tool.workers == 0 => Some(format!("{name} (0 workers)")),
+            Some(_) => None,
+        })
+        .collect()
 }
 
 /// Connects to the orchestrator at `addr` (`http://` is assumed without a scheme).
@@ -795,6 +816,26 @@ mod tests {
             assert_eq!(flag.get_name(), provider.as_str());
         }
         assert_eq!(Provider::value_variants().len(), ProviderKind::ALL.len());
+    }
+
+    #[test]
+    fn a_required_tool_is_served_only_by_a_live_worker() {
+        let tool = |name: &str, workers| v1::Tool {
+            name: name.into(),
+            workers,
+            ..Default::default()
+        };
+        let live = [tool("calculate", 2), tool("factual_qa", 0)];
+        let required = ["calculate", "factual_qa", "route_plan"].map(String::from);
+        assert_eq!(
+            unserved(&live, &required),
+            [
+                "factual_qa (0 workers)",
+                "route_plan (no worker announces it)"
+            ]
+        );
+        assert!(unserved(&live, &required[..1]).is_empty());
+        assert!(unserved(&live, &[]).is_empty());
     }
 
     #[derive(Debug, Parser)]

@@ -650,3 +650,13 @@ template:
       {{- toYaml . | nindent 6 }}
       {{- end }}
 {{- end -}}
+
+{{/* Whether `helm test` has a check to run: tests on, a token where the
+API wants one, a client certificate where it verifies clients. */}}
+{{- define "toolfleet.testable" -}}
+{{- $t := .Values.tests -}}
+{{- $o := .Values.orchestrator -}}
+{{- if and $t.enabled (or (ne $o.auth "tokens") $t.tokenSecret.name) (or (not $o.tls.verifyClients) $t.clientTlsSecret) -}}
+true
+{{- end -}}
+{{- end -}}
