@@ -121,7 +121,7 @@ class Fleet:
         return found
 
     def start(self, command: Command, extra: list[str] = ()) -> subprocess.Popen:
-        log = open(os.path.join(self.root, f"{len(self.processes)}-{command.binary}.log"), "w")
+        log = open(os.path.join(self.root, f"{len(self.processes)}-{os.path.basename(command.binary)}.log"), "w")
         env = {"PATH": os.environ.get("PATH", ""), **command.env}
         process = subprocess.Popen([self.executable(command.binary), *command.args, *extra], env=env,
                                    stdout=log, stderr=subprocess.STDOUT)
