@@ -263,24 +263,58 @@ def secret_file(docs: list[dict], suffix: str) -> str:
     return manifests.secrets[name]["toolfleet-users.conf"]
 
 
-def outside_servers(fleet: Fleet, root: str, docs: list[dict]) -> dict[str, str]:
+def certificates(root: str) -> dict[str, str]:
+    """A CA, and a server's and a client's certificate from it (openssl),
+    the server's for 127.0.0.1, where cluster DNS sends the services."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True, timeout=60)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=toolfleet test CA")
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                            ("client", "extendedKeyUsage=clientAuth")):
+        with open(os.path.join(root, f"{name}.ext"), "w") as f:
+            f.write(extension + "\n")
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+    out = {}
+    for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key"):
+        with open(os.path.join(root, name)) as f:
+            out[name] = f.read()
+    return out
+
+
+def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> dict[str, str]:
     """NATS and Redis as an operator runs them for the release: each with
-    the users file the chart rendered; their addresses as the values name
-    them."""
+    the users file the chart rendered, over TLS when the values ask (a
+    server certificate, and for Redis the clients' too where they present
+    one); their addresses as the values name them."""
     nats_port, monitor_port, redis_port = free_port(), free_port(), free_port()
-    users = os.path.join(root, "nats-users.conf")
-    with open(users, "w") as f:
+    nats_tls = values["nats"]["tls"]["secretName"]
+    redis_tls = values.get("redis", {}).get("tls", {}).get("secretName")
+    pem = lambda name: os.path.join(root, name)  # noqa: E731
+    with open(os.path.join(root, "nats-users.conf"), "w") as f:
         f.write(secret_file(docs, "-nats-users"))
     conf = os.path.join(root, "nats.conf")
     with open(conf, "w") as f:
         f.write(f'listen: "127.0.0.1:{nats_port}"\nhttp: "127.0.0.1:{monitor_port}"\n'
                 f'jetstream {{ store_dir: "{root}/jetstream" }}\ninclude "nats-users.conf"\n')
+        if nats_tls:
+            f.write(f'tls {{ cert_file: "{pem("server.crt")}", key_file: "{pem("server.key")}" }}\n')
     redis_users = os.path.join(root, "redis-users.conf")
     with open(redis_users, "w") as f:
         f.write(secret_file(docs, "-redis-users"))
     redis_conf = os.path.join(root, "redis.conf")
     with open(redis_conf, "w") as f:
-        f.write(f'port {redis_port}\nbind 127.0.0.1\nsave ""\ninclude {redis_users}\n')
+        f.write(f'bind 127.0.0.1\nsave ""\ninclude {redis_users}\n')
+        if redis_tls:
+            client = values["redis"]["tls"]["clientCert"]
+            f.write(f"port 0\ntls-port {redis_port}\ntls-cert-file {pem('server.crt')}\n"
+                    f"tls-key-file {pem('server.key')}\ntls-ca-cert-file {pem('ca.crt')}\n"
+                    f"tls-auth-clients {'yes' if client else 'no'}\n")
+        else:
+            f.write(f"port {redis_port}\n")
     fleet.start(Command("nats (outside the chart)", "nats-server", ["-c", conf], {}))
     fleet.start(Command("redis (outside the chart)", "redis-server", [redis_conf], {}))
     for port in (nats_port, redis_port):
@@ -293,7 +327,9 @@ def outside_servers(fleet: Fleet, root: str, docs: list[dict]) -> dict[str, str]
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-    return {"nats:4222": f"127.0.0.1:{nats_port}", "redis-master:6379": f"127.0.0.1:{redis_port}"}
+    host_port = lambda url: re.sub(r"^[a-z]+://([^/]+)/?$", r"\1", url)  # noqa: E731
+    return {host_port(values["nats"]["url"]): f"127.0.0.1:{nats_port}",
+            host_port(values.get("redis", {}).get("url", "redis://redis-master:6379/")): f"127.0.0.1:{redis_port}"}
 
 
 def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
@@ -302,13 +338,17 @@ def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
     docs = [d for p, t in sorted(rendered.items()) if not p.endswith("NOTES.txt")
             for d in yaml.safe_load_all(t) if d]
     tokens = f'[tenants.check]\ntoken_sha256 = ["{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
-    user_secrets = {"toolfleet-tokens": {"tokens.toml": tokens}, "toolfleet-check-token": {"token": TOKEN}}
     root = tempfile.mkdtemp(prefix="toolfleet-install-")
+    pems = certificates(root)
+    user_secrets = {"toolfleet-tokens": {"tokens.toml": tokens}, "toolfleet-check-token": {"token": TOKEN},
+                    "nats-ca": {"ca.crt": pems["ca.crt"]},
+                    "redis-client": {"ca.crt": pems["ca.crt"], "tls.crt": pems["client.crt"],
+                                     "tls.key": pems["client.key"]}}
     fleet = Fleet(root, bin_dir)
     failures = []
     try:
         dev = values.get("dev", {}).get("enabled", False)
-        outside = {} if dev else outside_servers(fleet, root, docs)
+        outside = {} if dev else outside_servers(fleet, root, docs, values)
         cluster = Cluster(docs, user_secrets, fleet, root, outside)
         play(cluster)
         tests = [d for d in docs if "test" in hook(d)]
@@ -340,6 +380,17 @@ def main() -> int:
     failures += scenario(chart, bin_dir, "the defaults with helm install --wait", {
         "nats": {"url": "nats://nats:4222", "replicas": 1, "auth": "users",
                  "tls": {"secretName": "", "clientCert": False}},
+        "orchestrator": {"config": {"api": {"allow_scripted": True}}},
+        "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
+                  "model": {"provider": "openai-responses", "name": "m", "input": "x"}},
+    }, helm_install)
+    # NATS and Redis outside the chart over TLS (Redis verifying the
+    # services' client certificate), under --wait.
+    failures += scenario(chart, bin_dir, "NATS and Redis over TLS with helm install --wait", {
+        "nats": {"url": "tls://nats.messaging.svc:4222", "replicas": 1, "auth": "users",
+                 "tls": {"secretName": "nats-ca", "clientCert": False}},
+        "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "users",
+                  "tls": {"secretName": "redis-client", "clientCert": True}},
         "orchestrator": {"config": {"api": {"allow_scripted": True}}},
         "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
                   "model": {"provider": "openai-responses", "name": "m", "input": "x"}},
