@@ -42,6 +42,7 @@ import time
 import urllib.error
 import urllib.request
 
+import bcrypt
 import helm_python
 import yaml
 
@@ -224,6 +225,47 @@ class Cluster:
                                    f"{[d['kind'] + ' ' + d['metadata']['name'] for d in waiting]}")
             time.sleep(0.3)
 
+    def upgrade(self, docs: list[dict], user_secrets: dict) -> list[dict]:
+        """`helm upgrade`'s apply: new objects created, a workload whose pod
+        template changed rolled (its pod stopped, a new one started), objects
+        no longer rendered deleted (a finished Job's pod with them). Returns
+        the objects to wait for."""
+        key = lambda d: (d["kind"], d["metadata"]["name"])  # noqa: E731
+        before = {key(d): d for d in self.docs if not hook(d)}
+        after = {key(d): d for d in docs if not hook(d)}
+        self.docs = docs
+        self.manifests = Manifests(docs, user_secrets)
+        for d in docs:
+            if d["kind"] in ("Deployment", "Job", "Pod"):
+                for c in self.spec(d)["containers"]:
+                    for p in c.get("ports", []):
+                        self.ports.setdefault((d["metadata"]["name"], p["containerPort"]), free_port())
+        for service in (d for d in docs if d["kind"] == "Service"):
+            self.route(service)
+        for gone in before.keys() - after.keys():
+            self.stop_pod(gone[1])
+        changed = []
+        for k in sorted(after, key=lambda k: kind_order(after[k])):
+            doc = after[k]
+            if k not in before:
+                self.apply(doc)
+                changed.append(doc)
+            elif doc["kind"] == "Deployment" and doc["spec"]["template"] != before[k]["spec"]["template"]:
+                self.stop_pod(k[1])
+                self.start(doc)
+                changed.append(doc)
+        return changed
+
+    def stop_pod(self, name: str) -> None:
+        """The kubelet stopping a pod: SIGTERM, then its grace period."""
+        for process in self.pods.pop(name, {}).get("processes", []):
+            if process.poll() is None:
+                process.terminate()
+                try:
+                    process.wait(timeout=40)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+
     def run_hooks(self, phase: str) -> None:
         """Helm's hooks of `phase`, by weight, each group to its end."""
         hooks = sorted((d for d in self.docs if phase in hook(d)), key=lambda d: (weight(d), kind_order(d)))
@@ -243,6 +285,22 @@ def helm_install(cluster: Cluster) -> None:
     cluster.wait("helm install --wait", [d for d in objects if d["kind"] == "Deployment"])
     cluster.run_hooks("post-install")
     cluster.run_hooks("test")
+
+
+def helm_upgrade(cluster: Cluster, docs: list[dict], user_secrets: dict, between=None) -> None:
+    """`helm upgrade --wait` to `docs`: pre-upgrade hooks, the changes,
+    `between` (what an operator does while the rollout waits, e.g. restart
+    NATS), then every Deployment ready, then post-upgrade hooks."""
+    current = cluster.docs
+    cluster.docs = docs
+    cluster.manifests = Manifests(docs, user_secrets)
+    cluster.run_hooks("pre-upgrade")
+    cluster.docs = current
+    cluster.upgrade(docs, user_secrets)
+    if between:
+        between()
+    cluster.wait("helm upgrade --wait", [d for d in docs if d["kind"] == "Deployment" and not hook(d)])
+    cluster.run_hooks("post-upgrade")
 
 
 def argo_sync(cluster: Cluster) -> None:
@@ -285,6 +343,11 @@ def certificates(root: str) -> dict[str, str]:
     return out
 
 
+# The operator's own Redis user, outside the chart's users file, with which
+# it loads a new pool's user into a running Redis (ACL SETUSER).
+REDIS_ADMIN = "operator-not-secret"
+
+
 def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> dict[str, str]:
     """NATS and Redis as an operator runs them for the release: each with
     the users file the chart rendered, over TLS when the values ask (a
@@ -307,7 +370,8 @@ def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> 
         f.write(secret_file(docs, "-redis-users"))
     redis_conf = os.path.join(root, "redis.conf")
     with open(redis_conf, "w") as f:
-        f.write(f'bind 127.0.0.1\nsave ""\ninclude {redis_users}\n')
+        f.write(f'bind 127.0.0.1\nsave ""\ninclude {redis_users}\n'
+                f"user operator on >{REDIS_ADMIN} ~* &* +@all\n")
         if redis_tls:
             client = values["redis"]["tls"]["clientCert"]
             f.write(f"port 0\ntls-port {redis_port}\ntls-cert-file {pem('server.crt')}\n"
@@ -316,6 +380,8 @@ def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> 
         else:
             f.write(f"port {redis_port}\n")
     fleet.start(Command("nats (outside the chart)", "nats-server", ["-c", conf], {}))
+    fleet.outside = {"nats_conf": conf, "nats_users": os.path.join(root, "nats-users.conf"),
+                     "nats_port": nats_port, "redis_port": redis_port}
     fleet.start(Command("redis (outside the chart)", "redis-server", [redis_conf], {}))
     for port in (nats_port, redis_port):
         deadline = time.monotonic() + 30
@@ -367,6 +433,93 @@ def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
     return failures
 
 
+def gitops_values(pools: list[dict], hashes: dict, check_token: dict) -> dict:
+    """Values as a GitOps repository holds them: the credentials Secret's
+    name and the passwords' hashes, nothing random."""
+    return {
+        "nats": {"url": "nats://nats:4222", "replicas": 1, "auth": "users",
+                 "tls": {"secretName": "", "clientCert": False}},
+        "credentials": {"existingSecret": "fleet-credentials", "passwordHashes": hashes},
+        "orchestrator": {"config": {"api": {"allow_scripted": True}}},
+        "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
+                  "model": {"provider": "openai-responses", "name": "m", "input": "x"}},
+        "pools": pools,
+    }
+
+
+def upgrade_scenario(chart, bin_dir: str, check_token: dict) -> list[str]:
+    """Installs with the GitOps credentials, then upgrades to one more pool
+    under `helm upgrade --wait`: its users reach NATS by the restart a new
+    account needs (decision 0033) and Redis by ACL SETUSER, the setup Job
+    of the new render (a new name: a new tool) makes its tool's consumer,
+    its Deployment becomes ready, and helm test passes again."""
+    label = "a pool added by helm upgrade --wait"
+    defaults = [{"name": "general", "tools": ["calculate", "get_current_weather"], "replicas": 1, "maxInFlight": 8,
+                 "resources": {}, "autoscaling": {"enabled": False, "minReplicas": 1, "maxReplicas": 2,
+                                                  "targetCPU": 70, "lagThreshold": 8}}]
+    # A tool no pool served before: the upgrade's setup Job makes its consumer.
+    maps = {**defaults[0], "name": "maps", "tools": ["trend_analysis"]}
+    users = ["setup", "orchestrator", "pool-general", "pool-maps"]
+    passwords = {u: f"{u}-{os.urandom(8).hex()}" for u in users}
+    nats_hashes = {u: bcrypt.hashpw(passwords[u].encode(), bcrypt.gensalt(rounds=4)).decode() for u in users}
+    redis_hashes = {u: hashlib.sha256(passwords[u].encode()).hexdigest() for u in users if u != "setup"}
+    before = {"nats": {u: h for u, h in nats_hashes.items() if u != "pool-maps"},
+              "redis": {u: h for u, h in redis_hashes.items() if u != "pool-maps"}}
+    secret = {**{f"nats-{u}": p for u, p in passwords.items()},
+              **{f"redis-{u}": p for u, p in passwords.items() if u != "setup"}}
+    render = lambda values: [d for p, t in sorted(chart.render(values, name=RELEASE, namespace=NAMESPACE,  # noqa: E731
+                                                               is_install=True).items())
+                             if not p.endswith("NOTES.txt") for d in yaml.safe_load_all(t) if d]
+    first = render(gitops_values(defaults, before, check_token))
+    second = render(gitops_values([*defaults, maps], {"nats": nats_hashes, "redis": redis_hashes}, check_token))
+    root = tempfile.mkdtemp(prefix="toolfleet-upgrade-")
+    tokens = f'[tenants.check]\ntoken_sha256 = ["{hashlib.sha256(TOKEN.encode()).hexdigest()}"]\n'
+    user_secrets = {"toolfleet-tokens": {"tokens.toml": tokens}, "toolfleet-check-token": {"token": TOKEN},
+                    "fleet-credentials": secret}
+    fleet = Fleet(root, bin_dir)
+    failures = []
+    try:
+        outside = outside_servers(fleet, root, first, gitops_values(defaults, before, check_token))
+        cluster = Cluster(first, user_secrets, fleet, root, outside)
+        helm_install(cluster)
+
+        def operator() -> None:
+            """What the operator does for the new pool: the NATS servers
+            restarted with the new users file, the new Redis user loaded."""
+            index, (where, nats) = next((i, e) for i, e in enumerate(fleet.processes)
+                                        if e[0] == "nats (outside the chart)")
+            with open(fleet.outside["nats_users"], "w") as f:
+                f.write(secret_file(second, "-nats-users"))
+            nats.terminate()
+            nats.wait(timeout=30)
+            fleet.start(Command(where, "nats-server", ["-c", fleet.outside["nats_conf"]], {}))
+            # In its old place, so that it still stops after the services.
+            fleet.processes[index] = fleet.processes.pop()
+            line = next(line for line in secret_file(second, "-redis-users").splitlines()
+                        if line.startswith("user pool-maps "))
+            done = subprocess.run(["redis-cli", "-p", str(fleet.outside["redis_port"]), "--user", "operator",
+                                   "--pass", REDIS_ADMIN, "--no-auth-warning", "ACL", "SETUSER",
+                                   *line.split()[1:]], capture_output=True, text=True, timeout=30)
+            if done.stdout.strip() != "OK":
+                raise RuntimeError(f"ACL SETUSER: {done.stdout}{done.stderr}")
+
+        helm_upgrade(cluster, second, user_secrets, operator)
+        jobs = {d["metadata"]["name"] for d in second if d["kind"] == "Job"} - \
+            {d["metadata"]["name"] for d in first if d["kind"] == "Job"}
+        if len(jobs) != 1:
+            failures.append(f"{label}: the upgrade renders setup Jobs {jobs}, not one new one")
+        cluster.run_hooks("test")
+        print(f"install: {label}: Ready, and helm test passed")
+    except Exception as err:  # noqa: BLE001 - reported with the logs
+        failures.append(f"{label}: {type(err).__name__}: {err}")
+    failures.extend(f"{label}: {f}" for f in fleet.stop())
+    if failures:
+        print(fleet.logs())
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return failures
+
+
 def main() -> int:
     chart_dir, bin_dir = sys.argv[1:3]
     chart = helm_python.Chart.load(chart_dir)
@@ -395,6 +548,7 @@ def main() -> int:
         "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
                   "model": {"provider": "openai-responses", "name": "m", "input": "x"}},
     }, helm_install)
+    failures += upgrade_scenario(chart, bin_dir, check_token)
     failures += scenario(chart, bin_dir, "the dev values with an Argo CD sync", dev, argo_sync)
     failures += scenario(chart, bin_dir, "the dev values with helm install --wait", dev, helm_install)
     for failure in failures:

@@ -145,8 +145,9 @@ async fn the_nats_users_render_the_same_rotate_by_reload_and_add_a_pool_by_resta
 /// a kubelet would do with the rendered chart, in order, with its pods as
 /// processes (image environment, mounted files, probes as the kubelet
 /// calls them). The defaults (on a NATS and a Redis outside the chart,
-/// plain and over TLS) under `helm install --wait`, and the dev values
-/// under an Argo CD sync
+/// plain and over TLS) under `helm install --wait`, an upgrade adding a
+/// pool with a new tool (GitOps credentials; the NATS restart and Redis
+/// ACL an operator applies), and the dev values under an Argo CD sync
 /// and under `--wait`, each reach Ready with no hook to deadlock on, and
 /// their `helm test` pod runs a job through the queues to its end.
 #[tokio::test]
@@ -155,6 +156,7 @@ async fn a_simulated_install_reaches_ready_and_passes_helm_test() -> anyhow::Res
     for scenario in [
         "the defaults with helm install --wait",
         "NATS and Redis over TLS with helm install --wait",
+        "a pool added by helm upgrade --wait",
         "the dev values with an Argo CD sync",
         "the dev values with helm install --wait",
     ] {
