@@ -622,6 +622,15 @@ def check_users(chart, defaults: dict) -> list[str]:
                               lambda m: f"user {m[1]} on #@{m[1].upper().replace('-', '_')}_PASSWORD_SHA256@", redis)
         if f.read() != placeholders:
             failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools")
+    # Users files made where the servers run, another namespace than the
+    # release's, which their pods can mount.
+    elsewhere = manifests(chart.render({"nats": {**defaults["nats"], "usersNamespace": "messaging"},
+                                        "redis": {**defaults["redis"], "usersNamespace": "cache"}},
+                                       name="tf", namespace="toolfleet", is_install=True))
+    placed = {d["metadata"]["name"]: d["metadata"].get("namespace") for d in elsewhere if d["kind"] == "Secret"}
+    if placed != {"tf-toolfleet-credentials": None, "tf-toolfleet-nats-users": "messaging",
+                  "tf-toolfleet-redis-users": "cache"}:
+        failures.append(f"users files in other namespaces: {placed}")
     if "\nuser default off\n" not in redis:
         failures.append("the Redis users file leaves the default user on")
     kept = users_files(manifests(chart.render({"redis": {**defaults["redis"], "defaultUser": "keep"}},
