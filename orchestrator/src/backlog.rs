@@ -26,7 +26,9 @@ pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: CancellationToken) {
     let mut tick = tokio::time::interval(INTERVAL);
     loop {
+        // Biased: a stop seen with a tick due still stops.
         tokio::select! {
+            biased;
             () = stop.cancelled() => return,
             _ = tick.tick() => {}
         }
@@ -34,7 +36,14 @@ pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: 
         // theirs are gone: "no live worker for a tool" is a series at 0,
         // not a missing series.
         for name in registry.known_tools() {
-            match waiting_calls(&js, &name).await {
+            // Each request raced with the stop: with NATS gone or hung, one
+            // waits out its request timeout, which must not hold the drain.
+            let read = tokio::select! {
+                biased;
+                () = stop.cancelled() => return,
+                read = waiting_calls(&js, &name) => read,
+            };
+            match read {
                 Ok(waiting) => {
                     registry.set_queued(&name, true);
                     metrics::tool_calls_waiting(&name, waiting);

@@ -217,4 +217,4 @@ impl OrchestratorOptions {
 
 // Secrets are never serialized (the OpenAI key is `skip_serializing`); URL
 // passwords are hidden when the options are printed or logged.
-toolfleet_service::service_options!(OrchestratorOptions);
+toolfleet_service::service_options!(OrchestratorOptions, runner.drain_timeout);

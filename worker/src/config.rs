@@ -192,7 +192,7 @@ impl WorkerOptions {
 }
 
 // URL passwords are hidden when the options are printed or logged.
-toolfleet_service::service_options!(WorkerOptions);
+toolfleet_service::service_options!(WorkerOptions, runtime.drain_timeout);
 
 #[cfg(test)]
 mod tests {

@@ -55,15 +55,46 @@ pub trait ServiceOptions: Serialize {
     /// The options fit for printing and logging: every password in a URL
     /// hidden (secret fields are never serialized at all).
     fn redacted(&self) -> Self;
+    /// How long the drain may take after the first signal (the service's
+    /// `drain_timeout`); the process exits at most [`SHUTDOWN_MARGIN`]
+    /// later, whatever NATS and Redis do.
+    fn drain_timeout(&self) -> std::time::Duration;
+}
+
+/// How long after its drain time a service that has not stopped is made to
+/// exit: room for the drain's last steps (handing jobs and calls back,
+/// flushing NATS, the last telemetry export), which an outage or a hung
+/// server can stall. Less than the 10 s the Helm chart's grace period adds
+/// to the drain, so that the process ends before Kubernetes kills it.
+pub const SHUTDOWN_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Once `shutdown` is cancelled, exits the process (status 1) if it is
+/// still running `bound` later. A thread of its own, not a task: it must
+/// fire even when the runtime's threads are stuck. What the process still
+/// held is taken over as after a crash (leases expire, calls are
+/// redelivered), which the services are built for.
+async fn exit_if_stuck(shutdown: CancellationToken, bound: std::time::Duration, name: String) {
+    shutdown.cancelled().await;
+    std::thread::spawn(move || {
+        std::thread::sleep(bound);
+        tracing::error!(
+            "{name} did not stop within {} s of the signal (its drain_timeout and {} s); \
+             exiting: what it still held is taken over as after a crash",
+            bound.as_secs(),
+            SHUTDOWN_MARGIN.as_secs()
+        );
+        std::process::exit(1);
+    });
 }
 
 /// Implements [`ServiceOptions`] for an options struct (which must be
 /// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`,
-/// `telemetry` and `log`. A macro rather than a default method because the sections are
+/// `telemetry` and `log`, and the path of its drain timeout
+/// (`service_options!(WorkerOptions, runtime.drain_timeout)`). A macro rather than a default method because the sections are
 /// fields of each service's own struct.
 #[macro_export]
 macro_rules! service_options {
-    ($options:ty) => {
+    ($options:ty, $($drain:ident).+) => {
         impl $crate::binary::ServiceOptions for $options {
             fn log(&self) -> &$crate::config::LogOptions {
                 &self.log
@@ -75,6 +106,10 @@ macro_rules! service_options {
 
             fn telemetry(&self) -> &$crate::config::TelemetryOptions {
                 &self.telemetry
+            }
+
+            fn drain_timeout(&self) -> std::time::Duration {
+                self.$($drain).+
             }
 
             fn redacted(&self) -> Self {
@@ -179,6 +214,8 @@ where
         }
         let shutdown = CancellationToken::new();
         tokio::spawn(signals::watch_signals(shutdown.clone()));
+        let bound = options.drain_timeout() + SHUTDOWN_MARGIN;
+        tokio::spawn(exit_if_stuck(shutdown.clone(), bound, name.to_owned()));
         let served = serve(
             options,
             Process {
