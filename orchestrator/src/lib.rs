@@ -30,6 +30,7 @@ pub mod fuzzing;
 pub mod job;
 pub mod metrics;
 pub mod model;
+pub mod publish;
 pub mod quota;
 pub mod registry;
 pub mod runner;

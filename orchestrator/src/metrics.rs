@@ -1,6 +1,12 @@
 //! The orchestrator's Prometheus metrics. Every name is documented in
 //! `orchestrator/README.md`.
 
+/// Retries of JetStream publishes, by `what` (`job`, `call`): what a stream
+/// leader's election (or an outage) cost (see the `publish` module).
+pub const PUBLISH_RETRIES_TOTAL: &str = "toolfleet_publish_retries_total";
+/// How long a publish that needed retries waited, from its first failure
+/// to its acknowledgement (or to giving up), by `what`.
+pub const PUBLISH_PAUSE: &str = "toolfleet_publish_pause_seconds";
 /// Jobs finished, by `outcome` (`job_succeeded`, `job_failed`, `job_cancelled`).
 pub const JOBS_FINISHED_TOTAL: &str = "toolfleet_jobs_finished_total";
 /// Jobs submitted.
@@ -21,6 +27,11 @@ pub(crate) fn job_finished(outcome: &'static str, took: Option<std::time::Durati
 /// Messages on the job queue terminated without running: not a job id, so
 /// not one an orchestrator queued.
 pub const JOB_MESSAGES_REJECTED_TOTAL: &str = "toolfleet_job_messages_rejected_total";
+
+pub(crate) fn publish_paused(what: &'static str, retries: u64, pause: std::time::Duration) {
+    metrics::counter!(PUBLISH_RETRIES_TOTAL, "what" => what).increment(retries);
+    metrics::histogram!(PUBLISH_PAUSE, "what" => what).record(pause.as_secs_f64());
+}
 
 pub(crate) fn job_message_rejected() {
     metrics::counter!(JOB_MESSAGES_REJECTED_TOTAL).increment(1);
@@ -80,6 +91,9 @@ pub(crate) fn register() {
     metrics::counter!(JOBS_SUBMITTED_TOTAL).increment(0);
     metrics::counter!(JOBS_RESUMED_TOTAL).increment(0);
     metrics::counter!(JOB_MESSAGES_REJECTED_TOTAL).increment(0);
+    for what in ["job", "call"] {
+        metrics::counter!(PUBLISH_RETRIES_TOTAL, "what" => what).increment(0);
+    }
     for provider in crate::job::ProviderKind::ALL {
         model_tokens(provider.as_str(), 0, 0);
     }

@@ -28,6 +28,7 @@ use tracing::{info, warn};
 use crate::auth::{Caller, caller_of};
 use crate::job::{JobId, JobRecord, JobStatus, JobTrace};
 use crate::model::Providers;
+use crate::publish::{self, What};
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
 use crate::store::{Idempotency, JobStore};
@@ -128,20 +129,28 @@ impl AgentApi {
             .ok_or_else(|| not_found(job_id))
     }
 
+    /// Queues a stored job, through a stream leader's election
+    /// ([`publish::RETRY_FOR`]).
     async fn enqueue(&self, job_id: &JobId, tenant: &str) -> Result<(), Status> {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(names::headers::MSG_ID, job_id.as_str());
-        headers.insert(names::headers::TENANT, tenant);
-        let publish = self
-            .js
-            .publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_string().into())
-            .await;
-        let acked = match publish {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
+        let headers = || {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert(names::headers::MSG_ID, job_id.as_str());
+            headers.insert(names::headers::TENANT, tenant);
+            headers
         };
-        acked.map_err(|err| {
-            warn!(%job_id, error = %err, "could not queue the job");
+        let until = tokio::time::Instant::now() + publish::RETRY_FOR;
+        let payload = job_id.to_string().into();
+        let queued = publish::acked(
+            &self.js,
+            What::Job,
+            names::JOB_SUBJECT,
+            headers,
+            payload,
+            until,
+            None,
+        );
+        queued.await.map_err(|err| {
+            warn!(%job_id, error = ?err, "could not queue the job");
             Status::unavailable(format!(
                 "job {job_id} is stored but could not be queued; submit again with the same idempotency_key"
             ))

@@ -6,7 +6,6 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use tokio::sync::broadcast;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
@@ -19,6 +18,7 @@ use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
 use toolfleet_service::traces;
 
 use crate::job::{JobTrace, now_ms};
+use crate::publish::{self, Unpublished, What};
 use crate::quota::{CallSlot, SlotRequest};
 use crate::{spans, store};
 
@@ -274,7 +274,8 @@ impl Dispatcher {
         Ok(checked_answer(call, &text))
     }
 
-    /// Publishes one attempt, retrying while JetStream is unreachable.
+    /// Publishes one attempt, retrying while JetStream is unreachable or
+    /// electing a leader ([`publish::acked`]).
     async fn publish(
         &self,
         round: &Round<'_>,
@@ -311,13 +312,7 @@ impl Dispatcher {
         let trace_headers = spans::attempt_context(round.trace, &call.wire_id, attempt)
             .map(|context| traces::headers(&context))
             .unwrap_or_default();
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(50))
-            .with_max_delay(Duration::from_secs(2))
-            .with_jitter()
-            .without_max_times()
-            .build();
-        loop {
+        let headers = || {
             let mut headers = HeaderMap::new();
             headers.insert(headers::MSG_ID, msg_id(&wire).as_str());
             headers.insert(headers::JOB_ID, wire.job_id.as_str());
@@ -327,29 +322,27 @@ impl Dispatcher {
             for (name, value) in &trace_headers {
                 headers.insert(*name, value.as_str());
             }
-            let sent = self
-                .js
-                .publish_with_headers(names::call_subject(&wire.tool), headers, payload.clone())
-                .await;
-            let acked = match sent {
-                Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-                Err(err) => Err(err.to_string()),
-            };
-            match acked {
-                Ok(()) => return Ok(()),
-                Err(err) => {
-                    warn!(call_id = %call.wire_id, error = %err, "publishing the call failed; retrying")
-                }
-            }
-            if now_ms() >= spec.deadline_ms {
-                return Err(RoundError::DeadlineExceeded);
-            }
-            let delay = delays.next().unwrap_or(Duration::from_secs(2));
-            tokio::select! {
-                () = stop.cancelled() => return Err(RoundError::Interrupted),
-                () = tokio::time::sleep(delay) => {}
-            }
-        }
+            headers
+        };
+        // Through a stream leader's election, or an outage, until the
+        // job's deadline.
+        let until = tokio::time::Instant::now()
+            + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+        let subject = names::call_subject(&wire.tool);
+        publish::acked(
+            &self.js,
+            What::Call,
+            &subject,
+            headers,
+            payload,
+            until,
+            Some(stop),
+        )
+        .await
+        .map_err(|err| match err {
+            Unpublished::Stopped => RoundError::Interrupted,
+            Unpublished::Failed(_) => RoundError::DeadlineExceeded,
+        })
     }
 
     /// Waits for the stored result of one attempt: the one its reply

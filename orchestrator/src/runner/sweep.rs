@@ -15,6 +15,7 @@ use toolfleet_proto::names;
 use tracing::{debug, warn};
 
 use crate::job::{JobId, now_ms};
+use crate::publish::{self, What};
 use crate::store::JobStore;
 
 /// Jobs looked at per sweep.
@@ -63,13 +64,26 @@ async fn sweep_one(
         Some(_) if store.lease_held(job_id).await? => {}
         Some(job) => {
             warn!(%job_id, "re-queueing an unfinished job that no runner holds");
-            let mut headers = async_nats::HeaderMap::new();
             let msg_id = format!("{job_id}:sweep-{}", now_ms());
-            headers.insert(names::headers::MSG_ID, msg_id.as_str());
-            headers.insert(names::headers::TENANT, job.spec.tenant.as_str());
-            js.publish_with_headers(names::JOB_SUBJECT, headers, job_id.to_string().into())
-                .await?
-                .await?;
+            let headers = || {
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(names::headers::MSG_ID, msg_id.as_str());
+                headers.insert(names::headers::TENANT, job.spec.tenant.as_str());
+                headers
+            };
+            let until = tokio::time::Instant::now() + publish::RETRY_FOR;
+            let payload = job_id.to_string().into();
+            publish::acked(
+                js,
+                What::Job,
+                names::JOB_SUBJECT,
+                headers,
+                payload,
+                until,
+                None,
+            )
+            .await
+            .map_err(|err| anyhow::anyhow!("cannot queue the job: {err:?}"))?;
         }
     }
     Ok(())
