@@ -2,14 +2,15 @@
 //! with slow calls in flight, gets SIGTERM while NATS is killed, while NATS
 //! is frozen (SIGSTOP: requests hang rather than fail), or while Redis is
 //! killed, and exits within its `drain_timeout` and the margin
-//! docs/configuration.md states (`SHUTDOWN_MARGIN`, 5 s).
+//! docs/configuration.md states (`SHUTDOWN_MARGIN`, 5 s); on a 3-node NATS
+//! cluster (the cluster suite), the same with a node killed.
 
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use toolfleet_service::binary::SHUTDOWN_MARGIN;
 use toolfleet_tests::ChildProcess;
-use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet};
+use toolfleet_tests::fleet::{Fleet, on_clusters, scripted_job, test_fleet};
 
 /// Both services' drain time in these tests.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -22,6 +23,8 @@ enum Fault {
     NatsKilled,
     NatsFrozen,
     RedisKilled,
+    /// On a cluster: the node of the three that leads the call stream.
+    NatsNodeKilled,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -34,12 +37,13 @@ enum Service {
 /// how long it took to exit.
 async fn exit_time(service: Service, fault: Fault) -> anyhow::Result<Duration> {
     let drain = format!("{}s", DRAIN.as_secs());
-    let mut fleet = Fleet::start(
-        test_fleet(1)
-            .worker_env(&[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", &drain)])
-            .orchestrator_env(&[("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", &drain)]),
-    )
-    .await?;
+    let builder = test_fleet(1)
+        .worker_env(&[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", &drain)])
+        .orchestrator_env(&[("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", &drain)]);
+    let mut fleet = match fault {
+        Fault::NatsNodeKilled => Fleet::start(on_clusters(builder, 1)).await?,
+        _ => Fleet::start(builder).await?,
+    };
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["sleep"], 1).await?;
     let api = fleet.api(0).await?;
@@ -73,6 +77,15 @@ async fn exit_time(service: Service, fault: Fault) -> anyhow::Result<Duration> {
         Fault::NatsKilled => fleet.nats.server().process().kill(),
         Fault::NatsFrozen => fleet.nats.server().process().freeze()?,
         Fault::RedisKilled => fleet.redis.server().process().kill(),
+        Fault::NatsNodeKilled => {
+            let js = async_nats::jetstream::new(fleet.client.clone());
+            let cluster = fleet.nats.cluster();
+            let leader = cluster
+                .stream_copies(&js, toolfleet_proto::names::CALL_STREAM)
+                .await?
+                .leader;
+            cluster.node(leader).kill();
+        }
     }
     let process: &ChildProcess = match service {
         Service::Orchestrator => fleet.orchestrator(0),
@@ -128,4 +141,14 @@ async fn the_worker_stops_in_time_with_nats_frozen() -> anyhow::Result<()> {
 #[tokio::test]
 async fn the_worker_stops_in_time_with_redis_killed() -> anyhow::Result<()> {
     check(Service::Worker, Fault::RedisKilled).await
+}
+
+#[tokio::test]
+async fn cluster_the_orchestrator_stops_in_time_with_a_nats_node_killed() -> anyhow::Result<()> {
+    check(Service::Orchestrator, Fault::NatsNodeKilled).await
+}
+
+#[tokio::test]
+async fn cluster_the_worker_stops_in_time_with_a_nats_node_killed() -> anyhow::Result<()> {
+    check(Service::Worker, Fault::NatsNodeKilled).await
 }
