@@ -16,8 +16,10 @@ use backon::BackoffBuilder as _;
 use backon::ExponentialBuilder;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::names;
 use tracing::{debug, info, warn};
 
+use crate::job::JobId;
 use crate::metrics;
 
 /// How long a publish whose caller waits for it (a submission, the
@@ -42,6 +44,39 @@ impl What {
             Self::Call => "call",
         }
     }
+}
+
+/// Queues `job_id` on the job stream, with `msg_id` as its JetStream
+/// message id and `tenant` in its header, through a leader's election
+/// (up to [`RETRY_FOR`]): a submission's, or the sweeper's re-queue.
+///
+/// # Errors
+///
+/// [`Unpublished::Failed`]: still refused after [`RETRY_FOR`].
+pub async fn job(
+    js: &jetstream::Context,
+    job_id: &JobId,
+    tenant: &str,
+    msg_id: &str,
+) -> Result<(), Unpublished> {
+    let headers = || {
+        let mut headers = HeaderMap::new();
+        headers.insert(names::headers::MSG_ID, msg_id);
+        headers.insert(names::headers::TENANT, tenant);
+        headers
+    };
+    let until = Instant::now() + RETRY_FOR;
+    let payload = job_id.to_string().into();
+    acked(
+        js,
+        What::Job,
+        names::JOB_SUBJECT,
+        headers,
+        payload,
+        until,
+        None,
+    )
+    .await
 }
 
 /// Why a publish did not land.

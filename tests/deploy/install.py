@@ -398,6 +398,17 @@ def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> 
             host_port(values.get("redis", {}).get("url", "redis://redis-master:6379/")): f"127.0.0.1:{redis_port}"}
 
 
+def finish(label: str, fleet: Fleet, root: str, failures: list[str]) -> list[str]:
+    """Stops every process (toolfleet's must exit 0), prints the logs of a
+    failed scenario, and removes a passed one's files."""
+    failures = failures + [f"{label}: {f}" for f in fleet.stop()]
+    if failures:
+        print(fleet.logs())
+    else:
+        shutil.rmtree(root, ignore_errors=True)
+    return failures
+
+
 def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
     """Renders `values`, installs them as `play` does, and reports."""
     rendered = chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
@@ -425,12 +436,7 @@ def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
         print(f"install: {label}: Ready, and helm test passed")
     except Exception as err:  # noqa: BLE001 - reported with the logs
         failures.append(f"{label}: {type(err).__name__}: {err}")
-    failures.extend(f"{label}: {f}" for f in fleet.stop())
-    if failures:
-        print(fleet.logs())
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return failures
+    return finish(label, fleet, root, failures)
 
 
 def gitops_values(pools: list[dict], hashes: dict, check_token: dict) -> dict:
@@ -512,12 +518,7 @@ def upgrade_scenario(chart, bin_dir: str, check_token: dict) -> list[str]:
         print(f"install: {label}: Ready, and helm test passed")
     except Exception as err:  # noqa: BLE001 - reported with the logs
         failures.append(f"{label}: {type(err).__name__}: {err}")
-    failures.extend(f"{label}: {f}" for f in fleet.stop())
-    if failures:
-        print(fleet.logs())
-    else:
-        shutil.rmtree(root, ignore_errors=True)
-    return failures
+    return finish(label, fleet, root, failures)
 
 
 def main() -> int:

@@ -36,6 +36,8 @@ import bcrypt
 import helm_python
 import yaml
 
+from pods import free_port, wait_until
+
 NATS_SERVER = os.environ.get("TOOLFLEET_NATS_SERVER") or os.path.join(os.path.dirname(sys.executable), "nats-server")
 SECRET = "fleet-credentials"
 DEFAULT_POOLS = {"general": ["calculate", "get_current_weather"], "knowledge": ["factual_qa", "trend_analysis"]}
@@ -65,24 +67,6 @@ def users_file(chart, pools: dict[str, list[str]], hashes: dict[str, str]) -> tu
     docs = [d for d in yaml.safe_load_all(text) if d]
     [secret] = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("-nats-users")]
     return text, secret["stringData"]["toolfleet-users.conf"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(what: str, check, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out waiting for {what}")
 
 
 def read(path: str) -> str:
@@ -146,7 +130,7 @@ def main() -> int:
                     f'include "toolfleet-users.conf"\n')
         nats = start("nats-server", [NATS_SERVER, "-c", server_conf, "-l", os.path.join(root, "nats-server.log")])
         start("redis-server", ["redis-server", "--port", str(redis_port), "--bind", "127.0.0.1", "--save", ""])
-        wait_for("NATS", lambda: socket.create_connection(("127.0.0.1", nats_port)).close() is None)
+        wait_until("NATS", lambda: socket.create_connection(("127.0.0.1", nats_port)).close() is None)
         setup = subprocess.run([os.path.join(bin_dir, "toolfleet-orchestrator"), "setup", "--tools",
                                 ",".join(sorted({t for tools in DEFAULT_POOLS.values() for t in tools}))],
                                env={"PATH": os.environ.get("PATH", ""), **service_env("setup")},
@@ -154,7 +138,7 @@ def main() -> int:
         if setup.returncode != 0:
             raise RuntimeError(f"setup failed: {setup.stdout}{setup.stderr}")
         general = worker("general", DEFAULT_POOLS["general"])
-        wait_for("the general pool's worker", lambda: "worker ready" in read(general))
+        wait_until("the general pool's worker", lambda: "worker ready" in read(general))
 
         # A rotated password, by a reload.
         passwords["pool-general"] += "-rotated"
@@ -166,21 +150,21 @@ def main() -> int:
         reload = subprocess.run([NATS_SERVER, "--signal", f"reload={nats.pid}"], capture_output=True, text=True)
         if reload.returncode != 0:
             raise RuntimeError(f"reload: {reload.stderr}")
-        wait_for("the reload", lambda: "Reloaded server configuration" in read(os.path.join(root, "nats-server.log")))
+        wait_until("the reload", lambda: "Reloaded server configuration" in read(os.path.join(root, "nats-server.log")))
         general = worker("general", DEFAULT_POOLS["general"], "rotated")
-        wait_for("a worker with the rotated password", lambda: "worker ready" in read(general))
+        wait_until("a worker with the rotated password", lambda: "worker ready" in read(general))
 
         # A new pool: refused until the server restarts with it.
         _, more = users_file(chart, {**DEFAULT_POOLS, **MAPS}, hashes)
         maps = worker("maps", MAPS["maps"])
-        wait_for("NATS to refuse the maps pool", lambda: "authorization" in read(maps).lower())
+        wait_until("NATS to refuse the maps pool", lambda: "authorization" in read(maps).lower())
         with open(users_path, "w") as f:
             f.write(more)
         nats.send_signal(signal.SIGTERM)
         nats.wait(timeout=30)
         start("nats-server-again", [NATS_SERVER, "-c", server_conf, "-l", os.path.join(root, "nats-server.log")])
-        wait_for("the maps pool's worker after the restart", lambda: "worker ready" in read(maps), 60)
-        wait_for("the general pool's worker after the restart",
+        wait_until("the maps pool's worker after the restart", lambda: "worker ready" in read(maps), 60)
+        wait_until("the general pool's worker after the restart",
                  lambda: read(general).count("connected successfully") >= 2, 60)
         print(f"reload: {len(users)} users rendered the same twice, a password rotated by a reload, "
               "a pool added by a restart")

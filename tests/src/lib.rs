@@ -70,3 +70,30 @@ pub fn venv_python() -> anyhow::Result<PathBuf> {
     );
     Ok(path)
 }
+
+/// GETs `path` from `address` (`127.0.0.1:<port>`) over plain HTTP/1.0, as
+/// a probe or a scraper does a service's metrics endpoint: the status code
+/// and the body. Hand-written rather than an HTTP client crate: one request
+/// of a known server, read to its end.
+///
+/// # Errors
+///
+/// Nothing listens, or the answer is not HTTP.
+pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response}"))?;
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no status in {head}"))?;
+    Ok((status, body.to_owned()))
+}

@@ -909,7 +909,7 @@ async fn cluster_a_stream_leaders_death_pauses_publishes_within_the_bound_and_fa
     }
     // Each measured pause within the stated bound: every observation is
     // in the bucket of 10 s (or under).
-    let text = metrics_text(&metrics).await?;
+    let text = toolfleet_tests::http_get(&metrics, "/metrics").await?.1;
     let value = |name: &str| -> f64 {
         text.lines()
             .find(|line| line.starts_with(name))
@@ -934,18 +934,6 @@ async fn cluster_a_stream_leaders_death_pauses_publishes_within_the_bound_and_fa
         jobs.len()
     );
     Ok(())
-}
-
-/// The Prometheus text of a metrics endpoint (HTTP/1.0, no client crate).
-async fn metrics_text(address: &str) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    Ok(response)
 }
 
 /// kill -9 the Redis primary that holds the first calls' counters while

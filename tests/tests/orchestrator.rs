@@ -1303,29 +1303,9 @@ async fn a_stored_result_bound_to_other_arguments_is_never_the_answer() -> anyho
 /// GETs `path` over plain HTTP/1.0 (the metrics endpoint), and returns the
 /// body.
 async fn http_get(address: &str, path: &str) -> anyhow::Result<String> {
-    let (status, body) = http_request(address, path).await?;
+    let (status, body) = toolfleet_tests::http_get(address, path).await?;
     anyhow::ensure!(status == 200, "{path}: {status}");
     Ok(body)
-}
-
-/// GETs `path` over plain HTTP/1.0: the status code and the body.
-async fn http_request(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await?;
-    let (head, body) = response
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response}"))?;
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|code| code.parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("no status in {head}"))?;
-    Ok((status, body.to_owned()))
 }
 
 /// What a deployment that applies the setup step together with the
@@ -1354,8 +1334,8 @@ async fn services_started_before_the_setup_step_wait_for_it_then_serve() -> anyh
         ("orchestrator", &orchestrator_metrics),
         ("worker", &worker_metrics),
     ] {
-        let live = http_request(metrics, "/healthz").await?.0;
-        let ready = http_request(metrics, "/readyz").await?.0;
+        let live = toolfleet_tests::http_get(metrics, "/healthz").await?.0;
+        let ready = toolfleet_tests::http_get(metrics, "/readyz").await?.0;
         assert_eq!(
             (live, ready),
             (200, 503),
@@ -1396,7 +1376,7 @@ async fn services_started_before_the_setup_step_wait_for_it_then_serve() -> anyh
     assert!(setup.status.success(), "{setup:?}");
     for metrics in [&orchestrator_metrics, &worker_metrics] {
         toolfleet_tests::wait_until("ready after the setup step", JOB, || async {
-            http_request(metrics, "/readyz")
+            toolfleet_tests::http_get(metrics, "/readyz")
                 .await
                 .is_ok_and(|(status, _)| status == 200)
         })

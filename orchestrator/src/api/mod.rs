@@ -21,14 +21,13 @@ use async_nats::jetstream;
 use futures::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
-use toolfleet_proto::names;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
 use crate::auth::{Caller, caller_of};
 use crate::job::{JobId, JobRecord, JobStatus, JobTrace};
 use crate::model::Providers;
-use crate::publish::{self, What};
+use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
 use crate::store::{Idempotency, JobStore};
@@ -132,23 +131,7 @@ impl AgentApi {
     /// Queues a stored job, through a stream leader's election
     /// ([`publish::RETRY_FOR`]).
     async fn enqueue(&self, job_id: &JobId, tenant: &str) -> Result<(), Status> {
-        let headers = || {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert(names::headers::MSG_ID, job_id.as_str());
-            headers.insert(names::headers::TENANT, tenant);
-            headers
-        };
-        let until = tokio::time::Instant::now() + publish::RETRY_FOR;
-        let payload = job_id.to_string().into();
-        let queued = publish::acked(
-            &self.js,
-            What::Job,
-            names::JOB_SUBJECT,
-            headers,
-            payload,
-            until,
-            None,
-        );
+        let queued = publish::job(&self.js, job_id, tenant, job_id.as_str());
         queued.await.map_err(|err| {
             warn!(%job_id, error = ?err, "could not queue the job");
             Status::unavailable(format!(

@@ -11,11 +11,10 @@ use std::time::Duration;
 
 use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
-use toolfleet_proto::names;
 use tracing::{debug, warn};
 
 use crate::job::{JobId, now_ms};
-use crate::publish::{self, What};
+use crate::publish;
 use crate::store::JobStore;
 
 /// Jobs looked at per sweep.
@@ -65,25 +64,9 @@ async fn sweep_one(
         Some(job) => {
             warn!(%job_id, "re-queueing an unfinished job that no runner holds");
             let msg_id = format!("{job_id}:sweep-{}", now_ms());
-            let headers = || {
-                let mut headers = async_nats::HeaderMap::new();
-                headers.insert(names::headers::MSG_ID, msg_id.as_str());
-                headers.insert(names::headers::TENANT, job.spec.tenant.as_str());
-                headers
-            };
-            let until = tokio::time::Instant::now() + publish::RETRY_FOR;
-            let payload = job_id.to_string().into();
-            publish::acked(
-                js,
-                What::Job,
-                names::JOB_SUBJECT,
-                headers,
-                payload,
-                until,
-                None,
-            )
-            .await
-            .map_err(|err| anyhow::anyhow!("cannot queue the job: {err:?}"))?;
+            publish::job(js, job_id, &job.spec.tenant, &msg_id)
+                .await
+                .map_err(|err| anyhow::anyhow!("cannot queue the job: {err:?}"))?;
         }
     }
     Ok(())
