@@ -864,20 +864,27 @@ async fn cluster_a_stream_leaders_death_pauses_publishes_within_the_bound_and_fa
     let mut jobs = Vec::new();
     for stream in [names::JOB_STREAM, names::CALL_STREAM] {
         let before = cluster.stream_copies(&js, stream).await?;
+        let answered = Arc::new(AtomicUsize::new(0));
         let submitting = {
-            let (api, script) = (api.clone(), script.clone());
+            let (api, script, answered) = (api.clone(), script.clone(), answered.clone());
             tokio::spawn(async move {
                 let mut submitted = Vec::new();
                 for n in 0..60 {
                     let request = scripted_job(&format!("{stream} {n}"), &script);
                     submitted.push(api.clone().submit_job(request).await);
+                    answered.fetch_add(1, Ordering::SeqCst);
+                    // The pace of the load, not a wait for anything.
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 submitted
             })
         };
-        // The leader dies with submissions on both sides of it.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The leader dies with submissions on both sides of it: once ten
+        // were answered, while fifty are still to come.
+        wait_until("ten submissions", Duration::from_secs(30), || async {
+            answered.load(Ordering::SeqCst) >= 10
+        })
+        .await?;
         let victim = cluster.node(before.leader);
         victim.kill();
         wait_until("a new leader", Duration::from_secs(30), || async {
