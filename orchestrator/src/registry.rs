@@ -277,7 +277,13 @@ impl Registry {
     pub async fn run(self, shutdown: CancellationToken) {
         let catalog = self.catalog_keeper();
         loop {
-            match self.bucket.watch_with_history(">").await {
+            let Some(watching) = shutdown
+                .run_until_cancelled(self.bucket.watch_with_history(">"))
+                .await
+            else {
+                return;
+            };
+            match watching {
                 Ok(mut watch) => loop {
                     tokio::select! {
                         biased;

@@ -6,16 +6,22 @@
 //! Redis and its JetStream set-up; then health turns `SERVING`, the API
 //! answers, and the replica pulls jobs (decision 0007).
 //!
-//! Shutdown stages, on the `shutdown` token:
-//! 1. stop accepting gRPC requests and stop pulling jobs;
-//! 2. let running jobs go on for `runner.drain_timeout`;
-//! 3. hand the rest back (lease released, message nak'ed) so another replica
-//!    resumes them;
-//! 4. flush NATS and return.
+//! Shutdown stages, on the `shutdown` token, each bounded so that the drain
+//! ends within `runner.drain_timeout` and the margin of
+//! `toolfleet_service::drain` whatever NATS and Redis do:
+//! 1. stop accepting gRPC requests, end open watches with `UNAVAILABLE` (the
+//!    client watches again elsewhere) and stop pulling jobs;
+//! 2. let running jobs and API calls go on until the drain's deadline,
+//!    `runner.drain_timeout` after the signal;
+//! 3. hand the remaining jobs back (lease released, message nak'ed) so
+//!    another replica resumes them, and close what API calls remain;
+//! 4. stop the registry watch, the backlog poll and the sweeper, flush NATS
+//!    and return.
 
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::{Certificate, Identity, ServerTlsConfig};
@@ -24,6 +30,7 @@ use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::v1::agent_service_server::AgentServiceServer;
 use toolfleet_service::connect::{self, ConnectError, OwnMessages, RedisClient, patiently};
+use toolfleet_service::drain;
 use toolfleet_service::queue::{self, Missing, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
@@ -138,7 +145,7 @@ impl Orchestrator {
             shutdown.clone(),
         ));
         let started = tokio::select! {
-            started = self.start(&api) => Some(started),
+            started = self.start(&api, &shutdown) => Some(started),
             // A signal while waiting for the servers: nothing to drain.
             () = shutdown.cancelled() => None,
         };
@@ -157,17 +164,44 @@ impl Orchestrator {
         health.set_service_status("", ServingStatus::Serving).await;
         self.readiness.set(true);
         info!(instance = %running.instance, grpc = %address, "orchestrator ready");
-        let served = server.await.unwrap_or(Ok(()));
+        self.drain(server, &shutdown, running).await
+    }
+
+    /// Drains the replica once `shutdown` is cancelled, or once `server`
+    /// ended on its own (it failed): the API and the runner together.
+    async fn drain(
+        &self,
+        mut server: tokio::task::JoinHandle<Result<(), StartError>>,
+        shutdown: &CancellationToken,
+        running: Running,
+    ) -> Result<(), StartError> {
+        let failed = tokio::select! {
+            biased;
+            () = shutdown.cancelled() => None,
+            served = &mut server => Some(served.unwrap_or(Ok(()))),
+        };
+        shutdown.cancel();
         self.readiness.set(false);
-        info!("grpc server stopped; draining jobs");
-        running.stop().await;
+        let deadline = drain::deadline(shutdown, self.options.runner.drain_timeout).await;
+        info!("draining: the API ends its calls and watches, the runner its jobs");
+        let api_stopped = async {
+            match failed {
+                Some(served) => served,
+                None => api_stopped_by(server, deadline).await,
+            }
+        };
+        let (served, ()) = tokio::join!(api_stopped, running.stop(deadline));
         info!("orchestrator stopped");
         served
     }
 
     /// Connects, assembles the replica, makes `api` answer and starts the
     /// registry watch, the sweeper and the runner.
-    async fn start(&self, api: &StartingApi) -> Result<Running, StartError> {
+    async fn start(
+        &self,
+        api: &StartingApi,
+        stopping: &CancellationToken,
+    ) -> Result<Running, StartError> {
         let options = &self.options;
         let Connected {
             nats,
@@ -202,6 +236,7 @@ impl Orchestrator {
             providers,
             limits: TenantLimits::new(store.clone()),
             options: options.api.clone(),
+            stopping: stopping.clone(),
         });
         let tasks = TaskTracker::new();
         let background = CancellationToken::new();
@@ -283,8 +318,22 @@ struct Connected {
     missing: Missing,
 }
 
-/// How long the last flush to NATS may take at shutdown.
-const FLUSH_AT_SHUTDOWN: std::time::Duration = std::time::Duration::from_secs(1);
+/// Waits for the gRPC server's graceful end (its calls answered; watches
+/// end at the shutdown) until `deadline`, then drops it with what it still
+/// serves: a call hung on an outage must not hold the drain.
+async fn api_stopped_by(
+    mut server: tokio::task::JoinHandle<Result<(), StartError>>,
+    deadline: Instant,
+) -> Result<(), StartError> {
+    match tokio::time::timeout_at(deadline, &mut server).await {
+        Ok(served) => served.unwrap_or(Ok(())),
+        Err(_) => {
+            warn!("API calls still open at the drain deadline; closing their connections");
+            server.abort();
+            Ok(())
+        }
+    }
+}
 
 /// The parts of a started replica that its drain stops. Dropped without a
 /// drain (a caller dropped [`Orchestrator::run`]), its guards stop them all.
@@ -300,19 +349,27 @@ struct Running {
 }
 
 impl Running {
-    /// Drains the runner, then stops the rest and flushes NATS.
-    async fn stop(self) {
+    /// Drains the runner by `deadline`, then stops the rest and flushes
+    /// NATS, each within its bound (`toolfleet_service::drain`).
+    async fn stop(self, deadline: Instant) {
         drop(self.jobs);
-        let _ = self.runner.await;
+        // The runner hands back what it still runs by the deadline and the
+        // hand-back bound; this bound is the backstop.
+        let runner = async {
+            let _ = self.runner.await;
+        };
+        let until = (deadline + drain::HAND_BACK).saturating_duration_since(Instant::now());
+        drain::bounded("draining the runner", until, runner).await;
         drop(self.background);
-        self.tasks.wait().await;
-        // With NATS gone, a flush would wait for it: what was not sent by
-        // now is only wake-ups and registry reads, which nobody needs.
-        match tokio::time::timeout(FLUSH_AT_SHUTDOWN, self.nats.flush()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => warn!(error = %err, "could not flush NATS at shutdown"),
-            Err(_) => warn!("could not flush NATS at shutdown: no answer within 1 s"),
-        }
+        // What they wait on is only ever a read (the registry, the backlog)
+        // or the sweeper's re-queue, which the next sweep does again.
+        drain::bounded(
+            "stopping the background tasks",
+            drain::LAST_STEP,
+            self.tasks.wait(),
+        )
+        .await;
+        drain::flush(&self.nats).await;
     }
 }
 

@@ -3,11 +3,16 @@
 //! is frozen (SIGSTOP: requests hang rather than fail), or while Redis is
 //! killed, and exits within its `drain_timeout` and the margin
 //! docs/configuration.md states (`SHUTDOWN_MARGIN`, 5 s); on a 3-node NATS
-//! cluster (the cluster suite), the same with a node killed.
+//! cluster (the cluster suite), the same with a node killed. It exits with
+//! status 0: its drain ended by itself, each step bounded, rather than being
+//! cut by the watchdog (status 1). An open `WatchJob` stream ends with
+//! `UNAVAILABLE` at the signal and holds no drain.
 
+use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
+use toolfleet_proto::v1;
 use toolfleet_service::binary::SHUTDOWN_MARGIN;
 use toolfleet_tests::ChildProcess;
 use toolfleet_tests::fleet::{Fleet, on_clusters, scripted_job, test_fleet};
@@ -34,8 +39,8 @@ enum Service {
 }
 
 /// Runs slow jobs, applies `fault`, sends SIGTERM to `service` and returns
-/// how long it took to exit.
-async fn exit_time(service: Service, fault: Fault) -> anyhow::Result<Duration> {
+/// how long it took to exit, and its status.
+async fn exit_time(service: Service, fault: Fault) -> anyhow::Result<(Duration, ExitStatus)> {
     let drain = format!("{}s", DRAIN.as_secs());
     let builder = test_fleet(1)
         .worker_env(&[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", &drain)])
@@ -99,16 +104,19 @@ async fn exit_time(service: Service, fault: Fault) -> anyhow::Result<Duration> {
     if let Fault::NatsFrozen = fault {
         fleet.nats.server().process().thaw()?;
     }
-    exited?;
-    Ok(took)
+    Ok((took, exited?))
 }
 
 async fn check(service: Service, fault: Fault) -> anyhow::Result<()> {
-    let took = exit_time(service, fault).await?;
+    let (took, status) = exit_time(service, fault).await?;
     let bound = DRAIN + SHUTDOWN_MARGIN + SLACK;
     assert!(
         took <= bound,
         "{service:?} with {fault:?}: exited {took:?} after SIGTERM, over {bound:?}"
+    );
+    assert!(
+        status.success(),
+        "{service:?} with {fault:?}: exited with {status} after {took:?}: the drain did not end by itself"
     );
     Ok(())
 }
@@ -151,4 +159,60 @@ async fn cluster_the_orchestrator_stops_in_time_with_a_nats_node_killed() -> any
 #[tokio::test]
 async fn cluster_the_worker_stops_in_time_with_a_nats_node_killed() -> anyhow::Result<()> {
     check(Service::Worker, Fault::NatsNodeKilled).await
+}
+
+#[tokio::test]
+async fn an_open_watch_ends_with_unavailable_and_holds_no_drain() -> anyhow::Result<()> {
+    let drain = format!("{}s", DRAIN.as_secs());
+    let mut fleet = Fleet::start(
+        test_fleet(1).orchestrator_env(&[("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", &drain)]),
+    )
+    .await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["sleep"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "sleep", "arguments": {"ms": 20000}}]},
+        {"message": "slept"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("watched", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    // Watching: the first event has arrived.
+    let first = events
+        .message()
+        .await?
+        .expect("a job's stream starts with an event");
+    assert!(!first.r#final);
+    let started = Instant::now();
+    fleet.orchestrator(0).terminate()?;
+    let ended = loop {
+        match tokio::time::timeout(DRAIN + SHUTDOWN_MARGIN, events.message()).await? {
+            Ok(Some(event)) => assert!(!event.r#final, "the slow job cannot have finished"),
+            Ok(None) => anyhow::bail!("the watch ended without a status"),
+            Err(status) => break status,
+        }
+    };
+    assert_eq!(ended.code(), tonic::Code::Unavailable, "{ended:?}");
+    assert!(ended.message().contains("watch again"), "{ended:?}");
+    assert!(
+        started.elapsed() < DRAIN,
+        "the watch ended {:?} after SIGTERM, not at once",
+        started.elapsed()
+    );
+    let status = fleet
+        .orchestrator(0)
+        .wait_exit(DRAIN + SHUTDOWN_MARGIN + SLACK)
+        .await?;
+    assert!(status.success(), "exited with {status}");
+    Ok(())
 }

@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use toolfleet_proto::names;
 use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use toolfleet_service::clock::now_ms;
+use toolfleet_service::drain;
 use tracing::{debug, info, warn};
 
 use crate::config::RegistryOptions;
@@ -44,22 +45,33 @@ impl Announcer {
         let mut connection = tokio::time::interval(RECONNECT_CHECK);
         let mut was_connected = true;
         loop {
-            tokio::select! {
+            let announced = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                _ = ticker.tick() => self.announce().await,
+                _ = ticker.tick() => shutdown.run_until_cancelled(self.announce()).await,
                 _ = connection.tick() => {
                     let connected = self.nats.connection_state() == State::Connected;
-                    if connected && !was_connected {
-                        info!("reconnected to NATS; announcing the tools at once");
-                        self.announce().await;
-                        ticker.reset();
-                    }
+                    let back = connected && !was_connected;
                     was_connected = connected;
+                    if !back {
+                        continue;
+                    }
+                    info!("reconnected to NATS; announcing the tools at once");
+                    ticker.reset();
+                    shutdown.run_until_cancelled(self.announce()).await
                 }
+            };
+            if announced.is_none() {
+                break;
             }
         }
-        for manifest in &self.manifests {
+        self.withdraw().await;
+    }
+
+    /// Deletes this worker's announcements, all at once and for
+    /// [`drain::LAST_STEP`] at most: one not deleted expires with its TTL.
+    async fn withdraw(&self) {
+        let deletes = self.manifests.iter().map(|manifest| async move {
             let key = names::registry_key(&manifest.name, &self.worker_id);
             // A delete marker, not a purge: a purge is a rollup, which the
             // registry's stream refuses (toolfleet_service::queue).
@@ -68,8 +80,16 @@ impl Announcer {
             if let Err(err) = self.write(&key, Some(headers), Vec::new()).await {
                 warn!(error = %err, key, "could not withdraw the announcement; it expires with its TTL");
             }
+        });
+        let withdrawn = futures::future::join_all(deletes);
+        let what = "withdrawing the announcements (they expire with their TTL)";
+        if drain::bounded(what, drain::LAST_STEP, async {
+            withdrawn.await;
+        })
+        .await
+        {
+            info!("tools withdrawn from the registry");
         }
-        info!("tools withdrawn from the registry");
     }
 
     async fn announce(&self) {

@@ -20,6 +20,7 @@ use std::sync::{Arc, OnceLock};
 use async_nats::jetstream;
 use futures::Stream;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
@@ -50,6 +51,8 @@ pub struct AgentApi {
     /// Asked before a submission is stored.
     pub(crate) limits: TenantLimits,
     pub(crate) options: ApiOptions,
+    /// Cancelled when the replica starts to drain: open watches end then.
+    pub(crate) stopping: CancellationToken,
 }
 
 /// A job the API stored (or found stored, for a repeated idempotency key).
@@ -299,15 +302,19 @@ impl AgentService for AgentApi {
         let follower = Follower::new(job_id, request.from_offset, trace_id);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // Owned by the client's stream: it ends with the job's final event,
-        // or as soon as the stream is dropped (the client went away, or the
-        // server shut down), which closes `tx`.
-        tokio::spawn(follow(
-            self.store.clone(),
-            follower,
-            start.events,
-            wakeups,
-            tx,
-        ));
+        // as soon as the stream is dropped (the client went away), which
+        // closes `tx`, or when this replica starts to drain: then with
+        // UNAVAILABLE, so that the client watches again on another replica
+        // from the last offset it read, and the drain waits for no watch.
+        let (stopping, stopped) = (self.stopping.clone(), tx.clone());
+        let following = follow(self.store.clone(), follower, start.events, wakeups, tx);
+        tokio::spawn(async move {
+            if stopping.run_until_cancelled(following).await.is_none() {
+                let _ = stopped.try_send(Err(Status::unavailable(
+                    "this orchestrator is shutting down; watch again from the offset after the last event received",
+                )));
+            }
+        });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 

@@ -15,13 +15,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::{self, AckKind, consumer};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolfleet_proto::names;
 use toolfleet_service::connect::patiently;
+use toolfleet_service::drain;
+use toolfleet_service::pull::pull;
 use toolfleet_service::queue::{Missing, QueueError, SharedConsumer, WorkQueue};
 use tracing::{debug, info, warn};
 
@@ -105,40 +107,53 @@ impl Runner {
         let jobs = TaskTracker::new();
         let this = Arc::new(self);
         info!(owner = %this.owner, max_jobs = this.options.max_jobs.get(), "runner ready");
-        while let Some(mut permits) = free_slots(&slots, &shutdown).await {
-            let batch = consumer
-                .batch()
-                .max_messages(permits.len())
-                .expires(Duration::from_secs(2))
-                .messages()
-                .await;
-            let mut batch = match batch {
-                Ok(batch) => batch,
-                Err(err) => {
-                    warn!(error = %err, "pulling jobs failed; retrying");
-                    drop(permits);
-                    tokio::select! {
-                        () = shutdown.cancelled() => break,
-                        () = tokio::time::sleep(Duration::from_millis(500)) => continue,
-                    }
-                }
-            };
-            while let Some(Ok(message)) = batch.next().await {
-                // A message the batch delivers after shutdown (or past the
-                // slots it asked for) goes straight back to the queue.
-                let permit = permits.pop().filter(|_| !shutdown.is_cancelled());
-                let Some(permit) = permit else {
-                    let _ = message.ack_with(AckKind::Nak(None)).await;
-                    continue;
-                };
-                let (this, abandon) = (this.clone(), abandon.clone());
-                jobs.spawn(async move {
-                    this.handle(message, abandon).await;
-                    drop(permit);
-                });
+        let intake = async {
+            while let Some(permits) = free_slots(&slots, &shutdown).await {
+                this.pull_jobs(&consumer, permits, &jobs, &abandon, &shutdown)
+                    .await;
             }
+        };
+        let ((), deadline) = tokio::join!(
+            intake,
+            drain::deadline(&shutdown, this.options.drain_timeout)
+        );
+        this.drain(jobs, abandon, deadline).await;
+    }
+
+    /// One pull request for as many jobs as `permits`, each run with one;
+    /// a job that comes after the shutdown goes back to the queue.
+    async fn pull_jobs(
+        self: &Arc<Self>,
+        consumer: &consumer::PullConsumer,
+        mut permits: Vec<OwnedSemaphorePermit>,
+        jobs: &TaskTracker,
+        abandon: &CancellationToken,
+        shutdown: &CancellationToken,
+    ) {
+        let mut pulled = match pull(consumer, permits.len(), shutdown).await {
+            Ok(pulled) => pulled,
+            Err(err) => {
+                warn!(error = %err, "pulling jobs failed; retrying");
+                drop(permits);
+                let pause = tokio::time::sleep(Duration::from_millis(500));
+                shutdown.run_until_cancelled(pause).await;
+                return;
+            }
+        };
+        while let Some(message) = pulled.next().await {
+            // A message the batch delivers after shutdown (or past the
+            // slots it asked for) goes straight back to the queue.
+            let permit = permits.pop().filter(|_| !pulled.stopped());
+            let Some(permit) = permit else {
+                let _ = message.ack_with(AckKind::Nak(None)).await;
+                continue;
+            };
+            let (this, abandon) = (self.clone(), abandon.clone());
+            jobs.spawn(async move {
+                this.handle(message, abandon).await;
+                drop(permit);
+            });
         }
-        this.drain(jobs, abandon).await;
     }
 
     /// The durable consumer that every replica pulls jobs from.
@@ -149,11 +164,12 @@ impl Runner {
             .await
     }
 
-    /// Lets running jobs go on for `drain_timeout`, then hands the rest back.
-    async fn drain(&self, jobs: TaskTracker, abandon: CancellationToken) {
+    /// Lets running jobs go on until `deadline`, then hands the rest back
+    /// within [`drain::HAND_BACK`].
+    async fn drain(&self, jobs: TaskTracker, abandon: CancellationToken, deadline: Instant) {
         info!(running = jobs.len(), "draining jobs");
         jobs.close();
-        if tokio::time::timeout(self.options.drain_timeout, jobs.wait())
+        if tokio::time::timeout_at(deadline, jobs.wait())
             .await
             .is_err()
         {
@@ -162,7 +178,7 @@ impl Runner {
                 "drain timeout; handing the remaining jobs back"
             );
             abandon.cancel();
-            jobs.wait().await;
+            drain::bounded("handing the jobs back", drain::HAND_BACK, jobs.wait()).await;
         }
     }
 

@@ -31,21 +31,29 @@ pub(crate) async fn run(
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
+        if shutdown.run_until_cancelled(ticker.tick()).await.is_none() {
+            return;
         }
         let cutoff = now_ms().saturating_sub(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
-        let candidates = match store.unfinished_before(cutoff, BATCH).await {
-            Ok(candidates) => candidates,
-            Err(err) => {
+        // Every wait raced with the shutdown: a sweep cut short is done
+        // again by the next one, on this replica or another.
+        let candidates = shutdown.run_until_cancelled(store.unfinished_before(cutoff, BATCH));
+        let candidates = match candidates.await {
+            None => return,
+            Some(Ok(candidates)) => candidates,
+            Some(Err(err)) => {
                 debug!(error = %err, "sweep skipped: job store unavailable");
                 continue;
             }
         };
         for job_id in candidates {
-            if let Err(err) = sweep_one(&store, &js, &job_id).await {
-                debug!(%job_id, error = %err, "sweep of a job failed; next time");
+            match shutdown
+                .run_until_cancelled(sweep_one(&store, &js, &job_id))
+                .await
+            {
+                None => return,
+                Some(Ok(())) => {}
+                Some(Err(err)) => debug!(%job_id, error = %err, "sweep of a job failed; next time"),
             }
         }
     }

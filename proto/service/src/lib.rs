@@ -6,6 +6,8 @@
 //! - [`config`]: layered options (defaults < TOML < `TOOLFLEET_*` < flags),
 //!   the connection, log and metrics sections, URL redaction;
 //! - [`connect`]: NATS and Redis connections with the settings both sides need;
+//! - [`pull`]: one pull request to a shared consumer, read until a stop;
+//! - [`drain`]: the bounded steps of a drain after a stop;
 //! - [`queue`]: every JetStream object (work queues, shared consumers, the
 //!   registry bucket), and the setup step that creates them;
 //! - [`reload`]: reference files held in memory, reloaded when they change;
@@ -22,8 +24,10 @@ pub mod binary;
 pub mod clock;
 pub mod config;
 pub mod connect;
+pub mod drain;
 pub mod identity;
 mod otlp;
+pub mod pull;
 pub mod queue;
 mod redis_connection;
 pub mod reload;

@@ -6,10 +6,15 @@
 //! Shutdown stages, on the `shutdown` token (SIGTERM or SIGINT in the binary):
 //! 1. stop intake: withdraw the announcements, stop pulling, nak calls that
 //!    arrive on a still-open pull request;
-//! 2. let in-flight calls finish, up to `runtime.drain_timeout`;
+//! 2. let in-flight calls finish, up to `runtime.drain_timeout` after the
+//!    signal;
 //! 3. abandon the rest: release their claims and nak them, so JetStream
 //!    redelivers them to another worker at once;
 //! 4. flush the NATS connection so no ack is lost, and return.
+//!
+//! Each stage is bounded (`toolfleet_service::drain`): with NATS or Redis
+//! gone or hung, what a stage could not finish is left to be taken over as
+//! after a crash, and the drain still ends in time.
 
 mod execute;
 mod pull;
@@ -26,6 +31,7 @@ use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
 use toolfleet_service::connect::{self, ConnectError, OwnMessages, RedisClient, patiently};
+use toolfleet_service::drain;
 use toolfleet_service::queue::{self, Missing, SharedConsumer, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
@@ -203,28 +209,31 @@ impl Worker {
         }
     }
 
-    /// Stages 1 to 4 of the shutdown, once `shutdown` is cancelled: waits
-    /// for intake to stop, lets the calls finish up to the drain timeout,
-    /// abandons the rest, and flushes the last acks.
+    /// Stages 1 to 4 of the shutdown, once `shutdown` is cancelled (see the
+    /// module docs), each bounded so that the drain ends within
+    /// `runtime.drain_timeout` and the margin of `toolfleet_service::drain`.
     async fn drain(&self, intake: TaskTracker, calls: TaskTracker, executor: &Executor) {
+        let deadline = tokio::time::Instant::now() + self.options.runtime.drain_timeout;
         self.readiness.set(false);
         info!(in_flight = calls.len(), "draining");
-        intake.wait().await;
         calls.close();
-        if tokio::time::timeout(self.options.runtime.drain_timeout, calls.wait())
-            .await
-            .is_err()
-        {
+        // Intake stops (its last pull request read, the announcements
+        // withdrawn) while the calls go on.
+        let stopped = async { tokio::join!(intake.wait(), calls.wait()) };
+        if tokio::time::timeout_at(deadline, stopped).await.is_err() {
             warn!(
                 abandoned = calls.len(),
                 "drain timeout; handing the remaining calls back"
             );
             executor.abandon.cancel();
-            calls.wait().await;
+            let handed_back = async { tokio::join!(intake.wait(), calls.wait()) };
+            let what = "handing the calls back (they are redelivered after AckWait)";
+            drain::bounded(what, drain::HAND_BACK, async {
+                handed_back.await;
+            })
+            .await;
         }
-        if let Err(err) = self.nats.flush().await {
-            warn!(error = %err, "could not flush the last acks; those calls are redelivered and answered from Redis");
-        }
+        drain::flush(&self.nats).await;
         info!("worker stopped");
     }
 }

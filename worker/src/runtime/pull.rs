@@ -15,17 +15,13 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::{AckKind, Message};
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures::StreamExt;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{debug, warn};
+use toolfleet_service::pull::pull;
+use tracing::warn;
 
 use super::execute::Executor;
-
-/// How long one pull request waits for calls on an idle consumer. Short, so
-/// that shutdown never waits long for an open request.
-const PULL_EXPIRES: Duration = Duration::from_secs(2);
 
 /// Delays between failed pulls (NATS down or restarting): quick at first,
 /// capped so a recovered server is used within seconds.
@@ -62,37 +58,24 @@ impl PullLoop {
                     None => return, // the semaphore is only closed at shutdown
                 },
             };
-            let batch = self
-                .consumer
-                .batch()
-                .max_messages(free)
-                .expires(PULL_EXPIRES)
-                .messages()
-                .await;
-            let mut batch = match batch {
-                Ok(batch) => {
+            let mut pulled = match pull(&self.consumer, free, &shutdown).await {
+                Ok(pulled) => {
                     backoff = pull_backoff();
-                    batch
+                    pulled
                 }
                 Err(err) => {
                     // The iterator is endless (no max_times), so it always yields.
                     let pause = backoff.next().unwrap_or(Duration::from_secs(2));
                     warn!(tool = %self.tool, error = %err, "pull failed; retrying");
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(pause) => continue,
+                    let paused = shutdown.run_until_cancelled(tokio::time::sleep(pause));
+                    if paused.await.is_none() {
+                        return;
                     }
+                    continue;
                 }
             };
-            while let Some(message) = batch.next().await {
-                let message = match message {
-                    Ok(message) => message,
-                    Err(err) => {
-                        debug!(tool = %self.tool, error = %err, "pull request ended");
-                        break;
-                    }
-                };
-                if shutdown.is_cancelled() {
+            while let Some(message) = pulled.next().await {
+                if pulled.stopped() {
                     // Intake has stopped: hand the call straight back.
                     if let Err(err) = message.ack_with(AckKind::Nak(None)).await {
                         warn!(error = %err, "nak failed; the call is redelivered after AckWait");
