@@ -65,9 +65,6 @@ pub struct LocalFleetOptions {
     pub keep_dir: bool,
     /// How long each start-up step may take. Default: 30s.
     pub start_timeout: Duration,
-    /// How long [`LocalFleet::shutdown`] waits for the orchestrator and the
-    /// workers to drain before it gives up on them. Default: 15s.
-    pub drain_timeout: Duration,
     /// The orchestrator's options; the fleet sets `nats.url`, `redis.url`,
     /// `grpc.listen` and `instance_id`. Default: the orchestrator's defaults
     /// with a 5s `runner.drain_timeout`.
@@ -99,7 +96,6 @@ impl Default for LocalFleetOptions {
             log_to_file: true,
             keep_dir: false,
             start_timeout: Duration::from_secs(30),
-            drain_timeout: Duration::from_secs(15),
             orchestrator,
             worker,
             kill_switch: KillSwitch::default(),
@@ -115,7 +111,9 @@ impl Default for LocalFleetOptions {
 pub struct LocalFleet {
     grpc_addr: SocketAddr,
     progress: Progress,
-    drain_timeout: Duration,
+    /// How long the services may take to drain: the longer of their drain
+    /// times, and the margin within which each drain ends.
+    drain_bound: Duration,
     keep_dir: bool,
     kill_switch: KillSwitch,
     shutdown: CancellationToken,
@@ -282,7 +280,12 @@ impl LocalFleet {
         let mut fleet = Self {
             grpc_addr: SocketAddr::from(([127, 0, 0, 1], options.grpc_port)),
             progress,
-            drain_timeout: options.drain_timeout,
+            drain_bound: options
+                .orchestrator
+                .runner
+                .drain_timeout
+                .max(options.worker.runtime.drain_timeout)
+                + toolfleet_service::binary::SHUTDOWN_MARGIN,
             keep_dir: options.keep_dir,
             kill_switch: options.kill_switch.clone(),
             shutdown,
@@ -367,8 +370,9 @@ impl LocalFleet {
             .map(|certificates| certificates.path("ca.pem"))
     }
 
-    /// Stops the orchestrator and the workers and waits for them to drain (up
-    /// to [`LocalFleetOptions::drain_timeout`]), then kills the servers and
+    /// Stops the orchestrator and the workers and waits for them to drain
+    /// (within their drain times and the margin `toolfleet_service::drain`
+    /// keeps, whatever the servers do), then kills the servers and
     /// removes the temp dir (unless [`LocalFleetOptions::keep_dir`]).
     ///
     /// Everything is stopped and removed whatever happens; a component that
@@ -377,7 +381,7 @@ impl LocalFleet {
     pub async fn shutdown(self) -> bool {
         let Self {
             progress,
-            drain_timeout,
+            drain_bound,
             keep_dir,
             kill_switch,
             shutdown,
@@ -392,7 +396,7 @@ impl LocalFleet {
         shutdown.cancel();
         let mut failures = Vec::new();
         let all = futures::future::join_all(tasks.iter_mut().map(|(_, task)| task));
-        match tokio::time::timeout(drain_timeout, all).await {
+        match tokio::time::timeout(drain_bound, all).await {
             Ok(results) => {
                 for ((name, _), result) in tasks.iter().zip(results) {
                     match result {
@@ -406,7 +410,7 @@ impl LocalFleet {
                 for (name, task) in &tasks {
                     if !task.is_finished() {
                         task.abort();
-                        failures.push(format!("{name} did not stop within {drain_timeout:?}"));
+                        failures.push(format!("{name} did not stop within {drain_bound:?}"));
                     }
                 }
             }

@@ -355,20 +355,14 @@ impl Running {
         drop(self.jobs);
         // The runner hands back what it still runs by the deadline and the
         // hand-back bound; this bound is the backstop.
-        let runner = async {
-            let _ = self.runner.await;
-        };
         let until = (deadline + drain::HAND_BACK).saturating_duration_since(Instant::now());
-        drain::bounded("draining the runner", until, runner).await;
+        let what = "draining the runner (jobs not handed back resume when their lease expires)";
+        drain::bounded(what, until, self.runner).await;
         drop(self.background);
         // What they wait on is only ever a read (the registry, the backlog)
         // or the sweeper's re-queue, which the next sweep does again.
-        drain::bounded(
-            "stopping the background tasks",
-            drain::LAST_STEP,
-            self.tasks.wait(),
-        )
-        .await;
+        let what = "stopping the background tasks";
+        drain::bounded(what, drain::LAST_STEP, self.tasks.wait()).await;
         drain::flush(&self.nats).await;
     }
 }

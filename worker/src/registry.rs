@@ -83,10 +83,9 @@ impl Announcer {
         });
         let withdrawn = futures::future::join_all(deletes);
         let what = "withdrawing the announcements (they expire with their TTL)";
-        if drain::bounded(what, drain::LAST_STEP, async {
-            withdrawn.await;
-        })
-        .await
+        if drain::bounded(what, drain::LAST_STEP, withdrawn)
+            .await
+            .is_some()
         {
             info!("tools withdrawn from the registry");
         }

@@ -178,7 +178,9 @@ impl Runner {
                 "drain timeout; handing the remaining jobs back"
             );
             abandon.cancel();
-            drain::bounded("handing the jobs back", drain::HAND_BACK, jobs.wait()).await;
+            let what =
+                "handing the jobs back (those not handed back resume when their lease expires)";
+            drain::bounded(what, drain::HAND_BACK, jobs.wait()).await;
         }
     }
 

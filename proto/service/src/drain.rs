@@ -42,28 +42,27 @@ pub async fn deadline(stop: &CancellationToken, drain_timeout: Duration) -> Inst
     Instant::now() + drain_timeout
 }
 
-/// Runs `step` for at most `within`; says whether it finished. One that did
-/// not is logged with `what` and dropped.
-pub async fn bounded(what: &str, within: Duration, step: impl Future<Output = ()>) -> bool {
-    if tokio::time::timeout(within, step).await.is_ok() {
-        return true;
+/// Runs `step` for at most `within`; its output if it finished. One that
+/// did not is logged with `what`, which says what becomes of what it left,
+/// and dropped.
+pub async fn bounded<T>(what: &str, within: Duration, step: impl Future<Output = T>) -> Option<T> {
+    let finished = tokio::time::timeout(within, step).await.ok();
+    if finished.is_none() {
+        warn!(
+            within_ms = within.as_millis(),
+            "{what}: not done in time; given up"
+        );
     }
-    warn!(
-        within_ms = within.as_millis(),
-        "{what}: not done in time; left to be taken over as after a crash"
-    );
-    false
+    finished
 }
 
 /// Flushes what is still buffered for NATS (the last acks and naks), for
 /// [`LAST_STEP`] at most: with NATS gone, a flush would wait for it.
 pub async fn flush(nats: &async_nats::Client) {
-    bounded("flushing NATS", LAST_STEP, async {
-        if let Err(err) = nats.flush().await {
-            warn!(error = %err, "could not flush NATS; unsent acks are redelivered and answered again");
-        }
-    })
-    .await;
+    let what = "flushing NATS (messages whose ack was not sent are redelivered)";
+    if let Some(Err(err)) = bounded(what, LAST_STEP, nats.flush()).await {
+        warn!(error = %err, "could not flush NATS; messages whose ack was not sent are redelivered");
+    }
 }
 
 #[cfg(test)]
@@ -72,13 +71,16 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_step_that_finishes_in_time_reports_it() {
-        assert!(bounded("quick", LAST_STEP, async {}).await);
+        assert_eq!(bounded("quick", LAST_STEP, async { 7 }).await, Some(7));
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_step_that_hangs_is_dropped_at_its_bound() {
         let started = Instant::now();
-        assert!(!bounded("hung", HAND_BACK, std::future::pending()).await);
+        assert_eq!(
+            bounded("hung", HAND_BACK, std::future::pending::<()>()).await,
+            None
+        );
         assert_eq!(started.elapsed(), HAND_BACK);
     }
 }

@@ -228,10 +228,7 @@ impl Worker {
             executor.abandon.cancel();
             let handed_back = async { tokio::join!(intake.wait(), calls.wait()) };
             let what = "handing the calls back (they are redelivered after AckWait)";
-            drain::bounded(what, drain::HAND_BACK, async {
-                handed_back.await;
-            })
-            .await;
+            drain::bounded(what, drain::HAND_BACK, handed_back).await;
         }
         drain::flush(&self.nats).await;
         info!("worker stopped");
