@@ -375,6 +375,32 @@ async fn jobs_lists_the_newest_first_with_filters() -> anyhow::Result<()> {
     );
     assert!(lines[1].contains("succeeded") && lines[1].contains("team=search"));
 
+    // The next page's command, run as printed, keeps the filters: the
+    // other job of team=search, not the newer one of team=ads.
+    let first = toolfleet(&[
+        "jobs",
+        "--meta",
+        "team=search",
+        "--limit",
+        "1",
+        "--addr",
+        &url,
+    ])
+    .await?;
+    let more = first
+        .stderr
+        .lines()
+        .find_map(|line| line.strip_prefix("more: toolfleet "))
+        .unwrap_or_else(|| panic!("no more: line in {}", first.stderr))
+        .to_owned();
+    let mut next: Vec<&str> = more.split(' ').collect();
+    next.extend(["--addr", &url]);
+    let run = toolfleet(&next).await?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{more}: {}", run.stdout);
+    assert!(lines[1].starts_with(&ids[0]), "{more}: {}", run.stdout);
+
     let run = toolfleet(&["jobs", "--limit", "1", "--json", "--addr", &url]).await?;
     let page: Value = serde_json::from_str(&run.stdout)?;
     assert_eq!(page["jobs"][0]["job_id"], ids[2].as_str());

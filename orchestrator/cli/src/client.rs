@@ -484,9 +484,47 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
         )?;
     }
     if !page.next_page_token.is_empty() {
-        eprintln!("more: toolfleet jobs --page-token {}", page.next_page_token);
+        eprintln!("more: {}", args.next_page(&page.next_page_token));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+impl JobsArgs {
+    /// The command that lists the page after this one: the same filters and
+    /// page size (a token continues a listing only with the filters it was
+    /// made for), and `token`. The server flags are left out: they come from
+    /// the environment or are typed again.
+    fn next_page(&self, token: &str) -> String {
+        let mut command = String::from("toolfleet jobs");
+        if let Some(status) = self.status
+            && let Some(value) = status.to_possible_value()
+        {
+            command.push_str(&format!(" --status {}", value.get_name()));
+        }
+        for (key, value) in &self.metadata {
+            command.push_str(&format!(
+                " --meta {}",
+                shell_word(&format!("{key}={value}"))
+            ));
+        }
+        command.push_str(&format!(
+            " --limit {} --page-token {}",
+            self.limit,
+            shell_word(token)
+        ));
+        command
+    }
+}
+
+/// `word` as one word of a POSIX shell command line: as it is when it is
+/// plain, else in single quotes.
+fn shell_word(word: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "-_=.,:/@%+".contains(c);
+    if !word.is_empty() && word.chars().all(plain) {
+        word.to_owned()
+    } else {
+        format!("'{}'", word.replace('\'', r"'\''"))
+    }
 }
 
 /// `toolfleet tools`.
@@ -836,6 +874,45 @@ mod tests {
         );
         assert!(unserved(&live, &required[..1]).is_empty());
         assert!(unserved(&live, &[]).is_empty());
+    }
+
+    #[derive(Debug, Parser)]
+    struct Jobs {
+        #[command(flatten)]
+        args: JobsArgs,
+    }
+
+    #[test]
+    fn the_next_page_command_keeps_the_filters() {
+        let parse = |args: &[&str]| {
+            let args = std::iter::once("jobs").chain(args.iter().copied());
+            Jobs::try_parse_from(args).unwrap().args
+        };
+        let args = parse(&["--meta", "team=ux", "--status", "succeeded", "--limit", "1"]);
+        assert_eq!(
+            args.next_page("abc"),
+            "toolfleet jobs --status succeeded --meta team=ux --limit 1 --page-token abc"
+        );
+        let args = parse(&["--meta", "note=it's mine", "--meta", "a=b"]);
+        assert_eq!(
+            args.next_page("t"),
+            r"toolfleet jobs --meta 'note=it'\''s mine' --meta a=b --limit 20 --page-token t"
+        );
+        // Parsed back as the same words by a shell.
+        let line = args.next_page("t");
+        let output = std::process::Command::new("sh")
+            .args([
+                "-c",
+                &format!("printf '%s\\n' {}", &line["toolfleet ".len()..]),
+            ])
+            .output()
+            .unwrap();
+        let words: Vec<_> = String::from_utf8(output.stdout)
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        assert_eq!(words[2], "note=it's mine");
     }
 
     #[derive(Debug, Parser)]
