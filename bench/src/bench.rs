@@ -80,8 +80,8 @@ pub(crate) struct BenchArgs {
     /// the workers share the bench's process (like `toolfleet dev`).
     #[arg(long, conflicts_with = "target")]
     processes: bool,
-    /// Workers to start. Default: 2.
-    #[arg(long, default_value_t = 2)]
+    /// Workers to start.
+    #[arg(long, value_name = "N", default_value_t = 2)]
     workers: usize,
     /// Execution slots of each worker (`runtime.max_in_flight`). Default:
     /// the worker's own default.
@@ -89,8 +89,8 @@ pub(crate) struct BenchArgs {
     max_in_flight: Option<usize>,
     /// Threads of the orchestrator, of each worker and of the bench's own
     /// client (`threads`; 0: one per CPU), and of nats-server's Go runtime
-    /// (`GOMAXPROCS`; 0: Go's default). Default: 1, the cheapest shape for
-    /// six busy processes on a few cores.
+    /// (`GOMAXPROCS`; 0: Go's default). 1, the default, is the cheapest
+    /// shape for six busy processes on a few cores.
     #[arg(long, value_name = "N", default_value_t = 1, requires = "processes")]
     threads: usize,
     /// Jobs the orchestrator runs at once (`runner.max_jobs`). Default: the
@@ -146,9 +146,13 @@ pub(crate) struct BenchArgs {
     /// That fleet's NATS URL, for the raw request/reply floor.
     #[arg(long)]
     nats_url: Option<String>,
-    /// Also write the results as JSON to this file.
+    /// Print the results as JSON on stdout instead of the report (progress
+    /// stays on stderr), as every `--json` of toolfleet does.
     #[arg(long)]
-    json: Option<std::path::PathBuf>,
+    json: bool,
+    /// Also write the results as JSON to this file, beside the report.
+    #[arg(long, value_name = "PATH")]
+    json_file: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -374,8 +378,12 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     report.trace_ratio = args.trace_ratio;
     report.fsync_always = fsync_always;
     report.spans_received = collector.as_ref().map(Collector::received);
-    print(&report)?;
-    if let Some(path) = &args.json {
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        print(&report)?;
+    }
+    if let Some(path) = &args.json_file {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());

@@ -1,5 +1,6 @@
 //! The documentation keeps up with the code: every configuration key of both
-//! services has its row in `docs/configuration.md`.
+//! services has its row in `docs/configuration.md`, and every default the
+//! docs state is the code's.
 
 use serde_json::Value;
 
@@ -91,5 +92,123 @@ fn every_metric_is_documented() {
             .filter(|name| !readme.contains(&format!("| `{name}` |")))
             .collect();
         assert!(missing.is_empty(), "{service}/README.md lacks {missing:?}");
+    }
+}
+
+/// The value at dotted `path` of `options`.
+fn at<'a>(options: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.')
+        .try_fold(options, |value, key| value.get(key))
+}
+
+/// A default as the docs write it: a string bare, anything else as JSON.
+fn as_written(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Each `(key, stated default)` of `text`: a configuration guide row
+/// ``| `key` | `default` |`` and a prose ``` `key` (default `value`) ```.
+fn stated_defaults(text: &str) -> Vec<(String, String)> {
+    let row = regex::Regex::new(r"(?m)^\| `([a-z_.]+)` \| `([^`]*)` \|").unwrap();
+    let prose = regex::Regex::new(r"`([a-z_]+\.[a-z_.]+)` \(default `([^`]*)`\)").unwrap();
+    row.captures_iter(text)
+        .chain(prose.captures_iter(text))
+        .map(|found| (found[1].to_owned(), found[2].to_owned()))
+        .collect()
+}
+
+/// Whether two writings of a default are the same value: `100` and
+/// `100.0`, `120s` and `2m` are.
+fn same(actual: &str, stated: &str) -> bool {
+    if actual == stated {
+        return true;
+    }
+    if let (Ok(a), Ok(b)) = (actual.parse::<f64>(), stated.parse::<f64>()) {
+        return a == b;
+    }
+    matches!(
+        (humantime::parse_duration(actual), humantime::parse_duration(stated)),
+        (Ok(a), Ok(b)) if a == b
+    )
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
+        .unwrap_or_else(|err| panic!("{path}: {err}"))
+}
+
+#[test]
+fn every_stated_default_is_the_codes() {
+    let worker = serde_json::to_value(toolfleet_worker::WorkerOptions::default()).unwrap();
+    let orchestrator =
+        serde_json::to_value(toolfleet_orchestrator::config::OrchestratorOptions::default())
+            .unwrap();
+    let guide = read("docs/configuration.md");
+    let (mut wrong, mut checked) = (Vec::new(), 0);
+    let mut check = |source: &str, text: &str, options: &[&Value]| {
+        for (key, stated) in stated_defaults(text) {
+            checked += 1;
+            let actual: Vec<String> = options
+                .iter()
+                .filter_map(|options| at(options, &key))
+                .map(as_written)
+                .collect();
+            // A computed default (`<hostname>-<pid>`) is said, not shown.
+            let computed = stated.contains('<');
+            if !computed && !actual.is_empty() && !actual.iter().any(|a| same(a, &stated)) {
+                wrong.push(format!(
+                    "{source}: {key} is stated as {stated:?}, is {actual:?}"
+                ));
+            }
+        }
+    };
+    check(
+        "configuration.md (worker)",
+        section(&guide, "## toolfleet-worker"),
+        &[&worker],
+    );
+    check(
+        "configuration.md (orchestrator)",
+        section(&guide, "## toolfleet-orchestrator"),
+        &[&orchestrator],
+    );
+    for doc in [
+        "README.md",
+        "docs/api.md",
+        "docs/deploy.md",
+        "docs/observability.md",
+        "docs/security.md",
+        "orchestrator/README.md",
+        "worker/README.md",
+        "clients/python/README.md",
+    ] {
+        check(doc, &read(doc), &[&worker, &orchestrator]);
+    }
+    assert!(
+        wrong.is_empty(),
+        "defaults the docs get wrong:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn every_rpc_is_named_where_the_api_is_described() {
+    let proto = read("proto/toolfleet/v1/agent.proto");
+    let rpcs: Vec<&str> = proto
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("rpc "))
+        .filter_map(|rest| rest.split('(').next())
+        .collect();
+    assert!(rpcs.len() >= 6, "{rpcs:?}");
+    for doc in ["docs/api.md", "orchestrator/README.md"] {
+        let text = read(doc);
+        let missing: Vec<_> = rpcs
+            .iter()
+            .filter(|rpc| !text.contains(&format!("`{rpc}`")))
+            .collect();
+        assert!(missing.is_empty(), "{doc} does not name {missing:?}");
     }
 }

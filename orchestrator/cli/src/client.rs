@@ -267,6 +267,10 @@ pub(crate) struct CancelArgs {
     server: Server,
     /// The job id, as `submit` printed it.
     job_id: String,
+    /// Print the answer as JSON: the job's id and its status when the
+    /// cancel arrived.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -444,7 +448,9 @@ pub(crate) async fn cancel(args: CancelArgs) -> anyhow::Result<ExitCode> {
         .into_inner();
     let status = transcript::status_name(response.status);
     let id = &args.job_id;
-    if transcript::job_status(response.status).is_some_and(JobStatus::is_final) {
+    if args.json {
+        outln!("{}", serde_json::json!({"job_id": id, "status": status}))?;
+    } else if transcript::job_status(response.status).is_some_and(JobStatus::is_final) {
         outln!("job {id} had already {}; nothing to cancel", status)?;
     } else {
         outln!(
@@ -734,7 +740,9 @@ fn print_job(job: &v1::Job, json: bool) -> std::io::Result<()> {
 pub(crate) fn scripted_demo(input: &str) -> Demo {
     demo::for_question(input).unwrap_or_else(|| {
         eprintln!(
-            "note: the scripted model answers only its demo questions; for any other it plays              the weather-and-arithmetic demo. Its questions:\n{}\nPass --script for your own              turns, or --provider openai-responses for a real model.",
+            "note: the scripted model answers only its demo questions; for any other it \
+             plays the weather-and-arithmetic demo. Its questions:\n{}\nPass --script \
+             for your own turns, or --provider openai-responses for a real model.",
             demo::questions()
         );
         demo::WEATHER_AND_MATH
