@@ -222,6 +222,14 @@ fn model_choice(model: Option<v1::ModelSpec>, rules: Rules<'_>) -> Result<ModelC
             "per-job base URLs are disabled; configure openai.base_url on the orchestrator",
         ));
     }
+    // Every provider's name is stored with the job: bounded for all.
+    let limit = rules.options.max_model_name_bytes;
+    if model.name.len() > limit {
+        return Err(invalid(
+            "model.name",
+            format!("is {} bytes; the limit is {limit}", model.name.len()),
+        ));
+    }
     if provider == ProviderKind::Scripted {
         return scripted(model, rules.options);
     }
@@ -260,13 +268,6 @@ fn real_model(
         return Err(invalid(
             "model.name",
             format!("is required for {provider_name}"),
-        ));
-    }
-    let limit = rules.options.max_model_name_bytes;
-    if name.len() > limit {
-        return Err(invalid(
-            "model.name",
-            format!("is {} bytes; the limit is {limit}", name.len()),
         ));
     }
     if !rules.has_api_key {
@@ -594,6 +595,11 @@ mod tests {
                 model("openai-responses", &"m".repeat(129), "", ""),
                 Code::InvalidArgument,
                 "model.name: is 129 bytes; the limit is 128",
+            ),
+            (
+                model("scripted", &"m".repeat(3_000_000), "[]", ""),
+                Code::InvalidArgument,
+                "model.name: is 3000000 bytes; the limit is 128",
             ),
             (
                 model("", "", "nonsense {{", ""),
