@@ -71,6 +71,12 @@ pub struct GrpcOptions {
     pub reflection: bool,
     /// TLS for the gRPC port. Default: off (plaintext).
     pub tls: TlsOptions,
+    /// Largest request message the server reads, in bytes. Requests up to
+    /// it are checked field by field (`api.max_*`), with an error naming
+    /// the field; a larger one is refused unread with `OUT_OF_RANGE`.
+    /// Default: 16777216 (16 MiB; gRPC's usual 4 MiB would refuse an input
+    /// of a few MB unread, with no word of `api.max_input_bytes`).
+    pub max_request_bytes: usize,
 }
 
 impl Default for GrpcOptions {
@@ -79,6 +85,7 @@ impl Default for GrpcOptions {
             listen: SocketAddr::from(([127, 0, 0, 1], 50051)),
             reflection: false,
             tls: TlsOptions::default(),
+            max_request_bytes: 16 * 1024 * 1024,
         }
     }
 }

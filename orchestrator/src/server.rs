@@ -141,7 +141,7 @@ impl Orchestrator {
             auth,
             tls,
             health_service,
-            self.options.grpc.reflection,
+            self.options.grpc.clone(),
             shutdown.clone(),
         ));
         let started = tokio::select! {
@@ -367,7 +367,7 @@ impl Running {
     }
 }
 
-/// Serves the API, health and (with `reflect`) reflection on `listener`
+/// Serves the API, health and (with `grpc.reflection`) reflection on `listener`
 /// until `shutdown`.
 async fn serve_grpc<H: Health>(
     listener: TcpListener,
@@ -375,7 +375,7 @@ async fn serve_grpc<H: Health>(
     auth: Authenticator,
     tls: Option<ServerTlsConfig>,
     health: HealthServer<H>,
-    reflect: bool,
+    options: crate::config::GrpcOptions,
     shutdown: CancellationToken,
 ) -> Result<(), StartError> {
     // Reflection only where asked (grpc.reflection): it lists the whole API
@@ -386,7 +386,7 @@ async fn serve_grpc<H: Health>(
             .register_encoded_file_descriptor_set(toolfleet_proto::v1::FILE_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
-    let (reflection_v1, reflection_v1alpha) = if reflect {
+    let (reflection_v1, reflection_v1alpha) = if options.reflection {
         (
             Some(reflection().build_v1().map_err(StartError::Reflection)?),
             Some(
@@ -409,7 +409,10 @@ async fn serve_grpc<H: Health>(
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         // Health and reflection are not authenticated; every API call is.
-        .add_service(AgentServiceServer::with_interceptor(api, auth))
+        .add_service(tonic::service::interceptor::InterceptedService::new(
+            AgentServiceServer::new(api).max_decoding_message_size(options.max_request_bytes),
+            auth,
+        ))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .map_err(StartError::Grpc)

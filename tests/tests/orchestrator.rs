@@ -572,6 +572,22 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
             status.message()
         );
     }
+    // An input of a few MB, past gRPC's usual 4 MiB message limit, is read
+    // and refused by name (grpc.max_request_bytes); past that limit, it is
+    // refused unread.
+    let huge = scripted(&"x".repeat(5_000_000), json!([{"message": "m"}]));
+    let status = api.submit_job(huge).await.expect_err("over the limit");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "input: is 5000000 bytes; the limit is 262144"
+    );
+    let past = scripted(&"x".repeat(17 * 1024 * 1024), json!([{"message": "m"}]));
+    let status = api
+        .submit_job(past)
+        .await
+        .expect_err("past the message limit");
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
     for status in [
         api.get_job(v1::GetJobRequest {
             job_id: "nope".into(),
