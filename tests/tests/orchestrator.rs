@@ -803,7 +803,7 @@ async fn odd_and_duplicate_call_ids_stay_data_and_never_reach_the_wire() -> anyh
                     {"id": "dup", "name": "calculate", "arguments": {"expression": "1000000"}}]},
                 {"tool_calls": [
                     {"id": "dup", "name": "calculate", "arguments": {"expression": "5+5"}}]},
-                {"message": "{{dup.data.result}}"}
+                {"message": "{{dup.error.code}}"}
             ]),
         ),
     )
@@ -965,6 +965,31 @@ async fn calls_beyond_the_turn_limit_and_oversized_scripted_answers_are_refused(
     assert_eq!(error.code, "SCRIPT_ERROR");
     assert!(
         error.message.contains("api.max_scripted_answer_bytes"),
+        "{}",
+        error.message
+    );
+
+    // A quote of what a failed call did not return fails the job, saying
+    // what it answered, rather than answering with the placeholder.
+    let job = run(
+        &mut api,
+        scripted(
+            "x",
+            json!([
+                {"tool_calls": [{"name": "no_such_tool", "arguments": {}}]},
+                {"message": "It is {{call_0_0.data}}"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Failed, "{job:?}");
+    let error = job.error.expect("an error");
+    assert_eq!(error.code, "SCRIPT_ERROR");
+    assert!(
+        error
+            .message
+            .contains("{{call_0_0.data}}, which names nothing")
+            && error.message.contains("UNKNOWN_TOOL"),
         "{}",
         error.message
     );

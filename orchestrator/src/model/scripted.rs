@@ -18,8 +18,11 @@
 //! - A `message` may quote tool outputs: `{{<call_id>}}` is replaced by that
 //!   call's whole envelope JSON, `{{<call_id>.<path>}}` by the value at a
 //!   dot-separated path into the envelope (`data.temperature`,
-//!   `error.code`); strings are inserted without quotes. An unknown call id or
-//!   path is left as it is.
+//!   `error.code`); strings are inserted without quotes. A reference that
+//!   names nothing (no such call before this turn, or no such path in its
+//!   answer, as `data` of a call that failed) fails the job with
+//!   `SCRIPT_ERROR` saying what the call answered: a scripted answer never
+//!   carries a placeholder. `{{` without `}}` is plain text.
 //! - `delay_ms` makes the turn take that long (a slow model).
 //! - A job that needs more turns than the script has fails with `SCRIPT_ERROR`.
 
@@ -123,14 +126,8 @@ impl Scripted {
         })?;
         let mut items = Vec::new();
         if let Some(message) = &turn.message {
-            let text =
-                quote_outputs(message, request.items, self.max_answer_bytes).ok_or_else(|| {
-                    ModelError::Script(format!(
-                        "turn {}'s message is over {} bytes once tool outputs are quoted \
-                         (api.max_scripted_answer_bytes)",
-                        request.turn, self.max_answer_bytes
-                    ))
-                })?;
+            let text = quote_outputs(message, request.items, self.max_answer_bytes)
+                .map_err(|problem| problem.in_turn(request.turn, self.max_answer_bytes))?;
             items.push(Item::Assistant { text, raw: None });
         }
         for (index, call) in turn.tool_calls.iter().enumerate() {
@@ -174,60 +171,104 @@ impl Provider for Scripted {
     }
 }
 
-/// Replaces `{{call_id}}` and `{{call_id.path}}` with tool outputs; `None`
-/// as soon as the result would exceed `limit` bytes.
-fn quote_outputs(message: &str, items: &[Item], limit: usize) -> Option<String> {
+/// Why a message could not be quoted.
+#[derive(Debug, PartialEq)]
+enum QuoteProblem {
+    /// The message would exceed its byte limit.
+    TooLong,
+    /// `{{reference}}` names nothing, for `why`.
+    NamesNothing { reference: String, why: String },
+}
+
+impl QuoteProblem {
+    fn in_turn(self, turn: u32, limit: usize) -> ModelError {
+        ModelError::Script(match self {
+            Self::TooLong => format!(
+                "turn {turn}'s message is over {limit} bytes once tool outputs are quoted \
+                 (api.max_scripted_answer_bytes)"
+            ),
+            Self::NamesNothing { reference, why } => {
+                format!(
+                    "turn {turn}'s message quotes {{{{{reference}}}}}, which names nothing: {why}"
+                )
+            }
+        })
+    }
+}
+
+/// Longest excerpt of a call's answer in a [`QuoteProblem`].
+const ANSWER_EXCERPT: usize = 200;
+
+/// Replaces `{{call_id}}` and `{{call_id.path}}` with tool outputs, within
+/// `limit` bytes.
+fn quote_outputs(message: &str, items: &[Item], limit: usize) -> Result<String, QuoteProblem> {
     let mut out = String::with_capacity(message.len().min(limit));
     let mut rest = message;
     let push = |out: &mut String, text: &str| {
-        (out.len() + text.len() <= limit).then(|| out.push_str(text))
+        if out.len() + text.len() > limit {
+            return Err(QuoteProblem::TooLong);
+        }
+        out.push_str(text);
+        Ok(())
     };
     while let Some(start) = rest.find("{{") {
         push(&mut out, &rest[..start])?;
         let after = &rest[start + 2..];
         let Some(end) = after.find("}}") else {
             push(&mut out, &rest[start..])?;
-            return Some(out);
+            return Ok(out);
         };
         let reference = after[..end].trim();
-        match resolve(reference, items) {
-            Some(text) => push(&mut out, &text)?,
-            None => push(&mut out, &rest[start..start + 2 + end + 2])?,
-        }
+        let quoted = resolve(reference, items).map_err(|why| QuoteProblem::NamesNothing {
+            reference: toolfleet_proto::envelope::excerpt(reference, 80),
+            why,
+        })?;
+        push(&mut out, &quoted)?;
         rest = &after[end + 2..];
     }
     push(&mut out, rest)?;
-    Some(out)
+    Ok(out)
 }
 
-fn resolve(reference: &str, items: &[Item]) -> Option<String> {
+/// What `reference` (`call_id` or `call_id.path`) quotes, or why nothing.
+fn resolve(reference: &str, items: &[Item]) -> Result<String, String> {
     let (call_id, path) = match reference.split_once('.') {
         Some((id, path)) => (id, Some(path)),
         None => (reference, None),
     };
-    let output = items.iter().rev().find_map(|item| match item {
-        Item::ToolResult {
-            call_id: id,
-            output,
-            ..
-        } if id == call_id => Some(output),
-        _ => None,
-    })?;
+    let output = items
+        .iter()
+        .rev()
+        .find_map(|item| match item {
+            Item::ToolResult {
+                call_id: id,
+                output,
+                ..
+            } if id == call_id => Some(output),
+            _ => None,
+        })
+        .ok_or_else(|| "no call of that id answered before this turn".to_owned())?;
     let Some(path) = path else {
-        return Some(output.clone());
+        return Ok(output.clone());
     };
-    let mut value: Value = serde_json::from_str(output).ok()?;
+    let missing = || {
+        let answer = toolfleet_proto::envelope::excerpt(output, ANSWER_EXCERPT);
+        format!("the call's answer has no {path}; it answered {answer}")
+    };
+    let mut value: Value = serde_json::from_str(output).map_err(|_| missing())?;
     for key in path.split('.') {
         value = match value {
-            Value::Object(mut map) => map.remove(key)?,
-            Value::Array(mut list) => {
-                let index: usize = key.parse().ok()?;
-                (index < list.len()).then(|| list.swap_remove(index))?
-            }
-            _ => return None,
-        };
+            Value::Object(mut map) => map.remove(key),
+            Value::Array(mut list) => key
+                .parse::<usize>()
+                .ok()
+                .filter(|index| *index < list.len())
+                .map(|index| list.swap_remove(index)),
+            _ => None,
+        }
+        .ok_or_else(missing)?;
     }
-    Some(match value {
+    Ok(match value {
         Value::String(text) => text,
         other => other.to_string(),
     })
@@ -253,7 +294,9 @@ mod tests {
         let script = Scripted::parse(
             r#"[{"tool_calls":[{"name":"calculate","arguments":{"expression":"2+2"}},
                                {"name":"x","arguments":"not json","id":"mine"}]},
-                {"message":"2+2={{call_0_0.data.result}}, {{mine.error.code}}, {{nope}}, {{call_0_0}}"}]"#,
+                {"message":"2+2={{call_0_0.data.result}}, {{mine.error.code}}, {{call_0_0}}, {{ unclosed"},
+                {"message":"{{mine.data.result}}"},
+                {"message":"{{nope}}"}]"#,
         )
         .unwrap();
         let first = script.turn(request(&[], 0)).await.unwrap();
@@ -294,10 +337,24 @@ mod tests {
         let second = script.turn(request(&history, 1)).await.unwrap();
         assert_eq!(
             second.text(),
-            format!("2+2=4, UNKNOWN_TOOL, {{{{nope}}}}, {ok}")
+            format!("2+2=4, UNKNOWN_TOOL, {ok}, {{{{ unclosed")
         );
         assert_eq!(second.tool_calls().count(), 0);
+        // A reference that names nothing fails the job, saying why.
         let err = script.turn(request(&history, 2)).await.unwrap_err();
+        assert_eq!(err.code().as_str(), "SCRIPT_ERROR");
+        let message = err.to_string();
+        assert!(
+            message.contains("{{mine.data.result}}, which names nothing")
+                && message.contains("UNKNOWN_TOOL"),
+            "{message}"
+        );
+        let err = script.turn(request(&history, 3)).await.unwrap_err();
+        assert!(
+            err.to_string().contains("no call of that id answered"),
+            "{err}"
+        );
+        let err = script.turn(request(&history, 4)).await.unwrap_err();
         assert_eq!(err.code().as_str(), "SCRIPT_ERROR");
     }
 
