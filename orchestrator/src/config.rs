@@ -7,6 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, Identity, ServerTlsConfig};
 use toolfleet_service::config::{
     ConfigError, LogOptions, MetricsOptions, NatsOptions, RedisOptions, TelemetryOptions,
     load_layered,
@@ -106,6 +107,39 @@ pub struct TlsOptions {
     pub client_ca_file: Option<std::path::PathBuf>,
 }
 
+impl TlsOptions {
+    /// The server's TLS settings; `None` without a certificate. Reads the
+    /// files.
+    ///
+    /// # Errors
+    ///
+    /// A file that cannot be read, or settings that do not go together.
+    pub(crate) fn server_config(&self) -> Result<Option<ServerTlsConfig>, String> {
+        let read = |key: &str, path: &std::path::Path| {
+            std::fs::read(path)
+                .map_err(|err| format!("cannot read {key} {}: {err}", path.display()))
+        };
+        let (cert, key) = match (&self.cert_file, &self.key_file) {
+            (None, None) => {
+                if self.client_ca_file.is_some() {
+                    return Err(
+                        "client_ca_file needs cert_file and key_file: mutual TLS is TLS first"
+                            .into(),
+                    );
+                }
+                return Ok(None);
+            }
+            (Some(cert), Some(key)) => (read("cert_file", cert)?, read("key_file", key)?),
+            _ => return Err("set both cert_file and key_file, or neither".into()),
+        };
+        let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
+        if let Some(ca) = &self.client_ca_file {
+            config = config.client_ca_root(Certificate::from_pem(read("client_ca_file", ca)?));
+        }
+        Ok(Some(config))
+    }
+}
+
 /// Job store retention.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -202,6 +236,22 @@ impl OrchestratorOptions {
         // Resolved once, so that `--print-config` shows the id in use.
         options.instance_id = options.resolved_instance_id();
         Ok(options)
+    }
+
+    /// The checks of this orchestrator's own keys
+    /// (`toolfleet_service::binary::ServiceOptions::check`): the gRPC TLS
+    /// files, read as the server will. The tokens file is read when the
+    /// replica starts, before it connects.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, naming the key.
+    pub fn check_own(&self) -> Result<(), String> {
+        self.grpc
+            .tls
+            .server_config()
+            .map(drop)
+            .map_err(|err| format!("grpc.tls: {err}"))
     }
 
     /// The JetStream objects `setup` creates, with these options.

@@ -24,7 +24,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tonic::transport::{Certificate, Identity, ServerTlsConfig};
+use tonic::transport::ServerTlsConfig;
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use toolfleet_proto::names::RedisKeys;
@@ -123,7 +123,12 @@ impl Orchestrator {
             api_options.tokens_reload_interval,
             defaults,
         )?;
-        let tls = tls_config(&self.options.grpc.tls)?;
+        let tls = self
+            .options
+            .grpc
+            .tls
+            .server_config()
+            .map_err(StartError::Tls)?;
         let (health, health_service) = tonic_health::server::health_reporter();
         // Both the API and the server as a whole ("", what a kubelet gRPC
         // probe asks by default) are not serving until the replica is ready.
@@ -416,34 +421,4 @@ async fn serve_grpc<H: Health>(
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await
         .map_err(StartError::Grpc)
-}
-
-/// The server's TLS settings from `grpc.tls.*`; `None` without a
-/// certificate. Files are read once, at start.
-fn tls_config(options: &crate::config::TlsOptions) -> Result<Option<ServerTlsConfig>, StartError> {
-    let read = |key: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|err| StartError::Tls(format!("cannot read {key} {}: {err}", path.display())))
-    };
-    let (cert, key) = match (&options.cert_file, &options.key_file) {
-        (None, None) => {
-            if options.client_ca_file.is_some() {
-                return Err(StartError::Tls(
-                    "client_ca_file needs cert_file and key_file: mutual TLS is TLS first".into(),
-                ));
-            }
-            return Ok(None);
-        }
-        (Some(cert), Some(key)) => (read("cert_file", cert)?, read("key_file", key)?),
-        _ => {
-            return Err(StartError::Tls(
-                "set both cert_file and key_file, or neither".into(),
-            ));
-        }
-    };
-    let mut config = ServerTlsConfig::new().identity(Identity::from_pem(cert, key));
-    if let Some(ca) = &options.client_ca_file {
-        config = config.client_ca_root(Certificate::from_pem(read("client_ca_file", ca)?));
-    }
-    Ok(Some(config))
 }

@@ -32,7 +32,7 @@ import helm_python
 import kubernetes_validate
 import yaml
 
-from common import Checks, listen_ports
+from common import Checks, certificates, listen_ports
 from kube import Manifests, Unresolved
 
 KUBERNETES = kubernetes_validate.latest_version()
@@ -234,17 +234,25 @@ CONFIGURED = {
     },
 }
 
-# Secrets the user creates beside the chart (NOTES.txt, docs/deploy.md).
-USER_SECRETS = {
-    "toolfleet-tokens": {"tokens.toml": '[tenants.team]\ntoken_sha256 = ["' + "0" * 64 + '"]\n'},
-    "toolfleet-grpc-tls": {"tls.crt": "certificate", "tls.key": "key", "ca.crt": "client CA"},
-    "openai": {"api-key": "sk-test"},
-    "nats-ca": {"ca.crt": "nats CA"},
-    "redis-client": {"ca.crt": "redis CA", "tls.crt": "client certificate", "tls.key": "client key"},
-    **{name: {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
-              for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")}
-       for name in ("fleet-passwords", "toolfleet-credentials")},
-}
+def user_secrets() -> dict[str, dict[str, str]]:
+    """Secrets the user creates beside the chart (NOTES.txt, docs/deploy.md),
+    their certificates real ones: the services read them before they
+    connect (and for --print-config), as they will in a pod."""
+    with tempfile.TemporaryDirectory() as root:
+        pems = certificates(root)
+    return {
+        "toolfleet-tokens": {"tokens.toml": '[tenants.team]\ntoken_sha256 = ["' + "0" * 64 + '"]\n'},
+        "toolfleet-grpc-tls": {"tls.crt": pems["server.crt"], "tls.key": pems["server.key"], "ca.crt": pems["ca.crt"]},
+        "openai": {"api-key": "sk-test"},
+        "nats-ca": {"ca.crt": pems["ca.crt"]},
+        "redis-client": {"ca.crt": pems["ca.crt"], "tls.crt": pems["client.crt"], "tls.key": pems["client.key"]},
+        **{name: {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
+                  for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")}
+           for name in ("fleet-passwords", "toolfleet-credentials")},
+    }
+
+
+USER_SECRETS = user_secrets()
 
 # Kinds that are CRDs, validated against their CRD's schema (crds.mjs).
 CUSTOM = {"keda.sh/v1alpha1", "monitoring.coreos.com/v1"}

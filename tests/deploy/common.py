@@ -103,3 +103,25 @@ class Checks:
         for failure in self.failures:
             print(f"FAIL {failure}")
         return 1 if self.failures or self.checked < at_least else 0
+
+
+def certificates(root: str) -> dict[str, str]:
+    """A CA, and a server's and a client's certificate from it (openssl),
+    the server's for 127.0.0.1, where cluster DNS sends the services."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True, timeout=60)
+
+    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=toolfleet test CA")
+    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+                            ("client", "extendedKeyUsage=clientAuth")):
+        with open(os.path.join(root, f"{name}.ext"), "w") as f:
+            f.write(extension + "\n")
+        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
+    out = {}
+    for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key"):
+        with open(os.path.join(root, name)) as f:
+            out[name] = f.read()
+    return out

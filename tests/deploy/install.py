@@ -47,6 +47,7 @@ import helm_python
 import yaml
 
 from kube import Command, Manifests
+from common import certificates
 from pods import Fleet, free_port
 
 NAMESPACE = "toolfleet"
@@ -319,28 +320,6 @@ def secret_file(docs: list[dict], suffix: str) -> str:
     manifests = Manifests(docs)
     name = next(n for n in manifests.secrets if n.endswith(suffix))
     return manifests.secrets[name]["toolfleet-users.conf"]
-
-
-def certificates(root: str) -> dict[str, str]:
-    """A CA, and a server's and a client's certificate from it (openssl),
-    the server's for 127.0.0.1, where cluster DNS sends the services."""
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=root, check=True, capture_output=True, timeout=60)
-
-    key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *key, "-keyout", "ca.key", "-out", "ca.crt", "-days", "1", "-subj", "/CN=toolfleet test CA")
-    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-                            ("client", "extendedKeyUsage=clientAuth")):
-        with open(os.path.join(root, f"{name}.ext"), "w") as f:
-            f.write(extension + "\n")
-        openssl("req", *key, "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={name}")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial",
-                "-out", f"{name}.crt", "-days", "1", "-extfile", f"{name}.ext")
-    out = {}
-    for name in ("ca.crt", "server.crt", "server.key", "client.crt", "client.key"):
-        with open(os.path.join(root, name)) as f:
-            out[name] = f.read()
-    return out
 
 
 # The operator's own Redis user, outside the chart's users file, with which

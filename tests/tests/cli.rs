@@ -164,6 +164,122 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Runs `binary` with `args` against a NATS and a Redis that are not there,
+/// for 30 s at most.
+async fn run_offline(
+    binary: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<std::process::Output> {
+    let nowhere = toolfleet_tests::free_loopback_address()?;
+    let run = Command::new(cargo_bin(binary)?)
+        .args(["--nats-url", &format!("nats://{nowhere}")])
+        .args(["--redis-url", &format!("redis://{nowhere}")])
+        .args(args)
+        .envs(env.iter().copied())
+        .kill_on_drop(true)
+        .output();
+    Ok(tokio::time::timeout(Duration::from_secs(30), run).await??)
+}
+
+#[tokio::test]
+async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<()> {
+    // With NATS and Redis away, a bad value exits 2 at once, also with
+    // --print-config, rather than waiting for the servers.
+    let brace = [("TOOLFLEET_REDIS__KEY_PREFIX", "tf{x}")];
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("missing.jsonl");
+    let missing = missing.to_string_lossy();
+    type Case<'a> = (&'a str, Vec<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+    let creds = [(
+        "TOOLFLEET_NATS__CREDENTIALS_FILE",
+        "/nonexistent/orchestrator.creds",
+    )];
+    let cases: [Case; 7] = [
+        (
+            "toolfleet-orchestrator",
+            vec![],
+            &creds,
+            "nats.credentials_file",
+        ),
+        ("toolfleet-worker", vec![], &brace, "redis.key_prefix"),
+        (
+            "toolfleet-worker",
+            vec!["--print-config"],
+            &brace,
+            "redis.key_prefix",
+        ),
+        (
+            "toolfleet-orchestrator",
+            vec!["--print-config"],
+            &brace,
+            "redis.key_prefix",
+        ),
+        (
+            "toolfleet-worker",
+            vec!["--tools", "nope"],
+            &[],
+            "unknown tool \"nope\"",
+        ),
+        (
+            "toolfleet-worker",
+            vec!["--print-config", "--tools", "nope"],
+            &[],
+            "unknown tool",
+        ),
+        (
+            "toolfleet-worker",
+            vec!["--kg-graph", &missing],
+            &[],
+            "kg.graph_path",
+        ),
+    ];
+    for (binary, args, env, says) in cases {
+        let output = run_offline(binary, &args, env).await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{binary} {args:?}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("invalid configuration"),
+            "{stderr}"
+        );
+    }
+    // The error lists every tool that could be named.
+    let output = run_offline("toolfleet-worker", &["--tools", "nope"], &[]).await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    for tool in [
+        "calculate",
+        "get_current_weather",
+        "factual_qa",
+        "trend_analysis",
+        "test tools",
+    ] {
+        assert!(stderr.contains(tool), "{tool}: {stderr}");
+    }
+    // A graph that does not parse fails before the worker connects, its
+    // error said once.
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"not a fact\": true}\n")?;
+    let output = run_offline(
+        "toolfleet-worker",
+        &["--kg-graph", &bad.to_string_lossy()],
+        &[],
+    )
+    .await?;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(
+        !stderr.contains("waiting for"),
+        "it waited for a server first: {stderr}"
+    );
+    let said = stderr.lines().last().unwrap_or_default();
+    assert!(
+        said.starts_with("toolfleet-worker: cannot load the knowledge graph"),
+        "{stderr}"
+    );
+    assert_eq!(said.matches("not a fact object").count(), 1, "{said}");
+    Ok(())
+}
+
 #[tokio::test]
 async fn print_config_shows_durations_as_documented_and_the_id_in_use() -> anyhow::Result<()> {
     for (binary, id_key) in [

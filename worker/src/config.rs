@@ -185,6 +185,25 @@ impl WorkerOptions {
         Ok(options)
     }
 
+    /// The checks of this worker's own keys ([`ServiceOptions::check`]):
+    /// the tools it is to serve exist in this build, and the graph file, if
+    /// one is named, can be read. The graph's content is read before the
+    /// worker connects.
+    ///
+    /// [`ServiceOptions::check`]: toolfleet_service::binary::ServiceOptions::check
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, naming the key.
+    pub fn check_own(&self) -> Result<(), String> {
+        crate::tools::check_names(&self.tool_selection()).map_err(|err| err.to_string())?;
+        if let Some(path) = &self.kg.graph_path {
+            std::fs::metadata(path)
+                .map_err(|err| format!("kg.graph_path {}: {err}", path.display()))?;
+        }
+        Ok(())
+    }
+
     /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.
     pub fn resolved_worker_id(&self) -> String {
         toolfleet_service::identity::replica_id(&self.worker_id)

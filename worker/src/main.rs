@@ -90,12 +90,15 @@ fn main() -> ExitCode {
 }
 
 async fn serve(options: WorkerOptions, process: Process) -> anyhow::Result<()> {
+    // Built (the graph read) before any connection: a bad graph fails now,
+    // not once NATS and Redis answer.
+    let tools = tools::prepare(options.tool_selection())?;
     // Waits for NATS and Redis; a signal ends the wait.
     let worker = tokio::select! {
         worker = Worker::connect(options.clone()) => worker?,
         () = process.shutdown.cancelled() => return Ok(()),
     };
-    let toolbox = tools::builtin(options.tool_selection(), worker.redis())?;
+    let toolbox = tools.with_redis(worker.redis());
     worker
         .with_readiness(process.readiness)
         .run(toolbox, process.shutdown)

@@ -59,6 +59,14 @@ pub trait ServiceOptions: Serialize {
     /// `drain_timeout`); the process exits at most [`SHUTDOWN_MARGIN`]
     /// later, whatever NATS and Redis do.
     fn drain_timeout(&self) -> std::time::Duration;
+    /// Every check of the values that needs no server: run before anything
+    /// connects, and by `--print-config`, so that a value that cannot work
+    /// exits 2 at once rather than failing, or waiting, later.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, naming the key.
+    fn check(&self) -> Result<(), String>;
 }
 
 /// How long after its drain time a service that has not stopped is made to
@@ -90,7 +98,9 @@ async fn exit_if_stuck(shutdown: CancellationToken, bound: std::time::Duration, 
 /// Implements [`ServiceOptions`] for an options struct (which must be
 /// `Clone`) with the sections every service has: `nats`, `redis`, `metrics`,
 /// `telemetry` and `log`, and the path of its drain timeout
-/// (`service_options!(WorkerOptions, runtime.drain_timeout)`). A macro rather than a default method because the sections are
+/// (`service_options!(WorkerOptions, runtime.drain_timeout)`). Its
+/// [`ServiceOptions::check`] checks the shared sections, then calls the
+/// service's own `fn check_own(&self) -> Result<(), String>`. A macro rather than a default method because the sections are
 /// fields of each service's own struct.
 #[macro_export]
 macro_rules! service_options {
@@ -112,6 +122,11 @@ macro_rules! service_options {
                 self.$($drain).+
             }
 
+            fn check(&self) -> Result<(), String> {
+                $crate::binary::check_shared(&self.nats, &self.redis)?;
+                self.check_own()
+            }
+
             fn redacted(&self) -> Self {
                 let mut shown = self.clone();
                 shown.nats.url = $crate::config::redact_url(&shown.nats.url);
@@ -125,6 +140,35 @@ macro_rules! service_options {
     };
 }
 
+/// The checks of the sections every service has ([`ServiceOptions::check`]):
+/// the files NATS is connected with can be read, and a Redis client can be
+/// built from the Redis settings (URL, `key_prefix`, TLS files, replica
+/// acks).
+///
+/// # Errors
+///
+/// What is wrong, with its causes.
+pub fn check_shared(
+    nats: &crate::config::NatsOptions,
+    redis: &crate::config::RedisOptions,
+) -> Result<(), String> {
+    let files = [
+        ("nats.credentials_file", &nats.credentials_file),
+        ("nats.nkey_seed_file", &nats.nkey_seed_file),
+        ("nats.tls.ca_file", &nats.tls.ca_file),
+        ("nats.tls.cert_file", &nats.tls.cert_file),
+        ("nats.tls.key_file", &nats.tls.key_file),
+    ];
+    for (key, path) in files {
+        if let Some(path) = path {
+            std::fs::File::open(path).map_err(|err| format!("{key} {path}: {err}"))?;
+        }
+    }
+    crate::connect::RedisClient::new(redis)
+        .map(drop)
+        .map_err(|err| format!("{:#}", anyhow::Error::new(err)))
+}
+
 /// What a service's `serve` gets from [`run`].
 #[derive(Debug, Clone)]
 pub struct Process {
@@ -135,15 +179,25 @@ pub struct Process {
     pub readiness: Readiness,
 }
 
-/// The options `loaded`, or, when they could not be loaded, exit code 2
-/// after saying why on stderr as `name` (a binary or subcommand).
+/// The options `loaded`, checked ([`ServiceOptions::check`]), or, when they
+/// could not be loaded or cannot work, exit code 2 after saying why on
+/// stderr as `name` (a binary or subcommand).
 ///
 /// # Errors
 ///
 /// The exit code for a bad configuration.
-pub fn configured<O>(name: &str, loaded: Result<O, ConfigError>) -> Result<O, ExitCode> {
-    loaded.map_err(|err| {
-        eprintln!("{name}: {err}");
+pub fn configured<O: ServiceOptions>(
+    name: &str,
+    loaded: Result<O, ConfigError>,
+) -> Result<O, ExitCode> {
+    let checked = loaded
+        .map_err(|err| err.to_string())
+        .and_then(|options| match options.check() {
+            Ok(()) => Ok(options),
+            Err(problem) => Err(format!("invalid configuration: {problem}")),
+        });
+    checked.map_err(|problem| {
+        eprintln!("{name}: {problem}");
         ExitCode::from(2)
     })
 }

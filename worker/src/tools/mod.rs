@@ -37,7 +37,7 @@ pub enum BuildError {
     Weather(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// The knowledge graph or its model settings are invalid; the message
     /// names the file and line, or the `kg.*` key, to fix.
-    #[error("cannot build the knowledge-graph tools: {0}")]
+    #[error(transparent)]
     KnowledgeGraph(#[from] knowledge_graph::Error),
     /// `test_tools` is set in a build without them.
     #[error(
@@ -92,15 +92,71 @@ fn test_tools(_redis: RedisConnection) -> Toolbox {
 /// The knowledge-graph tools, which share one graph.
 const KNOWLEDGE_GRAPH_TOOLS: [&str; 2] = ["factual_qa", "trend_analysis"];
 
-/// The tools the `toolfleet-worker` binary serves: the built-in ones (or the
-/// subset `selection` names), plus the test pack if enabled.
+/// The names of the built-in tools, those of the test pack aside.
+pub const BUILTIN_NAMES: [&str; 4] = [
+    "calculate",
+    "get_current_weather",
+    "factual_qa",
+    "trend_analysis",
+];
+
+/// The names of the test pack (`test_tools`).
+pub const TEST_TOOL_NAMES: [&str; 8] = [
+    "echo",
+    "sleep",
+    "fail",
+    "panic",
+    "crash",
+    "set_flag",
+    "increment_counter",
+    "measure_concurrency",
+];
+
+/// Whether `selection` names only tools this build can serve.
+///
+/// # Errors
+///
+/// [`BuildError::TestToolsNotBuilt`], or [`BuildError::UnknownTool`]
+/// listing every tool that could be named.
+pub fn check_names(selection: &Selection<'_>) -> Result<(), BuildError> {
+    check_selection(selection)?;
+    let test_names = TEST_TOOL_NAMES.iter().filter(|_| selection.test_tools);
+    let available: Vec<&str> = BUILTIN_NAMES.iter().chain(test_names).copied().collect();
+    if let Some(name) = selection
+        .names
+        .iter()
+        .find(|name| !available.contains(&name.as_str()))
+    {
+        let test_pack = if selection.test_tools {
+            ""
+        } else {
+            "; with test_tools (--test-tools), also the test tools"
+        };
+        return Err(BuildError::UnknownTool {
+            name: name.clone(),
+            available: format!("{}{test_pack}", available.join(", ")),
+        });
+    }
+    Ok(())
+}
+
+/// The built-in tools of a selection, built (the graph loaded) but for the
+/// test pack, whose tools record in Redis: a worker builds them before it
+/// connects, so that a bad name or graph fails at once.
+pub struct Prepared {
+    all: Toolbox,
+    names: Vec<String>,
+    test_tools: bool,
+}
+
+/// Builds what `selection` serves, but for the test pack (see [`Prepared`]).
 ///
 /// # Errors
 ///
 /// [`BuildError`] when `selection` names an unknown tool or a tool cannot be
 /// built.
-pub fn builtin(selection: Selection<'_>, redis: RedisConnection) -> Result<Toolbox, BuildError> {
-    check_selection(&selection)?;
+pub fn prepare(selection: Selection<'_>) -> Result<Prepared, BuildError> {
+    check_names(&selection)?;
     let weather = weather::GetCurrentWeather::new(selection.weather)
         .map_err(|e| BuildError::Weather(Box::new(e)))?;
     let mut all = Toolbox::new().with(calculate::Calculate).with(weather);
@@ -117,22 +173,37 @@ pub fn builtin(selection: Selection<'_>, redis: RedisConnection) -> Result<Toolb
             .with(FactualQa::new(base.clone()))
             .with(TrendAnalysis::new(base));
     }
-    if selection.test_tools {
-        all = all.merge(test_tools(redis));
-    }
-    if selection.names.is_empty() {
-        return Ok(all);
-    }
-    let available: Vec<String> = all.manifests().into_iter().map(|m| m.name).collect();
-    for name in selection.names {
-        if !available.contains(name) {
-            return Err(BuildError::UnknownTool {
-                name: name.clone(),
-                available: available.join(", "),
-            });
+    Ok(Prepared {
+        all,
+        names: selection.names.to_vec(),
+        test_tools: selection.test_tools,
+    })
+}
+
+impl Prepared {
+    /// The toolbox, with the test pack recording in `redis` if selected.
+    pub fn with_redis(self, redis: RedisConnection) -> Toolbox {
+        let mut all = self.all;
+        if self.test_tools {
+            all = all.merge(test_tools(redis));
+        }
+        if self.names.is_empty() {
+            all
+        } else {
+            all.only(&self.names)
         }
     }
-    Ok(all.only(selection.names))
+}
+
+/// The tools the `toolfleet-worker` binary serves: the built-in ones (or the
+/// subset `selection` names), plus the test pack if enabled.
+///
+/// # Errors
+///
+/// [`BuildError`] when `selection` names an unknown tool or a tool cannot be
+/// built.
+pub fn builtin(selection: Selection<'_>, redis: RedisConnection) -> Result<Toolbox, BuildError> {
+    Ok(prepare(selection)?.with_redis(redis))
 }
 
 #[cfg(test)]

@@ -112,13 +112,14 @@ impl Default for KgOptions {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A graph or alias file is missing or invalid; the message names it.
-    #[error("cannot load the knowledge graph {path}: {source}")]
+    // The cause is in the message, not a source: the message is what the
+    // reload watch logs, and a chain printed as a whole says it once.
+    #[error("cannot load the knowledge graph {path}: {cause}")]
     Load {
         /// The file, or `the sample graph`.
         path: String,
         /// What is wrong.
-        #[source]
-        source: LoadError,
+        cause: LoadError,
     },
     /// `kg.max_facts` is 0.
     #[error("kg.max_facts must be at least 1")]
@@ -158,9 +159,9 @@ impl Source {
     }
 
     fn load(&self) -> Result<Graph, Error> {
-        let fail = |path: &Path, source| Error::Load {
+        let fail = |path: &Path, cause| Error::Load {
             path: path.display().to_string(),
-            source,
+            cause,
         };
         let aliases = |path: &Option<PathBuf>, default: Option<&str>| match path {
             Some(path) => std::fs::read_to_string(path)
@@ -171,10 +172,10 @@ impl Source {
         match self {
             Self::Sample { aliases: path } => {
                 let aliases = aliases(path, Some(SAMPLE_ALIASES))?;
-                Graph::load(SAMPLE_GRAPH.as_bytes(), aliases.as_deref()).map_err(|source| {
+                Graph::load(SAMPLE_GRAPH.as_bytes(), aliases.as_deref()).map_err(|cause| {
                     Error::Load {
                         path: self.describe(),
-                        source,
+                        cause,
                     }
                 })
             }
