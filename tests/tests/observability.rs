@@ -49,10 +49,17 @@ fn dashboard_queries() -> anyhow::Result<String> {
 
 #[test]
 fn the_alert_rules_are_valid() -> anyhow::Result<()> {
-    let checked = std::process::Command::new("promtool")
+    // The one scripts/setup extracts (it installs no Prometheus server).
+    let promtool = toolfleet_tests::repo_root().join(".tools/bin/promtool");
+    let checked = std::process::Command::new(&promtool)
         .args(["check", "rules", &format!("{DEPLOY}/alerts.yml")])
         .output()
-        .map_err(|err| anyhow::anyhow!("cannot run promtool ({err}); scripts/setup installs it"))?;
+        .map_err(|err| {
+            anyhow::anyhow!(
+                "cannot run {} ({err}); scripts/setup installs it",
+                promtool.display()
+            )
+        })?;
     let said = String::from_utf8_lossy(&checked.stdout).into_owned()
         + &String::from_utf8_lossy(&checked.stderr);
     assert!(checked.status.success(), "{said}");
