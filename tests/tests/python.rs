@@ -8,6 +8,20 @@ use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::{Fleet, test_fleet};
 use toolfleet_tests::{repo_root, venv_python};
 
+/// The bodies of the fenced code blocks of `markdown` in `language`.
+fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
+    let opening = format!("```{language}\n");
+    let mut blocks = Vec::new();
+    let mut rest = markdown;
+    while let Some(start) = rest.find(&opening) {
+        let body = &rest[start + opening.len()..];
+        let Some(end) = body.find("\n```") else { break };
+        blocks.push(body[..=end].to_owned());
+        rest = &body[end..];
+    }
+    blocks
+}
+
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(program)
         .args(args)
@@ -99,6 +113,34 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         );
     }
     assert!(session.contains("\"final\": true"), "{session}");
+
+    // Every Python block of the docs runs as a reader would paste it, against
+    // the address `toolfleet dev --serve` tells them to export.
+    let mut blocks = 0;
+    for doc in [
+        "README.md",
+        "docs/api.md",
+        "clients/python/README.md",
+        "worker/README.md",
+    ] {
+        let text = std::fs::read_to_string(repo_root().join(doc))?;
+        for block in fenced_blocks(&text, "python") {
+            blocks += 1;
+            let output = Command::new(&python)
+                .args(["-c", &block])
+                .env("TOOLFLEET_ADDR", &url)
+                .env_remove("TOOLFLEET_TOKEN")
+                .output()
+                .await?;
+            let stdout = String::from_utf8_lossy(&output.stdout);
+            assert!(
+                output.status.success() && stdout.contains("job_succeeded"),
+                "{doc}: the block\n{block}\nfailed:\n{stdout}\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    assert!(blocks >= 2, "the Python blocks of the docs: {blocks}");
 
     // With authentication on, the client sends TOOLFLEET_TOKEN.
     let dir = tempfile::tempdir()?;
