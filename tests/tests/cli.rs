@@ -109,6 +109,34 @@ async fn get_and_watch_exit_by_how_the_job_ended_and_watch_ends_with_its_final_s
     assert_eq!(watch.code, Some(4), "{}", watch.stderr);
     assert!(watch.stdout.contains("job_cancelled"), "{}", watch.stdout);
 
+    // --quiet: the answer alone, or why there is none, and the exit code.
+    let quiet = toolfleet(&["watch", &done, "--quiet", "--addr", &url]).await?;
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str()),
+        (Some(0), "done\n"),
+        "{}",
+        quiet.stderr
+    );
+    let quiet = toolfleet(&["watch", &slow, "-q", "--addr", &url]).await?;
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str()),
+        (Some(4), ""),
+        "{}",
+        quiet.stderr
+    );
+    assert!(quiet.stderr.contains("was cancelled"), "{}", quiet.stderr);
+    let script = r#"[{"message": "hello"}]"#;
+    let quiet = toolfleet(&[
+        "submit", "x", "--script", script, "--watch", "-q", "--addr", &url,
+    ])
+    .await?;
+    assert_eq!(
+        (quiet.code, quiet.stdout.as_str()),
+        (Some(0), "hello\n"),
+        "{}",
+        quiet.stderr
+    );
+
     // Every client command's --json (docs/api.md), cancel's too.
     let cancel = toolfleet(&["cancel", &done, "--json", "--addr", &url]).await?;
     assert_eq!(cancel.code, Some(0), "{}", cancel.stderr);
@@ -590,8 +618,20 @@ async fn the_scripted_demo_answers_its_own_questions_and_says_when_it_cannot() -
     .await?;
     assert_eq!(known.code, Some(0), "{}", known.stderr);
     assert!(!known.stderr.contains("demo questions"), "{}", known.stderr);
+    // Each fact once, in the output: the tool's result, which the model
+    // read, is cut short in the transcript, and the last assistant message
+    // is the output.
+    assert_eq!(
+        known
+            .stdout
+            .matches("AMD – LAUNCHED – Ryzen [Valid-from: 2017-03-02]")
+            .count(),
+        1,
+        "{}",
+        known.stdout
+    );
     assert!(
-        known.stdout.contains("AMD – LAUNCHED – Ryzen"),
+        known.stdout.contains("(the output, below)"),
         "{}",
         known.stdout
     );

@@ -220,8 +220,12 @@ pub(crate) struct SubmitArgs {
     watch: bool,
     /// Print JSON instead of text (JSON lines with --watch: the submission,
     /// each event, then the job).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quiet")]
     json: bool,
+    /// With --watch: print only the job's answer (stdout), or why it failed
+    /// (stderr), not its id and events; the exit status says how it ended.
+    #[arg(long, short, requires = "watch")]
+    quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -245,8 +249,12 @@ pub(crate) struct WatchArgs {
     #[arg(long, value_name = "N", default_value_t = 0)]
     from: u64,
     /// Print each event as a line of JSON.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "quiet")]
     json: bool,
+    /// Print only the job's answer (stdout), or why it failed (stderr); the
+    /// exit status says how it ended.
+    #[arg(long, short)]
+    quiet: bool,
 }
 
 #[derive(Debug, Args)]
@@ -336,6 +344,10 @@ pub(crate) async fn submit(args: SubmitArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
     warn_of_unserved_tools(&mut client, &request.tools).await;
     let submitted = submit_job(&mut client, request).await?;
+    if args.quiet {
+        let last = each_event(&mut client, &submitted.job_id, 0, |_| Ok(())).await?;
+        return say_ending(&last);
+    }
     if args.json {
         let line =
             serde_json::json!({"job_id": submitted.job_id, "duplicate": submitted.duplicate});
@@ -400,6 +412,10 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<ExitCode> {
 /// `toolfleet watch`: exits like `submit --watch`, by how the job ended.
 pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
+    if args.quiet {
+        let last = each_event(&mut client, &args.job_id, args.from, |_| Ok(())).await?;
+        return say_ending(&last);
+    }
     // Times are shown from the job's start, also when the watch starts later.
     let origin = if args.from > 0 {
         Some(get_job(&mut client, &args.job_id).await?.created_at_ms)
@@ -408,6 +424,27 @@ pub(crate) async fn watch(args: WatchArgs) -> anyhow::Result<ExitCode> {
     };
     let last = stream_events(&mut client, &args.job_id, args.from, origin, args.json).await?;
     Ok(ending_code(&last))
+}
+
+/// `--quiet`'s output: the answer of a job that succeeded on stdout, why one
+/// did not on stderr; its exit code.
+fn say_ending(last: &v1::JobEvent) -> anyhow::Result<ExitCode> {
+    match JobEvent::decode(&last.kind, &last.data) {
+        Ok(JobEvent::JobSucceeded { output_text }) => outln!("{output_text}")?,
+        Ok(JobEvent::JobFailed { code, message }) => {
+            eprintln!(
+                "job {} failed: {code} {}",
+                last.job_id,
+                message.unwrap_or_default()
+            );
+        }
+        Ok(JobEvent::JobCancelled { .. }) => eprintln!("job {} was cancelled", last.job_id),
+        _ => eprintln!(
+            "job {} ended with an unreadable {} event",
+            last.job_id, last.kind
+        ),
+    }
+    Ok(ending_code(last))
 }
 
 /// The exit code for a job's final event.

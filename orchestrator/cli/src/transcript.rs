@@ -155,10 +155,16 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
         let _ = writeln!(out, "trace: {}", job.trace_id);
     }
     let _ = writeln!(out, "transcript:");
-    for entry in &job.items {
+    let succeeded = job.status == v1::JobStatus::Succeeded as i32;
+    let last = job.items.len().saturating_sub(1);
+    for (index, entry) in job.items.iter().enumerate() {
         let Some(kind) = &entry.kind else { continue };
         let (label, text) = match kind {
             item::Kind::User(m) => ("user", m.text.clone()),
+            // The answer is printed once, as the output below.
+            item::Kind::Assistant(m) if succeeded && index == last && m.text == job.output_text => {
+                ("assistant", "(the output, below)".to_owned())
+            }
             item::Kind::Assistant(m) => ("assistant", m.text.clone()),
             item::Kind::ToolCall(c) => (
                 "tool_call",
@@ -171,16 +177,35 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
                     r.call_id,
                     r.name,
                     attempts(u64::from(r.attempts)),
-                    compact_text(&r.output)
+                    result_excerpt(&r.output)
                 ),
             ),
         };
         let _ = writeln!(out, "  {label:<11}  {}", indent(&text, 2 + 11 + 2));
     }
-    if job.status == v1::JobStatus::Succeeded as i32 {
+    if succeeded {
         let _ = writeln!(out, "output:\n  {}", indent(&job.output_text, 2));
     }
     out
+}
+
+/// Longest tool result shown in a transcript, in characters: a tool's
+/// whole answer (a knowledge graph's facts) is what the model read, and
+/// its answer quotes what matters.
+const RESULT_CHARS: usize = 300;
+
+/// A tool result on one line, cut at [`RESULT_CHARS`] with a word on where
+/// the rest is.
+fn result_excerpt(output: &str) -> String {
+    let text = compact_text(output);
+    let chars = text.chars().count();
+    if chars <= RESULT_CHARS {
+        return text;
+    }
+    format!(
+        "{} ({chars} characters; `toolfleet get --json` shows it whole)",
+        truncate(&text, RESULT_CHARS)
+    )
 }
 
 /// The tools as a table with a header row.
