@@ -86,6 +86,7 @@ impl Timeline {
                 drawing.add(decoded, at);
             }
         }
+        drawing.close_open_calls();
         drawing.timeline
     }
 
@@ -169,6 +170,23 @@ impl Drawing {
                 self.timeline.outcome = Some(format!("failed ({})", code.as_str()));
             }
             JobEvent::JobCancelled { .. } => self.timeline.outcome = Some("cancelled".into()),
+        }
+    }
+
+    /// Calls without a result run to the end of what is drawn: the job
+    /// ended first (a cancel, a failure, a deadline), or they are still in
+    /// flight. Without this, a call cut short by a cancel would be drawn as
+    /// taking no time at all.
+    fn close_open_calls(&mut self) {
+        let (end, ended) = (self.timeline.end_ms, self.timeline.outcome.is_some());
+        for &row in self.open_calls.values() {
+            let row = &mut self.timeline.rows[row];
+            row.end_ms = end;
+            row.detail = if ended {
+                "no result: the job ended first".into()
+            } else {
+                "in flight".into()
+            };
         }
     }
 
@@ -464,9 +482,32 @@ mod tests {
         assert!(drawn.starts_with("job t-1: running in 50.0 ms"), "{drawn}");
         assert!(drawn.contains("resumed"), "{drawn}");
         assert!(drawn.contains("by o2 (lease epoch 2)"), "{drawn}");
-        // Calls still in flight are drawn from their dispatch, without a result.
+        // Calls still in flight are drawn from their dispatch to now.
         assert!(
-            drawn.lines().any(|l| l.starts_with("  c1 sleep")),
+            drawn
+                .lines()
+                .any(|l| l.starts_with("  c1 sleep") && l.ends_with("in flight")),
+            "{drawn}"
+        );
+        // A job cancelled while its slow call ran: the call, not the short
+        // turn, is the slowest step, and says it had no result.
+        let mut cancelled = job();
+        cancelled.truncate(7);
+        cancelled.push(event(
+            7,
+            "job_cancelled",
+            json!({"code": "CANCELLED"}),
+            2_500,
+        ));
+        let drawn = waterfall("t-3", &cancelled, 40);
+        let c1 = drawn
+            .lines()
+            .find(|l| l.starts_with("  c1 sleep"))
+            .unwrap_or_default();
+        assert!(
+            c1.contains("1.49 s")
+                && c1.contains("no result: the job ended first")
+                && c1.ends_with("◀ slowest"),
             "{drawn}"
         );
         assert_eq!(
