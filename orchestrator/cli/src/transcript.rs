@@ -105,10 +105,14 @@ fn event_summary(event: &JobEvent) -> String {
                     let _ = write!(summary, " after {}", attempts(u64::from(*n)));
                 }
             }
+            // The round trip is the last attempt's: said so when there were
+            // more (the whole call, retries and pauses included, is the
+            // time since its dispatch event, and `trace` draws it).
             if let Some(micros) = round_trip_us {
+                let which = if *made > 1 { "last attempt " } else { "" };
                 let _ = write!(
                     summary,
-                    ", {:.1} ms",
+                    ", {which}{:.1} ms",
                     Duration::from_micros(*micros).as_secs_f64() * 1e3
                 );
             }
@@ -489,6 +493,15 @@ mod tests {
                     1500,
                 ),
                 "c sleep: error TOOL_TIMEOUT after 3 attempts",
+            ),
+            (
+                event(
+                    6,
+                    "tool_call_result",
+                    json!({"call_id": "c", "name": "fail", "attempts": 2, "ok": true, "code": null, "round_trip_us": 4900}),
+                    1500,
+                ),
+                "c fail: ok after 2 attempts, last attempt 4.9 ms",
             ),
             (
                 event(
