@@ -84,53 +84,60 @@ fn event_summary(event: &JobEvent) -> String {
             call_id,
             name,
         } => format!("{call_id} {name}, attempt {attempt}"),
-        JobEvent::ToolCallResult {
-            attempts: made,
-            call_id,
-            code,
-            name,
-            ok,
-            round_trip_us,
-            worked_us,
-        } => {
-            let outcome = if *ok {
-                "ok".to_owned()
-            } else {
-                format!("error {}", code.as_deref().unwrap_or("?"))
-            };
-            let mut summary = format!("{call_id} {name}: {outcome}");
-            match made {
-                0 => summary.push_str(" (not dispatched)"),
-                n => {
-                    let _ = write!(summary, " after {}", attempts(u64::from(*n)));
-                }
-            }
-            // The round trip is the last attempt's: said so when there were
-            // more (the whole call, retries and pauses included, is the
-            // time since its dispatch event, and `trace` draws it).
-            if let Some(micros) = round_trip_us {
-                let which = if *made > 1 { "last attempt " } else { "" };
-                let _ = write!(
-                    summary,
-                    ", {which}{:.1} ms",
-                    Duration::from_micros(*micros).as_secs_f64() * 1e3
-                );
-            }
-            if let Some(micros) = worked_us {
-                let _ = write!(
-                    summary,
-                    " (worker {:.1} ms)",
-                    Duration::from_micros(*micros).as_secs_f64() * 1e3
-                );
-            }
-            summary
-        }
+        JobEvent::ToolCallResult { .. } => call_result_summary(event),
         JobEvent::JobSucceeded { output_text } => quote(output_text, QUOTE_CHARS),
         JobEvent::JobFailed { code, message } => {
             format!("{code}: {}", message.as_deref().unwrap_or_default())
         }
         JobEvent::JobCancelled { code } => code.to_string(),
     }
+}
+
+/// A `tool_call_result` event on one line (any other event: nothing).
+fn call_result_summary(event: &JobEvent) -> String {
+    let JobEvent::ToolCallResult {
+        attempts: made,
+        call_id,
+        code,
+        name,
+        ok,
+        round_trip_us,
+        worked_us,
+    } = event
+    else {
+        return String::new();
+    };
+    let outcome = if *ok {
+        "ok".to_owned()
+    } else {
+        format!("error {}", code.as_deref().unwrap_or("?"))
+    };
+    let mut summary = format!("{call_id} {name}: {outcome}");
+    match made {
+        0 => summary.push_str(" (not dispatched)"),
+        n => {
+            let _ = write!(summary, " after {}", attempts(u64::from(*n)));
+        }
+    }
+    // The round trip is the last attempt's: said so when there were
+    // more (the whole call, retries and pauses included, is the
+    // time since its dispatch event, and `trace` draws it).
+    if let Some(micros) = round_trip_us {
+        let which = if *made > 1 { "last attempt " } else { "" };
+        let _ = write!(
+            summary,
+            ", {which}{:.1} ms",
+            Duration::from_micros(*micros).as_secs_f64() * 1e3
+        );
+    }
+    if let Some(micros) = worked_us {
+        let _ = write!(
+            summary,
+            " (worker {:.1} ms)",
+            Duration::from_micros(*micros).as_secs_f64() * 1e3
+        );
+    }
+    summary
 }
 
 /// A job as text: a status line, metadata, error, the transcript and the output.
