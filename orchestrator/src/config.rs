@@ -247,6 +247,17 @@ impl OrchestratorOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check_own(&self) -> Result<(), String> {
+        let api = &self.api;
+        // A request with its input, instructions and script at their limits
+        // must be read, so that its errors name the field.
+        let least = api.max_script_bytes + 2 * api.max_input_bytes;
+        if self.grpc.max_request_bytes < least {
+            return Err(format!(
+                "grpc.max_request_bytes is {}; it must be at least {least} (api.max_script_bytes \
+                 and twice api.max_input_bytes), so that a request within the api limits is read",
+                self.grpc.max_request_bytes
+            ));
+        }
         self.grpc
             .tls
             .server_config()

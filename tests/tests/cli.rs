@@ -223,12 +223,19 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
         "TOOLFLEET_NATS__CREDENTIALS_FILE",
         "/nonexistent/orchestrator.creds",
     )];
-    let cases: [Case; 7] = [
+    let small = [("TOOLFLEET_GRPC__MAX_REQUEST_BYTES", "1000")];
+    let cases: [Case; 8] = [
         (
             "toolfleet-orchestrator",
             vec![],
             &creds,
             "nats.credentials_file",
+        ),
+        (
+            "toolfleet-orchestrator",
+            vec!["--print-config"],
+            &small,
+            "grpc.max_request_bytes",
         ),
         ("toolfleet-worker", vec![], &brace, "redis.key_prefix"),
         (
