@@ -17,7 +17,10 @@ use toolfleet_proto::{ErrorCode, ToolManifest};
 ///
 /// ```no_run
 /// use serde_json::{json, Value};
-/// use toolfleet_worker::{Tool, ToolContext, ToolError, ToolManifest, Toolbox};
+/// use toolfleet_worker::{ErrorCode, Tool, ToolContext, ToolError, ToolManifest, Toolbox};
+///
+/// /// A business rule the model can act on: no point in retrying.
+/// const PALINDROME: ErrorCode = ErrorCode::from_static("PALINDROME");
 ///
 /// /// Reverses a string.
 /// struct ReverseText;
@@ -34,13 +37,23 @@ use toolfleet_proto::{ErrorCode, ToolManifest};
 ///
 ///     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
 ///         let text = args["text"].as_str().unwrap_or_default(); // the schema made it a string
-///         Ok(json!({"reversed": text.chars().rev().collect::<String>()}))
+///         let reversed: String = text.chars().rev().collect();
+///         if reversed == text {
+///             // Terminal: the same arguments would fail again. A failure
+///             // that may pass later (a backend down) is ToolError::retryable.
+///             return Err(ToolError::terminal(PALINDROME, "the text reads the same reversed"));
+///         }
+///         Ok(json!({"reversed": reversed}))
 ///     }
 /// }
 ///
 /// #[tokio::main]
 /// async fn main() -> anyhow::Result<()> {
-///     let options = toolfleet_worker::WorkerOptions::default();
+///     // As the real worker reads its configuration: defaults, then the TOML
+///     // file $TOOLFLEET_CONFIG names, then the TOOLFLEET_* variables
+///     // (TOOLFLEET_NATS__URL, ...). WorkerOptions::default() reads none.
+///     let file = std::env::var_os("TOOLFLEET_CONFIG").map(std::path::PathBuf::from);
+///     let options = toolfleet_worker::WorkerOptions::load(file.as_deref(), json!({}))?;
 ///     let toolbox = Toolbox::new().with(ReverseText);
 ///     let shutdown = tokio_util::sync::CancellationToken::new();
 ///     toolfleet_worker::Worker::connect(options).await?.run(toolbox, shutdown).await?;
