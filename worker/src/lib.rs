@@ -7,10 +7,12 @@
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
 //! - [`registry`]: the heartbeat announcements of the worker's tools.
+//! - [`binary`]: the `main` of a worker binary, this crate's and your own.
 //! - [`config`], [`metrics`]: the process around it; the plumbing it shares
 //!   with the orchestrator (connections, telemetry, signals) is [`service`].
 #![warn(missing_docs)]
 
+pub mod binary;
 pub mod config;
 pub mod envelope;
 #[cfg(fuzzing)]

@@ -13,9 +13,9 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use clap::{Parser, Subcommand};
-use toolfleet_service::binary::{self, Process, ServiceFlags};
-use toolfleet_worker::{Worker, WorkerOptions, tools};
+use clap::Parser;
+use toolfleet_worker::binary::{self, WorkerFlags};
+use toolfleet_worker::tools::{self, TEST_TOOLS_HELP};
 
 /// Executes whitelisted tool calls from NATS JetStream and answers each with an envelope.
 ///
@@ -25,83 +25,38 @@ use toolfleet_worker::{Worker, WorkerOptions, tools};
 #[derive(Debug, Parser)]
 #[command(version)]
 struct Flags {
-    #[command(subcommand)]
-    command: Option<Command>,
     #[command(flatten)]
-    service: ServiceFlags,
-    /// Calls executed at once by this process (runtime.max_in_flight).
-    #[arg(long)]
-    max_in_flight: Option<usize>,
+    worker: WorkerFlags,
     /// Serve only these tools (tools), comma separated.
     #[arg(long, value_delimiter = ',')]
     tools: Vec<String>,
-    #[arg(long, help = tools::TEST_TOOLS_HELP)]
+    #[arg(long, help = TEST_TOOLS_HELP)]
     test_tools: bool,
     /// The knowledge graph of factual_qa and trend_analysis, a JSON Lines file of
     /// facts (kg.graph_path). Default: the sample graph built into the binary.
     #[arg(long, value_name = "FILE")]
     kg_graph: Option<std::path::PathBuf>,
-    /// Identity in the registry (worker_id).
-    #[arg(long)]
-    worker_id: Option<String>,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Exit 0 when a worker with this configuration is ready (its
-    /// `/readyz` on metrics.listen answers 200), 1 otherwise: for exec
-    /// probes in images without a shell.
-    Healthcheck {
-        /// Only check that it is alive (`/healthz`): it may still be waiting
-        /// for NATS or Redis.
-        #[arg(long)]
-        live: bool,
-    },
 }
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
-    let overrides = flags
-        .service
-        .overrides()
-        .set("runtime.max_in_flight", flags.max_in_flight)
-        .set("tools", Some(&flags.tools).filter(|t| !t.is_empty()))
-        .set("test_tools", flags.test_tools.then_some(true))
-        .set("worker_id", flags.worker_id.as_ref())
-        .set("kg.graph_path", flags.kg_graph.as_ref())
-        .into_value();
-    let options = WorkerOptions::load(flags.service.config.as_deref(), overrides);
-    let threads = options.as_ref().map_or(0, |options| options.threads);
-    binary::block_on("toolfleet-worker", threads, async move {
-        // With --print-config, `healthcheck` only prints the configuration.
-        if let Some(Command::Healthcheck { live }) = flags.command
-            && !flags.service.print_config
-        {
-            return binary::healthcheck("toolfleet-worker", options, live).await;
-        }
-        binary::run(
-            "toolfleet-worker",
-            options,
-            flags.service.print_config,
-            serve,
-        )
+    let Flags {
+        worker,
+        tools,
+        test_tools,
+        kg_graph,
+    } = Flags::parse();
+    let builtin = |keys: toolfleet_worker::service::config::Overrides| {
+        keys.set("tools", Some(tools).filter(|t| !t.is_empty()))
+            .set("test_tools", test_tools.then_some(true))
+            .set("kg.graph_path", kg_graph)
+    };
+    worker.main("toolfleet-worker", builtin, |options, process| async move {
+        // Built (the graph read) before any connection: a bad graph fails
+        // now, not once NATS and Redis answer.
+        let prepared = tools::prepare(options.tool_selection())?;
+        binary::serve(options, process, |worker| {
+            prepared.with_redis(worker.redis())
+        })
         .await
     })
-}
-
-async fn serve(options: WorkerOptions, process: Process) -> anyhow::Result<()> {
-    // Built (the graph read) before any connection: a bad graph fails now,
-    // not once NATS and Redis answer.
-    let tools = tools::prepare(options.tool_selection())?;
-    // Waits for NATS and Redis; a signal ends the wait.
-    let worker = tokio::select! {
-        worker = Worker::connect(options.clone()) => worker?,
-        () = process.shutdown.cancelled() => return Ok(()),
-    };
-    let toolbox = tools.with_redis(worker.redis());
-    worker
-        .with_readiness(process.readiness)
-        .run(toolbox, process.shutdown)
-        .await?;
-    Ok(())
 }

@@ -237,6 +237,19 @@ impl Worker {
 
 /// Loads every tool of `toolbox`, with its timeout override, and checks its
 /// name and schema.
+impl Toolbox {
+    /// What [`Worker::run`] checks of the toolbox before it serves: at
+    /// least one tool, valid names, schemas that compile. For a binary to
+    /// check before it connects.
+    ///
+    /// # Errors
+    ///
+    /// The first tool that cannot be served, and why.
+    pub fn check(&self) -> Result<(), StartError> {
+        load_tools(self.clone(), &RuntimeOptions::default()).map(drop)
+    }
+}
+
 fn load_tools(
     toolbox: Toolbox,
     runtime: &RuntimeOptions,

@@ -1,0 +1,247 @@
+//! The template of a worker of your own (`examples/custom-worker`), built as
+//! a user builds it and started as worker/README.md says: against
+//! `toolfleet dev --serve`, next to its built-in workers.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+use toolfleet_tests::{cargo_bin, repo_root};
+use wiremock::matchers::{method, path};
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+/// What `toolfleet dev --serve` says it serves on; stopped when dropped.
+struct Dev {
+    _process: Child,
+    grpc: String,
+    nats: String,
+    redis: String,
+}
+
+async fn dev_serve() -> anyhow::Result<Dev> {
+    let mut process = Command::new(cargo_bin("toolfleet")?)
+        .args(["dev", "--serve", "--workers", "1"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(process.stdout.take().expect("piped")).lines();
+    let serving = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await? {
+            if line.starts_with("toolfleet is serving gRPC on ") {
+                return anyhow::Ok(line);
+            }
+        }
+        anyhow::bail!("toolfleet dev --serve ended without saying where it serves")
+    })
+    .await??;
+    // "toolfleet is serving gRPC on URL (NATS URL, Redis URL); Ctrl-C stops it."
+    let word_after = |label: &str| -> anyhow::Result<String> {
+        let rest = serving
+            .split(label)
+            .nth(1)
+            .ok_or_else(|| anyhow::anyhow!("no {label:?} in {serving:?}"))?;
+        Ok(rest
+            .split([' ', ',', ')'])
+            .next()
+            .unwrap_or_default()
+            .to_owned())
+    };
+    Ok(Dev {
+        grpc: word_after("gRPC on ")?,
+        nats: word_after("(NATS ")?,
+        redis: word_after("Redis ")?,
+        _process: process,
+    })
+}
+
+/// Builds the template as its own project, in the workspace's target
+/// directory: its dependencies are the workspace's, already built.
+async fn build_template() -> anyhow::Result<std::path::PathBuf> {
+    let target =
+        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), Into::into);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = repo_root().join("examples/custom-worker/Cargo.toml");
+    let built = Command::new(cargo)
+        .arg("build")
+        .arg("--locked")
+        .arg("--manifest-path")
+        .arg(&manifest)
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        built.status.success(),
+        "cargo build of the template failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Ok(target.join("debug/orders-worker"))
+}
+
+async fn toolfleet(args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new(cargo_bin("toolfleet")?)
+        .args(args)
+        .env_remove("TOOLFLEET_ADDR")
+        .stdin(Stdio::null())
+        .output()
+        .await?;
+    anyhow::ensure!(
+        output.status.success(),
+        "toolfleet {args:?}: {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The order service: one order shipped, one unknown, one that fails once.
+async fn order_service() -> MockServer {
+    let orders = MockServer::start().await;
+    Mock::given(method("GET"))
+        .and(path("/orders/A-1042"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(json!({"status": "shipped", "eta": "2026-12-08"})),
+        )
+        .mount(&orders)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/orders/A-7"))
+        .respond_with(ResponseTemplate::new(503))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&orders)
+        .await;
+    Mock::given(method("GET"))
+        .and(path("/orders/A-7"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({"status": "placed"})))
+        .mount(&orders)
+        .await;
+    // Anything else: no such order (wiremock's 404).
+    orders
+}
+
+#[tokio::test]
+async fn the_template_worker_serves_its_tool_to_dev_serve() -> anyhow::Result<()> {
+    let binary = build_template().await?;
+    let orders = order_service().await;
+    let dev = dev_serve().await?;
+    let mut worker = Command::new(&binary)
+        .args(["--nats-url", &dev.nats, "--redis-url", &dev.redis])
+        .args(["--orders-url", &orders.uri()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+
+    // The fleet offers the tool once the worker announces it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !toolfleet(&["tools", "--addr", &dev.grpc])
+        .await?
+        .contains("order_status")
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "order_status never showed in `toolfleet tools`"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let call = |id: &str, order_id: &str| json!({"id": id, "name": "order_status", "arguments": {"order_id": order_id}});
+    let script = json!([
+        {"tool_calls": [call("shipped", "A-1042"), call("unknown", "A-404"),
+                        call("flaky", "A-7"), call("hostile", "../admin")]},
+        {"message": "{{shipped.data.status}} {{shipped.data.eta}}; {{unknown.error.code}}; \
+                     {{flaky.data.status}}; {{hostile.error.code}}"}
+    ]);
+    let answer = toolfleet(&[
+        "submit",
+        "--addr",
+        &dev.grpc,
+        "Where are my orders?",
+        "--script",
+        &script.to_string(),
+        "--watch",
+        "--quiet",
+    ])
+    .await?;
+    // The business rule is terminal and the arguments' schema keeps a
+    // hostile id from the service; the 503 was retried.
+    assert_eq!(
+        answer.trim(),
+        "shipped 2026-12-08; ORDER_NOT_FOUND; placed; INVALID_TOOL_ARGUMENTS"
+    );
+    let asked: Vec<String> = orders
+        .received_requests()
+        .await
+        .unwrap_or_default()
+        .iter()
+        .map(|request| request.url.path().to_owned())
+        .collect();
+    let times = |path: &str| asked.iter().filter(|p| *p == path).count();
+    assert_eq!(
+        (
+            times("/orders/A-1042"),
+            times("/orders/A-404"),
+            times("/orders/A-7")
+        ),
+        (1, 1, 2),
+        "each call once, the failed one twice: {asked:?}"
+    );
+    assert_eq!(
+        asked.len(),
+        4,
+        "nothing else reached the service: {asked:?}"
+    );
+
+    // The terminal error took one attempt, the retryable one two; the
+    // hostile call never reached a worker's tool.
+    let jobs: Value =
+        serde_json::from_str(&toolfleet(&["jobs", "--addr", &dev.grpc, "--json"]).await?)?;
+    let job_id = jobs["jobs"][0]["job_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let events = toolfleet(&["watch", &job_id, "--addr", &dev.grpc, "--json"]).await?;
+    let mut attempts = std::collections::BTreeMap::new();
+    for line in events.lines() {
+        let event: Value = serde_json::from_str(line)?;
+        if event["kind"] == "tool_call_result" {
+            let data = &event["data"];
+            attempts.insert(
+                data["call_id"].as_str().unwrap_or_default().to_owned(),
+                (
+                    data["attempts"].as_u64(),
+                    data["code"].as_str().map(str::to_owned),
+                ),
+            );
+        }
+    }
+    let expected = |n, code: Option<&str>| (Some(n), code.map(str::to_owned));
+    assert_eq!(attempts["shipped"], expected(1, None), "{events}");
+    assert_eq!(
+        attempts["unknown"],
+        expected(1, Some("ORDER_NOT_FOUND")),
+        "{events}"
+    );
+    assert_eq!(attempts["flaky"], expected(2, None), "{events}");
+    assert_eq!(
+        attempts["hostile"].1.as_deref(),
+        Some("INVALID_TOOL_ARGUMENTS"),
+        "{events}"
+    );
+
+    // SIGTERM drains and exits 0, as toolfleet-worker does.
+    let pid = worker.id().expect("running");
+    Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .await?;
+    let status = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await??;
+    assert!(status.success(), "the worker exited with {status}");
+    drop(dev);
+    Ok(())
+}
