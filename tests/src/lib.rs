@@ -25,6 +25,7 @@
 
 pub mod certificates;
 pub mod fleet;
+pub mod markdown;
 pub mod tally;
 
 pub use toolfleet_fleet::supervisor::otlp;

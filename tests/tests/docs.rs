@@ -3,6 +3,7 @@
 //! docs state is the code's.
 
 use serde_json::Value;
+use toolfleet_tests::markdown;
 
 /// The dotted paths of every leaf of a serialized options value; an empty
 /// map (such as `runtime.tool_timeouts`) is a leaf.
@@ -211,4 +212,59 @@ fn every_rpc_is_named_where_the_api_is_described() {
             .collect();
         assert!(missing.is_empty(), "{doc} does not name {missing:?}");
     }
+}
+
+/// The rule of `toolfleet_tests::markdown`: each command of the docs' shell
+/// blocks is one a test runs, or its block says why it is not run.
+#[test]
+fn every_command_a_reader_copies_is_run_or_says_why_not() {
+    let mut run = 0;
+    let mut unrunnable = Vec::new();
+    for doc in markdown::RUN_DOCS {
+        for block in markdown::blocks(&read(doc)) {
+            if let Some(why) = &block.not_run {
+                assert!(
+                    !why.is_empty(),
+                    "{doc}:{}: `not run:` with no reason",
+                    block.line
+                );
+                continue;
+            }
+            if !block.is_shell() {
+                continue;
+            }
+            for command in block.commands() {
+                match markdown::runner(&command) {
+                    Some(_) => run += 1,
+                    None => unrunnable.push(format!("{doc}:{}: {command}", block.line)),
+                }
+            }
+        }
+    }
+    assert!(
+        unrunnable.is_empty(),
+        "no test runs these; make them toolfleet, grpcurl, python or pip \
+         commands, or mark their block `<!-- not run: why -->`:\n{}",
+        unrunnable.join("\n")
+    );
+    assert!(run >= 15, "commands run: {run}");
+}
+
+#[test]
+fn a_block_is_read_with_its_marker_indentation_and_continuations() {
+    let text = "1. Start:\n\n   <!-- not run: needs a cluster -->\n   ```sh\n   helm install tf \\\n     chart\n   ```\n\n```sh\n# a comment\ntoolfleet tools\n\ngrpcurl -plaintext 127.0.0.1:PORT list\n```\n";
+    let blocks = markdown::blocks(text);
+    assert_eq!(blocks.len(), 2);
+    assert_eq!(blocks[0].not_run.as_deref(), Some("needs a cluster"));
+    assert_eq!(blocks[0].commands(), ["helm install tf chart"]);
+    assert_eq!(blocks[1].line, 9);
+    assert_eq!(blocks[1].not_run, None);
+    assert_eq!(
+        blocks[1].commands(),
+        ["toolfleet tools", "grpcurl -plaintext 127.0.0.1:PORT list"]
+    );
+    assert_eq!(
+        markdown::commands_for(text, markdown::Runner::Python, "127.0.0.1:4"),
+        ["grpcurl -plaintext 127.0.0.1:4 list"]
+    );
 }

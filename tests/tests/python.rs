@@ -1,26 +1,14 @@
 //! The Python client (`clients/python`) against a real fleet: its runnable
-//! example, and the grpcurl session of `docs/api.md` run through it.
+//! example, and what the docs run through it (`toolfleet_tests::markdown`):
+//! their grpcurl sessions, `python` and `pip` lines, and Python blocks.
 
 use std::path::Path;
 
 use tokio::process::Command;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::{Fleet, test_fleet};
+use toolfleet_tests::markdown::{self, Runner};
 use toolfleet_tests::{repo_root, venv_python};
-
-/// The bodies of the fenced code blocks of `markdown` in `language`.
-fn fenced_blocks(markdown: &str, language: &str) -> Vec<String> {
-    let opening = format!("```{language}\n");
-    let mut blocks = Vec::new();
-    let mut rest = markdown;
-    while let Some(start) = rest.find(&opening) {
-        let body = &rest[start + opening.len()..];
-        let Some(end) = body.find("\n```") else { break };
-        blocks.push(body[..=end].to_owned());
-        rest = &body[end..];
-    }
-    blocks
-}
 
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(program)
@@ -87,18 +75,27 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         "{example}"
     );
 
-    let session = run(
-        &python,
-        &[
-            "-m",
-            "toolfleet_client.api_doc",
-            "docs/api.md",
-            "--addr",
-            address,
-        ],
-    )
-    .await?;
-    assert!(session.contains("ran 9 grpcurl commands"), "{session}");
+    // The grpcurl lines of each document, as one session per document.
+    let mut sessions = String::new();
+    for doc in markdown::RUN_DOCS {
+        let text = std::fs::read_to_string(repo_root().join(doc))?;
+        let commands = markdown::commands_for(&text, Runner::Python, address);
+        if commands
+            .iter()
+            .any(|command| command.starts_with("grpcurl "))
+        {
+            let args = ["-m", "toolfleet_client.api_doc", doc, "--addr", address];
+            sessions.push_str(&run(&python, &args).await?);
+        }
+    }
+    assert!(
+        sessions.contains("ran 9 grpcurl commands"),
+        "docs/api.md: {sessions}"
+    );
+    assert!(
+        sessions.contains("ran 1 grpcurl commands"),
+        "README.md: {sessions}"
+    );
     for rpc in [
         "SubmitJob",
         "WatchJob",
@@ -108,23 +105,52 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         "ListTools",
     ] {
         assert!(
-            session.contains(&format!("AgentService/{rpc}")),
-            "{rpc}: {session}"
+            sessions.contains(&format!("AgentService/{rpc}")),
+            "{rpc}: {sessions}"
         );
     }
-    assert!(session.contains("\"final\": true"), "{session}");
+    assert!(sessions.contains("\"final\": true"), "{sessions}");
+
+    // The `python` and `pip` lines of the docs' shell blocks, as pasted,
+    // with the venv's programs first on the PATH.
+    let venv_bin = python.parent().map(Path::to_owned).unwrap_or_default();
+    let path = format!("{}:{}", venv_bin.display(), std::env::var("PATH")?);
+    let mut pasted = 0;
+    for doc in markdown::RUN_DOCS {
+        let text = std::fs::read_to_string(repo_root().join(doc))?;
+        for command in markdown::commands_for(&text, Runner::Python, address) {
+            if command.starts_with("grpcurl ") {
+                continue;
+            }
+            pasted += 1;
+            let output = Command::new("sh")
+                .args(["-c", &command])
+                .current_dir(repo_root())
+                .env("PATH", &path)
+                .env_remove("TOOLFLEET_TOKEN")
+                .output()
+                .await?;
+            assert!(
+                output.status.success(),
+                "{doc}: `{command}` ended with {}:\n{}{}",
+                output.status,
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    assert!(pasted >= 2, "the docs' python and pip lines: {pasted}");
 
     // Every Python block of the docs runs as a reader would paste it, against
     // the address `toolfleet dev --serve` tells them to export.
     let mut blocks = 0;
-    for doc in [
-        "README.md",
-        "docs/api.md",
-        "clients/python/README.md",
-        "worker/README.md",
-    ] {
+    for doc in markdown::RUN_DOCS {
         let text = std::fs::read_to_string(repo_root().join(doc))?;
-        for block in fenced_blocks(&text, "python") {
+        let python_blocks = markdown::blocks(&text)
+            .into_iter()
+            .filter(|block| block.language == "python" && block.not_run.is_none());
+        for block in python_blocks {
+            let block = block.lines.join("\n");
             blocks += 1;
             let output = Command::new(&python)
                 .args(["-c", &block])

@@ -86,35 +86,41 @@ impl WorkerFlags {
     /// Runs the worker binary `name` that serves `toolbox`, as
     /// `toolfleet-worker` runs: the toolbox and the configuration are
     /// checked before anything connects (exit 2 when they cannot work),
-    /// NATS and Redis are waited for, and SIGTERM drains (exit 0).
-    /// The keys of the built-in tools (`tools`, `test_tools`, `kg`,
-    /// `weather`) do not apply: the toolbox is what it serves.
+    /// NATS and Redis are waited for, and SIGTERM drains (exit 0). The
+    /// `tools` key selects among the toolbox's tools (empty: all of them);
+    /// the keys of the built-in tools (`test_tools`, `kg`, `weather`) do
+    /// not apply.
     pub fn serve(self, name: &str, toolbox: Toolbox) -> ExitCode {
         if let Err(err) = toolbox.check() {
             eprintln!("{name}: {err}");
             return ExitCode::from(2);
         }
-        self.main(
-            name,
-            |keys| keys,
-            move |options, process| async move { serve(options, process, |_| toolbox).await },
-        )
+        let options = self
+            .load(|keys| keys)
+            .map(|options| options.serving(&toolbox));
+        self.main(name, options, move |options, process| async move {
+            let selected = match options.tools.as_slice() {
+                [] => toolbox,
+                names => toolbox.only(names),
+            };
+            serve(options, process, |_| selected).await
+        })
     }
 
-    /// The `main` of the worker binary `name` with the keys `more` adds:
-    /// the `healthcheck` subcommand, or `--print-config`, or `serve` with
-    /// the checked options on a runtime of their `threads`.
+    /// The `main` of the worker binary `name` with the `options` these
+    /// flags [`load`](Self::load)ed: the `healthcheck` subcommand, or
+    /// `--print-config`, or `serve` with the checked options on a runtime
+    /// of their `threads`.
     pub fn main<F, Fut>(
         self,
         name: &str,
-        more: impl FnOnce(Overrides) -> Overrides,
+        options: Result<WorkerOptions, ConfigError>,
         serve: F,
     ) -> ExitCode
     where
         F: FnOnce(WorkerOptions, Process) -> Fut,
         Fut: Future<Output = anyhow::Result<()>>,
     {
-        let options = self.load(more);
         let threads = options.as_ref().map_or(0, |options| options.threads);
         binary::block_on(name, threads, async move {
             // With --print-config, `healthcheck` only prints the configuration.

@@ -40,7 +40,8 @@ pub struct WorkerOptions {
     pub runtime: RuntimeOptions,
     /// How this worker announces its tools.
     pub registry: RegistryOptions,
-    /// Tools to serve: empty means every built-in tool. Default: empty.
+    /// Tools to serve: empty means every tool of the worker (the built-in
+    /// tools, or a worker of your own's toolbox). Default: empty.
     pub tools: Vec<String>,
     /// Also serve the test tools (`tools::testing`), in a build with the
     /// `test-tools` feature; a build without it refuses to start. Never
@@ -58,6 +59,10 @@ pub struct WorkerOptions {
     pub telemetry: TelemetryOptions,
     /// Log output.
     pub log: LogOptions,
+    /// The tools of a worker of your own ([`WorkerOptions::serving`]);
+    /// `None`: the built-in tools. Not a key: the binary's code sets it.
+    #[serde(skip)]
+    toolbox: Option<Vec<String>>,
 }
 
 /// How the runtime pulls and executes calls.
@@ -196,12 +201,34 @@ impl WorkerOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check_own(&self) -> Result<(), String> {
-        crate::tools::check_names(&self.tool_selection()).map_err(|err| err.to_string())?;
+        match &self.toolbox {
+            None => {
+                crate::tools::check_names(&self.tool_selection()).map_err(|err| err.to_string())?
+            }
+            Some(served) => {
+                if let Some(unknown) = self.tools.iter().find(|name| !served.contains(name)) {
+                    return Err(format!(
+                        "unknown tool {unknown:?} in `tools`; this worker serves: {}",
+                        served.join(", ")
+                    ));
+                }
+            }
+        }
         if let Some(path) = &self.kg.graph_path {
             std::fs::metadata(path)
                 .map_err(|err| format!("kg.graph_path {}: {err}", path.display()))?;
         }
         Ok(())
+    }
+
+    /// The options of a worker of your own that serves `toolbox` instead of
+    /// the built-in tools: `tools` then selects among its tools, and
+    /// [`check_own`](Self::check_own) refuses a name it does not have.
+    #[must_use]
+    pub fn serving(mut self, toolbox: &crate::Toolbox) -> Self {
+        let names = toolbox.manifests().into_iter().map(|m| m.name);
+        self.toolbox = Some(names.collect());
+        self
     }
 
     /// This worker's id: the configured one, or `<hostname>-<pid>-<random>`.

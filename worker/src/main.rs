@@ -50,7 +50,8 @@ fn main() -> ExitCode {
             .set("test_tools", test_tools.then_some(true))
             .set("kg.graph_path", kg_graph)
     };
-    worker.main("toolfleet-worker", builtin, |options, process| async move {
+    let options = worker.load(builtin);
+    worker.main("toolfleet-worker", options, |options, process| async move {
         // Built (the graph read) before any connection: a bad graph fails
         // now, not once NATS and Redis answer.
         let prepared = tools::prepare(options.tool_selection())?;

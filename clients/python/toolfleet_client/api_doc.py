@@ -10,7 +10,7 @@ Every `grpcurl` line of the document's `sh` blocks is executed:
 - `-d BODY ADDRESS toolfleet.v1.AgentService/METHOD` by parsing BODY into the
   method's request message (as grpcurl does) and calling it.
 
-The document's address is replaced by `--addr`, and `JOB_ID` by the id of the
+The document's address (127.0.0.1:50051, or 127.0.0.1:PORT) is replaced by `--addr`, and `JOB_ID` by the id of the
 last SubmitJob. A line this runner does not understand, an RPC error, a
 service missing from `list` or a watch that ends without its final event
 fails the run (exit status 1).
@@ -31,17 +31,30 @@ from google.protobuf.descriptor_pool import DescriptorPool
 from ._generated import agent_pb2 as pb
 from ._generated import agent_pb2_grpc as pb_grpc
 
-DOC_ADDRESS = "127.0.0.1:50051"
+# The documents' placeholders of the server's address.
+DOC_ADDRESSES = ("127.0.0.1:50051", "127.0.0.1:PORT")
 SERVICE = "toolfleet.v1.AgentService"
 
 
 def commands(markdown: str) -> List[List[str]]:
-    """The grpcurl command lines of the ```sh blocks, split like a shell."""
+    """The grpcurl command lines of the shell blocks (indented ones too),
+    split like a shell; a block marked `<!-- not run: why -->` on the line
+    before its fence is skipped, as the Rust tests skip it
+    (tests/src/markdown.rs)."""
     lines = []
-    for block in re.findall(r"```sh\n(.*?)```", markdown, flags=re.S):
-        for line in block.splitlines():
-            if line.startswith("grpcurl "):
-                lines.append(shlex.split(line))
+    in_block = skipped = False
+    previous = ""
+    for line in markdown.splitlines():
+        stripped = line.strip()
+        if not in_block and stripped.startswith("```"):
+            in_block = True
+            shell = stripped[3:].strip() in ("sh", "bash", "shell", "console")
+            skipped = not shell or previous.startswith("<!-- not run:")
+        elif in_block and stripped == "```":
+            in_block = False
+        elif in_block and not skipped and stripped.startswith("grpcurl "):
+            lines.append(shlex.split(stripped))
+        previous = stripped
     return lines
 
 
@@ -57,8 +70,8 @@ class Session:
         body = None
         if len(args) >= 2 and args[0] == "-d":
             body, args = args[1], args[2:]
-        if not args or args[0] != DOC_ADDRESS:
-            raise SystemExit(f"expected the address {DOC_ADDRESS} after the flags: {words}")
+        if not args or args[0] not in DOC_ADDRESSES:
+            raise SystemExit(f"expected the address {DOC_ADDRESSES[0]} after the flags: {words}")
         verb = args[1:]
         if verb == ["list"] and body is None:
             self.list()

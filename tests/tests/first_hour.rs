@@ -1,6 +1,8 @@
-//! The template of a worker of your own (`examples/custom-worker`), built as
-//! a user builds it and started as worker/README.md says: against
-//! `toolfleet dev --serve`, next to its built-in workers.
+//! A new user's first hour, against `toolfleet dev --serve` as the docs tell
+//! them to start it: every `toolfleet` command of the docs' shell blocks
+//! (`toolfleet_tests::markdown` says which), and the template of a worker of
+//! your own (`examples/custom-worker`), built as a user builds it and started
+//! as worker/README.md says, next to dev's built-in workers.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -8,6 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use toolfleet_tests::markdown::{self, Runner};
 use toolfleet_tests::{cargo_bin, repo_root};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
@@ -81,6 +84,23 @@ async fn build_template() -> anyhow::Result<std::path::PathBuf> {
     Ok(target.join("debug/orders-worker"))
 }
 
+/// Runs a documented command line with `sh`, from the repository's root,
+/// `toolfleet` and `target/debug/toolfleet` being the binary under test.
+async fn shell(command: &str, grpc: &str) -> anyhow::Result<std::process::Output> {
+    let binary = cargo_bin("toolfleet")?;
+    let bin_dir = binary.parent().unwrap_or(std::path::Path::new("."));
+    let command = command.replacen("target/debug/toolfleet", "toolfleet", 1);
+    let path = std::env::var("PATH").unwrap_or_default();
+    let output = Command::new("sh")
+        .args(["-c", &command])
+        .current_dir(repo_root())
+        .env("PATH", format!("{}:{path}", bin_dir.display()))
+        .env("TOOLFLEET_ADDR", grpc)
+        .stdin(Stdio::null())
+        .output();
+    Ok(tokio::time::timeout(Duration::from_secs(120), output).await??)
+}
+
 async fn toolfleet(args: &[&str]) -> anyhow::Result<String> {
     let output = Command::new(cargo_bin("toolfleet")?)
         .args(args)
@@ -125,13 +145,46 @@ async fn order_service() -> MockServer {
 }
 
 #[tokio::test]
-async fn the_template_worker_serves_its_tool_to_dev_serve() -> anyhow::Result<()> {
+async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> anyhow::Result<()> {
     let binary = build_template().await?;
     let orders = order_service().await;
     let dev = dev_serve().await?;
+    // Its configuration is checked as toolfleet-worker's, before anything
+    // connects: `tools` names its own tools.
+    for (tools, orders_url, code, says) in [
+        ("[order_status]", orders.uri(), 0, "\"order_status\""),
+        (
+            "[calculate]",
+            orders.uri(),
+            2,
+            "unknown tool \"calculate\" in `tools`; this worker serves: order_status",
+        ),
+        (
+            "[]",
+            "ftp://orders".to_owned(),
+            2,
+            "--orders-url ftp://orders/: use an http or https URL",
+        ),
+    ] {
+        let checked = Command::new(&binary)
+            .args(["--orders-url", &orders_url, "--print-config"])
+            .env("TOOLFLEET_TOOLS", tools)
+            .output()
+            .await?;
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&checked.stdout),
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        assert_eq!(checked.status.code(), Some(code), "{said}");
+        assert!(said.contains(says), "{said}");
+    }
+
+    // As a pool of the Helm chart would run it: its tools listed.
     let mut worker = Command::new(&binary)
         .args(["--nats-url", &dev.nats, "--redis-url", &dev.redis])
         .args(["--orders-url", &orders.uri()])
+        .env("TOOLFLEET_TOOLS", "[order_status]")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -234,6 +287,26 @@ async fn the_template_worker_serves_its_tool_to_dev_serve() -> anyhow::Result<()
         "{events}"
     );
 
+    // Every `toolfleet` command of the docs, as pasted: with the address
+    // dev printed (and exported as TOOLFLEET_ADDR), ending in status 0.
+    let address = dev.grpc.trim_start_matches("http://");
+    let mut ran = 0;
+    for doc in markdown::RUN_DOCS {
+        let text = std::fs::read_to_string(repo_root().join(doc))?;
+        for command in markdown::commands_for(&text, Runner::Toolfleet, address) {
+            ran += 1;
+            let run = shell(&command, &dev.grpc).await?;
+            assert!(
+                run.status.success(),
+                "{doc}: `{command}` ended with {}:\n{}{}",
+                run.status,
+                String::from_utf8_lossy(&run.stdout),
+                String::from_utf8_lossy(&run.stderr)
+            );
+        }
+    }
+    assert!(ran >= 3, "the docs' toolfleet commands: {ran}");
+
     // SIGTERM drains and exits 0, as toolfleet-worker does.
     let pid = worker.id().expect("running");
     Command::new("kill")
@@ -243,5 +316,30 @@ async fn the_template_worker_serves_its_tool_to_dev_serve() -> anyhow::Result<()
     let status = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await??;
     assert!(status.success(), "the worker exited with {status}");
     drop(dev);
+    Ok(())
+}
+
+/// The README's first command, `scripts/demo`, is a build and then this:
+/// a whole fleet, one job with parallel calls, its transcript, exit 0.
+#[tokio::test]
+async fn the_demo_runs_a_job_end_to_end() -> anyhow::Result<()> {
+    let demo = Command::new(cargo_bin("toolfleet")?)
+        .arg("dev")
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let demo = tokio::time::timeout(Duration::from_secs(120), demo).await??;
+    let stdout = String::from_utf8_lossy(&demo.stdout);
+    assert!(
+        demo.status.success(),
+        "{}\n{stdout}\n{}",
+        demo.status,
+        String::from_utf8_lossy(&demo.stderr)
+    );
+    assert_eq!(stdout.matches("tool_result").count(), 2, "{stdout}");
+    assert!(
+        stdout.contains("output:\n  In Boston it is 8.0 °C (partly cloudy), and 23 * 19 = 437."),
+        "{stdout}"
+    );
     Ok(())
 }
