@@ -161,6 +161,11 @@ VALUE_SETS = {
         "credentials": {"existingSecret": "fleet-passwords", "passwordHashes": {"nats": {}, "redis": {}}},
     },
     "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": PLATFORM,
+    # The template of a worker of your own (examples/custom-worker) as a
+    # pool's image: it must load the pool's configuration and serve its tool.
+    "a pool of a worker of your own": {
+        "pools": [pool("general", GENERAL), pool("orders", ["order_status"], image="registry.example.com/orders-worker:1.0")],
+    },
     "dev: the chart's own NATS and Redis": "values-dev.yaml",
     "dev, a release name of 53 characters": "values-dev.yaml",
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
@@ -199,6 +204,7 @@ KINDS = {
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
                                                         "HorizontalPodAutoscaler": 2},
     "no service account of its own": {"ServiceAccount": 0, "Deployment": 3},
+    "a pool of a worker of your own": {"Deployment": 3, "PodDisruptionBudget": 3},
     "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 3, "Secret": 3},
@@ -226,6 +232,9 @@ CONFIGURED = {
         "general": {"runtime.max_deliveries": 7, "runtime.max_in_flight": 16, "nats.user": "pool-general",
                     "nats.inbox_prefix": "_INBOX.pool-general"},
         "knowledge": {"runtime.max_deliveries": 5},
+    },
+    "a pool of a worker of your own": {
+        "orders": {"tools": ["order_status"], "nats.user": "pool-orders", "redis.user": "pool-orders"},
     },
     "one pool, external NATS and Redis over TLS, no auth, other ports": {
         "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none",
@@ -271,6 +280,7 @@ REFUSED = {
     "a Redis seed list with another scheme": {"redis": {"url": "redis://a:6379,http://b:6379"}},
     "a seed list with a blank": {"nats": {"url": "nats://a:4222, nats://b:4222"}},
     "no pool": {"pools": []},
+    "a pool image that is not an image reference": {"pools": [pool("p", ["calculate"], image="orders worker")]},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
     "a negative count of Redis replicas to wait for": {"redis": {"waitReplicas": -1}},
     "tokens without their Secret": {"orchestrator": {"tokensSecret": None}},

@@ -74,7 +74,7 @@ class Checks:
             tools = args[args.index("--tools") + 1].split(",")
             if config.get("tools") != tools:
                 self.failures.append(f"{where}: serves {config.get('tools')}, not {tools}")
-        if os.path.basename(binary) == "toolfleet-worker":
+        if "worker_id" in config:  # toolfleet-worker, or a worker of your own
             self.served.update(config["tools"])
         if config["nats"]["create_missing"] is not False:
             self.failures.append(f"{where}: would create JetStream objects itself")

@@ -28,6 +28,9 @@ DOCKERFILE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pat
 ENTRYPOINTS = {
     "toolfleet-orchestrator": "toolfleet-orchestrator",
     "toolfleet-worker": "toolfleet-worker",
+    # A worker of your own: the template's (examples/custom-worker), which
+    # the tests build, stands for a user's image.
+    "orders-worker": "orders-worker",
     "nats": "nats-server",
     "redis": "redis-server",
 }

@@ -54,6 +54,36 @@ pub fn repo_root() -> PathBuf {
         .to_owned()
 }
 
+/// Builds the template of a worker of your own (`examples/custom-worker`),
+/// a Cargo project of its own, as its user would (`cargo build --locked`),
+/// in the workspace's target directory, where its dependencies are already
+/// built: its binary, `orders-worker`, lands beside the workspace's. Two
+/// tests building it at once wait for each other on Cargo's lock.
+///
+/// # Errors
+///
+/// The build failed, with Cargo's output.
+pub async fn build_worker_template() -> anyhow::Result<PathBuf> {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map_or_else(|| repo_root().join("target"), PathBuf::from);
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = tokio::process::Command::new(cargo)
+        .arg("build")
+        .arg("--locked")
+        .arg("--manifest-path")
+        .arg(repo_root().join("examples/custom-worker/Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target)
+        .output()
+        .await?;
+    anyhow::ensure!(
+        built.status.success(),
+        "cargo build of examples/custom-worker failed:\n{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    Ok(target.join("debug/orders-worker"))
+}
+
 /// The Python of the venv that scripts/setup prepared, with the Python
 /// client's gRPC packages and the deployment checks' packages
 /// (`TOOLFLEET_PYTHON` overrides it).

@@ -78,9 +78,11 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
+    // A value set runs the template of a worker of your own in a pool.
+    toolfleet_tests::build_worker_template().await?;
     let said = check("chart.py", &["deploy/helm/toolfleet"], Nats::Cluster).await?;
-    assert!(said.contains("chart: 11 value sets"), "{said}");
-    assert!(said.contains("17 bad value sets refused"), "{said}");
+    assert!(said.contains("chart: 12 value sets"), "{said}");
+    assert!(said.contains("18 bad value sets refused"), "{said}");
     Ok(())
 }
 

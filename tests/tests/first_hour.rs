@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use toolfleet_tests::markdown::{self, Runner};
-use toolfleet_tests::{cargo_bin, repo_root};
+use toolfleet_tests::{build_worker_template, cargo_bin, repo_root};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -58,30 +58,6 @@ async fn dev_serve() -> anyhow::Result<Dev> {
         redis: word_after("Redis ")?,
         _process: process,
     })
-}
-
-/// Builds the template as its own project, in the workspace's target
-/// directory: its dependencies are the workspace's, already built.
-async fn build_template() -> anyhow::Result<std::path::PathBuf> {
-    let target =
-        std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| repo_root().join("target"), Into::into);
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = repo_root().join("examples/custom-worker/Cargo.toml");
-    let built = Command::new(cargo)
-        .arg("build")
-        .arg("--locked")
-        .arg("--manifest-path")
-        .arg(&manifest)
-        .arg("--target-dir")
-        .arg(&target)
-        .output()
-        .await?;
-    anyhow::ensure!(
-        built.status.success(),
-        "cargo build of the template failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    Ok(target.join("debug/orders-worker"))
 }
 
 /// Runs a documented command line with `sh`, from the repository's root,
@@ -146,7 +122,7 @@ async fn order_service() -> MockServer {
 
 #[tokio::test]
 async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> anyhow::Result<()> {
-    let binary = build_template().await?;
+    let binary = build_worker_template().await?;
     let orders = order_service().await;
     let dev = dev_serve().await?;
     // Its configuration is checked as toolfleet-worker's, before anything
