@@ -129,6 +129,14 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         })
     })
     .await?;
+    // The settled calls' executions are out before their worker may be
+    // killed: a killed worker's spans not yet exported die with it (50 ms
+    // batches, against the 2 s sleep).
+    wait_until("the settled calls' executions", WAIT, || async {
+        let spans = collector.spans();
+        named(&spans, "execute fail").len() >= 2 && !named(&spans, "execute echo").is_empty()
+    })
+    .await?;
     fleet.worker(running_sleep).kill();
     wait_until("the settled calls' spans", WAIT, || async {
         let spans = collector.spans();
