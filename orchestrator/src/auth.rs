@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 pub use toolfleet_proto::job::is_valid_tenant;
+use toolfleet_proto::manifest::is_tool_pattern;
 use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
@@ -61,6 +62,9 @@ pub struct Caller {
     pub tools: Option<Vec<String>>,
     /// What the tenant may use at once; `None`: no limit.
     pub quotas: Quotas,
+    /// Tools whose calls wait for a person's approval in the tenant's jobs
+    /// (`"*"`: all).
+    pub require_approval: Vec<String>,
 }
 
 impl Caller {
@@ -71,6 +75,7 @@ impl Caller {
             tenant: DEFAULT_TENANT.to_owned(),
             tools: None,
             quotas: Quotas::default(),
+            require_approval: Vec::new(),
         }
     }
 }
@@ -125,6 +130,10 @@ struct TenantEntry {
     submissions_per_second: Option<f64>,
     #[serde(default)]
     max_calls_in_flight: Option<u32>,
+    /// Tools whose calls wait for a person's approval in every job of the
+    /// tenant, or `"*"` for all (docs/approvals.md).
+    #[serde(default)]
+    require_approval: Vec<String>,
 }
 
 impl TenantEntry {
@@ -140,6 +149,8 @@ impl TenantEntry {
             Some("names are 1 to 64 lowercase letters, digits, - and _")
         } else if self.tools.as_ref().is_some_and(Vec::is_empty) {
             Some("tools lists no tool; list at least one, or leave the key out to allow every tool")
+        } else if !self.require_approval.iter().all(|t| is_tool_pattern(t)) {
+            Some("require_approval lists something that is neither a tool name nor \"*\"")
         } else {
             own.problem()
         };
@@ -150,6 +161,7 @@ impl TenantEntry {
             tenant: tenant.to_owned(),
             tools: self.tools.clone(),
             quotas: defaults.overridden_by(own),
+            require_approval: self.require_approval.clone(),
         }))
     }
 }
@@ -423,6 +435,7 @@ mod tests {
         let tokens = Tokens::parse(
             &file(&format!(
                 "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
+             require_approval = [\"*\"]\n\
              [tenants.ads]\ntoken_sha256 = [\"{ads}\"]\n"
             )),
             Quotas::default(),
@@ -431,6 +444,7 @@ mod tests {
         let caller = tokens.caller("tok-search").unwrap();
         assert_eq!(caller.tenant, "search");
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
+        assert_eq!(caller.require_approval, ["*"]);
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
         assert!(tokens.caller(&search).is_none(), "the hash is not a token");
@@ -490,6 +504,10 @@ mod tests {
             (
                 "[tenants.a]\ntoken_sha256 = []\ntools = []\n",
                 "lists no tool",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nrequire_approval = [\"a b\"]\n",
+                "require_approval lists something that is neither a tool name nor \"*\"",
             ),
             ("not toml [", ""),
             ("", "names no tenant"),

@@ -15,6 +15,7 @@ use toolfleet_service::config::{
 use toolfleet_service::queue;
 
 use crate::api::ApiOptions;
+use crate::approval::ApprovalOptions;
 use crate::dispatch::DispatchOptions;
 use crate::model::OpenAiOptions;
 use crate::runner::RunnerOptions;
@@ -43,6 +44,8 @@ pub struct OrchestratorOptions {
     pub runner: RunnerOptions,
     /// Tool call dispatch.
     pub dispatch: DispatchOptions,
+    /// Calls held for a person's approval (docs/approvals.md).
+    pub approval: ApprovalOptions,
     /// Job store retention.
     pub store: StoreOptions,
     /// Tool registry.
@@ -216,6 +219,7 @@ const ENV_KEYS: &[&str] = &[
     "api",
     "runner",
     "dispatch",
+    "approval",
     "store",
     "registry",
     "openai",

@@ -145,10 +145,34 @@ pub struct JobSpec {
     pub metadata: BTreeMap<String, String>,
     /// Who submitted it.
     pub tenant: String,
+    /// Which calls wait for a person's approval, besides what their tools'
+    /// manifests ask; kept with the job so that every run of it decides
+    /// the same (a job stored before approvals has none).
+    #[serde(default, skip_serializing_if = "ApprovalPolicy::is_empty")]
+    pub approval: ApprovalPolicy,
     /// The limits the API set when the job was submitted; kept with the job
     /// so that a resumed run obeys the same ones.
     #[serde(default)]
     pub limits: JobLimits,
+}
+
+/// The tools whose calls wait for a person's approval in one job, by who
+/// asked: tool names, or `"*"` for every tool (docs/approvals.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ApprovalPolicy {
+    /// The tenant's `require_approval` when the job was submitted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tenant: Vec<String>,
+    /// The job's own, from its request.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub job: Vec<String>,
+}
+
+impl ApprovalPolicy {
+    fn is_empty(&self) -> bool {
+        self.tenant.is_empty() && self.job.is_empty()
+    }
 }
 
 /// Per-job limits, from the API's options at submission.

@@ -20,6 +20,7 @@
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
 pub mod api;
+pub mod approval;
 pub mod auth;
 pub(crate) mod backlog;
 pub mod config;

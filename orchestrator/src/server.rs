@@ -223,6 +223,7 @@ impl Orchestrator {
             registry: registry.handle(),
             limits: TenantLimits::new(store.clone()),
             options: options.dispatch.clone(),
+            approval: options.approval.clone(),
         };
         let instance = options.resolved_instance_id();
         let runner = Runner {

@@ -32,6 +32,12 @@ impl ErrorCode {
     pub const TOOL_EXECUTION_FAILED: Self = Self::from_static("TOOL_EXECUTION_FAILED");
     /// The call's deadline passed before it could run. Terminal.
     pub const DEADLINE_EXCEEDED: Self = Self::from_static("DEADLINE_EXCEEDED");
+    /// A person rejected the call before it ran (its message is their
+    /// reason). Terminal.
+    pub const REJECTED_BY_APPROVER: Self = Self::from_static("REJECTED_BY_APPROVER");
+    /// Nobody approved or rejected the call within `approval.timeout`.
+    /// Terminal.
+    pub const APPROVAL_EXPIRED: Self = Self::from_static("APPROVAL_EXPIRED");
     /// The job was cancelled. Terminal.
     pub const CANCELLED: Self = Self::from_static("CANCELLED");
     /// A dependency is rate limiting; see `retry_after_ms`. Retryable.

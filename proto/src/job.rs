@@ -20,12 +20,15 @@ use crate::v1;
 
 /// Where a job is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum JobStatus {
     /// Waiting for a runner.
     Queued,
     /// A runner works on it.
     Running,
+    /// Parked until a person decides one of its held calls: no runner holds
+    /// it (docs/approvals.md).
+    WaitingForApproval,
     /// Finished with a final answer.
     Succeeded,
     /// Finished with an error.
@@ -36,9 +39,10 @@ pub enum JobStatus {
 
 impl JobStatus {
     /// Every status, in life order.
-    pub const ALL: [Self; 5] = [
+    pub const ALL: [Self; 6] = [
         Self::Queued,
         Self::Running,
+        Self::WaitingForApproval,
         Self::Succeeded,
         Self::Failed,
         Self::Cancelled,
@@ -49,6 +53,7 @@ impl JobStatus {
         match self {
             Self::Queued => "queued",
             Self::Running => "running",
+            Self::WaitingForApproval => "waiting_for_approval",
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::Cancelled => "cancelled",
@@ -88,6 +93,7 @@ impl From<JobStatus> for v1::JobStatus {
         match status {
             JobStatus::Queued => Self::Queued,
             JobStatus::Running => Self::Running,
+            JobStatus::WaitingForApproval => Self::WaitingForApproval,
             JobStatus::Succeeded => Self::Succeeded,
             JobStatus::Failed => Self::Failed,
             JobStatus::Cancelled => Self::Cancelled,
@@ -102,6 +108,7 @@ impl TryFrom<v1::JobStatus> for JobStatus {
         Ok(match status {
             v1::JobStatus::Queued => Self::Queued,
             v1::JobStatus::Running => Self::Running,
+            v1::JobStatus::WaitingForApproval => Self::WaitingForApproval,
             v1::JobStatus::Succeeded => Self::Succeeded,
             v1::JobStatus::Failed => Self::Failed,
             v1::JobStatus::Cancelled => Self::Cancelled,
@@ -260,6 +267,48 @@ pub enum JobEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         worked_us: Option<u64>,
     },
+    /// A call waits for a person's approval before it runs (it is held,
+    /// not published).
+    ToolCallApprovalRequested {
+        /// The model's arguments, as it wrote them.
+        arguments: String,
+        /// The call, as [`ToolCallResult`](Self::ToolCallResult) names it.
+        call_id: String,
+        /// When it is answered `APPROVAL_EXPIRED` if nobody decided (Unix ms).
+        expires_at: u64,
+        /// Why it waits, for people.
+        reason: String,
+        /// Who asked: `manifest`, `tenant` or `job`.
+        rule: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A person decided a held call: it runs (approved) or is answered
+    /// `REJECTED_BY_APPROVER` (rejected).
+    ToolCallDecided {
+        /// Whoever decided, as the tokens file names the token or client
+        /// certificate; absent when it names none.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        approver: Option<String>,
+        /// Arguments the approver gave instead of the model's, if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        arguments: Option<String>,
+        /// The call.
+        call_id: String,
+        /// `approved` or `rejected`.
+        decision: String,
+        /// The approver's reason.
+        reason: String,
+        /// The tenant whose token or certificate decided.
+        tenant: String,
+    },
+    /// Every call of the round that could run has settled, and the rest
+    /// wait for a decision: the job is parked, held by no runner, until one
+    /// comes (or the first expires).
+    JobWaitingForApproval {
+        /// The held calls it waits for.
+        calls: Vec<String>,
+    },
     /// The job ended with the model's answer.
     JobSucceeded {
         /// The answer.
@@ -312,6 +361,9 @@ impl JobEvent {
             Self::ModelTurn { .. } => "model_turn",
             Self::ToolCallDispatched { .. } => "tool_call_dispatched",
             Self::ToolCallResult { .. } => "tool_call_result",
+            Self::ToolCallApprovalRequested { .. } => "tool_call_approval_requested",
+            Self::ToolCallDecided { .. } => "tool_call_decided",
+            Self::JobWaitingForApproval { .. } => "job_waiting_for_approval",
             Self::JobSucceeded { .. } => "job_succeeded",
             Self::JobFailed { .. } => "job_failed",
             Self::JobCancelled { .. } => "job_cancelled",
@@ -331,12 +383,15 @@ impl JobEvent {
         match self {
             Self::JobQueued { .. } => Some(JobStatus::Queued),
             Self::JobStarted { .. } | Self::JobResumed { .. } => Some(JobStatus::Running),
+            Self::JobWaitingForApproval { .. } => Some(JobStatus::WaitingForApproval),
             Self::JobSucceeded { .. } => Some(JobStatus::Succeeded),
             Self::JobFailed { .. } => Some(JobStatus::Failed),
             Self::JobCancelled { .. } => Some(JobStatus::Cancelled),
             Self::ModelTurn { .. }
             | Self::ToolCallDispatched { .. }
-            | Self::ToolCallResult { .. } => None,
+            | Self::ToolCallResult { .. }
+            | Self::ToolCallApprovalRequested { .. }
+            | Self::ToolCallDecided { .. } => None,
         }
     }
 

@@ -31,6 +31,40 @@ pub struct ToolManifest {
     /// `dispatch.retry_*` settings, with `max_attempts` above.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry: Option<RetryPolicy>,
+    /// Whether a person must approve each call before it runs. A manifest
+    /// without the field (an older worker's) means [`Approval::Never`].
+    #[serde(default, skip_serializing_if = "Approval::is_never")]
+    pub approval: Approval,
+}
+
+/// Whether a tool's calls wait for a person's approval before they run
+/// (docs/approvals.md). The tenant and the job can ask for approval too;
+/// the strictest wins.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approval {
+    /// The tool's calls run without one (unless the tenant or job asks).
+    #[default]
+    Never,
+    /// Every call of the tool needs one.
+    Always,
+    /// Every call needs one when the manifest says the tool has side effects.
+    WhenSideEffects,
+}
+
+impl Approval {
+    /// Its name in manifests and in the API (`when_side_effects`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Never => "never",
+            Self::Always => "always",
+            Self::WhenSideEffects => "when_side_effects",
+        }
+    }
+
+    fn is_never(&self) -> bool {
+        *self == Self::Never
+    }
 }
 
 impl ToolManifest {
@@ -47,6 +81,7 @@ impl ToolManifest {
             side_effects: false,
             version: "1".into(),
             retry: None,
+            approval: Approval::Never,
         }
     }
 
@@ -85,6 +120,13 @@ impl ToolManifest {
     #[must_use]
     pub fn with_side_effects(mut self) -> Self {
         self.side_effects = true;
+        self
+    }
+
+    /// Says when the tool's calls need a person's approval.
+    #[must_use]
+    pub fn with_approval(mut self, approval: Approval) -> Self {
+        self.approval = approval;
         self
     }
 
@@ -159,6 +201,19 @@ pub fn is_valid_tool_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+/// Every tool, where a list of tools may say so (`require_approval`).
+pub const EVERY_TOOL: &str = "*";
+
+/// A tool name, or [`EVERY_TOOL`].
+pub fn is_tool_pattern(pattern: &str) -> bool {
+    pattern == EVERY_TOOL || is_valid_tool_name(pattern)
+}
+
+/// Whether the list `patterns` names `tool`, or every tool.
+pub fn names_tool(patterns: &[String], tool: &str) -> bool {
+    patterns.iter().any(|p| p == EVERY_TOOL || p == tool)
 }
 
 /// The registry entry a worker keeps alive for each tool it serves.

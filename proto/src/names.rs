@@ -221,6 +221,13 @@ impl RedisKeys {
         self.job_key(job_id, "tools")
     }
 
+    /// The job's held calls and their decisions (a hash: `<wire id>` ->
+    /// the approval request, `expires:<wire id>` -> its expiry in Unix ms,
+    /// `decided:<wire id>` -> the decision; decision 0036).
+    pub fn job_approvals(&self, job_id: &JobId) -> String {
+        self.job_key(job_id, "approvals")
+    }
+
     /// The job's fenced lease (owner and epoch of the replica running it).
     pub fn job_lease(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "lease")
@@ -240,6 +247,23 @@ impl RedisKeys {
 
     fn unfinished_shard(&self, shard: u32) -> String {
         format!("{}:unfinished:{{{shard}}}", self.prefix)
+    }
+
+    /// The shard of the index of parked jobs (waiting for an approval) that
+    /// holds `job_id` (`<prefix>:parked:{<shard>}`, a sorted set scored by
+    /// when the job must wake: its first approval expiry). A parked job is
+    /// in this index instead of the unfinished one.
+    pub fn parked_jobs(&self, job_id: &JobId) -> String {
+        self.parked_shard(unfinished_shard_of(job_id))
+    }
+
+    /// Every shard of the index of parked jobs, for the sweeper.
+    pub fn parked_shards(&self) -> impl Iterator<Item = String> + '_ {
+        (0..UNFINISHED_SHARDS).map(|shard| self.parked_shard(shard))
+    }
+
+    fn parked_shard(&self, shard: u32) -> String {
+        format!("{}:parked:{{{shard}}}", self.prefix)
     }
 
     /// The manifest of every tool a worker ever announced (a hash of tool

@@ -114,6 +114,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         deadline_ms: 60_000,
         metadata: Default::default(),
         tenant: "default".into(),
+        approval: Default::default(),
         limits: Default::default(),
     };
     let keys = RedisKeys::default();

@@ -742,6 +742,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        approval: Default::default(),
         limits: Default::default(),
     };
     let (job_id, _) = store.submit(&spec, None, None).await?;

@@ -29,6 +29,7 @@ fn spec() -> JobSpec {
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        approval: Default::default(),
         limits: Default::default(),
     }
 }

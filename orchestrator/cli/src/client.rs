@@ -199,6 +199,10 @@ pub(crate) struct SubmitArgs {
     /// Let the model use only this tool (repeat for more; default: every live tool).
     #[arg(long = "tool", value_name = "NAME")]
     tools: Vec<String>,
+    /// Hold every call of this tool until a person approves it (repeat for
+    /// more; "*" for every tool): DecideCall decides, docs/approvals.md.
+    #[arg(long, value_name = "TOOL")]
+    require_approval: Vec<String>,
     /// Most model turns that may request tools (default: the server's, 8).
     #[arg(long, value_name = "N")]
     max_tool_rounds: Option<u32>,
@@ -308,6 +312,9 @@ pub(crate) struct JobsArgs {
 pub(crate) enum StatusFilter {
     Queued,
     Running,
+    /// Parked until a person decides a held call.
+    #[value(name = "waiting_for_approval", alias = "waiting-for-approval")]
+    WaitingForApproval,
     Succeeded,
     Failed,
     Cancelled,
@@ -318,6 +325,7 @@ impl From<StatusFilter> for v1::JobStatus {
         match status {
             StatusFilter::Queued => Self::Queued,
             StatusFilter::Running => Self::Running,
+            StatusFilter::WaitingForApproval => Self::WaitingForApproval,
             StatusFilter::Succeeded => Self::Succeeded,
             StatusFilter::Failed => Self::Failed,
             StatusFilter::Cancelled => Self::Cancelled,
@@ -859,6 +867,7 @@ impl SubmitArgs {
             idempotency_key: self.idempotency_key.clone().unwrap_or_default(),
             deadline_ms: self.deadline_ms.unwrap_or(0),
             metadata: self.metadata.iter().cloned().collect::<HashMap<_, _>>(),
+            require_approval: self.require_approval.clone(),
         })
     }
 }

@@ -46,7 +46,7 @@ enum Command {
     /// script of the question asked (see `toolfleet dev --help`), or the
     /// default one: parallel get_current_weather and calculate calls, then a
     /// message quoting their results.
-    Submit(client::SubmitArgs),
+    Submit(Box<client::SubmitArgs>),
     /// Print a job: status, rounds, error, output and the whole transcript.
     Get(client::GetArgs),
     /// Stream a job's events until its final one.
@@ -111,7 +111,7 @@ impl Cli {
     /// what to do.
     pub async fn run(self) -> anyhow::Result<ExitCode> {
         match self.command {
-            Command::Submit(args) => client::submit(args).await,
+            Command::Submit(args) => client::submit(*args).await,
             Command::Get(args) => client::get(args).await,
             Command::Watch(args) => client::watch(args).await,
             Command::Trace(args) => client::trace(args).await,

@@ -101,6 +101,35 @@ impl Timeline {
     }
 }
 
+/// The mark of an approval event at `at`: a call held, decided, or its job
+/// parked.
+fn approval_mark(event: JobEvent, at: u64) -> Row {
+    let (label, detail) = match event {
+        JobEvent::ToolCallApprovalRequested {
+            call_id,
+            tool,
+            reason,
+            ..
+        } => (format!("  {call_id} {tool} waits"), reason),
+        JobEvent::ToolCallDecided {
+            approver,
+            call_id,
+            decision,
+            tenant,
+            ..
+        } => (
+            format!("  {call_id} {decision}"),
+            format!("by {}", approver.unwrap_or(tenant)),
+        ),
+        JobEvent::JobWaitingForApproval { calls } => (
+            "parked".to_owned(),
+            format!("waits for {}", calls.join(", ")),
+        ),
+        other => (other.kind().to_owned(), String::new()),
+    };
+    Row::at(Step::Mark, label, at, detail)
+}
+
 /// A timeline as its events are read.
 struct Drawing {
     timeline: Timeline,
@@ -165,6 +194,9 @@ impl Drawing {
                 row.detail = call_detail(ok, code.as_deref(), attempts, round_trip_us, worked_us);
                 self.phase_start = self.phase_start.max(at);
             }
+            JobEvent::ToolCallApprovalRequested { .. }
+            | JobEvent::ToolCallDecided { .. }
+            | JobEvent::JobWaitingForApproval { .. } => rows.push(approval_mark(decoded, at)),
             JobEvent::JobSucceeded { .. } => self.timeline.outcome = Some("succeeded".into()),
             JobEvent::JobFailed { code, .. } => {
                 self.timeline.outcome = Some(format!("failed ({})", code.as_str()));

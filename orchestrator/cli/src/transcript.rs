@@ -85,6 +85,40 @@ fn event_summary(event: &JobEvent) -> String {
             name,
         } => format!("{call_id} {name}, attempt {attempt}"),
         JobEvent::ToolCallResult { .. } => call_result_summary(event),
+        JobEvent::ToolCallApprovalRequested {
+            arguments,
+            call_id,
+            reason,
+            tool,
+            ..
+        } => format!(
+            "{call_id} {tool}({}) waits for approval: {reason}",
+            quote(arguments, QUOTE_CHARS)
+        ),
+        JobEvent::ToolCallDecided {
+            approver,
+            arguments,
+            call_id,
+            decision,
+            reason,
+            tenant,
+        } => {
+            let who = approver.as_deref().map_or_else(
+                || format!("tenant {tenant}"),
+                |name| format!("{name} ({tenant})"),
+            );
+            let mut summary = format!("{call_id} {decision} by {who}");
+            if !reason.is_empty() {
+                let _ = write!(summary, ": {}", quote(reason, QUOTE_CHARS));
+            }
+            if let Some(arguments) = arguments {
+                let _ = write!(summary, "; runs with {}", quote(arguments, QUOTE_CHARS));
+            }
+            summary
+        }
+        JobEvent::JobWaitingForApproval { calls } => {
+            format!("parked until a person decides {}", calls.join(", "))
+        }
         JobEvent::JobSucceeded { output_text } => quote(output_text, QUOTE_CHARS),
         JobEvent::JobFailed { code, message } => {
             format!("{code}: {}", message.as_deref().unwrap_or_default())
@@ -629,6 +663,7 @@ mod tests {
             max_attempts: 3,
             side_effects: false,
             version: "1".into(),
+            approval: "never".into(),
         };
         let table = tools_table(&[
             tool(

@@ -177,6 +177,7 @@ pub(super) fn to_tool(tool: &LiveTool) -> v1::Tool {
         max_attempts: manifest.max_attempts,
         side_effects: manifest.side_effects,
         version: manifest.version.clone(),
+        approval: manifest.approval.as_str().to_owned(),
     }
 }
 

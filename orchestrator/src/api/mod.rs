@@ -10,6 +10,7 @@
 //! - `follow`: the event follower behind `WatchJob`, a state type.
 
 mod convert;
+mod decide;
 mod follow;
 mod options;
 mod validate;
@@ -217,6 +218,13 @@ impl AgentService for StartingApi {
     ) -> Result<Response<v1::ListToolsResponse>, Status> {
         self.api()?.list_tools(request).await
     }
+
+    async fn decide_call(
+        &self,
+        request: Request<v1::DecideCallRequest>,
+    ) -> Result<Response<v1::DecideCallResponse>, Status> {
+        self.api()?.decide_call(request).await
+    }
 }
 
 #[tonic::async_trait]
@@ -316,6 +324,17 @@ impl AgentService for AgentApi {
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn decide_call(
+        &self,
+        request: Request<v1::DecideCallRequest>,
+    ) -> Result<Response<v1::DecideCallResponse>, Status> {
+        let caller = caller_of(&request);
+        let status = self.decide(request.into_inner(), &caller).await?;
+        Ok(Response::new(v1::DecideCallResponse {
+            status: v1::JobStatus::from(status).into(),
+        }))
     }
 
     async fn cancel_job(

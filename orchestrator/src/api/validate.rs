@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use tonic::Status;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::manifest::is_valid_tool_name;
+use toolfleet_proto::manifest::{is_tool_pattern, is_valid_tool_name};
 use toolfleet_proto::v1;
 
 use super::ECHO_CHARS;
 use super::convert::{invalid, not_found};
 use super::options::ApiOptions;
 use crate::auth::Caller;
-use crate::job::{JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms};
+use crate::job::{
+    ApprovalPolicy, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms,
+};
 use crate::model::scripted::Scripted;
 use crate::store::ListCursor;
 
@@ -72,6 +74,28 @@ const SUBMISSION_CHECKS: &[FieldCheck] = &[
             let name = r.tools.iter().find(|name| !is_valid_tool_name(name))?;
             Some(format!(
                 "{:?} is not a valid tool name",
+                excerpt(name, ECHO_CHARS)
+            ))
+        },
+    },
+    FieldCheck {
+        field: "require_approval",
+        problem: |r, o| {
+            (r.require_approval.len() > o.max_tools).then(|| {
+                format!(
+                    "names {} tools; the limit is {}",
+                    r.require_approval.len(),
+                    o.max_tools
+                )
+            })
+        },
+    },
+    FieldCheck {
+        field: "require_approval",
+        problem: |r, _| {
+            let name = r.require_approval.iter().find(|p| !is_tool_pattern(p))?;
+            Some(format!(
+                "{:?} is neither a tool name nor \"*\"",
                 excerpt(name, ECHO_CHARS)
             ))
         },
@@ -333,6 +357,10 @@ pub(super) fn job_spec(
         deadline_ms: now_ms().saturating_add(deadline),
         metadata: request.metadata.into_iter().collect(),
         tenant: caller.tenant.clone(),
+        approval: ApprovalPolicy {
+            tenant: caller.require_approval.clone(),
+            job: request.require_approval,
+        },
         limits: JobLimits {
             max_calls_per_turn: options.max_calls_per_turn,
             max_scripted_answer_bytes: options.max_scripted_answer_bytes,
@@ -471,6 +499,24 @@ mod tests {
         job_spec(request, &caller(None), rules(&options()))
     }
 
+    #[test]
+    fn a_job_keeps_its_tenants_and_its_own_approval_lists() {
+        let mut request = valid();
+        request.require_approval = vec!["calculate".into()];
+        let caller = Caller {
+            require_approval: vec!["*".into()],
+            ..caller(None)
+        };
+        let spec = job_spec(request, &caller, rules(&options())).expect("a valid request");
+        assert_eq!(
+            spec.approval,
+            ApprovalPolicy {
+                tenant: vec!["*".into()],
+                job: vec!["calculate".into()],
+            }
+        );
+    }
+
     type Change = fn(&mut v1::SubmitJobRequest);
 
     /// Every check of the table refuses what it should, naming its field;
@@ -491,6 +537,13 @@ mod tests {
             ("tools: \"no spaces\" is not a valid tool name", |r| {
                 r.tools = vec!["echo".into(), "no spaces".into()];
             }),
+            ("require_approval: names 129 tools; the limit is 128", |r| {
+                r.require_approval = (0..129).map(|i| format!("t{i}")).collect();
+            }),
+            (
+                "require_approval: \"trans fer\" is neither a tool name nor \"*\"",
+                |r| r.require_approval = vec!["*".into(), "trans fer".into()],
+            ),
             ("metadata: has 33 entries; the limit is 32", |r| {
                 r.metadata = (0..33).map(|i| (format!("k{i}"), String::new())).collect();
             }),

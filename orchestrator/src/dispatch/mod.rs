@@ -40,11 +40,12 @@ use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
 
+use crate::approval::{self, ApprovalOptions, Rule};
 use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
-use crate::store::{self, DispatchedCall, JobStore};
+use crate::store::{self, Approvals, DispatchedCall, HeldCall, JobStore};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -277,6 +278,41 @@ pub struct Dispatcher {
     /// Where each call takes its slot in its tenant's calls in flight.
     pub(crate) limits: TenantLimits,
     pub(crate) options: DispatchOptions,
+    /// How long a held call waits for a person's decision.
+    pub(crate) approval: ApprovalOptions,
+}
+
+/// Whether a call may be published ([`Dispatcher::admit`]).
+#[derive(Debug, Clone)]
+pub(crate) enum Admission {
+    /// It may, and is retried by this policy.
+    Publish(RetryPolicy),
+    /// It waits for a person's approval first: the rule that asked.
+    Hold(Rule, RetryPolicy),
+    /// It is answered with this envelope, never published.
+    Refuse(Envelope),
+}
+
+/// A call of the round that waits for a person's decision: held now or
+/// before, undecided and not expired.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Waiting {
+    /// Its wire id, where its approval is recorded.
+    pub wire_id: String,
+    /// The id the job's events show it by.
+    pub event_id: String,
+    /// When it expires (Unix ms).
+    pub expires_at_ms: u64,
+}
+
+/// How a round ended.
+#[derive(Debug)]
+pub enum RoundEnd {
+    /// Every call has its answer, in the order given.
+    Settled(Vec<CallOutcome>),
+    /// Every call that could run has its answer (recorded, so a resumed
+    /// round answers it again), and these wait for a person's decision.
+    Waiting(Vec<Waiting>),
 }
 
 /// A checked call, ready to publish.
@@ -324,8 +360,9 @@ impl Dispatcher {
     }
 
     /// Runs one round of `run`: every call gets an outcome, in the order
-    /// given. `attempts` holds the attempts already dispatched (a resumed
-    /// round).
+    /// given, or waits for a person's decision. `attempts` holds the
+    /// attempts already dispatched (a resumed round), `approvals` the calls
+    /// held in the job and their decisions.
     ///
     /// # Errors
     ///
@@ -337,7 +374,8 @@ impl Dispatcher {
         calls: &[PlannedCall],
         attempts: &HashMap<String, u32>,
         offered: &HashMap<String, LiveTool>,
-    ) -> Result<Vec<CallOutcome>, RoundError> {
+        approvals: &Approvals,
+    ) -> Result<RoundEnd, RoundError> {
         let RunRef {
             lease,
             replies,
@@ -347,46 +385,41 @@ impl Dispatcher {
         let results = GroupCommit::new(self.options.result_linger);
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
         let mut ready = Vec::new();
+        let mut held = Held::default();
         for (index, call) in calls.iter().enumerate() {
             let checked = if attempts.contains_key(&call.wire_id) {
                 // Dispatched before (a resumed round, or recorded with its
                 // turn): it passed the checks then, and what its attempt
                 // stored or answers decides its outcome, never a registry
                 // that changed since (its workers may be restarting now).
-                Ok(self.retry_policy(&call.name, offered))
+                // An approved call runs with the arguments it was approved
+                // with, in every attempt.
+                let policy = self.retry_policy(&call.name, offered);
+                Ok((as_approved(call, approvals), policy))
             } else {
-                self.admit(spec, index, call, offered)
+                match self.admit(spec, index, call, offered) {
+                    Admission::Publish(policy) => Ok((call.clone(), policy)),
+                    Admission::Refuse(envelope) => Err(envelope),
+                    Admission::Hold(rule, policy) => {
+                        match held.decide(call, rule, approvals, &self.approval) {
+                            Some(Ok(approved)) => Ok((approved, policy)),
+                            Some(Err(envelope)) => Err(envelope),
+                            None => continue,
+                        }
+                    }
+                }
             };
             match checked {
-                Ok(policy) => ready.push((
-                    index,
-                    Ready {
-                        call: call.clone(),
-                        policy,
-                    },
-                )),
+                Ok((call, policy)) => ready.push((index, Ready { call, policy })),
                 Err(envelope) => {
-                    // Refused here: a call span with no attempt.
-                    let mut span = spans::call(job.trace, call.span_ref());
-                    span.set("toolfleet.attempts", 0_i64);
-                    span.outcome(&envelope);
-                    let outcome = CallOutcome {
-                        call_id: call.call_id.clone(),
-                        wire_id: call.wire_id.clone(),
-                        event_id: call.event_id.clone(),
-                        name: call.name.clone(),
-                        output: envelope.to_json(),
-                        attempts: 0,
-                        round_trip: None,
-                        worked: None,
-                    };
-                    self.record_result(lease, &results, job.trace, &outcome, &envelope, None)
+                    let outcome = self
+                        .answer_unpublished(lease, &results, job, call, &envelope)
                         .await?;
-                    span.end();
                     outcomes[index] = Some(outcome);
                 }
             }
         }
+        self.store.hold(lease, &held.new).await?;
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
             let round = Round {
@@ -402,8 +435,41 @@ impl Dispatcher {
                 outcomes[*index] = Some(outcome);
             }
         }
+        if !held.waiting.is_empty() {
+            return Ok(RoundEnd::Waiting(held.waiting));
+        }
         // Every slot was filled above: checked calls directly, the rest by drive.
-        Ok(outcomes.into_iter().flatten().collect())
+        Ok(RoundEnd::Settled(outcomes.into_iter().flatten().collect()))
+    }
+
+    /// Answers `call` with `envelope` without publishing it (a check
+    /// refused it, or a person did), and records the answer.
+    async fn answer_unpublished(
+        &self,
+        lease: &Lease,
+        results: &GroupCommit<Settled>,
+        job: JobRef<'_>,
+        call: &PlannedCall,
+        envelope: &Envelope,
+    ) -> Result<CallOutcome, RoundError> {
+        // Answered here: a call span with no attempt.
+        let mut span = spans::call(job.trace, call.span_ref());
+        span.set("toolfleet.attempts", 0_i64);
+        span.outcome(envelope);
+        let outcome = CallOutcome {
+            call_id: call.call_id.clone(),
+            wire_id: call.wire_id.clone(),
+            event_id: call.event_id.clone(),
+            name: call.name.clone(),
+            output: envelope.to_json(),
+            attempts: 0,
+            round_trip: None,
+            worked: None,
+        };
+        self.record_result(lease, results, job.trace, &outcome, envelope, None)
+            .await?;
+        span.end();
+        Ok(outcome)
     }
 
     /// Sends the checked calls of a round (at once, or one by one) and
@@ -452,9 +518,10 @@ impl Dispatcher {
     }
 
     /// Whether the `index`-th call of a turn may be published, and then its
-    /// retry policy; else the envelope that answers it: the orchestrator's
-    /// own checks (see [`check`](Self::check)) and the job's calls-per-turn
-    /// limit. A runner asks before it records a fresh round's first
+    /// retry policy; whether it needs a person's approval first; else the
+    /// envelope that answers it: the orchestrator's own checks (see
+    /// [`check`](Self::check)) and the job's calls-per-turn limit. A call
+    /// that fails the checks is answered at once, without asking anyone. A runner asks before it records a fresh round's first
     /// attempts with the turn; the round asks again for any call it finds
     /// unrecorded.
     pub(crate) fn admit(
@@ -463,9 +530,9 @@ impl Dispatcher {
         index: usize,
         call: &PlannedCall,
         offered: &HashMap<String, LiveTool>,
-    ) -> Result<RetryPolicy, Envelope> {
+    ) -> Admission {
         if index >= spec.limits.max_calls_per_turn as usize {
-            return Err(Envelope::terminal(
+            return Admission::Refuse(Envelope::terminal(
                 ErrorCode::TOO_MANY_CALLS,
                 format!(
                     "the model made more than {} calls in one turn; this one was not run. \
@@ -474,10 +541,17 @@ impl Dispatcher {
                 ),
             ));
         }
-        self.check(spec, call, offered).map(|tool| {
-            tool.manifest
-                .retry_policy(self.options.default_retry_policy())
-        })
+        match self.check(spec, call, offered) {
+            Err(envelope) => Admission::Refuse(envelope),
+            Ok(tool) => {
+                let manifest = &tool.manifest;
+                let policy = manifest.retry_policy(self.options.default_retry_policy());
+                match approval::needs_approval(manifest, &spec.approval) {
+                    Some(rule) => Admission::Hold(rule, policy),
+                    None => Admission::Publish(policy),
+                }
+            }
+        }
     }
 
     /// The retry policy of `tool`: its live manifest's, else the one the
@@ -588,6 +662,82 @@ impl Dispatcher {
         commit.end();
         crate::metrics::tool_call_settled(&outcome.name, envelope);
         Ok(())
+    }
+}
+
+/// `call` as it runs: with the arguments a person approved it with, if
+/// they gave some; the model's own call item is never changed.
+fn as_approved(call: &PlannedCall, approvals: &Approvals) -> PlannedCall {
+    let mut call = call.clone();
+    if let Some(arguments) = approvals
+        .decisions
+        .get(&call.wire_id)
+        .and_then(|decision| decision.arguments.clone())
+    {
+        call.arguments = arguments;
+    }
+    call
+}
+
+/// The calls of a round that need a person's approval.
+#[derive(Default)]
+struct Held<'a> {
+    /// Held now: their requests are recorded before the round publishes.
+    new: Vec<HeldCall<'a>>,
+    /// Waiting for a decision, held now or before.
+    waiting: Vec<Waiting>,
+}
+
+impl<'a> Held<'a> {
+    /// What becomes of `call`, which needs approval by `rule`: to run
+    /// (`Some(Ok)`, approved, with the approver's arguments if any), to be
+    /// answered (`Some(Err)`, rejected or expired), or to wait (`None`:
+    /// held now if it was not before).
+    fn decide(
+        &mut self,
+        call: &'a PlannedCall,
+        rule: Rule,
+        approvals: &Approvals,
+        options: &ApprovalOptions,
+    ) -> Option<Result<PlannedCall, Envelope>> {
+        if let Some(decision) = approvals.decisions.get(&call.wire_id) {
+            if decision.approved {
+                return Some(Ok(as_approved(call, approvals)));
+            }
+            return Some(Err(Envelope::terminal(
+                ErrorCode::REJECTED_BY_APPROVER,
+                format!("a person rejected the call: {}", decision.reason),
+            )));
+        }
+        let now = crate::job::now_ms();
+        let expires_at_ms = match approvals.requests.get(&call.wire_id) {
+            Some(request) => request.expires_at_ms,
+            None => {
+                let expires_at_ms = now.saturating_add(millis(options.timeout));
+                self.new.push(HeldCall {
+                    wire_id: &call.wire_id,
+                    call_id: &call.event_id,
+                    tool: &call.name,
+                    arguments: &call.arguments,
+                    rule: rule.source(),
+                    reason: rule.reason(&call.name),
+                    expires_at_ms,
+                });
+                expires_at_ms
+            }
+        };
+        if expires_at_ms <= now {
+            return Some(Err(Envelope::terminal(
+                ErrorCode::APPROVAL_EXPIRED,
+                "nobody approved or rejected the call in time; it was not run",
+            )));
+        }
+        self.waiting.push(Waiting {
+            wire_id: call.wire_id.clone(),
+            event_id: call.event_id.clone(),
+            expires_at_ms,
+        });
+        None
     }
 }
 

@@ -14,14 +14,14 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
-use crate::dispatch::{PlannedCall, Replies, RoundError, RunRef};
+use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
     Ending, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
 use crate::model::ModelError;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{self, RunStart, Unstored};
+use crate::store::{self, Parked, RunStart, Unstored};
 
 mod turn;
 
@@ -32,6 +32,9 @@ use turn::TurnOf;
 pub(super) enum Stopped {
     /// Shutdown: hand the job to another replica.
     HandedBack,
+    /// Parked until a person decides a held call: no runner holds it, and
+    /// its message is done (a decision queues it again).
+    Parked,
     /// Another runner took the job over.
     LeaseLost,
     /// Redis failed; retry later.
@@ -366,6 +369,7 @@ impl JobRun<'_> {
             Some(recorded) => recorded,
             None => store.attempts(&self.lease.job_id).await?,
         };
+        let approvals = store.approvals(&self.lease.job_id).await?;
         let dispatcher = &self.runner.dispatcher;
         let replies = self
             .replies
@@ -379,13 +383,14 @@ impl JobRun<'_> {
                     stop: &stop.token,
                 };
                 dispatcher
-                    .run_round(run, job, calls, &attempts, &progress.offered)
+                    .run_round(run, job, calls, &attempts, &progress.offered, &approvals)
                     .await
             }
             Err(err) => Err(err),
         };
         let outcomes = match round {
-            Ok(outcomes) => outcomes,
+            Ok(RoundEnd::Settled(outcomes)) => outcomes,
+            Ok(RoundEnd::Waiting(waiting)) => return self.park(&waiting).await,
             Err(RoundError::Interrupted) => return Ok(None),
             // The deadline passed, or is too close for the retry a call needed.
             Err(RoundError::DeadlineExceeded) => return Ok(Some(step::deadline_exceeded())),
@@ -410,6 +415,29 @@ impl JobRun<'_> {
             .collect();
         progress.items.extend(results);
         Ok(None)
+    }
+
+    /// Parks the job until a person decides one of the `waiting` calls, or
+    /// the first of them expires; unless all were decided meanwhile, when
+    /// the run goes on (`Ok(None)`: the next step dispatches them).
+    async fn park(&self, waiting: &[Waiting]) -> Result<Option<Ending>, Stopped> {
+        let calls: Vec<(&str, &str)> = waiting
+            .iter()
+            .map(|call| (call.wire_id.as_str(), call.event_id.as_str()))
+            .collect();
+        let wake_at = waiting
+            .iter()
+            .map(|call| call.expires_at_ms)
+            .min()
+            .unwrap_or(0);
+        match self.runner.store.park(&self.lease, &calls, wake_at).await? {
+            Parked::Decided => Ok(None),
+            Parked::CancelRequested => Ok(Some(Ending::Cancelled)),
+            Parked::Parked => {
+                info!(calls = waiting.len(), "job parked: waiting for approval");
+                Err(Stopped::Parked)
+            }
+        }
     }
 
     async fn finish(&self, end: End) -> Result<(), Stopped> {

@@ -270,7 +270,8 @@ impl Runner {
             replies: tokio::sync::OnceCell::new(),
         };
         match run.drive(abandon, start).await {
-            Ok(()) => Delivery::Done,
+            // A parked job's message is done: a decision queues it again.
+            Ok(()) | Err(Stopped::Parked) => Delivery::Done,
             Err(Stopped::HandedBack) => {
                 if let Err(err) = self.store.release(&lease).await {
                     warn!(%job_id, error = %err, "could not release the lease; the job resumes when it expires");

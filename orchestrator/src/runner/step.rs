@@ -239,6 +239,7 @@ mod tests {
             deadline_ms: 1_000,
             metadata: BTreeMap::new(),
             tenant: "default".into(),
+            approval: Default::default(),
             limits: Default::default(),
         }
     }

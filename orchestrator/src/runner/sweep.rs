@@ -1,6 +1,9 @@
 //! The sweeper: re-queues unfinished jobs that nobody runs and whose queue
 //! message is gone (a NATS store lost, a publish that failed after the job
-//! was stored). Without it such a job would wait forever.
+//! was stored). Without it such a job would wait forever. It also wakes
+//! parked jobs (waiting for approval) whose first held call expired, so
+//! that a runner answers it `APPROVAL_EXPIRED`; it never looks at other
+//! parked jobs, which are in an index of their own (decision 0036).
 //!
 //! A job is re-queued when it was submitted more than `runner.sweep_after`
 //! ago, is neither finished nor leased by a runner. A re-queued job that did
@@ -55,6 +58,43 @@ pub(crate) async fn run(
                 Some(Ok(())) => {}
                 Some(Err(err)) => debug!(%job_id, error = %err, "sweep of a job failed; next time"),
             }
+        }
+        if shutdown
+            .run_until_cancelled(wake_parked(&store, &js))
+            .await
+            .is_none()
+        {
+            return;
+        }
+    }
+}
+
+/// Queues the parked jobs whose wake time (their first approval expiry)
+/// has passed. A job queued twice (two replicas sweeping) runs once: the
+/// second delivery finds it leased or parked again.
+async fn wake_parked(store: &JobStore, js: &jetstream::Context) {
+    let now = now_ms();
+    let due = match store.parked_due(now, BATCH).await {
+        Ok(due) => due,
+        Err(err) => {
+            return debug!(error = %err, "wake-up of parked jobs skipped: job store unavailable");
+        }
+    };
+    for job_id in due {
+        let woken = async {
+            let tenant = match store.get(&job_id).await? {
+                Some(job) if !job.status.is_final() => job.spec.tenant,
+                // Ended (a cancel), expired or lost: nothing to wake.
+                _ => return store.unpark(&job_id).await.map_err(anyhow::Error::from),
+            };
+            store.unpark(&job_id).await?;
+            let msg_id = format!("{job_id}:wake-{now}");
+            publish::job(js, &job_id, &tenant, &msg_id)
+                .await
+                .map_err(|err| anyhow::anyhow!("cannot queue the job: {err:?}"))
+        };
+        if let Err(err) = woken.await {
+            debug!(%job_id, error = %err, "wake-up of a parked job failed; next time");
         }
     }
 }

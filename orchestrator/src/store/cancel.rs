@@ -13,7 +13,7 @@ use super::wake_ups::Written;
 use super::*;
 
 impl JobStore {
-    /// Cancels a queued job at once, or asks its runner to stop. Returns the
+    /// Cancels a queued or parked job at once, or asks its runner to stop. Returns the
     /// status after the request, `None` for an unknown job.
     ///
     /// # Errors
@@ -26,18 +26,23 @@ impl JobStore {
             .key(self.keys.job_events(job_id))
             .key(self.keys.job_items(job_id))
             .key(self.keys.job_lease(job_id))
+            .key(self.keys.job_attempts(job_id))
+            .key(self.keys.job_tools(job_id))
+            .key(self.keys.job_approvals(job_id))
             .arg(now_ms())
             .arg(millis(self.retention))
             .arg(cancelled.kind())
             .arg(cancelled.data_json())
             .arg(JobErrorCode::Cancelled.as_str())
             .arg("the job was cancelled before it started")
+            .arg("the job was cancelled while it waited for approval")
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id, Written::counted(None)).await;
         let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
             self.forget_unfinished(job_id).await;
+            self.forget_parked(job_id).await;
         }
         Ok(status)
     }
@@ -63,6 +68,7 @@ impl JobStore {
             deadline_ms: 0,
             metadata: BTreeMap::new(),
             tenant: tenant.to_owned(),
+            approval: Default::default(),
             limits: Default::default(),
         };
         // The event carries no message, as it always did.
@@ -88,27 +94,33 @@ impl JobStore {
     }
 }
 
-/// KEYS: job, events, items, lease. ARGV: now_ms, retention_ms, event kind,
-/// event data, error code, error message.
-/// Cancels a job nobody runs yet; asks a running one to stop. Returns the
-/// status after the request ('' if the job is missing).
+/// KEYS: job, events, items, lease, attempts, tools, approvals. ARGV:
+/// now_ms, retention_ms, event kind, event data, error code, the error
+/// message of a queued job, and of a parked one.
+/// Cancels a job nobody runs (queued, or parked waiting for approval) at
+/// once, every key of it set to expire; asks a running one to stop. Returns
+/// the status after the request ('' if the job is missing).
 static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return '' end
--- A queued job a runner already leased is as good as running: only ask.
-if status == '$QUEUED' and redis.call('EXISTS', KEYS[4]) == 0 then
+-- A queued (or parked) job a runner already leased is as good as running:
+-- only ask.
+local unheld = redis.call('EXISTS', KEYS[4]) == 0
+if (status == '$QUEUED' or status == '$WAITING') and unheld then
+  local message = ARGV[6]
+  if status == '$WAITING' then message = ARGV[7] end
   redis.call('HSET', KEYS[1], 'status', '$CANCELLED', 'finished_at_ms', ARGV[1],
-             'error_code', ARGV[5], 'error_message', ARGV[6])
+             'error_code', ARGV[5], 'error_message', message)
   local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
   redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[1], 'final', '1')
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  for k = 1, 7 do
+    if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
+  end
   return '$CANCELLED'
 end
-if status == '$RUNNING' or status == '$QUEUED' then
+if status == '$RUNNING' or status == '$QUEUED' or status == '$WAITING' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
 end
 return status

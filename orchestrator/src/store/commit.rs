@@ -58,6 +58,27 @@ impl JobStore {
         self.commit(lease, commit).await
     }
 
+    /// Holds calls for a person's approval: each call's request in the
+    /// job's approvals and its `tool_call_approval_requested` event, in one
+    /// commit. A held call is not published until it is approved
+    /// (decision 0036).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn hold(&self, lease: &Lease, held: &[HeldCall<'_>]) -> Result<(), Error> {
+        if held.is_empty() {
+            return Ok(());
+        }
+        let now = now_ms();
+        let mut commit = Commit::default();
+        for call in held {
+            commit.events.push(call.event());
+            commit.approvals.extend(call.fields(now));
+        }
+        self.commit(lease, commit).await
+    }
+
     /// Records calls' final envelopes, one `tool_call_result` event each in
     /// the order given, in one commit (the result items themselves join the
     /// conversation with the round's others in the next commit of the run,
@@ -167,13 +188,11 @@ impl JobStore {
             .key(self.keys.job_lease(job_id))
             .key(self.keys.job_attempts(job_id))
             .key(self.keys.job_tools(job_id))
+            .key(self.keys.job_approvals(job_id))
             .arg(&lease.token)
             .arg(now)
             .arg(if finished { millis(self.retention) } else { 0 });
-        invocation.arg(commit.checks.len());
-        for (key, text) in &commit.checks {
-            invocation.arg(key).arg(*text);
-        }
+        pairs(&mut invocation, commit.checks.iter().map(|(k, t)| (k, *t)));
         invocation.arg(commit.results.len() + commit.items.len());
         for item in commit.results.iter().chain(commit.items) {
             invocation.arg(item.stored_json());
@@ -185,19 +204,20 @@ impl JobStore {
                 .arg(&event.data)
                 .arg(if event.is_final { "1" } else { "0" });
         }
-        invocation.arg(fields.len());
-        for (field, value) in &fields {
-            invocation.arg(*field).arg(value);
-        }
-        invocation.arg(commit.attempts.len());
-        for (call_id, attempt) in &commit.attempts {
-            invocation.arg(call_id).arg(*attempt);
-        }
+        pairs(&mut invocation, fields.iter().map(|(f, v)| (*f, v)));
+        pairs(
+            &mut invocation,
+            commit.attempts.iter().map(|(c, a)| (c, *a)),
+        );
         invocation.arg(commit.offers.len());
         for manifest in commit.offers {
             let json = serde_json::to_string(manifest).expect("a manifest serializes");
             invocation.arg(&manifest.name).arg(json);
         }
+        pairs(
+            &mut invocation,
+            commit.approvals.iter().map(|(f, v)| (f, v)),
+        );
         let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
         if answer == LEASE_LOST {
             return Err(Error::LeaseLost(job_id.clone()));
@@ -216,6 +236,21 @@ impl JobStore {
             self.forget_unfinished(job_id).await;
         }
         Ok(())
+    }
+}
+
+/// Adds a counted list of pairs to a script's arguments: their count, then
+/// each pair.
+fn pairs<A, B>(
+    invocation: &mut redis::ScriptInvocation<'_>,
+    pairs: impl ExactSizeIterator<Item = (A, B)>,
+) where
+    A: redis::ToRedisArgs,
+    B: redis::ToRedisArgs,
+{
+    invocation.arg(pairs.len());
+    for (first, second) in pairs {
+        invocation.arg(first).arg(second);
     }
 }
 
@@ -300,6 +335,8 @@ struct Commit<'a> {
     /// Stored results (key, text) that must be in Redis as given, or the
     /// commit writes nothing.
     checks: Vec<(String, &'a str)>,
+    /// Fields of the job's approvals hash: held calls' requests.
+    approvals: Vec<(String, String)>,
 }
 
 impl<'a> Commit<'a> {
@@ -364,10 +401,11 @@ const LEASE_LOST: i64 = -1;
 /// not the text given.
 const RESULT_MISMATCH: i64 = -2;
 
-/// KEYS: job, items, events, lease, attempts, tools. ARGV: token, now_ms,
-/// retention_ms (0: keep), then six counted lists: n, (result key, the text
-/// it must hold)...; n, items...; n, (kind, data, final)...; n, (field,
-/// value)...; n, (call_id, attempt)...; n, (tool, manifest)...
+/// KEYS: job, items, events, lease, attempts, tools, approvals. ARGV:
+/// token, now_ms, retention_ms (0: keep), then seven counted lists: n,
+/// (result key, the text it must hold)...; n, items...; n, (kind, data,
+/// final)...; n, (field, value)...; n, (call_id, attempt)...; n, (tool,
+/// manifest)...; n, (approvals field, value)...
 /// Appends items and events and updates fields, only while the lease holds
 /// and each result to check holds its text (else [`RESULT_MISMATCH`], and
 /// nothing is written).
@@ -422,16 +460,15 @@ if n > 0 then
     i = i + 3
   end
 end
-for k = 1, 3 do
+for k = 1, 4 do
   n = tonumber(ARGV[i]); i = i + 1
-  local hash = ({KEYS[1], KEYS[5], KEYS[6]})[k]
+  local hash = ({KEYS[1], KEYS[5], KEYS[6], KEYS[7]})[k]
   each_chunk('HSET', hash, i, 2 * n); i = i + 2 * n
 end
 local retention = tonumber(ARGV[3])
 if retention > 0 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
-  redis.call('PEXPIRE', KEYS[5], retention)
-  redis.call('PEXPIRE', KEYS[6], retention)
+  for k = 5, 7 do redis.call('PEXPIRE', KEYS[k], retention) end
   redis.call('DEL', KEYS[4])
 end
 return events

@@ -15,6 +15,8 @@
 //!   is recorded ([`was_settled`]);
 //! - `tf:{<job>}:tools`: a hash tool name -> the manifest the model was
 //!   offered (a call to it waits for its workers rather than being unknown);
+//! - `tf:{<job>}:approvals`: its held calls and their decisions
+//!   (`approvals`, decision 0036);
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
 //!
 //! Finished jobs expire after the retention.
@@ -31,12 +33,14 @@
 //! - `index`: a tenant's jobs newest first, and the unfinished jobs;
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
+//! - `approvals`: held calls, parked jobs and people's decisions;
 //!
 //! Each verb's module holds the Lua scripts it runs; `scripts` builds them,
 //! and `wake_ups` tells watchers of new events.
 //!
 //! Only this module spells a hash field.
 
+mod approvals;
 mod cancel;
 mod catalog;
 mod commit;
@@ -57,6 +61,7 @@ use toolfleet_service::connect::RedisConnection;
 use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
+pub use approvals::{ApprovalRequest, Approvals, Decided, Decision, HeldCall, Parked};
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
 pub use lease::Acquired;

@@ -368,6 +368,7 @@ mod tests {
             deadline_ms: 99,
             metadata: Default::default(),
             tenant: "acme".into(),
+            approval: Default::default(),
             limits: Default::default(),
         }
     }

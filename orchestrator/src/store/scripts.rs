@@ -14,7 +14,8 @@
 //! The scripts spell no event kind, error code or status of their own: event
 //! kinds, their data and codes come in as arguments, and statuses are filled
 //! in from [`JobStatus`] when a script is built (`$QUEUED`, `$RUNNING`,
-//! `$CANCELLED`, `$FAILED`, and `$ENDED` for "the job has ended").
+//! `$CANCELLED`, `$FAILED`, `$WAITING` (for approval), and `$ENDED` for "the
+//! job has ended").
 
 use redis::Script;
 
@@ -26,7 +27,14 @@ pub(super) fn script(template: &str) -> Script {
 }
 
 /// The placeholders a template may hold.
-const PLACEHOLDERS: [&str; 5] = ["$ENDED", "$QUEUED", "$RUNNING", "$FAILED", "$CANCELLED"];
+const PLACEHOLDERS: [&str; 6] = [
+    "$ENDED",
+    "$QUEUED",
+    "$RUNNING",
+    "$FAILED",
+    "$CANCELLED",
+    "$WAITING",
+];
 
 /// `template` with its placeholders filled in.
 fn fill(template: &str) -> String {
@@ -42,6 +50,7 @@ fn fill(template: &str) -> String {
         JobStatus::Running.as_str(),
         JobStatus::Failed.as_str(),
         JobStatus::Cancelled.as_str(),
+        JobStatus::WaitingForApproval.as_str(),
     ];
     PLACEHOLDERS
         .into_iter()
@@ -100,7 +109,7 @@ pub(super) mod tests {
         assert_eq!(
             filled,
             "status == 'succeeded' or status == 'failed' or status == 'cancelled' \
-             | queued | running | failed | cancelled"
+             | queued | running | failed | cancelled | waiting_for_approval"
         );
     }
 
@@ -117,6 +126,7 @@ pub(super) mod tests {
             include_str!("read.rs"),
             include_str!("index.rs"),
             include_str!("catalog.rs"),
+            include_str!("approvals.rs"),
         ];
         let mut used = 0;
         for source in sources {

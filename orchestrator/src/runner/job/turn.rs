@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use toolfleet_service::traces::StepSpan;
 
 use super::{JobRun, LastTurn, Progress, StopSignal, Stopped, model_failure};
-use crate::dispatch::PlannedCall;
+use crate::dispatch::{Admission, PlannedCall};
 use crate::job::{
     Ending, JobErrorCode, JobRef, JobSpec, ToolManifest, TurnCheckpoint, WireIds, now_ms,
 };
@@ -153,9 +153,10 @@ impl JobRun<'_> {
             .into_iter()
             .enumerate()
             .filter(|(index, call)| {
-                dispatcher
-                    .admit(spec, *index, call, &progress.offered)
-                    .is_ok()
+                matches!(
+                    dispatcher.admit(spec, *index, call, &progress.offered),
+                    Admission::Publish(_)
+                )
             })
             .map(|(_, call)| call)
             .collect()

@@ -1,0 +1,205 @@
+//! `DecideCall`: a person approves or rejects a held call (decision 0036).
+//! The request is checked here (the job is the caller's, the call is held,
+//! edited arguments match the tool's schema); the store writes the first
+//! decision of a call only, and re-queues a parked job.
+
+use tonic::Status;
+use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::{check_arguments, v1};
+
+use super::convert::{invalid, to_status};
+use super::{AgentApi, ECHO_CHARS};
+use crate::auth::Caller;
+use crate::job::{JobRecord, JobStatus, now_ms};
+use crate::publish;
+use crate::registry::LiveTool;
+use crate::store::{ApprovalRequest, Decided, Decision};
+
+/// Longest reason a decision may give: the model reads it.
+const MAX_REASON_BYTES: usize = 4096;
+
+impl AgentApi {
+    /// Records a person's decision on a held call; the job's status after.
+    pub(super) async fn decide(
+        &self,
+        request: v1::DecideCallRequest,
+        caller: &Caller,
+    ) -> Result<JobStatus, Status> {
+        let approved = match v1::Decision::try_from(request.decision) {
+            Ok(v1::Decision::Approve) => true,
+            Ok(v1::Decision::Reject) => false,
+            _ => {
+                return Err(invalid(
+                    "decision",
+                    "must be DECISION_APPROVE or DECISION_REJECT",
+                ));
+            }
+        };
+        check_reason(&request.reason, approved)?;
+        let record = self.own_job(&request.job_id, caller).await?;
+        let job_id = record.job_id.clone();
+        let approvals = self
+            .store
+            .approvals(&job_id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        let call_id = request.call_id.as_str();
+        let Some((wire_id, held)) = approvals
+            .requests
+            .iter()
+            .find(|(_, held)| held.call_id == call_id)
+        else {
+            return Err(Status::not_found(format!(
+                "job {job_id} has no call {:?} held for approval",
+                excerpt(call_id, ECHO_CHARS)
+            )));
+        };
+        let arguments = match request.arguments {
+            Some(_) if !approved => {
+                return Err(invalid(
+                    "arguments",
+                    "are for an approval; a rejected call does not run",
+                ));
+            }
+            Some(arguments) => Some(self.checked_arguments(&record, held, arguments).await?),
+            None => None,
+        };
+        let decision = Decision {
+            approved,
+            reason: request.reason,
+            arguments,
+            tenant: caller.tenant.clone(),
+            approver: None,
+            at_ms: now_ms(),
+        };
+        let decided = self
+            .store
+            .decide(&job_id, wire_id, call_id, &decision)
+            .await
+            .map_err(|e| to_status(&e))?;
+        self.answer(decided, &record, wire_id, held, &caller.tenant)
+            .await
+    }
+
+    /// The answer to a decision the store `decided` on the call `wire_id`
+    /// (`held`) of the job `record`; a parked job is queued again.
+    async fn answer(
+        &self,
+        decided: Decided,
+        record: &JobRecord,
+        wire_id: &str,
+        held: &ApprovalRequest,
+        tenant: &str,
+    ) -> Result<JobStatus, Status> {
+        let (job_id, call_id) = (&record.job_id, &held.call_id);
+        match decided {
+            Decided::Recorded { requeue: false } => Ok(record.status),
+            Decided::Recorded { requeue: true } => {
+                // A lost publish is found by the sweeper: the job is back
+                // in the index of unfinished jobs.
+                let message_id = format!("{job_id}:decided:{wire_id}");
+                let queued = publish::job(&self.js, job_id, tenant, &message_id);
+                if let Err(err) = queued.await {
+                    tracing::warn!(%job_id, error = ?err, "could not queue the decided job; the sweeper will");
+                }
+                Ok(JobStatus::WaitingForApproval)
+            }
+            Decided::Already(first) => Err(Status::failed_precondition(format!(
+                "call {call_id} of job {job_id} was already {} by {} at {} (Unix ms); \
+                 a call is decided once",
+                first.word(),
+                who(&first),
+                first.at_ms
+            ))),
+            Decided::Expired => Err(Status::failed_precondition(format!(
+                "the approval of call {call_id} of job {job_id} expired at {} (Unix ms); \
+                 it is answered APPROVAL_EXPIRED",
+                held.expires_at_ms
+            ))),
+            Decided::Ended => Err(Status::failed_precondition(format!(
+                "job {job_id} has ended; its calls can no longer be decided"
+            ))),
+            Decided::NotHeld => Err(Status::not_found(format!(
+                "job {job_id} has no call {call_id} held for approval"
+            ))),
+        }
+    }
+
+    /// `arguments` for the held call `held`, if they are a JSON object
+    /// within the size limit that matches its tool's schema.
+    async fn checked_arguments(
+        &self,
+        record: &JobRecord,
+        held: &ApprovalRequest,
+        arguments: String,
+    ) -> Result<String, Status> {
+        if arguments.len() > self.options.max_input_bytes {
+            return Err(invalid(
+                "arguments",
+                format!(
+                    "are {} bytes; the limit is {}",
+                    arguments.len(),
+                    self.options.max_input_bytes
+                ),
+            ));
+        }
+        let tool = match self.registry.get(&held.tool) {
+            Some(tool) => tool,
+            None => self.offered_tool(record, &held.tool).await?,
+        };
+        check_arguments(&held.tool, &tool.validator, &arguments)
+            .map_err(|envelope| invalid("arguments", envelope_message(&envelope)))?;
+        Ok(arguments)
+    }
+
+    /// The tool `name` as the job's model was offered it, for a tool whose
+    /// workers are gone for now.
+    async fn offered_tool(&self, record: &JobRecord, name: &str) -> Result<LiveTool, Status> {
+        let start = self
+            .store
+            .load_run(&record.job_id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        start
+            .and_then(|start| start.offered.into_iter().find(|m| m.name == name))
+            .and_then(LiveTool::known)
+            .ok_or_else(|| {
+                Status::failed_precondition(format!(
+                    "the tool {name} is not known now; its arguments cannot be checked: \
+                     approve without arguments, or when its workers are back"
+                ))
+            })
+    }
+}
+
+/// A reason within [`MAX_REASON_BYTES`], and given when rejecting.
+fn check_reason(reason: &str, approved: bool) -> Result<(), Status> {
+    if reason.len() > MAX_REASON_BYTES {
+        return Err(invalid(
+            "reason",
+            format!("is {} bytes; the limit is {MAX_REASON_BYTES}", reason.len()),
+        ));
+    }
+    if !approved && reason.trim().is_empty() {
+        return Err(invalid(
+            "reason",
+            "is required to reject: the model reads it",
+        ));
+    }
+    Ok(())
+}
+
+/// Who made a decision, for people.
+fn who(decision: &Decision) -> String {
+    match &decision.approver {
+        Some(name) => format!("{name} (tenant {})", decision.tenant),
+        None => format!("tenant {}", decision.tenant),
+    }
+}
+
+fn envelope_message(envelope: &toolfleet_proto::Envelope) -> String {
+    envelope.error().map_or_else(
+        || "do not match the tool's schema".to_owned(),
+        |e| e.message.clone(),
+    )
+}

@@ -1,0 +1,306 @@
+//! Calls held for a person's approval (decision 0036), end to end with real
+//! processes: a held call is not published while the round's other calls
+//! run, its job parks (held by no runner), and a decision, made once, runs
+//! it, rejects it, or runs it with the approver's arguments.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tonic::Code;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+
+/// A round of two parallel calls, `calculate` (to approve) and `echo`, then
+/// an answer that quotes both: the whole envelope of the first.
+fn two_calls(require_approval: &[&str]) -> v1::SubmitJobRequest {
+    let script = json!([
+        {"tool_calls": [
+            {"id": "math", "name": "calculate", "arguments": {"expression": "2 + 3"}},
+            {"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
+        {"message": "{{math}} / {{say.data.text}}"}
+    ]);
+    let mut request = scripted_job("add, and say hi", &script);
+    request.require_approval = require_approval.iter().map(|t| (*t).to_owned()).collect();
+    request
+}
+
+async fn fleet() -> anyhow::Result<Fleet> {
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["calculate", "echo"], 1).await?;
+    Ok(fleet)
+}
+
+/// Every event of the job so far (the stream of an unfinished job is
+/// followed for a moment, then dropped).
+async fn events(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<(String, Value)>> {
+    let mut stream = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.to_owned(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    let mut events = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+        // Nothing new for a moment: the job waits.
+        let Ok(next) = next else { break };
+        let Some(event) = next? else { break };
+        events.push((event.kind.clone(), serde_json::from_str(&event.data)?));
+        if event.r#final {
+            break;
+        }
+    }
+    Ok(events)
+}
+
+/// Waits until the job is parked, waiting for approval.
+async fn parked(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let job = api
+            .get_job(v1::GetJobRequest {
+                job_id: job_id.to_owned(),
+            })
+            .await?
+            .into_inner();
+        if job.status() == v1::JobStatus::WaitingForApproval {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "job {job_id} never parked: {:?}",
+            job.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn decide(job_id: &str, approve: bool, reason: &str) -> v1::DecideCallRequest {
+    v1::DecideCallRequest {
+        job_id: job_id.to_owned(),
+        call_id: "math".into(),
+        decision: if approve {
+            v1::Decision::Approve
+        } else {
+            v1::Decision::Reject
+        }
+        .into(),
+        reason: reason.to_owned(),
+        arguments: None,
+    }
+}
+
+#[tokio::test]
+async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() -> anyhow::Result<()>
+{
+    let fleet = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = api
+        .submit_job(two_calls(&["calculate"]))
+        .await?
+        .into_inner()
+        .job_id;
+    parked(&mut api, &job_id).await?;
+
+    let seen = events(&mut api, &job_id).await?;
+    let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
+    let dispatched: Vec<&Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_dispatched")
+        .map(|(_, data)| &data["call_id"])
+        .collect();
+    // The other call ran; the held one was never published.
+    assert_eq!(dispatched, [&json!("say")], "{kinds:?}");
+    let (_, asked) = seen
+        .iter()
+        .find(|(kind, _)| kind == "tool_call_approval_requested")
+        .expect("an approval request");
+    assert_eq!(asked["call_id"], "math");
+    assert_eq!(asked["tool"], "calculate");
+    assert_eq!(asked["rule"], "job");
+    assert_eq!(
+        asked["reason"],
+        "the job requires approval of every call of calculate"
+    );
+    assert_eq!(kinds.last(), Some(&"job_waiting_for_approval"), "{kinds:?}");
+
+    let status = api
+        .decide_call(decide(&job_id, true, "fine"))
+        .await?
+        .into_inner();
+    assert_eq!(status.status(), v1::JobStatus::WaitingForApproval);
+    // Decided once: the second decision is told the first.
+    let again = api
+        .decide_call(decide(&job_id, false, "no"))
+        .await
+        .expect_err("a second decision");
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    assert!(
+        again
+            .message()
+            .contains("already approved by tenant default"),
+        "{}",
+        again.message()
+    );
+
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    assert!(
+        job.output_text.contains(r#""result":5}"#),
+        "{}",
+        job.output_text
+    );
+    assert!(job.output_text.ends_with(" / hi"), "{}", job.output_text);
+    let seen = events(&mut api, &job_id).await?;
+    let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
+    assert!(kinds.contains(&"tool_call_decided"), "{kinds:?}");
+    assert!(kinds.contains(&"job_resumed"), "{kinds:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_rejected_call_is_answered_with_the_reason_and_an_edited_one_runs_as_edited()
+-> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let mut api = fleet.api(0).await?;
+
+    let rejected = api.submit_job(two_calls(&["*"])).await?.into_inner().job_id;
+    parked(&mut api, &rejected).await?;
+    // A rejection needs its reason, for the model.
+    let silent = api
+        .decide_call(decide(&rejected, false, " "))
+        .await
+        .expect_err("no reason");
+    assert_eq!(silent.code(), Code::InvalidArgument);
+    // `*` held both calls: each is decided on its own.
+    let mut say = decide(&rejected, true, "");
+    say.call_id = "say".into();
+    api.decide_call(say).await?;
+    api.decide_call(decide(&rejected, false, "not on a Sunday"))
+        .await?;
+    let job = wait_finished(&api, &rejected).await?;
+    assert!(
+        job.output_text.contains("REJECTED_BY_APPROVER"),
+        "{}",
+        job.output_text
+    );
+    assert!(job.output_text.ends_with(" / hi"), "{}", job.output_text);
+    let result = job
+        .items
+        .iter()
+        .find_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) if r.call_id == "math" => Some(r.output.clone()),
+            _ => None,
+        })
+        .expect("the rejected call's result");
+    let envelope: Value = serde_json::from_str(&result)?;
+    assert_eq!(
+        envelope["error"]["message"],
+        "a person rejected the call: not on a Sunday"
+    );
+    assert_eq!(envelope["error"]["retryable"], false);
+
+    let edited = api
+        .submit_job(two_calls(&["calculate"]))
+        .await?
+        .into_inner()
+        .job_id;
+    parked(&mut api, &edited).await?;
+    let mut request = decide(&edited, true, "");
+    request.arguments = Some(r#"{"expression": 7}"#.into());
+    let refused = api
+        .decide_call(request.clone())
+        .await
+        .expect_err("against the schema");
+    assert_eq!(
+        refused.code(),
+        Code::InvalidArgument,
+        "{}",
+        refused.message()
+    );
+    assert!(
+        refused.message().starts_with("arguments: "),
+        "{}",
+        refused.message()
+    );
+    request.arguments = Some(r#"{"expression": "6 * 7"}"#.into());
+    api.decide_call(request).await?;
+    let job = wait_finished(&api, &edited).await?;
+    assert!(
+        job.output_text.contains(r#""result":42}"#),
+        "{}",
+        job.output_text
+    );
+    // The model's own call stays as it made it.
+    let call = job
+        .items
+        .iter()
+        .find_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolCall(c)) if c.call_id == "math" => Some(c.arguments.clone()),
+            _ => None,
+        })
+        .expect("the model's call");
+    assert_eq!(
+        serde_json::from_str::<Value>(&call)?,
+        json!({"expression": "2 + 3"})
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_parked_job_cancels_at_once_and_bad_decisions_change_nothing() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = api
+        .submit_job(two_calls(&["calculate"]))
+        .await?
+        .into_inner()
+        .job_id;
+    parked(&mut api, &job_id).await?;
+
+    let mut unknown = decide(&job_id, true, "");
+    unknown.call_id = "say".into();
+    let not_held = api
+        .decide_call(unknown)
+        .await
+        .expect_err("a call that needs no approval");
+    assert_eq!(not_held.code(), Code::NotFound);
+    assert!(
+        not_held
+            .message()
+            .contains("no call \"say\" held for approval"),
+        "{}",
+        not_held.message()
+    );
+    let mut unspecified = decide(&job_id, true, "");
+    unspecified.decision = v1::Decision::Unspecified.into();
+    let code = api
+        .decide_call(unspecified)
+        .await
+        .expect_err("no decision")
+        .code();
+    assert_eq!(code, Code::InvalidArgument);
+    let other = decide("someone-0123456789abcdef0123456789ab", true, "");
+    assert_eq!(
+        api.decide_call(other).await.expect_err("no job").code(),
+        Code::NotFound
+    );
+
+    let cancelled = api
+        .cancel_job(v1::CancelJobRequest {
+            job_id: job_id.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(cancelled.status(), v1::JobStatus::Cancelled);
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Cancelled);
+    let late = api
+        .decide_call(decide(&job_id, true, ""))
+        .await
+        .expect_err("after the end");
+    assert_eq!(late.code(), Code::FailedPrecondition);
+    Ok(())
+}
