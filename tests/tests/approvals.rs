@@ -304,3 +304,116 @@ async fn a_parked_job_cancels_at_once_and_bad_decisions_change_nothing() -> anyh
     assert_eq!(late.code(), Code::FailedPrecondition);
     Ok(())
 }
+
+/// The result of each call of a finished job, by call id.
+fn results(job: &v1::Job) -> std::collections::HashMap<String, Value> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some((
+                r.call_id.clone(),
+                serde_json::from_str(&r.output).expect("an envelope"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn eight_parallel_calls_three_held_decided_out_of_order_by_two_clients() -> anyhow::Result<()>
+{
+    let fleet = fleet().await?;
+    let mut first = fleet.api(0).await?;
+    let mut second = fleet.api(0).await?;
+    let mut calls = Vec::new();
+    for (i, expression) in ["1 + 1", "2 + 2", "3 + 3"].iter().enumerate() {
+        calls.push(json!({"id": format!("calc{i}"), "name": "calculate",
+                          "arguments": {"expression": expression}}));
+    }
+    for i in 0..5 {
+        calls.push(json!({"id": format!("echo{i}"), "name": "echo", "arguments": {"n": i}}));
+    }
+    let script = json!([{"tool_calls": calls}, {"message": "done"}]);
+    let mut request = scripted_job("eight at once", &script);
+    request.require_approval = vec!["calculate".into()];
+    let job_id = first.submit_job(request).await?.into_inner().job_id;
+    parked(&mut first, &job_id).await?;
+
+    let call = |id: &str, approve: bool, reason: &str| {
+        let mut request = decide(&job_id, approve, reason);
+        request.call_id = id.to_owned();
+        request
+    };
+    // Out of order, from two clients at once; both race for calc2.
+    let mut edited = call("calc1", true, "a bigger sum");
+    edited.arguments = Some(r#"{"expression": "10 * 10"}"#.into());
+    let (mut first_again, mut second_again) = (first.clone(), second.clone());
+    let (a, b, c, d) = tokio::join!(
+        first_again.decide_call(call("calc2", true, "first")),
+        second_again.decide_call(call("calc2", false, "second")),
+        second.decide_call(edited),
+        first.decide_call(call("calc0", false, "no sums today")),
+    );
+    c?;
+    d?;
+    let winner = match (a, b) {
+        (Ok(_), Err(lost)) => {
+            assert!(
+                lost.message().contains("already approved"),
+                "{}",
+                lost.message()
+            );
+            "approved"
+        }
+        (Err(lost), Ok(_)) => {
+            assert!(
+                lost.message().contains("already rejected"),
+                "{}",
+                lost.message()
+            );
+            "rejected"
+        }
+        (a, b) => anyhow::bail!("exactly one decision of calc2 wins: {a:?} / {b:?}"),
+    };
+
+    let job = wait_finished(&fleet.api(0).await?, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    let results = results(&job);
+    assert_eq!(results.len(), 8);
+    assert_eq!(results["calc0"]["error"]["code"], "REJECTED_BY_APPROVER");
+    assert_eq!(
+        results["calc0"]["error"]["message"],
+        "a person rejected the call: no sums today"
+    );
+    assert_eq!(
+        results["calc1"]["data"]["result"], 100,
+        "ran with the approved arguments"
+    );
+    match winner {
+        "approved" => assert_eq!(results["calc2"]["data"]["result"], 6),
+        _ => assert_eq!(
+            results["calc2"]["error"]["message"],
+            "a person rejected the call: second"
+        ),
+    }
+    for i in 0..5 {
+        assert_eq!(results[&format!("echo{i}")]["data"]["n"], i, "echo{i}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn time_parked_does_not_count_against_the_deadline() -> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let mut request = two_calls(&["calculate"]);
+    request.deadline_ms = 1_500;
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    parked(&mut api, &job_id).await?;
+    // Past the deadline, as a person takes their time.
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    api.decide_call(decide(&job_id, true, "")).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    Ok(())
+}

@@ -413,7 +413,7 @@ for k = 1, tonumber(ARGV[5]) do
   if redis.call('HEXISTS', KEYS[3], ARGV[5 + k]) == 0 then waiting = waiting + 1 end
 end
 if waiting == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'status', '$WAITING')
+redis.call('HSET', KEYS[1], 'status', '$WAITING', 'parked_at_ms', ARGV[2])
 local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
 redis.call('XADD', KEYS[4], '0-' .. events, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[2], 'final', '0')
 redis.call('DEL', KEYS[2])

@@ -210,6 +210,12 @@ local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-2, 0, 0} end
 if $ENDED then return {-1, 0, 0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0} end
+-- Time parked for an approval does not count against the deadline.
+local parked_at = tonumber(redis.call('HGET', KEYS[1], 'parked_at_ms'))
+if parked_at then
+  redis.call('HINCRBY', KEYS[1], 'parked_ms', math.max(0, tonumber(ARGV[3]) - parked_at))
+  redis.call('HDEL', KEYS[1], 'parked_at_ms')
+end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
 local resumed = 0

@@ -274,7 +274,11 @@ fn parse_record(
     };
     let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
     let number = |name: &str| field(name).parse::<u64>().unwrap_or_default();
-    let spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;
+    let mut spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;
+    // The deadline does not run while the job is parked for an approval
+    // (decision 0036): it moves by the time parked so far, which the lease
+    // adds up each time a runner takes the job again.
+    spec.deadline_ms = spec.deadline_ms.saturating_add(number("parked_ms"));
     let status: JobStatus = field("status").parse().map_err(|_| corrupt("status"))?;
     let error = match fields.get("error_code") {
         Some(code) => Some(JobError {
@@ -406,8 +410,10 @@ mod tests {
             ("cancel_requested", "1"),
             ("call_secret", "s3cret"),
             ("traceparent", traceparent),
+            ("parked_ms", "1000"),
         ]);
         let record = parse_record(&job(), &hash).unwrap().unwrap();
+        assert_eq!(record.spec.deadline_ms, 99 + 1000, "moved by the time parked");
         assert_eq!(record.job_id, job());
         assert_eq!(record.spec.tools, ["echo"]);
         assert_eq!(record.status, JobStatus::Failed);
