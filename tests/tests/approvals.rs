@@ -417,3 +417,148 @@ async fn time_parked_does_not_count_against_the_deadline() -> anyhow::Result<()>
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
     Ok(())
 }
+
+/// Short runner timers: a dead orchestrator's jobs move within seconds.
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+/// A job whose one call, with side effects on the counter `key`, is held.
+fn counted(key: &str) -> v1::SubmitJobRequest {
+    let script = json!([
+        {"tool_calls": [{"id": "count", "name": "increment_counter", "arguments": {"key": key}}]},
+        {"message": "{{count.data.value}}"}
+    ]);
+    let mut request = scripted_job("count once", &script);
+    request.require_approval = vec!["increment_counter".into()];
+    request
+}
+
+fn approve(job_id: &str) -> v1::DecideCallRequest {
+    let mut request = decide(job_id, true, "go");
+    request.call_id = "count".into();
+    request
+}
+
+#[tokio::test]
+async fn kill_9_of_orchestrators_while_parked_and_around_decisions_loses_and_repeats_nothing()
+-> anyhow::Result<()> {
+    const JOBS: usize = 6;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut ids = Vec::new();
+    // One more than is ever decided: it must never run.
+    for job in 0..=JOBS {
+        let request = counted(&format!("approved:{job}"));
+        ids.push(api.submit_job(request).await?.into_inner().job_id);
+    }
+    for job_id in &ids {
+        parked(&mut api, job_id).await?;
+    }
+    // Killed while every job is parked: nothing of theirs is in it.
+    fleet.orchestrator(0).kill();
+    let second = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let mut api = fleet.api(second).await?;
+    for job_id in &ids[..JOBS / 2] {
+        api.decide_call(approve(job_id)).await?;
+    }
+    // Killed as it takes the decided jobs up: between a decision and the
+    // dispatch, or during it.
+    fleet.orchestrator(second).kill();
+    let third = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let mut api = fleet.api(third).await?;
+    for job_id in &ids[JOBS / 2..JOBS] {
+        api.decide_call(approve(job_id)).await?;
+    }
+    for (job, job_id) in ids[..JOBS].iter().enumerate() {
+        let finished = wait_finished(&api, job_id).await?;
+        assert_eq!(finished.status(), v1::JobStatus::Succeeded, "{finished:?}");
+        assert_eq!(finished.output_text, "1", "job {job}");
+        assert_eq!(
+            fleet.counter(&format!("approved:{job}")).await?,
+            1,
+            "job {job} ran once"
+        );
+        let again = api
+            .decide_call(approve(job_id))
+            .await
+            .expect_err("decided once");
+        assert_eq!(again.code(), Code::FailedPrecondition);
+    }
+    // The undecided job still waits, and its call never ran.
+    let waiting = api
+        .get_job(v1::GetJobRequest {
+            job_id: ids[JOBS].clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(waiting.status(), v1::JobStatus::WaitingForApproval);
+    assert_eq!(fleet.counter(&format!("approved:{JOBS}")).await?, 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn parked_jobs_outlive_a_nats_restart_and_a_redis_restart() -> anyhow::Result<()> {
+    // Redis keeps its data across a restart (its append-only file).
+    let redis = toolfleet_tests::RedisConfig {
+        append_only: true,
+        ..Default::default()
+    };
+    let mut fleet = Fleet::start(test_fleet(1).redis(redis)).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut ids = Vec::new();
+    for job in 0..3 {
+        let request = counted(&format!("restarts:{job}"));
+        ids.push(api.submit_job(request).await?.into_inner().job_id);
+    }
+    for job_id in &ids {
+        parked(&mut api, job_id).await?;
+    }
+    fleet.nats.server().restart().await?;
+    fleet.redis.server().restart().await?;
+    for (job, job_id) in ids.iter().enumerate() {
+        // The API answers once Redis is back.
+        let decided = wait_until_ok(|| {
+            let mut api = api.clone();
+            let request = approve(job_id);
+            async move { api.decide_call(request).await }
+        })
+        .await?;
+        drop(decided);
+        let finished = wait_finished(&api, job_id).await?;
+        assert_eq!(finished.status(), v1::JobStatus::Succeeded, "{finished:?}");
+        assert_eq!(
+            fleet.counter(&format!("restarts:{job}")).await?,
+            1,
+            "job {job} ran once"
+        );
+    }
+    Ok(())
+}
+
+/// Calls `call` until it answers other than `UNAVAILABLE` (a server coming
+/// back), for at most 30 s.
+async fn wait_until_ok<T, F, Fut>(mut call: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        match call().await {
+            Ok(answer) => return Ok(answer.into_inner()),
+            Err(status)
+                if status.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(status) => return Err(status.into()),
+        }
+    }
+}

@@ -413,7 +413,11 @@ mod tests {
             ("parked_ms", "1000"),
         ]);
         let record = parse_record(&job(), &hash).unwrap().unwrap();
-        assert_eq!(record.spec.deadline_ms, 99 + 1000, "moved by the time parked");
+        assert_eq!(
+            record.spec.deadline_ms,
+            99 + 1000,
+            "moved by the time parked"
+        );
         assert_eq!(record.job_id, job());
         assert_eq!(record.spec.tools, ["echo"]);
         assert_eq!(record.status, JobStatus::Failed);
