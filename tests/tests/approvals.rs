@@ -530,7 +530,7 @@ async fn parked_jobs_outlive_a_nats_restart_and_a_redis_restart() -> anyhow::Res
             async move { api.decide_call(request).await }
         })
         .await?;
-        drop(decided);
+        assert_eq!(decided.status(), v1::JobStatus::WaitingForApproval, "job {job}");
         let finished = wait_finished(&api, job_id).await?;
         assert_eq!(finished.status(), v1::JobStatus::Succeeded, "{finished:?}");
         assert_eq!(
