@@ -279,6 +279,13 @@ impl RedisKeys {
         format!("{}:jobs:{{{tenant}}}", self.prefix)
     }
 
+    /// A tenant's held calls, scored by when they were held (a sorted set
+    /// of `<job id>/<call id>`): what `ListPendingApprovals` reads, oldest
+    /// first; entries decided or of ended jobs are dropped as it reads.
+    pub fn tenant_approvals(&self, tenant: &str) -> String {
+        format!("{}:approvals:{{{tenant}}}", self.prefix)
+    }
+
     /// A tenant's jobs that may still be queued or running (a set): its
     /// `max_active_jobs` quota counts them, dropping the finished ones.
     pub fn tenant_active_jobs(&self, tenant: &str) -> String {

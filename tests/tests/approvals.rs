@@ -530,7 +530,11 @@ async fn parked_jobs_outlive_a_nats_restart_and_a_redis_restart() -> anyhow::Res
             async move { api.decide_call(request).await }
         })
         .await?;
-        assert_eq!(decided.status(), v1::JobStatus::WaitingForApproval, "job {job}");
+        assert_eq!(
+            decided.status(),
+            v1::JobStatus::WaitingForApproval,
+            "job {job}"
+        );
         let finished = wait_finished(&api, job_id).await?;
         assert_eq!(finished.status(), v1::JobStatus::Succeeded, "{finished:?}");
         assert_eq!(
@@ -561,4 +565,105 @@ where
             Err(status) => return Err(status.into()),
         }
     }
+}
+
+fn pending_page(size: u32, token: &str) -> v1::ListPendingApprovalsRequest {
+    v1::ListPendingApprovalsRequest {
+        page_size: size,
+        page_token: token.to_owned(),
+    }
+}
+
+async fn toolfleet(args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(toolfleet_tests::cargo_bin("toolfleet")?)
+        .args(args)
+        .env_remove("TOOLFLEET_ADDR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(
+        output.status.success(),
+        "toolfleet {args:?}: {}\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
+#[tokio::test]
+async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_from_the_cli()
+-> anyhow::Result<()> {
+    let fleet = fleet().await?;
+    let mut api = fleet.api(0).await?;
+    let both = api.submit_job(two_calls(&["*"])).await?.into_inner().job_id;
+    parked(&mut api, &both).await?;
+    let one = api
+        .submit_job(two_calls(&["calculate"]))
+        .await?
+        .into_inner()
+        .job_id;
+    parked(&mut api, &one).await?;
+
+    let first = api
+        .list_pending_approvals(pending_page(2, ""))
+        .await?
+        .into_inner();
+    let second = api
+        .list_pending_approvals(pending_page(2, &first.next_page_token))
+        .await?
+        .into_inner();
+    let listed: Vec<(String, String)> = first
+        .approvals
+        .iter()
+        .chain(&second.approvals)
+        .map(|a| (a.job_id.clone(), a.call_id.clone()))
+        .collect();
+    let mut held_first = vec![
+        (both.clone(), "math".to_owned()),
+        (both.clone(), "say".to_owned()),
+    ];
+    held_first.sort();
+    let mut first_two = listed[..2].to_vec();
+    first_two.sort();
+    assert_eq!(first_two, held_first, "oldest first");
+    assert_eq!(listed[2], (one.clone(), "math".to_owned()));
+    assert_eq!(listed.len(), 3);
+    assert!(second.next_page_token.is_empty(), "{second:?}");
+    assert_eq!(first.approvals[0].rule, "job");
+    let bad = api
+        .list_pending_approvals(pending_page(2, "nonsense"))
+        .await;
+    assert_eq!(
+        bad.expect_err("a forged token").code(),
+        Code::InvalidArgument
+    );
+
+    // The CLI lists them with the commands that decide them, and decides.
+    let url = fleet.grpc_url(0).await?;
+    let shown = toolfleet(&["approvals", "--addr", &url]).await?;
+    assert!(
+        shown.contains(&format!("toolfleet approve {one} math")),
+        "{shown}"
+    );
+    toolfleet(&["approve", &both, "say", "--addr", &url]).await?;
+    toolfleet(&[
+        "reject", &both, "math", "--reason", "no sums", "--addr", &url,
+    ])
+    .await?;
+    let job = wait_finished(&api, &both).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    assert_eq!(
+        results(&job)["math"]["error"]["message"],
+        "a person rejected the call: no sums"
+    );
+    assert_eq!(results(&job)["say"]["data"]["text"], "hi");
+    // Decided calls leave the list.
+    let left = api
+        .list_pending_approvals(pending_page(0, ""))
+        .await?
+        .into_inner();
+    let left: Vec<&str> = left.approvals.iter().map(|a| a.job_id.as_str()).collect();
+    assert_eq!(left, [one.as_str()]);
+    Ok(())
 }

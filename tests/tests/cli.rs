@@ -156,7 +156,18 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
             help.stdout
         );
     }
-    for command in ["submit", "get", "watch", "trace", "cancel", "jobs", "tools"] {
+    for command in [
+        "submit",
+        "get",
+        "watch",
+        "trace",
+        "cancel",
+        "jobs",
+        "tools",
+        "approvals",
+        "approve",
+        "reject",
+    ] {
         let help = toolfleet(&[command, "--help"]).await?;
         assert!(
             help.stdout.contains("--addr <URL>"),
@@ -166,7 +177,18 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
     }
     // Each flag's default said once: in its text or by clap, not both.
     for command in [
-        "submit", "get", "watch", "trace", "cancel", "jobs", "tools", "dev", "bench",
+        "submit",
+        "get",
+        "watch",
+        "trace",
+        "cancel",
+        "jobs",
+        "tools",
+        "approvals",
+        "approve",
+        "reject",
+        "dev",
+        "bench",
     ] {
         let help = toolfleet(&[command, "--help"]).await?;
         for flag in help.stdout.split("\n\n") {

@@ -107,7 +107,7 @@ impl Server {
     /// # Errors
     ///
     /// As [`connect`].
-    async fn connect(&self) -> anyhow::Result<ApiClient> {
+    pub(crate) async fn connect(&self) -> anyhow::Result<ApiClient> {
         connect(&self.addr, self.token.as_deref(), &self.tls).await
     }
 }
@@ -795,7 +795,7 @@ pub(crate) fn scripted_demo(input: &str) -> Demo {
 }
 
 /// A failed call, in words: the server's message is written for people.
-fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
+pub(crate) fn rpc_error(rpc: &str, status: &tonic::Status) -> anyhow::Error {
     use tonic::Code;
     let hint = match status.code() {
         Code::Unavailable => "; is the orchestrator still running? retry, or check --addr",

@@ -11,6 +11,7 @@
 //! - `bench`: runs `toolfleet-bench`, the bench's own binary (crate
 //!   `toolfleet-bench`), with its arguments.
 
+mod approvals;
 mod bench;
 mod client;
 pub mod demo;
@@ -62,6 +63,13 @@ enum Command {
     Jobs(client::JobsArgs),
     /// List the tools the live workers serve.
     Tools(client::ToolsArgs),
+    /// List the calls of your jobs that wait for a person's approval,
+    /// oldest first, with the commands that decide them.
+    Approvals(approvals::ApprovalsArgs),
+    /// Approve a held call: it runs (with --arguments, as given).
+    Approve(approvals::ApproveArgs),
+    /// Reject a held call: the model gets REJECTED_BY_APPROVER and your reason.
+    Reject(approvals::RejectArgs),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.
     ///
@@ -118,6 +126,9 @@ impl Cli {
             Command::Cancel(args) => client::cancel(args).await,
             Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,
+            Command::Approvals(args) => approvals::list(args).await,
+            Command::Approve(args) => approvals::approve(args).await,
+            Command::Reject(args) => approvals::reject(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args),
             Command::Reap => {

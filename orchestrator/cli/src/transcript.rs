@@ -435,6 +435,12 @@ fn compact_text(text: &str) -> String {
     serde_json::from_str::<Value>(text).map_or_else(|_| text.to_owned(), |v| compact(&v))
 }
 
+/// A model's text (arguments, a reason) on one line, cut short: what a
+/// list shows of it.
+pub(crate) fn excerpt(text: &str) -> String {
+    truncate(&compact_text(text), QUOTE_CHARS)
+}
+
 /// `text` in quotes, on one line, cut at `max` characters.
 fn quote(text: &str, max: usize) -> String {
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");

@@ -13,7 +13,7 @@ use crate::auth::Caller;
 use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
-use crate::store::{ApprovalRequest, Decided, Decision};
+use crate::store::{ApprovalRequest, Decided, Decision, PendingCursor};
 
 /// Longest reason a decision may give: the model reads it.
 const MAX_REASON_BYTES: usize = 4096;
@@ -202,4 +202,77 @@ fn envelope_message(envelope: &toolfleet_proto::Envelope) -> String {
         || "do not match the tool's schema".to_owned(),
         |e| e.message.clone(),
     )
+}
+
+/// `ListPendingApprovals` page size when a request gives 0.
+const DEFAULT_PAGE_SIZE: usize = 50;
+/// Largest `ListPendingApprovals` page.
+const MAX_PAGE_SIZE: usize = 500;
+
+impl AgentApi {
+    /// A page of the caller's pending approvals, oldest first.
+    pub(super) async fn pending_approvals(
+        &self,
+        request: v1::ListPendingApprovalsRequest,
+        caller: &Caller,
+    ) -> Result<v1::ListPendingApprovalsResponse, Status> {
+        let limit = match request.page_size as usize {
+            0 => DEFAULT_PAGE_SIZE,
+            n if n > MAX_PAGE_SIZE => {
+                return Err(invalid(
+                    "page_size",
+                    format!("the limit is {MAX_PAGE_SIZE}"),
+                ));
+            }
+            n => n,
+        };
+        let cursor = match request.page_token.as_str() {
+            "" => None,
+            token => Some(parse_token(token)?),
+        };
+        let (page, next) = self
+            .store
+            .pending(&caller.tenant, cursor.as_ref(), limit)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(v1::ListPendingApprovalsResponse {
+            approvals: page
+                .into_iter()
+                .map(|pending| {
+                    let request = pending.request;
+                    v1::PendingApproval {
+                        job_id: pending.job_id.to_string(),
+                        call_id: request.call_id,
+                        tool: request.tool,
+                        arguments: request.arguments,
+                        reason: request.reason,
+                        rule: request.rule,
+                        requested_at_ms: request.requested_at_ms,
+                        expires_at_ms: request.expires_at_ms,
+                    }
+                })
+                .collect(),
+            next_page_token: next
+                .map_or_else(String::new, |c| format!("{}.{}", c.held_at_ms, c.member)),
+        })
+    }
+}
+
+/// A `page_token` read back: `<held at ms>.<member>`.
+fn parse_token(token: &str) -> Result<PendingCursor, Status> {
+    token
+        .split_once('.')
+        .and_then(|(at, member)| {
+            let held_at_ms = at.parse().ok()?;
+            (!member.is_empty() && member.len() <= 256).then(|| PendingCursor {
+                held_at_ms,
+                member: member.to_owned(),
+            })
+        })
+        .ok_or_else(|| {
+            invalid(
+                "page_token",
+                "is not a token this API gave; start again without one",
+            )
+        })
 }

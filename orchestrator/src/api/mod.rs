@@ -225,6 +225,13 @@ impl AgentService for StartingApi {
     ) -> Result<Response<v1::DecideCallResponse>, Status> {
         self.api()?.decide_call(request).await
     }
+
+    async fn list_pending_approvals(
+        &self,
+        request: Request<v1::ListPendingApprovalsRequest>,
+    ) -> Result<Response<v1::ListPendingApprovalsResponse>, Status> {
+        self.api()?.list_pending_approvals(request).await
+    }
 }
 
 #[tonic::async_trait]
@@ -335,6 +342,17 @@ impl AgentService for AgentApi {
         Ok(Response::new(v1::DecideCallResponse {
             status: v1::JobStatus::from(status).into(),
         }))
+    }
+
+    async fn list_pending_approvals(
+        &self,
+        request: Request<v1::ListPendingApprovalsRequest>,
+    ) -> Result<Response<v1::ListPendingApprovalsResponse>, Status> {
+        let caller = caller_of(&request);
+        let page = self
+            .pending_approvals(request.into_inner(), &caller)
+            .await?;
+        Ok(Response::new(page))
     }
 
     async fn cancel_job(

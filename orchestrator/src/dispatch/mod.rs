@@ -419,7 +419,7 @@ impl Dispatcher {
                 }
             }
         }
-        self.store.hold(lease, &held.new).await?;
+        self.store.hold(lease, &spec.tenant, &held.new).await?;
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
             let round = Round {

@@ -145,6 +145,25 @@ pub struct Approvals {
     pub decisions: HashMap<String, Decision>,
 }
 
+/// A call waiting for a decision, as `ListPendingApprovals` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pending {
+    /// Its job.
+    pub job_id: JobId,
+    /// The held call.
+    pub request: ApprovalRequest,
+}
+
+/// Where a page of pending approvals starts: after the entry held at
+/// `held_at_ms` with this member (`<job id>/<call id>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingCursor {
+    /// When the last entry of the previous page was held (Unix ms).
+    pub held_at_ms: u64,
+    /// Its member of the tenant's index.
+    pub member: String,
+}
+
 /// What [`JobStore::park`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parked {
@@ -308,6 +327,7 @@ impl JobStore {
             "recorded" => {
                 let events = text(2).parse().ok();
                 self.notify(job_id, Written::counted(events)).await;
+                self.forget_pending(job_id, call_id).await;
                 let requeue = text(1) == JobStatus::WaitingForApproval.as_str();
                 if requeue {
                     self.unpark(job_id).await?;
@@ -323,6 +343,123 @@ impl JobStore {
             _ => Decided::Ended,
         };
         Ok(decided)
+    }
+
+    /// Adds the calls `call_ids` (as events show them) of `job_id`, held at
+    /// `now`, to their tenant's index of pending approvals, after the
+    /// commit that held them: an entry always names a held call.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub(super) async fn index_held(
+        &self,
+        tenant: &str,
+        job_id: &JobId,
+        call_ids: &[&str],
+        now: u64,
+    ) -> Result<(), Error> {
+        let mut add = redis::cmd("ZADD");
+        add.arg(self.keys.tenant_approvals(tenant));
+        for call_id in call_ids {
+            add.arg(now).arg(pending_member(job_id, call_id));
+        }
+        let _: i64 = add.query_async(&mut self.conn()).await?;
+        Ok(())
+    }
+
+    /// The tenant's calls waiting for a decision, oldest first, at most
+    /// `limit`, after `cursor`; and where the next page starts, if one may
+    /// follow. Entries of calls decided, expired, or of ended jobs are
+    /// dropped from the index as they are met (at most `10 x limit` a page).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn pending(
+        &self,
+        tenant: &str,
+        cursor: Option<&PendingCursor>,
+        limit: usize,
+    ) -> Result<(Vec<Pending>, Option<PendingCursor>), Error> {
+        let index = self.keys.tenant_approvals(tenant);
+        let from = cursor.map_or(0, |c| c.held_at_ms);
+        let read = limit.saturating_mul(10).max(1);
+        let entries: Vec<(String, u64)> = redis::cmd("ZRANGE")
+            .arg(&index)
+            .arg(from)
+            .arg("+inf")
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(read + 1)
+            .arg("WITHSCORES")
+            .query_async(&mut self.conn())
+            .await?;
+        let after = |(member, score): &(String, u64)| {
+            cursor.is_none_or(|c| (*score, member.as_str()) > (c.held_at_ms, c.member.as_str()))
+        };
+        let more = entries.len() > read;
+        let now = now_ms();
+        let mut page = Vec::new();
+        let mut last = None;
+        let mut stale = Vec::new();
+        for (member, score) in entries.into_iter().filter(after).take(read) {
+            last = Some(PendingCursor {
+                held_at_ms: score,
+                member: member.clone(),
+            });
+            match self.still_pending(&member, now).await? {
+                Some(pending) => page.push(pending),
+                None => stale.push(member),
+            }
+            if page.len() == limit {
+                break;
+            }
+        }
+        if !stale.is_empty() {
+            let _: i64 = redis::cmd("ZREM")
+                .arg(&index)
+                .arg(&stale)
+                .query_async(&mut self.conn())
+                .await?;
+        }
+        let next = if page.len() == limit || more {
+            last
+        } else {
+            None
+        };
+        Ok((page, next))
+    }
+
+    /// The call an index `member` names, if it still waits for a decision.
+    async fn still_pending(&self, member: &str, now: u64) -> Result<Option<Pending>, Error> {
+        let Some((job_id, call_id)) = member
+            .split_once('/')
+            .and_then(|(job, call)| Some((JobId::parse(job)?, call)))
+        else {
+            return Ok(None);
+        };
+        let (status, fields): (Option<String>, HashMap<String, String>) = redis::pipe()
+            .hget(self.keys.job(&job_id), "status")
+            .hgetall(self.keys.job_approvals(&job_id))
+            .query_async(&mut self.conn())
+            .await?;
+        let ended = status
+            .and_then(|s| s.parse::<JobStatus>().ok())
+            .is_none_or(JobStatus::is_final);
+        // A job holds few calls: its requests are read whole.
+        let held = fields.iter().find_map(|(field, text)| {
+            let request: ApprovalRequest = serde_json::from_str(text).ok()?;
+            (request.call_id == call_id).then(|| (field.clone(), request))
+        });
+        Ok(held
+            .filter(|(wire_id, request)| {
+                !ended
+                    && !fields.contains_key(&decided_field(wire_id))
+                    && request.expires_at_ms > now
+            })
+            .map(|(_, request)| Pending { job_id, request }))
     }
 
     /// Moves a parked job back to the index of unfinished jobs (scored now,
@@ -376,6 +513,31 @@ impl JobStore {
         due.truncate(limit);
         Ok(due)
     }
+}
+
+impl JobStore {
+    /// Drops a decided call from its tenant's index of pending approvals.
+    /// Best effort: an entry left there is dropped when a page meets it.
+    async fn forget_pending(&self, job_id: &JobId, call_id: &str) {
+        let Some(tenant) = job_id.tenant() else {
+            return;
+        };
+        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
+            .arg(self.keys.tenant_approvals(tenant))
+            .arg(pending_member(job_id, call_id))
+            .query_async(&mut self.conn())
+            .await;
+        if let Err(err) = removed {
+            tracing::debug!(%job_id, error = %err, "could not drop a decided call from the pending index");
+        }
+    }
+}
+
+/// A held call's member of its tenant's index: `<job id>/<call id>`, the
+/// id its events show (a job id holds no `/`); never its wire id, which
+/// only the job's own processes may know.
+fn pending_member(job_id: &JobId, call_id: &str) -> String {
+    format!("{job_id}/{call_id}")
 }
 
 /// The prefix of a decision's field.

@@ -66,7 +66,12 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn hold(&self, lease: &Lease, held: &[HeldCall<'_>]) -> Result<(), Error> {
+    pub async fn hold(
+        &self,
+        lease: &Lease,
+        tenant: &str,
+        held: &[HeldCall<'_>],
+    ) -> Result<(), Error> {
         if held.is_empty() {
             return Ok(());
         }
@@ -76,7 +81,9 @@ impl JobStore {
             commit.events.push(call.event());
             commit.approvals.extend(call.fields(now));
         }
-        self.commit(lease, commit).await
+        self.commit(lease, commit).await?;
+        let call_ids: Vec<&str> = held.iter().map(|call| call.call_id).collect();
+        self.index_held(tenant, &lease.job_id, &call_ids, now).await
     }
 
     /// Records calls' final envelopes, one `tool_call_result` event each in

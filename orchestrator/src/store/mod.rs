@@ -61,7 +61,9 @@ use toolfleet_service::connect::RedisConnection;
 use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
-pub use approvals::{ApprovalRequest, Approvals, Decided, Decision, HeldCall, Parked};
+pub use approvals::{
+    ApprovalRequest, Approvals, Decided, Decision, HeldCall, Parked, Pending, PendingCursor,
+};
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
 pub use lease::Acquired;
