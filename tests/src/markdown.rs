@@ -15,11 +15,12 @@
 //! `127.0.0.1:PORT` by the fleet's gRPC address, `$TOOLFLEET_ADDR` set too.
 
 /// The documents whose blocks run.
-pub const RUN_DOCS: [&str; 4] = [
+pub const RUN_DOCS: [&str; 5] = [
     "README.md",
     "docs/api.md",
     "clients/python/README.md",
     "worker/README.md",
+    "docs/approvals.md",
 ];
 
 /// The placeholders of the gRPC address in the docs' commands.

@@ -143,13 +143,16 @@ class Client:
         max_tool_rounds: int = 0,
         deadline_ms: int = 0,
         parallel_tool_calls: Optional[bool] = None,
+        require_approval: Sequence[str] = (),
     ) -> Submitted:
         """Submits an agent job.
 
         With `script` (a list of turns, or its JSON text) the scripted model
         plays it; with `provider` ("openai-responses", "openai-chat") and
         `model`, a real model runs; with neither, the orchestrator's
-        `api.default_model`. `tools` limits the job to those tools.
+        `api.default_model`. `tools` limits the job to those tools;
+        `require_approval` holds every call of those tools ("*": all) until
+        a person decides it (`approve`, `reject`; docs/approvals.md).
         """
         spec = pb.ModelSpec(provider=provider, name=model)
         if script is not None:
@@ -163,6 +166,7 @@ class Client:
             idempotency_key=idempotency_key,
             max_tool_rounds=max_tool_rounds,
             deadline_ms=deadline_ms,
+            require_approval=list(require_approval),
         )
         if spec.provider or spec.name or spec.script:
             request.model.CopyFrom(spec)
@@ -229,6 +233,33 @@ class Client:
         return self._stub.ListTools(
             pb.ListToolsRequest(), timeout=self._timeout, metadata=self._metadata
         ).tools
+
+    def pending_approvals(self, *, page_size: int = 0, page_token: str = "") -> pb.ListPendingApprovalsResponse:
+        """A page of the calls of your jobs that wait for a decision, oldest
+        first."""
+        request = pb.ListPendingApprovalsRequest(page_size=page_size, page_token=page_token)
+        return self._stub.ListPendingApprovals(request, timeout=self._timeout, metadata=self._metadata)
+
+    def approve(
+        self, job_id: str, call_id: str, *, reason: str = "", arguments: Optional[Mapping[str, Any] | str] = None
+    ) -> int:
+        """Approves a held call: it runs, with `arguments` (a dict, or its JSON
+        text) instead of the model's if given. Returns the job's status. A
+        call is decided once: a second decision raises FAILED_PRECONDITION."""
+        request = pb.DecideCallRequest(
+            job_id=job_id, call_id=call_id, decision=pb.DECISION_APPROVE, reason=reason
+        )
+        if arguments is not None:
+            request.arguments = arguments if isinstance(arguments, str) else json.dumps(arguments)
+        return self._stub.DecideCall(request, timeout=self._timeout, metadata=self._metadata).status
+
+    def reject(self, job_id: str, call_id: str, reason: str) -> int:
+        """Rejects a held call: the model gets REJECTED_BY_APPROVER and the
+        reason. Returns the job's status."""
+        request = pb.DecideCallRequest(
+            job_id=job_id, call_id=call_id, decision=pb.DECISION_REJECT, reason=reason
+        )
+        return self._stub.DecideCall(request, timeout=self._timeout, metadata=self._metadata).status
 
     def run(self, input: str, **submit: Any) -> pb.Job:
         """Submits, waits for the end, and returns the job; raises JobFailed
