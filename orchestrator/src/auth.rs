@@ -65,6 +65,9 @@ pub struct Caller {
     /// Tools whose calls wait for a person's approval in the tenant's jobs
     /// (`"*"`: all).
     pub require_approval: Vec<String>,
+    /// The person this token or certificate stands for, when the tokens
+    /// file names one (`approvers`): recorded with their decisions.
+    pub approver: Option<String>,
 }
 
 impl Caller {
@@ -76,6 +79,7 @@ impl Caller {
             tools: None,
             quotas: Quotas::default(),
             require_approval: Vec::new(),
+            approver: None,
         }
     }
 }
@@ -134,9 +138,29 @@ struct TenantEntry {
     /// tenant, or `"*"` for all (docs/approvals.md).
     #[serde(default)]
     require_approval: Vec<String>,
+    /// Who decides with a token (by its hash) or a client certificate (by
+    /// its client name): the name recorded with each decision they make.
+    #[serde(default)]
+    approvers: BTreeMap<String, String>,
 }
 
 impl TenantEntry {
+    /// What is wrong with `approvers`: a key that is none of the tenant's
+    /// token hashes or client names, or a name that is empty, over 64
+    /// characters or not printable (it is shown in events and logs).
+    fn approvers_problem(&self) -> Option<&'static str> {
+        let known =
+            |key: &String| self.token_sha256.contains(key) || self.client_names.contains(key);
+        if !self.approvers.keys().all(known) {
+            return Some("approvers names a key that is none of its token_sha256 or client_names");
+        }
+        let printable = |name: &String| {
+            (1..=64).contains(&name.chars().count()) && !name.chars().any(char::is_control)
+        };
+        (!self.approvers.values().all(printable))
+            .then_some("an approver's name is 1 to 64 printable characters")
+    }
+
     /// The caller this entry makes `tenant`, after its checks; quotas it
     /// does not set come from `defaults`.
     fn caller(&self, tenant: &str, defaults: Quotas) -> Result<Arc<Caller>, String> {
@@ -151,6 +175,8 @@ impl TenantEntry {
             Some("tools lists no tool; list at least one, or leave the key out to allow every tool")
         } else if !self.require_approval.iter().all(|t| is_tool_pattern(t)) {
             Some("require_approval lists something that is neither a tool name nor \"*\"")
+        } else if let Some(why) = self.approvers_problem() {
+            Some(why)
         } else {
             own.problem()
         };
@@ -162,6 +188,7 @@ impl TenantEntry {
             tools: self.tools.clone(),
             quotas: defaults.overridden_by(own),
             require_approval: self.require_approval.clone(),
+            approver: None,
         }))
     }
 }
@@ -196,9 +223,18 @@ impl Tokens {
         Ok(tokens)
     }
 
-    /// Maps `entry`'s client names and token hashes to `caller`.
+    /// Maps `entry`'s client names and token hashes to `caller`, with the
+    /// approver each is named for.
     fn add(&mut self, caller: &Arc<Caller>, entry: &TenantEntry) -> Result<(), String> {
+        let caller_of = |key: &str| match entry.approvers.get(key) {
+            Some(name) => Arc::new(Caller {
+                approver: Some(name.clone()),
+                ..Caller::clone(caller)
+            }),
+            None => caller.clone(),
+        };
         for name in &entry.client_names {
+            let caller = &caller_of(name);
             if is_uri_name(name) {
                 if self
                     .by_client_uri
@@ -218,6 +254,7 @@ impl Tokens {
             self.by_client_name.push((parsed, caller.clone()));
         }
         for hex in &entry.token_sha256 {
+            let caller = &caller_of(hex);
             let hash = parse_sha256(hex)
                 .ok_or_else(|| format!("{hex:?} is not a SHA-256 in hex (64 characters)"))?;
             if self.by_hash.insert(hash, caller.clone()).is_some() {
@@ -435,7 +472,7 @@ mod tests {
         let tokens = Tokens::parse(
             &file(&format!(
                 "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
-             require_approval = [\"*\"]\n\
+             require_approval = [\"*\"]\napprovers = {{ \"{search}\" = \"Ana\" }}\n\
              [tenants.ads]\ntoken_sha256 = [\"{ads}\"]\n"
             )),
             Quotas::default(),
@@ -445,6 +482,7 @@ mod tests {
         assert_eq!(caller.tenant, "search");
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
         assert_eq!(caller.require_approval, ["*"]);
+        assert_eq!(caller.approver.as_deref(), Some("Ana"));
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
         assert!(tokens.caller(&search).is_none(), "the hash is not a token");
@@ -504,6 +542,15 @@ mod tests {
             (
                 "[tenants.a]\ntoken_sha256 = []\ntools = []\n",
                 "lists no tool",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\napprovers = { \"nobody\" = \"Al\" }\n",
+                "approvers names a key that is none of its token_sha256 or client_names",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\"]\n\
+                 approvers = { \"a.example\" = \"\" }\n",
+                "1 to 64 printable characters",
             ),
             (
                 "[tenants.a]\ntoken_sha256 = []\nrequire_approval = [\"a b\"]\n",

@@ -667,3 +667,137 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
     assert_eq!(left, [one.as_str()]);
     Ok(())
 }
+
+/// `message` with `token` as its bearer token.
+fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let value = format!("Bearer {token}").parse().expect("ascii");
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
+#[tokio::test]
+async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> anyhow::Result<()> {
+    use toolfleet_orchestrator::auth::token_sha256;
+    let (ops, bot, other) = ("tok-ops-41d2", "tok-bot-9e07", "tok-other-5a3c");
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.toml");
+    // The tenant asks approval of every calculate call; its people decide.
+    std::fs::write(
+        &tokens,
+        format!(
+            "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\nrequire_approval = [\"calculate\"]\n\
+             approvers = {{ \"{}\" = \"Ana Lima\" }}\n\n[tenants.other]\ntoken_sha256 = [\"{}\"]\n",
+            token_sha256(ops),
+            token_sha256(bot),
+            token_sha256(ops),
+            token_sha256(other)
+        ),
+    )?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let file = tokens.to_string_lossy().into_owned();
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", &file),
+        ])
+        .await?;
+    let mut api = fleet.api(0).await?;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let tools = api
+                .list_tools(as_tenant(bot, v1::ListToolsRequest {}))
+                .await;
+            if tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await?;
+
+    // The job asks nothing; the tenant's rule holds its calculate call.
+    let job_id = api
+        .submit_job(as_tenant(bot, two_calls(&[])))
+        .await?
+        .into_inner()
+        .job_id;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while api
+        .get_job(as_tenant(
+            bot,
+            v1::GetJobRequest {
+                job_id: job_id.clone(),
+            },
+        ))
+        .await?
+        .into_inner()
+        .status()
+        != v1::JobStatus::WaitingForApproval
+    {
+        anyhow::ensure!(tokio::time::Instant::now() < deadline, "never parked");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Another tenant neither sees nor decides it.
+    let theirs = api
+        .list_pending_approvals(as_tenant(other, pending_page(0, "")))
+        .await?
+        .into_inner();
+    assert!(theirs.approvals.is_empty(), "{theirs:?}");
+    let refused = api
+        .decide_call(as_tenant(other, decide(&job_id, true, "")))
+        .await
+        .expect_err("another tenant's call");
+    assert_eq!(refused.code(), Code::NotFound);
+    let ours = api
+        .list_pending_approvals(as_tenant(bot, pending_page(0, "")))
+        .await?
+        .into_inner();
+    assert_eq!(ours.approvals.len(), 1);
+    assert_eq!(ours.approvals[0].rule, "tenant");
+    assert_eq!(
+        ours.approvals[0].reason,
+        "the tenant requires approval of every call of calculate"
+    );
+
+    api.decide_call(as_tenant(ops, decide(&job_id, true, "checked")))
+        .await?;
+    let again = api
+        .decide_call(as_tenant(bot, decide(&job_id, false, "no")))
+        .await
+        .expect_err("decided once");
+    assert!(
+        again
+            .message()
+            .contains("already approved by Ana Lima (tenant ops)"),
+        "{}",
+        again.message()
+    );
+    let mut stream = api
+        .watch_job(as_tenant(
+            bot,
+            v1::WatchJobRequest {
+                job_id: job_id.clone(),
+                from_offset: 0,
+            },
+        ))
+        .await?
+        .into_inner();
+    let mut decided = None;
+    while let Some(event) = stream.message().await? {
+        if event.kind == "tool_call_decided" {
+            decided = Some(serde_json::from_str::<Value>(&event.data)?);
+        }
+        if event.r#final {
+            assert_eq!(event.kind, "job_succeeded", "{}", event.data);
+            break;
+        }
+    }
+    let decided = decided.expect("a tool_call_decided event");
+    assert_eq!(decided["approver"], "Ana Lima");
+    assert_eq!(decided["tenant"], "ops");
+    assert_eq!(decided["decision"], "approved");
+    assert_eq!(decided["reason"], "checked");
+    Ok(())
+}

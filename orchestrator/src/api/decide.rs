@@ -69,7 +69,7 @@ impl AgentApi {
             reason: request.reason,
             arguments,
             tenant: caller.tenant.clone(),
-            approver: None,
+            approver: caller.approver.clone(),
             at_ms: now_ms(),
         };
         let decided = self
