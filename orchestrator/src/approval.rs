@@ -125,6 +125,7 @@ mod tests {
         ApprovalPolicy {
             tenant: owned(tenant),
             job: owned(job),
+            timeout_ms: None,
         }
     }
 

@@ -68,6 +68,9 @@ pub struct Caller {
     /// The person this token or certificate stands for, when the tokens
     /// file names one (`approvers`): recorded with their decisions.
     pub approver: Option<String>,
+    /// How long the tenant's held calls wait for a decision; `None`:
+    /// `approval.timeout`.
+    pub approval_timeout: Option<Duration>,
 }
 
 impl Caller {
@@ -80,6 +83,7 @@ impl Caller {
             quotas: Quotas::default(),
             require_approval: Vec::new(),
             approver: None,
+            approval_timeout: None,
         }
     }
 }
@@ -142,6 +146,10 @@ struct TenantEntry {
     /// its client name): the name recorded with each decision they make.
     #[serde(default)]
     approvers: BTreeMap<String, String>,
+    /// How long the tenant's held calls wait for a decision (`"2h"`);
+    /// absent: `approval.timeout`.
+    #[serde(default, with = "humantime_serde")]
+    approval_timeout: Option<Duration>,
 }
 
 impl TenantEntry {
@@ -177,6 +185,8 @@ impl TenantEntry {
             Some("require_approval lists something that is neither a tool name nor \"*\"")
         } else if let Some(why) = self.approvers_problem() {
             Some(why)
+        } else if self.approval_timeout.is_some_and(|t| t.is_zero()) {
+            Some("approval_timeout must be longer than 0s")
         } else {
             own.problem()
         };
@@ -189,6 +199,7 @@ impl TenantEntry {
             quotas: defaults.overridden_by(own),
             require_approval: self.require_approval.clone(),
             approver: None,
+            approval_timeout: self.approval_timeout,
         }))
     }
 }
@@ -473,6 +484,7 @@ mod tests {
             &file(&format!(
                 "[tenants.search]\ntoken_sha256 = [\"{search}\"]\ntools = [\"calculate\"]\n\
              require_approval = [\"*\"]\napprovers = {{ \"{search}\" = \"Ana\" }}\n\
+             approval_timeout = \"2h\"\n\
              [tenants.ads]\ntoken_sha256 = [\"{ads}\"]\n"
             )),
             Quotas::default(),
@@ -483,6 +495,7 @@ mod tests {
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
         assert_eq!(caller.require_approval, ["*"]);
         assert_eq!(caller.approver.as_deref(), Some("Ana"));
+        assert_eq!(caller.approval_timeout, Some(Duration::from_secs(7200)));
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
         assert!(tokens.caller(&search).is_none(), "the hash is not a token");
@@ -542,6 +555,10 @@ mod tests {
             (
                 "[tenants.a]\ntoken_sha256 = []\ntools = []\n",
                 "lists no tool",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\napproval_timeout = \"0s\"\n",
+                "approval_timeout must be longer than 0s",
             ),
             (
                 "[tenants.a]\ntoken_sha256 = []\napprovers = { \"nobody\" = \"Al\" }\n",

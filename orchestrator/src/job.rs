@@ -167,11 +167,15 @@ pub struct ApprovalPolicy {
     /// The job's own, from its request.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub job: Vec<String>,
+    /// How long a held call waits for a decision: the tenant's
+    /// `approval_timeout` when it has one; else `approval.timeout`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 impl ApprovalPolicy {
     fn is_empty(&self) -> bool {
-        self.tenant.is_empty() && self.job.is_empty()
+        self.tenant.is_empty() && self.job.is_empty() && self.timeout_ms.is_none()
     }
 }
 

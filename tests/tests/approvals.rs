@@ -668,6 +668,62 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
     Ok(())
 }
 
+/// A fleet whose orchestrator authenticates with the tokens file `text`
+/// (and `env`), once `token` sees the test tools.
+async fn with_tokens(
+    text: &str,
+    token: &str,
+    env: &[(&str, &str)],
+) -> anyhow::Result<(tempfile::TempDir, Fleet, ApiClient)> {
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(&tokens, text)?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let file = tokens.to_string_lossy().into_owned();
+    let mut all = vec![
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
+    ];
+    all.extend_from_slice(env);
+    fleet.spawn_orchestrator(&all).await?;
+    let mut api = fleet.api(0).await?;
+    tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let tools = api
+                .list_tools(as_tenant(token, v1::ListToolsRequest {}))
+                .await;
+            if tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo")) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await?;
+    Ok((dir, fleet, api))
+}
+
+/// Waits until the job is parked, asking as the tenant of `token`.
+async fn parked_as(api: &mut ApiClient, token: &str, job_id: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let request = || v1::GetJobRequest {
+        job_id: job_id.to_owned(),
+    };
+    while api
+        .get_job(as_tenant(token, request()))
+        .await?
+        .into_inner()
+        .status()
+        != v1::JobStatus::WaitingForApproval
+    {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "job {job_id} never parked"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
 /// `message` with `token` as its bearer token.
 fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -680,41 +736,16 @@ fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
 async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> anyhow::Result<()> {
     use toolfleet_orchestrator::auth::token_sha256;
     let (ops, bot, other) = ("tok-ops-41d2", "tok-bot-9e07", "tok-other-5a3c");
-    let dir = tempfile::tempdir()?;
-    let tokens = dir.path().join("tokens.toml");
     // The tenant asks approval of every calculate call; its people decide.
-    std::fs::write(
-        &tokens,
-        format!(
-            "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\nrequire_approval = [\"calculate\"]\n\
-             approvers = {{ \"{}\" = \"Ana Lima\" }}\n\n[tenants.other]\ntoken_sha256 = [\"{}\"]\n",
-            token_sha256(ops),
-            token_sha256(bot),
-            token_sha256(ops),
-            token_sha256(other)
-        ),
-    )?;
-    let mut fleet = Fleet::start(test_fleet(1)).await?;
-    let file = tokens.to_string_lossy().into_owned();
-    fleet
-        .spawn_orchestrator(&[
-            ("TOOLFLEET_API__AUTH", "tokens"),
-            ("TOOLFLEET_API__TOKENS_FILE", &file),
-        ])
-        .await?;
-    let mut api = fleet.api(0).await?;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let tools = api
-                .list_tools(as_tenant(bot, v1::ListToolsRequest {}))
-                .await;
-            if tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo")) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await?;
+    let text = format!(
+        "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\nrequire_approval = [\"calculate\"]\n\
+         approvers = {{ \"{}\" = \"Ana Lima\" }}\n\n[tenants.other]\ntoken_sha256 = [\"{}\"]\n",
+        token_sha256(ops),
+        token_sha256(bot),
+        token_sha256(ops),
+        token_sha256(other)
+    );
+    let (_dir, _fleet, mut api) = with_tokens(&text, bot, &[]).await?;
 
     // The job asks nothing; the tenant's rule holds its calculate call.
     let job_id = api
@@ -799,5 +830,48 @@ async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> an
     assert_eq!(decided["tenant"], "ops");
     assert_eq!(decided["decision"], "approved");
     assert_eq!(decided["reason"], "checked");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_held_call_nobody_decides_expires_by_its_tenants_timeout() -> anyhow::Result<()> {
+    use toolfleet_orchestrator::auth::token_sha256;
+    let token = "tok-slow-77aa";
+    let text = format!(
+        "[tenants.slow]\ntoken_sha256 = [\"{}\"]\napproval_timeout = \"1s\"\n",
+        token_sha256(token)
+    );
+    // The sweeper, which wakes a parked job at its first expiry, looks often.
+    let env = [("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "200ms")];
+    let (_dir, _fleet, mut api) = with_tokens(&text, token, &env).await?;
+    let job_id = api
+        .submit_job(as_tenant(token, two_calls(&["calculate"])))
+        .await?
+        .into_inner()
+        .job_id;
+    parked_as(&mut api, token, &job_id).await?;
+    let job = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let request = v1::GetJobRequest {
+                job_id: job_id.clone(),
+            };
+            let job = api.get_job(as_tenant(token, request)).await?.into_inner();
+            if job.status() == v1::JobStatus::Succeeded {
+                return anyhow::Ok(job);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await??;
+    assert!(
+        job.output_text.contains("APPROVAL_EXPIRED"),
+        "{}",
+        job.output_text
+    );
+    let late = api
+        .decide_call(as_tenant(token, decide(&job_id, true, "")))
+        .await
+        .expect_err("after its expiry");
+    assert_eq!(late.code(), Code::FailedPrecondition);
     Ok(())
 }

@@ -360,6 +360,9 @@ pub(super) fn job_spec(
         approval: ApprovalPolicy {
             tenant: caller.require_approval.clone(),
             job: request.require_approval,
+            timeout_ms: caller
+                .approval_timeout
+                .map(toolfleet_service::clock::millis),
         },
         limits: JobLimits {
             max_calls_per_turn: options.max_calls_per_turn,
@@ -505,6 +508,7 @@ mod tests {
         request.require_approval = vec!["calculate".into()];
         let caller = Caller {
             require_approval: vec!["*".into()],
+            approval_timeout: Some(Duration::from_secs(7200)),
             ..caller(None)
         };
         let spec = job_spec(request, &caller, rules(&options())).expect("a valid request");
@@ -513,6 +517,7 @@ mod tests {
             ApprovalPolicy {
                 tenant: vec!["*".into()],
                 job: vec!["calculate".into()],
+                timeout_ms: Some(7_200_000),
             }
         );
     }

@@ -401,7 +401,11 @@ impl Dispatcher {
                     Admission::Publish(policy) => Ok((call.clone(), policy)),
                     Admission::Refuse(envelope) => Err(envelope),
                     Admission::Hold(rule, policy) => {
-                        match held.decide(call, rule, approvals, &self.approval) {
+                        let timeout = spec
+                            .approval
+                            .timeout_ms
+                            .map_or(self.approval.timeout, Duration::from_millis);
+                        match held.decide(call, rule, approvals, timeout) {
                             Some(Ok(approved)) => Ok((approved, policy)),
                             Some(Err(envelope)) => Err(envelope),
                             None => continue,
@@ -698,7 +702,7 @@ impl<'a> Held<'a> {
         call: &'a PlannedCall,
         rule: Rule,
         approvals: &Approvals,
-        options: &ApprovalOptions,
+        timeout: Duration,
     ) -> Option<Result<PlannedCall, Envelope>> {
         if let Some(decision) = approvals.decisions.get(&call.wire_id) {
             if decision.approved {
@@ -713,7 +717,7 @@ impl<'a> Held<'a> {
         let expires_at_ms = match approvals.requests.get(&call.wire_id) {
             Some(request) => request.expires_at_ms,
             None => {
-                let expires_at_ms = now.saturating_add(millis(options.timeout));
+                let expires_at_ms = now.saturating_add(millis(timeout));
                 self.new.push(HeldCall {
                     wire_id: &call.wire_id,
                     call_id: &call.event_id,
