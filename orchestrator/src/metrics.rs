@@ -85,6 +85,35 @@ pub(crate) fn tool_calls_waiting(tool: &str, waiting: u64) {
     metrics::gauge!(TOOL_CALLS_WAITING, "tool" => tool.to_owned()).set(waiting as f64);
 }
 
+/// Calls held for a person's approval, by `tool` and `rule` (`manifest`,
+/// `tenant` or `job`).
+pub const APPROVALS_REQUESTED_TOTAL: &str = "toolfleet_approvals_requested_total";
+/// Held calls decided, by `tool` and `decision` (`approved`, `rejected`, or
+/// `expired` when nobody decided in time).
+pub const APPROVAL_DECISIONS_TOTAL: &str = "toolfleet_approval_decisions_total";
+/// Time from a call held to a person's decision, in seconds, by `tool`
+/// (buckets from a second to a day).
+pub const APPROVAL_WAIT: &str = "toolfleet_approval_wait_seconds";
+
+pub(crate) fn approval_requested(tool: &str, rule: &'static str) {
+    metrics::counter!(APPROVALS_REQUESTED_TOTAL, "tool" => tool.to_owned(), "rule" => rule)
+        .increment(1);
+}
+
+/// A held call of `tool` decided (`decision`), after `waited` when a person
+/// decided it.
+pub(crate) fn approval_decided(
+    tool: &str,
+    decision: &'static str,
+    waited: Option<std::time::Duration>,
+) {
+    metrics::counter!(APPROVAL_DECISIONS_TOTAL, "tool" => tool.to_owned(), "decision" => decision)
+        .increment(1);
+    if let Some(waited) = waited {
+        metrics::histogram!(APPROVAL_WAIT, "tool" => tool.to_owned()).record(waited.as_secs_f64());
+    }
+}
+
 /// Makes the unlabelled series exist from the start, at 0, so that a rate
 /// over them is 0 rather than empty before the first event.
 pub(crate) fn register() {

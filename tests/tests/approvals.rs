@@ -95,7 +95,12 @@ fn decide(job_id: &str, approve: bool, reason: &str) -> v1::DecideCallRequest {
 #[tokio::test]
 async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() -> anyhow::Result<()>
 {
-    let fleet = fleet().await?;
+    let metrics = toolfleet_tests::free_loopback_address()?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &metrics)])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate", "echo"], 1).await?;
     let mut api = fleet.api(0).await?;
     let job_id = api
         .submit_job(two_calls(&["calculate"]))
@@ -157,6 +162,16 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
     let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
     assert!(kinds.contains(&"tool_call_decided"), "{kinds:?}");
     assert!(kinds.contains(&"job_resumed"), "{kinds:?}");
+
+    let (_, scraped) = toolfleet_tests::http_get(&metrics, "/metrics").await?;
+    for line in [
+        r#"toolfleet_approvals_requested_total{tool="calculate",rule="job"} 1"#,
+        r#"toolfleet_approval_decisions_total{tool="calculate",decision="approved"} 1"#,
+        r#"toolfleet_approval_wait_seconds_bucket{tool="calculate",le="86400"} 1"#,
+        r#"toolfleet_approval_wait_seconds_count{tool="calculate"} 1"#,
+    ] {
+        assert!(scraped.contains(line), "{line} in:\n{scraped}");
+    }
     Ok(())
 }
 

@@ -77,6 +77,11 @@ impl AgentApi {
             .decide(&job_id, wire_id, call_id, &decision)
             .await
             .map_err(|e| to_status(&e))?;
+        if let Decided::Recorded { .. } = decided {
+            let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
+            let waited = std::time::Duration::from_millis(waited);
+            crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));
+        }
         self.answer(decided, &record, wire_id, held, &caller.tenant)
             .await
     }

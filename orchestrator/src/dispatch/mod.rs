@@ -718,6 +718,7 @@ impl<'a> Held<'a> {
             Some(request) => request.expires_at_ms,
             None => {
                 let expires_at_ms = now.saturating_add(millis(timeout));
+                crate::metrics::approval_requested(&call.name, rule.source());
                 self.new.push(HeldCall {
                     wire_id: &call.wire_id,
                     call_id: &call.event_id,
@@ -731,6 +732,7 @@ impl<'a> Held<'a> {
             }
         };
         if expires_at_ms <= now {
+            crate::metrics::approval_decided(&call.name, "expired", None);
             return Some(Err(Envelope::terminal(
                 ErrorCode::APPROVAL_EXPIRED,
                 "nobody approved or rejected the call in time; it was not run",

@@ -95,6 +95,16 @@ pub const DURATION_BUCKETS: [f64; 17] = [
     120.0, 300.0,
 ];
 
+/// Buckets of the waits for people (a call held for approval): a second to
+/// a day, where [`DURATION_BUCKETS`] end at five minutes.
+pub const HUMAN_WAIT_BUCKETS: [f64; 12] = [
+    1.0, 10.0, 30.0, 60.0, 300.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 86400.0,
+];
+
+/// The histograms of waits for people, which take [`HUMAN_WAIT_BUCKETS`]:
+/// the orchestrator's time from a held call to its decision.
+pub const HUMAN_WAITS: [&str; 1] = ["toolfleet_approval_wait_seconds"];
+
 /// Where the process's metrics go: Prometheus (scraped from
 /// [`serve_http`]) and OTLP (pushed), either, both or neither.
 #[derive(Default)]
@@ -131,9 +141,14 @@ pub fn install_metrics(
     // Real histograms, so that percentiles can be taken over replicas and
     // over time (a summary's quantiles cannot be added up).
     let prometheus = if prometheus {
-        let recorder = PrometheusBuilder::new()
-            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)?
-            .build_recorder();
+        // A full name sorts before every suffix: it wins over `_seconds`.
+        let mut builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &DURATION_BUCKETS)?;
+        for name in HUMAN_WAITS {
+            builder =
+                builder.set_buckets_for_metric(Matcher::Full(name.into()), &HUMAN_WAIT_BUCKETS)?;
+        }
+        let recorder = builder.build_recorder();
         let handle = recorder.handle();
         // Built, not installed: its upkeep (draining histograms) is ours.
         let upkeep = handle.clone();
