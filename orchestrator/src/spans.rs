@@ -9,6 +9,7 @@
 //! ├─ model turn                   turn:<n>
 //! │  └─ record_turn / finish      (a Redis commit)
 //! └─ tool call <tool>             call:<wire id>
+//!    ├─ approval <tool>           approval:<wire id> (held to decided; api/decide.rs)
 //!    ├─ attempt <n>               attempt:<wire id>:<n>
 //!    │  ├─ record_dispatch
 //!    │  └─ execute <tool>         (in the worker, from the call's headers)
@@ -30,6 +31,8 @@ pub(crate) enum Step<'a> {
     Call(&'a str),
     /// An attempt of a call.
     Attempt(&'a str, u32),
+    /// A call's wait for a person's decision.
+    Approval(&'a str),
 }
 
 impl Step<'_> {
@@ -38,6 +41,7 @@ impl Step<'_> {
             Self::Turn(turn) => format!("turn:{turn}"),
             Self::Call(wire_id) => format!("call:{wire_id}"),
             Self::Attempt(wire_id, attempt) => format!("attempt:{wire_id}:{attempt}"),
+            Self::Approval(wire_id) => format!("approval:{wire_id}"),
         }
     }
 }
@@ -106,6 +110,24 @@ pub(crate) fn call(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
     let name = format!("tool call {}", call.tool);
     let step = Step::Call(call.wire_id).name();
     let mut span = StepSpan::step(Some(trace), name, SpanKind::Internal, &step, None);
+    span.set("toolfleet.tool", call.tool.to_owned());
+    span.set("toolfleet.call_id", call.event_id.to_owned());
+    span
+}
+
+/// The span of a held call's wait for a person's decision, under its
+/// call's span; the caller sets when it began (the call was held).
+pub(crate) fn approval(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
+    let Some(trace) = recorded(trace) else {
+        return StepSpan::off();
+    };
+    let mut span = StepSpan::step(
+        Some(trace),
+        format!("approval {}", call.tool),
+        SpanKind::Internal,
+        &Step::Approval(call.wire_id).name(),
+        Some(&Step::Call(call.wire_id).name()),
+    );
     span.set("toolfleet.tool", call.tool.to_owned());
     span.set("toolfleet.call_id", call.event_id.to_owned());
     span

@@ -386,3 +386,61 @@ async fn spans_go_over_http_too_and_an_unsampled_job_sends_none() -> anyhow::Res
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Result<()> {
+    let collector = Collector::start().await?;
+    let export = collector.env();
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&with(&[], &export))).await?;
+    fleet.spawn_orchestrator(&with(&[], &export)).await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "math", "name": "calculate", "arguments": {"expression": "1 + 1"}}]},
+        {"message": "{{math.data.result}}"}
+    ]);
+    let mut request = scripted_job("held", &script);
+    request.require_approval = vec!["calculate".into()];
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    wait_until("the job to park", WAIT, || {
+        let (mut api, job_id) = (api.clone(), job_id.clone());
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.get_ref().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    // A person takes a moment.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.decide_call(v1::DecideCallRequest {
+        job_id: job_id.clone(),
+        call_id: "math".into(),
+        decision: v1::Decision::Approve.into(),
+        reason: String::new(),
+        arguments: None,
+    })
+    .await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.output_text, "2");
+    stop_all(&fleet).await?;
+
+    let spans = collector.spans();
+    let call = one(named(&spans, "tool call calculate"), "the call");
+    let wait = one(named(&spans, "approval calculate"), "the wait");
+    assert_eq!(wait.parent_id(), call.span_id(), "under its call");
+    assert_eq!(
+        wait.attribute("toolfleet.decision").as_deref(),
+        Some("approved")
+    );
+    assert_eq!(
+        wait.attribute("toolfleet.approval.rule").as_deref(),
+        Some("job")
+    );
+    let lasted = wait.span.end_time_unix_nano - wait.span.start_time_unix_nano;
+    assert!(lasted >= 300_000_000, "from held to decided: {lasted} ns");
+    // The call ran after the wait, under the same call span.
+    let attempt = one(named(&spans, "attempt 1"), "the attempt");
+    assert_eq!(attempt.parent_id(), call.span_id());
+    assert!(attempt.span.start_time_unix_nano >= wait.span.end_time_unix_nano);
+    Ok(())
+}

@@ -13,6 +13,7 @@ use crate::auth::Caller;
 use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
+use crate::spans;
 use crate::store::{ApprovalRequest, Decided, Decision, PendingCursor};
 
 /// Longest reason a decision may give: the model reads it.
@@ -78,9 +79,7 @@ impl AgentApi {
             .await
             .map_err(|e| to_status(&e))?;
         if let Decided::Recorded { .. } = decided {
-            let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
-            let waited = std::time::Duration::from_millis(waited);
-            crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));
+            record_wait(&record, wire_id, held, &decision);
         }
         self.answer(decided, &record, wire_id, held, &caller.tenant)
             .await
@@ -175,6 +174,29 @@ impl AgentApi {
                 ))
             })
     }
+}
+
+/// The wait that `decision` ended, in the metrics and as a span of the
+/// job's trace, from when the call was held.
+fn record_wait(record: &JobRecord, wire_id: &str, held: &ApprovalRequest, decision: &Decision) {
+    let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
+    let waited = std::time::Duration::from_millis(waited);
+    crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));
+    let call = spans::CallRef {
+        tool: &held.tool,
+        wire_id,
+        event_id: &held.call_id,
+    };
+    let mut span = spans::approval(record.trace.as_ref(), call);
+    let held_at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(held.requested_at_ms);
+    span.started_at(held_at);
+    span.set("toolfleet.decision", decision.word());
+    span.set("toolfleet.approval.rule", held.rule.clone());
+    span.set("toolfleet.tenant", decision.tenant.clone());
+    if let Some(approver) = &decision.approver {
+        span.set("toolfleet.approver", approver.clone());
+    }
+    span.end();
 }
 
 /// A reason within [`MAX_REASON_BYTES`], and given when rejecting.
