@@ -145,6 +145,20 @@ async fn get_and_watch_exit_by_how_the_job_ended_and_watch_ends_with_its_final_s
     Ok(())
 }
 
+/// The commands that call an orchestrator's API.
+const CLIENT_COMMANDS: [&str; 10] = [
+    "submit",
+    "get",
+    "watch",
+    "trace",
+    "cancel",
+    "jobs",
+    "tools",
+    "approvals",
+    "approve",
+    "reject",
+];
+
 #[tokio::test]
 async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
     for command in ["dev", "bench"] {
@@ -156,18 +170,7 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
             help.stdout
         );
     }
-    for command in [
-        "submit",
-        "get",
-        "watch",
-        "trace",
-        "cancel",
-        "jobs",
-        "tools",
-        "approvals",
-        "approve",
-        "reject",
-    ] {
+    for command in CLIENT_COMMANDS {
         let help = toolfleet(&[command, "--help"]).await?;
         assert!(
             help.stdout.contains("--addr <URL>"),
@@ -176,20 +179,7 @@ async fn only_the_client_commands_take_an_address() -> anyhow::Result<()> {
         );
     }
     // Each flag's default said once: in its text or by clap, not both.
-    for command in [
-        "submit",
-        "get",
-        "watch",
-        "trace",
-        "cancel",
-        "jobs",
-        "tools",
-        "approvals",
-        "approve",
-        "reject",
-        "dev",
-        "bench",
-    ] {
+    for command in CLIENT_COMMANDS.into_iter().chain(["dev", "bench"]) {
         let help = toolfleet(&[command, "--help"]).await?;
         for flag in help.stdout.split("\n\n") {
             assert!(
