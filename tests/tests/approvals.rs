@@ -202,15 +202,7 @@ async fn a_rejected_call_is_answered_with_the_reason_and_an_edited_one_runs_as_e
         job.output_text
     );
     assert!(job.output_text.ends_with(" / hi"), "{}", job.output_text);
-    let result = job
-        .items
-        .iter()
-        .find_map(|item| match &item.kind {
-            Some(v1::item::Kind::ToolResult(r)) if r.call_id == "math" => Some(r.output.clone()),
-            _ => None,
-        })
-        .expect("the rejected call's result");
-    let envelope: Value = serde_json::from_str(&result)?;
+    let envelope = &results(&job)["math"];
     assert_eq!(
         envelope["error"]["message"],
         "a person rejected the call: not on a Sunday"
