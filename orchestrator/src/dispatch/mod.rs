@@ -362,7 +362,8 @@ impl Dispatcher {
     /// Runs one round of `run`: every call gets an outcome, in the order
     /// given, or waits for a person's decision. `attempts` holds the
     /// attempts already dispatched (a resumed round), `approvals` the calls
-    /// held in the job and their decisions.
+    /// held in the job and their decisions: `None` for a fresh round, none
+    /// of whose calls was held yet (they are read if one needs approval).
     ///
     /// # Errors
     ///
@@ -374,7 +375,7 @@ impl Dispatcher {
         calls: &[PlannedCall],
         attempts: &HashMap<String, u32>,
         offered: &HashMap<String, LiveTool>,
-        approvals: &Approvals,
+        mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
         let RunRef {
             lease,
@@ -395,17 +396,19 @@ impl Dispatcher {
                 // An approved call runs with the arguments it was approved
                 // with, in every attempt.
                 let policy = self.retry_policy(&call.name, offered);
-                Ok((as_approved(call, approvals), policy))
+                let call = approvals
+                    .as_ref()
+                    .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
+                Ok((call, policy))
             } else {
                 match self.admit(spec, index, call, offered) {
                     Admission::Publish(policy) => Ok((call.clone(), policy)),
                     Admission::Refuse(envelope) => Err(envelope),
                     Admission::Hold(rule, policy) => {
-                        let timeout = spec
-                            .approval
-                            .timeout_ms
-                            .map_or(self.approval.timeout, Duration::from_millis);
-                        match held.decide(call, rule, approvals, timeout) {
+                        let decided = self
+                            .decided(lease, spec, call, rule, &mut approvals, &mut held)
+                            .await?;
+                        match decided {
                             Some(Ok(approved)) => Ok((approved, policy)),
                             Some(Err(envelope)) => Err(envelope),
                             None => continue,
@@ -444,6 +447,29 @@ impl Dispatcher {
         }
         // Every slot was filled above: checked calls directly, the rest by drive.
         Ok(RoundEnd::Settled(outcomes.into_iter().flatten().collect()))
+    }
+
+    /// What becomes of `call`, which needs a person's approval by `rule`
+    /// ([`Held::decide`]), the job's approvals read first if the round has
+    /// not read them.
+    async fn decided<'c>(
+        &self,
+        lease: &Lease,
+        spec: &JobSpec,
+        call: &'c PlannedCall,
+        rule: Rule,
+        approvals: &mut Option<Approvals>,
+        held: &mut Held<'c>,
+    ) -> Result<Option<Result<PlannedCall, Envelope>>, RoundError> {
+        let timeout = spec
+            .approval
+            .timeout_ms
+            .map_or(self.approval.timeout, Duration::from_millis);
+        let known = match approvals {
+            Some(known) => known,
+            empty => empty.insert(self.store.approvals(&lease.job_id).await?),
+        };
+        Ok(held.decide(call, rule, known, timeout))
     }
 
     /// Answers `call` with `envelope` without publishing it (a check

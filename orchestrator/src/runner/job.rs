@@ -364,12 +364,18 @@ impl JobRun<'_> {
     ) -> Result<Option<Ending>, Stopped> {
         let store = &self.runner.store;
         // Only the first try of a fresh round: one that failed part way
-        // (NATS) may have recorded attempts.
-        let attempts = match progress.fresh_round.take() {
-            Some(recorded) => recorded,
-            None => store.attempts(&self.lease.job_id).await?,
+        // (NATS) may have recorded attempts, or held calls. A fresh round's
+        // calls were never held: the round reads approvals only if one is.
+        let (attempts, approvals) = match progress.fresh_round.take() {
+            Some(recorded) => (recorded, None),
+            None => {
+                let job_id = &self.lease.job_id;
+                (
+                    store.attempts(job_id).await?,
+                    Some(store.approvals(job_id).await?),
+                )
+            }
         };
-        let approvals = store.approvals(&self.lease.job_id).await?;
         let dispatcher = &self.runner.dispatcher;
         let replies = self
             .replies
@@ -383,7 +389,7 @@ impl JobRun<'_> {
                     stop: &stop.token,
                 };
                 dispatcher
-                    .run_round(run, job, calls, &attempts, &progress.offered, &approvals)
+                    .run_round(run, job, calls, &attempts, &progress.offered, approvals)
                     .await
             }
             Err(err) => Err(err),
