@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::wait_until;
 
 /// A round of two parallel calls, `calculate` (to approve) and `echo`, then
 /// an answer that quotes both: the whole envelope of the first.
@@ -55,26 +56,40 @@ async fn events(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<(String
     Ok(events)
 }
 
+/// How long a test waits for a job to reach a state.
+const WAIT: Duration = Duration::from_secs(30);
+
 /// Waits until the job is parked, waiting for approval.
-async fn parked(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let job = api
-            .get_job(v1::GetJobRequest {
-                job_id: job_id.to_owned(),
-            })
-            .await?
-            .into_inner();
-        if job.status() == v1::JobStatus::WaitingForApproval {
-            return Ok(());
+async fn parked(api: &ApiClient, job_id: &str) -> anyhow::Result<()> {
+    job_in(api, None, job_id, v1::JobStatus::WaitingForApproval)
+        .await
+        .map(drop)
+}
+
+/// Waits until the job is in `status`, asking as the tenant of `token` if
+/// one is given, and returns it.
+async fn job_in(
+    api: &ApiClient,
+    token: Option<&str>,
+    job_id: &str,
+    status: v1::JobStatus,
+) -> anyhow::Result<v1::Job> {
+    let what = format!("job {job_id} to be {}", status.as_str_name());
+    wait_until(&what, WAIT, || {
+        let mut api = api.clone();
+        let request = v1::GetJobRequest {
+            job_id: job_id.to_owned(),
+        };
+        let request = match token {
+            Some(token) => as_tenant(token, request),
+            None => tonic::Request::new(request),
+        };
+        async move {
+            let job = api.get_job(request).await.ok()?.into_inner();
+            (job.status() == status).then_some(job)
         }
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "job {job_id} never parked: {:?}",
-            job.status()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn decide(job_id: &str, approve: bool, reason: &str) -> v1::DecideCallRequest {
@@ -107,7 +122,7 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
         .await?
         .into_inner()
         .job_id;
-    parked(&mut api, &job_id).await?;
+    parked(&api, &job_id).await?;
 
     let seen = events(&mut api, &job_id).await?;
     let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
@@ -182,7 +197,7 @@ async fn a_rejected_call_is_answered_with_the_reason_and_an_edited_one_runs_as_e
     let mut api = fleet.api(0).await?;
 
     let rejected = api.submit_job(two_calls(&["*"])).await?.into_inner().job_id;
-    parked(&mut api, &rejected).await?;
+    parked(&api, &rejected).await?;
     // A rejection needs its reason, for the model.
     let silent = api
         .decide_call(decide(&rejected, false, " "))
@@ -214,7 +229,7 @@ async fn a_rejected_call_is_answered_with_the_reason_and_an_edited_one_runs_as_e
         .await?
         .into_inner()
         .job_id;
-    parked(&mut api, &edited).await?;
+    parked(&api, &edited).await?;
     let mut request = decide(&edited, true, "");
     request.arguments = Some(r#"{"expression": 7}"#.into());
     let refused = api
@@ -265,7 +280,7 @@ async fn a_parked_job_cancels_at_once_and_bad_decisions_change_nothing() -> anyh
         .await?
         .into_inner()
         .job_id;
-    parked(&mut api, &job_id).await?;
+    parked(&api, &job_id).await?;
 
     let mut unknown = decide(&job_id, true, "");
     unknown.call_id = "say".into();
@@ -344,7 +359,7 @@ async fn eight_parallel_calls_three_held_decided_out_of_order_by_two_clients() -
     let mut request = scripted_job("eight at once", &script);
     request.require_approval = vec!["calculate".into()];
     let job_id = first.submit_job(request).await?.into_inner().job_id;
-    parked(&mut first, &job_id).await?;
+    parked(&first, &job_id).await?;
 
     let call = |id: &str, approve: bool, reason: &str| {
         let mut request = decide(&job_id, approve, reason);
@@ -416,7 +431,7 @@ async fn time_parked_does_not_count_against_the_deadline() -> anyhow::Result<()>
     let mut request = two_calls(&["calculate"]);
     request.deadline_ms = 1_500;
     let job_id = api.submit_job(request).await?.into_inner().job_id;
-    parked(&mut api, &job_id).await?;
+    parked(&api, &job_id).await?;
     // Past the deadline, as a person takes their time.
     tokio::time::sleep(Duration::from_millis(2_000)).await;
     api.decide_call(decide(&job_id, true, "")).await?;
@@ -464,7 +479,7 @@ async fn kill_9_of_orchestrators_while_parked_and_around_decisions_loses_and_rep
         ids.push(api.submit_job(request).await?.into_inner().job_id);
     }
     for job_id in &ids {
-        parked(&mut api, job_id).await?;
+        parked(&api, job_id).await?;
     }
     // Killed while every job is parked: nothing of theirs is in it.
     fleet.orchestrator(0).kill();
@@ -525,16 +540,20 @@ async fn parked_jobs_outlive_a_nats_restart_and_a_redis_restart() -> anyhow::Res
         ids.push(api.submit_job(request).await?.into_inner().job_id);
     }
     for job_id in &ids {
-        parked(&mut api, job_id).await?;
+        parked(&api, job_id).await?;
     }
     fleet.nats.server().restart().await?;
     fleet.redis.server().restart().await?;
     for (job, job_id) in ids.iter().enumerate() {
         // The API answers once Redis is back.
-        let decided = wait_until_ok(|| {
+        let decided = wait_until("Redis to be back for DecideCall", WAIT, || {
             let mut api = api.clone();
             let request = approve(job_id);
-            async move { api.decide_call(request).await }
+            async move {
+                api.decide_call(request)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
         })
         .await?;
         assert_eq!(
@@ -551,27 +570,6 @@ async fn parked_jobs_outlive_a_nats_restart_and_a_redis_restart() -> anyhow::Res
         );
     }
     Ok(())
-}
-
-/// Calls `call` until it answers other than `UNAVAILABLE` (a server coming
-/// back), for at most 30 s.
-async fn wait_until_ok<T, F, Fut>(mut call: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        match call().await {
-            Ok(answer) => return Ok(answer.into_inner()),
-            Err(status)
-                if status.code() == Code::Unavailable && tokio::time::Instant::now() < deadline =>
-            {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-            Err(status) => return Err(status.into()),
-        }
-    }
 }
 
 fn pending_page(size: u32, token: &str) -> v1::ListPendingApprovalsRequest {
@@ -604,13 +602,13 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
     let fleet = fleet().await?;
     let mut api = fleet.api(0).await?;
     let both = api.submit_job(two_calls(&["*"])).await?.into_inner().job_id;
-    parked(&mut api, &both).await?;
+    parked(&api, &both).await?;
     let one = api
         .submit_job(two_calls(&["calculate"]))
         .await?
         .into_inner()
         .job_id;
-    parked(&mut api, &one).await?;
+    parked(&api, &one).await?;
 
     let first = api
         .list_pending_approvals(pending_page(2, ""))
@@ -693,42 +691,18 @@ async fn with_tokens(
     ];
     all.extend_from_slice(env);
     fleet.spawn_orchestrator(&all).await?;
-    let mut api = fleet.api(0).await?;
-    tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
+    let api = fleet.api(0).await?;
+    wait_until("the test tools, asked as the tenant", WAIT, || {
+        let mut api = api.clone();
+        async move {
             let tools = api
                 .list_tools(as_tenant(token, v1::ListToolsRequest {}))
                 .await;
-            if tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo")) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo"))
         }
     })
     .await?;
     Ok((dir, fleet, api))
-}
-
-/// Waits until the job is parked, asking as the tenant of `token`.
-async fn parked_as(api: &mut ApiClient, token: &str, job_id: &str) -> anyhow::Result<()> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let request = || v1::GetJobRequest {
-        job_id: job_id.to_owned(),
-    };
-    while api
-        .get_job(as_tenant(token, request()))
-        .await?
-        .into_inner()
-        .status()
-        != v1::JobStatus::WaitingForApproval
-    {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "job {job_id} never parked"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 /// `message` with `token` as its bearer token.
@@ -760,22 +734,7 @@ async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> an
         .await?
         .into_inner()
         .job_id;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while api
-        .get_job(as_tenant(
-            bot,
-            v1::GetJobRequest {
-                job_id: job_id.clone(),
-            },
-        ))
-        .await?
-        .into_inner()
-        .status()
-        != v1::JobStatus::WaitingForApproval
-    {
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "never parked");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    job_in(&api, Some(bot), &job_id, v1::JobStatus::WaitingForApproval).await?;
 
     // Another tenant neither sees nor decides it.
     let theirs = api
@@ -856,20 +815,14 @@ async fn a_held_call_nobody_decides_expires_by_its_tenants_timeout() -> anyhow::
         .await?
         .into_inner()
         .job_id;
-    parked_as(&mut api, token, &job_id).await?;
-    let job = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let request = v1::GetJobRequest {
-                job_id: job_id.clone(),
-            };
-            let job = api.get_job(as_tenant(token, request)).await?.into_inner();
-            if job.status() == v1::JobStatus::Succeeded {
-                return anyhow::Ok(job);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
-    .await??;
+    job_in(
+        &api,
+        Some(token),
+        &job_id,
+        v1::JobStatus::WaitingForApproval,
+    )
+    .await?;
+    let job = job_in(&api, Some(token), &job_id, v1::JobStatus::Succeeded).await?;
     assert!(
         job.output_text.contains("APPROVAL_EXPIRED"),
         "{}",

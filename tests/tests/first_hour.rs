@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use toolfleet_tests::markdown::{self, Runner};
-use toolfleet_tests::{build_worker_template, cargo_bin, repo_root};
+use toolfleet_tests::{build_worker_template, cargo_bin, repo_root, wait_until};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -167,17 +167,15 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         .spawn()?;
 
     // The fleet offers the tool once the worker announces it.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !toolfleet(&["tools", "--addr", &dev.grpc])
-        .await?
-        .contains("order_status")
-    {
-        anyhow::ensure!(
-            tokio::time::Instant::now() < deadline,
-            "order_status never showed in `toolfleet tools`"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_until(
+        "order_status in `toolfleet tools`",
+        Duration::from_secs(60),
+        || async {
+            let listed = toolfleet(&["tools", "--addr", &dev.grpc]).await;
+            listed.is_ok_and(|tools| tools.contains("order_status"))
+        },
+    )
+    .await?;
 
     let call = |id: &str, order_id: &str| json!({"id": id, "name": "order_status", "arguments": {"order_id": order_id}});
     let script = json!([
