@@ -54,6 +54,31 @@ pub fn repo_root() -> PathBuf {
         .to_owned()
 }
 
+/// Runs the `toolfleet` CLI under test as a user would (no
+/// `TOOLFLEET_ADDR` of this environment, stdin closed) and returns what it
+/// printed.
+///
+/// # Errors
+///
+/// It did not run, or ended with another status than 0 (the error has its
+/// output).
+pub async fn run_toolfleet(args: &[&str]) -> anyhow::Result<String> {
+    let output = tokio::process::Command::new(cargo_bin("toolfleet")?)
+        .args(args)
+        .env_remove("TOOLFLEET_ADDR")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    anyhow::ensure!(
+        output.status.success(),
+        "toolfleet {args:?}: {}\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(stdout)
+}
+
 /// Builds the template of a worker of your own (`examples/custom-worker`),
 /// a Cargo project of its own, as its user would (`cargo build --locked`),
 /// in the workspace's target directory, where its dependencies are already

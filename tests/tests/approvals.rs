@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
-use toolfleet_tests::wait_until;
+use toolfleet_tests::{run_toolfleet, wait_until};
 
 /// A round of two parallel calls, `calculate` (to approve) and `echo`, then
 /// an answer that quotes both: the whole envelope of the first.
@@ -579,23 +579,6 @@ fn pending_page(size: u32, token: &str) -> v1::ListPendingApprovalsRequest {
     }
 }
 
-async fn toolfleet(args: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(toolfleet_tests::cargo_bin("toolfleet")?)
-        .args(args)
-        .env_remove("TOOLFLEET_ADDR")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    anyhow::ensure!(
-        output.status.success(),
-        "toolfleet {args:?}: {}\n{stdout}{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(stdout)
-}
-
 #[tokio::test]
 async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_from_the_cli()
 -> anyhow::Result<()> {
@@ -646,13 +629,13 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
 
     // The CLI lists them with the commands that decide them, and decides.
     let url = fleet.grpc_url(0).await?;
-    let shown = toolfleet(&["approvals", "--addr", &url]).await?;
+    let shown = run_toolfleet(&["approvals", "--addr", &url]).await?;
     assert!(
         shown.contains(&format!("toolfleet approve {one} math")),
         "{shown}"
     );
-    toolfleet(&["approve", &both, "say", "--addr", &url]).await?;
-    toolfleet(&[
+    run_toolfleet(&["approve", &both, "say", "--addr", &url]).await?;
+    run_toolfleet(&[
         "reject", &both, "math", "--reason", "no sums", "--addr", &url,
     ])
     .await?;

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use toolfleet_tests::markdown::{self, Runner};
-use toolfleet_tests::{build_worker_template, cargo_bin, repo_root, wait_until};
+use toolfleet_tests::{build_worker_template, cargo_bin, repo_root, run_toolfleet, wait_until};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -75,22 +75,6 @@ async fn shell(command: &str, grpc: &str) -> anyhow::Result<std::process::Output
         .stdin(Stdio::null())
         .output();
     Ok(tokio::time::timeout(Duration::from_secs(120), output).await??)
-}
-
-async fn toolfleet(args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(cargo_bin("toolfleet")?)
-        .args(args)
-        .env_remove("TOOLFLEET_ADDR")
-        .stdin(Stdio::null())
-        .output()
-        .await?;
-    anyhow::ensure!(
-        output.status.success(),
-        "toolfleet {args:?}: {}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
 /// The order service: one order shipped, one unknown, one that fails once.
@@ -171,7 +155,7 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         "order_status in `toolfleet tools`",
         Duration::from_secs(60),
         || async {
-            let listed = toolfleet(&["tools", "--addr", &dev.grpc]).await;
+            let listed = run_toolfleet(&["tools", "--addr", &dev.grpc]).await;
             listed.is_ok_and(|tools| tools.contains("order_status"))
         },
     )
@@ -184,7 +168,7 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         {"message": "{{shipped.data.status}} {{shipped.data.eta}}; {{unknown.error.code}}; \
                      {{flaky.data.status}}; {{hostile.error.code}}"}
     ]);
-    let answer = toolfleet(&[
+    let answer = run_toolfleet(&[
         "submit",
         "--addr",
         &dev.grpc,
@@ -227,12 +211,12 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
     // The terminal error took one attempt, the retryable one two; the
     // hostile call never reached a worker's tool.
     let jobs: Value =
-        serde_json::from_str(&toolfleet(&["jobs", "--addr", &dev.grpc, "--json"]).await?)?;
+        serde_json::from_str(&run_toolfleet(&["jobs", "--addr", &dev.grpc, "--json"]).await?)?;
     let job_id = jobs["jobs"][0]["job_id"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let events = toolfleet(&["watch", &job_id, "--addr", &dev.grpc, "--json"]).await?;
+    let events = run_toolfleet(&["watch", &job_id, "--addr", &dev.grpc, "--json"]).await?;
     let mut attempts = std::collections::BTreeMap::new();
     for line in events.lines() {
         let event: Value = serde_json::from_str(line)?;
