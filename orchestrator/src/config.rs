@@ -262,6 +262,13 @@ impl OrchestratorOptions {
                 self.grpc.max_request_bytes
             ));
         }
+        if self.approval.timeout.is_zero() {
+            return Err(
+                "approval.timeout is 0s: every held call would expire at once; \
+                        give it a duration (default 24h)"
+                    .to_owned(),
+            );
+        }
         self.grpc
             .tls
             .server_config()

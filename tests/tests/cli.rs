@@ -236,7 +236,8 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
         "/nonexistent/orchestrator.creds",
     )];
     let small = [("TOOLFLEET_GRPC__MAX_REQUEST_BYTES", "1000")];
-    let cases: [Case; 8] = [
+    let no_wait = [("TOOLFLEET_APPROVAL__TIMEOUT", "0s")];
+    let cases: [Case; 9] = [
         (
             "toolfleet-orchestrator",
             vec![],
@@ -248,6 +249,12 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
             vec!["--print-config"],
             &small,
             "grpc.max_request_bytes",
+        ),
+        (
+            "toolfleet-orchestrator",
+            vec!["--print-config"],
+            &no_wait,
+            "approval.timeout is 0s",
         ),
         ("toolfleet-worker", vec![], &brace, "redis.key_prefix"),
         (
