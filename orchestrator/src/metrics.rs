@@ -85,6 +85,19 @@ pub(crate) fn tool_calls_waiting(tool: &str, waiting: u64) {
     metrics::gauge!(TOOL_CALLS_WAITING, "tool" => tool.to_owned()).set(waiting as f64);
 }
 
+/// Calls waiting for a person's decision, by `tenant` and `tool` (the
+/// fleet's, read from Redis, the same on every replica).
+pub const APPROVALS_PENDING: &str = "toolfleet_approvals_pending";
+/// How long the oldest of those calls has waited, in seconds, by `tenant`
+/// and `tool` (0 when none waits).
+pub const APPROVALS_OLDEST_PENDING: &str = "toolfleet_approvals_oldest_pending_seconds";
+
+pub(crate) fn approvals_pending(tenant: &str, tool: &str, calls: u64, oldest: std::time::Duration) {
+    let labels = [("tenant", tenant.to_owned()), ("tool", tool.to_owned())];
+    metrics::gauge!(APPROVALS_PENDING, &labels).set(calls as f64);
+    metrics::gauge!(APPROVALS_OLDEST_PENDING, &labels).set(oldest.as_secs_f64());
+}
+
 /// Calls held for a person's approval, by `tool` and `rule` (`manifest`,
 /// `tenant` or `job`).
 pub const APPROVALS_REQUESTED_TOTAL: &str = "toolfleet_approvals_requested_total";

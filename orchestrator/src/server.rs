@@ -253,6 +253,10 @@ impl Orchestrator {
             registry.handle(),
             background.clone(),
         ));
+        tasks.spawn(crate::backlog::run_approvals(
+            store.clone(),
+            background.clone(),
+        ));
         tasks.spawn(registry.run(background.clone()));
         let sweep = &options.runner;
         tasks.spawn(runner::sweep::run(

@@ -286,6 +286,13 @@ impl RedisKeys {
         format!("{}:approvals:{{{tenant}}}", self.prefix)
     }
 
+    /// Every tenant that ever held a call for approval (a set): the
+    /// tenants whose indexes the pending-approvals gauge reads. Outside the
+    /// braces, so that no tenant's name can make it one of their indexes.
+    pub fn approval_tenants(&self) -> String {
+        format!("{}:approvals:tenants", self.prefix)
+    }
+
     /// A tenant's jobs that may still be queued or running (a set): its
     /// `max_active_jobs` quota counts them, dropping the finished ones.
     pub fn tenant_active_jobs(&self, tenant: &str) -> String {

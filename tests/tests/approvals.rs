@@ -145,6 +145,12 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
         "the job requires approval of every call of calculate"
     );
     assert_eq!(kinds.last(), Some(&"job_waiting_for_approval"), "{kinds:?}");
+    // The gauge, read from Redis by the orchestrator: one call waits.
+    scraped_line(
+        &metrics,
+        r#"toolfleet_approvals_pending{tenant="default",tool="calculate"} 1"#,
+    )
+    .await?;
 
     let status = api
         .decide_call(decide(&job_id, true, "fine"))
@@ -186,6 +192,32 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
         r#"toolfleet_approval_wait_seconds_count{tool="calculate"} 1"#,
     ] {
         assert!(scraped.contains(line), "{line} in:\n{scraped}");
+    }
+    // Decided: the series stays, at 0, and so does the oldest's age.
+    scraped_line(
+        &metrics,
+        r#"toolfleet_approvals_pending{tenant="default",tool="calculate"} 0"#,
+    )
+    .await?;
+    scraped_line(
+        &metrics,
+        r#"toolfleet_approvals_oldest_pending_seconds{tenant="default",tool="calculate"} 0"#,
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until a scrape of `metrics` has `line` (the approvals' gauges are
+/// refreshed every 5 s).
+async fn scraped_line(metrics: &str, line: &str) -> anyhow::Result<()> {
+    let seen = wait_until(line, WAIT, || async {
+        let (_, scraped) = toolfleet_tests::http_get(metrics, "/metrics").await.ok()?;
+        scraped.lines().any(|l| l == line).then_some(())
+    })
+    .await;
+    if seen.is_err() {
+        let (_, scraped) = toolfleet_tests::http_get(metrics, "/metrics").await?;
+        anyhow::bail!("never scraped {line}; last scrape:\n{scraped}");
     }
     Ok(())
 }

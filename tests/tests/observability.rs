@@ -47,12 +47,14 @@ fn dashboard_queries() -> anyhow::Result<String> {
     Ok(queries)
 }
 
-#[test]
-fn the_alert_rules_are_valid() -> anyhow::Result<()> {
-    // The one scripts/setup extracts (it installs no Prometheus server).
+/// Runs the promtool that scripts/setup extracts (it installs no
+/// Prometheus server) with `args`, from `deploy/observability`; what it
+/// said, or why it failed.
+fn promtool(args: &[&str]) -> anyhow::Result<String> {
     let promtool = toolfleet_tests::repo_root().join(".tools/bin/promtool");
-    let checked = std::process::Command::new(&promtool)
-        .args(["check", "rules", &format!("{DEPLOY}/alerts.yml")])
+    let ran = std::process::Command::new(&promtool)
+        .args(args)
+        .current_dir(DEPLOY)
         .output()
         .map_err(|err| {
             anyhow::anyhow!(
@@ -60,10 +62,24 @@ fn the_alert_rules_are_valid() -> anyhow::Result<()> {
                 promtool.display()
             )
         })?;
-    let said = String::from_utf8_lossy(&checked.stdout).into_owned()
-        + &String::from_utf8_lossy(&checked.stderr);
-    assert!(checked.status.success(), "{said}");
-    assert!(said.contains("SUCCESS: 6 rules found"), "{said}");
+    let said =
+        String::from_utf8_lossy(&ran.stdout).into_owned() + &String::from_utf8_lossy(&ran.stderr);
+    anyhow::ensure!(ran.status.success(), "promtool {args:?}: {said}");
+    Ok(said)
+}
+
+#[test]
+fn the_alert_rules_are_valid() -> anyhow::Result<()> {
+    let said = promtool(&["check", "rules", "alerts.yml"])?;
+    assert!(said.contains("SUCCESS: 7 rules found"), "{said}");
+    Ok(())
+}
+
+#[test]
+fn the_alerts_fire_on_what_they_are_meant_for_and_only_then() -> anyhow::Result<()> {
+    // alerts.test.yml: series in, alerts (labels, annotations) out.
+    let said = promtool(&["test", "rules", "alerts.test.yml"])?;
+    assert!(said.contains("SUCCESS"), "{said}");
     Ok(())
 }
 
@@ -107,6 +123,47 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
     ]);
     let job = run_job(&api, scripted_job("metrics", &script)).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    // A call held for approval and approved: the approvals' families.
+    let mut held = scripted_job(
+        "held",
+        &json!([{"tool_calls": [{"id": "c", "name": "echo", "arguments": {}}]}, {"message": "ok"}]),
+    );
+    held.require_approval = vec!["echo".into()];
+    let held = api.clone().submit_job(held).await?.into_inner().job_id;
+    wait_until("the held job to park", Duration::from_secs(30), || {
+        let mut api = api.clone();
+        let request = v1::GetJobRequest {
+            job_id: held.clone(),
+        };
+        async move {
+            api.get_job(request)
+                .await
+                .is_ok_and(|job| job.get_ref().status() == v1::JobStatus::WaitingForApproval)
+        }
+    })
+    .await?;
+    // Decided only once the gauge has seen it wait (refreshed every 5 s).
+    let waiting = r#"toolfleet_approvals_pending{tenant="default",tool="echo"} 1"#;
+    wait_until(
+        "the held call in the gauge",
+        Duration::from_secs(30),
+        || async {
+            scrape(&orchestrator_metrics)
+                .await
+                .lines()
+                .any(|line| line == waiting)
+        },
+    )
+    .await?;
+    api.clone()
+        .decide_call(v1::DecideCallRequest {
+            job_id: held.clone(),
+            call_id: "c".into(),
+            decision: v1::Decision::Approve.into(),
+            reason: String::new(),
+            arguments: None,
+        })
+        .await?;
 
     // The fleet's gauges are refreshed every 5 s.
     let missing = || async {

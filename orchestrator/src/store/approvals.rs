@@ -164,6 +164,19 @@ pub struct PendingCursor {
     pub member: String,
 }
 
+/// Calls of one tenant and tool waiting for a decision, for the gauge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PendingTally {
+    /// The tenant whose jobs hold them.
+    pub tenant: String,
+    /// Their tool.
+    pub tool: String,
+    /// How many wait.
+    pub calls: u64,
+    /// When the oldest was held (Unix ms).
+    pub oldest_held_at_ms: u64,
+}
+
 /// What [`JobStore::park`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parked {
@@ -347,7 +360,8 @@ impl JobStore {
 
     /// Adds the calls `call_ids` (as events show them) of `job_id`, held at
     /// `now`, to their tenant's index of pending approvals, after the
-    /// commit that held them: an entry always names a held call.
+    /// commit that held them: an entry always names a held call. The
+    /// tenant joins the set of tenants the pending gauge reads.
     ///
     /// # Errors
     ///
@@ -365,6 +379,11 @@ impl JobStore {
             add.arg(now).arg(pending_member(job_id, call_id));
         }
         let _: i64 = add.query_async(&mut self.conn()).await?;
+        let _: i64 = redis::cmd("SADD")
+            .arg(self.keys.approval_tenants())
+            .arg(tenant)
+            .query_async(&mut self.conn())
+            .await?;
         Ok(())
     }
 
@@ -400,21 +419,26 @@ impl JobStore {
             cursor.is_none_or(|c| (*score, member.as_str()) > (c.held_at_ms, c.member.as_str()))
         };
         let more = entries.len() > read;
+        let entries: Vec<(String, u64)> = entries.into_iter().filter(after).take(read).collect();
         let now = now_ms();
         let mut page = Vec::new();
         let mut last = None;
         let mut stale = Vec::new();
-        for (member, score) in entries.into_iter().filter(after).take(read) {
-            last = Some(PendingCursor {
-                held_at_ms: score,
-                member: member.clone(),
-            });
-            match self.still_pending(&member, now).await? {
-                Some(pending) => page.push(pending),
-                None => stale.push(member),
-            }
-            if page.len() == limit {
-                break;
+        // Checked a page's worth at a time, each batch in one round trip.
+        'entries: for batch in entries.chunks(limit.max(1)) {
+            let checked = self.still_pending(batch, now).await?;
+            for ((member, score), pending) in batch.iter().zip(checked) {
+                last = Some(PendingCursor {
+                    held_at_ms: *score,
+                    member: member.clone(),
+                });
+                match pending {
+                    Some(pending) => page.push(pending),
+                    None => stale.push(member.clone()),
+                }
+                if page.len() == limit {
+                    break 'entries;
+                }
             }
         }
         if !stale.is_empty() {
@@ -432,34 +456,95 @@ impl JobStore {
         Ok((page, next))
     }
 
-    /// The call an index `member` names, if it still waits for a decision.
-    async fn still_pending(&self, member: &str, now: u64) -> Result<Option<Pending>, Error> {
-        let Some((job_id, call_id)) = member
-            .split_once('/')
-            .and_then(|(job, call)| Some((JobId::parse(job)?, call)))
-        else {
-            return Ok(None);
-        };
-        let (status, fields): (Option<String>, HashMap<String, String>) = redis::pipe()
-            .hget(self.keys.job(&job_id), "status")
-            .hgetall(self.keys.job_approvals(&job_id))
+    /// Every call waiting for a decision, counted by tenant and tool, with
+    /// when the oldest was held: what the pending gauge reports. Reads
+    /// every tenant's whole index (dropping stale entries as
+    /// [`JobStore::pending`] does), so its cost grows with the calls
+    /// pending, not with the jobs.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub async fn pending_tally(&self) -> Result<Vec<PendingTally>, Error> {
+        /// Entries checked per round trip.
+        const PAGE: usize = 500;
+        let tenants: Vec<String> = redis::cmd("SMEMBERS")
+            .arg(self.keys.approval_tenants())
             .query_async(&mut self.conn())
             .await?;
-        let ended = status
-            .and_then(|s| s.parse::<JobStatus>().ok())
-            .is_none_or(JobStatus::is_final);
-        // A job holds few calls: its requests are read whole.
-        let held = fields.iter().find_map(|(field, text)| {
-            let request: ApprovalRequest = serde_json::from_str(text).ok()?;
-            (request.call_id == call_id).then(|| (field.clone(), request))
-        });
-        Ok(held
-            .filter(|(wire_id, request)| {
-                !ended
-                    && !fields.contains_key(&decided_field(wire_id))
-                    && request.expires_at_ms > now
+        let mut tally: Vec<PendingTally> = Vec::new();
+        for tenant in tenants {
+            let mut cursor = None;
+            loop {
+                let (page, next) = self.pending(&tenant, cursor.as_ref(), PAGE).await?;
+                for pending in page {
+                    let request = pending.request;
+                    match tally
+                        .iter_mut()
+                        .find(|t| t.tenant == tenant && t.tool == request.tool)
+                    {
+                        Some(entry) => {
+                            entry.calls += 1;
+                            entry.oldest_held_at_ms =
+                                entry.oldest_held_at_ms.min(request.requested_at_ms);
+                        }
+                        None => tally.push(PendingTally {
+                            tenant: tenant.clone(),
+                            tool: request.tool,
+                            calls: 1,
+                            oldest_held_at_ms: request.requested_at_ms,
+                        }),
+                    }
+                }
+                match next {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+        }
+        Ok(tally)
+    }
+
+    /// The calls that index `entries` name, each if it still waits for a
+    /// decision, read in one round trip.
+    async fn still_pending(
+        &self,
+        entries: &[(String, u64)],
+        now: u64,
+    ) -> Result<Vec<Option<Pending>>, Error> {
+        let named: Vec<Option<(JobId, &str)>> = entries
+            .iter()
+            .map(|(member, _)| {
+                member
+                    .split_once('/')
+                    .and_then(|(job, call)| Some((JobId::parse(job)?, call)))
             })
-            .map(|(_, request)| Pending { job_id, request }))
+            .collect();
+        let mut reads = redis::pipe();
+        for (job_id, _) in named.iter().flatten() {
+            reads
+                .hget(self.keys.job(job_id), "status")
+                .hgetall(self.keys.job_approvals(job_id));
+        }
+        let replies: Vec<redis::Value> = reads.query_async(&mut self.conn()).await?;
+        let mut replies = replies.into_iter();
+        let mut checked = Vec::with_capacity(entries.len());
+        for named in named {
+            let Some((job_id, call_id)) = named else {
+                checked.push(None);
+                continue;
+            };
+            let (Some(status), Some(fields)) = (replies.next(), replies.next()) else {
+                checked.push(None);
+                continue;
+            };
+            // A key of another type (not this store's) is not pending.
+            let status: Option<String> = redis::from_redis_value(status).ok().flatten();
+            let fields: HashMap<String, String> =
+                redis::from_redis_value(fields).unwrap_or_default();
+            checked.push(pending_call(job_id, call_id, status, &fields, now));
+        }
+        Ok(checked)
     }
 
     /// Moves a parked job back to the index of unfinished jobs (scored now,
@@ -531,6 +616,30 @@ impl JobStore {
             tracing::debug!(%job_id, error = %err, "could not drop a decided call from the pending index");
         }
     }
+}
+
+/// The call `call_id` of `job_id`, if it still waits for a decision, from
+/// the job's `status` and approvals hash `fields`.
+fn pending_call(
+    job_id: JobId,
+    call_id: &str,
+    status: Option<String>,
+    fields: &HashMap<String, String>,
+    now: u64,
+) -> Option<Pending> {
+    let ended = status
+        .and_then(|s| s.parse::<JobStatus>().ok())
+        .is_none_or(JobStatus::is_final);
+    if ended {
+        return None;
+    }
+    // A job holds few calls: its requests are read whole.
+    let (wire_id, request) = fields.iter().find_map(|(field, text)| {
+        let request: ApprovalRequest = serde_json::from_str(text).ok()?;
+        (request.call_id == call_id).then_some((field, request))
+    })?;
+    (!fields.contains_key(&decided_field(wire_id)) && request.expires_at_ms > now)
+        .then_some(Pending { job_id, request })
 }
 
 /// A held call's member of its tenant's index: `<job id>/<call id>`, the

@@ -63,6 +63,7 @@ pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{
     ApprovalRequest, Approvals, Decided, Decision, HeldCall, Parked, Pending, PendingCursor,
+    PendingTally,
 };
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
