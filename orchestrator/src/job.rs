@@ -171,11 +171,45 @@ pub struct ApprovalPolicy {
     /// `approval_timeout` when it has one; else `approval.timeout`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// What becomes of a call whose outcome no worker could tell.
+    #[serde(skip_serializing_if = "UnknownOutcome::is_report")]
+    pub on_unknown_outcome: UnknownOutcome,
 }
 
 impl ApprovalPolicy {
     fn is_empty(&self) -> bool {
-        self.tenant.is_empty() && self.job.is_empty() && self.timeout_ms.is_none()
+        self.tenant.is_empty()
+            && self.job.is_empty()
+            && self.timeout_ms.is_none()
+            && self.on_unknown_outcome.is_report()
+    }
+}
+
+/// What becomes of a call that ended `OUTCOME_UNKNOWN` or
+/// `MAX_DELIVERIES_EXCEEDED` (a job's `on_unknown_outcome`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnknownOutcome {
+    /// The model is told, as the worker answered.
+    #[default]
+    Report,
+    /// An operator is asked first: applied (with a result), not applied
+    /// (run again), or failed.
+    Ask,
+}
+
+impl UnknownOutcome {
+    /// The request's word for it: `report` (or empty) or `ask`.
+    pub fn parse(word: &str) -> Option<Self> {
+        match word {
+            "" | "report" => Some(Self::Report),
+            "ask" => Some(Self::Ask),
+            _ => None,
+        }
+    }
+
+    fn is_report(&self) -> bool {
+        *self == Self::Report
     }
 }
 

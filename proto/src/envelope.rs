@@ -38,6 +38,9 @@ impl ErrorCode {
     /// Nobody approved or rejected the call within `approval.timeout`.
     /// Terminal.
     pub const APPROVAL_EXPIRED: Self = Self::from_static("APPROVAL_EXPIRED");
+    /// A call whose outcome was unknown, failed by an operator's verdict
+    /// (its message is their reason). Terminal.
+    pub const FAILED_BY_OPERATOR: Self = Self::from_static("FAILED_BY_OPERATOR");
     /// The job was cancelled. Terminal.
     pub const CANCELLED: Self = Self::from_static("CANCELLED");
     /// A dependency is rate limiting; see `retry_after_ms`. Retryable.

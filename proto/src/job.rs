@@ -260,6 +260,12 @@ pub enum JobEvent {
         ok: bool,
         /// Publish to result of the last attempt, as the runner saw it.
         round_trip_us: Option<u64>,
+        /// Who produced the envelope when no worker did: `operator` (a
+        /// person's verdict on an outcome the worker could not tell).
+        /// Absent: the tool's worker, or the orchestrator's own checks
+        /// (`attempts` 0).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        source: Option<String>,
         /// How long the worker worked on the last attempt (checks and run),
         /// by its own clock; the rest of the round trip is the wait in the
         /// queue and the way there and back. Absent for calls answered
@@ -283,8 +289,29 @@ pub enum JobEvent {
         /// The tool.
         tool: String,
     },
-    /// A person decided a held call: it runs (approved) or is answered
-    /// `REJECTED_BY_APPROVER` (rejected).
+    /// A call's outcome is unknown (`OUTCOME_UNKNOWN` or
+    /// `MAX_DELIVERIES_EXCEEDED`) and its job asks an operator
+    /// (`on_unknown_outcome = "ask"`): it waits for a verdict before the
+    /// model sees anything.
+    ToolCallVerdictRequested {
+        /// The attempt whose outcome is unknown.
+        attempt: u32,
+        /// The call, as [`ToolCallResult`](Self::ToolCallResult) names it.
+        call_id: String,
+        /// The worker's error code.
+        code: String,
+        /// When the worker's envelope is the answer if nobody gave a
+        /// verdict (Unix ms).
+        expires_at: u64,
+        /// The worker's error message.
+        message: String,
+        /// The tool.
+        tool: String,
+    },
+    /// A person decided a held call: it runs (`approved`) or is answered
+    /// `REJECTED_BY_APPROVER` (`rejected`); or gave a verdict on a call
+    /// whose outcome was unknown: `applied` (the model gets `result`),
+    /// `not_applied` (it runs again) or `failed` (`FAILED_BY_OPERATOR`).
     ToolCallDecided {
         /// Whoever decided, as the tokens file names the token or client
         /// certificate; absent when it names none.
@@ -295,10 +322,13 @@ pub enum JobEvent {
         arguments: Option<String>,
         /// The call.
         call_id: String,
-        /// `approved` or `rejected`.
+        /// `approved`, `rejected`, `applied`, `not_applied` or `failed`.
         decision: String,
         /// The approver's reason.
         reason: String,
+        /// For `applied`: the result the model gets (JSON).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        result: Option<String>,
         /// The tenant whose token or certificate decided.
         tenant: String,
     },
@@ -362,6 +392,7 @@ impl JobEvent {
             Self::ToolCallDispatched { .. } => "tool_call_dispatched",
             Self::ToolCallResult { .. } => "tool_call_result",
             Self::ToolCallApprovalRequested { .. } => "tool_call_approval_requested",
+            Self::ToolCallVerdictRequested { .. } => "tool_call_verdict_requested",
             Self::ToolCallDecided { .. } => "tool_call_decided",
             Self::JobWaitingForApproval { .. } => "job_waiting_for_approval",
             Self::JobSucceeded { .. } => "job_succeeded",
@@ -391,6 +422,7 @@ impl JobEvent {
             | Self::ToolCallDispatched { .. }
             | Self::ToolCallResult { .. }
             | Self::ToolCallApprovalRequested { .. }
+            | Self::ToolCallVerdictRequested { .. }
             | Self::ToolCallDecided { .. } => None,
         }
     }

@@ -144,6 +144,7 @@ class Client:
         deadline_ms: int = 0,
         parallel_tool_calls: Optional[bool] = None,
         require_approval: Sequence[str] = (),
+        on_unknown_outcome: str = "",
     ) -> Submitted:
         """Submits an agent job.
 
@@ -152,7 +153,9 @@ class Client:
         `model`, a real model runs; with neither, the orchestrator's
         `api.default_model`. `tools` limits the job to those tools;
         `require_approval` holds every call of those tools ("*": all) until
-        a person decides it (`approve`, `reject`; docs/approvals.md).
+        a person decides it (`approve`, `reject`; docs/approvals.md);
+        `on_unknown_outcome="ask"` holds a call whose outcome no worker could
+        tell for an operator's verdict (`resolve`).
         """
         spec = pb.ModelSpec(provider=provider, name=model)
         if script is not None:
@@ -167,6 +170,7 @@ class Client:
             max_tool_rounds=max_tool_rounds,
             deadline_ms=deadline_ms,
             require_approval=list(require_approval),
+            on_unknown_outcome=on_unknown_outcome,
         )
         if spec.provider or spec.name or spec.script:
             request.model.CopyFrom(spec)
@@ -259,6 +263,34 @@ class Client:
         request = pb.DecideCallRequest(
             job_id=job_id, call_id=call_id, decision=pb.DECISION_REJECT, reason=reason
         )
+        return self._stub.DecideCall(request, timeout=self._timeout, metadata=self._metadata).status
+
+    def resolve(
+        self,
+        job_id: str,
+        call_id: str,
+        verdict: str,
+        *,
+        result: Any = None,
+        reason: str = "",
+    ) -> int:
+        """Gives an operator's verdict on a call whose outcome no worker could
+        tell (a job submitted with on_unknown_outcome="ask"): "applied" (the
+        model gets `result`, any JSON value, as the call's data),
+        "not_applied" (the call runs again) or "fail" (the model gets
+        FAILED_BY_OPERATOR and `reason`, required). Returns the job's status."""
+        decisions = {
+            "applied": pb.DECISION_APPLIED,
+            "not_applied": pb.DECISION_NOT_APPLIED,
+            "fail": pb.DECISION_FAIL,
+        }
+        if verdict not in decisions:
+            raise ValueError(f"verdict must be one of {sorted(decisions)}, not {verdict!r}")
+        request = pb.DecideCallRequest(
+            job_id=job_id, call_id=call_id, decision=decisions[verdict], reason=reason
+        )
+        if result is not None:
+            request.result = json.dumps(result)
         return self._stub.DecideCall(request, timeout=self._timeout, metadata=self._metadata).status
 
     def run(self, input: str, **submit: Any) -> pb.Job:

@@ -1,9 +1,11 @@
-//! `toolfleet approvals`, `approve` and `reject`: the calls of your jobs
-//! that wait for a person, and your decisions on them (docs/approvals.md).
+//! `toolfleet approvals`, `approve`, `reject` and `resolve`: the calls of
+//! your jobs that wait for a person (an approval before they run, or a
+//! verdict on an outcome no worker could tell), and your decisions on them
+//! (docs/approvals.md).
 
 use std::process::ExitCode;
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::json;
 use toolfleet_proto::v1;
 
@@ -56,6 +58,36 @@ pub(crate) struct RejectArgs {
     reason: String,
 }
 
+#[derive(Debug, Args)]
+pub(crate) struct ResolveArgs {
+    #[command(flatten)]
+    server: Server,
+    /// The job id.
+    job_id: String,
+    /// The call id, as `toolfleet approvals` lists it.
+    call_id: String,
+    /// What happened to the call.
+    verdict: Verdict,
+    /// With `applied`: the call's result (JSON), what the model gets as
+    /// its data (default: null).
+    #[arg(long, value_name = "JSON")]
+    result: Option<String>,
+    /// Why (required to fail the call: the model reads it).
+    #[arg(long, default_value = "")]
+    reason: String,
+}
+
+/// An operator's verdict on a call whose outcome is unknown.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Verdict {
+    /// It was applied: the model gets --result.
+    Applied,
+    /// It was not applied: it runs again.
+    NotApplied,
+    /// The model is told it failed (FAILED_BY_OPERATOR, with --reason).
+    Fail,
+}
+
 /// `toolfleet approvals`.
 pub(crate) async fn list(args: ApprovalsArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
@@ -74,7 +106,8 @@ pub(crate) async fn list(args: ApprovalsArgs) -> anyhow::Result<ExitCode> {
             .map(|a| {
                 json!({"job_id": a.job_id, "call_id": a.call_id, "tool": a.tool,
                        "arguments": a.arguments, "reason": a.reason, "rule": a.rule,
-                       "requested_at_ms": a.requested_at_ms, "expires_at_ms": a.expires_at_ms})
+                       "requested_at_ms": a.requested_at_ms, "expires_at_ms": a.expires_at_ms,
+                       "kind": a.kind, "attempt": a.attempt, "outcome": a.outcome})
             })
             .collect();
         outln!(
@@ -87,19 +120,33 @@ pub(crate) async fn list(args: ApprovalsArgs) -> anyhow::Result<ExitCode> {
         outln!("no call waits for a decision")?;
     }
     for approval in &page.approvals {
+        let (job, call) = (&approval.job_id, &approval.call_id);
+        let (why, commands) = if approval.kind == "outcome" {
+            (
+                format!(
+                    "attempt {} ended {}",
+                    approval.attempt,
+                    transcript::excerpt(&approval.outcome)
+                ),
+                format!(
+                    "toolfleet resolve {job} {call} applied --result JSON   |   \
+                     toolfleet resolve {job} {call} not-applied   |   \
+                     toolfleet resolve {job} {call} fail --reason TEXT"
+                ),
+            )
+        } else {
+            (
+                format!("waits because {}", approval.reason),
+                format!(
+                    "toolfleet approve {job} {call}   |   toolfleet reject {job} {call} --reason TEXT"
+                ),
+            )
+        };
         outln!(
-            "{} {} {}({})\n  waits because {}; expires at {} (Unix ms)\n  \
-             toolfleet approve {} {}   |   toolfleet reject {} {} --reason TEXT",
-            approval.job_id,
-            approval.call_id,
+            "{job} {call} {}({})\n  {why}; expires at {} (Unix ms)\n  {commands}",
             approval.tool,
             transcript::excerpt(&approval.arguments),
-            approval.reason,
             approval.expires_at_ms,
-            approval.job_id,
-            approval.call_id,
-            approval.job_id,
-            approval.call_id,
         )?;
     }
     if !page.next_page_token.is_empty() {
@@ -120,8 +167,9 @@ pub(crate) async fn approve(args: ApproveArgs) -> anyhow::Result<ExitCode> {
         decision: v1::Decision::Approve.into(),
         reason: args.reason,
         arguments: args.arguments,
+        result: None,
     };
-    decide(&args.server, request).await
+    decide(&args.server, request, "approved").await
 }
 
 /// `toolfleet reject`.
@@ -132,22 +180,40 @@ pub(crate) async fn reject(args: RejectArgs) -> anyhow::Result<ExitCode> {
         decision: v1::Decision::Reject.into(),
         reason: args.reason,
         arguments: None,
+        result: None,
     };
-    decide(&args.server, request).await
+    decide(&args.server, request, "rejected").await
 }
 
-async fn decide(server: &Server, request: v1::DecideCallRequest) -> anyhow::Result<ExitCode> {
+/// `toolfleet resolve`.
+pub(crate) async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
+    let (decision, word) = match args.verdict {
+        Verdict::Applied => (v1::Decision::Applied, "resolved as applied"),
+        Verdict::NotApplied => (v1::Decision::NotApplied, "resolved as not applied (it runs again)"),
+        Verdict::Fail => (v1::Decision::Fail, "failed"),
+    };
+    let request = v1::DecideCallRequest {
+        job_id: args.job_id,
+        call_id: args.call_id,
+        decision: decision.into(),
+        reason: args.reason,
+        arguments: None,
+        result: args.result,
+    };
+    decide(&args.server, request, word).await
+}
+
+async fn decide(
+    server: &Server,
+    request: v1::DecideCallRequest,
+    word: &str,
+) -> anyhow::Result<ExitCode> {
     let mut client = server.connect().await?;
     let (job_id, call_id) = (request.job_id.clone(), request.call_id.clone());
-    let word = if request.decision == i32::from(v1::Decision::Approve) {
-        "approved"
-    } else {
-        "rejected"
-    };
     client
         .decide_call(request)
         .await
         .map_err(|status| rpc_error("DecideCall", &status))?;
-    outln!("{word} call {call_id} of job {job_id}; follow it with: toolfleet watch {job_id}")?;
+    outln!("call {call_id} of job {job_id} {word}; follow it with: toolfleet watch {job_id}")?;
     Ok(ExitCode::SUCCESS)
 }

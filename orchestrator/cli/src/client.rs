@@ -203,6 +203,11 @@ pub(crate) struct SubmitArgs {
     /// more; "*" for every tool): DecideCall decides, docs/approvals.md.
     #[arg(long, value_name = "TOOL")]
     require_approval: Vec<String>,
+    /// What becomes of a call whose outcome no worker could tell
+    /// (OUTCOME_UNKNOWN, MAX_DELIVERIES_EXCEEDED): "report" tells the model;
+    /// "ask" holds it for your verdict (toolfleet resolve).
+    #[arg(long, value_name = "WHAT", value_parser = ["report", "ask"])]
+    on_unknown_outcome: Option<String>,
     /// Most model turns that may request tools (default: the server's, 8).
     #[arg(long, value_name = "N")]
     max_tool_rounds: Option<u32>,
@@ -868,6 +873,7 @@ impl SubmitArgs {
             deadline_ms: self.deadline_ms.unwrap_or(0),
             metadata: self.metadata.iter().cloned().collect::<HashMap<_, _>>(),
             require_approval: self.require_approval.clone(),
+            on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
         })
     }
 }

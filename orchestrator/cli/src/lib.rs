@@ -70,6 +70,10 @@ enum Command {
     Approve(approvals::ApproveArgs),
     /// Reject a held call: the model gets REJECTED_BY_APPROVER and your reason.
     Reject(approvals::RejectArgs),
+    /// Give your verdict on a call whose outcome no worker could tell (a job
+    /// submitted with --on-unknown-outcome ask): applied (with --result),
+    /// not-applied (it runs again), or fail (with --reason).
+    Resolve(approvals::ResolveArgs),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.
     ///
@@ -129,6 +133,7 @@ impl Cli {
             Command::Approvals(args) => approvals::list(args).await,
             Command::Approve(args) => approvals::approve(args).await,
             Command::Reject(args) => approvals::reject(args).await,
+            Command::Resolve(args) => approvals::resolve(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args),
             Command::Reap => {

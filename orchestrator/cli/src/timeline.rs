@@ -111,6 +111,16 @@ fn approval_mark(event: JobEvent, at: u64) -> Row {
             reason,
             ..
         } => (format!("  {call_id} {tool} waits"), reason),
+        JobEvent::ToolCallVerdictRequested {
+            attempt,
+            call_id,
+            code,
+            tool,
+            ..
+        } => (
+            format!("  {call_id} {tool} unknown"),
+            format!("{code} after attempt {attempt}: waits for a verdict"),
+        ),
         JobEvent::ToolCallDecided {
             approver,
             call_id,
@@ -185,6 +195,7 @@ impl Drawing {
                 name,
                 ok,
                 round_trip_us,
+                source,
                 worked_us,
             } => {
                 let row = self.call_row(&call_id, &name, at);
@@ -192,9 +203,13 @@ impl Drawing {
                 row.end_ms = at;
                 row.worked_ms = worked_us.map(|us| us / 1000);
                 row.detail = call_detail(ok, code.as_deref(), attempts, round_trip_us, worked_us);
+                if let Some(source) = source {
+                    row.detail.push_str(&format!(", by the {source}"));
+                }
                 self.phase_start = self.phase_start.max(at);
             }
             JobEvent::ToolCallApprovalRequested { .. }
+            | JobEvent::ToolCallVerdictRequested { .. }
             | JobEvent::ToolCallDecided { .. }
             | JobEvent::JobWaitingForApproval { .. } => rows.push(approval_mark(decoded, at)),
             JobEvent::JobSucceeded { .. } => self.timeline.outcome = Some("succeeded".into()),

@@ -95,12 +95,24 @@ fn event_summary(event: &JobEvent) -> String {
             "{call_id} {tool}({}) waits for approval: {reason}",
             quote(arguments, QUOTE_CHARS)
         ),
+        JobEvent::ToolCallVerdictRequested {
+            attempt,
+            call_id,
+            code,
+            message,
+            tool,
+            ..
+        } => format!(
+            "{call_id} {tool}: attempt {attempt} ended {code} ({}); waits for an operator's verdict",
+            quote(message, QUOTE_CHARS)
+        ),
         JobEvent::ToolCallDecided {
             approver,
             arguments,
             call_id,
             decision,
             reason,
+            result,
             tenant,
         } => {
             let who = approver.as_deref().map_or_else(
@@ -113,6 +125,9 @@ fn event_summary(event: &JobEvent) -> String {
             }
             if let Some(arguments) = arguments {
                 let _ = write!(summary, "; runs with {}", quote(arguments, QUOTE_CHARS));
+            }
+            if let Some(result) = result {
+                let _ = write!(summary, "; its result {}", quote(result, QUOTE_CHARS));
             }
             summary
         }
@@ -136,6 +151,7 @@ fn call_result_summary(event: &JobEvent) -> String {
         name,
         ok,
         round_trip_us,
+        source,
         worked_us,
     } = event
     else {
@@ -147,6 +163,9 @@ fn call_result_summary(event: &JobEvent) -> String {
         format!("error {}", code.as_deref().unwrap_or("?"))
     };
     let mut summary = format!("{call_id} {name}: {outcome}");
+    if let Some(source) = source {
+        let _ = write!(summary, " (by the {source})");
+    }
     match made {
         0 => summary.push_str(" (not dispatched)"),
         n => {

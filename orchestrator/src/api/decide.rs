@@ -14,7 +14,7 @@ use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{ApprovalRequest, Decided, Decision, PendingCursor};
+use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor};
 
 /// Longest reason a decision may give: the model reads it.
 const MAX_REASON_BYTES: usize = 4096;
@@ -26,17 +26,9 @@ impl AgentApi {
         request: v1::DecideCallRequest,
         caller: &Caller,
     ) -> Result<JobStatus, Status> {
-        let approved = match v1::Decision::try_from(request.decision) {
-            Ok(v1::Decision::Approve) => true,
-            Ok(v1::Decision::Reject) => false,
-            _ => {
-                return Err(invalid(
-                    "decision",
-                    "must be DECISION_APPROVE or DECISION_REJECT",
-                ));
-            }
-        };
-        check_reason(&request.reason, approved)?;
+        let choice = choice(request.decision)?;
+        check_reason(&request.reason, choice)?;
+        let result = self.checked_result(request.result, choice)?;
         let record = self.own_job(&request.job_id, caller).await?;
         let job_id = record.job_id.clone();
         let approvals = self
@@ -45,44 +37,74 @@ impl AgentApi {
             .await
             .map_err(|e| to_status(&e))?;
         let call_id = request.call_id.as_str();
-        let Some((wire_id, held)) = approvals
-            .requests
-            .iter()
-            .find(|(_, held)| held.call_id == call_id)
-        else {
+        let Some((key, held)) = approvals.hold_of(call_id) else {
             return Err(Status::not_found(format!(
-                "job {job_id} has no call {:?} held for approval",
+                "job {job_id} has no call {:?} held for a decision",
                 excerpt(call_id, ECHO_CHARS)
             )));
         };
+        check_kind(held, choice)?;
         let arguments = match request.arguments {
-            Some(_) if !approved => {
+            Some(_) if choice != Choice::Approved => {
                 return Err(invalid(
                     "arguments",
-                    "are for an approval; a rejected call does not run",
+                    "are for an approval; only an approved call runs with them",
                 ));
             }
             Some(arguments) => Some(self.checked_arguments(&record, held, arguments).await?),
             None => None,
         };
         let decision = Decision {
-            approved,
+            choice,
             reason: request.reason,
             arguments,
+            result,
             tenant: caller.tenant.clone(),
             approver: caller.approver.clone(),
             at_ms: now_ms(),
         };
         let decided = self
             .store
-            .decide(&job_id, wire_id, call_id, &decision)
+            .decide(&job_id, key, call_id, &decision)
             .await
             .map_err(|e| to_status(&e))?;
         if let Decided::Recorded { .. } = decided {
-            record_wait(&record, wire_id, held, &decision);
+            record_wait(&record, key, held, &decision);
         }
-        self.answer(decided, &record, wire_id, held, &caller.tenant)
+        self.answer(decided, &record, key, held, &caller.tenant)
             .await
+    }
+
+    /// The result an operator gives with `DECISION_APPLIED`: JSON within
+    /// the size limit, and given with no other decision.
+    fn checked_result(
+        &self,
+        result: Option<String>,
+        choice: Choice,
+    ) -> Result<Option<String>, Status> {
+        let Some(result) = result else {
+            return Ok(None);
+        };
+        if choice != Choice::Applied {
+            return Err(invalid(
+                "result",
+                "is for DECISION_APPLIED: the result of a call that was applied",
+            ));
+        }
+        if result.len() > self.options.max_input_bytes {
+            return Err(invalid(
+                "result",
+                format!(
+                    "is {} bytes; the limit is {}",
+                    result.len(),
+                    self.options.max_input_bytes
+                ),
+            ));
+        }
+        if let Err(err) = serde_json::from_str::<serde::de::IgnoredAny>(&result) {
+            return Err(invalid("result", format!("is not JSON: {err}")));
+        }
+        Ok(Some(result))
     }
 
     /// The answer to a decision the store `decided` on the call `wire_id`
@@ -91,11 +113,12 @@ impl AgentApi {
         &self,
         decided: Decided,
         record: &JobRecord,
-        wire_id: &str,
+        key: &str,
         held: &ApprovalRequest,
         tenant: &str,
     ) -> Result<JobStatus, Status> {
         let (job_id, call_id) = (&record.job_id, &held.call_id);
+        let wire_id = key;
         match decided {
             Decided::Recorded { requeue: false } => Ok(record.status),
             Decided::Recorded { requeue: true } => {
@@ -116,15 +139,24 @@ impl AgentApi {
                 first.at_ms
             ))),
             Decided::Expired => Err(Status::failed_precondition(format!(
-                "the approval of call {call_id} of job {job_id} expired at {} (Unix ms); \
-                 it is answered APPROVAL_EXPIRED",
-                held.expires_at_ms
+                "the {} of call {call_id} of job {job_id} expired at {} (Unix ms); {}",
+                if held.attempt.is_some() {
+                    "request for a verdict"
+                } else {
+                    "approval"
+                },
+                held.expires_at_ms,
+                if held.attempt.is_some() {
+                    "the model is told what its worker answered"
+                } else {
+                    "it is answered APPROVAL_EXPIRED"
+                }
             ))),
             Decided::Ended => Err(Status::failed_precondition(format!(
                 "job {job_id} has ended; its calls can no longer be decided"
             ))),
             Decided::NotHeld => Err(Status::not_found(format!(
-                "job {job_id} has no call {call_id} held for approval"
+                "job {job_id} has no call {call_id} held for a decision"
             ))),
         }
     }
@@ -178,7 +210,9 @@ impl AgentApi {
 
 /// The wait that `decision` ended, in the metrics and as a span of the
 /// job's trace, from when the call was held.
-fn record_wait(record: &JobRecord, wire_id: &str, held: &ApprovalRequest, decision: &Decision) {
+fn record_wait(record: &JobRecord, key: &str, held: &ApprovalRequest, decision: &Decision) {
+    // A verdict's key is `<wire id>@<attempt>`; the span names the call.
+    let wire_id = key.split_once('@').map_or(key, |(wire_id, _)| wire_id);
     let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
     let waited = std::time::Duration::from_millis(waited);
     crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));
@@ -192,6 +226,7 @@ fn record_wait(record: &JobRecord, wire_id: &str, held: &ApprovalRequest, decisi
     span.started_at(held_at);
     span.set("toolfleet.decision", decision.word());
     span.set("toolfleet.approval.rule", held.rule.clone());
+    span.set("toolfleet.approval.kind", held.kind());
     span.set("toolfleet.tenant", decision.tenant.clone());
     if let Some(approver) = &decision.approver {
         span.set("toolfleet.approver", approver.clone());
@@ -199,21 +234,72 @@ fn record_wait(record: &JobRecord, wire_id: &str, held: &ApprovalRequest, decisi
     span.end();
 }
 
-/// A reason within [`MAX_REASON_BYTES`], and given when rejecting.
-fn check_reason(reason: &str, approved: bool) -> Result<(), Status> {
+/// What the request's `decision` asks for.
+fn choice(decision: i32) -> Result<Choice, Status> {
+    Ok(match v1::Decision::try_from(decision) {
+        Ok(v1::Decision::Approve) => Choice::Approved,
+        Ok(v1::Decision::Reject) => Choice::Rejected,
+        Ok(v1::Decision::Applied) => Choice::Applied,
+        Ok(v1::Decision::NotApplied) => Choice::NotApplied,
+        Ok(v1::Decision::Fail) => Choice::Failed,
+        _ => {
+            return Err(invalid(
+                "decision",
+                "must be DECISION_APPROVE or DECISION_REJECT (a call held for approval), \
+                 or DECISION_APPLIED, DECISION_NOT_APPLIED or DECISION_FAIL (a call whose \
+                 outcome is unknown)",
+            ));
+        }
+    })
+}
+
+/// Whether `choice` answers what `held` waits for: an approval, or a
+/// verdict on an unknown outcome.
+fn check_kind(held: &ApprovalRequest, choice: Choice) -> Result<(), Status> {
+    match (held.attempt, choice.is_verdict()) {
+        (None, true) => Err(invalid(
+            "decision",
+            format!(
+                "call {} waits for approval before it runs: DECISION_APPROVE or DECISION_REJECT",
+                held.call_id
+            ),
+        )),
+        (Some(attempt), false) => Err(invalid(
+            "decision",
+            format!(
+                "the outcome of attempt {attempt} of call {} is unknown: DECISION_APPLIED, \
+                 DECISION_NOT_APPLIED or DECISION_FAIL",
+                held.call_id
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A reason within [`MAX_REASON_BYTES`], and given when rejecting or
+/// failing a call (the model reads it).
+fn check_reason(reason: &str, choice: Choice) -> Result<(), Status> {
     if reason.len() > MAX_REASON_BYTES {
         return Err(invalid(
             "reason",
             format!("is {} bytes; the limit is {MAX_REASON_BYTES}", reason.len()),
         ));
     }
-    if !approved && reason.trim().is_empty() {
+    if matches!(choice, Choice::Rejected | Choice::Failed) && reason.trim().is_empty() {
         return Err(invalid(
             "reason",
-            "is required to reject: the model reads it",
+            format!("is required to {}: the model reads it", choice_verb(choice)),
         ));
     }
     Ok(())
+}
+
+fn choice_verb(choice: Choice) -> &'static str {
+    if choice == Choice::Failed {
+        "fail a call"
+    } else {
+        "reject"
+    }
 }
 
 /// Who made a decision, for people.
@@ -267,6 +353,7 @@ impl AgentApi {
                 .into_iter()
                 .map(|pending| {
                     let request = pending.request;
+                    let kind = request.kind().to_owned();
                     v1::PendingApproval {
                         job_id: pending.job_id.to_string(),
                         call_id: request.call_id,
@@ -276,6 +363,9 @@ impl AgentApi {
                         rule: request.rule,
                         requested_at_ms: request.requested_at_ms,
                         expires_at_ms: request.expires_at_ms,
+                        kind,
+                        attempt: request.attempt.unwrap_or_default(),
+                        outcome: request.outcome.unwrap_or_default(),
                     }
                 })
                 .collect(),

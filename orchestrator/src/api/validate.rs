@@ -17,7 +17,8 @@ use super::convert::{invalid, not_found};
 use super::options::ApiOptions;
 use crate::auth::Caller;
 use crate::job::{
-    ApprovalPolicy, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, now_ms,
+    ApprovalPolicy, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, UnknownOutcome,
+    now_ms,
 };
 use crate::model::scripted::Scripted;
 use crate::store::ListCursor;
@@ -98,6 +99,17 @@ const SUBMISSION_CHECKS: &[FieldCheck] = &[
                 "{:?} is neither a tool name nor \"*\"",
                 excerpt(name, ECHO_CHARS)
             ))
+        },
+    },
+    FieldCheck {
+        field: "on_unknown_outcome",
+        problem: |r, _| {
+            UnknownOutcome::parse(&r.on_unknown_outcome).is_none().then(|| {
+                format!(
+                    "{:?} is neither \"report\" nor \"ask\"",
+                    excerpt(&r.on_unknown_outcome, ECHO_CHARS)
+                )
+            })
         },
     },
     FieldCheck {
@@ -363,6 +375,8 @@ pub(super) fn job_spec(
             timeout_ms: caller
                 .approval_timeout
                 .map(toolfleet_service::clock::millis),
+            on_unknown_outcome: UnknownOutcome::parse(&request.on_unknown_outcome)
+                .unwrap_or_default(),
         },
         limits: JobLimits {
             max_calls_per_turn: options.max_calls_per_turn,

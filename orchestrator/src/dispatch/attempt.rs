@@ -14,7 +14,8 @@ use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
 use tracing::{debug, error, warn};
 
 use super::retry::{self, Verdict};
-use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError};
+use super::unknown::{self, AfterVerdict};
+use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError, Waiting};
 use toolfleet_service::traces;
 
 use crate::job::{JobTrace, now_ms};
@@ -42,6 +43,16 @@ struct LastAttempt {
     worked: Option<Duration>,
     /// As [`Answer::unchecked`].
     unchecked: Option<String>,
+    /// Who produced the envelope when its worker did not: an operator.
+    source: Option<&'static str>,
+}
+
+/// How driving a call ended.
+pub(super) enum Driven {
+    /// It has its answer.
+    Settled(CallOutcome),
+    /// It waits for an operator's verdict on an unknown outcome.
+    Waiting(Waiting),
 }
 
 impl LastAttempt {
@@ -89,7 +100,7 @@ impl Dispatcher {
         round: &Round<'_>,
         ready: &Ready,
         attempts: &HashMap<String, u32>,
-    ) -> Result<CallOutcome, RoundError> {
+    ) -> Result<Driven, RoundError> {
         let (call, policy) = (&ready.call, &ready.policy);
         // Held until this function returns, however it returns.
         let _slot = self.call_slot(round, call).await?;
@@ -126,15 +137,40 @@ impl Dispatcher {
             );
             let delay = match verdict {
                 Verdict::Settle(envelope) => {
+                    // An operator is asked only about what Redis holds,
+                    // never about a reply's copy.
+                    if answer.unchecked.is_some() && unknown::asks(round, &envelope) {
+                        reread = Some(self.stored_answer(round, call, attempt).await?);
+                        continue;
+                    }
+                    let (envelope, source) =
+                        match self.verdict_on(round, call, attempt, envelope).await? {
+                            AfterVerdict::Settle(envelope, source) => (envelope, source),
+                            AfterVerdict::Wait(waiting) => {
+                                round.results.not_coming();
+                                span.end();
+                                return Ok(Driven::Waiting(waiting));
+                            }
+                            AfterVerdict::RunAgain => {
+                                attempt += 1;
+                                self.record_dispatches(round.lease, round.trace, &[call], attempt)
+                                    .await?;
+                                continue;
+                            }
+                        };
                     let last = LastAttempt {
                         envelope,
                         attempt,
                         round_trip,
                         worked: answer.worked,
                         unchecked: answer.unchecked,
+                        source,
                     };
                     let outcome = last.outcome(call);
                     span.set("toolfleet.attempts", i64::from(attempt));
+                    if let Some(source) = source {
+                        span.set("toolfleet.outcome.source", source);
+                    }
                     span.outcome(&last.envelope);
                     if !settled
                         && let Some(answer) = self
@@ -145,7 +181,7 @@ impl Dispatcher {
                         continue;
                     }
                     span.end();
-                    return Ok(outcome);
+                    return Ok(Driven::Settled(outcome));
                 }
                 Verdict::Retry(delay) => delay,
             };
@@ -176,6 +212,7 @@ impl Dispatcher {
                 outcome,
                 &last.envelope,
                 last.unchecked,
+                last.source,
             )
             .await;
         if let Err(RoundError::Store(store::Error::ResultMismatch(_))) = recorded {

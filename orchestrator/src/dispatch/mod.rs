@@ -13,7 +13,9 @@
 //! - this module: the round (checks, the calls in parallel or one by one)
 //!   and the reply subscription a run keeps for its rounds ([`Replies`]);
 //! - `attempt`: one call through its attempts: publish, wait, retry;
-//! - `retry`: the verdict after each attempt, a pure function.
+//! - `retry`: the verdict after each attempt, a pure function;
+//! - `unknown`: an outcome no worker could tell, held for an operator's
+//!   verdict when the job asks.
 //!
 //! Each call holds a slot in its tenant's calls in flight from before its
 //! first attempt until it settles ([`crate::quota`]).
@@ -21,6 +23,7 @@
 mod attempt;
 mod results;
 mod retry;
+mod unknown;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -35,7 +38,7 @@ use toolfleet_proto::names;
 use toolfleet_proto::{Envelope, ErrorCode, RetryPolicy, check_arguments};
 use toolfleet_service::clock::millis;
 
-use attempt::{Notice, forward_results};
+use attempt::{Driven, Notice, forward_results};
 use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
@@ -45,7 +48,7 @@ use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
-use crate::store::{self, Approvals, DispatchedCall, HeldCall, JobStore};
+use crate::store::{self, Approvals, Choice, DispatchedCall, HeldCall, JobStore};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -293,12 +296,14 @@ pub(crate) enum Admission {
     Refuse(Envelope),
 }
 
-/// A call of the round that waits for a person's decision: held now or
-/// before, undecided and not expired.
+/// A call of the round that waits for a person's decision (an approval,
+/// or a verdict on an unknown outcome): held now or before, undecided and
+/// not expired.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Waiting {
-    /// Its wire id, where its approval is recorded.
-    pub wire_id: String,
+    /// Where its request and decision are recorded
+    /// ([`hold_key`](crate::store::hold_key)).
+    pub key: String,
     /// The id the job's events show it by.
     pub event_id: String,
     /// When it expires (Unix ms).
@@ -437,9 +442,12 @@ impl Dispatcher {
                 results: &results,
                 stop,
             };
-            let settled = self.dispatch(&round, &calls, attempts).await?;
-            for ((index, _), outcome) in ready.iter().zip(settled) {
-                outcomes[*index] = Some(outcome);
+            let driven = self.dispatch(&round, &calls, attempts).await?;
+            for ((index, _), driven) in ready.iter().zip(driven) {
+                match driven {
+                    Driven::Settled(outcome) => outcomes[*index] = Some(outcome),
+                    Driven::Waiting(waiting) => held.waiting.push(waiting),
+                }
             }
         }
         if !held.waiting.is_empty() {
@@ -496,7 +504,7 @@ impl Dispatcher {
             round_trip: None,
             worked: None,
         };
-        self.record_result(lease, results, job.trace, &outcome, envelope, None)
+        self.record_result(lease, results, job.trace, &outcome, envelope, None, None)
             .await?;
         span.end();
         Ok(outcome)
@@ -509,7 +517,7 @@ impl Dispatcher {
         round: &Round<'_>,
         calls: &[&Ready],
         attempts: &HashMap<String, u32>,
-    ) -> Result<Vec<CallOutcome>, RoundError> {
+    ) -> Result<Vec<Driven>, RoundError> {
         let Round {
             lease,
             spec,
@@ -670,6 +678,7 @@ impl Dispatcher {
         outcome: &CallOutcome,
         envelope: &Envelope,
         unchecked: Option<String>,
+        source: Option<&'static str>,
     ) -> Result<(), RoundError> {
         let step = spans::Step::Call(&outcome.wire_id);
         let commit = spans::commit(trace, step, "record_call_result");
@@ -681,6 +690,7 @@ impl Dispatcher {
             round_trip: outcome.round_trip,
             worked: outcome.worked,
             envelope: envelope.clone(),
+            source,
             unchecked,
         };
         results
@@ -731,7 +741,7 @@ impl<'a> Held<'a> {
         timeout: Duration,
     ) -> Option<Result<PlannedCall, Envelope>> {
         if let Some(decision) = approvals.decisions.get(&call.wire_id) {
-            if decision.approved {
+            if decision.choice == Choice::Approved {
                 return Some(Ok(as_approved(call, approvals)));
             }
             return Some(Err(Envelope::terminal(
@@ -747,6 +757,7 @@ impl<'a> Held<'a> {
                 crate::metrics::approval_requested(&call.name, rule.source());
                 self.new.push(HeldCall {
                     wire_id: &call.wire_id,
+                    unknown: None,
                     call_id: &call.event_id,
                     tool: &call.name,
                     arguments: &call.arguments,
@@ -765,7 +776,7 @@ impl<'a> Held<'a> {
             )));
         }
         self.waiting.push(Waiting {
-            wire_id: call.wire_id.clone(),
+            key: call.wire_id.clone(),
             event_id: call.event_id.clone(),
             expires_at_ms,
         });

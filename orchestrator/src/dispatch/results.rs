@@ -28,6 +28,8 @@ pub(super) struct Settled {
     pub(super) round_trip: Option<Duration>,
     pub(super) worked: Option<Duration>,
     pub(super) envelope: Envelope,
+    /// Who produced the envelope when no worker did ([`SettledCall::source`]).
+    pub(super) source: Option<&'static str>,
     /// The stored result as the worker's reply carried it, not read from
     /// Redis: the commit checks it ([`SettledCall::unchecked`]).
     pub(super) unchecked: Option<String>,
@@ -43,6 +45,7 @@ impl Settled {
             round_trip: self.round_trip,
             worked: self.worked,
             envelope: &self.envelope,
+            source: self.source,
             unchecked: self.unchecked.as_deref(),
         }
     }
@@ -84,6 +87,16 @@ impl<T> GroupCommit<T> {
     /// other are not worth waiting for, and are not counted.
     pub(super) fn expect(&self, results: usize) {
         self.coming.fetch_add(results, Ordering::Relaxed);
+    }
+
+    /// Says that one result [`expect`](Self::expect)ed will not come: its
+    /// call waits for an operator's verdict. The others no longer linger
+    /// for it.
+    pub(super) fn not_coming(&self) {
+        let _ = self
+            .coming
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        self.queued.notify_one();
     }
 
     /// Records `result` and returns once it is stored: by `commit` of a

@@ -429,7 +429,7 @@ impl JobRun<'_> {
     async fn park(&self, waiting: &[Waiting]) -> Result<Option<Ending>, Stopped> {
         let calls: Vec<(&str, &str)> = waiting
             .iter()
-            .map(|call| (call.wire_id.as_str(), call.event_id.as_str()))
+            .map(|call| (call.key.as_str(), call.event_id.as_str()))
             .collect();
         let wake_at = waiting
             .iter()

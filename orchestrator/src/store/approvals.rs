@@ -4,9 +4,15 @@
 //! ([`JobStore::park`]); a person's decision ([`JobStore::decide`]) is
 //! written once, whoever races for it, and re-queues a parked job.
 //!
-//! Layout of `tf:{<job>}:approvals`, a hash: `<wire id>` -> the request
-//! ([`ApprovalRequest`], JSON), `expires:<wire id>` -> its expiry in Unix
-//! ms (for the scripts), `decided:<wire id>` -> the [`Decision`] (JSON).
+//! The same door serves a call whose outcome no worker could tell, in a job
+//! that asks an operator (`on_unknown_outcome = "ask"`): the call is held
+//! for a verdict on that attempt, and the verdict is a [`Decision`] too.
+//!
+//! Layout of `tf:{<job>}:approvals`, a hash by hold key ([`hold_key`]: the
+//! wire id for an approval, `<wire id>@<attempt>` for a verdict):
+//! `<key>` -> the request ([`ApprovalRequest`], JSON), `expires:<key>` ->
+//! its expiry in Unix ms (for the scripts), `decided:<key>` -> the
+//! [`Decision`] (JSON).
 //! A parked job leaves the index of unfinished jobs, which the sweeper
 //! re-queues from, for the index of parked jobs, scored by when it must
 //! wake.
@@ -17,17 +23,44 @@ use std::sync::LazyLock;
 use redis::Script;
 use serde::{Deserialize, Serialize};
 
+use toolfleet_proto::Envelope;
+
 use crate::job::{JobEvent, JobStatus, Lease, now_ms};
 
 use super::scripts::script;
 use super::wake_ups::Written;
 use super::*;
 
+/// Where a held call's request and decision are kept in its job's
+/// approvals: its wire id for an approval before it runs, and
+/// `<wire id>@<attempt>` for a verdict on that attempt's unknown outcome
+/// (a wire id holds no `@`, so the two never meet).
+pub fn hold_key(wire_id: &str, attempt: Option<u32>) -> String {
+    match attempt {
+        Some(attempt) => format!("{wire_id}@{attempt}"),
+        None => wire_id.to_owned(),
+    }
+}
+
+/// An attempt whose outcome its worker could not tell, held for an
+/// operator's verdict.
+#[derive(Debug, Clone)]
+pub struct Unknown<'a> {
+    /// The attempt.
+    pub attempt: u32,
+    /// What its worker answered (`OUTCOME_UNKNOWN` or
+    /// `MAX_DELIVERIES_EXCEEDED`).
+    pub envelope: &'a Envelope,
+}
+
 /// A call to hold, for [`JobStore::hold`].
 #[derive(Debug, Clone)]
 pub struct HeldCall<'a> {
     /// The id its attempts and approval are recorded under.
     pub wire_id: &'a str,
+    /// For a verdict: the attempt whose outcome is unknown. `None`: an
+    /// approval before the call runs.
+    pub unknown: Option<Unknown<'a>>,
     /// The id the job's events show it by.
     pub call_id: &'a str,
     /// The tool.
@@ -43,15 +76,34 @@ pub struct HeldCall<'a> {
 }
 
 impl HeldCall<'_> {
-    /// Its `tool_call_approval_requested` event.
+    /// Its key in the job's approvals ([`hold_key`]).
+    pub fn key(&self) -> String {
+        hold_key(self.wire_id, self.unknown.as_ref().map(|u| u.attempt))
+    }
+
+    /// Its `tool_call_approval_requested` event, or
+    /// `tool_call_verdict_requested` for a verdict.
     pub(super) fn event(&self) -> JobEvent {
-        JobEvent::ToolCallApprovalRequested {
-            arguments: self.arguments.to_owned(),
-            call_id: self.call_id.to_owned(),
-            expires_at: self.expires_at_ms,
-            reason: self.reason.clone(),
-            rule: self.rule.to_owned(),
-            tool: self.tool.to_owned(),
+        match &self.unknown {
+            None => JobEvent::ToolCallApprovalRequested {
+                arguments: self.arguments.to_owned(),
+                call_id: self.call_id.to_owned(),
+                expires_at: self.expires_at_ms,
+                reason: self.reason.clone(),
+                rule: self.rule.to_owned(),
+                tool: self.tool.to_owned(),
+            },
+            Some(unknown) => {
+                let error = unknown.envelope.error();
+                JobEvent::ToolCallVerdictRequested {
+                    attempt: unknown.attempt,
+                    call_id: self.call_id.to_owned(),
+                    code: error.map(|e| e.code.to_string()).unwrap_or_default(),
+                    expires_at: self.expires_at_ms,
+                    message: error.map(|e| e.message.clone()).unwrap_or_default(),
+                    tool: self.tool.to_owned(),
+                }
+            }
         }
     }
 
@@ -65,12 +117,13 @@ impl HeldCall<'_> {
             reason: self.reason.clone(),
             requested_at_ms: now,
             expires_at_ms: self.expires_at_ms,
+            attempt: self.unknown.as_ref().map(|u| u.attempt),
+            outcome: self.unknown.as_ref().map(|u| u.envelope.to_json()),
         };
         let json = serde_json::to_string(&request).expect("a request serializes");
-        [
-            (self.wire_id.to_owned(), json),
-            (expires_field(self.wire_id), self.expires_at_ms.to_string()),
-        ]
+        let key = self.key();
+        let expires = expires_field(&key);
+        [(key, json), (expires, self.expires_at_ms.to_string())]
     }
 }
 
@@ -91,19 +144,74 @@ pub struct ApprovalRequest {
     pub requested_at_ms: u64,
     /// When it expires (Unix ms).
     pub expires_at_ms: u64,
+    /// For a verdict: the attempt whose outcome is unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// For a verdict: the envelope its worker answered (JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+}
+
+impl ApprovalRequest {
+    /// `approval` (approve or reject it) or `outcome` (a verdict).
+    pub fn kind(&self) -> &'static str {
+        if self.attempt.is_some() {
+            "outcome"
+        } else {
+            "approval"
+        }
+    }
+}
+
+/// What a person decided.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    /// The held call runs.
+    Approved,
+    /// The held call is answered `REJECTED_BY_APPROVER`.
+    Rejected,
+    /// The unknown outcome was applied: the model gets the given result.
+    Applied,
+    /// The unknown outcome was not applied: the call runs again.
+    NotApplied,
+    /// The call is answered `FAILED_BY_OPERATOR`.
+    Failed,
+}
+
+impl Choice {
+    /// As events and metrics name it.
+    pub fn word(self) -> &'static str {
+        match self {
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+            Self::Applied => "applied",
+            Self::NotApplied => "not_applied",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Whether it answers a verdict request (else an approval).
+    pub fn is_verdict(self) -> bool {
+        matches!(self, Self::Applied | Self::NotApplied | Self::Failed)
+    }
 }
 
 /// A person's decision on a held call, as stored.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Decision {
-    /// Approved (it runs) or rejected (`REJECTED_BY_APPROVER`).
-    pub approved: bool,
+    /// What they decided.
+    #[serde(rename = "decision")]
+    pub choice: Choice,
     /// The approver's reason.
     pub reason: String,
     /// Arguments to run it with instead of the model's, already checked
     /// against the tool's schema.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arguments: Option<String>,
+    /// For [`Choice::Applied`]: the result the model gets (JSON).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
     /// The tenant whose token or certificate decided.
     pub tenant: String,
     /// The approver's name, as the tokens file gives it.
@@ -114,13 +222,9 @@ pub struct Decision {
 }
 
 impl Decision {
-    /// `approved` or `rejected`.
+    /// What was decided, as events and metrics name it.
     pub fn word(&self) -> &'static str {
-        if self.approved {
-            "approved"
-        } else {
-            "rejected"
-        }
+        self.choice.word()
     }
 
     /// Its `tool_call_decided` event, for the call `call_id`.
@@ -131,18 +235,34 @@ impl Decision {
             call_id: call_id.to_owned(),
             decision: self.word().to_owned(),
             reason: self.reason.clone(),
+            result: self.result.clone(),
             tenant: self.tenant.clone(),
         }
     }
 }
 
-/// A job's held calls and the decisions made, by wire id.
+/// A job's held calls and the decisions made, by hold key ([`hold_key`]).
 #[derive(Debug, Clone, Default)]
 pub struct Approvals {
     /// Every call held in the job.
     pub requests: HashMap<String, ApprovalRequest>,
     /// The decisions made.
     pub decisions: HashMap<String, Decision>,
+}
+
+impl Approvals {
+    /// The hold of the call `call_id` (as events name it) that a decision
+    /// is for: the one waiting, else the latest (whose decision a second
+    /// one is told of). With its key.
+    pub fn hold_of(&self, call_id: &str) -> Option<(&str, &ApprovalRequest)> {
+        self.requests
+            .iter()
+            .filter(|(_, request)| request.call_id == call_id)
+            .max_by_key(|(key, request)| {
+                (!self.decisions.contains_key(*key), request.requested_at_ms)
+            })
+            .map(|(key, request)| (key.as_str(), request))
+    }
 }
 
 /// A call waiting for a decision, as `ListPendingApprovals` shows it.
@@ -633,13 +753,17 @@ fn pending_call(
     if ended {
         return None;
     }
-    // A job holds few calls: its requests are read whole.
-    let (wire_id, request) = fields.iter().find_map(|(field, text)| {
+    // A job holds few calls: its requests are read whole. A call may have
+    // been held more than once (approved, then its outcome unknown): the
+    // hold that waits is the one pending.
+    let request = fields.iter().find_map(|(key, text)| {
         let request: ApprovalRequest = serde_json::from_str(text).ok()?;
-        (request.call_id == call_id).then_some((field, request))
+        (request.call_id == call_id
+            && !fields.contains_key(&decided_field(key))
+            && request.expires_at_ms > now)
+            .then_some(request)
     })?;
-    (!fields.contains_key(&decided_field(wire_id)) && request.expires_at_ms > now)
-        .then_some(Pending { job_id, request })
+    Some(Pending { job_id, request })
 }
 
 /// A held call's member of its tenant's index: `<job id>/<call id>`, the
@@ -735,6 +859,7 @@ mod tests {
     fn a_held_calls_fields_are_its_request_and_expiry() {
         let held = HeldCall {
             wire_id: "w1",
+            unknown: None,
             call_id: "call_1",
             tool: "transfer",
             arguments: "{\"amount\":5}",

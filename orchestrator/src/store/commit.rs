@@ -58,10 +58,11 @@ impl JobStore {
         self.commit(lease, commit).await
     }
 
-    /// Holds calls for a person's approval: each call's request in the
-    /// job's approvals and its `tool_call_approval_requested` event, in one
-    /// commit. A held call is not published until it is approved
-    /// (decision 0036).
+    /// Holds calls for a person's decision: each call's request in the
+    /// job's approvals and its `tool_call_approval_requested` (or
+    /// `tool_call_verdict_requested`) event, in one commit. A held call is
+    /// not published until it is approved, nor answered until its verdict
+    /// is given (decision 0036).
     ///
     /// # Errors
     ///
@@ -108,6 +109,7 @@ impl JobStore {
                 name: settled.name.to_owned(),
                 ok: settled.envelope.is_ok(),
                 round_trip_us: settled.round_trip.map(micros),
+                source: settled.source.map(str::to_owned),
                 worked_us: settled.worked.map(micros),
             })
             .collect();
@@ -278,6 +280,8 @@ pub struct SettledCall<'a> {
     pub worked: Option<Duration>,
     /// The final envelope.
     pub envelope: &'a Envelope,
+    /// Who produced it when no worker did: `operator` (a verdict).
+    pub source: Option<&'static str>,
     /// The stored result's text as the worker's reply carried it, when it
     /// was not read from Redis: the commit checks it against what Redis
     /// holds and writes nothing if it differs ([`Error::ResultMismatch`]).

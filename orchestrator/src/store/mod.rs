@@ -62,8 +62,8 @@ use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{
-    ApprovalRequest, Approvals, Decided, Decision, HeldCall, Parked, Pending, PendingCursor,
-    PendingTally,
+    ApprovalRequest, Approvals, Choice, Decided, Decision, HeldCall, Parked, Pending,
+    PendingCursor, PendingTally, Unknown, hold_key,
 };
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
