@@ -125,7 +125,7 @@ mod tests {
         ApprovalPolicy {
             tenant: owned(tenant),
             job: owned(job),
-            timeout_ms: None,
+            ..ApprovalPolicy::default()
         }
     }
 

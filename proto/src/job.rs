@@ -699,9 +699,23 @@ mod tests {
                     name: "rm".into(),
                     ok: false,
                     round_trip_us: None,
+                    source: None,
                     worked_us: None,
                 },
                 r#"{"attempts":0,"call_id":"c2","code":"UNKNOWN_TOOL","name":"rm","ok":false,"round_trip_us":null}"#,
+            ),
+            (
+                JobEvent::ToolCallResult {
+                    attempts: 2,
+                    call_id: "c3".into(),
+                    code: None,
+                    name: "charge".into(),
+                    ok: true,
+                    round_trip_us: Some(900),
+                    source: Some("operator".into()),
+                    worked_us: None,
+                },
+                r#"{"attempts":2,"call_id":"c3","code":null,"name":"charge","ok":true,"round_trip_us":900,"source":"operator"}"#,
             ),
             (
                 JobEvent::ToolCallResult {
@@ -711,6 +725,7 @@ mod tests {
                     name: "echo".into(),
                     ok: true,
                     round_trip_us: Some(900),
+                    source: None,
                     worked_us: Some(150),
                 },
                 r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"worked_us":150}"#,

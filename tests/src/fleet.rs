@@ -182,6 +182,22 @@ impl Fleet {
         .transpose()
     }
 
+    /// Respawns every worker that died (a poison call aborted it), as a
+    /// supervisor would, forever: race it with what the test waits for.
+    pub async fn restart_dead_workers(&self) {
+        loop {
+            for worker in self.workers() {
+                if !worker.is_running() {
+                    let _ = worker.respawn();
+                    let _ = worker
+                        .wait_for_log("worker ready", std::time::Duration::from_secs(30))
+                        .await;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
     /// A Redis integer (a test counter), 0 if unset.
     ///
     /// # Errors

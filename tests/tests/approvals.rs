@@ -104,6 +104,7 @@ fn decide(job_id: &str, approve: bool, reason: &str) -> v1::DecideCallRequest {
         .into(),
         reason: reason.to_owned(),
         arguments: None,
+        result: None,
     }
 }
 
@@ -848,5 +849,195 @@ async fn a_held_call_nobody_decides_expires_by_its_tenants_timeout() -> anyhow::
         .await
         .expect_err("after its expiry");
     assert_eq!(late.code(), Code::FailedPrecondition);
+    Ok(())
+}
+
+/// Short timers so that a poison call is given up within seconds, and a
+/// killed worker's call redelivered within one.
+const FAST_REDELIVERY: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+    ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+    ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
+];
+
+/// A verdict on the call `call_id` of `job_id`.
+fn verdict(job_id: &str, call_id: &str, decision: v1::Decision) -> v1::DecideCallRequest {
+    v1::DecideCallRequest {
+        job_id: job_id.to_owned(),
+        call_id: call_id.to_owned(),
+        decision: decision.into(),
+        reason: String::new(),
+        arguments: None,
+        result: None,
+    }
+}
+
+#[tokio::test]
+async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["crash"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    // Two calls that kill their worker every time: each is given up as
+    // MAX_DELIVERIES_EXCEEDED, and held for a verdict instead of answered.
+    let script = json!([
+        {"tool_calls": [
+            {"id": "charge", "name": "crash", "arguments": {}},
+            {"id": "mail", "name": "crash", "arguments": {}}]},
+        {"message": "{{charge.data.charged}} / {{mail.error.code}}: {{mail.error.message}}"}
+    ]);
+    let mut request = scripted_job("charge and mail", &script);
+    request.on_unknown_outcome = "ask".into();
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    tokio::select! {
+        parked = parked(&api, &job_id) => parked?,
+        () = fleet.restart_dead_workers() => unreachable!("the restarter never ends"),
+    }
+    let seen = events(&mut api, &job_id).await?;
+    let asked: Vec<&Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_verdict_requested")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(asked.len(), 2, "{seen:?}");
+    assert!(
+        asked
+            .iter()
+            .all(|data| data["code"] == "MAX_DELIVERIES_EXCEEDED" && data["attempt"] == 1),
+        "{asked:?}"
+    );
+    assert!(!seen.iter().any(|(kind, _)| kind == "tool_call_result"));
+    let pending = api
+        .list_pending_approvals(pending_page(0, ""))
+        .await?
+        .into_inner()
+        .approvals;
+    assert_eq!(pending.len(), 2, "{pending:?}");
+    assert!(pending.iter().all(|p| p.kind == "outcome" && p.attempt == 1));
+    assert!(pending[0].outcome.contains("MAX_DELIVERIES_EXCEEDED"));
+
+    // A decision of the wrong kind, a failure without a reason, a result
+    // that is not JSON: each refused, naming what to send.
+    let approve = api
+        .decide_call(verdict(&job_id, "charge", v1::Decision::Approve))
+        .await
+        .expect_err("an approval for an unknown outcome");
+    assert_eq!(approve.code(), Code::InvalidArgument);
+    assert!(approve.message().contains("DECISION_APPLIED"), "{approve:?}");
+    let no_reason = api
+        .decide_call(verdict(&job_id, "mail", v1::Decision::Fail))
+        .await
+        .expect_err("a failure without a reason");
+    assert!(no_reason.message().contains("reason"), "{no_reason:?}");
+    let mut not_json = verdict(&job_id, "charge", v1::Decision::Applied);
+    not_json.result = Some("{charged".into());
+    let not_json = api.decide_call(not_json).await.expect_err("not JSON");
+    assert!(not_json.message().contains("result: is not JSON"), "{not_json:?}");
+
+    let mut applied = verdict(&job_id, "charge", v1::Decision::Applied);
+    applied.result = Some(r#"{"charged": 5}"#.into());
+    api.decide_call(applied).await?;
+    let mut failed = verdict(&job_id, "mail", v1::Decision::Fail);
+    failed.reason = "the mail server was down".into();
+    api.decide_call(failed).await?;
+    let again = api
+        .decide_call(verdict(&job_id, "mail", v1::Decision::NotApplied))
+        .await
+        .expect_err("a second verdict");
+    assert_eq!(again.code(), Code::FailedPrecondition);
+    assert!(again.message().contains("already failed"), "{again:?}");
+
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    assert_eq!(
+        job.output_text,
+        "5 / FAILED_BY_OPERATOR: an operator failed the call: the mail server was down"
+    );
+    // The results are the operator's, and say so; the workers' own stored
+    // envelopes are left as they wrote them.
+    let seen = events(&mut api, &job_id).await?;
+    let sources: Vec<(&Value, &Value)> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_result")
+        .map(|(_, data)| (&data["call_id"], &data["source"]))
+        .collect();
+    assert_eq!(sources.len(), 2, "{seen:?}");
+    assert!(sources.iter().all(|(_, source)| *source == "operator"), "{sources:?}");
+    let decided: Vec<&Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_decided")
+        .map(|(_, data)| &data["decision"])
+        .collect();
+    assert_eq!(decided, [&json!("applied"), &json!("failed")]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once()
+-> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(2).worker_env(FAST_REDELIVERY)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["set_flag"], 2).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "flag", "name": "set_flag",
+                         "arguments": {"key": "verdict:flag", "delay_ms": 2000}}]},
+        {"message": "{{flag.ok}}"}
+    ]);
+    let mut request = scripted_job("set the flag", &script);
+    request.on_unknown_outcome = "ask".into();
+    let job_id = api.submit_job(request).await?.into_inner().job_id;
+    // The effect happens, then its worker dies before the result: the
+    // other worker cannot tell (set_flag has no probe): OUTCOME_UNKNOWN.
+    let runner = wait_until("a worker to run the call", WAIT, || async {
+        fleet
+            .workers()
+            .iter()
+            .position(|w| w.log_tail(100_000).contains("executing call"))
+    })
+    .await?;
+    wait_until("the flag", WAIT, || async {
+        fleet.counter("verdict:flag").await.is_ok_and(|v| v == 1)
+    })
+    .await?;
+    fleet.worker(runner).kill();
+    parked(&api, &job_id).await?;
+    let seen = events(&mut api, &job_id).await?;
+    let (_, asked) = seen
+        .iter()
+        .find(|(kind, _)| kind == "tool_call_verdict_requested")
+        .expect("a verdict request");
+    assert_eq!(asked["code"], "OUTCOME_UNKNOWN", "{asked}");
+
+    // Not applied, says the operator, from the CLI; and the orchestrator
+    // dies at once: whichever runs the job next runs attempt 2, once.
+    let url = fleet.grpc_url(0).await?;
+    let said = run_toolfleet(&["resolve", &job_id, "flag", "not-applied", "--addr", &url]).await?;
+    assert!(said.contains("resolved as not applied"), "{said}");
+    fleet.orchestrator(0).kill();
+    fleet.orchestrator(0).respawn()?;
+    let api = fleet.api(0).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    assert_eq!(job.output_text, "true");
+    assert_eq!(
+        fleet.count_in_worker_logs("executing call"),
+        2,
+        "run once more, as the operator said"
+    );
+    let mut api = api;
+    let seen = events(&mut api, &job_id).await?;
+    let attempts: Vec<&Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_dispatched")
+        .map(|(_, data)| &data["attempt"])
+        .collect();
+    assert_eq!(attempts, [&json!(1), &json!(2)], "{seen:?}");
+    let (_, result) = seen
+        .iter()
+        .find(|(kind, _)| kind == "tool_call_result")
+        .expect("a result");
+    // The worker's answer to attempt 2: no source of its own.
+    assert_eq!((result["ok"].clone(), result.get("source")), (json!(true), None));
     Ok(())
 }

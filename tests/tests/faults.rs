@@ -61,22 +61,6 @@ impl On {
     }
 }
 
-/// Restarts every worker that died, until the test ends. Returns nothing:
-/// it runs until dropped.
-async fn restart_dead_workers(fleet: &Fleet) {
-    loop {
-        for worker in fleet.workers() {
-            if !worker.is_running() {
-                let _ = worker.respawn();
-                let _ = worker
-                    .wait_for_log("worker ready", Duration::from_secs(30))
-                    .await;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test]
 async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Result<()> {
     let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
@@ -94,7 +78,7 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
         .job_id;
     let job = tokio::select! {
         job = wait_finished(&api, &job_id) => job?,
-        () = restart_dead_workers(&fleet) => unreachable!("the restarter never ends"),
+        () = fleet.restart_dead_workers() => unreachable!("the restarter never ends"),
     };
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "MAX_DELIVERIES_EXCEEDED");
@@ -152,7 +136,7 @@ async fn worker_chaos(on: On) -> anyhow::Result<()> {
     let finished = tokio::select! {
         finished = all => finished,
         () = chaos => unreachable!(),
-        () = restart_dead_workers(&fleet) => unreachable!(),
+        () = fleet.restart_dead_workers() => unreachable!(),
     };
     let (calls, tally) = tally_rounds(&fleet, finished, "chaos").await?;
     let recovered = fleet.count_in_worker_logs("earlier execution was applied");

@@ -162,6 +162,7 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
             decision: v1::Decision::Approve.into(),
             reason: String::new(),
             arguments: None,
+            result: None,
         })
         .await?;
 

@@ -152,6 +152,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         round_trip: Some(Duration::from_micros(1500)),
         worked: Some(Duration::from_micros(400)),
         envelope: &envelope,
+        source: None,
         unchecked: None,
     };
     // Calls that settle together are recorded in one commit, in order.
@@ -164,6 +165,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         round_trip: None,
         worked: None,
         envelope: &ok,
+        source: None,
         unchecked: None,
     };
     store.record_call_results(&lease, &[settled, other]).await?;
@@ -632,6 +634,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
             round_trip: None,
             worked: None,
             envelope,
+            source: None,
             unchecked: Some(unchecked),
         }
     }

@@ -418,6 +418,7 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
         decision: v1::Decision::Approve.into(),
         reason: String::new(),
         arguments: None,
+        result: None,
     })
     .await?;
     let job = wait_finished(&api, &job_id).await?;

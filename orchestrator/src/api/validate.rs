@@ -532,6 +532,7 @@ mod tests {
                 tenant: vec!["*".into()],
                 job: vec!["calculate".into()],
                 timeout_ms: Some(7_200_000),
+                on_unknown_outcome: UnknownOutcome::Report,
             }
         );
     }
@@ -562,6 +563,10 @@ mod tests {
             (
                 "require_approval: \"trans fer\" is neither a tool name nor \"*\"",
                 |r| r.require_approval = vec!["*".into(), "trans fer".into()],
+            ),
+            (
+                "on_unknown_outcome: \"retry\" is neither \"report\" nor \"ask\"",
+                |r| r.on_unknown_outcome = "retry".into(),
             ),
             ("metadata: has 33 entries; the limit is 32", |r| {
                 r.metadata = (0..33).map(|i| (format!("k{i}"), String::new())).collect();
