@@ -325,7 +325,7 @@ async fn a_parked_job_cancels_at_once_and_bad_decisions_change_nothing() -> anyh
     assert!(
         not_held
             .message()
-            .contains("no call \"say\" held for approval"),
+            .contains("no call \"say\" held for a decision"),
         "{}",
         not_held.message()
     );
@@ -937,15 +937,17 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
     let mut applied = verdict(&job_id, "charge", v1::Decision::Applied);
     applied.result = Some(r#"{"charged": 5}"#.into());
     api.decide_call(applied).await?;
-    let mut failed = verdict(&job_id, "mail", v1::Decision::Fail);
-    failed.reason = "the mail server was down".into();
-    api.decide_call(failed).await?;
+    // While the other call waits, the job cannot end: a second verdict is
+    // told the first.
     let again = api
-        .decide_call(verdict(&job_id, "mail", v1::Decision::NotApplied))
+        .decide_call(verdict(&job_id, "charge", v1::Decision::NotApplied))
         .await
         .expect_err("a second verdict");
     assert_eq!(again.code(), Code::FailedPrecondition);
-    assert!(again.message().contains("already failed"), "{again:?}");
+    assert!(again.message().contains("already applied"), "{again:?}");
+    let mut failed = verdict(&job_id, "mail", v1::Decision::Fail);
+    failed.reason = "the mail server was down".into();
+    api.decide_call(failed).await?;
 
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
