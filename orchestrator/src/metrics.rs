@@ -99,10 +99,12 @@ pub(crate) fn approvals_pending(tenant: &str, tool: &str, calls: u64, oldest: st
 }
 
 /// Calls held for a person's approval, by `tool` and `rule` (`manifest`,
-/// `tenant` or `job`).
+/// `tenant` or `job`; `on_unknown_outcome` for an attempt held for an
+/// operator's verdict).
 pub const APPROVALS_REQUESTED_TOTAL: &str = "toolfleet_approvals_requested_total";
-/// Held calls decided, by `tool` and `decision` (`approved`, `rejected`, or
-/// `expired` when nobody decided in time).
+/// Held calls decided, by `tool` and `decision` (`approved`, `rejected`,
+/// `applied`, `not_applied`, `failed`, or `expired` when nobody decided in
+/// time).
 pub const APPROVAL_DECISIONS_TOTAL: &str = "toolfleet_approval_decisions_total";
 /// Time from a call held to a person's decision, in seconds, by `tool`
 /// (buckets from a second to a day).

@@ -913,7 +913,11 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         .into_inner()
         .approvals;
     assert_eq!(pending.len(), 2, "{pending:?}");
-    assert!(pending.iter().all(|p| p.kind == "outcome" && p.attempt == 1));
+    assert!(
+        pending
+            .iter()
+            .all(|p| p.kind == "outcome" && p.attempt == 1)
+    );
     assert!(pending[0].outcome.contains("MAX_DELIVERIES_EXCEEDED"));
 
     // A decision of the wrong kind, a failure without a reason, a result
@@ -923,7 +927,10 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         .await
         .expect_err("an approval for an unknown outcome");
     assert_eq!(approve.code(), Code::InvalidArgument);
-    assert!(approve.message().contains("DECISION_APPLIED"), "{approve:?}");
+    assert!(
+        approve.message().contains("DECISION_APPLIED"),
+        "{approve:?}"
+    );
     let no_reason = api
         .decide_call(verdict(&job_id, "mail", v1::Decision::Fail))
         .await
@@ -932,7 +939,10 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
     let mut not_json = verdict(&job_id, "charge", v1::Decision::Applied);
     not_json.result = Some("{charged".into());
     let not_json = api.decide_call(not_json).await.expect_err("not JSON");
-    assert!(not_json.message().contains("result: is not JSON"), "{not_json:?}");
+    assert!(
+        not_json.message().contains("result: is not JSON"),
+        "{not_json:?}"
+    );
 
     let mut applied = verdict(&job_id, "charge", v1::Decision::Applied);
     applied.result = Some(r#"{"charged": 5}"#.into());
@@ -964,7 +974,10 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         .map(|(_, data)| (&data["call_id"], &data["source"]))
         .collect();
     assert_eq!(sources.len(), 2, "{seen:?}");
-    assert!(sources.iter().all(|(_, source)| *source == "operator"), "{sources:?}");
+    assert!(
+        sources.iter().all(|(_, source)| *source == "operator"),
+        "{sources:?}"
+    );
     let decided: Vec<&Value> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_decided")
@@ -975,8 +988,8 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
 }
 
 #[tokio::test]
-async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once()
--> anyhow::Result<()> {
+async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once() -> anyhow::Result<()>
+{
     let mut fleet = Fleet::start(test_fleet(2).worker_env(FAST_REDELIVERY)).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["set_flag"], 2).await?;
@@ -1040,6 +1053,9 @@ async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once()
         .find(|(kind, _)| kind == "tool_call_result")
         .expect("a result");
     // The worker's answer to attempt 2: no source of its own.
-    assert_eq!((result["ok"].clone(), result.get("source")), (json!(true), None));
+    assert_eq!(
+        (result["ok"].clone(), result.get("source")),
+        (json!(true), None)
+    );
     Ok(())
 }

@@ -189,7 +189,10 @@ pub(crate) async fn reject(args: RejectArgs) -> anyhow::Result<ExitCode> {
 pub(crate) async fn resolve(args: ResolveArgs) -> anyhow::Result<ExitCode> {
     let (decision, word) = match args.verdict {
         Verdict::Applied => (v1::Decision::Applied, "resolved as applied"),
-        Verdict::NotApplied => (v1::Decision::NotApplied, "resolved as not applied (it runs again)"),
+        Verdict::NotApplied => (
+            v1::Decision::NotApplied,
+            "resolved as not applied (it runs again)",
+        ),
         Verdict::Fail => (v1::Decision::Fail, "failed"),
     };
     let request = v1::DecideCallRequest {

@@ -104,12 +104,14 @@ const SUBMISSION_CHECKS: &[FieldCheck] = &[
     FieldCheck {
         field: "on_unknown_outcome",
         problem: |r, _| {
-            UnknownOutcome::parse(&r.on_unknown_outcome).is_none().then(|| {
-                format!(
-                    "{:?} is neither \"report\" nor \"ask\"",
-                    excerpt(&r.on_unknown_outcome, ECHO_CHARS)
-                )
-            })
+            UnknownOutcome::parse(&r.on_unknown_outcome)
+                .is_none()
+                .then(|| {
+                    format!(
+                        "{:?} is neither \"report\" nor \"ask\"",
+                        excerpt(&r.on_unknown_outcome, ECHO_CHARS)
+                    )
+                })
         },
     },
     FieldCheck {
