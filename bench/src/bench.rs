@@ -26,6 +26,7 @@ use toolfleet_fleet::{FleetBuilder, Serving};
 
 mod accounting;
 mod floor;
+mod parked;
 mod processes;
 mod stored;
 
@@ -140,6 +141,11 @@ pub(crate) struct BenchArgs {
     /// drops them: compare with a run without to see what tracing costs.
     #[arg(long, value_name = "RATIO", value_parser = sample_ratio, conflicts_with = "target")]
     trace_ratio: Option<f64>,
+    /// With `--processes`: instead of the load, measure what N jobs
+    /// waiting for approval cost the orchestrator: its CPU and memory over
+    /// 30 s idle, then over 30 s with N jobs parked (docs/performance.md).
+    #[arg(long, value_name = "N", requires = "processes")]
+    parked: Option<usize>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -360,6 +366,17 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         url: &nats_url,
         ca_file: ca_file.as_deref(),
     };
+    if let Some(jobs) = args.parked {
+        let measured = measure_parked(&api, &sources, jobs, args.concurrency).await;
+        drop(processes);
+        let report = measured?;
+        if args.json {
+            outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        } else {
+            outln!("{}", parked::print(&report))?;
+        }
+        return Ok(());
+    }
     let result = measure(&args, &api, nats, &sources).await;
     // What the servers say, where they can be asked.
     let fsync_always = sources
@@ -389,6 +406,24 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         eprintln!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// `--parked`: the orchestrator idle, then with `jobs` jobs parked.
+async fn measure_parked(
+    api: &Api,
+    sources: &Sources,
+    jobs: usize,
+    concurrency: usize,
+) -> anyhow::Result<parked::ParkedReport> {
+    let orchestrator = sources
+        .processes
+        .iter()
+        .find(|p| p.name == "orchestrator")
+        .context("no orchestrator process to measure")?;
+    let [redis_url] = sources.redis_urls.as_slice() else {
+        anyhow::bail!("--parked needs the fleet's one Redis server");
+    };
+    parked::measure(api, orchestrator, redis_url, jobs, concurrency).await
 }
 
 /// With `--trace-ratio`, a collector that counts the spans the fleet sends.

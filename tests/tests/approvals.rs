@@ -679,6 +679,18 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
         "a person rejected the call: no sums"
     );
     assert_eq!(results(&job)["say"]["data"]["text"], "hi");
+    // `get` shows who decided what, after how long.
+    let shown = run_toolfleet(&["get", &both, "--addr", &url]).await?;
+    assert!(shown.contains("held for a person:"), "{shown}");
+    assert!(
+        shown.contains("math calculate: approval, rejected by tenant default after"),
+        "{shown}"
+    );
+    assert!(shown.contains(": \"no sums\""), "{shown}");
+    assert!(
+        shown.contains("say echo: approval, approved by tenant default after"),
+        "{shown}"
+    );
     // Decided calls leave the list.
     let left = api
         .list_pending_approvals(pending_page(0, ""))
@@ -984,6 +996,32 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         .map(|(_, data)| &data["decision"])
         .collect();
     assert_eq!(decided, [&json!("applied"), &json!("failed")]);
+    // GetJob has them too, with the operator's result.
+    let held: Vec<(String, String, String, Option<String>)> = job
+        .held_calls
+        .iter()
+        .map(|h| {
+            (
+                h.call_id.clone(),
+                h.kind.clone(),
+                h.decision.clone(),
+                h.result.clone(),
+            )
+        })
+        .collect();
+    assert!(
+        held.contains(&(
+            "charge".into(),
+            "outcome".into(),
+            "applied".into(),
+            Some(r#"{"charged": 5}"#.into())
+        )),
+        "{held:?}"
+    );
+    assert!(
+        held.contains(&("mail".into(), "outcome".into(), "failed".into(), None)),
+        "{held:?}"
+    );
     Ok(())
 }
 

@@ -255,6 +255,11 @@ pub(super) fn cpu_of(pid: u32) -> Option<Duration> {
     usage(pid).map(|u| u.cpu)
 }
 
+/// Resident memory of `pid` now, in bytes, from /proc.
+pub(super) fn rss_of(pid: u32) -> Option<u64> {
+    usage(pid).map(|u| u.rss_bytes)
+}
+
 /// CPU (user + system) and resident memory of `pid`, from /proc.
 fn usage(pid: u32) -> Option<Usage> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;

@@ -247,10 +247,57 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
         };
         let _ = writeln!(out, "  {label:<11}  {}", indent(&text, 2 + 11 + 2));
     }
+    if !job.held_calls.is_empty() {
+        let _ = writeln!(out, "held for a person:");
+        for held in &job.held_calls {
+            let _ = writeln!(out, "  {}", held_call_line(held));
+        }
+    }
     if succeeded {
         let _ = writeln!(out, "output:\n  {}", indent(&job.output_text, 2));
     }
     out
+}
+
+/// A held call on one line: what it waited for, and who decided what
+/// after how long (or that it still waits).
+fn held_call_line(held: &v1::HeldCall) -> String {
+    let what = if held.kind == "outcome" {
+        format!("a verdict on attempt {}", held.attempt)
+    } else {
+        "approval".to_owned()
+    };
+    let mut line = format!("{} {}: {what}", held.call_id, held.tool);
+    if held.decision.is_empty() {
+        let _ = write!(
+            line,
+            ", undecided (expires at {} Unix ms)",
+            held.expires_at_ms
+        );
+        return line;
+    }
+    let who = if held.approver.is_empty() {
+        format!("tenant {}", held.decided_by_tenant)
+    } else {
+        format!("{} (tenant {})", held.approver, held.decided_by_tenant)
+    };
+    let waited = Duration::from_millis(held.decided_at_ms.saturating_sub(held.requested_at_ms));
+    let _ = write!(
+        line,
+        ", {} by {who} after {:.1}s",
+        held.decision,
+        waited.as_secs_f64()
+    );
+    if !held.reason.is_empty() {
+        let _ = write!(line, ": {}", quote(&held.reason, QUOTE_CHARS));
+    }
+    if let Some(arguments) = &held.arguments {
+        let _ = write!(line, "; ran with {}", quote(arguments, QUOTE_CHARS));
+    }
+    if let Some(result) = &held.result {
+        let _ = write!(line, "; result {}", quote(result, QUOTE_CHARS));
+    }
+    line
 }
 
 /// Longest tool result shown in a transcript, in characters: a tool's
@@ -405,6 +452,13 @@ pub(crate) fn job_json(job: &v1::Job) -> Value {
         "created_at_ms": job.created_at_ms,
         "finished_at_ms": job.finished_at_ms,
         "trace_id": job.trace_id,
+        "held_calls": job.held_calls.iter().map(|h| json!({
+            "call_id": h.call_id, "tool": h.tool, "kind": h.kind, "attempt": h.attempt,
+            "requested_at_ms": h.requested_at_ms, "expires_at_ms": h.expires_at_ms,
+            "decision": h.decision, "reason": h.reason,
+            "decided_by_tenant": h.decided_by_tenant, "approver": h.approver,
+            "decided_at_ms": h.decided_at_ms, "arguments": h.arguments, "result": h.result,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -641,6 +695,19 @@ mod tests {
             created_at_ms: 1000,
             finished_at_ms: 2500,
             trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            held_calls: vec![v1::HeldCall {
+                call_id: "call_0_0".into(),
+                tool: "calculate".into(),
+                kind: "approval".into(),
+                requested_at_ms: 1100,
+                expires_at_ms: 90_000,
+                decision: "approved".into(),
+                reason: "fine".into(),
+                decided_by_tenant: "acme".into(),
+                approver: "Ana Lima".into(),
+                decided_at_ms: 2300,
+                ..Default::default()
+            }],
         };
         let report = job_report(&job);
         for expected in [
@@ -651,6 +718,7 @@ mod tests {
             "  tool_call    call_0_0  calculate({\"expression\": \"23 * 19\"})\n",
             "  tool_result  call_0_0  calculate, 1 attempt: {\"data\":{\"result\":437},\"ok\":true}\n",
             "  assistant    437\n               that is all\n",
+            "held for a person:\n  call_0_0 calculate: approval, approved by Ana Lima (tenant acme) after 1.2s: \"fine\"\n",
             "output:\n  437\n",
         ] {
             assert!(report.contains(expected), "{report}\nlacks {expected:?}");

@@ -14,7 +14,7 @@ use super::ECHO_CHARS;
 use crate::job::{Item, JobId, JobRecord, JobTrace};
 use crate::quota::{AdmitError, Refusal};
 use crate::registry::LiveTool;
-use crate::store;
+use crate::store::{self, Approvals};
 
 /// The one conversion from a store failure to a gRPC status. The detail goes
 /// to the log, not to the client.
@@ -109,8 +109,9 @@ pub(super) fn to_event(
     }
 }
 
-pub(super) fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
+pub(super) fn to_job(record: JobRecord, items: &[Item], approvals: Approvals) -> v1::Job {
     v1::Job {
+        held_calls: held_calls(approvals),
         job_id: record.job_id.into(),
         status: v1::JobStatus::from(record.status).into(),
         output_text: record.output_text,
@@ -129,6 +130,44 @@ pub(super) fn to_job(record: JobRecord, items: &[Item]) -> v1::Job {
             .map(JobTrace::trace_id)
             .unwrap_or_default(),
     }
+}
+
+/// A job's held calls, in the order they were held, with their decisions.
+fn held_calls(approvals: Approvals) -> Vec<v1::HeldCall> {
+    let Approvals {
+        requests,
+        mut decisions,
+    } = approvals;
+    let mut held: Vec<v1::HeldCall> = requests
+        .into_iter()
+        .map(|(key, request)| {
+            let decision = decisions.remove(&key);
+            let kind = request.kind().to_owned();
+            let mut call = v1::HeldCall {
+                call_id: request.call_id,
+                tool: request.tool,
+                kind,
+                attempt: request.attempt.unwrap_or_default(),
+                requested_at_ms: request.requested_at_ms,
+                expires_at_ms: request.expires_at_ms,
+                ..Default::default()
+            };
+            if let Some(decision) = decision {
+                call.decision = decision.word().to_owned();
+                call.reason = decision.reason;
+                call.decided_by_tenant = decision.tenant;
+                call.approver = decision.approver.unwrap_or_default();
+                call.decided_at_ms = decision.at_ms;
+                call.arguments = decision.arguments;
+                call.result = decision.result;
+            }
+            call
+        })
+        .collect();
+    held.sort_by(|a, b| {
+        (a.requested_at_ms, &a.call_id, a.attempt).cmp(&(b.requested_at_ms, &b.call_id, b.attempt))
+    });
+    held
 }
 
 /// A conversation item as a client sees it; reasoning stays inside.

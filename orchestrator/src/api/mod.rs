@@ -32,7 +32,7 @@ use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
-use crate::store::{Idempotency, JobStore};
+use crate::store::{Approvals, Idempotency, JobStore};
 use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
 use follow::{Follower, WATCH_BATCH, follow};
 use validate::{ListQuery, Rules, may_own};
@@ -287,7 +287,12 @@ impl AgentService for AgentApi {
             .items(&record.job_id, 0)
             .await
             .map_err(|e| to_status(&e))?;
-        Ok(Response::new(to_job(record, &items)))
+        let approvals = self
+            .store
+            .approvals(&record.job_id)
+            .await
+            .map_err(|e| to_status(&e))?;
+        Ok(Response::new(to_job(record, &items, approvals)))
     }
 
     type WatchJobStream = EventStream;
@@ -388,7 +393,10 @@ impl AgentService for AgentApi {
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(v1::ListJobsResponse {
-            jobs: records.into_iter().map(|r| to_job(r, &[])).collect(),
+            jobs: records
+                .into_iter()
+                .map(|r| to_job(r, &[], Approvals::default()))
+                .collect(),
             next_page_token: next.map(|c| c.to_token()).unwrap_or_default(),
         }))
     }
