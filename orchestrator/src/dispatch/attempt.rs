@@ -15,7 +15,7 @@ use tracing::{debug, error, warn};
 
 use super::retry::{self, Verdict};
 use super::unknown::{self, AfterVerdict};
-use super::{CallOutcome, Dispatcher, PlannedCall, Ready, Round, RoundError, Waiting};
+use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundError, Waiting};
 use toolfleet_service::traces;
 
 use crate::job::{JobTrace, now_ms};
@@ -41,10 +41,8 @@ struct LastAttempt {
     attempt: u32,
     round_trip: Option<Duration>,
     worked: Option<Duration>,
-    /// As [`Answer::unchecked`].
-    unchecked: Option<String>,
-    /// Who produced the envelope when its worker did not: an operator.
-    source: Option<&'static str>,
+    /// Where its envelope came from.
+    origin: Origin,
 }
 
 /// How driving a call ended.
@@ -143,9 +141,9 @@ impl Dispatcher {
                         reread = Some(self.stored_answer(round, call, attempt).await?);
                         continue;
                     }
-                    let (envelope, source) =
+                    let (envelope, operator) =
                         match self.verdict_on(round, call, attempt, envelope).await? {
-                            AfterVerdict::Settle(envelope, source) => (envelope, source),
+                            AfterVerdict::Settle(envelope, by) => (envelope, by.is_some()),
                             AfterVerdict::Wait(waiting) => {
                                 round.results.not_coming();
                                 span.end();
@@ -163,13 +161,16 @@ impl Dispatcher {
                         attempt,
                         round_trip,
                         worked: answer.worked,
-                        unchecked: answer.unchecked,
-                        source,
+                        origin: match answer.unchecked {
+                            _ if operator => Origin::Operator,
+                            Some(text) => Origin::Reply(text),
+                            None => Origin::Stored,
+                        },
                     };
                     let outcome = last.outcome(call);
                     span.set("toolfleet.attempts", i64::from(attempt));
-                    if let Some(source) = source {
-                        span.set("toolfleet.outcome.source", source);
+                    if operator {
+                        span.set("toolfleet.outcome.source", unknown::OPERATOR);
                     }
                     span.outcome(&last.envelope);
                     if !settled
@@ -211,8 +212,7 @@ impl Dispatcher {
                 trace,
                 outcome,
                 &last.envelope,
-                last.unchecked,
-                last.source,
+                last.origin,
             )
             .await;
         if let Err(RoundError::Store(store::Error::ResultMismatch(_))) = recorded {

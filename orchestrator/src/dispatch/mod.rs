@@ -504,8 +504,15 @@ impl Dispatcher {
             round_trip: None,
             worked: None,
         };
-        self.record_result(lease, results, job.trace, &outcome, envelope, None, None)
-            .await?;
+        self.record_result(
+            lease,
+            results,
+            job.trace,
+            &outcome,
+            envelope,
+            Origin::Stored,
+        )
+        .await?;
         span.end();
         Ok(outcome)
     }
@@ -677,9 +684,13 @@ impl Dispatcher {
         trace: Option<&JobTrace>,
         outcome: &CallOutcome,
         envelope: &Envelope,
-        unchecked: Option<String>,
-        source: Option<&'static str>,
+        origin: Origin,
     ) -> Result<(), RoundError> {
+        let (unchecked, source) = match origin {
+            Origin::Stored => (None, None),
+            Origin::Reply(text) => (Some(text), None),
+            Origin::Operator => (None, Some(unknown::OPERATOR)),
+        };
         let step = spans::Step::Call(&outcome.wire_id);
         let commit = spans::commit(trace, step, "record_call_result");
         let settled = Settled {
@@ -703,6 +714,18 @@ impl Dispatcher {
         crate::metrics::tool_call_settled(&outcome.name, envelope);
         Ok(())
     }
+}
+
+/// Where a settled envelope came from, as the commit that records it must
+/// know.
+pub(crate) enum Origin {
+    /// Read from Redis, or made by the orchestrator's own checks.
+    Stored,
+    /// The stored result's text as the worker's reply carried it: the
+    /// commit checks it against Redis ([`store::SettledCall::unchecked`]).
+    Reply(String),
+    /// An operator's verdict on an unknown outcome (`dispatch::unknown`).
+    Operator,
 }
 
 /// `call` as it runs: with the arguments a person approved it with, if
