@@ -106,6 +106,7 @@ fn hot_path(c: &mut Criterion) {
         name: "get_current_weather".into(),
         ok: true,
         round_trip_us: Some(1830),
+        source: None,
         worked_us: Some(420),
     };
     c.bench_function("event/tool_call_result_data", |b| {
