@@ -106,31 +106,7 @@ fn event_summary(event: &JobEvent) -> String {
             "{call_id} {tool}: attempt {attempt} ended {code} ({}); waits for an operator's verdict",
             quote(message, QUOTE_CHARS)
         ),
-        JobEvent::ToolCallDecided {
-            approver,
-            arguments,
-            call_id,
-            decision,
-            reason,
-            result,
-            tenant,
-        } => {
-            let who = approver.as_deref().map_or_else(
-                || format!("tenant {tenant}"),
-                |name| format!("{name} ({tenant})"),
-            );
-            let mut summary = format!("{call_id} {decision} by {who}");
-            if !reason.is_empty() {
-                let _ = write!(summary, ": {}", quote(reason, QUOTE_CHARS));
-            }
-            if let Some(arguments) = arguments {
-                let _ = write!(summary, "; runs with {}", quote(arguments, QUOTE_CHARS));
-            }
-            if let Some(result) = result {
-                let _ = write!(summary, "; its result {}", quote(result, QUOTE_CHARS));
-            }
-            summary
-        }
+        JobEvent::ToolCallDecided { .. } => decided_summary(event),
         JobEvent::JobWaitingForApproval { calls } => {
             format!("parked until a person decides {}", calls.join(", "))
         }
@@ -140,6 +116,37 @@ fn event_summary(event: &JobEvent) -> String {
         }
         JobEvent::JobCancelled { code } => code.to_string(),
     }
+}
+
+/// A `tool_call_decided` event on one line (any other event: nothing).
+fn decided_summary(event: &JobEvent) -> String {
+    let JobEvent::ToolCallDecided {
+        approver,
+        arguments,
+        call_id,
+        decision,
+        reason,
+        result,
+        tenant,
+    } = event
+    else {
+        return String::new();
+    };
+    let who = approver.as_deref().map_or_else(
+        || format!("tenant {tenant}"),
+        |name| format!("{name} ({tenant})"),
+    );
+    let mut summary = format!("{call_id} {decision} by {who}");
+    if !reason.is_empty() {
+        let _ = write!(summary, ": {}", quote(reason, QUOTE_CHARS));
+    }
+    if let Some(arguments) = arguments {
+        let _ = write!(summary, "; runs with {}", quote(arguments, QUOTE_CHARS));
+    }
+    if let Some(result) = result {
+        let _ = write!(summary, "; its result {}", quote(result, QUOTE_CHARS));
+    }
+    summary
 }
 
 /// A `tool_call_result` event on one line (any other event: nothing).

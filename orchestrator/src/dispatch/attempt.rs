@@ -45,6 +45,17 @@ struct LastAttempt {
     origin: Origin,
 }
 
+/// What a settled attempt comes to ([`Dispatcher::settling`]).
+enum Settling {
+    /// The call's last attempt: record it.
+    Last(LastAttempt),
+    /// Decide again on this attempt: on what Redis holds (the answer),
+    /// or, with none, on the attempt an operator said to run again.
+    Again(Option<Answer>, u32),
+    /// It waits for an operator's verdict.
+    Wait(Waiting),
+}
+
 /// How driving a call ended.
 pub(super) enum Driven {
     /// It has its answer.
@@ -100,8 +111,7 @@ impl Dispatcher {
         attempts: &HashMap<String, u32>,
     ) -> Result<Driven, RoundError> {
         let (call, policy) = (&ready.call, &ready.policy);
-        // Held until this function returns, however it returns.
-        let _slot = self.call_slot(round, call).await?;
+        let _slot = self.call_slot(round, call).await?; // held until this returns
         // Settled by an earlier runner, which recorded its event and spans:
         // its stored envelope answers it again, and nothing more is recorded.
         let settled = store::was_settled(attempts, &call.wire_id);
@@ -112,8 +122,7 @@ impl Dispatcher {
             span.set("toolfleet.resumed", true);
         }
         let mut round_trip = None;
-        // An answer read again from Redis, after the one a reply carried
-        // turned out not to be the stored one.
+        // What Redis holds, when a reply's copy was not what it holds.
         let mut reread = None;
         loop {
             let mut attempt_span = spans::attempt(trace, call.span_ref(), attempt, resumed);
@@ -135,41 +144,26 @@ impl Dispatcher {
             );
             let delay = match verdict {
                 Verdict::Settle(envelope) => {
-                    // An operator is asked only about what Redis holds,
-                    // never about a reply's copy.
-                    if answer.unchecked.is_some() && unknown::asks(round, &envelope) {
-                        reread = Some(self.stored_answer(round, call, attempt).await?);
-                        continue;
-                    }
-                    let (envelope, operator) =
-                        match self.verdict_on(round, call, attempt, envelope).await? {
-                            AfterVerdict::Settle(envelope, by) => (envelope, by.is_some()),
-                            AfterVerdict::Wait(waiting) => {
-                                round.results.not_coming();
-                                span.end();
-                                return Ok(Driven::Waiting(waiting));
-                            }
-                            AfterVerdict::RunAgain => {
-                                attempt += 1;
-                                self.record_dispatches(round.lease, round.trace, &[call], attempt)
-                                    .await?;
-                                continue;
-                            }
-                        };
-                    let last = LastAttempt {
+                    let settled_by = Answer {
                         envelope,
-                        attempt,
                         round_trip,
-                        worked: answer.worked,
-                        origin: match answer.unchecked {
-                            _ if operator => Origin::Operator,
-                            Some(text) => Origin::Reply(text),
-                            None => Origin::Stored,
-                        },
+                        ..answer
+                    };
+                    let last = match self.settling(round, call, attempt, settled_by).await? {
+                        Settling::Last(last) => last,
+                        Settling::Again(answer, next) => {
+                            (reread, attempt) = (answer, next);
+                            continue;
+                        }
+                        Settling::Wait(waiting) => {
+                            round.results.not_coming();
+                            span.end();
+                            return Ok(Driven::Waiting(waiting));
+                        }
                     };
                     let outcome = last.outcome(call);
                     span.set("toolfleet.attempts", i64::from(attempt));
-                    if operator {
+                    if matches!(last.origin, Origin::Operator) {
                         span.set("toolfleet.outcome.source", unknown::OPERATOR);
                     }
                     span.outcome(&last.envelope);
@@ -186,12 +180,72 @@ impl Dispatcher {
                 }
                 Verdict::Retry(delay) => delay,
             };
-            pause_before_retry(round, call, attempt, delay).await?;
-            attempt += 1;
-            crate::metrics::tool_call_retried(&call.name, code.unwrap_or_default());
-            self.record_dispatches(round.lease, round.trace, &[call], attempt)
-                .await?;
+            attempt = self.retry(round, call, attempt, delay, code).await?;
         }
+    }
+
+    /// Waits `delay`, then records the attempt after `attempt` (retried
+    /// after an envelope with `code`) and returns it.
+    async fn retry(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+        delay: Duration,
+        code: Option<String>,
+    ) -> Result<u32, RoundError> {
+        pause_before_retry(round, call, attempt, delay).await?;
+        crate::metrics::tool_call_retried(&call.name, code.unwrap_or_default());
+        let next = attempt + 1;
+        self.record_dispatches(round.lease, round.trace, &[call], next)
+            .await?;
+        Ok(next)
+    }
+
+    /// What `attempt` of `call`, settled with `answer`'s envelope, comes
+    /// to: its last attempt, unless it is an unknown outcome an operator is
+    /// asked about (`unknown`): then it waits, runs again (the attempt
+    /// after it is recorded here), or settles with the operator's verdict.
+    async fn settling(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        attempt: u32,
+        answer: Answer,
+    ) -> Result<Settling, RoundError> {
+        let Answer {
+            envelope,
+            round_trip,
+            ..
+        } = answer;
+        // An operator is asked only about what Redis holds, never about a
+        // reply's copy.
+        if answer.unchecked.is_some() && unknown::asks(round, &envelope) {
+            let stored = self.stored_answer(round, call, attempt).await?;
+            return Ok(Settling::Again(Some(stored), attempt));
+        }
+        let (envelope, operator) = match self.verdict_on(round, call, attempt, envelope).await? {
+            AfterVerdict::Settle(envelope, by) => (envelope, by.is_some()),
+            AfterVerdict::Wait(waiting) => return Ok(Settling::Wait(waiting)),
+            AfterVerdict::RunAgain => {
+                let next = attempt + 1;
+                self.record_dispatches(round.lease, round.trace, &[call], next)
+                    .await?;
+                return Ok(Settling::Again(None, next));
+            }
+        };
+        let origin = match answer.unchecked {
+            _ if operator => Origin::Operator,
+            Some(text) => Origin::Reply(text),
+            None => Origin::Stored,
+        };
+        Ok(Settling::Last(LastAttempt {
+            envelope,
+            attempt,
+            round_trip,
+            worked: answer.worked,
+            origin,
+        }))
     }
 
     /// Records a call's outcome from its last attempt. `Some`: the result

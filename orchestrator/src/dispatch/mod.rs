@@ -443,12 +443,8 @@ impl Dispatcher {
                 stop,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
-            for ((index, _), driven) in ready.iter().zip(driven) {
-                match driven {
-                    Driven::Settled(outcome) => outcomes[*index] = Some(outcome),
-                    Driven::Waiting(waiting) => held.waiting.push(waiting),
-                }
-            }
+            let indexes = ready.iter().map(|(index, _)| *index);
+            held.take_driven(indexes.zip(driven), &mut outcomes);
         }
         if !held.waiting.is_empty() {
             return Ok(RoundEnd::Waiting(held.waiting));
@@ -752,6 +748,21 @@ struct Held<'a> {
 }
 
 impl<'a> Held<'a> {
+    /// Puts each driven call (by its index in the round) in its place: its
+    /// outcome, or among the calls that wait for a verdict.
+    fn take_driven(
+        &mut self,
+        driven: impl Iterator<Item = (usize, Driven)>,
+        outcomes: &mut [Option<CallOutcome>],
+    ) {
+        for (index, driven) in driven {
+            match driven {
+                Driven::Settled(outcome) => outcomes[index] = Some(outcome),
+                Driven::Waiting(waiting) => self.waiting.push(waiting),
+            }
+        }
+    }
+
     /// What becomes of `call`, which needs approval by `rule`: to run
     /// (`Some(Ok)`, approved, with the approver's arguments if any), to be
     /// answered (`Some(Err)`, rejected or expired), or to wait (`None`:
