@@ -464,9 +464,12 @@ async fn time_parked_does_not_count_against_the_deadline() -> anyhow::Result<()>
     let mut request = two_calls(&["calculate"]);
     request.deadline_ms = 1_500;
     let job_id = api.submit_job(request).await?.into_inner().job_id;
-    parked(&api, &job_id).await?;
-    // Past the deadline, as a person takes their time.
-    tokio::time::sleep(Duration::from_millis(2_000)).await;
+    let job = job_in(&api, None, &job_id, v1::JobStatus::WaitingForApproval).await?;
+    // Past the deadline (half a second past it), as a person takes their time.
+    wait_until("the job's deadline to pass", WAIT, || async {
+        toolfleet_service::clock::now_ms() >= job.created_at_ms + 2_000
+    })
+    .await?;
     api.decide_call(decide(&job_id, true, "")).await?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);

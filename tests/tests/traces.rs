@@ -410,8 +410,19 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
         }
     })
     .await?;
-    // A person takes a moment.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A person takes a moment: at least 300 ms from when the call was held.
+    let held_at = api
+        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
+        .await?
+        .into_inner()
+        .approvals
+        .first()
+        .map(|pending| pending.requested_at_ms)
+        .ok_or_else(|| anyhow::anyhow!("the held call is not pending"))?;
+    wait_until("the call to have waited 300 ms", WAIT, || async {
+        toolfleet_service::clock::now_ms() >= held_at + 300
+    })
+    .await?;
     api.decide_call(v1::DecideCallRequest {
         job_id: job_id.clone(),
         call_id: "math".into(),
