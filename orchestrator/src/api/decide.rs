@@ -14,7 +14,7 @@ use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor};
+use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor, wire_id_of};
 
 /// Longest reason a decision may give: the model reads it.
 const MAX_REASON_BYTES: usize = 4096;
@@ -211,8 +211,8 @@ impl AgentApi {
 /// The wait that `decision` ended, in the metrics and as a span of the
 /// job's trace, from when the call was held.
 fn record_wait(record: &JobRecord, key: &str, held: &ApprovalRequest, decision: &Decision) {
-    // A verdict's key is `<wire id>@<attempt>`; the span names the call.
-    let wire_id = key.split_once('@').map_or(key, |(wire_id, _)| wire_id);
+    // The span names the call, not its hold.
+    let wire_id = wire_id_of(key);
     let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
     let waited = std::time::Duration::from_millis(waited);
     crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));

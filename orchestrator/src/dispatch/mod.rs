@@ -465,15 +465,20 @@ impl Dispatcher {
         approvals: &mut Option<Approvals>,
         held: &mut Held<'c>,
     ) -> Result<Option<Result<PlannedCall, Envelope>>, RoundError> {
-        let timeout = spec
-            .approval
-            .timeout_ms
-            .map_or(self.approval.timeout, Duration::from_millis);
+        let timeout = self.approval_timeout(spec);
         let known = match approvals {
             Some(known) => known,
             empty => empty.insert(self.store.approvals(&lease.job_id).await?),
         };
         Ok(held.decide(call, rule, known, timeout))
+    }
+
+    /// How long a call of the job `spec` waits for a person: its tenant's
+    /// `approval_timeout`, kept with the job, else `approval.timeout`.
+    fn approval_timeout(&self, spec: &JobSpec) -> Duration {
+        spec.approval
+            .timeout_ms
+            .map_or(self.approval.timeout, Duration::from_millis)
     }
 
     /// Answers `call` with `envelope` without publishing it (a check

@@ -80,11 +80,7 @@ impl Dispatcher {
         let expires_at_ms = match approvals.requests.get(&key) {
             Some(request) => request.expires_at_ms,
             None => {
-                let timeout = round
-                    .spec
-                    .approval
-                    .timeout_ms
-                    .unwrap_or_else(|| toolfleet_service::clock::millis(self.approval.timeout));
+                let timeout = toolfleet_service::clock::millis(self.approval_timeout(round.spec));
                 let expires_at_ms = now.saturating_add(timeout);
                 let held = HeldCall {
                     wire_id: &call.wire_id,

@@ -42,6 +42,11 @@ pub fn hold_key(wire_id: &str, attempt: Option<u32>) -> String {
     }
 }
 
+/// The wire id of the call a hold key ([`hold_key`]) names.
+pub fn wire_id_of(key: &str) -> &str {
+    key.split_once('@').map_or(key, |(wire_id, _)| wire_id)
+}
+
 /// An attempt whose outcome its worker could not tell, held for an
 /// operator's verdict.
 #[derive(Debug, Clone)]
@@ -875,6 +880,10 @@ mod tests {
         let request: ApprovalRequest = serde_json::from_str(&request).unwrap();
         assert_eq!(request.requested_at_ms, 1_000);
         assert_eq!(request.arguments, "{\"amount\":5}");
+        // A verdict's key names its call's wire id, as an approval's does.
+        assert_eq!(hold_key("w1", Some(2)), "w1@2");
+        assert_eq!(wire_id_of(&hold_key("w1", Some(2))), "w1");
+        assert_eq!(wire_id_of(&hold_key("w1", None)), "w1");
         // A decision's field can never be a call's: a wire id has no colon.
         assert!(!toolfleet_proto::call::is_valid_wire_id(&decided_field(
             "w1"

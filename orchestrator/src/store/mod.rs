@@ -63,7 +63,7 @@ pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{
     ApprovalRequest, Approvals, Choice, Decided, Decision, HeldCall, Parked, Pending,
-    PendingCursor, PendingTally, Unknown, hold_key,
+    PendingCursor, PendingTally, Unknown, hold_key, wire_id_of,
 };
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
