@@ -210,6 +210,15 @@ impl Fleet {
     }
 }
 
+/// Worker settings that make redeliveries happen within a second (the
+/// claim lease stays below AckWait, as in production), and give a call
+/// that kills its worker up after two deaths.
+pub const FAST_REDELIVERY: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
+    ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
+    ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
+];
+
 /// The results of one job's calls, as workers publish them.
 pub struct Results {
     subscriber: async_nats::Subscriber,

@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, FAST_REDELIVERY, Fleet, scripted_job, test_fleet, wait_finished,
+};
 use toolfleet_tests::{run_toolfleet, wait_until};
 
 /// A round of two parallel calls, `calculate` (to approve) and `echo`, then
@@ -92,19 +94,16 @@ async fn job_in(
     .await
 }
 
+/// Approves or rejects the call `math` of `job_id`.
 fn decide(job_id: &str, approve: bool, reason: &str) -> v1::DecideCallRequest {
+    let decision = if approve {
+        v1::Decision::Approve
+    } else {
+        v1::Decision::Reject
+    };
     v1::DecideCallRequest {
-        job_id: job_id.to_owned(),
-        call_id: "math".into(),
-        decision: if approve {
-            v1::Decision::Approve
-        } else {
-            v1::Decision::Reject
-        }
-        .into(),
         reason: reason.to_owned(),
-        arguments: None,
-        result: None,
+        ..verdict(job_id, "math", decision)
     }
 }
 
@@ -867,15 +866,8 @@ async fn a_held_call_nobody_decides_expires_by_its_tenants_timeout() -> anyhow::
     Ok(())
 }
 
-/// Short timers so that a poison call is given up within seconds, and a
-/// killed worker's call redelivered within one.
-const FAST_REDELIVERY: &[(&str, &str)] = &[
-    ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
-    ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
-    ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
-];
-
-/// A verdict on the call `call_id` of `job_id`.
+/// `decision` on the call `call_id` of `job_id`, with no reason,
+/// arguments or result.
 fn verdict(job_id: &str, call_id: &str, decision: v1::Decision) -> v1::DecideCallRequest {
     v1::DecideCallRequest {
         job_id: job_id.to_owned(),

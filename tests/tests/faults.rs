@@ -10,18 +10,10 @@ use serde_json::{Value, json};
 use toolfleet_proto::names;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, Fleet, on_clusters, scripted_job, test_fleet, wait_finished,
+    ApiClient, FAST_REDELIVERY, Fleet, on_clusters, scripted_job, test_fleet, wait_finished,
 };
 use toolfleet_tests::tally::{Tally, answer_of};
 use toolfleet_tests::{RedisConfig, wait_until};
-
-/// Short timers so that redeliveries happen within a second: the claim lease
-/// stays below AckWait, as in production.
-const FAST_REDELIVERY: &[(&str, &str)] = &[
-    ("TOOLFLEET_RUNTIME__ACK_WAIT", "1s"),
-    ("TOOLFLEET_RUNTIME__CLAIM_LEASE", "500ms"),
-    ("TOOLFLEET_RUNTIME__MAX_DELIVERIES", "2"),
-];
 
 fn scripted(script: Value) -> v1::SubmitJobRequest {
     scripted_job("fault test", &script)
