@@ -28,9 +28,9 @@ use crate::store::JobStore;
 /// How often the tools' gauges are refreshed.
 pub(crate) const INTERVAL: Duration = Duration::from_secs(5);
 
-/// How often the approvals' gauges are refreshed. Each refresh reads every
-/// pending call (500 a round trip): with 10,000 pending, about 40 ms of one
-/// core every 5 s (docs/performance.md).
+/// How often the approvals' gauges are refreshed. A refresh costs a few
+/// commands per tenant, however many calls wait (docs/performance.md), and
+/// one step of the slow heal of their indexes.
 pub(crate) const APPROVALS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// Refreshes the gauges until `stop`.
@@ -79,9 +79,18 @@ pub(crate) async fn run_approvals(store: JobStore, stop: CancellationToken) {
     // Every tenant and tool reported once stays reported, at 0 once its
     // calls are decided: "nothing pending" is a series at 0.
     let mut reported: HashSet<(String, String)> = HashSet::new();
+    let mut heal = None;
     loop {
         if stop.run_until_cancelled(tick.tick()).await.is_none() {
             return;
+        }
+        match stop
+            .run_until_cancelled(store.heal_pending(heal.clone()))
+            .await
+        {
+            None => return,
+            Some(Ok(next)) => heal = next,
+            Some(Err(err)) => debug!(error = %err, "cannot heal the pending approvals' indexes"),
         }
         let tally = match stop.run_until_cancelled(store.pending_tally()).await {
             None => return,

@@ -281,9 +281,28 @@ impl RedisKeys {
 
     /// A tenant's held calls, scored by when they were held (a sorted set
     /// of `<job id>/<call id>`): what `ListPendingApprovals` reads, oldest
-    /// first; entries decided or of ended jobs are dropped as it reads.
+    /// first. An entry leaves it, and the tenant's other approval indexes,
+    /// when its call is decided, expires or its job ends.
     pub fn tenant_approvals(&self, tenant: &str) -> String {
         format!("{}:approvals:{{{tenant}}}", self.prefix)
+    }
+
+    /// The same held calls scored by when they expire: where the
+    /// pending-approvals gauge finds the expired ones to drop.
+    pub fn tenant_approvals_expiry(&self, tenant: &str) -> String {
+        format!("{}:approvals:{{{tenant}}}:expiry", self.prefix)
+    }
+
+    /// The tenant's held calls of one tool, scored by when they were held:
+    /// their count and oldest are the pending-approvals gauge.
+    pub fn tenant_tool_approvals(&self, tenant: &str, tool: &str) -> String {
+        format!("{}:approvals:{{{tenant}}}:by-tool:{tool}", self.prefix)
+    }
+
+    /// The tools that have a [`tenant_tool_approvals`](Self::tenant_tool_approvals)
+    /// index for the tenant (a set).
+    pub fn tenant_approval_tools(&self, tenant: &str) -> String {
+        format!("{}:approvals:{{{tenant}}}:tools", self.prefix)
     }
 
     /// Every tenant that ever held a call for approval (a set): the
@@ -400,6 +419,11 @@ mod tests {
             keys.tenant_calls("acme"),
             keys.tenant_submissions("acme"),
             keys.submission("acme", "key-1"),
+            keys.tenant_approvals("acme"),
+            keys.tenant_approvals_expiry("acme"),
+            keys.tenant_approval_tools("acme"),
+            keys.tenant_tool_approvals("acme", "tools"),
+            keys.tenant_tool_approvals("acme", "expiry"),
         ];
         for key in &tenant_keys {
             assert!(key.starts_with("tenant-a:tf:"), "{key}");

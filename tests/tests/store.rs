@@ -10,7 +10,8 @@ use toolfleet_orchestrator::job::{
     TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
-    Acquired, DispatchedCall, Error, Idempotency, JobStore, SettledCall, Unstored, was_settled,
+    Acquired, Choice, Decision, DispatchedCall, Error, HeldCall, Idempotency, JobStore,
+    SettledCall, Unknown, Unstored, was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, JobId, ToolManifest};
@@ -866,5 +867,149 @@ async fn on_a_primary_with_a_replica_a_write_counts_once_the_replica_holds_it() 
     };
     let err = format!("{:#}", anyhow::Error::new(err));
     assert!(err.contains("0 of the 1 replicas"), "{err}");
+    Ok(())
+}
+
+/// A call held in `job` for `tool`, expiring `ttl` from now.
+fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
+    HeldCall {
+        wire_id: call_id,
+        unknown: None,
+        call_id,
+        tool,
+        arguments: "{}",
+        rule: "job",
+        reason: "the job requires approval of every call".into(),
+        expires_at_ms: toolfleet_orchestrator::job::now_ms() + ttl.as_millis() as u64,
+    }
+}
+
+/// The gauge's tally, as (tool, calls) sorted.
+async fn tallied(store: &JobStore) -> anyhow::Result<Vec<(String, u64)>> {
+    let mut tally: Vec<(String, u64)> = store
+        .pending_tally()
+        .await?
+        .into_iter()
+        .map(|t| (t.tool, t.calls))
+        .collect();
+    tally.sort();
+    Ok(tally)
+}
+
+/// The pending gauges are counted from indexes that Redis keeps per tenant
+/// and tool, so no refresh reads a job; an entry leaves every index when
+/// its call is decided, expires, or its job ends holding it, and what a
+/// crash leaves behind is dropped by the heal. Nothing is left at the end.
+#[tokio::test]
+async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behind()
+-> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let day = Duration::from_secs(86_400);
+    let mut leases = Vec::new();
+    for _ in 0..3 {
+        let (job_id, _) = store.submit(&spec(), None, None).await?;
+        leases.push(lease(&store, &job_id, "r", Duration::from_secs(60)).await?);
+    }
+    let [a, b, c] = &leases[..] else {
+        unreachable!()
+    };
+    store
+        .hold(
+            a,
+            "default",
+            &[held("pay", "transfer", day), held("say", "echo", day)],
+        )
+        .await?;
+    store
+        .hold(b, "default", &[held("pay", "transfer", day)])
+        .await?;
+    store
+        .hold(
+            c,
+            "default",
+            &[held("say", "echo", Duration::from_millis(300))],
+        )
+        .await?;
+    let oldest = store.approvals(&a.job_id).await?.requests["pay"].requested_at_ms;
+    let tally = store.pending_tally().await?;
+    let transfer = tally.iter().find(|t| t.tool == "transfer").unwrap();
+    assert_eq!((transfer.calls, transfer.oldest_held_at_ms), (2, oldest));
+    assert_eq!(
+        tallied(&store).await?,
+        [("echo".into(), 2), ("transfer".into(), 2)]
+    );
+
+    // Decided: gone from the count, and from ListPendingApprovals.
+    let request = store.approvals(&a.job_id).await?.requests["pay"].clone();
+    let decision = Decision {
+        choice: Choice::Approved,
+        reason: String::new(),
+        arguments: None,
+        result: None,
+        tenant: "default".into(),
+        approver: None,
+        at_ms: toolfleet_orchestrator::job::now_ms(),
+    };
+    store.decide(&a.job_id, "pay", &request, &decision).await?;
+    assert_eq!(
+        tallied(&store).await?,
+        [("echo".into(), 2), ("transfer".into(), 1)]
+    );
+
+    // Its job ended holding it (cancelled): gone, and so is the tool.
+    store
+        .finish(b, &Ending::Cancelled, Unstored::Nothing)
+        .await?;
+    // Expired: dropped by the next refresh.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(tallied(&store).await?, [("echo".into(), 1)]);
+    let (page, _) = store.pending("default", None, 10).await?;
+    let listed: Vec<(&JobId, &str)> = page
+        .iter()
+        .map(|p| (&p.job_id, p.request.call_id.as_str()))
+        .collect();
+    assert_eq!(listed, [(&a.job_id, "say")]);
+
+    // A later hold of a call keeps its entry when the earlier hold's
+    // decision drops what it indexed.
+    let first = held("again", "echo", day);
+    store.hold(a, "default", &[first]).await?;
+    let first = store.approvals(&a.job_id).await?.requests["again"].clone();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let envelope = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
+    let verdict = HeldCall {
+        wire_id: "again",
+        unknown: Some(Unknown {
+            attempt: 1,
+            envelope: &envelope,
+        }),
+        ..held("again", "echo", day)
+    };
+    store.hold(a, "default", &[verdict]).await?;
+    store.decide(&a.job_id, "again", &first, &decision).await?;
+    assert_eq!(tallied(&store).await?, [("echo".into(), 2)]);
+
+    // A crash left entries of a job that is gone: the heal drops them.
+    let mut raw = redis.connection().await?;
+    let keys = RedisKeys::default();
+    let () = redis::cmd("DEL")
+        .arg(keys.job(&a.job_id))
+        .query_async(&mut raw)
+        .await?;
+    let mut at = store.heal_pending(None).await?;
+    while at.is_some() {
+        at = store.heal_pending(at).await?;
+    }
+    assert_eq!(tallied(&store).await?, []);
+    let left: i64 = redis::cmd("EXISTS")
+        .arg(keys.tenant_approvals("default"))
+        .arg(keys.tenant_approvals_expiry("default"))
+        .arg(keys.tenant_approval_tools("default"))
+        .arg(keys.tenant_tool_approvals("default", "echo"))
+        .arg(keys.tenant_tool_approvals("default", "transfer"))
+        .query_async(&mut raw)
+        .await?;
+    assert_eq!(left, 0, "every index of the tenant is empty");
     Ok(())
 }

@@ -65,7 +65,7 @@ impl AgentApi {
         };
         let decided = self
             .store
-            .decide(&job_id, key, call_id, &decision)
+            .decide(&job_id, key, held, &decision)
             .await
             .map_err(|e| to_status(&e))?;
         if let Decided::Recorded { .. } = decided {

@@ -270,38 +270,6 @@ impl Approvals {
     }
 }
 
-/// A call waiting for a decision, as `ListPendingApprovals` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Pending {
-    /// Its job.
-    pub job_id: JobId,
-    /// The held call.
-    pub request: ApprovalRequest,
-}
-
-/// Where a page of pending approvals starts: after the entry held at
-/// `held_at_ms` with this member (`<job id>/<call id>`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingCursor {
-    /// When the last entry of the previous page was held (Unix ms).
-    pub held_at_ms: u64,
-    /// Its member of the tenant's index.
-    pub member: String,
-}
-
-/// Calls of one tenant and tool waiting for a decision, for the gauge.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PendingTally {
-    /// The tenant whose jobs hold them.
-    pub tenant: String,
-    /// Their tool.
-    pub tool: String,
-    /// How many wait.
-    pub calls: u64,
-    /// When the oldest was held (Unix ms).
-    pub oldest_held_at_ms: u64,
-}
-
 /// What [`JobStore::park`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Parked {
@@ -426,9 +394,10 @@ impl JobStore {
         Ok(Parked::Parked)
     }
 
-    /// Records `decision` on the held call `wire_id` (shown as `call_id`)
-    /// of `job_id`, if it is held, undecided and not expired; a parked job
-    /// moves back to the index of unfinished jobs (the caller queues it).
+    /// Records `decision` on the call `held` under the hold key `key` of
+    /// `job_id`, if it is held, undecided and not expired; the call leaves
+    /// its tenant's pending index, and a parked job moves back to the
+    /// index of unfinished jobs (the caller queues it).
     ///
     /// # Errors
     ///
@@ -436,19 +405,19 @@ impl JobStore {
     pub async fn decide(
         &self,
         job_id: &JobId,
-        wire_id: &str,
-        call_id: &str,
+        key: &str,
+        held: &ApprovalRequest,
         decision: &Decision,
     ) -> Result<Decided, Error> {
-        let event = decision.event(call_id);
+        let event = decision.event(&held.call_id);
         let json = serde_json::to_string(decision).expect("a decision serializes");
         let answer: Vec<redis::Value> = DECIDE
             .key(self.keys.job(job_id))
             .key(self.keys.job_approvals(job_id))
             .key(self.keys.job_events(job_id))
-            .arg(wire_id)
-            .arg(expires_field(wire_id))
-            .arg(decided_field(wire_id))
+            .arg(key)
+            .arg(expires_field(key))
+            .arg(decided_field(key))
             .arg(now_ms())
             .arg(json)
             .arg(event.kind())
@@ -465,7 +434,7 @@ impl JobStore {
             "recorded" => {
                 let events = text(2).parse().ok();
                 self.notify(job_id, Written::counted(events)).await;
-                self.forget_pending(job_id, call_id).await;
+                self.forget_pending(job_id, &[held]).await;
                 let requeue = text(1) == JobStatus::WaitingForApproval.as_str();
                 if requeue {
                     self.unpark(job_id).await?;
@@ -481,195 +450,6 @@ impl JobStore {
             _ => Decided::Ended,
         };
         Ok(decided)
-    }
-
-    /// Adds the calls `call_ids` (as events show them) of `job_id`, held at
-    /// `now`, to their tenant's index of pending approvals, after the
-    /// commit that held them: an entry always names a held call. The
-    /// tenant joins the set of tenants the pending gauge reads.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub(super) async fn index_held(
-        &self,
-        tenant: &str,
-        job_id: &JobId,
-        call_ids: &[&str],
-        now: u64,
-    ) -> Result<(), Error> {
-        let mut add = redis::cmd("ZADD");
-        add.arg(self.keys.tenant_approvals(tenant));
-        for call_id in call_ids {
-            add.arg(now).arg(pending_member(job_id, call_id));
-        }
-        let _: i64 = add.query_async(&mut self.conn()).await?;
-        let _: i64 = redis::cmd("SADD")
-            .arg(self.keys.approval_tenants())
-            .arg(tenant)
-            .query_async(&mut self.conn())
-            .await?;
-        Ok(())
-    }
-
-    /// The tenant's calls waiting for a decision, oldest first, at most
-    /// `limit`, after `cursor`; and where the next page starts, if one may
-    /// follow. Entries of calls decided, expired, or of ended jobs are
-    /// dropped from the index as they are met (at most `10 x limit` a page).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn pending(
-        &self,
-        tenant: &str,
-        cursor: Option<&PendingCursor>,
-        limit: usize,
-    ) -> Result<(Vec<Pending>, Option<PendingCursor>), Error> {
-        let index = self.keys.tenant_approvals(tenant);
-        let from = cursor.map_or(0, |c| c.held_at_ms);
-        let read = limit.saturating_mul(10).max(1);
-        let entries: Vec<(String, u64)> = redis::cmd("ZRANGE")
-            .arg(&index)
-            .arg(from)
-            .arg("+inf")
-            .arg("BYSCORE")
-            .arg("LIMIT")
-            .arg(0)
-            .arg(read + 1)
-            .arg("WITHSCORES")
-            .query_async(&mut self.conn())
-            .await?;
-        let after = |(member, score): &(String, u64)| {
-            cursor.is_none_or(|c| (*score, member.as_str()) > (c.held_at_ms, c.member.as_str()))
-        };
-        let more = entries.len() > read;
-        let entries: Vec<(String, u64)> = entries.into_iter().filter(after).take(read).collect();
-        let now = now_ms();
-        let mut page = Vec::new();
-        let mut last = None;
-        let mut stale = Vec::new();
-        // Checked a page's worth at a time, each batch in one round trip.
-        'entries: for batch in entries.chunks(limit.max(1)) {
-            let checked = self.still_pending(batch, now).await?;
-            for ((member, score), pending) in batch.iter().zip(checked) {
-                last = Some(PendingCursor {
-                    held_at_ms: *score,
-                    member: member.clone(),
-                });
-                match pending {
-                    Some(pending) => page.push(pending),
-                    None => stale.push(member.clone()),
-                }
-                if page.len() == limit {
-                    break 'entries;
-                }
-            }
-        }
-        if !stale.is_empty() {
-            let _: i64 = redis::cmd("ZREM")
-                .arg(&index)
-                .arg(&stale)
-                .query_async(&mut self.conn())
-                .await?;
-        }
-        let next = if page.len() == limit || more {
-            last
-        } else {
-            None
-        };
-        Ok((page, next))
-    }
-
-    /// Every call waiting for a decision, counted by tenant and tool, with
-    /// when the oldest was held: what the pending gauge reports. Reads
-    /// every tenant's whole index (dropping stale entries as
-    /// [`JobStore::pending`] does), so its cost grows with the calls
-    /// pending, not with the jobs.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn pending_tally(&self) -> Result<Vec<PendingTally>, Error> {
-        /// Entries checked per round trip.
-        const PAGE: usize = 500;
-        let tenants: Vec<String> = redis::cmd("SMEMBERS")
-            .arg(self.keys.approval_tenants())
-            .query_async(&mut self.conn())
-            .await?;
-        let mut tally: Vec<PendingTally> = Vec::new();
-        for tenant in tenants {
-            let mut cursor = None;
-            loop {
-                let (page, next) = self.pending(&tenant, cursor.as_ref(), PAGE).await?;
-                for pending in page {
-                    let request = pending.request;
-                    match tally
-                        .iter_mut()
-                        .find(|t| t.tenant == tenant && t.tool == request.tool)
-                    {
-                        Some(entry) => {
-                            entry.calls += 1;
-                            entry.oldest_held_at_ms =
-                                entry.oldest_held_at_ms.min(request.requested_at_ms);
-                        }
-                        None => tally.push(PendingTally {
-                            tenant: tenant.clone(),
-                            tool: request.tool,
-                            calls: 1,
-                            oldest_held_at_ms: request.requested_at_ms,
-                        }),
-                    }
-                }
-                match next {
-                    Some(next) => cursor = Some(next),
-                    None => break,
-                }
-            }
-        }
-        Ok(tally)
-    }
-
-    /// The calls that index `entries` name, each if it still waits for a
-    /// decision, read in one round trip.
-    async fn still_pending(
-        &self,
-        entries: &[(String, u64)],
-        now: u64,
-    ) -> Result<Vec<Option<Pending>>, Error> {
-        let named: Vec<Option<(JobId, &str)>> = entries
-            .iter()
-            .map(|(member, _)| {
-                member
-                    .split_once('/')
-                    .and_then(|(job, call)| Some((JobId::parse(job)?, call)))
-            })
-            .collect();
-        let mut reads = redis::pipe();
-        for (job_id, _) in named.iter().flatten() {
-            reads
-                .hget(self.keys.job(job_id), "status")
-                .hgetall(self.keys.job_approvals(job_id));
-        }
-        let replies: Vec<redis::Value> = reads.query_async(&mut self.conn()).await?;
-        let mut replies = replies.into_iter();
-        let mut checked = Vec::with_capacity(entries.len());
-        for named in named {
-            let Some((job_id, call_id)) = named else {
-                checked.push(None);
-                continue;
-            };
-            let (Some(status), Some(fields)) = (replies.next(), replies.next()) else {
-                checked.push(None);
-                continue;
-            };
-            // A key of another type (not this store's) is not pending.
-            let status: Option<String> = redis::from_redis_value(status).ok().flatten();
-            let fields: HashMap<String, String> =
-                redis::from_redis_value(fields).unwrap_or_default();
-            checked.push(pending_call(job_id, call_id, status, &fields, now));
-        }
-        Ok(checked)
     }
 
     /// Moves a parked job back to the index of unfinished jobs (scored now,
@@ -725,65 +505,12 @@ impl JobStore {
     }
 }
 
-impl JobStore {
-    /// Drops a decided call from its tenant's index of pending approvals.
-    /// Best effort: an entry left there is dropped when a page meets it.
-    async fn forget_pending(&self, job_id: &JobId, call_id: &str) {
-        let Some(tenant) = job_id.tenant() else {
-            return;
-        };
-        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
-            .arg(self.keys.tenant_approvals(tenant))
-            .arg(pending_member(job_id, call_id))
-            .query_async(&mut self.conn())
-            .await;
-        if let Err(err) = removed {
-            tracing::debug!(%job_id, error = %err, "could not drop a decided call from the pending index");
-        }
-    }
-}
-
-/// The call `call_id` of `job_id`, if it still waits for a decision, from
-/// the job's `status` and approvals hash `fields`.
-fn pending_call(
-    job_id: JobId,
-    call_id: &str,
-    status: Option<String>,
-    fields: &HashMap<String, String>,
-    now: u64,
-) -> Option<Pending> {
-    let ended = status
-        .and_then(|s| s.parse::<JobStatus>().ok())
-        .is_none_or(JobStatus::is_final);
-    if ended {
-        return None;
-    }
-    // A job holds few calls: its requests are read whole. A call may have
-    // been held more than once (approved, then its outcome unknown): the
-    // hold that waits is the one pending.
-    let request = fields.iter().find_map(|(key, text)| {
-        let request: ApprovalRequest = serde_json::from_str(text).ok()?;
-        (request.call_id == call_id
-            && !fields.contains_key(&decided_field(key))
-            && request.expires_at_ms > now)
-            .then_some(request)
-    })?;
-    Some(Pending { job_id, request })
-}
-
-/// A held call's member of its tenant's index: `<job id>/<call id>`, the
-/// id its events show (a job id holds no `/`); never its wire id, which
-/// only the job's own processes may know.
-fn pending_member(job_id: &JobId, call_id: &str) -> String {
-    format!("{job_id}/{call_id}")
-}
-
 /// The prefix of a decision's field.
-const DECIDED: &str = "decided:";
+pub(super) const DECIDED: &str = "decided:";
 /// The prefix of an expiry's field.
 const EXPIRES: &str = "expires:";
 
-fn decided_field(wire_id: &str) -> String {
+pub(super) fn decided_field(wire_id: &str) -> String {
     format!("{DECIDED}{wire_id}")
 }
 

@@ -43,6 +43,7 @@ impl JobStore {
         if status.is_some_and(JobStatus::is_final) {
             self.forget_unfinished(job_id).await;
             self.forget_parked(job_id).await;
+            self.forget_held(job_id).await;
         }
         Ok(status)
     }

@@ -83,8 +83,7 @@ impl JobStore {
             commit.approvals.extend(call.fields(now));
         }
         self.commit(lease, commit).await?;
-        let call_ids: Vec<&str> = held.iter().map(|call| call.call_id).collect();
-        self.index_held(tenant, &lease.job_id, &call_ids, now).await
+        self.index_held(tenant, &lease.job_id, held, now).await
     }
 
     /// Records calls' final envelopes, one `tool_call_result` event each in
@@ -166,7 +165,13 @@ impl JobStore {
         commit.events.push(ending.event());
         commit.status = Some(ending.status());
         commit.ending = Some(ending);
-        self.commit(lease, commit).await
+        self.commit(lease, commit).await?;
+        // Only a job that did not succeed can end with calls held: a
+        // model's answer comes after every call of its round was settled.
+        if !matches!(ending, Ending::Succeeded(_)) {
+            self.forget_held(&lease.job_id).await;
+        }
+        Ok(())
     }
 
     /// Writes `commit` atomically, if `lease` still holds and the job has not

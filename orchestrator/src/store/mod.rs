@@ -34,6 +34,7 @@
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
 //! - `approvals`: held calls, parked jobs and people's decisions;
+//! - `pending`: the tenants' indexes of calls waiting for a decision;
 //!
 //! Each verb's module holds the Lua scripts it runs; `scripts` builds them,
 //! and `wake_ups` tells watchers of new events.
@@ -46,6 +47,7 @@ mod catalog;
 mod commit;
 mod index;
 mod lease;
+mod pending;
 mod quota;
 mod read;
 mod scripts;
@@ -62,12 +64,13 @@ use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{
-    ApprovalRequest, Approvals, Choice, Decided, Decision, HeldCall, Parked, Pending,
-    PendingCursor, PendingTally, Unknown, hold_key, wire_id_of,
+    ApprovalRequest, Approvals, Choice, Decided, Decision, HeldCall, Parked, Unknown, hold_key,
+    wire_id_of,
 };
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use index::ListCursor;
 pub use lease::Acquired;
+pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
 pub use read::{RunStart, WatchStart};
 pub use submit::Idempotency;
 
