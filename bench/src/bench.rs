@@ -142,8 +142,9 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_name = "RATIO", value_parser = sample_ratio, conflicts_with = "target")]
     trace_ratio: Option<f64>,
     /// With `--processes`: instead of the load, measure what N jobs
-    /// waiting for approval cost the orchestrator: its CPU and memory over
-    /// 30 s idle, then over 30 s with N jobs parked (docs/performance.md).
+    /// waiting for approval cost the orchestrator: after N jobs ran to
+    /// their end, its CPU and memory over 30 s idle, then over 30 s with N
+    /// jobs parked (docs/performance.md).
     #[arg(long, value_name = "N", requires = "processes")]
     parked: Option<usize>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.

@@ -1,8 +1,11 @@
 //! `--parked N`: what jobs waiting for a person cost an orchestrator. The
-//! orchestrator is measured idle, then N jobs are parked (each holds one
-//! `echo` call for approval, decision 0036), and it is measured again over
-//! the same window: its CPU and memory should not move, since a parked job
-//! is in no process. Redis holds them; its memory is reported too.
+//! orchestrator first runs N jobs to their end (each calls `echo` once),
+//! so that its allocator has seen as much work as parking N jobs gives it,
+//! and is measured idle; then N jobs are parked (each holds one `echo` call
+//! for approval, decision 0036), and it is measured again over the same
+//! window. Its CPU and memory should not move, since a parked job is in no
+//! process, and its memory should not grow within either window. Redis
+//! holds the parked jobs; its memory is reported too.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ use super::Api;
 use super::accounting::{Probe, cpu_of, rss_of};
 
 /// How long each measurement lasts: several refreshes of the approvals'
-/// gauges (every 5 s), which read every pending call.
+/// gauges (every 5 s).
 const WINDOW: Duration = Duration::from_secs(30);
 
 /// What parking cost, as `--parked` reports it.
@@ -26,16 +29,26 @@ pub(super) struct ParkedReport {
     pub(super) parked_jobs: usize,
     pub(super) window_s: u64,
     pub(super) parking_s: f64,
-    pub(super) idle_cpu_percent: f64,
-    pub(super) parked_cpu_percent: f64,
-    pub(super) idle_rss_mib: f64,
-    pub(super) parked_rss_mib: f64,
+    pub(super) idle: Window,
+    pub(super) parked: Window,
     pub(super) redis_used_memory_mib_before: f64,
     pub(super) redis_used_memory_mib_after: f64,
 }
 
-/// Measures `orchestrator` idle, parks `jobs` jobs through `api`, and
-/// measures it again; `redis_url` is the fleet's Redis.
+/// The orchestrator over one measurement window.
+#[derive(Debug, Serialize)]
+pub(super) struct Window {
+    /// CPU, in percent of one core.
+    pub(super) cpu_percent: f64,
+    /// Resident memory at the window's start (MiB).
+    pub(super) rss_mib_start: f64,
+    /// Resident memory at its end (MiB).
+    pub(super) rss_mib_end: f64,
+}
+
+/// Runs `jobs` jobs to their end, measures `orchestrator` idle, parks
+/// `jobs` jobs through `api`, and measures it again; `redis_url` is the
+/// fleet's Redis.
 pub(super) async fn measure(
     api: &Api,
     orchestrator: &Probe,
@@ -43,48 +56,66 @@ pub(super) async fn measure(
     jobs: usize,
     concurrency: usize,
 ) -> anyhow::Result<ParkedReport> {
+    eprintln!("parked: running {jobs} jobs to their end first, {concurrency} at a time...");
+    submit_all(api, jobs, concurrency, Outcome::Ended).await?;
     let redis_before = redis_used_memory(redis_url).await?;
     eprintln!("parked: the orchestrator idle for {}s...", WINDOW.as_secs());
-    let (idle_cpu, idle_rss) = usage_over(orchestrator).await?;
+    let idle = usage_over(orchestrator).await?;
     eprintln!("parked: parking {jobs} jobs, {concurrency} at a time...");
     let started = Instant::now();
-    park(api, jobs, concurrency).await?;
+    submit_all(api, jobs, concurrency, Outcome::Parked).await?;
     let parking = started.elapsed();
     eprintln!(
         "parked: {jobs} jobs parked in {:.1}s; the orchestrator for {}s...",
         parking.as_secs_f64(),
         WINDOW.as_secs()
     );
-    let (parked_cpu, parked_rss) = usage_over(orchestrator).await?;
+    let parked = usage_over(orchestrator).await?;
     let redis_after = redis_used_memory(redis_url).await?;
     Ok(ParkedReport {
         parked_jobs: jobs,
         window_s: WINDOW.as_secs(),
         parking_s: parking.as_secs_f64(),
-        idle_cpu_percent: idle_cpu,
-        parked_cpu_percent: parked_cpu,
-        idle_rss_mib: idle_rss,
-        parked_rss_mib: parked_rss,
+        idle,
+        parked,
         redis_used_memory_mib_before: redis_before,
         redis_used_memory_mib_after: redis_after,
     })
 }
 
-/// The orchestrator's CPU (percent of one core) over [`WINDOW`], and its
-/// resident memory at the end (MiB).
-async fn usage_over(orchestrator: &Probe) -> anyhow::Result<(f64, f64)> {
+/// The orchestrator over [`WINDOW`].
+async fn usage_over(orchestrator: &Probe) -> anyhow::Result<Window> {
     let gone = || anyhow::anyhow!("the orchestrator (pid {}) is gone", orchestrator.pid);
+    let mib = |bytes: u64| bytes as f64 / (1024.0 * 1024.0);
+    let rss_start = rss_of(orchestrator.pid).ok_or_else(gone)?;
     let before = cpu_of(orchestrator.pid).ok_or_else(gone)?;
     tokio::time::sleep(WINDOW).await;
     let after = cpu_of(orchestrator.pid).ok_or_else(gone)?;
-    let rss = rss_of(orchestrator.pid).ok_or_else(gone)?;
-    let cpu = (after - before).as_secs_f64() / WINDOW.as_secs_f64() * 100.0;
-    Ok((cpu, rss as f64 / (1024.0 * 1024.0)))
+    let rss_end = rss_of(orchestrator.pid).ok_or_else(gone)?;
+    Ok(Window {
+        cpu_percent: (after - before).as_secs_f64() / WINDOW.as_secs_f64() * 100.0,
+        rss_mib_start: mib(rss_start),
+        rss_mib_end: mib(rss_end),
+    })
 }
 
-/// Submits `jobs` jobs whose one call waits for approval, and waits until
-/// each is parked.
-async fn park(api: &Api, jobs: usize, concurrency: usize) -> anyhow::Result<()> {
+/// Where a job submitted by [`submit_all`] is waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Outcome {
+    /// Its call runs and the job ends.
+    Ended,
+    /// Its call waits for approval and the job parks.
+    Parked,
+}
+
+/// Submits `jobs` jobs of one `echo` call each, and waits until each has
+/// reached `outcome`.
+async fn submit_all(
+    api: &Api,
+    jobs: usize,
+    concurrency: usize,
+    outcome: Outcome,
+) -> anyhow::Result<()> {
     let script = json!([
         {"tool_calls": [{"id": "held", "name": "echo", "arguments": {}}]},
         {"message": "done"}
@@ -96,22 +127,23 @@ async fn park(api: &Api, jobs: usize, concurrency: usize) -> anyhow::Result<()> 
         let permit = window.clone().acquire_owned().await?;
         let (api, script) = (api.clone(), script.clone());
         tasks.push(tokio::spawn(async move {
-            let parked = park_one(api, script).await;
+            let reached = submit_one(api, script, outcome).await;
             drop(permit);
-            parked
+            reached
         }));
     }
     let every = (jobs / 10).max(1);
     for (done, task) in tasks.into_iter().enumerate() {
         task.await??;
         if (done + 1).is_multiple_of(every) {
-            eprintln!("  {}/{jobs} parked", done + 1);
+            eprintln!("  {}/{jobs} {outcome:?}", done + 1);
         }
     }
     Ok(())
 }
 
-async fn park_one(mut api: Api, script: String) -> anyhow::Result<()> {
+async fn submit_one(mut api: Api, script: String, outcome: Outcome) -> anyhow::Result<()> {
+    let held = outcome == Outcome::Parked;
     let request = v1::SubmitJobRequest {
         input: "parked".into(),
         model: Some(v1::ModelSpec {
@@ -120,7 +152,11 @@ async fn park_one(mut api: Api, script: String) -> anyhow::Result<()> {
             ..Default::default()
         }),
         tools: vec!["echo".into()],
-        require_approval: vec!["echo".into()],
+        require_approval: if held {
+            vec!["echo".into()]
+        } else {
+            Vec::new()
+        },
         ..Default::default()
     };
     let job_id = api.submit_job(request).await?.into_inner().job_id;
@@ -132,12 +168,17 @@ async fn park_one(mut api: Api, script: String) -> anyhow::Result<()> {
             })
             .await?
             .into_inner();
-        if job.status() == v1::JobStatus::WaitingForApproval {
-            return Ok(());
+        match (job.status(), outcome) {
+            (v1::JobStatus::WaitingForApproval, Outcome::Parked)
+            | (v1::JobStatus::Succeeded, Outcome::Ended) => return Ok(()),
+            (v1::JobStatus::Failed | v1::JobStatus::Cancelled, _) => {
+                anyhow::bail!("job {job_id} ended {:?}: {:?}", job.status(), job.error)
+            }
+            _ => {}
         }
         anyhow::ensure!(
             Instant::now() < deadline,
-            "job {job_id} did not park within 2 minutes ({:?})",
+            "job {job_id} did not reach {outcome:?} within 2 minutes ({:?})",
             job.status()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -163,17 +204,21 @@ async fn redis_used_memory(url: &str) -> anyhow::Result<f64> {
 
 /// The report, for people.
 pub(super) fn print(report: &ParkedReport) -> String {
+    let window = |name: &str, w: &Window| {
+        format!(
+            "  {name}: {:.2}% of a core; {:.1} MiB at the start, {:.1} MiB at the end\n",
+            w.cpu_percent, w.rss_mib_start, w.rss_mib_end
+        )
+    };
     format!(
         "parked jobs: {} (parked in {:.1}s)\n\
-         orchestrator over {}s: idle {:.2}% of a core, {:.1} MiB; with them parked {:.2}% of a core, {:.1} MiB\n\
+         orchestrator over {}s, after as many jobs ran to their end:\n{}{}\
          redis used memory: {:.1} MiB before, {:.1} MiB after ({:.2} KiB a parked job)\n",
         report.parked_jobs,
         report.parking_s,
         report.window_s,
-        report.idle_cpu_percent,
-        report.idle_rss_mib,
-        report.parked_cpu_percent,
-        report.parked_rss_mib,
+        window("idle", &report.idle),
+        window("with them parked", &report.parked),
         report.redis_used_memory_mib_before,
         report.redis_used_memory_mib_after,
         (report.redis_used_memory_mib_after - report.redis_used_memory_mib_before) * 1024.0

@@ -231,7 +231,7 @@ impl JobStore {
         Ok(tally)
     }
 
-    /// One step of the slow heal: checks the next [`HEAL_PAGE`] entries of
+    /// One step of the slow heal: checks the next 50 entries (`HEAL_PAGE`) of
     /// the tenants' indexes from `at` against their jobs, dropping those
     /// whose call no longer waits (a crash between a call's end and its
     /// entry's removal left them). Returns where the next step goes on:
@@ -276,7 +276,7 @@ impl JobStore {
 
     /// Drops the job's calls that still wait for a decision from their
     /// tenant's indexes: the job ended holding them (a cancel, a failed
-    /// run). Best effort, like [`forget_pending`](Self::forget_pending).
+    /// run). Best effort: what a failure leaves is dropped by the heal.
     pub async fn forget_held(&self, job_id: &JobId) {
         let approvals = match self.approvals(job_id).await {
             Ok(approvals) => approvals,
