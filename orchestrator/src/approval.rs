@@ -88,7 +88,7 @@ pub(crate) fn needs_approval(manifest: &ToolManifest, policy: &ApprovalPolicy) -
     let tool = manifest.name.as_str();
     let by_manifest = match manifest.approval {
         Approval::Always => true,
-        Approval::WhenSideEffects => manifest.side_effects,
+        Approval::WhenSideEffects => manifest.effects.changes_things(),
         Approval::Never => false,
     };
     let every_tool = |patterns: &[String]| !patterns.iter().any(|p| p == tool);
@@ -111,13 +111,18 @@ pub(crate) fn needs_approval(manifest: &ToolManifest, policy: &ApprovalPolicy) -
 mod tests {
     use super::*;
     use serde_json::json;
+    use toolfleet_proto::Effects;
     use toolfleet_proto::manifest::EVERY_TOOL;
 
     fn manifest(approval: Approval, side_effects: bool) -> ToolManifest {
-        let mut manifest = ToolManifest::new("transfer", "Moves money.", json!({"type": "object"}))
-            .with_approval(approval);
-        manifest.side_effects = side_effects;
-        manifest
+        let effects = if side_effects {
+            Effects::NotIdempotent
+        } else {
+            Effects::ReadOnly
+        };
+        ToolManifest::new("transfer", "Moves money.", json!({"type": "object"}))
+            .with_approval(approval)
+            .with_effects(effects)
     }
 
     fn policy(tenant: &[&str], job: &[&str]) -> ApprovalPolicy {
@@ -201,6 +206,13 @@ mod tests {
                 "{approval:?} side effects {side_effects} tenant {tenant:?} job {job:?}"
             );
         }
+        // An idempotent tool changes things too: `when_side_effects` asks.
+        let idempotent =
+            manifest(Approval::WhenSideEffects, false).with_effects(Effects::Idempotent);
+        assert_eq!(
+            needs_approval(&idempotent, &policy(&[], &[])),
+            Some(Rule::Manifest(Approval::WhenSideEffects))
+        );
     }
 
     #[test]

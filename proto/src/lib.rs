@@ -33,4 +33,4 @@ pub use arguments::check_arguments;
 pub use call::ToolCall;
 pub use envelope::{Envelope, ErrorBody, ErrorCode};
 pub use job::{JobErrorCode, JobEvent, JobId, JobStatus};
-pub use manifest::{Approval, RetryPolicy, ToolManifest, WorkerAnnouncement};
+pub use manifest::{Approval, Effects, RetryPolicy, ToolManifest, WorkerAnnouncement};

@@ -7,7 +7,12 @@ use serde_json::Value;
 
 /// The description of a tool: what the model sees (name, description, JSON
 /// Schema) and how the fleet treats its calls.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+///
+/// Read from the wire through `Announced`, which also takes what a worker
+/// from before [`Effects`] wrote; written with `side_effects` beside
+/// `effects` for the orchestrators from before it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(from = "Announced")]
 pub struct ToolManifest {
     /// `verb_object`, matching `^[a-zA-Z0-9_-]{1,64}$` (the OpenAI function name rule).
     pub name: String,
@@ -22,9 +27,10 @@ pub struct ToolManifest {
     pub timeout_ms: u64,
     /// How many attempts the orchestrator makes for a retryable failure.
     pub max_attempts: u32,
-    /// Whether a call changes something outside the worker. Such a call whose
-    /// outcome is unknown is never re-executed blindly.
-    pub side_effects: bool,
+    /// What a call may do beyond answering, and so what running it twice
+    /// would do (decision 0037). A manifest that does not say is
+    /// [`Effects::NotIdempotent`].
+    pub effects: Effects,
     /// Version of the tool's implementation, free-form.
     pub version: String,
     /// How retryable failures are retried. `None`: the orchestrator's
@@ -35,6 +41,146 @@ pub struct ToolManifest {
     /// without the field (an older worker's) means [`Approval::Never`].
     #[serde(default, skip_serializing_if = "Approval::is_never")]
     pub approval: Approval,
+}
+
+/// What a tool's calls may do beyond answering, and so what running one
+/// twice would do: the one field the fleet reads for what happens to a
+/// call after a crash, a retry or a timeout, for `when_side_effects`
+/// approval, and for anything that would skip or repeat a call (decision
+/// 0037; docs/tools/effects.md has the table).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Effects {
+    /// Changes nothing outside the worker: a call may run again at any
+    /// time (redelivered after a crash, retried after a timeout).
+    ReadOnly,
+    /// Changes something, but running a call again with the same arguments
+    /// changes nothing more (setting a value, a PUT): it runs again like a
+    /// read-only call, and it has effects (a person may be asked first).
+    Idempotent,
+    /// Changes something that running a call again would change again (a
+    /// payment, a message, an append). The worker marks its start, asks the
+    /// tool's probe before running it again, and answers `OUTCOME_UNKNOWN`
+    /// when nothing can tell (decision 0004). What a tool that does not say
+    /// is taken to be.
+    #[default]
+    NotIdempotent,
+}
+
+impl Effects {
+    /// Every value, mildest first.
+    pub const ALL: [Self; 3] = [Self::ReadOnly, Self::Idempotent, Self::NotIdempotent];
+
+    /// Its name in manifests, configuration and the API.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ReadOnly => "read_only",
+            Self::Idempotent => "idempotent",
+            Self::NotIdempotent => "not_idempotent",
+        }
+    }
+
+    /// Whether a call may change something outside the worker: what
+    /// `when_side_effects` approval asks about.
+    pub fn changes_things(self) -> bool {
+        self != Self::ReadOnly
+    }
+
+    /// Whether running a call again could repeat an effect: its start is
+    /// marked, and it is probed before it runs again.
+    pub fn repeats_harm(self) -> bool {
+        self == Self::NotIdempotent
+    }
+}
+
+impl std::fmt::Display for Effects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Effects {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|effects| effects.as_str() == text)
+            .ok_or_else(|| {
+                format!("{text:?} is not an effect: read_only, idempotent or not_idempotent")
+            })
+    }
+}
+
+/// A manifest as the wire carries it, to read one written before
+/// [`Effects`]: a worker that said only `side_effects` meant
+/// [`Effects::NotIdempotent`] by `true` and [`Effects::ReadOnly`] by
+/// `false`. Taken apart into a [`ToolManifest`] by moves, at no cost.
+#[derive(Deserialize)]
+struct Announced {
+    name: String,
+    description: String,
+    parameters: Value,
+    strict: bool,
+    timeout_ms: u64,
+    max_attempts: u32,
+    #[serde(default)]
+    effects: Option<Effects>,
+    #[serde(default)]
+    side_effects: Option<bool>,
+    version: String,
+    #[serde(default)]
+    retry: Option<RetryPolicy>,
+    #[serde(default)]
+    approval: Approval,
+}
+
+impl From<Announced> for ToolManifest {
+    fn from(wire: Announced) -> Self {
+        let effects = match (wire.effects, wire.side_effects) {
+            (Some(effects), _) => effects,
+            (None, Some(false)) => Effects::ReadOnly,
+            (None, _) => Effects::NotIdempotent,
+        };
+        Self {
+            name: wire.name,
+            description: wire.description,
+            parameters: wire.parameters,
+            strict: wire.strict,
+            timeout_ms: wire.timeout_ms,
+            max_attempts: wire.max_attempts,
+            effects,
+            version: wire.version,
+            retry: wire.retry,
+            approval: wire.approval,
+        }
+    }
+}
+
+impl Serialize for ToolManifest {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut fields = 9 + usize::from(self.retry.is_some());
+        fields += usize::from(!self.approval.is_never());
+        let mut out = serializer.serialize_struct("ToolManifest", fields)?;
+        out.serialize_field("name", &self.name)?;
+        out.serialize_field("description", &self.description)?;
+        out.serialize_field("parameters", &self.parameters)?;
+        out.serialize_field("strict", &self.strict)?;
+        out.serialize_field("timeout_ms", &self.timeout_ms)?;
+        out.serialize_field("max_attempts", &self.max_attempts)?;
+        out.serialize_field("effects", &self.effects)?;
+        // For orchestrators from before `effects`, which require it.
+        out.serialize_field("side_effects", &self.effects.changes_things())?;
+        out.serialize_field("version", &self.version)?;
+        if let Some(retry) = &self.retry {
+            out.serialize_field("retry", retry)?;
+        }
+        if !self.approval.is_never() {
+            out.serialize_field("approval", &self.approval)?;
+        }
+        out.end()
+    }
 }
 
 /// Whether a tool's calls wait for a person's approval before they run
@@ -48,7 +194,8 @@ pub enum Approval {
     Never,
     /// Every call of the tool needs one.
     Always,
-    /// Every call needs one when the manifest says the tool has side effects.
+    /// Every call needs one when the tool's calls change something (its
+    /// [`Effects`] are not `read_only`).
     WhenSideEffects,
 }
 
@@ -69,7 +216,8 @@ impl Approval {
 
 impl ToolManifest {
     /// A manifest with the defaults: strict schema, 10 s timeout, 3 attempts,
-    /// no side effects, version "1".
+    /// effects [`Effects::NotIdempotent`] (until the tool says otherwise),
+    /// version "1".
     pub fn new(name: impl Into<String>, description: impl Into<String>, parameters: Value) -> Self {
         Self {
             name: name.into(),
@@ -78,7 +226,7 @@ impl ToolManifest {
             strict: true,
             timeout_ms: 10_000,
             max_attempts: 3,
-            side_effects: false,
+            effects: Effects::NotIdempotent,
             version: "1".into(),
             retry: None,
             approval: Approval::Never,
@@ -116,10 +264,10 @@ impl ToolManifest {
         self
     }
 
-    /// Marks the tool as changing something outside the worker.
+    /// Says what the tool's calls may do beyond answering.
     #[must_use]
-    pub fn with_side_effects(mut self) -> Self {
-        self.side_effects = true;
+    pub fn with_effects(mut self, effects: Effects) -> Self {
+        self.effects = effects;
         self
     }
 
@@ -459,6 +607,45 @@ mod tests {
         json.as_object_mut().unwrap().remove("retry");
         let old: ToolManifest = serde_json::from_value(json).unwrap();
         assert_eq!(old.retry, None);
+    }
+
+    #[test]
+    fn effects_travel_with_the_flag_older_orchestrators_read_and_older_workers_are_understood() {
+        for effects in Effects::ALL {
+            let manifest =
+                ToolManifest::new("echo", "d", serde_json::json!({})).with_effects(effects);
+            let json = serde_json::to_value(&manifest).unwrap();
+            assert_eq!(json["effects"], effects.as_str());
+            assert_eq!(json["side_effects"], effects != Effects::ReadOnly);
+            let back: ToolManifest = serde_json::from_value(json).unwrap();
+            assert_eq!(back, manifest);
+            assert_eq!(effects.as_str().parse::<Effects>(), Ok(effects));
+        }
+        // A worker from before `effects` said only `side_effects`; one that
+        // said neither is taken at its strictest.
+        let mut json =
+            serde_json::to_value(ToolManifest::new("echo", "d", serde_json::json!({}))).unwrap();
+        let fields = json.as_object_mut().unwrap();
+        fields.remove("effects");
+        for (side_effects, want) in [
+            (Some(false), Effects::ReadOnly),
+            (Some(true), Effects::NotIdempotent),
+            (None, Effects::NotIdempotent),
+        ] {
+            match side_effects {
+                Some(flag) => fields.insert("side_effects".into(), flag.into()),
+                None => fields.remove("side_effects"),
+            };
+            let old: ToolManifest =
+                serde_json::from_value(serde_json::Value::Object(fields.clone())).unwrap();
+            assert_eq!(old.effects, want, "side_effects {side_effects:?}");
+        }
+        assert!(
+            "destructive"
+                .parse::<Effects>()
+                .unwrap_err()
+                .contains("read_only")
+        );
     }
 
     #[test]

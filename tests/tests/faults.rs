@@ -602,7 +602,37 @@ async fn rolling_restart(on: On) -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
+    let (answer, executions) = kill_after_the_effect(&[]).await?;
+    let error = answer.envelope.error().expect("an error envelope");
+    assert_eq!(error.code.as_str(), "OUTCOME_UNKNOWN", "{}", answer.body);
+    assert_eq!(error.side_effect.as_deref(), Some("unknown"));
+    assert!(!error.retryable);
+    assert_eq!(executions, 1, "the call was not run a second time");
+    println!("outcome unknown: calls 1, kills 1, executions 1, answered OUTCOME_UNKNOWN 1");
+    Ok(())
+}
+
+/// The same crash for a tool that configuration says is idempotent
+/// (`runtime.tool_effects`, decision 0037): running it again is harmless,
+/// so the next delivery does, and the call succeeds.
+#[tokio::test]
+async fn an_idempotent_tool_whose_worker_died_runs_again() -> anyhow::Result<()> {
+    let idempotent = [("TOOLFLEET_RUNTIME__TOOL_EFFECTS__SET_FLAG", "idempotent")];
+    let (answer, executions) = kill_after_the_effect(&idempotent).await?;
+    assert!(answer.envelope.is_ok(), "{}", answer.body);
+    assert_eq!(executions, 2, "run again after the crash");
+    Ok(())
+}
+
+/// Publishes one `set_flag` call to two workers (with `env` beside
+/// [`FAST_REDELIVERY`]), kills the worker that runs it after its effect and
+/// before its result, and returns the call's answer and how many times it
+/// was executed.
+async fn kill_after_the_effect(
+    env: &[(&str, &str)],
+) -> anyhow::Result<(toolfleet_tests::fleet::Received, usize)> {
+    let env: Vec<(&str, &str)> = FAST_REDELIVERY.iter().chain(env).copied().collect();
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&env)).await?;
     fleet.spawn_worker().await?;
     let mut results = fleet.results("job-unknown-outcome").await?;
     let call = toolfleet_tests::fleet::call(
@@ -630,14 +660,7 @@ async fn a_side_effect_whose_worker_died_is_not_run_again_blindly() -> anyhow::R
     .await?;
     fleet.worker(runner).kill();
     let answer = results.next(Duration::from_secs(30)).await?;
-    let error = answer.envelope.error().expect("an error envelope");
-    assert_eq!(error.code.as_str(), "OUTCOME_UNKNOWN", "{}", answer.body);
-    assert_eq!(error.side_effect.as_deref(), Some("unknown"));
-    assert!(!error.retryable);
-    let executions = fleet.count_in_worker_logs("executing call");
-    assert_eq!(executions, 1, "the call was not run a second time");
-    println!("outcome unknown: calls 1, kills 1, executions 1, answered OUTCOME_UNKNOWN 1");
-    Ok(())
+    Ok((answer, fleet.count_in_worker_logs("executing call")))
 }
 
 #[tokio::test]

@@ -619,6 +619,19 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
         .expect("calculate is live");
     assert_eq!(calculate.workers, 1);
     assert!(calculate.parameters.contains("expression"));
+    // What its calls may do, and the flag older clients read beside it.
+    assert_eq!(
+        (calculate.effects.as_str(), calculate.side_effects),
+        ("read_only", false)
+    );
+    let counter = tools
+        .iter()
+        .find(|t| t.name == "increment_counter")
+        .expect("increment_counter is live");
+    assert_eq!(
+        (counter.effects.as_str(), counter.side_effects),
+        ("not_idempotent", true)
+    );
     let job = run(
         &mut api,
         scripted("still here", json!([{"message": "yes"}])),

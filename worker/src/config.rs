@@ -10,6 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toolfleet_proto::{Effects, ToolManifest};
 pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions,
     TelemetryOptions, redact_url,
@@ -100,11 +101,31 @@ pub struct RuntimeOptions {
     /// Per-tool timeout overrides, e.g. `{ sleep = "500ms" }`; the announced
     /// manifest carries the override. Default: none (each tool's own).
     pub tool_timeouts: BTreeMap<String, duration::Value>,
+    /// Per-tool overrides of what a tool's calls may do, e.g. `{ fetch_page
+    /// = "read_only" }` (`read_only`, `idempotent` or `not_idempotent`,
+    /// decision 0037); the announced manifest carries the override.
+    /// Default: none (each tool's own).
+    pub tool_effects: BTreeMap<String, Effects>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
     /// `PAYLOAD_TOO_LARGE` envelope. Default: 1048576 (1 MiB).
     pub max_output_bytes: usize,
+}
+
+impl RuntimeOptions {
+    /// `manifest` with this configuration's overrides of its timeout and
+    /// effects.
+    #[must_use]
+    pub fn configured(&self, mut manifest: ToolManifest) -> ToolManifest {
+        if let Some(timeout) = self.tool_timeouts.get(&manifest.name) {
+            manifest = manifest.with_timeout(timeout.0);
+        }
+        if let Some(effects) = self.tool_effects.get(&manifest.name) {
+            manifest.effects = *effects;
+        }
+        manifest
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -118,6 +139,7 @@ impl Default for RuntimeOptions {
             result_retention: Duration::from_secs(24 * 3600),
             call_max_age: queue::DEFAULT_CALL_MAX_AGE,
             tool_timeouts: BTreeMap::new(),
+            tool_effects: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -244,6 +266,30 @@ toolfleet_service::service_options!(WorkerOptions, runtime.drain_timeout);
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn configuration_overrides_a_tools_timeout_and_effects() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("worker.toml");
+        std::fs::write(
+            &file,
+            "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n",
+        )
+        .unwrap();
+        let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
+        let echo = ToolManifest::new("echo", "d", json!({})).with_effects(Effects::ReadOnly);
+        let configured = options.runtime.configured(echo.clone());
+        assert_eq!(configured.effects, Effects::Idempotent);
+        assert_eq!(configured.timeout_ms, 2_000);
+        let other = options.runtime.configured(ToolManifest {
+            name: "other".into(),
+            ..echo
+        });
+        assert_eq!(other.effects, Effects::ReadOnly, "only the tool named");
+        std::fs::write(&file, "[runtime.tool_effects]\necho = \"destructive\"\n").unwrap();
+        let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+        assert!(refused.to_string().contains("tool_effects"), "{refused}");
+    }
 
     #[test]
     fn layers_override_in_order() {

@@ -35,8 +35,8 @@ pub(crate) enum Claim {
     HeldBy(String),
 }
 
-/// KEYS: result, claim, started, claims. ARGV: owner, lease_ms, side_effects
-/// (0/1), retention_ms. For side-effecting tools the `started` marker
+/// KEYS: result, claim, started, claims. ARGV: owner, lease_ms, mark_start
+/// (0/1), retention_ms. For tools that are not idempotent the `started` marker
 /// outlives the claim, so the next delivery knows an execution began. Every
 /// claim taken counts in `claims`, and a release uncounts it, so the count
 /// before this claim is how many executions died. Returns {kind, value,
@@ -135,7 +135,7 @@ impl Ledger {
         &self,
         call: &ToolCall,
         owner: &str,
-        side_effects: bool,
+        mark_start: bool,
     ) -> redis::RedisResult<Claim> {
         let (kind, value, died): (u8, String, u32) = self
             .scripts
@@ -149,7 +149,7 @@ impl Ledger {
             .key(self.claims_key(call))
             .arg(owner)
             .arg(millis(self.lease))
-            .arg(if side_effects { "1" } else { "0" })
+            .arg(if mark_start { "1" } else { "0" })
             .arg(millis(self.retention))
             .invoke_async(&mut self.redis.clone())
             .await?;

@@ -28,5 +28,5 @@ pub mod tools;
 pub use config::WorkerOptions;
 pub use runtime::{StartError, Worker};
 pub use tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
-pub use toolfleet_proto::{Approval, ErrorCode, ToolManifest};
+pub use toolfleet_proto::{Approval, Effects, ErrorCode, ToolManifest};
 pub use toolfleet_service as service;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use toolfleet_worker::{ErrorCode, Tool, ToolContext, ToolError, ToolManifest};
+use toolfleet_worker::{Effects, ErrorCode, Tool, ToolContext, ToolError, ToolManifest};
 
 /// A business rule the model can act on (ask the user for another id):
 /// terminal, the same call would fail again.
@@ -65,6 +65,10 @@ impl Tool for OrderStatus {
             }),
         )
         .with_timeout(Duration::from_secs(10))
+        // It only reads the order service: a call may run again after a
+        // crash or a timeout. A tool that changes something says
+        // `Idempotent` or leaves the default, `NotIdempotent` (decision 0037).
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {

@@ -336,7 +336,7 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
                 tool.workers.to_string(),
                 humantime::format_duration(Duration::from_millis(tool.timeout_ms)).to_string(),
                 tool.max_attempts.to_string(),
-                if tool.side_effects { "yes" } else { "no" }.to_owned(),
+                tool.effects.clone(),
                 first_sentence(&tool.description, DESCRIPTION_CHARS),
             ]
         })
@@ -347,7 +347,7 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
             "WORKERS",
             "TIMEOUT",
             "ATTEMPTS",
-            "SIDE EFFECTS",
+            "EFFECTS",
             "DESCRIPTION",
         ],
         &rows,
@@ -482,6 +482,7 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "workers": tool.workers,
                 "timeout_ms": tool.timeout_ms,
                 "max_attempts": tool.max_attempts,
+                "effects": tool.effects,
                 "side_effects": tool.side_effects,
                 "version": tool.version,
             })
@@ -764,6 +765,7 @@ mod tests {
             side_effects: false,
             version: "1".into(),
             approval: "never".into(),
+            effects: "read_only".into(),
         };
         let table = tools_table(&[
             tool(
@@ -777,11 +779,11 @@ mod tests {
         assert_eq!(lines.len(), 3, "{table}");
         assert!(
             lines[0].starts_with(
-                "NAME                 WORKERS  TIMEOUT  ATTEMPTS  SIDE EFFECTS  DESCRIPTION"
+                "NAME                 WORKERS  TIMEOUT  ATTEMPTS  EFFECTS    DESCRIPTION"
             ),
             "{table}"
         );
-        assert!(lines[1].starts_with("calculate                  2  5s              3  no            Evaluate an arithmetic expression."), "{table}");
+        assert!(lines[1].starts_with("calculate                  2  5s              3  read_only  Evaluate an arithmetic expression."), "{table}");
         assert!(lines[2].contains("get_current_weather       12"), "{table}");
     }
 }

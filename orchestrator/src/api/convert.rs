@@ -214,7 +214,8 @@ pub(super) fn to_tool(tool: &LiveTool) -> v1::Tool {
         workers: u32::try_from(tool.workers).unwrap_or(u32::MAX),
         timeout_ms: manifest.timeout_ms,
         max_attempts: manifest.max_attempts,
-        side_effects: manifest.side_effects,
+        side_effects: manifest.effects.changes_things(),
+        effects: manifest.effects.as_str().to_owned(),
         version: manifest.version.clone(),
         approval: manifest.approval.as_str().to_owned(),
     }

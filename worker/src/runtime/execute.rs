@@ -66,12 +66,9 @@ impl LoadedTool {
     /// Compiles the tool's schema once, so each call only validates.
     pub(crate) fn load(
         tool: Arc<dyn ErasedTool>,
-        timeout_override: Option<Duration>,
+        runtime: &RuntimeOptions,
     ) -> Result<Self, SchemaError> {
-        let mut manifest = tool.manifest();
-        if let Some(timeout) = timeout_override {
-            manifest.timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        }
+        let manifest = runtime.configured(tool.manifest());
         let validator =
             jsonschema::validator_for(&manifest.parameters).map_err(|e| SchemaError {
                 tool: manifest.name.clone(),
@@ -150,7 +147,9 @@ impl Executor {
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let claimed = self.claim(call, &owner, tool.manifest.side_effects).await;
+        let claimed = self
+            .claim(call, &owner, tool.manifest.effects.repeats_harm())
+            .await;
         span.event("claimed");
         let earlier = match claimed {
             Claimed::Stored(envelope) => {

@@ -235,7 +235,7 @@ impl Worker {
     }
 }
 
-/// Loads every tool of `toolbox`, with its timeout override, and checks its
+/// Loads every tool of `toolbox`, with its configured overrides, and checks its
 /// name and schema.
 impl Toolbox {
     /// What [`Worker::run`] checks of the toolbox before it serves: at
@@ -256,9 +256,7 @@ fn load_tools(
 ) -> Result<HashMap<String, LoadedTool>, StartError> {
     let mut tools = HashMap::new();
     for tool in toolbox.into_tools() {
-        let name = tool.manifest().name;
-        let timeout = runtime.tool_timeouts.get(&name).map(|t| t.0);
-        let loaded = LoadedTool::load(tool, timeout)?;
+        let loaded = LoadedTool::load(tool, runtime)?;
         if !is_valid_tool_name(&loaded.manifest.name) {
             return Err(StartError::ToolName(loaded.manifest.name));
         }

@@ -40,7 +40,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolfleet_proto::{ErrorCode, ToolManifest};
+use toolfleet_proto::{Effects, ErrorCode, ToolManifest};
 
 use crate::tool::{Tool, ToolContext, ToolError};
 
@@ -95,6 +95,7 @@ impl Tool for Calculate {
         // so neither a long timeout nor a retry can help.
         .with_timeout(Duration::from_secs(2))
         .with_max_attempts(1)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -847,7 +848,7 @@ mod tests {
             &manifest.name
         ));
         assert!(manifest.strict);
-        assert!(!manifest.side_effects);
+        assert_eq!(manifest.effects, Effects::ReadOnly);
         assert_eq!(manifest.timeout_ms, 2_000);
         assert_eq!(manifest.max_attempts, 1);
         assert_eq!(manifest.parameters["required"], json!(["expression"]));

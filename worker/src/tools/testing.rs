@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use toolfleet_proto::{ErrorCode, ToolManifest};
+use toolfleet_proto::{Effects, ErrorCode, ToolManifest};
 use toolfleet_service::connect::RedisConnection;
 
 use crate::tool::{Applied, Tool, ToolContext, ToolError, Toolbox};
@@ -57,6 +57,7 @@ impl Tool for Echo {
         )
         .non_strict()
         .with_timeout(Duration::from_secs(5))
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -76,6 +77,7 @@ impl Tool for Sleep {
                    "properties": {"ms": {"type": "integer", "minimum": 0, "maximum": 600_000}}}),
         )
         .with_timeout(Duration::from_secs(30))
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
@@ -103,6 +105,7 @@ impl Tool for Fail {
         )
         .non_strict()
         .with_max_attempts(5)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
@@ -129,6 +132,7 @@ impl Tool for Panic {
         ToolManifest::new("panic", "Test tool: panics.", json!({"type": "object"}))
             .non_strict()
             .with_max_attempts(1)
+            .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -151,7 +155,9 @@ impl Tool for SetFlag {
                                   "delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
         .non_strict()
-        .with_side_effects()
+        // Setting a key twice is harmless, but the tests use it as the
+        // effect whose outcome a crash leaves unknown.
+        .with_effects(Effects::NotIdempotent)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -186,6 +192,7 @@ impl Tool for Crash {
         )
         .non_strict()
         .with_max_attempts(1)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -228,7 +235,7 @@ impl Tool for IncrementCounter {
                                   "probe_delay_ms": {"type": "integer", "minimum": 0, "maximum": 10_000}}}),
         )
         .non_strict()
-        .with_side_effects()
+        .with_effects(Effects::NotIdempotent)
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
@@ -317,6 +324,7 @@ impl Tool for MeasureConcurrency {
                                   "ms": {"type": "integer", "minimum": 0, "maximum": 60_000}}}),
         )
         .with_timeout(Duration::from_secs(90))
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {

@@ -13,7 +13,7 @@ use reqwest::{StatusCode, Url, header::RETRY_AFTER};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use toolfleet_proto::{ErrorCode, ToolManifest};
+use toolfleet_proto::{Effects, ErrorCode, ToolManifest};
 
 use crate::tool::{Tool, ToolContext, ToolError};
 
@@ -178,6 +178,7 @@ impl Tool for GetCurrentWeather {
         )
         .with_timeout(self.attempt_timeout)
         .with_max_attempts(3)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -574,7 +575,7 @@ mod tests {
         let manifest = fixture().manifest();
         assert_eq!(manifest.name, "get_current_weather");
         assert!(manifest.strict);
-        assert!(!manifest.side_effects);
+        assert_eq!(manifest.effects, Effects::ReadOnly);
         assert_eq!(manifest.max_attempts, 3);
         assert_eq!(manifest.timeout_ms, 5_000);
         assert!(manifest.description.contains("forecasts"));

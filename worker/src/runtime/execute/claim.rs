@@ -24,7 +24,7 @@ pub(super) enum Claimed {
 /// What earlier executions of a claimed attempt left behind.
 #[derive(Debug, Clone, PartialEq)]
 pub(super) struct Earlier {
-    /// An earlier execution of a side-effecting call started and left no
+    /// An earlier execution of a call that is not idempotent started and left no
     /// result: its effect may have happened.
     pub(super) started: bool,
     /// Enough earlier executions died that the call is poison: this is the
@@ -33,9 +33,10 @@ pub(super) struct Earlier {
 }
 
 impl Executor {
-    /// Claims `call` for `owner`; `side_effects` is its tool's.
-    pub(super) async fn claim(&self, call: &ToolCall, owner: &str, side_effects: bool) -> Claimed {
-        let claim = match self.ledger.claim(call, owner, side_effects).await {
+    /// Claims `call` for `owner`; `mark_start`: its tool is not idempotent,
+    /// so the claim marks that an execution started.
+    pub(super) async fn claim(&self, call: &ToolCall, owner: &str, mark_start: bool) -> Claimed {
+        let claim = match self.ledger.claim(call, owner, mark_start).await {
             Ok(claim) => claim,
             Err(err) => {
                 warn!(error = %err, "redis unavailable; call handed back without executing");

@@ -43,6 +43,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::config::RuntimeOptions;
     use crate::tools::testing::Sleep;
 
     fn call(tool: &str) -> ToolCall {
@@ -60,7 +61,8 @@ mod tests {
 
     #[test]
     fn a_call_is_ours_only_on_its_own_tools_subject_and_consumer() {
-        let sleep = LoadedTool::load(Arc::new(Sleep), None).expect("the sleep schema compiles");
+        let sleep = LoadedTool::load(Arc::new(Sleep), &RuntimeOptions::default())
+            .expect("the sleep schema compiles");
         let tools = HashMap::from([("sleep".to_owned(), sleep)]);
         // (what, pulled from, subject, call's tool, ours)
         let cases = [

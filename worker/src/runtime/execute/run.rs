@@ -89,19 +89,19 @@ impl Executor {
             // to answer "cancelled" for a call the drain hands back.
             cancelled: CancellationToken::new(),
         };
-        let side_effects = checked.tool.manifest.side_effects;
+        let repeats_harm = checked.tool.manifest.effects.repeats_harm();
         let previously_started = earlier.started;
         if let Some(poisoned) = earlier.poisoned {
             // Not run again; but an earlier execution may have applied its
             // effect before it died, and then the truth is the probe's.
-            let applied = if side_effects && previously_started {
+            let applied = if repeats_harm && previously_started {
                 Some(checked.tool.tool.probe(checked.args, ctx).await)
             } else {
                 None
             };
             return after_poison(applied, poisoned);
         }
-        if needs_probe(side_effects, previously_started, call.attempt) {
+        if needs_probe(repeats_harm, previously_started, call.attempt) {
             // Kept alive like a run: a slow probe (its store failing over)
             // must not let the message be redelivered and the claim lapse,
             // or another delivery could probe, find nothing, and run the
@@ -142,10 +142,11 @@ impl Executor {
         } = checked;
         let cancelled = ctx.cancelled.clone();
         let tool = loaded.tool.clone();
-        // Kept for the probe, should a side-effecting call time out midway.
+        // Kept for the probe, should a call that is not idempotent time out midway.
         let for_probe = loaded
             .manifest
-            .side_effects
+            .effects
+            .repeats_harm()
             .then(|| (args.clone(), ctx.clone()));
         debug!(timeout_ms = timeout.as_millis() as u64, "executing call");
         let run = tokio::spawn(
@@ -203,9 +204,9 @@ impl Executor {
 /// it started, or when an earlier attempt of the call failed in a way the tool
 /// could not be sure about (a connection dropped after the write was sent).
 /// The idempotency key is the same for all of them.
-fn needs_probe(side_effects: bool, previously_started: bool, attempt: u32) -> bool {
+fn needs_probe(repeats_harm: bool, previously_started: bool, attempt: u32) -> bool {
     let retry = attempt > 1;
-    side_effects && (previously_started || retry)
+    repeats_harm && (previously_started || retry)
 }
 
 /// The answer to a poison call, which is not run again: what the probe knows
@@ -299,7 +300,7 @@ fn check_output(data: Value, max_output_bytes: usize) -> Envelope {
     Envelope::Ok(data)
 }
 
-/// The envelope of a tool stopped by its timeout. A side-effecting tool was
+/// The envelope of a tool stopped by its timeout. A tool that is not idempotent was
 /// stopped midway, so a retry could apply the effect twice: its probe decides.
 async fn timed_out(
     loaded: &LoadedTool,
@@ -320,7 +321,7 @@ async fn timed_out(
     }
 }
 
-/// What the probe's answer means for a side-effecting call that timed out.
+/// What the probe's answer means for a call that is not idempotent and timed out.
 fn after_timeout(applied: Applied, timed_out: Envelope) -> Ran {
     Ran::Finished(match applied {
         Applied::Yes(data) => Envelope::Ok(data),
@@ -358,8 +359,8 @@ mod tests {
     }
 
     #[test]
-    fn side_effects_are_probed_before_a_redelivery_or_a_retry() {
-        // (side_effects, previously_started, attempt, probe)
+    fn calls_that_are_not_idempotent_are_probed_before_a_redelivery_or_a_retry() {
+        // (repeats_harm, previously_started, attempt, probe)
         let cases = [
             (false, false, 1, false),
             (false, true, 1, false),
@@ -369,11 +370,11 @@ mod tests {
             (true, false, 2, true),
             (true, true, 3, true),
         ];
-        for (side_effects, started, attempt, expected) in cases {
+        for (repeats_harm, started, attempt, expected) in cases {
             assert_eq!(
-                needs_probe(side_effects, started, attempt),
+                needs_probe(repeats_harm, started, attempt),
                 expected,
-                "side_effects={side_effects} previously_started={started} attempt={attempt}"
+                "repeats_harm={repeats_harm} previously_started={started} attempt={attempt}"
             );
         }
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use toolfleet_proto::ToolManifest;
+use toolfleet_proto::{Effects, ToolManifest};
 
 use super::{KnowledgeBase, Window};
 use crate::tool::{Tool, ToolContext, ToolError};
@@ -79,6 +79,7 @@ impl Tool for FactualQa {
         )
         .with_timeout(LOOKUP_TIMEOUT + model_time)
         .with_max_attempts(3)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -138,7 +139,7 @@ mod tests {
         let manifest = sample().manifest();
         assert_eq!(manifest.name, "factual_qa");
         assert!(manifest.strict);
-        assert!(!manifest.side_effects);
+        assert_eq!(manifest.effects, Effects::ReadOnly);
         assert!(toolfleet_proto::manifest::is_valid_tool_name(
             &manifest.name
         ));

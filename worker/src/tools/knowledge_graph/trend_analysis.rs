@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::{Value, json};
-use toolfleet_proto::ToolManifest;
+use toolfleet_proto::{Effects, ToolManifest};
 use tracing::warn;
 
 use super::{Answer, KnowledgeBase, Window};
@@ -111,6 +111,7 @@ impl Tool for TrendAnalysis {
         // Predicate words and the summary may each take a model request.
         .with_timeout(Duration::from_secs(10) + model_time * 2)
         .with_max_attempts(3)
+        .with_effects(Effects::ReadOnly)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
