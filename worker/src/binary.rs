@@ -146,11 +146,16 @@ pub async fn serve(
     process: Process,
     tools: impl FnOnce(&Worker) -> Toolbox,
 ) -> anyhow::Result<()> {
+    let (mcp, selected) = (options.mcp.clone(), options.tools.clone());
     let worker = tokio::select! {
         worker = Worker::connect(options) => worker?,
         () = process.shutdown.cancelled() => return Ok(()),
     };
-    let toolbox = tools(&worker);
+    // The MCP servers' tools beside the binary's own (docs/tools/mcp.md).
+    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &process.shutdown).await else {
+        return Ok(());
+    };
+    let toolbox = tools(&worker).merge(served);
     worker
         .with_readiness(process.readiness)
         .run(toolbox, process.shutdown)

@@ -18,6 +18,7 @@ pub use toolfleet_service::config::{
 use toolfleet_service::config::{duration, load_layered};
 use toolfleet_service::queue;
 
+use crate::mcp::McpOptions;
 use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
 
@@ -54,6 +55,9 @@ pub struct WorkerOptions {
     pub weather: WeatherOptions,
     /// Settings of the knowledge-graph tools (`factual_qa`, `trend_analysis`).
     pub kg: KgOptions,
+    /// MCP servers whose tools this worker serves (`[[mcp.servers]]`,
+    /// docs/tools/mcp.md). Default: none.
+    pub mcp: McpOptions,
     /// Prometheus metrics endpoint.
     pub metrics: MetricsOptions,
     /// OpenTelemetry export (traces and metrics).
@@ -181,6 +185,7 @@ const ENV_KEYS: &[&str] = &[
     "test_tools",
     "weather",
     "kg",
+    "mcp",
     "metrics",
     "telemetry",
     "log",
@@ -191,6 +196,7 @@ impl WorkerOptions {
     pub fn tool_selection(&self) -> crate::tools::Selection<'_> {
         crate::tools::Selection {
             names: &self.tools,
+            mcp: &self.mcp,
             test_tools: self.test_tools,
             weather: &self.weather,
             kg: &self.kg,
@@ -213,8 +219,9 @@ impl WorkerOptions {
     }
 
     /// The checks of this worker's own keys ([`ServiceOptions::check`]):
-    /// the tools it is to serve exist in this build, and the graph file, if
-    /// one is named, can be read. The graph's content is read before the
+    /// the MCP servers' settings, the tools it is to serve exist in this
+    /// build or its MCP servers, and the graph file, if one is named, can
+    /// be read. The graph's content is read before the
     /// worker connects.
     ///
     /// [`ServiceOptions::check`]: toolfleet_service::binary::ServiceOptions::check
@@ -223,12 +230,18 @@ impl WorkerOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check_own(&self) -> Result<(), String> {
+        self.mcp.fleet_names()?;
         match &self.toolbox {
             None => {
                 crate::tools::check_names(&self.tool_selection()).map_err(|err| err.to_string())?
             }
             Some(served) => {
-                if let Some(unknown) = self.tools.iter().find(|name| !served.contains(name)) {
+                let mcp = self.mcp.fleet_names()?;
+                let unknown = self
+                    .tools
+                    .iter()
+                    .find(|name| !served.contains(name) && !mcp.contains_key(*name));
+                if let Some(unknown) = unknown {
                     return Err(format!(
                         "unknown tool {unknown:?} in `tools`; this worker serves: {}",
                         served.join(", ")

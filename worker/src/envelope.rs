@@ -36,12 +36,15 @@ pub fn from_error(error: &ToolError) -> Envelope {
             None,
         ),
     };
+    // A tool that cannot tell whether its effect happened says so the way
+    // the runtime's own unknown outcomes do (decision 0004).
+    let side_effect = (code == ErrorCode::OUTCOME_UNKNOWN).then(|| "unknown".to_owned());
     Envelope::Err(ErrorBody {
         code,
         message,
         retryable,
         retry_after_ms,
-        side_effect: None,
+        side_effect,
     })
 }
 

@@ -6,6 +6,7 @@
 //! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
+//! - [`mcp`]: MCP servers as tool sources (`[[mcp.servers]]`).
 //! - [`registry`]: the heartbeat announcements of the worker's tools.
 //! - [`binary`]: the `main` of a worker binary, this crate's and your own.
 //! - [`config`], [`metrics`]: the process around it; the plumbing it shares
@@ -19,6 +20,7 @@ pub mod envelope;
 #[doc(hidden)]
 pub mod fuzzing;
 mod ledger;
+pub mod mcp;
 pub mod metrics;
 pub mod registry;
 pub mod runtime;

@@ -17,6 +17,7 @@ in builds with the test-tools feature (toolfleet dev and the tests).";
 
 use toolfleet_service::connect::RedisConnection;
 
+use crate::mcp::McpOptions;
 use crate::tool::Toolbox;
 use knowledge_graph::{FactualQa, KgOptions, KnowledgeBase, TrendAnalysis};
 use weather::WeatherOptions;
@@ -52,8 +53,11 @@ pub enum BuildError {
 /// `weather` keys of its options).
 #[derive(Debug, Clone, Copy)]
 pub struct Selection<'a> {
-    /// Tools to serve; empty means every built-in tool.
+    /// Tools to serve; empty means every built-in tool. It may also name
+    /// the tools of `mcp`'s servers, which are served beside these.
     pub names: &'a [String],
+    /// The MCP servers the worker serves tools of.
+    pub mcp: &'a McpOptions,
     /// Also serve the test pack.
     pub test_tools: bool,
     /// Settings of `get_current_weather`.
@@ -121,7 +125,11 @@ pub const TEST_TOOL_NAMES: [&str; 8] = [
 pub fn check_names(selection: &Selection<'_>) -> Result<(), BuildError> {
     check_selection(selection)?;
     let test_names = TEST_TOOL_NAMES.iter().filter(|_| selection.test_tools);
-    let available: Vec<&str> = BUILTIN_NAMES.iter().chain(test_names).copied().collect();
+    // Their servers' settings are checked with the other keys: here only
+    // the names count.
+    let mcp_names = selection.mcp.fleet_names().unwrap_or_default();
+    let mut available: Vec<&str> = BUILTIN_NAMES.iter().chain(test_names).copied().collect();
+    available.extend(mcp_names.keys().map(String::as_str));
     if let Some(name) = selection
         .names
         .iter()
@@ -213,8 +221,10 @@ mod tests {
     #[test]
     fn the_test_pack_is_served_only_by_builds_that_have_it() {
         let (weather, kg) = (WeatherOptions::default(), KgOptions::default());
+        let mcp = McpOptions::default();
         let selection = |test_tools| Selection {
             names: &[],
+            mcp: &mcp,
             test_tools,
             weather: &weather,
             kg: &kg,

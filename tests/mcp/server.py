@@ -1,0 +1,121 @@
+"""An MCP server for toolfleet's tests, written with the official Python SDK
+(PyPI `mcp`, its `MCPServer`, formerly FastMCP): the fleet serves its tools
+as it would any team's server.
+
+    python server.py stdio
+    python server.py http PORT
+
+Tools:
+- `add(a, b)`: read-only (annotations), a structured result;
+- `shout(text)`: idempotent, a text result;
+- `get.forecast(city)`: a name the fleet must map (the dot);
+- `fail(message)`: an error result (`isError`) with the message;
+- `slow(seconds)`: sleeps; if cancelled, writes `cancelled-<seconds>` in
+  `$MCP_TEST_DIR`;
+- `picture()`: an image and an embedded resource;
+- `append(line)`: appends to `$MCP_TEST_DIR/appended` (not idempotent,
+  the default annotations);
+- `crash()`: the server dies mid-call (not idempotent);
+- `crash_once(key)`: read-only; the server dies the first time it is
+  called with `key`, and answers `survived` after.
+"""
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import mcp_types
+from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+server = MCPServer("toolfleet-test")
+scratch = Path(os.environ.get("MCP_TEST_DIR", "."))
+
+# A 1x1 PNG.
+PIXEL = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c6360f8cfc0f01f0005000201e221bc330000000049454e44ae426082"
+)
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def add(a: int, b: int) -> int:
+    """Adds two integers."""
+    return a + b
+
+
+@server.tool(
+    annotations=mcp_types.ToolAnnotations(
+        read_only_hint=False, idempotent_hint=True, destructive_hint=False
+    )
+)
+def shout(text: str) -> str:
+    """Returns the text in capitals."""
+    return text.upper()
+
+
+@server.tool(name="get.forecast", annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def forecast(city: str) -> str:
+    """The weather tomorrow in a city."""
+    return f"sunny in {city}"
+
+
+@server.tool()
+def fail(message: str) -> str:
+    """Always fails with the message."""
+    raise ToolError(message)
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+async def slow(seconds: float) -> str:
+    """Sleeps for the given seconds."""
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        (scratch / f"cancelled-{seconds:g}").write_text("cancelled")
+        raise
+    return "slept"
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def picture() -> list:
+    """A picture and a note about it."""
+    note = mcp_types.EmbeddedResource(
+        type="resource",
+        resource=mcp_types.TextResourceContents(
+            uri="note://pixel", mime_type="text/plain", text="one red pixel"
+        ),
+    )
+    return [Image(data=PIXEL, format="png"), note]
+
+
+@server.tool()
+def append(line: str) -> str:
+    """Appends a line to a file."""
+    with open(scratch / "appended", "a", encoding="utf-8") as appended:
+        appended.write(line + "\n")
+    return "appended"
+
+
+@server.tool()
+def crash() -> str:
+    """Kills the server in the middle of the call."""
+    os._exit(3)
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def crash_once(key: str) -> str:
+    """Kills the server the first time it is called with a key."""
+    mark = scratch / f"crashed-{key}"
+    if not mark.exists():
+        mark.write_text("crashed")
+        os._exit(3)
+    return "survived"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["http"]:
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

@@ -1,0 +1,237 @@
+//! MCP servers as worker pools (docs/tools/mcp.md), against a server
+//! nobody here wrote the protocol of: the official Python SDK's
+//! `MCPServer` (tests/mcp/server.py), over stdio, started by the worker.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::{repo_root, venv_python, wait_until};
+
+/// A worker configuration serving the test server's tools `tools` over
+/// stdio, as server `py`, with `extra` lines in its table; the server
+/// writes its traces in `scratch`.
+fn stdio_config(scratch: &Path, tools: &[&str], extra: &str) -> anyhow::Result<String> {
+    let python = venv_python()?;
+    let server = repo_root().join("tests/mcp/server.py");
+    Ok(format!(
+        "[[mcp.servers]]\nname = \"py\"\ncommand = {python:?}\nargs = [{server:?}, \"stdio\"]\n\
+         env = {{ MCP_TEST_DIR = {scratch:?} }}\ntools = {tools:?}\n{extra}\n",
+        python = python.display().to_string(),
+        server = server.display().to_string(),
+        scratch = scratch.display().to_string(),
+    ))
+}
+
+/// A fleet of one worker (with the test tools) and one orchestrator, the
+/// worker configured by `config`.
+async fn fleet_with(config: &str, scratch: &Path, tools: &[&str]) -> anyhow::Result<Fleet> {
+    let file = scratch.join("worker.toml");
+    std::fs::write(&file, config)?;
+    let file = file.display().to_string();
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &file)])).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, tools, 1).await?;
+    Ok(fleet)
+}
+
+/// Each call's envelope, by call id.
+fn results(job: &v1::Job) -> HashMap<String, Value> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some((
+                r.call_id.clone(),
+                serde_json::from_str(&r.output).expect("an envelope"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_errors()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let tools = ["add", "shout", "get.forecast", "fail", "picture"];
+    let config = stdio_config(scratch.path(), &tools, "")?;
+    let served = [
+        "py__add",
+        "py__shout",
+        "py__get_forecast",
+        "py__fail",
+        "py__picture",
+    ];
+    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let mut api = fleet.api(0).await?;
+
+    let listed = api
+        .list_tools(v1::ListToolsRequest {})
+        .await?
+        .into_inner()
+        .tools;
+    let tool = |name: &str| listed.iter().find(|t| t.name == name).expect(name).clone();
+    let add = tool("py__add");
+    assert_eq!(add.description, "Adds two integers.");
+    assert!(add.parameters.contains("\"a\""), "{}", add.parameters);
+    // The SDK's schemas allow other properties: not strict, and said so.
+    assert!(!add.strict);
+    // The hints, mapped: readOnlyHint, idempotentHint, the defaults.
+    assert_eq!(add.effects, "read_only");
+    assert_eq!(tool("py__shout").effects, "idempotent");
+    assert_eq!(tool("py__fail").effects, "not_idempotent");
+
+    let script = json!([
+        {"tool_calls": [
+            {"id": "sum", "name": "py__add", "arguments": {"a": 2, "b": 3}},
+            {"id": "sky", "name": "py__get_forecast", "arguments": {"city": "Oslo"}},
+            {"id": "oops", "name": "py__fail", "arguments": {"message": "no such city"}},
+            {"id": "pic", "name": "py__picture", "arguments": {}},
+            {"id": "bad", "name": "py__add", "arguments": {"a": "two", "b": 3}}
+        ]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("use the MCP tools", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    let results = results(&job);
+    // structuredContent is the data (the SDK gives it for typed returns).
+    assert_eq!(results["sum"], json!({"ok": true, "data": {"result": 5}}));
+    assert_eq!(results["sky"]["data"], json!({"result": "sunny in Oslo"}));
+    // Else the content blocks, in MCP's own shape.
+    let picture = &results["pic"]["data"]["content"];
+    assert_eq!(picture[0]["type"], "image");
+    assert_eq!(picture[0]["mimeType"], "image/png");
+    assert!(
+        picture[0]["data"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("iVBOR"))
+    );
+    assert_eq!(picture[1]["resource"]["text"], "one red pixel");
+    // isError: the tool's words, terminal, for the model to act on.
+    let oops = &results["oops"]["error"];
+    assert_eq!(oops["code"], "TOOL_ERROR", "{oops}");
+    assert_eq!(oops["retryable"], false);
+    assert!(
+        oops["message"].as_str().unwrap().contains("no such city"),
+        "{oops}"
+    );
+    // Refused by the server's schema before it reached the server.
+    assert_eq!(results["bad"]["error"]["code"], "INVALID_TOOL_ARGUMENTS");
+    Ok(())
+}
+
+/// A call that outlives its timeout is cancelled on the server
+/// (`notifications/cancelled`): the Python SDK cancels the tool's task,
+/// which leaves a mark.
+#[tokio::test]
+async fn a_call_past_its_timeout_is_cancelled_on_the_server() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["slow"], "call_timeout = \"1s\"")?;
+    let fleet = fleet_with(&config, scratch.path(), &["py__slow"]).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "nap", "name": "py__slow", "arguments": {"seconds": 30}}]},
+        {"message": "woke"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("sleep", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    let nap = &results(&job)["nap"]["error"];
+    assert_eq!(nap["code"], "MAX_ATTEMPTS_EXCEEDED", "{nap}");
+    let mark = scratch.path().join("cancelled-30");
+    wait_until(
+        "the server to see the cancellation",
+        Duration::from_secs(10),
+        || async { mark.exists().then_some(()) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A server that dies mid-call is started again for the next call. The
+/// call it died in is answered by what its tool is: one that is not
+/// idempotent `OUTCOME_UNKNOWN` (never run again blindly), a read-only
+/// one retried until it answers.
+#[tokio::test]
+async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_effects()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["crash", "crash_once", "add"], "")?;
+    let served = ["py__crash", "py__crash_once", "py__add"];
+    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "boom", "name": "py__crash", "arguments": {}}]},
+        {"tool_calls": [{"id": "again", "name": "py__crash_once", "arguments": {"key": "k"}}]},
+        {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 1, "b": 1}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("crash it", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    let results = results(&job);
+    let boom = &results["boom"]["error"];
+    assert_eq!(boom["code"], "OUTCOME_UNKNOWN", "{boom}");
+    assert_eq!(boom["side_effect"], "unknown");
+    assert_eq!(boom["retryable"], false);
+    assert_eq!(results["again"]["data"], json!({"result": "survived"}));
+    assert_eq!(results["sum"]["data"], json!({"result": 2}));
+    assert_eq!(
+        fleet.count_in_worker_logs("connected to the MCP server"),
+        3,
+        "started at first, and again after each crash"
+    );
+    Ok(())
+}
+
+/// The same server over Streamable HTTP, with a header whose value the
+/// worker reads from a file (never from its configuration).
+#[tokio::test]
+async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
+    let server = repo_root().join("tests/mcp/server.py");
+    let mut http = tokio::process::Command::new(venv_python()?)
+        .args([server.display().to_string(), "http".into(), port])
+        .env("MCP_TEST_DIR", scratch.path())
+        .kill_on_drop(true)
+        .spawn()?;
+    let token = scratch.path().join("token");
+    std::fs::write(&token, "Bearer test-token\n")?;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\nurl = \"http://{address}/mcp\"\n\
+         headers = {{ Authorization = {{ file = {token:?} }} }}\ntools = [\"add\"]\n",
+        token = token.display().to_string(),
+    );
+    let fleet = fleet_with(&config, scratch.path(), &["web__add"]).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("add over http", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(results(&job)["sum"]["data"], json!({"result": 42}));
+    http.kill().await?;
+    Ok(())
+}

@@ -1,0 +1,462 @@
+//! The `mcp` keys of a worker's configuration: the MCP servers whose tools
+//! it serves, each checked before the worker connects (docs/tools/mcp.md).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use toolfleet_proto::{Approval, Effects};
+
+use super::names::fleet_name;
+
+/// MCP servers whose tools this worker serves (decision 0038).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct McpOptions {
+    /// The servers, `[[mcp.servers]]` in TOML. Default: none.
+    pub servers: Vec<McpServerOptions>,
+}
+
+/// One MCP server and the tools of it this worker serves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpServerOptions {
+    /// Its name in logs, metrics and the default prefix: 1 to 32 ASCII
+    /// letters, digits, `_` or `-`.
+    pub name: String,
+    /// The program to start, for a server over stdio (exclusive with
+    /// `url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables of the program, beside the worker's own:
+    /// each a text, or `{ env = "NAME" }` (the worker's variable) or
+    /// `{ file = "/path" }` (a file's content) for a secret.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, EnvValue>,
+    /// The program's working directory. Default: the worker's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// The endpoint of a server over Streamable HTTP, `http://` or
+    /// `https://` (exclusive with `command`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Headers sent to `url`, each from `{ env = "NAME" }` or `{ file =
+    /// "/path" }`: never a value in clear in the file.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, Secret>,
+    /// The server's tools to serve, by the names the server gives them.
+    /// Required: each needs its queue and permissions before it is served.
+    pub tools: Vec<String>,
+    /// What the fleet names of its tools begin with. Default:
+    /// `<name>__`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    /// Calls sent to the server at once. Default: 8.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// How long one call may run (the tools' manifest timeout). Default:
+    /// 30s.
+    #[serde(
+        with = "toolfleet_service::config::duration",
+        default = "default_call_timeout"
+    )]
+    pub call_timeout: Duration,
+    /// How long starting or reaching the server and its handshake may
+    /// take. Default: 10s.
+    #[serde(
+        with = "toolfleet_service::config::duration",
+        default = "default_connect_timeout"
+    )]
+    pub connect_timeout: Duration,
+    /// What a tool's calls may do, by its MCP name, over the server's
+    /// annotations (hints): `read_only`, `idempotent` or `not_idempotent`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub effects: BTreeMap<String, Effects>,
+    /// When the server's tools need a person's approval: `never` (the
+    /// default), `always`, `when_side_effects`, or `when_destructive` (a
+    /// tool whose `destructiveHint` is not false, unless it is read-only).
+    #[serde(default)]
+    pub approval: McpApproval,
+}
+
+/// A value from the worker's environment or a file, never from the
+/// configuration itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Secret {
+    /// The worker's environment variable of this name.
+    Env(String),
+    /// The content of this file (a mounted Secret), without a trailing
+    /// newline.
+    File(PathBuf),
+}
+
+impl Secret {
+    /// Its value, read now.
+    ///
+    /// # Errors
+    ///
+    /// What is missing, naming the variable or file (never the value).
+    pub fn read(&self) -> Result<String, String> {
+        match self {
+            Self::Env(name) => std::env::var(name)
+                .map_err(|_| format!("the environment variable {name} is not set")),
+            Self::File(path) => std::fs::read_to_string(path)
+                .map(|text| text.trim_end_matches(['\n', '\r']).to_owned())
+                .map_err(|err| format!("cannot read {}: {err}", path.display())),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Secret {
+    /// Refuses a value in clear without repeating it: the error may be
+    /// logged.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "snake_case")]
+        enum Source {
+            Env(String),
+            File(PathBuf),
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Wire {
+            Source(Source),
+            Other(serde::de::IgnoredAny),
+        }
+        match Wire::deserialize(deserializer)? {
+            Wire::Source(Source::Env(name)) => Ok(Self::Env(name)),
+            Wire::Source(Source::File(path)) => Ok(Self::File(path)),
+            Wire::Other(_) => Err(serde::de::Error::custom(
+                "a secret is read from { env = \"NAME\" } or { file = \"/path\" }, never written in clear",
+            )),
+        }
+    }
+}
+
+/// A stdio server's environment variable: a text, or a [`Secret`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnvValue {
+    /// The text itself.
+    Text(String),
+    /// From the worker's environment or a file.
+    From(Secret),
+}
+
+impl EnvValue {
+    /// Its value, read now.
+    ///
+    /// # Errors
+    ///
+    /// As [`Secret::read`].
+    pub fn read(&self) -> Result<String, String> {
+        match self {
+            Self::Text(text) => Ok(text.clone()),
+            Self::From(secret) => secret.read(),
+        }
+    }
+}
+
+/// When an MCP server's tools need a person's approval.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum McpApproval {
+    /// Not by this worker's word (a tenant or job may still ask).
+    #[default]
+    Never,
+    /// Every call.
+    Always,
+    /// Every call of a tool whose effects are not `read_only`.
+    WhenSideEffects,
+    /// Every call of a tool the server calls destructive
+    /// (`destructiveHint`, true unless said otherwise) and not read-only.
+    WhenDestructive,
+}
+
+impl McpApproval {
+    /// The manifest's approval for a tool with `effects` that the server
+    /// calls destructive or not.
+    pub fn for_tool(self, effects: Effects, destructive: bool) -> Approval {
+        match self {
+            Self::Never => Approval::Never,
+            Self::Always => Approval::Always,
+            Self::WhenSideEffects => Approval::WhenSideEffects,
+            Self::WhenDestructive if destructive && effects.changes_things() => Approval::Always,
+            Self::WhenDestructive => Approval::Never,
+        }
+    }
+}
+
+fn default_concurrency() -> usize {
+    8
+}
+
+fn default_call_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+fn default_connect_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+
+/// Longest server name.
+const MAX_SERVER_NAME: usize = 32;
+
+impl McpServerOptions {
+    /// What its tools' fleet names begin with.
+    pub fn prefix(&self) -> String {
+        self.prefix
+            .clone()
+            .unwrap_or_else(|| format!("{}__", self.name))
+    }
+
+    /// Its allow-listed tools: MCP name -> fleet name.
+    ///
+    /// # Errors
+    ///
+    /// A tool whose name cannot be mapped, naming it.
+    pub fn fleet_names(&self) -> Result<BTreeMap<String, String>, String> {
+        let prefix = self.prefix();
+        let mut names = BTreeMap::new();
+        for tool in &self.tools {
+            let fleet = fleet_name(&prefix, tool).ok_or_else(|| {
+                format!(
+                    "mcp server {}: tool {tool:?} cannot be given a fleet name under the \
+                     prefix {prefix:?} (empty, or the prefix leaves no room)",
+                    self.name
+                )
+            })?;
+            names.insert(tool.clone(), fleet);
+        }
+        Ok(names)
+    }
+
+    /// Whether the server's settings can be served.
+    fn check(&self) -> Result<(), String> {
+        let server = &self.name;
+        let valid = |name: &str| {
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
+        if self.name.is_empty() || self.name.len() > MAX_SERVER_NAME || !valid(&self.name) {
+            return Err(format!(
+                "mcp server name {:?}: 1 to {MAX_SERVER_NAME} letters, digits, `_` or `-`",
+                self.name
+            ));
+        }
+        match (&self.command, &self.url) {
+            (Some(_), None) => {}
+            (None, Some(url)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(format!(
+                        "mcp server {server}: url must be http:// or https://"
+                    ));
+                }
+            }
+            _ => {
+                return Err(format!(
+                    "mcp server {server}: give `command` (stdio) or `url` (Streamable HTTP), one of them"
+                ));
+            }
+        }
+        if let Some(prefix) = &self.prefix
+            && !valid(prefix)
+        {
+            return Err(format!(
+                "mcp server {server}: prefix {prefix:?} may hold only letters, digits, `_` or `-`"
+            ));
+        }
+        if self.tools.is_empty() {
+            return Err(format!(
+                "mcp server {server}: `tools` is empty; list the server's tools to serve"
+            ));
+        }
+        if self.concurrency == 0 {
+            return Err(format!(
+                "mcp server {server}: concurrency must be at least 1"
+            ));
+        }
+        if let Some(unknown) = self.effects.keys().find(|tool| !self.tools.contains(tool)) {
+            return Err(format!(
+                "mcp server {server}: effects names {unknown:?}, which is not in `tools`"
+            ));
+        }
+        for header in self.headers.keys() {
+            if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                return Err(format!(
+                    "mcp server {server}: {header:?} is not a header name"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl McpOptions {
+    /// Every server's tools: fleet name -> (server index, MCP name).
+    ///
+    /// # Errors
+    ///
+    /// A server whose settings cannot be served, or two tools with one
+    /// fleet name, naming them.
+    pub fn fleet_names(&self) -> Result<HashMap<String, (usize, String)>, String> {
+        let mut all: HashMap<String, (usize, String)> = HashMap::new();
+        let mut servers = std::collections::HashSet::new();
+        for (index, server) in self.servers.iter().enumerate() {
+            server.check()?;
+            if !servers.insert(server.name.as_str()) {
+                return Err(format!("mcp server {} is configured twice", server.name));
+            }
+            for (tool, fleet) in server.fleet_names()? {
+                if let Some((other, other_tool)) = all.get(&fleet) {
+                    return Err(format!(
+                        "mcp server {}: tool {tool:?} and tool {other_tool:?} of server {} \
+                         both map to {fleet:?}; give one server another prefix",
+                        server.name, self.servers[*other].name
+                    ));
+                }
+                all.insert(fleet, (index, tool));
+            }
+        }
+        Ok(all)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Read as the worker reads its configuration file.
+    fn server(toml_text: &str) -> Result<McpOptions, String> {
+        use figment::providers::{Format, Toml};
+        let options: McpOptions = figment::Figment::from(Toml::string(toml_text))
+            .extract()
+            .map_err(|e| e.to_string())?;
+        options.fleet_names().map(|_| options)
+    }
+
+    #[test]
+    fn a_server_is_stdio_or_http_with_secrets_never_in_clear() {
+        let stdio = server(
+            r#"[[servers]]
+name = "weather"
+command = "python"
+args = ["-m", "weather"]
+env = { LOG_LEVEL = "debug", API_KEY = { env = "WEATHER_KEY" } }
+tools = ["get.forecast"]
+effects = { "get.forecast" = "read_only" }
+"#,
+        )
+        .unwrap();
+        let weather = &stdio.servers[0];
+        assert_eq!(weather.env["LOG_LEVEL"], EnvValue::Text("debug".into()));
+        assert_eq!(
+            weather.env["API_KEY"],
+            EnvValue::From(Secret::Env("WEATHER_KEY".into()))
+        );
+        assert_eq!(
+            stdio.fleet_names().unwrap()["weather__get_forecast"],
+            (0, "get.forecast".into())
+        );
+        assert_eq!(weather.call_timeout, Duration::from_secs(30));
+
+        let clear = server(
+            r#"[[servers]]
+name = "crm"
+url = "https://crm.example/mcp"
+headers = { Authorization = "Bearer s3cret" }
+tools = ["find"]
+"#,
+        )
+        .unwrap_err();
+        assert!(clear.contains("never written in clear"), "{clear}");
+        assert!(!clear.contains("s3cret"), "{clear}");
+        for (bad, says) in [
+            ("name = \"crm\"\ntools = [\"a\"]", "one of them"),
+            (
+                "name = \"crm\"\ncommand = \"x\"\nurl = \"http://a\"\ntools = [\"a\"]",
+                "one of them",
+            ),
+            (
+                "name = \"crm\"\nurl = \"ftp://a\"\ntools = [\"a\"]",
+                "http://",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = []",
+                "`tools` is empty",
+            ),
+            (
+                "name = \"c.r.m\"\ncommand = \"x\"\ntools = [\"a\"]",
+                "mcp server name",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\neffects = { b = \"read_only\" }",
+                "not in `tools`",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\nconcurrency = 0",
+                "at least 1",
+            ),
+        ] {
+            let err = server(&format!("[[servers]]\n{bad}\n")).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn two_tools_with_one_fleet_name_are_refused_naming_both() {
+        let err = server(
+            r#"[[servers]]
+name = "a"
+command = "x"
+tools = ["get.x", "get_x"]
+"#,
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("\"get.x\"") && err.contains("\"get_x\""),
+            "{err}"
+        );
+        let err = server(
+            r#"[[servers]]
+name = "a"
+command = "x"
+prefix = "p__"
+tools = ["t"]
+[[servers]]
+name = "b"
+command = "x"
+prefix = "p__"
+tools = ["t"]
+"#,
+        )
+        .unwrap_err();
+        assert!(err.contains("another prefix"), "{err}");
+    }
+
+    #[test]
+    fn destructive_tools_need_approval_when_the_server_says_so() {
+        use McpApproval::*;
+        assert_eq!(
+            WhenDestructive.for_tool(Effects::NotIdempotent, true),
+            Approval::Always
+        );
+        assert_eq!(
+            WhenDestructive.for_tool(Effects::ReadOnly, true),
+            Approval::Never
+        );
+        assert_eq!(
+            WhenDestructive.for_tool(Effects::Idempotent, false),
+            Approval::Never
+        );
+        assert_eq!(
+            Never.for_tool(Effects::NotIdempotent, true),
+            Approval::Never
+        );
+    }
+}
