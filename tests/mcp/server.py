@@ -15,6 +15,7 @@ Tools:
 - `picture()`: an image and an embedded resource;
 - `append(line)`: appends to `$MCP_TEST_DIR/appended` (not idempotent,
   the default annotations);
+- `echo(text)`: a name a worker's test tool has too;
 - `crash()`: the server dies mid-call (not idempotent);
 - `crash_once(key)`: read-only; the server dies the first time it is
   called with `key`, and answers `survived` after.
@@ -96,6 +97,12 @@ def append(line: str) -> str:
     with open(scratch / "appended", "a", encoding="utf-8") as appended:
         appended.write(line + "\n")
     return "appended"
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def echo(text: str) -> str:
+    """Returns the text."""
+    return text
 
 
 @server.tool()

@@ -235,3 +235,30 @@ async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> 
     http.kill().await?;
     Ok(())
 }
+
+/// An MCP tool whose fleet name is one of the worker's own tools is
+/// refused with a log line naming the server and the tool; the worker's
+/// tool and the server's other tools are served.
+#[tokio::test]
+async fn a_tool_that_clashes_with_the_workers_own_is_refused() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["echo", "add"], "prefix = \"\"")?;
+    let fleet = fleet_with(&config, scratch.path(), &["add", "echo"]).await?;
+    let mut api = fleet.api(0).await?;
+    let listed = api
+        .list_tools(v1::ListToolsRequest {})
+        .await?
+        .into_inner()
+        .tools;
+    let echo = listed.iter().find(|t| t.name == "echo").expect("echo");
+    assert_eq!(
+        echo.description,
+        "Test tool: returns its arguments unchanged."
+    );
+    assert!(listed.iter().any(|t| t.name == "add"));
+    assert_eq!(
+        fleet.count_in_worker_logs("MCP tool refused: the worker has another tool of that name"),
+        1
+    );
+    Ok(())
+}

@@ -151,11 +151,14 @@ pub async fn serve(
         worker = Worker::connect(options) => worker?,
         () = process.shutdown.cancelled() => return Ok(()),
     };
-    // The MCP servers' tools beside the binary's own (docs/tools/mcp.md).
-    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &process.shutdown).await else {
+    // The MCP servers' tools beside the binary's own (docs/tools/mcp.md),
+    // none of them under one of the binary's names.
+    let own = tools(&worker);
+    let taken: Vec<String> = own.manifests().into_iter().map(|m| m.name).collect();
+    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &taken, &process.shutdown).await else {
         return Ok(());
     };
-    let toolbox = tools(&worker).merge(served);
+    let toolbox = own.merge(served);
     worker
         .with_readiness(process.readiness)
         .run(toolbox, process.shutdown)

@@ -33,8 +33,10 @@ pub use tool::{McpTool, effects_of_hints, is_strict};
 /// The tools of the servers of `options` that `selected` names (every one
 /// when `selected` is empty), each server started or reached and its
 /// tools listed first. A server that does not answer is tried again, with
-/// a growing pause, until it does or `stop`; a listed tool that cannot be
-/// served is left out with an error naming the server and the tool.
+/// a growing pause, until it does or `stop`. A tool that cannot be served
+/// (its description refused, or its fleet name one of `taken`, the
+/// worker's other tools) is left out with an error naming the server and
+/// the tool.
 ///
 /// # Errors
 ///
@@ -42,6 +44,7 @@ pub use tool::{McpTool, effects_of_hints, is_strict};
 pub async fn toolbox(
     options: &McpOptions,
     selected: &[String],
+    taken: &[String],
     stop: &CancellationToken,
 ) -> Result<Toolbox, &'static str> {
     let mut toolbox = Toolbox::new();
@@ -61,6 +64,10 @@ pub async fn toolbox(
             .await
             .ok_or("stopped while waiting for an MCP server")?;
         for (mcp_name, fleet_name) in wanted {
+            if taken.contains(fleet_name) {
+                error!(server = %server_options.name, tool = %mcp_name, fleet_name, "MCP tool refused: the worker has another tool of that name; give the server another prefix");
+                continue;
+            }
             let Some(info) = listed.iter().find(|tool| tool.name == mcp_name.as_str()) else {
                 warn!(server = %server_options.name, tool = %mcp_name, "the MCP server does not offer this tool; not served");
                 continue;
