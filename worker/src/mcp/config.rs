@@ -293,6 +293,24 @@ impl McpServerOptions {
                 ));
             }
         }
+        self.check_secrets()
+    }
+
+    /// Whether every secret can be read now: a missing variable or file
+    /// stops the worker at start rather than at each connection. The
+    /// error names the variable or file, never a value.
+    fn check_secrets(&self) -> Result<(), String> {
+        let server = &self.name;
+        for (name, secret) in &self.headers {
+            secret
+                .read()
+                .map_err(|why| format!("mcp server {server}: header {name}: {why}"))?;
+        }
+        for (name, value) in &self.env {
+            value
+                .read()
+                .map_err(|why| format!("mcp server {server}: env {name}: {why}"))?;
+        }
         Ok(())
     }
 }
@@ -347,7 +365,7 @@ mod tests {
 name = "weather"
 command = "python"
 args = ["-m", "weather"]
-env = { LOG_LEVEL = "debug", API_KEY = { env = "WEATHER_KEY" } }
+env = { LOG_LEVEL = "debug", API_KEY = { env = "PATH" } }
 tools = ["get.forecast"]
 effects = { "get.forecast" = "read_only" }
 "#,
@@ -357,7 +375,7 @@ effects = { "get.forecast" = "read_only" }
         assert_eq!(weather.env["LOG_LEVEL"], EnvValue::Text("debug".into()));
         assert_eq!(
             weather.env["API_KEY"],
-            EnvValue::From(Secret::Env("WEATHER_KEY".into()))
+            EnvValue::From(Secret::Env("PATH".into()))
         );
         assert_eq!(
             stdio.fleet_names().unwrap()["weather__get_forecast"],
@@ -376,6 +394,19 @@ tools = ["find"]
         .unwrap_err();
         assert!(clear.contains("never written in clear"), "{clear}");
         assert!(!clear.contains("s3cret"), "{clear}");
+        let missing = server(
+            r#"[[servers]]
+name = "crm"
+url = "https://crm.example/mcp"
+headers = { Authorization = { file = "/nonexistent/token" } }
+tools = ["find"]
+"#,
+        )
+        .unwrap_err();
+        assert!(
+            missing.contains("header Authorization: cannot read /nonexistent/token"),
+            "{missing}"
+        );
         for (bad, says) in [
             ("name = \"crm\"\ntools = [\"a\"]", "one of them"),
             (
