@@ -4,7 +4,9 @@
 //!
 //! A tool stays available with no live worker while its queue (its durable
 //! consumer) exists: its calls wait there for the next worker, as when KEDA
-//! has scaled its pool to zero. Its manifest then comes from the tool
+//! has scaled its pool to zero. But a tool whose live workers all announce
+//! that they cannot run it now (`available: false`: its MCP server is
+//! down) is withdrawn: the model is never offered a tool nobody can run. Its manifest then comes from the tool
 //! catalog in Redis, where this registry keeps the newest manifest of every
 //! tool announced, so that it outlives the announcements and this process.
 //!
@@ -70,8 +72,9 @@ impl LiveTool {
 #[derive(Default)]
 struct Entry {
     manifest: Option<(Arc<ToolManifest>, Arc<jsonschema::Validator>)>,
-    /// worker id -> when its last announcement arrived
-    workers: HashMap<String, Instant>,
+    /// worker id -> when its last announcement arrived, and whether it
+    /// said it can run the tool
+    workers: HashMap<String, (Instant, bool)>,
     /// Its queue (durable consumer) exists: a worker announced the tool, or
     /// the backlog poll last saw it. With no live worker, its calls wait there.
     queued: bool,
@@ -132,12 +135,15 @@ impl RegistryHandle {
     }
 
     fn available(&self, entry: &Entry) -> Option<LiveTool> {
-        let workers = entry
-            .workers
-            .values()
-            .filter(|arrived| arrived.elapsed() < self.ttl)
-            .count();
-        if workers == 0 && !entry.queued {
+        let live = || {
+            entry
+                .workers
+                .values()
+                .filter(|(arrived, _)| arrived.elapsed() < self.ttl)
+        };
+        let workers = live().filter(|(_, available)| *available).count();
+        let withdrawn = workers == 0 && live().next().is_some();
+        if withdrawn || (workers == 0 && !entry.queued) {
             return None;
         }
         let (manifest, validator) = entry.manifest.clone()?;
@@ -207,7 +213,9 @@ impl RegistryHandle {
                         }
                     }
                 }
-                entry.workers.insert(worker.to_owned(), Instant::now());
+                entry
+                    .workers
+                    .insert(worker.to_owned(), (Instant::now(), announcement.available));
                 // A worker pulls from the tool's queue, so it exists (until
                 // the backlog poll sees otherwise).
                 entry.queued = true;
@@ -314,5 +322,55 @@ impl Registry {
                 () = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announcement(worker: &str, available: bool) -> Vec<u8> {
+        serde_json::to_vec(&WorkerAnnouncement {
+            worker_id: worker.to_owned(),
+            manifest: ToolManifest::new(
+                "crm__find",
+                "Finds.",
+                serde_json::json!({"type": "object"}),
+            ),
+            heartbeat_ms: now_ms(),
+            available,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_tool_no_live_worker_can_run_is_withdrawn_though_its_queue_exists() {
+        let registry = RegistryHandle {
+            tools: Arc::default(),
+            ttl: Duration::from_secs(15),
+        };
+        let key = |worker: &str| names::registry_key("crm__find", worker);
+        let put = |worker: &str, available: bool| {
+            registry.apply(
+                &key(worker),
+                kv::Operation::Put,
+                &announcement(worker, available),
+            );
+        };
+        put("w1", true);
+        assert_eq!(registry.get("crm__find").map(|t| t.workers), Some(1));
+        // Its MCP server died: the one worker says it cannot run it.
+        put("w1", false);
+        assert!(registry.get("crm__find").is_none(), "withdrawn");
+        assert!(registry.available_tools().is_empty());
+        // Another worker can: offered again, with that one worker counted.
+        put("w2", true);
+        assert_eq!(registry.get("crm__find").map(|t| t.workers), Some(1));
+        // Both gone (no live announcement at all): its calls wait in its
+        // queue, as for a pool scaled to zero.
+        for worker in ["w1", "w2"] {
+            registry.apply(&key(worker), kv::Operation::Delete, &[]);
+        }
+        assert_eq!(registry.get("crm__find").map(|t| t.workers), Some(0));
     }
 }

@@ -373,6 +373,21 @@ pub struct WorkerAnnouncement {
     pub manifest: ToolManifest,
     /// Unix epoch milliseconds of the heartbeat that wrote this entry.
     pub heartbeat_ms: u64,
+    /// Whether the worker can run the tool now. `false`: it serves the
+    /// tool but cannot run it (its MCP server is down), so no model is
+    /// offered it while no other worker can. Absent (an older worker's):
+    /// `true`.
+    #[serde(default = "available", skip_serializing_if = "is_available")]
+    pub available: bool,
+}
+
+fn available() -> bool {
+    true
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn is_available(available: &bool) -> bool {
+    *available
 }
 
 /// Longest tool description an announcement may carry (it goes to the
@@ -456,6 +471,7 @@ mod tests {
             worker_id: "w-1.example".into(),
             manifest: ToolManifest::new("calculate", "math", serde_json::json!({"type": "object"})),
             heartbeat_ms: now - 599_000,
+            available: true,
         };
         assert_eq!(good.check("calculate", "w-1.example", now), Ok(()));
         type Spoil = (fn(&mut WorkerAnnouncement), &'static str);

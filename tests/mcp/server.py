@@ -18,12 +18,15 @@ Tools:
 - `echo(text)`: a name a worker's test tool has too;
 - `crash()`: the server dies mid-call (not idempotent);
 - `crash_once(key)`: read-only; the server dies the first time it is
-  called with `key`, and answers `survived` after.
+  called with `key`, and answers `survived` after;
+- `go_down(seconds)`: the server dies, and refuses to start again for
+  that long.
 """
 
 import asyncio
 import os
 import sys
+import time
 from pathlib import Path
 
 import mcp_types
@@ -121,7 +124,17 @@ def crash_once(key: str) -> str:
     return "survived"
 
 
+@server.tool()
+def go_down(seconds: float) -> str:
+    """Stops the server, which refuses to start again for a while."""
+    (scratch / "down-until").write_text(str(time.time() + seconds))
+    os._exit(3)
+
+
 if __name__ == "__main__":
+    down_until = scratch / "down-until"
+    if down_until.exists() and time.time() < float(down_until.read_text()):
+        sys.exit("down for a while yet")
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -189,7 +189,11 @@ async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_e
     assert_eq!(boom["code"], "OUTCOME_UNKNOWN", "{boom}");
     assert_eq!(boom["side_effect"], "unknown");
     assert_eq!(boom["retryable"], false);
-    assert_eq!(results["again"]["data"], json!({"result": "survived"}));
+    assert_eq!(
+        results["again"]["data"],
+        json!({"result": "survived"}),
+        "{results:?}"
+    );
     assert_eq!(results["sum"]["data"], json!({"result": 2}));
     assert_eq!(
         fleet.count_in_worker_logs("connected to the MCP server"),
@@ -259,6 +263,111 @@ async fn a_tool_that_clashes_with_the_workers_own_is_refused() -> anyhow::Result
     assert_eq!(
         fleet.count_in_worker_logs("MCP tool refused: the worker has another tool of that name"),
         1
+    );
+    Ok(())
+}
+
+/// While a server is down, its tools are withdrawn from the registry, so
+/// no model is offered them, and they come back once it answers again.
+#[tokio::test]
+async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(
+        scratch.path(),
+        &["add", "go_down"],
+        "connect_timeout = \"2s\"",
+    )?;
+    let fleet = fleet_with(&config, scratch.path(), &["py__add", "py__go_down"]).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "down", "name": "py__go_down", "arguments": {"seconds": 8}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("take it down", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(results(&job)["down"]["error"]["code"], "OUTCOME_UNKNOWN");
+    let offered = |api: toolfleet_tests::fleet::ApiClient| async move {
+        let mut api = api;
+        let tools = api
+            .list_tools(v1::ListToolsRequest {})
+            .await
+            .ok()?
+            .into_inner()
+            .tools;
+        Some(tools.iter().any(|t| t.name == "py__add"))
+    };
+    wait_until("the tool to be withdrawn", Duration::from_secs(10), || {
+        let api = api.clone();
+        async move { (offered(api).await == Some(false)).then_some(()) }
+    })
+    .await?;
+    // A job offered the tools now does not see it.
+    let listed = api
+        .list_tools(v1::ListToolsRequest {})
+        .await?
+        .into_inner()
+        .tools;
+    assert!(
+        listed.iter().any(|t| t.name == "echo"),
+        "the worker's other tools stay"
+    );
+    wait_until("the tool to come back", Duration::from_secs(40), || {
+        let api = api.clone();
+        async move { (offered(api).await == Some(true)).then_some(()) }
+    })
+    .await?;
+    let script = json!([
+        {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 2, "b": 2}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("add again", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(results(&job)["sum"]["data"], json!({"result": 4}));
+    Ok(())
+}
+
+/// SIGTERM drains a worker as usual: an MCP call in flight finishes, its
+/// server kept running until the drain is over.
+#[tokio::test]
+async fn a_drain_lets_mcp_calls_in_flight_finish() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["slow"], "")?;
+    let fleet = fleet_with(&config, scratch.path(), &["py__slow"]).await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "nap", "name": "py__slow", "arguments": {"seconds": 2}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("nap", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_until("the call to run", Duration::from_secs(30), || async {
+        fleet
+            .worker(0)
+            .log_tail(100_000)
+            .contains("executing call")
+            .then_some(())
+    })
+    .await?;
+    fleet.worker(0).terminate()?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(
+        results(&job)["nap"],
+        json!({"ok": true, "data": {"result": "slept"}})
+    );
+    assert!(
+        !scratch.path().join("cancelled-2").exists(),
+        "not cancelled by the drain"
     );
     Ok(())
 }

@@ -1086,6 +1086,7 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
             worker_id: worker.to_owned(),
             manifest,
             heartbeat_ms,
+            available: true,
         })
         .expect("an announcement serializes");
         let registry = registry.clone();

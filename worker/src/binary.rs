@@ -155,7 +155,12 @@ pub async fn serve(
     // none of them under one of the binary's names.
     let own = tools(&worker);
     let taken: Vec<String> = own.manifests().into_iter().map(|m| m.name).collect();
-    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &taken, &process.shutdown).await else {
+    // The servers outlive the drain (their calls in flight finish), and
+    // stop when this returns.
+    let servers = tokio_util::sync::CancellationToken::new();
+    let _stop_servers = servers.clone().drop_guard();
+    let watched = (&worker.availability(), &process.shutdown, &servers);
+    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &taken, watched).await else {
         return Ok(());
     };
     let toolbox = own.merge(served);

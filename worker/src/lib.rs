@@ -2,6 +2,7 @@
 //! JetStream and answers each with an envelope.
 //!
 //! - [`tool`]: the [`Tool`] trait a tool implements, and the [`Toolbox`] of a worker.
+//! - [`availability`]: which tools can run now (an MCP server may be down).
 //! - [`tools`]: the built-in tools (`calculate`, `get_current_weather`, test tools).
 //! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
@@ -13,6 +14,7 @@
 //!   with the orchestrator (connections, telemetry, signals) is [`service`].
 #![warn(missing_docs)]
 
+pub mod availability;
 pub mod binary;
 pub mod config;
 pub mod envelope;

@@ -18,6 +18,7 @@ use toolfleet_service::clock::now_ms;
 use toolfleet_service::drain;
 use tracing::{debug, info, warn};
 
+use crate::availability::Availability;
 use crate::config::RegistryOptions;
 
 /// How often the connection state is looked at for a reconnect.
@@ -31,6 +32,9 @@ pub(crate) struct Announcer {
     pub(crate) worker_id: String,
     pub(crate) manifests: Vec<ToolManifest>,
     pub(crate) options: RegistryOptions,
+    /// Which tools can run now: each is announced as such, and a change is
+    /// announced at once.
+    pub(crate) availability: Availability,
 }
 
 impl Announcer {
@@ -44,11 +48,17 @@ impl Announcer {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut connection = tokio::time::interval(RECONNECT_CHECK);
         let mut was_connected = true;
+        let mut changes = self.availability.changes();
         loop {
             let announced = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 _ = ticker.tick() => shutdown.run_until_cancelled(self.announce()).await,
+                // A tool went down or came back: said at once.
+                Ok(()) = changes.changed() => {
+                    ticker.reset();
+                    shutdown.run_until_cancelled(self.announce()).await
+                }
                 _ = connection.tick() => {
                     let connected = self.nats.connection_state() == State::Connected;
                     let back = connected && !was_connected;
@@ -98,6 +108,7 @@ impl Announcer {
                 worker_id: self.worker_id.clone(),
                 manifest: manifest.clone(),
                 heartbeat_ms,
+                available: self.availability.is_available(&manifest.name),
             };
             let key = names::registry_key(&manifest.name, &self.worker_id);
             // A manifest is plain data; serializing it cannot fail.

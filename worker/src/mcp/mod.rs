@@ -17,12 +17,11 @@ mod server;
 mod tool;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use backon::{ExponentialBuilder, Retryable};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, error, warn};
+use tracing::{error, warn};
 
+use crate::availability::Availability;
 use crate::tool::Toolbox;
 pub use config::{EnvValue, McpApproval, McpOptions, McpServerOptions, Secret};
 pub use names::fleet_name;
@@ -36,7 +35,9 @@ pub use tool::{McpTool, effects_of_hints, is_strict};
 /// a growing pause, until it does or `stop`. A tool that cannot be served
 /// (its description refused, or its fleet name one of `taken`, the
 /// worker's other tools) is left out with an error naming the server and
-/// the tool.
+/// the tool. Each server is then supervised until `end` (after the
+/// worker's drain, so that calls in flight finish): while it is down, its
+/// tools are down in `availability`.
 ///
 /// # Errors
 ///
@@ -45,7 +46,7 @@ pub async fn toolbox(
     options: &McpOptions,
     selected: &[String],
     taken: &[String],
-    stop: &CancellationToken,
+    (availability, stop, end): (&Availability, &CancellationToken, &CancellationToken),
 ) -> Result<Toolbox, &'static str> {
     let mut toolbox = Toolbox::new();
     for server_options in &options.servers {
@@ -58,46 +59,41 @@ pub async fn toolbox(
         if wanted.is_empty() {
             continue;
         }
-        let server = McpServer::new(server_options.clone());
-        let listed = stop
-            .run_until_cancelled(listed_when_up(&server))
+        let server = McpServer::new(server_options.clone(), availability.clone());
+        let (client, listed) = stop
+            .run_until_cancelled(server.connect_and_list())
             .await
             .ok_or("stopped while waiting for an MCP server")?;
+        let mut served = Vec::new();
         for (mcp_name, fleet_name) in wanted {
-            if taken.contains(fleet_name) {
-                error!(server = %server_options.name, tool = %mcp_name, fleet_name, "MCP tool refused: the worker has another tool of that name; give the server another prefix");
-                continue;
-            }
-            let Some(info) = listed.iter().find(|tool| tool.name == mcp_name.as_str()) else {
-                warn!(server = %server_options.name, tool = %mcp_name, "the MCP server does not offer this tool; not served");
-                continue;
-            };
-            match McpTool::new(server.clone(), fleet_name.clone(), info) {
-                Ok(tool) => toolbox = toolbox.with(tool),
-                Err(why) => {
-                    error!(server = %server_options.name, tool = %mcp_name, why, "MCP tool refused");
-                }
+            if let Some(tool) = served_tool(&server, (mcp_name, fleet_name), &listed, taken) {
+                served.push(fleet_name.clone());
+                toolbox = toolbox.with(tool);
             }
         }
+        tokio::spawn(server.supervise(client, served, end.clone()));
     }
     Ok(toolbox)
 }
 
-/// The server's tools, once it answers.
-async fn listed_when_up(server: &Arc<McpServer>) -> Vec<rmcp::model::Tool> {
-    let backoff = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(10))
-        .with_jitter()
-        .without_max_times();
-    let list = || async { server.list_tools().await };
-    let listed = list
-        .retry(backoff)
-        .notify(|why: &String, after| {
-            warn!(server = %server.options().name, why, retry_in = ?after, "MCP server not answering");
-        })
-        .await;
-    let tools = listed.unwrap_or_default();
-    debug!(server = %server.options().name, tools = tools.len(), "MCP server listed its tools");
-    tools
+/// The tool `mcp_name` of `server` as `fleet_name`, if the server lists it
+/// and it can be served; else why not, logged.
+fn served_tool(
+    server: &Arc<McpServer>,
+    (mcp_name, fleet_name): (&String, &String),
+    listed: &[rmcp::model::Tool],
+    taken: &[String],
+) -> Option<McpTool> {
+    let name = &server.options().name;
+    if taken.contains(fleet_name) {
+        error!(server = %name, tool = %mcp_name, fleet_name, "MCP tool refused: the worker has another tool of that name; give the server another prefix");
+        return None;
+    }
+    let Some(info) = listed.iter().find(|tool| tool.name == mcp_name.as_str()) else {
+        warn!(server = %name, tool = %mcp_name, "the MCP server does not offer this tool; not served");
+        return None;
+    };
+    McpTool::new(server.clone(), fleet_name.clone(), info)
+        .inspect_err(|why| error!(server = %name, tool = %mcp_name, why, "MCP tool refused"))
+        .ok()
 }

@@ -1,11 +1,16 @@
 //! One MCP server: its process (stdio) or endpoint (Streamable HTTP), the
-//! connection to it, and the calls sent over it. A connection found closed
-//! is made again at the next use, one attempt at a time.
+//! connection to it, and the calls sent over it. Once its tools are served,
+//! a supervisor watches the connection: when it closes (the process died,
+//! the endpoint went away) the server's tools are taken down
+//! ([`Availability`]), so that no model is offered them, and the server is
+//! started or reached again, with a growing pause, until it answers.
 
 use std::collections::HashMap;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::time::Duration;
 
+use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
@@ -14,25 +19,27 @@ use rmcp::model::{
 use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::process::ChildStderr;
-use tokio::sync::{Mutex, Semaphore};
+use tokio::sync::{Semaphore, watch};
 use tokio_util::codec::{FramedRead, LinesCodec};
+use tokio_util::sync::CancellationToken;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
 
 use super::config::McpServerOptions;
 use super::results;
+use crate::availability::Availability;
 use crate::tool::ToolError;
 
 /// A live connection to a server.
-type Client = RunningService<RoleClient, Handler>;
+pub(super) type Client = RunningService<RoleClient, Handler>;
 
 /// What the worker says of itself to a server, and hears from it.
 #[derive(Debug, Clone, Copy, Default)]
-struct Handler;
+pub(super) struct Handler;
 
 impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
@@ -57,20 +64,25 @@ const STDERR_LINE_CHARS: usize = 1_000;
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
     options: McpServerOptions,
-    /// The connection, when one was made and has not closed.
-    connection: Mutex<Option<Arc<Client>>>,
+    /// Where calls go while the connection is up; `None` while it is down
+    /// (calls wait for it, for a while).
+    peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
     /// Calls in flight to it, at most `concurrency`.
     slots: Semaphore,
+    /// Where its tools are said to be up or down.
+    availability: Availability,
 }
 
 impl McpServer {
-    /// The server of `options`, not connected yet.
-    pub fn new(options: McpServerOptions) -> Arc<Self> {
+    /// The server of `options`, not connected yet; its tools' availability
+    /// is said in `availability`.
+    pub fn new(options: McpServerOptions, availability: Availability) -> Arc<Self> {
         let slots = Semaphore::new(options.concurrency);
         Arc::new(Self {
             options,
-            connection: Mutex::new(None),
+            peer: watch::Sender::new(None),
             slots,
+            availability,
         })
     }
 
@@ -79,17 +91,73 @@ impl McpServer {
         &self.options
     }
 
-    /// Its tools, every page of `tools/list`.
-    ///
-    /// # Errors
-    ///
-    /// Why the server could not be reached or listed.
-    pub async fn list_tools(&self) -> Result<Vec<McpToolInfo>, String> {
-        let client = self.client().await?;
+    /// A connection, once the server answers (tried again with a growing
+    /// pause, each failure logged), and its tools, every page of
+    /// `tools/list`.
+    pub(super) async fn connect_and_list(&self) -> (Client, Vec<McpToolInfo>) {
+        let mut pauses = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(10))
+            .with_jitter()
+            .without_max_times()
+            .build();
+        let server = &self.options.name;
+        loop {
+            match self.connect_once_and_list().await {
+                Ok(connected) => return connected,
+                Err(why) => {
+                    // Endless (no max_times): it always yields.
+                    let pause = pauses.next().unwrap_or(Duration::from_secs(10));
+                    warn!(server, why, retry_in = ?pause, "MCP server not answering");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`connect_and_list`](Self::connect_and_list).
+    async fn connect_once_and_list(&self) -> Result<(Client, Vec<McpToolInfo>), String> {
+        let client = self.connect().await?;
         let listed = tokio::time::timeout(self.options.connect_timeout, client.list_all_tools())
             .await
-            .map_err(|_| "tools/list timed out".to_owned())?;
-        listed.map_err(|err| format!("tools/list failed: {err}"))
+            .map_err(|_| "tools/list timed out".to_owned())?
+            .map_err(|err| format!("tools/list failed: {err}"))?;
+        Ok((client, listed))
+    }
+
+    /// Serves `client` to the calls, and watches it until `end`: when it
+    /// closes, `tools` (fleet names) are down until the server answers
+    /// again. At `end` the server is shut down (a stdio server's input is
+    /// closed, then it is signalled).
+    pub(super) async fn supervise(
+        self: Arc<Self>,
+        client: Client,
+        tools: Vec<String>,
+        end: CancellationToken,
+    ) {
+        let server = self.options.name.clone();
+        let mut client = client;
+        loop {
+            self.peer
+                .send_replace(Some(Arc::new(client.peer().clone())));
+            self.availability.set(&tools, true);
+            let closing = client.cancellation_token();
+            let gone = end.run_until_cancelled(client.waiting()).await;
+            self.peer.send_replace(None);
+            if gone.is_none() {
+                closing.cancel();
+                return;
+            }
+            self.availability.set(&tools, false);
+            warn!(
+                server,
+                "MCP server gone; its tools are withdrawn until it is back"
+            );
+            client = match end.run_until_cancelled(self.connect_and_list()).await {
+                Some((client, _)) => client,
+                None => return,
+            };
+        }
     }
 
     /// Calls its tool `mcp_name` with `args`, for a tool with `effects`.
@@ -115,13 +183,10 @@ impl McpServer {
             .acquire()
             .await
             .map_err(|_| results::not_running(server))?;
-        let client = self.client().await.map_err(|why| {
-            warn!(
-                server,
-                why, "MCP server not reachable; the call was not sent"
-            );
-            results::not_running(server)
-        })?;
+        let client = self
+            .peer_within(self.options.call_timeout / 2)
+            .await
+            .ok_or_else(|| results::not_running(server))?;
         let params = CallToolRequestParams::new(mcp_name.to_owned()).with_arguments(arguments);
         // Dropped (a timeout, a drain), the request is cancelled on the
         // server with `notifications/cancelled`.
@@ -140,22 +205,39 @@ impl McpServer {
             )),
             Err(err) => {
                 debug!(server, error = %err, "MCP call failed");
+                if matches!(
+                    err,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) {
+                    self.gone(&client);
+                }
                 Err(results::failure(server, &err, effects))
             }
         }
     }
 
-    /// The live connection, made again if the last one closed.
-    async fn client(&self) -> Result<Arc<Client>, String> {
-        let mut connection = self.connection.lock().await;
-        // A server that died leaves `is_closed` false: its transport tells.
-        let live = |client: &&Arc<Client>| !client.is_closed() && !client.is_transport_closed();
-        if let Some(client) = connection.as_ref().filter(live) {
-            return Ok(client.clone());
-        }
-        let client = Arc::new(self.connect().await?);
-        *connection = Some(client.clone());
-        Ok(client)
+    /// The connection, waiting up to `wait` for one while the server is
+    /// down. Within half the call's timeout: a call never sent must be
+    /// answered "not running" (safe to retry), never time out (which, for
+    /// a tool that is not idempotent, reads as an unknown outcome).
+    async fn peer_within(&self, wait: Duration) -> Option<Arc<Peer<RoleClient>>> {
+        let mut peer = self.peer.subscribe();
+        let up = tokio::time::timeout(wait, peer.wait_for(Option::is_some)).await;
+        up.ok()?.ok()?.clone()
+    }
+
+    /// A call found the connection `used` dead before the supervisor did:
+    /// the next calls wait for a new one rather than meet the dead one.
+    fn gone(&self, used: &Arc<Peer<RoleClient>>) {
+        self.peer.send_if_modified(|peer| {
+            let same = peer
+                .as_ref()
+                .is_some_and(|current| Arc::ptr_eq(current, used));
+            if same {
+                *peer = None;
+            }
+            same
+        });
     }
 
     /// Starts or reaches the server and makes the handshake, within

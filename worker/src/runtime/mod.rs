@@ -38,6 +38,7 @@ use tracing::{info, warn};
 
 pub use execute::SchemaError;
 
+use crate::availability::Availability;
 use crate::config::{RuntimeOptions, WorkerOptions};
 use crate::ledger::Ledger;
 use crate::registry::Announcer;
@@ -71,6 +72,7 @@ pub struct Worker {
     nats: async_nats::Client,
     redis: RedisConnection,
     readiness: Readiness,
+    availability: Availability,
 }
 
 impl Worker {
@@ -91,6 +93,7 @@ impl Worker {
             nats,
             redis,
             readiness: Readiness::default(),
+            availability: Availability::default(),
         })
     }
 
@@ -110,6 +113,12 @@ impl Worker {
     /// The Redis connection, for tools that need one.
     pub fn redis(&self) -> RedisConnection {
         self.redis.clone()
+    }
+
+    /// Which of its tools can run now, for the sources that can take theirs
+    /// down (MCP servers).
+    pub fn availability(&self) -> Availability {
+        self.availability.clone()
     }
 
     /// Serves `toolbox` until `shutdown` is cancelled, then drains (see the
@@ -137,6 +146,7 @@ impl Worker {
             worker_id: self.worker_id.clone(),
             manifests: tools.values().map(|t| t.manifest.clone()).collect(),
             options: self.options.registry.clone(),
+            availability: self.availability.clone(),
         };
         let tool_names: Vec<_> = tools.keys().cloned().collect();
         let ack_wait = shortest_ack_wait(&consumers, runtime.ack_wait);
@@ -148,7 +158,13 @@ impl Worker {
         let _stop_intake = stop_intake.clone().drop_guard();
         let _abandon_calls = executor.abandon.clone().drop_guard();
         let calls = TaskTracker::new();
-        let intake = start_intake(consumers, announcer, &executor, &calls, &stop_intake);
+        let intake = start_intake(
+            consumers,
+            announcer,
+            (&executor, &self.availability),
+            &calls,
+            &stop_intake,
+        );
         info!(worker_id = %self.worker_id, tools = ?tool_names,
               max_in_flight = runtime.max_in_flight.get(), "worker ready");
         self.readiness.set(true);
@@ -274,7 +290,7 @@ fn load_tools(
 fn start_intake(
     consumers: Vec<(String, consumer::PullConsumer)>,
     announcer: Announcer,
-    executor: &Arc<Executor>,
+    (executor, availability): (&Arc<Executor>, &Availability),
     calls: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> TaskTracker {
@@ -295,6 +311,7 @@ fn start_intake(
             slots: slots.clone(),
             keep_alive,
             tasks: calls.clone(),
+            availability: availability.clone(),
         };
         intake.spawn(pull.run(shutdown.clone()));
     }

@@ -22,6 +22,7 @@ use toolfleet_service::pull::pull;
 use tracing::warn;
 
 use super::execute::Executor;
+use crate::availability::Availability;
 
 /// Delays between failed pulls (NATS down or restarting): quick at first,
 /// capped so a recovered server is used within seconds.
@@ -43,6 +44,8 @@ pub(crate) struct PullLoop {
     /// How often a call waiting for a slot is kept alive (a third of AckWait).
     pub(crate) keep_alive: Duration,
     pub(crate) tasks: TaskTracker,
+    /// Whether the tool can run now: a tool that is down pulls nothing.
+    pub(crate) availability: Availability,
 }
 
 impl PullLoop {
@@ -50,6 +53,12 @@ impl PullLoop {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut backoff = pull_backoff();
         loop {
+            // Its calls wait in the queue (or go to a worker that can run
+            // them) while its MCP server is down.
+            let up = self.availability.until_available(&self.tool);
+            if shutdown.run_until_cancelled(up).await.is_none() {
+                return;
+            }
             let free = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return,
