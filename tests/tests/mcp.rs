@@ -371,3 +371,73 @@ async fn a_drain_lets_mcp_calls_in_flight_finish() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// The reference server of the MCP project, `@modelcontextprotocol/server-everything`
+/// (TypeScript, from the npm registry): its tools through the fleet, and
+/// the environment it was started with, which holds none of the worker's.
+#[tokio::test]
+async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let server = repo_root()
+        .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    anyhow::ensure!(
+        server.is_file(),
+        "{} not found: run scripts/setup",
+        server.display()
+    );
+    let config = format!(
+        "[[mcp.servers]]\nname = \"every\"\ncommand = \"node\"\nargs = [{server:?}, \"stdio\"]\n\
+         tools = [\"echo\", \"get-sum\", \"get-tiny-image\", \"get-env\"]\n",
+        server = server.display().to_string(),
+    );
+    let served = [
+        "every__echo",
+        "every__get-sum",
+        "every__get-tiny-image",
+        "every__get-env",
+    ];
+    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let mut api = fleet.api(0).await?;
+    let listed = api
+        .list_tools(v1::ListToolsRequest {})
+        .await?
+        .into_inner()
+        .tools;
+    let sum = listed
+        .iter()
+        .find(|t| t.name == "every__get-sum")
+        .expect("get-sum");
+    assert_eq!(sum.effects, "read_only");
+    let script = json!([
+        {"tool_calls": [
+            {"id": "say", "name": "every__echo", "arguments": {"message": "hello"}},
+            {"id": "sum", "name": "every__get-sum", "arguments": {"a": 2, "b": 40}},
+            {"id": "pic", "name": "every__get-tiny-image", "arguments": {}},
+            {"id": "env", "name": "every__get-env", "arguments": {}}
+        ]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(scripted_job("everything", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    let job = wait_finished(&api, &job_id).await?;
+    let results = results(&job);
+    let text = |id: &str| results[id]["data"]["content"].to_string();
+    assert!(text("say").contains("hello"), "{}", results["say"]);
+    assert!(text("sum").contains("42"), "{}", results["sum"]);
+    assert!(
+        results["pic"]["data"]["content"]
+            .as_array()
+            .is_some_and(|blocks| blocks.iter().any(|b| b["type"] == "image")),
+        "{}",
+        results["pic"]
+    );
+    // The worker's own environment (TOOLFLEET_CONFIG, its NATS and Redis
+    // settings) never reaches a server it starts.
+    let env = text("env");
+    assert!(env.contains("PATH"), "{env}");
+    assert!(!env.contains("TOOLFLEET"), "{env}");
+    Ok(())
+}
