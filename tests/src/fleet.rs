@@ -316,6 +316,45 @@ pub fn scripted_job(input: &str, script: &serde_json::Value) -> v1::SubmitJobReq
     }
 }
 
+/// Each call's envelope in a finished job, by call id (from its result
+/// items).
+///
+/// # Panics
+///
+/// A result item whose output is not JSON: the store wrote it.
+pub fn call_results(job: &v1::Job) -> std::collections::HashMap<String, serde_json::Value> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some((
+                r.call_id.clone(),
+                serde_json::from_str(&r.output).expect("an envelope"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Submits a job of the scripted model playing `script`, and waits until
+/// it has finished.
+///
+/// # Errors
+///
+/// The API refused it, or it did not finish in time.
+pub async fn run_scripted(
+    api: &ApiClient,
+    input: &str,
+    script: &serde_json::Value,
+) -> anyhow::Result<v1::Job> {
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job(input, script))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_finished(api, &job_id).await
+}
+
 /// Submits a job whose model would think for a minute, cancels it, and
 /// returns its id once it has ended cancelled.
 ///

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, FAST_REDELIVERY, Fleet, scripted_job, test_fleet, wait_finished,
+    ApiClient, FAST_REDELIVERY, Fleet, call_results, scripted_job, test_fleet, wait_finished,
 };
 use toolfleet_tests::{run_toolfleet, wait_until};
 
@@ -249,7 +249,7 @@ async fn a_rejected_call_is_answered_with_the_reason_and_an_edited_one_runs_as_e
         job.output_text
     );
     assert!(job.output_text.ends_with(" / hi"), "{}", job.output_text);
-    let envelope = &results(&job)["math"];
+    let envelope = &call_results(&job)["math"];
     assert_eq!(
         envelope["error"]["message"],
         "a person rejected the call: not on a Sunday"
@@ -359,20 +359,6 @@ async fn a_parked_job_cancels_at_once_and_bad_decisions_change_nothing() -> anyh
     Ok(())
 }
 
-/// The result of each call of a finished job, by call id.
-fn results(job: &v1::Job) -> std::collections::HashMap<String, Value> {
-    job.items
-        .iter()
-        .filter_map(|item| match &item.kind {
-            Some(v1::item::Kind::ToolResult(r)) => Some((
-                r.call_id.clone(),
-                serde_json::from_str(&r.output).expect("an envelope"),
-            )),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn eight_parallel_calls_three_held_decided_out_of_order_by_two_clients() -> anyhow::Result<()>
 {
@@ -432,7 +418,7 @@ async fn eight_parallel_calls_three_held_decided_out_of_order_by_two_clients() -
 
     let job = wait_finished(&fleet.api(0).await?, &job_id).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
-    let results = results(&job);
+    let results = call_results(&job);
     assert_eq!(results.len(), 8);
     assert_eq!(results["calc0"]["error"]["code"], "REJECTED_BY_APPROVER");
     assert_eq!(
@@ -677,10 +663,10 @@ async fn pending_approvals_are_listed_oldest_first_a_page_at_a_time_and_decided_
     let job = wait_finished(&api, &both).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
     assert_eq!(
-        results(&job)["math"]["error"]["message"],
+        call_results(&job)["math"]["error"]["message"],
         "a person rejected the call: no sums"
     );
-    assert_eq!(results(&job)["say"]["data"]["text"], "hi");
+    assert_eq!(call_results(&job)["say"]["data"]["text"], "hi");
     // `get` shows who decided what, after how long.
     let shown = run_toolfleet(&["get", &both, "--addr", &url]).await?;
     assert!(shown.contains("held for a person:"), "{shown}");

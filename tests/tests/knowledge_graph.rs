@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 use toolfleet_cli::demo::{self, Demo};
 use toolfleet_proto::v1;
 use toolfleet_proto::v1::item::Kind;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{Fleet, run_scripted, test_fleet};
 use wiremock::matchers::{body_string_contains, header, method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
@@ -16,16 +16,6 @@ async fn fleet(worker_env: &[(&str, &str)]) -> anyhow::Result<Fleet> {
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, KG_TOOLS, 1).await?;
     Ok(fleet)
-}
-
-async fn run(api: &ApiClient, input: &str, script: &Value) -> anyhow::Result<v1::Job> {
-    let job_id = api
-        .clone()
-        .submit_job(scripted_job(input, script))
-        .await?
-        .into_inner()
-        .job_id;
-    wait_finished(api, &job_id).await
 }
 
 /// The envelope of the job's first tool result.
@@ -58,7 +48,7 @@ async fn a_trend_over_three_companies_and_topics_keeps_going_past_a_failed_secti
 -> anyhow::Result<()> {
     let fleet = fleet(&[]).await?;
     let api = fleet.api(0).await?;
-    let job = run(&api, "trend", &three_by_three()).await?;
+    let job = run_scripted(&api, "trend", &three_by_three()).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     let envelope = first_result(&job);
     let data = &envelope["data"];
@@ -119,7 +109,7 @@ async fn trend_summaries_come_from_the_configured_openai_compatible_model() -> a
     ])
     .await?;
     let api = fleet.api(0).await?;
-    let job = run(&api, "trend", &three_by_three()).await?;
+    let job = run_scripted(&api, "trend", &three_by_three()).await?;
     let data = &first_result(&job)["data"];
     assert_eq!(data["summary_source"], "model", "{data}");
     assert_eq!(
@@ -142,7 +132,7 @@ async fn the_cookbook_questions_are_answered_from_the_graph() -> anyhow::Result<
         let api = api.clone();
         async move {
             let script: Value = serde_json::from_str(demo.script)?;
-            let job = run(&api, demo.question, &script).await?;
+            let job = run_scripted(&api, demo.question, &script).await?;
             anyhow::ensure!(
                 job.status == v1::JobStatus::Succeeded as i32,
                 "{}: {job:?}",
@@ -212,14 +202,14 @@ async fn a_worker_serves_the_graph_file_its_configuration_names() -> anyhow::Res
             {"message": "{{call_0_0.data.text}}"}
         ])
     };
-    let job = run(&api, "initech", &ask("Office Space Corp")).await?;
+    let job = run_scripted(&api, "initech", &ask("Office Space Corp")).await?;
     assert!(
         job.output_text
             .starts_with("1. Initech – LAUNCHED – TPS Reports 2.0 [Valid-from: 2019-02-01]"),
         "{}",
         job.output_text
     );
-    let job = run(&api, "amd", &ask("AMD")).await?;
+    let job = run_scripted(&api, "amd", &ask("AMD")).await?;
     assert_eq!(
         first_result(&job)["error"]["code"],
         "ENTITY_NOT_FOUND",

@@ -2,13 +2,14 @@
 //! nobody here wrote the protocol of: the official Python SDK's
 //! `MCPServer` (tests/mcp/server.py), over stdio, started by the worker.
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, call_results, run_scripted, scripted_job, test_fleet, wait_finished,
+};
 use toolfleet_tests::{repo_root, venv_python, wait_until};
 
 /// A worker configuration serving the test server's tools `tools` over
@@ -38,18 +39,10 @@ async fn fleet_with(config: &str, scratch: &Path, tools: &[&str]) -> anyhow::Res
     Ok(fleet)
 }
 
-/// Each call's envelope, by call id.
-fn results(job: &v1::Job) -> HashMap<String, Value> {
-    job.items
-        .iter()
-        .filter_map(|item| match &item.kind {
-            Some(v1::item::Kind::ToolResult(r)) => Some((
-                r.call_id.clone(),
-                serde_json::from_str(&r.output).expect("an envelope"),
-            )),
-            _ => None,
-        })
-        .collect()
+/// The tools `ListTools` offers.
+async fn listed_tools(api: &ApiClient) -> anyhow::Result<Vec<v1::Tool>> {
+    let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
+    Ok(listed.into_inner().tools)
 }
 
 #[tokio::test]
@@ -66,13 +59,9 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
         "py__picture",
     ];
     let fleet = fleet_with(&config, scratch.path(), &served).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
 
-    let listed = api
-        .list_tools(v1::ListToolsRequest {})
-        .await?
-        .into_inner()
-        .tools;
+    let listed = listed_tools(&api).await?;
     let tool = |name: &str| listed.iter().find(|t| t.name == name).expect(name).clone();
     let add = tool("py__add");
     assert_eq!(add.description, "Adds two integers.");
@@ -94,14 +83,9 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
         ]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("use the MCP tools", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+    let job = run_scripted(&api, "use the MCP tools", &script).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
-    let results = results(&job);
+    let results = call_results(&job);
     // structuredContent is the data (the SDK gives it for typed returns).
     assert_eq!(results["sum"], json!({"ok": true, "data": {"result": 5}}));
     assert_eq!(results["sky"]["data"], json!({"result": "sunny in Oslo"}));
@@ -136,18 +120,13 @@ async fn a_call_past_its_timeout_is_cancelled_on_the_server() -> anyhow::Result<
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["slow"], "call_timeout = \"1s\"")?;
     let fleet = fleet_with(&config, scratch.path(), &["py__slow"]).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "nap", "name": "py__slow", "arguments": {"seconds": 30}}]},
         {"message": "woke"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("sleep", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
-    let nap = &results(&job)["nap"]["error"];
+    let job = run_scripted(&api, "sleep", &script).await?;
+    let nap = &call_results(&job)["nap"]["error"];
     assert_eq!(nap["code"], "MAX_ATTEMPTS_EXCEEDED", "{nap}");
     let mark = scratch.path().join("cancelled-30");
     wait_until(
@@ -170,21 +149,16 @@ async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_e
     let config = stdio_config(scratch.path(), &["crash", "crash_once", "add"], "")?;
     let served = ["py__crash", "py__crash_once", "py__add"];
     let fleet = fleet_with(&config, scratch.path(), &served).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "boom", "name": "py__crash", "arguments": {}}]},
         {"tool_calls": [{"id": "again", "name": "py__crash_once", "arguments": {"key": "k"}}]},
         {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 1, "b": 1}}]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("crash it", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
+    let job = run_scripted(&api, "crash it", &script).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
-    let results = results(&job);
+    let results = call_results(&job);
     let boom = &results["boom"]["error"];
     assert_eq!(boom["code"], "OUTCOME_UNKNOWN", "{boom}");
     assert_eq!(boom["side_effect"], "unknown");
@@ -224,18 +198,13 @@ async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> 
         token = token.display().to_string(),
     );
     let fleet = fleet_with(&config, scratch.path(), &["web__add"]).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("add over http", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(results(&job)["sum"]["data"], json!({"result": 42}));
+    let job = run_scripted(&api, "add over http", &script).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
     http.kill().await?;
     Ok(())
 }
@@ -248,12 +217,8 @@ async fn a_tool_that_clashes_with_the_workers_own_is_refused() -> anyhow::Result
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["echo", "add"], "prefix = \"\"")?;
     let fleet = fleet_with(&config, scratch.path(), &["add", "echo"]).await?;
-    let mut api = fleet.api(0).await?;
-    let listed = api
-        .list_tools(v1::ListToolsRequest {})
-        .await?
-        .into_inner()
-        .tools;
+    let api = fleet.api(0).await?;
+    let listed = listed_tools(&api).await?;
     let echo = listed.iter().find(|t| t.name == "echo").expect("echo");
     assert_eq!(
         echo.description,
@@ -278,18 +243,16 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
         "connect_timeout = \"2s\"",
     )?;
     let fleet = fleet_with(&config, scratch.path(), &["py__add", "py__go_down"]).await?;
-    let mut api = fleet.api(0).await?;
+    let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "down", "name": "py__go_down", "arguments": {"seconds": 8}}]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("take it down", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(results(&job)["down"]["error"]["code"], "OUTCOME_UNKNOWN");
+    let job = run_scripted(&api, "take it down", &script).await?;
+    assert_eq!(
+        call_results(&job)["down"]["error"]["code"],
+        "OUTCOME_UNKNOWN"
+    );
     let offered = |api: toolfleet_tests::fleet::ApiClient| async move {
         let mut api = api;
         let tools = api
@@ -306,11 +269,7 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
     })
     .await?;
     // A job offered the tools now does not see it.
-    let listed = api
-        .list_tools(v1::ListToolsRequest {})
-        .await?
-        .into_inner()
-        .tools;
+    let listed = listed_tools(&api).await?;
     assert!(
         listed.iter().any(|t| t.name == "echo"),
         "the worker's other tools stay"
@@ -324,13 +283,8 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
         {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 2, "b": 2}}]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("add again", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(results(&job)["sum"]["data"], json!({"result": 4}));
+    let job = run_scripted(&api, "add again", &script).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 4}));
     Ok(())
 }
 
@@ -362,7 +316,7 @@ async fn a_drain_lets_mcp_calls_in_flight_finish() -> anyhow::Result<()> {
     fleet.worker(0).terminate()?;
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(
-        results(&job)["nap"],
+        call_results(&job)["nap"],
         json!({"ok": true, "data": {"result": "slept"}})
     );
     assert!(
@@ -397,12 +351,8 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
         "every__get-env",
     ];
     let fleet = fleet_with(&config, scratch.path(), &served).await?;
-    let mut api = fleet.api(0).await?;
-    let listed = api
-        .list_tools(v1::ListToolsRequest {})
-        .await?
-        .into_inner()
-        .tools;
+    let api = fleet.api(0).await?;
+    let listed = listed_tools(&api).await?;
     let sum = listed
         .iter()
         .find(|t| t.name == "every__get-sum")
@@ -417,13 +367,8 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
         ]},
         {"message": "done"}
     ]);
-    let job_id = api
-        .submit_job(scripted_job("everything", &script))
-        .await?
-        .into_inner()
-        .job_id;
-    let job = wait_finished(&api, &job_id).await?;
-    let results = results(&job);
+    let job = run_scripted(&api, "everything", &script).await?;
+    let results = call_results(&job);
     let text = |id: &str| results[id]["data"]["content"].to_string();
     assert!(text("say").contains("hello"), "{}", results["say"]);
     assert!(text("sum").contains("42"), "{}", results["sum"]);
