@@ -962,7 +962,11 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         .finish(b, &Ending::Cancelled, Unstored::Nothing)
         .await?;
     // Expired: dropped by the next refresh.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let expires = store.approvals(&c.job_id).await?.requests["say"].expires_at_ms;
+    toolfleet_tests::wait_until("the call to expire", Duration::from_secs(5), || async {
+        (toolfleet_orchestrator::job::now_ms() > expires).then_some(())
+    })
+    .await?;
     assert_eq!(tallied(&store).await?, [("echo".into(), 1)]);
     let (page, _) = store.pending("default", None, 10).await?;
     let listed: Vec<(&JobId, &str)> = page
@@ -976,7 +980,13 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     let first = held("again", "echo", day);
     store.hold(a, "default", &[first]).await?;
     let first = store.approvals(&a.job_id).await?.requests["again"].clone();
-    tokio::time::sleep(Duration::from_millis(5)).await;
+    // The later hold is held at a later millisecond, as in a real run.
+    toolfleet_tests::wait_until(
+        "the clock to pass the first hold",
+        Duration::from_secs(5),
+        || async { (toolfleet_orchestrator::job::now_ms() > first.requested_at_ms).then_some(()) },
+    )
+    .await?;
     let envelope = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
     let verdict = HeldCall {
         wire_id: "again",
