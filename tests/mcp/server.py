@@ -21,6 +21,12 @@ Tools:
   called with `key`, and answers `survived` after;
 - `go_down(seconds)`: the server dies, and refuses to start again for
   that long.
+- `grow()` and `shrink()`: add and remove the tool `extra(text)`, each
+  followed by `notifications/tools/list_changed`;
+- `flood(times)`: sends `notifications/tools/list_changed` that many times.
+
+Each `tools/list` it answers adds a line to `$MCP_TEST_DIR/listings`. It
+refuses to start while `$MCP_TEST_DIR/held` exists.
 """
 
 import asyncio
@@ -30,11 +36,22 @@ import time
 from pathlib import Path
 
 import mcp_types
-from mcp.server.mcpserver import Image, MCPServer
+from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
-server = MCPServer("toolfleet-test")
 scratch = Path(os.environ.get("MCP_TEST_DIR", "."))
+
+
+class CountingServer(MCPServer):
+    """Leaves a line in `listings` for each `tools/list` it answers."""
+
+    async def list_tools(self):
+        with open(scratch / "listings", "a", encoding="utf-8") as listings:
+            listings.write("listed\n")
+        return await super().list_tools()
+
+
+server = CountingServer("toolfleet-test")
 
 # A 1x1 PNG.
 PIXEL = bytes.fromhex(
@@ -131,10 +148,41 @@ def go_down(seconds: float) -> str:
     os._exit(3)
 
 
+def extra(text: str) -> str:
+    """A tool that comes and goes."""
+    return f"extra {text}"
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Adds the tool `extra`."""
+    server.add_tool(extra, annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+    await ctx.session.send_tool_list_changed()
+    return "grown"
+
+
+@server.tool()
+async def shrink(ctx: Context) -> str:
+    """Removes the tool `extra`."""
+    server.remove_tool("extra")
+    await ctx.session.send_tool_list_changed()
+    return "shrunk"
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+async def flood(times: int, ctx: Context) -> str:
+    """Says the tool list changed, many times over."""
+    for _ in range(times):
+        await ctx.session.send_tool_list_changed()
+    return "flooded"
+
+
 if __name__ == "__main__":
     down_until = scratch / "down-until"
     if down_until.exists() and time.time() < float(down_until.read_text()):
         sys.exit("down for a while yet")
+    if (scratch / "held").exists():
+        sys.exit("held")
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -10,7 +10,10 @@ use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
     ApiClient, Fleet, call_results, run_scripted, scripted_job, test_fleet, wait_finished,
 };
-use toolfleet_tests::{repo_root, venv_python, wait_until};
+use toolfleet_tests::{cargo_bin, repo_root, venv_python, wait_until};
+
+/// How long a step of a job may take.
+const JOB: Duration = Duration::from_secs(60);
 
 /// A worker configuration serving the test server's tools `tools` over
 /// stdio, as server `py`, with `extra` lines in its table; the server
@@ -43,6 +46,21 @@ async fn fleet_with(config: &str, scratch: &Path, tools: &[&str]) -> anyhow::Res
 async fn listed_tools(api: &ApiClient) -> anyhow::Result<Vec<v1::Tool>> {
     let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
     Ok(listed.into_inner().tools)
+}
+
+/// Waits until `ListTools` offers `tool` (`offered`), or does not.
+async fn wait_offered(
+    api: &ApiClient,
+    tool: &str,
+    offered: bool,
+    within: Duration,
+) -> anyhow::Result<()> {
+    let what = format!("{tool} {}", if offered { "offered" } else { "withdrawn" });
+    wait_until(&what, within, || async move {
+        let listed = listed_tools(api).await.ok()?;
+        (listed.iter().any(|t| t.name == tool) == offered).then_some(())
+    })
+    .await
 }
 
 #[tokio::test]
@@ -253,38 +271,223 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
         call_results(&job)["down"]["error"]["code"],
         "OUTCOME_UNKNOWN"
     );
-    let offered = |api: toolfleet_tests::fleet::ApiClient| async move {
-        let mut api = api;
-        let tools = api
-            .list_tools(v1::ListToolsRequest {})
-            .await
-            .ok()?
-            .into_inner()
-            .tools;
-        Some(tools.iter().any(|t| t.name == "py__add"))
-    };
-    wait_until("the tool to be withdrawn", Duration::from_secs(10), || {
-        let api = api.clone();
-        async move { (offered(api).await == Some(false)).then_some(()) }
-    })
-    .await?;
+    wait_offered(&api, "py__add", false, Duration::from_secs(10)).await?;
     // A job offered the tools now does not see it.
     let listed = listed_tools(&api).await?;
     assert!(
         listed.iter().any(|t| t.name == "echo"),
         "the worker's other tools stay"
     );
-    wait_until("the tool to come back", Duration::from_secs(40), || {
-        let api = api.clone();
-        async move { (offered(api).await == Some(true)).then_some(()) }
-    })
-    .await?;
+    wait_offered(&api, "py__add", true, Duration::from_secs(40)).await?;
     let script = json!([
         {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 2, "b": 2}}]},
         {"message": "done"}
     ]);
     let job = run_scripted(&api, "add again", &script).await?;
     assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 4}));
+    Ok(())
+}
+
+/// A worker does not wait for its MCP servers: it serves its own tools at
+/// once, and a server's tools from when the server first answers.
+#[tokio::test]
+async fn a_worker_serves_its_own_tools_before_its_mcp_server_answers() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let held = scratch.path().join("held");
+    std::fs::write(&held, "")?;
+    let config = stdio_config(scratch.path(), &["add"], "connect_timeout = \"2s\"")?;
+    let fleet = fleet_with(&config, scratch.path(), &["echo"]).await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "echo", &script).await?;
+    assert_eq!(call_results(&job)["say"]["data"], json!({"text": "hi"}));
+    // The server is held: its tool was never offered.
+    assert!(
+        !listed_tools(&api)
+            .await?
+            .iter()
+            .any(|t| t.name == "py__add")
+    );
+    let tries = fleet
+        .worker(0)
+        .wait_for_log("MCP server not answering", Duration::from_secs(10));
+    tries.await?;
+
+    std::fs::remove_file(&held)?;
+    wait_offered(&api, "py__add", true, Duration::from_secs(40)).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "sum", "name": "py__add", "arguments": {"a": 1, "b": 2}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "add", &script).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 3}));
+    Ok(())
+}
+
+/// `notifications/tools/list_changed` is followed: a tool the server adds
+/// is served (it was allow-listed, so its queue and consumer were there
+/// from the start), one it removes is withdrawn, and a flood of the
+/// notification costs at most one `tools/list` a second.
+#[tokio::test]
+async fn tools_that_a_server_adds_and_removes_are_served_and_withdrawn() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["grow", "shrink", "extra", "flood"], "")?;
+    let fleet = fleet_with(
+        &config,
+        scratch.path(),
+        &["py__grow", "py__shrink", "py__flood"],
+    )
+    .await?;
+    let api = fleet.api(0).await?;
+    assert!(
+        !listed_tools(&api)
+            .await?
+            .iter()
+            .any(|t| t.name == "py__extra")
+    );
+    let absent = "the MCP server does not offer this tool; served once it does";
+    fleet
+        .worker(0)
+        .wait_for_log(absent, Duration::from_secs(10))
+        .await?;
+
+    let script = json!([
+        {"tool_calls": [{"id": "grow", "name": "py__grow", "arguments": {}}]},
+        {"message": "done"}
+    ]);
+    run_scripted(&api, "grow", &script).await?;
+    wait_offered(&api, "py__extra", true, Duration::from_secs(10)).await?;
+    let extra = listed_tools(&api).await?;
+    let extra = extra
+        .iter()
+        .find(|t| t.name == "py__extra")
+        .expect("offered");
+    assert_eq!(extra.description, "A tool that comes and goes.");
+    assert_eq!(extra.effects, "read_only");
+    let script = json!([
+        {"tool_calls": [{"id": "use", "name": "py__extra", "arguments": {"text": "hi"}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "use it", &script).await?;
+    assert_eq!(
+        call_results(&job)["use"]["data"],
+        json!({"result": "extra hi"})
+    );
+
+    let script = json!([
+        {"tool_calls": [{"id": "shrink", "name": "py__shrink", "arguments": {}}]},
+        {"message": "done"}
+    ]);
+    run_scripted(&api, "shrink", &script).await?;
+    wait_offered(&api, "py__extra", false, Duration::from_secs(10)).await?;
+    let gone = "the MCP server no longer offers this tool";
+    fleet
+        .worker(0)
+        .wait_for_log(gone, Duration::from_secs(10))
+        .await?;
+
+    // Each listing is at least a second after the one before.
+    let listings =
+        || std::fs::read_to_string(scratch.path().join("listings")).map(|l| l.lines().count());
+    let before = listings()?;
+    let flooded = std::time::Instant::now();
+    let script = json!([
+        {"tool_calls": [{"id": "flood", "name": "py__flood", "arguments": {"times": 2000}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "flood", &script).await?;
+    assert_eq!(
+        call_results(&job)["flood"]["data"],
+        json!({"result": "flooded"})
+    );
+    let during = listings()? - before;
+    let bound = flooded.elapsed().as_secs() as usize + 1;
+    assert!(during >= 1, "the notifications were followed");
+    assert!(during <= bound, "{during} listings in under {bound} s");
+    // A tool's state is logged when it changes, not at each listing.
+    assert_eq!(fleet.count_in_worker_logs(absent), 1);
+    assert_eq!(fleet.count_in_worker_logs(gone), 1);
+    Ok(())
+}
+
+/// Under least privilege (`nats.create_missing = false`) nothing a server
+/// says creates a queue: the setup step makes the queues of the tools that
+/// `toolfleet-worker tools` prints from the configuration, the
+/// allow-listed MCP tools among them, and a worker serves once it has run.
+/// A tool the server adds later (`list_changed`) was allow-listed, so its
+/// queue is there.
+#[tokio::test]
+async fn under_least_privilege_the_setup_step_makes_the_queues_of_the_allow_listed_mcp_tools()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let file = scratch.path().join("worker.toml");
+    std::fs::write(
+        &file,
+        stdio_config(scratch.path(), &["add", "grow", "extra"], "")?,
+    )?;
+    let file = file.display().to_string();
+    let selection = "calculate,py__add,py__grow,py__extra";
+    let printed = tokio::process::Command::new(cargo_bin("toolfleet-worker")?)
+        .args(["--config", &file, "--tools", selection, "tools"])
+        .output()
+        .await?;
+    assert!(printed.status.success(), "{printed:?}");
+    let printed = String::from_utf8(printed.stdout)?;
+    let tools: Vec<&str> = printed.lines().collect();
+    assert_eq!(tools, ["calculate", "py__add", "py__extra", "py__grow"]);
+
+    let least = [("TOOLFLEET_NATS__CREATE_MISSING", "false")];
+    let mut fleet = Fleet::start(test_fleet(0).env(&least)).await?;
+    fleet.start_orchestrator(&[])?;
+    fleet.start_pool_worker(&tools, &[("TOOLFLEET_CONFIG", &file)])?;
+    let setup = |tools: &[&str]| {
+        let tools = tools.join(",");
+        let nats = fleet.nats.url();
+        async move {
+            let binary = cargo_bin("toolfleet-orchestrator")?;
+            let ran = tokio::process::Command::new(binary)
+                .args(["setup", "--nats-url", &nats, "--tools", &tools])
+                .output()
+                .await?;
+            anyhow::ensure!(ran.status.success(), "{ran:?}");
+            anyhow::Ok(())
+        }
+    };
+    // A setup that forgot one: the worker waits for its queue, saying so.
+    setup(&tools[..3]).await?;
+    let waiting = fleet
+        .worker(0)
+        .wait_for_log("waiting for the consumer of py__grow", JOB)
+        .await?;
+    assert!(
+        waiting.contains("`toolfleet-orchestrator setup` creates it"),
+        "{waiting}"
+    );
+    setup(&tools).await?;
+    fleet
+        .wait_for_tools(0, &["calculate", "py__add", "py__grow"], 1)
+        .await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "grow", "name": "py__grow", "arguments": {}}]},
+        {"message": "done"}
+    ]);
+    run_scripted(&api, "grow", &script).await?;
+    wait_offered(&api, "py__extra", true, JOB).await?;
+    let script = json!([
+        {"tool_calls": [
+            {"id": "use", "name": "py__extra", "arguments": {"text": "least"}},
+            {"id": "sum", "name": "py__add", "arguments": {"a": 1, "b": 1}}
+        ]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "use them", &script).await?;
+    let results = call_results(&job);
+    assert_eq!(results["use"]["data"], json!({"result": "extra least"}));
+    assert_eq!(results["sum"]["data"], json!({"result": 2}));
     Ok(())
 }
 

@@ -62,6 +62,11 @@ enum Command {
         #[arg(long)]
         live: bool,
     },
+    /// Print the names of the tools this configuration serves, one per
+    /// line, and exit: MCP tools by their fleet names. They are what
+    /// `toolfleet-orchestrator setup --tools` and a pool's NATS and Redis
+    /// users must cover (docs/tools/mcp.md, "Least privilege").
+    Tools,
 }
 
 impl WorkerFlags {
@@ -124,13 +129,29 @@ impl WorkerFlags {
         let threads = options.as_ref().map_or(0, |options| options.threads);
         binary::block_on(name, threads, async move {
             // With --print-config, `healthcheck` only prints the configuration.
-            if let Some(Command::Healthcheck { live }) = self.command
-                && !self.service.print_config
-            {
-                return binary::healthcheck(name, options, live).await;
+            match self.command {
+                _ if self.service.print_config => {}
+                Some(Command::Healthcheck { live }) => {
+                    return binary::healthcheck(name, options, live).await;
+                }
+                Some(Command::Tools) => return print_tools(name, options),
+                None => {}
             }
             binary::run(name, options, self.service.print_config, serve).await
         })
+    }
+}
+
+/// The `tools` subcommand: the checked configuration's tools, one a line.
+fn print_tools(name: &str, options: Result<WorkerOptions, ConfigError>) -> ExitCode {
+    match binary::configured(name, options) {
+        Ok(options) => {
+            for tool in options.served_tools() {
+                println!("{tool}");
+            }
+            ExitCode::SUCCESS
+        }
+        Err(code) => code,
     }
 }
 
@@ -159,14 +180,10 @@ pub async fn serve(
     // stop when this returns.
     let servers = tokio_util::sync::CancellationToken::new();
     let _stop_servers = servers.clone().drop_guard();
-    let watched = (&worker.availability(), &process.shutdown, &servers);
-    let Ok(served) = crate::mcp::toolbox(&mcp, &selected, &taken, watched).await else {
-        return Ok(());
-    };
-    let toolbox = own.merge(served);
+    crate::mcp::serve(&mcp, &selected, &taken, &worker.tools(), &servers);
     worker
         .with_readiness(process.readiness)
-        .run(toolbox, process.shutdown)
+        .run(own, process.shutdown)
         .await?;
     Ok(())
 }

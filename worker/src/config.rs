@@ -256,6 +256,34 @@ impl WorkerOptions {
         Ok(())
     }
 
+    /// The names of the tools this configuration serves, sorted, without
+    /// building or connecting anything: the worker's own tools that `tools`
+    /// selects, and the MCP tools (by their fleet names) that it selects
+    /// and that are not one of the worker's own. What the setup step
+    /// (`setup.tools`) and a pool's NATS and Redis users must cover.
+    pub fn served_tools(&self) -> Vec<String> {
+        let own: Vec<String> = match &self.toolbox {
+            Some(names) => names.clone(),
+            None => {
+                let test = crate::tools::TEST_TOOL_NAMES
+                    .iter()
+                    .filter(|_| self.test_tools);
+                crate::tools::BUILTIN_NAMES
+                    .iter()
+                    .chain(test)
+                    .map(|&n| n.to_owned())
+                    .collect()
+            }
+        };
+        let selected = |name: &String| self.tools.is_empty() || self.tools.contains(name);
+        let mcp = self.mcp.fleet_names().unwrap_or_default().into_keys();
+        let mut served: Vec<String> = own.iter().filter(|n| selected(n)).cloned().collect();
+        served.extend(mcp.filter(|n| selected(n) && !own.contains(n)));
+        served.sort();
+        served.dedup();
+        served
+    }
+
     /// The options of a worker of your own that serves `toolbox` instead of
     /// the built-in tools: `tools` then selects among its tools, and
     /// [`check_own`](Self::check_own) refuses a name it does not have.

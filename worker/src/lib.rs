@@ -2,8 +2,8 @@
 //! JetStream and answers each with an envelope.
 //!
 //! - [`tool`]: the [`Tool`] trait a tool implements, and the [`Toolbox`] of a worker.
-//! - [`availability`]: which tools can run now (an MCP server may be down).
 //! - [`tools`]: the built-in tools (`calculate`, `get_current_weather`, test tools).
+//! - [`tool_set`]: the tools a worker serves, as their sources (MCP servers) change them.
 //! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
@@ -14,7 +14,6 @@
 //!   with the orchestrator (connections, telemetry, signals) is [`service`].
 #![warn(missing_docs)]
 
-pub mod availability;
 pub mod binary;
 pub mod config;
 pub mod envelope;
@@ -27,6 +26,7 @@ pub mod metrics;
 pub mod registry;
 pub mod runtime;
 pub mod tool;
+pub mod tool_set;
 pub mod tools;
 
 pub use config::WorkerOptions;

@@ -12,14 +12,14 @@ use std::time::Duration;
 use async_nats::connection::State;
 use async_nats::jetstream;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::WorkerAnnouncement;
 use toolfleet_proto::names;
-use toolfleet_proto::{ToolManifest, WorkerAnnouncement};
 use toolfleet_service::clock::now_ms;
 use toolfleet_service::drain;
 use tracing::{debug, info, warn};
 
-use crate::availability::Availability;
 use crate::config::RegistryOptions;
+use crate::tool_set::ToolSet;
 
 /// How often the connection state is looked at for a reconnect.
 const RECONNECT_CHECK: Duration = Duration::from_millis(250);
@@ -30,11 +30,10 @@ pub(crate) struct Announcer {
     /// The connection, watched so that a reconnect announces at once.
     pub(crate) nats: async_nats::Client,
     pub(crate) worker_id: String,
-    pub(crate) manifests: Vec<ToolManifest>,
+    /// The tools, each announced with whether it can run now; a change (a
+    /// tool down or back, a new manifest) is announced at once.
+    pub(crate) tools: ToolSet,
     pub(crate) options: RegistryOptions,
-    /// Which tools can run now: each is announced as such, and a change is
-    /// announced at once.
-    pub(crate) availability: Availability,
 }
 
 impl Announcer {
@@ -48,13 +47,13 @@ impl Announcer {
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut connection = tokio::time::interval(RECONNECT_CHECK);
         let mut was_connected = true;
-        let mut changes = self.availability.changes();
+        let mut changes = self.tools.changes();
         loop {
             let announced = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
                 _ = ticker.tick() => shutdown.run_until_cancelled(self.announce()).await,
-                // A tool went down or came back: said at once.
+                // A tool went down, came back or changed: said at once.
                 Ok(()) = changes.changed() => {
                     ticker.reset();
                     shutdown.run_until_cancelled(self.announce()).await
@@ -81,7 +80,8 @@ impl Announcer {
     /// Deletes this worker's announcements, all at once and for
     /// [`drain::LAST_STEP`] at most: one not deleted expires with its TTL.
     async fn withdraw(&self) {
-        let deletes = self.manifests.iter().map(|manifest| async move {
+        let announced = self.tools.announced();
+        let deletes = announced.iter().map(|(manifest, _)| async move {
             let key = names::registry_key(&manifest.name, &self.worker_id);
             // A delete marker, not a purge: a purge is a rollup, which the
             // registry's stream refuses (toolfleet_service::queue).
@@ -103,14 +103,14 @@ impl Announcer {
 
     async fn announce(&self) {
         let heartbeat_ms = now_ms();
-        for manifest in &self.manifests {
+        for (manifest, available) in self.tools.announced() {
+            let key = names::registry_key(&manifest.name, &self.worker_id);
             let announcement = WorkerAnnouncement {
                 worker_id: self.worker_id.clone(),
-                manifest: manifest.clone(),
+                manifest,
                 heartbeat_ms,
-                available: self.availability.is_available(&manifest.name),
+                available,
             };
-            let key = names::registry_key(&manifest.name, &self.worker_id);
             // A manifest is plain data; serializing it cannot fail.
             let value = serde_json::to_vec(&announcement).expect("announcement serializes");
             match self.write(&key, None, value).await {

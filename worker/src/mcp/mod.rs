@@ -7,93 +7,66 @@
 //! - [`config`]: the `[[mcp.servers]]` keys, checked before connecting;
 //! - `names`: the documented mapping from MCP names to fleet names;
 //! - `server`: one server's process or endpoint, connection and calls;
+//! - `listing`: what its allow-listed tools are in the worker, after each
+//!   `tools/list`;
 //! - `tool`: a server's tool as a fleet tool (its manifest);
 //! - `results`: what a server's answer becomes for the model.
 
 pub mod config;
+mod listing;
 mod names;
 mod results;
 mod server;
 mod tool;
 
-use std::sync::Arc;
-
 use tokio_util::sync::CancellationToken;
-use tracing::{error, warn};
+use tracing::error;
 
-use crate::availability::Availability;
-use crate::tool::Toolbox;
+use crate::tool_set::ToolSet;
 pub use config::{EnvValue, McpApproval, McpOptions, McpServerOptions, Secret};
 pub use names::fleet_name;
 pub use results::{INPUT_REQUIRED, TOOL_ERROR};
 pub use server::McpServer;
 pub use tool::{McpTool, effects_of_hints, is_strict};
 
-/// The tools of the servers of `options` that `selected` names (every one
-/// when `selected` is empty), each server started or reached and its
-/// tools listed first. A server that does not answer is tried again, with
-/// a growing pause, until it does or `stop`. A tool that cannot be served
-/// (its description refused, or its fleet name one of `taken`, the
-/// worker's other tools) is left out with an error naming the server and
-/// the tool. Each server is then supervised until `end` (after the
-/// worker's drain, so that calls in flight finish): while it is down, its
-/// tools are down in `availability`.
-///
-/// # Errors
-///
-/// `stop` came first.
-pub async fn toolbox(
+/// Serves, in `tools`, the tools of the servers of `options` that
+/// `selected` names (every one when `selected` is empty). Each is declared
+/// at once, down, so that the worker serves its other tools without
+/// waiting; each server is started or reached in the background, tried
+/// again with a growing pause until it answers, and then supervised until
+/// `end` (after the worker's drain, so that calls in flight finish). A tool
+/// is up while its server answers and lists it, with the manifest of its
+/// latest listing. A tool whose fleet name is one of `taken` (the worker's
+/// other tools) is left out, with an error naming the server and the tool.
+pub fn serve(
     options: &McpOptions,
     selected: &[String],
     taken: &[String],
-    (availability, stop, end): (&Availability, &CancellationToken, &CancellationToken),
-) -> Result<Toolbox, &'static str> {
-    let mut toolbox = Toolbox::new();
+    tools: &ToolSet,
+    end: &CancellationToken,
+) {
     for server_options in &options.servers {
+        let server = &server_options.name;
         // Checked with the configuration: a name that cannot map was refused.
         let names = server_options.fleet_names().unwrap_or_default();
-        let wanted: Vec<(&String, &String)> = names
-            .iter()
+        let wanted: Vec<(String, String)> = names
+            .into_iter()
             .filter(|(_, fleet)| selected.is_empty() || selected.contains(fleet))
+            .filter(|(mcp_name, fleet_name)| {
+                let clash = taken.contains(fleet_name);
+                if clash {
+                    error!(server, tool = %mcp_name, fleet_name, "MCP tool refused: the worker has another tool of that name; give the server another prefix");
+                }
+                !clash
+            })
             .collect();
         if wanted.is_empty() {
             continue;
         }
-        let server = McpServer::new(server_options.clone(), availability.clone());
-        let (client, listed) = stop
-            .run_until_cancelled(server.connect_and_list())
-            .await
-            .ok_or("stopped while waiting for an MCP server")?;
-        let mut served = Vec::new();
-        for (mcp_name, fleet_name) in wanted {
-            if let Some(tool) = served_tool(&server, (mcp_name, fleet_name), &listed, taken) {
-                served.push(fleet_name.clone());
-                toolbox = toolbox.with(tool);
-            }
+        for (_, fleet_name) in &wanted {
+            tools.declare(fleet_name);
         }
-        tokio::spawn(server.supervise(client, served, end.clone()));
+        let server = McpServer::new(server_options.clone());
+        tokio::spawn(server.run(wanted, tools.clone(), end.clone()));
     }
-    Ok(toolbox)
-}
-
-/// The tool `mcp_name` of `server` as `fleet_name`, if the server lists it
-/// and it can be served; else why not, logged.
-fn served_tool(
-    server: &Arc<McpServer>,
-    (mcp_name, fleet_name): (&String, &String),
-    listed: &[rmcp::model::Tool],
-    taken: &[String],
-) -> Option<McpTool> {
-    let name = &server.options().name;
-    if taken.contains(fleet_name) {
-        error!(server = %name, tool = %mcp_name, fleet_name, "MCP tool refused: the worker has another tool of that name; give the server another prefix");
-        return None;
-    }
-    let Some(info) = listed.iter().find(|tool| tool.name == mcp_name.as_str()) else {
-        warn!(server = %name, tool = %mcp_name, "the MCP server does not offer this tool; not served");
-        return None;
-    };
-    McpTool::new(server.clone(), fleet_name.clone(), info)
-        .inspect_err(|why| error!(server = %name, tool = %mcp_name, why, "MCP tool refused"))
-        .ok()
 }

@@ -1,9 +1,10 @@
 //! One MCP server: its process (stdio) or endpoint (Streamable HTTP), the
-//! connection to it, and the calls sent over it. Once its tools are served,
-//! a supervisor watches the connection: when it closes (the process died,
-//! the endpoint went away) the server's tools are taken down
-//! ([`Availability`]), so that no model is offered them, and the server is
-//! started or reached again, with a growing pause, until it answers.
+//! connection to it, and the calls sent over it. A supervisor starts or
+//! reaches it, with a growing pause until it answers, lists its tools, and
+//! lists them again at each `notifications/tools/list_changed`. When the
+//! connection closes (the process died, the endpoint went away) the
+//! server's tools are taken down, so that no model is offered them, and the
+//! server is started or reached again.
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -22,7 +23,8 @@ use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
 use serde_json::Value;
 use tokio::process::ChildStderr;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::time::Instant;
 use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::envelope::excerpt;
@@ -30,18 +32,27 @@ use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
 
 use super::config::McpServerOptions;
+use super::listing::Listing;
 use super::results;
-use crate::availability::Availability;
 use crate::tool::ToolError;
+use crate::tool_set::ToolSet;
 
 /// A live connection to a server.
 pub(super) type Client = RunningService<RoleClient, Handler>;
 
 /// What the worker says of itself to a server, and hears from it.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct Handler;
+#[derive(Debug, Clone, Default)]
+pub(super) struct Handler {
+    /// Told of each `notifications/tools/list_changed`.
+    list_changed: Arc<Notify>,
+}
 
 impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+        // Many notifications before the supervisor looks make one listing.
+        self.list_changed.notify_one();
+    }
+
     fn get_info(&self) -> ClientConfig {
         // The newest version with an `initialize` handshake, which this
         // worker makes (the stateless 2026-07-28 has none).
@@ -61,6 +72,10 @@ const INHERITED: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ"];
 /// Longest line of a server's stderr that is logged, in characters.
 const STDERR_LINE_CHARS: usize = 1_000;
 
+/// The shortest time between two listings after `list_changed`: a server
+/// that floods the notification costs one `tools/list` a second.
+const LISTING_GAP: Duration = Duration::from_secs(1);
+
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
     options: McpServerOptions,
@@ -69,20 +84,19 @@ pub struct McpServer {
     peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
     /// Calls in flight to it, at most `concurrency`.
     slots: Semaphore,
-    /// Where its tools are said to be up or down.
-    availability: Availability,
+    /// Told when the server says its tools changed.
+    list_changed: Arc<Notify>,
 }
 
 impl McpServer {
-    /// The server of `options`, not connected yet; its tools' availability
-    /// is said in `availability`.
-    pub fn new(options: McpServerOptions, availability: Availability) -> Arc<Self> {
+    /// The server of `options`, not connected yet.
+    pub fn new(options: McpServerOptions) -> Arc<Self> {
         let slots = Semaphore::new(options.concurrency);
         Arc::new(Self {
             options,
             peer: watch::Sender::new(None),
             slots,
-            availability,
+            list_changed: Arc::default(),
         })
     }
 
@@ -125,39 +139,80 @@ impl McpServer {
         Ok((client, listed))
     }
 
-    /// Serves `client` to the calls, and watches it until `end`: when it
-    /// closes, `tools` (fleet names) are down until the server answers
-    /// again. At `end` the server is shut down (a stdio server's input is
-    /// closed, then it is signalled).
-    pub(super) async fn supervise(
+    /// Serves `tools` ((MCP name, fleet name) pairs) in `served` until
+    /// `end`: connects (see [`connect_and_list`](Self::connect_and_list)),
+    /// serves the tools the server lists, follows the connection, and when
+    /// it closes takes them down and connects again. At `end` the server is
+    /// shut down (a stdio server's input is closed, then it is signalled).
+    pub(super) async fn run(
         self: Arc<Self>,
-        client: Client,
-        tools: Vec<String>,
+        tools: Vec<(String, String)>,
+        served: ToolSet,
         end: CancellationToken,
     ) {
         let server = self.options.name.clone();
-        let mut client = client;
+        let mut listing = Listing::new(self.clone(), tools, served);
         loop {
-            self.peer
-                .send_replace(Some(Arc::new(client.peer().clone())));
-            self.availability.set(&tools, true);
-            let closing = client.cancellation_token();
-            let gone = end.run_until_cancelled(client.waiting()).await;
+            let Some((client, listed)) = end.run_until_cancelled(self.connect_and_list()).await
+            else {
+                return;
+            };
+            let peer = Arc::new(client.peer().clone());
+            self.peer.send_replace(Some(peer.clone()));
+            listing.apply(&listed);
+            let gone = self.follow(client, &peer, &mut listing, &end).await;
             self.peer.send_replace(None);
-            if gone.is_none() {
-                closing.cancel();
+            listing.take_all_down();
+            if !gone {
                 return;
             }
-            self.availability.set(&tools, false);
             warn!(
                 server,
                 "MCP server gone; its tools are withdrawn until it is back"
             );
-            client = match end.run_until_cancelled(self.connect_and_list()).await {
-                Some((client, _)) => client,
-                None => return,
-            };
         }
+    }
+
+    /// Follows `client` until it closes (`true`) or `end` (`false`, the
+    /// connection closed then), listing the tools again at each
+    /// `list_changed`, at most once per [`LISTING_GAP`].
+    async fn follow(
+        &self,
+        client: Client,
+        peer: &Peer<RoleClient>,
+        listing: &mut Listing,
+        end: &CancellationToken,
+    ) -> bool {
+        let server = &self.options.name;
+        let closing = client.cancellation_token();
+        let closed = client.waiting();
+        tokio::pin!(closed);
+        let mut next_listing = Instant::now();
+        loop {
+            tokio::select! {
+                _ = &mut closed => return true,
+                () = end.cancelled() => break,
+                () = self.list_changed.notified() => {
+                    let relisted = async {
+                        tokio::time::sleep_until(next_listing).await;
+                        next_listing = Instant::now() + LISTING_GAP;
+                        tokio::time::timeout(self.options.connect_timeout, peer.list_all_tools()).await
+                    };
+                    match end.run_until_cancelled(relisted).await {
+                        None => break,
+                        Some(Ok(Ok(listed))) => listing.apply(&listed),
+                        Some(Ok(Err(err))) => {
+                            warn!(server, error = %err, "tools/list failed after list_changed; the tools stay as they were");
+                        }
+                        Some(Err(_)) => {
+                            warn!(server, "tools/list timed out after list_changed; the tools stay as they were");
+                        }
+                    }
+                }
+            }
+        }
+        closing.cancel();
+        false
     }
 
     /// Calls its tool `mcp_name` with `args`, for a tool with `effects`.
@@ -240,6 +295,13 @@ impl McpServer {
         });
     }
 
+    /// What the worker says of itself to this server, and hears from it.
+    fn handler(&self) -> Handler {
+        Handler {
+            list_changed: self.list_changed.clone(),
+        }
+    }
+
     /// Starts or reaches the server and makes the handshake, within
     /// `connect_timeout`.
     async fn connect(&self) -> Result<Client, String> {
@@ -248,14 +310,14 @@ impl McpServer {
             match (&self.options.command, &self.options.url) {
                 (Some(command), _) => {
                     let process = self.spawn(command)?;
-                    Handler
+                    self.handler()
                         .serve(process)
                         .await
                         .map_err(|e| format!("handshake failed: {e}"))
                 }
                 (None, Some(url)) => {
                     let transport = self.dial(url)?;
-                    Handler
+                    self.handler()
                         .serve(transport)
                         .await
                         .map_err(|e| format!("handshake failed: {e}"))

@@ -25,68 +25,28 @@ mod own;
 mod run;
 mod settle;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::ToolCall;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::{ToolCall, ToolManifest};
 use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
 use tracing::{Instrument, debug, error, info_span};
 
 use crate::config::RuntimeOptions;
 use crate::ledger::Ledger;
 use crate::metrics;
-use crate::tool::ErasedTool;
+pub(crate) use crate::tool_set::LoadedTool;
+use crate::tool_set::ToolSet;
 use claim::Claimed;
 use run::Ran;
 use settle::Outcome;
 
-/// A tool ready to execute: its implementation, manifest and compiled schema.
-pub(crate) struct LoadedTool {
-    pub(crate) tool: Arc<dyn ErasedTool>,
-    pub(crate) manifest: ToolManifest,
-    validator: jsonschema::Validator,
-    timeout: Duration,
-}
-
-/// A manifest whose JSON Schema does not compile.
-#[derive(Debug, thiserror::Error)]
-#[error("the JSON Schema of tool {tool} is invalid: {message}")]
-pub struct SchemaError {
-    /// The tool.
-    pub tool: String,
-    /// What the validator said.
-    pub message: String,
-}
-
-impl LoadedTool {
-    /// Compiles the tool's schema once, so each call only validates.
-    pub(crate) fn load(
-        tool: Arc<dyn ErasedTool>,
-        runtime: &RuntimeOptions,
-    ) -> Result<Self, SchemaError> {
-        let manifest = runtime.configured(tool.manifest());
-        let validator =
-            jsonschema::validator_for(&manifest.parameters).map_err(|e| SchemaError {
-                tool: manifest.name.clone(),
-                message: e.to_string(),
-            })?;
-        let timeout = Duration::from_millis(manifest.timeout_ms.max(1));
-        Ok(Self {
-            tool,
-            manifest,
-            validator,
-            timeout,
-        })
-    }
-}
-
 /// Executes deliveries; shared by all pull loops of a process.
 pub(crate) struct Executor {
-    pub(crate) tools: HashMap<String, LoadedTool>,
+    pub(crate) tools: ToolSet,
     pub(crate) ledger: Ledger,
     pub(crate) nats: async_nats::Client,
     pub(crate) options: RuntimeOptions,
@@ -165,7 +125,7 @@ impl Executor {
         let started = Instant::now();
         // The checks never await, so only `run` has to watch the abandon token.
         let checked = check::check(
-            tool,
+            &tool,
             call,
             self.options.max_argument_bytes,
             SystemTime::now(),

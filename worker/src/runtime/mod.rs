@@ -19,7 +19,6 @@
 mod execute;
 mod pull;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +26,6 @@ use async_nats::jetstream::{self, consumer};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
 use toolfleet_service::connect::{self, ConnectError, OwnMessages, RedisClient, patiently};
@@ -36,14 +34,14 @@ use toolfleet_service::queue::{self, Missing, SharedConsumer, WorkQueue};
 use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
-pub use execute::SchemaError;
+pub use crate::tool_set::SchemaError;
+use crate::tool_set::{ToolSet, Unservable};
 
-use crate::availability::Availability;
 use crate::config::{RuntimeOptions, WorkerOptions};
 use crate::ledger::Ledger;
 use crate::registry::Announcer;
 use crate::tool::Toolbox;
-use execute::{Executor, LoadedTool};
+use execute::Executor;
 use pull::PullLoop;
 
 /// Why a worker could not start.
@@ -65,6 +63,15 @@ pub enum StartError {
     Schema(#[from] SchemaError),
 }
 
+impl From<Unservable> for StartError {
+    fn from(why: Unservable) -> Self {
+        match why {
+            Unservable::Name(name) => Self::ToolName(name),
+            Unservable::Schema(err) => Self::Schema(err),
+        }
+    }
+}
+
 /// A connected worker, ready to serve a toolbox.
 pub struct Worker {
     options: WorkerOptions,
@@ -72,7 +79,7 @@ pub struct Worker {
     nats: async_nats::Client,
     redis: RedisConnection,
     readiness: Readiness,
-    availability: Availability,
+    tools: ToolSet,
 }
 
 impl Worker {
@@ -87,13 +94,15 @@ impl Worker {
         let redis = RedisClient::new(&options.redis)?;
         let nats = connect::nats(&options.nats, &name, OwnMessages::Delivered).await?;
         let redis = redis.connect().await;
+        let runtime = options.runtime.clone();
+        let tools = ToolSet::new(move |manifest| runtime.configured(manifest));
         Ok(Self {
             options,
             worker_id,
             nats,
             redis,
             readiness: Readiness::default(),
-            availability: Availability::default(),
+            tools,
         })
     }
 
@@ -115,14 +124,16 @@ impl Worker {
         self.redis.clone()
     }
 
-    /// Which of its tools can run now, for the sources that can take theirs
-    /// down (MCP servers).
-    pub fn availability(&self) -> Availability {
-        self.availability.clone()
+    /// The tools it serves, where a source that changes its tools while
+    /// the worker runs (an MCP server) declares them before [`run`](Self::run),
+    /// then offers them and takes them down.
+    pub fn tools(&self) -> ToolSet {
+        self.tools.clone()
     }
 
-    /// Serves `toolbox` until `shutdown` is cancelled, then drains (see the
-    /// module docs for the stages).
+    /// Serves `toolbox`, and the tools declared in [`tools`](Self::tools),
+    /// until `shutdown` is cancelled, then drains (see the module docs for
+    /// the stages).
     ///
     /// # Errors
     ///
@@ -134,23 +145,25 @@ impl Worker {
         shutdown: CancellationToken,
     ) -> Result<(), StartError> {
         let runtime = &self.options.runtime;
-        let tools = load_tools(toolbox, runtime)?;
+        self.tools.insert_all(toolbox.into_tools())?;
+        let tool_names = self.tools.names();
+        if tool_names.is_empty() {
+            return Err(StartError::NoTools);
+        }
         // Waited for while JetStream is unavailable; a shutdown ends the wait.
         let (consumers, registry) = tokio::select! {
-            set_up = self.set_up_jetstream(&tools) => set_up,
+            set_up = self.set_up_jetstream(&tool_names) => set_up,
             () = shutdown.cancelled() => return Ok(()),
         };
         let announcer = Announcer {
             js: registry,
             nats: self.nats.clone(),
             worker_id: self.worker_id.clone(),
-            manifests: tools.values().map(|t| t.manifest.clone()).collect(),
+            tools: self.tools.clone(),
             options: self.options.registry.clone(),
-            availability: self.availability.clone(),
         };
-        let tool_names: Vec<_> = tools.keys().cloned().collect();
         let ack_wait = shortest_ack_wait(&consumers, runtime.ack_wait);
-        let executor = Arc::new(self.executor(tools, ack_wait));
+        let executor = Arc::new(self.executor(ack_wait));
         // Should this future be dropped before it drains (a caller's select or
         // abort), nothing it started outlives it: intake stops, and running
         // calls are abandoned and handed back as after a drain timeout.
@@ -158,13 +171,7 @@ impl Worker {
         let _stop_intake = stop_intake.clone().drop_guard();
         let _abandon_calls = executor.abandon.clone().drop_guard();
         let calls = TaskTracker::new();
-        let intake = start_intake(
-            consumers,
-            announcer,
-            (&executor, &self.availability),
-            &calls,
-            &stop_intake,
-        );
+        let intake = start_intake(consumers, announcer, &executor, &calls, &stop_intake);
         info!(worker_id = %self.worker_id, tools = ?tool_names,
               max_in_flight = runtime.max_in_flight.get(), "worker ready");
         self.readiness.set(true);
@@ -182,14 +189,14 @@ impl Worker {
     /// before any consumer).
     async fn set_up_jetstream(
         &self,
-        tools: &HashMap<String, LoadedTool>,
+        tools: &[String],
     ) -> (Vec<(String, consumer::PullConsumer)>, jetstream::Context) {
         let js = connect::jetstream(self.nats.clone(), &self.options.nats);
         let runtime = &self.options.runtime;
         let missing = Missing::from_options(&self.options.nats);
         let calls = WorkQueue::calls(runtime.call_max_age);
         let mut consumers = Vec::new();
-        for name in tools.keys() {
+        for name in tools {
             let what = format!("the consumer of {name}");
             let shared = SharedConsumer::tool(name, runtime.ack_wait);
             let consumer = patiently(&what, || shared.open_in(&js, &calls, missing)).await;
@@ -202,8 +209,8 @@ impl Worker {
         (consumers, js)
     }
 
-    /// The executor of `tools`, keeping calls alive against `ack_wait`.
-    fn executor(&self, tools: HashMap<String, LoadedTool>, ack_wait: Duration) -> Executor {
+    /// The executor of the worker's tools, keeping calls alive against `ack_wait`.
+    fn executor(&self, ack_wait: Duration) -> Executor {
         let runtime = &self.options.runtime;
         let keys = RedisKeys::new(self.options.redis.key_prefix.clone());
         let ledger = Ledger::new(
@@ -213,7 +220,7 @@ impl Worker {
             runtime.result_retention,
         );
         Executor {
-            tools,
+            tools: self.tools.clone(),
             ledger,
             nats: self.nats.clone(),
             options: RuntimeOptions {
@@ -251,8 +258,6 @@ impl Worker {
     }
 }
 
-/// Loads every tool of `toolbox`, with its configured overrides, and checks its
-/// name and schema.
 impl Toolbox {
     /// What [`Worker::run`] checks of the toolbox before it serves: at
     /// least one tool, valid names, schemas that compile. For a binary to
@@ -262,26 +267,12 @@ impl Toolbox {
     ///
     /// The first tool that cannot be served, and why.
     pub fn check(&self) -> Result<(), StartError> {
-        load_tools(self.clone(), &RuntimeOptions::default()).map(drop)
-    }
-}
-
-fn load_tools(
-    toolbox: Toolbox,
-    runtime: &RuntimeOptions,
-) -> Result<HashMap<String, LoadedTool>, StartError> {
-    let mut tools = HashMap::new();
-    for tool in toolbox.into_tools() {
-        let loaded = LoadedTool::load(tool, runtime)?;
-        if !is_valid_tool_name(&loaded.manifest.name) {
-            return Err(StartError::ToolName(loaded.manifest.name));
+        if self.manifests().is_empty() {
+            return Err(StartError::NoTools);
         }
-        tools.insert(loaded.manifest.name.clone(), loaded);
+        let tools = ToolSet::new(|manifest| manifest);
+        Ok(tools.insert_all(self.clone().into_tools())?)
     }
-    if tools.is_empty() {
-        return Err(StartError::NoTools);
-    }
-    Ok(tools)
 }
 
 /// Starts one pull loop per tool, each spawning its calls into `calls`, and
@@ -290,7 +281,7 @@ fn load_tools(
 fn start_intake(
     consumers: Vec<(String, consumer::PullConsumer)>,
     announcer: Announcer,
-    (executor, availability): (&Arc<Executor>, &Availability),
+    executor: &Arc<Executor>,
     calls: &TaskTracker,
     shutdown: &CancellationToken,
 ) -> TaskTracker {
@@ -311,7 +302,6 @@ fn start_intake(
             slots: slots.clone(),
             keep_alive,
             tasks: calls.clone(),
-            availability: availability.clone(),
         };
         intake.spawn(pull.run(shutdown.clone()));
     }

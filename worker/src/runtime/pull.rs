@@ -22,7 +22,6 @@ use toolfleet_service::pull::pull;
 use tracing::warn;
 
 use super::execute::Executor;
-use crate::availability::Availability;
 
 /// Delays between failed pulls (NATS down or restarting): quick at first,
 /// capped so a recovered server is used within seconds.
@@ -44,8 +43,6 @@ pub(crate) struct PullLoop {
     /// How often a call waiting for a slot is kept alive (a third of AckWait).
     pub(crate) keep_alive: Duration,
     pub(crate) tasks: TaskTracker,
-    /// Whether the tool can run now: a tool that is down pulls nothing.
-    pub(crate) availability: Availability,
 }
 
 impl PullLoop {
@@ -53,9 +50,10 @@ impl PullLoop {
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         let mut backoff = pull_backoff();
         loop {
-            // Its calls wait in the queue (or go to a worker that can run
-            // them) while its MCP server is down.
-            let up = self.availability.until_available(&self.tool);
+            // A tool that is down (its MCP server is, or no longer offers
+            // it) pulls nothing: its calls wait in the queue, or go to a
+            // worker that can run them.
+            let up = self.executor.tools.until_up(&self.tool);
             if shutdown.run_until_cancelled(up).await.is_none() {
                 return;
             }

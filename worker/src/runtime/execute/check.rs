@@ -68,13 +68,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::config::RuntimeOptions;
     use crate::tools::testing::Sleep;
 
     /// The test tool `sleep`: `{"ms": integer 0..=600000}`, 30 s timeout.
     fn sleep() -> LoadedTool {
-        LoadedTool::load(Arc::new(Sleep), &RuntimeOptions::default())
-            .expect("the sleep schema compiles")
+        LoadedTool::load(Arc::new(Sleep), &|manifest| manifest).expect("the sleep schema compiles")
     }
 
     fn call(tool: &str, arguments: &str, deadline_ms: Option<u64>) -> ToolCall {

@@ -9,12 +9,13 @@
 //! result is not ours to store, and a reply would only wake its job for
 //! nothing. Its message is terminated, so JetStream never delivers it again.
 
-use std::collections::HashMap;
+use std::sync::Arc;
 
 use toolfleet_proto::ToolCall;
 use toolfleet_proto::names;
 
 use super::LoadedTool;
+use crate::tool_set::ToolSet;
 
 /// The `reason` of `toolfleet_worker_calls_rejected_total` for a call that
 /// is not this worker's.
@@ -24,12 +25,12 @@ pub(super) const NOT_OURS: &str = "misrouted";
 /// `pulled` (the tool whose queue this worker pulled it from): only when
 /// the subject is that tool's call subject, the call names that tool, and
 /// this worker serves it. `None` otherwise.
-pub(super) fn own<'a>(
-    tools: &'a HashMap<String, LoadedTool>,
+pub(super) fn own(
+    tools: &ToolSet,
     pulled: &str,
     subject: &str,
     call: &ToolCall,
-) -> Option<&'a LoadedTool> {
+) -> Option<Arc<LoadedTool>> {
     let subject_tool = names::tool_of_call_subject(subject)?;
     if subject_tool != pulled || call.tool != pulled {
         return None;
@@ -40,10 +41,7 @@ pub(super) fn own<'a>(
 // With the test pack's `sleep` as the one tool served.
 #[cfg(all(test, feature = "test-tools"))]
 mod tests {
-    use std::sync::Arc;
-
     use super::*;
-    use crate::config::RuntimeOptions;
     use crate::tools::testing::Sleep;
 
     fn call(tool: &str) -> ToolCall {
@@ -61,9 +59,8 @@ mod tests {
 
     #[test]
     fn a_call_is_ours_only_on_its_own_tools_subject_and_consumer() {
-        let sleep = LoadedTool::load(Arc::new(Sleep), &RuntimeOptions::default())
-            .expect("the sleep schema compiles");
-        let tools = HashMap::from([("sleep".to_owned(), sleep)]);
+        let tools = ToolSet::new(|manifest| manifest);
+        tools.offer(Sleep).expect("the sleep schema compiles");
         // (what, pulled from, subject, call's tool, ours)
         let cases = [
             ("ours", "sleep", "toolfleet.call.sleep", "sleep", true),
