@@ -203,3 +203,96 @@ mod tests {
         assert!(err.is_err());
     }
 }
+
+/// How far a running call has come, as its tool reports it (an MCP
+/// server's `notifications/progress`, or any tool's own): published by the
+/// worker on the call's reply subject with the [`PROGRESS`] header, and
+/// recorded by the orchestrator that runs the job as a
+/// `tool_call_progress` event. Advisory: a report may be dropped (rate
+/// limits, an outage) without harm.
+///
+/// [`PROGRESS`]: crate::names::headers::PROGRESS
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProgressReport {
+    /// How far, in the tool's own unit; it should grow with each report.
+    pub progress: f64,
+    /// Where `progress` ends, when the tool knows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    /// A short note for people, at most [`ProgressReport::MAX_MESSAGE_CHARS`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl ProgressReport {
+    /// Longest message kept, in characters.
+    pub const MAX_MESSAGE_CHARS: usize = 200;
+    /// Longest report read off the bus, in bytes.
+    pub const MAX_BYTES: usize = 1024;
+
+    /// The report as it may be shown: `None` when a number is not finite
+    /// (or negative); the message cut to [`MAX_MESSAGE_CHARS`] with every
+    /// control character (a terminal escape, a newline) made a space, and
+    /// dropped when nothing is left.
+    ///
+    /// [`MAX_MESSAGE_CHARS`]: Self::MAX_MESSAGE_CHARS
+    pub fn sanitized(self) -> Option<Self> {
+        let number = |n: f64| n.is_finite() && n >= 0.0;
+        if !number(self.progress) || self.total.is_some_and(|total| !number(total)) {
+            return None;
+        }
+        let message = self.message.and_then(|message| {
+            let plain: String = message
+                .chars()
+                .take(Self::MAX_MESSAGE_CHARS)
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect();
+            let plain = plain.trim();
+            (!plain.is_empty()).then(|| plain.to_owned())
+        });
+        Some(Self { message, ..self })
+    }
+
+    /// A report read from the bus: bounded, decoded and [`sanitized`](Self::sanitized).
+    pub fn read(payload: &[u8]) -> Option<Self> {
+        if payload.len() > Self::MAX_BYTES {
+            return None;
+        }
+        serde_json::from_slice::<Self>(payload).ok()?.sanitized()
+    }
+}
+
+#[cfg(test)]
+mod progress_tests {
+    use super::ProgressReport;
+
+    #[test]
+    fn a_report_is_bounded_and_its_message_made_plain() {
+        let read = |text: &str| ProgressReport::read(text.as_bytes());
+        let half = read(r#"{"progress": 5, "total": 10, "message": "half\u001b[31m way\n"}"#);
+        let half = half.expect("a good report");
+        assert_eq!(half.total, Some(10.0));
+        assert_eq!(half.message.as_deref(), Some("half [31m way"));
+        assert_eq!(read(r#"{"progress": 1}"#).unwrap().message, None);
+        assert_eq!(
+            read(r#"{"progress": 1, "message": " \n "}"#)
+                .unwrap()
+                .message,
+            None
+        );
+        let long = format!(r#"{{"progress": 1, "message": "{}"}}"#, "é".repeat(300));
+        let cut = read(&long).unwrap().message.unwrap();
+        assert_eq!(cut.chars().count(), ProgressReport::MAX_MESSAGE_CHARS);
+        for bad in [
+            r#"{"progress": -1}"#,
+            r#"{"progress": 1, "total": -2}"#,
+            r#"{"total": 2}"#,
+            r#"{"progress": "1"}"#,
+            "not json",
+        ] {
+            assert_eq!(read(bad), None, "{bad}");
+        }
+        let huge = format!(r#"{{"progress": 1, "message": "{}"}}"#, "a".repeat(2000));
+        assert_eq!(read(&huge), None, "over MAX_BYTES");
+    }
+}

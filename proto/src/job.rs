@@ -244,6 +244,24 @@ pub enum JobEvent {
         /// The tool.
         name: String,
     },
+    /// A running call's tool reported how far it has come (an MCP server's
+    /// `notifications/progress`). Advisory: at most one a second per
+    /// attempt, and at most 100 per attempt, are recorded.
+    ToolCallProgress {
+        /// The attempt that reported it.
+        attempt: u32,
+        /// The call, as in `tool_call_dispatched`.
+        call_id: String,
+        /// A short note for people (at most 200 characters, no control
+        /// characters).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+        /// How far, in the tool's unit.
+        progress: f64,
+        /// Where `progress` ends, when the tool knows.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        total: Option<f64>,
+    },
     /// A call has its final envelope.
     ToolCallResult {
         /// Attempts it took (0: answered by the orchestrator's own checks).
@@ -390,6 +408,7 @@ impl JobEvent {
             Self::JobResumed { .. } => "job_resumed",
             Self::ModelTurn { .. } => "model_turn",
             Self::ToolCallDispatched { .. } => "tool_call_dispatched",
+            Self::ToolCallProgress { .. } => "tool_call_progress",
             Self::ToolCallResult { .. } => "tool_call_result",
             Self::ToolCallApprovalRequested { .. } => "tool_call_approval_requested",
             Self::ToolCallVerdictRequested { .. } => "tool_call_verdict_requested",
@@ -420,6 +439,7 @@ impl JobEvent {
             Self::JobCancelled { .. } => Some(JobStatus::Cancelled),
             Self::ModelTurn { .. }
             | Self::ToolCallDispatched { .. }
+            | Self::ToolCallProgress { .. }
             | Self::ToolCallResult { .. }
             | Self::ToolCallApprovalRequested { .. }
             | Self::ToolCallVerdictRequested { .. }

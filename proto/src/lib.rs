@@ -30,7 +30,7 @@ pub mod v1 {
 }
 
 pub use arguments::check_arguments;
-pub use call::ToolCall;
+pub use call::{ProgressReport, ToolCall};
 pub use envelope::{Envelope, ErrorBody, ErrorCode};
 pub use job::{JobErrorCode, JobEvent, JobId, JobStatus};
 pub use manifest::{Approval, Effects, RetryPolicy, ToolManifest, WorkerAnnouncement};

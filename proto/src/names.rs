@@ -53,6 +53,9 @@ pub mod headers {
     pub const TENANT: &str = "Toolfleet-Tenant";
     /// Set to "true" on a result that was answered from the stored record.
     pub const DEDUP_HIT: &str = "Toolfleet-Dedup-Hit";
+    /// Set (to "1") on a message of a reply subject that reports a running
+    /// call's progress (a `ProgressReport`), not its result.
+    pub const PROGRESS: &str = "Toolfleet-Progress";
     /// JetStream KV's marker of what a message does to its key; a worker
     /// withdraws its announcement with [`KV_DELETE`].
     pub const KV_OPERATION: &str = "KV-Operation";

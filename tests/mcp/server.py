@@ -24,6 +24,9 @@ Tools:
 - `grow()` and `shrink()`: add and remove the tool `extra(text)`, each
   followed by `notifications/tools/list_changed`;
 - `flood(times)`: sends `notifications/tools/list_changed` that many times.
+- `steps(count, pause)`: reports its progress (`notifications/progress`)
+  after each of `count` steps, `pause` seconds apart; then a burst of 50
+  more reports at once.
 
 Each `tools/list` it answers adds a line to `$MCP_TEST_DIR/listings`. It
 refuses to start while `$MCP_TEST_DIR/held` exists.
@@ -175,6 +178,17 @@ async def flood(times: int, ctx: Context) -> str:
     for _ in range(times):
         await ctx.session.send_tool_list_changed()
     return "flooded"
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+async def steps(count: int, pause: float, ctx: Context) -> str:
+    """Works through some steps, saying how far it is."""
+    for step in range(1, count + 1):
+        await asyncio.sleep(pause)
+        await ctx.report_progress(step, count, f"step {step}\u001b[2J done")
+    for _ in range(50):
+        await ctx.report_progress(count, count, "again")
+    return "stepped"
 
 
 if __name__ == "__main__":

@@ -355,6 +355,39 @@ pub async fn run_scripted(
     wait_finished(api, &job_id).await
 }
 
+/// Every event of the job so far, as `(kind, data)`: the stream of a
+/// finished job is read to its final event, an unfinished one's followed
+/// until nothing new comes for a moment.
+///
+/// # Errors
+///
+/// The API refused the stream, or an event's data is not JSON.
+pub async fn events(
+    api: &ApiClient,
+    job_id: &str,
+) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
+    let mut stream = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.to_owned(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    let mut events = Vec::new();
+    loop {
+        let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
+        // Nothing new for a moment: the job waits.
+        let Ok(next) = next else { break };
+        let Some(event) = next? else { break };
+        events.push((event.kind.clone(), serde_json::from_str(&event.data)?));
+        if event.r#final {
+            break;
+        }
+    }
+    Ok(events)
+}
+
 /// Submits a job whose model would think for a minute, cancels it, and
 /// returns its id once it has ended cancelled.
 ///

@@ -9,7 +9,8 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, FAST_REDELIVERY, Fleet, call_results, scripted_job, test_fleet, wait_finished,
+    ApiClient, FAST_REDELIVERY, Fleet, call_results, events, scripted_job, test_fleet,
+    wait_finished,
 };
 use toolfleet_tests::{run_toolfleet, wait_until};
 
@@ -32,30 +33,6 @@ async fn fleet() -> anyhow::Result<Fleet> {
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["calculate", "echo"], 1).await?;
     Ok(fleet)
-}
-
-/// Every event of the job so far (the stream of an unfinished job is
-/// followed for a moment, then dropped).
-async fn events(api: &mut ApiClient, job_id: &str) -> anyhow::Result<Vec<(String, Value)>> {
-    let mut stream = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.to_owned(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
-    let mut events = Vec::new();
-    loop {
-        let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;
-        // Nothing new for a moment: the job waits.
-        let Ok(next) = next else { break };
-        let Some(event) = next? else { break };
-        events.push((event.kind.clone(), serde_json::from_str(&event.data)?));
-        if event.r#final {
-            break;
-        }
-    }
-    Ok(events)
 }
 
 /// How long a test waits for a job to reach a state.
@@ -124,7 +101,7 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
         .job_id;
     parked(&api, &job_id).await?;
 
-    let seen = events(&mut api, &job_id).await?;
+    let seen = events(&api, &job_id).await?;
     let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
     let dispatched: Vec<&Value> = seen
         .iter()
@@ -179,7 +156,7 @@ async fn a_held_call_waits_parked_while_the_others_run_and_runs_once_approved() 
         job.output_text
     );
     assert!(job.output_text.ends_with(" / hi"), "{}", job.output_text);
-    let seen = events(&mut api, &job_id).await?;
+    let seen = events(&api, &job_id).await?;
     let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
     assert!(kinds.contains(&"tool_call_decided"), "{kinds:?}");
     assert!(kinds.contains(&"job_resumed"), "{kinds:?}");
@@ -886,7 +863,7 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         parked = parked(&api, &job_id) => parked?,
         () = fleet.restart_dead_workers() => unreachable!("the restarter never ends"),
     }
-    let seen = events(&mut api, &job_id).await?;
+    let seen = events(&api, &job_id).await?;
     let asked: Vec<&Value> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_verdict_requested")
@@ -960,7 +937,7 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
     );
     // The results are the operator's, and say so; the workers' own stored
     // envelopes are left as they wrote them.
-    let seen = events(&mut api, &job_id).await?;
+    let seen = events(&api, &job_id).await?;
     let sources: Vec<(&Value, &Value)> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_result")
@@ -1036,7 +1013,7 @@ async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once() 
     .await?;
     fleet.worker(runner).kill();
     parked(&api, &job_id).await?;
-    let seen = events(&mut api, &job_id).await?;
+    let seen = events(&api, &job_id).await?;
     let (_, asked) = seen
         .iter()
         .find(|(kind, _)| kind == "tool_call_verdict_requested")
@@ -1059,8 +1036,8 @@ async fn an_unknown_outcome_the_operator_says_was_not_applied_runs_again_once() 
         2,
         "run once more, as the operator said"
     );
-    let mut api = api;
-    let seen = events(&mut api, &job_id).await?;
+    let api = api;
+    let seen = events(&api, &job_id).await?;
     let attempts: Vec<&Value> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_dispatched")

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, Fleet, call_results, run_scripted, scripted_job, test_fleet, wait_finished,
+    ApiClient, Fleet, call_results, events, run_scripted, scripted_job, test_fleet, wait_finished,
 };
 use toolfleet_tests::{cargo_bin, repo_root, venv_python, wait_until};
 
@@ -407,9 +407,15 @@ async fn tools_that_a_server_adds_and_removes_are_served_and_withdrawn() -> anyh
     let bound = flooded.elapsed().as_secs() as usize + 1;
     assert!(during >= 1, "the notifications were followed");
     assert!(during <= bound, "{during} listings in under {bound} s");
-    // A tool's state is logged when it changes, not at each listing.
+    // A tool's state is logged when it changes, not at each listing, and
+    // the notifications themselves not at all (rmcp would, at `info`).
     assert_eq!(fleet.count_in_worker_logs(absent), 1);
     assert_eq!(fleet.count_in_worker_logs(gone), 1);
+    assert_eq!(
+        fleet.count_in_worker_logs("notifications/tools/list_changed"),
+        0
+    );
+    assert_eq!(fleet.count_in_worker_logs("ToolListChangedNotification"), 0);
     Ok(())
 }
 
@@ -488,6 +494,54 @@ async fn under_least_privilege_the_setup_step_makes_the_queues_of_the_allow_list
     let results = call_results(&job);
     assert_eq!(results["use"]["data"], json!({"result": "extra least"}));
     assert_eq!(results["sum"]["data"], json!({"result": 2}));
+    Ok(())
+}
+
+/// A tool's `notifications/progress` reach the job's events through the
+/// orchestrator (the worker publishes them on the job's reply subject): at
+/// most one a second per call, their messages plain text.
+#[tokio::test]
+async fn a_tools_progress_reaches_the_jobs_events() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = stdio_config(scratch.path(), &["steps"], "")?;
+    let fleet = fleet_with(&config, scratch.path(), &["py__steps"]).await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "work", "name": "py__steps", "arguments": {"count": 3, "pause": 1.2}}]},
+        {"message": "done"}
+    ]);
+    let started = std::time::Instant::now();
+    let job = run_scripted(&api, "work", &script).await?;
+    let took = started.elapsed();
+    assert_eq!(
+        call_results(&job)["work"]["data"],
+        json!({"result": "stepped"})
+    );
+    let progress: Vec<serde_json::Value> = events(&api, &job.job_id)
+        .await?
+        .into_iter()
+        .filter(|(kind, _)| kind == "tool_call_progress")
+        .map(|(_, data)| data)
+        .collect();
+    // Three steps more than a second apart each get through; the burst
+    // after them does not, but for at most one report a second.
+    assert!(progress.len() >= 3, "{progress:?}");
+    assert!(
+        progress.len() as u64 <= took.as_secs() + 1,
+        "{progress:?} in {took:?}"
+    );
+    let first = &progress[0];
+    assert_eq!(first["call_id"], "work");
+    assert_eq!(first["attempt"], 1);
+    assert_eq!(first["progress"], 1.0);
+    assert_eq!(first["total"], 3.0);
+    // The terminal escape is gone.
+    assert_eq!(first["message"], "step 1 [2J done");
+    let steps: Vec<f64> = progress
+        .iter()
+        .filter_map(|p| p["progress"].as_f64())
+        .collect();
+    assert!(steps.windows(2).all(|w| w[0] <= w[1]), "{steps:?}");
     Ok(())
 }
 

@@ -87,6 +87,7 @@ fn context() -> ToolContext {
         idempotency_key: "bench".into(),
         deadline: None,
         cancelled: CancellationToken::new(),
+        progress: Default::default(),
     }
 }
 

@@ -2,6 +2,7 @@
 //! JetStream and answers each with an envelope.
 //!
 //! - [`tool`]: the [`Tool`] trait a tool implements, and the [`Toolbox`] of a worker.
+//! - [`progress`]: how a running call reports how far it has come.
 //! - [`tools`]: the built-in tools (`calculate`, `get_current_weather`, test tools).
 //! - [`tool_set`]: the tools a worker serves, as their sources (MCP servers) change them.
 //! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
@@ -23,6 +24,7 @@ pub mod fuzzing;
 mod ledger;
 pub mod mcp;
 pub mod metrics;
+pub mod progress;
 pub mod registry;
 pub mod runtime;
 pub mod tool;

@@ -9,6 +9,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::{ErrorCode, ToolManifest};
 
+pub use crate::progress::Progress;
+
 /// A tool the worker can execute.
 ///
 /// The runtime validates the arguments against the manifest's JSON Schema before
@@ -118,6 +120,10 @@ pub struct ToolContext {
     pub deadline: Option<SystemTime>,
     /// Cancelled when the runtime gives up on the call (timeout, shutdown).
     pub cancelled: CancellationToken,
+    /// Where the tool may report how far it has come (`report`): the job's
+    /// watchers see it as a `tool_call_progress` event. Its default reports
+    /// nowhere.
+    pub progress: Progress,
 }
 
 #[cfg(test)]
@@ -132,6 +138,7 @@ impl ToolContext {
             idempotency_key: "key".into(),
             deadline: None,
             cancelled: CancellationToken::new(),
+            progress: Progress::default(),
         }
     }
 }

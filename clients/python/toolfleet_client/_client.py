@@ -31,7 +31,8 @@ class Event:
     job_id: str
     offset: int
     # job_queued, job_started, model_turn, tool_call_dispatched,
-    # tool_call_result, job_succeeded, job_failed, job_cancelled, ...
+    # tool_call_progress, tool_call_result, job_succeeded, job_failed,
+    # job_cancelled, ... (docs/api.md, "Events")
     kind: str
     # The event's details, parsed from JSON.
     data: Any

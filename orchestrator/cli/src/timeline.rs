@@ -154,7 +154,9 @@ impl Drawing {
     fn add(&mut self, decoded: JobEvent, at: u64) {
         let rows = &mut self.timeline.rows;
         match decoded {
-            JobEvent::JobQueued { .. } => {}
+            // Progress is in the watch output; the timeline shows the
+            // call's span.
+            JobEvent::JobQueued { .. } | JobEvent::ToolCallProgress { .. } => {}
             JobEvent::JobStarted { .. } => self.phase_start = at,
             JobEvent::JobResumed { epoch, owner } => {
                 self.phase_start = at;

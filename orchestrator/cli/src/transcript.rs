@@ -84,6 +84,7 @@ fn event_summary(event: &JobEvent) -> String {
             call_id,
             name,
         } => format!("{call_id} {name}, attempt {attempt}"),
+        JobEvent::ToolCallProgress { .. } => progress_summary(event),
         JobEvent::ToolCallResult { .. } => call_result_summary(event),
         JobEvent::ToolCallApprovalRequested {
             arguments,
@@ -116,6 +117,28 @@ fn event_summary(event: &JobEvent) -> String {
         }
         JobEvent::JobCancelled { code } => code.to_string(),
     }
+}
+
+/// A `tool_call_progress` event on one line (any other event: nothing).
+fn progress_summary(event: &JobEvent) -> String {
+    let JobEvent::ToolCallProgress {
+        call_id,
+        message,
+        progress,
+        total,
+        ..
+    } = event
+    else {
+        return String::new();
+    };
+    let mut summary = match total {
+        Some(total) => format!("{call_id} at {progress} of {total}"),
+        None => format!("{call_id} at {progress}"),
+    };
+    if let Some(message) = message {
+        let _ = write!(summary, ": {}", quote(message, QUOTE_CHARS));
+    }
+    summary
 }
 
 /// A `tool_call_decided` event on one line (any other event: nothing).
@@ -603,6 +626,24 @@ mod tests {
                     1300,
                 ),
                 "c calculate, attempt 2",
+            ),
+            (
+                event(
+                    4,
+                    "tool_call_progress",
+                    json!({"call_id": "c", "attempt": 1, "progress": 2.0, "total": 5.0, "message": "rows read"}),
+                    1350,
+                ),
+                "c at 2 of 5: \"rows read\"",
+            ),
+            (
+                event(
+                    4,
+                    "tool_call_progress",
+                    json!({"call_id": "c", "attempt": 1, "progress": 0.5}),
+                    1350,
+                ),
+                "c at 0.5",
             ),
             (
                 event(

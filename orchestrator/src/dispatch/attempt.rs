@@ -13,6 +13,7 @@ use toolfleet_proto::names::{self, headers};
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
 use tracing::{debug, error, warn};
 
+use super::progress::ProgressGate;
 use super::retry::{self, Verdict};
 use super::unknown::{self, AfterVerdict};
 use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundError, Waiting};
@@ -460,6 +461,7 @@ impl Dispatcher {
         let mut poll = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
+        let mut progress = ProgressGate::default();
         loop {
             // Whether to look in Redis now, and whether a reply asked to.
             let (look, replied) = tokio::select! {
@@ -468,6 +470,12 @@ impl Dispatcher {
                 notice = notices.recv() => match notice {
                     Ok(notice) => {
                         let ours = notice.call_id == call.wire_id && notice.attempt == attempt;
+                        if ours && notice.progress {
+                            let reported = (call, attempt);
+                            self.record_progress(round, reported, &notice.stored, &mut progress)
+                                .await;
+                            continue;
+                        }
                         if ours
                             && from_reply
                             && let Some(text) = settling_record(call, &notice.stored)
@@ -588,13 +596,15 @@ fn settling_record(call: &PlannedCall, payload: &[u8]) -> Option<String> {
     settles.then(|| text.to_owned())
 }
 
-/// A result notification from the reply subject: which attempt has a
-/// result, and the stored result the worker says it is.
+/// A notification from the reply subject: which attempt has a result, and
+/// the stored result the worker says it is; or, with `progress`, how far
+/// the attempt has come ([`ProgressReport`](toolfleet_proto::ProgressReport)).
 #[derive(Debug, Clone)]
 pub(super) struct Notice {
     call_id: String,
     attempt: u32,
     stored: bytes::Bytes,
+    progress: bool,
 }
 
 pub(super) async fn forward_results(
@@ -612,11 +622,13 @@ pub(super) async fn forward_results(
         let (Some(call_id), Some(attempt)) = (call_id, attempt) else {
             continue;
         };
+        let progress = headers.get(headers::PROGRESS).is_some();
         let stored = message.payload;
         let _ = notify.send(Notice {
             call_id,
             attempt,
             stored,
+            progress,
         });
     }
 }

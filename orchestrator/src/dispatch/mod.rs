@@ -21,6 +21,7 @@
 //! first attempt until it settles ([`crate::quota`]).
 
 mod attempt;
+mod progress;
 mod results;
 mod retry;
 mod unknown;

@@ -58,6 +58,20 @@ impl JobStore {
         self.commit(lease, commit).await
     }
 
+    /// Records a running call's progress: its `tool_call_progress` event,
+    /// alone in a commit (advisory: the caller bounds how often).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
+    pub async fn record_progress(&self, lease: &Lease, event: JobEvent) -> Result<(), Error> {
+        let commit = Commit {
+            events: vec![event],
+            ..Commit::default()
+        };
+        self.commit(lease, commit).await
+    }
+
     /// Holds calls for a person's decision: each call's request in the
     /// job's approvals and its `tool_call_approval_requested` (or
     /// `tool_call_verdict_requested`) event, in one commit. A held call is

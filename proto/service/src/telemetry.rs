@@ -14,10 +14,20 @@ use opentelemetry_sdk::metrics::SdkMeterProvider;
 use crate::config::{LogFormat, LogOptions, OtlpProtocol, TelemetryOptions};
 use crate::otlp::{self, Signal};
 
+/// Dependencies that log at `info` for every message they receive, kept
+/// to warnings unless the filter names them: rmcp logs each notification
+/// an MCP server sends, so a server that floods them would flood the log.
+const QUIET_DEPENDENCIES: [(&str, &str); 1] = [("rmcp", "rmcp=warn")];
+
 /// Installs the global tracing subscriber. `RUST_LOG` wins over `options.level`.
 pub fn init_logging(options: &LogOptions) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(options.level.as_str()));
+    let directives = std::env::var("RUST_LOG").unwrap_or_else(|_| options.level.clone());
+    let mut filter = EnvFilter::new(&directives);
+    for (target, quiet) in QUIET_DEPENDENCIES {
+        if let (false, Ok(quiet)) = (directives.contains(target), quiet.parse()) {
+            filter = filter.add_directive(quiet);
+        }
+    }
     // Colours only on a terminal: log files and collectors get plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -14,10 +14,12 @@ use std::time::Duration;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig, Implementation,
-    ProtocolVersion, Tool as McpToolInfo,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, Implementation, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, RequestId, ServerResult, Tool as McpToolInfo,
 };
 use rmcp::service::RunningService;
+use rmcp::service::{NotificationContext, PeerRequestOptions};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
@@ -34,6 +36,7 @@ use tracing::{debug, info, warn};
 use super::config::McpServerOptions;
 use super::listing::Listing;
 use super::results;
+use crate::progress::Progress;
 use crate::tool::ToolError;
 use crate::tool_set::ToolSet;
 
@@ -41,16 +44,31 @@ use crate::tool_set::ToolSet;
 pub(super) type Client = RunningService<RoleClient, Handler>;
 
 /// What the worker says of itself to a server, and hears from it.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub(super) struct Handler {
     /// Told of each `notifications/tools/list_changed`.
     list_changed: Arc<Notify>,
+    /// Where each call in flight reports its progress.
+    progress: Arc<ProgressRoutes>,
 }
 
 impl ClientHandler for Handler {
-    async fn on_tool_list_changed(&self, _context: rmcp::service::NotificationContext<RoleClient>) {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         // Many notifications before the supervisor looks make one listing.
         self.list_changed.notify_one();
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        // A token of no call in flight (a late or made-up one) is ignored;
+        // a flood costs a lookup each, and at most one report a second
+        // reaches the bus (`Progress::report`).
+        if let Some(progress) = self.progress.route(&params.progress_token) {
+            progress.report(params.progress, params.total, params.message.as_deref());
+        }
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -86,6 +104,71 @@ pub struct McpServer {
     slots: Semaphore,
     /// Told when the server says its tools changed.
     list_changed: Arc<Notify>,
+    /// Where its calls in flight report their progress.
+    progress: Arc<ProgressRoutes>,
+}
+
+/// The progress of each call in flight to one server, by the token its
+/// request carried (`_meta.progressToken`).
+#[derive(Default)]
+pub(super) struct ProgressRoutes {
+    routes: std::sync::Mutex<HashMap<ProgressToken, Progress>>,
+}
+
+impl ProgressRoutes {
+    /// Routes the reports of the request of `token` to `progress`, until
+    /// the guard is dropped.
+    fn open(self: &Arc<Self>, token: &ProgressToken, progress: Progress) -> RouteGuard {
+        self.lock().insert(token.clone(), progress);
+        RouteGuard {
+            routes: self.clone(),
+            token: token.clone(),
+        }
+    }
+
+    fn route(&self, token: &ProgressToken) -> Option<Progress> {
+        self.lock().get(token).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ProgressToken, Progress>> {
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// Cancels a request on the server when the call is dropped before its
+/// answer (`id` still set).
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<RequestId>,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        let reason = "the call timed out or was abandoned".to_owned();
+        tokio::spawn(async move {
+            // A server that is gone cannot be told; nothing to do then.
+            let cancelled = CancelledNotificationParam::new(Some(id), Some(reason));
+            let _ = peer.notify_cancelled(cancelled).await;
+        });
+    }
+}
+
+/// Ends a call's progress route when the call ends (or is dropped).
+struct RouteGuard {
+    routes: Arc<ProgressRoutes>,
+    token: ProgressToken,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        self.routes.lock().remove(&self.token);
+    }
 }
 
 impl McpServer {
@@ -97,6 +180,7 @@ impl McpServer {
             peer: watch::Sender::new(None),
             slots,
             list_changed: Arc::default(),
+            progress: Arc::default(),
         })
     }
 
@@ -215,7 +299,8 @@ impl McpServer {
         false
     }
 
-    /// Calls its tool `mcp_name` with `args`, for a tool with `effects`.
+    /// Calls its tool `mcp_name` with `args`, for a tool with `effects`; the
+    /// server's progress notifications of the call go to `progress`.
     ///
     /// # Errors
     ///
@@ -225,7 +310,7 @@ impl McpServer {
         &self,
         mcp_name: &str,
         args: Value,
-        effects: Effects,
+        (effects, progress): (Effects, &Progress),
     ) -> Result<Value, ToolError> {
         let server = &self.options.name;
         let Value::Object(arguments) = args else {
@@ -243,20 +328,24 @@ impl McpServer {
             .await
             .ok_or_else(|| results::not_running(server))?;
         let params = CallToolRequestParams::new(mcp_name.to_owned()).with_arguments(arguments);
-        // Dropped (a timeout, a drain), the request is cancelled on the
-        // server with `notifications/cancelled`.
-        match client.call_tool_once(params).await {
-            Ok(CallToolResponse::Complete(result)) => results::outcome(result),
-            Ok(CallToolResponse::InputRequired(_)) => Err(ToolError::terminal(
+        match self.call_once(&client, params, progress).await {
+            Ok(ServerResult::CallToolResult(result)) => results::outcome(result),
+            // An empty answer is a result without content.
+            Ok(ServerResult::EmptyResult(_)) => results::outcome(CallToolResult::default()),
+            Ok(ServerResult::InputRequiredResult(_)) => Err(ToolError::terminal(
                 results::INPUT_REQUIRED,
                 "the tool asked for more input, which a call through the fleet cannot give; \
                  call it with everything it needs in its arguments",
             )),
-            Ok(_) => Err(ToolError::terminal(
+            Ok(ServerResult::CreateTaskResult(_)) => Err(ToolError::terminal(
                 ErrorCode::TOOL_EXECUTION_FAILED,
                 format!(
                     "the MCP server {server} answered with a task, which the fleet does not follow"
                 ),
+            )),
+            Ok(_) => Err(ToolError::terminal(
+                ErrorCode::TOOL_EXECUTION_FAILED,
+                format!("the MCP server {server} answered tools/call with something else"),
             )),
             Err(err) => {
                 debug!(server, error = %err, "MCP call failed");
@@ -269,6 +358,34 @@ impl McpServer {
                 Err(results::failure(server, &err, effects))
             }
         }
+    }
+
+    /// Sends one `tools/call` over `peer` and waits for its answer, the
+    /// server's progress notifications meanwhile going to `progress`.
+    /// Dropped (a timeout, a drain), the request is cancelled on the
+    /// server with `notifications/cancelled`. Not rmcp's `call_tool_once`,
+    /// which does the same but keeps the request's progress token (rmcp
+    /// sets its own on every request) to itself.
+    async fn call_once(
+        &self,
+        peer: &Peer<RoleClient>,
+        params: CallToolRequestParams,
+        progress: &Progress,
+    ) -> Result<ServerResult, ServiceError> {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = peer
+            .send_request_with_option(request, PeerRequestOptions::no_options())
+            .await?;
+        // A report the server sends before this line is dropped: it is
+        // advisory, and the request has only just left.
+        let _route = self.progress.open(&handle.progress_token, progress.clone());
+        let mut unanswered = CancelOnDrop {
+            peer: peer.clone(),
+            id: Some(handle.id.clone()),
+        };
+        let answer = handle.await_response().await;
+        unanswered.id = None;
+        answer
     }
 
     /// The connection, waiting up to `wait` for one while the server is
@@ -299,6 +416,7 @@ impl McpServer {
     fn handler(&self) -> Handler {
         Handler {
             list_changed: self.list_changed.clone(),
+            progress: self.progress.clone(),
         }
     }
 

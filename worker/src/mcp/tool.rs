@@ -42,9 +42,10 @@ impl Tool for McpTool {
         self.manifest.clone()
     }
 
-    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
+        let effects = self.manifest.effects;
         self.server
-            .call(&self.mcp_name, args, self.manifest.effects)
+            .call(&self.mcp_name, args, (effects, &ctx.progress))
             .await
     }
 }

@@ -16,7 +16,7 @@ use super::check::Checked;
 use super::claim::Earlier;
 use super::{Executor, LoadedTool};
 use crate::envelope::{GENERIC_FAILURE, from_error};
-use crate::tool::{Applied, ToolContext, ToolError};
+use crate::tool::{Applied, Progress, ToolContext, ToolError};
 
 /// How running a call ended.
 #[derive(Debug)]
@@ -88,6 +88,7 @@ impl Executor {
             // Its own token, not a child of `abandon`: a tool must not be able
             // to answer "cancelled" for a call the drain hands back.
             cancelled: CancellationToken::new(),
+            progress: Progress::of(&self.nats, call),
         };
         let repeats_harm = checked.tool.manifest.effects.repeats_harm();
         let previously_started = earlier.started;
