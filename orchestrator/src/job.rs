@@ -98,6 +98,9 @@ pub enum ProviderKind {
     OpenaiResponses,
     /// OpenAI Chat Completions and compatible servers.
     OpenaiChat,
+    /// No model: a call job's one call ([`CallSpec`]). Not a provider a
+    /// request can name: `SubmitJobRequest.call` makes it.
+    Call,
 }
 
 impl ProviderKind {
@@ -115,6 +118,7 @@ impl ProviderKind {
             Self::Scripted => "scripted",
             Self::OpenaiResponses => "openai-responses",
             Self::OpenaiChat => "openai-chat",
+            Self::Call => "call",
         }
     }
 }
@@ -133,6 +137,9 @@ pub struct JobSpec {
     /// The script, for the scripted provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
+    /// The one call of a call job (provider [`ProviderKind::Call`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call: Option<CallSpec>,
     /// Allow-list of tools; empty means every live tool.
     pub tools: Vec<String>,
     /// Most model turns with tool calls.
@@ -154,6 +161,16 @@ pub struct JobSpec {
     /// so that a resumed run obeys the same ones.
     #[serde(default)]
     pub limits: JobLimits,
+}
+
+/// The one call of a call job: a job without a model, whose output is the
+/// call's result envelope (decision 0039).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallSpec {
+    /// The tool.
+    pub tool: String,
+    /// Its arguments, a JSON object as text.
+    pub arguments: String,
 }
 
 /// The tools whose calls wait for a person's approval in one job, by who

@@ -136,11 +136,27 @@ pub fn venv_python() -> anyhow::Result<PathBuf> {
 ///
 /// Nothing listens, or the answer is not HTTP.
 pub async fn http_get(address: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    http_get_with(address, path, &[]).await
+}
+
+/// Like [`http_get`], with `headers` (name, value) sent too.
+///
+/// # Errors
+///
+/// Nothing listens there, or the answer is not HTTP.
+pub async fn http_get_with(
+    address: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> anyhow::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n\r\n").as_bytes())
-        .await?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n");
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
     let (head, body) = response

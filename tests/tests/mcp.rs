@@ -643,3 +643,106 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
     assert!(!env.contains("TOOLFLEET"), "{env}");
     Ok(())
 }
+
+/// The token of the tenant that the MCP clients of the `mcp-serve` test
+/// speak as.
+const IDE_TOKEN: &str = "tok-ide-5c1e";
+
+/// Runs the official Python SDK's MCP client (tests/mcp/client.py) with
+/// `args`; returns what it printed.
+async fn python_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let client = repo_root().join("tests/mcp/client.py");
+    let ran = tokio::process::Command::new(venv_python()?)
+        .arg(client)
+        .args(args)
+        .output()
+        .await?;
+    anyhow::ensure!(ran.status.success(), "{ran:?}");
+    Ok(serde_json::from_slice(&ran.stdout)?)
+}
+
+/// What every authenticated client must have seen: the tools with their
+/// effects as annotations, a call's data, an error envelope as `isError`,
+/// and the progress of an MCP tool behind the fleet.
+fn assert_served(seen: &serde_json::Value) {
+    assert_eq!(seen["tools"]["calculate"]["readOnlyHint"], true, "{seen}");
+    assert_eq!(seen["tools"]["py__steps"]["readOnlyHint"], true, "{seen}");
+    assert_eq!(seen["calculate"]["is_error"], false, "{seen}");
+    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
+    assert_eq!(seen["fail"]["is_error"], true, "{seen}");
+    let failure = seen["fail"]["text"][0].as_str().unwrap_or_default();
+    assert!(failure.starts_with("NOPE: "), "{seen}");
+    assert_eq!(seen["steps"]["structured"], json!({"result": "stepped"}));
+    let progress = seen["progress"].as_array().expect("progress heard");
+    assert!(!progress.is_empty(), "{seen}");
+    assert_eq!(progress[0]["total"], 2.0, "{seen}");
+}
+
+/// The fleet as an MCP server (`toolfleet mcp-serve`), used by the official
+/// Python SDK's client over stdio and Streamable HTTP: the tenant's live
+/// tools, each call a call job through the fleet (its progress passed on),
+/// and a client without a known token refused.
+#[tokio::test]
+async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let tokens = scratch.path().join("tokens.toml");
+    let hash = toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN);
+    std::fs::write(
+        &tokens,
+        format!("[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n"),
+    )?;
+    let tokens = tokens.display().to_string();
+    let config = scratch.path().join("worker.toml");
+    std::fs::write(&config, stdio_config(scratch.path(), &["steps"], "")?)?;
+    let config = config.display().to_string();
+    let mut fleet =
+        Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &config)])).await?;
+    let auth = [
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", tokens.as_str()),
+    ];
+    fleet.spawn_orchestrator(&auth).await?;
+    let addr = fleet.grpc_url(0).await?;
+    let api = fleet.api(0).await?;
+    wait_until("the tools to go live", JOB, || {
+        let mut api = api.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ListToolsRequest {});
+            let bearer = format!("Bearer {IDE_TOKEN}").parse().ok()?;
+            request.metadata_mut().insert("authorization", bearer);
+            let tools = api.list_tools(request).await.ok()?.into_inner().tools;
+            let live = |name: &str| tools.iter().any(|t| t.name == name);
+            (live("calculate") && live("py__steps")).then_some(())
+        }
+    })
+    .await?;
+
+    let toolfleet = cargo_bin("toolfleet")?.display().to_string();
+    assert_served(&python_client(&["stdio", &toolfleet, &addr, IDE_TOKEN]).await?);
+
+    let listen = toolfleet_tests::free_loopback_address()?;
+    let _gateway = tokio::process::Command::new(&toolfleet)
+        .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_until("mcp-serve to listen", JOB, || async {
+        tokio::net::TcpStream::connect(&listen).await.ok()
+    })
+    .await?;
+    let url = format!("http://{listen}/mcp");
+    assert_served(&python_client(&["http", &url, IDE_TOKEN]).await?);
+    for token in ["", "not-a-known-token"] {
+        let refused = python_client(&["http", &url, token]).await?;
+        assert!(refused["refused"].is_string(), "{token:?}: {refused}");
+        assert!(refused.get("tools").is_none(), "{token:?}: {refused}");
+        let bearer = format!("Bearer {token}");
+        let headers: &[(&str, &str)] = if token.is_empty() {
+            &[]
+        } else {
+            &[("Authorization", &bearer)]
+        };
+        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", headers).await?;
+        assert_eq!(status, 401, "{token:?}");
+    }
+    Ok(())
+}

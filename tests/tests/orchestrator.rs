@@ -1588,3 +1588,64 @@ async fn a_tool_with_no_live_worker_stays_available_while_its_queue_exists() -> 
     assert_eq!(listed_workers(&api, "calculate").await, Some(0));
     Ok(())
 }
+
+/// A call job (`SubmitJobRequest.call`): no model, one call through the
+/// fleet, and the job's output is the call's envelope, an error one
+/// included; a request that mixes it with a model's fields is refused.
+#[tokio::test]
+async fn a_call_job_runs_one_call_without_a_model_and_answers_with_its_envelope()
+-> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let call = |tool: &str, arguments: &str| v1::SubmitJobRequest {
+        call: Some(v1::ToolCallRequest {
+            tool: tool.into(),
+            arguments: arguments.into(),
+        }),
+        ..Default::default()
+    };
+    let job = run(&mut api, call("calculate", r#"{"expression": "6*7"}"#)).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    let output: Value = serde_json::from_str(&job.output_text)?;
+    assert_eq!(output["ok"], true, "{output}");
+    assert_eq!(output["data"]["result"], 42, "{output}");
+    assert_eq!(results(&job).len(), 1, "one call");
+    let kinds: Vec<String> = toolfleet_tests::fleet::events(&api, &job.job_id)
+        .await?
+        .into_iter()
+        .map(|(kind, _)| kind)
+        .collect();
+    assert!(
+        kinds.contains(&"tool_call_dispatched".to_owned()),
+        "{kinds:?}"
+    );
+    assert!(kinds.contains(&"tool_call_result".to_owned()), "{kinds:?}");
+
+    // A tool's error is the output too: the job did what it was asked.
+    let job = run(
+        &mut api,
+        call("fail", r#"{"mode": "terminal", "code": "NOPE"}"#),
+    )
+    .await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    let output: Value = serde_json::from_str(&job.output_text)?;
+    assert_eq!(output["error"]["code"], "NOPE", "{output}");
+    let job = run(&mut api, call("no_such_tool", "{}")).await?;
+    let output: Value = serde_json::from_str(&job.output_text)?;
+    assert_eq!(output["error"]["code"], "UNKNOWN_TOOL", "{output}");
+
+    let mixed = v1::SubmitJobRequest {
+        input: "and a question".into(),
+        ..call("calculate", "{}")
+    };
+    for (request, field) in [
+        (mixed, "input"),
+        (call("calculate", "[1]"), "call.arguments"),
+        (call("not a name", "{}"), "call.tool"),
+    ] {
+        let refused = api.submit_job(request).await.expect_err(field);
+        assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+        assert!(refused.message().starts_with(field), "{refused:?}");
+    }
+    Ok(())
+}

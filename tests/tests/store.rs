@@ -24,6 +24,7 @@ fn spec() -> JobSpec {
         provider: ProviderKind::Scripted,
         model: String::new(),
         script: Some(r#"[{"message":"hi"}]"#.into()),
+        call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,
         parallel_tool_calls: true,

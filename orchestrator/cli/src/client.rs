@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, ValueEnum};
+use tonic::metadata::errors::InvalidMetadataValue;
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::service::Interceptor;
 use tonic::service::interceptor::InterceptedService;
@@ -109,6 +110,21 @@ impl Server {
     /// As [`connect`].
     pub(crate) async fn connect(&self) -> anyhow::Result<ApiClient> {
         connect(&self.addr, self.token.as_deref(), &self.tls).await
+    }
+
+    /// A channel to the orchestrator these flags name, for clients with
+    /// tokens of their own ([`with_token`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`connect`].
+    pub(crate) async fn channel(&self) -> anyhow::Result<Channel> {
+        channel(&self.addr, &self.tls).await
+    }
+
+    /// `--token`, if given.
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|token| !token.is_empty())
     }
 }
 
@@ -633,14 +649,32 @@ pub(crate) async fn connect(
     token: Option<&str>,
     tls: &TlsArgs,
 ) -> anyhow::Result<ApiClient> {
+    let channel = channel(addr, tls).await?;
+    with_token(channel, token)
+        .map_err(|_| anyhow!("--token holds characters a header cannot carry"))
+}
+
+/// A client over `channel` that sends `token`.
+///
+/// # Errors
+///
+/// The token holds characters a header cannot carry.
+pub(crate) fn with_token(
+    channel: Channel,
+    token: Option<&str>,
+) -> Result<ApiClient, InvalidMetadataValue> {
     let credentials = match token.filter(|t| !t.is_empty()) {
-        Some(token) => Some(
-            format!("Bearer {token}")
-                .parse::<MetadataValue<Ascii>>()
-                .map_err(|_| anyhow!("--token holds characters a header cannot carry"))?,
-        ),
+        Some(token) => Some(format!("Bearer {token}").parse::<MetadataValue<Ascii>>()?),
         None => None,
     };
+    Ok(AgentServiceClient::with_interceptor(
+        channel,
+        Credentials(credentials),
+    ))
+}
+
+/// A channel to the orchestrator at `addr`.
+async fn channel(addr: &str, tls: &TlsArgs) -> anyhow::Result<Channel> {
     let scheme = if tls.is_set() { "https" } else { "http" };
     let url = if addr.contains("://") {
         addr.to_owned()
@@ -655,16 +689,12 @@ pub(crate) async fn connect(
     if url.starts_with("https://") || tls.is_set() {
         endpoint = endpoint.tls_config(tls.config()?)?;
     }
-    let channel = endpoint.connect().await.with_context(|| {
+    endpoint.connect().await.with_context(|| {
         format!(
             "cannot reach the orchestrator at {url}; start one (`toolfleet dev --serve` runs \
              a local fleet) or point --addr / TOOLFLEET_ADDR at yours"
         )
-    })?;
-    Ok(AgentServiceClient::with_interceptor(
-        channel,
-        Credentials(credentials),
-    ))
+    })
 }
 
 /// Streams the job's events, then prints the job; the exit code says how it ended.
@@ -874,6 +904,7 @@ impl SubmitArgs {
             metadata: self.metadata.iter().cloned().collect::<HashMap<_, _>>(),
             require_approval: self.require_approval.clone(),
             on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
+            call: None,
         })
     }
 }

@@ -4,6 +4,7 @@
 //! - `client`: `submit`, `get`, `watch`, `cancel`, `jobs`, `tools` against any
 //!   orchestrator replica.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
+//! - `mcp_serve`: `mcp-serve`, the fleet as one MCP server.
 //! - `toolfleet-fleet` runs the local fleet of `dev` and `bench` (servers as
 //!   child processes, an orchestrator and workers in this process), and the
 //!   test harness's servers.
@@ -16,6 +17,7 @@ mod bench;
 mod client;
 pub mod demo;
 mod dev;
+mod mcp_serve;
 pub mod output;
 mod timeline;
 mod transcript;
@@ -74,6 +76,11 @@ enum Command {
     /// submitted with --on-unknown-outcome ask): applied (with --result),
     /// not-applied (it runs again), or fail (with --reason).
     Resolve(approvals::ResolveArgs),
+    /// Serve the fleet's tools as one MCP server: over stdio (for an MCP
+    /// client that starts it; --token authenticates), or Streamable HTTP
+    /// with --listen (each client sends its own bearer token). Each call
+    /// runs through the fleet as a call job (docs/tools/mcp.md).
+    McpServe(mcp_serve::McpServeArgs),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.
     ///
@@ -134,6 +141,7 @@ impl Cli {
             Command::Approve(args) => approvals::approve(args).await,
             Command::Reject(args) => approvals::reject(args).await,
             Command::Resolve(args) => approvals::resolve(args).await,
+            Command::McpServe(args) => mcp_serve::run(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args),
             Command::Reap => {

@@ -79,7 +79,7 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
         .as_ref()
         .map(|m| serde_json::json!([m.provider, m.name, m.script, m.base_url]));
     let metadata: std::collections::BTreeMap<&String, &String> = request.metadata.iter().collect();
-    let canonical = serde_json::json!({
+    let mut canonical = serde_json::json!({
         "input": request.input,
         "instructions": request.instructions,
         "model": model,
@@ -89,6 +89,10 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
         "deadline_ms": request.deadline_ms,
         "metadata": metadata,
     });
+    // Only when set: the fingerprints of other jobs stay what they were.
+    if let Some(call) = &request.call {
+        canonical["call"] = serde_json::json!([call.tool, call.arguments]);
+    }
     format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
 }
 

@@ -17,8 +17,8 @@ use super::convert::{invalid, not_found};
 use super::options::ApiOptions;
 use crate::auth::Caller;
 use crate::job::{
-    ApprovalPolicy, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind, UnknownOutcome,
-    now_ms,
+    ApprovalPolicy, CallSpec, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind,
+    UnknownOutcome, now_ms,
 };
 use crate::model::scripted::Scripted;
 use crate::store::ListCursor;
@@ -43,10 +43,7 @@ const SUBMISSION_CHECKS: &[FieldCheck] = &[
     FieldCheck {
         field: "input",
         problem: |r, _| {
-            r.input
-                .trim()
-                .is_empty()
-                .then(|| "must not be empty".into())
+            (r.call.is_none() && r.input.trim().is_empty()).then(|| "must not be empty".into())
         },
     },
     FieldCheck {
@@ -353,7 +350,23 @@ pub(super) fn job_spec(
     {
         return Err(invalid(field, problem));
     }
-    let model = model_choice(request.model.take(), rules)?;
+    let (model, call) = match request.call.take() {
+        Some(call) => {
+            let call = call_job(call, &request, options)?;
+            request.tools = vec![call.tool.clone()];
+            // One turn with a call, the one that answers it.
+            request.max_tool_rounds = 1;
+            request.parallel_tool_calls = Some(false);
+            request.input = format!("call {}", call.tool);
+            let model = ModelChoice {
+                provider: ProviderKind::Call,
+                name: String::new(),
+                script: None,
+            };
+            (model, Some(call))
+        }
+        None => (model_choice(request.model.take(), rules)?, None),
+    };
     let tools = allowed_tools(std::mem::take(&mut request.tools), caller)?;
     let deadline = toolfleet_service::clock::millis(deadline(&request, options));
     Ok(JobSpec {
@@ -362,6 +375,7 @@ pub(super) fn job_spec(
         provider: model.provider,
         model: model.name,
         script: model.script,
+        call,
         tools,
         max_tool_rounds: match request.max_tool_rounds {
             0 => options.default_max_tool_rounds,
@@ -386,6 +400,52 @@ pub(super) fn job_spec(
             max_active_jobs: caller.quotas.max_active_jobs,
             max_calls_in_flight: caller.quotas.max_calls_in_flight,
         },
+    })
+}
+
+/// The call of a call job (`SubmitJobRequest.call`), checked: a tool name,
+/// arguments that are a JSON object within the input limit, and none of the
+/// fields that only a model's job has.
+fn call_job(
+    call: v1::ToolCallRequest,
+    request: &v1::SubmitJobRequest,
+    options: &ApiOptions,
+) -> Result<CallSpec, Status> {
+    if !is_valid_tool_name(&call.tool) {
+        return Err(invalid(
+            "call.tool",
+            format!(
+                "{:?} is not a valid tool name",
+                excerpt(&call.tool, ECHO_CHARS)
+            ),
+        ));
+    }
+    if let Some(problem) = over_bytes(&call.arguments, options.max_input_bytes) {
+        return Err(invalid("call.arguments", problem));
+    }
+    if !serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok_and(|a| a.is_object()) {
+        return Err(invalid("call.arguments", "must be a JSON object"));
+    }
+    let model_only = [
+        ("input", !request.input.is_empty()),
+        ("instructions", !request.instructions.is_empty()),
+        (
+            "model",
+            request.model.as_ref().is_some_and(|m| !is_unset(m)),
+        ),
+        ("tools", !request.tools.is_empty()),
+        ("max_tool_rounds", request.max_tool_rounds != 0),
+        ("parallel_tool_calls", request.parallel_tool_calls.is_some()),
+    ];
+    if let Some((field, _)) = model_only.iter().find(|(_, set)| *set) {
+        return Err(invalid(
+            field,
+            "must be unset in a call job (`call` is set)",
+        ));
+    }
+    Ok(CallSpec {
+        tool: call.tool,
+        arguments: call.arguments,
     })
 }
 

@@ -6,10 +6,12 @@
 //! - `openai_responses`: the OpenAI Responses API;
 //! - `chat_completions`: OpenAI Chat Completions, also spoken by vLLM,
 //!   Ollama, llama.cpp server and most gateways;
-//! - `scripted`: a deterministic model that plays a script from the job spec.
+//! - `scripted`: a deterministic model that plays a script from the job spec;
+//! - `one_call`: no model, the one call of a call job.
 
 pub mod chat_completions;
 pub(crate) mod http;
+pub mod one_call;
 pub mod openai_responses;
 pub mod scripted;
 
@@ -187,6 +189,13 @@ impl Providers {
                 let scripted = scripted::Scripted::parse(script)?
                     .with_answer_limit(spec.limits.max_scripted_answer_bytes);
                 Ok(Arc::new(scripted))
+            }
+            ProviderKind::Call => {
+                let call = spec
+                    .call
+                    .clone()
+                    .ok_or(ModelError::Script("a call job without its call".to_owned()))?;
+                Ok(Arc::new(one_call::OneCall::new(call)))
             }
             ProviderKind::OpenaiResponses => self
                 .responses

@@ -193,9 +193,10 @@ impl McpServer {
     /// pause, each failure logged), and its tools, every page of
     /// `tools/list`.
     pub(super) async fn connect_and_list(&self) -> (Client, Vec<McpToolInfo>) {
+        // Jitter adds up to the pause again: 0.1 s to at most 10 s.
         let mut pauses = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(10))
+            .with_min_delay(Duration::from_millis(100))
+            .with_max_delay(Duration::from_secs(5))
             .with_jitter()
             .without_max_times()
             .build();

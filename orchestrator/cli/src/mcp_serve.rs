@@ -1,0 +1,412 @@
+//! `toolfleet mcp-serve`: the fleet as one MCP server (decision 0039), for
+//! MCP clients (IDEs, desktop assistants, other agent runtimes). A gateway
+//! in front of the API, over stdio or Streamable HTTP:
+//!
+//! - `tools/list` is `ListTools` as the client's tenant sees it: each live
+//!   tool with its schema, its effects as annotations;
+//! - `tools/call` is a call job (`SubmitJobRequest.call`): queued, checked,
+//!   held for approval, deduplicated, retried, traced and counted against
+//!   the tenant's quotas like any call; its envelope is the result
+//!   (`isError` for an error envelope), and its progress events become the
+//!   client's `notifications/progress`;
+//! - authentication is the API's: over stdio, `--token`; over HTTP, each
+//!   client's own `Authorization: Bearer` token, checked by the
+//!   orchestrator against its tokens file before the request reaches the
+//!   MCP server (401 otherwise).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use clap::Args;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
+use serde_json::Value;
+use tonic::Code;
+use tonic::transport::Channel;
+use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::v1;
+
+use crate::client::{self, ApiClient, Server};
+
+/// How long a client's token, once the orchestrator accepted it, is taken
+/// without asking again.
+const TOKEN_TRUST: Duration = Duration::from_secs(30);
+
+/// Most tokens remembered as accepted; past it, all are forgotten.
+const TRUSTED_TOKENS: usize = 1024;
+
+/// Serve the fleet's tools as one MCP server, over stdio (an IDE starts
+/// it) or Streamable HTTP (--listen).
+#[derive(Debug, Args)]
+pub(crate) struct McpServeArgs {
+    #[command(flatten)]
+    server: Server,
+    /// Serve Streamable HTTP at this address (path `/mcp`) instead of
+    /// stdio. Each client sends its own `Authorization: Bearer <token>`,
+    /// which the orchestrator checks; --token is not used for them.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// A `Host` the HTTP endpoint answers to, besides localhost (repeat
+    /// for each): the name clients reach it by. Other hosts are refused,
+    /// against DNS rebinding.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    allowed_hosts: Vec<String>,
+}
+
+pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
+    let channel = args.server.channel().await?;
+    match args.listen {
+        None => {
+            let gateway = Gateway {
+                channel,
+                token: Token::Fixed(args.server.token().map(str::to_owned)),
+            };
+            let running = gateway
+                .serve(rmcp::transport::stdio())
+                .await
+                .context("the MCP client did not complete the handshake")?;
+            running.waiting().await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Some(address) => http(channel, address, &args.allowed_hosts).await,
+    }
+}
+
+/// Serves Streamable HTTP at `address` until Ctrl-C or SIGTERM.
+async fn http(channel: Channel, address: SocketAddr, hosts: &[String]) -> anyhow::Result<ExitCode> {
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(crate::watch_signals(stop.clone()));
+    let mut allowed = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "::1".to_owned(),
+    ];
+    allowed.extend(hosts.iter().cloned());
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(allowed)
+        .with_cancellation_token(stop.child_token());
+    let gateway = Gateway {
+        channel: channel.clone(),
+        token: Token::PerRequest,
+    };
+    let mcp = StreamableHttpService::new(
+        move || Ok(gateway.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let doorman = Doorman {
+        channel,
+        trusted: Arc::default(),
+    };
+    let app =
+        axum::Router::new()
+            .nest_service("/mcp", mcp)
+            .layer(axum::middleware::from_fn_with_state(
+                doorman,
+                Doorman::admit,
+            ));
+    let listener = tokio::net::TcpListener::bind(address)
+        .await
+        .with_context(|| format!("cannot listen on {address}"))?;
+    eprintln!(
+        "toolfleet mcp-serve: MCP over Streamable HTTP at http://{}/mcp",
+        listener.local_addr()?
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Lets in the HTTP requests whose bearer token the orchestrator accepts.
+#[derive(Clone)]
+struct Doorman {
+    channel: Channel,
+    /// Tokens accepted lately, and when.
+    trusted: Arc<Mutex<HashMap<String, Instant>>>,
+}
+
+impl Doorman {
+    async fn admit(
+        axum::extract::State(doorman): axum::extract::State<Self>,
+        request: axum::extract::Request,
+        next: axum::middleware::Next,
+    ) -> axum::response::Response {
+        use axum::http::{StatusCode, header};
+        use axum::response::IntoResponse;
+        let token = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .map(str::to_owned);
+        let refused = |status: StatusCode, why: &'static str| {
+            let challenge = [(header::WWW_AUTHENTICATE, "Bearer")];
+            (status, challenge, why).into_response()
+        };
+        let Some(token) = token else {
+            return refused(
+                StatusCode::UNAUTHORIZED,
+                "an Authorization: Bearer token is required",
+            );
+        };
+        match doorman.check(&token).await {
+            Ok(()) => next.run(request).await,
+            Err(Code::Unauthenticated) => refused(StatusCode::UNAUTHORIZED, "unknown token"),
+            Err(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the orchestrator did not answer",
+            )
+                .into_response(),
+        }
+    }
+
+    /// Whether the orchestrator accepts `token` (asked at most every
+    /// [`TOKEN_TRUST`] per token).
+    async fn check(&self, token: &str) -> Result<(), Code> {
+        let lock = || self.trusted.lock().unwrap_or_else(PoisonError::into_inner);
+        if lock()
+            .get(token)
+            .is_some_and(|at| at.elapsed() < TOKEN_TRUST)
+        {
+            return Ok(());
+        }
+        let mut api = client::with_token(self.channel.clone(), Some(token))
+            .map_err(|_| Code::Unauthenticated)?;
+        api.list_tools(v1::ListToolsRequest {})
+            .await
+            .map_err(|status| status.code())?;
+        let mut trusted = lock();
+        if trusted.len() >= TRUSTED_TOKENS {
+            trusted.clear();
+        }
+        trusted.insert(token.to_owned(), Instant::now());
+        Ok(())
+    }
+}
+
+/// Whose token a request goes to the API with.
+#[derive(Clone)]
+enum Token {
+    /// Every request's: `--token` (stdio).
+    Fixed(Option<String>),
+    /// Each HTTP request's own `Authorization` header.
+    PerRequest,
+}
+
+/// The MCP server: each request a call of the API.
+#[derive(Clone)]
+struct Gateway {
+    channel: Channel,
+    token: Token,
+}
+
+impl Gateway {
+    /// A client of the API as the sender of the request of `context`.
+    fn api(&self, context: &RequestContext<RoleServer>) -> Result<ApiClient, McpError> {
+        let token = match &self.token {
+            Token::Fixed(token) => token.clone(),
+            Token::PerRequest => context
+                .extensions
+                .get::<axum::http::request::Parts>()
+                .and_then(|parts| parts.headers.get(axum::http::header::AUTHORIZATION))
+                .and_then(|value| value.to_str().ok())
+                .and_then(|value| value.strip_prefix("Bearer "))
+                .map(str::to_owned),
+        };
+        client::with_token(self.channel.clone(), token.as_deref())
+            .map_err(|_| McpError::invalid_request("the token cannot be sent", None))
+    }
+}
+
+impl ServerHandler for Gateway {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("toolfleet", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "The tools of a toolfleet: each call runs through the fleet's queue, \
+                 with its retries, approvals and quotas.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, McpError> {
+        let listed = self
+            .api(&context)?
+            .list_tools(v1::ListToolsRequest {})
+            .await
+            .map_err(|status| api_error("ListTools", &status))?;
+        let tools = listed
+            .into_inner()
+            .tools
+            .into_iter()
+            .filter_map(mcp_tool)
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, McpError> {
+        let mut api = self.api(&context)?;
+        let arguments = Value::Object(request.arguments.unwrap_or_default()).to_string();
+        let submitted = api
+            .submit_job(v1::SubmitJobRequest {
+                call: Some(v1::ToolCallRequest {
+                    tool: request.name.to_string(),
+                    arguments,
+                }),
+                ..Default::default()
+            })
+            .await;
+        let job_id = match submitted {
+            Ok(submitted) => submitted.into_inner().job_id,
+            // Refused (a quota, a tool the tenant may not use): the
+            // client's model can act on why.
+            Err(status) if is_refusal(status.code()) => {
+                return Ok(CallToolResponse::Complete(refusal(&status)));
+            }
+            Err(status) => return Err(api_error("SubmitJob", &status)),
+        };
+        let result = tokio::select! {
+            result = follow(&mut api, &job_id, &context) => result?,
+            () = context.ct.cancelled() => {
+                // The client cancelled its request: so is the job.
+                let _ = api.cancel_job(v1::CancelJobRequest { job_id }).await;
+                return Err(McpError::internal_error("cancelled by the client", None));
+            }
+        };
+        Ok(CallToolResponse::Complete(result))
+    }
+}
+
+/// A live tool of the API as an MCP tool; `None` for a schema that is not
+/// a JSON object (which the API never sends).
+fn mcp_tool(tool: v1::Tool) -> Option<Tool> {
+    let Ok(Value::Object(schema)) = serde_json::from_str::<Value>(&tool.parameters) else {
+        return None;
+    };
+    let annotations = match tool.effects.as_str() {
+        "read_only" => ToolAnnotations::from_raw(None, Some(true), Some(false), Some(true), None),
+        "idempotent" => ToolAnnotations::from_raw(None, Some(false), None, Some(true), None),
+        _ => ToolAnnotations::from_raw(None, Some(false), None, Some(false), None),
+    };
+    let schema: JsonObject = schema;
+    Some(Tool::new(tool.name, tool.description, Arc::new(schema)).with_annotations(annotations))
+}
+
+/// Follows the call job `job_id` to its end, its progress sent to the
+/// client when it asked for it; returns the call's result.
+async fn follow(
+    api: &mut ApiClient,
+    job_id: &str,
+    context: &RequestContext<RoleServer>,
+) -> Result<CallToolResult, McpError> {
+    let progress_token = context.meta.get_progress_token();
+    let mut events = api
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.to_owned(),
+            from_offset: 0,
+        })
+        .await
+        .map_err(|status| api_error("WatchJob", &status))?
+        .into_inner();
+    while let Some(event) = events
+        .message()
+        .await
+        .map_err(|status| api_error("WatchJob", &status))?
+    {
+        if let (Some(token), "tool_call_progress") = (&progress_token, event.kind.as_str())
+            && let Ok(data) = serde_json::from_str::<Value>(&event.data)
+            && let Some(progress) = data["progress"].as_f64()
+        {
+            let mut report = ProgressNotificationParam::new(token.clone(), progress);
+            report.total = data["total"].as_f64();
+            report.message = data["message"].as_str().map(str::to_owned);
+            let _ = context.peer.notify_progress(report).await;
+        }
+        if event.r#final {
+            break;
+        }
+    }
+    let job = api
+        .get_job(v1::GetJobRequest {
+            job_id: job_id.to_owned(),
+        })
+        .await
+        .map_err(|status| api_error("GetJob", &status))?
+        .into_inner();
+    Ok(call_result(&job))
+}
+
+/// The MCP result of a finished call job: its envelope's data, or its
+/// error (`isError`) as the model would read it.
+fn call_result(job: &v1::Job) -> CallToolResult {
+    if job.status() != v1::JobStatus::Succeeded {
+        let (code, message) = job.error.as_ref().map_or(("JOB_FAILED", ""), |e| {
+            (e.code.as_str(), e.message.as_str())
+        });
+        return CallToolResult::error(vec![ContentBlock::text(format!("{code}: {message}"))]);
+    }
+    let Ok(envelope) = serde_json::from_str::<Value>(&job.output_text) else {
+        return CallToolResult::error(vec![ContentBlock::text("the call's result was unreadable")]);
+    };
+    if envelope["ok"] == Value::Bool(true) {
+        let data = envelope["data"].clone();
+        return match data {
+            Value::Object(_) => CallToolResult::structured(data),
+            other => CallToolResult::success(vec![ContentBlock::text(other.to_string())]),
+        };
+    }
+    let error = &envelope["error"];
+    let text = format!(
+        "{}: {}",
+        error["code"].as_str().unwrap_or("TOOL_EXECUTION_FAILED"),
+        error["message"].as_str().unwrap_or_default()
+    );
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// Whether the API refused a submission for a reason the caller's model
+/// can act on.
+fn is_refusal(code: Code) -> bool {
+    matches!(
+        code,
+        Code::ResourceExhausted | Code::PermissionDenied | Code::InvalidArgument
+    )
+}
+
+/// A refused submission as an error result.
+fn refusal(status: &tonic::Status) -> CallToolResult {
+    let text = format!("{:?}: {}", status.code(), excerpt(status.message(), 1_000));
+    CallToolResult::error(vec![ContentBlock::text(text)])
+}
+
+/// An error of the API as an MCP error: the client's own fault (its
+/// token) or the fleet's.
+fn api_error(rpc: &str, status: &tonic::Status) -> McpError {
+    let message = format!("{rpc}: {}", excerpt(status.message(), 1_000));
+    match status.code() {
+        Code::Unauthenticated | Code::PermissionDenied | Code::InvalidArgument => {
+            McpError::invalid_request(message, None)
+        }
+        _ => McpError::internal_error(message, None),
+    }
+}
