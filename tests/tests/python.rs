@@ -75,6 +75,15 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         "{example}"
     );
 
+    // A call job: one call, its envelope back.
+    let program = format!(
+        "from toolfleet_client import Client\n\
+         with Client({address:?}) as fleet:\n    \
+         print(fleet.call('calculate', {{'expression': '6*7'}})['data']['result'])\n"
+    );
+    let called = run(&python, &["-c", &program]).await?;
+    assert_eq!(called.trim(), "42", "{called}");
+
     // The grpcurl lines of each document, as one session per document.
     let mut sessions = String::new();
     for doc in markdown::RUN_DOCS {

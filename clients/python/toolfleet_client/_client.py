@@ -294,6 +294,35 @@ class Client:
             request.result = json.dumps(result)
         return self._stub.DecideCall(request, timeout=self._timeout, metadata=self._metadata).status
 
+    def call(
+        self,
+        tool: str,
+        arguments: Optional[Mapping[str, Any]] = None,
+        *,
+        metadata: Optional[Mapping[str, str]] = None,
+        idempotency_key: str = "",
+        deadline_ms: int = 0,
+    ) -> Any:
+        """Runs one tool call through the fleet without a model (a call job,
+        docs/api.md) and returns its envelope, as the model would see it:
+        `{"ok": True, "data": ...}` or `{"ok": False, "error": {...}}`.
+        Raises JobFailed when the job itself failed (a deadline) or was
+        cancelled."""
+        request = pb.SubmitJobRequest(
+            call=pb.ToolCallRequest(tool=tool, arguments=json.dumps(dict(arguments or {}))),
+            metadata=dict(metadata or {}),
+            idempotency_key=idempotency_key,
+            deadline_ms=deadline_ms,
+        )
+        response = self._stub.SubmitJob(request, timeout=self._timeout, metadata=self._metadata)
+        for event in self.watch(response.job_id):
+            if event.final:
+                break
+        job = self.get(response.job_id)
+        if job.status != pb.JOB_STATUS_SUCCEEDED:
+            raise JobFailed(job)
+        return json.loads(job.output_text)
+
     def run(self, input: str, **submit: Any) -> pb.Job:
         """Submits, waits for the end, and returns the job; raises JobFailed
         when it failed or was cancelled."""

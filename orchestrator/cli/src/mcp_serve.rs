@@ -319,20 +319,47 @@ async fn follow(
     job_id: &str,
     context: &RequestContext<RoleServer>,
 ) -> Result<CallToolResult, McpError> {
-    let progress_token = context.meta.get_progress_token();
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
+    let mut from_offset = 0;
+    let mut replicas_gone = 0;
+    // An orchestrator that shuts down ends its streams with UNAVAILABLE:
+    // another replica serves the rest (the job runs on regardless, and a
+    // client that saw an error would call again: a second job).
+    while let Err(status) = watch_to_end(api, job_id, &mut from_offset, context).await {
+        replicas_gone += 1;
+        if status.code() != Code::Unavailable || replicas_gone > WATCH_RETRIES {
+            return Err(api_error("WatchJob", &status));
+        }
+        tokio::time::sleep(Duration::from_millis(200) * replicas_gone).await;
+    }
+    let job = api
+        .get_job(v1::GetJobRequest {
             job_id: job_id.to_owned(),
-            from_offset: 0,
         })
         .await
-        .map_err(|status| api_error("WatchJob", &status))?
+        .map_err(|status| api_error("GetJob", &status))?
         .into_inner();
-    while let Some(event) = events
-        .message()
-        .await
-        .map_err(|status| api_error("WatchJob", &status))?
-    {
+    Ok(call_result(&job))
+}
+
+/// How often a watch that ended with UNAVAILABLE is started again.
+const WATCH_RETRIES: u32 = 5;
+
+/// Streams the job's events from `from_offset` (kept past each event
+/// seen) to its final one, passing progress on.
+async fn watch_to_end(
+    api: &mut ApiClient,
+    job_id: &str,
+    from_offset: &mut u64,
+    context: &RequestContext<RoleServer>,
+) -> Result<(), tonic::Status> {
+    let progress_token = context.meta.get_progress_token();
+    let request = v1::WatchJobRequest {
+        job_id: job_id.to_owned(),
+        from_offset: *from_offset,
+    };
+    let mut events = api.watch_job(request).await?.into_inner();
+    while let Some(event) = events.message().await? {
+        *from_offset = event.offset + 1;
         if let (Some(token), "tool_call_progress") = (&progress_token, event.kind.as_str())
             && let Ok(data) = serde_json::from_str::<Value>(&event.data)
             && let Some(progress) = data["progress"].as_f64()
@@ -343,17 +370,12 @@ async fn follow(
             let _ = context.peer.notify_progress(report).await;
         }
         if event.r#final {
-            break;
+            return Ok(());
         }
     }
-    let job = api
-        .get_job(v1::GetJobRequest {
-            job_id: job_id.to_owned(),
-        })
-        .await
-        .map_err(|status| api_error("GetJob", &status))?
-        .into_inner();
-    Ok(call_result(&job))
+    Err(tonic::Status::unavailable(
+        "the stream ended before the job's end",
+    ))
 }
 
 /// The MCP result of a finished call job: its envelope's data, or its
