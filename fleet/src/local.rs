@@ -494,9 +494,16 @@ impl LocalFleet {
             let toolbox = tools::builtin(worker.tool_selection(), connected.redis())
                 .with_context(|| format!("{id} cannot build its tools"))?;
             tool_names = toolbox.manifests().into_iter().map(|m| m.name).collect();
+            // The MCP servers of `worker.mcp` (`toolfleet dev
+            // --worker-config`), beside the built-in tools, as
+            // `toolfleet-worker` serves them; they stop after the drain.
+            let servers = CancellationToken::new();
+            let mcp = (&worker.mcp, &worker.tools, &connected.tools());
+            toolfleet_worker::mcp::serve(mcp.0, mcp.1, &tool_names, mcp.2, &servers);
             let shutdown = self.shutdown.child_token();
             let name = id.clone();
             let task = tokio::spawn(async move {
+                let _stop_servers = servers.drop_guard();
                 connected
                     .run(toolbox, shutdown)
                     .await

@@ -255,11 +255,9 @@ async fn a_tool_that_clashes_with_the_workers_own_is_refused() -> anyhow::Result
 #[tokio::test]
 async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let config = stdio_config(
-        scratch.path(),
-        &["add", "go_down"],
-        "connect_timeout = \"2s\"",
-    )?;
+    // The default connect_timeout (10 s): the SDK alone takes seconds to
+    // import on a loaded machine, and a shorter one never connects there.
+    let config = stdio_config(scratch.path(), &["add", "go_down"], "")?;
     let fleet = fleet_with(&config, scratch.path(), &["py__add", "py__go_down"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
@@ -295,7 +293,7 @@ async fn a_worker_serves_its_own_tools_before_its_mcp_server_answers() -> anyhow
     let scratch = tempfile::tempdir()?;
     let held = scratch.path().join("held");
     std::fs::write(&held, "")?;
-    let config = stdio_config(scratch.path(), &["add"], "connect_timeout = \"2s\"")?;
+    let config = stdio_config(scratch.path(), &["add"], "")?;
     let fleet = fleet_with(&config, scratch.path(), &["echo"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
@@ -744,5 +742,98 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
         let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", headers).await?;
         assert_eq!(status, 401, "{token:?}");
     }
+    Ok(())
+}
+
+/// The five commands of docs/tools/mcp.md, from the page's own blocks: the
+/// SDK's quickstart server and the worker's configuration, written as the
+/// page shows them; `toolfleet dev --serve --worker-config`; then
+/// `toolfleet call` through the fleet. (The `pip install` is what
+/// `scripts/setup` did for the test's Python.)
+#[tokio::test]
+async fn the_five_command_walkthrough_of_the_mcp_page_works() -> anyhow::Result<()> {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let page = std::fs::read_to_string(repo_root().join("docs/tools/mcp.md"))?;
+    let section = page
+        .split("\n## ")
+        .find(|section| section.starts_with("Five commands"))
+        .expect("the walkthrough's section");
+    let blocks = toolfleet_tests::markdown::blocks(section);
+    let block = |language: &str, nth: usize| {
+        blocks
+            .iter()
+            .filter(|b| b.language == language)
+            .nth(nth)
+            .map(|b| b.lines.join("\n") + "\n")
+            .expect(language)
+    };
+    let commands: Vec<String> = blocks
+        .iter()
+        .filter(|b| b.is_shell())
+        .flat_map(toolfleet_tests::markdown::Block::commands)
+        .collect();
+    let [pip, dev, call] = commands.as_slice() else {
+        panic!("the page's commands: {commands:?}");
+    };
+    assert!(pip.starts_with("pip install \"mcp"), "{pip}");
+    let scratch = tempfile::tempdir()?;
+    std::fs::write(scratch.path().join("forecast.py"), block("python", 0))?;
+    std::fs::write(scratch.path().join("worker.toml"), block("toml", 0))?;
+
+    // The page's `python` is the one with the SDK; the port a free one.
+    let python_dir = venv_python()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let toolfleet = cargo_bin("toolfleet")?;
+    let path = format!(
+        "{}:{}:{}",
+        toolfleet
+            .parent()
+            .map(Path::display)
+            .map(|d| d.to_string())
+            .unwrap_or_default(),
+        python_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let port = toolfleet_tests::free_port()?.to_string();
+    // `exec`: the fleet is this process, killed with the test.
+    let mut serving = tokio::process::Command::new("sh")
+        .args(["-c", &format!("exec {}", dev.replace("50051", &port))])
+        .current_dir(scratch.path())
+        .env("PATH", &path)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = BufReader::new(serving.stdout.take().expect("piped")).lines();
+    tokio::time::timeout(JOB, async {
+        while let Some(line) = lines.next_line().await? {
+            if line.starts_with("toolfleet is serving gRPC on ") {
+                return anyhow::Ok(());
+            }
+        }
+        anyhow::bail!("toolfleet dev --serve ended")
+    })
+    .await??;
+    let answered = wait_until("the call through the fleet", JOB, || async {
+        let ran = tokio::process::Command::new("sh")
+            .args(["-c", call])
+            .current_dir(scratch.path())
+            .env("PATH", &path)
+            .env("TOOLFLEET_ADDR", format!("127.0.0.1:{port}"))
+            .output()
+            .await
+            .ok()?;
+        // Until its server has answered, the tool is unknown (exit 3).
+        ran.status
+            .success()
+            .then(|| String::from_utf8_lossy(&ran.stdout).into_owned())
+    })
+    .await?;
+    let envelope: serde_json::Value = serde_json::from_str(&answered)?;
+    assert_eq!(
+        envelope,
+        json!({"ok": true, "data": {"result": "sunny in Oslo"}})
+    );
     Ok(())
 }

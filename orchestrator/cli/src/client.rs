@@ -744,7 +744,7 @@ async fn stream_events(
 
 /// Hands each event from `from` on to `on_event` as it happens, and returns
 /// the final one.
-async fn each_event(
+pub(crate) async fn each_event(
     client: &mut ApiClient,
     job_id: &str,
     from: u64,
@@ -795,7 +795,7 @@ pub(crate) async fn submit_job(
         .into_inner())
 }
 
-async fn get_job(client: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
+pub(crate) async fn get_job(client: &mut ApiClient, job_id: &str) -> anyhow::Result<v1::Job> {
     Ok(client
         .get_job(v1::GetJobRequest {
             job_id: job_id.to_owned(),

@@ -49,6 +49,12 @@ pub(crate) struct DevArgs {
     /// Keep the temp dir (server data and logs, fleet.log) and print its path.
     #[arg(long)]
     keep_dir: bool,
+    /// A worker configuration file (docs/configuration.md) the local
+    /// workers take, e.g. its `[[mcp.servers]]` to put an MCP server behind
+    /// the fleet (docs/tools/mcp.md); the fleet sets their NATS, Redis, ids
+    /// and drain time.
+    #[arg(long, value_name = "FILE")]
+    worker_config: Option<std::path::PathBuf>,
 }
 
 impl DevArgs {
@@ -113,12 +119,21 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
             true => Serving::TestTools,
             false => Serving::BuiltIn,
         });
-    let options = LocalFleetOptions {
+    let mut options = LocalFleetOptions {
         grpc_port: args.grpc_port,
         keep_dir: args.keep_dir,
         kill_switch,
         ..LocalFleetOptions::default()
     };
+    if let Some(path) = &args.worker_config {
+        let drain = options.worker.runtime.drain_timeout;
+        options.worker = toolfleet_worker::WorkerOptions::load(Some(path), serde_json::json!({}))?;
+        options.worker.runtime.drain_timeout = drain;
+        options
+            .worker
+            .check_own()
+            .map_err(|problem| anyhow::anyhow!("--worker-config {}: {problem}", path.display()))?;
+    }
     let fleet = tokio::select! {
         fleet = builder.start_in_process(options) => fleet?,
         () = shutdown.cancelled() => {

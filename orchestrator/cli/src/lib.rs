@@ -2,7 +2,7 @@
 //! which run a local fleet. Its own crate, so that neither service links it.
 //!
 //! - `client`: `submit`, `get`, `watch`, `cancel`, `jobs`, `tools` against any
-//!   orchestrator replica.
+//!   orchestrator replica; `call`: one call without a model.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
 //! - `mcp_serve`: `mcp-serve`, the fleet as one MCP server.
 //! - `toolfleet-fleet` runs the local fleet of `dev` and `bench` (servers as
@@ -14,6 +14,7 @@
 
 mod approvals;
 mod bench;
+mod call;
 mod client;
 pub mod demo;
 mod dev;
@@ -65,6 +66,9 @@ enum Command {
     Jobs(client::JobsArgs),
     /// List the tools the live workers serve.
     Tools(client::ToolsArgs),
+    /// Run one tool call through the fleet without a model (a call job) and
+    /// print its envelope; exit 0 when the call succeeded, 3 when it failed.
+    Call(call::CallArgs),
     /// List the calls of your jobs that wait for a person's approval,
     /// oldest first, with the commands that decide them.
     Approvals(approvals::ApprovalsArgs),
@@ -137,6 +141,7 @@ impl Cli {
             Command::Cancel(args) => client::cancel(args).await,
             Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,
+            Command::Call(args) => call::run(args).await,
             Command::Approvals(args) => approvals::list(args).await,
             Command::Approve(args) => approvals::approve(args).await,
             Command::Reject(args) => approvals::reject(args).await,

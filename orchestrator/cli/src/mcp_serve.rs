@@ -370,6 +370,9 @@ async fn watch_to_end(
             let _ = context.peer.notify_progress(report).await;
         }
         if event.r#final {
+            // The server ends the stream after it: read that end, rather
+            // than reset the stream by dropping it (docs/api.md).
+            let _ = events.message().await;
             return Ok(());
         }
     }
