@@ -7,6 +7,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -149,6 +150,22 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()?;
+    // Read as it comes (a full pipe would stop the worker), and shown if
+    // the tool never appears.
+    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut stderr = BufReader::new(worker.stderr.take().expect("piped")).lines();
+    tokio::spawn({
+        let said = said.clone();
+        async move {
+            while let Ok(Some(line)) = stderr.next_line().await {
+                let mut said = said
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                said.push_str(&line);
+                said.push('\n');
+            }
+        }
+    });
 
     // The fleet offers the tool once the worker announces it.
     wait_until(
@@ -159,7 +176,13 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
             listed.is_ok_and(|tools| tools.contains("order_status"))
         },
     )
-    .await?;
+    .await
+    .with_context(|| {
+        let said = said
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        format!("the template worker said:\n{said}")
+    })?;
 
     let call = |id: &str, order_id: &str| json!({"id": id, "name": "order_status", "arguments": {"order_id": order_id}});
     let script = json!([
