@@ -24,8 +24,8 @@ use anyhow::Context as _;
 use clap::Args;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig, Tool, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -146,12 +146,7 @@ impl Doorman {
     ) -> axum::response::Response {
         use axum::http::{StatusCode, header};
         use axum::response::IntoResponse;
-        let token = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::to_owned);
+        let token = bearer(request.headers());
         let refused = |status: StatusCode, why: &'static str| {
             let challenge = [(header::WWW_AUTHENTICATE, "Bearer")];
             (status, challenge, why).into_response()
@@ -197,6 +192,15 @@ impl Doorman {
     }
 }
 
+/// The token of an HTTP request's `Authorization: Bearer` header.
+fn bearer(headers: &axum::http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
+    value.strip_prefix("Bearer ").map(str::to_owned)
+}
+
 /// Whose token a request goes to the API with.
 #[derive(Clone)]
 enum Token {
@@ -221,10 +225,7 @@ impl Gateway {
             Token::PerRequest => context
                 .extensions
                 .get::<axum::http::request::Parts>()
-                .and_then(|parts| parts.headers.get(axum::http::header::AUTHORIZATION))
-                .and_then(|value| value.to_str().ok())
-                .and_then(|value| value.strip_prefix("Bearer "))
-                .map(str::to_owned),
+                .and_then(|parts| bearer(&parts.headers)),
         };
         client::with_token(self.channel.clone(), token.as_deref())
             .map_err(|_| McpError::invalid_request("the token cannot be sent", None))
@@ -308,7 +309,6 @@ fn mcp_tool(tool: v1::Tool) -> Option<Tool> {
         "idempotent" => ToolAnnotations::from_raw(None, Some(false), None, Some(true), None),
         _ => ToolAnnotations::from_raw(None, Some(false), None, Some(false), None),
     };
-    let schema: JsonObject = schema;
     Some(Tool::new(tool.name, tool.description, Arc::new(schema)).with_annotations(annotations))
 }
 
