@@ -29,7 +29,10 @@ Tools:
   more reports at once.
 
 Each `tools/list` it answers adds a line to `$MCP_TEST_DIR/listings`. It
-refuses to start while `$MCP_TEST_DIR/held` exists.
+refuses to start while `$MCP_TEST_DIR/held` exists. With
+`$MCP_TEST_PROTOCOL` set (a handshake version, such as `2025-06-18`), it is a
+server of that version only, as older servers are: its `initialize` answers
+with that version whatever the client asked for.
 """
 
 import asyncio
@@ -156,11 +159,19 @@ def extra(text: str) -> str:
     return f"extra {text}"
 
 
+async def tools_changed(ctx: Context) -> None:
+    """Says the tool list changed in both eras: on the session for a client
+    that made the `initialize` handshake, and on `subscriptions/listen`
+    streams for a 2026-07-28 client (each era drops the other's)."""
+    await ctx.session.send_tool_list_changed()
+    await ctx.notify_tools_changed()
+
+
 @server.tool()
 async def grow(ctx: Context) -> str:
     """Adds the tool `extra`."""
     server.add_tool(extra, annotations=mcp_types.ToolAnnotations(read_only_hint=True))
-    await ctx.session.send_tool_list_changed()
+    await tools_changed(ctx)
     return "grown"
 
 
@@ -168,7 +179,7 @@ async def grow(ctx: Context) -> str:
 async def shrink(ctx: Context) -> str:
     """Removes the tool `extra`."""
     server.remove_tool("extra")
-    await ctx.session.send_tool_list_changed()
+    await tools_changed(ctx)
     return "shrunk"
 
 
@@ -176,7 +187,7 @@ async def shrink(ctx: Context) -> str:
 async def flood(times: int, ctx: Context) -> str:
     """Says the tool list changed, many times over."""
     for _ in range(times):
-        await ctx.session.send_tool_list_changed()
+        await tools_changed(ctx)
     return "flooded"
 
 
@@ -197,6 +208,12 @@ if __name__ == "__main__":
         sys.exit("down for a while yet")
     if (scratch / "held").exists():
         sys.exit("held")
+    if pinned := os.environ.get("MCP_TEST_PROTOCOL"):
+        # The SDK answers `initialize` from these two names of its runner.
+        import mcp.server.runner as runner
+
+        runner.HANDSHAKE_PROTOCOL_VERSIONS = (pinned,)
+        runner.LATEST_HANDSHAKE_VERSION = pinned
     if sys.argv[1:2] == ["http"]:
         server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     else:

@@ -42,6 +42,22 @@ async fn fleet_with(config: &str, scratch: &Path, tools: &[&str]) -> anyhow::Res
     Ok(fleet)
 }
 
+/// The protocol version the worker of `fleet` agreed on with its MCP
+/// server, as it logged it.
+async fn connected_protocol(fleet: &Fleet) -> anyhow::Result<String> {
+    let connected = fleet
+        .worker(0)
+        .wait_for_log("connected to the MCP server", Duration::from_secs(10))
+        .await?;
+    let version = connected
+        .split("protocol=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_default()
+        .trim_matches('"');
+    Ok(version.to_owned())
+}
+
 /// The tools `ListTools` offers.
 async fn listed_tools(api: &ApiClient) -> anyhow::Result<Vec<v1::Tool>> {
     let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
@@ -216,6 +232,7 @@ async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> 
         token = token.display().to_string(),
     );
     let fleet = fleet_with(&config, scratch.path(), &["web__add"]).await?;
+    assert_eq!(connected_protocol(&fleet).await?, "2026-07-28");
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
@@ -224,6 +241,34 @@ async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> 
     let job = run_scripted(&api, "add over http", &script).await?;
     assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
     http.kill().await?;
+    Ok(())
+}
+
+/// A server that speaks only 2025-06-18 answers the handshake with it, and
+/// the worker agrees: its tools are served, their calls answered.
+#[tokio::test]
+async fn a_server_of_protocol_2025_06_18_is_served() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"old\"\ncommand = {python:?}\nargs = [{server:?}, \"stdio\"]\n\
+         env = {{ MCP_TEST_DIR = {scratch:?}, MCP_TEST_PROTOCOL = \"2025-06-18\" }}\n\
+         tools = [\"add\"]\nlifecycle = \"initialize\"\n",
+        python = venv_python()?.display().to_string(),
+        server = repo_root()
+            .join("tests/mcp/server.py")
+            .display()
+            .to_string(),
+        scratch = scratch.path().display().to_string(),
+    );
+    let fleet = fleet_with(&config, scratch.path(), &["old__add"]).await?;
+    assert_eq!(connected_protocol(&fleet).await?, "2025-06-18");
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "sum", "name": "old__add", "arguments": {"a": 20, "b": 22}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "add with an older server", &script).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
     Ok(())
 }
 
@@ -328,17 +373,42 @@ async fn a_worker_serves_its_own_tools_before_its_mcp_server_answers() -> anyhow
 /// `notifications/tools/list_changed` is followed: a tool the server adds
 /// is served (it was allow-listed, so its queue and consumer were there
 /// from the start), one it removes is withdrawn, and a flood of the
-/// notification costs at most one `tools/list` a second.
+/// notification costs at most one `tools/list` a second. The SDK's server
+/// speaks the stateless 2026-07-28, which the worker asks for first: the
+/// notifications come on a `subscriptions/listen` stream.
 #[tokio::test]
 async fn tools_that_a_server_adds_and_removes_are_served_and_withdrawn() -> anyhow::Result<()> {
+    follow_the_tools_of_a_changing_server("auto", "2026-07-28").await
+}
+
+/// The same over the `initialize` handshake, where the notifications come
+/// on the session itself.
+#[tokio::test]
+async fn after_an_initialize_handshake_the_tools_a_server_adds_and_removes_are_followed()
+-> anyhow::Result<()> {
+    follow_the_tools_of_a_changing_server("initialize", "2025-11-25").await
+}
+
+/// The test of `list_changed`, the worker's connection started as
+/// `lifecycle` says, and `protocol` the version it must agree on.
+async fn follow_the_tools_of_a_changing_server(
+    lifecycle: &str,
+    protocol: &str,
+) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let config = stdio_config(scratch.path(), &["grow", "shrink", "extra", "flood"], "")?;
+    let lifecycle = format!("lifecycle = {lifecycle:?}");
+    let config = stdio_config(
+        scratch.path(),
+        &["grow", "shrink", "extra", "flood"],
+        &lifecycle,
+    )?;
     let fleet = fleet_with(
         &config,
         scratch.path(),
         &["py__grow", "py__shrink", "py__flood"],
     )
     .await?;
+    assert_eq!(connected_protocol(&fleet).await?, protocol);
     let api = fleet.api(0).await?;
     assert!(
         !listed_tools(&api)
@@ -616,6 +686,8 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
         "every__get-env",
     ];
     let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    // It does not know `server/discover`: the worker falls back to the handshake.
+    assert_eq!(connected_protocol(&fleet).await?, "2025-11-25");
     let api = fleet.api(0).await?;
     let listed = listed_tools(&api).await?;
     let sum = listed

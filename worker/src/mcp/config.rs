@@ -72,6 +72,12 @@ pub struct McpServerOptions {
         default = "default_connect_timeout"
     )]
     pub connect_timeout: Duration,
+    /// How the connection starts: `auto` (the default) asks the server
+    /// for the stateless 2026-07-28 protocol (`server/discover`) and falls
+    /// back to the `initialize` handshake; `initialize` makes the
+    /// handshake at once; `discover` insists on 2026-07-28.
+    #[serde(default)]
+    pub lifecycle: Lifecycle,
     /// What a tool's calls may do, by its MCP name, over the server's
     /// annotations (hints): `read_only`, `idempotent` or `not_idempotent`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -160,6 +166,21 @@ impl EnvValue {
             Self::From(secret) => secret.read(),
         }
     }
+}
+
+/// How a connection to an MCP server starts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    /// `server/discover` for 2026-07-28, else the `initialize` handshake.
+    /// A server that does not answer the discovery at all is given 10 s
+    /// (rmcp's wait) before the handshake is tried.
+    #[default]
+    Auto,
+    /// The `initialize` handshake, offering 2025-11-25.
+    Initialize,
+    /// `server/discover` only: a server without 2026-07-28 is not served.
+    Discover,
 }
 
 /// When an MCP server's tools need a person's approval.
@@ -359,6 +380,21 @@ mod tests {
     }
 
     #[test]
+    fn the_lifecycle_is_one_of_three() {
+        let text = |lifecycle: &str| {
+            format!(
+                "[[servers]]\nname = \"s\"\ncommand = \"s\"\ntools = [\"t\"]\nlifecycle = {lifecycle:?}\n"
+            )
+        };
+        let discover = server(&text("discover")).unwrap();
+        assert_eq!(discover.servers[0].lifecycle, Lifecycle::Discover);
+        let initialize = server(&text("initialize")).unwrap();
+        assert_eq!(initialize.servers[0].lifecycle, Lifecycle::Initialize);
+        let wrong = server(&text("2026-07-28")).unwrap_err();
+        assert!(wrong.contains("auto"), "{wrong}");
+    }
+
+    #[test]
     fn a_server_is_stdio_or_http_with_secrets_never_in_clear() {
         let stdio = server(
             r#"[[servers]]
@@ -382,6 +418,7 @@ effects = { "get.forecast" = "read_only" }
             (0, "get.forecast".into())
         );
         assert_eq!(weather.call_timeout, Duration::from_secs(30));
+        assert_eq!(weather.lifecycle, Lifecycle::Auto);
 
         let clear = server(
             r#"[[servers]]

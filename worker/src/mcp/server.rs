@@ -16,13 +16,17 @@ use futures::StreamExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, RequestId, ServerResult, Tool as McpToolInfo,
+    ProgressToken, ProtocolVersion, RequestId, ServerNotification, ServerResult,
+    SubscriptionFilter, Tool as McpToolInfo,
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
-use rmcp::{ClientHandler, Peer, RoleClient, ServiceError, ServiceExt};
+use rmcp::{
+    ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient,
+    ServiceError,
+};
 use serde_json::Value;
 use tokio::process::ChildStderr;
 use tokio::sync::{Notify, Semaphore, watch};
@@ -33,7 +37,7 @@ use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
 
-use super::config::McpServerOptions;
+use super::config::{Lifecycle, McpServerOptions};
 use super::listing::Listing;
 use super::results;
 use crate::progress::Progress;
@@ -72,8 +76,9 @@ impl ClientHandler for Handler {
     }
 
     fn get_info(&self) -> ClientConfig {
-        // The newest version with an `initialize` handshake, which this
-        // worker makes (the stateless 2026-07-28 has none).
+        // The version offered in an `initialize` handshake: the newest that
+        // has one (2026-07-28, which has none, is asked for by
+        // `server/discover`, see `McpServer::lifecycle`).
         ClientConfig::new(
             ClientCapabilities::default(),
             Implementation::new("toolfleet-worker", env!("CARGO_PKG_VERSION")),
@@ -273,10 +278,13 @@ impl McpServer {
         let closed = client.waiting();
         tokio::pin!(closed);
         let mut next_listing = Instant::now();
+        let subscribed = self.subscribe(peer);
+        tokio::pin!(subscribed);
         loop {
             tokio::select! {
                 _ = &mut closed => return true,
                 () = end.cancelled() => break,
+                () = &mut subscribed => {}
                 () = self.list_changed.notified() => {
                     let relisted = async {
                         tokio::time::sleep_until(next_listing).await;
@@ -361,6 +369,54 @@ impl McpServer {
         }
     }
 
+    /// On a 2026-07-28 session, whose server sends `list_changed` only on
+    /// a `subscriptions/listen` stream, keeps one open and passes each
+    /// notification on as the handler does on older sessions. A stream
+    /// that ends (the server closed it, or it fell behind) is opened again
+    /// after a pause, and the tools are listed then, since a change may
+    /// have been missed. Never returns (on an older session, or when the
+    /// server does not say its tools change, it just waits).
+    async fn subscribe(&self, peer: &Peer<RoleClient>) {
+        let server = &self.options.name;
+        let stateless = peer.peer_info().filter(|info| {
+            let changing = info
+                .capabilities
+                .tools
+                .as_ref()
+                .and_then(|t| t.list_changed);
+            !info.protocol_version.has_initialize() && changing == Some(true)
+        });
+        if stateless.is_none() {
+            return std::future::pending().await;
+        }
+        let filter = SubscriptionFilter::builder().tools_list_changed().build();
+        let mut pauses = ExponentialBuilder::default()
+            .with_min_delay(LISTING_GAP)
+            .with_max_delay(Duration::from_secs(30))
+            .without_max_times()
+            .build();
+        loop {
+            match peer.listen(filter.clone()).await {
+                Ok(mut subscription) => {
+                    while let Ok(Some(notification)) = subscription.next().await {
+                        if let ServerNotification::ToolListChangedNotification(_) = notification {
+                            self.list_changed.notify_one();
+                        }
+                    }
+                    debug!(server, end = ?subscription.end(), "MCP subscription ended");
+                    self.list_changed.notify_one();
+                    tokio::time::sleep(LISTING_GAP).await;
+                }
+                Err(err) => {
+                    // Endless (no max_times): it always yields.
+                    let pause = pauses.next().unwrap_or(Duration::from_secs(30));
+                    warn!(server, error = %err, retry_in = ?pause, "subscriptions/listen failed; tool changes are not followed until it succeeds");
+                    tokio::time::sleep(pause).await;
+                }
+            }
+        }
+    }
+
     /// Sends one `tools/call` over `peer` and waits for its answer, the
     /// server's progress notifications meanwhile going to `progress`.
     /// Dropped (a timeout, a drain), the request is cancelled on the
@@ -421,28 +477,44 @@ impl McpServer {
         }
     }
 
-    /// Starts or reaches the server and makes the handshake, within
-    /// `connect_timeout`.
+    /// How the connection starts, as configured: 2026-07-28 is the only
+    /// version asked for by `server/discover`; the handshake offers
+    /// [`Handler::get_info`]'s.
+    fn lifecycle(&self) -> ClientLifecycleMode {
+        let stateless = vec![ProtocolVersion::V_2026_07_28];
+        match self.options.lifecycle {
+            Lifecycle::Auto => ClientLifecycleMode::Auto {
+                preferred_versions: stateless,
+                legacy_version: None,
+            },
+            Lifecycle::Initialize => ClientLifecycleMode::Initialize,
+            Lifecycle::Discover => ClientLifecycleMode::Discover {
+                preferred_versions: stateless,
+            },
+        }
+    }
+
+    /// Starts or reaches the server and makes the handshake (or the
+    /// discovery), within `connect_timeout`.
     async fn connect(&self) -> Result<Client, String> {
         let server = &self.options.name;
         let handshake = async {
-            match (&self.options.command, &self.options.url) {
+            let client = match (&self.options.command, &self.options.url) {
                 (Some(command), _) => {
                     let process = self.spawn(command)?;
                     self.handler()
-                        .serve(process)
+                        .serve_with_lifecycle(process, self.lifecycle())
                         .await
-                        .map_err(|e| format!("handshake failed: {e}"))
                 }
                 (None, Some(url)) => {
                     let transport = self.dial(url)?;
                     self.handler()
-                        .serve(transport)
+                        .serve_with_lifecycle(transport, self.lifecycle())
                         .await
-                        .map_err(|e| format!("handshake failed: {e}"))
                 }
-                (None, None) => Err("neither command nor url".to_owned()),
-            }
+                (None, None) => return Err("neither command nor url".to_owned()),
+            };
+            client.map_err(|e| format!("handshake failed: {e}"))
         };
         let client = tokio::time::timeout(self.options.connect_timeout, handshake)
             .await
@@ -457,6 +529,13 @@ impl McpServer {
             .map(|info| info.protocol_version.to_string())
             .unwrap_or_default();
         info!(server, protocol = version, "connected to the MCP server");
+        // Each listing must say what the server offers now: rmcp would
+        // otherwise keep a list for as long as the server's hint allows,
+        // and serve it stale when a listing fails.
+        client
+            .peer()
+            .set_response_cache_config(ClientCacheConfig::disabled())
+            .await;
         Ok(client)
     }
 
