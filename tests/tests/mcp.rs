@@ -744,7 +744,8 @@ async fn python_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
 /// What every authenticated client must have seen: the tools with their
 /// effects as annotations, a call's data, an error envelope as `isError`,
 /// and the progress of an MCP tool behind the fleet.
-fn assert_served(seen: &serde_json::Value) {
+fn assert_served(seen: &serde_json::Value, protocol: &str) {
+    assert_eq!(seen["protocol"], protocol, "{seen}");
     assert_eq!(seen["tools"]["calculate"]["readOnlyHint"], true, "{seen}");
     assert_eq!(seen["tools"]["py__steps"]["readOnlyHint"], true, "{seen}");
     assert_eq!(seen["calculate"]["is_error"], false, "{seen}");
@@ -759,7 +760,8 @@ fn assert_served(seen: &serde_json::Value) {
 }
 
 /// The fleet as an MCP server (`toolfleet mcp-serve`), used by the official
-/// Python SDK's client over stdio and Streamable HTTP: the tenant's live
+/// Python SDK's client over stdio and Streamable HTTP, each through the
+/// handshake (2025-11-25) and statelessly (2026-07-28): the tenant's live
 /// tools, each call a call job through the fleet (its progress passed on),
 /// and a client without a known token refused.
 #[tokio::test]
@@ -798,7 +800,10 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
     .await?;
 
     let toolfleet = cargo_bin("toolfleet")?.display().to_string();
-    assert_served(&python_client(&["stdio", &toolfleet, &addr, IDE_TOKEN]).await?);
+    for (mode, protocol) in [("stdio", "2025-11-25"), ("stdio-2026", "2026-07-28")] {
+        let seen = python_client(&[mode, &toolfleet, &addr, IDE_TOKEN]).await?;
+        assert_served(&seen, protocol);
+    }
 
     let listen = toolfleet_tests::free_loopback_address()?;
     let _gateway = tokio::process::Command::new(&toolfleet)
@@ -810,7 +815,9 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
     })
     .await?;
     let url = format!("http://{listen}/mcp");
-    assert_served(&python_client(&["http", &url, IDE_TOKEN]).await?);
+    for (mode, protocol) in [("http", "2025-11-25"), ("http-2026", "2026-07-28")] {
+        assert_served(&python_client(&[mode, &url, IDE_TOKEN]).await?, protocol);
+    }
     for token in ["", "not-a-known-token"] {
         let refused = python_client(&["http", &url, token]).await?;
         assert!(refused["refused"].is_string(), "{token:?}: {refused}");
