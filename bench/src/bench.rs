@@ -26,6 +26,7 @@ use toolfleet_fleet::{FleetBuilder, Serving};
 
 mod accounting;
 mod floor;
+mod mcp;
 mod parked;
 mod processes;
 mod stored;
@@ -147,6 +148,13 @@ pub(crate) struct BenchArgs {
     /// jobs parked (docs/performance.md).
     #[arg(long, value_name = "N", requires = "processes")]
     parked: Option<usize>,
+    /// Instead of the load, time N calls of an MCP server's tool made by
+    /// one MCP client directly and N through the fleet (`mcp-serve`, a call
+    /// job, a worker, the same server), interleaved, one at a time: what
+    /// the fleet adds to an MCP call, at p50 and p99. The server, the
+    /// fleet, the gateway and the client run in this process.
+    #[arg(long, value_name = "N", conflicts_with_all = ["target", "processes", "tls"])]
+    mcp: Option<usize>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -332,6 +340,9 @@ impl BenchArgs {
 
 /// Runs the benchmark and prints (and optionally writes) the report.
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if let Some(calls) = args.mcp {
+        return mcp::run(&args, calls).await;
+    }
     let workers = args.workers.max(1);
     let collector = span_collector(&args).await?;
     let telemetry = TelemetryOptions {

@@ -842,6 +842,26 @@ async fn bench_runs_end_to_end_and_reports_the_spans_of_a_traced_run() -> anyhow
     Ok(())
 }
 
+/// `bench --mcp N` times N calls of an MCP server's tool made directly and
+/// N made through the fleet, and reports both and their difference.
+#[tokio::test]
+async fn bench_mcp_times_an_mcp_tool_directly_and_through_the_fleet() -> anyhow::Result<()> {
+    let run = toolfleet(&["bench", "--mcp", "5", "--workers", "1", "--json"]).await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout)?;
+    assert_eq!(report["calls"], 5, "{report}");
+    let p50 = |path: &str| report[path]["p50_ms"].as_f64().unwrap_or_default();
+    assert!(p50("direct") > 0.0, "{report}");
+    assert!(p50("through_the_fleet") > 0.0, "{report}");
+    let overhead = report["overhead_p50_ms"].as_f64().unwrap_or(f64::NAN);
+    assert!(
+        (overhead - (p50("through_the_fleet") - p50("direct"))).abs() < 1e-9,
+        "{report}"
+    );
+    assert!(run.stderr.contains("warming up"), "{}", run.stderr);
+    Ok(())
+}
+
 /// `toolfleet bench --processes` on a NATS cluster and a Redis Cluster,
 /// every write waiting for a replica: each server is accounted for by
 /// name, the Redis commands include the `WAIT`s, and the report says what

@@ -18,7 +18,7 @@ mod call;
 mod client;
 pub mod demo;
 mod dev;
-mod mcp_serve;
+pub mod mcp_serve;
 pub mod output;
 mod timeline;
 mod transcript;
