@@ -7,6 +7,8 @@ as it would any team's server.
 
 Tools:
 - `add(a, b)`: read-only (annotations), a structured result;
+- `ask(question)`: answers that it needs the user's input first
+  (`input_required`, 2026-07-28 only);
 - `shout(text)`: idempotent, a text result;
 - `get.forecast(city)`: a name the fleet must map (the dot);
 - `fail(message)`: an error result (`isError`) with the message;
@@ -64,6 +66,19 @@ PIXEL = bytes.fromhex(
     "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
     "0000000d49444154789c6360f8cfc0f01f0005000201e221bc330000000049454e44ae426082"
 )
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def ask(question: str) -> mcp_types.InputRequiredResult:
+    """Asks the user first: an `input_required` result (2026-07-28)."""
+    form = mcp_types.ElicitRequestFormParams(
+        message=question,
+        requested_schema={"type": "object", "properties": {"answer": {"type": "string"}}},
+    )
+    return mcp_types.InputRequiredResult(
+        input_requests={"answer": mcp_types.ElicitRequest(params=form)},
+        request_state="asked",
+    )
 
 
 @server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))

@@ -83,7 +83,7 @@ async fn wait_offered(
 async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_errors()
 -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let tools = ["add", "shout", "get.forecast", "fail", "picture"];
+    let tools = ["add", "shout", "get.forecast", "fail", "picture", "ask"];
     let config = stdio_config(scratch.path(), &tools, "")?;
     let served = [
         "py__add",
@@ -91,6 +91,7 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
         "py__get_forecast",
         "py__fail",
         "py__picture",
+        "py__ask",
     ];
     let fleet = fleet_with(&config, scratch.path(), &served).await?;
     let api = fleet.api(0).await?;
@@ -113,7 +114,8 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
             {"id": "sky", "name": "py__get_forecast", "arguments": {"city": "Oslo"}},
             {"id": "oops", "name": "py__fail", "arguments": {"message": "no such city"}},
             {"id": "pic", "name": "py__picture", "arguments": {}},
-            {"id": "bad", "name": "py__add", "arguments": {"a": "two", "b": 3}}
+            {"id": "bad", "name": "py__add", "arguments": {"a": "two", "b": 3}},
+            {"id": "ask", "name": "py__ask", "arguments": {"question": "Which city?"}}
         ]},
         {"message": "done"}
     ]);
@@ -143,6 +145,11 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
     );
     // Refused by the server's schema before it reached the server.
     assert_eq!(results["bad"]["error"]["code"], "INVALID_TOOL_ARGUMENTS");
+    // A question for the user (2026-07-28's `input_required`), which a
+    // call through the fleet cannot answer: terminal, saying so.
+    let ask = &results["ask"]["error"];
+    assert_eq!(ask["code"], "INPUT_REQUIRED", "{ask}");
+    assert_eq!(ask["retryable"], false, "{ask}");
     Ok(())
 }
 
