@@ -262,6 +262,13 @@ impl OrchestratorOptions {
                 self.grpc.max_request_bytes
             ));
         }
+        // A key file that cannot be read stops the replica now, not its
+        // first job.
+        crate::model::api_key(
+            "openai",
+            self.openai.api_key.as_deref(),
+            self.openai.api_key_file.as_deref(),
+        )?;
         if self.approval.timeout.is_zero() {
             return Err(
                 "approval.timeout is 0s: every held call would expire at once; \

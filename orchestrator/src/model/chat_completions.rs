@@ -20,8 +20,8 @@ use crate::job::Item;
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
 pub struct ChatCompletions {
-    client: reqwest::Client,
-    options: OpenAiOptions,
+    wire: http::Wire,
+    base_url: String,
 }
 
 impl ChatCompletions {
@@ -30,11 +30,12 @@ impl ChatCompletions {
     ///
     /// # Errors
     ///
-    /// When the HTTP client cannot be built (the TLS backend failed to load).
-    pub fn new(options: OpenAiOptions) -> Result<Self, reqwest::Error> {
+    /// When the key file cannot be read or the HTTP client cannot be
+    /// built (the TLS backend failed to load).
+    pub fn new(options: &OpenAiOptions) -> Result<Self, String> {
         Ok(Self {
-            client: http::client(&options)?,
-            options,
+            wire: options.wire()?,
+            base_url: options.base_url.clone(),
         })
     }
 }
@@ -43,7 +44,7 @@ impl ChatCompletions {
 impl fmt::Debug for ChatCompletions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChatCompletions")
-            .field("base_url", &self.options.base_url)
+            .field("base_url", &self.base_url)
             .finish_non_exhaustive()
     }
 }
@@ -57,9 +58,9 @@ impl Provider for ChatCompletions {
             turn = request.turn
         );
         async move {
-            let url = http::endpoint(&self.options.base_url, "chat/completions");
+            let url = http::endpoint(&self.base_url, "chat/completions");
             let body = request_body(&request);
-            let response = http::post_json(&self.client, &self.options, &url, &body).await?;
+            let response = http::post_json(&self.wire, &url, &body).await?;
             parse_response(&response, request.turn)
         }
         .instrument(span)
@@ -373,7 +374,7 @@ mod tests {
             .expect(1)
             .mount(&server)
             .await;
-        let provider = ChatCompletions::new(options(&server)).unwrap();
+        let provider = ChatCompletions::new(&options(&server)).unwrap();
         let tools = [tool("get_weather"), tool("get_time")];
         let mut items = vec![Item::User {
             text: "Weather and time in Paris?".into(),
@@ -459,7 +460,7 @@ mod tests {
             turn: 0,
         };
         check_error_policy(
-            |options| ChatCompletions::new(options).unwrap(),
+            |options| ChatCompletions::new(&options).unwrap(),
             "/v1/chat/completions",
             RequestKind::ChatCompletions,
             request,

@@ -1,21 +1,24 @@
-//! The one HTTP exchange both OpenAI-compatible providers make: POST a JSON
-//! body, retry what is transient, and turn everything else into a
-//! [`ModelError`] the runner can act on.
+//! The one HTTP exchange every model provider makes: POST a JSON body,
+//! retry what is transient, and turn everything else into a [`ModelError`]
+//! the runner can act on. A provider brings its [`Wire`]: its credentials
+//! and version headers, and its section's retry policy.
 //!
-//! The policy follows OpenAI's error guide and its Python SDK: retry 408, 409,
-//! 429, 5xx, timeouts and connection errors with capped, jittered exponential
-//! backoff; let `retry-after-ms` / `Retry-After` override the schedule; never
-//! retry a 429 that reports an exhausted quota, nor any other 4xx.
+//! The policy follows OpenAI's error guide and its Python SDK, which
+//! Anthropic's agrees with: retry 408, 409, 429, 5xx (Anthropic's 529
+//! included), timeouts and connection errors with capped, jittered
+//! exponential backoff; let `retry-after-ms` / `Retry-After` override the
+//! schedule; never retry a 429 that reports an exhausted quota, nor any
+//! other 4xx.
 
 use std::error::Error as StdError;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, HeaderMap};
+use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::{ModelError, OpenAiOptions};
+use super::ModelError;
 
 /// 429 codes that need a human (credit, budget, spend limit): retrying only
 /// burns the budget and delays the failure. From OpenAI's error-code guide and
@@ -37,11 +40,65 @@ const TRANSIENT_CODES: &[&str] = &["server_error", "rate_limit_exceeded"];
 /// quoted in an error message.
 const MAX_QUOTED_BODY: usize = 300;
 
-/// Builds the HTTP client both providers use, with the per-request timeout.
-pub(crate) fn client(options: &OpenAiOptions) -> Result<reqwest::Client, reqwest::Error> {
-    reqwest::Client::builder()
-        .timeout(options.request_timeout)
-        .build()
+/// How a provider's requests are retried and bounded: the keys of its
+/// configuration section.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Policy {
+    /// The section (`openai`, `anthropic`), named in errors.
+    pub(crate) section: &'static str,
+    pub(crate) request_timeout: Duration,
+    pub(crate) max_retries: u32,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) max_response_bytes: usize,
+}
+
+/// One provider's side of the exchange: its connection pool, the headers
+/// every request carries, and its policy.
+pub(crate) struct Wire {
+    client: reqwest::Client,
+    /// Credentials (marked sensitive, so never printed) and version headers.
+    headers: HeaderMap,
+    /// The credential, cut out of any error text a server echoes it in.
+    secret: Option<String>,
+    policy: Policy,
+}
+
+impl Wire {
+    /// A wire with `headers` on every request; `secret` is the credential
+    /// among them.
+    ///
+    /// # Errors
+    ///
+    /// When the HTTP client cannot be built (the TLS backend failed to
+    /// load), or a header is not a valid header.
+    pub(crate) fn new(
+        policy: Policy,
+        headers: &[(&'static str, String)],
+        secret: Option<String>,
+    ) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .timeout(policy.request_timeout)
+            .build()
+            .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+        let mut map = HeaderMap::new();
+        for (name, value) in headers {
+            let mut value = HeaderValue::from_str(value).map_err(|_| {
+                format!(
+                    "{}: the value of {name} is not a header value",
+                    policy.section
+                )
+            })?;
+            value.set_sensitive(true);
+            map.insert(HeaderName::from_static(name), value);
+        }
+        Ok(Self {
+            client,
+            headers: map,
+            secret,
+            policy,
+        })
+    }
 }
 
 /// `{base_url}/{path}`, whether or not the base URL ends with a slash.
@@ -49,8 +106,9 @@ pub(crate) fn endpoint(base_url: &str, path: &str) -> String {
     format!("{}/{path}", base_url.trim_end_matches('/'))
 }
 
-/// POSTs `body` to `url` and returns the parsed JSON of a 2xx answer,
-/// retrying transient failures up to `options.max_retries` times.
+/// POSTs `body` to `url` over `wire` and returns the parsed JSON of a 2xx
+/// answer, retrying transient failures up to the policy's `max_retries`
+/// times.
 ///
 /// # Errors
 ///
@@ -60,12 +118,8 @@ pub(crate) fn endpoint(base_url: &str, path: &str) -> String {
 /// - [`ModelError::Unavailable`] when transient failures outlast the retries,
 ///   or the request could not be built at all.
 /// - [`ModelError::InvalidResponse`] when a 2xx body is not JSON.
-pub(crate) async fn post_json(
-    client: &reqwest::Client,
-    options: &OpenAiOptions,
-    url: &str,
-    body: &Value,
-) -> Result<Value, ModelError> {
+pub(crate) async fn post_json(wire: &Wire, url: &str, body: &Value) -> Result<Value, ModelError> {
+    let options = &wire.policy;
     let mut delays = ExponentialBuilder::new()
         .with_min_delay(options.initial_backoff)
         .with_max_delay(options.max_backoff)
@@ -74,7 +128,7 @@ pub(crate) async fn post_json(
         .build();
     let mut attempt: u32 = 1;
     loop {
-        let transient = match send_once(client, options, url, body).await {
+        let transient = match send_once(wire, url, body).await {
             Ok(value) => return Ok(value),
             Err(Failure::Fatal(err)) => return Err(err),
             Err(Failure::Transient(transient)) => transient,
@@ -122,20 +176,17 @@ struct Transient {
     request_id: Option<String>,
 }
 
-async fn send_once(
-    client: &reqwest::Client,
-    options: &OpenAiOptions,
-    url: &str,
-    body: &Value,
-) -> Result<Value, Failure> {
-    let mut request = client
+async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failure> {
+    let options = &wire.policy;
+    let response = wire
+        .client
         .post(url)
+        .headers(wire.headers.clone())
         .header(ACCEPT, "application/json")
-        .json(body);
-    if let Some(key) = &options.api_key {
-        request = request.bearer_auth(key);
-    }
-    let response = request.send().await.map_err(send_failure)?;
+        .json(body)
+        .send()
+        .await
+        .map_err(send_failure)?;
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
@@ -159,8 +210,8 @@ async fn send_once(
                 request_id: request_id.clone(),
             }),
             BodyError::TooLarge => Failure::Fatal(ModelError::InvalidResponse(format!(
-                "the response is over {} bytes (openai.max_response_bytes)",
-                options.max_response_bytes
+                "the response is over {} bytes ({}.max_response_bytes)",
+                options.max_response_bytes, options.section
             ))),
         })?;
 
@@ -172,7 +223,7 @@ async fn send_once(
         });
     }
 
-    let details = ErrorDetails::parse(&bytes, options.api_key.as_deref());
+    let details = ErrorDetails::parse(&bytes, wire.secret.as_deref());
     if is_retryable_status(status) && !details.is_quota() {
         return Err(Failure::Transient(Transient {
             reason: format!("HTTP {}: {}", status.as_u16(), details.message),
@@ -424,6 +475,7 @@ pub(crate) mod testing {
         OpenAiOptions {
             base_url: format!("{}/v1", server.uri()),
             api_key: Some("sk-test".into()),
+            api_key_file: None,
             request_timeout: Duration::from_secs(5),
             max_retries: 2,
             initial_backoff: Duration::from_millis(10),
@@ -648,6 +700,7 @@ mod tests {
 
     use super::testing::{RequestKind, options, request_bodies};
     use super::*;
+    use crate::model::OpenAiOptions;
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut map = HeaderMap::new();
@@ -786,7 +839,7 @@ mod tests {
     #[tokio::test]
     async fn timeouts_and_refused_connections_are_retried_then_unavailable() {
         let body = json!({"model": "gpt-test", "input": "hi"});
-        let client_for = |options: &OpenAiOptions| client(options).unwrap();
+        let wire = |options: &OpenAiOptions| options.wire().unwrap();
 
         // Each attempt outlives the request timeout.
         let server = MockServer::start().await;
@@ -801,7 +854,7 @@ mod tests {
         let mut opts = options(&server);
         opts.request_timeout = Duration::from_millis(100);
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&client_for(&opts), &opts, &url, &body)
+        let err = post_json(&wire(&opts), &url, &body)
             .await
             .expect_err("every attempt times out");
         assert!(
@@ -823,7 +876,7 @@ mod tests {
         opts.base_url = format!("http://127.0.0.1:{port}/v1/");
         let url = endpoint(&opts.base_url, "responses");
         assert_eq!(url, format!("http://127.0.0.1:{port}/v1/responses"));
-        let err = post_json(&client_for(&opts), &opts, &url, &body)
+        let err = post_json(&wire(&opts), &url, &body)
             .await
             .expect_err("connection refused");
         assert!(
@@ -842,7 +895,7 @@ mod tests {
         let opts = options(&server);
         let body = json!({"model": "gpt-test", "input": "hi"});
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+        let err = post_json(&opts.wire().unwrap(), &url, &body)
             .await
             .expect_err("not JSON");
         assert!(matches!(err, ModelError::InvalidResponse(_)), "{err:?}");
@@ -862,7 +915,7 @@ mod tests {
             .await;
         let opts = options(&server);
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+        let err = post_json(&opts.wire().unwrap(), &url, &body)
             .await
             .expect_err("over the cap");
         assert!(
@@ -878,7 +931,7 @@ mod tests {
         let mut opts = options(&server);
         opts.max_retries = 0;
         let url = format!("http://127.0.0.1:{port}/v1/responses?api-key=sk-in-the-query");
-        let err = post_json(&client(&opts).unwrap(), &opts, &url, &body)
+        let err = post_json(&opts.wire().unwrap(), &url, &body)
             .await
             .expect_err("nothing listens");
         let text = err.to_string();

@@ -15,6 +15,7 @@ pub mod one_call;
 pub mod openai_responses;
 pub mod scripted;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -168,7 +169,7 @@ impl Providers {
 
     /// Whether an OpenAI API key is configured.
     pub fn has_api_key(&self) -> bool {
-        self.openai.api_key.is_some()
+        self.openai.api_key.is_some() || self.openai.api_key_file.is_some()
     }
 
     /// The provider of a job.
@@ -199,21 +200,13 @@ impl Providers {
             }
             ProviderKind::OpenaiResponses => self
                 .responses
-                .get_or_init(|| {
-                    openai_responses::OpenAiResponses::new(self.openai.clone())
-                        .map(Arc::new)
-                        .map_err(|e| e.to_string())
-                })
+                .get_or_init(|| openai_responses::OpenAiResponses::new(&self.openai).map(Arc::new))
                 .clone()
                 .map(|p| p as Arc<dyn Provider>)
                 .map_err(|e| unavailable(&e)),
             ProviderKind::OpenaiChat => self
                 .chat
-                .get_or_init(|| {
-                    chat_completions::ChatCompletions::new(self.openai.clone())
-                        .map(Arc::new)
-                        .map_err(|e| e.to_string())
-                })
+                .get_or_init(|| chat_completions::ChatCompletions::new(&self.openai).map(Arc::new))
                 .clone()
                 .map(|p| p as Arc<dyn Provider>)
                 .map_err(|e| unavailable(&e)),
@@ -231,6 +224,10 @@ pub struct OpenAiOptions {
     /// API key. Default: `OPENAI_API_KEY`. Never logged.
     #[serde(skip_serializing)]
     pub api_key: Option<String>,
+    /// A file holding the API key (a mounted Secret), read when the
+    /// provider is first used; exclusive with `api_key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
     /// Timeout of one HTTP request. Default: 120s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub request_timeout: Duration,
@@ -253,6 +250,7 @@ impl std::fmt::Debug for OpenAiOptions {
         f.debug_struct("OpenAiOptions")
             .field("base_url", &self.base_url)
             .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("api_key_file", &self.api_key_file)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("initial_backoff", &self.initial_backoff)
@@ -270,6 +268,7 @@ impl Default for OpenAiOptions {
             api_key: std::env::var("OPENAI_API_KEY")
                 .ok()
                 .filter(|k| !k.is_empty()),
+            api_key_file: None,
             request_timeout: Duration::from_secs(120),
             max_retries: 4,
             initial_backoff: Duration::from_millis(500),
@@ -279,9 +278,104 @@ impl Default for OpenAiOptions {
     }
 }
 
+impl OpenAiOptions {
+    /// The policy of the `openai` keys.
+    pub(crate) fn policy(&self) -> http::Policy {
+        http::Policy {
+            section: "openai",
+            request_timeout: self.request_timeout,
+            max_retries: self.max_retries,
+            initial_backoff: self.initial_backoff,
+            max_backoff: self.max_backoff,
+            max_response_bytes: self.max_response_bytes,
+        }
+    }
+
+    /// The wire of the OpenAI providers: the key as a bearer token.
+    ///
+    /// # Errors
+    ///
+    /// The key file cannot be read, or the client cannot be built.
+    pub(crate) fn wire(&self) -> Result<http::Wire, String> {
+        let key = api_key(
+            "openai",
+            self.api_key.as_deref(),
+            self.api_key_file.as_deref(),
+        )?;
+        let headers = key
+            .iter()
+            .map(|key| ("authorization", format!("Bearer {key}")))
+            .collect::<Vec<_>>();
+        http::Wire::new(self.policy(), &headers, key)
+    }
+}
+
+/// A provider's API key: the content of `file` (a mounted Secret, its
+/// trailing newline dropped) when set, else `key`.
+///
+/// # Errors
+///
+/// Both are set, or the file cannot be read or is empty; the error names
+/// the key and the file, never the content.
+pub(crate) fn api_key(
+    section: &str,
+    key: Option<&str>,
+    file: Option<&Path>,
+) -> Result<Option<String>, String> {
+    let Some(file) = file else {
+        return Ok(key.filter(|key| !key.is_empty()).map(str::to_owned));
+    };
+    if key.is_some_and(|key| !key.is_empty()) {
+        return Err(format!(
+            "{section}.api_key and {section}.api_key_file are both set; keep one"
+        ));
+    }
+    let text = std::fs::read_to_string(file).map_err(|err| {
+        format!(
+            "{section}.api_key_file: cannot read {}: {err}",
+            file.display()
+        )
+    })?;
+    let key = text.trim_end_matches(['\n', '\r']);
+    if key.is_empty() {
+        return Err(format!(
+            "{section}.api_key_file: {} is empty",
+            file.display()
+        ));
+    }
+    Ok(Some(key.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_api_key_comes_from_its_file_or_the_key_never_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("key");
+        std::fs::write(&file, "sk-from-file\n").unwrap();
+        assert_eq!(
+            api_key("openai", None, Some(&file)).unwrap().as_deref(),
+            Some("sk-from-file")
+        );
+        assert_eq!(
+            api_key("openai", Some("sk-env"), None).unwrap().as_deref(),
+            Some("sk-env")
+        );
+        assert_eq!(api_key("openai", Some(""), None).unwrap(), None);
+        let both = api_key("anthropic", Some("sk-env"), Some(&file)).unwrap_err();
+        assert!(both.contains("anthropic.api_key_file"), "{both}");
+        assert!(!both.contains("sk-"), "{both}");
+        std::fs::write(&file, "\n").unwrap();
+        let empty = api_key("openai", None, Some(&file)).unwrap_err();
+        assert!(empty.contains("is empty"), "{empty}");
+        let missing = api_key("openai", None, Some(&dir.path().join("nope"))).unwrap_err();
+        assert!(
+            missing.contains("cannot read") && missing.contains("nope"),
+            "{missing}"
+        );
+    }
 
     #[test]
     fn usage_is_read_in_both_apis_spellings_and_malformed_usage_is_none() {

@@ -18,8 +18,8 @@ use crate::job::Item;
 
 /// A model behind the OpenAI Responses API (or a server that speaks it).
 pub struct OpenAiResponses {
-    client: reqwest::Client,
-    options: OpenAiOptions,
+    wire: http::Wire,
+    base_url: String,
 }
 
 impl OpenAiResponses {
@@ -28,11 +28,12 @@ impl OpenAiResponses {
     ///
     /// # Errors
     ///
-    /// When the HTTP client cannot be built (the TLS backend failed to load).
-    pub fn new(options: OpenAiOptions) -> Result<Self, reqwest::Error> {
+    /// When the key file cannot be read or the HTTP client cannot be
+    /// built (the TLS backend failed to load).
+    pub fn new(options: &OpenAiOptions) -> Result<Self, String> {
         Ok(Self {
-            client: http::client(&options)?,
-            options,
+            wire: options.wire()?,
+            base_url: options.base_url.clone(),
         })
     }
 }
@@ -41,7 +42,7 @@ impl OpenAiResponses {
 impl fmt::Debug for OpenAiResponses {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiResponses")
-            .field("base_url", &self.options.base_url)
+            .field("base_url", &self.base_url)
             .finish_non_exhaustive()
     }
 }
@@ -55,9 +56,9 @@ impl Provider for OpenAiResponses {
             turn = request.turn
         );
         async move {
-            let url = http::endpoint(&self.options.base_url, "responses");
+            let url = http::endpoint(&self.base_url, "responses");
             let body = request_body(&request);
-            let response = http::post_json(&self.client, &self.options, &url, &body).await?;
+            let response = http::post_json(&self.wire, &url, &body).await?;
             parse_response(&response)
         }
         .instrument(span)
@@ -320,7 +321,7 @@ mod tests {
             .expect(1)
             .mount(&server)
             .await;
-        let provider = OpenAiResponses::new(options(&server)).unwrap();
+        let provider = OpenAiResponses::new(&options(&server)).unwrap();
         let tools = [weather_tool()];
         let mut items = vec![Item::User {
             text: "Weather in Paris?".into(),
@@ -396,7 +397,7 @@ mod tests {
             turn: 0,
         };
         check_error_policy(
-            |options| OpenAiResponses::new(options).unwrap(),
+            |options| OpenAiResponses::new(&options).unwrap(),
             "/v1/responses",
             RequestKind::Responses,
             request,
