@@ -17,7 +17,7 @@ use toolfleet_service::queue;
 use crate::api::ApiOptions;
 use crate::approval::ApprovalOptions;
 use crate::dispatch::DispatchOptions;
-use crate::model::OpenAiOptions;
+use crate::model::{AnthropicOptions, OpenAiOptions};
 use crate::runner::RunnerOptions;
 
 /// Everything an orchestrator process needs.
@@ -52,6 +52,8 @@ pub struct OrchestratorOptions {
     pub registry: RegistryOptions,
     /// OpenAI-compatible model providers.
     pub openai: OpenAiOptions,
+    /// Anthropic's Messages API (provider `anthropic-messages`).
+    pub anthropic: AnthropicOptions,
     /// What `toolfleet-orchestrator setup` creates in JetStream.
     pub setup: SetupOptions,
     /// Prometheus metrics endpoint.
@@ -223,6 +225,7 @@ const ENV_KEYS: &[&str] = &[
     "store",
     "registry",
     "openai",
+    "anthropic",
     "setup",
     "metrics",
     "telemetry",
@@ -269,6 +272,7 @@ impl OrchestratorOptions {
             self.openai.api_key.as_deref(),
             self.openai.api_key_file.as_deref(),
         )?;
+        self.anthropic.check()?;
         if self.approval.timeout.is_zero() {
             return Err(
                 "approval.timeout is 0s: every held call would expire at once; \

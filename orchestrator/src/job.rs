@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
 use toolfleet_proto::call::is_valid_call_id;
-pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus};
+pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus, Usage};
 pub use toolfleet_service::clock::now_ms;
 pub use toolfleet_service::traces::JobTrace;
 
@@ -98,6 +98,8 @@ pub enum ProviderKind {
     OpenaiResponses,
     /// OpenAI Chat Completions and compatible servers.
     OpenaiChat,
+    /// Anthropic's Messages API.
+    AnthropicMessages,
     /// No model: a call job's one call ([`CallSpec`]). Not a provider a
     /// request can name: `SubmitJobRequest.call` makes it.
     Call,
@@ -110,7 +112,12 @@ impl ProviderKind {
     }
 
     /// Every provider, as the API spells them.
-    pub const ALL: [Self; 3] = [Self::Scripted, Self::OpenaiResponses, Self::OpenaiChat];
+    pub const ALL: [Self; 4] = [
+        Self::Scripted,
+        Self::OpenaiResponses,
+        Self::OpenaiChat,
+        Self::AnthropicMessages,
+    ];
 
     /// The API's name of the provider.
     pub fn as_str(&self) -> &'static str {
@@ -118,6 +125,7 @@ impl ProviderKind {
             Self::Scripted => "scripted",
             Self::OpenaiResponses => "openai-responses",
             Self::OpenaiChat => "openai-chat",
+            Self::AnthropicMessages => "anthropic-messages",
             Self::Call => "call",
         }
     }
@@ -137,6 +145,10 @@ pub struct JobSpec {
     /// The script, for the scripted provider.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub script: Option<String>,
+    /// The most tokens the model may write in one turn (`model.max_tokens`);
+    /// none: the provider's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
     /// The one call of a call job (provider [`ProviderKind::Call`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<CallSpec>,
@@ -452,6 +464,8 @@ pub struct TurnCheckpoint<'a> {
     /// Manifests offered to the model in this turn that the job has not
     /// recorded yet (new tools, or changed manifests).
     pub offered: &'a [ToolManifest],
+    /// The tokens the turn used, when the provider said.
+    pub usage: Option<Usage>,
 }
 
 impl TurnCheckpoint<'_> {
@@ -481,6 +495,7 @@ impl TurnCheckpoint<'_> {
             text: self.text(),
             tool_calls: self.calls(),
             turn: self.turns.saturating_sub(1),
+            usage: self.usage,
         }
     }
 }

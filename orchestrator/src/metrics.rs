@@ -43,7 +43,8 @@ pub(crate) fn job_resumed() {
 
 /// Model turns, by `provider` and `outcome` (`ok` or the job error code).
 pub const MODEL_TURN_DURATION: &str = "toolfleet_model_turn_duration_seconds";
-/// Tokens the model used, by `provider` and `kind` (`input`, `output`).
+/// Tokens the model used, by `provider` and `kind` (`input`, `output`,
+/// and of the input `cache_read` and `cache_write`).
 pub const MODEL_TOKENS_TOTAL: &str = "toolfleet_model_tokens_total";
 
 pub(crate) fn model_turn(provider: &'static str, outcome: String, took: std::time::Duration) {
@@ -51,11 +52,17 @@ pub(crate) fn model_turn(provider: &'static str, outcome: String, took: std::tim
         .record(took.as_secs_f64());
 }
 
-pub(crate) fn model_tokens(provider: &'static str, input: u64, output: u64) {
-    metrics::counter!(MODEL_TOKENS_TOTAL, "provider" => provider, "kind" => "input")
-        .increment(input);
-    metrics::counter!(MODEL_TOKENS_TOTAL, "provider" => provider, "kind" => "output")
-        .increment(output);
+pub(crate) fn model_tokens(provider: &'static str, usage: &crate::model::Usage) {
+    let kinds = [
+        ("input", usage.input_tokens),
+        ("output", usage.output_tokens),
+        ("cache_read", usage.cache_read_tokens),
+        ("cache_write", usage.cache_write_tokens),
+    ];
+    for (kind, tokens) in kinds {
+        metrics::counter!(MODEL_TOKENS_TOTAL, "provider" => provider, "kind" => kind)
+            .increment(tokens);
+    }
 }
 
 /// Tool calls settled, by `tool` and `outcome` (`ok` or the error code of
@@ -139,7 +146,7 @@ pub(crate) fn register() {
         metrics::counter!(PUBLISH_RETRIES_TOTAL, "what" => what).increment(0);
     }
     for provider in crate::job::ProviderKind::ALL {
-        model_tokens(provider.as_str(), 0, 0);
+        model_tokens(provider.as_str(), &crate::model::Usage::default());
     }
 }
 

@@ -215,7 +215,10 @@ impl Orchestrator {
             registry,
             missing,
         } = self.connect().await?;
-        let providers = Arc::new(Providers::new(options.openai.clone()));
+        let providers = Arc::new(Providers::new(
+            options.openai.clone(),
+            options.anthropic.clone(),
+        ));
         let dispatcher = Dispatcher {
             nats: nats.clone(),
             js: js.clone(),

@@ -185,6 +185,41 @@ impl FromStr for JobErrorCode {
     }
 }
 
+/// The tokens a model turn used, as its provider reported them.
+///
+/// Fields in alphabetical order, as every event's (see [`JobEvent`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Of the prompt tokens, those read from the provider's prompt cache.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Of the prompt tokens, those written to the provider's prompt cache
+    /// (Anthropic's `cache_creation_input_tokens`).
+    #[serde(default)]
+    pub cache_write_tokens: u64,
+    /// Prompt tokens, all of them: those read from or written to the
+    /// provider's prompt cache included.
+    pub input_tokens: u64,
+    /// Completion tokens (reasoning included).
+    pub output_tokens: u64,
+}
+
+impl Usage {
+    /// Both usages added up (a turn of several responses); either alone
+    /// when the other is unknown.
+    pub fn sum(a: Option<Self>, b: Option<Self>) -> Option<Self> {
+        match (a, b) {
+            (Some(a), Some(b)) => Some(Self {
+                input_tokens: a.input_tokens + b.input_tokens,
+                output_tokens: a.output_tokens + b.output_tokens,
+                cache_read_tokens: a.cache_read_tokens + b.cache_read_tokens,
+                cache_write_tokens: a.cache_write_tokens + b.cache_write_tokens,
+            }),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 /// A call as a [`JobEvent::ModelTurn`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallRef {
@@ -232,6 +267,9 @@ pub enum JobEvent {
         tool_calls: Vec<CallRef>,
         /// 0-based index of the turn.
         turn: u32,
+        /// The tokens the turn used, when the provider said.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        usage: Option<Usage>,
     },
     /// An attempt of a call is about to be published to the workers.
     ToolCallDispatched {
@@ -700,8 +738,24 @@ mod tests {
                         name: "echo".into(),
                     }],
                     turn: 0,
+                    usage: None,
                 },
                 r#"{"round":1,"text":"","tool_calls":[{"call_id":"c1","name":"echo"}],"turn":0}"#,
+            ),
+            (
+                JobEvent::ModelTurn {
+                    round: 0,
+                    text: "hi".into(),
+                    tool_calls: vec![],
+                    turn: 1,
+                    usage: Some(Usage {
+                        cache_read_tokens: 2,
+                        cache_write_tokens: 0,
+                        input_tokens: 10,
+                        output_tokens: 3,
+                    }),
+                },
+                r#"{"round":0,"text":"hi","tool_calls":[],"turn":1,"usage":{"cache_read_tokens":2,"cache_write_tokens":0,"input_tokens":10,"output_tokens":3}}"#,
             ),
             (
                 JobEvent::ToolCallDispatched {

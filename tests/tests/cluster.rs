@@ -108,6 +108,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         provider: ProviderKind::Scripted,
         model: String::new(),
         script: Some(r#"[{"message":"kept"}]"#.into()),
+        max_tokens: None,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

@@ -735,6 +735,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         provider: toolfleet_orchestrator::job::ProviderKind::Scripted,
         model: String::new(),
         script: request.model.map(|m| m.script),
+        max_tokens: None,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

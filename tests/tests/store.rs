@@ -24,6 +24,7 @@ fn spec() -> JobSpec {
         provider: ProviderKind::Scripted,
         model: String::new(),
         script: Some(r#"[{"message":"hi"}]"#.into()),
+        max_tokens: None,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,
@@ -134,6 +135,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
                 turns: 1,
                 rounds: 1,
                 offered: std::slice::from_ref(&echo),
+                usage: None,
             },
             &[dispatched],
         )
@@ -193,6 +195,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         turns: 2,
         rounds: 2,
         offered: &[],
+        usage: None,
     };
     store
         .finish(
@@ -306,6 +309,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
         turns: 1,
         rounds: 1,
         offered: &[],
+        usage: None,
     };
     store.record_turn(&lease, checkpoint, &dispatched).await?;
     // The user message, then the results in order, then the turn.
@@ -547,6 +551,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         turns: 1,
         rounds: 0,
         offered: &[],
+        usage: None,
     };
     let write = store.record_turn(&zombie, turn, &[]).await;
     assert!(matches!(write, Err(Error::LeaseLost(_))), "{write:?}");
@@ -565,6 +570,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         turns: 1,
         rounds: 0,
         offered: &[],
+        usage: None,
     };
     store.record_turn(&taker, turn, &[]).await?;
     let items = store.items(&job_id, 0).await?;

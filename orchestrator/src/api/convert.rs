@@ -74,10 +74,11 @@ pub(super) fn invalid(field: &str, problem: impl std::fmt::Display) -> Status {
 /// an idempotency key returns the first job only to the same request.
 pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
     use sha2::{Digest, Sha256};
-    let model = request
-        .model
-        .as_ref()
-        .map(|m| serde_json::json!([m.provider, m.name, m.script, m.base_url]));
+    let model = request.model.as_ref().map(|m| match m.max_tokens {
+        // Unset, as before the field: the fingerprints stay the same.
+        0 => serde_json::json!([m.provider, m.name, m.script, m.base_url]),
+        n => serde_json::json!([m.provider, m.name, m.script, m.base_url, n]),
+    });
     let metadata: std::collections::BTreeMap<&String, &String> = request.metadata.iter().collect();
     let mut canonical = serde_json::json!({
         "input": request.input,
@@ -273,5 +274,26 @@ mod tests {
         assert_ne!(a, fingerprint(&request("hi!", &[("a", "1"), ("b", "2")])));
         assert_ne!(a, fingerprint(&request("hi", &[("a", "1")])));
         assert_eq!(a.len(), 64);
+        // max_tokens counts when set, and an unset one leaves a request's
+        // fingerprint what it was before the field.
+        let model = |max_tokens| v1::SubmitJobRequest {
+            model: Some(v1::ModelSpec {
+                provider: "anthropic-messages".into(),
+                name: "claude".into(),
+                max_tokens,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let before = serde_json::json!({
+            "input": "", "instructions": "",
+            "model": ["anthropic-messages", "claude", "", ""],
+            "tools": [], "max_tool_rounds": 0, "parallel_tool_calls": null,
+            "deadline_ms": 0, "metadata": {},
+        });
+        use sha2::{Digest, Sha256};
+        let hashed = format!("{:x}", Sha256::digest(before.to_string().as_bytes()));
+        assert_eq!(fingerprint(&model(0)), hashed);
+        assert_ne!(fingerprint(&model(0)), fingerprint(&model(512)));
     }
 }

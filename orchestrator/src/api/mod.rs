@@ -27,7 +27,7 @@ use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
 use crate::auth::{Caller, caller_of};
-use crate::job::{JobId, JobRecord, JobStatus, JobTrace};
+use crate::job::{JobId, JobRecord, JobStatus, JobTrace, ProviderKind};
 use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
@@ -66,9 +66,13 @@ struct Submitted {
 
 impl AgentApi {
     fn rules(&self) -> Rules<'_> {
+        let has = |provider| self.providers.has_api_key(&provider) == Some(true);
         Rules {
             options: &self.options,
-            has_api_key: self.providers.has_api_key(),
+            keys: validate::ApiKeys {
+                openai: has(ProviderKind::OpenaiChat),
+                anthropic: has(ProviderKind::AnthropicMessages),
+            },
         }
     }
 

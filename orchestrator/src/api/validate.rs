@@ -28,7 +28,30 @@ use crate::store::ListCursor;
 #[derive(Clone, Copy)]
 pub(super) struct Rules<'a> {
     pub(super) options: &'a ApiOptions,
-    pub(super) has_api_key: bool,
+    /// Which providers' API keys this orchestrator has.
+    pub(super) keys: ApiKeys,
+}
+
+/// Which providers' API keys an orchestrator has.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ApiKeys {
+    pub(super) openai: bool,
+    pub(super) anthropic: bool,
+}
+
+impl ApiKeys {
+    /// Whether `provider` can be called, and if not, the variable to set.
+    fn missing(self, provider: &ProviderKind) -> Option<&'static str> {
+        match provider {
+            ProviderKind::OpenaiResponses | ProviderKind::OpenaiChat => {
+                (!self.openai).then_some("OPENAI_API_KEY (or openai.api_key_file)")
+            }
+            ProviderKind::AnthropicMessages => {
+                (!self.anthropic).then_some("ANTHROPIC_API_KEY (or anthropic.api_key_file)")
+            }
+            ProviderKind::Scripted | ProviderKind::Call => None,
+        }
+    }
 }
 
 /// One check of a submission's own fields: the field its error names, and
@@ -199,6 +222,8 @@ struct ModelChoice {
     name: String,
     /// The scripted model's script.
     script: Option<String>,
+    /// `model.max_tokens`, when set.
+    max_tokens: Option<u32>,
 }
 
 /// A model spec with nothing set: the same as none (proto3 cannot tell).
@@ -216,8 +241,8 @@ fn default_model(options: &ApiOptions) -> Result<v1::ModelSpec, Status> {
         return Err(invalid(
             "model",
             "is required: set model.provider to \"scripted\" (with model.script), \
-             \"openai-responses\" or \"openai-chat\" (with model.name); or configure \
-             api.default_model on the orchestrator",
+             \"openai-responses\", \"openai-chat\" or \"anthropic-messages\" (with \
+             model.name); or configure api.default_model on the orchestrator",
         ));
     }
     Ok(v1::ModelSpec {
@@ -265,10 +290,14 @@ fn model_choice(model: Option<v1::ModelSpec>, rules: Rules<'_>) -> Result<ModelC
             format!("is {} bytes; the limit is {limit}", model.name.len()),
         ));
     }
-    if provider == ProviderKind::Scripted {
-        return scripted(model, rules.options);
-    }
-    real_model(provider, model.name, rules)
+    let max_tokens = (model.max_tokens > 0).then_some(model.max_tokens);
+    let mut choice = if provider == ProviderKind::Scripted {
+        scripted(model, rules.options)?
+    } else {
+        real_model(provider, model.name, rules)?
+    };
+    choice.max_tokens = max_tokens;
+    Ok(choice)
 }
 
 /// The scripted model, when this orchestrator plays scripts, with its
@@ -289,6 +318,7 @@ fn scripted(model: v1::ModelSpec, options: &ApiOptions) -> Result<ModelChoice, S
         provider: ProviderKind::Scripted,
         name: model.name,
         script: Some(model.script),
+        max_tokens: None,
     })
 }
 
@@ -305,15 +335,16 @@ fn real_model(
             format!("is required for {provider_name}"),
         ));
     }
-    if !rules.has_api_key {
+    if let Some(variable) = rules.keys.missing(&provider) {
         return Err(Status::failed_precondition(format!(
-            "model.provider: {provider_name} needs an API key; set OPENAI_API_KEY on the orchestrator"
+            "model.provider: {provider_name} needs an API key; set {variable} on the orchestrator"
         )));
     }
     Ok(ModelChoice {
         provider,
         name,
         script: None,
+        max_tokens: None,
     })
 }
 
@@ -362,6 +393,7 @@ pub(super) fn job_spec(
                 provider: ProviderKind::Call,
                 name: String::new(),
                 script: None,
+                max_tokens: None,
             };
             (model, Some(call))
         }
@@ -375,6 +407,7 @@ pub(super) fn job_spec(
         provider: model.provider,
         model: model.name,
         script: model.script,
+        max_tokens: model.max_tokens,
         call,
         tools,
         max_tool_rounds: match request.max_tool_rounds {
@@ -545,7 +578,10 @@ mod tests {
     fn rules(options: &ApiOptions) -> Rules<'_> {
         Rules {
             options,
-            has_api_key: true,
+            keys: ApiKeys {
+                openai: true,
+                anthropic: true,
+            },
         }
     }
 
@@ -708,6 +744,7 @@ mod tests {
             name: name.into(),
             script: script.into(),
             base_url: base_url.into(),
+            max_tokens: 0,
         };
         let cases = [
             (
@@ -772,11 +809,31 @@ mod tests {
         request.model = Some(model("openai-chat", "gpt", "", ""));
         let no_key = Rules {
             options: &options,
-            has_api_key: false,
+            keys: ApiKeys {
+                openai: false,
+                anthropic: true,
+            },
         };
         let status = job_spec(request.clone(), &caller(None), no_key).unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition);
         assert!(status.message().contains("OPENAI_API_KEY"));
+        let mut claude = request.clone();
+        claude.model = Some(model("anthropic-messages", "claude", "", ""));
+        let spec = job_spec(claude.clone(), &caller(None), no_key).unwrap();
+        assert_eq!(spec.provider, ProviderKind::AnthropicMessages);
+        assert_eq!(spec.max_tokens, None);
+        let no_anthropic = Rules {
+            options: &options,
+            keys: ApiKeys {
+                openai: true,
+                anthropic: false,
+            },
+        };
+        let status = job_spec(claude.clone(), &caller(None), no_anthropic).unwrap_err();
+        assert!(status.message().contains("ANTHROPIC_API_KEY"), "{status:?}");
+        claude.model.as_mut().unwrap().max_tokens = 512;
+        let spec = job_spec(claude, &caller(None), rules(&options)).unwrap();
+        assert_eq!(spec.max_tokens, Some(512));
         let spec = job_spec(request, &caller(None), rules(&options)).unwrap();
         assert_eq!(
             (spec.provider, spec.model.as_str()),

@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
+use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
 use crate::job::Item;
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
@@ -74,6 +74,10 @@ fn request_body(request: &TurnRequest<'_>) -> Value {
     if !request.tools.is_empty() {
         body["tools"] = request.tools.iter().map(function_tool).collect();
         body["parallel_tool_calls"] = json!(request.parallel_tool_calls);
+    }
+    // OpenAI's current name; vLLM and llama.cpp server read it too.
+    if let Some(max_tokens) = request.max_tokens {
+        body["max_completion_tokens"] = json!(max_tokens);
     }
     body
 }
@@ -222,7 +226,7 @@ pub(crate) fn parse_response(response: &Value, turn: u32) -> Result<Turn, ModelE
     }
     Ok(Turn {
         items,
-        usage: Usage::read(response),
+        usage: super::openai_usage(response),
     })
 }
 
@@ -335,6 +339,7 @@ mod tests {
             tools,
             parallel_tool_calls: true,
             turn,
+            max_tokens: None,
         }
     }
 
@@ -458,6 +463,7 @@ mod tests {
             tools: &[],
             parallel_tool_calls: true,
             turn: 0,
+            max_tokens: None,
         };
         check_error_policy(
             |options| ChatCompletions::new(&options).unwrap(),
@@ -518,6 +524,7 @@ mod tests {
             tools: &[],
             parallel_tool_calls: false,
             turn: 2,
+            max_tokens: None,
         });
         assert_valid_request(RequestKind::ChatCompletions, &body);
         let wire_call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}});

@@ -6,9 +6,11 @@
 //! - `openai_responses`: the OpenAI Responses API;
 //! - `chat_completions`: OpenAI Chat Completions, also spoken by vLLM,
 //!   Ollama, llama.cpp server and most gateways;
+//! - `anthropic_messages`: Anthropic's Messages API;
 //! - `scripted`: a deterministic model that plays a script from the job spec;
 //! - `one_call`: no model, the one call of a call job.
 
+pub mod anthropic_messages;
 pub mod chat_completions;
 pub(crate) mod http;
 pub mod one_call;
@@ -22,6 +24,9 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+
+pub use crate::job::Usage;
+pub use anthropic_messages::AnthropicOptions;
 
 use crate::job::{Item, JobErrorCode, JobSpec, ProviderKind, assistant_text};
 
@@ -53,6 +58,8 @@ pub struct TurnRequest<'a> {
     pub parallel_tool_calls: bool,
     /// 0-based index of this turn within the job.
     pub turn: u32,
+    /// The most tokens the model may write in this turn, when the job says.
+    pub max_tokens: Option<u32>,
 }
 
 /// What the model produced in one turn: assistant text, tool calls and
@@ -65,31 +72,46 @@ pub struct Turn {
     pub usage: Option<Usage>,
 }
 
-/// The tokens a model turn used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub input_tokens: u64,
-    /// Completion tokens (reasoning included).
-    pub output_tokens: u64,
+/// The usage of an OpenAI response, with the two names OpenAI's APIs use
+/// (`input_tokens`/`output_tokens` in Responses, `prompt_tokens`/
+/// `completion_tokens` in Chat Completions), and the cached tokens of their
+/// `*_tokens_details`. Absent or malformed: none.
+pub fn openai_usage(response: &Value) -> Option<Usage> {
+    let usage = response.get("usage")?;
+    let count = |names: [&str; 2]| {
+        names
+            .iter()
+            .find_map(|name| usage.get(*name).and_then(Value::as_u64))
+    };
+    let details = ["input_tokens_details", "prompt_tokens_details"]
+        .iter()
+        .find_map(|name| usage.get(*name));
+    let cache_read_tokens = details
+        .and_then(|details| details.get("cached_tokens"))
+        .and_then(Value::as_u64)
+        .unwrap_or(0);
+    Some(Usage {
+        input_tokens: count(["input_tokens", "prompt_tokens"])?,
+        output_tokens: count(["output_tokens", "completion_tokens"])?,
+        cache_read_tokens,
+        cache_write_tokens: 0,
+    })
 }
 
-impl Usage {
-    /// The usage object of a response, with the two names OpenAI's APIs use
-    /// (`input_tokens`/`output_tokens` in Responses, `prompt_tokens`/
-    /// `completion_tokens` in Chat Completions). Absent or malformed: none.
-    pub fn read(response: &serde_json::Value) -> Option<Self> {
-        let usage = response.get("usage")?;
-        let count = |names: [&str; 2]| {
-            names
-                .iter()
-                .find_map(|name| usage.get(*name).and_then(serde_json::Value::as_u64))
-        };
-        Some(Self {
-            input_tokens: count(["input_tokens", "prompt_tokens"])?,
-            output_tokens: count(["output_tokens", "completion_tokens"])?,
-        })
-    }
+/// The usage of a Messages response. Anthropic counts cached prompt tokens
+/// apart from `input_tokens`; here they are part of it, as in OpenAI's
+/// counts. Absent or malformed: none.
+pub fn anthropic_usage(response: &Value) -> Option<Usage> {
+    let usage = response.get("usage")?;
+    let count = |name: &str| usage.get(name).and_then(Value::as_u64);
+    let cache_read_tokens = count("cache_read_input_tokens").unwrap_or(0);
+    let cache_write_tokens = count("cache_creation_input_tokens").unwrap_or(0);
+    Some(Usage {
+        input_tokens: count("input_tokens")? + cache_read_tokens + cache_write_tokens,
+        output_tokens: count("output_tokens")?,
+        cache_read_tokens,
+        cache_write_tokens,
+    })
 }
 
 impl Turn {
@@ -150,26 +172,41 @@ pub trait Provider: Send + Sync {
     fn turn<'a>(&'a self, request: TurnRequest<'a>) -> BoxFuture<'a, Result<Turn, ModelError>>;
 }
 
+/// A provider built on first use, or why it could not be.
+type Lazy<P> = std::sync::OnceLock<Result<Arc<P>, String>>;
+
 /// The providers of this process, built once and shared by all jobs.
 pub struct Providers {
     openai: OpenAiOptions,
-    responses: std::sync::OnceLock<Result<Arc<openai_responses::OpenAiResponses>, String>>,
-    chat: std::sync::OnceLock<Result<Arc<chat_completions::ChatCompletions>, String>>,
+    anthropic: AnthropicOptions,
+    responses: Lazy<openai_responses::OpenAiResponses>,
+    chat: Lazy<chat_completions::ChatCompletions>,
+    messages: Lazy<anthropic_messages::AnthropicMessages>,
 }
 
 impl Providers {
-    /// Providers configured with `openai`; HTTP clients are built on first use.
-    pub fn new(openai: OpenAiOptions) -> Self {
+    /// Providers configured with `openai` and `anthropic`; HTTP clients
+    /// are built on first use.
+    pub fn new(openai: OpenAiOptions, anthropic: AnthropicOptions) -> Self {
         Self {
             openai,
-            responses: std::sync::OnceLock::new(),
-            chat: std::sync::OnceLock::new(),
+            anthropic,
+            responses: Lazy::new(),
+            chat: Lazy::new(),
+            messages: Lazy::new(),
         }
     }
 
-    /// Whether an OpenAI API key is configured.
-    pub fn has_api_key(&self) -> bool {
-        self.openai.api_key.is_some() || self.openai.api_key_file.is_some()
+    /// Whether the API key `provider` needs is configured; `None` when it
+    /// needs none.
+    pub fn has_api_key(&self, provider: &ProviderKind) -> Option<bool> {
+        match provider {
+            ProviderKind::OpenaiResponses | ProviderKind::OpenaiChat => {
+                Some(self.openai.api_key.is_some() || self.openai.api_key_file.is_some())
+            }
+            ProviderKind::AnthropicMessages => Some(self.anthropic.has_api_key()),
+            ProviderKind::Scripted | ProviderKind::Call => None,
+        }
     }
 
     /// The provider of a job.
@@ -179,11 +216,6 @@ impl Providers {
     /// [`ModelError::Script`] for an invalid script, [`ModelError::Rejected`]
     /// when an HTTP client cannot be built.
     pub fn for_job(&self, spec: &JobSpec) -> Result<Arc<dyn Provider>, ModelError> {
-        let unavailable = |message: &String| ModelError::Rejected {
-            status: 0,
-            code: None,
-            message: message.clone(),
-        };
         match spec.provider {
             ProviderKind::Scripted => {
                 let script = spec.script.as_deref().unwrap_or_default();
@@ -198,20 +230,32 @@ impl Providers {
                     .ok_or(ModelError::Script("a call job without its call".to_owned()))?;
                 Ok(Arc::new(one_call::OneCall::new(call)))
             }
-            ProviderKind::OpenaiResponses => self
-                .responses
-                .get_or_init(|| openai_responses::OpenAiResponses::new(&self.openai).map(Arc::new))
-                .clone()
-                .map(|p| p as Arc<dyn Provider>)
-                .map_err(|e| unavailable(&e)),
-            ProviderKind::OpenaiChat => self
-                .chat
-                .get_or_init(|| chat_completions::ChatCompletions::new(&self.openai).map(Arc::new))
-                .clone()
-                .map(|p| p as Arc<dyn Provider>)
-                .map_err(|e| unavailable(&e)),
+            ProviderKind::OpenaiResponses => shared(&self.responses, || {
+                openai_responses::OpenAiResponses::new(&self.openai)
+            }),
+            ProviderKind::OpenaiChat => shared(&self.chat, || {
+                chat_completions::ChatCompletions::new(&self.openai)
+            }),
+            ProviderKind::AnthropicMessages => shared(&self.messages, || {
+                anthropic_messages::AnthropicMessages::new(&self.anthropic)
+            }),
         }
     }
+}
+
+/// The provider in `cell`, built by `build` on first use.
+fn shared<P: Provider + 'static>(
+    cell: &Lazy<P>,
+    build: impl FnOnce() -> Result<P, String>,
+) -> Result<Arc<dyn Provider>, ModelError> {
+    cell.get_or_init(|| build().map(Arc::new))
+        .clone()
+        .map(|provider| provider as Arc<dyn Provider>)
+        .map_err(|message| ModelError::Rejected {
+            status: 0,
+            code: None,
+            message,
+        })
 }
 
 /// Settings of the OpenAI-compatible providers.
@@ -382,17 +426,19 @@ mod tests {
         let responses = serde_json::json!({"usage": {"input_tokens": 12, "output_tokens": 5}});
         let chat = serde_json::json!({"usage": {"prompt_tokens": 7, "completion_tokens": 3}});
         assert_eq!(
-            Usage::read(&responses),
+            openai_usage(&responses),
             Some(Usage {
                 input_tokens: 12,
-                output_tokens: 5
+                output_tokens: 5,
+                ..Usage::default()
             })
         );
         assert_eq!(
-            Usage::read(&chat),
+            openai_usage(&chat),
             Some(Usage {
                 input_tokens: 7,
-                output_tokens: 3
+                output_tokens: 3,
+                ..Usage::default()
             })
         );
         for bad in [
@@ -401,7 +447,7 @@ mod tests {
             serde_json::json!({"usage": {"input_tokens": -1, "output_tokens": 2}}),
             serde_json::json!({"usage": {"input_tokens": "12", "output_tokens": 2}}),
         ] {
-            assert_eq!(Usage::read(&bad), None, "{bad}");
+            assert_eq!(openai_usage(&bad), None, "{bad}");
         }
     }
 }

@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
+use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
 use crate::job::Item;
 
 /// A model behind the OpenAI Responses API (or a server that speaks it).
@@ -78,6 +78,9 @@ fn request_body(request: &TurnRequest<'_>) -> Value {
     if !request.tools.is_empty() {
         body["tools"] = request.tools.iter().map(function_tool).collect();
         body["parallel_tool_calls"] = json!(request.parallel_tool_calls);
+    }
+    if let Some(max_tokens) = request.max_tokens {
+        body["max_output_tokens"] = json!(max_tokens);
     }
     body
 }
@@ -162,7 +165,7 @@ pub(crate) fn parse_response(response: &Value) -> Result<Turn, ModelError> {
     }
     let turn = Turn {
         items,
-        usage: Usage::read(response),
+        usage: super::openai_usage(response),
     };
 
     if status == Some("incomplete") {
@@ -286,6 +289,7 @@ mod tests {
             tools,
             parallel_tool_calls: false,
             turn,
+            max_tokens: None,
         }
     }
 
@@ -395,6 +399,7 @@ mod tests {
             tools: &[],
             parallel_tool_calls: true,
             turn: 0,
+            max_tokens: None,
         };
         check_error_policy(
             |options| OpenAiResponses::new(&options).unwrap(),
@@ -435,6 +440,7 @@ mod tests {
             tools: &[],
             parallel_tool_calls: true,
             turn: 1,
+            max_tokens: None,
         });
         assert_valid_request(RequestKind::Responses, &body);
         assert_eq!(

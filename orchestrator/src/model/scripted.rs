@@ -286,6 +286,7 @@ mod tests {
             tools: &[],
             parallel_tool_calls: true,
             turn,
+            max_tokens: None,
         }
     }
 

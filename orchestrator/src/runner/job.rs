@@ -18,7 +18,7 @@ use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waitin
 use crate::job::{
     Ending, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
-use crate::model::ModelError;
+use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
 use crate::spans;
 use crate::store::{self, Parked, RunStart, Unstored};
@@ -110,6 +110,7 @@ struct LastTurn {
     turns: u32,
     rounds: u32,
     offered: Vec<ToolManifest>,
+    usage: Option<Usage>,
     /// The span of its checkpoint: the commit that ends the job.
     commit: StepSpan,
 }
@@ -144,6 +145,7 @@ impl End {
                     turns: turn.turns,
                     rounds: turn.rounds,
                     offered: &turn.offered,
+                    usage: turn.usage,
                 })
             }
             None if self.unstored.is_empty() => Unstored::Nothing,

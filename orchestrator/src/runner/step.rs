@@ -233,6 +233,7 @@ mod tests {
             provider: ProviderKind::Scripted,
             model: String::new(),
             script: None,
+            max_tokens: None,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 2,

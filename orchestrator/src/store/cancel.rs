@@ -63,6 +63,7 @@ impl JobStore {
             provider: ProviderKind::Scripted,
             model: String::new(),
             script: None,
+            max_tokens: None,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 0,

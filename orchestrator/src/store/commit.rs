@@ -542,6 +542,7 @@ mod tests {
             turns: 3,
             rounds: 2,
             offered: &[],
+            usage: None,
         };
         let commit = Commit::of_turn(turn);
         assert_eq!((commit.results.len(), commit.items.len()), (1, 1));
@@ -646,6 +647,7 @@ mod tests {
             turns: 1,
             rounds: 0,
             offered: &offered,
+            usage: None,
         };
         let commit = Commit::of_turn(turn);
         assert_eq!(commit.offers, offered);
@@ -671,6 +673,7 @@ mod tests {
             turns: 4,
             rounds: 3,
             offered: &[],
+            usage: None,
         };
         let ending = Ending::Succeeded("42".into());
         let commit = Commit {
@@ -707,6 +710,7 @@ mod tests {
             turns: 1,
             rounds: 1,
             offered: &[],
+            usage: None,
         };
         for ending in [Ending::Succeeded("ok".into()), failed, Ending::Cancelled] {
             let commit = Commit {

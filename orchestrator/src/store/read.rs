@@ -366,6 +366,7 @@ mod tests {
             provider: ProviderKind::Scripted,
             model: String::new(),
             script: Some(r#"[{"message":"hi"}]"#.into()),
+            max_tokens: None,
             call: None,
             tools: vec!["echo".into()],
             max_tool_rounds: 8,

@@ -14,7 +14,7 @@ use crate::dispatch::{Admission, PlannedCall};
 use crate::job::{
     Ending, JobErrorCode, JobRef, JobSpec, ToolManifest, TurnCheckpoint, WireIds, now_ms,
 };
-use crate::model::{Provider, ToolSpec, Turn, TurnRequest};
+use crate::model::{Provider, ToolSpec, Turn, TurnRequest, Usage};
 use crate::registry::LiveTool;
 use crate::runner::step::{self, StopReason};
 use crate::spans;
@@ -65,6 +65,7 @@ impl JobRun<'_> {
         let (turns, rounds) = (progress.turns + 1, progress.rounds + u32::from(has_calls));
         let ending = step::after_turn(&turn.items, rounds, spec);
         let start = progress.items.len();
+        let usage = turn.usage;
         progress.items.extend(turn.items);
         progress.turns = turns;
         progress.rounds = rounds;
@@ -78,6 +79,7 @@ impl JobRun<'_> {
                 turns,
                 rounds,
                 offered,
+                usage,
                 commit: spans::commit(trace, spans::Step::Turn(number), "finish"),
             });
         } else {
@@ -86,6 +88,7 @@ impl JobRun<'_> {
                 start,
                 has_calls,
                 offered: &offered,
+                usage,
             };
             self.checkpoint(&of, played, progress).await?;
         }
@@ -119,6 +122,7 @@ impl JobRun<'_> {
             turns: progress.turns,
             rounds: progress.rounds,
             offered: played.offered,
+            usage: played.usage,
         };
         let commit = spans::commit(
             of.job.trace,
@@ -210,6 +214,8 @@ struct Played<'a> {
     has_calls: bool,
     /// The tools first offered (or changed) in this turn.
     offered: &'a [ToolManifest],
+    /// The tokens it used.
+    usage: Option<Usage>,
 }
 
 /// Asks the model for the job's next turn, within the job's deadline and
@@ -230,6 +236,7 @@ async fn ask_model(
         tools: &specs,
         parallel_tool_calls: spec.parallel_tool_calls,
         turn: progress.turns,
+        max_tokens: spec.max_tokens,
     };
     let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
     let asked = Instant::now();
@@ -258,14 +265,23 @@ async fn ask_model(
         return Asked::Dropped;
     }
     crate::metrics::model_turn(provider, "ok".to_owned(), asked.elapsed());
-    if let Some(usage) = turn.usage {
-        crate::metrics::model_tokens(provider, usage.input_tokens, usage.output_tokens);
+    if let Some(usage) = &turn.usage {
+        crate::metrics::model_tokens(provider, usage);
     }
     if span.is_recording() {
         span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
         if let Some(usage) = turn.usage {
             span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
             span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
+            // OpenTelemetry's GenAI names for the prompt cache.
+            span.set(
+                "gen_ai.usage.cache_read.input_tokens",
+                usage.cache_read_tokens as i64,
+            );
+            span.set(
+                "gen_ai.usage.cache_creation.input_tokens",
+                usage.cache_write_tokens as i64,
+            );
         }
     }
     Asked::Turn(turn)

@@ -1,0 +1,490 @@
+//! Anthropic's Messages API: `POST {base_url}/messages`.
+//!
+//! Stateless like the OpenAI providers: every turn sends the whole
+//! conversation. The job's items become alternating `user` and `assistant`
+//! messages of content blocks: the model's `thinking` blocks, text and
+//! `tool_use` blocks go back as it wrote them, and the envelopes answering
+//! a turn's calls are `tool_result` blocks, first in the next user message
+//! and in the order of their calls, with `is_error` set from the envelope.
+//! A turn the API pauses (`pause_turn`) is continued in the same turn.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use tracing::Instrument;
+
+use super::{ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
+use crate::job::Item;
+
+/// The API version sent as `anthropic-version` by default: the one every
+/// Messages feature used here is documented for.
+pub const DEFAULT_VERSION: &str = "2023-06-01";
+
+/// Continuations of one turn the API paused (`pause_turn`) before the turn
+/// is given up as an invalid response.
+const MAX_PAUSES: usize = 4;
+
+/// Settings of the `anthropic-messages` provider.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AnthropicOptions {
+    /// Base URL including `/v1`. Default: `ANTHROPIC_BASE_URL`, else
+    /// `https://api.anthropic.com/v1`.
+    pub base_url: String,
+    /// API key, sent as `x-api-key`. Default: `ANTHROPIC_API_KEY`. Never
+    /// logged.
+    #[serde(skip_serializing)]
+    pub api_key: Option<String>,
+    /// A file holding the API key (a mounted Secret); exclusive with
+    /// `api_key`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api_key_file: Option<PathBuf>,
+    /// The `anthropic-version` header. Default: `2023-06-01`.
+    pub version: String,
+    /// The most tokens the model may write in one turn, when the job does
+    /// not say (`model.max_tokens`); the API requires a number. Default:
+    /// 4096.
+    pub max_tokens: u32,
+    /// Timeout of one HTTP request. Default: 600s (the time Anthropic's
+    /// SDKs allow a request that is not streamed).
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub request_timeout: Duration,
+    /// Retries of a transient failure (408/409/429/5xx, 529 included, and
+    /// connection errors). Default: 4.
+    pub max_retries: u32,
+    /// First retry delay; doubles each time, with jitter. Default: 500ms.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub initial_backoff: Duration,
+    /// Longest delay between retries, `retry-after` included. Default: 30s.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub max_backoff: Duration,
+    /// Largest response body read; a longer one is an invalid response.
+    /// Default: 8388608 (8 MiB).
+    pub max_response_bytes: usize,
+}
+
+/// By hand, so that the API key never reaches a log line.
+impl fmt::Debug for AnthropicOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicOptions")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
+            .field("api_key_file", &self.api_key_file)
+            .field("version", &self.version)
+            .field("max_tokens", &self.max_tokens)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_retries", &self.max_retries)
+            .field("initial_backoff", &self.initial_backoff)
+            .field("max_backoff", &self.max_backoff)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .finish()
+    }
+}
+
+impl Default for AnthropicOptions {
+    fn default() -> Self {
+        Self {
+            base_url: std::env::var("ANTHROPIC_BASE_URL")
+                .unwrap_or_else(|_| "https://api.anthropic.com/v1".into()),
+            api_key: std::env::var("ANTHROPIC_API_KEY")
+                .ok()
+                .filter(|key| !key.is_empty()),
+            api_key_file: None,
+            version: DEFAULT_VERSION.to_owned(),
+            max_tokens: 4096,
+            request_timeout: Duration::from_secs(600),
+            max_retries: 4,
+            initial_backoff: Duration::from_millis(500),
+            max_backoff: Duration::from_secs(30),
+            max_response_bytes: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl AnthropicOptions {
+    /// Whether a key is configured (in the options or a file).
+    pub fn has_api_key(&self) -> bool {
+        self.api_key.is_some() || self.api_key_file.is_some()
+    }
+
+    /// The checks of these keys at start: the key file is readable, and
+    /// `max_tokens` is not 0.
+    ///
+    /// # Errors
+    ///
+    /// What is wrong, naming the key.
+    pub fn check(&self) -> Result<(), String> {
+        super::api_key(
+            "anthropic",
+            self.api_key.as_deref(),
+            self.api_key_file.as_deref(),
+        )?;
+        if self.max_tokens == 0 {
+            return Err("anthropic.max_tokens is 0; the API needs at least 1".to_owned());
+        }
+        Ok(())
+    }
+
+    fn wire(&self) -> Result<http::Wire, String> {
+        let key = super::api_key(
+            "anthropic",
+            self.api_key.as_deref(),
+            self.api_key_file.as_deref(),
+        )?;
+        let mut headers = vec![("anthropic-version", self.version.clone())];
+        headers.extend(key.iter().map(|key| ("x-api-key", key.clone())));
+        let policy = http::Policy {
+            section: "anthropic",
+            request_timeout: self.request_timeout,
+            max_retries: self.max_retries,
+            initial_backoff: self.initial_backoff,
+            max_backoff: self.max_backoff,
+            max_response_bytes: self.max_response_bytes,
+        };
+        http::Wire::new(policy, &headers, key)
+    }
+}
+
+/// A model behind Anthropic's Messages API (or a server that speaks it).
+pub struct AnthropicMessages {
+    wire: http::Wire,
+    base_url: String,
+    max_tokens: u32,
+}
+
+impl AnthropicMessages {
+    /// A provider with its own connection pool and the options' key,
+    /// version, timeout and retry policy.
+    ///
+    /// # Errors
+    ///
+    /// When the key file cannot be read or the HTTP client cannot be built.
+    pub fn new(options: &AnthropicOptions) -> Result<Self, String> {
+        Ok(Self {
+            wire: options.wire()?,
+            base_url: options.base_url.clone(),
+            max_tokens: options.max_tokens,
+        })
+    }
+}
+
+// By hand, so the API key never reaches a log line.
+impl fmt::Debug for AnthropicMessages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AnthropicMessages")
+            .field("base_url", &self.base_url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Provider for AnthropicMessages {
+    fn turn<'a>(&'a self, request: TurnRequest<'a>) -> BoxFuture<'a, Result<Turn, ModelError>> {
+        let span = tracing::debug_span!(
+            "model_turn",
+            api = "anthropic_messages",
+            model = request.model,
+            turn = request.turn
+        );
+        async move {
+            let url = http::endpoint(&self.base_url, "messages");
+            let mut body = request_body(&request, self.max_tokens);
+            let mut turn = Turn::default();
+            for _ in 0..=MAX_PAUSES {
+                let response = http::post_json(&self.wire, &url, &body).await?;
+                let answer = parse_response(&response)?;
+                turn.usage = Usage::sum(turn.usage, answer.usage);
+                turn.items.extend(answer.items);
+                if answer.stop != Stop::Paused {
+                    return finish(turn, answer.stop);
+                }
+                // "Provide the response back as-is": the model goes on
+                // from its own paused content.
+                if let Some(messages) = body["messages"].as_array_mut() {
+                    messages.push(json!({"role": "assistant", "content": response["content"]}));
+                }
+            }
+            Err(ModelError::InvalidResponse(format!(
+                "the turn was paused (pause_turn) more than {MAX_PAUSES} times"
+            )))
+        }
+        .instrument(span)
+        .boxed()
+    }
+}
+
+/// The request of one turn.
+fn request_body(request: &TurnRequest<'_>, default_max_tokens: u32) -> Value {
+    let mut body = json!({
+        "model": request.model,
+        "max_tokens": request.max_tokens.unwrap_or(default_max_tokens),
+        "messages": messages(request.items),
+    });
+    if !request.instructions.is_empty() {
+        body["system"] = json!(request.instructions);
+    }
+    // `tool_choice` without tools is rejected.
+    if !request.tools.is_empty() {
+        body["tools"] = request.tools.iter().map(tool).collect();
+        body["tool_choice"] = json!({
+            "type": "auto",
+            "disable_parallel_tool_use": !request.parallel_tool_calls,
+        });
+    }
+    body
+}
+
+/// A tool as Messages declares one. `strict` is not sent: the runner checks
+/// every call's arguments against the schema whatever the model did.
+fn tool(tool: &ToolSpec) -> Value {
+    json!({
+        "name": tool.name,
+        "description": tool.description,
+        "input_schema": tool.parameters,
+    })
+}
+
+/// One message being built: its role and its content blocks.
+struct Message {
+    role: &'static str,
+    content: Vec<Value>,
+}
+
+/// The conversation as alternating messages: consecutive items of one role
+/// share a message, as the API requires of a turn's blocks.
+fn messages(items: &[Item]) -> Vec<Value> {
+    let mut messages: Vec<Message> = Vec::new();
+    for item in items {
+        let Some((role, block)) = block(item) else {
+            continue;
+        };
+        match messages.last_mut() {
+            Some(last) if last.role == role => last.content.push(block),
+            _ => messages.push(Message {
+                role,
+                content: vec![block],
+            }),
+        }
+    }
+    // The ids of the calls of the last assistant message, which the next
+    // user message answers.
+    let mut calls: Vec<String> = Vec::new();
+    messages
+        .into_iter()
+        .map(|mut message| {
+            if message.role == "assistant" {
+                calls = message
+                    .content
+                    .iter()
+                    .filter(|block| block["type"] == "tool_use")
+                    .filter_map(|block| block["id"].as_str().map(str::to_owned))
+                    .collect();
+            } else {
+                order_results(&mut message.content, &calls);
+            }
+            json!({"role": message.role, "content": message.content})
+        })
+        .collect()
+}
+
+/// Puts a user message's `tool_result` blocks first, in the order of the
+/// calls of the assistant message before it (`calls`), then its other
+/// blocks: the API wants results before any text, and answers matched to
+/// their calls.
+fn order_results(content: &mut [Value], calls: &[String]) {
+    let rank = |block: &Value| {
+        if block["type"] != "tool_result" {
+            return usize::MAX;
+        }
+        let id = block["tool_use_id"].as_str().unwrap_or_default();
+        calls
+            .iter()
+            .position(|call| *call == id)
+            .unwrap_or(usize::MAX - 1)
+    };
+    // Stable: blocks of the same rank keep their order.
+    content.sort_by_key(rank);
+}
+
+/// An item as a content block, with the role of the message it belongs to;
+/// `None` for what Messages has no place for (an empty text, another
+/// provider's reasoning).
+fn block(item: &Item) -> Option<(&'static str, Value)> {
+    match item {
+        Item::User { text } if !text.is_empty() => {
+            Some(("user", json!({"type": "text", "text": text})))
+        }
+        Item::Assistant { text, .. } if !text.is_empty() => {
+            Some(("assistant", json!({"type": "text", "text": text})))
+        }
+        Item::User { .. } | Item::Assistant { .. } => None,
+        // The model's thinking goes back unchanged (its signature checks
+        // it), before the calls it led to.
+        Item::Reasoning { raw } => {
+            matches!(raw["type"].as_str(), Some("thinking" | "redacted_thinking"))
+                .then(|| ("assistant", raw.clone()))
+        }
+        Item::ToolCall {
+            call_id,
+            name,
+            arguments,
+            ..
+        } => Some((
+            "assistant",
+            json!({"type": "tool_use", "id": call_id, "name": name, "input": input(arguments)}),
+        )),
+        Item::ToolResult {
+            call_id, output, ..
+        } => Some((
+            "user",
+            json!({
+                "type": "tool_result",
+                "tool_use_id": call_id,
+                // An empty text is refused; an envelope is never empty.
+                "content": if output.is_empty() { "(no output)" } else { output },
+                "is_error": is_error(output),
+            }),
+        )),
+    }
+}
+
+/// A call's arguments as the `input` object Messages wants. The model wrote
+/// an object (Messages has no other shape); anything else (a history from
+/// another provider) becomes an empty one.
+fn input(arguments: &str) -> Value {
+    match serde_json::from_str::<Value>(arguments) {
+        Ok(Value::Object(object)) => Value::Object(object),
+        _ => Value::Object(Map::new()),
+    }
+}
+
+/// Whether an envelope reports an error (`{"ok": false, ...}`).
+fn is_error(output: &str) -> bool {
+    serde_json::from_str::<Value>(output).is_ok_and(|envelope| envelope["ok"] == false)
+}
+
+/// Why a response ended.
+#[derive(Debug, Clone, PartialEq)]
+enum Stop {
+    /// `end_turn`, `stop_sequence`, `tool_use`: a whole answer.
+    Done,
+    /// `max_tokens` or `model_context_window_exceeded`: cut off.
+    Cut(String),
+    /// `pause_turn`: to be continued.
+    Paused,
+    /// `refusal`: the model declined.
+    Refused,
+}
+
+/// One response, read.
+struct Answer {
+    items: Vec<Item>,
+    usage: Option<Usage>,
+    stop: Stop,
+}
+
+/// Reads a Messages response.
+fn parse_response(response: &Value) -> Result<Answer, ModelError> {
+    // A gateway may answer an upstream failure with a 200 and an error.
+    if response["type"] == "error" {
+        return Err(http::in_band_error(&response["error"]));
+    }
+    let content = response["content"]
+        .as_array()
+        .ok_or_else(|| ModelError::InvalidResponse("the message has no content array".into()))?;
+    let mut items = Vec::with_capacity(content.len());
+    for block in content {
+        match block["type"].as_str() {
+            Some("text") => {
+                let text = block["text"].as_str().unwrap_or_default();
+                if !text.is_empty() {
+                    items.push(Item::Assistant {
+                        text: text.to_owned(),
+                        raw: None,
+                    });
+                }
+            }
+            Some("tool_use") => items.push(tool_use(block)?),
+            Some("thinking" | "redacted_thinking") => {
+                items.push(Item::Reasoning { raw: block.clone() });
+            }
+            other => tracing::debug!(block_type = other, "ignoring content block"),
+        }
+    }
+    let stop = match response["stop_reason"].as_str() {
+        Some("max_tokens") => Stop::Cut("max_tokens".to_owned()),
+        Some("model_context_window_exceeded") => {
+            Stop::Cut("model_context_window_exceeded".to_owned())
+        }
+        Some("pause_turn") => Stop::Paused,
+        Some("refusal") => Stop::Refused,
+        Some("end_turn" | "stop_sequence" | "tool_use") | None => Stop::Done,
+        Some(other) => {
+            tracing::debug!(stop_reason = other, "unknown stop reason, taken as done");
+            Stop::Done
+        }
+    };
+    Ok(Answer {
+        items,
+        usage: super::anthropic_usage(response),
+        stop,
+    })
+}
+
+/// A `tool_use` block as a call. Its `input` is an object; the runner
+/// checks it against the tool's schema.
+fn tool_use(block: &Value) -> Result<Item, ModelError> {
+    let field = |name: &str| {
+        block[name]
+            .as_str()
+            .filter(|value| !value.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| ModelError::InvalidResponse(format!("a tool_use block without {name}")))
+    };
+    let input = &block["input"];
+    if !input.is_object() {
+        return Err(ModelError::InvalidResponse(
+            "a tool_use block whose input is not an object".into(),
+        ));
+    }
+    Ok(Item::ToolCall {
+        call_id: field("id")?,
+        name: field("name")?,
+        arguments: input.to_string(),
+        raw: None,
+    })
+}
+
+/// The turn, unless the way it ended makes it unusable.
+fn finish(turn: Turn, stop: Stop) -> Result<Turn, ModelError> {
+    match stop {
+        Stop::Done | Stop::Paused => Ok(turn),
+        Stop::Refused => Err(ModelError::Rejected {
+            status: 200,
+            code: Some("refusal".to_owned()),
+            message: "the model declined to answer (stop_reason refusal)".to_owned(),
+        }),
+        // A call cut off may look whole but mean something else: never
+        // dispatch it. Cut text is still an answer, said in the log.
+        Stop::Cut(reason) if turn.tool_calls().next().is_some() => {
+            Err(ModelError::InvalidResponse(format!(
+                "the turn stopped at {reason} with a tool call that may be cut off; \
+                 raise max_tokens"
+            )))
+        }
+        Stop::Cut(reason) if turn.text().is_empty() => Err(ModelError::InvalidResponse(format!(
+            "the turn stopped at {reason} with no output; raise max_tokens"
+        ))),
+        Stop::Cut(reason) => {
+            tracing::warn!(
+                reason,
+                "the model's answer was cut off, using the partial text"
+            );
+            Ok(turn)
+        }
+    }
+}
