@@ -14,6 +14,8 @@
 //! - [`otlp::Collector`]: an OTLP trace collector in the test process.
 //! - [`tally::Tally`]: each side-effecting call's answer held against its
 //!   effect, so a fault test fails when the model was told something false.
+//! - [`messages::MessagesServer`]: a fake of Anthropic's Messages API that
+//!   refuses what the real one refuses and answers from a script.
 //!
 //! All but the fleet are the process supervisor of `toolfleet dev`
 //! ([`toolfleet_fleet::supervisor`]), re-exported here with its defaults, which
@@ -26,6 +28,7 @@
 pub mod certificates;
 pub mod fleet;
 pub mod markdown;
+pub mod messages;
 pub mod tally;
 
 pub use toolfleet_fleet::supervisor::otlp;

@@ -135,3 +135,106 @@ async fn a_request_without_a_model_runs_on_the_configured_default_model() -> any
     assert_eq!(job.output_text, "4");
     Ok(())
 }
+
+/// Claude through the fleet: the `anthropic-messages` provider against a
+/// fake Messages API that refuses what the real one refuses. An overloaded
+/// answer (529) is retried; the model's two parallel calls run, and their
+/// envelopes go back as `tool_result` blocks in the calls' order, the
+/// failed one with `is_error`; the key comes from a file (a mounted
+/// Secret) and the usage, cache tokens included, reaches the turn's event.
+#[tokio::test]
+async fn anthropic_messages_two_round_loop_through_the_fleet() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    claude.push(Reply::Error {
+        status: 529,
+        kind: "overloaded_error",
+        message: "Overloaded".into(),
+        retry_after: Some(1),
+    });
+    claude.push(Reply::Message(json!({
+        "content": [
+            {"type": "text", "text": "Let me work both out."},
+            {"type": "tool_use", "id": "toolu_a", "name": "calculate",
+             "input": {"expression": "23*19"}},
+            {"type": "tool_use", "id": "toolu_b", "name": "fail",
+             "input": {"mode": "terminal", "code": "NOPE"}}
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 50, "output_tokens": 20,
+                  "cache_read_input_tokens": 100, "cache_creation_input_tokens": 7}
+    })));
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "23*19 is 437; the other one failed."}]),
+        "end_turn",
+    ));
+    let scratch = tempfile::tempdir()?;
+    let key_file = scratch.path().join("anthropic-key");
+    std::fs::write(&key_file, "sk-ant-test\n")?;
+    let key_file = key_file.display().to_string();
+    let base_url = claude.base_url();
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_ANTHROPIC__API_KEY_FILE", key_file.as_str()),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+            ("TOOLFLEET_ANTHROPIC__INITIAL_BACKOFF", "10ms"),
+            ("TOOLFLEET_ANTHROPIC__MAX_BACKOFF", "100ms"),
+        ])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate", "fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    let job = run_job(
+        &api,
+        v1::SubmitJobRequest {
+            input: "What is 23*19? And try the failing tool.".into(),
+            instructions: "Use the tools.".into(),
+            model: Some(v1::ModelSpec {
+                provider: "anthropic-messages".into(),
+                name: "claude-test".into(),
+                max_tokens: 300,
+                ..Default::default()
+            }),
+            tools: vec!["calculate".into(), "fail".into()],
+            ..Default::default()
+        },
+    )
+    .await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "23*19 is 437; the other one failed.");
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 3, "529, the call turn, the final turn");
+    assert_eq!(requests[0], requests[1], "a retry resends the same body");
+    let last = &requests[2];
+    assert_eq!(last["system"], "Use the tools.");
+    assert_eq!(last["max_tokens"], 300);
+    assert_eq!(last["tool_choice"]["disable_parallel_tool_use"], false);
+    assert_eq!(last["tools"][0]["name"], "calculate");
+    assert_eq!(last["tools"][0]["input_schema"]["type"], "object");
+    let messages = last["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    let calls = messages[1]["content"].as_array().expect("blocks");
+    assert_eq!(calls[1]["input"], json!({"expression": "23*19"}));
+    let results = messages[2]["content"].as_array().expect("blocks");
+    assert_eq!(results[0]["tool_use_id"], "toolu_a");
+    assert_eq!(results[0]["is_error"], false);
+    let envelope: Value = serde_json::from_str(results[0]["content"].as_str().expect("text"))?;
+    assert_eq!(envelope["data"]["result"], 437);
+    assert_eq!(results[1]["tool_use_id"], "toolu_b");
+    assert_eq!(results[1]["is_error"], true);
+
+    let events = toolfleet_tests::fleet::events(&api, &job.job_id).await?;
+    let turn = events
+        .iter()
+        .find(|(kind, _)| kind == "model_turn")
+        .map(|(_, data)| data)
+        .expect("a model_turn event");
+    assert_eq!(
+        turn["usage"],
+        json!({"cache_read_tokens": 100, "cache_write_tokens": 7,
+               "input_tokens": 157, "output_tokens": 20})
+    );
+    Ok(())
+}
