@@ -488,3 +488,227 @@ fn finish(turn: Turn, stop: Stop) -> Result<Turn, ModelError> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+    use wiremock::matchers::{header, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+
+    use super::*;
+
+    fn options(server: &MockServer) -> AnthropicOptions {
+        AnthropicOptions {
+            base_url: format!("{}/v1", server.uri()),
+            api_key: Some("sk-ant-test".into()),
+            api_key_file: None,
+            version: DEFAULT_VERSION.into(),
+            max_tokens: 1024,
+            request_timeout: Duration::from_secs(5),
+            max_retries: 2,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            max_response_bytes: 64 * 1024,
+        }
+    }
+
+    fn message(content: Value, stop_reason: &str) -> Value {
+        json!({
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "claude-test",
+            "content": content, "stop_reason": stop_reason, "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": 4},
+        })
+    }
+
+    fn request(items: &[Item]) -> TurnRequest<'_> {
+        TurnRequest {
+            model: "claude-test",
+            instructions: "",
+            items,
+            tools: &[],
+            parallel_tool_calls: true,
+            turn: 0,
+            max_tokens: None,
+        }
+    }
+
+    async fn answering(responses: Vec<ResponseTemplate>) -> MockServer {
+        let server = MockServer::start().await;
+        for response in responses {
+            Mock::given(method("POST"))
+                .and(path("/v1/messages"))
+                .and(header("x-api-key", "sk-ant-test"))
+                .and(header("anthropic-version", DEFAULT_VERSION))
+                .respond_with(response)
+                .up_to_n_times(1)
+                .mount(&server)
+                .await;
+        }
+        server
+    }
+
+    async fn bodies(server: &MockServer) -> Vec<Value> {
+        let requests = server.received_requests().await.expect("recording is on");
+        requests
+            .iter()
+            .map(|r| r.body_json().expect("JSON"))
+            .collect()
+    }
+
+    #[test]
+    fn history_becomes_alternating_messages_with_results_first_and_in_call_order() {
+        let call = |id: &str| Item::ToolCall {
+            call_id: id.into(),
+            name: "calculate".into(),
+            arguments: r#"{"expression":"1+1"}"#.into(),
+            raw: None,
+        };
+        let result = |id: &str, output: &str| Item::ToolResult {
+            call_id: id.into(),
+            name: "calculate".into(),
+            output: output.into(),
+            attempts: 1,
+        };
+        let thinking = json!({"type": "thinking", "thinking": "hmm", "signature": "sig"});
+        let items = vec![
+            Item::User { text: "hi".into() },
+            Item::Reasoning {
+                raw: thinking.clone(),
+            },
+            Item::Assistant {
+                text: String::new(),
+                raw: None,
+            },
+            call("a"),
+            call("b"),
+            // Settled in the other order.
+            result("b", r#"{"ok":false,"error":{"code":"NOPE"}}"#),
+            result("a", r#"{"ok":true,"data":2}"#),
+            // Another provider's reasoning has no place here.
+            Item::Reasoning {
+                raw: json!({"type": "reasoning", "id": "rs_1"}),
+            },
+        ];
+        let body = request_body(&request(&items), 777);
+        assert_eq!(body["max_tokens"], 777);
+        assert!(body.get("system").is_none());
+        assert!(body.get("tool_choice").is_none(), "no tools, no choice");
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 3);
+        assert_eq!(messages[1]["role"], "assistant");
+        assert_eq!(messages[1]["content"][0], thinking);
+        assert_eq!(
+            messages[1]["content"][1]["input"],
+            json!({"expression": "1+1"})
+        );
+        let results = &messages[2]["content"];
+        assert_eq!(results[0]["tool_use_id"], "a");
+        assert_eq!(results[0]["is_error"], false);
+        assert_eq!(results[1]["tool_use_id"], "b");
+        assert_eq!(results[1]["is_error"], true);
+    }
+
+    #[tokio::test]
+    async fn every_stop_reason_has_its_outcome() {
+        let text = json!([{"type": "text", "text": "partial"}]);
+        let cut_call = json!([{"type": "tool_use", "id": "t", "name": "calculate", "input": {}}]);
+        let cases = [
+            (text.clone(), "end_turn", Ok("partial")),
+            (text.clone(), "stop_sequence", Ok("partial")),
+            (text.clone(), "max_tokens", Ok("partial")),
+            (text.clone(), "model_context_window_exceeded", Ok("partial")),
+            (cut_call, "max_tokens", Err("MODEL_INVALID_RESPONSE")),
+            (json!([]), "max_tokens", Err("MODEL_INVALID_RESPONSE")),
+            (text, "refusal", Err("MODEL_REJECTED")),
+        ];
+        let items = [Item::User { text: "hi".into() }];
+        for (content, stop, expected) in cases {
+            let server = answering(vec![
+                ResponseTemplate::new(200).set_body_json(message(content, stop)),
+            ])
+            .await;
+            let provider = AnthropicMessages::new(&options(&server)).unwrap();
+            let turn = provider.turn(request(&items)).await;
+            match (turn, expected) {
+                (Ok(turn), Ok(text)) => assert_eq!(turn.text(), text, "{stop}"),
+                (Err(err), Err(code)) => assert_eq!(err.code().as_str(), code, "{stop}: {err}"),
+                (other, expected) => panic!("{stop}: {other:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_paused_turn_is_continued_from_its_own_content() {
+        let paused = message(
+            json!([{"type": "text", "text": "Searching. "}]),
+            "pause_turn",
+        );
+        let done = message(json!([{"type": "text", "text": "Found it."}]), "end_turn");
+        let server = answering(vec![
+            ResponseTemplate::new(200).set_body_json(paused),
+            ResponseTemplate::new(200).set_body_json(done),
+        ])
+        .await;
+        let provider = AnthropicMessages::new(&options(&server)).unwrap();
+        let items = [Item::User {
+            text: "find".into(),
+        }];
+        let turn = provider.turn(request(&items)).await.unwrap();
+        assert_eq!(turn.text(), "Searching. Found it.");
+        assert_eq!(
+            turn.usage.map(|u| u.output_tokens),
+            Some(8),
+            "both responses counted"
+        );
+        let sent = bodies(&server).await;
+        assert_eq!(sent.len(), 2);
+        let continued = sent[1]["messages"].as_array().unwrap();
+        assert_eq!(continued[1]["role"], "assistant");
+        assert_eq!(continued[1]["content"][0]["text"], "Searching. ");
+    }
+
+    #[tokio::test]
+    async fn overloaded_and_rate_limited_answers_are_retried_and_a_bad_request_is_not() {
+        let error = |kind: &str, message: &str| json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_1"});
+        let server = answering(vec![
+            ResponseTemplate::new(529).set_body_json(error("overloaded_error", "Overloaded")),
+            ResponseTemplate::new(429)
+                .insert_header("retry-after", "1")
+                .set_body_json(error("rate_limit_error", "slow down")),
+            ResponseTemplate::new(200)
+                .set_body_json(message(json!([{"type": "text", "text": "ok"}]), "end_turn")),
+        ])
+        .await;
+        let provider = AnthropicMessages::new(&options(&server)).unwrap();
+        let items = [Item::User { text: "hi".into() }];
+        let turn = provider.turn(request(&items)).await.unwrap();
+        assert_eq!(turn.text(), "ok");
+        assert_eq!(bodies(&server).await.len(), 3);
+
+        let server = answering(vec![ResponseTemplate::new(400).set_body_json(error(
+            "invalid_request_error",
+            "messages: text content blocks must be non-empty (key sk-ant-test)",
+        ))])
+        .await;
+        let provider = AnthropicMessages::new(&options(&server)).unwrap();
+        let err = provider.turn(request(&items)).await.unwrap_err();
+        match &err {
+            ModelError::Rejected {
+                status: 400,
+                code,
+                message,
+            } => {
+                assert_eq!(code.as_deref(), Some("invalid_request_error"));
+                assert!(message.contains("non-empty"), "{message}");
+                assert!(
+                    !message.contains("sk-ant-test"),
+                    "the key is redacted: {message}"
+                );
+            }
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+        assert_eq!(bodies(&server).await.len(), 1, "a 400 is not retried");
+    }
+}
