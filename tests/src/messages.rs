@@ -217,7 +217,7 @@ pub fn check(body: &Value) -> Result<(), String> {
     if !body.is_object() {
         return Err("the body is not a JSON object".to_owned());
     }
-    if !body["model"].as_str().is_some_and(|m| !m.is_empty()) {
+    if body["model"].as_str().is_none_or(str::is_empty) {
         return Err("model: Field required".to_owned());
     }
     match body.get("max_tokens") {
