@@ -6,7 +6,10 @@
 //! What it refuses, with the real API's error shape (`400
 //! invalid_request_error`), is what that API refuses (Anthropic's
 //! documentation; orchestrator/tests/fixtures/anthropic/README.md): a
-//! request without `max_tokens` or `model`; an empty text block; a
+//! request without `max_tokens` or `model`; a text block that is empty
+//! or only white space; two messages of one role in a row (the API's
+//! reference says it merges them, Anthropic's skills that it refuses them:
+//! the fake takes the stricter word); a
 //! `tool_result` that answers no `tool_use` of the message before it; a
 //! `tool_use` left without its `tool_result` in the next message; results
 //! after other content, or out of their calls' order; a malformed tool or
@@ -235,6 +238,14 @@ pub fn check(body: &Value) -> Result<(), String> {
         .ok_or("messages: at least one message is required")?;
     let mut calls_before: Vec<String> = Vec::new();
     for (index, message) in messages.iter().enumerate() {
+        if index > 0 && message["role"] == messages[index - 1]["role"] {
+            return Err(format!(
+                "messages.{index}: roles must alternate between \"user\" and \"assistant\""
+            ));
+        }
+        if index == 0 && message["role"] != "user" {
+            return Err("messages.0.role: the first message must use the \"user\" role".to_owned());
+        }
         let blocks = content_blocks(message, index)?;
         match message["role"].as_str() {
             Some("user") => check_answers(&blocks, &calls_before, index)?,
@@ -317,10 +328,12 @@ fn regex_free_name(name: &str) -> bool {
 }
 
 fn non_empty_text(block: &Value, at: &str) -> Result<(), String> {
-    if block["text"].as_str().is_some_and(|t| !t.is_empty()) {
-        Ok(())
-    } else {
-        Err(format!("{at}: text content blocks must be non-empty"))
+    match block["text"].as_str() {
+        Some(text) if !text.trim().is_empty() => Ok(()),
+        Some(text) if !text.is_empty() => Err(format!(
+            "{at}: text content blocks must contain non-whitespace text"
+        )),
+        _ => Err(format!("{at}: text content blocks must be non-empty")),
     }
 }
 
@@ -453,6 +466,20 @@ mod tests {
         json!({"role": "user", "content": blocks})
     }
 
+    /// The requests of Anthropic's documentation
+    /// (orchestrator/tests/fixtures/anthropic) pass: the fake is not
+    /// stricter than the API where the API is documented.
+    #[test]
+    fn it_accepts_the_documentations_requests() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../orchestrator/tests/fixtures/anthropic");
+        for name in ["request-tools.json", "request-thinking-tool-result.json"] {
+            let text = std::fs::read_to_string(dir.join(name)).expect("the fixture");
+            let body: Value = serde_json::from_str(&text).expect("JSON");
+            assert_eq!(check(&body), Ok(()), "{name}");
+        }
+    }
+
     #[test]
     fn it_accepts_a_whole_tool_loop() {
         let ok = request(json!([
@@ -471,6 +498,10 @@ mod tests {
         assert!(check(&no_max).unwrap_err().contains("max_tokens"));
         let empty = request(json!([{"role": "user", "content": [{"type": "text", "text": ""}]}]));
         assert!(check(&empty).unwrap_err().contains("non-empty"));
+        let blank = request(json!([{"role": "user", "content": [{"type": "text", "text": " \n"}]}]));
+        assert!(check(&blank).unwrap_err().contains("non-whitespace"));
+        let twice = request(json!([user, user]));
+        assert!(check(&twice).unwrap_err().contains("alternate"));
         let orphan = request(json!([user, calls(&["a"]), results(&["b"])]));
         assert!(
             check(&orphan)

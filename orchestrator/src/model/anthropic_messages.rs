@@ -311,14 +311,14 @@ fn order_results(content: &mut [Value], calls: &[String]) {
 }
 
 /// An item as a content block, with the role of the message it belongs to;
-/// `None` for what Messages has no place for (an empty text, another
-/// provider's reasoning).
+/// `None` for what Messages has no place for (a text of nothing but white
+/// space, which the API refuses; another provider's reasoning).
 fn block(item: &Item) -> Option<(&'static str, Value)> {
     match item {
-        Item::User { text } if !text.is_empty() => {
+        Item::User { text } if !text.trim().is_empty() => {
             Some(("user", json!({"type": "text", "text": text})))
         }
-        Item::Assistant { text, .. } if !text.is_empty() => {
+        Item::Assistant { text, .. } if !text.trim().is_empty() => {
             Some(("assistant", json!({"type": "text", "text": text})))
         }
         Item::User { .. } | Item::Assistant { .. } => None,
@@ -557,6 +557,78 @@ mod tests {
             .collect()
     }
 
+    /// A fixture of orchestrator/tests/fixtures/anthropic (taken from
+    /// Anthropic's documentation; its README says where from).
+    fn fixture(name: &str) -> Value {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/anthropic")
+            .join(name);
+        let text = std::fs::read_to_string(&file)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", file.display()));
+        serde_json::from_str(&text).expect("fixtures are JSON")
+    }
+
+    #[test]
+    fn the_docs_responses_are_read_and_their_turn_goes_back_as_the_docs_send_it() {
+        let parallel = parse_response(&fixture("response-tool-use.json")).unwrap();
+        assert_eq!(parallel.stop, Stop::Done);
+        let names: Vec<&str> = parallel
+            .items
+            .iter()
+            .filter_map(|item| match item {
+                Item::ToolCall { name, .. } => Some(name.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names, ["get_weather", "get_time"]);
+        assert_eq!(parallel.usage.map(|u| u.input_tokens), Some(472));
+        let answer = parse_response(&fixture("response-end-turn.json")).unwrap();
+        assert_eq!(answer.stop, Stop::Done);
+        assert!(!answer.items.is_empty());
+
+        // Extended thinking with a call: the thinking block is kept, and
+        // the next request carries the turn exactly as the docs' does.
+        let thinking = parse_response(&fixture("response-thinking-tool-use.json")).unwrap();
+        let expected = fixture("request-thinking-tool-result.json");
+        let mut items = vec![Item::User {
+            text: expected["messages"][0]["content"].as_str().unwrap().into(),
+        }];
+        items.extend(thinking.items);
+        items.push(Item::ToolResult {
+            call_id: "toolu_01CswdEQBMshySk6Y9DFKrfq".into(),
+            name: "get_weather".into(),
+            output: "Current temperature: 88°F".into(),
+            attempts: 1,
+        });
+        let body = request_body(&request(&items), 16_000);
+        assert_eq!(body["messages"][1], expected["messages"][1]);
+        let result = &body["messages"][2]["content"][0];
+        let documented = &expected["messages"][2]["content"][0];
+        assert_eq!(result["tool_use_id"], documented["tool_use_id"]);
+        assert_eq!(result["content"], documented["content"]);
+    }
+
+    #[test]
+    fn white_space_is_no_text_block() {
+        let items = [
+            Item::User { text: "hi".into() },
+            Item::Assistant {
+                text: "\n\n".into(),
+                raw: None,
+            },
+            Item::ToolCall {
+                call_id: "t".into(),
+                name: "calculate".into(),
+                arguments: "{}".into(),
+                raw: None,
+            },
+        ];
+        let body = request_body(&request(&items), 10);
+        let blocks = body["messages"][1]["content"].as_array().unwrap();
+        assert_eq!(blocks.len(), 1);
+        assert_eq!(blocks[0]["type"], "tool_use");
+    }
+
     #[test]
     fn history_becomes_alternating_messages_with_results_first_and_in_call_order() {
         let call = |id: &str| Item::ToolCall {
@@ -671,12 +743,11 @@ mod tests {
 
     #[tokio::test]
     async fn overloaded_and_rate_limited_answers_are_retried_and_a_bad_request_is_not() {
-        let error = |kind: &str, message: &str| json!({"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_1"});
         let server = answering(vec![
-            ResponseTemplate::new(529).set_body_json(error("overloaded_error", "Overloaded")),
+            ResponseTemplate::new(529).set_body_json(fixture("error-overloaded.json")),
             ResponseTemplate::new(429)
                 .insert_header("retry-after", "1")
-                .set_body_json(error("rate_limit_error", "slow down")),
+                .set_body_json(fixture("error-rate-limit.json")),
             ResponseTemplate::new(200)
                 .set_body_json(message(json!([{"type": "text", "text": "ok"}]), "end_turn")),
         ])
@@ -687,11 +758,10 @@ mod tests {
         assert_eq!(turn.text(), "ok");
         assert_eq!(bodies(&server).await.len(), 3);
 
-        let server = answering(vec![ResponseTemplate::new(400).set_body_json(error(
-            "invalid_request_error",
-            "messages: text content blocks must be non-empty (key sk-ant-test)",
-        ))])
-        .await;
+        let mut invalid = fixture("error-invalid-request.json");
+        let documented = invalid["error"]["message"].as_str().unwrap().to_owned();
+        invalid["error"]["message"] = json!(format!("{documented} (key sk-ant-test)"));
+        let server = answering(vec![ResponseTemplate::new(400).set_body_json(invalid)]).await;
         let provider = AnthropicMessages::new(&options(&server)).unwrap();
         let err = provider.turn(request(&items)).await.unwrap_err();
         match &err {
@@ -701,7 +771,7 @@ mod tests {
                 message,
             } => {
                 assert_eq!(code.as_deref(), Some("invalid_request_error"));
-                assert!(message.contains("non-empty"), "{message}");
+                assert!(message.starts_with(&documented), "{message}");
                 assert!(
                     !message.contains("sk-ant-test"),
                     "the key is redacted: {message}"
