@@ -498,7 +498,8 @@ mod tests {
         assert!(check(&no_max).unwrap_err().contains("max_tokens"));
         let empty = request(json!([{"role": "user", "content": [{"type": "text", "text": ""}]}]));
         assert!(check(&empty).unwrap_err().contains("non-empty"));
-        let blank = request(json!([{"role": "user", "content": [{"type": "text", "text": " \n"}]}]));
+        let blank =
+            request(json!([{"role": "user", "content": [{"type": "text", "text": " \n"}]}]));
         assert!(check(&blank).unwrap_err().contains("non-whitespace"));
         let twice = request(json!([user, user]));
         assert!(check(&twice).unwrap_err().contains("alternate"));
