@@ -21,6 +21,8 @@ use tracing::Instrument;
 use super::{ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
 use crate::job::Item;
 
+mod stream;
+
 /// The API version sent as `anthropic-version` by default: the one every
 /// Messages feature used here is documented for.
 pub const DEFAULT_VERSION: &str = "2023-06-01";
@@ -66,6 +68,10 @@ pub struct AnthropicOptions {
     /// Largest response body read; a longer one is an invalid response.
     /// Default: 8388608 (8 MiB).
     pub max_response_bytes: usize,
+    /// Longest silence of a streamed answer (the API sends `ping` events
+    /// meanwhile) before the attempt is given up and retried. Default: 90s.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub stream_idle_timeout: Duration,
 }
 
 /// By hand, so that the API key never reaches a log line.
@@ -82,6 +88,7 @@ impl fmt::Debug for AnthropicOptions {
             .field("initial_backoff", &self.initial_backoff)
             .field("max_backoff", &self.max_backoff)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("stream_idle_timeout", &self.stream_idle_timeout)
             .finish()
     }
 }
@@ -102,6 +109,7 @@ impl Default for AnthropicOptions {
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             max_response_bytes: 8 * 1024 * 1024,
+            stream_idle_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -145,6 +153,7 @@ impl AnthropicOptions {
             initial_backoff: self.initial_backoff,
             max_backoff: self.max_backoff,
             max_response_bytes: self.max_response_bytes,
+            stream_idle_timeout: self.stream_idle_timeout,
         };
         http::Wire::new(policy, &headers, key)
     }
@@ -194,8 +203,17 @@ impl Provider for AnthropicMessages {
             let url = http::endpoint(&self.base_url, "messages");
             let mut body = request_body(&request, self.max_tokens);
             let mut turn = Turn::default();
+            if request.deltas.is_some() {
+                body["stream"] = json!(true);
+            }
             for _ in 0..=MAX_PAUSES {
-                let response = http::post_json(&self.wire, &url, &body).await?;
+                let response = match request.deltas {
+                    Some(deltas) => {
+                        let mut reader = stream::Reader::new(deltas);
+                        http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                    }
+                    None => http::post_json(&self.wire, &url, &body).await?,
+                };
                 let answer = parse_response(&response)?;
                 turn.usage = Usage::sum(turn.usage, answer.usage);
                 turn.items.extend(answer.items);
@@ -498,6 +516,7 @@ mod tests {
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     use super::*;
+    use crate::model::Delta;
 
     fn options(server: &MockServer) -> AnthropicOptions {
         AnthropicOptions {
@@ -511,6 +530,7 @@ mod tests {
             initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(100),
             max_response_bytes: 64 * 1024,
+            stream_idle_timeout: Duration::from_millis(500),
         }
     }
 
@@ -531,6 +551,7 @@ mod tests {
             parallel_tool_calls: true,
             turn: 0,
             max_tokens: None,
+            deltas: None,
         }
     }
 
@@ -780,5 +801,188 @@ mod tests {
             other => panic!("expected a rejection, got {other:?}"),
         }
         assert_eq!(bodies(&server).await.len(), 1, "a 400 is not retried");
+    }
+
+    /// A fixture's text (the `.sse` streams).
+    fn fixture_text(name: &str) -> String {
+        let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/anthropic")
+            .join(name);
+        std::fs::read_to_string(&file)
+            .unwrap_or_else(|err| panic!("cannot read {}: {err}", file.display()))
+    }
+
+    fn sse(body: &str) -> ResponseTemplate {
+        ResponseTemplate::new(200)
+            .insert_header("content-type", "text/event-stream")
+            .set_body_string(body.to_owned())
+    }
+
+    /// Runs one streamed turn; returns it and the deltas sent.
+    async fn streamed(server: &MockServer) -> (Result<Turn, ModelError>, Vec<Delta>) {
+        let provider = AnthropicMessages::new(&options(server)).unwrap();
+        let items = [Item::User { text: "hi".into() }];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let sink = |delta: Delta| seen.lock().unwrap().push(delta);
+        let mut turn_request = request(&items);
+        turn_request.deltas = Some(&sink);
+        let turn = provider.turn(turn_request).await;
+        (turn, seen.into_inner().unwrap())
+    }
+
+    fn streamed_text(deltas: &[Delta]) -> String {
+        deltas
+            .iter()
+            .filter_map(|delta| match delta {
+                Delta::Text(text) => Some(text.as_str()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_docs_streams_make_the_same_turn_and_their_deltas_spell_it() {
+        let server = answering(vec![sse(&fixture_text("stream-tool-use.sse"))]).await;
+        let (turn, deltas) = streamed(&server).await;
+        let turn = turn.unwrap();
+        assert_eq!(streamed_text(&deltas), turn.text());
+        assert!(!turn.text().is_empty());
+        let calls: Vec<&Item> = turn.tool_calls().collect();
+        let [
+            Item::ToolCall {
+                name, arguments, ..
+            },
+        ] = calls.as_slice()
+        else {
+            panic!("one call: {calls:?}")
+        };
+        assert_eq!(name, "get_weather");
+        let arguments: Value = serde_json::from_str(arguments).unwrap();
+        assert_eq!(
+            arguments,
+            json!({"location": "San Francisco, CA", "unit": "fahrenheit"})
+        );
+        assert!(deltas.contains(&Delta::ToolCall {
+            index: 0,
+            name: "get_weather".into()
+        }));
+        assert_eq!(turn.usage.map(|u| u.output_tokens), Some(89));
+        let sent = bodies(&server).await;
+        assert_eq!(sent[0]["stream"], true);
+
+        let server = answering(vec![sse(&fixture_text("stream-text.sse"))]).await;
+        let (turn, deltas) = streamed(&server).await;
+        let turn = turn.unwrap();
+        assert_eq!(streamed_text(&deltas), turn.text());
+        assert!(turn.tool_calls().next().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_breaks_is_asked_again_and_its_deltas_restart() {
+        let whole = fixture_text("stream-text.sse");
+        // Cut before `message_stop`.
+        let cut = &whole[..whole.find("event: message_stop").unwrap()];
+        let server = answering(vec![
+            sse(&fixture_text("stream-error-overloaded.sse")),
+            sse(cut),
+            sse(&whole),
+        ])
+        .await;
+        let (turn, deltas) = streamed(&server).await;
+        let turn = turn.unwrap();
+        assert_eq!(bodies(&server).await.len(), 3);
+        let last_restart = deltas.iter().rposition(|d| *d == Delta::Restart).unwrap();
+        assert_eq!(deltas.iter().filter(|d| **d == Delta::Restart).count(), 2);
+        assert_eq!(streamed_text(&deltas[last_restart..]), turn.text());
+
+        // Malformed data and arguments that never close, every attempt:
+        // retryable, then unavailable, the provider's text excerpted.
+        let garbage = "event: message_start\ndata: {not json\n\n";
+        let server = answering(vec![sse(garbage), sse(garbage), sse(garbage)]).await;
+        let err = streamed(&server).await.0.unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Unavailable(m) if m.contains("not JSON") && m.contains("{not json")),
+            "{err:?}"
+        );
+        let tool = fixture_text("stream-tool-use.sse");
+        let open = &tool[..tool
+            .find(
+                "event: content_block_stop\ndata: {\"type\": \"content_block_stop\", \"index\": 1",
+            )
+            .unwrap_or(tool.len() / 2)];
+        let server = answering(vec![sse(open), sse(open), sse(open)]).await;
+        let err = streamed(&server).await.0.unwrap_err();
+        assert_eq!(err.code().as_str(), "MODEL_UNAVAILABLE", "{err:?}");
+
+        // A line that never ends costs at most max_response_bytes (64 KiB
+        // here), and is not asked for again.
+        let endless = format!("data: {}", "x".repeat(100 * 1024));
+        let server = answering(vec![sse(&endless)]).await;
+        let err = streamed(&server).await.0.unwrap_err();
+        assert!(
+            matches!(&err, ModelError::InvalidResponse(m) if m.contains("anthropic.max_response_bytes")),
+            "{err:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_stalls_is_given_up_after_its_idle_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        // Headers and the first event, then silence.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let first = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut socket, _)) = listener.accept().await {
+                // The whole request first: headers, then its body.
+                let mut read = Vec::new();
+                let mut buffer = [0u8; 4096];
+                let whole = |read: &[u8]| {
+                    let text = String::from_utf8_lossy(read);
+                    let Some(end) = text.find("\r\n\r\n") else {
+                        return false;
+                    };
+                    let length = text[..end]
+                        .lines()
+                        .find_map(|line| {
+                            line.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|n| n.trim().parse::<usize>().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    read.len() >= end + 4 + length
+                };
+                while !whole(&read) {
+                    match socket.read(&mut buffer).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read.extend_from_slice(&buffer[..n]),
+                    }
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 100000\r\n\r\n{first}"
+                );
+                let _ = socket.write_all(head.as_bytes()).await;
+                held.push(socket);
+            }
+        });
+        let mut options = AnthropicOptions {
+            base_url: format!("http://{address}/v1"),
+            ..options(&MockServer::start().await)
+        };
+        options.max_retries = 1;
+        options.stream_idle_timeout = Duration::from_millis(200);
+        let provider = AnthropicMessages::new(&options).unwrap();
+        let items = [Item::User { text: "hi".into() }];
+        let sink = |_: Delta| {};
+        let mut turn_request = request(&items);
+        turn_request.deltas = Some(&sink);
+        let started = std::time::Instant::now();
+        let err = provider.turn(turn_request).await.unwrap_err();
+        assert!(
+            matches!(&err, ModelError::Unavailable(m) if m.contains("silent") && m.contains("2 attempts")),
+            "{err:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(4), "bounded");
     }
 }

@@ -340,6 +340,7 @@ mod tests {
             parallel_tool_calls: true,
             turn,
             max_tokens: None,
+            deltas: None,
         }
     }
 
@@ -464,6 +465,7 @@ mod tests {
             parallel_tool_calls: true,
             turn: 0,
             max_tokens: None,
+            deltas: None,
         };
         check_error_policy(
             |options| ChatCompletions::new(&options).unwrap(),
@@ -525,6 +527,7 @@ mod tests {
             parallel_tool_calls: false,
             turn: 2,
             max_tokens: None,
+            deltas: None,
         });
         assert_valid_request(RequestKind::ChatCompletions, &body);
         let wire_call = |id: &str| json!({"id": id, "type": "function", "function": {"name": "get_weather", "arguments": "{}"}});

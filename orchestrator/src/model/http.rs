@@ -51,6 +51,8 @@ pub(crate) struct Policy {
     pub(crate) initial_backoff: Duration,
     pub(crate) max_backoff: Duration,
     pub(crate) max_response_bytes: usize,
+    /// Longest silence of a streamed answer before the attempt is given up.
+    pub(crate) stream_idle_timeout: Duration,
 }
 
 /// One provider's side of the exchange: its connection pool, the headers
@@ -104,6 +106,237 @@ impl Wire {
 /// `{base_url}/{path}`, whether or not the base URL ends with a slash.
 pub(crate) fn endpoint(base_url: &str, path: &str) -> String {
     format!("{}/{path}", base_url.trim_end_matches('/'))
+}
+
+/// What reads a streamed answer, one server-sent event at a time.
+pub(crate) trait StreamReader {
+    /// What a whole stream makes.
+    type Output;
+    /// A new attempt starts: whatever the last one read is forgotten.
+    fn restart(&mut self);
+    /// One event (`name` is the SSE `event:` field, empty when absent);
+    /// `Some` once the stream is complete.
+    ///
+    /// # Errors
+    ///
+    /// [`StreamError::Transient`] for what another attempt may cure (an
+    /// `overloaded_error` event, malformed data); [`StreamError::Fatal`]
+    /// for what it would not.
+    fn event(&mut self, name: &str, data: &str) -> Result<Option<Self::Output>, StreamError>;
+}
+
+/// Why a stream's event could not be read.
+pub(crate) enum StreamError {
+    /// Worth another attempt; the reason, with the provider's text
+    /// excerpted.
+    Transient(String),
+    /// Final.
+    Fatal(ModelError),
+}
+
+/// POSTs `body` (which asks for a stream) to `url` over `wire` and reads
+/// the answer's server-sent events with `reader` until it says the stream
+/// is complete. Failures before and during the stream are retried as
+/// [`post_json`] retries them: a stream that breaks, stalls for the
+/// policy's `stream_idle_timeout`, ends before its last event, or carries
+/// malformed events is a transient failure, and the next attempt starts
+/// the answer again (`reader.restart()`).
+///
+/// # Errors
+///
+/// As [`post_json`]; and [`StreamError::Fatal`]'s error.
+pub(crate) async fn post_sse<R: StreamReader>(
+    wire: &Wire,
+    url: &str,
+    body: &Value,
+    reader: &mut R,
+) -> Result<R::Output, ModelError> {
+    let options = &wire.policy;
+    let mut delays = ExponentialBuilder::new()
+        .with_min_delay(options.initial_backoff)
+        .with_max_delay(options.max_backoff)
+        .with_max_times(usize::try_from(options.max_retries).unwrap_or(usize::MAX))
+        .with_jitter()
+        .build();
+    let mut attempt: u32 = 1;
+    loop {
+        reader.restart();
+        let transient = match stream_once(wire, url, body, reader).await {
+            Ok(output) => return Ok(output),
+            Err(Failure::Fatal(err)) => return Err(err),
+            Err(Failure::Transient(transient)) => transient,
+        };
+        let Some(backoff) = delays.next() else {
+            return Err(ModelError::Unavailable(format!(
+                "{} (gave up after {attempt} attempts)",
+                transient.reason
+            )));
+        };
+        let delay = transient
+            .retry_after
+            .unwrap_or(backoff)
+            .min(options.max_backoff);
+        tracing::warn!(
+            status = transient.status,
+            attempt,
+            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            reason = %transient.reason,
+            "retrying streamed model request"
+        );
+        tokio::time::sleep(delay).await;
+        attempt += 1;
+    }
+}
+
+/// One attempt of [`post_sse`].
+async fn stream_once<R: StreamReader>(
+    wire: &Wire,
+    url: &str,
+    body: &Value,
+    reader: &mut R,
+) -> Result<R::Output, Failure> {
+    use futures::StreamExt as _;
+    let options = &wire.policy;
+    let response = wire
+        .client
+        .post(url)
+        .headers(wire.headers.clone())
+        .header(ACCEPT, "text/event-stream")
+        .json(body)
+        .send()
+        .await
+        .map_err(send_failure)?;
+    let status = response.status();
+    if !status.is_success() {
+        // An error is a JSON body, read and judged as post_json does.
+        return Err(error_answer(wire, response).await);
+    }
+    let transient = |reason: String| {
+        Failure::Transient(Transient {
+            reason,
+            status: Some(status.as_u16()),
+            retry_after: None,
+            request_id: None,
+        })
+    };
+    let limit = options.max_response_bytes;
+    let chunks = bounded_chunks(response, limit);
+    let mut events = std::pin::pin!(sse_stream::SseStream::from_bytes_stream(chunks));
+    loop {
+        let next = tokio::time::timeout(options.stream_idle_timeout, events.next()).await;
+        let event = match next {
+            Err(_) => {
+                return Err(transient(format!(
+                    "the stream was silent for {} ({}.stream_idle_timeout)",
+                    humantime::format_duration(options.stream_idle_timeout),
+                    options.section
+                )));
+            }
+            Ok(None) => {
+                return Err(transient(
+                    "the stream ended before its last event".to_owned(),
+                ));
+            }
+            Ok(Some(Err(sse_stream::Error::Body(err))))
+                if matches!(err.downcast_ref(), Some(StreamBroken::TooLarge)) =>
+            {
+                return Err(Failure::Fatal(ModelError::InvalidResponse(format!(
+                    "the stream is over {limit} bytes ({}.max_response_bytes)",
+                    options.section
+                ))));
+            }
+            Ok(Some(Err(err))) => {
+                return Err(transient(format!(
+                    "the stream broke: {}",
+                    quote(&err.to_string())
+                )));
+            }
+            Ok(Some(Ok(event))) => event,
+        };
+        // Comments and retry hints carry no data.
+        let Some(data) = event.data else { continue };
+        let name = event.event.as_deref().unwrap_or_default();
+        match reader.event(name, &data) {
+            Ok(Some(output)) => return Ok(output),
+            Ok(None) => {}
+            Err(StreamError::Transient(reason)) => return Err(transient(reason)),
+            Err(StreamError::Fatal(err)) => return Err(Failure::Fatal(err)),
+        }
+    }
+}
+
+/// The body of `response`, chunk by chunk, ended by an error past `limit`
+/// bytes: a stream is bounded as a body is, so a line that never ends
+/// costs at most `limit`.
+fn bounded_chunks(
+    response: reqwest::Response,
+    limit: usize,
+) -> impl futures::Stream<Item = Result<bytes::Bytes, StreamBroken>> {
+    futures::stream::unfold((response, 0usize), move |(mut response, read)| async move {
+        match response.chunk().await {
+            Ok(Some(chunk)) if read + chunk.len() > limit => {
+                Some((Err(StreamBroken::TooLarge), (response, read)))
+            }
+            Ok(Some(chunk)) => {
+                let read = read + chunk.len();
+                Some((Ok(chunk), (response, read)))
+            }
+            Ok(None) => None,
+            Err(err) => Some((Err(StreamBroken::Read(err.without_url())), (response, read))),
+        }
+    })
+}
+
+/// Why the bytes of a stream stopped.
+#[derive(Debug)]
+enum StreamBroken {
+    Read(reqwest::Error),
+    TooLarge,
+}
+
+impl std::fmt::Display for StreamBroken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Read(err) => write!(f, "{}", error_chain(err)),
+            Self::TooLarge => f.write_str("the stream grew past its limit"),
+        }
+    }
+}
+
+impl StdError for StreamBroken {}
+
+/// A provider's text in an error: at most [`MAX_QUOTED_BODY`] characters.
+pub(crate) fn quote(text: &str) -> String {
+    quote_body(text.as_bytes())
+}
+
+/// A non-2xx answer, read and judged: transient or final.
+async fn error_answer(wire: &Wire, response: reqwest::Response) -> Failure {
+    let status = response.status();
+    let retry_after = retry_after(response.headers());
+    let request_id = response
+        .headers()
+        .get("x-request-id")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
+    // An error body that cannot be read still has its status to judge by.
+    let bytes = read_body(response, wire.policy.max_response_bytes)
+        .await
+        .unwrap_or_default();
+    let details = ErrorDetails::parse(&bytes, wire.secret.as_deref());
+    if is_retryable_status(status) && !details.is_quota() {
+        return Failure::Transient(Transient {
+            reason: format!("HTTP {}: {}", status.as_u16(), details.message),
+            status: Some(status.as_u16()),
+            retry_after,
+            request_id,
+        });
+    }
+    Failure::Fatal(ModelError::Rejected {
+        status: status.as_u16(),
+        code: details.code(),
+        message: details.message,
+    })
 }
 
 /// POSTs `body` to `url` over `wire` and returns the parsed JSON of a 2xx

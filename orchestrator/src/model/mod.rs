@@ -44,7 +44,7 @@ pub struct ToolSpec {
 }
 
 /// Everything a provider needs for one model turn.
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct TurnRequest<'a> {
     /// The provider's model name.
     pub model: &'a str,
@@ -60,7 +60,47 @@ pub struct TurnRequest<'a> {
     pub turn: u32,
     /// The most tokens the model may write in this turn, when the job says.
     pub max_tokens: Option<u32>,
+    /// Where the turn's deltas go as the model writes it: set for a
+    /// streamed job, whose provider then asks for a streamed answer.
+    pub deltas: Option<DeltaSink<'a>>,
 }
+
+// By hand: a sink has no Debug.
+impl std::fmt::Debug for TurnRequest<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnRequest")
+            .field("model", &self.model)
+            .field("items", &self.items.len())
+            .field("tools", &self.tools.len())
+            .field("parallel_tool_calls", &self.parallel_tool_calls)
+            .field("turn", &self.turn)
+            .field("max_tokens", &self.max_tokens)
+            .field("streamed", &self.deltas.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A piece of a turn as the model writes it, before the turn is whole and
+/// checkpointed (a streamed job's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delta {
+    /// More of the answer's text.
+    Text(String),
+    /// A tool call, named as soon as the model names it; `index` is its
+    /// position among the turn's calls.
+    ToolCall {
+        /// 0-based, in the turn's order.
+        index: usize,
+        /// The tool's name as the model wrote it.
+        name: String,
+    },
+    /// The provider asks the model again (its answer broke off): what was
+    /// sent of the turn so far is void.
+    Restart,
+}
+
+/// Where a streamed turn's deltas go.
+pub type DeltaSink<'a> = &'a (dyn Fn(Delta) + Send + Sync);
 
 /// What the model produced in one turn: assistant text, tool calls and
 /// reasoning items, in the provider's order.
@@ -332,6 +372,8 @@ impl OpenAiOptions {
             initial_backoff: self.initial_backoff,
             max_backoff: self.max_backoff,
             max_response_bytes: self.max_response_bytes,
+            // The OpenAI providers do not stream yet.
+            stream_idle_timeout: Duration::from_secs(60),
         }
     }
 

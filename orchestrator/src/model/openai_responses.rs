@@ -290,6 +290,7 @@ mod tests {
             parallel_tool_calls: false,
             turn,
             max_tokens: None,
+            deltas: None,
         }
     }
 
@@ -400,6 +401,7 @@ mod tests {
             parallel_tool_calls: true,
             turn: 0,
             max_tokens: None,
+            deltas: None,
         };
         check_error_policy(
             |options| OpenAiResponses::new(&options).unwrap(),
@@ -441,6 +443,7 @@ mod tests {
             parallel_tool_calls: true,
             turn: 1,
             max_tokens: None,
+            deltas: None,
         });
         assert_valid_request(RequestKind::Responses, &body);
         assert_eq!(

@@ -287,6 +287,7 @@ mod tests {
             parallel_tool_calls: true,
             turn,
             max_tokens: None,
+            deltas: None,
         }
     }
 

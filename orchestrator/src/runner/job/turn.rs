@@ -237,6 +237,7 @@ async fn ask_model(
         parallel_tool_calls: spec.parallel_tool_calls,
         turn: progress.turns,
         max_tokens: spec.max_tokens,
+        deltas: None,
     };
     let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
     let asked = Instant::now();
