@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
 use toolfleet_proto::call::is_valid_call_id;
-pub use toolfleet_proto::job::{CallRef, JobErrorCode, JobEvent, JobId, JobStatus, Usage};
+pub use toolfleet_proto::job::{
+    CallRef, DeltaPiece, JobErrorCode, JobEvent, JobId, JobStatus, TurnDelta, Usage,
+};
 pub use toolfleet_service::clock::now_ms;
 pub use toolfleet_service::traces::JobTrace;
 
@@ -149,6 +151,9 @@ pub struct JobSpec {
     /// none: the provider's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
+    /// Whether its turns are streamed to its watchers as they are written.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stream: bool,
     /// The one call of a call job (provider [`ProviderKind::Call`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<CallSpec>,

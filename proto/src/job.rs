@@ -220,6 +220,53 @@ impl Usage {
     }
 }
 
+/// A piece of a streamed model turn, as the runner that asks the model
+/// passes it to the job's watchers (on the job's events subject, marked
+/// with the `Toolfleet-Delta` header, and directly in its own process).
+/// Never stored: the checkpointed `model_turn` is the truth.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnDelta {
+    /// The turn it belongs to (0-based, as `model_turn`'s `turn`).
+    pub turn: u32,
+    /// The lease epoch of the run that asked the model: a new one means
+    /// the turn started again after a takeover.
+    pub epoch: u64,
+    /// Its position among the run's deltas of the turn, from 0.
+    pub seq: u64,
+    /// What it says.
+    pub piece: DeltaPiece,
+}
+
+/// What a [`TurnDelta`] says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaPiece {
+    /// More of the answer's text.
+    Text(String),
+    /// A tool call, named.
+    ToolCall {
+        /// Its position among the turn's calls.
+        index: usize,
+        /// The tool's name as the model wrote it.
+        name: String,
+    },
+    /// The provider asks the model again: what came of the turn is void.
+    Restart,
+}
+
+impl TurnDelta {
+    /// Largest delta read from the bus.
+    pub const MAX_BYTES: usize = 64 * 1024;
+
+    /// A delta read from the bus; `None` when it is too large or not one.
+    pub fn read(payload: &[u8]) -> Option<Self> {
+        if payload.len() > Self::MAX_BYTES {
+            return None;
+        }
+        serde_json::from_slice(payload).ok()
+    }
+}
+
 /// A call as a [`JobEvent::ModelTurn`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallRef {

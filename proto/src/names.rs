@@ -56,6 +56,9 @@ pub mod headers {
     /// Set (to "1") on a message of a reply subject that reports a running
     /// call's progress (a `ProgressReport`), not its result.
     pub const PROGRESS: &str = "Toolfleet-Progress";
+    /// Set (to "1") on a message of a job's events subject that carries a
+    /// piece of a streamed model turn (a delta), not a wake-up.
+    pub const DELTA: &str = "Toolfleet-Delta";
     /// JetStream KV's marker of what a message does to its key; a worker
     /// withdraws its announcement with [`KV_DELETE`].
     pub const KV_OPERATION: &str = "KV-Operation";

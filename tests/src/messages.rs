@@ -31,6 +31,10 @@ pub enum Reply {
     /// A `200` with this message (its `content`, `stop_reason` and
     /// `usage`; `id`, `type`, `role` and `model` are filled in).
     Message(Value),
+    /// A `200` streaming these server-sent events (a request must ask for
+    /// a stream), sent once the test releases it
+    /// ([`MessagesServer::release_stream`]).
+    Stream(String),
     /// An error status with Anthropic's error body of this `type` and
     /// `message`, and a `retry-after` header (seconds) when given.
     Error {
@@ -66,6 +70,8 @@ struct Script {
 struct Shared {
     key: String,
     script: Arc<Mutex<Script>>,
+    /// Streams wait for a permit each.
+    streams: Arc<tokio::sync::Semaphore>,
 }
 
 /// The fake, serving on a free loopback port until dropped.
@@ -91,6 +97,7 @@ impl MessagesServer {
         let shared = Shared {
             key: key.to_owned(),
             script: Arc::default(),
+            streams: Arc::new(tokio::sync::Semaphore::new(0)),
         };
         let app = axum::Router::new()
             .route("/v1/messages", axum::routing::post(answer))
@@ -115,6 +122,11 @@ impl MessagesServer {
     /// Queues the next answer.
     pub fn push(&self, reply: Reply) {
         self.lock().replies.push_back(reply);
+    }
+
+    /// Lets the next held stream go.
+    pub fn release_stream(&self) {
+        self.shared.streams.add_permits(1);
     }
 
     /// Every request body received so far, in order.
@@ -153,38 +165,31 @@ fn json_response(status: StatusCode, body: &Value) -> Response {
 }
 
 async fn answer(State(shared): State<Shared>, headers: HeaderMap, body: String) -> Response {
-    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let body: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
-    let mut script = shared.script.lock().unwrap_or_else(PoisonError::into_inner);
-    script.requests.push(body.clone());
-    if header("x-api-key") != Some(shared.key.as_str()) {
-        script.refusals.push("x-api-key".to_owned());
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "authentication_error",
-            "invalid x-api-key",
-        );
-    }
-    if header("anthropic-version").is_none() {
-        script.refusals.push("anthropic-version".to_owned());
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            "anthropic-version: header is required",
-        );
-    }
-    if let Err(problem) = check(&body) {
-        script.refusals.push(problem.clone());
-        return error(StatusCode::BAD_REQUEST, "invalid_request_error", &problem);
-    }
-    match script.replies.pop_front() {
+    let reply = match admit(&shared, &headers, &body) {
+        Ok(reply) => reply,
+        Err(refused) => return refused,
+    };
+    match reply {
         None => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "api_error",
             "the fake's script has no answer left",
         ),
+        Some(Reply::Stream(_)) if body["stream"] != true => error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "the fake's script streams this answer, and the request did not ask for a stream",
+        ),
+        Some(Reply::Stream(events)) => {
+            if let Ok(permit) = shared.streams.acquire().await {
+                permit.forget();
+            }
+            let headers = [(axum::http::header::CONTENT_TYPE, "text/event-stream")];
+            (StatusCode::OK, headers, events).into_response()
+        }
         Some(Reply::Message(mut message)) => {
-            message["id"] = json!(format!("msg_fake_{}", script.requests.len()));
+            message["id"] = json!("msg_fake");
             message["type"] = json!("message");
             message["role"] = json!("assistant");
             message["model"] = body["model"].clone();
@@ -209,6 +214,40 @@ async fn answer(State(shared): State<Shared>, headers: HeaderMap, body: String) 
             response
         }
     }
+}
+
+/// Records a request and checks it: its scripted answer, or the API's
+/// refusal.
+#[allow(clippy::result_large_err)]
+fn admit(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Option<Reply>, Response> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let mut script = shared.script.lock().unwrap_or_else(PoisonError::into_inner);
+    script.requests.push(body.clone());
+    if header("x-api-key") != Some(shared.key.as_str()) {
+        script.refusals.push("x-api-key".to_owned());
+        return Err(error(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "invalid x-api-key",
+        ));
+    }
+    if header("anthropic-version").is_none() {
+        script.refusals.push("anthropic-version".to_owned());
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "anthropic-version: header is required",
+        ));
+    }
+    if let Err(problem) = check(body) {
+        script.refusals.push(problem.clone());
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            &problem,
+        ));
+    }
+    Ok(script.replies.pop_front())
 }
 
 /// Checks a request as the real API does; the error is the API's message.

@@ -109,6 +109,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         model: String::new(),
         script: Some(r#"[{"message":"kept"}]"#.into()),
         max_tokens: None,
+        stream: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

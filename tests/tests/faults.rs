@@ -736,6 +736,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         model: String::new(),
         script: request.model.map(|m| m.script),
         max_tokens: None,
+        stream: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

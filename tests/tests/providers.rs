@@ -1,6 +1,8 @@
 //! The OpenAI providers end to end: an orchestrator process whose model is a
 //! local fake server speaking the OpenAI wire format, and real workers.
 
+use std::time::Duration;
+
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{Fleet, run_job, test_fleet};
@@ -235,6 +237,91 @@ async fn anthropic_messages_two_round_loop_through_the_fleet() -> anyhow::Result
         turn["usage"],
         json!({"cache_read_tokens": 100, "cache_write_tokens": 7,
                "input_tokens": 157, "output_tokens": 20})
+    );
+    Ok(())
+}
+
+/// A streamed job (`stream = true`): while Claude writes the answer, its
+/// watcher gets `model_output_delta` events that spell it, before the
+/// checkpointed turn; they are never stored, so a watch of the finished
+/// job has none.
+#[tokio::test]
+async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let stream = std::fs::read_to_string(
+        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )?;
+    claude.push(Reply::Stream(stream));
+    let base_url = claude.base_url();
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ])
+        .await?;
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(v1::SubmitJobRequest {
+            input: "Hello".into(),
+            model: Some(v1::ModelSpec {
+                provider: "anthropic-messages".into(),
+                name: "claude-test".into(),
+                ..Default::default()
+            }),
+            stream: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let mut watch = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    // The model answers once the watch listens.
+    toolfleet_tests::wait_until("the model to be asked", Duration::from_secs(30), || async {
+        (!claude.requests().is_empty()).then_some(())
+    })
+    .await?;
+    claude.release_stream();
+    let mut seen = Vec::new();
+    while let Some(event) = watch.message().await? {
+        let done = event.r#final;
+        seen.push((event.kind, serde_json::from_str::<Value>(&event.data)?));
+        if done {
+            break;
+        }
+    }
+    let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
+    let first_delta = kinds.iter().position(|k| *k == "model_output_delta");
+    let turn = kinds.iter().position(|k| *k == "model_turn");
+    assert!(first_delta.is_some() && first_delta < turn, "{kinds:?}");
+    let streamed: String = seen
+        .iter()
+        .filter(|(kind, _)| kind == "model_output_delta")
+        .map(|(_, data)| {
+            assert_eq!(data["turn"], 0, "{data}");
+            data["text"].as_str().unwrap_or_default().to_owned()
+        })
+        .collect();
+    let job = toolfleet_tests::fleet::wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert!(!streamed.is_empty());
+    assert_eq!(streamed, job.output_text);
+    assert_eq!(claude.requests()[0]["stream"], true);
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+
+    let stored = toolfleet_tests::fleet::events(&api, &job_id).await?;
+    assert!(
+        stored.iter().all(|(kind, _)| kind != "model_output_delta"),
+        "{stored:?}"
     );
     Ok(())
 }

@@ -25,6 +25,7 @@ fn spec() -> JobSpec {
         model: String::new(),
         script: Some(r#"[{"message":"hi"}]"#.into()),
         max_tokens: None,
+        stream: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

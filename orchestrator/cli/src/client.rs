@@ -61,6 +61,9 @@ pub(crate) enum Provider {
     /// OpenAI-compatible Chat Completions API, e.g. vLLM (needs OPENAI_API_KEY
     /// on the orchestrator).
     OpenaiChat,
+    /// Anthropic's Messages API, i.e. Claude (needs ANTHROPIC_API_KEY on
+    /// the orchestrator).
+    AnthropicMessages,
 }
 
 impl Provider {
@@ -70,6 +73,7 @@ impl Provider {
             Self::Scripted => ProviderKind::Scripted,
             Self::OpenaiResponses => ProviderKind::OpenaiResponses,
             Self::OpenaiChat => ProviderKind::OpenaiChat,
+            Self::AnthropicMessages => ProviderKind::AnthropicMessages,
         }
     }
 
@@ -905,6 +909,7 @@ impl SubmitArgs {
             require_approval: self.require_approval.clone(),
             on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
             call: None,
+            stream: false,
         })
     }
 }

@@ -94,6 +94,9 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
     if let Some(call) = &request.call {
         canonical["call"] = serde_json::json!([call.tool, call.arguments]);
     }
+    if request.stream {
+        canonical["stream"] = serde_json::json!(true);
+    }
     format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
 }
 

@@ -17,7 +17,7 @@ use tonic::Status;
 use toolfleet_proto::v1;
 
 use super::convert::{to_event, to_status};
-use crate::job::{JobId, JobStatus};
+use crate::job::{DeltaPiece, JobId, JobStatus, TurnDelta};
 use crate::store::{self, Event, JobStore, WakeUps, Woken};
 
 /// How long a watcher rides out a job store outage before it gives up.
@@ -25,6 +25,9 @@ const WATCH_OUTAGE: Duration = Duration::from_secs(30);
 
 /// The pause between reads while the job store fails.
 const RETRY_PAUSE: Duration = Duration::from_millis(250);
+
+/// The kind of a streamed turn's delta events.
+pub(super) const MODEL_OUTPUT_DELTA: &str = "model_output_delta";
 
 /// Events a watch reads from Redis at once.
 pub(super) const WATCH_BATCH: usize = 256;
@@ -48,6 +51,10 @@ pub(super) struct Follower {
     drained: bool,
     /// Since when the job store has failed, while it does.
     failing_since: Option<Instant>,
+    /// The last turn whose `model_turn` was sent: its deltas are stale.
+    turn_sent: Option<u32>,
+    /// The turn being streamed, and the epoch of the run that streams it.
+    streaming: Option<(u32, u64)>,
 }
 
 /// What one read of the job found.
@@ -92,7 +99,49 @@ impl Follower {
             check_job: true,
             drained: false,
             failing_since: None,
+            turn_sent: None,
+            streaming: None,
         }
+    }
+
+    /// A piece of a streamed turn, as a `model_output_delta` event: `None`
+    /// when it is stale (its turn was checkpointed and sent, or a later
+    /// run streams the turn). The first delta of a turn that another run
+    /// had begun, and a provider's restart, say `restarted`: what the
+    /// client has of the turn is void.
+    pub(super) fn on_delta(&mut self, delta: TurnDelta) -> Option<v1::JobEvent> {
+        if self.turn_sent.is_some_and(|sent| delta.turn <= sent) {
+            return None;
+        }
+        let mut restarted = false;
+        match self.streaming {
+            Some((turn, epoch)) if turn == delta.turn && epoch > delta.epoch => return None,
+            Some((turn, epoch)) if turn == delta.turn && epoch < delta.epoch => restarted = true,
+            Some((turn, _)) if turn > delta.turn => return None,
+            _ => {}
+        }
+        self.streaming = Some((delta.turn, delta.epoch));
+        let mut data = serde_json::json!({"turn": delta.turn});
+        match delta.piece {
+            DeltaPiece::Text(text) => data["text"] = text.into(),
+            DeltaPiece::ToolCall { index, name } => {
+                data["tool_call"] = serde_json::json!({"index": index, "name": name});
+            }
+            DeltaPiece::Restart => restarted = true,
+        }
+        if restarted {
+            data["restarted"] = true.into();
+        }
+        Some(v1::JobEvent {
+            job_id: self.job_id.to_string(),
+            // Not in the log: the offset of the next stored event.
+            offset: self.offset,
+            kind: MODEL_OUTPUT_DELTA.to_owned(),
+            data: data.to_string(),
+            timestamp_ms: toolfleet_service::clock::now_ms(),
+            r#final: false,
+            trace_id: String::new(),
+        })
     }
 
     /// Whether a read that found `events` must also read the job's status.
@@ -151,6 +200,13 @@ impl Follower {
     /// `event` for the client, past which the follower now stands.
     fn emit(&mut self, event: Event) -> v1::JobEvent {
         self.offset = event.offset + 1;
+        if event.kind == "model_turn" {
+            let turn = serde_json::from_str::<serde_json::Value>(&event.data)
+                .ok()
+                .and_then(|data| data["turn"].as_u64())
+                .and_then(|turn| u32::try_from(turn).ok());
+            self.turn_sent = self.turn_sent.max(turn);
+        }
         to_event(&self.job_id, event, self.trace_id.take())
     }
 
@@ -230,16 +286,29 @@ pub(super) async fn follow(
             continue;
         }
         // Wait for a wake-up that brings events not read yet; poll anyway
-        // now and then, since wake-ups are best effort.
-        tokio::select! {
-            () = tx.closed() => return,
-            woken = wakeups.past(follower.offset) => {
-                if let Woken::Handed(events) = woken {
-                    handed = Some(events.to_vec());
-                }
-                follower.on_woken();
+        // now and then, since wake-ups are best effort. A streamed turn's
+        // deltas are passed on meanwhile: nothing is stored for them.
+        loop {
+            tokio::select! {
+                () = tx.closed() => return,
+                woken = wakeups.past(follower.offset) => match woken {
+                    Woken::Delta(delta) => {
+                        if let Some(event) = follower.on_delta(delta)
+                            && tx.send(Ok(event)).await.is_err()
+                        {
+                            return;
+                        }
+                        continue;
+                    }
+                    Woken::Handed(events) => {
+                        handed = Some(events.to_vec());
+                        follower.on_woken();
+                    }
+                    Woken::Read => follower.on_woken(),
+                },
+                () = tokio::time::sleep(WATCH_POLL) => follower.on_poll(),
             }
-            () = tokio::time::sleep(WATCH_POLL) => follower.on_poll(),
+            break;
         }
     }
 }
@@ -421,5 +490,52 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    fn delta(turn: u32, epoch: u64, piece: DeltaPiece) -> TurnDelta {
+        TurnDelta {
+            turn,
+            epoch,
+            seq: 0,
+            piece,
+        }
+    }
+
+    fn data(event: &v1::JobEvent) -> serde_json::Value {
+        assert_eq!(event.kind, MODEL_OUTPUT_DELTA);
+        serde_json::from_str(&event.data).unwrap()
+    }
+
+    #[test]
+    fn deltas_pass_until_their_turn_is_sent_and_a_restart_says_so() {
+        let mut follower = Follower::new(job(), 0, None);
+        let text = |t: &str| DeltaPiece::Text(t.into());
+        let first = follower.on_delta(delta(0, 1, text("Hel"))).unwrap();
+        assert_eq!(data(&first), serde_json::json!({"turn": 0, "text": "Hel"}));
+        assert_eq!(first.offset, 0, "the next stored event's offset");
+        assert!(!first.r#final);
+        // The provider asked again.
+        let restart = follower.on_delta(delta(0, 1, DeltaPiece::Restart)).unwrap();
+        assert_eq!(data(&restart)["restarted"], true);
+        // Another run took the job over and streams the turn again; the
+        // old run's late deltas are dropped.
+        let again = follower.on_delta(delta(0, 2, text("Hello"))).unwrap();
+        assert_eq!(data(&again)["restarted"], true);
+        assert!(follower.on_delta(delta(0, 1, text("late"))).is_none());
+        let call = DeltaPiece::ToolCall {
+            index: 0,
+            name: "calculate".into(),
+        };
+        let named = follower.on_delta(delta(0, 2, call)).unwrap();
+        assert_eq!(data(&named)["tool_call"]["name"], "calculate");
+        // The turn's checkpoint is sent: its deltas are stale from then on.
+        let mut turn = event(0, false);
+        turn.data = r#"{"turn":0}"#.into();
+        let (sent, _) = events(&mut follower, vec![turn]);
+        assert_eq!(sent.len(), 1);
+        assert!(follower.on_delta(delta(0, 2, text("stale"))).is_none());
+        let next = follower.on_delta(delta(1, 2, text("Next"))).unwrap();
+        assert_eq!(data(&next)["turn"], 1);
+        assert_eq!(next.offset, 1);
     }
 }

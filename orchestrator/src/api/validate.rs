@@ -408,6 +408,7 @@ pub(super) fn job_spec(
         model: model.name,
         script: model.script,
         max_tokens: model.max_tokens,
+        stream: request.stream && call.is_none(),
         call,
         tools,
         max_tool_rounds: match request.max_tool_rounds {

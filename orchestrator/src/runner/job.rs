@@ -23,6 +23,7 @@ use crate::registry::LiveTool;
 use crate::spans;
 use crate::store::{self, Parked, RunStart, Unstored};
 
+mod deltas;
 mod turn;
 
 use turn::TurnOf;

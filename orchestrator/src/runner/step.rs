@@ -234,6 +234,7 @@ mod tests {
             model: String::new(),
             script: None,
             max_tokens: None,
+            stream: false,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 2,

@@ -64,6 +64,7 @@ impl JobStore {
             model: String::new(),
             script: None,
             max_tokens: None,
+            stream: false,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 0,

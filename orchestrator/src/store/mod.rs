@@ -54,7 +54,7 @@ mod scripts;
 mod submit;
 mod wake_ups;
 
-use crate::job::JobId;
+use crate::job::{JobId, TurnDelta};
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -196,6 +196,22 @@ impl JobStore {
         let _ = self
             .nats
             .publish(names::events_subject(job_id), payload)
+            .await;
+    }
+
+    /// Passes a piece of a streamed turn of `job_id` to its watchers: in
+    /// this process directly, in every other through NATS (marked, on the
+    /// job's events subject). Never stored; best effort, as a wake-up.
+    pub async fn pass_on_delta(&self, job_id: &JobId, delta: &TurnDelta) {
+        self.watchers.pass_on(job_id, delta);
+        let Ok(payload) = serde_json::to_vec(delta) else {
+            return;
+        };
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::DELTA, "1");
+        let _ = self
+            .nats
+            .publish_with_headers(names::events_subject(job_id), headers, payload.into())
             .await;
     }
 

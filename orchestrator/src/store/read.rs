@@ -367,6 +367,7 @@ mod tests {
             model: String::new(),
             script: Some(r#"[{"message":"hi"}]"#.into()),
             max_tokens: None,
+            stream: false,
             call: None,
             tools: vec!["echo".into()],
             max_tool_rounds: 8,

@@ -16,11 +16,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::StreamExt;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use toolfleet_proto::names;
 
 use super::Event;
-use crate::job::JobId;
+use crate::job::{JobId, TurnDelta};
 
 /// What a write tells the watchers of its job.
 #[derive(Debug, Clone, Default)]
@@ -68,29 +68,52 @@ pub enum Woken {
     /// The events from its offset on, as the write in this process that
     /// stored them handed them over: send them, no read needed.
     Handed(Arc<[Event]>),
+    /// A piece of a streamed turn, which is never stored: pass it on.
+    Delta(TurnDelta),
 }
 
-/// The watchers in this process, by job: each job's latest wake-up.
+/// Deltas a watcher in this process may fall behind by before it skips
+/// some (a streamed turn's checkpoint still says everything).
+const LOCAL_DELTAS: usize = 256;
+
+/// The watchers in this process, by job: each job's latest wake-up, and
+/// its streamed turn's deltas. (The orchestrator's NATS connection does
+/// not hear its own messages, so they come this way.)
 #[derive(Debug, Default)]
 pub(super) struct LocalWatchers {
-    by_job: Mutex<HashMap<JobId, watch::Sender<Written>>>,
+    by_job: Mutex<HashMap<JobId, Channels>>,
+}
+
+#[derive(Debug)]
+struct Channels {
+    written: watch::Sender<Written>,
+    deltas: broadcast::Sender<TurnDelta>,
 }
 
 impl LocalWatchers {
     /// Wakes this process's watchers of `job_id`, if it has any.
     pub(super) fn wake(&self, job_id: &JobId, written: Written) {
         let by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(sender) = by_job.get(job_id) {
-            sender.send_replace(written);
+        if let Some(channels) = by_job.get(job_id) {
+            channels.written.send_replace(written);
         }
     }
 
-    fn watch(&self, job_id: &JobId) -> watch::Receiver<Written> {
+    /// Passes a delta to this process's watchers of `job_id`, if any.
+    pub(super) fn pass_on(&self, job_id: &JobId, delta: &TurnDelta) {
+        let by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(channels) = by_job.get(job_id) {
+            let _ = channels.deltas.send(delta.clone());
+        }
+    }
+
+    fn watch(&self, job_id: &JobId) -> (watch::Receiver<Written>, broadcast::Receiver<TurnDelta>) {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
-        by_job
-            .entry(job_id.to_owned())
-            .or_insert_with(|| watch::channel(Written::default()).0)
-            .subscribe()
+        let channels = by_job.entry(job_id.to_owned()).or_insert_with(|| Channels {
+            written: watch::channel(Written::default()).0,
+            deltas: broadcast::channel(LOCAL_DELTAS).0,
+        });
+        (channels.written.subscribe(), channels.deltas.subscribe())
     }
 
     /// Forgets `job_id` once its last watcher here is gone.
@@ -98,7 +121,7 @@ impl LocalWatchers {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         if by_job
             .get(job_id)
-            .is_some_and(|sender| sender.receiver_count() == 0)
+            .is_some_and(|channels| channels.written.receiver_count() == 0)
         {
             by_job.remove(job_id);
         }
@@ -113,6 +136,8 @@ pub struct WakeUps {
     /// `None` while dropping, or once its sender is gone (which the
     /// registry never drops while a receiver lives).
     local: Option<watch::Receiver<Written>>,
+    /// Deltas of the job's streamed turns run in this process.
+    local_deltas: Option<broadcast::Receiver<TurnDelta>>,
     watchers: Arc<LocalWatchers>,
 }
 
@@ -123,11 +148,12 @@ impl WakeUps {
         job_id: &JobId,
     ) -> Result<Self, async_nats::SubscribeError> {
         let subscriber = nats.subscribe(names::events_subject(job_id)).await?;
-        let local = watchers.watch(job_id);
+        let (local, local_deltas) = watchers.watch(job_id);
         Ok(Self {
             job_id: job_id.to_owned(),
             nats: Some(subscriber),
             local: Some(local),
+            local_deltas: Some(local_deltas),
             watchers,
         })
     }
@@ -140,11 +166,28 @@ impl WakeUps {
     pub async fn past(&mut self, offset: u64) -> Woken {
         loop {
             let written = tokio::select! {
+                // The bus first: a streamed turn's deltas, published before
+                // the turn's commit, go out before the local wake-up of
+                // that commit, which would make them stale.
+                biased;
                 message = next_message(&mut self.nats) => match message {
+                    Some(message) if is_delta(&message) => {
+                        match TurnDelta::read(&message.payload) {
+                            Some(delta) => return Woken::Delta(delta),
+                            None => continue,
+                        }
+                    }
                     Some(message) => Written::counted(parse(&message.payload)),
                     // A subscription that ended wakes nobody.
                     None => {
                         self.nats = None;
+                        continue;
+                    }
+                },
+                delta = next_delta(&mut self.local_deltas) => match delta {
+                    Some(delta) => return Woken::Delta(delta),
+                    None => {
+                        self.local_deltas = None;
                         continue;
                     }
                 },
@@ -166,6 +209,7 @@ impl WakeUps {
 impl Drop for WakeUps {
     fn drop(&mut self) {
         drop(self.local.take());
+        drop(self.local_deltas.take());
         self.watchers.unwatch(&self.job_id);
     }
 }
@@ -174,6 +218,21 @@ async fn next_message(nats: &mut Option<async_nats::Subscriber>) -> Option<async
     match nats {
         Some(subscriber) => subscriber.next().await,
         None => std::future::pending().await,
+    }
+}
+
+/// The next local delta; `None` once nobody can send one. A watcher that
+/// fell behind skips what it missed.
+async fn next_delta(deltas: &mut Option<broadcast::Receiver<TurnDelta>>) -> Option<TurnDelta> {
+    let Some(receiver) = deltas else {
+        return std::future::pending().await;
+    };
+    loop {
+        match receiver.recv().await {
+            Ok(delta) => return Some(delta),
+            Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => return None,
+        }
     }
 }
 
@@ -187,6 +246,14 @@ async fn changed(local: &mut Option<watch::Receiver<Written>>) -> Option<Written
         },
         None => std::future::pending().await,
     }
+}
+
+/// Whether a message of the events subject is a delta, not a wake-up.
+fn is_delta(message: &async_nats::Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .is_some_and(|headers| headers.get(names::headers::DELTA).is_some())
 }
 
 /// How many events a wake-up from the bus says the job has: `None` when it
@@ -259,7 +326,7 @@ mod tests {
 
     fn offsets(woken: &Woken) -> Option<Vec<u64>> {
         match woken {
-            Woken::Read => None,
+            Woken::Read | Woken::Delta(_) => None,
             Woken::Handed(events) => Some(events.iter().map(|e| e.offset).collect()),
         }
     }
@@ -289,9 +356,17 @@ mod tests {
         let watchers = LocalWatchers::default();
         let job = JobId::new("acme", 1, 2);
         let first = watchers.watch(&job);
-        let mut second = watchers.watch(&job);
+        let (mut second, mut second_deltas) = watchers.watch(&job);
         watchers.wake(&job, Written::counted(Some(3)));
         assert_eq!(second.borrow_and_update().events, Some(3));
+        let delta = TurnDelta {
+            turn: 0,
+            epoch: 1,
+            seq: 0,
+            piece: crate::job::DeltaPiece::Text("hi".into()),
+        };
+        watchers.pass_on(&job, &delta);
+        assert_eq!(second_deltas.try_recv().ok(), Some(delta));
         drop(first);
         watchers.unwatch(&job);
         assert_eq!(
@@ -299,7 +374,7 @@ mod tests {
             1,
             "one watcher is left"
         );
-        drop(second);
+        drop((second, second_deltas));
         watchers.unwatch(&job);
         assert!(watchers.by_job.lock().unwrap().is_empty());
         // Waking a job nobody here watches is a no-op.

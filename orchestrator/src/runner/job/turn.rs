@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use toolfleet_service::traces::StepSpan;
 
+use super::deltas::TurnDeltas;
 use super::{JobRun, LastTurn, Progress, StopSignal, Stopped, model_failure};
 use crate::dispatch::{Admission, PlannedCall};
 use crate::job::{
     Ending, JobErrorCode, JobRef, JobSpec, ToolManifest, TurnCheckpoint, WireIds, now_ms,
 };
-use crate::model::{Provider, ToolSpec, Turn, TurnRequest, Usage};
+use crate::model::{Delta, DeltaSink, Provider, ToolSpec, Turn, TurnRequest, Usage};
 use crate::registry::LiveTool;
 use crate::runner::step::{self, StopReason};
 use crate::spans;
@@ -52,7 +53,16 @@ impl JobRun<'_> {
         let number = progress.turns + 1;
         let mut span = spans::turn(trace, number, spec);
         let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
-        let turn = match ask_model(&of, &tools, progress, stop, &mut span).await {
+        // A streamed job's turn is published as it is written.
+        let deltas = spec.stream.then(|| {
+            let store = self.runner.store.clone();
+            TurnDeltas::start(store, &self.lease.job_id, progress.turns, self.lease.epoch)
+        });
+        let asked = ask_model(&of, &tools, progress, stop, &mut span, deltas.as_ref()).await;
+        if let Some(deltas) = deltas {
+            deltas.finish().await;
+        }
+        let turn = match asked {
             Asked::Turn(turn) => turn,
             Asked::Ended(ending) => {
                 span.end();
@@ -226,9 +236,15 @@ async fn ask_model(
     progress: &Progress,
     stop: &StopSignal,
     span: &mut StepSpan,
+    deltas: Option<&TurnDeltas>,
 ) -> Asked {
     let spec = of.job.spec;
     let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
+    let sink = |delta: Delta| {
+        if let Some(deltas) = deltas {
+            deltas.send(delta);
+        }
+    };
     let request = TurnRequest {
         model: &spec.model,
         instructions: &spec.instructions,
@@ -237,7 +253,7 @@ async fn ask_model(
         parallel_tool_calls: spec.parallel_tool_calls,
         turn: progress.turns,
         max_tokens: spec.max_tokens,
-        deltas: None,
+        deltas: deltas.map(|_| &sink as DeltaSink<'_>),
     };
     let left = Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
     let asked = Instant::now();
