@@ -254,13 +254,15 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
     )?;
     claude.push(Reply::Stream(stream));
     let base_url = claude.base_url();
+    // Two replicas: whichever runs the job, one watcher hears its deltas in
+    // the same process and the other over NATS.
     let mut fleet = Fleet::start(test_fleet(0)).await?;
-    fleet
-        .spawn_orchestrator(&[
-            ("ANTHROPIC_API_KEY", "sk-ant-test"),
-            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
-        ])
-        .await?;
+    let env = [
+        ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+    ];
+    fleet.spawn_orchestrator(&env).await?;
+    fleet.spawn_orchestrator(&env).await?;
     let api = fleet.api(0).await?;
     let job_id = api
         .clone()
@@ -277,44 +279,53 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
         .await?
         .into_inner()
         .job_id;
-    let mut watch = api
-        .clone()
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.clone(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
-    // The model answers once the watch listens.
+    let mut watches = Vec::new();
+    for replica in 0..2 {
+        let watch = fleet
+            .api(replica)
+            .await?
+            .watch_job(v1::WatchJobRequest {
+                job_id: job_id.clone(),
+                from_offset: 0,
+            })
+            .await?
+            .into_inner();
+        watches.push(watch);
+    }
+    // The model answers once both watches listen.
     toolfleet_tests::wait_until("the model to be asked", Duration::from_secs(30), || async {
         (!claude.requests().is_empty()).then_some(())
     })
     .await?;
     claude.release_stream();
-    let mut seen = Vec::new();
-    while let Some(event) = watch.message().await? {
-        let done = event.r#final;
-        seen.push((event.kind, serde_json::from_str::<Value>(&event.data)?));
-        if done {
-            break;
+    let mut streamed = Vec::new();
+    for mut watch in watches {
+        let mut seen = Vec::new();
+        while let Some(event) = watch.message().await? {
+            let done = event.r#final;
+            seen.push((event.kind, serde_json::from_str::<Value>(&event.data)?));
+            if done {
+                break;
+            }
         }
+        let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
+        let first_delta = kinds.iter().position(|k| *k == "model_output_delta");
+        let turn = kinds.iter().position(|k| *k == "model_turn");
+        assert!(first_delta.is_some() && first_delta < turn, "{kinds:?}");
+        let text: String = seen
+            .iter()
+            .filter(|(kind, _)| kind == "model_output_delta")
+            .map(|(_, data)| {
+                assert_eq!(data["turn"], 0, "{data}");
+                data["text"].as_str().unwrap_or_default().to_owned()
+            })
+            .collect();
+        streamed.push(text);
     }
-    let kinds: Vec<&str> = seen.iter().map(|(kind, _)| kind.as_str()).collect();
-    let first_delta = kinds.iter().position(|k| *k == "model_output_delta");
-    let turn = kinds.iter().position(|k| *k == "model_turn");
-    assert!(first_delta.is_some() && first_delta < turn, "{kinds:?}");
-    let streamed: String = seen
-        .iter()
-        .filter(|(kind, _)| kind == "model_output_delta")
-        .map(|(_, data)| {
-            assert_eq!(data["turn"], 0, "{data}");
-            data["text"].as_str().unwrap_or_default().to_owned()
-        })
-        .collect();
     let job = toolfleet_tests::fleet::wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    assert!(!streamed.is_empty());
-    assert_eq!(streamed, job.output_text);
+    assert!(!job.output_text.is_empty());
+    assert_eq!(streamed, [job.output_text.clone(), job.output_text.clone()]);
     assert_eq!(claude.requests()[0]["stream"], true);
     assert_eq!(claude.refusals(), Vec::<String>::new());
 
