@@ -714,6 +714,7 @@ pub(crate) mod testing {
             initial_backoff: Duration::from_millis(10),
             max_backoff: Duration::from_millis(200),
             max_response_bytes: 64 * 1024,
+            stream_idle_timeout: Duration::from_millis(500),
         }
     }
 

@@ -326,6 +326,10 @@ pub struct OpenAiOptions {
     /// Largest response body read from the model server; a longer one is
     /// an invalid response. Default: 8388608 (8 MiB).
     pub max_response_bytes: usize,
+    /// Longest silence of a streamed answer before the attempt is given
+    /// up and retried. Default: 90s.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub stream_idle_timeout: Duration,
 }
 
 /// Hand-written so that the API key never reaches a log line.
@@ -340,6 +344,7 @@ impl std::fmt::Debug for OpenAiOptions {
             .field("initial_backoff", &self.initial_backoff)
             .field("max_backoff", &self.max_backoff)
             .field("max_response_bytes", &self.max_response_bytes)
+            .field("stream_idle_timeout", &self.stream_idle_timeout)
             .finish()
     }
 }
@@ -358,6 +363,7 @@ impl Default for OpenAiOptions {
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             max_response_bytes: 8 * 1024 * 1024,
+            stream_idle_timeout: Duration::from_secs(90),
         }
     }
 }
@@ -372,8 +378,7 @@ impl OpenAiOptions {
             initial_backoff: self.initial_backoff,
             max_backoff: self.max_backoff,
             max_response_bytes: self.max_response_bytes,
-            // The OpenAI providers do not stream yet.
-            stream_idle_timeout: Duration::from_secs(60),
+            stream_idle_timeout: self.stream_idle_timeout,
         }
     }
 

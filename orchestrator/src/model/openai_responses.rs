@@ -16,6 +16,8 @@ use tracing::Instrument;
 use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
 use crate::job::Item;
 
+mod stream;
+
 /// A model behind the OpenAI Responses API (or a server that speaks it).
 pub struct OpenAiResponses {
     wire: http::Wire,
@@ -57,8 +59,15 @@ impl Provider for OpenAiResponses {
         );
         async move {
             let url = http::endpoint(&self.base_url, "responses");
-            let body = request_body(&request);
-            let response = http::post_json(&self.wire, &url, &body).await?;
+            let mut body = request_body(&request);
+            let response = match request.deltas {
+                Some(deltas) => {
+                    body["stream"] = json!(true);
+                    let mut reader = stream::Reader::new(deltas);
+                    http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                }
+                None => http::post_json(&self.wire, &url, &body).await?,
+            };
             parse_response(&response)
         }
         .instrument(span)
@@ -247,6 +256,7 @@ mod tests {
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     use super::*;
+    use crate::model::Delta;
     use crate::model::http::testing::{
         RequestKind, assert_valid_request, check_error_policy, options, request_bodies,
     };
@@ -531,5 +541,80 @@ mod tests {
             "{no_call_id:?}"
         );
         assert!(parse_response(&json!({"status": "completed"})).is_err());
+    }
+
+    /// `events` as server-sent events, each named by its `type`.
+    fn sse(events: &[Value]) -> ResponseTemplate {
+        let body: String = events
+            .iter()
+            .map(|event| {
+                format!(
+                    "event: {}\ndata: {event}\n\n",
+                    event["type"].as_str().unwrap()
+                )
+            })
+            .collect();
+        ResponseTemplate::new(200)
+            .insert_header("content-type", "text/event-stream")
+            .set_body_string(body)
+    }
+
+    #[tokio::test]
+    async fn a_streamed_response_is_read_from_its_last_event_and_its_deltas_spell_it() {
+        let call = json!({
+            "type": "function_call", "id": "fc_1", "call_id": "call_abc",
+            "name": "get_weather", "arguments": "{\"city\":\"Paris\"}", "status": "completed",
+        });
+        let whole = response(json!([final_message("Hello"), call.clone()]));
+        let events = [
+            json!({"type": "response.created", "response": response(json!([]))}),
+            json!({"type": "response.output_item.added", "output_index": 0, "item": {"type": "message", "id": "msg_1", "role": "assistant", "content": []}}),
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "Hel"}),
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "lo"}),
+            json!({"type": "response.output_item.added", "output_index": 1, "item": {"type": "function_call", "id": "fc_1", "call_id": "call_abc", "name": "get_weather", "arguments": ""}}),
+            json!({"type": "response.function_call_arguments.delta", "item_id": "fc_1", "output_index": 1, "delta": "{\"city\":"}),
+            json!({"type": "response.completed", "response": whole}),
+        ];
+        let overloaded =
+            json!({"type": "error", "code": "server_error", "message": "try again", "param": null});
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/responses"))
+            .respond_with(sse(&[events[0].clone(), events[2].clone(), overloaded]))
+            .up_to_n_times(1)
+            .mount(&server)
+            .await;
+        Mock::given(method("POST"))
+            .and(path("/v1/responses"))
+            .respond_with(sse(&events))
+            .mount(&server)
+            .await;
+        let provider = OpenAiResponses::new(&options(&server)).unwrap();
+        let items = [Item::User { text: "hi".into() }];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let sink = |delta: Delta| seen.lock().unwrap().push(delta);
+        let mut turn_request = request(&items, &[], 0);
+        turn_request.deltas = Some(&sink);
+        let turn = provider.turn(turn_request).await.unwrap();
+        assert_eq!(turn.text(), "Hello");
+        assert_eq!(turn.tool_calls().count(), 1);
+        let deltas = seen.into_inner().unwrap();
+        assert_eq!(
+            deltas,
+            [
+                Delta::Text("Hel".into()),
+                Delta::Restart,
+                Delta::Text("Hel".into()),
+                Delta::Text("lo".into()),
+                Delta::ToolCall {
+                    index: 0,
+                    name: "get_weather".into()
+                },
+            ],
+            "the server_error broke the first attempt"
+        );
+        let bodies = request_bodies(&server, RequestKind::Responses).await;
+        assert_eq!(bodies.len(), 2);
+        assert_eq!(bodies[1]["stream"], true);
     }
 }

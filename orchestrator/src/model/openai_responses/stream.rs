@@ -1,0 +1,91 @@
+//! A streamed Responses answer: its last event (`response.completed`,
+//! `response.incomplete` or `response.failed`) carries the whole response,
+//! which is read as a plain answer is; the text and the calls' names go to
+//! the job's deltas as they come (`response.output_text.delta`,
+//! `response.output_item.added`). An `error` event may end the stream.
+
+use serde_json::Value;
+
+use crate::model::http::{self, StreamError, StreamReader, quote};
+use crate::model::{Delta, DeltaSink, ModelError};
+
+/// Reads one streamed answer.
+pub(super) struct Reader<'a> {
+    deltas: DeltaSink<'a>,
+    /// Calls named so far.
+    calls: usize,
+    /// Whether a delta was sent this attempt.
+    sent: bool,
+}
+
+impl<'a> Reader<'a> {
+    pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
+        Self {
+            deltas,
+            calls: 0,
+            sent: false,
+        }
+    }
+
+    fn send(&mut self, delta: Delta) {
+        self.sent = true;
+        (self.deltas)(delta);
+    }
+}
+
+impl StreamReader for Reader<'_> {
+    type Output = Value;
+
+    fn restart(&mut self) {
+        if self.sent {
+            (self.deltas)(Delta::Restart);
+        }
+        self.calls = 0;
+        self.sent = false;
+    }
+
+    fn event(&mut self, name: &str, data: &str) -> Result<Option<Value>, StreamError> {
+        let event: Value = serde_json::from_str(data).map_err(|_| {
+            StreamError::Transient(format!(
+                "malformed stream: an event that is not JSON: {}",
+                quote(data)
+            ))
+        })?;
+        let kind = event["type"].as_str().unwrap_or(name);
+        match kind {
+            "response.output_text.delta" => {
+                let text = event["delta"].as_str().unwrap_or_default();
+                if !text.is_empty() {
+                    self.send(Delta::Text(text.to_owned()));
+                }
+            }
+            "response.output_item.added" if event["item"]["type"] == "function_call" => {
+                let name = event["item"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let index = self.calls;
+                self.calls += 1;
+                self.send(Delta::ToolCall { index, name });
+            }
+            "response.completed" | "response.incomplete" | "response.failed" => {
+                let response = event["response"].clone();
+                if !response.is_object() {
+                    return Err(StreamError::Transient(
+                        "malformed stream: its last event has no response".to_owned(),
+                    ));
+                }
+                return Ok(Some(response));
+            }
+            "error" => {
+                return Err(match http::in_band_error(&event) {
+                    ModelError::Unavailable(reason) => StreamError::Transient(reason),
+                    other => StreamError::Fatal(other),
+                });
+            }
+            // Everything else repeats what the last event carries.
+            _ => {}
+        }
+        Ok(None)
+    }
+}
