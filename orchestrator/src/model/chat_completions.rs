@@ -18,6 +18,8 @@ use tracing::Instrument;
 use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
 use crate::job::Item;
 
+mod stream;
+
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
 pub struct ChatCompletions {
     wire: http::Wire,
@@ -59,8 +61,17 @@ impl Provider for ChatCompletions {
         );
         async move {
             let url = http::endpoint(&self.base_url, "chat/completions");
-            let body = request_body(&request);
-            let response = http::post_json(&self.wire, &url, &body).await?;
+            let mut body = request_body(&request);
+            let response = match request.deltas {
+                Some(deltas) => {
+                    body["stream"] = json!(true);
+                    // Without it OpenAI sends no usage in a stream.
+                    body["stream_options"] = json!({"include_usage": true});
+                    let mut reader = stream::Reader::new(deltas);
+                    http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                }
+                None => http::post_json(&self.wire, &url, &body).await?,
+            };
             parse_response(&response, request.turn)
         }
         .instrument(span)
@@ -304,6 +315,7 @@ mod tests {
     use wiremock::{Mock, MockServer, ResponseTemplate};
 
     use super::*;
+    use crate::model::Delta;
     use crate::model::http::testing::{
         RequestKind, assert_valid_request, check_error_policy, options, request_bodies,
     };
@@ -605,5 +617,89 @@ mod tests {
             let err = parse_response(&broken, 0).unwrap_err();
             assert!(matches!(err, ModelError::InvalidResponse(_)), "{err:?}");
         }
+    }
+
+    #[tokio::test]
+    async fn a_streamed_completion_is_put_together_from_its_chunks() {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        };
+        let chunks = [
+            chunk(json!({"role": "assistant", "content": "Let "}), Value::Null),
+            chunk(json!({"content": "me see."}), Value::Null),
+            chunk(
+                json!({"tool_calls": [{"index": 0, "id": "call_a", "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 1, "id": "call_b", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\":"}}]}),
+                Value::Null,
+            ),
+            // Interleaved, and the name repeated as vLLM has done.
+            chunk(
+                json!({"tool_calls": [{"index": 0,
+                "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(
+                json!({"tool_calls": [{"index": 1, "function": {"arguments": "\"Rome\"}"}}]}),
+                Value::Null,
+            ),
+            chunk(json!({}), json!("tool_calls")),
+            json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 4}}),
+        ];
+        let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+        body.push_str("data: [DONE]\n\n");
+        let server = MockServer::start().await;
+        Mock::given(method("POST"))
+            .and(path("/v1/chat/completions"))
+            .respond_with(
+                ResponseTemplate::new(200)
+                    .insert_header("content-type", "text/event-stream")
+                    .set_body_string(body),
+            )
+            .mount(&server)
+            .await;
+        let provider = ChatCompletions::new(&options(&server)).unwrap();
+        let items = [Item::User {
+            text: "weather?".into(),
+        }];
+        let tools = [tool("get_weather")];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let sink = |delta: Delta| seen.lock().unwrap().push(delta);
+        let mut turn_request = request(&items, &tools, 0);
+        turn_request.deltas = Some(&sink);
+        let turn = provider.turn(turn_request).await.unwrap();
+        assert_eq!(turn.text(), "Let me see.");
+        let calls: Vec<(String, String)> = turn
+            .tool_calls()
+            .map(|item| match item {
+                Item::ToolCall {
+                    call_id, arguments, ..
+                } => (call_id.clone(), arguments.clone()),
+                _ => unreachable!(),
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("call_a".into(), r#"{"city":"Oslo"}"#.into()),
+                ("call_b".into(), r#"{"city":"Rome"}"#.into())
+            ]
+        );
+        assert_eq!(turn.usage.map(|u| u.output_tokens), Some(4));
+        let deltas = seen.into_inner().unwrap();
+        let named: Vec<&Delta> = deltas
+            .iter()
+            .filter(|d| matches!(d, Delta::ToolCall { .. }))
+            .collect();
+        assert_eq!(named.len(), 2, "each call named once: {deltas:?}");
+        let sent = request_bodies(&server, RequestKind::ChatCompletions).await;
+        assert_eq!(sent[0]["stream"], true);
+        assert_eq!(sent[0]["stream_options"]["include_usage"], true);
     }
 }
