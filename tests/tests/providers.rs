@@ -336,3 +336,69 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
     );
     Ok(())
 }
+
+/// `toolfleet submit --stream --watch` prints a streamed answer as it is
+/// written: one line that grows with each delta, before the turn's event.
+#[tokio::test]
+async fn the_cli_prints_a_streamed_answer_as_it_is_written() -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let stream = std::fs::read_to_string(
+        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )?;
+    claude.push(Reply::Stream(stream));
+    let base_url = claude.base_url();
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ])
+        .await?;
+    let addr = fleet.grpc_url(0).await?;
+    let mut cli = tokio::process::Command::new(toolfleet_tests::cargo_bin("toolfleet")?)
+        .args([
+            "submit",
+            "--addr",
+            &addr,
+            "--provider",
+            "anthropic-messages",
+        ])
+        .args(["--model", "claude-test", "--stream", "--watch", "Hello"])
+        .env_remove("TOOLFLEET_ADDR")
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = tokio::io::BufReader::new(cli.stdout.take().expect("piped")).lines();
+    let mut printed = Vec::new();
+    // The watch prints the job's first event once it listens: then the
+    // model may answer.
+    while let Some(line) = lines.next_line().await? {
+        let started = line.contains("job_queued");
+        printed.push(line);
+        if started {
+            break;
+        }
+    }
+    claude.release_stream();
+    while let Some(line) = lines.next_line().await? {
+        printed.push(line);
+    }
+    assert!(cli.wait().await?.success(), "{printed:#?}");
+    let streamed = printed
+        .iter()
+        .position(|line| line.trim_start().starts_with("turn 1 > "))
+        .unwrap_or_else(|| panic!("no streamed line: {printed:#?}"));
+    let turn = printed
+        .iter()
+        .position(|line| line.contains("model_turn"))
+        .expect("the turn's event");
+    assert!(streamed < turn, "{printed:#?}");
+    let job_text = printed[turn].split("model_turn").nth(1).unwrap_or_default();
+    let text = printed[streamed]
+        .trim_start()
+        .trim_start_matches("turn 1 > ");
+    assert!(!text.is_empty() && job_text.contains(text), "{printed:#?}");
+    Ok(())
+}

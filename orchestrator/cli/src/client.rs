@@ -234,6 +234,10 @@ pub(crate) struct SubmitArgs {
     /// Ask the model for at most one tool call per turn.
     #[arg(long)]
     no_parallel: bool,
+    /// Stream the model's answer: with --watch, its text is printed as it
+    /// is written.
+    #[arg(long)]
+    stream: bool,
     /// Submitting again with the same key returns the same job instead of a new one.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
@@ -735,11 +739,16 @@ async fn stream_events(
     json: bool,
 ) -> anyhow::Result<v1::JobEvent> {
     let mut start_ms = origin;
+    let mut streaming = transcript::Streaming::default();
     each_event(client, job_id, from, |event| {
         if json {
             outln!("{}", transcript::event_json(event))
+        } else if let Some(text) = streaming.delta(event) {
+            // A streamed answer, printed as it is written.
+            out!("{text}")
         } else {
             let start = *start_ms.get_or_insert(event.timestamp_ms);
+            out!("{}", streaming.end())?;
             outln!("{}", transcript::event_line(event, start))
         }
     })
@@ -909,7 +918,7 @@ impl SubmitArgs {
             require_approval: self.require_approval.clone(),
             on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
             call: None,
-            stream: false,
+            stream: self.stream,
         })
     }
 }

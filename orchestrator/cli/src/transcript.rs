@@ -49,6 +49,55 @@ pub(crate) fn event_line(event: &v1::JobEvent, start_ms: u64) -> String {
     line.trim_end().to_owned()
 }
 
+/// A streamed turn being printed: its `model_output_delta` events become
+/// one growing line, ended when another event comes.
+#[derive(Debug, Default)]
+pub(crate) struct Streaming {
+    /// The turn on the line, while there is one.
+    turn: Option<u64>,
+}
+
+impl Streaming {
+    /// What to print of `event` when it is a delta (`None` otherwise): the
+    /// line's start for a turn's first delta, a new line for a restarted
+    /// turn, then its text or the call it names.
+    pub(crate) fn delta(&mut self, event: &v1::JobEvent) -> Option<String> {
+        if event.kind != "model_output_delta" {
+            return None;
+        }
+        let data = json_or_text(&event.data);
+        let turn = data["turn"].as_u64().unwrap_or_default();
+        let mut text = String::new();
+        let restarted = data["restarted"] == true;
+        if self.turn != Some(turn) || restarted {
+            text.push_str(&self.end());
+            let again = if restarted { " (asked again)" } else { "" };
+            let _ = write!(text, "           turn {}{again} > ", turn + 1);
+            self.turn = Some(turn);
+        }
+        if let Some(piece) = data["text"].as_str() {
+            // Control characters would let a model move the terminal's cursor.
+            text.extend(
+                piece
+                    .chars()
+                    .map(|c| if c.is_control() && c != '\n' { ' ' } else { c }),
+            );
+        }
+        if let Some(name) = data["tool_call"]["name"].as_str() {
+            let _ = write!(text, " [calls {}]", quote(name, QUOTE_CHARS));
+        }
+        Some(text)
+    }
+
+    /// Ends the streamed line, if one is open: a newline, else nothing.
+    pub(crate) fn end(&mut self) -> String {
+        match self.turn.take() {
+            Some(_) => "\n".to_owned(),
+            None => String::new(),
+        }
+    }
+}
+
 /// What an event says, in a few words.
 fn event_summary(event: &JobEvent) -> String {
     match event {
@@ -826,5 +875,34 @@ mod tests {
         );
         assert!(lines[1].starts_with("calculate                  2  5s              3  read_only  Evaluate an arithmetic expression."), "{table}");
         assert!(lines[2].contains("get_current_weather       12"), "{table}");
+    }
+
+    #[test]
+    fn a_streamed_turn_is_one_growing_line_ended_by_the_next_event() {
+        let delta = |data: Value| event(2, "model_output_delta", data, 10);
+        let mut streaming = Streaming::default();
+        let turn = event(
+            2,
+            "model_turn",
+            json!({"turn": 0, "round": 0, "text": "Hi!", "tool_calls": []}),
+            20,
+        );
+        assert_eq!(streaming.delta(&turn), None, "not a delta");
+        let printed: String = [
+            json!({"turn": 0, "text": "H"}),
+            json!({"turn": 0, "text": "i\u{1b}[2J"}),
+            json!({"turn": 0, "restarted": true}),
+            json!({"turn": 0, "text": "Hi!"}),
+            json!({"turn": 0, "tool_call": {"index": 0, "name": "calculate"}}),
+        ]
+        .into_iter()
+        .map(|data| streaming.delta(&delta(data)).unwrap())
+        .collect();
+        assert_eq!(
+            printed,
+            "           turn 1 > Hi [2J\n           turn 1 (asked again) > Hi! [calls \"calculate\"]"
+        );
+        assert_eq!(streaming.end(), "\n");
+        assert_eq!(streaming.end(), "", "ended once");
     }
 }
