@@ -8,6 +8,7 @@ use tokio::process::Command;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::{Fleet, test_fleet};
 use toolfleet_tests::markdown::{self, Runner};
+use toolfleet_tests::messages::{MessagesServer, Reply};
 use toolfleet_tests::{repo_root, venv_python};
 
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
@@ -25,6 +26,63 @@ async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(stdout)
+}
+
+/// A streamed job through the Python client: `watch` yields the answer's
+/// deltas, which spell the job's output, before its turn.
+async fn streamed_through_python(
+    python: &Path,
+    address: &str,
+    claude: &MessagesServer,
+) -> anyhow::Result<()> {
+    use tokio::io::AsyncBufReadExt;
+    let stream = std::fs::read_to_string(
+        repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )?;
+    claude.push(Reply::Stream(stream));
+    let program = format!(
+        "import sys\n\
+         from toolfleet_client import Client\n\
+         with Client({address:?}) as fleet:\n    \
+         job = fleet.submit('Hello', provider='anthropic-messages', model='claude-test', stream=True)\n    \
+         text = ''\n    \
+         for event in fleet.watch(job.job_id):\n        \
+         print(event.kind, flush=True)\n        \
+         if event.kind == 'model_output_delta':\n            \
+         text += event.data.get('text', '')\n        \
+         if event.final:\n            \
+         print('streamed', repr(text), 'output', repr(fleet.get(job.job_id).output_text))\n"
+    );
+    let mut child = Command::new(python)
+        .args(["-c", &program])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+    let mut printed = Vec::new();
+    while let Some(line) = lines.next_line().await? {
+        let listening = line == "job_queued";
+        printed.push(line);
+        if listening {
+            break;
+        }
+    }
+    claude.release_stream();
+    while let Some(line) = lines.next_line().await? {
+        printed.push(line);
+    }
+    anyhow::ensure!(child.wait().await?.success(), "{printed:#?}");
+    let last = printed.last().cloned().unwrap_or_default();
+    let first_delta = printed.iter().position(|l| l == "model_output_delta");
+    let turn = printed.iter().position(|l| l == "model_turn");
+    assert!(first_delta.is_some() && first_delta < turn, "{printed:#?}");
+    let (streamed, output) = last
+        .strip_prefix("streamed ")
+        .and_then(|rest| rest.split_once(" output "))
+        .unwrap_or_else(|| panic!("{printed:#?}"));
+    assert_eq!(streamed, output, "{printed:#?}");
+    assert_ne!(streamed, "''");
+    Ok(())
 }
 
 #[tokio::test]
@@ -45,9 +103,16 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     )
     .await?;
     let mut fleet = Fleet::start(test_fleet(1)).await?;
+    // Claude, faked, for the streamed job.
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let claude_url = claude.base_url();
     // The document's session lists and describes through reflection.
     fleet
-        .spawn_orchestrator(&[("TOOLFLEET_GRPC__REFLECTION", "true")])
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_GRPC__REFLECTION", "true"),
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", claude_url.as_str()),
+        ])
         .await?;
     fleet
         .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
@@ -83,6 +148,8 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     );
     let called = run(&python, &["-c", &program]).await?;
     assert_eq!(called.trim(), "42", "{called}");
+
+    streamed_through_python(&python, address, &claude).await?;
 
     // The grpcurl lines of each document, as one session per document.
     let mut sessions = String::new();

@@ -32,7 +32,8 @@ class Event:
     offset: int
     # job_queued, job_started, model_turn, tool_call_dispatched,
     # tool_call_progress, tool_call_result, job_succeeded, job_failed,
-    # job_cancelled, ... (docs/api.md, "Events")
+    # job_cancelled, ... (docs/api.md, "Events"); and model_output_delta,
+    # a streamed job's answer as it is written, not stored
     kind: str
     # The event's details, parsed from JSON.
     data: Any
@@ -146,6 +147,8 @@ class Client:
         parallel_tool_calls: Optional[bool] = None,
         require_approval: Sequence[str] = (),
         on_unknown_outcome: str = "",
+        max_tokens: int = 0,
+        stream: bool = False,
     ) -> Submitted:
         """Submits an agent job.
 
@@ -156,9 +159,15 @@ class Client:
         `require_approval` holds every call of those tools ("*": all) until
         a person decides it (`approve`, `reject`; docs/approvals.md);
         `on_unknown_outcome="ask"` holds a call whose outcome no worker could
-        tell for an operator's verdict (`resolve`).
+        tell for an operator's verdict (`resolve`). `max_tokens` bounds what
+        the model writes in one turn (0: the provider's default). With
+        `stream=True`, `watch` also yields the model's answer as it is
+        written: `model_output_delta` events (`data["text"]`, or
+        `data["tool_call"]`; `data["restarted"]` voids what came of the
+        turn), never stored, before the turn's `model_turn`
+        (docs/api.md, "Streaming").
         """
-        spec = pb.ModelSpec(provider=provider, name=model)
+        spec = pb.ModelSpec(provider=provider, name=model, max_tokens=max_tokens)
         if script is not None:
             spec.provider = provider or "scripted"
             spec.script = script if isinstance(script, str) else json.dumps(script)
@@ -172,8 +181,9 @@ class Client:
             deadline_ms=deadline_ms,
             require_approval=list(require_approval),
             on_unknown_outcome=on_unknown_outcome,
+            stream=stream,
         )
-        if spec.provider or spec.name or spec.script:
+        if spec.provider or spec.name or spec.script or spec.max_tokens:
             request.model.CopyFrom(spec)
         if parallel_tool_calls is not None:
             request.parallel_tool_calls = parallel_tool_calls
