@@ -71,6 +71,9 @@ pub struct Caller {
     /// How long the tenant's held calls wait for a decision; `None`:
     /// `approval.timeout`.
     pub approval_timeout: Option<Duration>,
+    /// Whether the tenant's jobs stream their model's answer when the
+    /// request does not say.
+    pub stream: bool,
 }
 
 impl Caller {
@@ -84,6 +87,7 @@ impl Caller {
             require_approval: Vec::new(),
             approver: None,
             approval_timeout: None,
+            stream: false,
         }
     }
 }
@@ -150,6 +154,10 @@ struct TenantEntry {
     /// absent: `approval.timeout`.
     #[serde(default, with = "humantime_serde")]
     approval_timeout: Option<Duration>,
+    /// Whether the tenant's jobs stream their model's answer when the
+    /// request does not say (docs/api.md, "Streaming").
+    #[serde(default)]
+    stream: bool,
 }
 
 impl TenantEntry {
@@ -200,6 +208,7 @@ impl TenantEntry {
             require_approval: self.require_approval.clone(),
             approver: None,
             approval_timeout: self.approval_timeout,
+            stream: self.stream,
         }))
     }
 }

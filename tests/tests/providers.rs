@@ -273,7 +273,7 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
                 name: "claude-test".into(),
                 ..Default::default()
             }),
-            stream: true,
+            stream: Some(true),
             ..Default::default()
         })
         .await?

@@ -148,7 +148,7 @@ class Client:
         require_approval: Sequence[str] = (),
         on_unknown_outcome: str = "",
         max_tokens: int = 0,
-        stream: bool = False,
+        stream: Optional[bool] = None,
     ) -> Submitted:
         """Submits an agent job.
 
@@ -161,7 +161,7 @@ class Client:
         `on_unknown_outcome="ask"` holds a call whose outcome no worker could
         tell for an operator's verdict (`resolve`). `max_tokens` bounds what
         the model writes in one turn (0: the provider's default). With
-        `stream=True`, `watch` also yields the model's answer as it is
+        `stream=True` (unset: the tenant's default), `watch` also yields the model's answer as it is
         written: `model_output_delta` events (`data["text"]`, or
         `data["tool_call"]`; `data["restarted"]` voids what came of the
         turn), never stored, before the turn's `model_turn`
@@ -181,8 +181,9 @@ class Client:
             deadline_ms=deadline_ms,
             require_approval=list(require_approval),
             on_unknown_outcome=on_unknown_outcome,
-            stream=stream,
         )
+        if stream is not None:
+            request.stream = stream
         if spec.provider or spec.name or spec.script or spec.max_tokens:
             request.model.CopyFrom(spec)
         if parallel_tool_calls is not None:

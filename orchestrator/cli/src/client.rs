@@ -918,7 +918,7 @@ impl SubmitArgs {
             require_approval: self.require_approval.clone(),
             on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
             call: None,
-            stream: self.stream,
+            stream: self.stream.then_some(true),
         })
     }
 }

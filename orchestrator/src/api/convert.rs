@@ -94,8 +94,8 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
     if let Some(call) = &request.call {
         canonical["call"] = serde_json::json!([call.tool, call.arguments]);
     }
-    if request.stream {
-        canonical["stream"] = serde_json::json!(true);
+    if let Some(stream) = request.stream {
+        canonical["stream"] = serde_json::json!(stream);
     }
     format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
 }

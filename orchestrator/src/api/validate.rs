@@ -408,7 +408,7 @@ pub(super) fn job_spec(
         model: model.name,
         script: model.script,
         max_tokens: model.max_tokens,
-        stream: request.stream && call.is_none(),
+        stream: request.stream.unwrap_or(caller.stream) && call.is_none(),
         call,
         tools,
         max_tool_rounds: match request.max_tool_rounds {
@@ -622,9 +622,15 @@ mod tests {
         let caller = Caller {
             require_approval: vec!["*".into()],
             approval_timeout: Some(Duration::from_secs(7200)),
+            stream: true,
             ..caller(None)
         };
-        let spec = job_spec(request, &caller, rules(&options())).expect("a valid request");
+        let spec = job_spec(request.clone(), &caller, rules(&options())).expect("a valid request");
+        assert!(spec.stream, "the tenant's default");
+        let mut quiet = request.clone();
+        quiet.stream = Some(false);
+        let quiet = job_spec(quiet, &caller, rules(&options())).expect("a valid request");
+        assert!(!quiet.stream, "the request's word wins");
         assert_eq!(
             spec.approval,
             ApprovalPolicy {
