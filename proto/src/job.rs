@@ -252,6 +252,14 @@ pub enum DeltaPiece {
     },
     /// The provider asks the model again: what came of the turn is void.
     Restart,
+    /// Everything the turn said before the delta numbered `seq`, for a
+    /// watcher that joins in the middle of it.
+    SoFar {
+        /// Its text so far.
+        text: String,
+        /// The calls it named so far, in order.
+        tool_calls: Vec<String>,
+    },
 }
 
 impl TurnDelta {

@@ -33,7 +33,8 @@ pub enum Reply {
     Message(Value),
     /// A `200` streaming these server-sent events (a request must ask for
     /// a stream), sent once the test releases it
-    /// ([`MessagesServer::release_stream`]).
+    /// ([`MessagesServer::release_stream`]). Each `: pause` comment line
+    /// (with its blank line) holds the rest until the next release.
     Stream(String),
     /// An error status with Anthropic's error body of this `type` and
     /// `message`, and a `retry-after` header (seconds) when given.
@@ -147,6 +148,9 @@ impl MessagesServer {
     }
 }
 
+/// Where a scripted stream waits for the test's next release.
+pub const PAUSE: &str = ": pause\n\n";
+
 /// Anthropic's error response.
 fn error(status: StatusCode, kind: &str, message: &str) -> Response {
     let body = json!({
@@ -182,11 +186,21 @@ async fn answer(State(shared): State<Shared>, headers: HeaderMap, body: String) 
             "the fake's script streams this answer, and the request did not ask for a stream",
         ),
         Some(Reply::Stream(events)) => {
-            if let Ok(permit) = shared.streams.acquire().await {
-                permit.forget();
-            }
+            let parts: Vec<String> = events.split(PAUSE).map(str::to_owned).collect();
+            let gate = shared.streams.clone();
+            // Each part waits for its release.
+            let body = futures::stream::unfold(parts.into_iter(), move |mut parts| {
+                let gate = gate.clone();
+                async move {
+                    let part = parts.next()?;
+                    if let Ok(permit) = gate.acquire().await {
+                        permit.forget();
+                    }
+                    Some((Ok::<_, std::convert::Infallible>(part), parts))
+                }
+            });
             let headers = [(axum::http::header::CONTENT_TYPE, "text/event-stream")];
-            (StatusCode::OK, headers, events).into_response()
+            (StatusCode::OK, headers, axum::body::Body::from_stream(body)).into_response()
         }
         Some(Reply::Message(mut message)) => {
             message["id"] = json!("msg_fake");

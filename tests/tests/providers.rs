@@ -402,3 +402,129 @@ async fn the_cli_prints_a_streamed_answer_as_it_is_written() -> anyhow::Result<(
     assert!(!text.is_empty() && job_text.contains(text), "{printed:#?}");
     Ok(())
 }
+
+/// Watches that join in the middle of a streamed turn, one on the replica
+/// that streams it and one on the other: each gets the turn so far as one
+/// delta (`so_far`), then the live ones, and together they spell the
+/// answer.
+#[tokio::test]
+async fn a_watch_that_joins_mid_turn_gets_the_turn_so_far() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let whole = std::fs::read_to_string(
+        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )?;
+    // Held after "Hello", and again after "!", before the end.
+    let second = whole.find("event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"!\"}}").expect("the second delta");
+    let end = whole
+        .find("event: content_block_stop")
+        .expect("the block's end");
+    claude.push(Reply::Stream(format!(
+        "{}{PAUSE}{}{PAUSE}{}",
+        &whole[..second],
+        &whole[second..end],
+        &whole[end..]
+    )));
+    let base_url = claude.base_url();
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    let env = [
+        ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+    ];
+    fleet.spawn_orchestrator(&env).await?;
+    fleet.spawn_orchestrator(&env).await?;
+    let api = fleet.api(0).await?;
+    let job_id = api
+        .clone()
+        .submit_job(v1::SubmitJobRequest {
+            input: "Hello".into(),
+            model: Some(v1::ModelSpec {
+                provider: "anthropic-messages".into(),
+                name: "claude-test".into(),
+                ..Default::default()
+            }),
+            stream: Some(true),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    let watch = |replica: usize| {
+        let job_id = job_id.clone();
+        let fleet = &fleet;
+        async move {
+            let stream = fleet
+                .api(replica)
+                .await?
+                .watch_job(v1::WatchJobRequest {
+                    job_id,
+                    from_offset: 0,
+                })
+                .await?
+                .into_inner();
+            anyhow::Ok(stream)
+        }
+    };
+    // A watch from the start sees "Hello" once the first part is out.
+    let mut early = watch(0).await?;
+    toolfleet_tests::wait_until("the model to be asked", Duration::from_secs(30), || async {
+        (!claude.requests().is_empty()).then_some(())
+    })
+    .await?;
+    claude.release_stream();
+    while let Some(event) = early.message().await? {
+        if event.kind == "model_output_delta" {
+            break;
+        }
+    }
+    // Two watches join now, each on one replica; their stored events say
+    // they listen.
+    let mut late = Vec::new();
+    for replica in 0..2 {
+        let mut stream = watch(replica).await?;
+        while let Some(event) = stream.message().await? {
+            if event.kind == "job_started" {
+                break;
+            }
+        }
+        late.push(stream);
+    }
+    // "!" comes while the turn still streams: each late watch joins, asks
+    // and is answered.
+    claude.release_stream();
+    let mut joined = Vec::new();
+    for mut stream in late {
+        let mut deltas = Vec::new();
+        while let Some(event) = stream.message().await? {
+            if event.kind == "model_output_delta" {
+                deltas.push(serde_json::from_str::<Value>(&event.data)?);
+                break;
+            }
+        }
+        joined.push((stream, deltas));
+    }
+    claude.release_stream();
+    let job = toolfleet_tests::fleet::wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    for (mut stream, mut deltas) in joined {
+        while let Some(event) = stream.message().await? {
+            if event.kind == "model_output_delta" {
+                deltas.push(serde_json::from_str::<Value>(&event.data)?);
+            }
+            if event.r#final {
+                break;
+            }
+        }
+        assert_eq!(
+            deltas.first().map(|d| d["so_far"].clone()),
+            Some(json!(true)),
+            "{deltas:?}"
+        );
+        let text: String = deltas
+            .iter()
+            .map(|d| d["text"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(text, job.output_text, "{deltas:?}");
+    }
+    Ok(())
+}

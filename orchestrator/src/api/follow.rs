@@ -53,8 +53,11 @@ pub(super) struct Follower {
     failing_since: Option<Instant>,
     /// The last turn whose `model_turn` was sent: its deltas are stale.
     turn_sent: Option<u32>,
-    /// The turn being streamed, and the epoch of the run that streams it.
-    streaming: Option<(u32, u64)>,
+    /// The turn being streamed, the epoch of the run that streams it, and
+    /// the sequence number of the next delta this watch takes.
+    streaming: Option<(u32, u64, u64)>,
+    /// The turn and run this watch asked for so far, once.
+    asked: Option<(u32, u64)>,
 }
 
 /// What one read of the job found.
@@ -101,26 +104,46 @@ impl Follower {
             failing_since: None,
             turn_sent: None,
             streaming: None,
+            asked: None,
         }
     }
 
-    /// A piece of a streamed turn, as a `model_output_delta` event: `None`
-    /// when it is stale (its turn was checkpointed and sent, or a later
-    /// run streams the turn). The first delta of a turn that another run
-    /// had begun, and a provider's restart, say `restarted`: what the
-    /// client has of the turn is void.
-    pub(super) fn on_delta(&mut self, delta: TurnDelta) -> Option<v1::JobEvent> {
+    /// A piece of a streamed turn, as a `model_output_delta` event; and
+    /// whether to ask for the turn so far (this watch joined in the middle
+    /// of it). `None` when it is stale (its turn was checkpointed and
+    /// sent, a later run streams the turn, or this watch already has it).
+    /// The first delta of a turn another run had begun, and a provider's
+    /// restart, say `restarted`: what the client has of the turn is void.
+    pub(super) fn on_delta(&mut self, delta: TurnDelta) -> (Option<v1::JobEvent>, bool) {
         if self.turn_sent.is_some_and(|sent| delta.turn <= sent) {
-            return None;
+            return (None, false);
         }
+        let run = (delta.turn, delta.epoch);
         let mut restarted = false;
         match self.streaming {
-            Some((turn, epoch)) if turn == delta.turn && epoch > delta.epoch => return None,
-            Some((turn, epoch)) if turn == delta.turn && epoch < delta.epoch => restarted = true,
-            Some((turn, _)) if turn > delta.turn => return None,
+            Some((turn, epoch, _)) if (turn, epoch) > run => return (None, false),
+            // Seen already, or a turn so far that this watch has.
+            Some((turn, epoch, next))
+                if (turn, epoch) == run
+                    && (delta.seq < next || matches!(delta.piece, DeltaPiece::SoFar { .. })) =>
+            {
+                return (None, false);
+            }
+            Some((turn, epoch, _)) if (turn, epoch) == run => {}
+            Some((turn, _, _)) if turn == delta.turn => restarted = true,
             _ => {}
         }
-        self.streaming = Some((delta.turn, delta.epoch));
+        let joined = self
+            .streaming
+            .is_some_and(|(turn, epoch, _)| (turn, epoch) == run);
+        let is_so_far = matches!(delta.piece, DeltaPiece::SoFar { .. });
+        if !joined && delta.seq > 0 && !is_so_far {
+            // The turn began before this watch: ask for it so far, once.
+            let ask = self.asked != Some(run);
+            self.asked = Some(run);
+            return (None, ask);
+        }
+        self.streaming = Some((delta.turn, delta.epoch, delta.seq + u64::from(!is_so_far)));
         let mut data = serde_json::json!({"turn": delta.turn});
         match delta.piece {
             DeltaPiece::Text(text) => data["text"] = text.into(),
@@ -128,11 +151,18 @@ impl Follower {
                 data["tool_call"] = serde_json::json!({"index": index, "name": name});
             }
             DeltaPiece::Restart => restarted = true,
+            DeltaPiece::SoFar { text, tool_calls } => {
+                data["text"] = text.into();
+                data["so_far"] = true.into();
+                if !tool_calls.is_empty() {
+                    data["tool_calls"] = tool_calls.into();
+                }
+            }
         }
         if restarted {
             data["restarted"] = true.into();
         }
-        Some(v1::JobEvent {
+        let event = v1::JobEvent {
             job_id: self.job_id.to_string(),
             // Not in the log: the offset of the next stored event.
             offset: self.offset,
@@ -141,7 +171,8 @@ impl Follower {
             timestamp_ms: toolfleet_service::clock::now_ms(),
             r#final: false,
             trace_id: String::new(),
-        })
+        };
+        (Some(event), false)
     }
 
     /// Whether a read that found `events` must also read the job's status.
@@ -293,9 +324,7 @@ pub(super) async fn follow(
                 () = tx.closed() => return,
                 woken = wakeups.past(follower.offset) => match woken {
                     Woken::Delta(delta) => {
-                        if let Some(event) = follower.on_delta(delta)
-                            && tx.send(Ok(event)).await.is_err()
-                        {
+                        if !pass_on(&store, &mut follower, delta, &tx).await {
                             return;
                         }
                         continue;
@@ -310,6 +339,21 @@ pub(super) async fn follow(
             }
             break;
         }
+    }
+}
+
+/// Sends a streamed turn's delta, if it is one to send, asking for the
+/// turn so far when the watch joined in the middle of it (answered at once
+/// when the turn streams in this process, else by the replica that streams
+/// it, as a delta). `false` once the client is gone.
+async fn pass_on(store: &JobStore, follower: &mut Follower, delta: TurnDelta, tx: &Sender) -> bool {
+    let (mut event, ask) = follower.on_delta(delta);
+    if ask && let Some(so_far) = store.ask_so_far(&follower.job_id).await {
+        event = follower.on_delta(so_far).0;
+    }
+    match event {
+        Some(event) => tx.send(Ok(event)).await.is_ok(),
+        None => true,
     }
 }
 
@@ -492,11 +536,11 @@ mod tests {
         }
     }
 
-    fn delta(turn: u32, epoch: u64, piece: DeltaPiece) -> TurnDelta {
+    fn delta(turn: u32, epoch: u64, seq: u64, piece: DeltaPiece) -> TurnDelta {
         TurnDelta {
             turn,
             epoch,
-            seq: 0,
+            seq,
             piece,
         }
     }
@@ -506,36 +550,71 @@ mod tests {
         serde_json::from_str(&event.data).unwrap()
     }
 
+    fn text(t: &str) -> DeltaPiece {
+        DeltaPiece::Text(t.into())
+    }
+
     #[test]
     fn deltas_pass_until_their_turn_is_sent_and_a_restart_says_so() {
         let mut follower = Follower::new(job(), 0, None);
-        let text = |t: &str| DeltaPiece::Text(t.into());
-        let first = follower.on_delta(delta(0, 1, text("Hel"))).unwrap();
+        let sent = |follower: &mut Follower, delta| follower.on_delta(delta).0;
+        let first = sent(&mut follower, delta(0, 1, 0, text("Hel"))).unwrap();
         assert_eq!(data(&first), serde_json::json!({"turn": 0, "text": "Hel"}));
         assert_eq!(first.offset, 0, "the next stored event's offset");
         assert!(!first.r#final);
+        // A delta heard twice (locally and over the bus) is sent once.
+        assert!(sent(&mut follower, delta(0, 1, 0, text("Hel"))).is_none());
         // The provider asked again.
-        let restart = follower.on_delta(delta(0, 1, DeltaPiece::Restart)).unwrap();
+        let restart = sent(&mut follower, delta(0, 1, 1, DeltaPiece::Restart)).unwrap();
         assert_eq!(data(&restart)["restarted"], true);
         // Another run took the job over and streams the turn again; the
         // old run's late deltas are dropped.
-        let again = follower.on_delta(delta(0, 2, text("Hello"))).unwrap();
+        let again = sent(&mut follower, delta(0, 2, 0, text("Hello"))).unwrap();
         assert_eq!(data(&again)["restarted"], true);
-        assert!(follower.on_delta(delta(0, 1, text("late"))).is_none());
+        assert!(sent(&mut follower, delta(0, 1, 2, text("late"))).is_none());
         let call = DeltaPiece::ToolCall {
             index: 0,
             name: "calculate".into(),
         };
-        let named = follower.on_delta(delta(0, 2, call)).unwrap();
+        let named = sent(&mut follower, delta(0, 2, 1, call)).unwrap();
         assert_eq!(data(&named)["tool_call"]["name"], "calculate");
         // The turn's checkpoint is sent: its deltas are stale from then on.
         let mut turn = event(0, false);
         turn.data = r#"{"turn":0}"#.into();
-        let (sent, _) = events(&mut follower, vec![turn]);
-        assert_eq!(sent.len(), 1);
-        assert!(follower.on_delta(delta(0, 2, text("stale"))).is_none());
-        let next = follower.on_delta(delta(1, 2, text("Next"))).unwrap();
+        let (sent_events, _) = events(&mut follower, vec![turn]);
+        assert_eq!(sent_events.len(), 1);
+        assert!(sent(&mut follower, delta(0, 2, 2, text("stale"))).is_none());
+        let next = sent(&mut follower, delta(1, 2, 0, text("Next"))).unwrap();
         assert_eq!(data(&next)["turn"], 1);
         assert_eq!(next.offset, 1);
+    }
+
+    #[test]
+    fn a_watch_that_joins_mid_turn_asks_once_and_sends_the_turn_so_far_first() {
+        let mut follower = Follower::new(job(), 3, None);
+        // Deltas 0 to 4 were sent before this watch: 5 asks, 6 does not.
+        assert_eq!(follower.on_delta(delta(2, 1, 5, text("x"))), (None, true));
+        assert_eq!(follower.on_delta(delta(2, 1, 6, text("y"))), (None, false));
+        let so_far = DeltaPiece::SoFar {
+            text: "Hello wor".into(),
+            tool_calls: vec!["calculate".into()],
+        };
+        // The answer covers the deltas before 7.
+        let (joined, ask) = follower.on_delta(delta(2, 1, 7, so_far));
+        assert!(!ask);
+        let joined = data(&joined.unwrap());
+        assert_eq!(joined["text"], "Hello wor");
+        assert_eq!(joined["so_far"], true);
+        assert_eq!(joined["tool_calls"], serde_json::json!(["calculate"]));
+        // What it covers is not sent again; what follows is.
+        assert!(follower.on_delta(delta(2, 1, 6, text("y"))).0.is_none());
+        let live = follower.on_delta(delta(2, 1, 7, text("ld"))).0.unwrap();
+        assert_eq!(data(&live)["text"], "ld");
+        // A second answer (another watcher asked too) changes nothing.
+        let again = DeltaPiece::SoFar {
+            text: "Hello world".into(),
+            tool_calls: vec![],
+        };
+        assert!(follower.on_delta(delta(2, 1, 8, again)).0.is_none());
     }
 }

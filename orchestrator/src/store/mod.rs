@@ -51,6 +51,7 @@ mod pending;
 mod quota;
 mod read;
 mod scripts;
+mod streams;
 mod submit;
 mod wake_ups;
 
@@ -73,6 +74,12 @@ pub use lease::Acquired;
 pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
 pub use read::{RunStart, WatchStart};
 pub use submit::Idempotency;
+
+/// The `Toolfleet-Delta` header of a delta.
+const DELTA: &str = "1";
+/// The `Toolfleet-Delta` header of a watcher's ask for a streaming turn so
+/// far (an empty message).
+const ASK: &str = "ask";
 
 /// A failed store operation.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -125,6 +132,8 @@ pub struct JobStore {
     nats: async_nats::Client,
     /// The watchers in this process, woken without NATS.
     watchers: std::sync::Arc<wake_ups::LocalWatchers>,
+    /// The turns streamed by this process's runners, so far.
+    streams: std::sync::Arc<streams::Streams>,
     keys: RedisKeys,
     retention: Duration,
     submission_ttl: Duration,
@@ -175,6 +184,7 @@ impl JobStore {
             redis,
             nats,
             watchers: std::sync::Arc::default(),
+            streams: std::sync::Arc::default(),
             keys,
             retention,
             submission_ttl,
@@ -203,12 +213,65 @@ impl JobStore {
     /// this process directly, in every other through NATS (marked, on the
     /// job's events subject). Never stored; best effort, as a wake-up.
     pub async fn pass_on_delta(&self, job_id: &JobId, delta: &TurnDelta) {
+        self.streams.record(job_id, delta);
         self.watchers.pass_on(job_id, delta);
+        self.publish_delta(job_id, delta, DELTA).await;
+    }
+
+    /// The turn of `job_id` streamed here stopped: nothing of it is kept.
+    pub fn end_stream(&self, job_id: &JobId) {
+        self.streams.end(job_id);
+    }
+
+    /// What the streaming turn of `job_id` has said so far, for a watcher
+    /// that joined in the middle of it: at once when it streams in this
+    /// process; else the replica that streams it is asked, and answers on
+    /// the job's events subject (`None` here).
+    pub async fn ask_so_far(&self, job_id: &JobId) -> Option<TurnDelta> {
+        if let Some(so_far) = self.streams.so_far(job_id) {
+            return Some(so_far);
+        }
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert(names::headers::DELTA, ASK);
+        let _ = self
+            .nats
+            .publish_with_headers(names::events_subject(job_id), headers, bytes::Bytes::new())
+            .await;
+        None
+    }
+
+    /// The asks of other replicas' watchers for the streaming turn of
+    /// `job_id` (see [`ask_so_far`](Self::ask_so_far)).
+    ///
+    /// # Errors
+    ///
+    /// NATS refused the subscription.
+    pub async fn asks(
+        &self,
+        job_id: &JobId,
+    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
+        self.nats.subscribe(names::events_subject(job_id)).await
+    }
+
+    /// Answers an ask (a message of [`asks`](Self::asks) that is one):
+    /// what the turn has said so far, to every watcher of the job.
+    pub async fn answer_ask(&self, job_id: &JobId, message: &async_nats::Message) {
+        let asked = message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(names::headers::DELTA))
+            .is_some_and(|value| value.as_str() == ASK);
+        if let (true, Some(so_far)) = (asked, self.streams.so_far(job_id)) {
+            self.publish_delta(job_id, &so_far, DELTA).await;
+        }
+    }
+
+    async fn publish_delta(&self, job_id: &JobId, delta: &TurnDelta, marker: &str) {
         let Ok(payload) = serde_json::to_vec(delta) else {
             return;
         };
         let mut headers = async_nats::HeaderMap::new();
-        headers.insert(names::headers::DELTA, "1");
+        headers.insert(names::headers::DELTA, marker);
         let _ = self
             .nats
             .publish_with_headers(names::events_subject(job_id), headers, payload.into())

@@ -171,6 +171,7 @@ impl WakeUps {
                 // that commit, which would make them stale.
                 biased;
                 message = next_message(&mut self.nats) => match message {
+                    // A delta; or another watcher's ask, which is empty.
                     Some(message) if is_delta(&message) => {
                         match TurnDelta::read(&message.payload) {
                             Some(delta) => return Woken::Delta(delta),

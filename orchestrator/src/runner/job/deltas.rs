@@ -1,8 +1,10 @@
 //! The publisher of a streamed turn's deltas: the provider's sink fills a
 //! queue without waiting, and a task of its own passes each delta to the
 //! job's watchers through the job store (in this process directly, in the
-//! others over NATS), numbered. Only a streamed job's turns have one, so a
-//! job that does not stream costs nothing here.
+//! others over NATS), numbered, and answers the asks of other replicas'
+//! watchers that joined in the middle of the turn with the turn so far.
+//! Only a streamed job's turns have one, so a job that does not stream
+//! costs nothing here.
 
 use tokio::sync::mpsc;
 
@@ -13,6 +15,15 @@ use crate::store::JobStore;
 /// Deltas of one turn waiting to be passed on; past it, a delta is dropped
 /// (the checkpointed turn still says everything).
 const QUEUED: usize = 1024;
+
+/// The next message of the asks' subscription; pending without one.
+async fn next_ask(asks: &mut Option<async_nats::Subscriber>) -> Option<async_nats::Message> {
+    use futures::StreamExt as _;
+    match asks {
+        Some(asks) => asks.next().await,
+        None => std::future::pending().await,
+    }
+}
 
 /// Publishes one streamed turn's deltas until finished.
 pub(super) struct TurnDeltas {
@@ -28,8 +39,19 @@ impl TurnDeltas {
         let (queue, mut deltas) = mpsc::channel::<Delta>(QUEUED);
         let job_id = job_id.to_owned();
         let publishing = tokio::spawn(async move {
+            // Without it, joiners elsewhere get the live deltas only.
+            let mut asks = store.asks(&job_id).await.ok();
             let mut seq = 0;
-            while let Some(delta) = deltas.recv().await {
+            loop {
+                let delta = tokio::select! {
+                    biased;
+                    delta = deltas.recv() => delta,
+                    Some(ask) = next_ask(&mut asks) => {
+                        store.answer_ask(&job_id, &ask).await;
+                        continue;
+                    }
+                };
+                let Some(delta) = delta else { break };
                 let piece = match delta {
                     Delta::Text(text) => DeltaPiece::Text(text),
                     Delta::ToolCall { index, name } => DeltaPiece::ToolCall { index, name },
@@ -44,6 +66,7 @@ impl TurnDeltas {
                 seq += 1;
                 store.pass_on_delta(&job_id, &delta).await;
             }
+            store.end_stream(&job_id);
         });
         Self { queue, publishing }
     }
