@@ -25,6 +25,7 @@ use toolfleet_fleet::supervisor::otlp::Collector;
 use toolfleet_fleet::{FleetBuilder, Serving};
 
 mod accounting;
+mod first_token;
 mod floor;
 mod mcp;
 mod parked;
@@ -155,6 +156,12 @@ pub(crate) struct BenchArgs {
     /// fleet, the gateway and the client run in this process.
     #[arg(long, value_name = "N", conflicts_with_all = ["target", "processes", "tls"])]
     mcp: Option<usize>,
+    /// Instead of the load, time N streamed jobs one after the other: from
+    /// a local streaming model server handing over an answer's first bytes
+    /// to the client receiving its first `model_output_delta`. The server,
+    /// the fleet and the client run in this process.
+    #[arg(long, value_name = "N", conflicts_with_all = ["target", "processes", "tls", "mcp"])]
+    first_token: Option<usize>,
     /// Bench an existing fleet (with test tools enabled) instead of starting one.
     #[arg(long, requires = "nats_url")]
     target: Option<String>,
@@ -343,6 +350,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(calls) = args.mcp {
         return mcp::run(&args, calls).await;
     }
+    if let Some(jobs) = args.first_token {
+        return first_token::run(&args, jobs).await;
+    }
     let workers = args.workers.max(1);
     let collector = span_collector(&args).await?;
     let telemetry = TelemetryOptions {
@@ -407,13 +417,18 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     report.trace_ratio = args.trace_ratio;
     report.fsync_always = fsync_always;
     report.spans_received = collector.as_ref().map(Collector::received);
+    publish(&args, &report)
+}
+
+/// The report on stdout (as JSON with `--json`), and in `--json-file`.
+fn publish(args: &BenchArgs, report: &Report) -> anyhow::Result<()> {
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        outln!("{}", serde_json::to_string_pretty(report)?)?;
     } else {
-        print(&report)?;
+        print(report)?;
     }
     if let Some(path) = &args.json_file {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }

@@ -862,6 +862,21 @@ async fn bench_mcp_times_an_mcp_tool_directly_and_through_the_fleet() -> anyhow:
     Ok(())
 }
 
+/// `bench --first-token N` times N streamed jobs from the model server's
+/// first bytes to the client's first delta, and reports it with the whole
+/// job's time.
+#[tokio::test]
+async fn bench_first_token_times_streamed_answers() -> anyhow::Result<()> {
+    let run = toolfleet(&["bench", "--first-token", "5", "--json"]).await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_str(&run.stdout)?;
+    assert_eq!(report["jobs"], 5, "{report}");
+    let p50 = |what: &str| report[what]["p50_ms"].as_f64().unwrap_or_default();
+    assert!(p50("first_token") > 0.0, "{report}");
+    assert!(p50("job") > 0.0, "{report}");
+    Ok(())
+}
+
 /// `toolfleet bench --processes` on a NATS cluster and a Redis Cluster,
 /// every write waiting for a replica: each server is accounted for by
 /// name, the Redis commands include the `WAIT`s, and the report says what
