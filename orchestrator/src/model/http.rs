@@ -151,40 +151,14 @@ pub(crate) async fn post_sse<R: StreamReader>(
     body: &Value,
     reader: &mut R,
 ) -> Result<R::Output, ModelError> {
-    let options = &wire.policy;
-    let mut delays = ExponentialBuilder::new()
-        .with_min_delay(options.initial_backoff)
-        .with_max_delay(options.max_backoff)
-        .with_max_times(usize::try_from(options.max_retries).unwrap_or(usize::MAX))
-        .with_jitter()
-        .build();
-    let mut attempt: u32 = 1;
+    let mut retries = Retries::new(&wire.policy);
     loop {
         reader.restart();
-        let transient = match stream_once(wire, url, body, reader).await {
+        match stream_once(wire, url, body, reader).await {
             Ok(output) => return Ok(output),
             Err(Failure::Fatal(err)) => return Err(err),
-            Err(Failure::Transient(transient)) => transient,
-        };
-        let Some(backoff) = delays.next() else {
-            return Err(ModelError::Unavailable(format!(
-                "{} (gave up after {attempt} attempts)",
-                transient.reason
-            )));
-        };
-        let delay = transient
-            .retry_after
-            .unwrap_or(backoff)
-            .min(options.max_backoff);
-        tracing::warn!(
-            status = transient.status,
-            attempt,
-            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            reason = %transient.reason,
-            "retrying streamed model request"
-        );
-        tokio::time::sleep(delay).await;
-        attempt += 1;
+            Err(Failure::Transient(transient)) => retries.after(transient).await?,
+        }
     }
 }
 
@@ -352,21 +326,47 @@ async fn error_answer(wire: &Wire, response: reqwest::Response) -> Failure {
 ///   or the request could not be built at all.
 /// - [`ModelError::InvalidResponse`] when a 2xx body is not JSON.
 pub(crate) async fn post_json(wire: &Wire, url: &str, body: &Value) -> Result<Value, ModelError> {
-    let options = &wire.policy;
-    let mut delays = ExponentialBuilder::new()
-        .with_min_delay(options.initial_backoff)
-        .with_max_delay(options.max_backoff)
-        .with_max_times(usize::try_from(options.max_retries).unwrap_or(usize::MAX))
-        .with_jitter()
-        .build();
-    let mut attempt: u32 = 1;
+    let mut retries = Retries::new(&wire.policy);
     loop {
-        let transient = match send_once(wire, url, body).await {
+        match send_once(wire, url, body).await {
             Ok(value) => return Ok(value),
             Err(Failure::Fatal(err)) => return Err(err),
-            Err(Failure::Transient(transient)) => transient,
-        };
-        let Some(backoff) = delays.next() else {
+            Err(Failure::Transient(transient)) => retries.after(transient).await?,
+        }
+    }
+}
+
+/// The retries of one request, by its policy: capped, jittered
+/// exponential backoff, a server's wait honoured within `max_backoff`.
+struct Retries<'a> {
+    policy: &'a Policy,
+    delays: backon::ExponentialBackoff,
+    attempt: u32,
+}
+
+impl<'a> Retries<'a> {
+    fn new(policy: &'a Policy) -> Self {
+        let delays = ExponentialBuilder::new()
+            .with_min_delay(policy.initial_backoff)
+            .with_max_delay(policy.max_backoff)
+            .with_max_times(usize::try_from(policy.max_retries).unwrap_or(usize::MAX))
+            .with_jitter()
+            .build();
+        Self {
+            policy,
+            delays,
+            attempt: 1,
+        }
+    }
+
+    /// Waits before the next attempt after `transient`.
+    ///
+    /// # Errors
+    ///
+    /// [`ModelError::Unavailable`] once the retries are spent.
+    async fn after(&mut self, transient: Transient) -> Result<(), ModelError> {
+        let attempt = self.attempt;
+        let Some(backoff) = self.delays.next() else {
             return Err(ModelError::Unavailable(format!(
                 "{} (gave up after {attempt} attempts)",
                 transient.reason
@@ -378,7 +378,7 @@ pub(crate) async fn post_json(wire: &Wire, url: &str, body: &Value) -> Result<Va
         let delay = transient
             .retry_after
             .unwrap_or(backoff)
-            .min(options.max_backoff);
+            .min(self.policy.max_backoff);
         tracing::warn!(
             status = transient.status,
             attempt,
@@ -388,7 +388,8 @@ pub(crate) async fn post_json(wire: &Wire, url: &str, body: &Value) -> Result<Va
             "retrying model request"
         );
         tokio::time::sleep(delay).await;
-        attempt += 1;
+        self.attempt += 1;
+        Ok(())
     }
 }
 
