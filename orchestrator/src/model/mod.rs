@@ -102,6 +102,32 @@ pub enum Delta {
 /// Where a streamed turn's deltas go.
 pub type DeltaSink<'a> = &'a (dyn Fn(Delta) + Send + Sync);
 
+/// A streamed turn's deltas as a provider's attempts send them: a new
+/// attempt after one that sent anything first says [`Delta::Restart`].
+pub(crate) struct DeltaOut<'a> {
+    sink: DeltaSink<'a>,
+    /// Whether this attempt sent a delta.
+    sent: bool,
+}
+
+impl<'a> DeltaOut<'a> {
+    pub(crate) fn new(sink: DeltaSink<'a>) -> Self {
+        Self { sink, sent: false }
+    }
+
+    pub(crate) fn send(&mut self, delta: Delta) {
+        self.sent = true;
+        (self.sink)(delta);
+    }
+
+    /// A new attempt starts: what the last one sent is void.
+    pub(crate) fn restart(&mut self) {
+        if std::mem::take(&mut self.sent) {
+            (self.sink)(Delta::Restart);
+        }
+    }
+}
+
 /// What the model produced in one turn: assistant text, tool calls and
 /// reasoning items, in the provider's order.
 #[derive(Debug, Clone, Default, PartialEq)]

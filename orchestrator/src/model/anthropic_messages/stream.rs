@@ -13,7 +13,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::model::http::{StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
 
 /// Error types of an `error` event that another attempt may cure.
 const TRANSIENT_ERRORS: &[&str] = &[
@@ -25,7 +25,7 @@ const TRANSIENT_ERRORS: &[&str] = &[
 
 /// Reads one streamed answer.
 pub(super) struct Reader<'a> {
-    deltas: DeltaSink<'a>,
+    deltas: DeltaOut<'a>,
     /// The message as `message_start` began it.
     message: Map<String, Value>,
     /// Its content blocks so far.
@@ -34,25 +34,17 @@ pub(super) struct Reader<'a> {
     inputs: Vec<Option<String>>,
     /// Calls named so far.
     calls: usize,
-    /// Whether a delta was sent this attempt.
-    sent: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
         Self {
-            deltas,
+            deltas: DeltaOut::new(deltas),
             message: Map::new(),
             blocks: Vec::new(),
             inputs: Vec::new(),
             calls: 0,
-            sent: false,
         }
-    }
-
-    fn send(&mut self, delta: Delta) {
-        self.sent = true;
-        (self.deltas)(delta);
     }
 
     /// `content_block_start`: a block is added at its index.
@@ -66,13 +58,13 @@ impl<'a> Reader<'a> {
                 let name = block["name"].as_str().unwrap_or_default().to_owned();
                 let index = self.calls;
                 self.calls += 1;
-                self.send(Delta::ToolCall { index, name });
+                self.deltas.send(Delta::ToolCall { index, name });
                 self.inputs.push(Some(String::new()));
             }
             Some("text") => {
                 let text = block["text"].as_str().unwrap_or_default().to_owned();
                 if !text.is_empty() {
-                    self.send(Delta::Text(text));
+                    self.deltas.send(Delta::Text(text));
                 }
                 self.inputs.push(None);
             }
@@ -92,7 +84,7 @@ impl<'a> Reader<'a> {
                 let text = piece("text");
                 append(&mut self.blocks[index], "text", &text);
                 if !text.is_empty() {
-                    self.send(Delta::Text(text));
+                    self.deltas.send(Delta::Text(text));
                 }
             }
             Some("input_json_delta") => match &mut self.inputs[index] {
@@ -157,14 +149,11 @@ impl StreamReader for Reader<'_> {
     type Output = Value;
 
     fn restart(&mut self) {
-        if self.sent {
-            (self.deltas)(Delta::Restart);
-        }
+        self.deltas.restart();
         self.message.clear();
         self.blocks.clear();
         self.inputs.clear();
         self.calls = 0;
-        self.sent = false;
     }
 
     fn event(&mut self, name: &str, data: &str) -> Result<Option<Value>, StreamError> {

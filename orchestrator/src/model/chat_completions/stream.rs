@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 
 use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
 
 /// A call being put together.
 #[derive(Default)]
@@ -22,32 +22,24 @@ struct Call {
 
 /// Reads one streamed answer.
 pub(super) struct Reader<'a> {
-    deltas: DeltaSink<'a>,
+    deltas: DeltaOut<'a>,
     content: String,
     refusal: String,
     calls: Vec<Call>,
     finish_reason: Value,
     usage: Value,
-    /// Whether a delta was sent this attempt.
-    sent: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
         Self {
-            deltas,
+            deltas: DeltaOut::new(deltas),
             content: String::new(),
             refusal: String::new(),
             calls: Vec::new(),
             finish_reason: Value::Null,
             usage: Value::Null,
-            sent: false,
         }
-    }
-
-    fn send(&mut self, delta: Delta) {
-        self.sent = true;
-        (self.deltas)(delta);
     }
 
     /// One chunk's `choices[0]`.
@@ -55,7 +47,7 @@ impl<'a> Reader<'a> {
         let delta = &choice["delta"];
         if let Some(text) = delta["content"].as_str().filter(|text| !text.is_empty()) {
             self.content.push_str(text);
-            self.send(Delta::Text(text.to_owned()));
+            self.deltas.send(Delta::Text(text.to_owned()));
         }
         if let Some(refusal) = delta["refusal"].as_str() {
             self.refusal.push_str(refusal);
@@ -98,7 +90,7 @@ impl<'a> Reader<'a> {
             _ => None,
         };
         if let Some(name) = named {
-            self.send(Delta::ToolCall { index, name });
+            self.deltas.send(Delta::ToolCall { index, name });
         }
         Ok(())
     }
@@ -134,15 +126,12 @@ impl StreamReader for Reader<'_> {
     type Output = Value;
 
     fn restart(&mut self) {
-        if self.sent {
-            (self.deltas)(Delta::Restart);
-        }
+        self.deltas.restart();
         self.content.clear();
         self.refusal.clear();
         self.calls.clear();
         self.finish_reason = Value::Null;
         self.usage = Value::Null;
-        self.sent = false;
     }
 
     fn event(&mut self, _name: &str, data: &str) -> Result<Option<Value>, StreamError> {

@@ -7,29 +7,21 @@
 use serde_json::Value;
 
 use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
 
 /// Reads one streamed answer.
 pub(super) struct Reader<'a> {
-    deltas: DeltaSink<'a>,
+    deltas: DeltaOut<'a>,
     /// Calls named so far.
     calls: usize,
-    /// Whether a delta was sent this attempt.
-    sent: bool,
 }
 
 impl<'a> Reader<'a> {
     pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
         Self {
-            deltas,
+            deltas: DeltaOut::new(deltas),
             calls: 0,
-            sent: false,
         }
-    }
-
-    fn send(&mut self, delta: Delta) {
-        self.sent = true;
-        (self.deltas)(delta);
     }
 }
 
@@ -37,11 +29,8 @@ impl StreamReader for Reader<'_> {
     type Output = Value;
 
     fn restart(&mut self) {
-        if self.sent {
-            (self.deltas)(Delta::Restart);
-        }
+        self.deltas.restart();
         self.calls = 0;
-        self.sent = false;
     }
 
     fn event(&mut self, name: &str, data: &str) -> Result<Option<Value>, StreamError> {
@@ -56,7 +45,7 @@ impl StreamReader for Reader<'_> {
             "response.output_text.delta" => {
                 let text = event["delta"].as_str().unwrap_or_default();
                 if !text.is_empty() {
-                    self.send(Delta::Text(text.to_owned()));
+                    self.deltas.send(Delta::Text(text.to_owned()));
                 }
             }
             "response.output_item.added" if event["item"]["type"] == "function_call" => {
@@ -66,7 +55,7 @@ impl StreamReader for Reader<'_> {
                     .to_owned();
                 let index = self.calls;
                 self.calls += 1;
-                self.send(Delta::ToolCall { index, name });
+                self.deltas.send(Delta::ToolCall { index, name });
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 let response = event["response"].clone();
