@@ -67,6 +67,23 @@ pub(crate) struct Wire {
 }
 
 impl Wire {
+    /// POSTs `body` to `url` with the wire's headers, asking for `accept`.
+    async fn send(
+        &self,
+        url: &str,
+        body: &Value,
+        accept: &str,
+    ) -> Result<reqwest::Response, Failure> {
+        self.client
+            .post(url)
+            .headers(self.headers.clone())
+            .header(ACCEPT, accept)
+            .json(body)
+            .send()
+            .await
+            .map_err(send_failure)
+    }
+
     /// A wire with `headers` on every request; `secret` is the credential
     /// among them.
     ///
@@ -171,15 +188,7 @@ async fn stream_once<R: StreamReader>(
 ) -> Result<R::Output, Failure> {
     use futures::StreamExt as _;
     let options = &wire.policy;
-    let response = wire
-        .client
-        .post(url)
-        .headers(wire.headers.clone())
-        .header(ACCEPT, "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .map_err(send_failure)?;
+    let response = wire.send(url, body, "text/event-stream").await?;
     let status = response.status();
     if !status.is_success() {
         // An error is a JSON body, read and judged as post_json does.
@@ -412,15 +421,7 @@ struct Transient {
 
 async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failure> {
     let options = &wire.policy;
-    let response = wire
-        .client
-        .post(url)
-        .headers(wire.headers.clone())
-        .header(ACCEPT, "application/json")
-        .json(body)
-        .send()
-        .await
-        .map_err(send_failure)?;
+    let response = wire.send(url, body, "application/json").await?;
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
