@@ -1035,3 +1035,137 @@ async fn cluster_failing_over_a_redis_primary_loses_no_call_and_repeats_no_effec
     );
     Ok(())
 }
+
+/// kill -9 of the orchestrator that streams a turn: the turn was not
+/// checkpointed, so the replica that takes the job over asks the model
+/// again, as after any crash, and a client watching on that replica sees
+/// the new answer's first delta marked `restarted` (what it had of the
+/// turn is void), then the new answer, then the one stored turn.
+#[tokio::test]
+async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_restarted()
+-> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let whole = std::fs::read_to_string(
+        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )?;
+    // The first answer is held after "Hello" until the kill; the second,
+    // asked by the replica that takes over, says "Hello again!".
+    let second = whole
+        .find("event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"!\"}}")
+        .expect("the second delta");
+    claude.push(Reply::Stream(format!(
+        "{}{PAUSE}{}",
+        &whole[..second],
+        &whole[second..]
+    )));
+    claude.push(Reply::Stream(
+        whole.replace(r#""text": "!""#, r#""text": " again!""#),
+    ));
+    let base_url = claude.base_url();
+    let env: Vec<(&str, &str)> = FAST_TAKEOVER
+        .iter()
+        .copied()
+        .chain([
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ])
+        .collect();
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    // The first replica alone takes the job; the second watches it.
+    let first = fleet.spawn_orchestrator(&env).await?;
+    let job_id = fleet
+        .api(first)
+        .await?
+        .submit_job(v1::SubmitJobRequest {
+            input: "Hello".into(),
+            model: Some(v1::ModelSpec {
+                provider: "anthropic-messages".into(),
+                name: "claude-test".into(),
+                ..Default::default()
+            }),
+            stream: Some(true),
+            ..Default::default()
+        })
+        .await?
+        .into_inner()
+        .job_id;
+    wait_until("the model to be asked", Duration::from_secs(30), || async {
+        (claude.requests().len() == 1).then_some(())
+    })
+    .await?;
+    let survivor = fleet.spawn_orchestrator(&env).await?;
+    let api = fleet.api(survivor).await?;
+    let mut watch = api
+        .clone()
+        .watch_job(v1::WatchJobRequest {
+            job_id: job_id.clone(),
+            from_offset: 0,
+        })
+        .await?
+        .into_inner();
+    while let Some(event) = watch.message().await? {
+        if event.kind == "job_started" {
+            break;
+        }
+    }
+    claude.release_stream();
+    let mut deltas = Vec::new();
+    while let Some(event) = watch.message().await? {
+        if event.kind == "model_output_delta" {
+            deltas.push(serde_json::from_str::<Value>(&event.data)?);
+            break;
+        }
+    }
+    fleet.orchestrator(first).kill();
+    wait_until(
+        "the model to be asked again",
+        Duration::from_secs(60),
+        || async { (claude.requests().len() == 2).then_some(()) },
+    )
+    .await?;
+    // The killed run's held stream may still wait for a release: enough
+    // for both.
+    for _ in 0..2 {
+        claude.release_stream();
+    }
+    let mut kinds = Vec::new();
+    while let Some(event) = watch.message().await? {
+        if event.kind == "model_output_delta" {
+            deltas.push(serde_json::from_str::<Value>(&event.data)?);
+        }
+        kinds.push(event.kind.clone());
+        if event.r#final {
+            break;
+        }
+    }
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, "Hello again!");
+    assert_eq!(
+        deltas
+            .first()
+            .map(|d| (d["text"].clone(), d.get("restarted").cloned())),
+        Some((json!("Hello"), None)),
+        "{deltas:?}"
+    );
+    let restart = deltas
+        .iter()
+        .position(|d| d["restarted"] == true)
+        .unwrap_or_else(|| panic!("no delta says restarted: {deltas:?}"));
+    assert_eq!(restart, 1, "the new run's first delta says so: {deltas:?}");
+    let again: String = deltas[restart..]
+        .iter()
+        .map(|d| d["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(again, job.output_text, "{deltas:?}");
+    assert!(deltas.iter().all(|d| d["turn"] == 0), "{deltas:?}");
+    let turns = kinds.iter().filter(|k| *k == "model_turn").count();
+    assert_eq!(turns, 1, "one stored turn: {kinds:?}");
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+    println!(
+        "streamed turn restarted: kills 1, model asked 2, deltas {}",
+        deltas.len()
+    );
+    Ok(())
+}
