@@ -51,6 +51,9 @@ pub(super) struct Follower {
     drained: bool,
     /// Since when the job store has failed, while it does.
     failing_since: Option<Instant>,
+    /// Whether the job's turns are streamed: else it has no deltas to
+    /// follow (and any that came would not be its runner's).
+    streamed: bool,
     /// The last turn whose `model_turn` was sent: its deltas are stale.
     turn_sent: Option<u32>,
     /// The turn being streamed, the epoch of the run that streams it, and
@@ -92,9 +95,14 @@ pub(super) enum Next {
 }
 
 impl Follower {
-    /// A watch of `job_id` from `offset`; `trace_id` goes on its first
-    /// event.
-    pub(super) fn new(job_id: JobId, offset: u64, trace_id: Option<String>) -> Self {
+    /// A watch of `job_id` from `offset`, whose turns are `streamed` or
+    /// not; `trace_id` goes on its first event.
+    pub(super) fn new(
+        job_id: JobId,
+        offset: u64,
+        trace_id: Option<String>,
+        streamed: bool,
+    ) -> Self {
         Self {
             job_id,
             offset,
@@ -102,6 +110,7 @@ impl Follower {
             check_job: true,
             drained: false,
             failing_since: None,
+            streamed,
             turn_sent: None,
             streaming: None,
             asked: None,
@@ -115,7 +124,7 @@ impl Follower {
     /// The first delta of a turn another run had begun, and a provider's
     /// restart, say `restarted`: what the client has of the turn is void.
     pub(super) fn on_delta(&mut self, delta: TurnDelta) -> (Option<v1::JobEvent>, bool) {
-        if self.turn_sent.is_some_and(|sent| delta.turn <= sent) {
+        if !self.streamed || self.turn_sent.is_some_and(|sent| delta.turn <= sent) {
             return (None, false);
         }
         let run = (delta.turn, delta.epoch);
@@ -231,12 +240,14 @@ impl Follower {
     /// `event` for the client, past which the follower now stands.
     fn emit(&mut self, event: Event) -> v1::JobEvent {
         self.offset = event.offset + 1;
-        if event.kind == "model_turn" {
-            let turn = serde_json::from_str::<serde_json::Value>(&event.data)
-                .ok()
-                .and_then(|data| data["turn"].as_u64())
-                .and_then(|turn| u32::try_from(turn).ok());
-            self.turn_sent = self.turn_sent.max(turn);
+        if self.streamed && event.kind == "model_turn" {
+            /// The one field read; serde skips the others.
+            #[derive(serde::Deserialize)]
+            struct TurnNumber {
+                turn: u32,
+            }
+            let turn = serde_json::from_str::<TurnNumber>(&event.data).ok();
+            self.turn_sent = self.turn_sent.max(turn.map(|t| t.turn));
         }
         to_event(&self.job_id, event, self.trace_id.take())
     }
@@ -423,7 +434,7 @@ mod tests {
 
     #[test]
     fn events_are_sent_in_order_with_the_trace_id_on_the_first() {
-        let mut follower = Follower::new(job(), 3, Some("t".into()));
+        let mut follower = Follower::new(job(), 3, Some("t".into()), false);
         let (sent, more) = events(&mut follower, vec![event(3, false), event(4, false)]);
         assert!(!more);
         assert_eq!(sent.iter().map(|e| e.offset).collect::<Vec<_>>(), [3, 4]);
@@ -437,7 +448,7 @@ mod tests {
 
     #[test]
     fn a_full_batch_reads_again_and_a_final_event_ends_the_stream() {
-        let mut follower = Follower::new(job(), 0, None);
+        let mut follower = Follower::new(job(), 0, None, false);
         let batch = (0..WATCH_BATCH as u64).map(|i| event(i, false)).collect();
         let (sent, more) = events(&mut follower, batch);
         assert_eq!((sent.len(), more), (WATCH_BATCH, true));
@@ -452,7 +463,7 @@ mod tests {
 
     #[test]
     fn an_empty_read_asks_the_job_only_on_the_first_read_and_after_a_poll() {
-        let mut follower = Follower::new(job(), 0, None);
+        let mut follower = Follower::new(job(), 0, None, false);
         assert!(follower.asks_status(&[]));
         assert!(!follower.asks_status(&[event(0, false)]));
         follower.on_woken();
@@ -466,7 +477,7 @@ mod tests {
 
     #[test]
     fn a_running_job_with_nothing_new_is_waited_for() {
-        let mut follower = Follower::new(job(), 2, None);
+        let mut follower = Follower::new(job(), 2, None, false);
         match follower.on_read(status(Some(JobStatus::Running)), Instant::now()) {
             Next::Send { events, more } => assert!(events.is_empty() && !more),
             other => panic!("{other:?}"),
@@ -475,14 +486,14 @@ mod tests {
 
     #[test]
     fn a_gone_job_ends_the_stream() {
-        let mut follower = Follower::new(job(), 0, None);
+        let mut follower = Follower::new(job(), 0, None, false);
         let next = follower.on_read(status(None), Instant::now());
         assert!(matches!(next, Next::End), "{next:?}");
     }
 
     #[test]
     fn a_finished_job_is_read_once_more_then_its_final_event_closes_the_stream() {
-        let mut follower = Follower::new(job(), 9, Some("t".into()));
+        let mut follower = Follower::new(job(), 9, Some("t".into()), false);
         let done = || status(Some(JobStatus::Succeeded));
         assert!(matches!(
             follower.on_read(done(), Instant::now()),
@@ -503,7 +514,7 @@ mod tests {
 
     #[test]
     fn the_job_store_failing_is_ridden_out_for_the_outage_bound() {
-        let mut follower = Follower::new(job(), 0, None);
+        let mut follower = Follower::new(job(), 0, None, false);
         let start = Instant::now();
         assert!(matches!(
             follower.on_read(redis_down(), start),
@@ -556,7 +567,7 @@ mod tests {
 
     #[test]
     fn deltas_pass_until_their_turn_is_sent_and_a_restart_says_so() {
-        let mut follower = Follower::new(job(), 0, None);
+        let mut follower = Follower::new(job(), 0, None, true);
         let sent = |follower: &mut Follower, delta| follower.on_delta(delta).0;
         let first = sent(&mut follower, delta(0, 1, 0, text("Hel"))).unwrap();
         assert_eq!(data(&first), serde_json::json!({"turn": 0, "text": "Hel"}));
@@ -589,9 +600,27 @@ mod tests {
         assert_eq!(next.offset, 1);
     }
 
+    /// A job that does not stream has no deltas: one that comes anyway
+    /// (a message on its subject that says it is one) is dropped, asks for
+    /// nothing, and its turns are sent as ever.
+    #[test]
+    fn a_watch_of_a_job_that_does_not_stream_drops_deltas() {
+        let mut follower = Follower::new(job(), 0, None, false);
+        assert_eq!(follower.on_delta(delta(0, 1, 0, text("Hi"))), (None, false));
+        assert_eq!(follower.on_delta(delta(0, 1, 3, text("x"))), (None, false));
+        let mut turn = event(0, false);
+        turn.data = r#"{"turn":0}"#.into();
+        let (sent, _) = events(&mut follower, vec![turn]);
+        assert_eq!(sent.len(), 1);
+        assert_eq!(
+            follower.turn_sent, None,
+            "not read: nothing to compare it to"
+        );
+    }
+
     #[test]
     fn a_watch_that_joins_mid_turn_asks_once_and_sends_the_turn_so_far_first() {
-        let mut follower = Follower::new(job(), 3, None);
+        let mut follower = Follower::new(job(), 3, None, true);
         // Deltas 0 to 4 were sent before this watch: 5 asks, 6 does not.
         assert_eq!(follower.on_delta(delta(2, 1, 5, text("x"))), (None, true));
         assert_eq!(follower.on_delta(delta(2, 1, 6, text("y"))), (None, false));

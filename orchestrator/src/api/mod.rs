@@ -311,7 +311,7 @@ impl AgentService for AgentApi {
         let job_id = may_own(&request.job_id, &caller)?;
         // Subscribe before the first read, so no wake-up is missed; the
         // first read also says whose job it is (one round trip for both).
-        let wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
+        let mut wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
             Status::unavailable("event notifications are unavailable; retry later")
         })?;
@@ -323,7 +323,10 @@ impl AgentService for AgentApi {
             .filter(|start| start.tenant == caller.tenant)
             .ok_or_else(|| not_found(&job_id))?;
         let trace_id = start.trace.as_ref().map(JobTrace::trace_id);
-        let follower = Follower::new(job_id, request.from_offset, trace_id);
+        if start.stream {
+            wakeups.hear_deltas();
+        }
+        let follower = Follower::new(job_id, request.from_offset, trace_id, start.stream);
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         // Owned by the client's stream: it ends with the job's final event,
         // as soon as the stream is dropped (the client went away), which

@@ -135,10 +135,12 @@ impl JobStore {
         offset: u64,
         count: usize,
     ) -> Result<Option<WatchStart>, Error> {
-        /// The one field of a spec a watch needs; serde skips the others.
+        /// The fields of a spec a watch needs; serde skips the others.
         #[derive(serde::Deserialize)]
         struct Owner {
             tenant: String,
+            #[serde(default)]
+            stream: bool,
         }
         let mut pipe = redis::pipe();
         pipe.hmget(
@@ -166,6 +168,7 @@ impl JobStore {
         })?;
         Ok(Some(WatchStart {
             tenant: owner.tenant,
+            stream: owner.stream,
             trace: JobTrace::from_fields(
                 traceparent.as_deref().unwrap_or_default(),
                 tracestate.as_deref().unwrap_or_default(),
@@ -243,6 +246,8 @@ pub(super) fn parse_run_start(
 pub struct WatchStart {
     /// Who submitted the job: only they may watch it.
     pub tenant: String,
+    /// Whether its turns are streamed to its watchers.
+    pub stream: bool,
     /// The job's trace, when it is traced.
     pub trace: Option<JobTrace>,
     /// The first events from the watch's offset on.

@@ -87,7 +87,10 @@ pub(super) struct LocalWatchers {
 #[derive(Debug)]
 struct Channels {
     written: watch::Sender<Written>,
-    deltas: broadcast::Sender<TurnDelta>,
+    /// Made by the first watcher of a streamed job
+    /// ([`WakeUps::hear_deltas`]): a job that does not stream has none,
+    /// and costs its watchers nothing for them.
+    deltas: Option<broadcast::Sender<TurnDelta>>,
 }
 
 impl LocalWatchers {
@@ -102,18 +105,29 @@ impl LocalWatchers {
     /// Passes a delta to this process's watchers of `job_id`, if any.
     pub(super) fn pass_on(&self, job_id: &JobId, delta: &TurnDelta) {
         let by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(channels) = by_job.get(job_id) {
-            let _ = channels.deltas.send(delta.clone());
+        if let Some(deltas) = by_job.get(job_id).and_then(|c| c.deltas.as_ref()) {
+            let _ = deltas.send(delta.clone());
         }
     }
 
-    fn watch(&self, job_id: &JobId) -> (watch::Receiver<Written>, broadcast::Receiver<TurnDelta>) {
+    fn watch(&self, job_id: &JobId) -> watch::Receiver<Written> {
         let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
         let channels = by_job.entry(job_id.to_owned()).or_insert_with(|| Channels {
             written: watch::channel(Written::default()).0,
-            deltas: broadcast::channel(LOCAL_DELTAS).0,
+            deltas: None,
         });
-        (channels.written.subscribe(), channels.deltas.subscribe())
+        channels.written.subscribe()
+    }
+
+    /// The deltas of `job_id` passed on in this process, for one of its
+    /// watchers here; `None` when it has none (it stopped watching).
+    fn hear_deltas(&self, job_id: &JobId) -> Option<broadcast::Receiver<TurnDelta>> {
+        let mut by_job = self.by_job.lock().unwrap_or_else(PoisonError::into_inner);
+        let channels = by_job.get_mut(job_id)?;
+        let deltas = channels
+            .deltas
+            .get_or_insert_with(|| broadcast::channel(LOCAL_DELTAS).0);
+        Some(deltas.subscribe())
     }
 
     /// Forgets `job_id` once its last watcher here is gone.
@@ -136,7 +150,8 @@ pub struct WakeUps {
     /// `None` while dropping, or once its sender is gone (which the
     /// registry never drops while a receiver lives).
     local: Option<watch::Receiver<Written>>,
-    /// Deltas of the job's streamed turns run in this process.
+    /// Deltas of the job's streamed turns run in this process, once the
+    /// watcher asked for them.
     local_deltas: Option<broadcast::Receiver<TurnDelta>>,
     watchers: Arc<LocalWatchers>,
 }
@@ -148,14 +163,22 @@ impl WakeUps {
         job_id: &JobId,
     ) -> Result<Self, async_nats::SubscribeError> {
         let subscriber = nats.subscribe(names::events_subject(job_id)).await?;
-        let (local, local_deltas) = watchers.watch(job_id);
+        let local = watchers.watch(job_id);
         Ok(Self {
             job_id: job_id.to_owned(),
             nats: Some(subscriber),
             local: Some(local),
-            local_deltas: Some(local_deltas),
+            local_deltas: None,
             watchers,
         })
+    }
+
+    /// Hears the deltas of the job's streamed turns run in this process
+    /// too (those run elsewhere come over NATS anyway). For a streamed job
+    /// only, once its first read said so: a delta passed on before it is
+    /// missed, and the watcher asks for the turn so far at the next one.
+    pub fn hear_deltas(&mut self) {
+        self.local_deltas = self.watchers.hear_deltas(&self.job_id);
     }
 
     /// Returns at the first wake-up that may bring events past `offset` (the
@@ -357,7 +380,7 @@ mod tests {
         let watchers = LocalWatchers::default();
         let job = JobId::new("acme", 1, 2);
         let first = watchers.watch(&job);
-        let (mut second, mut second_deltas) = watchers.watch(&job);
+        let mut second = watchers.watch(&job);
         watchers.wake(&job, Written::counted(Some(3)));
         assert_eq!(second.borrow_and_update().events, Some(3));
         let delta = TurnDelta {
@@ -366,8 +389,13 @@ mod tests {
             seq: 0,
             piece: crate::job::DeltaPiece::Text("hi".into()),
         };
+        // Nobody here hears deltas yet: nothing is made for them.
+        watchers.pass_on(&job, &delta);
+        assert!(watchers.by_job.lock().unwrap()[&job].deltas.is_none());
+        let mut second_deltas = watchers.hear_deltas(&job).expect("watched");
         watchers.pass_on(&job, &delta);
         assert_eq!(second_deltas.try_recv().ok(), Some(delta));
+        assert!(watchers.hear_deltas(&JobId::new("acme", 5, 6)).is_none());
         drop(first);
         watchers.unwatch(&job);
         assert_eq!(
