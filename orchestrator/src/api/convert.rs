@@ -97,6 +97,17 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
     if let Some(stream) = request.stream {
         canonical["stream"] = serde_json::json!(stream);
     }
+    // What may run unasked is part of the request: the same key with
+    // another approval list or unknown-outcome rule is another request.
+    // A set of names, so their order does not count.
+    if !request.require_approval.is_empty() {
+        let held: std::collections::BTreeSet<&String> = request.require_approval.iter().collect();
+        canonical["require_approval"] = serde_json::json!(held);
+    }
+    // Empty means "report".
+    if !matches!(request.on_unknown_outcome.as_str(), "" | "report") {
+        canonical["on_unknown_outcome"] = serde_json::json!(request.on_unknown_outcome);
+    }
     format!("{:x}", Sha256::digest(canonical.to_string().as_bytes()))
 }
 
@@ -298,5 +309,25 @@ mod tests {
         let hashed = format!("{:x}", Sha256::digest(before.to_string().as_bytes()));
         assert_eq!(fingerprint(&model(0)), hashed);
         assert_ne!(fingerprint(&model(0)), fingerprint(&model(512)));
+    }
+
+    /// A retry with the same key that asks for approvals, or another
+    /// unknown-outcome rule, must not get the first job, which runs its
+    /// calls unasked.
+    #[test]
+    fn fingerprints_count_approvals_and_the_unknown_outcome_rule() {
+        let request = |held: &[&str], rule: &str| v1::SubmitJobRequest {
+            input: "pay the invoice".into(),
+            require_approval: held.iter().map(|t| (*t).to_owned()).collect(),
+            on_unknown_outcome: rule.into(),
+            ..Default::default()
+        };
+        let plain = fingerprint(&request(&[], ""));
+        let held = fingerprint(&request(&["pay", "refund"], ""));
+        assert_ne!(plain, held);
+        assert_eq!(held, fingerprint(&request(&["refund", "pay"], "")));
+        assert_ne!(held, fingerprint(&request(&["pay"], "")));
+        assert_ne!(plain, fingerprint(&request(&[], "ask")));
+        assert_eq!(plain, fingerprint(&request(&[], "report")), "the default");
     }
 }
