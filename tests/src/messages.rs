@@ -264,6 +264,27 @@ fn admit(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Option<Re
     Ok(script.replies.pop_front())
 }
 
+/// Automatic prompt caching's top-level `cache_control`: `ephemeral`, with
+/// a `ttl` of `5m` or `1h` if any.
+fn check_cache_control(cache_control: Option<&Value>) -> Result<(), String> {
+    let Some(cache_control) = cache_control else {
+        return Ok(());
+    };
+    if cache_control["type"] != "ephemeral" {
+        return Err("cache_control.type: Input should be 'ephemeral'".to_owned());
+    }
+    match cache_control.get("ttl") {
+        None => {}
+        Some(ttl) if ttl == "5m" || ttl == "1h" => {}
+        Some(_) => return Err("cache_control.ttl: Input should be '5m' or '1h'".to_owned()),
+    }
+    let known = ["type", "ttl"];
+    match cache_control.as_object() {
+        Some(fields) if fields.keys().all(|k| known.contains(&k.as_str())) => Ok(()),
+        _ => Err("cache_control: Extra inputs are not permitted".to_owned()),
+    }
+}
+
 /// Checks a request as the real API does; the error is the API's message.
 ///
 /// # Errors
@@ -284,6 +305,7 @@ pub fn check(body: &Value) -> Result<(), String> {
         Some(_) => {}
     }
     check_system(&body["system"])?;
+    check_cache_control(body.get("cache_control"))?;
     check_tools(body)?;
     let messages = body["messages"]
         .as_array()

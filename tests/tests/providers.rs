@@ -213,6 +213,9 @@ async fn anthropic_messages_two_round_loop_through_the_fleet() -> anyhow::Result
     assert_eq!(last["system"], "Use the tools.");
     assert_eq!(last["max_tokens"], 300);
     assert_eq!(last["tool_choice"]["disable_parallel_tool_use"], false);
+    // Automatic prompt caching, by default: the next turn reads this one's
+    // prefix from the cache.
+    assert_eq!(last["cache_control"], json!({"type": "ephemeral"}));
     assert_eq!(last["tools"][0]["name"], "calculate");
     assert_eq!(last["tools"][0]["input_schema"]["type"], "object");
     let messages = last["messages"].as_array().expect("messages");

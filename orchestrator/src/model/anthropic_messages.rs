@@ -52,6 +52,9 @@ pub struct AnthropicOptions {
     /// not say (`model.max_tokens`); the API requires a number. Default:
     /// 4096.
     pub max_tokens: u32,
+    /// How long the API keeps the conversation so far for the next turn
+    /// (automatic prompt caching). Default: `5m`.
+    pub prompt_cache: PromptCache,
     /// Timeout of one HTTP request. Default: 600s (the time Anthropic's
     /// SDKs allow a request that is not streamed).
     #[serde(with = "toolfleet_service::config::duration")]
@@ -83,6 +86,7 @@ impl fmt::Debug for AnthropicOptions {
             .field("api_key_file", &self.api_key_file)
             .field("version", &self.version)
             .field("max_tokens", &self.max_tokens)
+            .field("prompt_cache", &self.prompt_cache)
             .field("request_timeout", &self.request_timeout)
             .field("max_retries", &self.max_retries)
             .field("initial_backoff", &self.initial_backoff)
@@ -104,12 +108,45 @@ impl Default for AnthropicOptions {
             api_key_file: None,
             version: DEFAULT_VERSION.to_owned(),
             max_tokens: 4096,
+            prompt_cache: PromptCache::FiveMinutes,
             request_timeout: Duration::from_secs(600),
             max_retries: 4,
             initial_backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(30),
             max_response_bytes: 8 * 1024 * 1024,
             stream_idle_timeout: Duration::from_secs(90),
+        }
+    }
+}
+
+/// Automatic prompt caching (`anthropic.prompt_cache`): each request asks
+/// the API to cache its prefix up to the last block it can, so that the
+/// next turn of the job, which sends the same conversation and more, reads
+/// it back at a tenth of the input price instead of paying for it again.
+/// Writing it costs more (1.25 times the input price for five minutes,
+/// twice for an hour), which a job of two turns or more repays; a prompt
+/// shorter than the model's minimum is not cached and costs nothing more.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PromptCache {
+    /// No `cache_control`: for a server that speaks Messages but refuses
+    /// the field.
+    #[serde(rename = "off")]
+    Off,
+    /// Kept five minutes after its last use (the API's default).
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    /// Kept an hour: for jobs whose tools take minutes between turns.
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+impl PromptCache {
+    /// The request's top-level `cache_control`, if any.
+    fn cache_control(self) -> Option<Value> {
+        match self {
+            Self::Off => None,
+            Self::FiveMinutes => Some(json!({"type": "ephemeral"})),
+            Self::OneHour => Some(json!({"type": "ephemeral", "ttl": "1h"})),
         }
     }
 }
@@ -164,6 +201,7 @@ pub struct AnthropicMessages {
     wire: http::Wire,
     base_url: String,
     max_tokens: u32,
+    prompt_cache: PromptCache,
 }
 
 impl AnthropicMessages {
@@ -178,6 +216,7 @@ impl AnthropicMessages {
             wire: options.wire()?,
             base_url: options.base_url.clone(),
             max_tokens: options.max_tokens,
+            prompt_cache: options.prompt_cache,
         })
     }
 }
@@ -202,6 +241,9 @@ impl Provider for AnthropicMessages {
         async move {
             let url = http::endpoint(&self.base_url, "messages");
             let mut body = request_body(&request, self.max_tokens);
+            if let Some(cache_control) = self.prompt_cache.cache_control() {
+                body["cache_control"] = cache_control;
+            }
             let mut turn = Turn::default();
             if request.deltas.is_some() {
                 body["stream"] = json!(true);
@@ -525,6 +567,7 @@ mod tests {
             api_key_file: None,
             version: DEFAULT_VERSION.into(),
             max_tokens: 1024,
+            prompt_cache: PromptCache::FiveMinutes,
             request_timeout: Duration::from_secs(5),
             max_retries: 2,
             initial_backoff: Duration::from_millis(10),
@@ -576,6 +619,57 @@ mod tests {
             .iter()
             .map(|r| r.body_json().expect("JSON"))
             .collect()
+    }
+
+    /// Every request asks the API to cache the conversation so far (the
+    /// top-level `cache_control` of automatic caching), for the time
+    /// configured; `off` sends no such field.
+    #[tokio::test]
+    async fn each_request_asks_for_the_configured_prompt_cache() {
+        let answer = || {
+            ResponseTemplate::new(200)
+                .set_body_json(message(json!([{"type": "text", "text": "ok"}]), "end_turn"))
+        };
+        let server = answering(vec![answer(), answer(), answer()]).await;
+        let items = [Item::User { text: "hi".into() }];
+        for cache in [
+            PromptCache::FiveMinutes,
+            PromptCache::OneHour,
+            PromptCache::Off,
+        ] {
+            let options = AnthropicOptions {
+                prompt_cache: cache,
+                ..options(&server)
+            };
+            let provider = AnthropicMessages::new(&options).unwrap();
+            provider.turn(request(&items)).await.unwrap();
+        }
+        let sent: Vec<Option<Value>> = bodies(&server)
+            .await
+            .into_iter()
+            .map(|body| body.get("cache_control").cloned())
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                Some(json!({"type": "ephemeral"})),
+                Some(json!({"type": "ephemeral", "ttl": "1h"})),
+                None,
+            ]
+        );
+        let spelled: Vec<PromptCache> = ["\"5m\"", "\"1h\"", "\"off\""]
+            .iter()
+            .map(|value| serde_json::from_str(value).unwrap())
+            .collect();
+        assert_eq!(
+            spelled,
+            [
+                PromptCache::FiveMinutes,
+                PromptCache::OneHour,
+                PromptCache::Off
+            ]
+        );
+        assert!(serde_json::from_str::<PromptCache>("\"2h\"").is_err());
     }
 
     /// A fixture of orchestrator/tests/fixtures/anthropic (taken from
