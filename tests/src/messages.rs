@@ -148,6 +148,33 @@ impl MessagesServer {
     }
 }
 
+/// The documentation's streamed answer "Hello!" (a fixture of
+/// orchestrator/tests/fixtures/anthropic), as the fake's SSE script.
+///
+/// # Errors
+///
+/// When the fixture cannot be read.
+pub fn hello_stream() -> std::io::Result<String> {
+    std::fs::read_to_string(
+        crate::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
+    )
+}
+
+/// A job of the `anthropic-messages` provider (model `claude-test`) that
+/// streams its turns, asking `input`.
+pub fn streamed_job(input: &str) -> toolfleet_proto::v1::SubmitJobRequest {
+    toolfleet_proto::v1::SubmitJobRequest {
+        input: input.into(),
+        model: Some(toolfleet_proto::v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            ..Default::default()
+        }),
+        stream: Some(true),
+        ..Default::default()
+    }
+}
+
 /// Where a scripted stream waits for the test's next release.
 pub const PAUSE: &str = ": pause\n\n";
 

@@ -1046,9 +1046,7 @@ async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_resta
 -> anyhow::Result<()> {
     use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply};
     let claude = MessagesServer::start("sk-ant-test").await?;
-    let whole = std::fs::read_to_string(
-        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
-    )?;
+    let whole = toolfleet_tests::messages::hello_stream()?;
     // The first answer is held after "Hello" until the kill; the second,
     // asked by the replica that takes over, says "Hello again!".
     let second = whole
@@ -1077,16 +1075,7 @@ async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_resta
     let job_id = fleet
         .api(first)
         .await?
-        .submit_job(v1::SubmitJobRequest {
-            input: "Hello".into(),
-            model: Some(v1::ModelSpec {
-                provider: "anthropic-messages".into(),
-                name: "claude-test".into(),
-                ..Default::default()
-            }),
-            stream: Some(true),
-            ..Default::default()
-        })
+        .submit_job(toolfleet_tests::messages::streamed_job("Hello"))
         .await?
         .into_inner()
         .job_id;

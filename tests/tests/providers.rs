@@ -252,9 +252,7 @@ async fn anthropic_messages_two_round_loop_through_the_fleet() -> anyhow::Result
 async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Result<()> {
     use toolfleet_tests::messages::{MessagesServer, Reply};
     let claude = MessagesServer::start("sk-ant-test").await?;
-    let stream = std::fs::read_to_string(
-        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
-    )?;
+    let stream = toolfleet_tests::messages::hello_stream()?;
     claude.push(Reply::Stream(stream));
     let base_url = claude.base_url();
     // Two replicas: whichever runs the job, one watcher hears its deltas in
@@ -269,16 +267,7 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
     let api = fleet.api(0).await?;
     let job_id = api
         .clone()
-        .submit_job(v1::SubmitJobRequest {
-            input: "Hello".into(),
-            model: Some(v1::ModelSpec {
-                provider: "anthropic-messages".into(),
-                name: "claude-test".into(),
-                ..Default::default()
-            }),
-            stream: Some(true),
-            ..Default::default()
-        })
+        .submit_job(toolfleet_tests::messages::streamed_job("Hello"))
         .await?
         .into_inner()
         .job_id;
@@ -347,9 +336,7 @@ async fn the_cli_prints_a_streamed_answer_as_it_is_written() -> anyhow::Result<(
     use tokio::io::AsyncBufReadExt;
     use toolfleet_tests::messages::{MessagesServer, Reply};
     let claude = MessagesServer::start("sk-ant-test").await?;
-    let stream = std::fs::read_to_string(
-        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
-    )?;
+    let stream = toolfleet_tests::messages::hello_stream()?;
     claude.push(Reply::Stream(stream));
     let base_url = claude.base_url();
     let mut fleet = Fleet::start(test_fleet(0)).await?;
@@ -414,9 +401,7 @@ async fn the_cli_prints_a_streamed_answer_as_it_is_written() -> anyhow::Result<(
 async fn a_watch_that_joins_mid_turn_gets_the_turn_so_far() -> anyhow::Result<()> {
     use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply};
     let claude = MessagesServer::start("sk-ant-test").await?;
-    let whole = std::fs::read_to_string(
-        toolfleet_tests::repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
-    )?;
+    let whole = toolfleet_tests::messages::hello_stream()?;
     // Held after "Hello", and again after "!", before the end.
     let second = whole.find("event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"!\"}}").expect("the second delta");
     let end = whole
@@ -439,16 +424,7 @@ async fn a_watch_that_joins_mid_turn_gets_the_turn_so_far() -> anyhow::Result<()
     let api = fleet.api(0).await?;
     let job_id = api
         .clone()
-        .submit_job(v1::SubmitJobRequest {
-            input: "Hello".into(),
-            model: Some(v1::ModelSpec {
-                provider: "anthropic-messages".into(),
-                name: "claude-test".into(),
-                ..Default::default()
-            }),
-            stream: Some(true),
-            ..Default::default()
-        })
+        .submit_job(toolfleet_tests::messages::streamed_job("Hello"))
         .await?
         .into_inner()
         .job_id;

@@ -36,9 +36,7 @@ async fn streamed_through_python(
     claude: &MessagesServer,
 ) -> anyhow::Result<()> {
     use tokio::io::AsyncBufReadExt;
-    let stream = std::fs::read_to_string(
-        repo_root().join("orchestrator/tests/fixtures/anthropic/stream-text.sse"),
-    )?;
+    let stream = toolfleet_tests::messages::hello_stream()?;
     claude.push(Reply::Stream(stream));
     let program = format!(
         "import sys\n\
