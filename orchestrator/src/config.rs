@@ -267,11 +267,7 @@ impl OrchestratorOptions {
         }
         // A key file that cannot be read stops the replica now, not its
         // first job.
-        crate::model::api_key(
-            "openai",
-            self.openai.api_key.as_deref(),
-            self.openai.api_key_file.as_deref(),
-        )?;
+        self.openai.api_key()?;
         self.anthropic.check()?;
         if self.approval.timeout.is_zero() {
             return Err(

@@ -228,7 +228,9 @@ CONFIGURED = {
         role: {"nats.replicas": 1, "redis.cluster": False} for role in ("orchestrator", "general")},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "orchestrator": {"api.default_model.name": "gpt-4.1-mini", "api.max_calls_per_turn": 16,
-                         "nats.user": "orchestrator", "redis.user": "orchestrator"},
+                         "nats.user": "orchestrator", "redis.user": "orchestrator",
+                         # A file, so that a rotated key is used without a restart.
+                         "openai.api_key_file": "/etc/toolfleet/openai/api-key"},
         "general": {"runtime.max_deliveries": 7, "runtime.max_in_flight": 16, "nats.user": "pool-general",
                     "nats.inbox_prefix": "_INBOX.pool-general"},
         "knowledge": {"runtime.max_deliveries": 5},

@@ -60,6 +60,8 @@ impl Reply {
 
 #[derive(Default)]
 struct Script {
+    /// The `x-api-key` requests must carry.
+    key: String,
     replies: VecDeque<Reply>,
     /// Every request body received, valid or not, in order.
     requests: Vec<Value>,
@@ -69,7 +71,6 @@ struct Script {
 
 #[derive(Clone)]
 struct Shared {
-    key: String,
     script: Arc<Mutex<Script>>,
     /// Streams wait for a permit each.
     streams: Arc<tokio::sync::Semaphore>,
@@ -96,8 +97,10 @@ impl MessagesServer {
     /// When no loopback port can be bound.
     pub async fn start(key: &str) -> anyhow::Result<Self> {
         let shared = Shared {
-            key: key.to_owned(),
-            script: Arc::default(),
+            script: Arc::new(Mutex::new(Script {
+                key: key.to_owned(),
+                ..Script::default()
+            })),
             streams: Arc::new(tokio::sync::Semaphore::new(0)),
         };
         let app = axum::Router::new()
@@ -123,6 +126,12 @@ impl MessagesServer {
     /// Queues the next answer.
     pub fn push(&self, reply: Reply) {
         self.lock().replies.push_back(reply);
+    }
+
+    /// From now on requests must carry `x-api-key: <key>` (the old key
+    /// was revoked).
+    pub fn set_key(&self, key: &str) {
+        key.clone_into(&mut self.lock().key);
     }
 
     /// Lets the next held stream go.
@@ -264,7 +273,7 @@ fn admit(shared: &Shared, headers: &HeaderMap, body: &Value) -> Result<Option<Re
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let mut script = shared.script.lock().unwrap_or_else(PoisonError::into_inner);
     script.requests.push(body.clone());
-    if header("x-api-key") != Some(shared.key.as_str()) {
+    if header("x-api-key") != Some(script.key.as_str()) {
         script.refusals.push("x-api-key".to_owned());
         return Err(error(
             StatusCode::UNAUTHORIZED,

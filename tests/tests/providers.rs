@@ -244,6 +244,54 @@ async fn anthropic_messages_two_round_loop_through_the_fleet() -> anyhow::Result
     Ok(())
 }
 
+/// A rotated key file (a mounted Secret updated in place) is used from
+/// the next request on, without a restart: the old key is revoked between
+/// two jobs, and the second job is answered with the new one.
+#[tokio::test]
+async fn a_rotated_key_file_is_used_without_a_restart() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-one").await?;
+    let scratch = tempfile::tempdir()?;
+    let key_file = scratch.path().join("anthropic-key");
+    std::fs::write(&key_file, "sk-ant-one\n")?;
+    let (key_path, base_url) = (key_file.display().to_string(), claude.base_url());
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_ANTHROPIC__API_KEY_FILE", key_path.as_str()),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ])
+        .await?;
+    let api = fleet.api(0).await?;
+    let job = v1::SubmitJobRequest {
+        input: "Hello".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    // Keys of two lengths: the file's change is told whatever the clock.
+    for (round, key) in ["sk-ant-one", "sk-ant-rotated"].into_iter().enumerate() {
+        if round > 0 {
+            std::fs::write(&key_file, format!("{key}\n"))?;
+            claude.set_key(key);
+        }
+        claude.push(Reply::message(
+            json!([{"type": "text", "text": "Hi!"}]),
+            "end_turn",
+        ));
+        let done = run_job(&api, job.clone()).await?;
+        assert_eq!(done.status, v1::JobStatus::Succeeded as i32, "{done:?}");
+    }
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+    let log = std::fs::read_to_string(fleet.orchestrator(0).log_path())?;
+    assert!(log.contains("anthropic.api_key_file changed"), "{log}");
+    assert!(!log.contains("sk-ant-"), "no key in the log");
+    Ok(())
+}
+
 /// A streamed job (`stream = true`): while Claude writes the answer, its
 /// watcher gets `model_output_delta` events that spell it, before the
 /// checkpointed turn; they are never stored, so a watch of the finished

@@ -164,25 +164,25 @@ impl AnthropicOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check(&self) -> Result<(), String> {
-        super::api_key(
-            "anthropic",
-            self.api_key.as_deref(),
-            self.api_key_file.as_deref(),
-        )?;
+        self.api_key()?;
         if self.max_tokens == 0 {
             return Err("anthropic.max_tokens is 0; the API needs at least 1".to_owned());
         }
         Ok(())
     }
 
-    fn wire(&self) -> Result<http::Wire, String> {
-        let key = super::api_key(
+    fn api_key(&self) -> Result<Option<super::api_key::ApiKey>, String> {
+        super::api_key::ApiKey::new(
             "anthropic",
+            "x-api-key",
+            false,
             self.api_key.as_deref(),
             self.api_key_file.as_deref(),
-        )?;
-        let mut headers = vec![("anthropic-version", self.version.clone())];
-        headers.extend(key.iter().map(|key| ("x-api-key", key.clone())));
+        )
+    }
+
+    fn wire(&self) -> Result<http::Wire, String> {
+        let headers = [("anthropic-version", self.version.clone())];
         let policy = http::Policy {
             section: "anthropic",
             request_timeout: self.request_timeout,
@@ -192,7 +192,7 @@ impl AnthropicOptions {
             max_response_bytes: self.max_response_bytes,
             stream_idle_timeout: self.stream_idle_timeout,
         };
-        http::Wire::new(policy, &headers, key)
+        http::Wire::new(policy, &headers, self.api_key()?)
     }
 }
 

@@ -11,6 +11,7 @@
 //! other 4xx.
 
 use std::error::Error as StdError;
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -19,6 +20,7 @@ use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 use super::ModelError;
+use super::api_key::ApiKey;
 
 /// 429 codes that need a human (credit, budget, spend limit): retrying only
 /// burns the budget and delays the failure. From OpenAI's error-code guide and
@@ -59,33 +61,39 @@ pub(crate) struct Policy {
 /// every request carries, and its policy.
 pub(crate) struct Wire {
     client: reqwest::Client,
-    /// Credentials (marked sensitive, so never printed) and version headers.
+    /// Version headers.
     headers: HeaderMap,
-    /// The credential, cut out of any error text a server echoes it in.
-    secret: Option<String>,
+    /// The credential: sent in its header (marked sensitive, so never
+    /// printed), and cut out of any error text a server echoes it in.
+    key: Option<ApiKey>,
     policy: Policy,
 }
 
 impl Wire {
-    /// POSTs `body` to `url` with the wire's headers, asking for `accept`.
+    /// POSTs `body` to `url` with the wire's headers and its key as it is
+    /// now, asking for `accept`; the answer, and the key it was sent with.
     async fn send(
         &self,
         url: &str,
         body: &Value,
         accept: &str,
-    ) -> Result<reqwest::Response, Failure> {
-        self.client
+    ) -> Result<(reqwest::Response, Option<Arc<str>>), Failure> {
+        let mut request = self
+            .client
             .post(url)
             .headers(self.headers.clone())
-            .header(ACCEPT, accept)
-            .json(body)
-            .send()
-            .await
-            .map_err(send_failure)
+            .header(ACCEPT, accept);
+        let mut sent_key = None;
+        if let Some(key) = &self.key {
+            let loaded = key.current();
+            request = request.header(key.header().clone(), loaded.header);
+            sent_key = Some(loaded.key);
+        }
+        let response = request.json(body).send().await.map_err(send_failure)?;
+        Ok((response, sent_key))
     }
 
-    /// A wire with `headers` on every request; `secret` is the credential
-    /// among them.
+    /// A wire with `headers` and `key` on every request.
     ///
     /// # Errors
     ///
@@ -94,7 +102,7 @@ impl Wire {
     pub(crate) fn new(
         policy: Policy,
         headers: &[(&'static str, String)],
-        secret: Option<String>,
+        key: Option<ApiKey>,
     ) -> Result<Self, String> {
         let client = reqwest::Client::builder()
             .timeout(policy.request_timeout)
@@ -114,7 +122,7 @@ impl Wire {
         Ok(Self {
             client,
             headers: map,
-            secret,
+            key,
             policy,
         })
     }
@@ -188,11 +196,11 @@ async fn stream_once<R: StreamReader>(
 ) -> Result<R::Output, Failure> {
     use futures::StreamExt as _;
     let options = &wire.policy;
-    let response = wire.send(url, body, "text/event-stream").await?;
+    let (response, key) = wire.send(url, body, "text/event-stream").await?;
     let status = response.status();
     if !status.is_success() {
         // An error is a JSON body, read and judged as post_json does.
-        return Err(error_answer(wire, response).await);
+        return Err(error_answer(wire, response, key.as_deref()).await);
     }
     let transient = |reason: String| {
         Failure::Transient(Transient {
@@ -294,7 +302,7 @@ pub(crate) fn quote(text: &str) -> String {
 }
 
 /// A non-2xx answer, read and judged: transient or final.
-async fn error_answer(wire: &Wire, response: reqwest::Response) -> Failure {
+async fn error_answer(wire: &Wire, response: reqwest::Response, key: Option<&str>) -> Failure {
     let status = response.status();
     let retry_after = retry_after(response.headers());
     let request_id = response
@@ -306,7 +314,7 @@ async fn error_answer(wire: &Wire, response: reqwest::Response) -> Failure {
     let bytes = read_body(response, wire.policy.max_response_bytes)
         .await
         .unwrap_or_default();
-    let details = ErrorDetails::parse(&bytes, wire.secret.as_deref());
+    let details = ErrorDetails::parse(&bytes, key);
     if is_retryable_status(status) && !details.is_quota() {
         return Failure::Transient(Transient {
             reason: format!("HTTP {}: {}", status.as_u16(), details.message),
@@ -421,7 +429,7 @@ struct Transient {
 
 async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failure> {
     let options = &wire.policy;
-    let response = wire.send(url, body, "application/json").await?;
+    let (response, key) = wire.send(url, body, "application/json").await?;
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
@@ -458,7 +466,7 @@ async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failur
         });
     }
 
-    let details = ErrorDetails::parse(&bytes, wire.secret.as_deref());
+    let details = ErrorDetails::parse(&bytes, key.as_deref());
     if is_retryable_status(status) && !details.is_quota() {
         return Err(Failure::Transient(Transient {
             reason: format!("HTTP {}: {}", status.as_u16(), details.message),

@@ -11,13 +11,14 @@
 //! - `one_call`: no model, the one call of a call job.
 
 pub mod anthropic_messages;
+pub(crate) mod api_key;
 pub mod chat_completions;
 pub(crate) mod http;
 pub mod one_call;
 pub mod openai_responses;
 pub mod scripted;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -414,85 +415,28 @@ impl OpenAiOptions {
     ///
     /// The key file cannot be read, or the client cannot be built.
     pub(crate) fn wire(&self) -> Result<http::Wire, String> {
-        let key = api_key(
+        http::Wire::new(self.policy(), &[], self.api_key()?)
+    }
+
+    /// The key, sent as a bearer token; checked at start.
+    ///
+    /// # Errors
+    ///
+    /// Both the key and its file are set, or the file cannot be read.
+    pub(crate) fn api_key(&self) -> Result<Option<api_key::ApiKey>, String> {
+        api_key::ApiKey::new(
             "openai",
+            "authorization",
+            true,
             self.api_key.as_deref(),
             self.api_key_file.as_deref(),
-        )?;
-        let headers = key
-            .iter()
-            .map(|key| ("authorization", format!("Bearer {key}")))
-            .collect::<Vec<_>>();
-        http::Wire::new(self.policy(), &headers, key)
-    }
-}
-
-/// A provider's API key: the content of `file` (a mounted Secret, its
-/// trailing newline dropped) when set, else `key`.
-///
-/// # Errors
-///
-/// Both are set, or the file cannot be read or is empty; the error names
-/// the key and the file, never the content.
-pub(crate) fn api_key(
-    section: &str,
-    key: Option<&str>,
-    file: Option<&Path>,
-) -> Result<Option<String>, String> {
-    let Some(file) = file else {
-        return Ok(key.filter(|key| !key.is_empty()).map(str::to_owned));
-    };
-    if key.is_some_and(|key| !key.is_empty()) {
-        return Err(format!(
-            "{section}.api_key and {section}.api_key_file are both set; keep one"
-        ));
-    }
-    let text = std::fs::read_to_string(file).map_err(|err| {
-        format!(
-            "{section}.api_key_file: cannot read {}: {err}",
-            file.display()
         )
-    })?;
-    let key = text.trim_end_matches(['\n', '\r']);
-    if key.is_empty() {
-        return Err(format!(
-            "{section}.api_key_file: {} is empty",
-            file.display()
-        ));
     }
-    Ok(Some(key.to_owned()))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_api_key_comes_from_its_file_or_the_key_never_both() {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("key");
-        std::fs::write(&file, "sk-from-file\n").unwrap();
-        assert_eq!(
-            api_key("openai", None, Some(&file)).unwrap().as_deref(),
-            Some("sk-from-file")
-        );
-        assert_eq!(
-            api_key("openai", Some("sk-env"), None).unwrap().as_deref(),
-            Some("sk-env")
-        );
-        assert_eq!(api_key("openai", Some(""), None).unwrap(), None);
-        let both = api_key("anthropic", Some("sk-env"), Some(&file)).unwrap_err();
-        assert!(both.contains("anthropic.api_key_file"), "{both}");
-        assert!(!both.contains("sk-"), "{both}");
-        std::fs::write(&file, "\n").unwrap();
-        let empty = api_key("openai", None, Some(&file)).unwrap_err();
-        assert!(empty.contains("is empty"), "{empty}");
-        let missing = api_key("openai", None, Some(&dir.path().join("nope"))).unwrap_err();
-        assert!(
-            missing.contains("cannot read") && missing.contains("nope"),
-            "{missing}"
-        );
-    }
 
     #[test]
     fn usage_is_read_in_both_apis_spellings_and_malformed_usage_is_none() {
