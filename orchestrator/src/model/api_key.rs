@@ -122,8 +122,9 @@ impl ApiKey {
     }
 
     /// The key to send now: a file's, read again if it changed since. A
-    /// change that cannot be read (the file is gone, empty, or half
-    /// written) keeps the last key, with a warning once per change.
+    /// change that cannot be read (the file is gone, empty, or written
+    /// while it was read) keeps the last key, with a warning once per
+    /// change; a half-written file is read again once its writer is done.
     pub(crate) fn current(&self) -> Loaded {
         let (section, path, state) = match &self.source {
             Source::Fixed(loaded) => return loaded.clone(),
@@ -169,6 +170,13 @@ fn read(section: &str, file: &Path) -> Result<(Stamp, String), String> {
     };
     let before = Stamp::of(file).map_err(cannot)?;
     let text = std::fs::read_to_string(file).map_err(cannot)?;
+    // Written meanwhile (edited in place, not swapped): maybe half a key.
+    if Stamp::of(file).ok() != Some(before) {
+        return Err(format!(
+            "{section}.api_key_file: {} changed while it was read",
+            file.display()
+        ));
+    }
     let key = text.trim_end_matches(['\n', '\r']);
     if key.is_empty() {
         return Err(format!(
