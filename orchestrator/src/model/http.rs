@@ -301,15 +301,19 @@ pub(crate) fn quote(text: &str) -> String {
     quote_body(text.as_bytes())
 }
 
+/// The server's id of the request (`x-request-id`), for the log: visible
+/// ASCII only (`to_str`), and cut to a bound, as it is the server's text.
+fn request_id(headers: &HeaderMap) -> Option<String> {
+    const MAX_CHARS: usize = 128;
+    let id = headers.get("x-request-id")?.to_str().ok()?;
+    Some(id.chars().take(MAX_CHARS).collect())
+}
+
 /// A non-2xx answer, read and judged: transient or final.
 async fn error_answer(wire: &Wire, response: reqwest::Response, key: Option<&str>) -> Failure {
     let status = response.status();
     let retry_after = retry_after(response.headers());
-    let request_id = response
-        .headers()
-        .get("x-request-id")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned);
+    let request_id = request_id(response.headers());
     // An error body that cannot be read still has its status to judge by.
     let bytes = read_body(response, wire.policy.max_response_bytes)
         .await
@@ -433,11 +437,7 @@ async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failur
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
-    let request_id = response
-        .headers()
-        .get("x-request-id")
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned);
+    let request_id = request_id(response.headers());
     // A body cut off by a dropped connection or the timeout is as transient
     // as a failed send.
     let bytes = read_body(response, options.max_response_bytes)
@@ -980,6 +980,27 @@ mod tests {
         assert_eq!(retry_after(&headers(&[("retry-after-ms", "-5")])), None);
         assert_eq!(retry_after(&headers(&[("retry-after", "1e300")])), None);
         assert_eq!(retry_after(&HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_servers_request_id_is_bounded_and_printable() {
+        let with = |value: HeaderValue| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-request-id", value);
+            request_id(&headers)
+        };
+        assert_eq!(
+            with(HeaderValue::from_static("req_1")).as_deref(),
+            Some("req_1")
+        );
+        let long = "r".repeat(10_000);
+        assert_eq!(
+            with(HeaderValue::from_str(&long).unwrap()).map(|id| id.len()),
+            Some(128)
+        );
+        let bytes = HeaderValue::from_bytes(b"req\xff").unwrap();
+        assert_eq!(with(bytes), None, "not visible ASCII");
+        assert_eq!(request_id(&HeaderMap::new()), None);
     }
 
     #[test]
