@@ -355,6 +355,22 @@ pub async fn run_scripted(
     wait_finished(api, &job_id).await
 }
 
+/// A watch of `job_id` from its first event.
+///
+/// # Errors
+///
+/// The API refused the watch.
+pub async fn watch(
+    api: &ApiClient,
+    job_id: &str,
+) -> anyhow::Result<tonic::Streaming<v1::JobEvent>> {
+    let request = v1::WatchJobRequest {
+        job_id: job_id.to_owned(),
+        from_offset: 0,
+    };
+    Ok(api.clone().watch_job(request).await?.into_inner())
+}
+
 /// Every event of the job so far, as `(kind, data)`: the stream of a
 /// finished job is read to its final event, an unfinished one's followed
 /// until nothing new comes for a moment.
@@ -366,14 +382,7 @@ pub async fn events(
     api: &ApiClient,
     job_id: &str,
 ) -> anyhow::Result<Vec<(String, serde_json::Value)>> {
-    let mut stream = api
-        .clone()
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.to_owned(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
+    let mut stream = watch(api, job_id).await?;
     let mut events = Vec::new();
     loop {
         let next = tokio::time::timeout(Duration::from_millis(300), stream.message()).await;

@@ -1085,14 +1085,7 @@ async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_resta
     .await?;
     let survivor = fleet.spawn_orchestrator(&env).await?;
     let api = fleet.api(survivor).await?;
-    let mut watch = api
-        .clone()
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.clone(),
-            from_offset: 0,
-        })
-        .await?
-        .into_inner();
+    let mut watch = toolfleet_tests::fleet::watch(&api, &job_id).await?;
     while let Some(event) = watch.message().await? {
         if event.kind == "job_started" {
             break;

@@ -321,16 +321,8 @@ async fn a_streamed_answer_reaches_the_watcher_as_it_is_written() -> anyhow::Res
         .job_id;
     let mut watches = Vec::new();
     for replica in 0..2 {
-        let watch = fleet
-            .api(replica)
-            .await?
-            .watch_job(v1::WatchJobRequest {
-                job_id: job_id.clone(),
-                from_offset: 0,
-            })
-            .await?
-            .into_inner();
-        watches.push(watch);
+        let api = fleet.api(replica).await?;
+        watches.push(toolfleet_tests::fleet::watch(&api, &job_id).await?);
     }
     // The model answers once both watches listen.
     toolfleet_tests::wait_until("the model to be asked", Duration::from_secs(30), || async {
@@ -477,20 +469,8 @@ async fn a_watch_that_joins_mid_turn_gets_the_turn_so_far() -> anyhow::Result<()
         .into_inner()
         .job_id;
     let watch = |replica: usize| {
-        let job_id = job_id.clone();
-        let fleet = &fleet;
-        async move {
-            let stream = fleet
-                .api(replica)
-                .await?
-                .watch_job(v1::WatchJobRequest {
-                    job_id,
-                    from_offset: 0,
-                })
-                .await?
-                .into_inner();
-            anyhow::Ok(stream)
-        }
+        let (job_id, fleet) = (&job_id, &fleet);
+        async move { toolfleet_tests::fleet::watch(&fleet.api(replica).await?, job_id).await }
     };
     // A watch from the start sees "Hello" once the first part is out.
     let mut early = watch(0).await?;
