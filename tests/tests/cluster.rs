@@ -150,6 +150,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         })
     };
     let frozen = cut_off_replicas(&redis).await?;
+    assert_eq!(frozen.len(), 3, "the restarted node is a replica again");
     let refused = confirmed.submit(&spec, idempotency(), None).await;
     thaw(&redis, &frozen)?;
     let Err(err) = refused else {

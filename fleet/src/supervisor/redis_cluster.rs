@@ -26,6 +26,8 @@ const FORM_TIMEOUT: Duration = Duration::from_secs(30);
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// How many primaries it was formed with: the slots' owners.
+    primaries: usize,
 }
 
 /// A node's place in the cluster, as `CLUSTER NODES` says.
@@ -96,7 +98,7 @@ impl RedisCluster {
             starts.push(async move { RedisServer::launch(&name, config, options).await });
         }
         let nodes = futures::future::try_join_all(starts).await?;
-        let cluster = Self { nodes };
+        let cluster = Self { nodes, primaries };
         cluster.form(replicas).await?;
         Ok(cluster)
     }
@@ -207,8 +209,14 @@ impl RedisCluster {
     }
 
     /// Waits until every running replica is linked to its primary and
-    /// done with its initial copy: from then on each write of a primary
+    /// done with its initial copy, and no running node beyond the cluster's
+    /// primaries calls itself one: from then on each write of a primary
     /// reaches its replicas.
+    ///
+    /// A primary restarted after its replica took its place says it is a
+    /// primary, with its old slots, until the others tell it otherwise
+    /// (and its cluster state is `ok` meanwhile); until then its successor
+    /// has no replica.
     ///
     /// # Errors
     ///
@@ -218,14 +226,23 @@ impl RedisCluster {
             "every replica of the Redis Cluster to be linked to its primary",
             timeout,
             || async {
+                let mut primaries = Vec::new();
                 for (index, info) in self.replication_infos().await? {
+                    if !info.contains("role:slave") {
+                        primaries.push(index);
+                        continue;
+                    }
                     anyhow::ensure!(
-                        !info.contains("role:slave")
-                            || (info.contains("master_link_status:up")
-                                && info.contains("master_sync_in_progress:0")),
+                        info.contains("master_link_status:up")
+                            && info.contains("master_sync_in_progress:0"),
                         "node {index} is a replica not in sync yet"
                     );
                 }
+                anyhow::ensure!(
+                    primaries.len() <= self.primaries,
+                    "nodes {primaries:?} say they are primaries, of a cluster formed with {}",
+                    self.primaries
+                );
                 anyhow::Ok(())
             },
         )
