@@ -8,11 +8,18 @@
 //! consumer exists before its first worker (KEDA scales a pool from zero on
 //! that consumer's backlog). Decision 0012.
 
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
 use toolfleet_proto::manifest::is_valid_tool_name;
 use toolfleet_service::connect::{self, ConnectError, OwnMessages};
 use toolfleet_service::queue::{self, QueueError};
 
 use crate::config::OrchestratorOptions;
+
+/// How long setup goes on asking after failures that may pass, pauses
+/// only (each request may add JetStream's request timeout).
+pub const PATIENCE: Duration = Duration::from_secs(120);
 
 /// Why the setup step failed.
 #[derive(Debug, thiserror::Error)]
@@ -35,7 +42,8 @@ pub enum SetupError {
 /// # Errors
 ///
 /// [`SetupError`]: an invalid tool name, a NATS configuration that cannot
-/// work, or the first object JetStream refused.
+/// work, or the first object JetStream refused (after [`PATIENCE`] for a
+/// failure that may pass).
 pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupError> {
     if let Some(bad) = options.setup.tools.iter().find(|t| !is_valid_tool_name(t)) {
         return Err(SetupError::ToolName(bad.clone()));
@@ -47,7 +55,27 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
     )
     .await?;
     let js = connect::jetstream(nats.clone(), &options.nats);
-    let done = queue::set_up(&js, &options.layout()).await?;
+    let layout = options.layout();
+    // Every object is created or updated to its settings: doing it all
+    // again is harmless.
+    let done = (|| queue::set_up(&js, &layout))
+        .retry(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_millis(200))
+                .with_max_delay(Duration::from_secs(5))
+                .with_total_delay(Some(PATIENCE))
+                .without_max_times(),
+        )
+        .when(QueueError::is_passing)
+        .notify(|err, pause| {
+            tracing::warn!(
+                error = %err,
+                cause = %err.source,
+                retry_in = ?pause,
+                "setup failed for now; trying again"
+            );
+        })
+        .await?;
     // Nothing is pending, but a clean close lets the server log it as one.
     let _ = nats.drain().await;
     Ok(done)

@@ -223,3 +223,74 @@ async fn fail_over(redis: &RedisCluster, key: &str, frozen: &[usize]) -> anyhow:
     redis.wait_healthy(HEAL).await?;
     Ok(primary)
 }
+
+/// `toolfleet-orchestrator setup` run while its NATS cluster has lost its
+/// quorum (two of three servers down, as when a node restarts during a
+/// rolling upgrade of the others) waits it out instead of failing the
+/// install: it says it will try again, and once the servers are back it
+/// sets up every stream with a copy on each.
+#[tokio::test]
+async fn cluster_setup_waits_for_a_cluster_that_lost_its_quorum() -> anyhow::Result<()> {
+    use std::process::Stdio;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use toolfleet_tests::{NatsCluster, cargo_bin};
+
+    let nats = NatsCluster::start(3).await?;
+    nats.node(1).kill();
+    nats.node(2).kill();
+    let mut setup = tokio::process::Command::new(cargo_bin("toolfleet-orchestrator")?)
+        .args([
+            "setup",
+            "--nats-url",
+            &nats.node(0).url(),
+            "--tools",
+            "echo",
+        ])
+        .env("TOOLFLEET_NATS__REPLICAS", "3")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let mut log = BufReader::new(setup.stderr.take().expect("piped")).lines();
+    let waited = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(line) = log.next_line().await? {
+            if line.contains("trying again") {
+                return anyhow::Ok(line);
+            }
+        }
+        anyhow::bail!("setup ended without trying again")
+    })
+    .await??;
+    println!("setup said: {waited}");
+    // Its later lines too, or a full pipe would stop it.
+    tokio::spawn(async move { while let Ok(Some(_)) = log.next_line().await {} });
+    assert!(setup.try_wait()?.is_none(), "setup gave up");
+
+    nats.node(1).restart().await?;
+    nats.node(2).restart().await?;
+    let output = tokio::time::timeout(
+        toolfleet_orchestrator::setup::PATIENCE,
+        setup.wait_with_output(),
+    )
+    .await??;
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{output:?}");
+    for object in [
+        "bucket",
+        "stream TOOLFLEET_JOBS",
+        "stream TOOLFLEET_CALLS",
+        "consumer",
+    ] {
+        assert!(printed.contains(&format!("set up {object}")), "{printed}");
+    }
+    let js = jetstream::new(nats.client().await?);
+    for stream in [
+        names::JOB_STREAM,
+        names::CALL_STREAM,
+        names::REGISTRY_STREAM,
+    ] {
+        let copies = nats.stream_copies(&js, stream).await?;
+        assert_eq!(copies.copies, 3, "{stream} keeps a copy on every node");
+    }
+    Ok(())
+}

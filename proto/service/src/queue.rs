@@ -49,17 +49,95 @@ pub struct QueueError {
     /// What the server said.
     #[source]
     pub source: Box<dyn std::error::Error + Send + Sync>,
+    /// Whether asking again soon may succeed (see [`Failure`]).
+    passing: bool,
 }
 
 impl QueueError {
     /// The setup step could not create or update `what`.
-    fn refused(what: &str, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+    fn refused<E>(what: &str, source: E) -> Self
+    where
+        E: std::error::Error + Classified + Send + Sync + 'static,
+    {
+        let failure = source.failure();
         Self {
             verb: "set up",
             what: what.to_owned(),
-            hint: "",
+            hint: match failure {
+                Failure::Unanswered => {
+                    " (no answer: is JetStream up, and may this NATS user create it?)"
+                }
+                Failure::Passing | Failure::Lasting => "",
+            },
+            passing: failure != Failure::Lasting,
             source: Box::new(source),
         }
+    }
+
+    /// Whether a setup step's failure may pass: the request got no answer,
+    /// or JetStream or its cluster was not ready. Anything else (a setting
+    /// that cannot change in place, a name refused) comes back the same.
+    pub fn is_passing(&self) -> bool {
+        self.passing
+    }
+}
+
+/// What a JetStream failure says of the next try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    /// No answer in time, or no server to answer for JetStream. It may
+    /// pass; it may also be a right the NATS user lacks, which the server
+    /// answers with silence (and a line in its own log).
+    Unanswered,
+    /// JetStream's own "not now": unavailable (503), or a cluster without a
+    /// leader, a quorum or enough live servers for the copies asked for, as
+    /// while one of its servers restarts.
+    Passing,
+    /// A refusal that comes back the same.
+    Lasting,
+}
+
+/// A JetStream error that says which [`Failure`] it is.
+trait Classified {
+    fn failure(&self) -> Failure;
+}
+
+impl Classified for jetstream::context::CreateStreamError {
+    fn failure(&self) -> Failure {
+        use jetstream::context::CreateStreamErrorKind as Kind;
+        match self.kind() {
+            Kind::TimedOut | Kind::JetStreamUnavailable => Failure::Unanswered,
+            Kind::JetStream(err) => jetstream_failure(&err),
+            _ => Failure::Lasting,
+        }
+    }
+}
+
+impl Classified for jetstream::stream::ConsumerError {
+    fn failure(&self) -> Failure {
+        use jetstream::stream::ConsumerErrorKind as Kind;
+        match self.kind() {
+            // `Request`: no server answered, or the connection was lost.
+            Kind::TimedOut | Kind::Request => Failure::Unanswered,
+            Kind::JetStream(err) => jetstream_failure(&err),
+            _ => Failure::Lasting,
+        }
+    }
+}
+
+fn jetstream_failure(err: &jetstream::Error) -> Failure {
+    use jetstream::ErrorCode;
+    let not_ready = [
+        ErrorCode::CLUSTER_NO_PEERS,
+        ErrorCode::CLUSTER_NOT_ACTIVE,
+        ErrorCode::CLUSTER_NOT_ASSIGNED,
+        ErrorCode::CLUSTER_NOT_LEADER,
+        ErrorCode::CLUSTER_INCOMPLETE,
+    ];
+    if err.code() == 503 || not_ready.contains(&err.error_code()) {
+        Failure::Passing
+    } else {
+        Failure::Lasting
     }
 }
 
@@ -106,6 +184,8 @@ impl Missing {
                 }
             },
             source: source.into(),
+            // The services wait for what they open whatever the failure.
+            passing: false,
         }
     }
 }
@@ -418,4 +498,73 @@ pub async fn set_up(js: &jetstream::Context, layout: &Layout) -> Result<Vec<Stri
         }
     }
     Ok(done)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jetstream::context::{CreateStreamError, CreateStreamErrorKind};
+    use jetstream::stream::{ConsumerError, ConsumerErrorKind};
+
+    /// What JetStream answers, as it sends it.
+    fn answer(code: u16, err_code: u64) -> jetstream::Error {
+        serde_json::from_value(serde_json::json!({
+            "code": code,
+            "err_code": err_code,
+            "description": "as the server words it",
+        }))
+        .expect("a JetStream error")
+    }
+
+    #[test]
+    fn setup_tries_again_only_what_may_pass() {
+        let stream = |kind| QueueError::refused("stream S", CreateStreamError::new(kind));
+        let consumer = |kind| QueueError::refused("consumer C", ConsumerError::new(kind));
+        let cluster_not_available = answer(503, 10008);
+        let no_peers_for_the_copies = answer(400, 10005);
+        let name_in_use_with_other_subjects = answer(400, 10065);
+        let cannot_change_retention = answer(500, 10052);
+        for (error, passing) in [
+            (stream(CreateStreamErrorKind::TimedOut), true),
+            (stream(CreateStreamErrorKind::JetStreamUnavailable), true),
+            (
+                stream(CreateStreamErrorKind::JetStream(
+                    cluster_not_available.clone(),
+                )),
+                true,
+            ),
+            (
+                stream(CreateStreamErrorKind::JetStream(no_peers_for_the_copies)),
+                true,
+            ),
+            (
+                stream(CreateStreamErrorKind::JetStream(
+                    name_in_use_with_other_subjects,
+                )),
+                false,
+            ),
+            (stream(CreateStreamErrorKind::InvalidStreamName), false),
+            (consumer(ConsumerErrorKind::TimedOut), true),
+            (consumer(ConsumerErrorKind::Request), true),
+            (
+                consumer(ConsumerErrorKind::JetStream(cluster_not_available)),
+                true,
+            ),
+            (
+                consumer(ConsumerErrorKind::JetStream(cannot_change_retention)),
+                false,
+            ),
+            (consumer(ConsumerErrorKind::InvalidName), false),
+        ] {
+            assert_eq!(error.is_passing(), passing, "{error}: {}", error.source);
+        }
+        // Silence may be a right the user lacks: the error says so.
+        let unanswered = stream(CreateStreamErrorKind::TimedOut).to_string();
+        assert!(
+            unanswered.contains("may this NATS user create it"),
+            "{unanswered}"
+        );
+        let refused = stream(CreateStreamErrorKind::InvalidStreamName).to_string();
+        assert_eq!(refused, "cannot set up JetStream stream S");
+    }
 }
