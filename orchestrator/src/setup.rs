@@ -7,6 +7,10 @@
 //! = false`), so their users need no right to create anything, and a pool's
 //! consumer exists before its first worker (KEDA scales a pool from zero on
 //! that consumer's backlog). Decision 0012.
+//!
+//! A failure that may pass (no answer, JetStream or its cluster not ready,
+//! as while a NATS server restarts during a Helm upgrade) is tried again
+//! for up to [`PATIENCE`] instead of failing the setup Job.
 
 use std::time::Duration;
 
