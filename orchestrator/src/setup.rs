@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 use toolfleet_proto::manifest::is_valid_tool_name;
-use toolfleet_service::connect::{self, ConnectError, OwnMessages};
+use toolfleet_service::connect::{self, ConnectError, OwnMessages, Refusals};
 use toolfleet_service::queue::{self, QueueError};
 
 use crate::config::OrchestratorOptions;
@@ -38,6 +38,19 @@ pub enum SetupError {
     /// create it, or a setting cannot change in place.
     #[error(transparent)]
     Queue(#[from] QueueError),
+    /// The NATS server refused the user a request of the step.
+    #[error(
+        "cannot set up JetStream {}: the NATS user may not ({said}); run setup as \
+         the user that may create JetStream objects (`setup` in \
+         deploy/nats/toolfleet-users.conf)",
+        failed.what
+    )]
+    NotAllowed {
+        /// What the step could not do.
+        failed: QueueError,
+        /// What the server said.
+        said: String,
+    },
 }
 
 /// Connects with `options.nats` (waiting for the server) and sets up every
@@ -52,10 +65,12 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
     if let Some(bad) = options.setup.tools.iter().find(|t| !is_valid_tool_name(t)) {
         return Err(SetupError::ToolName(bad.clone()));
     }
-    let nats = connect::nats(
+    let refusals = Refusals::default();
+    let nats = connect::nats_noting_refusals(
         &options.nats,
         "toolfleet-orchestrator-setup",
         OwnMessages::Delivered,
+        &refusals,
     )
     .await?;
     let js = connect::jetstream(nats.clone(), &options.nats);
@@ -70,7 +85,9 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
                 .with_total_delay(Some(PATIENCE))
                 .without_max_times(),
         )
-        .when(QueueError::is_passing)
+        // A request the user may not make goes unanswered, like one
+        // JetStream was not ready for; the server's refusal tells them apart.
+        .when(|err| err.is_passing() && refusals.last().is_none())
         .notify(|err, pause| {
             tracing::warn!(
                 error = %err,
@@ -79,7 +96,11 @@ pub async fn run(options: &OrchestratorOptions) -> Result<Vec<String>, SetupErro
                 "setup failed for now; trying again"
             );
         })
-        .await?;
+        .await
+        .map_err(|failed| match refusals.last() {
+            Some(said) => SetupError::NotAllowed { failed, said },
+            None => SetupError::Queue(failed),
+        })?;
     // Nothing is pending, but a clean close lets the server log it as one.
     let _ = nats.drain().await;
     Ok(done)

@@ -265,14 +265,26 @@ async fn time_two_pool_jobs(fleet: &Fleet) -> anyhow::Result<(v1::Job, Duration)
     Ok((job, times[RUNS / 2]))
 }
 
+/// Runs `toolfleet-orchestrator setup` as `user` for `tools`.
+async fn run_setup(
+    nats_url: &str,
+    user: &User,
+    tools: &[&str],
+) -> anyhow::Result<std::process::Output> {
+    Ok(
+        tokio::process::Command::new(cargo_bin("toolfleet-orchestrator")?)
+            .args(["setup", "--nats-url", nats_url, "--tools", &tools.join(",")])
+            .envs(user.env())
+            .kill_on_drop(true)
+            .output()
+            .await?,
+    )
+}
+
 /// Runs `toolfleet-orchestrator setup` as `user` for `tools`; returns what
 /// it printed.
 async fn set_up(nats_url: &str, user: &User, tools: &[&str]) -> anyhow::Result<String> {
-    let output = tokio::process::Command::new(cargo_bin("toolfleet-orchestrator")?)
-        .args(["setup", "--nats-url", nats_url, "--tools", &tools.join(",")])
-        .envs(user.env())
-        .output()
-        .await?;
+    let output = run_setup(nats_url, user, tools).await?;
     let printed = String::from_utf8_lossy(&output.stdout).into_owned();
     anyhow::ensure!(
         output.status.success(),
@@ -360,6 +372,23 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         .wait_for_log("toolfleet-orchestrator setup", Duration::from_secs(20))
         .await?;
     let all_tools = [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat();
+    // Setup as a user that may not: the server drops its requests, and
+    // setup tells that from a JetStream not ready yet (which it would wait
+    // out for minutes) by the server's refusal, and stops.
+    let not_allowed = tokio::time::timeout(
+        Duration::from_secs(60),
+        run_setup(&url, &users.orchestrator, &all_tools),
+    )
+    .await
+    .map_err(|_| anyhow::anyhow!("setup as a user that may not waited instead of failing"))??;
+    let said = String::from_utf8_lossy(&not_allowed.stderr);
+    assert!(!not_allowed.status.success(), "{said}");
+    assert!(said.contains("the NATS user may not"), "{said}");
+    assert!(said.contains("Permissions Violation"), "{said}");
+    assert!(
+        !said.contains(&users.orchestrator.password),
+        "the password reached the output"
+    );
     let printed = set_up(&url, &users.setup, &all_tools).await?;
     assert!(
         printed.contains("set up consumer tool_factual_qa"),

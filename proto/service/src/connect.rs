@@ -6,6 +6,7 @@
 //! crash loop. Only a configuration error (an invalid URL, an unreadable
 //! credentials file) ends start-up.
 
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -84,6 +85,65 @@ pub async fn nats(
     client_name: &str,
     own_messages: OwnMessages,
 ) -> Result<async_nats::Client, ConnectError> {
+    connect_nats(options, client_name, own_messages, None).await
+}
+
+/// What the NATS server refused a connection's user: it drops a publish
+/// (a request too) that the user may not make, and says so only in an
+/// `-ERR` of the connection, so a request it refused looks like one that
+/// timed out. The last refusal, as the server worded it (cut to 200
+/// characters, control characters blanked).
+#[derive(Debug, Clone, Default)]
+pub struct Refusals(Arc<Mutex<Option<String>>>);
+
+impl Refusals {
+    /// The server's words for the last publish or subscription it refused.
+    pub fn last(&self) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn note(&self, event: &async_nats::Event) {
+        let async_nats::Event::ServerError(async_nats::ServerError::Other(said)) = event else {
+            return;
+        };
+        if !said
+            .to_ascii_lowercase()
+            .starts_with("permissions violation")
+        {
+            return;
+        }
+        let said = said
+            .chars()
+            .take(200)
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(said);
+    }
+}
+
+/// [`nats`], noting in `refusals` what the server refuses the user.
+///
+/// # Errors
+///
+/// As [`nats`].
+pub async fn nats_noting_refusals(
+    options: &NatsOptions,
+    client_name: &str,
+    own_messages: OwnMessages,
+    refusals: &Refusals,
+) -> Result<async_nats::Client, ConnectError> {
+    connect_nats(options, client_name, own_messages, Some(refusals.clone())).await
+}
+
+async fn connect_nats(
+    options: &NatsOptions,
+    client_name: &str,
+    own_messages: OwnMessages,
+    refusals: Option<Refusals>,
+) -> Result<async_nats::Client, ConnectError> {
     let error = |source| ConnectError::Nats {
         url: redact_url(&options.url),
         source,
@@ -96,6 +156,12 @@ pub async fn nats(
         .max_reconnects(None);
     if own_messages == OwnMessages::Skipped {
         connect = connect.no_echo();
+    }
+    if let Some(refusals) = refusals {
+        connect = connect.event_callback(move |event| {
+            refusals.note(&event);
+            std::future::ready(())
+        });
     }
     // Returns at once (`retry_on_initial_connect`) and connects behind, to
     // any seed; the servers tell it of the rest of their cluster.
@@ -571,5 +637,28 @@ mod tests {
         assert!(message.contains("nats.url nats://***@b:port"), "{message}");
         assert!(!message.contains("secret"), "{message}");
         assert!(nats_seeds(" ,").is_err());
+    }
+
+    #[test]
+    fn only_a_permissions_violation_is_noted_and_bounded() {
+        use async_nats::{Event, ServerError};
+        let refusals = Refusals::default();
+        for event in [
+            Event::Connected,
+            Event::ServerError(ServerError::AuthorizationViolation),
+            Event::ServerError(ServerError::Other("maximum payload violation".into())),
+        ] {
+            refusals.note(&event);
+        }
+        assert_eq!(refusals.last(), None);
+        let hostile = format!(
+            "Permissions Violation for Publish to \"$JS.API.STREAM.UPDATE.x\"\r\n{}",
+            "y".repeat(10_000)
+        );
+        refusals.note(&Event::ServerError(ServerError::Other(hostile)));
+        let said = refusals.last().expect("noted");
+        assert_eq!(said.chars().count(), 200);
+        assert!(said.starts_with("Permissions Violation for Publish to \"$JS.API"));
+        assert!(!said.contains(['\r', '\n']), "{said:?}");
     }
 }
