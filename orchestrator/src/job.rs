@@ -422,6 +422,12 @@ pub struct JobRecord {
     pub finished_at_ms: u64,
     /// A client asked to cancel.
     pub cancel_requested: bool,
+    /// How many times it was parked or queued again after a park: the
+    /// stamp of its place in the sweeper's indexes (`store::Stamp`).
+    pub moves: u64,
+    /// Parked, and queued again (a decision, or its first held call's
+    /// expiry) for a runner to take it.
+    pub requeued: bool,
     /// How its calls are named on the wire.
     pub wire_ids: WireIds,
     /// Its trace, when it has one ([`JobTrace`]).

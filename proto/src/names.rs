@@ -272,6 +272,14 @@ impl RedisKeys {
         format!("{}:parked:{{{shard}}}", self.prefix)
     }
 
+    /// The hash, in the slot of `job_id`'s shards of the unfinished and
+    /// parked indexes, that keeps for each job of the shard the last move
+    /// between the two it applied (`<prefix>:parked:{<shard>}:moves`, job id
+    /// -> rank), so that a late move never undoes a later one.
+    pub fn index_moves(&self, job_id: &JobId) -> String {
+        format!("{}:moves", self.parked_shard(unfinished_shard_of(job_id)))
+    }
+
     /// The manifest of every tool a worker ever announced (a hash of tool
     /// name to manifest JSON), so that a tool whose pool is scaled to zero
     /// stays known: its calls wait in its queue for the next worker.
@@ -470,5 +478,12 @@ mod tests {
             .collect();
         assert_eq!(used.len(), 16, "1,000 jobs use every shard");
         assert!(used.iter().all(|key| shards.contains(key)));
+        // A job's move between its indexes is one script: its shard of
+        // each, and of their moves, share a hash slot.
+        let beef = job("acme-019000000001000000000000beef");
+        assert_eq!(
+            [keys.parked_jobs(&beef), keys.index_moves(&beef)],
+            ["tf:parked:{9}", "tf:parked:{9}:moves"]
+        );
     }
 }

@@ -10,12 +10,15 @@ use toolfleet_orchestrator::job::{
     TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
-    Acquired, Choice, Decision, DispatchedCall, Error, HeldCall, Idempotency, JobStore,
+    Acquired, Choice, Decision, DispatchedCall, Error, HeldCall, Idempotency, JobStore, Seen,
     SettledCall, Unknown, Unstored, was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, JobId, ToolManifest};
 use toolfleet_tests::{NatsServer, RedisServer};
+
+#[path = "store/held_calls.rs"]
+mod held_calls;
 
 fn spec() -> JobSpec {
     JobSpec {
@@ -959,7 +962,13 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         approver: None,
         at_ms: toolfleet_orchestrator::job::now_ms(),
     };
-    store.decide(&a.job_id, "pay", &request, &decision).await?;
+    let running = Seen {
+        parked: false,
+        moves: 0,
+    };
+    store
+        .decide(&a.job_id, "pay", &request, &decision, running)
+        .await?;
     assert_eq!(
         tallied(&store).await?,
         [("echo".into(), 2), ("transfer".into(), 1)]
@@ -1005,7 +1014,9 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         ..held("again", "echo", day)
     };
     store.hold(a, "default", &[verdict]).await?;
-    store.decide(&a.job_id, "again", &first, &decision).await?;
+    store
+        .decide(&a.job_id, "again", &first, &decision, running)
+        .await?;
     assert_eq!(tallied(&store).await?, [("echo".into(), 2)]);
 
     // A crash left entries of a job that is gone: the heal drops them.

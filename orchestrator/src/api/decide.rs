@@ -14,7 +14,7 @@ use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor, wire_id_of};
+use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor, Seen, wire_id_of};
 
 /// Longest reason a decision may give: the model reads it.
 const MAX_REASON_BYTES: usize = 4096;
@@ -65,14 +65,13 @@ impl AgentApi {
         };
         let decided = self
             .store
-            .decide(&job_id, key, held, &decision)
+            .decide(&job_id, key, held, &decision, Seen::of(&record))
             .await
             .map_err(|e| to_status(&e))?;
         if let Decided::Recorded { .. } = decided {
             record_wait(&record, key, held, &decision);
         }
-        self.answer(decided, &record, key, held, &caller.tenant)
-            .await
+        self.answer(decided, &decision, &record, key, held).await
     }
 
     /// The result an operator gives with `DECISION_APPLIED`: JSON within
@@ -107,31 +106,35 @@ impl AgentApi {
         Ok(Some(result))
     }
 
-    /// The answer to a decision the store `decided` on the call `wire_id`
-    /// (`held`) of the job `record`; a parked job is queued again.
+    /// The answer to `decision`, which the store `decided`, on the call
+    /// `held` (under the hold key `key`) of the job `record`; a job the
+    /// decision queued again is published. A retry of the decision that
+    /// was recorded (the same decision, arguments, result, tenant and
+    /// approver; the reason may differ) is answered as the first was, and
+    /// publishes the job again if no runner has taken it yet.
     async fn answer(
         &self,
         decided: Decided,
+        decision: &Decision,
         record: &JobRecord,
         key: &str,
         held: &ApprovalRequest,
-        tenant: &str,
     ) -> Result<JobStatus, Status> {
         let (job_id, call_id) = (&record.job_id, &held.call_id);
-        let wire_id = key;
         match decided {
-            Decided::Recorded { requeue: false } => Ok(record.status),
-            Decided::Recorded { requeue: true } => {
-                // A lost publish is found by the sweeper: the job is back
-                // in the index of unfinished jobs.
-                let message_id = format!("{job_id}:decided:{wire_id}");
-                let queued = publish::job(&self.js, job_id, tenant, &message_id);
-                if let Err(err) = queued.await {
-                    tracing::warn!(%job_id, error = ?err, "could not queue the decided job; the sweeper will");
-                }
+            Decided::Recorded { requeued: false } => Ok(record.status),
+            Decided::Recorded { requeued: true } => {
+                self.queue_decided(record, key).await;
                 Ok(JobStatus::WaitingForApproval)
             }
-            Decided::Already(first) => Err(Status::failed_precondition(format!(
+            Decided::Already { first, requeued } if decision.repeats(&first) => {
+                if requeued {
+                    self.queue_decided(record, key).await;
+                    return Ok(JobStatus::WaitingForApproval);
+                }
+                Ok(record.status)
+            }
+            Decided::Already { first, .. } => Err(Status::failed_precondition(format!(
                 "call {call_id} of job {job_id} was already {} by {} at {} (Unix ms); \
                  a call is decided once",
                 first.word(),
@@ -158,6 +161,23 @@ impl AgentApi {
             Decided::NotHeld => Err(Status::not_found(format!(
                 "job {job_id} has no call {call_id} held for a decision"
             ))),
+            Decided::Busy => Err(Status::unavailable(format!(
+                "job {job_id} parked again each time the decision was tried; \
+                 nothing was recorded: try again"
+            ))),
+        }
+    }
+
+    /// Publishes the job `record`, which a decision on the call under the
+    /// hold key `key` queued again. A lost publish is found by the sweeper
+    /// (the job is in the index of unfinished jobs), and a retried one is
+    /// one message: its id is the decision's.
+    async fn queue_decided(&self, record: &JobRecord, key: &str) {
+        let job_id = &record.job_id;
+        let message_id = format!("{job_id}:decided:{key}");
+        let queued = publish::job(&self.js, job_id, &record.spec.tenant, &message_id);
+        if let Err(err) = queued.await {
+            tracing::warn!(%job_id, error = ?err, "could not queue the decided job; the sweeper will");
         }
     }
 

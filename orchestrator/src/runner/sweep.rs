@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 
 use crate::job::{JobId, now_ms};
 use crate::publish;
-use crate::store::JobStore;
+use crate::store::{JobStore, Wake};
 
 /// Jobs looked at per sweep.
 const BATCH: usize = 100;
@@ -70,8 +70,10 @@ pub(crate) async fn run(
 }
 
 /// Queues the parked jobs whose wake time (their first approval expiry)
-/// has passed. A job queued twice (two replicas sweeping) runs once: the
-/// second delivery finds it leased or parked again.
+/// has passed, each marked requeued and moved to the unfinished index
+/// first ([`JobStore::wake`]), so that a lost publish is found by the next
+/// sweeps. A job queued twice (two replicas sweeping) runs once: the second
+/// delivery finds it leased or parked again.
 async fn wake_parked(store: &JobStore, js: &jetstream::Context) {
     let now = now_ms();
     let due = match store.parked_due(now, BATCH).await {
@@ -82,14 +84,14 @@ async fn wake_parked(store: &JobStore, js: &jetstream::Context) {
     };
     for job_id in due {
         let woken = async {
-            let tenant = match store.get(&job_id).await? {
-                Some(job) if !job.status.is_final() => job.spec.tenant,
-                // Ended (a cancel), expired or lost: nothing to wake.
-                _ => return store.unpark(&job_id).await.map_err(anyhow::Error::from),
+            if store.wake(&job_id).await? != Wake::Queued {
+                return Ok(());
+            }
+            let Some(job) = store.get(&job_id).await? else {
+                return Ok(());
             };
-            store.unpark(&job_id).await?;
             let msg_id = format!("{job_id}:wake-{now}");
-            publish::job(js, &job_id, &tenant, &msg_id)
+            publish::job(js, &job_id, &job.spec.tenant, &msg_id)
                 .await
                 .map_err(|err| anyhow::anyhow!("cannot queue the job: {err:?}"))
         };
@@ -106,8 +108,8 @@ async fn sweep_one(
 ) -> anyhow::Result<()> {
     match store.get(job_id).await? {
         // Expired, or lost with Redis: nothing to run.
-        None => store.forget_unfinished(job_id).await,
-        Some(job) if job.status.is_final() => store.forget_unfinished(job_id).await,
+        None => store.forget_place(job_id).await,
+        Some(job) if job.status.is_final() => store.forget_place(job_id).await,
         Some(_) if store.lease_held(job_id).await? => {}
         Some(job) => {
             warn!(%job_id, "re-queueing an unfinished job that no runner holds");

@@ -2,7 +2,8 @@
 //! that needs a person's approval ([`JobStore::hold`], a commit of its run)
 //! and parks its job when nothing else of the round can run
 //! ([`JobStore::park`]); a person's decision ([`JobStore::decide`]) is
-//! written once, whoever races for it, and re-queues a parked job.
+//! written once, whoever races for it, and queues a parked job again in
+//! the same script.
 //!
 //! The same door serves a call whose outcome no worker could tell, in a job
 //! that asks an operator (`on_unknown_outcome = "ask"`): the call is held
@@ -13,22 +14,17 @@
 //! `<key>` -> the request ([`ApprovalRequest`], JSON), `expires:<key>` ->
 //! its expiry in Unix ms (for the scripts), `decided:<key>` -> the
 //! [`Decision`] (JSON).
-//! A parked job leaves the index of unfinished jobs, which the sweeper
-//! re-queues from, for the index of parked jobs, scored by when it must
-//! wake.
+//! Parking and waking a job are `park`'s; where the sweeper finds it,
+//! `place`'s.
 
 use std::collections::HashMap;
-use std::sync::LazyLock;
 
-use redis::Script;
 use serde::{Deserialize, Serialize};
 
 use toolfleet_proto::Envelope;
 
-use crate::job::{JobEvent, JobStatus, Lease, now_ms};
+use crate::job::JobEvent;
 
-use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
 
 /// Where a held call's request and decision are kept in its job's
@@ -232,8 +228,27 @@ impl Decision {
         self.choice.word()
     }
 
+    /// Whether this decision is a retry of `first`: the same decision,
+    /// arguments, result, tenant and approver (the reason and the time may
+    /// differ).
+    pub fn repeats(&self, first: &Decision) -> bool {
+        (
+            self.choice,
+            &self.arguments,
+            &self.result,
+            &self.tenant,
+            &self.approver,
+        ) == (
+            first.choice,
+            &first.arguments,
+            &first.result,
+            &first.tenant,
+            &first.approver,
+        )
+    }
+
     /// Its `tool_call_decided` event, for the call `call_id`.
-    fn event(&self, call_id: &str) -> JobEvent {
+    pub(super) fn event(&self, call_id: &str) -> JobEvent {
         JobEvent::ToolCallDecided {
             approver: self.approver.clone(),
             arguments: self.arguments.clone(),
@@ -270,36 +285,6 @@ impl Approvals {
     }
 }
 
-/// What [`JobStore::park`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Parked {
-    /// The job waits, held by no runner.
-    Parked,
-    /// Every call it would wait for was decided meanwhile: run on.
-    Decided,
-    /// A client asked to cancel the job: end it instead.
-    CancelRequested,
-}
-
-/// What [`JobStore::decide`] did.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Decided {
-    /// The decision is recorded; `requeue`: the job was parked, and must be
-    /// queued again for a runner to resume it.
-    Recorded {
-        /// The job was parked.
-        requeue: bool,
-    },
-    /// The call was decided before: this decision changed nothing.
-    Already(Decision),
-    /// The job has no held call with that id (never held, or not a call).
-    NotHeld,
-    /// The call's approval expired before the decision.
-    Expired,
-    /// The job has ended (or does not exist).
-    Ended,
-}
-
 impl JobStore {
     /// The job's held calls and decisions.
     ///
@@ -326,183 +311,6 @@ impl JobStore {
         }
         Ok(approvals)
     }
-
-    /// Parks the job under `lease` until a person decides one of the held
-    /// calls `waiting` (wire ids), or `wake_at_ms`: its status
-    /// `waiting_for_approval`, its `job_waiting_for_approval` event, the
-    /// lease dropped, and the job moved from the index of unfinished jobs
-    /// to that of parked jobs. Unless every one of them was decided
-    /// meanwhile ([`Parked::Decided`]): then nothing is written.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn park(
-        &self,
-        lease: &Lease,
-        waiting: &[(&str, &str)],
-        wake_at_ms: u64,
-    ) -> Result<Parked, Error> {
-        let job_id = &lease.job_id;
-        let now = now_ms();
-        let event = JobEvent::JobWaitingForApproval {
-            calls: waiting
-                .iter()
-                .map(|(_, call_id)| (*call_id).to_owned())
-                .collect(),
-        };
-        let mut invocation = PARK.prepare_invoke();
-        invocation
-            .key(self.keys.job(job_id))
-            .key(self.keys.job_lease(job_id))
-            .key(self.keys.job_approvals(job_id))
-            .key(self.keys.job_events(job_id))
-            .arg(&lease.token)
-            .arg(now)
-            .arg(event.kind())
-            .arg(event.data_json())
-            .arg(waiting.len());
-        for (wire_id, _) in waiting {
-            invocation.arg(decided_field(wire_id));
-        }
-        let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
-        match answer {
-            LEASE_LOST => return Err(Error::LeaseLost(job_id.clone())),
-            CANCEL_REQUESTED => return Ok(Parked::CancelRequested),
-            0 => return Ok(Parked::Decided),
-            _ => {}
-        }
-        self.notify(job_id, Written::counted(u64::try_from(answer).ok()))
-            .await;
-        // In order, after the job's own keys: a crash in between leaves the
-        // job in the unfinished index, where the sweeper re-queues it and a
-        // runner parks it again.
-        let mut parked = redis::pipe();
-        parked
-            .cmd("ZADD")
-            .arg(self.keys.parked_jobs(job_id))
-            .arg(wake_at_ms)
-            .arg(job_id.as_str())
-            .ignore();
-        let mut unfinished = redis::pipe();
-        unfinished
-            .cmd("ZREM")
-            .arg(self.keys.unfinished_jobs(job_id))
-            .arg(job_id.as_str())
-            .ignore();
-        self.conn().run_in_order(vec![parked, unfinished]).await?;
-        Ok(Parked::Parked)
-    }
-
-    /// Records `decision` on the call `held` under the hold key `key` of
-    /// `job_id`, if it is held, undecided and not expired; the call leaves
-    /// its tenant's pending index, and a parked job moves back to the
-    /// index of unfinished jobs (the caller queues it).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn decide(
-        &self,
-        job_id: &JobId,
-        key: &str,
-        held: &ApprovalRequest,
-        decision: &Decision,
-    ) -> Result<Decided, Error> {
-        let event = decision.event(&held.call_id);
-        let json = serde_json::to_string(decision).expect("a decision serializes");
-        let answer: Vec<redis::Value> = DECIDE
-            .key(self.keys.job(job_id))
-            .key(self.keys.job_approvals(job_id))
-            .key(self.keys.job_events(job_id))
-            .arg(key)
-            .arg(expires_field(key))
-            .arg(decided_field(key))
-            .arg(now_ms())
-            .arg(json)
-            .arg(event.kind())
-            .arg(event.data_json())
-            .invoke_async(&mut self.conn())
-            .await?;
-        let text = |at: usize| {
-            answer
-                .get(at)
-                .and_then(|value| redis::from_redis_value::<String>(value.clone()).ok())
-                .unwrap_or_default()
-        };
-        let decided = match text(0).as_str() {
-            "recorded" => {
-                let events = text(2).parse().ok();
-                self.notify(job_id, Written::counted(events)).await;
-                self.forget_pending(job_id, &[held]).await;
-                let requeue = text(1) == JobStatus::WaitingForApproval.as_str();
-                if requeue {
-                    self.unpark(job_id).await?;
-                }
-                Decided::Recorded { requeue }
-            }
-            "decided" => match serde_json::from_str(&text(1)) {
-                Ok(first) => Decided::Already(first),
-                Err(_) => Decided::NotHeld,
-            },
-            "expired" => Decided::Expired,
-            "not_held" => Decided::NotHeld,
-            _ => Decided::Ended,
-        };
-        Ok(decided)
-    }
-
-    /// Moves a parked job back to the index of unfinished jobs (scored now,
-    /// so that the sweeper looks at it only once `runner.sweep_after` has
-    /// passed), in order: it is never in neither index.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn unpark(&self, job_id: &JobId) -> Result<(), Error> {
-        let mut unfinished = redis::pipe();
-        unfinished
-            .cmd("ZADD")
-            .arg(self.keys.unfinished_jobs(job_id))
-            .arg(now_ms())
-            .arg(job_id.as_str())
-            .ignore();
-        let mut parked = redis::pipe();
-        parked
-            .cmd("ZREM")
-            .arg(self.keys.parked_jobs(job_id))
-            .arg(job_id.as_str())
-            .ignore();
-        self.conn().run_in_order(vec![unfinished, parked]).await?;
-        Ok(())
-    }
-
-    /// Parked jobs whose wake time has passed (at most `limit`), for the
-    /// sweeper to re-queue: their first held call expired.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn parked_due(&self, now: u64, limit: usize) -> Result<Vec<JobId>, Error> {
-        let mut due = Vec::new();
-        for shard in self.keys.parked_shards() {
-            let found: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-                .arg(shard)
-                .arg(0)
-                .arg(now)
-                .arg("LIMIT")
-                .arg(0)
-                .arg(limit)
-                .query_async(&mut self.conn())
-                .await?;
-            due.extend(found.iter().filter_map(|id| JobId::parse(id)));
-            if due.len() >= limit {
-                break;
-            }
-        }
-        due.truncate(limit);
-        Ok(due)
-    }
 }
 
 /// The prefix of a decision's field.
@@ -514,78 +322,13 @@ pub(super) fn decided_field(wire_id: &str) -> String {
     format!("{DECIDED}{wire_id}")
 }
 
-fn expires_field(wire_id: &str) -> String {
+pub(super) fn expires_field(wire_id: &str) -> String {
     format!("{EXPIRES}{wire_id}")
 }
-
-/// What [`PARK`] returns when the lease is not held (or the job ended).
-const LEASE_LOST: i64 = -1;
-/// What [`PARK`] returns when a client asked to cancel the job.
-const CANCEL_REQUESTED: i64 = -3;
-
-/// KEYS: job, lease, approvals, events. ARGV: token, now_ms, event kind,
-/// event data, n, the decision fields of the n calls the job waits for.
-/// Returns -1 (lease lost, or the job ended), -3 (a cancel was asked: the
-/// run ends the job), 0 (every call was decided: nothing written), or the
-/// job's event count after its parking event.
-static PARK: LazyLock<Script> = LazyLock::new(|| {
-    script(
-        r"
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return -1 end
-local status = redis.call('HGET', KEYS[1], 'status')
-if $ENDED then return -1 end
-if redis.call('HGET', KEYS[1], 'cancel_requested') == '1' then return -3 end
-local waiting = 0
-for k = 1, tonumber(ARGV[5]) do
-  if redis.call('HEXISTS', KEYS[3], ARGV[5 + k]) == 0 then waiting = waiting + 1 end
-end
-if waiting == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'status', '$WAITING', 'parked_at_ms', ARGV[2])
-local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
-redis.call('XADD', KEYS[4], '0-' .. events, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[2], 'final', '0')
-redis.call('DEL', KEYS[2])
-return events
-",
-    )
-});
-
-/// KEYS: job, approvals, events. ARGV: wire id, its expiry field, its
-/// decision field, now_ms, the decision, event kind, event data. Writes the
-/// decision only on a held, undecided, unexpired call of an unfinished job:
-/// of two racing decisions exactly one is written. Returns `{recorded,
-/// <status>, <events>}`, `{decided, <the first decision>}`, `{expired}`,
-/// `{not_held}` or `{ended}`.
-static DECIDE: LazyLock<Script> = LazyLock::new(|| {
-    script(
-        r"
-local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {'ended'} end
-if $ENDED then return {'ended'} end
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return {'not_held'} end
-local first = redis.call('HGET', KEYS[2], ARGV[3])
-if first then return {'decided', first} end
-local expires = tonumber(redis.call('HGET', KEYS[2], ARGV[2]))
-if expires and expires <= tonumber(ARGV[4]) then return {'expired'} end
-redis.call('HSET', KEYS[2], ARGV[3], ARGV[5])
-local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
-redis.call('XADD', KEYS[3], '0-' .. events, 'kind', ARGV[6], 'data', ARGV[7], 'ts', ARGV[4], 'final', '0')
-return {'recorded', status, tostring(events)}
-",
-    )
-});
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::scripts::tests::{assert_ended_reads_status, assert_filled};
-
-    #[test]
-    fn the_approval_scripts_are_filled_and_never_write_an_ended_job() {
-        for (name, script) in [("PARK", &*PARK), ("DECIDE", &*DECIDE)] {
-            let shown = assert_filled(name, script);
-            assert_ended_reads_status(name, &shown);
-        }
-    }
 
     #[test]
     fn a_held_calls_fields_are_its_request_and_expiry() {

@@ -41,8 +41,7 @@ impl JobStore {
         self.notify(job_id, Written::counted(None)).await;
         let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
-            self.forget_unfinished(job_id).await;
-            self.forget_parked(job_id).await;
+            self.forget_place(job_id).await;
             self.forget_held(job_id).await;
         }
         Ok(status)
@@ -93,7 +92,7 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id, Written::counted(None)).await;
-        self.forget_unfinished(job_id).await;
+        self.forget_place(job_id).await;
         Ok(())
     }
 }

@@ -261,7 +261,7 @@ impl JobStore {
             .await;
         }
         if finished {
-            self.forget_unfinished(job_id).await;
+            self.forget_place(job_id).await;
         }
         Ok(())
     }

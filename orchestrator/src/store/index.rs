@@ -120,32 +120,6 @@ impl JobStore {
             .filter_map(|(job_id, _)| JobId::parse(&job_id))
             .collect())
     }
-
-    /// Drops a job from the index of parked jobs. Best effort: a job left
-    /// there is dropped by the sweeper when its wake time comes.
-    pub async fn forget_parked(&self, job_id: &JobId) {
-        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
-            .arg(self.keys.parked_jobs(job_id))
-            .arg(job_id.as_str())
-            .query_async(&mut self.conn())
-            .await;
-        if let Err(err) = removed {
-            tracing::debug!(%job_id, error = %err, "could not drop a job from the parked index");
-        }
-    }
-
-    /// Drops a job from the unfinished index. Best effort: a job left there
-    /// by a failure is dropped by the sweeper once it sees it finished.
-    pub async fn forget_unfinished(&self, job_id: &JobId) {
-        let removed: redis::RedisResult<i64> = redis::cmd("ZREM")
-            .arg(self.keys.unfinished_jobs(job_id))
-            .arg(job_id.as_str())
-            .query_async(&mut self.conn())
-            .await;
-        if let Err(err) = removed {
-            tracing::debug!(%job_id, error = %err, "could not drop a job from the unfinished index");
-        }
-    }
 }
 
 /// The latest submission time a job id can carry (48 bits of milliseconds,

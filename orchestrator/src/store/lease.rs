@@ -9,6 +9,7 @@ use redis::Script;
 
 use crate::job::{JobEvent, Lease, now_ms};
 
+use super::place::{Place, Stamp};
 use super::read::parse_run_start;
 use super::scripts::script;
 use super::wake_ups::Written;
@@ -51,13 +52,20 @@ impl JobStore {
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
-        let ((epoch, events, resumed), fields, offered, items): (
-            (i64, u64, u8),
+        let ((epoch, events, resumed, moved), fields, offered, items): (
+            (i64, u64, u8, u64),
             Fields,
             Fields,
             Vec<String>,
         ) = self.query_invoking(&pipe, &ACQUIRE).await?;
         let acquired = acquired(job_id, owner, epoch, resumed == 1);
+        if moved > 0 {
+            // A crash before this move leaves a leased job whose message
+            // comes again; in the parked index, it is woken at its expiry.
+            self.steps()
+                .place(job_id, Stamp::after(moved), Place::Unfinished)
+                .await?;
+        }
         let start = match &acquired {
             Acquired::Lease(lease) => {
                 let stored = start.stored(lease, events, now);
@@ -199,22 +207,30 @@ pub enum Acquired {
 /// and after its epoch.
 /// Takes the lease if it is free and the job is not finished, and starts
 /// the run in the same step: the job is running, with a `job_started` event
-/// (`job_resumed` when it ran before). Returns `{epoch, events, resumed}`:
-/// the new epoch (0 if another runner holds the lease, -1 if the job is
-/// finished, -2 if it is missing; nothing is written then), the number of
-/// events the job has, and 1 when the run resumes.
+/// (`job_resumed` when it ran before). Returns `{epoch, events, resumed,
+/// moved}`: the new epoch (0 if another runner holds the lease, -1 if the
+/// job is finished, -2 if it is missing; nothing is written then), the
+/// number of events the job has, 1 when the run resumes, and the job's
+/// count of moves if it took a parked job that nothing had queued again
+/// (else 0): the caller moves it to the unfinished index.
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return {-2, 0, 0} end
-if $ENDED then return {-1, 0, 0} end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0} end
+if not status then return {-2, 0, 0, 0} end
+if $ENDED then return {-1, 0, 0, 0} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0, 0} end
 -- Time parked for an approval does not count against the deadline.
 local parked_at = tonumber(redis.call('HGET', KEYS[1], 'parked_at_ms'))
 if parked_at then
   redis.call('HINCRBY', KEYS[1], 'parked_ms', math.max(0, tonumber(ARGV[3]) - parked_at))
   redis.call('HDEL', KEYS[1], 'parked_at_ms')
+end
+-- A parked job nothing queued again (a stray message) leaves the parked
+-- index: one more move, which the caller makes.
+local moved = 0
+if status == '$WAITING' and redis.call('HDEL', KEYS[1], 'requeued') == 0 then
+  moved = redis.call('HINCRBY', KEYS[1], 'moves', 1)
 end
 local epoch = redis.call('HINCRBY', KEYS[1], 'epoch', 1)
 redis.call('SET', KEYS[2], ARGV[1] .. ':' .. epoch, 'PX', ARGV[2])
@@ -225,7 +241,7 @@ redis.call('HSET', KEYS[1], 'status', '$RUNNING')
 local events = redis.call('HINCRBY', KEYS[1], 'events', 1)
 redis.call('XADD', KEYS[3], '0-' .. events, 'kind', kind, 'data', ARGV[6] .. epoch .. ARGV[7],
            'ts', ARGV[3], 'final', '0')
-return {epoch, events, resumed}
+return {epoch, events, resumed, moved}
 ",
     )
 });

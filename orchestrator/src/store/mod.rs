@@ -4,7 +4,8 @@
 //! Layout (names in `toolfleet_proto::names::RedisKeys`), one hash tag per job:
 //! - `tf:{<job>}:job`: a hash: `spec` (JSON), `status`, `rounds`, `epoch`,
 //!   `turns`, `events` (count), `output_text`, `error_code`, `error_message`,
-//!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `call_secret`
+//!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `moves` and
+//!   `requeued` (its place in the sweeper's indexes: `place`, `park`), `call_secret`
 //!   (what its calls' wire ids are made from, [`WireIds`](crate::job::WireIds)), `traceparent`
 //!   and `tracestate` (its trace, [`JobTrace`](crate::job::JobTrace));
 //! - `tf:{<job>}:items`: a list of conversation items (JSON), appended to;
@@ -33,7 +34,11 @@
 //! - `index`: a tenant's jobs newest first, and the unfinished jobs;
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
-//! - `approvals`: held calls, parked jobs and people's decisions;
+//! - `approvals`: held calls and people's decisions, as stored;
+//! - `decide`: a person's decision, written once, and its job queued again;
+//! - `park`: parking a job, and waking it when its first held call expires;
+//! - `place`: where the sweeper finds an unfinished job (the unfinished or
+//!   the parked index), moved in fenced steps ([`Steps`]);
 //! - `pending`: the tenants' indexes of calls waiting for a decision;
 //!
 //! Each verb's module holds the Lua scripts it runs; `scripts` builds them,
@@ -45,9 +50,12 @@ mod approvals;
 mod cancel;
 mod catalog;
 mod commit;
+mod decide;
 mod index;
 mod lease;
+mod park;
 mod pending;
+mod place;
 mod quota;
 mod read;
 mod scripts;
@@ -65,13 +73,15 @@ use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{
-    ApprovalRequest, Approvals, Choice, Decided, Decision, HeldCall, Parked, Unknown, hold_key,
-    wire_id_of,
+    ApprovalRequest, Approvals, Choice, Decision, HeldCall, Unknown, hold_key, wire_id_of,
 };
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
+pub use decide::{Decide, DecideStep, Decided, Seen};
 pub use index::ListCursor;
 pub use lease::Acquired;
+pub use park::{ParkWrite, Parked, Wake};
 pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
+pub use place::{Place, Stamp, Steps};
 pub use read::{RunStart, WatchStart};
 pub use submit::Idempotency;
 

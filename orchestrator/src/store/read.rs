@@ -303,6 +303,8 @@ fn parse_record(
         created_at_ms: number("created_at_ms"),
         finished_at_ms: number("finished_at_ms"),
         cancel_requested: field("cancel_requested") == "1",
+        moves: number("moves"),
+        requeued: field("requeued") == "1",
         wire_ids: WireIds::from_secret(field("call_secret")),
         trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
     }))
