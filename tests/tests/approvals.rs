@@ -503,11 +503,22 @@ async fn kill_9_of_orchestrators_while_parked_and_around_decisions_loses_and_rep
             1,
             "job {job} ran once"
         );
-        let again = api
-            .decide_call(approve(job_id))
+        // A retry of the decision is told the job's status; another
+        // decision is refused, naming the first.
+        let mut retry = approve(job_id);
+        retry.reason = "go, again".into();
+        let again = api.decide_call(retry).await?.into_inner();
+        assert_eq!(again.status(), v1::JobStatus::Succeeded, "job {job}");
+        let reject = decide(job_id, false, "no");
+        let other = api
+            .decide_call(v1::DecideCallRequest {
+                call_id: "count".into(),
+                ..reject
+            })
             .await
             .expect_err("decided once");
-        assert_eq!(again.code(), Code::FailedPrecondition);
+        assert_eq!(other.code(), Code::FailedPrecondition);
+        assert!(other.message().contains("already approved"), "{other:?}");
     }
     // The undecided job still waits, and its call never ran.
     let waiting = api

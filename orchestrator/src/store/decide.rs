@@ -268,7 +268,8 @@ const DECISION_TRIES: usize = 8;
 /// decision field, now_ms, the decision, event kind, event data, the
 /// job's count of moves as the decider saw it. Writes the decision only on
 /// a held, undecided, unexpired call of an unfinished job: of two racing
-/// decisions exactly one is written. A parked job is queued again with it
+/// decisions exactly one is written, and the other is told the first, also
+/// once the job has ended. A parked job is queued again with it
 /// (`requeued`, one more move), if its count of moves is the decider's:
 /// else the decider's move ahead of it may have been undone by the park's
 /// own, and nothing is written (`{moved, <moves>}`: try again). Returns
@@ -280,16 +281,17 @@ static DECIDE: LazyLock<Script> = LazyLock::new(|| {
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {'ended'} end
-if $ENDED then return {'ended'} end
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return {'not_held'} end
 local moves = tonumber(redis.call('HGET', KEYS[1], 'moves')) or 0
 local parked = status == '$WAITING'
 local requeued = parked and redis.call('HGET', KEYS[1], 'requeued') == '1'
+-- Before the end: a retry after the job ended is told the first decision.
 local first = redis.call('HGET', KEYS[2], ARGV[3])
 if first then
   if requeued then return {'decided', first, tostring(moves)} end
   return {'decided', first, ''}
 end
+if $ENDED then return {'ended'} end
 local expires = tonumber(redis.call('HGET', KEYS[2], ARGV[2]))
 if expires and expires <= tonumber(ARGV[4]) then return {'expired'} end
 local requeue = '0'

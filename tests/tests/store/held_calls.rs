@@ -295,9 +295,6 @@ impl Model {
 
     /// The decision's script, for `decider`.
     fn write_decision(&mut self, at: usize, decider: &Decider, seen: Seen) -> Option<Deciding> {
-        if self.status == Status::Ended {
-            return None;
-        }
         let parked = self.status == Status::Parked;
         if let Some(first) = self.decided.get(&decider.call) {
             return (parked && self.requeued).then_some(Deciding::Requeued {
@@ -305,7 +302,7 @@ impl Model {
                 publish: *first == decider.choice,
             });
         }
-        if decider.call == Call::Expired {
+        if self.status == Status::Ended || decider.call == Call::Expired {
             return None;
         }
         let mut next = None;
