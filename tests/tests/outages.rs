@@ -307,9 +307,8 @@ async fn approvals_through_kills_and_restarts_run_each_approved_call_once() -> a
             fleet.orchestrator(victim).kill();
             pause().await;
             let started = fleet.spawn_orchestrator(TIMERS).await?;
-            live.lock()
-                .expect("not poisoned")
-                .push(fleet.api(started).await?);
+            let api = fleet.api(started).await?;
+            live.lock().expect("not poisoned").push(api);
         }
         fleet.nats.server().kill();
         pause().await;
