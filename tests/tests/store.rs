@@ -1042,3 +1042,81 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     assert_eq!(left, 0, "every index of the tenant is empty");
     Ok(())
 }
+
+/// On a Redis Cluster, a job's moves between the sweeper's indexes run as
+/// on one server: each one script on its shard's slot (the parked index,
+/// the unfinished one and their moves share it), around the park's and
+/// the decision's scripts on the job's own slot.
+#[tokio::test]
+async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() -> anyhow::Result<()>
+{
+    let cluster =
+        toolfleet_tests::RedisCluster::start(3, 0, toolfleet_tests::RedisConfig::default()).await?;
+    let redis = toolfleet_tests::fleet::Redis::Cluster(cluster);
+    let nats = NatsServer::start().await?;
+    let store = JobStore::new(
+        redis.connection().await?,
+        nats.client().await?,
+        RedisKeys::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    );
+    let mut raw = redis.connection().await?;
+    let keys = RedisKeys::default();
+    let (job_id, _) = store.submit(&spec(), None, None).await?;
+    let lease = lease(&store, &job_id, "r", Duration::from_secs(60)).await?;
+    let day = Duration::from_secs(86_400);
+    store
+        .hold(&lease, "default", &[held("pay", "transfer", day)])
+        .await?;
+    let mut placed = async || -> anyhow::Result<(bool, bool)> {
+        let unfinished: Option<f64> = redis::cmd("ZSCORE")
+            .arg(keys.unfinished_jobs(&job_id))
+            .arg(job_id.as_str())
+            .query_async(&mut raw)
+            .await?;
+        let parked: Option<f64> = redis::cmd("ZSCORE")
+            .arg(keys.parked_jobs(&job_id))
+            .arg(job_id.as_str())
+            .query_async(&mut raw)
+            .await?;
+        Ok((unfinished.is_some(), parked.is_some()))
+    };
+    let parked = store.park(&lease, &[("pay", "pay")], u64::MAX / 4).await?;
+    assert_eq!(parked, toolfleet_orchestrator::store::Parked::Parked);
+    assert_eq!(placed().await?, (false, true), "parked");
+    let record = store.get(&job_id).await?.expect("the job");
+    let request = store.approvals(&job_id).await?.requests["pay"].clone();
+    let decision = Decision {
+        choice: Choice::Approved,
+        reason: String::new(),
+        arguments: None,
+        result: None,
+        tenant: "default".into(),
+        approver: None,
+        at_ms: toolfleet_orchestrator::job::now_ms(),
+    };
+    let decided = store
+        .decide(&job_id, "pay", &request, &decision, Seen::of(&record))
+        .await?;
+    assert_eq!(
+        decided,
+        toolfleet_orchestrator::store::Decided::Recorded { requeued: true }
+    );
+    assert_eq!(placed().await?, (true, false), "queued again");
+    let record = store.get(&job_id).await?.expect("the job");
+    assert!(record.requeued && record.moves == 2, "{record:?}");
+    let retried = store
+        .decide(&job_id, "pay", &request, &decision, Seen::of(&record))
+        .await?;
+    assert!(
+        matches!(
+            retried,
+            toolfleet_orchestrator::store::Decided::Already { requeued: true, .. }
+        ),
+        "{retried:?}"
+    );
+    store.cancel(&job_id).await?;
+    assert_eq!(placed().await?, (false, false), "forgotten once it ended");
+    Ok(())
+}
