@@ -51,6 +51,20 @@ async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStor
     ))
 }
 
+/// A store on `redis`, one server or a cluster.
+async fn store_on(
+    redis: &toolfleet_tests::fleet::Redis,
+    nats: &NatsServer,
+) -> anyhow::Result<JobStore> {
+    Ok(JobStore::new(
+        redis.connection().await?,
+        nats.client().await?,
+        RedisKeys::default(),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    ))
+}
+
 /// The lease of the queued job `job_id`, taken by `owner` for `ttl`.
 async fn lease(
     store: &JobStore,
@@ -685,13 +699,7 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
 ) -> anyhow::Result<()> {
     use redis::AsyncCommands;
     let nats = NatsServer::start().await?;
-    let store = JobStore::new(
-        redis.connection().await?,
-        nats.client().await?,
-        RedisKeys::default(),
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    );
+    let store = store_on(&redis, &nats).await?;
     let mut raw = redis.connection().await?;
     let keys = RedisKeys::default();
     let spec = spec();
@@ -1054,13 +1062,7 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
         toolfleet_tests::RedisCluster::start(3, 0, toolfleet_tests::RedisConfig::default()).await?;
     let redis = toolfleet_tests::fleet::Redis::Cluster(cluster);
     let nats = NatsServer::start().await?;
-    let store = JobStore::new(
-        redis.connection().await?,
-        nats.client().await?,
-        RedisKeys::default(),
-        Duration::from_secs(60),
-        Duration::from_secs(60),
-    );
+    let store = store_on(&redis, &nats).await?;
     let mut raw = redis.connection().await?;
     let keys = RedisKeys::default();
     let (job_id, _) = store.submit(&spec(), None, None).await?;

@@ -1048,55 +1048,55 @@ fn a_decision_during_a_resume_and_a_decider_killed_mid_decision_strand_nothing()
         call,
         choice: Choice::Approved,
     };
+    // The job parks waiting for A, B and K, and A's decision is written.
+    let a_decided = [
+        Step::ReadApprovals,
+        Step::Park,
+        Step::PlaceParked,
+        approve(0, Call::A),
+        Step::PlaceAhead { decider: 0 },
+        Step::WriteDecision { decider: 0 },
+    ];
     with_servers(|| {
-        // The job parks waiting for A, B and K; A is approved and the job
-        // resumes; B is approved while the resumed round runs (it read A
-        // only): the park, for B and K, must not hide B.
-        play(&[
-            Step::ReadApprovals,
-            Step::Park,
-            Step::PlaceParked,
-            approve(0, Call::A),
-            Step::PlaceAhead { decider: 0 },
-            Step::WriteDecision { decider: 0 },
-            Step::PlaceRequeued { decider: 0 },
-            Step::Publish { decider: 0 },
-            Step::Acquire,
-            Step::ReadApprovals,
-            approve(1, Call::B),
-            Step::WriteDecision { decider: 1 },
-            Step::Park,
-            Step::ReadApprovals,
-            Step::Park,
-            Step::PlaceParked,
-        ]);
+        // The job resumes for A; B is approved while the resumed round
+        // runs (it read A only): the park, for B and K, must not hide B.
+        play(
+            &[
+                &a_decided[..],
+                &[
+                    Step::PlaceRequeued { decider: 0 },
+                    Step::Publish { decider: 0 },
+                    Step::Acquire,
+                    Step::ReadApprovals,
+                    approve(1, Call::B),
+                    Step::WriteDecision { decider: 1 },
+                    Step::Park,
+                    Step::ReadApprovals,
+                    Step::Park,
+                    Step::PlaceParked,
+                ],
+            ]
+            .concat(),
+        );
         // The decider dies right after the decision, before its move and
         // publish; the sweeper alone finds the job (the teardown checks).
-        play(&[
-            Step::ReadApprovals,
-            Step::Park,
-            Step::PlaceParked,
-            approve(0, Call::A),
-            Step::PlaceAhead { decider: 0 },
-            Step::WriteDecision { decider: 0 },
-            Step::DeciderDies { decider: 0 },
-        ]);
+        play(&[&a_decided[..], &[Step::DeciderDies { decider: 0 }]].concat());
         // The same, its retry on another replica: the same decision moves
         // and publishes the job again.
-        play(&[
-            Step::ReadApprovals,
-            Step::Park,
-            Step::PlaceParked,
-            approve(0, Call::A),
-            Step::PlaceAhead { decider: 0 },
-            Step::WriteDecision { decider: 0 },
-            Step::DeciderDies { decider: 0 },
-            approve(1, Call::A),
-            Step::WriteDecision { decider: 1 },
-            Step::PlaceRequeued { decider: 1 },
-            Step::Publish { decider: 1 },
-            Step::Acquire,
-        ]);
+        play(
+            &[
+                &a_decided[..],
+                &[
+                    Step::DeciderDies { decider: 0 },
+                    approve(1, Call::A),
+                    Step::WriteDecision { decider: 1 },
+                    Step::PlaceRequeued { decider: 1 },
+                    Step::Publish { decider: 1 },
+                    Step::Acquire,
+                ],
+            ]
+            .concat(),
+        );
         // A park's move that lands after a decision queued the job again
         // is dropped: it would hide the job from the sweeper.
         play(&[
