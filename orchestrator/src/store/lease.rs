@@ -60,11 +60,15 @@ impl JobStore {
         ) = self.query_invoking(&pipe, &ACQUIRE).await?;
         let acquired = acquired(job_id, owner, epoch, resumed == 1);
         if moved > 0 {
-            // A crash before this move leaves a leased job whose message
-            // comes again; in the parked index, it is woken at its expiry.
-            self.steps()
-                .place(job_id, Stamp::after(moved), Place::Unfinished)
-                .await?;
+            // The run goes on without this move: a job left in the parked
+            // index while it runs is put right by its next park, its end
+            // or its wake-up, and its message comes again if it dies.
+            let placed = self
+                .steps()
+                .place(job_id, Stamp::after(moved), Place::Unfinished);
+            if let Err(err) = placed.await {
+                tracing::warn!(%job_id, error = %err, "could not move a resumed parked job to the unfinished index");
+            }
         }
         let start = match &acquired {
             Acquired::Lease(lease) => {
