@@ -903,6 +903,19 @@ fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
     }
 }
 
+/// An approval by the tenant `default`, made now.
+fn approved() -> Decision {
+    Decision {
+        choice: Choice::Approved,
+        reason: String::new(),
+        arguments: None,
+        result: None,
+        tenant: "default".into(),
+        approver: None,
+        at_ms: toolfleet_orchestrator::job::now_ms(),
+    }
+}
+
 /// The gauge's tally, as (tool, calls) sorted.
 async fn tallied(store: &JobStore) -> anyhow::Result<Vec<(String, u64)>> {
     let mut tally: Vec<(String, u64)> = store
@@ -961,15 +974,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
 
     // Decided: gone from the count, and from ListPendingApprovals.
     let request = store.approvals(&a.job_id).await?.requests["pay"].clone();
-    let decision = Decision {
-        choice: Choice::Approved,
-        reason: String::new(),
-        arguments: None,
-        result: None,
-        tenant: "default".into(),
-        approver: None,
-        at_ms: toolfleet_orchestrator::job::now_ms(),
-    };
+    let decision = approved();
     let running = Seen {
         parked: false,
         moves: 0,
@@ -1089,15 +1094,7 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
     assert_eq!(placed().await?, (false, true), "parked");
     let record = store.get(&job_id).await?.expect("the job");
     let request = store.approvals(&job_id).await?.requests["pay"].clone();
-    let decision = Decision {
-        choice: Choice::Approved,
-        reason: String::new(),
-        arguments: None,
-        result: None,
-        tenant: "default".into(),
-        approver: None,
-        at_ms: toolfleet_orchestrator::job::now_ms(),
-    };
+    let decision = approved();
     let decided = store
         .decide(&job_id, "pay", &request, &decision, Seen::of(&record))
         .await?;
