@@ -41,6 +41,10 @@ async fn dev_serve() -> anyhow::Result<Dev> {
         anyhow::bail!("toolfleet dev --serve ended without saying where it serves")
     })
     .await??;
+    // Read to the end: the lines that follow are written one by one, and a
+    // write to a pipe nobody reads any more fails, which stops the fleet
+    // (a flake seen under load).
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     // "toolfleet is serving gRPC on URL (NATS URL, Redis URL); Ctrl-C stops it."
     let word_after = |label: &str| -> anyhow::Result<String> {
         let rest = serving
