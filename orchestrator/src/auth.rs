@@ -8,17 +8,26 @@
 //! token_sha256 = ["<sha256 of the token, hex>"]
 //! tools = ["calculate", "factual_qa"]   # optional: the tools its jobs may use
 //! client_names = ["search.clients.example", "spiffe://example.org/ns/search"]   # optional: mutual TLS
+//!
+//! [gateways.mcp]   # relays its clients' requests: never a tenant
+//! client_names = ["mcp-gateway.example"]
 //! ```
 //!
 //! With mutual TLS (`grpc.tls.client_ca_file`), a client whose certificate
 //! is valid for one of a tenant's `client_names` (a DNS name, or a URI such
 //! as a SPIFFE id, in its subject alternative names) is that tenant, without
-//! a token.
+//! a token. A certificate valid for a gateway's `client_names`
+//! (`[gateways.<name>]`, such as `toolfleet mcp-serve`) is never a tenant:
+//! it proves the hop only, and each request it relays must carry its
+//! client's bearer token, which alone names the tenant.
+//!
+//! When a tenant names `approvers`, only their tokens and certificates
+//! decide its held calls and list them.
 //!
 //! With `api.auth = "none"` every caller is the tenant `default` (for `toolfleet
 //! dev` and tests; never on a shared network).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,9 +74,9 @@ pub struct Caller {
     /// Tools whose calls wait for a person's approval in the tenant's jobs
     /// (`"*"`: all).
     pub require_approval: Vec<String>,
-    /// The person this token or certificate stands for, when the tokens
-    /// file names one (`approvers`): recorded with their decisions.
-    pub approver: Option<String>,
+    /// Whether this token or certificate may decide the tenant's held
+    /// calls, and the name recorded with its decisions.
+    pub approver: Approver,
     /// How long the tenant's held calls wait for a decision; `None`:
     /// `approval.timeout`.
     pub approval_timeout: Option<Duration>,
@@ -85,9 +94,57 @@ impl Caller {
             tools: None,
             quotas: Quotas::default(),
             require_approval: Vec::new(),
-            approver: None,
+            approver: Approver::Anyone,
             approval_timeout: None,
             stream: false,
+        }
+    }
+
+    /// Whether the tenant's jobs may use `tool`.
+    pub fn may_use(&self, tool: &str) -> bool {
+        self.tools
+            .as_ref()
+            .is_none_or(|tools| tools.iter().any(|allowed| allowed == tool))
+    }
+
+    /// Refuses a caller that may not decide the tenant's held calls, nor
+    /// list them.
+    ///
+    /// # Errors
+    ///
+    /// `PERMISSION_DENIED` when the tenant names its approvers and this
+    /// credential is none of them.
+    pub fn check_approver(&self) -> Result<(), Status> {
+        match self.approver {
+            Approver::Anyone | Approver::Named(_) => Ok(()),
+            Approver::NotAnApprover => Err(Status::permission_denied(format!(
+                "tenant {:?} names its approvers (approvers in the tokens file): only their \
+                 tokens and certificates decide its held calls and list them",
+                self.tenant
+            ))),
+        }
+    }
+}
+
+/// Whether a caller may decide its tenant's held calls, and as whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Approver {
+    /// The tenant names no approvers (or authentication is off): every
+    /// credential of it decides, and no name is recorded.
+    Anyone,
+    /// One of the approvers the tenant names: the name recorded with each
+    /// decision.
+    Named(String),
+    /// The tenant names approvers, and this credential is none of them.
+    NotAnApprover,
+}
+
+impl Approver {
+    /// The name recorded with a decision, when the tokens file gives one.
+    pub fn name(&self) -> Option<&str> {
+        match self {
+            Self::Named(name) => Some(name),
+            Self::Anyone | Self::NotAnApprover => None,
         }
     }
 }
@@ -126,6 +183,19 @@ pub enum AuthError {
 struct TokensFile {
     #[serde(default)]
     tenants: BTreeMap<String, TenantEntry>,
+    /// Gateways that relay their clients' requests (`toolfleet mcp-serve`
+    /// behind mutual TLS): their certificates prove the hop, never a
+    /// tenant.
+    #[serde(default)]
+    gateways: BTreeMap<String, GatewayEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GatewayEntry {
+    /// The names the gateway's client certificate is valid for, as a
+    /// tenant's `client_names`.
+    client_names: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -148,6 +218,7 @@ struct TenantEntry {
     require_approval: Vec<String>,
     /// Who decides with a token (by its hash) or a client certificate (by
     /// its client name): the name recorded with each decision they make.
+    /// When it names anyone, the tenant's other credentials decide nothing.
     #[serde(default)]
     approvers: BTreeMap<String, String>,
     /// How long the tenant's held calls wait for a decision (`"2h"`);
@@ -206,7 +277,11 @@ impl TenantEntry {
             tools: self.tools.clone(),
             quotas: defaults.overridden_by(own),
             require_approval: self.require_approval.clone(),
-            approver: None,
+            approver: if self.approvers.is_empty() {
+                Approver::Anyone
+            } else {
+                Approver::NotAnApprover
+            },
             approval_timeout: self.approval_timeout,
             stream: self.stream,
         }))
@@ -217,11 +292,18 @@ impl TenantEntry {
 #[derive(Debug, Default)]
 struct Tokens {
     by_hash: HashMap<[u8; 32], Arc<Caller>>,
-    /// DNS names a client certificate may be valid for (mutual TLS).
-    by_client_name: Vec<(ServerName<'static>, Arc<Caller>)>,
-    /// URI names (SPIFFE ids and the like) a client certificate may carry,
-    /// matched exactly.
-    by_client_uri: HashMap<String, Arc<Caller>>,
+    /// The tenants' client names (mutual TLS).
+    clients: ClientNames<Arc<Caller>>,
+    /// The gateways' client names, to the gateway's name.
+    gateways: ClientNames<Arc<str>>,
+}
+
+/// What a client certificate proves.
+enum Certified {
+    /// A tenant (and maybe one of its approvers).
+    Tenant(Arc<Caller>),
+    /// A gateway, named: the hop only.
+    Gateway(Arc<str>),
 }
 
 impl Tokens {
@@ -234,6 +316,15 @@ impl Tokens {
             return Err("the file names no tenant (add a [tenants.<name>] table)".to_owned());
         }
         let mut tokens = Self::default();
+        for (gateway, entry) in file.gateways {
+            let name: Arc<str> = Arc::from(gateway.as_str());
+            for client_name in &entry.client_names {
+                tokens
+                    .gateways
+                    .insert(client_name, &name)
+                    .map_err(|why| format!("gateway {gateway:?}: {why}"))?;
+            }
+        }
         for (tenant, entry) in file.tenants {
             let caller = entry.caller(&tenant, defaults)?;
             tokens
@@ -248,30 +339,21 @@ impl Tokens {
     fn add(&mut self, caller: &Arc<Caller>, entry: &TenantEntry) -> Result<(), String> {
         let caller_of = |key: &str| match entry.approvers.get(key) {
             Some(name) => Arc::new(Caller {
-                approver: Some(name.clone()),
+                approver: Approver::Named(name.clone()),
                 ..Caller::clone(caller)
             }),
             None => caller.clone(),
         };
         for name in &entry.client_names {
-            let caller = &caller_of(name);
-            if is_uri_name(name) {
-                if self
-                    .by_client_uri
-                    .insert(name.clone(), caller.clone())
-                    .is_some()
-                {
-                    return Err(format!("client name {name:?} names two tenants"));
-                }
-                continue;
+            // A gateway's certificate must never be a tenant's identity:
+            // the two lists share no name.
+            if self.gateways.contains(name) {
+                return Err(format!(
+                    "client name {name:?} is a gateway's: a gateway's certificate proves the \
+                     hop only, never a tenant"
+                ));
             }
-            let parsed = ServerName::try_from(name.clone()).map_err(|_| {
-                format!(
-                    "client name {name:?} is neither a DNS name nor a URI such as \
-                     spiffe://example.org/ns/search"
-                )
-            })?;
-            self.by_client_name.push((parsed, caller.clone()));
+            self.clients.insert(name, &caller_of(name))?;
         }
         for hex in &entry.token_sha256 {
             let caller = &caller_of(hex);
@@ -284,24 +366,83 @@ impl Tokens {
         Ok(())
     }
 
-    /// The tenant whose `client_names` the certificate is valid for: one of
-    /// its URI names exactly, else one of its DNS names.
-    fn client(&self, certificate: &CertificateDer<'_>) -> Option<Arc<Caller>> {
+    /// What `certificate` proves: a gateway's name first (a certificate
+    /// valid for a gateway is never a tenant, whatever else it names), else
+    /// the tenant whose `client_names` it is valid for.
+    fn client(&self, certificate: &CertificateDer<'_>) -> Option<Certified> {
         let certificate = webpki::EndEntityCert::try_from(certificate).ok()?;
-        if let Some(caller) = certificate
-            .valid_uri_names()
-            .find_map(|uri| self.by_client_uri.get(uri))
-        {
-            return Some(caller.clone());
+        if let Some(gateway) = self.gateways.find(&certificate) {
+            return Some(Certified::Gateway(gateway.clone()));
         }
-        self.by_client_name
-            .iter()
-            .find(|(name, _)| certificate.verify_is_valid_for_subject_name(name).is_ok())
-            .map(|(_, caller)| caller.clone())
+        self.clients
+            .find(&certificate)
+            .map(|caller| Certified::Tenant(caller.clone()))
     }
 
     fn caller(&self, token: &str) -> Option<Arc<Caller>> {
         self.by_hash.get(&sha256(token)).cloned()
+    }
+}
+
+/// Client certificate names to what they stand for: DNS names, matched as
+/// TLS matches server names, and URIs (SPIFFE ids and the like), matched
+/// exactly and tried first.
+#[derive(Debug)]
+struct ClientNames<T> {
+    by_dns: Vec<(ServerName<'static>, T)>,
+    by_uri: HashMap<String, T>,
+    /// Every name as written, to refuse one listed twice.
+    written: HashSet<String>,
+}
+
+impl<T> Default for ClientNames<T> {
+    fn default() -> Self {
+        Self {
+            by_dns: Vec::new(),
+            by_uri: HashMap::new(),
+            written: HashSet::new(),
+        }
+    }
+}
+
+impl<T: Clone> ClientNames<T> {
+    fn insert(&mut self, name: &str, value: &T) -> Result<(), String> {
+        if !self.written.insert(name.to_owned()) {
+            return Err(format!(
+                "client name {name:?} is listed twice: a certificate stands for one tenant or \
+                 gateway"
+            ));
+        }
+        if is_uri_name(name) {
+            self.by_uri.insert(name.to_owned(), value.clone());
+            return Ok(());
+        }
+        let parsed = ServerName::try_from(name.to_owned()).map_err(|_| {
+            format!(
+                "client name {name:?} is neither a DNS name nor a URI such as \
+                 spiffe://example.org/ns/search"
+            )
+        })?;
+        self.by_dns.push((parsed, value.clone()));
+        Ok(())
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.written.contains(name)
+    }
+
+    /// What the first name `certificate` is valid for stands for.
+    fn find(&self, certificate: &webpki::EndEntityCert<'_>) -> Option<&T> {
+        if let Some(value) = certificate
+            .valid_uri_names()
+            .find_map(|uri| self.by_uri.get(uri))
+        {
+            return Some(value);
+        }
+        self.by_dns
+            .iter()
+            .find(|(name, _)| certificate.verify_is_valid_for_subject_name(name).is_ok())
+            .map(|(_, value)| value)
     }
 }
 
@@ -407,36 +548,43 @@ impl Authenticator {
         let Some(tokens) = &self.tokens else {
             return Ok(Caller::anonymous());
         };
+        let tokens = tokens.load();
         // A client certificate (verified by the TLS handshake against
-        // grpc.tls.client_ca_file) that names a tenant is that tenant.
-        if let Some(certificates) = request.peer_certs()
-            && let Some(caller) = certificates.first().and_then(|c| tokens.load().client(c))
-        {
-            return Ok(caller.as_ref().clone());
-        }
-        let refused = || {
-            Status::unauthenticated(
-                "authorization: send \"authorization: Bearer <token>\" with a token of this \
-                 orchestrator (toolfleet --token, or TOOLFLEET_TOKEN)",
-            )
+        // grpc.tls.client_ca_file) that names a tenant is that tenant; one
+        // that names a gateway relays a client, whose token must come too.
+        let certified = request
+            .peer_certs()
+            .and_then(|certificates| tokens.client(certificates.first()?));
+        let refused = match certified {
+            Some(Certified::Tenant(caller)) => return Ok(caller.as_ref().clone()),
+            Some(Certified::Gateway(gateway)) => format!(
+                "authorization: gateway {gateway:?} relays its clients: send each request with \
+                 its client's \"authorization: Bearer <token>\" (the gateway's certificate \
+                 proves the hop only)"
+            ),
+            None => "authorization: send \"authorization: Bearer <token>\" with a token of this \
+                     orchestrator (toolfleet --token, or TOOLFLEET_TOKEN)"
+                .to_owned(),
         };
-        let header = request
-            .metadata()
-            .get("authorization")
-            .ok_or_else(refused)?
-            .to_str()
-            .map_err(|_| refused())?;
-        if header.len() > MAX_TOKEN_BYTES {
-            return Err(refused());
-        }
-        let token = header
-            .strip_prefix("Bearer ")
-            .or_else(|| header.strip_prefix("bearer "))
-            .ok_or_else(refused)?
-            .trim();
-        let caller = tokens.load().caller(token).ok_or_else(refused)?;
+        let token = bearer(request.metadata()).ok_or_else(|| Status::unauthenticated(&refused))?;
+        let caller = tokens
+            .caller(token)
+            .ok_or_else(|| Status::unauthenticated(refused))?;
         Ok(caller.as_ref().clone())
     }
+}
+
+/// The token of a request's `authorization: Bearer` header; `None` for a
+/// missing, malformed or oversized one.
+fn bearer(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
+    let header = metadata.get("authorization")?.to_str().ok()?;
+    if header.len() > MAX_TOKEN_BYTES {
+        return None;
+    }
+    let token = header
+        .strip_prefix("Bearer ")
+        .or_else(|| header.strip_prefix("bearer "))?;
+    Some(token.trim())
 }
 
 impl tonic::service::Interceptor for Authenticator {
@@ -503,7 +651,7 @@ mod tests {
         assert_eq!(caller.tenant, "search");
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
         assert_eq!(caller.require_approval, ["*"]);
-        assert_eq!(caller.approver.as_deref(), Some("Ana"));
+        assert_eq!(caller.approver, Approver::Named("Ana".into()));
         assert_eq!(caller.approval_timeout, Some(Duration::from_secs(7200)));
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
@@ -525,6 +673,96 @@ mod tests {
         assert_eq!(quotas.max_active_jobs, Some(2), "the tenant's own");
         assert_eq!(quotas.submissions_per_second, Some(5.0), "the default");
         assert_eq!(quotas.max_calls_in_flight, Some(3));
+    }
+
+    #[test]
+    fn when_a_tenant_names_approvers_its_other_credentials_decide_nothing() {
+        let (agent, ana, solo) = (
+            token_sha256("tok-agent"),
+            token_sha256("tok-ana"),
+            token_sha256("tok-solo"),
+        );
+        let tokens = Tokens::parse(
+            &format!(
+                "[tenants.pay]\ntoken_sha256 = [\"{agent}\", \"{ana}\"]\n\
+                 approvers = {{ \"{ana}\" = \"Ana\" }}\n\
+                 [tenants.solo]\ntoken_sha256 = [\"{solo}\"]\n"
+            ),
+            Quotas::default(),
+        )
+        .unwrap();
+        let approver = tokens.caller("tok-ana").unwrap();
+        assert_eq!(approver.approver, Approver::Named("Ana".into()));
+        assert!(approver.check_approver().is_ok());
+        let agent = tokens.caller("tok-agent").unwrap();
+        assert_eq!(agent.tenant, "pay");
+        assert_eq!(agent.approver, Approver::NotAnApprover);
+        let refused = agent.check_approver().unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert!(
+            refused.message().contains("\"pay\" names its approvers"),
+            "{refused:?}"
+        );
+        let solo = tokens.caller("tok-solo").unwrap();
+        assert_eq!(solo.approver, Approver::Anyone, "a tenant that names none");
+        assert!(solo.check_approver().is_ok());
+        assert!(Caller::anonymous().check_approver().is_ok(), "auth off");
+    }
+
+    #[test]
+    fn a_tenant_may_use_its_tools_or_every_tool() {
+        let only_echo = Caller {
+            tools: Some(vec!["echo".into()]),
+            ..Caller::anonymous()
+        };
+        assert!(only_echo.may_use("echo"));
+        assert!(!only_echo.may_use("calculate"));
+        assert!(!only_echo.may_use("ech"));
+        assert!(Caller::anonymous().may_use("calculate"));
+    }
+
+    #[test]
+    fn a_gateways_client_name_is_never_a_tenants() {
+        let hash = token_sha256("t");
+        let tokens = Tokens::parse(
+            &format!(
+                "[gateways.mcp]\nclient_names = [\"gateway.example\", \"spiffe://x/gw\"]\n\
+                 [tenants.a]\ntoken_sha256 = [\"{hash}\"]\nclient_names = [\"a.example\"]\n"
+            ),
+            Quotas::default(),
+        )
+        .unwrap();
+        assert!(tokens.gateways.contains("gateway.example"));
+        assert!(tokens.gateways.contains("spiffe://x/gw"));
+        assert!(!tokens.clients.contains("gateway.example"));
+        for (text, expected) in [
+            (
+                format!(
+                    "[gateways.mcp]\nclient_names = [\"gateway.example\"]\n\
+                     [tenants.a]\ntoken_sha256 = [\"{hash}\"]\n\
+                     client_names = [\"gateway.example\"]\n"
+                ),
+                "tenant \"a\": client name \"gateway.example\" is a gateway's",
+            ),
+            (
+                "[gateways.mcp]\nclient_names = [\"not a name\"]\n[tenants.a]\ntoken_sha256 = []\n"
+                    .to_owned(),
+                "gateway \"mcp\": client name \"not a name\" is neither",
+            ),
+            (
+                "[gateways.mcp]\nclient_names = [\"g.example\"]\ntoken_sha256 = []\n\
+                 [tenants.a]\ntoken_sha256 = []\n"
+                    .to_owned(),
+                "unknown field",
+            ),
+            (
+                "[gateways.mcp]\nclient_names = [\"g.example\"]\n".to_owned(),
+                "names no tenant",
+            ),
+        ] {
+            let err = Tokens::parse(&text, Quotas::default()).unwrap_err();
+            assert!(err.contains(expected), "{text}: {err}");
+        }
     }
 
     #[test]
@@ -592,7 +830,7 @@ mod tests {
             (
                 "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"spiffe://x/a\"]\n\
                  [tenants.b]\ntoken_sha256 = []\nclient_names = [\"spiffe://x/a\"]\n",
-                "names two tenants",
+                "is listed twice",
             ),
             (
                 "[tenants.a]\ntoken_sha256 = []\nmax_calls_in_flight = 0\n",

@@ -717,17 +717,29 @@ fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     request
 }
 
+/// A tenant's approvers decide its held calls; its other tokens (the
+/// agent's that submitted the job) neither decide nor list them, and
+/// another tenant sees nothing.
 #[tokio::test]
-async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> anyhow::Result<()> {
+async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> anyhow::Result<()> {
     use toolfleet_orchestrator::auth::token_sha256;
-    let (ops, bot, other) = ("tok-ops-41d2", "tok-bot-9e07", "tok-other-5a3c");
+    let (ops, bo, bot, other) = (
+        "tok-ops-41d2",
+        "tok-bo-c3f1",
+        "tok-bot-9e07",
+        "tok-other-5a3c",
+    );
     // The tenant asks approval of every calculate call; its people decide.
     let text = format!(
-        "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\nrequire_approval = [\"calculate\"]\n\
-         approvers = {{ \"{}\" = \"Ana Lima\" }}\n\n[tenants.other]\ntoken_sha256 = [\"{}\"]\n",
+        "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\", \"{}\"]\n\
+         require_approval = [\"calculate\"]\n\
+         approvers = {{ \"{}\" = \"Ana Lima\", \"{}\" = \"Bo Ek\" }}\n\n\
+         [tenants.other]\ntoken_sha256 = [\"{}\"]\n",
         token_sha256(ops),
+        token_sha256(bo),
         token_sha256(bot),
         token_sha256(ops),
+        token_sha256(bo),
         token_sha256(other)
     );
     let (_dir, _fleet, mut api) = with_tokens(&text, bot, &[]).await?;
@@ -751,11 +763,28 @@ async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> an
         .await
         .expect_err("another tenant's call");
     assert_eq!(refused.code(), Code::NotFound);
-    let ours = api
+    // The agent's own token is the tenant's but no approver's.
+    let listing = api
         .list_pending_approvals(as_tenant(bot, pending_page(0, "")))
+        .await
+        .expect_err("not an approver");
+    assert_eq!(listing.code(), Code::PermissionDenied, "{listing:?}");
+    for decision in [
+        decide(&job_id, true, ""),
+        decide(&job_id, false, "no"),
+        verdict(&job_id, "math", v1::Decision::Applied),
+    ] {
+        let refused = api
+            .decide_call(as_tenant(bot, decision))
+            .await
+            .expect_err("not an approver");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    let ours = api
+        .list_pending_approvals(as_tenant(ops, pending_page(0, "")))
         .await?
         .into_inner();
-    assert_eq!(ours.approvals.len(), 1);
+    assert_eq!(ours.approvals.len(), 1, "still held");
     assert_eq!(ours.approvals[0].rule, "tenant");
     assert_eq!(
         ours.approvals[0].reason,
@@ -765,7 +794,7 @@ async fn decisions_name_who_decided_and_tenants_see_only_their_own_calls() -> an
     api.decide_call(as_tenant(ops, decide(&job_id, true, "checked")))
         .await?;
     let again = api
-        .decide_call(as_tenant(bot, decide(&job_id, false, "no")))
+        .decide_call(as_tenant(bo, decide(&job_id, false, "no")))
         .await
         .expect_err("decided once");
     assert!(

@@ -933,3 +933,146 @@ async fn the_five_command_walkthrough_of_the_mcp_page_works() -> anyhow::Result<
     );
     Ok(())
 }
+
+/// `toolfleet mcp-serve` behind mutual TLS, its certificate listed as a
+/// gateway's (docs/tools/mcp.md): the certificate proves the hop and names
+/// no tenant, so each client's own bearer token does (a garbage, missing or
+/// foreign one gets nothing of another tenant's); a tenant lists only the
+/// tools it may call; a web page's `Origin` is refused.
+#[tokio::test]
+async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none()
+-> anyhow::Result<()> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
+    use toolfleet_tests::certificates::{Certificates, GATEWAY_DNS_NAME};
+    const NARROW: &str = "tok-narrow-71a0";
+    let scratch = tempfile::tempdir()?;
+    let certificates = Certificates::generate(scratch.path())?;
+    let tokens = scratch.path().join("tokens.toml");
+    let (ide, narrow) = (
+        toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN),
+        toolfleet_orchestrator::auth::token_sha256(NARROW),
+    );
+    std::fs::write(
+        &tokens,
+        format!(
+            "[gateways.mcp]\nclient_names = [\"{GATEWAY_DNS_NAME}\"]\n\n\
+             [tenants.ide]\ntoken_sha256 = [\"{ide}\"]\n\n\
+             [tenants.narrow]\ntoken_sha256 = [\"{narrow}\"]\ntools = [\"calculate\"]\n"
+        ),
+    )?;
+    let tokens = tokens.display().to_string();
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let mut env = vec![
+        ("TOOLFLEET_API__AUTH", "tokens".to_owned()),
+        ("TOOLFLEET_API__TOKENS_FILE", tokens),
+    ];
+    env.extend(certificates.mutual_tls_env());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    fleet.spawn_orchestrator(&env).await?;
+    let addr = fleet.grpc_url(0).await?.replace("http://", "https://");
+
+    // The orchestrator itself, spoken to with the gateway's certificate.
+    let tls = ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(Certificate::from_pem(std::fs::read(
+            certificates.path("ca.pem"),
+        )?))
+        .identity(Identity::from_pem(
+            std::fs::read(certificates.path("gateway.pem"))?,
+            std::fs::read(certificates.path("gateway.key"))?,
+        ));
+    let channel = Endpoint::from_shared(addr.clone())?
+        .tls_config(tls)?
+        .connect()
+        .await?;
+    let api = ApiClient::new(channel);
+    let list_tools = |token: Option<&'static str>| {
+        let mut api = api.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ListToolsRequest {});
+            if let Some(token) = token {
+                let bearer = format!("Bearer {token}").parse().expect("ascii");
+                request.metadata_mut().insert("authorization", bearer);
+            }
+            api.list_tools(request).await.map(|r| r.into_inner().tools)
+        }
+    };
+    for token in [None, Some("garbage")] {
+        let refused = list_tools(token).await.expect_err("the hop alone");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{token:?}");
+    }
+    wait_until("the tools to go live", JOB, || async {
+        let tools = list_tools(Some(IDE_TOKEN)).await.ok()?;
+        tools.iter().any(|t| t.name == "fail").then_some(())
+    })
+    .await?;
+    let narrow_tools = list_tools(Some(NARROW)).await?;
+    let names: Vec<&str> = narrow_tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(names, ["calculate"], "only what the tenant may call");
+
+    let toolfleet = cargo_bin("toolfleet")?.display().to_string();
+    let listen = toolfleet_tests::free_loopback_address()?;
+    let (ca, cert, key) = (
+        certificates.path("ca.pem"),
+        certificates.path("gateway.pem"),
+        certificates.path("gateway.key"),
+    );
+    let _gateway = tokio::process::Command::new(&toolfleet)
+        .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
+        .args(["--tls-ca-file", &ca, "--tls-cert-file", &cert])
+        .args(["--tls-key-file", &key])
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_until("mcp-serve to listen", JOB, || async {
+        tokio::net::TcpStream::connect(&listen).await.ok()
+    })
+    .await?;
+    let url = format!("http://{listen}/mcp");
+    for token in ["", "garbage"] {
+        let refused = python_client(&["http-2026", &url, token]).await?;
+        assert!(refused["refused"].is_string(), "{token:?}: {refused}");
+        let bearer = format!("Bearer {token}");
+        let headers: &[(&str, &str)] = if token.is_empty() {
+            &[]
+        } else {
+            &[("Authorization", &bearer)]
+        };
+        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", headers).await?;
+        assert_eq!(status, 401, "{token:?}");
+    }
+    // Each client's calls are its own tenant's jobs, none the gateway's.
+    let seen = python_client(&["http-2026", &url, IDE_TOKEN]).await?;
+    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
+    let seen = python_client(&["http-2026", &url, NARROW]).await?;
+    let listed: Vec<&String> = seen["tools"].as_object().expect("tools").keys().collect();
+    assert_eq!(listed, ["calculate"], "{seen}");
+    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
+    assert_eq!(seen["fail"]["is_error"], true, "not the tenant's: {seen}");
+    let jobs = |token: &'static str| {
+        let mut api = api.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ListJobsRequest::default());
+            let bearer = format!("Bearer {token}").parse().expect("ascii");
+            request.metadata_mut().insert("authorization", bearer);
+            let jobs = api.list_jobs(request).await?.into_inner().jobs;
+            anyhow::Ok(jobs.into_iter().map(|j| j.job_id).collect::<Vec<_>>())
+        }
+    };
+    let (ide_jobs, narrow_jobs) = (jobs(IDE_TOKEN).await?, jobs(NARROW).await?);
+    assert_eq!(ide_jobs.len(), 2, "calculate and fail: {ide_jobs:?}");
+    assert!(
+        ide_jobs.iter().all(|id| id.starts_with("ide-")),
+        "{ide_jobs:?}"
+    );
+    assert_eq!(narrow_jobs.len(), 1, "calculate only: {narrow_jobs:?}");
+    assert!(narrow_jobs[0].starts_with("narrow-"), "{narrow_jobs:?}");
+
+    // A web page's request: refused whoever's token it carries.
+    let bearer = format!("Bearer {IDE_TOKEN}");
+    for origin in ["http://evil.example", "null", &format!("http://{listen}")] {
+        let headers = [("Authorization", bearer.as_str()), ("Origin", origin)];
+        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", &headers).await?;
+        assert_eq!(status, 403, "{origin}");
+    }
+    Ok(())
+}

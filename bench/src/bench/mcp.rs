@@ -164,7 +164,14 @@ async fn serve_gateway(address: &str, stop: CancellationToken) -> anyhow::Result
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/mcp", listener.local_addr()?);
     tokio::spawn(async move {
-        if let Err(err) = toolfleet_cli::mcp_serve::serve_http(channel, listener, &[], stop).await {
+        if let Err(err) = toolfleet_cli::mcp_serve::serve_http(
+            channel,
+            listener,
+            toolfleet_cli::mcp_serve::Allowed::default(),
+            stop,
+        )
+        .await
+        {
             eprintln!("mcp: the gateway stopped: {err:#}");
         }
     });

@@ -13,10 +13,13 @@ use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, 
 pub const CLIENT_DNS_NAME: &str = "search.clients.test";
 /// The URI name (a SPIFFE id) of the client certificate `spiffe.pem`.
 pub const CLIENT_SPIFFE_ID: &str = "spiffe://toolfleet.test/ns/ads/sa/agent";
+/// The DNS name of the gateway's client certificate `gateway.pem`.
+pub const GATEWAY_DNS_NAME: &str = "gateway.test";
 
 /// PEM files in one dir: `ca.pem`; `server.pem` and `server.key`;
 /// `client.pem` and `client.key` ([`CLIENT_DNS_NAME`]); `spiffe.pem` and
-/// `spiffe.key` ([`CLIENT_SPIFFE_ID`]).
+/// `spiffe.key` ([`CLIENT_SPIFFE_ID`]); `gateway.pem` and `gateway.key`
+/// ([`GATEWAY_DNS_NAME`]).
 #[derive(Debug, Clone)]
 pub struct Certificates {
     dir: PathBuf,
@@ -61,12 +64,14 @@ impl Certificates {
             "localhost",
         )
         .signed_by(&server_key, &*ca)?;
-        let client_key = KeyPair::generate()?;
-        let client = named(
-            CertificateParams::new(vec![CLIENT_DNS_NAME.to_owned()])?,
-            CLIENT_DNS_NAME,
-        )
-        .signed_by(&client_key, &*ca)?;
+        let dns_client = |name: &str| -> anyhow::Result<_> {
+            let key = KeyPair::generate()?;
+            let certificate = named(CertificateParams::new(vec![name.to_owned()])?, name)
+                .signed_by(&key, &*ca)?;
+            Ok((certificate, key))
+        };
+        let (client, client_key) = dns_client(CLIENT_DNS_NAME)?;
+        let (gateway, gateway_key) = dns_client(GATEWAY_DNS_NAME)?;
         let spiffe_key = KeyPair::generate()?;
         let mut spiffe_params = named(CertificateParams::default(), "spiffe client");
         spiffe_params.subject_alt_names = vec![SanType::URI(CLIENT_SPIFFE_ID.try_into()?)];
@@ -79,6 +84,8 @@ impl Certificates {
             ("client.key", client_key.serialize_pem()),
             ("spiffe.pem", spiffe.pem()),
             ("spiffe.key", spiffe_key.serialize_pem()),
+            ("gateway.pem", gateway.pem()),
+            ("gateway.key", gateway_key.serialize_pem()),
         ] {
             std::fs::write(dir.join(name), pem)?;
         }

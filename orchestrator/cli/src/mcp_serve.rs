@@ -12,7 +12,11 @@
 //! - authentication is the API's: over stdio, `--token`; over HTTP, each
 //!   client's own `Authorization: Bearer` token, checked by the
 //!   orchestrator against its tokens file before the request reaches the
-//!   MCP server (401 otherwise).
+//!   MCP server (401 otherwise). Behind mutual TLS the gateway's own
+//!   certificate is listed as a gateway's (`[gateways.<name>]`), which
+//!   proves the hop and names no tenant: the client's token alone does;
+//! - a request from a web page (an `Origin` header) is served only from
+//!   the origins `--allowed-origin` lists (403 otherwise).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -60,6 +64,24 @@ pub(crate) struct McpServeArgs {
     /// against DNS rebinding.
     #[arg(long = "allowed-host", value_name = "HOST")]
     allowed_hosts: Vec<String>,
+    /// A browser origin the HTTP endpoint answers (repeat for each), as
+    /// `scheme://host[:port]` (`http://localhost:*` for any port), for MCP
+    /// clients that run in a web page. A request with any other `Origin`
+    /// header gets 403; by default every origin is refused (clients outside
+    /// a browser send none).
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+}
+
+/// What the HTTP endpoint answers besides localhost: the `Host` names it
+/// is reached by (against DNS rebinding) and the browser origins it serves
+/// (against cross-site requests).
+#[derive(Debug, Default, Clone)]
+pub struct Allowed {
+    /// `Host` names, besides localhost's.
+    pub hosts: Vec<String>,
+    /// `Origin` values; none by default.
+    pub origins: Vec<String>,
 }
 
 pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
@@ -77,12 +99,18 @@ pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
             running.waiting().await?;
             Ok(ExitCode::SUCCESS)
         }
-        Some(address) => http(channel, address, &args.allowed_hosts).await,
+        Some(address) => {
+            let allowed = Allowed {
+                hosts: args.allowed_hosts,
+                origins: args.allowed_origins,
+            };
+            http(channel, address, allowed).await
+        }
     }
 }
 
 /// Serves Streamable HTTP at `address` until Ctrl-C or SIGTERM.
-async fn http(channel: Channel, address: SocketAddr, hosts: &[String]) -> anyhow::Result<ExitCode> {
+async fn http(channel: Channel, address: SocketAddr, allowed: Allowed) -> anyhow::Result<ExitCode> {
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(crate::watch_signals(stop.clone()));
     let listener = tokio::net::TcpListener::bind(address)
@@ -92,13 +120,14 @@ async fn http(channel: Channel, address: SocketAddr, hosts: &[String]) -> anyhow
         "toolfleet mcp-serve: MCP over Streamable HTTP at http://{}/mcp",
         listener.local_addr()?
     );
-    serve_http(channel, listener, hosts, stop).await?;
+    serve_http(channel, listener, allowed, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the fleet of `channel` as an MCP server over Streamable HTTP on
 /// `listener` (path `/mcp`) until `stop`, answering the `Host` names of
-/// localhost and `hosts`. `toolfleet bench --mcp` runs it in its process.
+/// localhost and those `allowed`, and only the browser origins `allowed`.
+/// `toolfleet bench --mcp` runs it in its process.
 ///
 /// # Errors
 ///
@@ -106,20 +135,25 @@ async fn http(channel: Channel, address: SocketAddr, hosts: &[String]) -> anyhow
 pub async fn serve_http(
     channel: Channel,
     listener: tokio::net::TcpListener,
-    hosts: &[String],
+    allowed: Allowed,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService, session::local::LocalSessionManager,
     };
-    let mut allowed = vec![
+    let mut hosts = vec![
         "localhost".to_owned(),
         "127.0.0.1".to_owned(),
         "::1".to_owned(),
     ];
-    allowed.extend(hosts.iter().cloned());
+    hosts.extend(allowed.hosts);
+    // The MCP transport asks a server to validate `Origin`: a web page the
+    // user visits must not reach a gateway on their machine. rmcp checks
+    // it only once told to, and refuses every origin on an empty list.
     let config = StreamableHttpServerConfig::default()
-        .with_allowed_hosts(allowed)
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(allowed.origins)
+        .enforce_origin_validation()
         .with_cancellation_token(stop.child_token());
     let gateway = Gateway {
         channel: channel.clone(),

@@ -26,6 +26,7 @@ impl AgentApi {
         request: v1::DecideCallRequest,
         caller: &Caller,
     ) -> Result<JobStatus, Status> {
+        caller.check_approver()?;
         let choice = choice(request.decision)?;
         check_reason(&request.reason, choice)?;
         let result = self.checked_result(request.result, choice)?;
@@ -60,7 +61,7 @@ impl AgentApi {
             arguments,
             result,
             tenant: caller.tenant.clone(),
-            approver: caller.approver.clone(),
+            approver: caller.approver.name().map(str::to_owned),
             at_ms: now_ms(),
         };
         let decided = self
@@ -349,6 +350,7 @@ impl AgentApi {
         request: v1::ListPendingApprovalsRequest,
         caller: &Caller,
     ) -> Result<v1::ListPendingApprovalsResponse, Status> {
+        caller.check_approver()?;
         let limit = match request.page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
             n if n > MAX_PAGE_SIZE => {

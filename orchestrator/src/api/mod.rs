@@ -410,12 +410,16 @@ impl AgentService for AgentApi {
 
     async fn list_tools(
         &self,
-        _request: Request<v1::ListToolsRequest>,
+        request: Request<v1::ListToolsRequest>,
     ) -> Result<Response<v1::ListToolsResponse>, Status> {
+        // Only what the tenant may call: another tool's name and schema
+        // are none of its business.
+        let caller = caller_of(&request);
         let tools = self
             .registry
             .available_tools()
             .iter()
+            .filter(|tool| caller.may_use(&tool.manifest.name))
             .map(to_tool)
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))

@@ -357,7 +357,7 @@ fn allowed_tools(named: Vec<String>, caller: &Caller) -> Result<Vec<String>, Sta
     if named.is_empty() {
         return Ok(allowed.clone());
     }
-    if let Some(name) = named.iter().find(|name| !allowed.contains(name)) {
+    if let Some(name) = named.iter().find(|name| !caller.may_use(name)) {
         return Err(Status::permission_denied(format!(
             "tools: {:?} is not allowed for tenant {:?}",
             excerpt(name, ECHO_CHARS),
