@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use crate::job::{Item, WireIds};
 use crate::model::http::ErrorDetails;
+use crate::model::mask::Mask;
 use crate::model::scripted::Scripted;
 use crate::model::{TurnRequest, chat_completions, openai_responses};
 use crate::runner::step::pending_calls;
@@ -16,7 +17,7 @@ use crate::runner::step::pending_calls;
 /// A Responses API body: parsed as a success and as an error body, and the
 /// calls it makes planned onto the wire as the runner would.
 pub fn openai_responses(body: &[u8]) {
-    let _ = ErrorDetails::parse(body, Some("sk-fuzz"));
+    let _ = ErrorDetails::parse(body, &Mask::of(Some("sk-fuzz".into())));
     if let Ok(json) = serde_json::from_slice::<Value>(body)
         && let Ok(turn) = openai_responses::parse_response(&json)
     {
@@ -26,7 +27,7 @@ pub fn openai_responses(body: &[u8]) {
 
 /// A Chat Completions body, as [`openai_responses`].
 pub fn openai_chat(body: &[u8]) {
-    let _ = ErrorDetails::parse(body, None);
+    let _ = ErrorDetails::parse(body, &Mask::default());
     if let Ok(json) = serde_json::from_slice::<Value>(body)
         && let Ok(turn) = chat_completions::parse_response(&json, 3)
     {

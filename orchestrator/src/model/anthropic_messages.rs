@@ -251,8 +251,8 @@ impl Provider for AnthropicMessages {
             for _ in 0..=MAX_PAUSES {
                 let response = match request.deltas {
                     Some(deltas) => {
-                        let mut reader = stream::Reader::new(deltas);
-                        http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                        let mut reader = stream::Reader::default();
+                        http::post_sse(&self.wire, &url, &body, &mut reader, deltas).await?
                     }
                     None => http::post_json(&self.wire, &url, &body).await?,
                 };
@@ -561,8 +561,12 @@ mod tests {
     use crate::model::Delta;
 
     fn options(server: &MockServer) -> AnthropicOptions {
+        options_at(&server.uri())
+    }
+
+    fn options_at(uri: &str) -> AnthropicOptions {
         AnthropicOptions {
-            base_url: format!("{}/v1", server.uri()),
+            base_url: format!("{uri}/v1"),
             api_key: Some("sk-ant-test".into()),
             api_key_file: None,
             version: DEFAULT_VERSION.into(),
@@ -1078,5 +1082,60 @@ mod tests {
             "{err:?}"
         );
         assert!(started.elapsed() < Duration::from_secs(4), "bounded");
+    }
+
+    #[tokio::test]
+    async fn a_key_the_server_echoes_never_comes_back() {
+        use crate::model::http::testing::{ECHOED_KEY, KeyAnswers, check_the_key_never_comes_back};
+        fn event(data: &Value) -> String {
+            format!(
+                "event: {}\ndata: {data}\n\n",
+                data["type"].as_str().unwrap_or_default()
+            )
+        }
+        fn stream(pieces: &[&str]) -> String {
+            let mut start = message(json!([]), "end_turn");
+            start["stop_reason"] = Value::Null;
+            let mut events = vec![
+                json!({"type": "message_start", "message": start}),
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+            ];
+            events.extend(pieces.iter().map(|piece| {
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": piece}})
+            }));
+            events.extend([
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                       "usage": {"output_tokens": 4}}),
+                json!({"type": "message_stop"}),
+            ]);
+            events.iter().map(event).collect()
+        }
+        let answers = KeyAnswers {
+            path: "/v1/messages",
+            text: |text| message(json!([{"type": "text", "text": text}]), "end_turn"),
+            in_band_error: |message| {
+                json!({"type": "error",
+                       "error": {"type": "authentication_error", "message": message}})
+            },
+            stream,
+            stream_error: |message| {
+                event(&json!({"type": "error",
+                              "error": {"type": "invalid_request_error", "message": message}}))
+            },
+        };
+        let items = [Item::User { text: "hi".into() }];
+        check_the_key_never_comes_back(
+            |uri| {
+                let mut options = options_at(&uri);
+                options.api_key = Some(ECHOED_KEY.into());
+                AnthropicMessages::new(&options).unwrap()
+            },
+            &answers,
+            request(&items),
+        )
+        .await;
     }
 }

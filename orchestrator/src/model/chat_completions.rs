@@ -67,8 +67,8 @@ impl Provider for ChatCompletions {
                     body["stream"] = json!(true);
                     // Without it OpenAI sends no usage in a stream.
                     body["stream_options"] = json!({"include_usage": true});
-                    let mut reader = stream::Reader::new(deltas);
-                    http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                    let mut reader = stream::Reader::default();
+                    http::post_sse(&self.wire, &url, &body, &mut reader, deltas).await?
                 }
                 None => http::post_json(&self.wire, &url, &body).await?,
             };
@@ -701,5 +701,49 @@ mod tests {
         let sent = request_bodies(&server, RequestKind::ChatCompletions).await;
         assert_eq!(sent[0]["stream"], true);
         assert_eq!(sent[0]["stream_options"]["include_usage"], true);
+    }
+
+    #[tokio::test]
+    async fn a_key_the_server_echoes_never_comes_back() {
+        use crate::model::http::testing::{
+            ECHOED_KEY, KeyAnswers, check_the_key_never_comes_back, options_at,
+        };
+        fn stream(pieces: &[&str]) -> String {
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            };
+            let mut chunks: Vec<Value> = pieces
+                .iter()
+                .map(|piece| chunk(json!({"content": piece}), Value::Null))
+                .collect();
+            chunks.push(chunk(json!({}), json!("stop")));
+            let mut body: String = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+            body.push_str("data: [DONE]\n\n");
+            body
+        }
+        let answers = KeyAnswers {
+            path: "/v1/chat/completions",
+            text: |text| completion(json!({"role": "assistant", "content": text}), "stop"),
+            in_band_error: |message| json!({"error": {"message": message, "code": "invalid_api_key"}}),
+            stream,
+            stream_error: |message| {
+                let chunk = json!({"error": {"message": message, "code": "bad_request"}});
+                format!("data: {chunk}\n\n")
+            },
+        };
+        let items = [Item::User { text: "hi".into() }];
+        check_the_key_never_comes_back(
+            |uri| {
+                let options = OpenAiOptions {
+                    api_key: Some(ECHOED_KEY.into()),
+                    ..options_at(&uri)
+                };
+                ChatCompletions::new(&options).unwrap()
+            },
+            &answers,
+            request(&items, &[], 0),
+        )
+        .await;
     }
 }

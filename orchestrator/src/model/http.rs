@@ -11,7 +11,6 @@
 //! other 4xx.
 
 use std::error::Error as StdError;
-use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -19,8 +18,9 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
-use super::ModelError;
 use super::api_key::ApiKey;
+use super::mask::Mask;
+use super::{DeltaOut, DeltaSink, ModelError};
 
 /// 429 codes that need a human (credit, budget, spend limit): retrying only
 /// burns the budget and delays the failure. From OpenAI's error-code guide and
@@ -64,20 +64,24 @@ pub(crate) struct Wire {
     /// Version headers.
     headers: HeaderMap,
     /// The credential: sent in its header (marked sensitive, so never
-    /// printed), and cut out of any error text a server echoes it in.
+    /// printed), and cut out of everything the answer says (`Mask`).
     key: Option<ApiKey>,
     policy: Policy,
 }
 
 impl Wire {
     /// POSTs `body` to `url` with the wire's headers and its key as it is
-    /// now, asking for `accept`; the answer, and the key it was sent with.
+    /// now, asking for `accept`; the answer, and the mask of the key it was
+    /// sent with.
+    ///
+    /// A redirect is final: it is never followed, so the key goes to no
+    /// other address than the configured one.
     async fn send(
         &self,
         url: &str,
         body: &Value,
         accept: &str,
-    ) -> Result<(reqwest::Response, Option<Arc<str>>), Failure> {
+    ) -> Result<(reqwest::Response, Mask), Failure> {
         let mut request = self
             .client
             .post(url)
@@ -90,7 +94,19 @@ impl Wire {
             sent_key = Some(loaded.key);
         }
         let response = request.json(body).send().await.map_err(send_failure)?;
-        Ok((response, sent_key))
+        let status = response.status();
+        if status.is_redirection() {
+            return Err(Failure::Fatal(ModelError::Rejected {
+                status: status.as_u16(),
+                code: None,
+                message: format!(
+                    "the server answered with a redirect, which is not followed (the key goes \
+                     to the configured address only): set {}.base_url to the address it names",
+                    self.policy.section
+                ),
+            }));
+        }
+        Ok((response, Mask::of(sent_key)))
     }
 
     /// A wire with `headers` and `key` on every request.
@@ -104,8 +120,12 @@ impl Wire {
         headers: &[(&'static str, String)],
         key: Option<ApiKey>,
     ) -> Result<Self, String> {
+        // No redirects: reqwest drops `authorization` on a redirect to
+        // another origin, but not `x-api-key` (Anthropic's); a model API
+        // that moved is a configuration to change, not to follow.
         let client = reqwest::Client::builder()
             .timeout(policy.request_timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
         let mut map = HeaderMap::new();
@@ -133,21 +153,26 @@ pub(crate) fn endpoint(base_url: &str, path: &str) -> String {
     format!("{}/{path}", base_url.trim_end_matches('/'))
 }
 
-/// What reads a streamed answer, one server-sent event at a time.
+/// What reads a streamed answer, one server-sent event at a time, into
+/// the answer a plain request would have had.
 pub(crate) trait StreamReader {
-    /// What a whole stream makes.
-    type Output;
     /// A new attempt starts: whatever the last one read is forgotten.
     fn restart(&mut self);
-    /// One event (`name` is the SSE `event:` field, empty when absent);
-    /// `Some` once the stream is complete.
+    /// One event (`name` is the SSE `event:` field, empty when absent),
+    /// its pieces of the turn sent to `deltas`; the whole answer once the
+    /// stream is complete.
     ///
     /// # Errors
     ///
     /// [`StreamError::Transient`] for what another attempt may cure (an
     /// `overloaded_error` event, malformed data); [`StreamError::Fatal`]
     /// for what it would not.
-    fn event(&mut self, name: &str, data: &str) -> Result<Option<Self::Output>, StreamError>;
+    fn event(
+        &mut self,
+        name: &str,
+        data: &str,
+        deltas: &mut DeltaOut<'_>,
+    ) -> Result<Option<Value>, StreamError>;
 }
 
 /// Why a stream's event could not be read.
@@ -161,25 +186,28 @@ pub(crate) enum StreamError {
 
 /// POSTs `body` (which asks for a stream) to `url` over `wire` and reads
 /// the answer's server-sent events with `reader` until it says the stream
-/// is complete. Failures before and during the stream are retried as
-/// [`post_json`] retries them: a stream that breaks, stalls for the
-/// policy's `stream_idle_timeout`, ends before its last event, or carries
-/// malformed events is a transient failure, and the next attempt starts
-/// the answer again (`reader.restart()`).
+/// is complete, the pieces it reads sent to `sink`. Failures before and
+/// during the stream are retried as [`post_json`] retries them: a stream
+/// that breaks, stalls for the policy's `stream_idle_timeout`, ends before
+/// its last event, or carries malformed events is a transient failure, and
+/// the next attempt starts the answer again (`reader.restart()`, and a
+/// [`Delta::Restart`](super::Delta::Restart) for the sink). The answer,
+/// its deltas and its errors are masked of the key, as `post_json`'s.
 ///
 /// # Errors
 ///
 /// As [`post_json`]; and [`StreamError::Fatal`]'s error.
-pub(crate) async fn post_sse<R: StreamReader>(
+pub(crate) async fn post_sse(
     wire: &Wire,
     url: &str,
     body: &Value,
-    reader: &mut R,
-) -> Result<R::Output, ModelError> {
+    reader: &mut impl StreamReader,
+    sink: DeltaSink<'_>,
+) -> Result<Value, ModelError> {
     let mut retries = Retries::new(&wire.policy);
+    let mut deltas = DeltaOut::new(sink);
     loop {
-        reader.restart();
-        match stream_once(wire, url, body, reader).await {
+        match stream_once(wire, url, body, reader, &mut deltas).await {
             Ok(output) => return Ok(output),
             Err(Failure::Fatal(err)) => return Err(err),
             Err(Failure::Transient(transient)) => retries.after(transient).await?,
@@ -188,20 +216,41 @@ pub(crate) async fn post_sse<R: StreamReader>(
 }
 
 /// One attempt of [`post_sse`].
-async fn stream_once<R: StreamReader>(
+async fn stream_once(
     wire: &Wire,
     url: &str,
     body: &Value,
-    reader: &mut R,
-) -> Result<R::Output, Failure> {
-    use futures::StreamExt as _;
-    let options = &wire.policy;
-    let (response, key) = wire.send(url, body, "text/event-stream").await?;
+    reader: &mut impl StreamReader,
+    deltas: &mut DeltaOut<'_>,
+) -> Result<Value, Failure> {
+    let (response, mask) = wire.send(url, body, "text/event-stream").await?;
     let status = response.status();
     if !status.is_success() {
         // An error is a JSON body, read and judged as post_json does.
-        return Err(error_answer(wire, response, key.as_deref()).await);
+        return Err(error_answer(wire, response, &mask).await);
     }
+    reader.restart();
+    deltas.restart(mask.clone());
+    match read_stream(wire, response, reader, deltas).await {
+        Ok(mut answer) => {
+            deltas.flush();
+            mask.value(&mut answer);
+            Ok(answer)
+        }
+        Err(failure) => Err(failure.masked(&mask)),
+    }
+}
+
+/// The events of one streamed answer, read to its end.
+async fn read_stream(
+    wire: &Wire,
+    response: reqwest::Response,
+    reader: &mut impl StreamReader,
+    deltas: &mut DeltaOut<'_>,
+) -> Result<Value, Failure> {
+    use futures::StreamExt as _;
+    let options = &wire.policy;
+    let status = response.status();
     let transient = |reason: String| {
         Failure::Transient(Transient {
             reason,
@@ -247,7 +296,7 @@ async fn stream_once<R: StreamReader>(
         // Comments and retry hints carry no data.
         let Some(data) = event.data else { continue };
         let name = event.event.as_deref().unwrap_or_default();
-        match reader.event(name, &data) {
+        match reader.event(name, &data, deltas) {
             Ok(Some(output)) => return Ok(output),
             Ok(None) => {}
             Err(StreamError::Transient(reason)) => return Err(transient(reason)),
@@ -309,8 +358,8 @@ fn request_id(headers: &HeaderMap) -> Option<String> {
     Some(id.chars().take(MAX_CHARS).collect())
 }
 
-/// A non-2xx answer, read and judged: transient or final.
-async fn error_answer(wire: &Wire, response: reqwest::Response, key: Option<&str>) -> Failure {
+/// A non-2xx answer, read and judged: transient or final; its text masked.
+async fn error_answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Failure {
     let status = response.status();
     let retry_after = retry_after(response.headers());
     let request_id = request_id(response.headers());
@@ -318,7 +367,7 @@ async fn error_answer(wire: &Wire, response: reqwest::Response, key: Option<&str
     let bytes = read_body(response, wire.policy.max_response_bytes)
         .await
         .unwrap_or_default();
-    let details = ErrorDetails::parse(&bytes, key);
+    let details = ErrorDetails::parse(&bytes, mask);
     if is_retryable_status(status) && !details.is_quota() {
         return Failure::Transient(Transient {
             reason: format!("HTTP {}: {}", status.as_u16(), details.message),
@@ -422,6 +471,20 @@ enum Failure {
     Fatal(ModelError),
 }
 
+impl Failure {
+    /// The failure with the provider's text masked, before it is logged
+    /// (a retry) or returned.
+    fn masked(self, mask: &Mask) -> Self {
+        match self {
+            Self::Transient(transient) => Self::Transient(Transient {
+                reason: mask.text(transient.reason),
+                ..transient
+            }),
+            Self::Fatal(err) => Self::Fatal(mask.error(err)),
+        }
+    }
+}
+
 struct Transient {
     /// For the log and, once retries run out, the error message.
     reason: String,
@@ -431,9 +494,22 @@ struct Transient {
     request_id: Option<String>,
 }
 
+/// One attempt of [`post_json`]: the answer, or why it failed, masked of
+/// the key it was sent with.
 async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failure> {
+    let (response, mask) = wire.send(url, body, "application/json").await?;
+    match answer(wire, response, &mask).await {
+        Ok(mut value) => {
+            mask.value(&mut value);
+            Ok(value)
+        }
+        Err(failure) => Err(failure.masked(&mask)),
+    }
+}
+
+/// The JSON of a 2xx answer, or a non-2xx one judged.
+async fn answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Result<Value, Failure> {
     let options = &wire.policy;
-    let (response, key) = wire.send(url, body, "application/json").await?;
 
     let status = response.status();
     let retry_after = retry_after(response.headers());
@@ -466,7 +542,7 @@ async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failur
         });
     }
 
-    let details = ErrorDetails::parse(&bytes, key.as_deref());
+    let details = ErrorDetails::parse(&bytes, mask);
     if is_retryable_status(status) && !details.is_quota() {
         return Err(Failure::Transient(Transient {
             reason: format!("HTTP {}: {}", status.as_u16(), details.message),
@@ -545,12 +621,12 @@ pub(crate) struct ErrorDetails {
 }
 
 impl ErrorDetails {
-    pub(crate) fn parse(body: &[u8], api_key: Option<&str>) -> Self {
+    pub(crate) fn parse(body: &[u8], mask: &Mask) -> Self {
         let Ok(json) = serde_json::from_slice::<Value>(body) else {
             return Self {
                 code: None,
                 kind: None,
-                message: redact(quote_body(body), api_key),
+                message: mask.text(quote_body(body)),
             };
         };
         // The fields sit under `error` on OpenAI, at the top level on vLLM.
@@ -570,7 +646,7 @@ impl ErrorDetails {
                 .get("type")
                 .and_then(Value::as_str)
                 .map(str::to_owned),
-            message: redact(message, api_key),
+            message: mask.text(message),
         }
     }
 
@@ -608,15 +684,6 @@ fn quote_body(body: &[u8]) -> String {
     match text.char_indices().nth(MAX_QUOTED_BODY) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_owned(),
-    }
-}
-
-/// Servers have been known to echo the key they were given ("Incorrect API
-/// key provided: sk-…"); our errors end up in job records and logs.
-fn redact(message: String, api_key: Option<&str>) -> String {
-    match api_key {
-        Some(key) if !key.is_empty() && message.contains(key) => message.replace(key, "***"),
-        _ => message,
     }
 }
 
@@ -715,8 +782,13 @@ pub(crate) mod testing {
 
     /// Fast-retrying options for a provider talking to `server`.
     pub(crate) fn options(server: &MockServer) -> OpenAiOptions {
+        options_at(&server.uri())
+    }
+
+    /// Fast-retrying options for a provider talking to the server at `uri`.
+    pub(crate) fn options_at(uri: &str) -> OpenAiOptions {
         OpenAiOptions {
-            base_url: format!("{}/v1", server.uri()),
+            base_url: format!("{uri}/v1"),
             api_key: Some("sk-test".into()),
             api_key_file: None,
             request_timeout: Duration::from_secs(5),
@@ -787,6 +859,146 @@ pub(crate) mod testing {
     /// An OpenAI error body.
     pub(crate) fn error_body(message: &str, kind: &str, code: Option<&str>) -> Value {
         json!({"error": {"message": message, "type": kind, "param": null, "code": code}})
+    }
+
+    /// The key the servers of [`check_the_key_never_comes_back`] echo.
+    pub(crate) const ECHOED_KEY: &str = "sk-echoed-5f1d";
+
+    /// How one provider's server writes the answers of the key story.
+    pub(crate) struct KeyAnswers {
+        /// The endpoint's path (`/v1/responses`).
+        pub(crate) path: &'static str,
+        /// A plain answer whose text is the argument.
+        pub(crate) text: fn(&str) -> Value,
+        /// A 200 whose body is an error quoting the argument.
+        pub(crate) in_band_error: fn(&str) -> Value,
+        /// The SSE body of a streamed answer whose text comes in the pieces
+        /// given.
+        pub(crate) stream: fn(&[&str]) -> String,
+        /// The SSE body of a stream ended by a final error event quoting
+        /// the argument.
+        pub(crate) stream_error: fn(&str) -> String,
+    }
+
+    /// A provider made by `make` (its base URL the argument and `/v1`, its
+    /// key [`ECHOED_KEY`]) never passes the key on, whichever way its server
+    /// echoes it: a plain answer's text, an in-band error of a 200, a
+    /// non-2xx body, a transient failure retried until the retries run
+    /// out, a stream's deltas (the key split across them) and its answer,
+    /// a stream's error event; and it follows no redirect, so the key
+    /// reaches no other origin.
+    pub(crate) async fn check_the_key_never_comes_back<P: Provider>(
+        make: impl Fn(String) -> P,
+        answers: &KeyAnswers,
+        request: TurnRequest<'_>,
+    ) {
+        let quoting = format!("Incorrect API key provided: {ECHOED_KEY}.");
+        let sse = |body: String| {
+            ResponseTemplate::new(200)
+                .insert_header("content-type", "text/event-stream")
+                .set_body_string(body)
+        };
+        let answering = |response: ResponseTemplate| async move {
+            let server = MockServer::start().await;
+            Mock::given(method("POST"))
+                .and(path(answers.path))
+                .respond_with(response)
+                .mount(&server)
+                .await;
+            server
+        };
+        let masked = |text: &str| {
+            assert!(!text.contains(ECHOED_KEY), "the key came back: {text}");
+            assert!(text.contains("***"), "{text}");
+        };
+
+        let text = format!("your key is {ECHOED_KEY}, keep it");
+        let server =
+            answering(ResponseTemplate::new(200).set_body_json((answers.text)(&text))).await;
+        let turn = make(server.uri()).turn(request).await.expect("an answer");
+        assert_eq!(turn.text(), "your key is ***, keep it", "a plain answer");
+
+        for (case, response) in [
+            (
+                "an in-band error",
+                ResponseTemplate::new(200).set_body_json((answers.in_band_error)(&quoting)),
+            ),
+            (
+                "a 401",
+                ResponseTemplate::new(401).set_body_json(error_body(&quoting, "auth", None)),
+            ),
+            (
+                "a 503 retried",
+                ResponseTemplate::new(503).set_body_string(quoting.clone()),
+            ),
+            (
+                "a stream's error event",
+                sse((answers.stream_error)(&quoting)),
+            ),
+        ] {
+            let server = answering(response).await;
+            let mut streamed = request;
+            let sink = |_: super::super::Delta| {};
+            if case.contains("stream") {
+                streamed.deltas = Some(&sink);
+            }
+            let err = make(server.uri()).turn(streamed).await.expect_err(case);
+            masked(&format!("{case}: {err} {err:?}"));
+        }
+
+        let pieces = ["your key is sk-ec", "hoed", "-5f1d", ", keep it"];
+        let server = answering(sse((answers.stream)(&pieces))).await;
+        let seen = std::sync::Mutex::new(Vec::new());
+        let sink = |delta: super::super::Delta| {
+            seen.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(delta);
+        };
+        let mut streamed = request;
+        streamed.deltas = Some(&sink);
+        let turn = make(server.uri())
+            .turn(streamed)
+            .await
+            .expect("a streamed answer");
+        assert_eq!(turn.text(), "your key is ***, keep it", "a streamed answer");
+        let deltas = seen
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut sent = String::new();
+        for delta in &deltas {
+            if let super::super::Delta::Text(piece) = delta {
+                for part in ["sk-ec", "hoed", "5f1d"] {
+                    assert!(
+                        !piece.contains(part),
+                        "a part of the key was sent: {deltas:?}"
+                    );
+                }
+                sent.push_str(piece);
+            }
+        }
+        assert_eq!(sent, "your key is ***, keep it", "{deltas:?}");
+
+        // A redirect to another origin: followed, it would carry the key.
+        let elsewhere = MockServer::start().await;
+        let moved = ResponseTemplate::new(307).insert_header(
+            "location",
+            format!("{}{}", elsewhere.uri(), answers.path).as_str(),
+        );
+        let server = answering(moved).await;
+        let err = make(server.uri())
+            .turn(request)
+            .await
+            .expect_err("a redirect");
+        assert!(
+            matches!(&err, ModelError::Rejected { status: 307, message, .. }
+                if message.contains("redirect, which is not followed")),
+            "{err:?}"
+        );
+        let followed = elsewhere.received_requests().await.expect("recording");
+        assert!(
+            followed.is_empty(),
+            "the redirect was followed: {followed:?}"
+        );
     }
 
     /// The retry policy, seen through a provider: transient failures are
@@ -1005,7 +1217,8 @@ mod tests {
 
     #[test]
     fn error_details_read_openai_and_compatible_shapes() {
-        let parse = |body: &str| ErrorDetails::parse(body.as_bytes(), Some("sk-secret"));
+        let parse =
+            |body: &str| ErrorDetails::parse(body.as_bytes(), &Mask::of(Some("sk-secret".into())));
 
         let openai = parse(
             r#"{"error":{"message":"Incorrect API key provided: sk-secret.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}"#,

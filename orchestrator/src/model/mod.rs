@@ -14,6 +14,7 @@ pub mod anthropic_messages;
 pub(crate) mod api_key;
 pub mod chat_completions;
 pub(crate) mod http;
+pub(crate) mod mask;
 pub mod one_call;
 pub mod openai_responses;
 pub mod scripted;
@@ -30,6 +31,7 @@ pub use crate::job::Usage;
 pub use anthropic_messages::AnthropicOptions;
 
 use crate::job::{Item, JobErrorCode, JobSpec, ProviderKind, assistant_text};
+use mask::Mask;
 
 /// A tool as the model is told about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -103,26 +105,66 @@ pub enum Delta {
 /// Where a streamed turn's deltas go.
 pub type DeltaSink<'a> = &'a (dyn Fn(Delta) + Send + Sync);
 
-/// A streamed turn's deltas as a provider's attempts send them: a new
-/// attempt after one that sent anything first says [`Delta::Restart`].
+/// A streamed turn's deltas as a provider's attempts send them, masked of
+/// the key each attempt was sent with: a new attempt after one that sent
+/// anything first says [`Delta::Restart`]; text that could begin the key
+/// waits for the next piece (or the end) before it is sent.
 pub(crate) struct DeltaOut<'a> {
     sink: DeltaSink<'a>,
     /// Whether this attempt sent a delta.
     sent: bool,
+    mask: Mask,
+    /// The end of the text so far that could be the start of the key.
+    held: String,
 }
 
 impl<'a> DeltaOut<'a> {
     pub(crate) fn new(sink: DeltaSink<'a>) -> Self {
-        Self { sink, sent: false }
+        Self {
+            sink,
+            sent: false,
+            mask: Mask::default(),
+            held: String::new(),
+        }
     }
 
     pub(crate) fn send(&mut self, delta: Delta) {
+        let delta = match delta {
+            Delta::Text(piece) => {
+                let (now, held) = self.mask.stream(&self.held, &piece);
+                self.held = held;
+                if now.is_empty() {
+                    return;
+                }
+                Delta::Text(now)
+            }
+            Delta::ToolCall { index, name } => {
+                self.flush();
+                Delta::ToolCall {
+                    index,
+                    name: self.mask.text(name),
+                }
+            }
+            Delta::Restart => Delta::Restart,
+        };
         self.sent = true;
         (self.sink)(delta);
     }
 
-    /// A new attempt starts: what the last one sent is void.
-    pub(crate) fn restart(&mut self) {
+    /// The text held back, sent: the answer is whole.
+    pub(crate) fn flush(&mut self) {
+        let held = std::mem::take(&mut self.held);
+        if !held.is_empty() {
+            self.sent = true;
+            (self.sink)(Delta::Text(held));
+        }
+    }
+
+    /// A new attempt starts, sent with the key `mask` masks: what the last
+    /// one sent is void.
+    pub(crate) fn restart(&mut self, mask: Mask) {
+        self.mask = mask;
+        self.held.clear();
         if std::mem::take(&mut self.sent) {
             (self.sink)(Delta::Restart);
         }

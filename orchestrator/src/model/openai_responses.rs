@@ -63,8 +63,8 @@ impl Provider for OpenAiResponses {
             let response = match request.deltas {
                 Some(deltas) => {
                     body["stream"] = json!(true);
-                    let mut reader = stream::Reader::new(deltas);
-                    http::post_sse(&self.wire, &url, &body, &mut reader).await?
+                    let mut reader = stream::Reader::default();
+                    http::post_sse(&self.wire, &url, &body, &mut reader, deltas).await?
                 }
                 None => http::post_json(&self.wire, &url, &body).await?,
             };
@@ -616,5 +616,56 @@ mod tests {
         let bodies = request_bodies(&server, RequestKind::Responses).await;
         assert_eq!(bodies.len(), 2);
         assert_eq!(bodies[1]["stream"], true);
+    }
+
+    #[tokio::test]
+    async fn a_key_the_server_echoes_never_comes_back() {
+        use crate::model::http::testing::{
+            ECHOED_KEY, KeyAnswers, check_the_key_never_comes_back, options_at,
+        };
+        fn stream(pieces: &[&str]) -> String {
+            let mut events: Vec<Value> = pieces
+                .iter()
+                .map(|piece| {
+                    json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                    "output_index": 0, "content_index": 0, "delta": piece})
+                })
+                .collect();
+            let whole = response(json!([final_message(&pieces.concat())]));
+            events.push(json!({"type": "response.completed", "response": whole}));
+            events
+                .iter()
+                .map(|event| format!("data: {event}\n\n"))
+                .collect()
+        }
+        let answers = KeyAnswers {
+            path: "/v1/responses",
+            text: |text| response(json!([final_message(text)])),
+            in_band_error: |message| {
+                let mut failed = response(json!([]));
+                failed["status"] = json!("failed");
+                failed["error"] = json!({"code": "invalid_api_key", "message": message});
+                failed
+            },
+            stream,
+            stream_error: |message| {
+                let event = json!({"type": "error", "code": "invalid_prompt",
+                    "message": message, "param": null});
+                format!("data: {event}\n\n")
+            },
+        };
+        let items = [Item::User { text: "hi".into() }];
+        check_the_key_never_comes_back(
+            |uri| {
+                let options = OpenAiOptions {
+                    api_key: Some(ECHOED_KEY.into()),
+                    ..options_at(&uri)
+                };
+                OpenAiResponses::new(&options).unwrap()
+            },
+            &answers,
+            request(&items, &[], 0),
+        )
+        .await;
     }
 }

@@ -13,7 +13,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::model::http::{StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, ModelError};
 
 /// Error types of an `error` event that another attempt may cure.
 const TRANSIENT_ERRORS: &[&str] = &[
@@ -24,8 +24,8 @@ const TRANSIENT_ERRORS: &[&str] = &[
 ];
 
 /// Reads one streamed answer.
-pub(super) struct Reader<'a> {
-    deltas: DeltaOut<'a>,
+#[derive(Default)]
+pub(super) struct Reader {
     /// The message as `message_start` began it.
     message: Map<String, Value>,
     /// Its content blocks so far.
@@ -36,19 +36,9 @@ pub(super) struct Reader<'a> {
     calls: usize,
 }
 
-impl<'a> Reader<'a> {
-    pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
-        Self {
-            deltas: DeltaOut::new(deltas),
-            message: Map::new(),
-            blocks: Vec::new(),
-            inputs: Vec::new(),
-            calls: 0,
-        }
-    }
-
+impl Reader {
     /// `content_block_start`: a block is added at its index.
-    fn start(&mut self, event: &Value) -> Result<(), StreamError> {
+    fn start(&mut self, event: &Value, deltas: &mut DeltaOut<'_>) -> Result<(), StreamError> {
         let block = event["content_block"].clone();
         if event["index"].as_u64() != Some(self.blocks.len() as u64) || !block.is_object() {
             return Err(malformed("a content block started out of order"));
@@ -58,13 +48,13 @@ impl<'a> Reader<'a> {
                 let name = block["name"].as_str().unwrap_or_default().to_owned();
                 let index = self.calls;
                 self.calls += 1;
-                self.deltas.send(Delta::ToolCall { index, name });
+                deltas.send(Delta::ToolCall { index, name });
                 self.inputs.push(Some(String::new()));
             }
             Some("text") => {
                 let text = block["text"].as_str().unwrap_or_default().to_owned();
                 if !text.is_empty() {
-                    self.deltas.send(Delta::Text(text));
+                    deltas.send(Delta::Text(text));
                 }
                 self.inputs.push(None);
             }
@@ -75,7 +65,7 @@ impl<'a> Reader<'a> {
     }
 
     /// `content_block_delta`: more of a block.
-    fn delta(&mut self, event: &Value) -> Result<(), StreamError> {
+    fn delta(&mut self, event: &Value, deltas: &mut DeltaOut<'_>) -> Result<(), StreamError> {
         let index = self.index(event)?;
         let delta = &event["delta"];
         let piece = |name: &str| delta[name].as_str().unwrap_or_default().to_owned();
@@ -84,7 +74,7 @@ impl<'a> Reader<'a> {
                 let text = piece("text");
                 append(&mut self.blocks[index], "text", &text);
                 if !text.is_empty() {
-                    self.deltas.send(Delta::Text(text));
+                    deltas.send(Delta::Text(text));
                 }
             }
             Some("input_json_delta") => match &mut self.inputs[index] {
@@ -145,18 +135,20 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl StreamReader for Reader<'_> {
-    type Output = Value;
-
+impl StreamReader for Reader {
     fn restart(&mut self) {
-        self.deltas.restart();
         self.message.clear();
         self.blocks.clear();
         self.inputs.clear();
         self.calls = 0;
     }
 
-    fn event(&mut self, name: &str, data: &str) -> Result<Option<Value>, StreamError> {
+    fn event(
+        &mut self,
+        name: &str,
+        data: &str,
+        deltas: &mut DeltaOut<'_>,
+    ) -> Result<Option<Value>, StreamError> {
         let event: Value = serde_json::from_str(data)
             .map_err(|_| malformed(&format!("an event that is not JSON: {}", quote(data))))?;
         // The SSE name and the data's `type` are the same; the data wins.
@@ -165,8 +157,8 @@ impl StreamReader for Reader<'_> {
             "message_start" => {
                 self.message = event["message"].as_object().cloned().unwrap_or_default();
             }
-            "content_block_start" => self.start(&event)?,
-            "content_block_delta" => self.delta(&event)?,
+            "content_block_start" => self.start(&event, deltas)?,
+            "content_block_delta" => self.delta(&event, deltas)?,
             "content_block_stop" => self.stop(&event)?,
             "message_delta" => {
                 for field in ["stop_reason", "stop_sequence"] {

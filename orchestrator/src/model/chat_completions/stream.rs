@@ -10,7 +10,7 @@
 use serde_json::{Value, json};
 
 use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, ModelError};
 
 /// A call being put together.
 #[derive(Default)]
@@ -21,8 +21,8 @@ struct Call {
 }
 
 /// Reads one streamed answer.
-pub(super) struct Reader<'a> {
-    deltas: DeltaOut<'a>,
+#[derive(Default)]
+pub(super) struct Reader {
     content: String,
     refusal: String,
     calls: Vec<Call>,
@@ -30,31 +30,20 @@ pub(super) struct Reader<'a> {
     usage: Value,
 }
 
-impl<'a> Reader<'a> {
-    pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
-        Self {
-            deltas: DeltaOut::new(deltas),
-            content: String::new(),
-            refusal: String::new(),
-            calls: Vec::new(),
-            finish_reason: Value::Null,
-            usage: Value::Null,
-        }
-    }
-
+impl Reader {
     /// One chunk's `choices[0]`.
-    fn choice(&mut self, choice: &Value) -> Result<(), StreamError> {
+    fn choice(&mut self, choice: &Value, deltas: &mut DeltaOut<'_>) -> Result<(), StreamError> {
         let delta = &choice["delta"];
         if let Some(text) = delta["content"].as_str().filter(|text| !text.is_empty()) {
             self.content.push_str(text);
-            self.deltas.send(Delta::Text(text.to_owned()));
+            deltas.send(Delta::Text(text.to_owned()));
         }
         if let Some(refusal) = delta["refusal"].as_str() {
             self.refusal.push_str(refusal);
         }
         if let Some(calls) = delta["tool_calls"].as_array() {
             for call in calls {
-                self.call(call)?;
+                self.call(call, deltas)?;
             }
         }
         if !choice["finish_reason"].is_null() {
@@ -64,7 +53,7 @@ impl<'a> Reader<'a> {
     }
 
     /// A fragment of the call at its `index`.
-    fn call(&mut self, fragment: &Value) -> Result<(), StreamError> {
+    fn call(&mut self, fragment: &Value, deltas: &mut DeltaOut<'_>) -> Result<(), StreamError> {
         // Calls come in order; an index further on than the next one is
         // not a call this stream started.
         let index = fragment["index"]
@@ -90,7 +79,7 @@ impl<'a> Reader<'a> {
             _ => None,
         };
         if let Some(name) = named {
-            self.deltas.send(Delta::ToolCall { index, name });
+            deltas.send(Delta::ToolCall { index, name });
         }
         Ok(())
     }
@@ -122,11 +111,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-impl StreamReader for Reader<'_> {
-    type Output = Value;
-
+impl StreamReader for Reader {
     fn restart(&mut self) {
-        self.deltas.restart();
         self.content.clear();
         self.refusal.clear();
         self.calls.clear();
@@ -134,7 +120,12 @@ impl StreamReader for Reader<'_> {
         self.usage = Value::Null;
     }
 
-    fn event(&mut self, _name: &str, data: &str) -> Result<Option<Value>, StreamError> {
+    fn event(
+        &mut self,
+        _name: &str,
+        data: &str,
+        deltas: &mut DeltaOut<'_>,
+    ) -> Result<Option<Value>, StreamError> {
         if data.trim() == "[DONE]" {
             return Ok(Some(self.completion()));
         }
@@ -151,7 +142,7 @@ impl StreamReader for Reader<'_> {
             .as_array()
             .and_then(|choices| choices.first())
         {
-            self.choice(choice)?;
+            self.choice(choice, deltas)?;
         }
         // With `stream_options.include_usage`, the last chunk's.
         if chunk["usage"].is_object() {

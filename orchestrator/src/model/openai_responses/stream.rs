@@ -7,33 +7,26 @@
 use serde_json::Value;
 
 use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaOut, DeltaSink, ModelError};
+use crate::model::{Delta, DeltaOut, ModelError};
 
 /// Reads one streamed answer.
-pub(super) struct Reader<'a> {
-    deltas: DeltaOut<'a>,
+#[derive(Default)]
+pub(super) struct Reader {
     /// Calls named so far.
     calls: usize,
 }
 
-impl<'a> Reader<'a> {
-    pub(super) fn new(deltas: DeltaSink<'a>) -> Self {
-        Self {
-            deltas: DeltaOut::new(deltas),
-            calls: 0,
-        }
-    }
-}
-
-impl StreamReader for Reader<'_> {
-    type Output = Value;
-
+impl StreamReader for Reader {
     fn restart(&mut self) {
-        self.deltas.restart();
         self.calls = 0;
     }
 
-    fn event(&mut self, name: &str, data: &str) -> Result<Option<Value>, StreamError> {
+    fn event(
+        &mut self,
+        name: &str,
+        data: &str,
+        deltas: &mut DeltaOut<'_>,
+    ) -> Result<Option<Value>, StreamError> {
         let event: Value = serde_json::from_str(data).map_err(|_| {
             StreamError::Transient(format!(
                 "malformed stream: an event that is not JSON: {}",
@@ -45,7 +38,7 @@ impl StreamReader for Reader<'_> {
             "response.output_text.delta" => {
                 let text = event["delta"].as_str().unwrap_or_default();
                 if !text.is_empty() {
-                    self.deltas.send(Delta::Text(text.to_owned()));
+                    deltas.send(Delta::Text(text.to_owned()));
                 }
             }
             "response.output_item.added" if event["item"]["type"] == "function_call" => {
@@ -55,7 +48,7 @@ impl StreamReader for Reader<'_> {
                     .to_owned();
                 let index = self.calls;
                 self.calls += 1;
-                self.deltas.send(Delta::ToolCall { index, name });
+                deltas.send(Delta::ToolCall { index, name });
             }
             "response.completed" | "response.incomplete" | "response.failed" => {
                 let response = event["response"].clone();
