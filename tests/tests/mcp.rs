@@ -1076,3 +1076,78 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     }
     Ok(())
 }
+
+/// A worker configuration serving the tool `tool` of the hostile server
+/// (tests/mcp/hostile.py) in `mode` with `args`, as server `bad`, over the
+/// `initialize` handshake.
+fn hostile_config(scratch: &Path, mode: &str, args: &[&str], tool: &str) -> anyhow::Result<String> {
+    let python = venv_python()?.display().to_string();
+    let server = repo_root()
+        .join("tests/mcp/hostile.py")
+        .display()
+        .to_string();
+    let mut all = vec![server.as_str(), mode];
+    all.extend_from_slice(args);
+    Ok(format!(
+        "[[mcp.servers]]\nname = \"bad\"\ncommand = {python:?}\nargs = {all:?}\n\
+         env = {{ MCP_TEST_DIR = {scratch:?} }}\ntools = [{tool:?}]\nlifecycle = \"initialize\"\n",
+        scratch = scratch.display().to_string(),
+    ))
+}
+
+/// A server whose `tools/list` pages forever costs a worker at most the
+/// listing's bounds (`max_listed_pages`, 100 by default): the listing is
+/// given up on, logged with the server and the bound, its tools are never
+/// offered, the worker's own tools run on, and its memory stays bounded
+/// however often the server is tried again.
+#[tokio::test]
+async fn a_server_that_lists_tools_forever_costs_a_worker_only_the_listings_bounds()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = hostile_config(scratch.path(), "endless", &[], "tool_0_0")?;
+    let fleet = fleet_with(&config, scratch.path(), &["echo"]).await?;
+    let bound = "its tools/list goes past max_listed_pages (100 pages)";
+    let logged = fleet.worker(0).wait_for_log(bound, JOB).await?;
+    assert!(
+        logged.contains("bad"),
+        "the line names the server: {logged}"
+    );
+    // The worker keeps trying the server, a bounded listing each time.
+    wait_until("a second try", JOB, || async {
+        (fleet.count_in_worker_logs(bound) >= 2).then_some(())
+    })
+    .await?;
+    let tries = fleet.count_in_worker_logs(bound);
+    let pages = std::fs::read_to_string(scratch.path().join("listings"))?
+        .lines()
+        .count();
+    assert!(
+        pages <= 101 * (tries + 1),
+        "{pages} pages read in {tries} tries (and one under way)"
+    );
+    let api = fleet.api(0).await?;
+    assert!(
+        !listed_tools(&api)
+            .await?
+            .iter()
+            .any(|t| t.name.starts_with("bad__")),
+        "never offered"
+    );
+    let script = json!([
+        {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "still here"}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "echo", &script).await?;
+    assert_eq!(call_results(&job)["say"]["data"]["text"], "still here");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", fleet.worker(0).pid()))?;
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in /proc/<pid>/status");
+    assert!(
+        peak_kib < 256 * 1024,
+        "the worker's memory peaked at {peak_kib} KiB"
+    );
+    Ok(())
+}

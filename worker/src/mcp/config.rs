@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toolfleet_proto::{Approval, Effects};
 
+use super::listing::Bounds;
 use super::names::fleet_name;
 
 /// MCP servers whose tools this worker serves (decision 0038).
@@ -87,6 +88,18 @@ pub struct McpServerOptions {
     /// tool whose `destructiveHint` is not false, unless it is read-only).
     #[serde(default)]
     pub approval: McpApproval,
+    /// Most pages of one `tools/list`; a server that pages on is down.
+    /// Default: 100.
+    #[serde(default = "default_max_listed_pages")]
+    pub max_listed_pages: usize,
+    /// Most tools of one `tools/list`, over all its pages (the server's,
+    /// not only those in `tools`). Default: 10000.
+    #[serde(default = "default_max_listed_tools")]
+    pub max_listed_tools: usize,
+    /// Most bytes of one `tools/list` (its tools' descriptions as JSON),
+    /// over all its pages. Default: 16777216 (16 MiB).
+    #[serde(default = "default_max_listed_bytes")]
+    pub max_listed_bytes: usize,
 }
 
 /// A value from the worker's environment or a file, never from the
@@ -225,6 +238,18 @@ fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
+fn default_max_listed_pages() -> usize {
+    100
+}
+
+fn default_max_listed_tools() -> usize {
+    10_000
+}
+
+fn default_max_listed_bytes() -> usize {
+    16 * 1024 * 1024
+}
+
 /// Longest server name.
 const MAX_SERVER_NAME: usize = 32;
 
@@ -234,6 +259,15 @@ impl McpServerOptions {
         self.prefix
             .clone()
             .unwrap_or_else(|| format!("{}__", self.name))
+    }
+
+    /// How much of one `tools/list` the worker reads.
+    pub(super) fn listing_bounds(&self) -> Bounds {
+        Bounds {
+            pages: self.max_listed_pages,
+            tools: self.max_listed_tools,
+            bytes: self.max_listed_bytes,
+        }
     }
 
     /// Its allow-listed tools: MCP name -> fleet name.
@@ -300,6 +334,13 @@ impl McpServerOptions {
         if self.concurrency == 0 {
             return Err(format!(
                 "mcp server {server}: concurrency must be at least 1"
+            ));
+        }
+        let bounds = self.listing_bounds();
+        if bounds.pages == 0 || bounds.tools == 0 || bounds.bytes == 0 {
+            return Err(format!(
+                "mcp server {server}: max_listed_pages, max_listed_tools and max_listed_bytes \
+                 must be at least 1"
             ));
         }
         if let Some(unknown) = self.effects.keys().find(|tool| !self.tools.contains(tool)) {

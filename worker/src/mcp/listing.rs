@@ -4,6 +4,10 @@
 //! [`ToolSet`]; a tool's state is logged when it changes, not at each
 //! listing, so that a server that lists often (or floods
 //! `notifications/tools/list_changed`) costs no log lines.
+//!
+//! A listing is bounded ([`Bounds`]): a server that pages forever, or lists
+//! more tools or bytes than the worker will hold, costs at most the bounds,
+//! and is given up on.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -108,6 +112,108 @@ impl Listing {
             }
             State::Refused(why) => {
                 error!(server, tool = mcp_name, fleet_name, why, "MCP tool refused")
+            }
+        }
+    }
+}
+
+/// How much of one `tools/list` the worker reads: pages, tools and bytes
+/// (each tool's description as JSON), over all its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Bounds {
+    /// `max_listed_pages`.
+    pub(super) pages: usize,
+    /// `max_listed_tools`.
+    pub(super) tools: usize,
+    /// `max_listed_bytes`.
+    pub(super) bytes: usize,
+}
+
+/// What the pages of one listing read so far add up to.
+#[derive(Debug, Default)]
+pub(super) struct Tally {
+    pages: usize,
+    tools: usize,
+    bytes: usize,
+}
+
+impl Tally {
+    /// One more page of `tools` tools in `bytes` bytes, within `bounds`.
+    ///
+    /// # Errors
+    ///
+    /// The bound it would pass: its key, and its value.
+    pub(super) fn add(
+        &mut self,
+        tools: usize,
+        bytes: usize,
+        bounds: &Bounds,
+    ) -> Result<(), String> {
+        let next = Self {
+            pages: self.pages + 1,
+            tools: self.tools.saturating_add(tools),
+            bytes: self.bytes.saturating_add(bytes),
+        };
+        let past = if next.pages > bounds.pages {
+            Some(("max_listed_pages", bounds.pages, "pages"))
+        } else if next.tools > bounds.tools {
+            Some(("max_listed_tools", bounds.tools, "tools"))
+        } else if next.bytes > bounds.bytes {
+            Some(("max_listed_bytes", bounds.bytes, "bytes"))
+        } else {
+            None
+        };
+        if let Some((key, limit, unit)) = past {
+            return Err(format!("its tools/list goes past {key} ({limit} {unit})"));
+        }
+        *self = next;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_stops_at_the_first_bound_it_would_pass() {
+        let bounds = Bounds {
+            pages: 3,
+            tools: 10,
+            bytes: 1_000,
+        };
+        // (pages so far as (tools, bytes), the next page) -> the bound passed
+        let table: [(&[(usize, usize)], (usize, usize), Option<&str>); 7] = [
+            (&[], (10, 1_000), None),
+            (&[(1, 1), (1, 1)], (1, 1), None),
+            (
+                &[(1, 1), (1, 1), (1, 1)],
+                (0, 0),
+                Some("max_listed_pages (3 pages)"),
+            ),
+            (&[(6, 10)], (5, 10), Some("max_listed_tools (10 tools)")),
+            (&[(1, 600)], (1, 401), Some("max_listed_bytes (1000 bytes)")),
+            (&[], (11, 2_000), Some("max_listed_tools (10 tools)")),
+            (
+                &[],
+                (usize::MAX, usize::MAX),
+                Some("max_listed_tools (10 tools)"),
+            ),
+        ];
+        for (before, page, expected) in table {
+            let mut tally = Tally::default();
+            for (tools, bytes) in before {
+                tally
+                    .add(*tools, *bytes, &bounds)
+                    .expect("within the bounds");
+            }
+            let result = tally.add(page.0, page.1, &bounds);
+            match expected {
+                None => assert!(result.is_ok(), "{before:?} + {page:?}: {result:?}"),
+                Some(bound) => {
+                    let why = result.expect_err("past a bound");
+                    assert!(why.contains(bound), "{before:?} + {page:?}: {why}");
+                }
             }
         }
     }

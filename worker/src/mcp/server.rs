@@ -15,9 +15,9 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientCapabilities, ClientConfig, ClientRequest, Implementation, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, RequestId, ServerNotification, ServerResult,
-    SubscriptionFilter, Tool as McpToolInfo,
+    ClientCapabilities, ClientConfig, ClientRequest, Implementation, PaginatedRequestParams,
+    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, ServerNotification,
+    ServerResult, SubscriptionFilter, Tool as McpToolInfo,
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
@@ -38,7 +38,7 @@ use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
 
 use super::config::{Lifecycle, McpServerOptions};
-use super::listing::Listing;
+use super::listing::{Listing, Tally};
 use super::results;
 use crate::progress::Progress;
 use crate::tool::ToolError;
@@ -98,6 +98,14 @@ const STDERR_LINE_CHARS: usize = 1_000;
 /// The shortest time between two listings after `list_changed`: a server
 /// that floods the notification costs one `tools/list` a second.
 const LISTING_GAP: Duration = Duration::from_secs(1);
+
+/// Why a `tools/list` gave no tools.
+enum ListFailed {
+    /// The server failed it, or did not answer in time.
+    Failed(String),
+    /// It went past a bound of the listing: the server is down.
+    TooLarge(String),
+}
 
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
@@ -222,11 +230,54 @@ impl McpServer {
     /// One attempt of [`connect_and_list`](Self::connect_and_list).
     async fn connect_once_and_list(&self) -> Result<(Client, Vec<McpToolInfo>), String> {
         let client = self.connect().await?;
-        let listed = tokio::time::timeout(self.options.connect_timeout, client.list_all_tools())
+        let listed = self
+            .list_all(client.peer())
             .await
-            .map_err(|_| "tools/list timed out".to_owned())?
-            .map_err(|err| format!("tools/list failed: {err}"))?;
+            .map_err(|failed| match failed {
+                ListFailed::Failed(why) | ListFailed::TooLarge(why) => why,
+            })?;
         Ok((client, listed))
+    }
+
+    /// Every page of the server's `tools/list`, within `connect_timeout`
+    /// and the listing's [`Bounds`](super::listing::Bounds): past one, the
+    /// listing is given up on, logged with the bound, and the server is
+    /// down until it lists within them.
+    async fn list_all(&self, peer: &Peer<RoleClient>) -> Result<Vec<McpToolInfo>, ListFailed> {
+        let server = &self.options.name;
+        let bounds = self.options.listing_bounds();
+        let pages = async {
+            let mut tally = Tally::default();
+            let mut tools = Vec::new();
+            let mut cursor = None;
+            loop {
+                let params = PaginatedRequestParams::default().with_cursor(cursor);
+                let page = peer
+                    .list_tools(Some(params))
+                    .await
+                    .map_err(|err| ListFailed::Failed(format!("tools/list failed: {err}")))?;
+                let bytes = page
+                    .tools
+                    .iter()
+                    .map(|tool| serde_json::to_vec(tool).map_or(0, |json| json.len()))
+                    .sum();
+                if let Err(bound) = tally.add(page.tools.len(), bytes, &bounds) {
+                    warn!(
+                        server,
+                        bound, "MCP server's tools are down: its listing is too large"
+                    );
+                    return Err(ListFailed::TooLarge(bound));
+                }
+                tools.extend(page.tools);
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => return Ok(tools),
+                }
+            }
+        };
+        tokio::time::timeout(self.options.connect_timeout, pages)
+            .await
+            .map_err(|_| ListFailed::Failed("tools/list timed out".to_owned()))?
     }
 
     /// Serves `tools` ((MCP name, fleet name) pairs) in `served` until
@@ -289,16 +340,20 @@ impl McpServer {
                     let relisted = async {
                         tokio::time::sleep_until(next_listing).await;
                         next_listing = Instant::now() + LISTING_GAP;
-                        tokio::time::timeout(self.options.connect_timeout, peer.list_all_tools()).await
+                        self.list_all(peer).await
                     };
                     match end.run_until_cancelled(relisted).await {
                         None => break,
-                        Some(Ok(Ok(listed))) => listing.apply(&listed),
-                        Some(Ok(Err(err))) => {
-                            warn!(server, error = %err, "tools/list failed after list_changed; the tools stay as they were");
+                        Some(Ok(listed)) => listing.apply(&listed),
+                        // Past a bound, the server is down: reached again
+                        // (and listed) after a pause, its tools withdrawn
+                        // meanwhile.
+                        Some(Err(ListFailed::TooLarge(_))) => {
+                            closing.cancel();
+                            return true;
                         }
-                        Some(Err(_)) => {
-                            warn!(server, "tools/list timed out after list_changed; the tools stay as they were");
+                        Some(Err(ListFailed::Failed(why))) => {
+                            warn!(server, why, "tools/list failed after list_changed; the tools stay as they were");
                         }
                     }
                 }
