@@ -182,8 +182,10 @@ mod tests {
             tools: 10,
             bytes: 1_000,
         };
-        // (pages so far as (tools, bytes), the next page) -> the bound passed
-        let table: [(&[(usize, usize)], (usize, usize), Option<&str>); 7] = [
+        /// A page: (tools, bytes).
+        type Page = (usize, usize);
+        // (pages so far, the next page) -> the bound passed
+        let table: [(&[Page], Page, Option<&str>); 7] = [
             (&[], (10, 1_000), None),
             (&[(1, 1), (1, 1)], (1, 1), None),
             (
