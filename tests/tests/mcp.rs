@@ -30,10 +30,19 @@ fn stdio_config(scratch: &Path, tools: &[&str], extra: &str) -> anyhow::Result<S
     ))
 }
 
+/// Where a worker's configuration file goes: a directory of its own, not
+/// the servers' `MCP_TEST_DIR`. The worker's sandbox keeps its servers from
+/// the file, and so lets them add no file beside it (docs/tools/mcp.md,
+/// "Sandbox"). Kept after the test (a few bytes): the worker reads it
+/// until the test ends.
+fn worker_config_path() -> anyhow::Result<std::path::PathBuf> {
+    Ok(tempfile::tempdir()?.keep().join("worker.toml"))
+}
+
 /// A fleet of one worker (with the test tools) and one orchestrator, the
 /// worker configured by `config`.
-async fn fleet_with(config: &str, scratch: &Path, tools: &[&str]) -> anyhow::Result<Fleet> {
-    let file = scratch.join("worker.toml");
+async fn fleet_with(config: &str, tools: &[&str]) -> anyhow::Result<Fleet> {
+    let file = worker_config_path()?;
     std::fs::write(&file, config)?;
     let file = file.display().to_string();
     let mut fleet = Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &file)])).await?;
@@ -93,7 +102,7 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
         "py__picture",
         "py__ask",
     ];
-    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let fleet = fleet_with(&config, &served).await?;
     let api = fleet.api(0).await?;
 
     let listed = listed_tools(&api).await?;
@@ -160,7 +169,7 @@ async fn an_mcp_servers_tools_are_fleet_tools_with_their_schemas_results_and_err
 async fn a_call_past_its_timeout_is_cancelled_on_the_server() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["slow"], "call_timeout = \"1s\"")?;
-    let fleet = fleet_with(&config, scratch.path(), &["py__slow"]).await?;
+    let fleet = fleet_with(&config, &["py__slow"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "nap", "name": "py__slow", "arguments": {"seconds": 30}}]},
@@ -189,7 +198,7 @@ async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_e
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["crash", "crash_once", "add"], "")?;
     let served = ["py__crash", "py__crash_once", "py__add"];
-    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let fleet = fleet_with(&config, &served).await?;
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "boom", "name": "py__crash", "arguments": {}}]},
@@ -238,7 +247,7 @@ async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> 
          headers = {{ Authorization = {{ file = {token:?} }} }}\ntools = [\"add\"]\n",
         token = token.display().to_string(),
     );
-    let fleet = fleet_with(&config, scratch.path(), &["web__add"]).await?;
+    let fleet = fleet_with(&config, &["web__add"]).await?;
     assert_eq!(connected_protocol(&fleet).await?, "2026-07-28");
     let api = fleet.api(0).await?;
     let script = json!([
@@ -267,7 +276,7 @@ async fn a_server_of_protocol_2025_06_18_is_served() -> anyhow::Result<()> {
             .to_string(),
         scratch = scratch.path().display().to_string(),
     );
-    let fleet = fleet_with(&config, scratch.path(), &["old__add"]).await?;
+    let fleet = fleet_with(&config, &["old__add"]).await?;
     assert_eq!(connected_protocol(&fleet).await?, "2025-06-18");
     let api = fleet.api(0).await?;
     let script = json!([
@@ -286,7 +295,7 @@ async fn a_server_of_protocol_2025_06_18_is_served() -> anyhow::Result<()> {
 async fn a_tool_that_clashes_with_the_workers_own_is_refused() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["echo", "add"], "prefix = \"\"")?;
-    let fleet = fleet_with(&config, scratch.path(), &["add", "echo"]).await?;
+    let fleet = fleet_with(&config, &["add", "echo"]).await?;
     let api = fleet.api(0).await?;
     let listed = listed_tools(&api).await?;
     let echo = listed.iter().find(|t| t.name == "echo").expect("echo");
@@ -310,7 +319,7 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
     // The default connect_timeout (10 s): the SDK alone takes seconds to
     // import on a loaded machine, and a shorter one never connects there.
     let config = stdio_config(scratch.path(), &["add", "go_down"], "")?;
-    let fleet = fleet_with(&config, scratch.path(), &["py__add", "py__go_down"]).await?;
+    let fleet = fleet_with(&config, &["py__add", "py__go_down"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "down", "name": "py__go_down", "arguments": {"seconds": 8}}]},
@@ -346,7 +355,7 @@ async fn a_worker_serves_its_own_tools_before_its_mcp_server_answers() -> anyhow
     let held = scratch.path().join("held");
     std::fs::write(&held, "")?;
     let config = stdio_config(scratch.path(), &["add"], "")?;
-    let fleet = fleet_with(&config, scratch.path(), &["echo"]).await?;
+    let fleet = fleet_with(&config, &["echo"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
@@ -409,12 +418,7 @@ async fn follow_the_tools_of_a_changing_server(
         &["grow", "shrink", "extra", "flood"],
         &lifecycle,
     )?;
-    let fleet = fleet_with(
-        &config,
-        scratch.path(),
-        &["py__grow", "py__shrink", "py__flood"],
-    )
-    .await?;
+    let fleet = fleet_with(&config, &["py__grow", "py__shrink", "py__flood"]).await?;
     assert_eq!(connected_protocol(&fleet).await?, protocol);
     let api = fleet.api(0).await?;
     assert!(
@@ -514,7 +518,7 @@ async fn follow_the_tools_of_a_changing_server(
 async fn under_least_privilege_the_setup_step_makes_the_queues_of_the_allow_listed_mcp_tools()
 -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let file = scratch.path().join("worker.toml");
+    let file = worker_config_path()?;
     std::fs::write(
         &file,
         stdio_config(scratch.path(), &["add", "grow", "extra"], "")?,
@@ -589,7 +593,7 @@ async fn under_least_privilege_the_setup_step_makes_the_queues_of_the_allow_list
 async fn a_tools_progress_reaches_the_jobs_events() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["steps"], "")?;
-    let fleet = fleet_with(&config, scratch.path(), &["py__steps"]).await?;
+    let fleet = fleet_with(&config, &["py__steps"]).await?;
     let api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "work", "name": "py__steps", "arguments": {"count": 3, "pause": 1.2}}]},
@@ -636,7 +640,7 @@ async fn a_tools_progress_reaches_the_jobs_events() -> anyhow::Result<()> {
 async fn a_drain_lets_mcp_calls_in_flight_finish() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = stdio_config(scratch.path(), &["slow"], "")?;
-    let fleet = fleet_with(&config, scratch.path(), &["py__slow"]).await?;
+    let fleet = fleet_with(&config, &["py__slow"]).await?;
     let mut api = fleet.api(0).await?;
     let script = json!([
         {"tool_calls": [{"id": "nap", "name": "py__slow", "arguments": {"seconds": 2}}]},
@@ -673,7 +677,6 @@ async fn a_drain_lets_mcp_calls_in_flight_finish() -> anyhow::Result<()> {
 /// the environment it was started with, which holds none of the worker's.
 #[tokio::test]
 async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::Result<()> {
-    let scratch = tempfile::tempdir()?;
     let server = repo_root()
         .join("tests/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     anyhow::ensure!(
@@ -692,7 +695,7 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
         "every__get-tiny-image",
         "every__get-env",
     ];
-    let fleet = fleet_with(&config, scratch.path(), &served).await?;
+    let fleet = fleet_with(&config, &served).await?;
     // It does not know `server/discover`: the worker falls back to the handshake.
     assert_eq!(connected_protocol(&fleet).await?, "2025-11-25");
     let api = fleet.api(0).await?;
@@ -781,7 +784,7 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
         format!("[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n"),
     )?;
     let tokens = tokens.display().to_string();
-    let config = scratch.path().join("worker.toml");
+    let config = worker_config_path()?;
     std::fs::write(&config, stdio_config(scratch.path(), &["steps"], "")?)?;
     let config = config.display().to_string();
     let mut fleet =
@@ -1105,7 +1108,7 @@ async fn a_server_that_lists_tools_forever_costs_a_worker_only_the_listings_boun
 -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let config = hostile_config(scratch.path(), "endless", &[], "tool_0_0")?;
-    let fleet = fleet_with(&config, scratch.path(), &["echo"]).await?;
+    let fleet = fleet_with(&config, &["echo"]).await?;
     let bound = "its tools/list goes past max_listed_pages (100 pages)";
     let logged = fleet.worker(0).wait_for_log(bound, JOB).await?;
     assert!(
@@ -1149,5 +1152,93 @@ async fn a_server_that_lists_tools_forever_costs_a_worker_only_the_listings_boun
         peak_kib < 256 * 1024,
         "the worker's memory peaked at {peak_kib} KiB"
     );
+    Ok(())
+}
+
+/// A stdio server is third-party code run as the worker's user: it reads
+/// none of the worker's credentials. The worker runs as an unprivileged
+/// user (root reads anything: as root, the test drops to uid 65532, as in
+/// the chart), with a NATS token in its environment, its configuration in
+/// a file and a secret in another; a hostile server tries
+/// `/proc/<worker>/environ`, `/proc/<worker>/mem` and both files, each
+/// readable by that user.
+#[tokio::test]
+async fn a_stdio_server_reads_none_of_the_workers_credentials() -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    const TOKEN: &str = "nats-token-3b9e71";
+    let scratch = tempfile::tempdir()?;
+    let own = tempfile::tempdir()?;
+    for dir in [scratch.path(), own.path()] {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    }
+    let secret = own.path().join("weather-key");
+    std::fs::write(&secret, "weather-key-c0ffee")?;
+    let config = own.path().join("worker.toml");
+    let (secret_path, config_path) = (secret.display().to_string(), config.display().to_string());
+    // The system's Python: the hostile server needs no package, and the
+    // test's may sit under a home the unprivileged user cannot enter.
+    let server = repo_root()
+        .join("tests/mcp/hostile.py")
+        .display()
+        .to_string();
+    std::fs::write(
+        &config,
+        format!(
+            "[[mcp.servers]]\nname = \"bad\"\ncommand = \"/usr/bin/python3\"\n\
+             args = [{server:?}, \"snoop\", {config_path:?}, {secret_path:?}]\n\
+             env = {{ WEATHER_KEY = {{ file = {secret_path:?} }} }}\n\
+             tools = [\"snoop\"]\nlifecycle = \"initialize\"\n"
+        ),
+    )?;
+    for file in [&secret, &config] {
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o644))?;
+    }
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    let root = std::fs::read_to_string("/proc/self/status")?
+        .lines()
+        .any(|line| line.starts_with("Uid:") && line.split_whitespace().nth(1) == Some("0"));
+    let worker_binary = cargo_bin("toolfleet-worker")?.display().to_string();
+    let mut command = if root {
+        let mut setpriv = tokio::process::Command::new("setpriv");
+        setpriv.args(["--reuid=65532", "--regid=65532", "--clear-groups", "--"]);
+        setpriv.arg(&worker_binary);
+        setpriv
+    } else {
+        tokio::process::Command::new(&worker_binary)
+    };
+    let log = std::fs::File::create(scratch.path().join("worker.log"))?;
+    let _worker = command
+        .args([
+            "--nats-url",
+            &fleet.nats.url(),
+            "--redis-url",
+            &fleet.redis.url(),
+        ])
+        .args(["--worker-id", "sandboxed", "--config", &config_path])
+        .env("TOOLFLEET_NATS__TOKEN", TOKEN)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()?;
+    let api = fleet.api(0).await?;
+    wait_offered(&api, "bad__snoop", true, JOB).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "snoop", "name": "bad__snoop", "arguments": {}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "snoop", &script).await?;
+    let seen = call_results(&job)["snoop"]["data"].clone();
+    let logs = std::fs::read_to_string(scratch.path().join("worker.log"))?;
+    assert!(logs.contains("MCP server sandboxed"), "{logs}");
+    for target in ["environ", "mem", config_path.as_str(), secret_path.as_str()] {
+        assert!(
+            seen[target]["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("PermissionError")),
+            "{target} was read: {seen}"
+        );
+    }
+    assert!(!seen.to_string().contains(TOKEN), "{seen}");
     Ok(())
 }

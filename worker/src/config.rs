@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -18,7 +18,7 @@ pub use toolfleet_service::config::{
 use toolfleet_service::config::{duration, load_layered};
 use toolfleet_service::queue;
 
-use crate::mcp::McpOptions;
+use crate::mcp::{McpOptions, Sandbox};
 use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
 
@@ -68,6 +68,10 @@ pub struct WorkerOptions {
     /// `None`: the built-in tools. Not a key: the binary's code sets it.
     #[serde(skip)]
     toolbox: Option<Vec<String>>,
+    /// The file it was read from (`--config`, `TOOLFLEET_CONFIG`). Not a
+    /// key.
+    #[serde(skip)]
+    config_file: Option<PathBuf>,
 }
 
 /// How the runtime pulls and executes calls.
@@ -213,9 +217,32 @@ impl WorkerOptions {
     /// error names the key and where it came from.
     pub fn load(path: Option<&Path>, overrides: serde_json::Value) -> Result<Self, ConfigError> {
         let mut options: Self = load_layered(path, overrides, ENV_KEYS)?;
+        options.config_file = path.map(Path::to_owned);
         // Resolved once, so that `--print-config` shows the id in use.
         options.worker_id = options.resolved_worker_id();
         Ok(options)
+    }
+
+    /// The sandbox of its stdio MCP servers (`mcp.sandbox`), which keeps
+    /// them from its own files: its configuration file, and every file its
+    /// credentials and its MCP servers' secrets are read from.
+    pub fn mcp_sandbox(&self) -> Sandbox {
+        let credentials = [
+            &self.nats.credentials_file,
+            &self.nats.nkey_seed_file,
+            &self.nats.tls.key_file,
+            &self.redis.password_file,
+            &self.redis.tls.key_file,
+        ];
+        let secrets = self
+            .mcp
+            .servers
+            .iter()
+            .flat_map(|server| server.secret_files());
+        let own = (self.config_file.iter().cloned())
+            .chain(credentials.into_iter().flatten().map(PathBuf::from))
+            .chain(secrets.map(Path::to_owned));
+        Sandbox::new(self.mcp.sandbox, own)
     }
 
     /// The checks of this worker's own keys ([`ServiceOptions::check`]):

@@ -2,7 +2,7 @@
 //! it serves, each checked before the worker connects (docs/tools/mcp.md).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -10,6 +10,7 @@ use toolfleet_proto::{Approval, Effects};
 
 use super::listing::Bounds;
 use super::names::fleet_name;
+use super::sandbox::SandboxMode;
 
 /// MCP servers whose tools this worker serves (decision 0038).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -17,6 +18,10 @@ use super::names::fleet_name;
 pub struct McpOptions {
     /// The servers, `[[mcp.servers]]` in TOML. Default: none.
     pub servers: Vec<McpServerOptions>,
+    /// Whether stdio servers run in a sandbox that keeps them from the
+    /// worker's files: `auto` (where the kernel has Landlock), `required`
+    /// or `off`. Default: `auto`.
+    pub sandbox: SandboxMode,
 }
 
 /// One MCP server and the tools of it this worker serves.
@@ -356,6 +361,21 @@ impl McpServerOptions {
             }
         }
         self.check_secrets()
+    }
+
+    /// The files its secrets are read from.
+    pub fn secret_files(&self) -> impl Iterator<Item = &Path> {
+        let env = self.env.values().filter_map(|value| match value {
+            EnvValue::From(secret) => Some(secret),
+            EnvValue::Text(_) => None,
+        });
+        self.headers
+            .values()
+            .chain(env)
+            .filter_map(|secret| match secret {
+                Secret::File(path) => Some(path.as_path()),
+                Secret::Env(_) => None,
+            })
     }
 
     /// Whether every secret can be read now: a missing variable or file

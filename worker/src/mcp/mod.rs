@@ -10,12 +10,14 @@
 //! - `listing`: what its allow-listed tools are in the worker, after each
 //!   `tools/list`;
 //! - `tool`: a server's tool as a fleet tool (its manifest);
-//! - `results`: what a server's answer becomes for the model.
+//! - `results`: what a server's answer becomes for the model;
+//! - `sandbox`: what a stdio server may reach of the worker.
 
 pub mod config;
 mod listing;
 mod names;
 mod results;
+mod sandbox;
 mod server;
 mod tool;
 
@@ -26,6 +28,7 @@ use crate::tool_set::ToolSet;
 pub use config::{EnvValue, McpApproval, McpOptions, McpServerOptions, Secret};
 pub use names::fleet_name;
 pub use results::{INPUT_REQUIRED, TOOL_ERROR};
+pub use sandbox::{Sandbox, SandboxMode, make_the_worker_undumpable};
 pub use server::McpServer;
 pub use tool::{McpTool, effects_of_hints, is_strict};
 
@@ -38,8 +41,10 @@ pub use tool::{McpTool, effects_of_hints, is_strict};
 /// is up while its server answers and lists it, with the manifest of its
 /// latest listing. A tool whose fleet name is one of `taken` (the worker's
 /// other tools) is left out, with an error naming the server and the tool.
+/// Stdio servers start in `sandbox`.
 pub fn serve(
     options: &McpOptions,
+    sandbox: &Sandbox,
     selected: &[String],
     taken: &[String],
     tools: &ToolSet,
@@ -66,7 +71,7 @@ pub fn serve(
         for (_, fleet_name) in &wanted {
             tools.declare(fleet_name);
         }
-        let server = McpServer::new(server_options.clone());
+        let server = McpServer::new(server_options.clone(), sandbox.clone());
         tokio::spawn(server.run(wanted, tools.clone(), end.clone()));
     }
 }

@@ -7,7 +7,6 @@
 //! server is started or reached again.
 
 use std::collections::HashMap;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +39,7 @@ use tracing::{debug, info, warn};
 use super::config::{Lifecycle, McpServerOptions};
 use super::listing::{Listing, Tally};
 use super::results;
+use super::sandbox::Sandbox;
 use crate::progress::Progress;
 use crate::tool::ToolError;
 use crate::tool_set::ToolSet;
@@ -110,6 +110,8 @@ enum ListFailed {
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
     options: McpServerOptions,
+    /// Where its process starts, over stdio.
+    sandbox: Sandbox,
     /// Where calls go while the connection is up; `None` while it is down
     /// (calls wait for it, for a while).
     peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
@@ -185,11 +187,13 @@ impl Drop for RouteGuard {
 }
 
 impl McpServer {
-    /// The server of `options`, not connected yet.
-    pub fn new(options: McpServerOptions) -> Arc<Self> {
+    /// The server of `options`, not connected yet; over stdio, its process
+    /// starts in `sandbox`.
+    pub fn new(options: McpServerOptions, sandbox: Sandbox) -> Arc<Self> {
         let slots = Semaphore::new(options.concurrency);
         Arc::new(Self {
             options,
+            sandbox,
             peer: watch::Sender::new(None),
             slots,
             list_changed: Arc::default(),
@@ -556,7 +560,7 @@ impl McpServer {
         let handshake = async {
             let client = match (&self.options.command, &self.options.url) {
                 (Some(command), _) => {
-                    let process = self.spawn(command)?;
+                    let process = self.spawn(command).await?;
                     self.handler()
                         .serve_with_lifecycle(process, self.lifecycle())
                         .await
@@ -594,9 +598,10 @@ impl McpServer {
         Ok(client)
     }
 
-    /// Starts the stdio server: its command in a minimal environment
-    /// ([`INHERITED`] and `env`), its stderr logged line by line.
-    fn spawn(&self, command: &str) -> Result<TokioChildProcess, String> {
+    /// Starts the stdio server in the sandbox: its command in a minimal
+    /// environment ([`INHERITED`] and `env`), its stderr logged line by
+    /// line.
+    async fn spawn(&self, command: &str) -> Result<TokioChildProcess, String> {
         let mut program = tokio::process::Command::new(command);
         // Killed with the worker should rmcp's own shutdown not run.
         program
@@ -614,10 +619,7 @@ impl McpServer {
         if let Some(cwd) = &self.options.cwd {
             program.current_dir(cwd);
         }
-        let (process, stderr) = TokioChildProcess::builder(program)
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("cannot start {command:?}: {e}"))?;
+        let (process, stderr) = self.sandbox.spawn(&self.options.name, program).await?;
         if let Some(stderr) = stderr {
             tokio::spawn(log_stderr(self.options.name.clone(), stderr));
         }
