@@ -829,18 +829,26 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
         assert_served(&python_client(&[mode, &url, IDE_TOKEN]).await?, protocol);
     }
     for token in ["", "not-a-known-token"] {
-        let refused = python_client(&["http", &url, token]).await?;
-        assert!(refused["refused"].is_string(), "{token:?}: {refused}");
-        assert!(refused.get("tools").is_none(), "{token:?}: {refused}");
-        let bearer = format!("Bearer {token}");
-        let headers: &[(&str, &str)] = if token.is_empty() {
-            &[]
-        } else {
-            &[("Authorization", &bearer)]
-        };
-        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", headers).await?;
-        assert_eq!(status, 401, "{token:?}");
+        assert_refused(&listen, "http", token).await?;
     }
+    Ok(())
+}
+
+/// The gateway at `listen` refuses `token` (none when empty): the SDK's
+/// client speaking `mode` lists nothing, and a plain request gets 401.
+async fn assert_refused(listen: &str, mode: &str, token: &str) -> anyhow::Result<()> {
+    let url = format!("http://{listen}/mcp");
+    let refused = python_client(&[mode, &url, token]).await?;
+    assert!(refused["refused"].is_string(), "{token:?}: {refused}");
+    assert!(refused.get("tools").is_none(), "{token:?}: {refused}");
+    let bearer = format!("Bearer {token}");
+    let headers: &[(&str, &str)] = if token.is_empty() {
+        &[]
+    } else {
+        &[("Authorization", &bearer)]
+    };
+    let (status, _) = toolfleet_tests::http_get_with(listen, "/mcp", headers).await?;
+    assert_eq!(status, 401, "{token:?}");
     Ok(())
 }
 
@@ -1032,16 +1040,7 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     .await?;
     let url = format!("http://{listen}/mcp");
     for token in ["", "garbage"] {
-        let refused = python_client(&["http-2026", &url, token]).await?;
-        assert!(refused["refused"].is_string(), "{token:?}: {refused}");
-        let bearer = format!("Bearer {token}");
-        let headers: &[(&str, &str)] = if token.is_empty() {
-            &[]
-        } else {
-            &[("Authorization", &bearer)]
-        };
-        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", headers).await?;
-        assert_eq!(status, 401, "{token:?}");
+        assert_refused(&listen, "http-2026", token).await?;
     }
     // Each client's calls are its own tenant's jobs, none the gateway's.
     let seen = python_client(&["http-2026", &url, IDE_TOKEN]).await?;

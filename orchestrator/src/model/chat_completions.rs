@@ -706,7 +706,7 @@ mod tests {
     #[tokio::test]
     async fn a_key_the_server_echoes_never_comes_back() {
         use crate::model::http::testing::{
-            ECHOED_KEY, KeyAnswers, check_the_key_never_comes_back, options_at,
+            KeyAnswers, check_the_key_never_comes_back, echoed_key_options,
         };
         fn stream(pieces: &[&str]) -> String {
             let chunk = |delta: Value, finish: Value| {
@@ -734,13 +734,7 @@ mod tests {
         };
         let items = [Item::User { text: "hi".into() }];
         check_the_key_never_comes_back(
-            |uri| {
-                let options = OpenAiOptions {
-                    api_key: Some(ECHOED_KEY.into()),
-                    ..options_at(&uri)
-                };
-                ChatCompletions::new(&options).unwrap()
-            },
+            |uri| ChatCompletions::new(&echoed_key_options(&uri)).unwrap(),
             &answers,
             request(&items, &[], 0),
         )

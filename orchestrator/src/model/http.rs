@@ -785,6 +785,14 @@ pub(crate) mod testing {
         options_at(&server.uri())
     }
 
+    /// [`options_at`] with the key [`ECHOED_KEY`].
+    pub(crate) fn echoed_key_options(uri: &str) -> OpenAiOptions {
+        OpenAiOptions {
+            api_key: Some(ECHOED_KEY.into()),
+            ..options_at(uri)
+        }
+    }
+
     /// Fast-retrying options for a provider talking to the server at `uri`.
     pub(crate) fn options_at(uri: &str) -> OpenAiOptions {
         OpenAiOptions {

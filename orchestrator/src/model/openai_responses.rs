@@ -621,7 +621,7 @@ mod tests {
     #[tokio::test]
     async fn a_key_the_server_echoes_never_comes_back() {
         use crate::model::http::testing::{
-            ECHOED_KEY, KeyAnswers, check_the_key_never_comes_back, options_at,
+            KeyAnswers, check_the_key_never_comes_back, echoed_key_options,
         };
         fn stream(pieces: &[&str]) -> String {
             let mut events: Vec<Value> = pieces
@@ -656,13 +656,7 @@ mod tests {
         };
         let items = [Item::User { text: "hi".into() }];
         check_the_key_never_comes_back(
-            |uri| {
-                let options = OpenAiOptions {
-                    api_key: Some(ECHOED_KEY.into()),
-                    ..options_at(&uri)
-                };
-                OpenAiResponses::new(&options).unwrap()
-            },
+            |uri| OpenAiResponses::new(&echoed_key_options(&uri)).unwrap(),
             &answers,
             request(&items, &[], 0),
         )
