@@ -816,14 +816,7 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
     }
 
     let listen = toolfleet_tests::free_loopback_address()?;
-    let _gateway = tokio::process::Command::new(&toolfleet)
-        .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
-        .kill_on_drop(true)
-        .spawn()?;
-    wait_until("mcp-serve to listen", JOB, || async {
-        tokio::net::TcpStream::connect(&listen).await.ok()
-    })
-    .await?;
+    let _gateway = start_gateway(&addr, &listen, &[]).await?;
     let url = format!("http://{listen}/mcp");
     for (mode, protocol) in [("http", "2025-11-25"), ("http-2026", "2026-07-28")] {
         assert_served(&python_client(&[mode, &url, IDE_TOKEN]).await?, protocol);
@@ -832,6 +825,26 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
         assert_refused(&listen, "http", token).await?;
     }
     Ok(())
+}
+
+/// `toolfleet mcp-serve` in front of the orchestrator at `addr`, with
+/// `more` flags, serving Streamable HTTP at `listen` once this returns;
+/// killed when the child is dropped.
+async fn start_gateway(
+    addr: &str,
+    listen: &str,
+    more: &[&str],
+) -> anyhow::Result<tokio::process::Child> {
+    let gateway = tokio::process::Command::new(cargo_bin("toolfleet")?)
+        .args(["mcp-serve", "--addr", addr, "--listen", listen])
+        .args(more)
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_until("mcp-serve to listen", JOB, || async {
+        tokio::net::TcpStream::connect(listen).await.ok()
+    })
+    .await?;
+    Ok(gateway)
 }
 
 /// The gateway at `listen` refuses `token` (none when empty): the SDK's
@@ -1021,23 +1034,21 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     let names: Vec<&str> = narrow_tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["calculate"], "only what the tenant may call");
 
-    let toolfleet = cargo_bin("toolfleet")?.display().to_string();
     let listen = toolfleet_tests::free_loopback_address()?;
     let (ca, cert, key) = (
         certificates.path("ca.pem"),
         certificates.path("gateway.pem"),
         certificates.path("gateway.key"),
     );
-    let _gateway = tokio::process::Command::new(&toolfleet)
-        .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
-        .args(["--tls-ca-file", &ca, "--tls-cert-file", &cert])
-        .args(["--tls-key-file", &key])
-        .kill_on_drop(true)
-        .spawn()?;
-    wait_until("mcp-serve to listen", JOB, || async {
-        tokio::net::TcpStream::connect(&listen).await.ok()
-    })
-    .await?;
+    let tls = [
+        "--tls-ca-file",
+        &ca,
+        "--tls-cert-file",
+        &cert,
+        "--tls-key-file",
+        &key,
+    ];
+    let _gateway = start_gateway(&addr, &listen, &tls).await?;
     let url = format!("http://{listen}/mcp");
     for token in ["", "garbage"] {
         assert_refused(&listen, "http-2026", token).await?;
