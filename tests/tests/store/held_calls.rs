@@ -939,7 +939,10 @@ impl StateMachineTest for LifeTest {
             model = Life::apply(model, &Step::RunnerDies);
             job = LifeTest::apply(job, &model, Step::RunnerDies);
         }
-        for _ in 0..20 {
+        // Each queued message costs a run at most four steps (acquire,
+        // read, park, move): the sweeps of a long case may have queued many.
+        let bound = 8 + 4 * model.processes.messages;
+        for _ in 0..bound {
             let Some(step) = recovery(&model) else {
                 break;
             };
@@ -1097,6 +1100,9 @@ fn a_decision_during_a_resume_and_a_decider_killed_mid_decision_strand_nothing()
             ]
             .concat(),
         );
+        // The sweeper queued the job many times while nobody ran it (a CI
+        // case): every message is taken, and the job parks again each time.
+        play(&[vec![Step::RunnerDies], vec![Step::Sweep; 7]].concat());
         // A park's move that lands after a decision queued the job again
         // is dropped: it would hide the job from the sweeper.
         play(&[
