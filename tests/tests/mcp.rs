@@ -227,19 +227,25 @@ async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_e
     Ok(())
 }
 
+/// The test server over Streamable HTTP at `address`, writing its traces
+/// in `scratch`.
+fn start_http_server(scratch: &Path, address: &str) -> anyhow::Result<tokio::process::Child> {
+    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
+    let server = repo_root().join("tests/mcp/server.py");
+    Ok(tokio::process::Command::new(venv_python()?)
+        .args([server.display().to_string(), "http".into(), port])
+        .env("MCP_TEST_DIR", scratch)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
 /// The same server over Streamable HTTP, with a header whose value the
 /// worker reads from a file (never from its configuration).
 #[tokio::test]
 async fn a_server_over_streamable_http_serves_its_tools() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let address = toolfleet_tests::free_loopback_address()?;
-    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
-    let server = repo_root().join("tests/mcp/server.py");
-    let mut http = tokio::process::Command::new(venv_python()?)
-        .args([server.display().to_string(), "http".into(), port])
-        .env("MCP_TEST_DIR", scratch.path())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut http = start_http_server(scratch.path(), &address)?;
     let token = scratch.path().join("token");
     std::fs::write(&token, "Bearer test-token\n")?;
     let config = format!(
@@ -344,6 +350,60 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
     ]);
     let job = run_scripted(&api, "add again", &script).await?;
     assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 4}));
+    Ok(())
+}
+
+/// An HTTP server that dies is down at once, as a stdio server is: a call
+/// that finds it dead (never sent) takes its tools down and waits in its
+/// queue, a ping finds it dead while no call is sent, and the server is
+/// reached again when it is back on its port, whatever the lifecycle.
+#[tokio::test]
+async fn a_dead_http_server_is_withdrawn_and_reached_again_once_back() -> anyhow::Result<()> {
+    dead_http_server_comes_back("auto", "2026-07-28").await
+}
+
+#[tokio::test]
+async fn a_dead_http_server_of_the_initialize_handshake_is_withdrawn_and_reached_again()
+-> anyhow::Result<()> {
+    dead_http_server_comes_back("initialize", "2025-11-25").await
+}
+
+async fn dead_http_server_comes_back(lifecycle: &str, protocol: &str) -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let mut http = start_http_server(scratch.path(), &address)?;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\nurl = \"http://{address}/mcp\"\n\
+         tools = [\"add\"]\nlifecycle = {lifecycle:?}\n",
+    );
+    let fleet = fleet_with(&config, &["web__add"]).await?;
+    assert_eq!(connected_protocol(&fleet).await?, protocol);
+    let api = fleet.api(0).await?;
+    // A call sent just after the server died: its first attempt is never
+    // sent, takes the tools down, and the call waits for the server.
+    http.kill().await?;
+    let script = json!([
+        {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .clone()
+        .submit_job(scripted_job("add while it is down", &script))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_offered(&api, "web__add", false, Duration::from_secs(10)).await?;
+    let mut http = start_http_server(scratch.path(), &address)?;
+    wait_offered(&api, "web__add", true, Duration::from_secs(30)).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
+    // With no call to find it dead, the probe does (probe_interval, 5 s).
+    http.kill().await?;
+    wait_offered(&api, "web__add", false, Duration::from_secs(15)).await?;
+    let _http = start_http_server(scratch.path(), &address)?;
+    wait_offered(&api, "web__add", true, Duration::from_secs(30)).await?;
+    let job = run_scripted(&api, "add once it is back", &script).await?;
+    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
     Ok(())
 }
 

@@ -78,6 +78,14 @@ pub struct McpServerOptions {
         default = "default_connect_timeout"
     )]
     pub connect_timeout: Duration,
+    /// How often a Streamable HTTP server that answered is asked `ping`
+    /// while it is up: a failed ping takes its tools down at once, as a
+    /// stdio server's exit does. Default: 5s.
+    #[serde(
+        with = "toolfleet_service::config::duration",
+        default = "default_probe_interval"
+    )]
+    pub probe_interval: Duration,
     /// How the connection starts: `auto` (the default) asks the server
     /// for the stateless 2026-07-28 protocol (`server/discover`) and falls
     /// back to the `initialize` handshake; `initialize` makes the
@@ -243,6 +251,10 @@ fn default_connect_timeout() -> Duration {
     Duration::from_secs(10)
 }
 
+fn default_probe_interval() -> Duration {
+    Duration::from_secs(5)
+}
+
 fn default_max_listed_pages() -> usize {
     100
 }
@@ -254,6 +266,10 @@ fn default_max_listed_tools() -> usize {
 fn default_max_listed_bytes() -> usize {
     16 * 1024 * 1024
 }
+
+/// The shortest `probe_interval`: a ping a tenth of a second is already
+/// more than a server needs to be known alive.
+const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Longest server name.
 const MAX_SERVER_NAME: usize = 32;
@@ -339,6 +355,12 @@ impl McpServerOptions {
         if self.concurrency == 0 {
             return Err(format!(
                 "mcp server {server}: concurrency must be at least 1"
+            ));
+        }
+        if self.probe_interval < MIN_PROBE_INTERVAL {
+            return Err(format!(
+                "mcp server {server}: probe_interval must be at least {}",
+                humantime::format_duration(MIN_PROBE_INTERVAL)
             ));
         }
         let bounds = self.listing_bounds();
@@ -530,6 +552,10 @@ tools = ["find"]
             (
                 "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\nconcurrency = 0",
                 "at least 1",
+            ),
+            (
+                "name = \"crm\"\nurl = \"http://a\"\ntools = [\"a\"]\nprobe_interval = \"10ms\"",
+                "probe_interval must be at least 100ms",
             ),
         ] {
             let err = server(&format!("[[servers]]\n{bad}\n")).unwrap_err();

@@ -15,12 +15,14 @@ use futures::StreamExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, PaginatedRequestParams,
-    ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId, ServerNotification,
-    ServerResult, SubscriptionFilter, Tool as McpToolInfo,
+    PingRequest, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
+    ServerNotification, ServerResult, SubscriptionFilter, Tool as McpToolInfo,
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
-use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClientTransportConfig, StreamableHttpError,
+};
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{
     ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient,
@@ -103,6 +105,8 @@ const LISTING_GAP: Duration = Duration::from_secs(1);
 enum ListFailed {
     /// The server failed it, or did not answer in time.
     Failed(String),
+    /// The connection failed under it: the server is down.
+    Gone(String),
     /// It went past a bound of the listing: the server is down.
     TooLarge(String),
 }
@@ -238,7 +242,7 @@ impl McpServer {
             .list_all(client.peer())
             .await
             .map_err(|failed| match failed {
-                ListFailed::Failed(why) | ListFailed::TooLarge(why) => why,
+                ListFailed::Failed(why) | ListFailed::Gone(why) | ListFailed::TooLarge(why) => why,
             })?;
         Ok((client, listed))
     }
@@ -256,10 +260,14 @@ impl McpServer {
             let mut cursor = None;
             loop {
                 let params = PaginatedRequestParams::default().with_cursor(cursor);
-                let page = peer
-                    .list_tools(Some(params))
-                    .await
-                    .map_err(|err| ListFailed::Failed(format!("tools/list failed: {err}")))?;
+                let page = peer.list_tools(Some(params)).await.map_err(|err| {
+                    let why = format!("tools/list failed: {err}");
+                    if connection_failed(&err) {
+                        ListFailed::Gone(why)
+                    } else {
+                        ListFailed::Failed(why)
+                    }
+                })?;
                 let bytes = page
                     .tools
                     .iter()
@@ -318,9 +326,10 @@ impl McpServer {
         }
     }
 
-    /// Follows `client` until it closes (`true`) or `end` (`false`, the
-    /// connection closed then), listing the tools again at each
-    /// `list_changed`, at most once per [`LISTING_GAP`].
+    /// Follows `client` until the server is gone (`true`: the connection
+    /// closed, or a request, a ping or the subscription failed on it) or
+    /// `end` (`false`, the connection closed then), listing the tools
+    /// again at each `list_changed`, at most once per [`LISTING_GAP`].
     async fn follow(
         &self,
         client: Client,
@@ -335,11 +344,21 @@ impl McpServer {
         let mut next_listing = Instant::now();
         let subscribed = self.subscribe(peer);
         tokio::pin!(subscribed);
+        let probed = self.probe(peer);
+        tokio::pin!(probed);
+        let mut current = self.peer.subscribe();
+        let dropped = async move { current.wait_for(Option::is_none).await.is_ok() };
+        tokio::pin!(dropped);
         loop {
             tokio::select! {
                 _ = &mut closed => return true,
                 () = end.cancelled() => break,
-                () = &mut subscribed => {}
+                // A request found the connection dead ([`Self::gone`]), or
+                // a ping or the subscription did: the server is down now,
+                // not when the transport notices.
+                _ = &mut dropped => break,
+                () = &mut subscribed => break,
+                () = &mut probed => break,
                 () = self.list_changed.notified() => {
                     let relisted = async {
                         tokio::time::sleep_until(next_listing).await;
@@ -352,10 +371,7 @@ impl McpServer {
                         // Past a bound, the server is down: reached again
                         // (and listed) after a pause, its tools withdrawn
                         // meanwhile.
-                        Some(Err(ListFailed::TooLarge(_))) => {
-                            closing.cancel();
-                            return true;
-                        }
+                        Some(Err(ListFailed::TooLarge(_) | ListFailed::Gone(_))) => break,
                         Some(Err(ListFailed::Failed(why))) => {
                             warn!(server, why, "tools/list failed after list_changed; the tools stay as they were");
                         }
@@ -364,7 +380,7 @@ impl McpServer {
             }
         }
         closing.cancel();
-        false
+        !end.is_cancelled()
     }
 
     /// Calls its tool `mcp_name` with `args`, for a tool with `effects`; the
@@ -417,11 +433,11 @@ impl McpServer {
             )),
             Err(err) => {
                 debug!(server, error = %err, "MCP call failed");
-                if matches!(
-                    err,
-                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
-                ) {
+                if connection_failed(&err) {
                     self.gone(&client);
+                }
+                if never_sent(&err) {
+                    return Err(results::not_running(server));
                 }
                 Err(results::failure(server, &err, effects))
             }
@@ -433,8 +449,9 @@ impl McpServer {
     /// notification on as the handler does on older sessions. A stream
     /// that ends (the server closed it, or it fell behind) is opened again
     /// after a pause, and the tools are listed then, since a change may
-    /// have been missed. Never returns (on an older session, or when the
-    /// server does not say its tools change, it just waits).
+    /// have been missed. Returns when the connection failed under it (the
+    /// server is gone); on an older session, or when the server does not
+    /// say its tools change, it just waits.
     async fn subscribe(&self, peer: &Peer<RoleClient>) {
         let server = &self.options.name;
         let stateless = peer.peer_info().filter(|info| {
@@ -466,12 +483,42 @@ impl McpServer {
                     self.list_changed.notify_one();
                     tokio::time::sleep(LISTING_GAP).await;
                 }
+                Err(err) if connection_failed(&err) => {
+                    debug!(server, error = %err, "subscriptions/listen failed: the server is gone");
+                    return;
+                }
                 Err(err) => {
                     // Endless (no max_times): it always yields.
                     let pause = pauses.next().unwrap_or(Duration::from_secs(30));
                     warn!(server, error = %err, retry_in = ?pause, "subscriptions/listen failed; tool changes are not followed until it succeeds");
                     tokio::time::sleep(pause).await;
                 }
+            }
+        }
+    }
+
+    /// Asks a Streamable HTTP server `ping` each `probe_interval`, and
+    /// returns when one fails on the connection (the server is gone),
+    /// which nothing else would notice while no call is sent: a stdio
+    /// server's exit closes its connection, an HTTP server's does not. A
+    /// ping unanswered within `connect_timeout` is only logged: a busy
+    /// server is not a dead one, and taking it down would end its calls in
+    /// flight. Any answer, an error included, says the server is there.
+    async fn probe(&self, peer: &Peer<RoleClient>) {
+        if self.options.url.is_none() {
+            return std::future::pending().await;
+        }
+        let server = &self.options.name;
+        loop {
+            tokio::time::sleep(self.options.probe_interval).await;
+            let ping = peer.send_request(ClientRequest::PingRequest(PingRequest::default()));
+            match tokio::time::timeout(self.options.connect_timeout, ping).await {
+                Ok(Err(err)) if connection_failed(&err) => {
+                    debug!(server, error = %err, "ping failed: the server is gone");
+                    return;
+                }
+                Ok(_) => {}
+                Err(_) => warn!(server, "the MCP server did not answer a ping in time"),
             }
         }
     }
@@ -645,6 +692,29 @@ impl McpServer {
             StreamableHttpClientTransportConfig::with_uri(url.to_owned()).custom_headers(headers);
         Ok(StreamableHttpClientTransport::with_client(client, config))
     }
+}
+
+/// Whether `err` says the connection to the server failed (it closed, or
+/// a request could not be sent or answered over it), rather than that the
+/// server answered with an error.
+fn connection_failed(err: &ServiceError) -> bool {
+    matches!(
+        err,
+        ServiceError::TransportClosed | ServiceError::TransportSend(_)
+    )
+}
+
+/// Whether `err` says the request never reached the server: its HTTP
+/// connection could not be made (refused, unreachable, no TLS handshake).
+/// Such a call did not run, whatever the tool does.
+fn never_sent(err: &ServiceError) -> bool {
+    let ServiceError::TransportSend(sent) = err else {
+        return false;
+    };
+    let http = sent
+        .error
+        .downcast_ref::<StreamableHttpError<reqwest::Error>>();
+    matches!(http, Some(StreamableHttpError::Client(client)) if client.is_connect())
 }
 
 /// Logs a stdio server's stderr, a bounded line at a time, until it closes.
