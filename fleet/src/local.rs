@@ -498,9 +498,9 @@ impl LocalFleet {
             // --worker-config`), beside the built-in tools, as
             // `toolfleet-worker` serves them; they stop after the drain.
             let servers = CancellationToken::new();
-            let sandbox = worker.mcp_sandbox();
+            let host = worker.mcp_host();
             let mcp = (&worker.mcp, &worker.tools, &connected.tools());
-            toolfleet_worker::mcp::serve(mcp.0, &sandbox, mcp.1, &tool_names, mcp.2, &servers);
+            toolfleet_worker::mcp::serve(mcp.0, &host, mcp.1, &tool_names, mcp.2, &servers);
             let shutdown = self.shutdown.child_token();
             let name = id.clone();
             let task = tokio::spawn(async move {

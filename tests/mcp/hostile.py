@@ -11,6 +11,13 @@ no SDK, doing what a well-behaved server never would.
         `/proc/<parent>/mem`, and each PATH; its result says, for each, what
         it read or why it could not.
 
+    python hostile.py defects
+        tools whose answers are wrong: `huge(mib)` answers with a text of
+        that many MiB, its `id` first, and `huge_id_last(mib)` with its
+        `id` last (both read-only); `garble()` writes a line that is not
+        JSON instead of its answer (not idempotent); `stray()` answers with
+        an id the worker never sent (read-only); `ok()` answers `fine`.
+
 It speaks the `initialize` handshake (configure `lifecycle =
 "initialize"`); every other request gets "method not found".
 """
@@ -67,6 +74,36 @@ def snoop():
     return {"content": [{"type": "text", "text": json.dumps(seen)}], "structuredContent": seen}
 
 
+READ_ONLY = {"readOnlyHint": True}
+DEFECTS = [
+    {"name": "huge", "inputSchema": OBJECT, "annotations": READ_ONLY},
+    {"name": "huge_id_last", "inputSchema": OBJECT, "annotations": READ_ONLY},
+    {"name": "garble", "inputSchema": OBJECT},
+    {"name": "stray", "inputSchema": OBJECT, "annotations": READ_ONLY},
+    {"name": "ok", "inputSchema": OBJECT, "annotations": READ_ONLY},
+]
+
+
+def defective(request):
+    """Answers a call of the `defects` mode, wrongly but for `ok`."""
+    params = request["params"]
+    name, args = params["name"], params.get("arguments") or {}
+    text = {"content": [{"type": "text", "text": "fine"}]}
+    if name == "huge":
+        text["content"][0]["text"] = "x" * (args.get("mib", 40) << 20)
+        send({"jsonrpc": "2.0", "id": request["id"], "result": text})
+    elif name == "huge_id_last":
+        text["content"][0]["text"] = "x" * (args.get("mib", 40) << 20)
+        send({"jsonrpc": "2.0", "result": text, "id": request["id"]})
+    elif name == "garble":
+        sys.stdout.write("Traceback (most recent call last): not an answer\n")
+        sys.stdout.flush()
+    elif name == "stray":
+        send({"jsonrpc": "2.0", "id": 1_000_000 + request["id"], "result": text})
+    else:
+        send({"jsonrpc": "2.0", "id": request["id"], "result": text})
+
+
 def answer(request):
     method = request.get("method")
     params = request.get("params") or {}
@@ -80,6 +117,8 @@ def answer(request):
         return {}
     if method == "tools/list" and mode == "endless":
         return endless_page(params.get("cursor"))
+    if method == "tools/list" and mode == "defects":
+        return {"tools": DEFECTS}
     if method == "tools/list":
         return {"tools": [{"name": "snoop", "description": "snoops", "inputSchema": OBJECT}]}
     if method == "tools/call" and mode == "snoop":
@@ -91,6 +130,9 @@ for line in sys.stdin:
     request = json.loads(line)
     if "id" not in request:
         continue  # a notification
+    if request.get("method") == "tools/call" and mode == "defects":
+        defective(request)
+        continue
     result = answer(request)
     if result is None:
         error = {"code": -32601, "message": "method not found"}

@@ -353,57 +353,162 @@ async fn a_dead_servers_tools_are_withdrawn_until_it_is_back() -> anyhow::Result
     Ok(())
 }
 
-/// An HTTP server that dies is down at once, as a stdio server is: a call
-/// that finds it dead (never sent) takes its tools down and waits in its
-/// queue, a ping finds it dead while no call is sent, and the server is
-/// reached again when it is back on its port, whatever the lifecycle.
+/// An HTTP server on the 2026-07-28 protocol (`lifecycle = "auto"`) that
+/// dies is down at once (its `subscriptions/listen` stream ends), and is
+/// reached again once it is back on its port.
 #[tokio::test]
 async fn a_dead_http_server_is_withdrawn_and_reached_again_once_back() -> anyhow::Result<()> {
-    dead_http_server_comes_back("auto", "2026-07-28").await
-}
-
-#[tokio::test]
-async fn a_dead_http_server_of_the_initialize_handshake_is_withdrawn_and_reached_again()
--> anyhow::Result<()> {
-    dead_http_server_comes_back("initialize", "2025-11-25").await
-}
-
-async fn dead_http_server_comes_back(lifecycle: &str, protocol: &str) -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
     let address = toolfleet_tests::free_loopback_address()?;
     let mut http = start_http_server(scratch.path(), &address)?;
-    let config = format!(
-        "[[mcp.servers]]\nname = \"web\"\nurl = \"http://{address}/mcp\"\n\
-         tools = [\"add\"]\nlifecycle = {lifecycle:?}\n",
-    );
+    let config = http_config("web", &address, "")?;
     let fleet = fleet_with(&config, &["web__add"]).await?;
-    assert_eq!(connected_protocol(&fleet).await?, protocol);
+    assert_eq!(connected_protocol(&fleet).await?, "2026-07-28");
     let api = fleet.api(0).await?;
-    // A call sent just after the server died: its first attempt is never
-    // sent, takes the tools down, and the call waits for the server.
+    for _ in 0..2 {
+        http.kill().await?;
+        wait_offered(&api, "web__add", false, Duration::from_secs(10)).await?;
+        http = start_http_server(scratch.path(), &address)?;
+        wait_offered(&api, "web__add", true, Duration::from_secs(30)).await?;
+        let job = run_scripted(&api, "add once it is back", &add_script("web")).await?;
+        assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
+    }
+    Ok(())
+}
+
+/// On the `initialize` handshake nothing streams to say an HTTP server
+/// died: a call that finds it dead (never sent) takes its tools down and
+/// waits in its queue until it is back; with no call, the ping does.
+#[tokio::test]
+async fn a_dead_http_server_is_found_by_a_call_or_a_ping_and_its_calls_wait() -> anyhow::Result<()>
+{
+    let scratch = tempfile::tempdir()?;
+    let (web, idle) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
+    let mut http = start_http_server(scratch.path(), &web)?;
+    let mut idle_http = start_http_server(scratch.path(), &idle)?;
+    // Only a call finds `web` dead: its ping is an hour apart.
+    let config = http_config(
+        "web",
+        &web,
+        "lifecycle = \"initialize\"\nprobe_interval = \"1h\"",
+    )? + &http_config("idle", &idle, "lifecycle = \"initialize\"")?;
+    let fleet = fleet_with(&config, &["web__add", "idle__add"]).await?;
+    assert_eq!(connected_protocol(&fleet).await?, "2025-11-25");
+    let api = fleet.api(0).await?;
     http.kill().await?;
-    let script = json!([
-        {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
-        {"message": "done"}
-    ]);
     let job_id = api
         .clone()
-        .submit_job(scripted_job("add while it is down", &script))
+        .submit_job(scripted_job("add while it is down", &add_script("web")))
         .await?
         .into_inner()
         .job_id;
     wait_offered(&api, "web__add", false, Duration::from_secs(10)).await?;
-    let mut http = start_http_server(scratch.path(), &address)?;
+    let _http = start_http_server(scratch.path(), &web)?;
     wait_offered(&api, "web__add", true, Duration::from_secs(30)).await?;
     let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
-    // With no call to find it dead, the probe does (probe_interval, 5 s).
-    http.kill().await?;
-    wait_offered(&api, "web__add", false, Duration::from_secs(15)).await?;
-    let _http = start_http_server(scratch.path(), &address)?;
-    wait_offered(&api, "web__add", true, Duration::from_secs(30)).await?;
-    let job = run_scripted(&api, "add once it is back", &script).await?;
-    assert_eq!(call_results(&job)["sum"]["data"], json!({"result": 42}));
+    let results = call_results(&job);
+    assert_eq!(results["sum"]["data"], json!({"result": 42}), "{results:?}");
+    // With no call to find it dead, the ping does (probe_interval, 5 s).
+    idle_http.kill().await?;
+    wait_offered(&api, "idle__add", false, Duration::from_secs(15)).await?;
+    assert_eq!(fleet.count_in_worker_logs("MCP server gone"), 2);
+    let _idle_http = start_http_server(scratch.path(), &idle)?;
+    wait_offered(&api, "idle__add", true, Duration::from_secs(30)).await?;
+    Ok(())
+}
+
+/// A worker's table for the test server over HTTP at `address`, as `name`
+/// serving `add`, with `extra` lines.
+fn http_config(name: &str, address: &str, extra: &str) -> anyhow::Result<String> {
+    Ok(format!(
+        "[[mcp.servers]]\nname = {name:?}\nurl = \"http://{address}/mcp\"\ntools = [\"add\"]\n{extra}\n"
+    ))
+}
+
+/// A script that adds 40 and 2 with server `server`'s `add`, as call `sum`.
+fn add_script(server: &str) -> serde_json::Value {
+    let tool = format!("{server}__add");
+    json!([
+        {"tool_calls": [{"id": "sum", "name": tool, "arguments": {"a": 40, "b": 2}}]},
+        {"message": "done"}
+    ])
+}
+
+/// A stdio server's wrong answers are answered at once, never waited out
+/// and run again: an answer over the bound (40 MiB, past rmcp's 16 MiB too)
+/// is `PAYLOAD_TOO_LARGE` whether its id comes first or last, and leaves
+/// the server up; a line that is not JSON, or an answer to no request,
+/// is logged naming the server and fails the call by its effects.
+#[tokio::test]
+async fn a_servers_wrong_answers_are_answered_at_once_by_what_they_are() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let tools = ["huge", "huge_id_last", "garble", "stray", "ok"];
+    // A timeout would outlast the job's wait: every answer here is not one.
+    let config =
+        hostile_config(scratch.path(), "defects", &[], &tools)? + "call_timeout = \"10m\"\n";
+    let fleet = fleet_with(&config, &["bad__huge", "bad__ok"]).await?;
+    let api = fleet.api(0).await?;
+    let call = |id: &str, tool: &str| json!({"id": id, "name": tool, "arguments": {}});
+    let script = json!([
+        {"tool_calls": [call("first", "bad__huge"), call("last", "bad__huge_id_last")]},
+        {"tool_calls": [call("fine", "bad__ok")]},
+        {"tool_calls": [call("garbled", "bad__garble")]},
+        {"tool_calls": [call("stray", "bad__stray")]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "wrong answers", &script).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    let results = call_results(&job);
+    for id in ["first", "last"] {
+        let error = &results[id]["error"];
+        assert_eq!(error["code"], "PAYLOAD_TOO_LARGE", "{id}: {error}");
+        assert_eq!(error["retryable"], false);
+        assert!(
+            error["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("bad")
+        );
+    }
+    assert_eq!(
+        results["fine"]["data"]["content"][0]["text"], "fine",
+        "the server stays up after an answer too large"
+    );
+    assert_eq!(fleet.count_in_worker_logs("connected to the MCP server"), 1);
+    let garbled = &results["garbled"]["error"];
+    assert_eq!(garbled["code"], "OUTCOME_UNKNOWN", "{garbled}");
+    assert!(
+        garbled["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not JSON")
+    );
+    // Read-only: each attempt fails at once, and the last one says why.
+    let stray = &results["stray"]["error"];
+    assert_eq!(stray["code"], "MAX_ATTEMPTS_EXCEEDED", "{stray}");
+    assert!(
+        stray["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("an answer to no request"),
+        "{stray}"
+    );
+    let logged = fleet
+        .worker(0)
+        .wait_for_log("is not a message for the worker", JOB)
+        .await?;
+    assert!(
+        logged.contains("server=bad") || logged.contains("server=\"bad\""),
+        "{logged}"
+    );
+    let too_large = fleet
+        .worker(0)
+        .wait_for_log("answer is over the bound", JOB)
+        .await?;
+    assert!(too_large.contains("huge"), "names the tool: {too_large}");
     Ok(())
 }
 
@@ -1153,7 +1258,12 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
 /// A worker configuration serving the tool `tool` of the hostile server
 /// (tests/mcp/hostile.py) in `mode` with `args`, as server `bad`, over the
 /// `initialize` handshake.
-fn hostile_config(scratch: &Path, mode: &str, args: &[&str], tool: &str) -> anyhow::Result<String> {
+fn hostile_config(
+    scratch: &Path,
+    mode: &str,
+    args: &[&str],
+    tools: &[&str],
+) -> anyhow::Result<String> {
     let python = venv_python()?.display().to_string();
     let server = repo_root()
         .join("tests/mcp/hostile.py")
@@ -1163,7 +1273,7 @@ fn hostile_config(scratch: &Path, mode: &str, args: &[&str], tool: &str) -> anyh
     all.extend_from_slice(args);
     Ok(format!(
         "[[mcp.servers]]\nname = \"bad\"\ncommand = {python:?}\nargs = {all:?}\n\
-         env = {{ MCP_TEST_DIR = {scratch:?} }}\ntools = [{tool:?}]\nlifecycle = \"initialize\"\n",
+         env = {{ MCP_TEST_DIR = {scratch:?} }}\ntools = {tools:?}\nlifecycle = \"initialize\"\n",
         scratch = scratch.display().to_string(),
     ))
 }
@@ -1177,7 +1287,7 @@ fn hostile_config(scratch: &Path, mode: &str, args: &[&str], tool: &str) -> anyh
 async fn a_server_that_lists_tools_forever_costs_a_worker_only_the_listings_bounds()
 -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let config = hostile_config(scratch.path(), "endless", &[], "tool_0_0")?;
+    let config = hostile_config(scratch.path(), "endless", &[], &["tool_0_0"])?;
     let fleet = fleet_with(&config, &["echo"]).await?;
     let bound = "its tools/list goes past max_listed_pages (100 pages)";
     let logged = fleet.worker(0).wait_for_log(bound, JOB).await?;

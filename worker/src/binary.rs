@@ -168,7 +168,7 @@ pub async fn serve(
     tools: impl FnOnce(&Worker) -> Toolbox,
 ) -> anyhow::Result<()> {
     let (mcp, selected) = (options.mcp.clone(), options.tools.clone());
-    let sandbox = options.mcp_sandbox();
+    let host = options.mcp_host();
     // Before any server starts: none may read this process's memory.
     crate::mcp::make_the_worker_undumpable();
     let worker = tokio::select! {
@@ -183,7 +183,7 @@ pub async fn serve(
     // stop when this returns.
     let servers = tokio_util::sync::CancellationToken::new();
     let _stop_servers = servers.clone().drop_guard();
-    crate::mcp::serve(&mcp, &sandbox, &selected, &taken, &worker.tools(), &servers);
+    crate::mcp::serve(&mcp, &host, &selected, &taken, &worker.tools(), &servers);
     worker
         .with_readiness(process.readiness)
         .run(own, process.shutdown)

@@ -18,7 +18,7 @@ pub use toolfleet_service::config::{
 use toolfleet_service::config::{duration, load_layered};
 use toolfleet_service::queue;
 
-use crate::mcp::{McpOptions, Sandbox};
+use crate::mcp::{McpHost, McpOptions, Sandbox};
 use crate::tools::knowledge_graph::KgOptions;
 use crate::tools::weather::WeatherOptions;
 
@@ -223,10 +223,19 @@ impl WorkerOptions {
         Ok(options)
     }
 
+    /// What its MCP servers get of it: the bound of their calls' answers
+    /// (`runtime.max_output_bytes`), and the sandbox of its stdio servers.
+    pub fn mcp_host(&self) -> McpHost {
+        McpHost {
+            sandbox: self.mcp_sandbox(),
+            max_output_bytes: self.runtime.max_output_bytes,
+        }
+    }
+
     /// The sandbox of its stdio MCP servers (`mcp.sandbox`), which keeps
     /// them from its own files: its configuration file, and every file its
     /// credentials and its MCP servers' secrets are read from.
-    pub fn mcp_sandbox(&self) -> Sandbox {
+    fn mcp_sandbox(&self) -> Sandbox {
         let credentials = [
             &self.nats.credentials_file,
             &self.nats.nkey_seed_file,

@@ -11,7 +11,8 @@
 //!   `tools/list`;
 //! - `tool`: a server's tool as a fleet tool (its manifest);
 //! - `results`: what a server's answer becomes for the model;
-//! - `sandbox`: what a stdio server may reach of the worker.
+//! - `sandbox`: what a stdio server may reach of the worker;
+//! - `stdio`: a stdio server's process and lines, read within bounds.
 
 pub mod config;
 mod listing;
@@ -19,6 +20,7 @@ mod names;
 mod results;
 mod sandbox;
 mod server;
+mod stdio;
 mod tool;
 
 use tokio_util::sync::CancellationToken;
@@ -32,6 +34,16 @@ pub use sandbox::{Sandbox, SandboxMode, make_the_worker_undumpable};
 pub use server::McpServer;
 pub use tool::{McpTool, effects_of_hints, is_strict};
 
+/// What the worker gives each of its MCP servers.
+#[derive(Clone)]
+pub struct McpHost {
+    /// Where a stdio server starts.
+    pub sandbox: Sandbox,
+    /// The largest output of a tool (`runtime.max_output_bytes`): an
+    /// answer much larger is not read ([`stdio`]).
+    pub max_output_bytes: usize,
+}
+
 /// Serves, in `tools`, the tools of the servers of `options` that
 /// `selected` names (every one when `selected` is empty). Each is declared
 /// at once, down, so that the worker serves its other tools without
@@ -41,10 +53,10 @@ pub use tool::{McpTool, effects_of_hints, is_strict};
 /// is up while its server answers and lists it, with the manifest of its
 /// latest listing. A tool whose fleet name is one of `taken` (the worker's
 /// other tools) is left out, with an error naming the server and the tool.
-/// Stdio servers start in `sandbox`.
+/// Stdio servers start in `host`'s sandbox.
 pub fn serve(
     options: &McpOptions,
-    sandbox: &Sandbox,
+    host: &McpHost,
     selected: &[String],
     taken: &[String],
     tools: &ToolSet,
@@ -71,7 +83,7 @@ pub fn serve(
         for (_, fleet_name) in &wanted {
             tools.declare(fleet_name);
         }
-        let server = McpServer::new(server_options.clone(), sandbox.clone());
+        let server = McpServer::new(server_options.clone(), host.clone());
         tokio::spawn(server.run(wanted, tools.clone(), end.clone()));
     }
 }

@@ -10,6 +10,7 @@ use serde_json::{Map, Value, json};
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{Effects, ErrorCode};
 
+use super::stdio::Defect;
 use crate::tool::ToolError;
 
 /// The code of a result the server marked `isError`: the tool ran and
@@ -127,6 +128,40 @@ fn answered_error(server: &str, code: i32, effects: Effects) -> ToolError {
         ToolError::terminal(ErrorCode::TOOL_EXECUTION_FAILED, message)
     } else {
         ToolError::retryable(ErrorCode::TOOL_EXECUTION_FAILED, message)
+    }
+}
+
+/// A call whose answer the server's connection found wrong ([`Defect`]):
+/// one too large is `PAYLOAD_TOO_LARGE`, terminal (it would be as large
+/// again); one the server may have garbled is as a call the server went
+/// away from, by the tool's `effects`.
+pub(super) fn defect(server: &str, defect: &Defect, effects: Effects) -> ToolError {
+    match defect {
+        Defect::TooLarge(bound) => ToolError::terminal(
+            ErrorCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "the MCP server {server}'s answer is over {bound} bytes \
+                 (runtime.max_output_bytes and a margin); it was not read"
+            ),
+        ),
+        Defect::Malformed(what) => {
+            let wrote =
+                format!("the MCP server {server} wrote {what} while the call was in flight");
+            if effects.repeats_harm() {
+                ToolError::terminal(
+                    ErrorCode::OUTCOME_UNKNOWN,
+                    format!(
+                        "{wrote}; its answer may be lost, so whether the tool's effect \
+                         happened is unknown, and it was not run again"
+                    ),
+                )
+            } else {
+                ToolError::retryable(
+                    ErrorCode::TOOL_EXECUTION_FAILED,
+                    format!("{wrote}; its answer may be lost"),
+                )
+            }
+        }
     }
 }
 

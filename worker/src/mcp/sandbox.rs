@@ -25,9 +25,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use rmcp::transport::TokioChildProcess;
 use serde::{Deserialize, Serialize};
-use tokio::process::ChildStderr;
+use tokio::process::Child;
 use tracing::{info, warn};
 
 /// Whether stdio MCP servers run in a sandbox (`mcp.sandbox`).
@@ -112,7 +111,7 @@ impl Sandbox {
     }
 
     /// Starts `program` (a stdio server's process) in the sandbox, its
-    /// stderr piped.
+    /// stdin, stdout and stderr piped.
     ///
     /// # Errors
     ///
@@ -122,7 +121,7 @@ impl Sandbox {
         &self,
         server: &str,
         program: tokio::process::Command,
-    ) -> Result<(TokioChildProcess, Option<ChildStderr>), String> {
+    ) -> Result<Child, String> {
         if self.mode == SandboxMode::Off {
             return start(program);
         }
@@ -213,16 +212,16 @@ impl Sandbox {
     }
 }
 
-/// Starts a stdio server's process, its stderr piped.
-fn start(
-    program: tokio::process::Command,
-) -> Result<(TokioChildProcess, Option<ChildStderr>), String> {
+/// Starts a stdio server's process, its stdin, stdout and stderr piped.
+fn start(mut program: tokio::process::Command) -> Result<Child, String> {
     let command = program
         .as_std()
         .get_program()
         .to_string_lossy()
         .into_owned();
-    TokioChildProcess::builder(program)
+    program
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot start {command:?}: {e}"))

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
-use futures::StreamExt;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, PaginatedRequestParams,
@@ -20,28 +19,26 @@ use rmcp::model::{
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClientTransportConfig, StreamableHttpError,
 };
-use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{
     ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, Peer, RoleClient,
     ServiceError,
 };
 use serde_json::Value;
-use tokio::process::ChildStderr;
 use tokio::sync::{Notify, Semaphore, watch};
 use tokio::time::Instant;
-use tokio_util::codec::{FramedRead, LinesCodec};
 use tokio_util::sync::CancellationToken;
-use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
 
+use super::McpHost;
 use super::config::{Lifecycle, McpServerOptions};
 use super::listing::{Listing, Tally};
 use super::results;
-use super::sandbox::Sandbox;
+use super::stdio::{self, Defect, Defects};
 use crate::progress::Progress;
 use crate::tool::ToolError;
 use crate::tool_set::ToolSet;
@@ -89,17 +86,17 @@ impl ClientHandler for Handler {
     }
 }
 
-/// The variables a stdio server inherits from the worker; everything else
-/// it gets is configured (`env`). The worker's own environment holds its
-/// NATS and Redis credentials, which no tool backend may read.
-const INHERITED: [&str; 5] = ["PATH", "HOME", "LANG", "LC_ALL", "TZ"];
-
-/// Longest line of a server's stderr that is logged, in characters.
-const STDERR_LINE_CHARS: usize = 1_000;
-
 /// The shortest time between two listings after `list_changed`: a server
 /// that floods the notification costs one `tools/list` a second.
 const LISTING_GAP: Duration = Duration::from_secs(1);
+
+/// Why a `tools/call` got no answer.
+enum Failed {
+    /// rmcp's error: the server's, or the connection's.
+    Service(ServiceError),
+    /// What the connection found wrong with the answer ([`stdio`]).
+    Defect(Defect),
+}
 
 /// Why a `tools/list` gave no tools.
 enum ListFailed {
@@ -114,8 +111,11 @@ enum ListFailed {
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
     options: McpServerOptions,
-    /// Where its process starts, over stdio.
-    sandbox: Sandbox,
+    /// Where its process starts, over stdio, and how much of an answer is
+    /// read.
+    host: McpHost,
+    /// Why calls in flight got no answer, told by a stdio connection.
+    defects: Arc<Defects>,
     /// Where calls go while the connection is up; `None` while it is down
     /// (calls wait for it, for a while).
     peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
@@ -192,12 +192,13 @@ impl Drop for RouteGuard {
 
 impl McpServer {
     /// The server of `options`, not connected yet; over stdio, its process
-    /// starts in `sandbox`.
-    pub fn new(options: McpServerOptions, sandbox: Sandbox) -> Arc<Self> {
+    /// starts in `host`'s sandbox.
+    pub fn new(options: McpServerOptions, host: McpHost) -> Arc<Self> {
         let slots = Semaphore::new(options.concurrency);
         Arc::new(Self {
             options,
-            sandbox,
+            host,
+            defects: Arc::default(),
             peer: watch::Sender::new(None),
             slots,
             list_changed: Arc::default(),
@@ -413,6 +414,7 @@ impl McpServer {
             .ok_or_else(|| results::not_running(server))?;
         let params = CallToolRequestParams::new(mcp_name.to_owned()).with_arguments(arguments);
         match self.call_once(&client, params, progress).await {
+            Err(failed) => Err(self.call_failed(&client, mcp_name, failed, effects)),
             Ok(ServerResult::CallToolResult(result)) => results::outcome(result),
             // An empty answer is a result without content.
             Ok(ServerResult::EmptyResult(_)) => results::outcome(CallToolResult::default()),
@@ -431,17 +433,45 @@ impl McpServer {
                 ErrorCode::TOOL_EXECUTION_FAILED,
                 format!("the MCP server {server} answered tools/call with something else"),
             )),
-            Err(err) => {
-                debug!(server, error = %err, "MCP call failed");
-                if connection_failed(&err) {
-                    self.gone(&client);
-                }
-                if never_sent(&err) {
-                    return Err(results::not_running(server));
-                }
-                Err(results::failure(server, &err, effects))
-            }
         }
+    }
+
+    /// The error of a call of `tool` over `client` (for a tool with
+    /// `effects`) that `failed`. A failed connection is dropped (the
+    /// supervisor reaches the server anew); an answer too large is logged.
+    fn call_failed(
+        &self,
+        client: &Arc<Peer<RoleClient>>,
+        tool: &str,
+        failed: Failed,
+        effects: Effects,
+    ) -> ToolError {
+        let server = &self.options.name;
+        let defect = match failed {
+            Failed::Defect(defect) => defect,
+            Failed::Service(err) => match too_large(&err) {
+                Some(bound) => Defect::TooLarge(bound),
+                None => {
+                    debug!(server, error = %err, "MCP call failed");
+                    if connection_failed(&err) {
+                        self.gone(client);
+                    }
+                    if never_sent(&err) {
+                        return results::not_running(server);
+                    }
+                    return results::failure(server, &err, effects);
+                }
+            },
+        };
+        if let Defect::TooLarge(bound) = defect {
+            warn!(
+                server,
+                tool,
+                bound,
+                "the MCP server's answer is over the bound; the call fails PAYLOAD_TOO_LARGE"
+            );
+        }
+        results::defect(server, &defect, effects)
     }
 
     /// On a 2026-07-28 session, whose server sends `list_changed` only on
@@ -534,11 +564,13 @@ impl McpServer {
         peer: &Peer<RoleClient>,
         params: CallToolRequestParams,
         progress: &Progress,
-    ) -> Result<ServerResult, ServiceError> {
+    ) -> Result<ServerResult, Failed> {
         let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let handle = peer
             .send_request_with_option(request, PeerRequestOptions::no_options())
-            .await?;
+            .await
+            .map_err(Failed::Service)?;
+        let id = handle.id.clone();
         // A report the server sends before this line is dropped: it is
         // advisory, and the request has only just left.
         let _route = self.progress.open(&handle.progress_token, progress.clone());
@@ -548,7 +580,11 @@ impl McpServer {
         };
         let answer = handle.await_response().await;
         unanswered.id = None;
-        answer
+        // A defect, told by the connection, is why the answer is an error.
+        match (answer, self.defects.take(&id)) {
+            (Err(_), Some(defect)) => Err(Failed::Defect(defect)),
+            (answer, _) => answer.map_err(Failed::Service),
+        }
     }
 
     /// The connection, waiting up to `wait` for one while the server is
@@ -607,7 +643,8 @@ impl McpServer {
         let handshake = async {
             let client = match (&self.options.command, &self.options.url) {
                 (Some(command), _) => {
-                    let process = self.spawn(command).await?;
+                    let defects = self.defects.clone();
+                    let process = stdio::start(&self.options, command, &self.host, defects).await?;
                     self.handler()
                         .serve_with_lifecycle(process, self.lifecycle())
                         .await
@@ -645,34 +682,6 @@ impl McpServer {
         Ok(client)
     }
 
-    /// Starts the stdio server in the sandbox: its command in a minimal
-    /// environment ([`INHERITED`] and `env`), its stderr logged line by
-    /// line.
-    async fn spawn(&self, command: &str) -> Result<TokioChildProcess, String> {
-        let mut program = tokio::process::Command::new(command);
-        // Killed with the worker should rmcp's own shutdown not run.
-        program
-            .args(&self.options.args)
-            .env_clear()
-            .kill_on_drop(true);
-        for name in INHERITED {
-            if let Some(value) = std::env::var_os(name) {
-                program.env(name, value);
-            }
-        }
-        for (name, value) in &self.options.env {
-            program.env(name, value.read()?);
-        }
-        if let Some(cwd) = &self.options.cwd {
-            program.current_dir(cwd);
-        }
-        let (process, stderr) = self.sandbox.spawn(&self.options.name, program).await?;
-        if let Some(stderr) = stderr {
-            tokio::spawn(log_stderr(self.options.name.clone(), stderr));
-        }
-        Ok(process)
-    }
-
     /// The Streamable HTTP transport to `url`, with the configured headers.
     fn dial(&self, url: &str) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
         let mut headers = HashMap::new();
@@ -698,37 +707,33 @@ impl McpServer {
 /// a request could not be sent or answered over it), rather than that the
 /// server answered with an error.
 fn connection_failed(err: &ServiceError) -> bool {
-    matches!(
-        err,
-        ServiceError::TransportClosed | ServiceError::TransportSend(_)
-    )
+    match err {
+        ServiceError::TransportClosed => true,
+        ServiceError::TransportSend(_) => too_large(err).is_none(),
+        _ => false,
+    }
+}
+
+/// The bound an HTTP answer went past (rmcp's, of a JSON body), if that is
+/// why the request failed: the server answered, too much.
+fn too_large(err: &ServiceError) -> Option<usize> {
+    match http_error(err)? {
+        StreamableHttpError::ResponseBodyTooLarge { max_size } => Some(*max_size),
+        _ => None,
+    }
+}
+
+/// The HTTP transport's own error under `err`.
+fn http_error(err: &ServiceError) -> Option<&StreamableHttpError<reqwest::Error>> {
+    let ServiceError::TransportSend(sent) = err else {
+        return None;
+    };
+    sent.error.downcast_ref()
 }
 
 /// Whether `err` says the request never reached the server: its HTTP
 /// connection could not be made (refused, unreachable, no TLS handshake).
 /// Such a call did not run, whatever the tool does.
 fn never_sent(err: &ServiceError) -> bool {
-    let ServiceError::TransportSend(sent) = err else {
-        return false;
-    };
-    let http = sent
-        .error
-        .downcast_ref::<StreamableHttpError<reqwest::Error>>();
-    matches!(http, Some(StreamableHttpError::Client(client)) if client.is_connect())
-}
-
-/// Logs a stdio server's stderr, a bounded line at a time, until it closes.
-async fn log_stderr(server: String, stderr: ChildStderr) {
-    let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(16 * 1024));
-    while let Some(line) = lines.next().await {
-        match line {
-            Ok(line) => info!(
-                server,
-                line = excerpt(&line, STDERR_LINE_CHARS),
-                "MCP server stderr"
-            ),
-            // Too long a line, or not UTF-8: said once, then skipped.
-            Err(err) => debug!(server, error = %err, "MCP server stderr unreadable"),
-        }
-    }
+    matches!(http_error(err), Some(StreamableHttpError::Client(client)) if client.is_connect())
 }
