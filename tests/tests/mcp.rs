@@ -1044,37 +1044,9 @@ fn assert_served(seen: &serde_json::Value, protocol: &str) {
 #[tokio::test]
 async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let tokens = scratch.path().join("tokens.toml");
-    let hash = toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN);
-    std::fs::write(
-        &tokens,
-        format!("[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n"),
-    )?;
-    let tokens = tokens.display().to_string();
-    let config = worker_config_path()?;
-    std::fs::write(&config, stdio_config(scratch.path(), &["steps"], "")?)?;
-    let config = config.display().to_string();
-    let mut fleet =
-        Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &config)])).await?;
-    let auth = [
-        ("TOOLFLEET_API__AUTH", "tokens"),
-        ("TOOLFLEET_API__TOKENS_FILE", tokens.as_str()),
-    ];
-    fleet.spawn_orchestrator(&auth).await?;
+    let config = stdio_config(scratch.path(), &["steps"], "")?;
+    let fleet = fleet_of_ide(scratch.path(), &config, &["calculate", "py__steps"]).await?;
     let addr = fleet.grpc_url(0).await?;
-    let api = fleet.api(0).await?;
-    wait_until("the tools to go live", JOB, || {
-        let mut api = api.clone();
-        async move {
-            let mut request = tonic::Request::new(v1::ListToolsRequest {});
-            let bearer = format!("Bearer {IDE_TOKEN}").parse().ok()?;
-            request.metadata_mut().insert("authorization", bearer);
-            let tools = api.list_tools(request).await.ok()?.into_inner().tools;
-            let live = |name: &str| tools.iter().any(|t| t.name == name);
-            (live("calculate") && live("py__steps")).then_some(())
-        }
-    })
-    .await?;
 
     let toolfleet = cargo_bin("toolfleet")?.display().to_string();
     for (mode, protocol) in [("stdio", "2025-11-25"), ("stdio-2026", "2026-07-28")] {
