@@ -40,7 +40,7 @@ pub struct McpHost {
     /// Where a stdio server starts.
     pub sandbox: Sandbox,
     /// The largest output of a tool (`runtime.max_output_bytes`): an
-    /// answer much larger is not read ([`stdio`]).
+    /// answer much larger is not read (decision 0043).
     pub max_output_bytes: usize,
 }
 
