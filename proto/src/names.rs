@@ -189,6 +189,12 @@ impl RedisKeys {
         self.call_key(job_id, tool, "started", call_id, attempt)
     }
 
+    /// What an execution of one call attempt saved to be resumed from,
+    /// should it die (a server's task id; the worker's `Checkpoint`).
+    pub fn call_checkpoint(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "checkpoint", call_id, attempt)
+    }
+
     /// How many executions of one call attempt took its claim and neither
     /// stored a result nor released the claim: the executions that died.
     pub fn call_claims(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {

@@ -14,6 +14,7 @@
 //! - [`otlp::Collector`]: an OTLP trace collector in the test process.
 //! - [`tally::Tally`]: each side-effecting call's answer held against its
 //!   effect, so a fault test fails when the model was told something false.
+//! - [`mcp`]: a fleet whose worker serves MCP servers.
 //! - [`messages::MessagesServer`]: a fake of Anthropic's Messages API that
 //!   refuses what the real one refuses and answers from a script.
 //!
@@ -28,6 +29,7 @@
 pub mod certificates;
 pub mod fleet;
 pub mod markdown;
+pub mod mcp;
 pub mod messages;
 pub mod tally;
 

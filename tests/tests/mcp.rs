@@ -10,6 +10,7 @@ use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
     ApiClient, Fleet, call_results, events, run_scripted, scripted_job, test_fleet, wait_finished,
 };
+use toolfleet_tests::mcp::{fleet_with, listed_tools, wait_offered, worker_config_path};
 use toolfleet_tests::{cargo_bin, repo_root, venv_python, wait_until};
 
 /// How long a step of a job may take.
@@ -30,27 +31,6 @@ fn stdio_config(scratch: &Path, tools: &[&str], extra: &str) -> anyhow::Result<S
     ))
 }
 
-/// Where a worker's configuration file goes: a directory of its own, not
-/// the servers' `MCP_TEST_DIR`. The worker's sandbox keeps its servers from
-/// the file, and so lets them add no file beside it (docs/tools/mcp.md,
-/// "Sandbox"). Kept after the test (a few bytes): the worker reads it
-/// until the test ends.
-fn worker_config_path() -> anyhow::Result<std::path::PathBuf> {
-    Ok(tempfile::tempdir()?.keep().join("worker.toml"))
-}
-
-/// A fleet of one worker (with the test tools) and one orchestrator, the
-/// worker configured by `config`.
-async fn fleet_with(config: &str, tools: &[&str]) -> anyhow::Result<Fleet> {
-    let file = worker_config_path()?;
-    std::fs::write(&file, config)?;
-    let file = file.display().to_string();
-    let mut fleet = Fleet::start(test_fleet(1).worker_env(&[("TOOLFLEET_CONFIG", &file)])).await?;
-    fleet.spawn_orchestrator(&[]).await?;
-    fleet.wait_for_tools(0, tools, 1).await?;
-    Ok(fleet)
-}
-
 /// The protocol version the worker of `fleet` agreed on with its MCP
 /// server, as it logged it.
 async fn connected_protocol(fleet: &Fleet) -> anyhow::Result<String> {
@@ -65,27 +45,6 @@ async fn connected_protocol(fleet: &Fleet) -> anyhow::Result<String> {
         .unwrap_or_default()
         .trim_matches('"');
     Ok(version.to_owned())
-}
-
-/// The tools `ListTools` offers.
-async fn listed_tools(api: &ApiClient) -> anyhow::Result<Vec<v1::Tool>> {
-    let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
-    Ok(listed.into_inner().tools)
-}
-
-/// Waits until `ListTools` offers `tool` (`offered`), or does not.
-async fn wait_offered(
-    api: &ApiClient,
-    tool: &str,
-    offered: bool,
-    within: Duration,
-) -> anyhow::Result<()> {
-    let what = format!("{tool} {}", if offered { "offered" } else { "withdrawn" });
-    wait_until(&what, within, || async move {
-        let listed = listed_tools(api).await.ok()?;
-        (listed.iter().any(|t| t.name == tool) == offered).then_some(())
-    })
-    .await
 }
 
 #[tokio::test]

@@ -87,6 +87,8 @@ fn context() -> ToolContext {
         idempotency_key: "bench".into(),
         deadline: None,
         cancelled: CancellationToken::new(),
+        handed_back: CancellationToken::new(),
+        checkpoint: Default::default(),
         progress: Default::default(),
     }
 }

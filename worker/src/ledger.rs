@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use redis::Script;
 use toolfleet_proto::ToolCall;
+
+use crate::checkpoint::CheckpointKeys;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
 
@@ -30,20 +32,23 @@ pub(crate) enum Claim {
         /// not store their result). Hand-backs that never claimed, because
         /// Redis was down or another worker held the claim, do not count.
         died: u32,
+        /// What an earlier execution saved to be resumed from (JSON).
+        checkpoint: Option<String>,
     },
     /// Another execution holds a live claim (`owner`): try again later.
     HeldBy(String),
 }
 
-/// KEYS: result, claim, started, claims. ARGV: owner, lease_ms, mark_start
-/// (0/1), retention_ms. For tools that are not idempotent the `started` marker
-/// outlives the claim, so the next delivery knows an execution began. Every
-/// claim taken counts in `claims`, and a release uncounts it, so the count
-/// before this claim is how many executions died. Returns {kind, value,
-/// died}.
+/// KEYS: result, claim, started, claims, checkpoint. ARGV: owner, lease_ms,
+/// mark_start (0/1), retention_ms. For tools that are not idempotent the
+/// `started` marker outlives the claim, so the next delivery knows an
+/// execution began. Every claim taken counts in `claims`, and a release
+/// uncounts it, so the count before this claim is how many executions died.
+/// Returns {kind, value, died, checkpoint}: the checkpoint comes with the
+/// claim, in the same round trip, since it is read only when one exists.
 const CLAIM: &str = r"
 local result = redis.call('GET', KEYS[1])
-if result then return {1, result, 0} end
+if result then return {1, result, 0, ''} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local started = 0
   if ARGV[3] == '1' then
@@ -52,9 +57,20 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   local died = redis.call('INCR', KEYS[4]) - 1
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  return {2, tostring(started), died}
+  return {2, tostring(started), died, redis.call('GET', KEYS[5]) or ''}
 end
-return {3, redis.call('GET', KEYS[2]) or '', 0}
+return {3, redis.call('GET', KEYS[2]) or '', 0, ''}
+";
+
+/// KEYS: claim, checkpoint. ARGV: owner, checkpoint, retention_ms. Saved
+/// only by the claim's owner: an execution that lost its claim must not
+/// overwrite the checkpoint of the one that took it over.
+const SAVE_CHECKPOINT: &str = r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  return 1
+end
+return 0
 ";
 
 const COMPLETE: &str = r"
@@ -97,6 +113,7 @@ struct Scripts {
     complete: Script,
     renew: Script,
     release: Script,
+    save_checkpoint: Script,
 }
 
 fn millis(d: Duration) -> u64 {
@@ -120,6 +137,7 @@ impl Ledger {
                 complete: Script::new(COMPLETE),
                 renew: Script::new(RENEW),
                 release: Script::new(RELEASE),
+                save_checkpoint: Script::new(SAVE_CHECKPOINT),
             }),
         }
     }
@@ -137,7 +155,7 @@ impl Ledger {
         owner: &str,
         mark_start: bool,
     ) -> redis::RedisResult<Claim> {
-        let (kind, value, died): (u8, String, u32) = self
+        let (kind, value, died, checkpoint): (u8, String, u32, String) = self
             .scripts
             .claim
             .key(self.result_key(call))
@@ -147,6 +165,7 @@ impl Ledger {
                     .call_started(&call.job_id, &call.tool, &call.call_id, call.attempt),
             )
             .key(self.claims_key(call))
+            .key(self.checkpoint_key(call))
             .arg(owner)
             .arg(millis(self.lease))
             .arg(if mark_start { "1" } else { "0" })
@@ -158,6 +177,7 @@ impl Ledger {
             2 => Claim::Acquired {
                 previously_started: value == "1",
                 died,
+                checkpoint: (!checkpoint.is_empty()).then_some(checkpoint),
             },
             _ => Claim::HeldBy(value),
         })
@@ -208,6 +228,40 @@ impl Ledger {
             .invoke_async(&mut self.redis.clone())
             .await?;
         Ok(())
+    }
+
+    /// Saves `checkpoint` (JSON) under `keys` while `owner` holds the
+    /// claim; false when it no longer does.
+    pub(crate) async fn save_checkpoint(
+        &self,
+        keys: &CheckpointKeys,
+        owner: &str,
+        checkpoint: &str,
+    ) -> redis::RedisResult<bool> {
+        let saved: i64 = self
+            .scripts
+            .save_checkpoint
+            .key(&keys.claim)
+            .key(&keys.checkpoint)
+            .arg(owner)
+            .arg(checkpoint)
+            .arg(millis(self.retention))
+            .invoke_async(&mut self.redis.clone())
+            .await?;
+        Ok(saved == 1)
+    }
+
+    /// Where an execution of `call` saves its checkpoint.
+    pub(crate) fn checkpoint_keys(&self, call: &ToolCall) -> CheckpointKeys {
+        CheckpointKeys {
+            claim: self.claim_key(call),
+            checkpoint: self.checkpoint_key(call),
+        }
+    }
+
+    fn checkpoint_key(&self, call: &ToolCall) -> String {
+        self.keys
+            .call_checkpoint(&call.job_id, &call.tool, &call.call_id, call.attempt)
     }
 
     fn claim_key(&self, call: &ToolCall) -> String {

@@ -7,6 +7,7 @@
 //! - [`tool_set`]: the tools a worker serves, as their sources (MCP servers) change them.
 //! - [`runtime`]: the [`Worker`]: pull calls, validate, claim, execute, reply, ack.
 //! - `ledger`: the Redis claim and result records that make redelivery harmless.
+//! - [`checkpoint`]: what a call saves to be resumed from, should its worker die.
 //! - [`envelope`]: the one conversion from a tool failure to its envelope.
 //! - [`mcp`]: MCP servers as tool sources (`[[mcp.servers]]`).
 //! - [`registry`]: the heartbeat announcements of the worker's tools.
@@ -16,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod binary;
+pub mod checkpoint;
 pub mod config;
 pub mod envelope;
 #[cfg(fuzzing)]
@@ -31,6 +33,7 @@ pub mod tool;
 pub mod tool_set;
 pub mod tools;
 
+pub use checkpoint::Checkpoint;
 pub use config::WorkerOptions;
 pub use runtime::{StartError, Worker};
 pub use tool::{Applied, Tool, ToolContext, ToolError, Toolbox};

@@ -9,6 +9,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::{ErrorCode, ToolManifest};
 
+pub use crate::checkpoint::Checkpoint;
 pub use crate::progress::Progress;
 
 /// A tool the worker can execute.
@@ -120,6 +121,14 @@ pub struct ToolContext {
     pub deadline: Option<SystemTime>,
     /// Cancelled when the runtime gives up on the call (timeout, shutdown).
     pub cancelled: CancellationToken,
+    /// Cancelled, before `cancelled`, when the drain hands the call back
+    /// unfinished: another worker runs it next, or resumes it from its
+    /// [`checkpoint`](Self::checkpoint). Work the tool started elsewhere (a
+    /// server's task) is then left running for it.
+    pub handed_back: CancellationToken,
+    /// What an earlier execution of this attempt saved to resume from, and
+    /// where this one saves its own (decision 0044).
+    pub checkpoint: Checkpoint,
     /// Where the tool may report how far it has come (`report`): the job's
     /// watchers see it as a `tool_call_progress` event. Its default reports
     /// nowhere.
@@ -138,6 +147,8 @@ impl ToolContext {
             idempotency_key: "key".into(),
             deadline: None,
             cancelled: CancellationToken::new(),
+            handed_back: CancellationToken::new(),
+            checkpoint: Checkpoint::default(),
             progress: Progress::default(),
         }
     }

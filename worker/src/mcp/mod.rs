@@ -12,7 +12,9 @@
 //! - `tool`: a server's tool as a fleet tool (its manifest);
 //! - `results`: what a server's answer becomes for the model;
 //! - `sandbox`: what a stdio server may reach of the worker;
-//! - `stdio`: a stdio server's process and lines, read within bounds.
+//! - `stdio`: a stdio server's process and lines, read within bounds;
+//! - `task`: a server's task (MCP Tasks), and what each of its states
+//!   means for the call that follows it.
 
 pub mod config;
 mod listing;
@@ -21,6 +23,7 @@ mod results;
 mod sandbox;
 mod server;
 mod stdio;
+mod task;
 mod tool;
 
 use tokio_util::sync::CancellationToken;

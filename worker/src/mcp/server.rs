@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
-    ClientCapabilities, ClientConfig, ClientRequest, Implementation, PaginatedRequestParams,
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelTaskParams,
+    CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, CreateTaskResult,
+    ExtensionCapabilities, GetTaskParams, Implementation, JsonObject, PaginatedRequestParams,
     PingRequest, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    ServerNotification, ServerResult, SubscriptionFilter, Tool as McpToolInfo,
+    ServerNotification, ServerResult, SubscriptionFilter, TASKS_EXTENSION_ID, Tool as McpToolInfo,
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
@@ -39,8 +40,9 @@ use super::config::{Lifecycle, McpServerOptions};
 use super::listing::{Listing, Tally};
 use super::results;
 use super::stdio::{self, Defect, Defects};
+use super::task::{self, Resume, Step};
 use crate::progress::Progress;
-use crate::tool::ToolError;
+use crate::tool::{Applied, ToolContext, ToolError};
 use crate::tool_set::ToolSet;
 
 /// A live connection to a server.
@@ -78,8 +80,16 @@ impl ClientHandler for Handler {
         // The version offered in an `initialize` handshake: the newest that
         // has one (2026-07-28, which has none, is asked for by
         // `server/discover`, see `McpServer::lifecycle`).
+        // Tasks are declared: a server may answer a call with one, and the
+        // worker follows it (decision 0044). (rmcp's builder is behind its
+        // server feature.)
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.extensions = Some(ExtensionCapabilities::from([(
+            TASKS_EXTENSION_ID.to_owned(),
+            JsonObject::new(),
+        )]));
         ClientConfig::new(
-            ClientCapabilities::default(),
+            capabilities,
             Implementation::new("toolfleet-worker", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
@@ -174,6 +184,43 @@ impl Drop for CancelOnDrop {
             // A server that is gone cannot be told; nothing to do then.
             let cancelled = CancelledNotificationParam::new(Some(id), Some(reason));
             let _ = peer.notify_cancelled(cancelled).await;
+        });
+    }
+}
+
+/// How following a task ended.
+enum Followed {
+    /// The task ended: the call's answer.
+    Answer(Result<Value, ToolError>),
+    /// The server does not know the task.
+    Forgotten,
+}
+
+/// Cancels a task on the server when the call following it is dropped
+/// before its end (`id` still set), unless the drain handed the call back:
+/// the worker that takes it over follows the same task.
+struct CancelTaskOnDrop {
+    peer: watch::Receiver<Option<Arc<Peer<RoleClient>>>>,
+    id: Option<String>,
+    handed_back: CancellationToken,
+}
+
+impl Drop for CancelTaskOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else {
+            return;
+        };
+        if self.handed_back.is_cancelled() {
+            debug!("the MCP server's task is left running for the worker that takes the call over");
+            return;
+        }
+        let Some(peer) = self.peer.borrow().clone() else {
+            return;
+        };
+        tokio::spawn(async move {
+            // A server that is gone cannot be told; its task ends as the
+            // server lets it.
+            let _ = peer.cancel_task(CancelTaskParams::new(id)).await;
         });
     }
 }
@@ -384,8 +431,12 @@ impl McpServer {
         !end.is_cancelled()
     }
 
-    /// Calls its tool `mcp_name` with `args`, for a tool with `effects`; the
-    /// server's progress notifications of the call go to `progress`.
+    /// Calls its tool `mcp_name` with `args`, for a tool with `effects`, in
+    /// the call `ctx`: the server's progress notifications go to its
+    /// progress. A call the server answers with a task follows the task to
+    /// its end, its id saved in the call's checkpoint first; a call that
+    /// resumes from such a checkpoint follows that task rather than call
+    /// the tool again (decision 0044).
     ///
     /// # Errors
     ///
@@ -395,7 +446,8 @@ impl McpServer {
         &self,
         mcp_name: &str,
         args: Value,
-        (effects, progress): (Effects, &Progress),
+        effects: Effects,
+        ctx: &ToolContext,
     ) -> Result<Value, ToolError> {
         let server = &self.options.name;
         let Value::Object(arguments) = args else {
@@ -408,12 +460,32 @@ impl McpServer {
             .acquire()
             .await
             .map_err(|_| results::not_running(server))?;
+        if let Some(saved) = ctx.checkpoint.saved() {
+            match task::resume(&saved, server) {
+                Resume::Task(id) => {
+                    info!(
+                        server,
+                        "resuming the call: following the MCP server's task an earlier execution saved"
+                    );
+                    match self.follow_task(&id, effects, ctx, Duration::ZERO).await {
+                        Followed::Answer(answer) => return answer,
+                        // Forgotten: a second run of this tool is harmless.
+                        Followed::Forgotten if !effects.repeats_harm() => {}
+                        Followed::Forgotten => return Err(task::forgotten(server)),
+                    }
+                }
+                Resume::Foreign if effects.repeats_harm() => {
+                    return Err(results::lost(server, effects));
+                }
+                Resume::Foreign => {}
+            }
+        }
         let client = self
             .peer_within(self.options.call_timeout / 2)
             .await
             .ok_or_else(|| results::not_running(server))?;
         let params = CallToolRequestParams::new(mcp_name.to_owned()).with_arguments(arguments);
-        match self.call_once(&client, params, progress).await {
+        match self.call_once(&client, params, &ctx.progress).await {
             Err(failed) => Err(self.call_failed(&client, mcp_name, failed, effects)),
             Ok(ServerResult::CallToolResult(result)) => results::outcome(result),
             // An empty answer is a result without content.
@@ -423,16 +495,121 @@ impl McpServer {
                 "the tool asked for more input, which a call through the fleet cannot give; \
                  call it with everything it needs in its arguments",
             )),
-            Ok(ServerResult::CreateTaskResult(_)) => Err(ToolError::terminal(
-                ErrorCode::TOOL_EXECUTION_FAILED,
-                format!(
-                    "the MCP server {server} answered with a task, which the fleet does not follow"
-                ),
-            )),
+            Ok(ServerResult::CreateTaskResult(created)) => {
+                self.task_made(created, effects, ctx).await
+            }
             Ok(_) => Err(ToolError::terminal(
                 ErrorCode::TOOL_EXECUTION_FAILED,
                 format!("the MCP server {server} answered tools/call with something else"),
             )),
+        }
+    }
+
+    /// Follows the task the server `created` for a call to its end, its id
+    /// saved in the call's checkpoint first, so that a worker taking over
+    /// the call follows it too. Unsaved (Redis down, the claim lost), the
+    /// task is followed all the same; only a takeover would then not find
+    /// it, and answer by the tool's effects (decision 0004).
+    async fn task_made(
+        &self,
+        created: CreateTaskResult,
+        effects: Effects,
+        ctx: &ToolContext,
+    ) -> Result<Value, ToolError> {
+        let server = &self.options.name;
+        let id = created.task.task_id;
+        match ctx.checkpoint.save(&task::checkpoint(server, &id)).await {
+            Ok(()) => debug!(
+                server,
+                "following the MCP server's task, saved in the call's checkpoint"
+            ),
+            Err(err) => {
+                warn!(server, error = %err, "the MCP server's task could not be saved in the call's checkpoint; a worker taking the call over would not find it")
+            }
+        }
+        let first = task::poll_interval(created.task.poll_interval_ms);
+        match self.follow_task(&id, effects, ctx, first).await {
+            Followed::Answer(answer) => answer,
+            Followed::Forgotten if effects.repeats_harm() => Err(task::forgotten(server)),
+            Followed::Forgotten => Err(results::lost(server, effects)),
+        }
+    }
+
+    /// Asks the server about the task `id` each poll interval (the server's,
+    /// within bounds; the first after `first`), until it ends. While the
+    /// server is down the task is asked about again once it is back: the
+    /// task lives on the server, not on the connection. Dropped before the
+    /// end (the call's timeout), the task is cancelled with `tasks/cancel`,
+    /// unless the drain handed the call back, for a worker that follows it
+    /// next.
+    async fn follow_task(
+        &self,
+        id: &str,
+        effects: Effects,
+        ctx: &ToolContext,
+        first: Duration,
+    ) -> Followed {
+        let server = &self.options.name;
+        let mut unfinished = CancelTaskOnDrop {
+            peer: self.peer.subscribe(),
+            id: Some(id.to_owned()),
+            handed_back: ctx.handed_back.clone(),
+        };
+        let mut pause = first;
+        loop {
+            tokio::time::sleep(pause).await;
+            let Some(peer) = self.peer_within(self.options.connect_timeout).await else {
+                pause = task::MIN_POLL;
+                continue;
+            };
+            let got = peer.get_task(GetTaskParams::new(id)).await;
+            match task::after_get(got, server, effects, connection_failed) {
+                Step::Wait(next) => pause = next,
+                Step::Gone => {
+                    self.gone(&peer);
+                    pause = task::MIN_POLL;
+                }
+                Step::Retry(why) => {
+                    warn!(
+                        server,
+                        why, "the MCP server's task could not be asked about; asking again"
+                    );
+                    pause = task::MAX_POLL;
+                }
+                Step::Answer(answer) => {
+                    unfinished.id = None;
+                    return Followed::Answer(answer);
+                }
+                Step::Forgotten => {
+                    unfinished.id = None;
+                    return Followed::Forgotten;
+                }
+                // Cancelled as `unfinished` drops.
+                Step::GiveUp(err) => return Followed::Answer(Err(err)),
+            }
+        }
+    }
+
+    /// For a probe: what the task the call saved says now. A completed task
+    /// is the call's result; one the server cannot be asked about now is
+    /// asked about later; anything else is unknown.
+    pub(super) async fn probe_task(&self, ctx: &ToolContext) -> Applied {
+        let server = &self.options.name;
+        let Some(Resume::Task(id)) = ctx
+            .checkpoint
+            .saved()
+            .map(|saved| task::resume(&saved, server))
+        else {
+            return Applied::Unknown;
+        };
+        let Some(peer) = self.peer_within(self.options.connect_timeout).await else {
+            return Applied::Unavailable;
+        };
+        let got = peer.get_task(GetTaskParams::new(id)).await;
+        match task::after_get(got, server, Effects::NotIdempotent, connection_failed) {
+            Step::Answer(Ok(data)) => Applied::Yes(data),
+            Step::Gone | Step::Retry(_) => Applied::Unavailable,
+            _ => Applied::Unknown,
         }
     }
 

@@ -10,7 +10,7 @@ use toolfleet_proto::{Effects, ToolManifest};
 
 use super::config::McpServerOptions;
 use super::server::McpServer;
-use crate::tool::{Tool, ToolContext, ToolError};
+use crate::tool::{Applied, Tool, ToolContext, ToolError};
 
 /// A tool of an MCP server, served under its fleet name.
 pub struct McpTool {
@@ -44,9 +44,13 @@ impl Tool for McpTool {
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<Value, ToolError> {
         let effects = self.manifest.effects;
-        self.server
-            .call(&self.mcp_name, args, (effects, &ctx.progress))
-            .await
+        self.server.call(&self.mcp_name, args, effects, &ctx).await
+    }
+
+    /// What the server's task of the call says, if the call saved one: a
+    /// task that completed is the call's result (decision 0044).
+    async fn probe(&self, _args: Value, ctx: ToolContext) -> Applied {
+        self.server.probe_task(&ctx).await
     }
 }
 

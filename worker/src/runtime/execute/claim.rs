@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use serde_json::Value;
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
 use tracing::{debug, warn};
 
@@ -30,6 +31,9 @@ pub(super) struct Earlier {
     /// Enough earlier executions died that the call is poison: this is the
     /// answer, unless the probe knows better. The call is not run again.
     pub(super) poisoned: Option<Envelope>,
+    /// What an earlier execution saved to resume from: the tool resumes
+    /// from it rather than being probed (decision 0044).
+    pub(super) checkpoint: Option<Value>,
 }
 
 impl Executor {
@@ -56,12 +60,23 @@ impl Executor {
             Claim::Acquired {
                 previously_started,
                 died,
+                checkpoint,
             } => Claimed::Acquired(Earlier {
                 started: previously_started,
                 poisoned: poison(died, self.options.max_deliveries),
+                checkpoint: checkpoint.and_then(|json| parsed_checkpoint(&json)),
             }),
         }
     }
+}
+
+/// A saved checkpoint, parsed; one that is not JSON (written by something
+/// other than a worker) is ignored, and the call is treated as if none was
+/// saved: probed, if its effect may have happened.
+fn parsed_checkpoint(json: &str) -> Option<Value> {
+    serde_json::from_str(json)
+        .inspect_err(|err| warn!(error = %err, "the call's checkpoint is not JSON; ignored"))
+        .ok()
 }
 
 /// The answer to a call whose executions died `died` times (each took the

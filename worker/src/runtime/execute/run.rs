@@ -15,6 +15,7 @@ use tracing::{Instrument, debug, error, warn};
 use super::check::Checked;
 use super::claim::Earlier;
 use super::{Executor, LoadedTool};
+use crate::checkpoint::Checkpoint;
 use crate::envelope::{GENERIC_FAILURE, from_error};
 use crate::tool::{Applied, Progress, ToolContext, ToolError};
 
@@ -88,10 +89,18 @@ impl Executor {
             // Its own token, not a child of `abandon`: a tool must not be able
             // to answer "cancelled" for a call the drain hands back.
             cancelled: CancellationToken::new(),
+            handed_back: self.abandon.clone(),
+            checkpoint: Checkpoint::of(
+                self.ledger.clone(),
+                self.ledger.checkpoint_keys(call),
+                owner.to_owned(),
+                earlier.checkpoint,
+            ),
             progress: Progress::of(&self.nats, call),
         };
         let repeats_harm = checked.tool.manifest.effects.repeats_harm();
         let previously_started = earlier.started;
+        let resumes = ctx.checkpoint.saved().is_some();
         if let Some(poisoned) = earlier.poisoned {
             // Not run again; but an earlier execution may have applied its
             // effect before it died, and then the truth is the probe's.
@@ -102,7 +111,7 @@ impl Executor {
             };
             return after_poison(applied, poisoned);
         }
-        if needs_probe(repeats_harm, previously_started, call.attempt) {
+        if needs_probe(repeats_harm, previously_started, call.attempt, resumes) {
             // Kept alive like a run: a slow probe (its store failing over)
             // must not let the message be redelivered and the claim lapse,
             // or another delivery could probe, find nothing, and run the
@@ -204,10 +213,12 @@ impl Executor {
 /// already have happened when an earlier delivery of this attempt died after
 /// it started, or when an earlier attempt of the call failed in a way the tool
 /// could not be sure about (a connection dropped after the write was sent).
-/// The idempotency key is the same for all of them.
-fn needs_probe(repeats_harm: bool, previously_started: bool, attempt: u32) -> bool {
+/// The idempotency key is the same for all of them. A call that `resumes`
+/// from a checkpoint an earlier execution saved is not probed: the tool
+/// picks up where that one was (decision 0044).
+fn needs_probe(repeats_harm: bool, previously_started: bool, attempt: u32, resumes: bool) -> bool {
     let retry = attempt > 1;
-    repeats_harm && (previously_started || retry)
+    repeats_harm && (previously_started || retry) && !resumes
 }
 
 /// The answer to a poison call, which is not run again: what the probe knows
@@ -361,21 +372,25 @@ mod tests {
 
     #[test]
     fn calls_that_are_not_idempotent_are_probed_before_a_redelivery_or_a_retry() {
-        // (repeats_harm, previously_started, attempt, probe)
+        // (repeats_harm, previously_started, attempt, resumes, probe)
         let cases = [
-            (false, false, 1, false),
-            (false, true, 1, false),
-            (false, false, 2, false),
-            (true, false, 1, false),
-            (true, true, 1, true),
-            (true, false, 2, true),
-            (true, true, 3, true),
+            (false, false, 1, false, false),
+            (false, true, 1, false, false),
+            (false, false, 2, false, false),
+            (true, false, 1, false, false),
+            (true, true, 1, false, true),
+            (true, false, 2, false, true),
+            (true, true, 3, false, true),
+            // Resumed from a checkpoint: the tool follows what it started.
+            (true, true, 1, true, false),
+            (true, true, 2, true, false),
+            (false, true, 1, true, false),
         ];
-        for (repeats_harm, started, attempt, expected) in cases {
+        for (repeats_harm, started, attempt, resumes, expected) in cases {
             assert_eq!(
-                needs_probe(repeats_harm, started, attempt),
+                needs_probe(repeats_harm, started, attempt, resumes),
                 expected,
-                "repeats_harm={repeats_harm} previously_started={started} attempt={attempt}"
+                "repeats_harm={repeats_harm} previously_started={started} attempt={attempt} resumes={resumes}"
             );
         }
     }

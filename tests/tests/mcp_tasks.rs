@@ -1,0 +1,131 @@
+//! MCP Tasks through the fleet (docs/tools/mcp.md, "Tasks"): a server that
+//! answers a call with a task (tests/mcp/tasks_server.py, on FastMCP's
+//! `fastmcp-tasks`, the extension's first server) has its task followed to
+//! its end, and by the next worker when the first dies or drains: the tool
+//! runs once.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{
+    ApiClient, FAST_REDELIVERY, Fleet, call_results, scripted_job, wait_finished,
+};
+use toolfleet_tests::mcp::fleet_with_env;
+use toolfleet_tests::{repo_root, venv_python, wait_until};
+
+/// The tasks server on `address`, writing what its tools do in `scratch`.
+fn start_tasks_server(scratch: &Path, address: &str) -> anyhow::Result<tokio::process::Child> {
+    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
+    let server = repo_root().join("tests/mcp/tasks_server.py");
+    Ok(tokio::process::Command::new(venv_python()?)
+        .args([server.display().to_string(), port])
+        .env("MCP_TEST_DIR", scratch)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+/// The tools the fleet serves of the tasks server.
+const TOOLS: [&str; 2] = ["jobs__book", "jobs__lookup"];
+
+/// A fleet whose worker serves the tasks server at `address` as `jobs`,
+/// with `extra` lines in its table, redelivering within a second and
+/// handing calls in flight back a second into a drain.
+async fn fleet_of_tasks(address: &str, extra: &str) -> anyhow::Result<Fleet> {
+    let config = format!(
+        "[[mcp.servers]]\nname = \"jobs\"\nurl = \"http://{address}/mcp\"\n\
+         tools = [\"book\", \"lookup\"]\n{extra}\n"
+    );
+    let env = [
+        FAST_REDELIVERY,
+        &[("TOOLFLEET_RUNTIME__DRAIN_TIMEOUT", "1s")],
+    ]
+    .concat();
+    fleet_with_env(&config, &TOOLS, &env).await
+}
+
+/// What the server's tools did, a line each.
+fn effects(scratch: &Path) -> Vec<String> {
+    std::fs::read_to_string(scratch.join("effects"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until the server's tools did `line`.
+async fn wait_effect(scratch: &Path, line: &str) -> anyhow::Result<()> {
+    wait_until(line, Duration::from_secs(30), || async move {
+        effects(scratch).iter().any(|l| l == line).then_some(())
+    })
+    .await
+}
+
+/// Submits a job that calls `tool` (`jobs__<tool>`) with `key` for
+/// `seconds`, as call `key`.
+async fn submit(api: &ApiClient, tool: &str, key: &str, seconds: f64) -> anyhow::Result<String> {
+    let script = json!([
+        {"tool_calls": [{"id": key, "name": format!("jobs__{tool}"),
+                         "arguments": {"key": key, "seconds": seconds}}]},
+        {"message": "done"}
+    ]);
+    let submitted = api.clone().submit_job(scripted_job(key, &script)).await?;
+    Ok(submitted.into_inner().job_id)
+}
+
+/// The answer to call `key` of the finished job `job_id`.
+async fn answer(api: &ApiClient, job_id: &str, key: &str) -> anyhow::Result<serde_json::Value> {
+    let job = wait_finished(api, job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    Ok(call_results(&job)[key].clone())
+}
+
+/// A worker killed (SIGKILL) while its call waits on the server's task,
+/// and one drained (SIGTERM, a drain shorter than the task) are each
+/// followed by a worker that polls the same task: the tool, which is not
+/// idempotent, runs once, and its result reaches the model.
+#[tokio::test]
+async fn a_task_outlives_the_worker_that_waits_on_it_and_the_tool_runs_once() -> anyhow::Result<()>
+{
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let _server = start_tasks_server(scratch.path(), &address)?;
+    let fleet = fleet_of_tasks(&address, "").await?;
+    let api = fleet.api(0).await?;
+    for (key, stop) in [("killed", "kill"), ("drained", "drain")] {
+        let following = fleet.count_in_worker_logs("following the MCP server's task");
+        let job_id = submit(&api, "book", key, 6.0).await?;
+        wait_effect(scratch.path(), &format!("start {key}")).await?;
+        let worker = fleet.worker(0);
+        wait_until("the task saved", Duration::from_secs(10), || async {
+            (fleet.count_in_worker_logs("following the MCP server's task") > following)
+                .then_some(())
+        })
+        .await?;
+        if stop == "kill" {
+            worker.kill();
+        } else {
+            worker.terminate()?;
+            worker.wait_exit(Duration::from_secs(30)).await?;
+        }
+        worker.respawn()?;
+        let result = answer(&api, &job_id, key).await?;
+        assert_eq!(result["data"], json!({"booked": key}), "{stop}: {result}");
+        let lines: Vec<String> = effects(scratch.path())
+            .into_iter()
+            .filter(|line| line.ends_with(&format!(" {key}")))
+            .collect();
+        assert_eq!(
+            lines,
+            [format!("start {key}"), format!("done {key}")],
+            "{stop}"
+        );
+    }
+    assert_eq!(
+        fleet.count_in_worker_logs("resuming the call: following the MCP server's task"),
+        2,
+        "each successor followed the task its predecessor saved"
+    );
+    Ok(())
+}
