@@ -129,3 +129,54 @@ async fn a_task_outlives_the_worker_that_waits_on_it_and_the_tool_runs_once() ->
     );
     Ok(())
 }
+
+/// A server restarted while a call waits on its task has forgotten the
+/// task (its tasks lived in its memory): the side effect's outcome is
+/// unknown, and is not run again; the read-only call is run again, as a
+/// new task.
+#[tokio::test]
+async fn a_task_the_server_forgot_is_an_unknown_outcome_or_run_again_when_harmless()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let mut server = start_tasks_server(scratch.path(), &address)?;
+    let fleet = fleet_of_tasks(&address, "call_timeout = \"60s\"").await?;
+    let api = fleet.api(0).await?;
+    let booked = submit(&api, "book", "lost", 8.0).await?;
+    let looked = submit(&api, "lookup", "again", 8.0).await?;
+    wait_effect(scratch.path(), "start lost").await?;
+    wait_effect(scratch.path(), "lookup again").await?;
+    wait_until("both tasks saved", Duration::from_secs(10), || async {
+        (fleet.count_in_worker_logs("following the MCP server's task") == 2).then_some(())
+    })
+    .await?;
+    server.kill().await?;
+    let _server = start_tasks_server(scratch.path(), &address)?;
+    let lost = answer(&api, &booked, "lost").await?;
+    assert_eq!(lost["error"]["code"], "OUTCOME_UNKNOWN", "{lost}");
+    assert_eq!(lost["error"]["retryable"], false, "{lost}");
+    let again = answer(&api, &looked, "again").await?;
+    assert_eq!(again["data"], json!({"found": "again"}), "{again}");
+    let done = effects(scratch.path());
+    let count = |line: &str| done.iter().filter(|l| *l == line).count();
+    assert_eq!(count("start lost"), 1, "{done:?}");
+    assert_eq!(count("lookup again"), 2, "{done:?}");
+    Ok(())
+}
+
+/// A call past its timeout cancels its task on the server (`tasks/cancel`),
+/// and a side effect stopped midway is an unknown outcome.
+#[tokio::test]
+async fn a_call_past_its_timeout_cancels_its_task() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let _server = start_tasks_server(scratch.path(), &address)?;
+    let fleet = fleet_of_tasks(&address, "call_timeout = \"3s\"").await?;
+    let api = fleet.api(0).await?;
+    let job_id = submit(&api, "book", "late", 60.0).await?;
+    let late = answer(&api, &job_id, "late").await?;
+    assert_eq!(late["error"]["code"], "OUTCOME_UNKNOWN", "{late}");
+    wait_effect(scratch.path(), "cancelled late").await?;
+    assert_eq!(effects(scratch.path()), ["start late", "cancelled late"]);
+    Ok(())
+}
