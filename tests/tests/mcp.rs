@@ -537,13 +537,18 @@ async fn the_official_conformance_suite_passes_against_mcp_serve() -> anyhow::Re
 
 /// A fleet of one worker configured by `config` and one orchestrator
 /// whose tokens file (in `scratch`) has the tenant `ide`, of
-/// [`IDE_TOKEN`], once `ide` sees `tools` live.
+/// [`IDE_TOKEN`] (and the tenant `other`, of [`OTHER_TOKEN`]), once `ide`
+/// sees `tools` live.
 async fn fleet_of_ide(scratch: &Path, config: &str, tools: &[&str]) -> anyhow::Result<Fleet> {
     let tokens = scratch.join("tokens.toml");
     let hash = toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN);
+    let other = toolfleet_orchestrator::auth::token_sha256(OTHER_TOKEN);
     std::fs::write(
         &tokens,
-        format!("[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n"),
+        format!(
+            "[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n\
+             [tenants.other]\ntoken_sha256 = [\"{other}\"]\n"
+        ),
     )?;
     let tokens = tokens.display().to_string();
     let file = worker_config_path()?;
@@ -963,6 +968,8 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
 /// The token of the tenant that the MCP clients of the `mcp-serve` test
 /// speak as.
 const IDE_TOKEN: &str = "tok-ide-5c1e";
+/// The token of another tenant.
+const OTHER_TOKEN: &str = "tok-other-9a0b";
 
 /// Runs the official Python SDK's MCP client (tests/mcp/client.py) with
 /// `args`; returns what it printed.
@@ -1028,6 +1035,66 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
 /// `toolfleet mcp-serve` in front of the orchestrator at `addr`, with
 /// `more` flags, serving Streamable HTTP at `listen` once this returns;
 /// killed when the child is dropped.
+/// Runs tests/mcp/tasks_client.py with `args`; what it printed.
+async fn tasks_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let client = repo_root().join("tests/mcp/tasks_client.py");
+    let ran = tokio::process::Command::new(venv_python()?)
+        .arg(client)
+        .args(args)
+        .output()
+        .await?;
+    anyhow::ensure!(ran.status.success(), "{ran:?}");
+    Ok(serde_json::from_slice(&ran.stdout)?)
+}
+
+/// Through the gateway, a client that declares MCP Tasks gets a quick call
+/// answered at once and a long one as a task, which the call job is: any
+/// replica answers about it (the one that made it killed), for its tenant
+/// only, and `tasks/cancel` cancels the job.
+#[tokio::test]
+async fn a_long_call_through_the_gateway_is_a_task_that_any_replica_answers() -> anyhow::Result<()>
+{
+    let scratch = tempfile::tempdir()?;
+    let fleet = fleet_of_ide(scratch.path(), "", &["sleep", "echo"]).await?;
+    let addr = fleet.grpc_url(0).await?;
+    let (one, two) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
+    let mut first = start_gateway(&addr, &one, &[]).await?;
+    let _second = start_gateway(&addr, &two, &[]).await?;
+    let (one, two) = (format!("http://{one}/mcp"), format!("http://{two}/mcp"));
+    let quick = tasks_client(&[&one, IDE_TOKEN, "start", "echo", r#"{"say": "hi"}"#]).await?;
+    assert_eq!(
+        quick["result"]["structured"],
+        json!({"say": "hi"}),
+        "{quick}"
+    );
+    let started = tasks_client(&[&one, IDE_TOKEN, "start", "sleep", r#"{"ms": 4000}"#]).await?;
+    let id = started["task"].as_str().unwrap_or_default().to_owned();
+    assert!(!id.is_empty(), "{started}");
+    assert_eq!(started["ttl_ms"], 24 * 3600 * 1000, "{started}");
+    first.kill().await?;
+    let foreign = tasks_client(&[&two, OTHER_TOKEN, "get", &id]).await?;
+    assert_eq!(foreign["error"], -32602, "another tenant's task: {foreign}");
+    let done = tasks_client(&[&two, IDE_TOKEN, "wait", &id]).await?;
+    assert_eq!(done["status"], "completed", "{done}");
+    assert_eq!(
+        done["result"]["structuredContent"],
+        json!({"slept_ms": 4000}),
+        "{done}"
+    );
+    let long = tasks_client(&[&two, IDE_TOKEN, "start", "sleep", r#"{"ms": 60000}"#]).await?;
+    let long = long["task"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        tasks_client(&[&two, IDE_TOKEN, "cancel", &long]).await?,
+        json!({})
+    );
+    let cancelled = tasks_client(&[&two, IDE_TOKEN, "wait", &long]).await?;
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    Ok(())
+}
+
 async fn start_gateway(
     addr: &str,
     listen: &str,

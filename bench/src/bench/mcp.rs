@@ -168,6 +168,7 @@ async fn serve_gateway(address: &str, stop: CancellationToken) -> anyhow::Result
             channel,
             listener,
             toolfleet_cli::mcp_serve::Allowed::default(),
+            toolfleet_cli::mcp_serve::TaskOptions::default(),
             stop,
         )
         .await

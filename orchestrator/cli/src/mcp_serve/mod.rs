@@ -16,7 +16,12 @@
 //!   certificate is listed as a gateway's (`[gateways.<name>]`), which
 //!   proves the hop and names no tenant: the client's token alone does;
 //! - a request from a web page (an `Origin` header) is served only from
-//!   the origins `--allowed-origin` lists (403 otherwise).
+//!   the origins `--allowed-origin` lists (403 otherwise);
+//! - a client that declares the MCP Tasks extension gets a call that has
+//!   not ended within `--task-after` as a task, which is the call job
+//!   ([`task`]).
+
+mod task;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -27,9 +32,10 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::Args;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig, Tool, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    GetTaskParams, GetTaskResult, Implementation, ListToolsResult, PaginatedRequestParams,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler, ServiceExt};
@@ -40,6 +46,7 @@ use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::v1;
 
 use crate::client::{self, ApiClient, Server};
+pub use task::TaskOptions;
 
 /// How long a client's token, once the orchestrator accepted it, is taken
 /// without asking again.
@@ -71,6 +78,15 @@ pub(crate) struct McpServeArgs {
     /// a browser send none).
     #[arg(long = "allowed-origin", value_name = "ORIGIN")]
     allowed_origins: Vec<String>,
+    /// For a client that declares the MCP Tasks extension: how long a call
+    /// is waited for before it is answered with a task (the call job),
+    /// which the client polls with `tasks/get`.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
+    task_after: Duration,
+    /// How long a task stays readable, as the tasks say (`ttlMs`): set it
+    /// to the orchestrators' `store.job_retention`.
+    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
+    task_ttl: Duration,
 }
 
 /// What the HTTP endpoint answers besides localhost: the `Host` names it
@@ -86,11 +102,16 @@ pub struct Allowed {
 
 pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
     let channel = args.server.channel().await?;
+    let tasks = TaskOptions {
+        after: args.task_after,
+        ttl: args.task_ttl,
+    };
     match args.listen {
         None => {
             let gateway = Gateway {
                 channel,
                 token: Token::Fixed(args.server.token().map(str::to_owned)),
+                tasks,
             };
             let running = gateway
                 .serve(rmcp::transport::stdio())
@@ -104,13 +125,18 @@ pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
                 hosts: args.allowed_hosts,
                 origins: args.allowed_origins,
             };
-            http(channel, address, allowed).await
+            http(channel, address, allowed, tasks).await
         }
     }
 }
 
 /// Serves Streamable HTTP at `address` until Ctrl-C or SIGTERM.
-async fn http(channel: Channel, address: SocketAddr, allowed: Allowed) -> anyhow::Result<ExitCode> {
+async fn http(
+    channel: Channel,
+    address: SocketAddr,
+    allowed: Allowed,
+    tasks: TaskOptions,
+) -> anyhow::Result<ExitCode> {
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(crate::watch_signals(stop.clone()));
     let listener = tokio::net::TcpListener::bind(address)
@@ -120,14 +146,15 @@ async fn http(channel: Channel, address: SocketAddr, allowed: Allowed) -> anyhow
         "toolfleet mcp-serve: MCP over Streamable HTTP at http://{}/mcp",
         listener.local_addr()?
     );
-    serve_http(channel, listener, allowed, stop).await?;
+    serve_http(channel, listener, allowed, tasks, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the fleet of `channel` as an MCP server over Streamable HTTP on
 /// `listener` (path `/mcp`) until `stop`, answering the `Host` names of
-/// localhost and those `allowed`, and only the browser origins `allowed`.
-/// `toolfleet bench --mcp` runs it in its process.
+/// localhost and those `allowed`, and only the browser origins `allowed`,
+/// its tasks as `tasks` says. `toolfleet bench --mcp` runs it in its
+/// process.
 ///
 /// # Errors
 ///
@@ -136,6 +163,7 @@ pub async fn serve_http(
     channel: Channel,
     listener: tokio::net::TcpListener,
     allowed: Allowed,
+    tasks: TaskOptions,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
     use rmcp::transport::streamable_http_server::{
@@ -158,6 +186,7 @@ pub async fn serve_http(
     let gateway = Gateway {
         channel: channel.clone(),
         token: Token::PerRequest,
+        tasks,
     };
     let mcp = StreamableHttpService::new(
         move || Ok(gateway.clone()),
@@ -168,13 +197,15 @@ pub async fn serve_http(
         channel,
         trusted: Arc::default(),
     };
-    let app =
-        axum::Router::new()
-            .nest_service("/mcp", mcp)
-            .layer(axum::middleware::from_fn_with_state(
-                doorman,
-                Doorman::admit,
-            ));
+    // The doorman is the outer layer: a request is admitted before its body
+    // is read.
+    let app = axum::Router::new()
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn(name_the_task))
+        .layer(axum::middleware::from_fn_with_state(
+            doorman,
+            Doorman::admit,
+        ));
     // Without TCP_NODELAY each answer, an SSE stream of a few small
     // writes, waits for the client's delayed ACK: 40 ms a call on Linux.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -186,6 +217,42 @@ pub async fn serve_http(
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await?;
     Ok(())
+}
+
+/// The largest body of a `tasks/*` request read for its task id.
+const MAX_TASK_REQUEST: usize = 64 * 1024;
+
+/// Gives a `tasks/*` request without an `Mcp-Name` header the one SEP-2243
+/// asks for, from its body's `taskId`: fastmcp-tasks 4.1.4's client, the
+/// extension's first, sends none, and rmcp refuses such a request
+/// (`-32020`). Any other request passes untouched, its body unread; a
+/// body over [`MAX_TASK_REQUEST`] is refused (413), and one without a task
+/// id that can be a header passes on for rmcp to refuse.
+async fn name_the_task(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let headers = request.headers();
+    let is_task = headers
+        .get("mcp-method")
+        .and_then(|method| method.to_str().ok())
+        .is_some_and(|method| method.starts_with("tasks/"));
+    if !is_task || headers.contains_key("mcp-name") {
+        return next.run(request).await;
+    }
+    let (mut parts, body) = request.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_TASK_REQUEST).await else {
+        return axum::http::StatusCode::PAYLOAD_TOO_LARGE.into_response();
+    };
+    let id = serde_json::from_slice::<Value>(&bytes)
+        .ok()
+        .and_then(|body| body["params"]["taskId"].as_str().map(str::to_owned));
+    if let Some(name) = id.and_then(|id| axum::http::HeaderValue::from_str(&id).ok()) {
+        parts.headers.insert("mcp-name", name);
+    }
+    next.run(axum::extract::Request::from_parts(parts, bytes.into()))
+        .await
 }
 
 /// Lets in the HTTP requests whose bearer token the orchestrator accepts.
@@ -273,6 +340,7 @@ enum Token {
 struct Gateway {
     channel: Channel,
     token: Token,
+    tasks: TaskOptions,
 }
 
 impl Gateway {
@@ -292,7 +360,11 @@ impl Gateway {
 
 impl ServerHandler for Gateway {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        let capabilities = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("toolfleet", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "The tools of a toolfleet: each call runs through the fleet's queue, \
@@ -332,6 +404,7 @@ impl ServerHandler for Gateway {
                     tool: request.name.to_string(),
                     arguments,
                 }),
+                metadata: HashMap::from([(task::MARK.0.to_owned(), task::MARK.1.to_owned())]),
                 ..Default::default()
             })
             .await;
@@ -344,8 +417,21 @@ impl ServerHandler for Gateway {
             }
             Err(status) => return Err(api_error("SubmitJob", &status)),
         };
+        let tasks = context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks());
+        // Without tasks the request waits for the end, however long.
+        let wait = if tasks {
+            self.tasks.after
+        } else {
+            Duration::MAX
+        };
         let result = tokio::select! {
             result = follow(&mut api, &job_id, &context) => result?,
+            () = tokio::time::sleep(wait) => {
+                let created = task::created(&job_id, std::time::SystemTime::now(), &self.tasks);
+                return Ok(CallToolResponse::Task(created));
+            }
             () = context.ct.cancelled() => {
                 // The client cancelled its request: so is the job.
                 let _ = api.cancel_job(v1::CancelJobRequest { job_id }).await;
@@ -353,6 +439,74 @@ impl ServerHandler for Gateway {
             }
         };
         Ok(CallToolResponse::Complete(result))
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, McpError> {
+        let job = self.task_job(&request.task_id, &context).await?;
+        let now = std::time::SystemTime::now();
+        let task = task::detailed(&job, now, &self.tasks, call_result);
+        Ok(GetTaskResult::new(task))
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        let job = self.task_job(&request.task_id, &context).await?;
+        self.api(&context)?
+            .cancel_job(v1::CancelJobRequest { job_id: job.job_id })
+            .await
+            .map_err(|status| api_error("CancelJob", &status))?;
+        Ok(())
+    }
+
+    async fn update_task(
+        &self,
+        _request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), McpError> {
+        // A held call waits for an approver or an operator, never for the
+        // client: no task of the fleet asks the client for input.
+        Err(McpError::invalid_params(
+            "the fleet's tasks ask for no input",
+            None,
+        ))
+    }
+}
+
+impl Gateway {
+    /// The call job a client's task `id` names, read with the client's own
+    /// token: a job of another tenant, or one the gateway did not make, is
+    /// a task that does not exist (`-32602`, as the extension says).
+    async fn task_job(
+        &self,
+        id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<v1::Job, McpError> {
+        let unknown = || McpError::invalid_params("no such task", None);
+        let got = self
+            .api(context)?
+            .get_job(v1::GetJobRequest {
+                job_id: id.to_owned(),
+            })
+            .await;
+        let job = match got {
+            Ok(job) => job.into_inner(),
+            Err(status) if matches!(status.code(), Code::NotFound | Code::InvalidArgument) => {
+                return Err(unknown());
+            }
+            Err(status) => return Err(api_error("GetJob", &status)),
+        };
+        if task::is_ours(&job) {
+            Ok(job)
+        } else {
+            Err(unknown())
+        }
     }
 }
 
