@@ -4,8 +4,9 @@ server-side implementation of the extension: the fleet follows its tasks
 as it would any team's.
 
     python tasks_server.py PORT
+    python tasks_server.py stdio
 
-It serves Streamable HTTP on 127.0.0.1:PORT (`/mcp`), its tasks in its
+It serves Streamable HTTP on 127.0.0.1:PORT (`/mcp`), or stdio, its tasks in its
 memory (`TasksExtension()`'s default backend), so that a restarted server
 has forgotten them. Each tool always runs as a task (`mode="required"`),
 polled every 200 ms, and writes what happens to it, one line each, in
@@ -64,4 +65,7 @@ async def lookup(key: str, seconds: float) -> dict:
 
 
 if __name__ == "__main__":
-    server.run(transport="http", host="127.0.0.1", port=int(sys.argv[1]), show_banner=False)
+    if sys.argv[1] == "stdio":
+        server.run(transport="stdio", show_banner=False)
+    else:
+        server.run(transport="http", host="127.0.0.1", port=int(sys.argv[1]), show_banner=False)

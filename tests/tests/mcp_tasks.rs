@@ -180,3 +180,46 @@ async fn a_call_past_its_timeout_cancels_its_task() -> anyhow::Result<()> {
     assert_eq!(effects(scratch.path()), ["start late", "cancelled late"]);
     Ok(())
 }
+
+/// A stdio server is lost with its worker (kill -9), and its tasks with
+/// it: the worker that takes the calls over starts the server anew, which
+/// does not know them. The side effect is an unknown outcome, never run
+/// again (FastMCP's server, its input closed, still ends the tasks it
+/// runs before it exits: the effect may well happen, once); the read-only
+/// call runs again.
+#[tokio::test]
+async fn a_stdio_servers_tasks_are_lost_with_its_worker_and_the_calls_answered_by_their_effects()
+-> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"jobs\"\ncommand = {python:?}\nargs = [{server:?}, \"stdio\"]\n\
+         env = {{ MCP_TEST_DIR = {dir:?} }}\ntools = [\"book\", \"lookup\"]\ncall_timeout = \"60s\"\n",
+        python = venv_python()?.display().to_string(),
+        server = repo_root()
+            .join("tests/mcp/tasks_server.py")
+            .display()
+            .to_string(),
+        dir = scratch.path().display().to_string(),
+    );
+    let fleet = fleet_with_env(&config, &TOOLS, FAST_REDELIVERY).await?;
+    let api = fleet.api(0).await?;
+    let booked = submit(&api, "book", "gone", 8.0).await?;
+    let looked = submit(&api, "lookup", "rerun", 8.0).await?;
+    wait_effect(scratch.path(), "start gone").await?;
+    wait_effect(scratch.path(), "lookup rerun").await?;
+    wait_until("both tasks saved", Duration::from_secs(10), || async {
+        (fleet.count_in_worker_logs("following the MCP server's task") == 2).then_some(())
+    })
+    .await?;
+    fleet.worker(0).kill();
+    fleet.worker(0).respawn()?;
+    let gone = answer(&api, &booked, "gone").await?;
+    assert_eq!(gone["error"]["code"], "OUTCOME_UNKNOWN", "{gone}");
+    let rerun = answer(&api, &looked, "rerun").await?;
+    assert_eq!(rerun["data"], json!({"found": "rerun"}), "{rerun}");
+    let done = effects(scratch.path());
+    let count = |line: &str| done.iter().filter(|l| *l == line).count();
+    assert_eq!(count("start gone"), 1, "{done:?}");
+    assert_eq!(count("lookup rerun"), 2, "{done:?}");
+    Ok(())
+}
