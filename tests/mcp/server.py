@@ -18,6 +18,8 @@ Tools:
 - `append(line)`: appends to `$MCP_TEST_DIR/appended` (not idempotent,
   the default annotations);
 - `echo(text)`: a name a worker's test tool has too;
+- `big(mib)`: not idempotent: adds a line to `$MCP_TEST_DIR/big`, and
+  answers a text of `mib` MiB (over HTTP, one SSE event);
 - `crash()`: the server dies mid-call (not idempotent);
 - `crash_once(key)`: read-only; the server dies the first time it is
   called with `key`, and answers `survived` after;
@@ -152,6 +154,14 @@ def append(line: str) -> str:
     with open(scratch / "appended", "a", encoding="utf-8") as appended:
         appended.write(line + "\n")
     return "appended"
+
+
+@server.tool()
+def big(mib: int) -> str:
+    """Answers `mib` MiB of text."""
+    with open(scratch / "big", "a", encoding="utf-8") as calls:
+        calls.write(f"{mib}\n")
+    return "x" * (mib * 1024 * 1024)
 
 
 @server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))

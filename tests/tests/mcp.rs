@@ -379,6 +379,47 @@ async fn a_dead_http_server_is_found_by_a_call_or_a_ping_and_its_calls_wait() ->
     Ok(())
 }
 
+/// An HTTP server's answer past the bound (one SSE event of 5 MiB, and of
+/// 40 MiB, past rmcp's own 16 MiB too) is `PAYLOAD_TOO_LARGE` at once,
+/// never run again, logged naming the server, and the server stays up.
+#[tokio::test]
+async fn an_http_servers_answer_past_the_bound_is_payload_too_large_at_once() -> anyhow::Result<()>
+{
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let _http = start_http_server(scratch.path(), &address)?;
+    let config = format!(
+        "[[mcp.servers]]\nname = \"web\"\nurl = \"http://{address}/mcp\"\ntools = [\"add\", \"big\"]\n"
+    );
+    let fleet = fleet_with(&config, &["web__add", "web__big"]).await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "five", "name": "web__big", "arguments": {"mib": 5}}]},
+        {"tool_calls": [{"id": "forty", "name": "web__big", "arguments": {"mib": 40}}]},
+        {"tool_calls": [{"id": "sum", "name": "web__add", "arguments": {"a": 40, "b": 2}}]},
+        {"message": "done"}
+    ]);
+    let job = run_scripted(&api, "too much", &script).await?;
+    let results = call_results(&job);
+    for call in ["five", "forty"] {
+        let error = &results[call]["error"];
+        assert_eq!(error["code"], "PAYLOAD_TOO_LARGE", "{call}: {error}");
+        assert_eq!(error["retryable"], false, "{call}: {error}");
+    }
+    assert_eq!(
+        results["sum"]["data"],
+        json!({"result": 42}),
+        "the server stays up"
+    );
+    let calls = std::fs::read_to_string(scratch.path().join("big"))?;
+    assert_eq!(calls, "5\n40\n", "each run once");
+    assert_eq!(
+        fleet.count_in_worker_logs("the MCP server's answer is over the bound"),
+        2
+    );
+    Ok(())
+}
+
 /// A worker's table for the test server over HTTP at `address`, as `name`
 /// serving `add`, with `extra` lines.
 fn http_config(name: &str, address: &str, extra: &str) -> anyhow::Result<String> {

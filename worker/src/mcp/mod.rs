@@ -13,10 +13,15 @@
 //! - `results`: what a server's answer becomes for the model;
 //! - `sandbox`: what a stdio server may reach of the worker;
 //! - `stdio`: a stdio server's process and lines, read within bounds;
+//! - `http`: a Streamable HTTP server's transport, its answers read within
+//!   bounds;
+//! - `defect`: why a call got no answer, as its connection found;
 //! - `task`: a server's task (MCP Tasks), and what each of its states
 //!   means for the call that follows it.
 
 pub mod config;
+mod defect;
+mod http;
 mod listing;
 mod names;
 mod results;

@@ -10,7 +10,7 @@ use serde_json::{Map, Value, json};
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::{Effects, ErrorCode};
 
-use super::stdio::Defect;
+use super::defect::Defect;
 use crate::tool::ToolError;
 
 /// The code of a result the server marked `isError`: the tool ran and

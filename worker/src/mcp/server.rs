@@ -37,9 +37,11 @@ use tracing::{debug, info, warn};
 
 use super::McpHost;
 use super::config::{Lifecycle, McpServerOptions};
+use super::defect::{Defect, Defects};
+use super::http::HttpClient;
 use super::listing::{Listing, Tally};
 use super::results;
-use super::stdio::{self, Defect, Defects};
+use super::stdio;
 use super::task::{self, Resume, Step};
 use crate::progress::Progress;
 use crate::tool::{Applied, ToolContext, ToolError};
@@ -859,8 +861,10 @@ impl McpServer {
         Ok(client)
     }
 
-    /// The Streamable HTTP transport to `url`, with the configured headers.
-    fn dial(&self, url: &str) -> Result<StreamableHttpClientTransport<reqwest::Client>, String> {
+    /// The Streamable HTTP transport to `url`, with the configured headers,
+    /// reading each message (a JSON body, an SSE event) no further than a
+    /// stdio server's line, and telling a call whose answer went past it.
+    fn dial(&self, url: &str) -> Result<StreamableHttpClientTransport<HttpClient>, String> {
         let mut headers = HashMap::new();
         for (name, secret) in &self.options.headers {
             let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
@@ -874,8 +878,17 @@ impl McpServer {
             .connect_timeout(self.options.connect_timeout)
             .build()
             .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        let config =
-            StreamableHttpClientTransportConfig::with_uri(url.to_owned()).custom_headers(headers);
+        let answer = stdio::answer_bound(self.host.max_output_bytes);
+        let bound = stdio::line_bound(answer, self.options.listing_bounds().bytes);
+        let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+            .custom_headers(headers)
+            .max_sse_event_size(bound)
+            .max_json_response_size(bound);
+        let client = HttpClient {
+            inner: client,
+            defects: self.defects.clone(),
+            answer_bound: answer,
+        };
         Ok(StreamableHttpClientTransport::with_client(client, config))
     }
 }

@@ -37,6 +37,7 @@ use tracing::{debug, info, warn};
 
 use super::McpHost;
 use super::config::McpServerOptions;
+use super::defect::{Defect, Defects};
 
 /// The variables a stdio server inherits from the worker; everything else
 /// it gets is configured (`env`). The worker's own environment holds its
@@ -140,42 +141,6 @@ async fn log_stderr(server: String, stderr: ChildStderr) {
             // Too long a line, or not UTF-8: said once, then skipped.
             Err(err) => debug!(server, error = %err, "MCP server stderr unreadable"),
         }
-    }
-}
-
-/// Why a call got no answer from its server.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) enum Defect {
-    /// Its answer is longer than the bound (in bytes).
-    TooLarge(usize),
-    /// The server wrote this while the call was in flight.
-    Malformed(&'static str),
-}
-
-/// The defects of calls in flight, by their request's id: written by the
-/// connection, taken by the call.
-#[derive(Default)]
-pub(super) struct Defects {
-    by_id: Mutex<HashMap<RequestId, Defect>>,
-}
-
-impl Defects {
-    /// The defect of the request `id`, if its connection found one.
-    pub(super) fn take(&self, id: &RequestId) -> Option<Defect> {
-        self.lock().remove(id)
-    }
-
-    fn put(&self, id: RequestId, defect: Defect) {
-        let mut by_id = self.lock();
-        // A defect no call took (it ended first) is not kept for ever.
-        if by_id.len() >= 4 * GIVEN_UP {
-            by_id.clear();
-        }
-        by_id.insert(id, defect);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HashMap<RequestId, Defect>> {
-        lock(&self.by_id)
     }
 }
 
