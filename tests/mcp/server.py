@@ -29,7 +29,10 @@ Tools:
   followed by `notifications/tools/list_changed`;
 - `flood(times)`: sends `notifications/tools/list_changed` that many times.
 - `test_simple_text()` and `test_error_handling()`: the tools the official
-  MCP conformance suite calls (a text, and an `isError` result);
+  MCP conformance suite calls (a text, and an `isError` result), and
+  `json_schema_2020_12_tool(name, address)`, whose schema is the suite's
+  (`$schema`, `$defs`, `additionalProperties: false`), set as given since
+  the SDK derives a schema from the function;
 - `steps(count, pause)`: reports its progress (`notifications/progress`)
   after each of `count` steps, `pause` seconds apart; then a burst of 50
   more reports at once.
@@ -123,6 +126,26 @@ def test_simple_text() -> str:
 def test_error_handling() -> str:
     """The MCP conformance suite's tool that fails."""
     raise ToolError("This tool intentionally returns an error for testing")
+
+
+@server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))
+def json_schema_2020_12_tool(name: str = "", address: dict | None = None) -> str:
+    """Tool with JSON Schema 2020-12 features"""
+    return f"{name} at {address}"
+
+
+server._tool_manager.get_tool("json_schema_2020_12_tool").parameters = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "$defs": {
+        "address": {
+            "type": "object",
+            "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
+        }
+    },
+    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "additionalProperties": False,
+}
 
 
 @server.tool(annotations=mcp_types.ToolAnnotations(read_only_hint=True))

@@ -517,8 +517,9 @@ async fn a_servers_wrong_answers_are_answered_at_once_by_what_they_are() -> anyh
 /// calls goes through the fleet to the worker's Python SDK server, which
 /// serves the tools the suite names. The suite's other scenarios cannot
 /// apply (docs/tools/mcp.md, "Conformance", says why).
-const CONFORMANCE: [&str; 7] = [
+const CONFORMANCE: [&str; 8] = [
     "server-initialize",
+    "json-schema-2020-12",
     "ping",
     "tools-list",
     "tools-call-simple-text",
@@ -530,7 +531,11 @@ const CONFORMANCE: [&str; 7] = [
 #[tokio::test]
 async fn the_official_conformance_suite_passes_against_mcp_serve() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir()?;
-    let tools = ["test_simple_text", "test_error_handling"];
+    let tools = [
+        "test_simple_text",
+        "test_error_handling",
+        "json_schema_2020_12_tool",
+    ];
     let config = stdio_config(scratch.path(), &tools, "prefix = \"\"")?;
     let fleet = fleet_of_ide(scratch.path(), &config, &tools).await?;
     let listen = toolfleet_tests::free_loopback_address()?;
