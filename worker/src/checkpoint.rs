@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
 
-use crate::ledger::Ledger;
+use crate::ledger::{CheckpointKeys, Ledger};
 
 /// The largest checkpoint, in bytes of JSON: it rides in the claim's
 /// answer on every redelivery, so it holds a handle, never a result.
@@ -42,13 +42,6 @@ struct Store {
     ledger: Ledger,
     keys: CheckpointKeys,
     owner: String,
-}
-
-/// The ledger keys a checkpoint is saved under: the attempt's claim, which
-/// the saver must still hold, and the checkpoint itself.
-pub(crate) struct CheckpointKeys {
-    pub(crate) claim: String,
-    pub(crate) checkpoint: String,
 }
 
 /// Why a checkpoint was not saved. The call goes on either way; what is

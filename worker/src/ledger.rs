@@ -11,8 +11,6 @@ use std::time::Duration;
 
 use redis::Script;
 use toolfleet_proto::ToolCall;
-
-use crate::checkpoint::CheckpointKeys;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
 
@@ -97,6 +95,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 ";
+
+/// The keys a call's checkpoint is saved under: the attempt's claim, which
+/// the saver must still hold, and the checkpoint itself.
+pub(crate) struct CheckpointKeys {
+    pub(crate) claim: String,
+    pub(crate) checkpoint: String,
+}
 
 /// Claims and results of call attempts, for one worker process.
 #[derive(Clone)]

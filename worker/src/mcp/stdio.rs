@@ -280,19 +280,12 @@ impl StdioConnection {
             );
             (self.last_logged, self.unlogged) = (Some(now), 0);
         }
-        let calls: Vec<RequestId> = {
-            let mut asked = self.asked();
-            let calls: Vec<RequestId> = asked
-                .waiting
-                .iter()
-                .filter(|(_, call)| **call)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in &calls {
-                asked.waiting.remove(id);
-            }
-            calls
-        };
+        let calls: Vec<RequestId> = self
+            .asked()
+            .waiting
+            .extract_if(|_, call| *call)
+            .map(|(id, _)| id)
+            .collect();
         for id in calls {
             self.fail(id, Some(Defect::Malformed(what)), bytes);
         }
