@@ -19,7 +19,7 @@
 //!   the origins `--allowed-origin` lists (403 otherwise);
 //! - a client that declares the MCP Tasks extension gets a call that has
 //!   not ended within `--task-after` as a task, which is the call job
-//!   ([`task`]).
+//!   (module `task`).
 
 mod task;
 
