@@ -64,6 +64,9 @@ pub mod headers {
     pub const KV_OPERATION: &str = "KV-Operation";
     /// The [`KV_OPERATION`] of a delete marker.
     pub const KV_DELETE: &str = "DEL";
+    /// Set (to "1") on a message of a call subject that cancels the call it
+    /// names (its job was cancelled), rather than asking for it to run.
+    pub const CANCEL: &str = "Toolfleet-Cancel";
 }
 
 /// The subject calls of `tool` are published to.
@@ -193,6 +196,12 @@ impl RedisKeys {
     /// should it die (a server's task id; the worker's `Checkpoint`).
     pub fn call_checkpoint(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
         self.call_key(job_id, tool, "checkpoint", call_id, attempt)
+    }
+
+    /// Marks that one call attempt's job was cancelled: the worker running
+    /// it stops it, and a worker yet to run it answers without running.
+    pub fn call_cancelled(&self, job_id: &str, tool: &str, call_id: &str, attempt: u32) -> String {
+        self.call_key(job_id, tool, "cancelled", call_id, attempt)
     }
 
     /// How many executions of one call attempt took its claim and neither

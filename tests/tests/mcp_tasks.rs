@@ -223,3 +223,35 @@ async fn a_stdio_servers_tasks_are_lost_with_its_worker_and_the_calls_answered_b
     assert_eq!(count("lookup rerun"), 2, "{done:?}");
     Ok(())
 }
+
+/// A job cancelled while its call waits on the server's task: the
+/// orchestrator tells the workers, the worker that runs the call stops it
+/// at its next renewal, and the task is cancelled on the server.
+#[tokio::test]
+async fn a_cancelled_jobs_task_is_cancelled_on_the_server() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let _server = start_tasks_server(scratch.path(), &address)?;
+    let fleet = fleet_of_tasks(&address, "call_timeout = \"60s\"").await?;
+    let api = fleet.api(0).await?;
+    let job_id = submit(&api, "book", "stop", 60.0).await?;
+    wait_effect(scratch.path(), "start stop").await?;
+    wait_until("the task followed", Duration::from_secs(10), || async {
+        (fleet.count_in_worker_logs("following the MCP server's task") == 1).then_some(())
+    })
+    .await?;
+    api.clone()
+        .cancel_job(v1::CancelJobRequest {
+            job_id: job_id.clone(),
+        })
+        .await?;
+    wait_effect(scratch.path(), "cancelled stop").await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Cancelled);
+    assert_eq!(effects(scratch.path()), ["start stop", "cancelled stop"]);
+    assert_eq!(
+        fleet.count_in_worker_logs("the call's job was cancelled; the call is stopped"),
+        1
+    );
+    Ok(())
+}

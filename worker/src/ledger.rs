@@ -32,21 +32,23 @@ pub(crate) enum Claim {
         died: u32,
         /// What an earlier execution saved to be resumed from (JSON).
         checkpoint: Option<String>,
+        /// The call's job was cancelled: answer without running it.
+        cancelled: bool,
     },
     /// Another execution holds a live claim (`owner`): try again later.
     HeldBy(String),
 }
 
-/// KEYS: result, claim, started, claims, checkpoint. ARGV: owner, lease_ms,
+/// KEYS: result, claim, started, claims, checkpoint, cancelled. ARGV: owner, lease_ms,
 /// mark_start (0/1), retention_ms. For tools that are not idempotent the
 /// `started` marker outlives the claim, so the next delivery knows an
 /// execution began. Every claim taken counts in `claims`, and a release
 /// uncounts it, so the count before this claim is how many executions died.
-/// Returns {kind, value, died, checkpoint}: the checkpoint comes with the
-/// claim, in the same round trip, since it is read only when one exists.
+/// Returns {kind, value, died, checkpoint, cancelled}: the checkpoint and
+/// the cancel mark come with the claim, in the same round trip.
 const CLAIM: &str = r"
 local result = redis.call('GET', KEYS[1])
-if result then return {1, result, 0, ''} end
+if result then return {1, result, 0, '', 0} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local started = 0
   if ARGV[3] == '1' then
@@ -55,9 +57,9 @@ if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   local died = redis.call('INCR', KEYS[4]) - 1
   redis.call('PEXPIRE', KEYS[4], ARGV[4])
-  return {2, tostring(started), died, redis.call('GET', KEYS[5]) or ''}
+  return {2, tostring(started), died, redis.call('GET', KEYS[5]) or '', redis.call('EXISTS', KEYS[6])}
 end
-return {3, redis.call('GET', KEYS[2]) or '', 0, ''}
+return {3, redis.call('GET', KEYS[2]) or '', 0, '', 0}
 ";
 
 /// KEYS: claim, checkpoint. ARGV: owner, checkpoint, retention_ms. Saved
@@ -79,9 +81,12 @@ if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
 return ARGV[1]
 ";
 
+/// KEYS: claim, cancelled. Returns 0 (the claim is lost), 1 (renewed) or
+/// 2 (renewed, and the call's job was cancelled).
 const RENEW: &str = r"
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1 + redis.call('EXISTS', KEYS[2])
 end
 return 0
 ";
@@ -101,6 +106,17 @@ return 0
 pub(crate) struct CheckpointKeys {
     pub(crate) claim: String,
     pub(crate) checkpoint: String,
+}
+
+/// What renewing a claim found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewed {
+    /// Still this execution's.
+    Held,
+    /// Lost: another execution may run the call.
+    Lost,
+    /// Still this execution's, but the call's job was cancelled.
+    Cancelled,
 }
 
 /// Claims and results of call attempts, for one worker process.
@@ -160,7 +176,7 @@ impl Ledger {
         owner: &str,
         mark_start: bool,
     ) -> redis::RedisResult<Claim> {
-        let (kind, value, died, checkpoint): (u8, String, u32, String) = self
+        let (kind, value, died, checkpoint, cancelled): (u8, String, u32, String, u8) = self
             .scripts
             .claim
             .key(self.result_key(call))
@@ -171,6 +187,7 @@ impl Ledger {
             )
             .key(self.claims_key(call))
             .key(self.checkpoint_key(call))
+            .key(self.cancelled_key(call))
             .arg(owner)
             .arg(millis(self.lease))
             .arg(if mark_start { "1" } else { "0" })
@@ -183,22 +200,42 @@ impl Ledger {
                 previously_started: value == "1",
                 died,
                 checkpoint: (!checkpoint.is_empty()).then_some(checkpoint),
+                cancelled: cancelled == 1,
             },
             _ => Claim::HeldBy(value),
         })
     }
 
-    /// Extends `owner`'s claim by one lease. False when the claim was lost.
-    pub(crate) async fn renew(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<bool> {
+    /// Extends `owner`'s claim by one lease, and says whether the call's
+    /// job was cancelled meanwhile.
+    pub(crate) async fn renew(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<Renewed> {
         let renewed: i64 = self
             .scripts
             .renew
             .key(self.claim_key(call))
+            .key(self.cancelled_key(call))
             .arg(owner)
             .arg(millis(self.lease))
             .invoke_async(&mut self.redis.clone())
             .await?;
-        Ok(renewed == 1)
+        Ok(match renewed {
+            0 => Renewed::Lost,
+            1 => Renewed::Held,
+            _ => Renewed::Cancelled,
+        })
+    }
+
+    /// Marks `call` as its job's cancel asks: the execution that holds it
+    /// stops at its next renewal, and one yet to claim it does not run it.
+    pub(crate) async fn cancel(&self, call: &ToolCall) -> redis::RedisResult<()> {
+        let _: () = redis::cmd("SET")
+            .arg(self.cancelled_key(call))
+            .arg(1)
+            .arg("PX")
+            .arg(millis(self.retention))
+            .query_async(&mut self.redis.clone())
+            .await?;
+        Ok(())
     }
 
     /// Stores `envelope` as the attempt's result and drops `owner`'s claim.
@@ -262,6 +299,11 @@ impl Ledger {
             claim: self.claim_key(call),
             checkpoint: self.checkpoint_key(call),
         }
+    }
+
+    fn cancelled_key(&self, call: &ToolCall) -> String {
+        self.keys
+            .call_cancelled(&call.job_id, &call.tool, &call.call_id, call.attempt)
     }
 
     fn checkpoint_key(&self, call: &ToolCall) -> String {

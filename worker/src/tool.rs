@@ -119,7 +119,8 @@ pub struct ToolContext {
     pub idempotency_key: String,
     /// When the result stops being useful, if the call has a deadline.
     pub deadline: Option<SystemTime>,
-    /// Cancelled when the runtime gives up on the call (timeout, shutdown).
+    /// Cancelled when the runtime gives up on the call (timeout, shutdown,
+    /// or the call's job was cancelled: the tool is then dropped).
     pub cancelled: CancellationToken,
     /// Cancelled, before `cancelled`, when the drain hands the call back
     /// unfinished: another worker runs it next, or resumes it from its

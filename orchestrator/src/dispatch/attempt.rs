@@ -378,26 +378,15 @@ impl Dispatcher {
         let Round {
             lease, spec, stop, ..
         } = round;
+        let wire = wire_call(round, call, attempt);
         // A resumed attempt gets a message id of its own: JetStream's dedup
         // window must not swallow it when the first copy was consumed but its
         // result is gone. A second copy is harmless; the worker's ledger
         // answers it from the stored result.
-        let msg_id = |wire: &ToolCall| {
-            if resuming {
-                format!("{}:resumed-{}", wire.msg_id(), lease.epoch)
-            } else {
-                wire.msg_id()
-            }
-        };
-        let wire = ToolCall {
-            job_id: lease.job_id.to_string(),
-            call_id: call.wire_id.clone(),
-            attempt,
-            tool: call.name.clone(),
-            arguments: call.arguments.clone(),
-            deadline_ms: Some(spec.deadline_ms),
-            idempotency_key: ToolCall::default_idempotency_key(&lease.job_id, &call.wire_id),
-            reply_to: Some(names::reply_subject(&lease.job_id)),
+        let msg_id = if resuming {
+            format!("{}:resumed-{}", wire.msg_id(), lease.epoch)
+        } else {
+            wire.msg_id()
         };
         let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
         // The worker's spans are children of this attempt's.
@@ -405,12 +394,7 @@ impl Dispatcher {
             .map(|context| traces::headers(&context))
             .unwrap_or_default();
         let headers = || {
-            let mut headers = HeaderMap::new();
-            headers.insert(headers::MSG_ID, msg_id(&wire).as_str());
-            headers.insert(headers::JOB_ID, wire.job_id.as_str());
-            headers.insert(headers::CALL_ID, wire.call_id.as_str());
-            headers.insert(headers::ATTEMPT, attempt.to_string().as_str());
-            headers.insert(headers::TOOL, wire.tool.as_str());
+            let mut headers = call_headers(&wire, &msg_id);
             for (name, value) in &trace_headers {
                 headers.insert(*name, value.as_str());
             }
@@ -435,6 +419,39 @@ impl Dispatcher {
             Unpublished::Stopped => RoundError::Interrupted,
             Unpublished::Failed(_) => RoundError::DeadlineExceeded,
         })
+    }
+
+    /// Tells the workers that the job of `call`'s `attempt`, in flight, was
+    /// cancelled (decision 0044): a copy of the call marked
+    /// `Toolfleet-Cancel`, on its subject. The worker that gets it marks the
+    /// call in the ledger, where the one running it finds it at its next
+    /// renewal and stops it (an MCP server's task is cancelled). For a few
+    /// seconds at most: a cancel that does not get through leaves the call
+    /// to run to its end, its result unread.
+    async fn cancel_on_worker(&self, round: &Round<'_>, call: &PlannedCall, attempt: u32) {
+        let wire = wire_call(round, call, attempt);
+        let msg_id = format!("{}:cancel", wire.msg_id());
+        let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
+        let headers = || {
+            let mut headers = call_headers(&wire, &msg_id);
+            headers.insert(headers::CANCEL, "1");
+            headers
+        };
+        let until = tokio::time::Instant::now() + CANCEL_PUBLISH;
+        let subject = names::call_subject(&wire.tool);
+        let published = publish::acked(
+            &self.js,
+            What::Call,
+            &subject,
+            headers,
+            payload,
+            until,
+            None,
+        )
+        .await;
+        if published.is_err() {
+            warn!(call_id = %call.wire_id, "the cancel of a call in flight was not published; it runs to its end");
+        }
     }
 
     /// Waits for the stored result of one attempt: the one its reply
@@ -465,7 +482,12 @@ impl Dispatcher {
         loop {
             // Whether to look in Redis now, and whether a reply asked to.
             let (look, replied) = tokio::select! {
-                () = stop.cancelled() => return Err(RoundError::Interrupted),
+                () = stop.cancelled() => {
+                    if round.cancelled.is_cancelled() {
+                        self.cancel_on_worker(round, call, attempt).await;
+                    }
+                    return Err(RoundError::Interrupted);
+                }
                 () = tokio::time::sleep_until(deadline) => return Err(RoundError::DeadlineExceeded),
                 notice = notices.recv() => match notice {
                     Ok(notice) => {
@@ -631,4 +653,33 @@ pub(super) async fn forward_results(
             progress,
         });
     }
+}
+
+/// How long the cancel of a call in flight is tried for.
+const CANCEL_PUBLISH: Duration = Duration::from_secs(3);
+
+/// The message of `call`'s `attempt` in `round`, as workers get it.
+fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {
+    let (lease, spec) = (round.lease, round.spec);
+    ToolCall {
+        job_id: lease.job_id.to_string(),
+        call_id: call.wire_id.clone(),
+        attempt,
+        tool: call.name.clone(),
+        arguments: call.arguments.clone(),
+        deadline_ms: Some(spec.deadline_ms),
+        idempotency_key: ToolCall::default_idempotency_key(&lease.job_id, &call.wire_id),
+        reply_to: Some(names::reply_subject(&lease.job_id)),
+    }
+}
+
+/// The headers of the message of `wire`, with the message id `msg_id`.
+fn call_headers(wire: &ToolCall, msg_id: &str) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(headers::MSG_ID, msg_id);
+    headers.insert(headers::JOB_ID, wire.job_id.as_str());
+    headers.insert(headers::CALL_ID, wire.call_id.as_str());
+    headers.insert(headers::ATTEMPT, wire.attempt.to_string().as_str());
+    headers.insert(headers::TOOL, wire.tool.as_str());
+    headers
 }

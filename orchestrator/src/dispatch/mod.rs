@@ -270,6 +270,9 @@ pub struct RunRef<'a> {
     pub replies: &'a Replies,
     /// Interrupts the round.
     pub stop: &'a CancellationToken,
+    /// Cancelled (before `stop`) when the job's client cancelled the job:
+    /// the round's calls in flight are cancelled on their workers.
+    pub cancelled: &'a CancellationToken,
 }
 
 /// Publishes calls and gathers their results.
@@ -338,6 +341,8 @@ struct Round<'a> {
     /// Where the round's final envelopes are recorded.
     results: &'a GroupCommit<Settled>,
     stop: &'a CancellationToken,
+    /// The job was cancelled by its client ([`RunRef::cancelled`]).
+    cancelled: &'a CancellationToken,
 }
 
 impl Dispatcher {
@@ -387,6 +392,7 @@ impl Dispatcher {
             lease,
             replies,
             stop,
+            cancelled,
         } = run;
         let spec = job.spec;
         let results = GroupCommit::new(self.options.result_linger);
@@ -442,6 +448,7 @@ impl Dispatcher {
                 notify: &replies.notify,
                 results: &results,
                 stop,
+                cancelled,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
             let indexes = ready.iter().map(|(index, _)| *index);

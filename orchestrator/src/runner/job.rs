@@ -58,6 +58,9 @@ impl From<store::Error> for Stopped {
 struct StopSignal {
     token: CancellationToken,
     reason: Arc<OnceLock<StopReason>>,
+    /// Cancelled, before `token`, when the first reason is the client's
+    /// cancel: the calls in flight are then cancelled on their workers.
+    cancelled: CancellationToken,
 }
 
 impl StopSignal {
@@ -65,11 +68,14 @@ impl StopSignal {
         Self {
             token: parent.child_token(),
             reason: Arc::default(),
+            cancelled: CancellationToken::new(),
         }
     }
 
     fn stop(&self, reason: StopReason) {
-        let _ = self.reason.set(reason);
+        if self.reason.set(reason).is_ok() && reason == StopReason::CancelRequested {
+            self.cancelled.cancel();
+        }
         self.token.cancel();
     }
 
@@ -390,6 +396,7 @@ impl JobRun<'_> {
                     lease: &self.lease,
                     replies,
                     stop: &stop.token,
+                    cancelled: &stop.cancelled,
                 };
                 dispatcher
                     .run_round(run, job, calls, &attempts, &progress.offered, approvals)

@@ -30,10 +30,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
-use toolfleet_proto::ToolCall;
 use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::{ToolCall, names};
 use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
-use tracing::{Instrument, debug, error, info_span};
+use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::config::RuntimeOptions;
 use crate::ledger::Ledger;
@@ -104,6 +104,9 @@ impl Executor {
             metrics::call_rejected(own::NOT_OURS);
             return Outcome::Rejected;
         };
+        if is_cancel(message) {
+            return self.mark_cancelled(call).await;
+        }
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
         let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
@@ -162,6 +165,33 @@ impl Executor {
         span.event("stored");
         settled
     }
+}
+
+impl Executor {
+    /// A cancel of `call` (its job was cancelled): marked in the ledger,
+    /// where the execution that holds the call finds it at its next
+    /// renewal, and one yet to run it at its claim (decision 0044).
+    async fn mark_cancelled(&self, call: &ToolCall) -> Outcome {
+        match self.ledger.cancel(call).await {
+            Ok(()) => {
+                debug!("the call's job was cancelled; marked in the ledger");
+                Outcome::Answered
+            }
+            Err(err) => {
+                warn!(error = %err, "redis unavailable; the call's cancel is handed back");
+                Outcome::Retry(Duration::from_secs(1))
+            }
+        }
+    }
+}
+
+/// Whether `message` cancels the call it carries rather than asks for it.
+fn is_cancel(message: &Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(names::headers::CANCEL))
+        .is_some_and(|value| value.as_str() == "1")
 }
 
 /// The trace context the orchestrator sent with the call, if valid.

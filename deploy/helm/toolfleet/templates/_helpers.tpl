@@ -562,7 +562,7 @@ from the pools; .hashes maps a user to its password's SHA-256 (hex).
 #
 # Key layout (proto/src/names.rs): a job's keys share the hash tag
 # {<job_id>}; a call's ledger lives under its tool,
-# tf:{<job_id>}:tool:<tool>:{claim,started,claims,checkpoint,result}:<call>:<attempt>.
+# tf:{<job_id>}:tool:<tool>:{claim,started,claims,checkpoint,cancelled,result}:<call>:<attempt>.
 # Tool names and call ids never hold `{`, `}` or `:`, so one tool's pattern
 # never matches another tool's key.
 #

@@ -34,6 +34,8 @@ pub(super) struct Earlier {
     /// What an earlier execution saved to resume from: the tool resumes
     /// from it rather than being probed (decision 0044).
     pub(super) checkpoint: Option<Value>,
+    /// The call's job was cancelled: it is answered without running.
+    pub(super) cancelled: bool,
 }
 
 impl Executor {
@@ -61,10 +63,12 @@ impl Executor {
                 previously_started,
                 died,
                 checkpoint,
+                cancelled,
             } => Claimed::Acquired(Earlier {
                 started: previously_started,
                 poisoned: poison(died, self.options.max_deliveries),
                 checkpoint: checkpoint.and_then(|json| parsed_checkpoint(&json)),
+                cancelled,
             }),
         }
     }

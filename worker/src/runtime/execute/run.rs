@@ -10,13 +10,14 @@ use serde_json::Value;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
-use tracing::{Instrument, debug, error, warn};
+use tracing::{Instrument, debug, error, info, warn};
 
 use super::check::Checked;
 use super::claim::Earlier;
 use super::{Executor, LoadedTool};
 use crate::checkpoint::Checkpoint;
 use crate::envelope::{GENERIC_FAILURE, from_error};
+use crate::ledger::Renewed;
 use crate::tool::{Applied, Progress, ToolContext, ToolError};
 
 /// How running a call ended.
@@ -33,6 +34,16 @@ pub(super) enum Ran {
     /// The claim lapsed while the probe ran, so another delivery may be
     /// running the call: hand it back without running it.
     ClaimLost,
+}
+
+/// How a run kept alive by [`Executor::keep_alive`] ended.
+enum Kept<T> {
+    /// It finished, with this.
+    Done(T),
+    /// Its time ran out first.
+    TimedOut,
+    /// The call's job was cancelled (the ledger's mark): it was stopped.
+    Cancelled,
 }
 
 /// A tool task that ended before its timeout: its own result, or the panic
@@ -80,6 +91,10 @@ impl Executor {
         owner: &str,
         earlier: Earlier,
     ) -> Ran {
+        if earlier.cancelled {
+            debug!("the call's job was cancelled; answered without running");
+            return Ran::Finished(job_cancelled());
+        }
         let ctx = ToolContext {
             job_id: call.job_id.clone(),
             call_id: call.call_id.clone(),
@@ -117,18 +132,26 @@ impl Executor {
             // or another delivery could probe, find nothing, and run the
             // call alongside this one.
             let probe = checked.tool.tool.probe(checked.args.clone(), ctx.clone());
-            let applied = self
+            let applied = match self
                 .keep_alive(call, message, owner, checked.timeout, probe)
                 .await
-                .unwrap_or(Applied::Unavailable);
+            {
+                Kept::Done(applied) => applied,
+                Kept::TimedOut => Applied::Unavailable,
+                Kept::Cancelled => return Ran::Finished(job_cancelled()),
+            };
             if let Some(answer) = before_run(applied, previously_started) {
                 return answer;
             }
             // It may have lapsed all the same (a renewal that failed): run
             // only while it is still this delivery's.
-            if !matches!(self.ledger.renew(call, owner).await, Ok(true)) {
-                warn!("claim lost while probing; handed back without running");
-                return Ran::ClaimLost;
+            match self.ledger.renew(call, owner).await {
+                Ok(Renewed::Held) => {}
+                Ok(Renewed::Cancelled) => return Ran::Finished(job_cancelled()),
+                Ok(Renewed::Lost) | Err(_) => {
+                    warn!("claim lost while probing; handed back without running");
+                    return Ran::ClaimLost;
+                }
             }
         }
         self.execute(checked, ctx, call, message, owner).await
@@ -170,14 +193,18 @@ impl Executor {
         let result = self.keep_alive(call, message, owner, timeout, run).await;
         drop(stop_tool); // finished, or stopped here on timeout
         match result {
-            Some(finished) => Ran::Finished(envelope_of(finished, self.options.max_output_bytes)),
-            None => timed_out(loaded, for_probe, timeout).await,
+            Kept::Done(finished) => {
+                Ran::Finished(envelope_of(finished, self.options.max_output_bytes))
+            }
+            Kept::TimedOut => timed_out(loaded, for_probe, timeout).await,
+            Kept::Cancelled => Ran::Finished(job_cancelled()),
         }
     }
 
     /// Awaits `run` (the tool, or its probe) up to `timeout` while keeping
     /// the JetStream message and the claim alive, so a long call is neither
-    /// redelivered nor stolen. `None`: the time ran out.
+    /// redelivered nor stolen; each renewal also finds whether the call's
+    /// job was cancelled, and the run is then dropped (stopped).
     async fn keep_alive<F: std::future::Future>(
         &self,
         call: &ToolCall,
@@ -185,22 +212,26 @@ impl Executor {
         owner: &str,
         timeout: Duration,
         run: F,
-    ) -> Option<F::Output> {
+    ) -> Kept<F::Output> {
         let period = (self.options.ack_wait / 3).min(self.ledger.lease() / 3);
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
         let sleep = tokio::time::sleep(timeout);
         tokio::pin!(run, sleep);
         loop {
             tokio::select! {
-                result = &mut run => return Some(result),
-                () = &mut sleep => return None,
+                result = &mut run => return Kept::Done(result),
+                () = &mut sleep => return Kept::TimedOut,
                 _ = ticker.tick() => {
                     if let Err(err) = message.ack_with(AckKind::Progress).await {
                         warn!(error = %err, "could not extend the ack deadline");
                     }
                     match self.ledger.renew(call, owner).await {
-                        Ok(true) => {}
-                        Ok(false) => warn!("claim lost while running; another delivery may run the call"),
+                        Ok(Renewed::Held) => {}
+                        Ok(Renewed::Cancelled) => {
+                            info!("the call's job was cancelled; the call is stopped");
+                            return Kept::Cancelled;
+                        }
+                        Ok(Renewed::Lost) => warn!("claim lost while running; another delivery may run the call"),
                         Err(err) => warn!(error = %err, "could not renew the claim"),
                     }
                 }
@@ -344,6 +375,15 @@ fn after_timeout(applied: Applied, timed_out: Envelope) -> Ran {
              happened is unknown, so it is not retried",
         ),
     })
+}
+
+/// The answer to a call whose job was cancelled: stopped, or never run.
+/// Nobody waits for it; it is stored so that a redelivery answers it.
+fn job_cancelled() -> Envelope {
+    Envelope::terminal(
+        ErrorCode::CANCELLED,
+        "the call's job was cancelled; the call was stopped, or not run",
+    )
 }
 
 /// The terminal envelope of a side effect that may or may not have happened.
