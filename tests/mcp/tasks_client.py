@@ -10,7 +10,8 @@ Python SDK's `ClientSession` has no tasks of its own).
         polls the task ID (`tasks/get`) to its end; prints {"status": ...,
         "result": ..., "messages": [every status message seen]}
     python tasks_client.py URL TOKEN get ID
-        one `tasks/get`; prints {"status": ...} or {"error": code}
+        one `tasks/get`; prints {"status": ..., "message": its status
+        message} or {"error": code}
     python tasks_client.py URL TOKEN cancel ID
         `tasks/cancel`; prints {} or {"error": code}
 
@@ -66,7 +67,7 @@ async def main(url, token, command, *args):
                 return await wait(client, *args)
             if command == "get":
                 got = await _send_get(client.session, args[0])
-                return {"status": got.status}
+                return {"status": got.status, "message": got.status_message}
             if command == "cancel":
                 await _send_cancel(client.session, args[0])
                 return {}

@@ -583,17 +583,20 @@ async fn the_official_conformance_suite_passes_against_mcp_serve() -> anyhow::Re
 
 /// A fleet of one worker configured by `config` and one orchestrator
 /// whose tokens file (in `scratch`) has the tenant `ide`, of
-/// [`IDE_TOKEN`] (and the tenant `other`, of [`OTHER_TOKEN`]), once `ide`
-/// sees `tools` live.
+/// [`IDE_TOKEN`] (and the tenant `other`, of [`OTHER_TOKEN`], and `held`,
+/// whose every call waits for approval, of [`HELD_TOKEN`]), once `ide` sees
+/// `tools` live.
 async fn fleet_of_ide(scratch: &Path, config: &str, tools: &[&str]) -> anyhow::Result<Fleet> {
     let tokens = scratch.join("tokens.toml");
     let hash = toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN);
     let other = toolfleet_orchestrator::auth::token_sha256(OTHER_TOKEN);
+    let held = toolfleet_orchestrator::auth::token_sha256(HELD_TOKEN);
     std::fs::write(
         &tokens,
         format!(
             "[tenants.ide]\ntoken_sha256 = [\"{hash}\"]\n\
-             [tenants.other]\ntoken_sha256 = [\"{other}\"]\n"
+             [tenants.other]\ntoken_sha256 = [\"{other}\"]\n\
+             [tenants.held]\ntoken_sha256 = [\"{held}\"]\nrequire_approval = [\"*\"]\n"
         ),
     )?;
     let tokens = tokens.display().to_string();
@@ -1016,6 +1019,16 @@ async fn the_reference_server_everything_serves_through_the_fleet() -> anyhow::R
 const IDE_TOKEN: &str = "tok-ide-5c1e";
 /// The token of another tenant.
 const OTHER_TOKEN: &str = "tok-other-9a0b";
+/// The token of a tenant whose every call waits for approval.
+const HELD_TOKEN: &str = "tok-held-31d7";
+
+/// `message` sent with `token` as its bearer.
+fn as_tenant<T>(message: T, token: &str) -> anyhow::Result<tonic::Request<T>> {
+    let mut request = tonic::Request::new(message);
+    let bearer = format!("Bearer {token}").parse()?;
+    request.metadata_mut().insert("authorization", bearer);
+    Ok(request)
+}
 
 /// Runs the official Python SDK's MCP client (tests/mcp/client.py) with
 /// `args`; returns what it printed.
@@ -1138,6 +1151,39 @@ async fn a_long_call_through_the_gateway_is_a_task_that_any_replica_answers() ->
     );
     let cancelled = tasks_client(&[&two, IDE_TOKEN, "wait", &long]).await?;
     assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    // A call held for approval is a task at work that says so, until a
+    // person approves it.
+    let held = tasks_client(&[&two, HELD_TOKEN, "start", "echo", r#"{"say": "later"}"#]).await?;
+    let held = held["task"].as_str().unwrap_or_default().to_owned();
+    let waiting = "waiting for a person to approve the call";
+    wait_until("the call held", JOB, || async {
+        let got = tasks_client(&[&two, HELD_TOKEN, "get", &held]).await.ok()?;
+        (got["message"] == waiting).then_some(())
+    })
+    .await?;
+    let mut api = fleet.api(0).await?;
+    let job = api
+        .get_job(as_tenant(
+            v1::GetJobRequest {
+                job_id: held.clone(),
+            },
+            HELD_TOKEN,
+        )?)
+        .await?
+        .into_inner();
+    let decision = v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: job.held_calls[0].call_id.clone(),
+        decision: v1::Decision::Approve.into(),
+        ..Default::default()
+    };
+    api.decide_call(as_tenant(decision, HELD_TOKEN)?).await?;
+    let approved = tasks_client(&[&two, HELD_TOKEN, "wait", &held]).await?;
+    assert_eq!(approved["status"], "completed", "{approved}");
+    assert_eq!(
+        approved["result"]["structuredContent"],
+        json!({"say": "later"})
+    );
     Ok(())
 }
 
