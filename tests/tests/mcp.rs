@@ -1033,7 +1033,19 @@ fn as_tenant<T>(message: T, token: &str) -> anyhow::Result<tonic::Request<T>> {
 /// Runs the official Python SDK's MCP client (tests/mcp/client.py) with
 /// `args`; returns what it printed.
 async fn python_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let client = repo_root().join("tests/mcp/client.py");
+    run_client("client.py", args).await
+}
+
+/// Runs FastMCP's client of MCP Tasks (tests/mcp/tasks_client.py) with
+/// `args`; returns what it printed.
+async fn tasks_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    run_client("tasks_client.py", args).await
+}
+
+/// Runs the Python client `script` of tests/mcp with `args`; what it
+/// printed, as JSON.
+async fn run_client(script: &str, args: &[&str]) -> anyhow::Result<serde_json::Value> {
+    let client = repo_root().join("tests/mcp").join(script);
     let ran = tokio::process::Command::new(venv_python()?)
         .arg(client)
         .args(args)
@@ -1089,21 +1101,6 @@ async fn mcp_clients_use_the_fleets_tools_through_mcp_serve() -> anyhow::Result<
         assert_refused(&listen, "http", token).await?;
     }
     Ok(())
-}
-
-/// `toolfleet mcp-serve` in front of the orchestrator at `addr`, with
-/// `more` flags, serving Streamable HTTP at `listen` once this returns;
-/// killed when the child is dropped.
-/// Runs tests/mcp/tasks_client.py with `args`; what it printed.
-async fn tasks_client(args: &[&str]) -> anyhow::Result<serde_json::Value> {
-    let client = repo_root().join("tests/mcp/tasks_client.py");
-    let ran = tokio::process::Command::new(venv_python()?)
-        .arg(client)
-        .args(args)
-        .output()
-        .await?;
-    anyhow::ensure!(ran.status.success(), "{ran:?}");
-    Ok(serde_json::from_slice(&ran.stdout)?)
 }
 
 /// Through the gateway, a client that declares MCP Tasks gets a quick call
@@ -1187,6 +1184,9 @@ async fn a_long_call_through_the_gateway_is_a_task_that_any_replica_answers() ->
     Ok(())
 }
 
+/// `toolfleet mcp-serve` in front of the orchestrator at `addr`, with
+/// `more` flags, serving Streamable HTTP at `listen` once this returns;
+/// killed when the child is dropped.
 async fn start_gateway(
     addr: &str,
     listen: &str,
