@@ -388,12 +388,7 @@ impl Dispatcher {
         offered: &HashMap<String, LiveTool>,
         mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
-        let RunRef {
-            lease,
-            replies,
-            stop,
-            cancelled,
-        } = run;
+        let RunRef { lease, stop, .. } = run;
         let spec = job.spec;
         let results = GroupCommit::new(self.options.result_linger);
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
@@ -445,10 +440,10 @@ impl Dispatcher {
                 lease,
                 spec,
                 trace: job.trace,
-                notify: &replies.notify,
+                notify: &run.replies.notify,
                 results: &results,
                 stop,
-                cancelled,
+                cancelled: run.cancelled,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
             let indexes = ready.iter().map(|(index, _)| *index);
