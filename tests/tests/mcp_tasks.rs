@@ -142,25 +142,52 @@ async fn a_task_the_server_forgot_is_an_unknown_outcome_or_run_again_when_harmle
     let mut server = start_tasks_server(scratch.path(), &address)?;
     let fleet = fleet_of_tasks(&address, "call_timeout = \"60s\"").await?;
     let api = fleet.api(0).await?;
-    let booked = submit(&api, "book", "lost", 8.0).await?;
-    let looked = submit(&api, "lookup", "again", 8.0).await?;
-    wait_effect(scratch.path(), "start lost").await?;
-    wait_effect(scratch.path(), "lookup again").await?;
+    let jobs = book_and_look_up(&fleet, scratch.path(), "lost", "again").await?;
+    server.kill().await?;
+    let _server = start_tasks_server(scratch.path(), &address)?;
+    assert_forgotten(&api, scratch.path(), jobs, "lost", "again").await
+}
+
+/// Submits a job that books `book` and one that looks `lookup` up, 8 s
+/// each, and waits until the worker of `fleet` follows both tasks; the
+/// jobs' ids.
+async fn book_and_look_up(
+    fleet: &Fleet,
+    scratch: &Path,
+    book: &str,
+    lookup: &str,
+) -> anyhow::Result<(String, String)> {
+    let api = fleet.api(0).await?;
+    let booked = submit(&api, "book", book, 8.0).await?;
+    let looked = submit(&api, "lookup", lookup, 8.0).await?;
+    wait_effect(scratch, &format!("start {book}")).await?;
+    wait_effect(scratch, &format!("lookup {lookup}")).await?;
     wait_until("both tasks saved", Duration::from_secs(10), || async {
         (fleet.count_in_worker_logs("following the MCP server's task") == 2).then_some(())
     })
     .await?;
-    server.kill().await?;
-    let _server = start_tasks_server(scratch.path(), &address)?;
-    let lost = answer(&api, &booked, "lost").await?;
-    assert_eq!(lost["error"]["code"], "OUTCOME_UNKNOWN", "{lost}");
-    assert_eq!(lost["error"]["retryable"], false, "{lost}");
-    let again = answer(&api, &looked, "again").await?;
-    assert_eq!(again["data"], json!({"found": "again"}), "{again}");
-    let done = effects(scratch.path());
-    let count = |line: &str| done.iter().filter(|l| *l == line).count();
-    assert_eq!(count("start lost"), 1, "{done:?}");
-    assert_eq!(count("lookup again"), 2, "{done:?}");
+    Ok((booked, looked))
+}
+
+/// What the `jobs` of [`book_and_look_up`] end with once the server forgot
+/// their tasks: the booking an unknown outcome, never run again; the
+/// lookup run again.
+async fn assert_forgotten(
+    api: &ApiClient,
+    scratch: &Path,
+    (booked, looked): (String, String),
+    book: &str,
+    lookup: &str,
+) -> anyhow::Result<()> {
+    let unknown = answer(api, &booked, book).await?;
+    assert_eq!(unknown["error"]["code"], "OUTCOME_UNKNOWN", "{unknown}");
+    assert_eq!(unknown["error"]["retryable"], false, "{unknown}");
+    let again = answer(api, &looked, lookup).await?;
+    assert_eq!(again["data"], json!({"found": lookup}), "{again}");
+    let done = effects(scratch);
+    let count = |line: String| done.iter().filter(|l| **l == line).count();
+    assert_eq!(count(format!("start {book}")), 1, "{done:?}");
+    assert_eq!(count(format!("lookup {lookup}")), 2, "{done:?}");
     Ok(())
 }
 
@@ -203,25 +230,10 @@ async fn a_stdio_servers_tasks_are_lost_with_its_worker_and_the_calls_answered_b
     );
     let fleet = fleet_with_env(&config, &TOOLS, FAST_REDELIVERY).await?;
     let api = fleet.api(0).await?;
-    let booked = submit(&api, "book", "gone", 8.0).await?;
-    let looked = submit(&api, "lookup", "rerun", 8.0).await?;
-    wait_effect(scratch.path(), "start gone").await?;
-    wait_effect(scratch.path(), "lookup rerun").await?;
-    wait_until("both tasks saved", Duration::from_secs(10), || async {
-        (fleet.count_in_worker_logs("following the MCP server's task") == 2).then_some(())
-    })
-    .await?;
+    let jobs = book_and_look_up(&fleet, scratch.path(), "gone", "rerun").await?;
     fleet.worker(0).kill();
     fleet.worker(0).respawn()?;
-    let gone = answer(&api, &booked, "gone").await?;
-    assert_eq!(gone["error"]["code"], "OUTCOME_UNKNOWN", "{gone}");
-    let rerun = answer(&api, &looked, "rerun").await?;
-    assert_eq!(rerun["data"], json!({"found": "rerun"}), "{rerun}");
-    let done = effects(scratch.path());
-    let count = |line: &str| done.iter().filter(|l| *l == line).count();
-    assert_eq!(count("start gone"), 1, "{done:?}");
-    assert_eq!(count("lookup rerun"), 2, "{done:?}");
-    Ok(())
+    assert_forgotten(&api, scratch.path(), jobs, "gone", "rerun").await
 }
 
 /// A job cancelled while its call waits on the server's task: the
