@@ -207,6 +207,116 @@ fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>
     Ok(graph)
 }
 
+/// The modules of each folder below a crate's top level (its files but
+/// `mod.rs`, and its subfolders), each with the others it names as
+/// `super::<module>` outside its tests: from a file directly in the
+/// folder or a subfolder's `mod.rs` (`super::`), or from deeper in a
+/// subfolder (`super::super::`, one more a level down).
+fn folder_graphs(src: &Path) -> anyhow::Result<Vec<(PathBuf, Graph)>> {
+    let mut folders = Vec::new();
+    let mut dirs = vec![src.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                folders.push(path.clone());
+                dirs.push(path);
+            }
+        }
+    }
+    let mut graphs = Vec::new();
+    for folder in folders {
+        let mut graph = Graph::new();
+        let siblings = sibling_modules(&folder)?;
+        for sibling in &siblings {
+            for (file, depth) in module_files(&folder, sibling)? {
+                let text = std::fs::read_to_string(&file)?;
+                let product = text.split("#[cfg(test)]").next().unwrap_or_default();
+                let named = names_after(product, &"super::".repeat(depth));
+                graph.entry(sibling.clone()).or_default().extend(
+                    named
+                        .into_iter()
+                        .filter(|name| name != sibling && siblings.contains(name)),
+                );
+            }
+        }
+        graphs.push((folder, graph));
+    }
+    Ok(graphs)
+}
+
+/// The modules a folder holds: its `.rs` files but `mod.rs`, and its
+/// subfolders.
+fn sibling_modules(folder: &Path) -> anyhow::Result<BTreeSet<String>> {
+    let mut modules = BTreeSet::new();
+    for entry in std::fs::read_dir(folder)? {
+        let path = entry?.path();
+        let name = path.file_stem().unwrap_or_default().to_string_lossy();
+        if path.is_dir() || (path.extension().is_some_and(|e| e == "rs") && name != "mod") {
+            modules.insert(name.into_owned());
+        }
+    }
+    Ok(modules)
+}
+
+/// The files of the module `module` of `folder`, each with how many
+/// `super::` reach the folder from it: its file (and its folder's
+/// `mod.rs`) one, each level deeper one more.
+fn module_files(folder: &Path, module: &str) -> anyhow::Result<Vec<(PathBuf, usize)>> {
+    let mut files = Vec::new();
+    let file = folder.join(format!("{module}.rs"));
+    if file.exists() {
+        files.push((file, 1));
+    }
+    let mut dirs = vec![(folder.join(module), 1)];
+    while let Some((dir, depth)) = dirs.pop() {
+        if !dir.is_dir() {
+            continue;
+        }
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                dirs.push((path, depth + 1));
+            } else if path.file_name().is_some_and(|n| n == "mod.rs") {
+                files.push((path, depth));
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push((path, depth + 1));
+            }
+        }
+    }
+    Ok(files)
+}
+
+/// The names `text` puts right after `prefix` (`super::name`, or each
+/// name of `super::{a, b::c}`), where `prefix` is not itself the tail of a
+/// longer one.
+fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
+    let word = |rest: &str| -> String {
+        rest.chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect()
+    };
+    let mut names = BTreeSet::new();
+    for (at, _) in text.match_indices(prefix) {
+        if text[..at].ends_with("super::") {
+            continue;
+        }
+        let rest = &text[at + prefix.len()..];
+        if let Some(group) = rest.strip_prefix('{') {
+            let group = &group[..group.find('}').unwrap_or(group.len())];
+            names.extend(group.split(',').map(|item| word(item.trim())));
+        } else {
+            names.insert(word(rest));
+        }
+    }
+    names.remove("");
+    names.remove("super");
+    names
+}
+
+/// A graph of modules: each with the modules it names.
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
 /// A cycle in `graph`, if it has one.
 fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
     fn visit(
@@ -253,7 +363,24 @@ fn no_crate_has_a_cycle_between_its_modules() -> anyhow::Result<()> {
                 cycle.join(" -> ")
             );
         }
+        for (folder, graph) in folder_graphs(&root.join(src))? {
+            if let Some(cycle) = find_cycle(&graph) {
+                panic!(
+                    "{}: the modules {} depend on each other in a circle",
+                    folder.display(),
+                    cycle.join(" -> ")
+                );
+            }
+        }
     }
+    // The folders are read: the MCP modules of the worker name each other.
+    let mcp = folder_graphs(&root.join("worker/src"))?
+        .into_iter()
+        .find(|(folder, _)| folder.ends_with("mcp"))
+        .map(|(_, graph)| graph)
+        .unwrap_or_default();
+    assert!(mcp["supervisor"].contains("listing"), "{mcp:?}");
+    assert!(mcp["listing"].contains("tool"), "{mcp:?}");
     // The checker itself finds a circle where there is one.
     let circle: BTreeMap<String, BTreeSet<String>> = [
         ("model".to_owned(), BTreeSet::from(["store".to_owned()])),

@@ -8,7 +8,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use toolfleet_proto::{Approval, Effects};
 
-use super::listing::Bounds;
 use super::names::fleet_name;
 use super::sandbox::SandboxMode;
 
@@ -261,6 +260,18 @@ fn default_max_listed_pages() -> usize {
 
 fn default_max_listed_tools() -> usize {
     10_000
+}
+
+/// How much of one `tools/list` the worker reads: pages, tools and bytes
+/// (each tool's description as JSON), over all its pages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Bounds {
+    /// `max_listed_pages`.
+    pub(super) pages: usize,
+    /// `max_listed_tools`.
+    pub(super) tools: usize,
+    /// `max_listed_bytes`.
+    pub(super) bytes: usize,
 }
 
 fn default_max_listed_bytes() -> usize {

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use rmcp::model::Tool as McpToolInfo;
 use tracing::{error, info, warn};
 
+use super::config::Bounds;
 use super::server::McpServer;
 use super::tool::McpTool;
 use crate::tool_set::ToolSet;
@@ -115,18 +116,6 @@ impl Listing {
             }
         }
     }
-}
-
-/// How much of one `tools/list` the worker reads: pages, tools and bytes
-/// (each tool's description as JSON), over all its pages.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct Bounds {
-    /// `max_listed_pages`.
-    pub(super) pages: usize,
-    /// `max_listed_tools`.
-    pub(super) tools: usize,
-    /// `max_listed_bytes`.
-    pub(super) bytes: usize,
 }
 
 /// What the pages of one listing read so far add up to.

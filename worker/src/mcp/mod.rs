@@ -7,6 +7,8 @@
 //! - [`config`]: the `[[mcp.servers]]` keys, checked before connecting;
 //! - `names`: the documented mapping from MCP names to fleet names;
 //! - `server`: one server's process or endpoint, connection and calls;
+//! - `supervisor`: reaching it, listing its tools, following the
+//!   connection until it fails, and reaching it again;
 //! - `listing`: what its allow-listed tools are in the worker, after each
 //!   `tools/list`;
 //! - `tool`: a server's tool as a fleet tool (its manifest);
@@ -28,6 +30,7 @@ mod results;
 mod sandbox;
 mod server;
 mod stdio;
+mod supervisor;
 mod task;
 mod tool;
 

@@ -1,22 +1,16 @@
 //! One MCP server: its process (stdio) or endpoint (Streamable HTTP), the
-//! connection to it, and the calls sent over it. A supervisor starts or
-//! reaches it, with a growing pause until it answers, lists its tools, and
-//! lists them again at each `notifications/tools/list_changed`. When the
-//! connection closes (the process died, the endpoint went away) the
-//! server's tools are taken down, so that no model is offered them, and the
-//! server is started or reached again.
+//! connection to it, and the calls sent over it. Its supervision (reaching
+//! it, listing its tools, following the connection) is `supervisor.rs`'s.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResult, CancelTaskParams,
     CancelledNotificationParam, ClientCapabilities, ClientConfig, ClientRequest, CreateTaskResult,
-    ExtensionCapabilities, GetTaskParams, Implementation, JsonObject, PaginatedRequestParams,
-    PingRequest, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    ServerNotification, ServerResult, SubscriptionFilter, TASKS_EXTENSION_ID, Tool as McpToolInfo,
+    ExtensionCapabilities, GetTaskParams, Implementation, JsonObject, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, RequestId, ServerResult, TASKS_EXTENSION_ID,
 };
 use rmcp::service::RunningService;
 use rmcp::service::{NotificationContext, PeerRequestOptions};
@@ -30,7 +24,6 @@ use rmcp::{
 };
 use serde_json::Value;
 use tokio::sync::{Notify, Semaphore, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::{Effects, ErrorCode};
 use tracing::{debug, info, warn};
@@ -39,13 +32,11 @@ use super::McpHost;
 use super::config::{Lifecycle, McpServerOptions};
 use super::defect::{Defect, Defects};
 use super::http::HttpClient;
-use super::listing::{Listing, Tally};
 use super::results;
 use super::stdio;
 use super::task::{self, Resume, Step};
 use crate::progress::Progress;
 use crate::tool::{Applied, ToolContext, ToolError};
-use crate::tool_set::ToolSet;
 
 /// A live connection to a server.
 pub(super) type Client = RunningService<RoleClient, Handler>;
@@ -98,10 +89,6 @@ impl ClientHandler for Handler {
     }
 }
 
-/// The shortest time between two listings after `list_changed`: a server
-/// that floods the notification costs one `tools/list` a second.
-const LISTING_GAP: Duration = Duration::from_secs(1);
-
 /// Why a `tools/call` got no answer.
 enum Failed {
     /// rmcp's error: the server's, or the connection's.
@@ -110,19 +97,9 @@ enum Failed {
     Defect(Defect),
 }
 
-/// Why a `tools/list` gave no tools.
-enum ListFailed {
-    /// The server failed it, or did not answer in time.
-    Failed(String),
-    /// The connection failed under it: the server is down.
-    Gone(String),
-    /// It went past a bound of the listing: the server is down.
-    TooLarge(String),
-}
-
 /// An MCP server the worker serves tools of.
 pub struct McpServer {
-    options: McpServerOptions,
+    pub(super) options: McpServerOptions,
     /// Where its process starts, over stdio, and how much of an answer is
     /// read.
     host: McpHost,
@@ -130,11 +107,11 @@ pub struct McpServer {
     defects: Arc<Defects>,
     /// Where calls go while the connection is up; `None` while it is down
     /// (calls wait for it, for a while).
-    peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
+    pub(super) peer: watch::Sender<Option<Arc<Peer<RoleClient>>>>,
     /// Calls in flight to it, at most `concurrency`.
     slots: Semaphore,
     /// Told when the server says its tools changed.
-    list_changed: Arc<Notify>,
+    pub(super) list_changed: Arc<Notify>,
     /// Where its calls in flight report their progress.
     progress: Arc<ProgressRoutes>,
 }
@@ -258,179 +235,6 @@ impl McpServer {
     /// Its settings.
     pub fn options(&self) -> &McpServerOptions {
         &self.options
-    }
-
-    /// A connection, once the server answers (tried again with a growing
-    /// pause, each failure logged), and its tools, every page of
-    /// `tools/list`.
-    pub(super) async fn connect_and_list(&self) -> (Client, Vec<McpToolInfo>) {
-        // Jitter adds up to the pause again: 0.1 s to at most 10 s.
-        let mut pauses = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(100))
-            .with_max_delay(Duration::from_secs(5))
-            .with_jitter()
-            .without_max_times()
-            .build();
-        let server = &self.options.name;
-        loop {
-            match self.connect_once_and_list().await {
-                Ok(connected) => return connected,
-                Err(why) => {
-                    // Endless (no max_times): it always yields.
-                    let pause = pauses.next().unwrap_or(Duration::from_secs(10));
-                    warn!(server, why, retry_in = ?pause, "MCP server not answering");
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        }
-    }
-
-    /// One attempt of [`connect_and_list`](Self::connect_and_list).
-    async fn connect_once_and_list(&self) -> Result<(Client, Vec<McpToolInfo>), String> {
-        let client = self.connect().await?;
-        let listed = self
-            .list_all(client.peer())
-            .await
-            .map_err(|failed| match failed {
-                ListFailed::Failed(why) | ListFailed::Gone(why) | ListFailed::TooLarge(why) => why,
-            })?;
-        Ok((client, listed))
-    }
-
-    /// Every page of the server's `tools/list`, within `connect_timeout`
-    /// and the listing's [`Bounds`](super::listing::Bounds): past one, the
-    /// listing is given up on, logged with the bound, and the server is
-    /// down until it lists within them.
-    async fn list_all(&self, peer: &Peer<RoleClient>) -> Result<Vec<McpToolInfo>, ListFailed> {
-        let server = &self.options.name;
-        let bounds = self.options.listing_bounds();
-        let pages = async {
-            let mut tally = Tally::default();
-            let mut tools = Vec::new();
-            let mut cursor = None;
-            loop {
-                let params = PaginatedRequestParams::default().with_cursor(cursor);
-                let page = peer.list_tools(Some(params)).await.map_err(|err| {
-                    let why = format!("tools/list failed: {err}");
-                    if connection_failed(&err) {
-                        ListFailed::Gone(why)
-                    } else {
-                        ListFailed::Failed(why)
-                    }
-                })?;
-                let bytes = page
-                    .tools
-                    .iter()
-                    .map(|tool| serde_json::to_vec(tool).map_or(0, |json| json.len()))
-                    .sum();
-                if let Err(bound) = tally.add(page.tools.len(), bytes, &bounds) {
-                    warn!(
-                        server,
-                        bound, "MCP server's tools are down: its listing is too large"
-                    );
-                    return Err(ListFailed::TooLarge(bound));
-                }
-                tools.extend(page.tools);
-                match page.next_cursor {
-                    Some(next) => cursor = Some(next),
-                    None => return Ok(tools),
-                }
-            }
-        };
-        tokio::time::timeout(self.options.connect_timeout, pages)
-            .await
-            .map_err(|_| ListFailed::Failed("tools/list timed out".to_owned()))?
-    }
-
-    /// Serves `tools` ((MCP name, fleet name) pairs) in `served` until
-    /// `end`: connects (see [`connect_and_list`](Self::connect_and_list)),
-    /// serves the tools the server lists, follows the connection, and when
-    /// it closes takes them down and connects again. At `end` the server is
-    /// shut down (a stdio server's input is closed, then it is signalled).
-    pub(super) async fn run(
-        self: Arc<Self>,
-        tools: Vec<(String, String)>,
-        served: ToolSet,
-        end: CancellationToken,
-    ) {
-        let server = self.options.name.clone();
-        let mut listing = Listing::new(self.clone(), tools, served);
-        loop {
-            let Some((client, listed)) = end.run_until_cancelled(self.connect_and_list()).await
-            else {
-                return;
-            };
-            let peer = Arc::new(client.peer().clone());
-            self.peer.send_replace(Some(peer.clone()));
-            listing.apply(&listed);
-            let gone = self.follow(client, &peer, &mut listing, &end).await;
-            self.peer.send_replace(None);
-            listing.take_all_down();
-            if !gone {
-                return;
-            }
-            warn!(
-                server,
-                "MCP server gone; its tools are withdrawn until it is back"
-            );
-        }
-    }
-
-    /// Follows `client` until the server is gone (`true`: the connection
-    /// closed, or a request, a ping or the subscription failed on it) or
-    /// `end` (`false`, the connection closed then), listing the tools
-    /// again at each `list_changed`, at most once per [`LISTING_GAP`].
-    async fn follow(
-        &self,
-        client: Client,
-        peer: &Peer<RoleClient>,
-        listing: &mut Listing,
-        end: &CancellationToken,
-    ) -> bool {
-        let server = &self.options.name;
-        let closing = client.cancellation_token();
-        let closed = client.waiting();
-        tokio::pin!(closed);
-        let mut next_listing = Instant::now();
-        let subscribed = self.subscribe(peer);
-        tokio::pin!(subscribed);
-        let probed = self.probe(peer);
-        tokio::pin!(probed);
-        let mut current = self.peer.subscribe();
-        let dropped = async move { current.wait_for(Option::is_none).await.is_ok() };
-        tokio::pin!(dropped);
-        loop {
-            tokio::select! {
-                _ = &mut closed => return true,
-                () = end.cancelled() => break,
-                // A request found the connection dead ([`Self::gone`]), or
-                // a ping or the subscription did: the server is down now,
-                // not when the transport notices.
-                _ = &mut dropped => break,
-                () = &mut subscribed => break,
-                () = &mut probed => break,
-                () = self.list_changed.notified() => {
-                    let relisted = async {
-                        tokio::time::sleep_until(next_listing).await;
-                        next_listing = Instant::now() + LISTING_GAP;
-                        self.list_all(peer).await
-                    };
-                    match end.run_until_cancelled(relisted).await {
-                        None => break,
-                        Some(Ok(listed)) => listing.apply(&listed),
-                        // Past a bound, the server is down: reached again
-                        // (and listed) after a pause, its tools withdrawn
-                        // meanwhile.
-                        Some(Err(ListFailed::TooLarge(_) | ListFailed::Gone(_))) => break,
-                        Some(Err(ListFailed::Failed(why))) => {
-                            warn!(server, why, "tools/list failed after list_changed; the tools stay as they were");
-                        }
-                    }
-                }
-            }
-        }
-        closing.cancel();
-        !end.is_cancelled()
     }
 
     /// Calls its tool `mcp_name` with `args`, for a tool with `effects`, in
@@ -653,85 +457,6 @@ impl McpServer {
         results::defect(server, &defect, effects)
     }
 
-    /// On a 2026-07-28 session, whose server sends `list_changed` only on
-    /// a `subscriptions/listen` stream, keeps one open and passes each
-    /// notification on as the handler does on older sessions. A stream
-    /// that ends (the server closed it, or it fell behind) is opened again
-    /// after a pause, and the tools are listed then, since a change may
-    /// have been missed. Returns when the connection failed under it (the
-    /// server is gone); on an older session, or when the server does not
-    /// say its tools change, it just waits.
-    async fn subscribe(&self, peer: &Peer<RoleClient>) {
-        let server = &self.options.name;
-        let stateless = peer.peer_info().filter(|info| {
-            let changing = info
-                .capabilities
-                .tools
-                .as_ref()
-                .and_then(|t| t.list_changed);
-            !info.protocol_version.has_initialize() && changing == Some(true)
-        });
-        if stateless.is_none() {
-            return std::future::pending().await;
-        }
-        let filter = SubscriptionFilter::builder().tools_list_changed().build();
-        let mut pauses = ExponentialBuilder::default()
-            .with_min_delay(LISTING_GAP)
-            .with_max_delay(Duration::from_secs(30))
-            .without_max_times()
-            .build();
-        loop {
-            match peer.listen(filter.clone()).await {
-                Ok(mut subscription) => {
-                    while let Ok(Some(notification)) = subscription.next().await {
-                        if let ServerNotification::ToolListChangedNotification(_) = notification {
-                            self.list_changed.notify_one();
-                        }
-                    }
-                    debug!(server, end = ?subscription.end(), "MCP subscription ended");
-                    self.list_changed.notify_one();
-                    tokio::time::sleep(LISTING_GAP).await;
-                }
-                Err(err) if connection_failed(&err) => {
-                    debug!(server, error = %err, "subscriptions/listen failed: the server is gone");
-                    return;
-                }
-                Err(err) => {
-                    // Endless (no max_times): it always yields.
-                    let pause = pauses.next().unwrap_or(Duration::from_secs(30));
-                    warn!(server, error = %err, retry_in = ?pause, "subscriptions/listen failed; tool changes are not followed until it succeeds");
-                    tokio::time::sleep(pause).await;
-                }
-            }
-        }
-    }
-
-    /// Asks a Streamable HTTP server `ping` each `probe_interval`, and
-    /// returns when one fails on the connection (the server is gone),
-    /// which nothing else would notice while no call is sent: a stdio
-    /// server's exit closes its connection, an HTTP server's does not. A
-    /// ping unanswered within `connect_timeout` is only logged: a busy
-    /// server is not a dead one, and taking it down would end its calls in
-    /// flight. Any answer, an error included, says the server is there.
-    async fn probe(&self, peer: &Peer<RoleClient>) {
-        if self.options.url.is_none() {
-            return std::future::pending().await;
-        }
-        let server = &self.options.name;
-        loop {
-            tokio::time::sleep(self.options.probe_interval).await;
-            let ping = peer.send_request(ClientRequest::PingRequest(PingRequest::default()));
-            match tokio::time::timeout(self.options.connect_timeout, ping).await {
-                Ok(Err(err)) if connection_failed(&err) => {
-                    debug!(server, error = %err, "ping failed: the server is gone");
-                    return;
-                }
-                Ok(_) => {}
-                Err(_) => warn!(server, "the MCP server did not answer a ping in time"),
-            }
-        }
-    }
-
     /// Sends one `tools/call` over `peer` and waits for its answer, the
     /// server's progress notifications meanwhile going to `progress`.
     /// Dropped (a timeout, a drain), the request is cancelled on the
@@ -817,7 +542,7 @@ impl McpServer {
 
     /// Starts or reaches the server and makes the handshake (or the
     /// discovery), within `connect_timeout`.
-    async fn connect(&self) -> Result<Client, String> {
+    pub(super) async fn connect(&self) -> Result<Client, String> {
         let server = &self.options.name;
         let handshake = async {
             let client = match (&self.options.command, &self.options.url) {
@@ -896,7 +621,7 @@ impl McpServer {
 /// Whether `err` says the connection to the server failed (it closed, or
 /// a request could not be sent or answered over it), rather than that the
 /// server answered with an error.
-fn connection_failed(err: &ServiceError) -> bool {
+pub(super) fn connection_failed(err: &ServiceError) -> bool {
     match err {
         ServiceError::TransportClosed => true,
         ServiceError::TransportSend(_) => too_large(err).is_none(),
