@@ -13,7 +13,11 @@ use serde::{Deserialize, Serialize};
 pub struct ToolCall {
     /// The job this call belongs to.
     pub job_id: String,
-    /// The model's id for the call (`call_...`), unique within the job.
+    /// The call's id in the fleet (its wire id: `c` and 24 hex digits, made
+    /// by the orchestrator from a secret of the job and the call's position;
+    /// for a job stored before those secrets, the model's id when safe, else
+    /// `x.<position>`), unique within the job. Not the model's own id, which
+    /// never leaves the orchestrator: it is the model's words.
     pub call_id: String,
     /// 1 for the first attempt, incremented by each retry of the orchestrator.
     pub attempt: u32,

@@ -110,7 +110,9 @@ pub enum Applied {
 pub struct ToolContext {
     /// The job the call belongs to.
     pub job_id: String,
-    /// The model's call id.
+    /// The call's id in the fleet, its wire id
+    /// ([`ToolCall::call_id`](toolfleet_proto::ToolCall::call_id)): the same
+    /// for every attempt and delivery of the call. Not the model's own id.
     pub call_id: String,
     /// 1-based attempt number.
     pub attempt: u32,
