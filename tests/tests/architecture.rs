@@ -157,19 +157,8 @@ const CRATE_SOURCES: &[&str] = &[
 /// The top-level modules of a crate and the other top-level modules each one
 /// names as `crate::<module>` outside its tests. Read from the text, which is
 /// enough for a crate that spells its paths that way (ours do).
-fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>> {
-    let mut files = Vec::new();
-    let mut dirs = vec![src.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.is_dir() {
-                dirs.push(path);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                files.push(path);
-            }
-        }
-    }
+fn module_graph(src: &Path) -> anyhow::Result<Graph> {
+    let (_, files) = tree(src)?;
     let module_of = |path: &PathBuf| -> String {
         let relative = path.strip_prefix(src).expect("below src");
         let first = relative.components().next().expect("a file");
@@ -213,17 +202,7 @@ fn module_graph(src: &Path) -> anyhow::Result<BTreeMap<String, BTreeSet<String>>
 /// folder or a subfolder's `mod.rs` (`super::`), or from deeper in a
 /// subfolder (`super::super::`, one more a level down).
 fn folder_graphs(src: &Path) -> anyhow::Result<Vec<(PathBuf, Graph)>> {
-    let mut folders = Vec::new();
-    let mut dirs = vec![src.to_owned()];
-    while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.is_dir() {
-                folders.push(path.clone());
-                dirs.push(path);
-            }
-        }
-    }
+    let (folders, _) = tree(src)?;
     let mut graphs = Vec::new();
     for folder in folders {
         let mut graph = Graph::new();
@@ -243,6 +222,24 @@ fn folder_graphs(src: &Path) -> anyhow::Result<Vec<(PathBuf, Graph)>> {
         graphs.push((folder, graph));
     }
     Ok(graphs)
+}
+
+/// The folders below `src` and the `.rs` files in it, at any depth.
+fn tree(src: &Path) -> anyhow::Result<(Vec<PathBuf>, Vec<PathBuf>)> {
+    let (mut folders, mut files) = (Vec::new(), Vec::new());
+    let mut dirs = vec![src.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            if path.is_dir() {
+                folders.push(path.clone());
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+    }
+    Ok((folders, files))
 }
 
 /// The modules a folder holds: its `.rs` files but `mod.rs`, and its
@@ -318,7 +315,7 @@ fn names_after(text: &str, prefix: &str) -> BTreeSet<String> {
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// A cycle in `graph`, if it has one.
-fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     fn visit(
         node: &str,
         graph: &BTreeMap<String, BTreeSet<String>>,
