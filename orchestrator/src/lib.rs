@@ -9,7 +9,13 @@
 //! - [`dispatch`]: checks, publishes and gathers one turn's tool calls, with
 //!   retries.
 //! - [`model`]: the provider-neutral conversation and the providers
-//!   (OpenAI Responses, Chat Completions, scripted).
+//!   (OpenAI Responses, OpenAI Chat Completions, Anthropic Messages,
+//!   scripted).
+//! - [`approval`]: which calls a person must approve (the typed rules), and
+//!   [`publish`]: every publish to JetStream, through a stream leader's
+//!   election.
+//! - [`setup`]: `toolfleet-orchestrator setup`, the one privileged step that
+//!   makes every JetStream object of the fleet.
 //! - [`job`]: the job as every module shares it: spec, conversation items,
 //!   record, lease, ending, ids and the clock.
 //! - [`store`]: jobs, items, events and leases in Redis, written in verbs.
