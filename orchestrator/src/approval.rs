@@ -32,7 +32,7 @@ impl Default for ApprovalOptions {
 
 /// Who asked for a call's approval.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Rule {
+pub enum Rule {
     /// The tool's manifest (`always`, or `when_side_effects` of a tool
     /// with side effects).
     Manifest(Approval),
@@ -50,7 +50,7 @@ pub(crate) enum Rule {
 
 impl Rule {
     /// Its name in events and records: `manifest`, `tenant` or `job`.
-    pub(crate) fn source(self) -> &'static str {
+    pub fn source(self) -> &'static str {
         match self {
             Self::Manifest(_) => "manifest",
             Self::Tenant { .. } => "tenant",
@@ -59,7 +59,7 @@ impl Rule {
     }
 
     /// Why a call of `tool` waits, for people: the approval event's reason.
-    pub(crate) fn reason(self, tool: &str) -> String {
+    pub fn reason(self, tool: &str) -> String {
         let calls = |every_tool: bool| {
             if every_tool {
                 "every call".to_owned()

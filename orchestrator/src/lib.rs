@@ -11,7 +11,8 @@
 //! - [`model`]: the provider-neutral conversation and the providers
 //!   (OpenAI Responses, OpenAI Chat Completions, Anthropic Messages,
 //!   scripted).
-//! - [`approval`]: which calls a person must approve (the typed rules), and
+//! - [`approval`]: which calls a person must approve (the typed rules);
+//!   [`hold`]: a held call, its decisions and its fate (a pure function);
 //!   [`publish`]: every publish to JetStream, through a stream leader's
 //!   election.
 //! - [`setup`]: `toolfleet-orchestrator setup`, the one privileged step that
@@ -34,6 +35,7 @@ pub mod dispatch;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod hold;
 pub mod job;
 pub mod metrics;
 pub mod model;

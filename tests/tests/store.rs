@@ -5,13 +5,15 @@
 
 use std::time::Duration;
 
+use toolfleet_orchestrator::approval::Rule;
+use toolfleet_orchestrator::hold::{ApprovalChoice, Choice, Decision, HeldFor, Hold};
 use toolfleet_orchestrator::job::{
     Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease, ProviderKind,
     TurnCheckpoint,
 };
 use toolfleet_orchestrator::store::{
-    Acquired, Choice, Decision, DispatchedCall, Error, HeldCall, Idempotency, JobStore, Seen,
-    SettledCall, Unknown, Unstored, was_settled,
+    Acquired, DispatchedCall, Error, HeldCall, Idempotency, JobStore, Seen, SettledCall, Unstored,
+    was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, JobId, ToolManifest};
@@ -893,12 +895,10 @@ async fn on_a_primary_with_a_replica_a_write_counts_once_the_replica_holds_it() 
 fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
     HeldCall {
         wire_id: call_id,
-        unknown: None,
+        held_for: HeldFor::Approval(Rule::Job { every_tool: true }),
         call_id,
         tool,
         arguments: "{}",
-        rule: "job",
-        reason: "the job requires approval of every call".into(),
         expires_at_ms: toolfleet_orchestrator::job::now_ms() + ttl.as_millis() as u64,
     }
 }
@@ -906,7 +906,7 @@ fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
 /// An approval by the tenant `default`, made now.
 fn approved() -> Decision {
     Decision {
-        choice: Choice::Approved,
+        choice: Choice::Approval(ApprovalChoice::Approved),
         reason: String::new(),
         arguments: None,
         result: None,
@@ -963,7 +963,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
             &[held("say", "echo", Duration::from_millis(300))],
         )
         .await?;
-    let oldest = store.approvals(&a.job_id).await?.requests["pay"].requested_at_ms;
+    let oldest = store.approvals(&a.job_id).await?.requests[&Hold::approval("pay")].requested_at_ms;
     let tally = store.pending_tally().await?;
     let transfer = tally.iter().find(|t| t.tool == "transfer").unwrap();
     assert_eq!((transfer.calls, transfer.oldest_held_at_ms), (2, oldest));
@@ -973,14 +973,20 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     );
 
     // Decided: gone from the count, and from ListPendingApprovals.
-    let request = store.approvals(&a.job_id).await?.requests["pay"].clone();
+    let request = store.approvals(&a.job_id).await?.requests[&Hold::approval("pay")].clone();
     let decision = approved();
     let running = Seen {
         parked: false,
         moves: 0,
     };
     store
-        .decide(&a.job_id, "pay", &request, &decision, running)
+        .decide(
+            &a.job_id,
+            &Hold::approval("pay"),
+            &request,
+            &decision,
+            running,
+        )
         .await?;
     assert_eq!(
         tallied(&store).await?,
@@ -992,7 +998,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         .finish(b, &Ending::Cancelled, Unstored::Nothing)
         .await?;
     // Expired: dropped by the next refresh.
-    let expires = store.approvals(&c.job_id).await?.requests["say"].expires_at_ms;
+    let expires = store.approvals(&c.job_id).await?.requests[&Hold::approval("say")].expires_at_ms;
     toolfleet_tests::wait_until("the call to expire", Duration::from_secs(5), || async {
         (toolfleet_orchestrator::job::now_ms() > expires).then_some(())
     })
@@ -1009,7 +1015,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     // decision drops what it indexed.
     let first = held("again", "echo", day);
     store.hold(a, "default", &[first]).await?;
-    let first = store.approvals(&a.job_id).await?.requests["again"].clone();
+    let first = store.approvals(&a.job_id).await?.requests[&Hold::approval("again")].clone();
     // The later hold is held at a later millisecond, as in a real run.
     toolfleet_tests::wait_until(
         "the clock to pass the first hold",
@@ -1020,15 +1026,21 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     let envelope = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
     let verdict = HeldCall {
         wire_id: "again",
-        unknown: Some(Unknown {
+        held_for: HeldFor::Verdict {
             attempt: 1,
-            envelope: &envelope,
-        }),
+            answered: &envelope,
+        },
         ..held("again", "echo", day)
     };
     store.hold(a, "default", &[verdict]).await?;
     store
-        .decide(&a.job_id, "again", &first, &decision, running)
+        .decide(
+            &a.job_id,
+            &Hold::approval("again"),
+            &first,
+            &decision,
+            running,
+        )
         .await?;
     assert_eq!(tallied(&store).await?, [("echo".into(), 2)]);
 
@@ -1093,10 +1105,16 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
     assert_eq!(parked, toolfleet_orchestrator::store::Parked::Parked);
     assert_eq!(placed().await?, (false, true), "parked");
     let record = store.get(&job_id).await?.expect("the job");
-    let request = store.approvals(&job_id).await?.requests["pay"].clone();
+    let request = store.approvals(&job_id).await?.requests[&Hold::approval("pay")].clone();
     let decision = approved();
     let decided = store
-        .decide(&job_id, "pay", &request, &decision, Seen::of(&record))
+        .decide(
+            &job_id,
+            &Hold::approval("pay"),
+            &request,
+            &decision,
+            Seen::of(&record),
+        )
         .await?;
     assert_eq!(
         decided,
@@ -1106,7 +1124,13 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
     let record = store.get(&job_id).await?.expect("the job");
     assert!(record.requeued && record.moves == 2, "{record:?}");
     let retried = store
-        .decide(&job_id, "pay", &request, &decision, Seen::of(&record))
+        .decide(
+            &job_id,
+            &Hold::approval("pay"),
+            &request,
+            &decision,
+            Seen::of(&record),
+        )
         .await?;
     assert!(
         matches!(

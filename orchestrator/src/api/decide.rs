@@ -10,11 +10,12 @@ use toolfleet_proto::{check_arguments, v1};
 use super::convert::{invalid, to_status};
 use super::{AgentApi, ECHO_CHARS};
 use crate::auth::Caller;
+use crate::hold::{ApprovalChoice, Choice, Decision, Hold, Verdict};
 use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{ApprovalRequest, Choice, Decided, Decision, PendingCursor, Seen, wire_id_of};
+use crate::store::{ApprovalRequest, Decided, PendingCursor, Seen};
 
 /// Longest reason a decision may give: the model reads it.
 const MAX_REASON_BYTES: usize = 4096;
@@ -38,15 +39,15 @@ impl AgentApi {
             .await
             .map_err(|e| to_status(&e))?;
         let call_id = request.call_id.as_str();
-        let Some((key, held)) = approvals.hold_of(call_id) else {
+        let Some((hold, held)) = approvals.hold_of(call_id) else {
             return Err(Status::not_found(format!(
                 "job {job_id} has no call {:?} held for a decision",
                 excerpt(call_id, ECHO_CHARS)
             )));
         };
-        check_kind(held, choice)?;
+        check_kind(hold, held, choice)?;
         let arguments = match request.arguments {
-            Some(_) if choice != Choice::Approved => {
+            Some(_) if choice != Choice::Approval(ApprovalChoice::Approved) => {
                 return Err(invalid(
                     "arguments",
                     "are for an approval; only an approved call runs with them",
@@ -66,13 +67,13 @@ impl AgentApi {
         };
         let decided = self
             .store
-            .decide(&job_id, key, held, &decision, Seen::of(&record))
+            .decide(&job_id, hold, held, &decision, Seen::of(&record))
             .await
             .map_err(|e| to_status(&e))?;
         if let Decided::Recorded { .. } = decided {
-            record_wait(&record, key, held, &decision);
+            record_wait(&record, hold, held, &decision);
         }
-        self.answer(decided, &decision, &record, key, held).await
+        self.answer(decided, &decision, &record, hold, held).await
     }
 
     /// The result an operator gives with `DECISION_APPLIED`: JSON within
@@ -85,7 +86,7 @@ impl AgentApi {
         let Some(result) = result else {
             return Ok(None);
         };
-        if choice != Choice::Applied {
+        if choice != Choice::Verdict(Verdict::Applied) {
             return Err(invalid(
                 "result",
                 "is for DECISION_APPLIED: the result of a call that was applied",
@@ -108,7 +109,7 @@ impl AgentApi {
     }
 
     /// The answer to `decision`, which the store `decided`, on the call
-    /// `held` (under the hold key `key`) of the job `record`; a job the
+    /// `held` (under its `hold`) of the job `record`; a job the
     /// decision queued again is published. A retry of the decision that
     /// was recorded (the same decision, arguments, result, tenant and
     /// approver; the reason may differ) is answered as the first was, and
@@ -118,19 +119,19 @@ impl AgentApi {
         decided: Decided,
         decision: &Decision,
         record: &JobRecord,
-        key: &str,
+        hold: &Hold,
         held: &ApprovalRequest,
     ) -> Result<JobStatus, Status> {
         let (job_id, call_id) = (&record.job_id, &held.call_id);
         match decided {
             Decided::Recorded { requeued: false } => Ok(record.status),
             Decided::Recorded { requeued: true } => {
-                self.queue_decided(record, key).await;
+                self.queue_decided(record, hold).await;
                 Ok(JobStatus::WaitingForApproval)
             }
             Decided::Already { first, requeued } if decision.repeats(&first) => {
                 if requeued {
-                    self.queue_decided(record, key).await;
+                    self.queue_decided(record, hold).await;
                     return Ok(JobStatus::WaitingForApproval);
                 }
                 Ok(record.status)
@@ -142,20 +143,19 @@ impl AgentApi {
                 who(&first),
                 first.at_ms
             ))),
-            Decided::Expired => Err(Status::failed_precondition(format!(
-                "the {} of call {call_id} of job {job_id} expired at {} (Unix ms); {}",
-                if held.attempt.is_some() {
-                    "request for a verdict"
-                } else {
-                    "approval"
-                },
-                held.expires_at_ms,
-                if held.attempt.is_some() {
-                    "the model is told what its worker answered"
-                } else {
-                    "it is answered APPROVAL_EXPIRED"
-                }
-            ))),
+            Decided::Expired => {
+                let (what, then) = match hold {
+                    Hold::Approval { .. } => ("approval", "it is answered APPROVAL_EXPIRED"),
+                    Hold::Verdict { .. } => (
+                        "request for a verdict",
+                        "the model is told what its worker answered",
+                    ),
+                };
+                Err(Status::failed_precondition(format!(
+                    "the {what} of call {call_id} of job {job_id} expired at {} (Unix ms); {then}",
+                    held.expires_at_ms,
+                )))
+            }
             Decided::Ended => Err(Status::failed_precondition(format!(
                 "job {job_id} has ended; its calls can no longer be decided"
             ))),
@@ -169,13 +169,13 @@ impl AgentApi {
         }
     }
 
-    /// Publishes the job `record`, which a decision on the call under the
-    /// hold key `key` queued again. A lost publish is found by the sweeper
+    /// Publishes the job `record`, which a decision on the call's `hold`
+    /// queued again. A lost publish is found by the sweeper
     /// (the job is in the index of unfinished jobs), and a retried one is
     /// one message: its id is the decision's.
-    async fn queue_decided(&self, record: &JobRecord, key: &str) {
+    async fn queue_decided(&self, record: &JobRecord, hold: &Hold) {
         let job_id = &record.job_id;
-        let message_id = format!("{job_id}:decided:{key}");
+        let message_id = format!("{job_id}:decided:{hold}");
         let queued = publish::job(&self.js, job_id, &record.spec.tenant, &message_id);
         if let Err(err) = queued.await {
             tracing::warn!(%job_id, error = ?err, "could not queue the decided job; the sweeper will");
@@ -231,9 +231,9 @@ impl AgentApi {
 
 /// The wait that `decision` ended, in the metrics and as a span of the
 /// job's trace, from when the call was held.
-fn record_wait(record: &JobRecord, key: &str, held: &ApprovalRequest, decision: &Decision) {
+fn record_wait(record: &JobRecord, hold: &Hold, held: &ApprovalRequest, decision: &Decision) {
     // The span names the call, not its hold.
-    let wire_id = wire_id_of(key);
+    let wire_id = hold.wire_id();
     let waited = decision.at_ms.saturating_sub(held.requested_at_ms);
     let waited = std::time::Duration::from_millis(waited);
     crate::metrics::approval_decided(&held.tool, decision.word(), Some(waited));
@@ -247,7 +247,7 @@ fn record_wait(record: &JobRecord, key: &str, held: &ApprovalRequest, decision: 
     span.started_at(held_at);
     span.set("toolfleet.decision", decision.word());
     span.set("toolfleet.approval.rule", held.rule.clone());
-    span.set("toolfleet.approval.kind", held.kind());
+    span.set("toolfleet.approval.kind", hold.kind());
     span.set("toolfleet.tenant", decision.tenant.clone());
     if let Some(approver) = &decision.approver {
         span.set("toolfleet.approver", approver.clone());
@@ -258,11 +258,11 @@ fn record_wait(record: &JobRecord, key: &str, held: &ApprovalRequest, decision: 
 /// What the request's `decision` asks for.
 fn choice(decision: i32) -> Result<Choice, Status> {
     Ok(match v1::Decision::try_from(decision) {
-        Ok(v1::Decision::Approve) => Choice::Approved,
-        Ok(v1::Decision::Reject) => Choice::Rejected,
-        Ok(v1::Decision::Applied) => Choice::Applied,
-        Ok(v1::Decision::NotApplied) => Choice::NotApplied,
-        Ok(v1::Decision::Fail) => Choice::Failed,
+        Ok(v1::Decision::Approve) => Choice::Approval(ApprovalChoice::Approved),
+        Ok(v1::Decision::Reject) => Choice::Approval(ApprovalChoice::Rejected),
+        Ok(v1::Decision::Applied) => Choice::Verdict(Verdict::Applied),
+        Ok(v1::Decision::NotApplied) => Choice::Verdict(Verdict::NotApplied),
+        Ok(v1::Decision::Fail) => Choice::Verdict(Verdict::Failed),
         _ => {
             return Err(invalid(
                 "decision",
@@ -274,18 +274,21 @@ fn choice(decision: i32) -> Result<Choice, Status> {
     })
 }
 
-/// Whether `choice` answers what `held` waits for: an approval, or a
-/// verdict on an unknown outcome.
-fn check_kind(held: &ApprovalRequest, choice: Choice) -> Result<(), Status> {
-    match (held.attempt, choice.is_verdict()) {
-        (None, true) => Err(invalid(
+/// Whether `choice` answers what `held` waits for (its `hold`): an
+/// approval, or a verdict on an unknown outcome.
+fn check_kind(hold: &Hold, held: &ApprovalRequest, choice: Choice) -> Result<(), Status> {
+    if hold.is_answered_by(choice) {
+        return Ok(());
+    }
+    match hold {
+        Hold::Approval { .. } => Err(invalid(
             "decision",
             format!(
                 "call {} waits for approval before it runs: DECISION_APPROVE or DECISION_REJECT",
                 held.call_id
             ),
         )),
-        (Some(attempt), false) => Err(invalid(
+        Hold::Verdict { attempt, .. } => Err(invalid(
             "decision",
             format!(
                 "the outcome of attempt {attempt} of call {} is unknown: DECISION_APPLIED, \
@@ -293,7 +296,6 @@ fn check_kind(held: &ApprovalRequest, choice: Choice) -> Result<(), Status> {
                 held.call_id
             ),
         )),
-        _ => Ok(()),
     }
 }
 
@@ -306,7 +308,11 @@ fn check_reason(reason: &str, choice: Choice) -> Result<(), Status> {
             format!("is {} bytes; the limit is {MAX_REASON_BYTES}", reason.len()),
         ));
     }
-    if matches!(choice, Choice::Rejected | Choice::Failed) && reason.trim().is_empty() {
+    let rejects = matches!(
+        choice,
+        Choice::Approval(ApprovalChoice::Rejected) | Choice::Verdict(Verdict::Failed)
+    );
+    if rejects && reason.trim().is_empty() {
         return Err(invalid(
             "reason",
             format!("is required to {}: the model reads it", choice_verb(choice)),
@@ -316,7 +322,7 @@ fn check_reason(reason: &str, choice: Choice) -> Result<(), Status> {
 }
 
 fn choice_verb(choice: Choice) -> &'static str {
-    if choice == Choice::Failed {
+    if choice == Choice::Verdict(Verdict::Failed) {
         "fail a call"
     } else {
         "reject"

@@ -226,7 +226,7 @@ impl Dispatcher {
             return Ok(Settling::Again(Some(stored), attempt));
         }
         let (envelope, operator) = match self.verdict_on(round, call, attempt, envelope).await? {
-            AfterVerdict::Settle(envelope, by) => (envelope, by.is_some()),
+            AfterVerdict::Settle(envelope, operator) => (envelope, operator),
             AfterVerdict::Wait(waiting) => return Ok(Settling::Wait(waiting)),
             AfterVerdict::RunAgain => {
                 let next = attempt + 1;

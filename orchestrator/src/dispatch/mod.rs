@@ -45,11 +45,12 @@ use results::{GroupCommit, Settled};
 use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
+use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
-use crate::store::{self, Approvals, Choice, DispatchedCall, HeldCall, JobStore};
+use crate::store::{self, Approvals, DispatchedCall, HeldCall, JobStore};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -192,6 +193,15 @@ impl PlannedCall {
         }
     }
 
+    /// The call, waiting for `hold` to be decided until `expires_at_ms`.
+    pub(crate) fn waiting(&self, hold: Hold, expires_at_ms: u64) -> Waiting {
+        Waiting {
+            hold,
+            event_id: self.event_id.clone(),
+            expires_at_ms,
+        }
+    }
+
     /// What the call's spans name it by.
     pub(crate) fn span_ref(&self) -> spans::CallRef<'_> {
         spans::CallRef {
@@ -305,9 +315,8 @@ pub(crate) enum Admission {
 /// not expired.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Waiting {
-    /// Where its request and decision are recorded
-    /// ([`hold_key`](crate::store::hold_key)).
-    pub key: String,
+    /// What it waits for: the key of its request and decision.
+    pub hold: Hold,
     /// The id the job's events show it by.
     pub event_id: String,
     /// When it expires (Unix ms).
@@ -322,6 +331,18 @@ pub enum RoundEnd {
     /// Every call that could run has its answer (recorded, so a resumed
     /// round answers it again), and these wait for a person's decision.
     Waiting(Vec<Waiting>),
+}
+
+/// Where a call of a round goes ([`Dispatcher::place`]).
+enum Placed<'c> {
+    /// It runs (or resumes): checked, or approved.
+    Run(Ready),
+    /// It is answered without being published: a check refused it, or a
+    /// person did, or nobody decided in time.
+    Answer(Envelope),
+    /// It waits for a person's decision; with its request when it is held
+    /// now.
+    Wait(Waiting, Option<HeldCall<'c>>),
 }
 
 /// A checked call, ready to publish.
@@ -376,6 +397,10 @@ impl Dispatcher {
     /// held in the job and their decisions: `None` for a fresh round, none
     /// of whose calls was held yet (they are read if one needs approval).
     ///
+    /// In three steps: each call is placed (`place`); the
+    /// calls answered without a publish are recorded, in order, and the
+    /// calls held now; then the rest are dispatched.
+    ///
     /// # Errors
     ///
     /// [`RoundError`] when the round could not finish.
@@ -388,52 +413,36 @@ impl Dispatcher {
         offered: &HashMap<String, LiveTool>,
         mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
-        let RunRef { lease, stop, .. } = run;
-        let spec = job.spec;
+        let (lease, spec) = (run.lease, job.spec);
+        let mut placed = Vec::with_capacity(calls.len());
+        for (index, call) in calls.iter().enumerate() {
+            let place = self.place(
+                lease,
+                spec,
+                (index, call),
+                attempts,
+                offered,
+                &mut approvals,
+            );
+            placed.push(place.await?);
+        }
         let results = GroupCommit::new(self.options.result_linger);
         let mut outcomes: Vec<Option<CallOutcome>> = vec![None; calls.len()];
-        let mut ready = Vec::new();
-        let mut held = Held::default();
-        for (index, call) in calls.iter().enumerate() {
-            let checked = if attempts.contains_key(&call.wire_id) {
-                // Dispatched before (a resumed round, or recorded with its
-                // turn): it passed the checks then, and what its attempt
-                // stored or answers decides its outcome, never a registry
-                // that changed since (its workers may be restarting now).
-                // An approved call runs with the arguments it was approved
-                // with, in every attempt.
-                let policy = self.retry_policy(&call.name, offered);
-                let call = approvals
-                    .as_ref()
-                    .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
-                Ok((call, policy))
-            } else {
-                match self.admit(spec, index, call, offered) {
-                    Admission::Publish(policy) => Ok((call.clone(), policy)),
-                    Admission::Refuse(envelope) => Err(envelope),
-                    Admission::Hold(rule, policy) => {
-                        let decided = self
-                            .decided(lease, spec, call, rule, &mut approvals, &mut held)
-                            .await?;
-                        match decided {
-                            Some(Ok(approved)) => Ok((approved, policy)),
-                            Some(Err(envelope)) => Err(envelope),
-                            None => continue,
-                        }
-                    }
+        let (mut ready, mut waiting, mut held) = (Vec::new(), Vec::new(), Vec::new());
+        for (index, (call, place)) in calls.iter().zip(placed).enumerate() {
+            match place {
+                Placed::Run(call) => ready.push((index, call)),
+                Placed::Answer(envelope) => {
+                    let answered = self.answer_unpublished(lease, &results, job, call, &envelope);
+                    outcomes[index] = Some(answered.await?);
                 }
-            };
-            match checked {
-                Ok((call, policy)) => ready.push((index, Ready { call, policy })),
-                Err(envelope) => {
-                    let outcome = self
-                        .answer_unpublished(lease, &results, job, call, &envelope)
-                        .await?;
-                    outcomes[index] = Some(outcome);
+                Placed::Wait(call, request) => {
+                    waiting.push(call);
+                    held.extend(request);
                 }
             }
         }
-        self.store.hold(lease, &spec.tenant, &held.new).await?;
+        self.store.hold(lease, &spec.tenant, &held).await?;
         if !ready.is_empty() {
             let calls: Vec<&Ready> = ready.iter().map(|(_, r)| r).collect();
             let round = Round {
@@ -442,38 +451,73 @@ impl Dispatcher {
                 trace: job.trace,
                 notify: &run.replies.notify,
                 results: &results,
-                stop,
+                stop: run.stop,
                 cancelled: run.cancelled,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
-            let indexes = ready.iter().map(|(index, _)| *index);
-            held.take_driven(indexes.zip(driven), &mut outcomes);
+            for ((index, _), driven) in ready.iter().zip(driven) {
+                match driven {
+                    Driven::Settled(outcome) => outcomes[*index] = Some(outcome),
+                    Driven::Waiting(call) => waiting.push(call),
+                }
+            }
         }
-        if !held.waiting.is_empty() {
-            return Ok(RoundEnd::Waiting(held.waiting));
+        if !waiting.is_empty() {
+            return Ok(RoundEnd::Waiting(waiting));
         }
-        // Every slot was filled above: checked calls directly, the rest by drive.
+        // Every slot was filled above: answered calls directly, the rest by drive.
         Ok(RoundEnd::Settled(outcomes.into_iter().flatten().collect()))
     }
 
-    /// What becomes of `call`, which needs a person's approval by `rule`
-    /// ([`Held::decide`]), the job's approvals read first if the round has
+    /// Where the `index`-th call of a round goes. A call dispatched before
+    /// (a resumed round, or recorded with its turn) runs: it passed the
+    /// checks then, and what its attempt stored or answers decides its
+    /// outcome, never a registry that changed since (its workers may be
+    /// restarting now); an approved one with the arguments it was approved
+    /// with, in every attempt. Any other call is admitted
+    /// ([`admit`](Self::admit)), and one that needs approval goes where
+    /// [`hold::fate`] says, the job's approvals read first if the round has
     /// not read them.
-    async fn decided<'c>(
+    async fn place<'c>(
         &self,
         lease: &Lease,
         spec: &JobSpec,
-        call: &'c PlannedCall,
-        rule: Rule,
+        (index, call): (usize, &'c PlannedCall),
+        attempts: &HashMap<String, u32>,
+        offered: &HashMap<String, LiveTool>,
         approvals: &mut Option<Approvals>,
-        held: &mut Held<'c>,
-    ) -> Result<Option<Result<PlannedCall, Envelope>>, RoundError> {
-        let timeout = self.approval_timeout(spec);
-        let known = match approvals {
-            Some(known) => known,
-            empty => empty.insert(self.store.approvals(&lease.job_id).await?),
-        };
-        Ok(held.decide(call, rule, known, timeout))
+    ) -> Result<Placed<'c>, RoundError> {
+        if attempts.contains_key(&call.wire_id) {
+            let policy = self.retry_policy(&call.name, offered);
+            let call = approvals
+                .as_ref()
+                .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
+            return Ok(Placed::Run(Ready { call, policy }));
+        }
+        Ok(match self.admit(spec, index, call, offered) {
+            Admission::Publish(policy) => Placed::Run(Ready {
+                call: call.clone(),
+                policy,
+            }),
+            Admission::Refuse(envelope) => Placed::Answer(envelope),
+            Admission::Hold(rule, policy) => {
+                let known = match approvals {
+                    Some(known) => known,
+                    empty => empty.insert(self.store.approvals(&lease.job_id).await?),
+                };
+                let timeout = self.approval_timeout(spec);
+                awaiting_approval(
+                    call,
+                    Ready {
+                        call: call.clone(),
+                        policy,
+                    },
+                    rule,
+                    known,
+                    timeout,
+                )
+            }
+        })
     }
 
     /// How long a call of the job `spec` waits for a person: its tenant's
@@ -738,7 +782,7 @@ fn as_approved(call: &PlannedCall, approvals: &Approvals) -> PlannedCall {
     let mut call = call.clone();
     if let Some(arguments) = approvals
         .decisions
-        .get(&call.wire_id)
+        .get(&Hold::approval(&call.wire_id))
         .and_then(|decision| decision.arguments.clone())
     {
         call.arguments = arguments;
@@ -746,83 +790,52 @@ fn as_approved(call: &PlannedCall, approvals: &Approvals) -> PlannedCall {
     call
 }
 
-/// The calls of a round that need a person's approval.
-#[derive(Default)]
-struct Held<'a> {
-    /// Held now: their requests are recorded before the round publishes.
-    new: Vec<HeldCall<'a>>,
-    /// Waiting for a decision, held now or before.
-    waiting: Vec<Waiting>,
-}
-
-impl<'a> Held<'a> {
-    /// Puts each driven call (by its index in the round) in its place: its
-    /// outcome, or among the calls that wait for a verdict.
-    fn take_driven(
-        &mut self,
-        driven: impl Iterator<Item = (usize, Driven)>,
-        outcomes: &mut [Option<CallOutcome>],
+/// Where `call`, which needs approval by `rule`, goes: what [`hold::fate`]
+/// says of its hold in `approvals`, now. `ready` is the call as it runs if
+/// it was approved, with the approver's arguments put in.
+fn awaiting_approval<'c>(
+    call: &'c PlannedCall,
+    mut ready: Ready,
+    rule: Rule,
+    approvals: &Approvals,
+    timeout: Duration,
+) -> Placed<'c> {
+    let held_for = HeldFor::Approval(rule);
+    let hold = held_for.hold(&call.wire_id);
+    let expires_at_ms = approvals.requests.get(&hold).map(|r| r.expires_at_ms);
+    let decision = approvals.decisions.get(&hold);
+    match hold::fate(
+        held_for,
+        decision,
+        expires_at_ms,
+        crate::job::now_ms(),
+        timeout,
     ) {
-        for (index, driven) in driven {
-            match driven {
-                Driven::Settled(outcome) => outcomes[index] = Some(outcome),
-                Driven::Waiting(waiting) => self.waiting.push(waiting),
+        Fate::Run { arguments } => {
+            if let Some(arguments) = arguments {
+                ready.call.arguments = arguments;
             }
+            Placed::Run(ready)
         }
-    }
-
-    /// What becomes of `call`, which needs approval by `rule`: to run
-    /// (`Some(Ok)`, approved, with the approver's arguments if any), to be
-    /// answered (`Some(Err)`, rejected or expired), or to wait (`None`:
-    /// held now if it was not before).
-    fn decide(
-        &mut self,
-        call: &'a PlannedCall,
-        rule: Rule,
-        approvals: &Approvals,
-        timeout: Duration,
-    ) -> Option<Result<PlannedCall, Envelope>> {
-        if let Some(decision) = approvals.decisions.get(&call.wire_id) {
-            if decision.choice == Choice::Approved {
-                return Some(Ok(as_approved(call, approvals)));
+        Fate::Answer { envelope, by } => {
+            if by == AnsweredBy::Expiry {
+                crate::metrics::approval_decided(&call.name, "expired", None);
             }
-            return Some(Err(Envelope::terminal(
-                ErrorCode::REJECTED_BY_APPROVER,
-                format!("a person rejected the call: {}", decision.reason),
-            )));
+            Placed::Answer(envelope)
         }
-        let now = crate::job::now_ms();
-        let expires_at_ms = match approvals.requests.get(&call.wire_id) {
-            Some(request) => request.expires_at_ms,
-            None => {
-                let expires_at_ms = now.saturating_add(millis(timeout));
-                crate::metrics::approval_requested(&call.name, rule.source());
-                self.new.push(HeldCall {
-                    wire_id: &call.wire_id,
-                    unknown: None,
-                    call_id: &call.event_id,
-                    tool: &call.name,
-                    arguments: &call.arguments,
-                    rule: rule.source(),
-                    reason: rule.reason(&call.name),
-                    expires_at_ms,
-                });
-                expires_at_ms
-            }
-        };
-        if expires_at_ms <= now {
-            crate::metrics::approval_decided(&call.name, "expired", None);
-            return Some(Err(Envelope::terminal(
-                ErrorCode::APPROVAL_EXPIRED,
-                "nobody approved or rejected the call in time; it was not run",
-            )));
+        Fate::Hold { until_ms } => {
+            crate::metrics::approval_requested(&call.name, held_for.rule());
+            let request = HeldCall {
+                wire_id: &call.wire_id,
+                held_for,
+                call_id: &call.event_id,
+                tool: &call.name,
+                arguments: &call.arguments,
+                expires_at_ms: until_ms,
+            };
+            Placed::Wait(call.waiting(hold, until_ms), Some(request))
         }
-        self.waiting.push(Waiting {
-            key: call.wire_id.clone(),
-            event_id: call.event_id.clone(),
-            expires_at_ms,
-        });
-        None
+        Fate::Wait { until_ms } => Placed::Wait(call.waiting(hold, until_ms), None),
     }
 }
 

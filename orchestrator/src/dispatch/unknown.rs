@@ -9,14 +9,15 @@
 use toolfleet_proto::{Envelope, ErrorCode};
 
 use super::{Dispatcher, PlannedCall, Round, RoundError, Waiting};
+use crate::hold::{self, AnsweredBy, Fate, HeldFor};
 use crate::job::{UnknownOutcome, now_ms};
-use crate::store::{Choice, HeldCall, Unknown, hold_key};
+use crate::store::HeldCall;
 
 /// What a settled attempt's envelope comes to ([`Dispatcher::verdict_on`]).
 pub(super) enum AfterVerdict {
-    /// The call settles with this envelope; `Some("operator")` when it is
-    /// an operator's verdict, not the worker's.
-    Settle(Envelope, Option<&'static str>),
+    /// The call settles with this envelope; `true` when it is an
+    /// operator's verdict, not the worker's.
+    Settle(Envelope, bool),
     /// The operator said the attempt was not applied: run the next one.
     RunAgain,
     /// It waits for an operator's verdict.
@@ -38,9 +39,9 @@ pub(super) fn asks(round: &Round<'_>, envelope: &Envelope) -> bool {
 impl Dispatcher {
     /// What becomes of `call`'s `attempt`, which settled with `envelope`
     /// as stored in Redis: the envelope itself, unless it is an unknown
-    /// outcome in a job that asks; then the operator's verdict, held for
-    /// one now if none was asked before, or the worker's envelope once the
-    /// question expired.
+    /// outcome in a job that asks; then what [`hold::fate`] says of the
+    /// verdict: held for one now if none was asked before, the operator's
+    /// verdict, or the worker's envelope once the question expired.
     pub(super) async fn verdict_on(
         &self,
         round: &Round<'_>,
@@ -49,71 +50,45 @@ impl Dispatcher {
         envelope: Envelope,
     ) -> Result<AfterVerdict, RoundError> {
         if !asks(round, &envelope) {
-            return Ok(AfterVerdict::Settle(envelope, None));
+            return Ok(AfterVerdict::Settle(envelope, false));
         }
-        let lease = round.lease;
-        let approvals = self.store.approvals(&lease.job_id).await?;
-        let key = hold_key(&call.wire_id, Some(attempt));
-        if let Some(decision) = approvals.decisions.get(&key) {
-            return Ok(match decision.choice {
-                Choice::Applied => {
-                    let data = decision
-                        .result
-                        .as_deref()
-                        .and_then(|text| serde_json::from_str(text).ok())
-                        .unwrap_or_default();
-                    AfterVerdict::Settle(Envelope::Ok(data), Some(OPERATOR))
+        let approvals = self.store.approvals(&round.lease.job_id).await?;
+        let held_for = HeldFor::Verdict {
+            attempt,
+            answered: &envelope,
+        };
+        let hold = held_for.hold(&call.wire_id);
+        let fate = hold::fate(
+            held_for,
+            approvals.decisions.get(&hold),
+            approvals.requests.get(&hold).map(|r| r.expires_at_ms),
+            now_ms(),
+            self.approval_timeout(round.spec),
+        );
+        Ok(match fate {
+            Fate::Run { .. } => AfterVerdict::RunAgain,
+            Fate::Answer { envelope, by } => {
+                if by == AnsweredBy::Expiry {
+                    crate::metrics::approval_decided(&call.name, "expired", None);
                 }
-                Choice::Failed => AfterVerdict::Settle(
-                    Envelope::terminal(
-                        ErrorCode::FAILED_BY_OPERATOR,
-                        format!("an operator failed the call: {}", decision.reason),
-                    ),
-                    Some(OPERATOR),
-                ),
-                Choice::NotApplied => AfterVerdict::RunAgain,
-                // The API writes no approval under a verdict's key.
-                Choice::Approved | Choice::Rejected => AfterVerdict::Settle(envelope, None),
-            });
-        }
-        let now = now_ms();
-        let expires_at_ms = match approvals.requests.get(&key) {
-            Some(request) => request.expires_at_ms,
-            None => {
-                let timeout = toolfleet_service::clock::millis(self.approval_timeout(round.spec));
-                let expires_at_ms = now.saturating_add(timeout);
+                AfterVerdict::Settle(envelope, by == AnsweredBy::Operator)
+            }
+            Fate::Hold { until_ms } => {
                 let held = HeldCall {
                     wire_id: &call.wire_id,
-                    unknown: Some(Unknown {
-                        attempt,
-                        envelope: &envelope,
-                    }),
+                    held_for,
                     call_id: &call.event_id,
                     tool: &call.name,
                     arguments: &call.arguments,
-                    rule: RULE,
-                    reason: "the job asks an operator when a call's outcome is unknown".into(),
-                    expires_at_ms,
+                    expires_at_ms: until_ms,
                 };
                 self.store
-                    .hold(lease, &round.spec.tenant, std::slice::from_ref(&held))
+                    .hold(round.lease, &round.spec.tenant, std::slice::from_ref(&held))
                     .await?;
-                crate::metrics::approval_requested(&call.name, RULE);
-                expires_at_ms
+                crate::metrics::approval_requested(&call.name, held_for.rule());
+                AfterVerdict::Wait(call.waiting(hold, until_ms))
             }
-        };
-        if expires_at_ms <= now {
-            // Nobody gave a verdict: the model is told what the worker said.
-            crate::metrics::approval_decided(&call.name, "expired", None);
-            return Ok(AfterVerdict::Settle(envelope, None));
-        }
-        Ok(AfterVerdict::Wait(Waiting {
-            key,
-            event_id: call.event_id.clone(),
-            expires_at_ms,
-        }))
+            Fate::Wait { until_ms } => AfterVerdict::Wait(call.waiting(hold, until_ms)),
+        })
     }
 }
-
-/// The rule a verdict request is held by, in its event and metrics.
-pub(super) const RULE: &str = "on_unknown_outcome";

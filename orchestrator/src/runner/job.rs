@@ -437,9 +437,11 @@ impl JobRun<'_> {
     /// the first of them expires; unless all were decided meanwhile, when
     /// the run goes on (`Ok(None)`: the next step dispatches them).
     async fn park(&self, waiting: &[Waiting]) -> Result<Option<Ending>, Stopped> {
-        let calls: Vec<(&str, &str)> = waiting
+        let fields: Vec<String> = waiting.iter().map(|call| call.hold.field()).collect();
+        let calls: Vec<(&str, &str)> = fields
             .iter()
-            .map(|call| (call.key.as_str(), call.event_id.as_str()))
+            .zip(waiting)
+            .map(|(field, call)| (field.as_str(), call.event_id.as_str()))
             .collect();
         let wake_at = waiting
             .iter()

@@ -13,11 +13,12 @@ use redis::Script;
 
 use crate::job::{JobRecord, JobStatus, now_ms};
 
-use super::approvals::{ApprovalRequest, Decision, decided_field, expires_field};
+use super::approvals::{ApprovalRequest, decided_field, expires_field};
 use super::place::{Place, Stamp};
 use super::scripts::script;
 use super::wake_ups::Written;
 use super::*;
+use crate::hold::{Decision, Hold};
 
 /// What a decision did.
 #[derive(Debug, Clone, PartialEq)]
@@ -95,7 +96,7 @@ pub enum DecideStep {
 #[derive(Debug, Clone)]
 pub struct Decide {
     job_id: JobId,
-    key: String,
+    hold: Hold,
     held: ApprovalRequest,
     decision: Decision,
     /// Tries left for a job that parks again in between.
@@ -104,18 +105,18 @@ pub struct Decide {
 }
 
 impl Decide {
-    /// `decision` on the call `held`, under the hold key `key` of
+    /// `decision` on the call `held`, under its `hold` in
     /// `job_id`, which the decider saw as `seen`.
     pub fn new(
         job_id: &JobId,
-        key: &str,
+        hold: &Hold,
         held: &ApprovalRequest,
         decision: &Decision,
         seen: Seen,
     ) -> Self {
         Self {
             job_id: job_id.clone(),
-            key: key.to_owned(),
+            hold: hold.clone(),
             held: held.clone(),
             decision: decision.clone(),
             tries: DECISION_TRIES,
@@ -172,13 +173,14 @@ impl Decide {
         let (job_id, held) = (&self.job_id, &self.held);
         let event = self.decision.event(&held.call_id);
         let json = serde_json::to_string(&self.decision).expect("a decision serializes");
+        let field = self.hold.field();
         let answer: Vec<String> = DECIDE
             .key(store.keys.job(job_id))
             .key(store.keys.job_approvals(job_id))
             .key(store.keys.job_events(job_id))
-            .arg(&self.key)
-            .arg(expires_field(&self.key))
-            .arg(decided_field(&self.key))
+            .arg(&field)
+            .arg(expires_field(&field))
+            .arg(decided_field(&field))
             .arg(now_ms())
             .arg(json)
             .arg(event.kind())
@@ -232,7 +234,7 @@ impl Decide {
 }
 
 impl JobStore {
-    /// Records `decision` on the call `held` under the hold key `key` of
+    /// Records `decision` on the call `held` under its `hold` in
     /// `job_id`, if it is held, undecided and not expired; the call leaves
     /// its tenant's pending index. A parked job is queued again in the
     /// same script, and moved to the unfinished index ([`Decide`]); the
@@ -244,12 +246,12 @@ impl JobStore {
     pub async fn decide(
         &self,
         job_id: &JobId,
-        key: &str,
+        hold: &Hold,
         held: &ApprovalRequest,
         decision: &Decision,
         seen: Seen,
     ) -> Result<Decided, Error> {
-        let mut deciding = Decide::new(job_id, key, held, decision, seen);
+        let mut deciding = Decide::new(job_id, hold, held, decision, seen);
         loop {
             if let Some(decided) = deciding.done() {
                 return Ok(decided.clone());

@@ -72,9 +72,7 @@ use toolfleet_service::connect::RedisConnection;
 use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
-pub use approvals::{
-    ApprovalRequest, Approvals, Choice, Decision, HeldCall, Unknown, hold_key, wire_id_of,
-};
+pub use approvals::{ApprovalRequest, Approvals, HeldCall};
 pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
 pub use decide::{Decide, DecideStep, Decided, Seen};
 pub use index::ListCursor;

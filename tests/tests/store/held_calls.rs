@@ -19,10 +19,11 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
+use toolfleet_orchestrator::hold::{ApprovalChoice, Choice, Decision, Hold};
 use toolfleet_orchestrator::job::{Ending, JobStatus, Lease, now_ms};
 use toolfleet_orchestrator::store::{
-    Acquired, ApprovalRequest, Choice, Decide, DecideStep, Decided, Decision, HeldCall, JobStore,
-    ParkWrite, Parked, Place, Seen, Stamp, Unstored, Wake,
+    Acquired, ApprovalRequest, Decide, DecideStep, Decided, HeldCall, JobStore, ParkWrite, Parked,
+    Place, Seen, Stamp, Unstored, Wake,
 };
 use toolfleet_proto::JobId;
 use toolfleet_proto::names::RedisKeys;
@@ -49,6 +50,11 @@ impl Call {
             Call::K => "wk",
             Call::Expired => "wx",
         }
+    }
+
+    /// Its hold: an approval.
+    fn hold(self) -> Hold {
+        Hold::approval(self.key())
     }
 }
 
@@ -409,7 +415,10 @@ impl ReferenceStateMachine for Life {
             Just(Call::K),
             Just(Call::Expired)
         ];
-        let choice = prop_oneof![Just(Choice::Approved), Just(Choice::Rejected)];
+        let choice = prop_oneof![
+            Just(Choice::Approval(ApprovalChoice::Approved)),
+            Just(Choice::Approval(ApprovalChoice::Rejected))
+        ];
         prop_oneof![
             3 => Just(Step::Acquire),
             3 => Just(Step::ReadApprovals),
@@ -683,7 +692,7 @@ impl Job {
                     .expect("redis answers");
                 let read = Call::ALL
                     .into_iter()
-                    .filter(|call| approvals.decisions.contains_key(call.key()))
+                    .filter(|call| approvals.decisions.contains_key(&call.hold()))
                     .collect();
                 self.processes.runner = Some(Run::Read(read));
             }
@@ -718,7 +727,7 @@ impl Job {
                     at_ms: now_ms(),
                 };
                 let held = &self.held[call];
-                let deciding = Decide::new(&id, call.key(), held, &decision, Seen::of(&record));
+                let deciding = Decide::new(&id, &call.hold(), held, &decision, Seen::of(&record));
                 self.deciding[*decider] = Some((deciding, decision));
                 self.processes.deciders[*decider] = Some(Decider {
                     call: *call,
@@ -894,7 +903,7 @@ impl StateMachineTest for LifeTest {
                 let requests = store.approvals(&job_id).await?.requests;
                 let held = Call::ALL
                     .into_iter()
-                    .map(|call| (call, requests[call.key()].clone()))
+                    .map(|call| (call, requests[&call.hold()].clone()))
                     .collect();
                 anyhow::Ok((job_id, lease, held))
             })
@@ -1049,7 +1058,7 @@ fn a_decision_during_a_resume_and_a_decider_killed_mid_decision_strand_nothing()
     let approve = |decider, call| Step::Look {
         decider,
         call,
-        choice: Choice::Approved,
+        choice: Choice::Approval(ApprovalChoice::Approved),
     };
     // The job parks waiting for A, B and K, and A's decision is written.
     let a_decided = [
