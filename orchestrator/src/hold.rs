@@ -15,7 +15,7 @@ use std::fmt;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use toolfleet_proto::{Envelope, ErrorCode};
+use toolfleet_proto::{Envelope, ErrorCode, WireId};
 use toolfleet_service::clock::millis;
 
 use crate::approval::Rule;
@@ -28,12 +28,12 @@ pub enum Hold {
     /// A person's approval of the call before it runs.
     Approval {
         /// The call's wire id.
-        wire_id: String,
+        wire_id: WireId,
     },
     /// An operator's verdict on `attempt`, whose outcome is unknown.
     Verdict {
         /// The call's wire id.
-        wire_id: String,
+        wire_id: WireId,
         /// The attempt.
         attempt: u32,
     },
@@ -41,22 +41,22 @@ pub enum Hold {
 
 impl Hold {
     /// The call's approval.
-    pub fn approval(wire_id: &str) -> Self {
+    pub fn approval(wire_id: &WireId) -> Self {
         Self::Approval {
-            wire_id: wire_id.to_owned(),
+            wire_id: wire_id.clone(),
         }
     }
 
     /// A verdict on the call's `attempt`.
-    pub fn verdict(wire_id: &str, attempt: u32) -> Self {
+    pub fn verdict(wire_id: &WireId, attempt: u32) -> Self {
         Self::Verdict {
-            wire_id: wire_id.to_owned(),
+            wire_id: wire_id.clone(),
             attempt,
         }
     }
 
     /// The held call's wire id.
-    pub fn wire_id(&self) -> &str {
+    pub fn wire_id(&self) -> &WireId {
         match self {
             Self::Approval { wire_id } | Self::Verdict { wire_id, .. } => wire_id,
         }
@@ -86,11 +86,14 @@ impl Hold {
     }
 
     /// The hold a field of the approvals hash ([`Hold::field`]) names;
-    /// `None` for a field of another shape.
+    /// `None` for a field of another shape, or whose wire id is not one.
     pub fn parse(field: &str) -> Option<Self> {
         match field.split_once('@') {
-            None => Some(Self::approval(field)),
-            Some((wire_id, attempt)) => Some(Self::verdict(wire_id, attempt.parse().ok()?)),
+            None => Some(Self::approval(&WireId::parse(field)?)),
+            Some((wire_id, attempt)) => Some(Self::verdict(
+                &WireId::parse(wire_id)?,
+                attempt.parse().ok()?,
+            )),
         }
     }
 
@@ -135,7 +138,7 @@ pub const VERDICT_RULE: &str = "on_unknown_outcome";
 
 impl HeldFor<'_> {
     /// The hold of the call `wire_id`.
-    pub fn hold(&self, wire_id: &str) -> Hold {
+    pub fn hold(&self, wire_id: &WireId) -> Hold {
         match self {
             Self::Approval(_) => Hold::approval(wire_id),
             Self::Verdict { attempt, .. } => Hold::verdict(wire_id, *attempt),
@@ -575,19 +578,24 @@ mod tests {
         }
     }
 
+    fn w(id: &str) -> WireId {
+        WireId::parse(id).expect("a wire id")
+    }
+
     #[test]
     fn a_holds_field_is_its_stored_key_and_reads_back() {
         for (hold, field) in [
-            (Hold::approval("w1"), "w1"),
-            (Hold::verdict("w1", 2), "w1@2"),
+            (Hold::approval(&w("w1")), "w1"),
+            (Hold::verdict(&w("w1"), 2), "w1@2"),
         ] {
             assert_eq!(hold.field(), field);
             assert_eq!(Hold::parse(field), Some(hold.clone()));
             assert_eq!(hold.wire_id(), "w1");
         }
         assert_eq!(Hold::parse("w1@two"), None);
-        assert_eq!(Hold::approval("w1").kind(), "approval");
-        assert_eq!(Hold::verdict("w1", 1).kind(), "outcome");
+        assert_eq!(Hold::parse("w:1"), None, "not a wire id");
+        assert_eq!(Hold::approval(&w("w1")).kind(), "approval");
+        assert_eq!(Hold::verdict(&w("w1"), 1).kind(), "outcome");
     }
 
     #[test]
@@ -605,8 +613,8 @@ mod tests {
             assert_eq!(serde_json::from_str::<Choice>(&json).unwrap(), choice);
             assert_eq!(choice.word(), word);
             let verdict = matches!(choice, Choice::Verdict(_));
-            assert_eq!(Hold::verdict("w", 1).is_answered_by(choice), verdict);
-            assert_eq!(Hold::approval("w").is_answered_by(choice), !verdict);
+            assert_eq!(Hold::verdict(&w("w"), 1).is_answered_by(choice), verdict);
+            assert_eq!(Hold::approval(&w("w")).is_answered_by(choice), !verdict);
         }
         assert!(serde_json::from_str::<Choice>("\"maybe\"").is_err());
     }

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
-use toolfleet_proto::call::is_valid_call_id;
+use toolfleet_proto::call::{EventId, WireId};
 pub use toolfleet_proto::job::{
     CallRef, DeltaPiece, JobErrorCode, JobEvent, JobId, JobStatus, TurnDelta, Usage,
 };
@@ -61,7 +61,7 @@ impl WireIds {
 
     /// The wire id of the call at `position` in the conversation, whose
     /// model id is `call_id`; `duplicate` when an earlier call had that id.
-    pub fn of(&self, position: usize, call_id: &str, duplicate: bool) -> String {
+    pub fn of(&self, position: usize, call_id: &str, duplicate: bool) -> WireId {
         use sha2::{Digest, Sha256};
         match self {
             Self::Secret(secret) => {
@@ -72,10 +72,10 @@ impl WireIds {
                     .finalize();
                 // The first 12 bytes, in one formatting call: a `format!` per
                 // byte showed in the orchestrator's profile.
-                format!("c{digest:.24x}")
+                WireId::parse(&format!("c{digest:.24x}"))
+                    .expect("`c` and 24 hex digits is a wire id")
             }
-            Self::Legacy if !duplicate && is_valid_call_id(call_id) => call_id.to_owned(),
-            Self::Legacy => format!("x.{position}"),
+            Self::Legacy => EventId::of(position, call_id, duplicate).into(),
         }
     }
 }

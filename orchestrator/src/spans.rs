@@ -16,6 +16,7 @@
 //!    └─ record_call_result
 //! ```
 
+use toolfleet_proto::{EventId, WireId};
 use toolfleet_service::traces::{SpanContext, SpanKind, StepSpan};
 
 use crate::job::{JobId, JobSpec, JobTrace};
@@ -28,11 +29,11 @@ pub(crate) enum Step<'a> {
     /// Model turn n (from 1).
     Turn(u32),
     /// A call, by wire id, across its attempts.
-    Call(&'a str),
+    Call(&'a WireId),
     /// An attempt of a call.
-    Attempt(&'a str, u32),
+    Attempt(&'a WireId, u32),
     /// A call's wait for a person's decision.
-    Approval(&'a str),
+    Approval(&'a WireId),
 }
 
 impl Step<'_> {
@@ -56,8 +57,8 @@ fn recorded(trace: Option<&JobTrace>) -> Option<&JobTrace> {
 #[derive(Clone, Copy)]
 pub(crate) struct CallRef<'a> {
     pub(crate) tool: &'a str,
-    pub(crate) wire_id: &'a str,
-    pub(crate) event_id: &'a str,
+    pub(crate) wire_id: &'a WireId,
+    pub(crate) event_id: &'a EventId,
 }
 
 /// The span of a run of the job: its start, or its resumption by replica
@@ -111,7 +112,7 @@ pub(crate) fn call(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
     let step = Step::Call(call.wire_id).name();
     let mut span = StepSpan::step(Some(trace), name, SpanKind::Internal, &step, None);
     span.set("toolfleet.tool", call.tool.to_owned());
-    span.set("toolfleet.call_id", call.event_id.to_owned());
+    span.set("toolfleet.call_id", call.event_id.to_string());
     span
 }
 
@@ -129,7 +130,7 @@ pub(crate) fn approval(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan 
         Some(&Step::Call(call.wire_id).name()),
     );
     span.set("toolfleet.tool", call.tool.to_owned());
-    span.set("toolfleet.call_id", call.event_id.to_owned());
+    span.set("toolfleet.call_id", call.event_id.to_string());
     span
 }
 
@@ -176,7 +177,7 @@ pub(crate) fn commit(trace: Option<&JobTrace>, parent: Step<'_>, verb: &'static 
 /// tracing off), so that the worker's logs still carry the trace id.
 pub(crate) fn attempt_context(
     trace: Option<&JobTrace>,
-    wire_id: &str,
+    wire_id: &WireId,
     attempt: u32,
 ) -> Option<SpanContext> {
     let trace = trace?;

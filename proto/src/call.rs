@@ -16,8 +16,10 @@ pub struct ToolCall {
     /// The call's id in the fleet (its wire id: `c` and 24 hex digits, made
     /// by the orchestrator from a secret of the job and the call's position;
     /// for a job stored before those secrets, the model's id when safe, else
-    /// `x.<position>`), unique within the job. Not the model's own id, which
-    /// never leaves the orchestrator: it is the model's words.
+    /// `x.<position>`), unique within the job; read as a [`WireId`]. Not the
+    /// model's own id, which is the model's words: that travels only in the
+    /// [`MODEL_CALL_ID`](crate::names::headers::MODEL_CALL_ID) header, and
+    /// only when it is a safe one.
     pub call_id: String,
     /// 1 for the first attempt, incremented by each retry of the orchestrator.
     pub attempt: u32,
@@ -60,6 +62,79 @@ pub fn is_valid_wire_id(id: &str) -> bool {
         || id
             .strip_prefix("x.")
             .is_some_and(|n| (1..=10).contains(&n.len()) && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A call's id in the fleet, checked ([`is_valid_wire_id`]): what NATS
+/// headers, message ids, the ledger's and the attempts' Redis keys and a
+/// hold's key name the call by. The orchestrator makes it (from a secret of
+/// the job and the call's position; for a job stored before those secrets,
+/// the call's [`EventId`]); it is read by [`WireId::parse`] where one comes
+/// in (an operator's decision, a stored record) and passed as this type from
+/// there on. [`ToolCall::call_id`] carries it as text, checked by
+/// [`ToolCall::check`].
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct WireId(String);
+
+impl WireId {
+    /// Reads `id`; `None` when it is not a wire id.
+    pub fn parse(id: &str) -> Option<Self> {
+        is_valid_wire_id(id).then(|| Self(id.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+crate::id::checked_id!(
+    WireId,
+    is_valid_wire_id,
+    "not a call's wire id (1 to 64 ASCII letters, digits, _ and -, or x.<position>)"
+);
+
+/// The id a job's events show a call by, checked: the model's id when it
+/// is a safe one ([`is_valid_call_id`]) and the first with that id in the
+/// job, else `x.<position>`. Safe to print, and what a client can match
+/// with its conversation. Made by [`EventId::of`], read by
+/// [`EventId::parse`] from a stored record.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventId(String);
+
+impl EventId {
+    /// The event id of the call at `position` in the conversation, whose
+    /// model id is `model_id`; `duplicate` when an earlier call had that id.
+    pub fn of(position: usize, model_id: &str, duplicate: bool) -> Self {
+        if !duplicate && is_valid_call_id(model_id) {
+            Self(model_id.to_owned())
+        } else {
+            Self(format!("x.{position}"))
+        }
+    }
+
+    /// Reads `id`; `None` when it is not an event id.
+    pub fn parse(id: &str) -> Option<Self> {
+        is_valid_wire_id(id).then(|| Self(id.to_owned()))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+crate::id::checked_id!(
+    EventId,
+    is_valid_wire_id,
+    "not a call's event id (1 to 64 ASCII letters, digits, _ and -, or x.<position>)"
+);
+
+/// A job stored before call secrets names its calls on the wire as its
+/// events do.
+impl From<EventId> for WireId {
+    fn from(id: EventId) -> Self {
+        Self(id.0)
+    }
 }
 
 /// Longest idempotency key a call may carry.
@@ -196,6 +271,39 @@ mod tests {
         }
         for not_wire in ["x.1.2", "x.-1", "x.12345678901", "y.1", ""] {
             assert!(!is_valid_wire_id(not_wire), "{not_wire}");
+        }
+    }
+
+    #[test]
+    fn a_call_s_ids_are_read_only_in_their_form_and_travel_as_their_text() {
+        let wire = WireId::parse("c0123456789abcdef01234567").expect("a wire id");
+        assert_eq!(wire, "c0123456789abcdef01234567");
+        assert_eq!(
+            serde_json::to_string(&wire).unwrap(),
+            "\"c0123456789abcdef01234567\""
+        );
+        assert_eq!(serde_json::from_str::<WireId>("\"x.3\"").unwrap(), "x.3");
+        for not_an_id in ["", "a:b", "a b", "x.", "é"] {
+            assert_eq!(WireId::parse(not_an_id), None, "{not_an_id:?}");
+            assert_eq!(EventId::parse(not_an_id), None, "{not_an_id:?}");
+            let json = serde_json::to_string(not_an_id).unwrap();
+            assert!(serde_json::from_str::<WireId>(&json).is_err(), "{json}");
+            assert!(serde_json::from_str::<EventId>(&json).is_err(), "{json}");
+        }
+        // Events show the model's id where it is safe and the first such,
+        // else the call's position.
+        let cases = [
+            ((2, "call_a", false), "call_a"),
+            ((3, "call_a", true), "x.3"),
+            ((4, "bad id", false), "x.4"),
+            ((5, "", false), "x.5"),
+            ((6, &"a".repeat(65), false), "x.6"),
+        ];
+        for ((position, model_id, duplicate), shown) in cases {
+            let event = EventId::of(position, model_id, duplicate);
+            assert_eq!(event, shown, "{model_id:?}");
+            // A job before call secrets names its calls on the wire so.
+            assert_eq!(WireId::from(event), shown);
         }
     }
 

@@ -599,8 +599,7 @@ const SERIAL_LEN: usize = 28;
 /// Redis ACL or a scan can select) and its reply subject. An id whose tenant
 /// is not the caller's is refused before anything is read. Ids made before
 /// tenants existed are the 28 digits alone; they stay valid, with no tenant.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(transparent)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct JobId(String);
 
 impl JobId {
@@ -660,61 +659,11 @@ fn tenant_of(id: &str) -> Option<Option<&str>> {
     is_valid_tenant(tenant).then_some(Some(tenant))
 }
 
-impl std::ops::Deref for JobId {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for JobId {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl fmt::Debug for JobId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.0, f)
-    }
-}
-
-impl PartialEq<str> for JobId {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<&str> for JobId {
-    fn eq(&self, other: &&str) -> bool {
-        self.0 == *other
-    }
-}
-
-impl From<JobId> for String {
-    fn from(id: JobId) -> Self {
-        id.0
-    }
-}
-
-impl<'de> Deserialize<'de> for JobId {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let id = String::deserialize(deserializer)?;
-        match tenant_of(&id) {
-            Some(_) => Ok(Self(id)),
-            None => Err(serde::de::Error::custom(
-                "not a job id (<tenant>-<28 lowercase hex digits>)",
-            )),
-        }
-    }
-}
+crate::id::checked_id!(
+    JobId,
+    |id| tenant_of(id).is_some(),
+    "not a job id (<tenant>-<28 lowercase hex digits>)"
+);
 
 #[cfg(test)]
 mod tests {

@@ -15,6 +15,7 @@
 pub mod arguments;
 pub mod call;
 pub mod envelope;
+mod id;
 pub mod job;
 pub mod manifest;
 pub mod names;
@@ -30,7 +31,7 @@ pub mod v1 {
 }
 
 pub use arguments::check_arguments;
-pub use call::{ProgressReport, ToolCall};
+pub use call::{EventId, ProgressReport, ToolCall, WireId};
 pub use envelope::{Envelope, ErrorBody, ErrorCode};
 pub use job::{JobErrorCode, JobEvent, JobId, JobStatus};
 pub use manifest::{Approval, Effects, RetryPolicy, ToolManifest, WorkerAnnouncement};

@@ -48,6 +48,11 @@ pub mod headers {
     pub const ATTEMPT: &str = "Toolfleet-Attempt";
     /// Tool name of a call or result.
     pub const TOOL: &str = "Toolfleet-Tool";
+    /// The model's own id of a call (what the model wrote, such as
+    /// `call_…` or `toolu_…`), set on a call when that id is a safe one
+    /// (`call::is_valid_call_id`); absent otherwise. A tool gets it as `ToolContext::model_call_id`; the
+    /// call's id in the fleet is [`CALL_ID`].
+    pub const MODEL_CALL_ID: &str = "Toolfleet-Model-Call-Id";
     /// The tenant of a queued job (set by the orchestrator), so that a job
     /// whose state Redis lost is still reported to its owner.
     pub const TENANT: &str = "Toolfleet-Tenant";

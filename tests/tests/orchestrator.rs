@@ -1164,6 +1164,60 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
     Ok(())
 }
 
+/// A call goes on the bus under its wire id, never the model's; the model's
+/// own id reaches the tool in a header of its own, and only when it is a
+/// safe one (1 to 64 ASCII letters, digits, `_` and `-`): a model's other
+/// words never become a header.
+#[tokio::test]
+async fn a_call_carries_the_model_s_id_in_a_header_only_when_it_is_safe() -> anyhow::Result<()> {
+    use toolfleet_proto::names::{self, headers};
+    use toolfleet_proto::{ToolCall, WireId};
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    let mut calls = fleet
+        .client
+        .subscribe(names::call_subject("calculate"))
+        .await?;
+    fleet.client.flush().await?;
+    let add = json!({"expression": "1+1"});
+    let job = run(
+        &mut api,
+        scripted(
+            "add twice",
+            json!([
+                {"tool_calls": [
+                    {"id": "call_Safe-1", "name": "calculate", "arguments": add},
+                    {"id": "call one: \"unsafe\"", "name": "calculate", "arguments": add}
+                ]},
+                {"message": "done"}
+            ]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&job), v1::JobStatus::Succeeded, "{job:?}");
+    let mut model_ids = Vec::new();
+    for _ in 0..2 {
+        let message = tokio::time::timeout(JOB, calls.next())
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("a call was not published"))?;
+        let call: ToolCall = serde_json::from_slice(&message.payload)?;
+        assert!(WireId::parse(&call.call_id).is_some(), "{}", call.call_id);
+        assert!(
+            !call.call_id.contains("call"),
+            "the model's id is not the wire id"
+        );
+        let model_id = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(headers::MODEL_CALL_ID))
+            .map(|v| v.as_str().to_owned());
+        model_ids.push(model_id);
+    }
+    model_ids.sort();
+    assert_eq!(model_ids, [None, Some("call_Safe-1".to_owned())]);
+    Ok(())
+}
+
 /// Anyone on the bus can publish on a job's reply subject. A reply that is
 /// not a stored record is only a wake-up, read from Redis (which holds
 /// nothing yet). One that is a record answering the call, as a reader of

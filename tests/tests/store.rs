@@ -13,14 +13,24 @@ use toolfleet_orchestrator::job::{
 };
 use toolfleet_orchestrator::store::{
     Acquired, DispatchedCall, Error, HeldCall, Idempotency, JobStore, Seen, SettledCall, Unstored,
-    was_settled,
 };
 use toolfleet_proto::names::RedisKeys;
-use toolfleet_proto::{Envelope, ErrorCode, JobId, ToolManifest};
+use toolfleet_proto::{Envelope, ErrorCode, EventId, JobId, ToolManifest, WireId};
 use toolfleet_tests::{NatsServer, RedisServer};
 
 #[path = "store/held_calls.rs"]
 mod held_calls;
+
+/// The wire id `id`, for as long as the test runs (leaked: a test names a
+/// few calls, and their records borrow the ids).
+fn wire(id: &str) -> &'static WireId {
+    Box::leak(Box::new(WireId::parse(id).expect("a wire id")))
+}
+
+/// The event id `id`, as [`wire`].
+fn event(id: &str) -> &'static EventId {
+    Box::leak(Box::new(EventId::parse(id).expect("an event id")))
+}
 
 fn spec() -> JobSpec {
     JobSpec {
@@ -142,8 +152,8 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     let echo = ToolManifest::new("echo", "Echoes.", serde_json::json!({"type": "object"}));
     // The turn's commit also records the first attempt of its call.
     let dispatched = DispatchedCall {
-        event_id: "c1",
-        wire_id: "c1",
+        event_id: event("c1"),
+        wire_id: wire("c1"),
         name: "echo",
     };
     store
@@ -162,15 +172,15 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         .await?;
     let start = store.load_run(&job_id).await?.expect("the job");
     assert_eq!(start.offered, [echo]);
-    assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&1));
+    assert_eq!(store.attempts(&job_id).await?.last(wire("c1")), Some(1));
     // A retry records its attempt on its own.
     store.record_dispatch(&lease, &[dispatched], 2).await?;
-    assert_eq!(store.attempts(&job_id).await?.get("c1"), Some(&2));
+    assert_eq!(store.attempts(&job_id).await?.last(wire("c1")), Some(2));
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
-    assert!(!was_settled(&store.attempts(&job_id).await?, "c1"));
+    assert!(!store.attempts(&job_id).await?.settled(wire("c1")));
     let settled = SettledCall {
-        call_id: "c1",
-        wire_id: "c1",
+        call_id: event("c1"),
+        wire_id: wire("c1"),
         name: "echo",
         attempts: 1,
         round_trip: Some(Duration::from_micros(1500)),
@@ -182,8 +192,8 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     // Calls that settle together are recorded in one commit, in order.
     let ok = Envelope::Ok(serde_json::json!("fine"));
     let other = SettledCall {
-        call_id: "c0",
-        wire_id: "w0",
+        call_id: event("c0"),
+        wire_id: wire("w0"),
         name: "echo",
         attempts: 2,
         round_trip: None,
@@ -194,7 +204,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     };
     store.record_call_results(&lease, &[settled, other]).await?;
     let attempts = store.attempts(&job_id).await?;
-    assert!(was_settled(&attempts, "c1") && was_settled(&attempts, "w0"));
+    assert!(attempts.settled(wire("c1")) && attempts.settled(wire("w0")));
     let result = Item::ToolResult {
         call_id: "c1".into(),
         name: "echo".into(),
@@ -310,12 +320,15 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
             attempts: 1,
         })
         .collect();
-    let ids: Vec<String> = (0..700).map(|n| format!("w{n}")).collect();
+    let ids: Vec<(EventId, WireId)> = (0..700)
+        .map(|n| format!("w{n}"))
+        .map(|id| (EventId::parse(&id).unwrap(), WireId::parse(&id).unwrap()))
+        .collect();
     let dispatched: Vec<DispatchedCall<'_>> = ids
         .iter()
-        .map(|id| DispatchedCall {
-            event_id: id,
-            wire_id: id,
+        .map(|(event_id, wire_id)| DispatchedCall {
+            event_id,
+            wire_id,
             name: "echo",
         })
         .collect();
@@ -336,8 +349,8 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     let items = store.items(&job_id, 1).await?;
     assert_eq!(items, [&results[..], &turn[..]].concat());
     let attempts = store.attempts(&job_id).await?;
-    assert_eq!(attempts.len(), 700);
-    assert!(ids.iter().all(|id| attempts.get(id) == Some(&1)));
+    assert_eq!(attempts.dispatched_calls(), 700);
+    assert!(ids.iter().all(|(_, id)| attempts.last(id) == Some(1)));
     // job_queued, job_started, model_turn, then a dispatch per call,
     // numbered on.
     let stored = store.events(&job_id, 0, 1000).await?;
@@ -615,8 +628,8 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
     let mut here = store.subscribe_events(&job_id).await?;
     let mut there = other_replica.subscribe_events(&job_id).await?;
     let dispatched = DispatchedCall {
-        event_id: "c1",
-        wire_id: "c1",
+        event_id: event("c1"),
+        wire_id: wire("c1"),
         name: "echo",
     };
     let woken = Duration::from_secs(10);
@@ -655,8 +668,8 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
     let ok = Envelope::Ok(serde_json::json!(1));
     fn result<'a>(wire_id: &'a str, unchecked: &'a str, envelope: &'a Envelope) -> SettledCall<'a> {
         SettledCall {
-            call_id: wire_id,
-            wire_id,
+            call_id: event(wire_id),
+            wire_id: wire(wire_id),
             name: "echo",
             attempts: 1,
             round_trip: None,
@@ -676,7 +689,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
             Err(Error::ResultMismatch(_))
         ));
         assert_eq!(store.events(&job_id, 0, 100).await?.len(), events_before);
-        assert!(!was_settled(&store.attempts(&job_id).await?, "w1"));
+        assert!(!store.attempts(&job_id).await?.settled(wire("w1")));
     }
     // The text Redis holds is recorded.
     store
@@ -686,7 +699,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
         store.events(&job_id, 0, 100).await?.len(),
         events_before + 1
     );
-    assert!(was_settled(&store.attempts(&job_id).await?, "w1"));
+    assert!(store.attempts(&job_id).await?.settled(wire("w1")));
     Ok(())
 }
 
@@ -894,9 +907,9 @@ async fn on_a_primary_with_a_replica_a_write_counts_once_the_replica_holds_it() 
 /// A call held in `job` for `tool`, expiring `ttl` from now.
 fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
     HeldCall {
-        wire_id: call_id,
+        wire_id: wire(call_id),
         held_for: HeldFor::Approval(Rule::Job { every_tool: true }),
-        call_id,
+        call_id: event(call_id),
         tool,
         arguments: "{}",
         expires_at_ms: toolfleet_orchestrator::job::now_ms() + ttl.as_millis() as u64,
@@ -963,7 +976,8 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
             &[held("say", "echo", Duration::from_millis(300))],
         )
         .await?;
-    let oldest = store.approvals(&a.job_id).await?.requests[&Hold::approval("pay")].requested_at_ms;
+    let oldest =
+        store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("pay"))].requested_at_ms;
     let tally = store.pending_tally().await?;
     let transfer = tally.iter().find(|t| t.tool == "transfer").unwrap();
     assert_eq!((transfer.calls, transfer.oldest_held_at_ms), (2, oldest));
@@ -973,7 +987,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     );
 
     // Decided: gone from the count, and from ListPendingApprovals.
-    let request = store.approvals(&a.job_id).await?.requests[&Hold::approval("pay")].clone();
+    let request = store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("pay"))].clone();
     let decision = approved();
     let running = Seen {
         parked: false,
@@ -982,7 +996,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     store
         .decide(
             &a.job_id,
-            &Hold::approval("pay"),
+            &Hold::approval(wire("pay")),
             &request,
             &decision,
             running,
@@ -998,7 +1012,8 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         .finish(b, &Ending::Cancelled, Unstored::Nothing)
         .await?;
     // Expired: dropped by the next refresh.
-    let expires = store.approvals(&c.job_id).await?.requests[&Hold::approval("say")].expires_at_ms;
+    let expires =
+        store.approvals(&c.job_id).await?.requests[&Hold::approval(wire("say"))].expires_at_ms;
     toolfleet_tests::wait_until("the call to expire", Duration::from_secs(5), || async {
         (toolfleet_orchestrator::job::now_ms() > expires).then_some(())
     })
@@ -1015,7 +1030,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     // decision drops what it indexed.
     let first = held("again", "echo", day);
     store.hold(a, "default", &[first]).await?;
-    let first = store.approvals(&a.job_id).await?.requests[&Hold::approval("again")].clone();
+    let first = store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("again"))].clone();
     // The later hold is held at a later millisecond, as in a real run.
     toolfleet_tests::wait_until(
         "the clock to pass the first hold",
@@ -1025,7 +1040,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     .await?;
     let envelope = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
     let verdict = HeldCall {
-        wire_id: "again",
+        wire_id: wire("again"),
         held_for: HeldFor::Verdict {
             attempt: 1,
             answered: &envelope,
@@ -1036,7 +1051,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     store
         .decide(
             &a.job_id,
-            &Hold::approval("again"),
+            &Hold::approval(wire("again")),
             &first,
             &decision,
             running,
@@ -1105,12 +1120,12 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
     assert_eq!(parked, toolfleet_orchestrator::store::Parked::Parked);
     assert_eq!(placed().await?, (false, true), "parked");
     let record = store.get(&job_id).await?.expect("the job");
-    let request = store.approvals(&job_id).await?.requests[&Hold::approval("pay")].clone();
+    let request = store.approvals(&job_id).await?.requests[&Hold::approval(wire("pay"))].clone();
     let decision = approved();
     let decided = store
         .decide(
             &job_id,
-            &Hold::approval("pay"),
+            &Hold::approval(wire("pay")),
             &request,
             &decision,
             Seen::of(&record),
@@ -1126,7 +1141,7 @@ async fn cluster_a_decision_moves_a_parked_job_between_slots_as_on_one_server() 
     let retried = store
         .decide(
             &job_id,
-            &Hold::approval("pay"),
+            &Hold::approval(wire("pay")),
             &request,
             &decision,
             Seen::of(&record),

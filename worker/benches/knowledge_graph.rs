@@ -83,6 +83,7 @@ fn context() -> ToolContext {
     ToolContext {
         job_id: "bench".into(),
         call_id: "call".into(),
+        model_call_id: None,
         attempt: 1,
         idempotency_key: "bench".into(),
         deadline: None,

@@ -114,6 +114,12 @@ pub struct ToolContext {
     /// ([`ToolCall::call_id`](toolfleet_proto::ToolCall::call_id)): the same
     /// for every attempt and delivery of the call. Not the model's own id.
     pub call_id: String,
+    /// The model's own id of the call (what the model wrote, such as
+    /// `call_…` or `toolu_…`), to match the model's transcript with: `None`
+    /// when the model's id was not 1 to 64 ASCII letters, digits, `_` and
+    /// `-`, or the orchestrator is older than this field. The call's
+    /// identity in the fleet is [`call_id`](Self::call_id), never this.
+    pub model_call_id: Option<String>,
     /// 1-based attempt number.
     pub attempt: u32,
     /// The same for every attempt and delivery of this call: pass it to the
@@ -146,6 +152,7 @@ impl ToolContext {
         Self {
             job_id: "job".into(),
             call_id: "call".into(),
+            model_call_id: None,
             attempt: 1,
             idempotency_key: "key".into(),
             deadline: None,

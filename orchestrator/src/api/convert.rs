@@ -163,7 +163,7 @@ fn held_calls(approvals: Approvals) -> Vec<v1::HeldCall> {
             let decision = decisions.remove(&key);
             let kind = request.kind().to_owned();
             let mut call = v1::HeldCall {
-                call_id: request.call_id,
+                call_id: request.call_id.into(),
                 tool: request.tool,
                 kind,
                 attempt: request.attempt.unwrap_or_default(),

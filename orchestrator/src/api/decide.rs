@@ -5,7 +5,7 @@
 
 use tonic::Status;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::{check_arguments, v1};
+use toolfleet_proto::{EventId, check_arguments, v1};
 
 use super::convert::{invalid, to_status};
 use super::{AgentApi, ECHO_CHARS};
@@ -38,11 +38,12 @@ impl AgentApi {
             .approvals(&job_id)
             .await
             .map_err(|e| to_status(&e))?;
-        let call_id = request.call_id.as_str();
-        let Some((hold, held)) = approvals.hold_of(call_id) else {
+        // A call id that is not an event id names no held call.
+        let held = EventId::parse(&request.call_id).and_then(|id| approvals.hold_of(&id));
+        let Some((hold, held)) = held else {
             return Err(Status::not_found(format!(
                 "job {job_id} has no call {:?} held for a decision",
-                excerpt(call_id, ECHO_CHARS)
+                excerpt(&request.call_id, ECHO_CHARS)
             )));
         };
         check_kind(hold, held, choice)?;
@@ -384,7 +385,7 @@ impl AgentApi {
                     let kind = request.kind().to_owned();
                     v1::PendingApproval {
                         job_id: pending.job_id.to_string(),
-                        call_id: request.call_id,
+                        call_id: request.call_id.into(),
                         tool: request.tool,
                         arguments: request.arguments,
                         reason: request.reason,

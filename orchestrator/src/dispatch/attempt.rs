@@ -2,15 +2,15 @@
 //! publish, wait for the envelope, and settle or retry as
 //! [`retry::verdict`](super::retry::verdict) says.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use futures::StreamExt;
 use tokio::sync::broadcast;
+use toolfleet_proto::call::is_valid_call_id;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
 use toolfleet_proto::names::{self, headers};
-use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
+use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId};
 use tracing::{debug, error, warn};
 
 use super::progress::ProgressGate;
@@ -22,6 +22,7 @@ use toolfleet_service::traces;
 use crate::job::{JobTrace, now_ms};
 use crate::publish::{self, Unpublished, What};
 use crate::quota::{CallSlot, SlotRequest};
+use crate::store::Attempts;
 use crate::{spans, store};
 
 /// An attempt's envelope, and how long it took if this runner sent it.
@@ -109,13 +110,13 @@ impl Dispatcher {
         &self,
         round: &Round<'_>,
         ready: &Ready,
-        attempts: &HashMap<String, u32>,
+        attempts: &Attempts,
     ) -> Result<Driven, RoundError> {
         let (call, policy) = (&ready.call, &ready.policy);
         let _slot = self.call_slot(round, call).await?; // held until this returns
         // Settled by an earlier runner, which recorded its event and spans:
         // its stored envelope answers it again, and nothing more is recorded.
-        let settled = store::was_settled(attempts, &call.wire_id);
+        let settled = attempts.settled(&call.wire_id);
         let trace = if settled { None } else { round.trace };
         let mut span = spans::call(trace, call.span_ref());
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
@@ -292,11 +293,11 @@ impl Dispatcher {
         &self,
         round: &Round<'_>,
         call: &PlannedCall,
-        attempts: &HashMap<String, u32>,
+        attempts: &Attempts,
     ) -> Result<(u32, bool), RoundError> {
-        Ok(match attempts.get(&call.wire_id) {
+        Ok(match attempts.last(&call.wire_id) {
             Some(0) => (1, false),
-            Some(n) => (*n, true),
+            Some(n) => (n, true),
             None => {
                 self.record_dispatches(round.lease, round.trace, &[call], 1)
                     .await?;
@@ -394,7 +395,7 @@ impl Dispatcher {
             .map(|context| traces::headers(&context))
             .unwrap_or_default();
         let headers = || {
-            let mut headers = call_headers(&wire, &msg_id);
+            let mut headers = call_headers(&wire, &call.call_id, &msg_id);
             for (name, value) in &trace_headers {
                 headers.insert(*name, value.as_str());
             }
@@ -433,7 +434,7 @@ impl Dispatcher {
         let msg_id = format!("{}:cancel", wire.msg_id());
         let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
         let headers = || {
-            let mut headers = call_headers(&wire, &msg_id);
+            let mut headers = call_headers(&wire, &call.call_id, &msg_id);
             headers.insert(headers::CANCEL, "1");
             headers
         };
@@ -623,7 +624,7 @@ fn settling_record(call: &PlannedCall, payload: &[u8]) -> Option<String> {
 /// the attempt has come ([`ProgressReport`](toolfleet_proto::ProgressReport)).
 #[derive(Debug, Clone)]
 pub(super) struct Notice {
-    call_id: String,
+    call_id: WireId,
     attempt: u32,
     stored: bytes::Bytes,
     progress: bool,
@@ -637,7 +638,9 @@ pub(super) async fn forward_results(
         let Some(headers) = message.headers.as_ref() else {
             continue;
         };
-        let call_id = headers.get(headers::CALL_ID).map(|v| v.as_str().to_owned());
+        let call_id = headers
+            .get(headers::CALL_ID)
+            .and_then(|v| WireId::parse(v.as_str()));
         let attempt = headers
             .get(headers::ATTEMPT)
             .and_then(|v| v.as_str().parse().ok());
@@ -663,7 +666,7 @@ fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {
     let (lease, spec) = (round.lease, round.spec);
     ToolCall {
         job_id: lease.job_id.to_string(),
-        call_id: call.wire_id.clone(),
+        call_id: call.wire_id.to_string(),
         attempt,
         tool: call.name.clone(),
         arguments: call.arguments.clone(),
@@ -673,13 +676,19 @@ fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {
     }
 }
 
-/// The headers of the message of `wire`, with the message id `msg_id`.
-fn call_headers(wire: &ToolCall, msg_id: &str) -> HeaderMap {
+/// The headers of the message of `wire`, with the message id `msg_id`;
+/// with the model's own id of the call, `model_id`, when it is safe in a
+/// header (the model's words: anything else is left out, and the tool gets
+/// none).
+fn call_headers(wire: &ToolCall, model_id: &str, msg_id: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(headers::MSG_ID, msg_id);
     headers.insert(headers::JOB_ID, wire.job_id.as_str());
     headers.insert(headers::CALL_ID, wire.call_id.as_str());
     headers.insert(headers::ATTEMPT, wire.attempt.to_string().as_str());
     headers.insert(headers::TOOL, wire.tool.as_str());
+    if is_valid_call_id(model_id) {
+        headers.insert(headers::MODEL_CALL_ID, model_id);
+    }
     headers
 }

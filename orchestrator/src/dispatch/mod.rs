@@ -36,7 +36,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names;
-use toolfleet_proto::{Envelope, ErrorCode, RetryPolicy, check_arguments};
+use toolfleet_proto::{Envelope, ErrorCode, EventId, RetryPolicy, WireId, check_arguments};
 use toolfleet_service::clock::millis;
 
 use attempt::{Driven, Notice, forward_results};
@@ -50,7 +50,7 @@ use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
 use crate::spans;
-use crate::store::{self, Approvals, DispatchedCall, HeldCall, JobStore};
+use crate::store::{self, Approvals, Attempts, DispatchedCall, HeldCall, JobStore};
 
 /// How the dispatcher waits and retries.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,12 +153,9 @@ pub struct PlannedCall {
     /// The id the call has on the wire and in Redis keys (NATS headers,
     /// message ids, the ledger, the attempts record): made from the job's
     /// secret and the call's position ([`WireIds`](crate::job::WireIds)).
-    pub wire_id: String,
-    /// The id the job's events show the call by: the model's id when it is
-    /// a safe one ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id))
-    /// and the first with that id in the job, else `x.<position>`. Safe to
-    /// print, and what the client can match with its conversation.
-    pub event_id: String,
+    pub wire_id: WireId,
+    /// The id the job's events show the call by ([`EventId`]).
+    pub event_id: EventId,
     /// The tool name the model wrote.
     pub name: String,
     /// The arguments text as the model wrote it.
@@ -171,11 +168,17 @@ pub struct PlannedCall {
 impl PlannedCall {
     /// A call whose model id is safe and new: the same id on the wire and
     /// in events (a job stored before call secrets names its calls so).
+    ///
+    /// # Panics
+    ///
+    /// If `call_id` is not a safe call id
+    /// ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id)).
     pub fn new(call_id: &str, name: &str, arguments: &str) -> Self {
+        let event_id = EventId::parse(call_id).expect("a safe call id names its events");
         Self {
             call_id: call_id.to_owned(),
-            wire_id: call_id.to_owned(),
-            event_id: call_id.to_owned(),
+            wire_id: event_id.clone().into(),
+            event_id,
             name: name.to_owned(),
             arguments: arguments.to_owned(),
             duplicate: false,
@@ -218,9 +221,9 @@ pub struct CallOutcome {
     /// The model's call id, for the conversation.
     pub call_id: String,
     /// The call's id on the wire, for records.
-    pub wire_id: String,
+    pub wire_id: WireId,
     /// The id its events show ([`PlannedCall::event_id`]).
-    pub event_id: String,
+    pub event_id: EventId,
     /// Its tool name.
     pub name: String,
     /// The envelope JSON for the model.
@@ -318,7 +321,7 @@ pub struct Waiting {
     /// What it waits for: the key of its request and decision.
     pub hold: Hold,
     /// The id the job's events show it by.
-    pub event_id: String,
+    pub event_id: EventId,
     /// When it expires (Unix ms).
     pub expires_at_ms: u64,
 }
@@ -409,7 +412,7 @@ impl Dispatcher {
         run: RunRef<'_>,
         job: JobRef<'_>,
         calls: &[PlannedCall],
-        attempts: &HashMap<String, u32>,
+        attempts: &Attempts,
         offered: &HashMap<String, LiveTool>,
         mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
@@ -483,11 +486,11 @@ impl Dispatcher {
         lease: &Lease,
         spec: &JobSpec,
         (index, call): (usize, &'c PlannedCall),
-        attempts: &HashMap<String, u32>,
+        attempts: &Attempts,
         offered: &HashMap<String, LiveTool>,
         approvals: &mut Option<Approvals>,
     ) -> Result<Placed<'c>, RoundError> {
-        if attempts.contains_key(&call.wire_id) {
+        if attempts.last(&call.wire_id).is_some() {
             let policy = self.retry_policy(&call.name, offered);
             let call = approvals
                 .as_ref()
@@ -571,7 +574,7 @@ impl Dispatcher {
         &self,
         round: &Round<'_>,
         calls: &[&Ready],
-        attempts: &HashMap<String, u32>,
+        attempts: &Attempts,
     ) -> Result<Vec<Driven>, RoundError> {
         let Round {
             lease,
@@ -591,7 +594,7 @@ impl Dispatcher {
         let fresh: Vec<&PlannedCall> = calls
             .iter()
             .map(|r| &r.call)
-            .filter(|c| !attempts.contains_key(&c.wire_id))
+            .filter(|c| attempts.last(&c.wire_id).is_none())
             .collect();
         self.record_dispatches(lease, *trace, &fresh, 1).await?;
         // Their results are worth grouping: all but those an earlier runner
@@ -599,12 +602,12 @@ impl Dispatcher {
         results.expect(
             calls
                 .iter()
-                .filter(|r| !store::was_settled(attempts, &r.call.wire_id))
+                .filter(|r| !attempts.settled(&r.call.wire_id))
                 .count(),
         );
         let mut recorded = attempts.clone();
         for call in fresh {
-            recorded.insert(call.wire_id.clone(), 0);
+            recorded.record(call.wire_id.clone(), 0);
         }
         let runs = calls.iter().map(|r| self.drive(round, r, &recorded));
         futures::future::join_all(runs).await.into_iter().collect()

@@ -63,7 +63,7 @@ impl Dispatcher {
         }
         let event = JobEvent::ToolCallProgress {
             attempt,
-            call_id: call.event_id.clone(),
+            call_id: call.event_id.to_string(),
             message: report.message,
             progress: report.progress,
             total: report.total,

@@ -14,15 +14,15 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
-use toolfleet_proto::Envelope;
+use toolfleet_proto::{Envelope, EventId, WireId};
 
 use super::RoundError;
 use crate::store::{self, SettledCall};
 
 /// A call's final envelope, waiting for its commit.
 pub(super) struct Settled {
-    pub(super) event_id: String,
-    pub(super) wire_id: String,
+    pub(super) event_id: EventId,
+    pub(super) wire_id: WireId,
     pub(super) name: String,
     pub(super) attempts: u32,
     pub(super) round_trip: Option<Duration>,

@@ -21,7 +21,7 @@ use crate::job::{
 use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
 use crate::spans;
-use crate::store::{self, Parked, RunStart, Unstored};
+use crate::store::{self, Attempts, Parked, RunStart, Unstored};
 
 mod deltas;
 mod turn;
@@ -107,7 +107,7 @@ struct Progress {
     /// published; see `Dispatcher::run_round`): none was dispatched before
     /// (their wire ids are new), so the round needs no look at the attempts
     /// recorded in Redis.
-    fresh_round: Option<HashMap<String, u32>>,
+    fresh_round: Option<Attempts>,
 }
 
 /// A turn that ended the job, not stored yet: its items are `items[start..]`

@@ -13,6 +13,7 @@ use async_nats::jetstream::AckKind;
 
 use crate::dispatch::PlannedCall;
 use crate::job::{Ending, Item, JobErrorCode, JobSpec, WireIds, assistant_text};
+use toolfleet_proto::call::EventId;
 
 /// Why a run was told to stop. The first reason set wins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,7 +160,7 @@ pub(crate) fn pending_calls(items: &[Item], wire_ids: &WireIds) -> Vec<PlannedCa
         pending.push(PlannedCall {
             call_id: call_id.clone(),
             wire_id,
-            event_id: WireIds::Legacy.of(position, call_id, duplicate),
+            event_id: EventId::of(position, call_id, duplicate),
             name: name.clone(),
             arguments: arguments.clone(),
             duplicate,
@@ -225,6 +226,7 @@ mod tests {
 
     use super::*;
     use crate::job::ProviderKind;
+    use toolfleet_proto::WireId;
 
     fn spec() -> JobSpec {
         JobSpec {
@@ -285,13 +287,13 @@ mod tests {
     fn wire_ids_come_from_the_job_secret_and_the_position_alone() {
         let items = vec![user(), call("call_a"), call("call_a"), call("bad\nid")];
         let secret = WireIds::Secret("0123456789abcdef0123456789abcdef".into());
-        let ids: Vec<String> = pending_calls(&items, &secret)
+        let ids: Vec<WireId> = pending_calls(&items, &secret)
             .into_iter()
             .map(|p| p.wire_id)
             .collect();
         assert_eq!(ids.len(), 3);
         // Events still show the ids the conversation has, where safe.
-        let shown: Vec<String> = pending_calls(&items, &secret)
+        let shown: Vec<EventId> = pending_calls(&items, &secret)
             .into_iter()
             .map(|p| p.event_id)
             .collect();
@@ -305,7 +307,7 @@ mod tests {
         // Stable: a resumed run over more items finds the same ids.
         let mut answered = items.clone();
         answered.push(result("call_a"));
-        let resumed: Vec<String> = pending_calls(&answered, &secret)
+        let resumed: Vec<WireId> = pending_calls(&answered, &secret)
             .into_iter()
             .map(|p| p.wire_id)
             .collect();
@@ -313,7 +315,7 @@ mod tests {
         // Nothing of the model's id, nor anything one job's ids tell about
         // another's: a different secret names every call differently.
         let renamed = vec![user(), call("other"), call("other"), call("x")];
-        let same_positions: Vec<String> = pending_calls(&renamed, &secret)
+        let same_positions: Vec<WireId> = pending_calls(&renamed, &secret)
             .into_iter()
             .map(|p| p.wire_id)
             .collect();

@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::hold::{Decision, HeldFor, Hold};
 use crate::job::JobEvent;
+use toolfleet_proto::{EventId, WireId};
 
 use super::*;
 
@@ -30,11 +31,11 @@ use super::*;
 #[derive(Debug, Clone)]
 pub struct HeldCall<'a> {
     /// The id its attempts and holds are recorded under.
-    pub wire_id: &'a str,
+    pub wire_id: &'a WireId,
     /// What it is held for, and why.
     pub held_for: HeldFor<'a>,
     /// The id the job's events show it by.
-    pub call_id: &'a str,
+    pub call_id: &'a EventId,
     /// The tool.
     pub tool: &'a str,
     /// The model's arguments.
@@ -56,7 +57,7 @@ impl HeldCall<'_> {
         match self.held_for {
             HeldFor::Approval(rule) => JobEvent::ToolCallApprovalRequested {
                 arguments: self.arguments.to_owned(),
-                call_id: self.call_id.to_owned(),
+                call_id: self.call_id.to_string(),
                 expires_at: self.expires_at_ms,
                 reason: rule.reason(self.tool),
                 rule: rule.source().to_owned(),
@@ -66,7 +67,7 @@ impl HeldCall<'_> {
                 let error = answered.error();
                 JobEvent::ToolCallVerdictRequested {
                     attempt,
-                    call_id: self.call_id.to_owned(),
+                    call_id: self.call_id.to_string(),
                     code: error.map(|e| e.code.to_string()).unwrap_or_default(),
                     expires_at: self.expires_at_ms,
                     message: error.map(|e| e.message.clone()).unwrap_or_default(),
@@ -83,7 +84,7 @@ impl HeldCall<'_> {
             HeldFor::Verdict { attempt, answered } => (Some(attempt), Some(answered.to_json())),
         };
         let request = ApprovalRequest {
-            call_id: self.call_id.to_owned(),
+            call_id: self.call_id.clone(),
             tool: self.tool.to_owned(),
             arguments: self.arguments.to_owned(),
             rule: self.held_for.rule().to_owned(),
@@ -104,7 +105,7 @@ impl HeldCall<'_> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRequest {
     /// The id the job's events show it by.
-    pub call_id: String,
+    pub call_id: EventId,
     /// The tool.
     pub tool: String,
     /// The model's arguments.
@@ -149,10 +150,10 @@ impl Approvals {
     /// The hold of the call `call_id` (as events name it) that a decision
     /// is for: the one waiting, else the latest (whose decision a second
     /// one is told of). With its hold.
-    pub fn hold_of(&self, call_id: &str) -> Option<(&Hold, &ApprovalRequest)> {
+    pub fn hold_of(&self, call_id: &EventId) -> Option<(&Hold, &ApprovalRequest)> {
         self.requests
             .iter()
-            .filter(|(_, request)| request.call_id == call_id)
+            .filter(|(_, request)| request.call_id == *call_id)
             .max_by_key(|(key, request)| {
                 (!self.decisions.contains_key(*key), request.requested_at_ms)
             })
@@ -213,10 +214,11 @@ mod tests {
 
     #[test]
     fn a_held_calls_fields_are_its_request_and_expiry() {
+        let (wire_id, call_id) = (WireId::parse("w1"), EventId::parse("call_1"));
         let held = HeldCall {
-            wire_id: "w1",
+            wire_id: wire_id.as_ref().expect("a wire id"),
             held_for: HeldFor::Approval(Rule::Job { every_tool: true }),
-            call_id: "call_1",
+            call_id: call_id.as_ref().expect("an event id"),
             tool: "transfer",
             arguments: "{\"amount\":5}",
             expires_at_ms: 2_000,

@@ -1,17 +1,17 @@
 //! The commits of a run, each one Lua script fenced by the lease: a turn
 //! ([`JobStore::record_turn`]), a dispatch, a round's results, the end.
 
-use std::collections::HashMap;
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use redis::Script;
-use toolfleet_proto::Envelope;
+use toolfleet_proto::{Envelope, EventId, WireId};
 
 use crate::job::{
     Ending, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
 
+use super::attempts::settled_field;
 use super::scripts::script;
 use super::wake_ups::Written;
 use super::*;
@@ -117,7 +117,7 @@ impl JobStore {
             .iter()
             .map(|settled| JobEvent::ToolCallResult {
                 attempts: settled.attempts,
-                call_id: settled.call_id.to_owned(),
+                call_id: settled.call_id.to_string(),
                 code: settled.envelope.error().map(|e| e.code.to_string()),
                 name: settled.name.to_owned(),
                 ok: settled.envelope.is_ok(),
@@ -286,9 +286,9 @@ fn pairs<A, B>(
 #[derive(Debug, Clone, Copy)]
 pub struct SettledCall<'a> {
     /// The id the job's events show the call by.
-    pub call_id: &'a str,
+    pub call_id: &'a EventId,
     /// The id its attempts are recorded under.
-    pub wire_id: &'a str,
+    pub wire_id: &'a WireId,
     /// The tool name.
     pub name: &'a str,
     /// Attempts made (0: answered by the orchestrator's own checks).
@@ -307,21 +307,6 @@ pub struct SettledCall<'a> {
     pub unchecked: Option<&'a str>,
 }
 
-/// Whether the result of call `wire_id` was recorded
-/// ([`JobStore::record_call_results`]), by the [`JobStore::attempts`] of its
-/// job: a resumed round answers it again from the stored envelope, but
-/// records neither its event nor its spans a second time.
-pub fn was_settled(attempts: &HashMap<String, u32>, wire_id: &str) -> bool {
-    attempts.contains_key(&settled_field(wire_id))
-}
-
-/// The attempts-hash field that marks a call settled. A wire id never holds
-/// a colon ([`is_valid_wire_id`](toolfleet_proto::call::is_valid_wire_id)),
-/// so no call's own field can be mistaken for it.
-fn settled_field(wire_id: &str) -> String {
-    format!("settled:{wire_id}")
-}
-
 /// What a run did but has not stored when it ends the job: stored by
 /// [`JobStore::finish`] in the commit that ends it.
 #[derive(Debug, Clone, Copy)]
@@ -338,9 +323,9 @@ pub enum Unstored<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct DispatchedCall<'a> {
     /// The id the job's events show the call by.
-    pub event_id: &'a str,
+    pub event_id: &'a EventId,
     /// The id its attempts are recorded under.
-    pub wire_id: &'a str,
+    pub wire_id: &'a WireId,
     /// The tool.
     pub name: &'a str,
 }
@@ -388,10 +373,10 @@ impl<'a> Commit<'a> {
         for call in calls {
             self.events.push(JobEvent::ToolCallDispatched {
                 attempt,
-                call_id: call.event_id.to_owned(),
+                call_id: call.event_id.to_string(),
                 name: call.name.to_owned(),
             });
-            self.attempts.push((call.wire_id.to_owned(), attempt));
+            self.attempts.push((call.wire_id.to_string(), attempt));
         }
     }
 
@@ -521,19 +506,6 @@ mod tests {
     }
 
     #[test]
-    fn a_settled_mark_is_its_own_field_no_call_can_name() {
-        let mut attempts = HashMap::from([("c1".to_owned(), 2)]);
-        assert!(!was_settled(&attempts, "c1"), "attempted, not settled");
-        attempts.insert(settled_field("c1"), 0);
-        assert!(was_settled(&attempts, "c1"));
-        assert!(!was_settled(&attempts, "c2"));
-        // A wire id holds no colon, so no call's attempts field is a mark.
-        assert!(!toolfleet_proto::call::is_valid_wire_id(&settled_field(
-            "c1"
-        )));
-    }
-
-    #[test]
     fn a_turn_commits_its_items_event_counters_and_offers() {
         let (results, items) = (vec![call("{}")], vec![call("{\"a\":1}")]);
         let turn = TurnCheckpoint {
@@ -557,15 +529,18 @@ mod tests {
     #[test]
     fn a_dispatch_records_an_event_and_an_attempt_per_call() {
         let mut commit = Commit::default();
+        let id = |text| (EventId::parse(text).unwrap(), WireId::parse(text).unwrap());
+        let ((call_a, _), (x1, _), (_, w1), (_, w2)) =
+            (id("call_a"), id("x.1"), id("w1"), id("w2"));
         let calls = [
             DispatchedCall {
-                event_id: "call_a",
-                wire_id: "w1",
+                event_id: &call_a,
+                wire_id: &w1,
                 name: "echo",
             },
             DispatchedCall {
-                event_id: "x.1",
-                wire_id: "w2",
+                event_id: &x1,
+                wire_id: &w2,
                 name: "sleep",
             },
         ];

@@ -13,7 +13,7 @@
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
 //! - `tf:{<job>}:attempts`: a hash wire call id -> the attempt last dispatched,
 //!   and `settled:<wire call id>` -> attempts made, once the call's result
-//!   is recorded ([`was_settled`]);
+//!   is recorded (read as [`Attempts`], `attempts`);
 //! - `tf:{<job>}:tools`: a hash tool name -> the manifest the model was
 //!   offered (a call to it waits for its workers rather than being unknown);
 //! - `tf:{<job>}:approvals`: its held calls and their decisions
@@ -47,6 +47,7 @@
 //! Only this module spells a hash field.
 
 mod approvals;
+mod attempts;
 mod cancel;
 mod catalog;
 mod commit;
@@ -73,7 +74,8 @@ use wake_ups::Written;
 pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{ApprovalRequest, Approvals, HeldCall};
-pub use commit::{DispatchedCall, SettledCall, Unstored, was_settled};
+pub use attempts::Attempts;
+pub use commit::{DispatchedCall, SettledCall, Unstored};
 pub use decide::{Decide, DecideStep, Decided, Seen};
 pub use index::ListCursor;
 pub use lease::Acquired;

@@ -94,15 +94,6 @@ impl JobStore {
         parse_items(job_id, &texts)
     }
 
-    /// The last attempt dispatched for each call of the job.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Redis`].
-    pub async fn attempts(&self, job_id: &JobId) -> Result<HashMap<String, u32>, Error> {
-        Ok(self.conn().hgetall(self.keys.job_attempts(job_id)).await?)
-    }
-
     /// The envelope a worker stored for one attempt of a call to `tool`.
     ///
     /// # Errors

@@ -54,7 +54,7 @@ impl Call {
 
     /// Its hold: an approval.
     fn hold(self) -> Hold {
-        Hold::approval(self.key())
+        Hold::approval(super::wire(self.key()))
     }
 }
 

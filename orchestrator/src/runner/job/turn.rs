@@ -19,7 +19,7 @@ use crate::model::{Delta, DeltaSink, Provider, ToolSpec, Turn, TurnRequest, Usag
 use crate::registry::LiveTool;
 use crate::runner::step::{self, StopReason};
 use crate::spans;
-use crate::store::DispatchedCall;
+use crate::store::{Attempts, DispatchedCall};
 
 /// What a turn is played for: the job, how its calls are named on the
 /// wire, and the model that plays it.
@@ -149,7 +149,7 @@ impl JobRun<'_> {
             admitted
                 .iter()
                 .map(|call| (call.wire_id.clone(), 0))
-                .collect()
+                .collect::<Attempts>()
         });
         Ok(())
     }

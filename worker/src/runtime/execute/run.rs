@@ -5,10 +5,13 @@
 
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::{AckKind, Message};
 use serde_json::Value;
 use tokio::task::JoinError;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::call::is_valid_call_id;
+use toolfleet_proto::names::headers;
 use toolfleet_proto::{Envelope, ErrorBody, ErrorCode, ToolCall};
 use tracing::{Instrument, debug, error, info, warn};
 
@@ -98,6 +101,7 @@ impl Executor {
         let ctx = ToolContext {
             job_id: call.job_id.clone(),
             call_id: call.call_id.clone(),
+            model_call_id: model_call_id(message.headers.as_ref()),
             attempt: call.attempt,
             idempotency_key: call.idempotency_key.clone(),
             deadline: checked.deadline,
@@ -379,6 +383,14 @@ fn after_timeout(applied: Applied, timed_out: Envelope) -> Ran {
 
 /// The answer to a call whose job was cancelled: stopped, or never run.
 /// Nobody waits for it; it is stored so that a redelivery answers it.
+/// The model's own id of the call, from the
+/// [`MODEL_CALL_ID`](headers::MODEL_CALL_ID) header of its message, when it
+/// is a safe one: the bus's bytes may be anything, and a tool may print it.
+fn model_call_id(message_headers: Option<&HeaderMap>) -> Option<String> {
+    let id = message_headers?.get(headers::MODEL_CALL_ID)?.as_str();
+    is_valid_call_id(id).then(|| id.to_owned())
+}
+
 fn job_cancelled() -> Envelope {
     Envelope::terminal(
         ErrorCode::CANCELLED,
@@ -402,6 +414,22 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_tool_gets_the_model_s_id_only_when_it_is_a_safe_one() {
+        let with = |value: &str| {
+            let mut message_headers = HeaderMap::new();
+            message_headers.insert(headers::MODEL_CALL_ID, value);
+            model_call_id(Some(&message_headers))
+        };
+        assert_eq!(with("call_Ab-9"), Some("call_Ab-9".to_owned()));
+        assert_eq!(with("toolu_01"), Some("toolu_01".to_owned()));
+        for unsafe_id in ["", "a b", "a:b", "é", &"x".repeat(65)] {
+            assert_eq!(with(unsafe_id), None, "{unsafe_id:?}");
+        }
+        assert_eq!(model_call_id(Some(&HeaderMap::new())), None);
+        assert_eq!(model_call_id(None), None, "an orchestrator before 0.2");
+    }
 
     /// The code of an error envelope, or `"ok"`.
     fn code(envelope: &Envelope) -> String {
