@@ -100,33 +100,10 @@ pub(super) async fn measure(
         tool,
     };
     let idle = sources.read().await;
-    eprintln!("warming up...");
-    load(api, work, 50.min(args.jobs), args.concurrency, false).await?;
-    if let Some(count) = args.stored_jobs {
-        let [url] = sources.redis_urls.as_slice() else {
-            anyhow::bail!("--stored-jobs needs the fleet's one Redis server");
-        };
-        let keys = RedisKeys::new(RedisOptions::default().key_prefix);
-        stored::fill(url, &keys, count).await?;
-    }
+    warm_up(args, api, work, sources).await?;
     let phase = load_phase(args, api, work, sources, &idle).await?;
-    eprintln!("latency: {} sequential one-call jobs...", args.sequential);
-    let one_call = script(tool, 1, 1);
-    let mut latencies = Vec::with_capacity(args.sequential);
-    for _ in 0..args.sequential {
-        let started = Instant::now();
-        run_job(api.clone(), &one_call, tool, false).await?;
-        latencies.push(started.elapsed());
-    }
-    let raw_nats = if raw_requests(args) == 0 {
-        None
-    } else {
-        eprintln!(
-            "floor: {} raw NATS requests, {} in flight...",
-            args.raw_requests, args.concurrency
-        );
-        Some(floor::request_reply(nats, args.raw_requests, args.concurrency).await?)
-    };
+    let latencies = sequential_jobs(args, api, tool).await?;
+    let raw_nats = nats_floor(args, nats).await?;
     let tool_calls = args.jobs * args.calls * args.rounds;
     let tool_calls_per_sec = tool_calls as f64 / phase.seconds;
     let raw_jetstream = if raw_calls(args) == 0 {
@@ -164,6 +141,62 @@ pub(super) async fn measure(
         spans_received: None,
         fsync_always: false,
     })
+}
+
+/// The warm-up: a few jobs of `work`, unmeasured; then, with
+/// `--stored-jobs`, Redis filled with finished jobs.
+async fn warm_up(
+    args: &BenchArgs,
+    api: &Api,
+    work: Work<'_>,
+    sources: &Sources,
+) -> anyhow::Result<()> {
+    eprintln!("warming up...");
+    load(api, work, 50.min(args.jobs), args.concurrency, false).await?;
+    if let Some(count) = args.stored_jobs {
+        let [url] = sources.redis_urls.as_slice() else {
+            anyhow::bail!("--stored-jobs needs the fleet's one Redis server");
+        };
+        let keys = RedisKeys::new(RedisOptions::default().key_prefix);
+        stored::fill(url, &keys, count).await?;
+    }
+    Ok(())
+}
+
+/// The latency of `--sequential` one-call jobs of `tool`, run one after
+/// the other.
+async fn sequential_jobs(
+    args: &BenchArgs,
+    api: &Api,
+    tool: Workload,
+) -> anyhow::Result<Vec<Duration>> {
+    eprintln!("latency: {} sequential one-call jobs...", args.sequential);
+    let one_call = script(tool, 1, 1);
+    let mut latencies = Vec::with_capacity(args.sequential);
+    for _ in 0..args.sequential {
+        let started = Instant::now();
+        run_job(api.clone(), &one_call, tool, false).await?;
+        latencies.push(started.elapsed());
+    }
+    Ok(latencies)
+}
+
+/// The raw NATS request/reply floor: its rate and its round trips; none
+/// when skipped.
+async fn nats_floor(
+    args: &BenchArgs,
+    nats: NatsAt<'_>,
+) -> anyhow::Result<Option<(f64, Vec<Duration>)>> {
+    if raw_requests(args) == 0 {
+        return Ok(None);
+    }
+    eprintln!(
+        "floor: {} raw NATS requests, {} in flight...",
+        args.raw_requests, args.concurrency
+    );
+    Ok(Some(
+        floor::request_reply(nats, args.raw_requests, args.concurrency).await?,
+    ))
 }
 
 /// What the load phase measured.

@@ -4,7 +4,7 @@
 
 use anyhow::Context as _;
 use toolfleet_service::config::TelemetryOptions;
-use toolfleet_service::traces;
+use toolfleet_service::traces::{self, Exporting};
 
 use super::accounting::{Probe, Sources};
 use super::args::BenchArgs;
@@ -47,12 +47,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         (None, None) => Some(start_local(&args, workers).await?),
         _ => None,
     };
-    let (address, nats_url) = match (&fleet, &processes, &args.target, &args.nats_url) {
-        (Some(fleet), _, _, _) => (fleet.grpc_addr(), fleet.nats_url()),
-        (None, Some(processes), _, _) => (processes.address.clone(), processes.nats_url.clone()),
-        (None, None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
-        _ => anyhow::bail!("--target needs --nats-url"),
-    };
+    let (address, nats_url) = addresses(&args, fleet.as_ref(), processes.as_ref())?;
     let api = Api::connect(address.clone())
         .await
         .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
@@ -63,15 +58,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         ca_file: ca_file.as_deref(),
     };
     if let Some(jobs) = args.parked {
-        let measured = measure_parked(&api, &sources, jobs, args.concurrency).await;
-        drop(processes);
-        let report = measured?;
-        if args.json {
-            outln!("{}", serde_json::to_string_pretty(&report)?)?;
-        } else {
-            outln!("{}", parked::print(&report))?;
-        }
-        return Ok(());
+        return run_parked(&args, &api, &sources, jobs, processes).await;
     }
     let result = measure(&args, &api, nats, &sources).await;
     // What the servers say, where they can be asked.
@@ -79,6 +66,21 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .fsync_every_write()
         .await
         .unwrap_or(args.fsync_always);
+    stop(fleet, processes, exporting).await;
+    let mut report = result?;
+    report.trace_ratio = args.trace_ratio;
+    report.fsync_always = fsync_always;
+    report.spans_received = collector.as_ref().map(Collector::received);
+    publish(&args, &report)
+}
+
+/// Stops the fleet: the one in this process, the processes, then this
+/// process's exporter of traces.
+async fn stop(
+    fleet: Option<LocalFleet>,
+    processes: Option<ProcessFleet>,
+    exporting: Option<Exporting>,
+) {
     if let Some(fleet) = fleet {
         fleet.shutdown().await;
     }
@@ -87,11 +89,41 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(exporting) = exporting {
         exporting.shutdown().await;
     }
-    let mut report = result?;
-    report.trace_ratio = args.trace_ratio;
-    report.fsync_always = fsync_always;
-    report.spans_received = collector.as_ref().map(Collector::received);
-    publish(&args, &report)
+}
+
+/// The orchestrator's gRPC address and the NATS URL of the fleet measured:
+/// the one started here, or `--target`'s.
+fn addresses(
+    args: &BenchArgs,
+    fleet: Option<&LocalFleet>,
+    processes: Option<&ProcessFleet>,
+) -> anyhow::Result<(String, String)> {
+    Ok(match (fleet, processes, &args.target, &args.nats_url) {
+        (Some(fleet), _, _, _) => (fleet.grpc_addr(), fleet.nats_url()),
+        (None, Some(processes), _, _) => (processes.address.clone(), processes.nats_url.clone()),
+        (None, None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
+        _ => anyhow::bail!("--target needs --nats-url"),
+    })
+}
+
+/// A `--parked` run: measured, the fleet's processes stopped, then the
+/// report printed.
+async fn run_parked(
+    args: &BenchArgs,
+    api: &Api,
+    sources: &Sources,
+    jobs: usize,
+    processes: Option<ProcessFleet>,
+) -> anyhow::Result<()> {
+    let measured = measure_parked(api, sources, jobs, args.concurrency).await;
+    drop(processes);
+    let report = measured?;
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&report)?)?;
+    } else {
+        outln!("{}", parked::print(&report))?;
+    }
+    Ok(())
 }
 
 /// `--parked`: the orchestrator idle, then with `jobs` jobs parked.
