@@ -229,6 +229,23 @@ async fn start_servers(
     Ok((nats, redis))
 }
 
+/// The fleet's temp dir: registered with the kill switch unless it is
+/// kept, and with the fleet's `fleet.log` in it when the tracing output
+/// goes there.
+fn fleet_dir(options: &LocalFleetOptions) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("toolfleet-dev-")
+        .tempdir()
+        .context("cannot create a temp dir for the local fleet")?;
+    if !options.keep_dir {
+        options.kill_switch.register_dir(dir.path());
+    }
+    if options.log_to_file {
+        FleetLog::install(&dir.path().join("fleet.log"))?;
+    }
+    Ok(dir)
+}
+
 impl LocalFleet {
     /// Starts the servers `spec` describes, then the orchestrator and
     /// the workers in this process, and returns once the orchestrator lists
@@ -244,16 +261,7 @@ impl LocalFleet {
     pub(crate) async fn start(spec: FleetSpec, options: LocalFleetOptions) -> anyhow::Result<Self> {
         let progress = Progress(options.progress);
         let shape = InProcess::of(spec)?;
-        let dir = tempfile::Builder::new()
-            .prefix("toolfleet-dev-")
-            .tempdir()
-            .context("cannot create a temp dir for the local fleet")?;
-        if !options.keep_dir {
-            options.kill_switch.register_dir(dir.path());
-        }
-        if options.log_to_file {
-            FleetLog::install(&dir.path().join("fleet.log"))?;
-        }
+        let dir = fleet_dir(&options)?;
         let deadline = options.start_timeout;
         let servers = ServerOptions {
             // Removed with the fleet's dir, or kept with it.
@@ -301,23 +309,33 @@ impl LocalFleet {
             tls,
             dir,
         };
+        fleet.start_services(&options, &shape).await?;
+        Ok(fleet)
+    }
 
+    /// Starts the orchestrator, then the workers, and waits until the
+    /// orchestrator lists every worker's tools on every worker.
+    async fn start_services(
+        &mut self,
+        options: &LocalFleetOptions,
+        shape: &InProcess,
+    ) -> anyhow::Result<()> {
+        let progress = self.progress;
         progress.start("starting orchestrator");
-        let started = fleet.start_orchestrator(&options).await;
-        progress.finish(started, |()| format!("grpc {}", fleet.grpc_addr()))?;
+        let started = self.start_orchestrator(options).await;
+        progress.finish(started, |()| format!("grpc {}", self.grpc_addr()))?;
 
         progress.start(&format!("starting {} workers", shape.workers));
-        let started = fleet.start_workers(&options, &shape).await;
+        let started = self.start_workers(options, shape).await;
         let expected = progress.finish(started, |(ids, _)| ids.join(", "))?.1;
 
         progress.start("waiting for the workers' tools");
-        let ready = fleet
-            .wait_for_tools(&expected, shape.workers, deadline)
+        let ready = self
+            .wait_for_tools(&expected, shape.workers, options.start_timeout)
             .await;
         progress.finish(ready, |()| {
             format!("{} on {} workers each", expected.join(", "), shape.workers)
-        })?;
-        Ok(fleet)
+        })
     }
 
     /// The orchestrator's gRPC address as a URL, `http://127.0.0.1:<port>`:
