@@ -73,6 +73,27 @@ impl DevArgs {
             .clone()
             .unwrap_or_else(|| DEFAULT_OPENAI_MODEL.to_owned())
     }
+
+    /// The local fleet's options these flags give: its port, its dir, and
+    /// the workers' `--worker-config` (with the fleet's drain time).
+    fn fleet_options(&self, kill_switch: KillSwitch) -> anyhow::Result<LocalFleetOptions> {
+        let mut options = LocalFleetOptions {
+            grpc_port: self.grpc_port,
+            keep_dir: self.keep_dir,
+            kill_switch,
+            ..LocalFleetOptions::default()
+        };
+        if let Some(path) = &self.worker_config {
+            let drain = options.worker.runtime.drain_timeout;
+            options.worker =
+                toolfleet_worker::WorkerOptions::load(Some(path), serde_json::json!({}))?;
+            options.worker.runtime.drain_timeout = drain;
+            options.worker.check_own().map_err(|problem| {
+                anyhow::anyhow!("--worker-config {}: {problem}", path.display())
+            })?;
+        }
+        Ok(options)
+    }
 }
 
 /// `toolfleet dev`.
@@ -119,21 +140,7 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
             true => Serving::TestTools,
             false => Serving::BuiltIn,
         });
-    let mut options = LocalFleetOptions {
-        grpc_port: args.grpc_port,
-        keep_dir: args.keep_dir,
-        kill_switch,
-        ..LocalFleetOptions::default()
-    };
-    if let Some(path) = &args.worker_config {
-        let drain = options.worker.runtime.drain_timeout;
-        options.worker = toolfleet_worker::WorkerOptions::load(Some(path), serde_json::json!({}))?;
-        options.worker.runtime.drain_timeout = drain;
-        options
-            .worker
-            .check_own()
-            .map_err(|problem| anyhow::anyhow!("--worker-config {}: {problem}", path.display()))?;
-    }
+    let options = args.fleet_options(kill_switch)?;
     let fleet = tokio::select! {
         fleet = builder.start_in_process(options) => fleet?,
         () = shutdown.cancelled() => {
@@ -145,21 +152,7 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
     let outcome = if args.serve {
         serve(&fleet, &shutdown).await
     } else {
-        let outcome = tokio::select! {
-            code = demo(&fleet, &args) => code,
-            () = shutdown.cancelled() => {
-                eprintln!("interrupted");
-                Ok(ExitCode::from(EXIT_INTERRUPTED))
-            }
-        };
-        if !args.keep_dir
-            && outcome
-                .as_ref()
-                .is_ok_and(|code| *code != ExitCode::SUCCESS)
-        {
-            eprintln!("the fleet's logs go with its temp dir; --keep-dir keeps them");
-        }
-        outcome
+        run_demo(&fleet, &args, &shutdown).await
     };
     // A fleet that does not stop cleanly says so on stderr; the job's
     // outcome still decides the exit code.
@@ -168,6 +161,30 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
         exporting.shutdown().await;
     }
     signals.abort();
+    outcome
+}
+
+/// The demo job until it ends or Ctrl-C; when it failed, a note that the
+/// fleet's logs go with its temp dir.
+async fn run_demo(
+    fleet: &LocalFleet,
+    args: &DevArgs,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<ExitCode> {
+    let outcome = tokio::select! {
+        code = demo(fleet, args) => code,
+        () = shutdown.cancelled() => {
+            eprintln!("interrupted");
+            Ok(ExitCode::from(EXIT_INTERRUPTED))
+        }
+    };
+    if !args.keep_dir
+        && outcome
+            .as_ref()
+            .is_ok_and(|code| *code != ExitCode::SUCCESS)
+    {
+        eprintln!("the fleet's logs go with its temp dir; --keep-dir keeps them");
+    }
     outcome
 }
 

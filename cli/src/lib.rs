@@ -1,8 +1,9 @@
 //! The `toolfleet` command line: a gRPC client of the API, and `dev`/`bench`
 //! which run a local fleet. Its own crate, so that neither service links it.
 //!
-//! - `client`: `submit`, `get`, `watch`, `cancel`, `jobs`, `tools` against any
-//!   orchestrator replica; `call`: one call without a model.
+//! - `client`: `submit`, `get`, `watch`, `trace`, `cancel`, `jobs`, `tools`
+//!   against any orchestrator replica, a module each over the shared
+//!   connection and the following of a job; `call`: one call without a model.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
 //! - `mcp_serve`: `mcp-serve`, the fleet as one MCP server.
 //! - `toolfleet-fleet` runs the local fleet of `dev` and `bench` (servers as

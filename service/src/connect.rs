@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_nats::jetstream;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
-use crate::config::{NatsOptions, RedisOptions, redact_url, url_list};
+use crate::config::{NatsOptions, NatsTlsOptions, RedisOptions, redact_url, url_list};
 pub use crate::redis_connection::{RedisConnection, ReplicaAcks, append_ignored};
 
 /// Longest pause between two attempts while waiting for a server.
@@ -198,12 +198,17 @@ fn nats_seeds(url: &str) -> Result<Vec<async_nats::ServerAddr>, ConnectError> {
 /// and TLS. Every file is checked here, so that a missing one stops start-up
 /// with its key and path instead of becoming an endless wait for a server.
 async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOptions, ConnectError> {
+    check_nats_options(options)?;
+    let connect = nats_authentication(options)
+        .await?
+        .custom_inbox_prefix(&options.inbox_prefix);
+    nats_tls(connect, &options.tls)
+}
+
+/// What `options` say that needs no file: one way of authenticating at
+/// most, and subject prefixes that are prefixes.
+fn check_nats_options(options: &NatsOptions) -> Result<(), ConnectError> {
     let config = |message: String| ConnectError::NatsConfig(message);
-    let readable = |key: &str, path: &str| {
-        std::fs::File::open(path)
-            .map(drop)
-            .map_err(|err| config(format!("cannot read {key} {path}: {err}")))
-    };
     let methods = [
         options.credentials_file.is_some(),
         options.nkey_seed_file.is_some(),
@@ -225,6 +230,15 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
             )));
         }
     }
+    Ok(())
+}
+
+/// The client options with the one way of authenticating `options` name
+/// (credentials file, NKey seed, user and password, or token), if any.
+async fn nats_authentication(
+    options: &NatsOptions,
+) -> Result<async_nats::ConnectOptions, ConnectError> {
+    let config = |message: String| ConnectError::NatsConfig(message);
     let mut connect = async_nats::ConnectOptions::new();
     if let Some(path) = &options.credentials_file {
         readable("nats.credentials_file", path)?;
@@ -253,8 +267,15 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
     if let Some(token) = &options.token {
         connect = connect.token(token.clone());
     }
-    connect = connect.custom_inbox_prefix(&options.inbox_prefix);
-    let tls = &options.tls;
+    Ok(connect)
+}
+
+/// `connect` with the TLS `tls` asks for: its CA, a client certificate,
+/// TLS required.
+fn nats_tls(
+    mut connect: async_nats::ConnectOptions,
+    tls: &NatsTlsOptions,
+) -> Result<async_nats::ConnectOptions, ConnectError> {
     if let Some(path) = &tls.ca_file {
         readable("nats.tls.ca_file", path)?;
         connect = connect.add_root_certificates(path.into());
@@ -267,7 +288,7 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
         }
         (None, None) => {}
         _ => {
-            return Err(config(
+            return Err(ConnectError::NatsConfig(
                 "nats.tls.cert_file and nats.tls.key_file go together".into(),
             ));
         }
@@ -276,6 +297,13 @@ async fn nats_options(options: &NatsOptions) -> Result<async_nats::ConnectOption
         connect = connect.require_tls(true);
     }
     Ok(connect)
+}
+
+/// Whether the file `key` names at `path` can be read; the error names both.
+fn readable(key: &str, path: &str) -> Result<(), ConnectError> {
+    std::fs::File::open(path)
+        .map(drop)
+        .map_err(|err| ConnectError::NatsConfig(format!("cannot read {key} {path}: {err}")))
 }
 
 /// Whether `prefix` can start a subject: dot-separated, non-empty tokens of

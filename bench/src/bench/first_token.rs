@@ -18,7 +18,9 @@ use toolfleet_fleet::local::LocalFleetOptions;
 use toolfleet_fleet::{FleetBuilder, Serving};
 use toolfleet_proto::v1;
 
-use super::{Api, BenchArgs, Percentiles};
+use super::Api;
+use super::args::BenchArgs;
+use super::report::Percentiles;
 
 /// What `--first-token` measured.
 #[derive(Debug, Serialize)]

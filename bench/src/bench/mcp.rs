@@ -29,7 +29,9 @@ use toolfleet_fleet::local::LocalFleetOptions;
 use toolfleet_fleet::{FleetBuilder, Serving};
 use toolfleet_proto::v1;
 
-use super::{Api, BenchArgs, Percentiles};
+use super::Api;
+use super::args::BenchArgs;
+use super::report::Percentiles;
 
 /// The server's name in the worker's configuration, so the tool's fleet
 /// name is `bench__echo`.

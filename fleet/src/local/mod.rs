@@ -19,13 +19,14 @@
 //! for the second Ctrl-C, which exits without destructors, hand
 //! [`LocalFleet::kill_switch`] (or the one in [`LocalFleetOptions`]) to
 //! `toolfleet_cli::watch_signals_then`.
+//!
+//! The [`KillSwitch`] lives in `kill_switch.rs`, the fleet's tracing output
+//! (`fleet.log`) in `fleet_log.rs`.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -39,10 +40,14 @@ use toolfleet_worker::{Worker, WorkerOptions, tools};
 use crate::servers::{Nats, Redis, ServersSpec};
 use crate::spec::{FleetSpec, Serving};
 use crate::supervisor::certificates::Certificates;
-use crate::supervisor::{
-    self, ChildProcess, KillHandle, NatsServer, Reaper, RedisServer, RedisTls, ServerOptions,
-};
+use crate::supervisor::{self, NatsServer, RedisServer, RedisTls, ServerOptions};
 use toolfleet_orchestrator::{Orchestrator, OrchestratorOptions};
+
+mod fleet_log;
+mod kill_switch;
+
+use fleet_log::FleetLog;
+pub use kill_switch::KillSwitch;
 
 /// A gRPC client of the fleet's orchestrator, on loopback.
 type ApiClient = AgentServiceClient<tonic::transport::Channel>;
@@ -224,6 +229,23 @@ async fn start_servers(
     Ok((nats, redis))
 }
 
+/// The fleet's temp dir: registered with the kill switch unless it is
+/// kept, and with the fleet's `fleet.log` in it when the tracing output
+/// goes there.
+fn fleet_dir(options: &LocalFleetOptions) -> anyhow::Result<tempfile::TempDir> {
+    let dir = tempfile::Builder::new()
+        .prefix("toolfleet-dev-")
+        .tempdir()
+        .context("cannot create a temp dir for the local fleet")?;
+    if !options.keep_dir {
+        options.kill_switch.register_dir(dir.path());
+    }
+    if options.log_to_file {
+        FleetLog::install(&dir.path().join("fleet.log"))?;
+    }
+    Ok(dir)
+}
+
 impl LocalFleet {
     /// Starts the servers `spec` describes, then the orchestrator and
     /// the workers in this process, and returns once the orchestrator lists
@@ -239,16 +261,7 @@ impl LocalFleet {
     pub(crate) async fn start(spec: FleetSpec, options: LocalFleetOptions) -> anyhow::Result<Self> {
         let progress = Progress(options.progress);
         let shape = InProcess::of(spec)?;
-        let dir = tempfile::Builder::new()
-            .prefix("toolfleet-dev-")
-            .tempdir()
-            .context("cannot create a temp dir for the local fleet")?;
-        if !options.keep_dir {
-            options.kill_switch.register_dir(dir.path());
-        }
-        if options.log_to_file {
-            FleetLog::install(&dir.path().join("fleet.log"))?;
-        }
+        let dir = fleet_dir(&options)?;
         let deadline = options.start_timeout;
         let servers = ServerOptions {
             // Removed with the fleet's dir, or kept with it.
@@ -296,23 +309,33 @@ impl LocalFleet {
             tls,
             dir,
         };
+        fleet.start_services(&options, &shape).await?;
+        Ok(fleet)
+    }
 
+    /// Starts the orchestrator, then the workers, and waits until the
+    /// orchestrator lists every worker's tools on every worker.
+    async fn start_services(
+        &mut self,
+        options: &LocalFleetOptions,
+        shape: &InProcess,
+    ) -> anyhow::Result<()> {
+        let progress = self.progress;
         progress.start("starting orchestrator");
-        let started = fleet.start_orchestrator(&options).await;
-        progress.finish(started, |()| format!("grpc {}", fleet.grpc_addr()))?;
+        let started = self.start_orchestrator(options).await;
+        progress.finish(started, |()| format!("grpc {}", self.grpc_addr()))?;
 
         progress.start(&format!("starting {} workers", shape.workers));
-        let started = fleet.start_workers(&options, &shape).await;
+        let started = self.start_workers(options, shape).await;
         let expected = progress.finish(started, |(ids, _)| ids.join(", "))?.1;
 
         progress.start("waiting for the workers' tools");
-        let ready = fleet
-            .wait_for_tools(&expected, shape.workers, deadline)
+        let ready = self
+            .wait_for_tools(&expected, shape.workers, options.start_timeout)
             .await;
         progress.finish(ready, |()| {
             format!("{} on {} workers each", expected.join(", "), shape.workers)
-        })?;
-        Ok(fleet)
+        })
     }
 
     /// The orchestrator's gRPC address as a URL, `http://127.0.0.1:<port>`:
@@ -587,133 +610,6 @@ impl LocalFleet {
     }
 }
 
-/// Kills a fleet's servers and removes its temp dir, synchronously and at
-/// once. For the moment a process exits without running destructors (the
-/// second Ctrl-C, see `toolfleet_cli::watch_signals_then`):
-/// `move || switch.kill()`. Cheap to clone; harmless to fire more than once or
-/// after the fleet stopped.
-#[derive(Debug, Clone, Default)]
-pub struct KillSwitch {
-    inner: Arc<Mutex<KillList>>,
-    /// Told the same processes and dirs, for a death that runs no code.
-    reaper: Option<Arc<Reaper>>,
-}
-
-#[derive(Debug, Default)]
-struct KillList {
-    processes: Vec<KillHandle>,
-    dirs: Vec<PathBuf>,
-}
-
-impl KillSwitch {
-    /// A kill switch that also keeps a [`Reaper`] (started from `program`,
-    /// the `toolfleet` binary) informed, so that even `kill -9` of this
-    /// process leaves no server or dir behind. Without the reaper when it
-    /// cannot start, with a warning.
-    pub fn with_reaper(program: &Path) -> Self {
-        let reaper = match Reaper::spawn(program) {
-            Ok(reaper) => Some(Arc::new(reaper)),
-            Err(err) => {
-                eprintln!(
-                    "warning: cannot start the reaper ({err}); if this process is killed \
-                     with kill -9, its nats-server and redis-server keep running"
-                );
-                None
-            }
-        };
-        Self {
-            inner: Arc::default(),
-            reaper,
-        }
-    }
-
-    /// Kills the registered servers and removes the registered dirs.
-    pub fn kill(&self) {
-        let list = std::mem::take(&mut *self.lock());
-        for process in &list.processes {
-            process.kill();
-        }
-        for dir in list.dirs {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-
-    fn register_process(&self, process: &ChildProcess) {
-        self.lock().processes.push(process.kill_handle());
-        if let Some(reaper) = &self.reaper {
-            reaper.watch_process(process.pid());
-        }
-    }
-
-    fn register_dir(&self, dir: &Path) {
-        self.lock().dirs.push(dir.to_owned());
-        if let Some(reaper) = &self.reaper {
-            reaper.watch_dir(dir);
-        }
-    }
-
-    /// Forgets everything registered, the reaper too: the fleet has stopped
-    /// its servers and removed its dir itself.
-    pub fn disarm(&self) {
-        *self.lock() = KillList::default();
-        if let Some(reaper) = &self.reaper {
-            reaper.disarm();
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, KillList> {
-        // Killing must work even after a panic elsewhere.
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// Where the fleet's tracing output goes: the current fleet's `fleet.log`, or
-/// nowhere between fleets. The global subscriber is installed once per
-/// process, so a second fleet (a benchmark's) re-targets it.
-struct FleetLog;
-
-static FLEET_LOG: Mutex<Option<File>> = Mutex::new(None);
-
-impl FleetLog {
-    fn install(path: &Path) -> anyhow::Result<()> {
-        let file = File::options()
-            .create(true)
-            .append(true)
-            .open(path)
-            .with_context(|| format!("cannot create {}", path.display()))?;
-        *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) = Some(file);
-        let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-        // try_init: an embedding program's own subscriber wins.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .with_ansi(false)
-            .with_writer(|| FleetLog)
-            .try_init();
-        Ok(())
-    }
-
-    fn close() {
-        *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) = None;
-    }
-}
-
-impl std::io::Write for FleetLog {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        match &mut *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(file) => file.write(buf),
-            None => Ok(buf.len()),
-        }
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        match &mut *FLEET_LOG.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(file) => file.flush(),
-            None => Ok(()),
-        }
-    }
-}
-
 /// Start-up and shutdown progress on stderr: `starting nats-server... ok (...)`.
 #[derive(Debug, Clone, Copy)]
 struct Progress(bool);
@@ -747,35 +643,4 @@ impl Progress {
             eprintln!("{text}");
         }
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_kill_switch_kills_servers_and_removes_dirs() {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir(&data).unwrap();
-        let server = ChildProcess::spawn("sleep", "/bin/sleep", ["30"], NO_ENV).unwrap();
-        let switch = KillSwitch::default();
-        switch.register_process(&server);
-        switch.register_dir(&data);
-        assert!(server.is_running());
-        switch.clone().kill();
-        assert!(!server.is_running());
-        assert!(!data.exists());
-        // Fired again: nothing left to do.
-        switch.kill();
-        assert_eq!(server.log_tail(10).matches("sending SIGKILL").count(), 1);
-
-        // A process dropped before the switch fires is already dead.
-        let gone = ChildProcess::spawn("sleep", "/bin/sleep", ["30"], NO_ENV).unwrap();
-        switch.register_process(&gone);
-        drop(gone);
-        switch.kill();
-    }
-
-    const NO_ENV: [(&str, &str); 0] = [];
 }

@@ -1,0 +1,29 @@
+//! One run of the bench: the fleet it measures (in this process, as
+//! processes, or `--target`), the load, the sequential jobs and the floors,
+//! and the report. See docs/benchmarks.md for how to read the numbers.
+//!
+//! - `args`: the flags; `run`: a run start to end, the fleet started and
+//!   stopped; `measure`: what a run measures on it; `load`: the jobs it
+//!   submits; `report`: the results and their table.
+//! - `accounting`: what a phase cost, process by process; `floor`: the raw
+//!   NATS and JetStream floors; `processes`: the fleet as processes;
+//!   `stored`: `--stored-jobs`; `parked`, `mcp` and `first_token`: the
+//!   runs of `--parked`, `--mcp` and `--first-token`.
+
+mod accounting;
+mod args;
+mod first_token;
+mod floor;
+mod load;
+mod mcp;
+mod measure;
+mod parked;
+mod processes;
+mod report;
+mod run;
+mod stored;
+
+pub(crate) use args::BenchArgs;
+pub(crate) use run::run;
+
+type Api = toolfleet_proto::v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;
