@@ -59,6 +59,30 @@ pub(crate) struct Policy {
     pub(crate) stream_idle_timeout: Duration,
 }
 
+/// Why a provider could not be built: its configuration, not the model
+/// API, is at fault, and no request was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The API key and its file are both set, or the file cannot be read
+    /// or is empty, or the key is not a header value: fix the section's
+    /// key (the message names it).
+    #[error("{0}")]
+    ApiKey(String),
+    /// A configured header (`anthropic.version`) is not a header value:
+    /// fix the key.
+    #[error("{section}: the value of {name} is not a header value")]
+    Header {
+        /// The configuration section.
+        section: &'static str,
+        /// The header.
+        name: &'static str,
+    },
+    /// The HTTP client could not be built (the TLS backend failed to
+    /// load): no model API can be reached from this process.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
 /// One provider's side of the exchange: its connection pool, the headers
 /// every request carries, and its policy.
 pub(crate) struct Wire {
@@ -103,13 +127,14 @@ impl Wire {
     ///
     /// # Errors
     ///
-    /// When the HTTP client cannot be built (the TLS backend failed to
-    /// load), or a header is not a valid header.
+    /// [`BuildError::Client`] when the HTTP client cannot be built (the TLS
+    /// backend failed to load); [`BuildError::Header`] when a header is not
+    /// a valid header.
     pub(crate) fn new(
         policy: Policy,
         headers: &[(&'static str, String)],
         key: Option<ApiKey>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BuildError> {
         // No redirects: reqwest drops `authorization` on a redirect to
         // another origin, but not `x-api-key` (Anthropic's); a model API
         // that moved is a configuration to change, not to follow.
@@ -117,14 +142,12 @@ impl Wire {
             .timeout(policy.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+            .map_err(|err| BuildError::Client(err.to_string()))?;
         let mut map = HeaderMap::new();
         for (name, value) in headers {
-            let mut value = HeaderValue::from_str(value).map_err(|_| {
-                format!(
-                    "{}: the value of {name} is not a header value",
-                    policy.section
-                )
+            let mut value = HeaderValue::from_str(value).map_err(|_| BuildError::Header {
+                section: policy.section,
+                name,
             })?;
             value.set_sensitive(true);
             map.insert(HeaderName::from_static(name), value);
@@ -820,25 +843,12 @@ pub(crate) mod testing {
 
     /// [`options_at`] with the key [`ECHOED_KEY`].
     pub(crate) fn echoed_key_options(uri: &str) -> OpenAiOptions {
-        OpenAiOptions {
-            api_key: Some(ECHOED_KEY.into()),
-            ..options_at(uri)
-        }
+        OpenAiOptions::for_tests(format!("{uri}/v1"), ECHOED_KEY)
     }
 
     /// Fast-retrying options for a provider talking to the server at `uri`.
     pub(crate) fn options_at(uri: &str) -> OpenAiOptions {
-        OpenAiOptions {
-            base_url: format!("{uri}/v1"),
-            api_key: Some("sk-test".into()),
-            api_key_file: None,
-            request_timeout: Duration::from_secs(5),
-            max_retries: 2,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(200),
-            max_response_bytes: 64 * 1024,
-            stream_idle_timeout: Duration::from_millis(500),
-        }
+        OpenAiOptions::for_tests(format!("{uri}/v1"), "sk-test")
     }
 
     fn compile(root: &str) -> Validator {
@@ -1452,7 +1462,7 @@ mod tests {
     #[tokio::test]
     async fn timeouts_and_refused_connections_are_retried_then_unavailable() {
         let body = json!({"model": "gpt-test", "input": "hi"});
-        let wire = |options: &OpenAiOptions| options.wire().unwrap();
+        let wire = |options: &OpenAiOptions| options.wire(&[]).unwrap();
 
         // Each attempt outlives the request timeout.
         let server = MockServer::start().await;
@@ -1508,7 +1518,7 @@ mod tests {
         let opts = options(&server);
         let body = json!({"model": "gpt-test", "input": "hi"});
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("not JSON");
         assert!(matches!(err, ModelError::InvalidResponse(_)), "{err:?}");
@@ -1528,7 +1538,7 @@ mod tests {
             .await;
         let opts = options(&server);
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("over the cap");
         assert!(
@@ -1544,7 +1554,7 @@ mod tests {
         let mut opts = options(&server);
         opts.max_retries = 0;
         let url = format!("http://127.0.0.1:{port}/v1/responses?api-key=sk-in-the-query");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("nothing listens");
         let text = err.to_string();
