@@ -267,7 +267,7 @@ impl OrchestratorOptions {
         }
         // A key file that cannot be read stops the replica now, not its
         // first job.
-        self.openai.api_key()?;
+        self.openai.check()?;
         self.anthropic.check()?;
         if self.approval.timeout.is_zero() {
             return Err(

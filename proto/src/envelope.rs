@@ -66,6 +66,12 @@ impl ErrorCode {
     /// or arguments, the same ids: a forged call got there first), so it was
     /// refused. Retryable: the next attempt has keys of its own.
     pub const FOREIGN_RESULT: Self = Self::from_static("FOREIGN_RESULT");
+    /// The call queue (JetStream) refused the call's message for a reason
+    /// no leader election explains (the stream full or sealed, say), so no
+    /// worker got the call and it did not run. Terminal: the queue would
+    /// refuse it again. A message larger than the queue takes is
+    /// `PAYLOAD_TOO_LARGE` instead.
+    pub const DISPATCH_REFUSED: Self = Self::from_static("DISPATCH_REFUSED");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

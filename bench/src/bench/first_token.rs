@@ -73,9 +73,9 @@ pub(super) async fn run(args: &BenchArgs, jobs: usize) -> anyhow::Result<()> {
          process), its model a streaming server at {server}..."
     );
     let mut options = LocalFleetOptions::default();
-    options.orchestrator.anthropic.base_url = server;
-    options.orchestrator.anthropic.api_key = Some("bench".to_owned());
-    options.orchestrator.anthropic.api_key_file = None;
+    options.orchestrator.anthropic.http.base_url = server;
+    options.orchestrator.anthropic.http.api_key = Some("bench".to_owned());
+    options.orchestrator.anthropic.http.api_key_file = None;
     let fleet = FleetBuilder::new()
         .workers(1)
         .serving(Serving::BuiltIn)

@@ -20,7 +20,7 @@ use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundErr
 use toolfleet_service::traces;
 
 use crate::job::{JobTrace, now_ms};
-use crate::publish::{self, Unpublished, What};
+use crate::publish::{self, Refusal, Unpublished, What};
 use crate::quota::{CallSlot, SlotRequest};
 use crate::store::Attempts;
 use crate::{spans, store};
@@ -329,7 +329,15 @@ impl Dispatcher {
             }
         }
         let sent = Instant::now();
-        self.publish(round, call, attempt, resumed).await?;
+        if let Some(refused) = self.publish(round, call, attempt, resumed).await? {
+            // No worker got it: the queue's refusal is its answer.
+            return Ok(Answer {
+                envelope: refused,
+                round_trip: None,
+                worked: None,
+                unchecked: None,
+            });
+        }
         let (text, from_reply) = self.wait(round, call, attempt, &mut notices, true).await?;
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
@@ -368,14 +376,15 @@ impl Dispatcher {
     }
 
     /// Publishes one attempt, retrying while JetStream is unreachable or
-    /// electing a leader ([`publish::acked`]).
+    /// electing a leader ([`publish::acked`]). `Some`: JetStream refused it
+    /// for good, and this is the attempt's answer ([`published`]).
     async fn publish(
         &self,
         round: &Round<'_>,
         call: &PlannedCall,
         attempt: u32,
         resuming: bool,
-    ) -> Result<(), RoundError> {
+    ) -> Result<Option<Envelope>, RoundError> {
         let Round {
             lease, spec, stop, ..
         } = round;
@@ -406,7 +415,7 @@ impl Dispatcher {
         let until = tokio::time::Instant::now()
             + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
         let subject = names::call_subject(&wire.tool);
-        publish::acked(
+        let sent = publish::acked(
             &self.js,
             What::Call,
             &subject,
@@ -415,11 +424,8 @@ impl Dispatcher {
             until,
             Some(stop),
         )
-        .await
-        .map_err(|err| match err {
-            Unpublished::Stopped => RoundError::Interrupted,
-            Unpublished::Failed(_) => RoundError::DeadlineExceeded,
-        })
+        .await;
+        published(sent)
     }
 
     /// Tells the workers that the job of `call`'s `attempt`, in flight, was
@@ -552,6 +558,29 @@ async fn pause_before_retry(
         () = round.stop.cancelled() => Err(RoundError::Interrupted),
         () = tokio::time::sleep(delay) => Ok(()),
     }
+}
+
+/// What a publish of an attempt comes to: `None` when it landed; the
+/// attempt's answer when JetStream refused it for good (a terminal failure
+/// of the call, as the orchestrator's own checks give one: too large is
+/// `PAYLOAD_TOO_LARGE`, anything else `DISPATCH_REFUSED`); the round ends
+/// when it was stopped (interrupted), or when an election or an outage
+/// outlasted the job's deadline, the bound of its retries.
+fn published(sent: Result<(), Unpublished>) -> Result<Option<Envelope>, RoundError> {
+    let (code, message) = match sent {
+        Ok(()) => return Ok(None),
+        Err(Unpublished::Stopped) => return Err(RoundError::Interrupted),
+        Err(Unpublished::Failed(_)) => return Err(RoundError::DeadlineExceeded),
+        Err(Unpublished::Refused(Refusal::TooLarge, _)) => (
+            ErrorCode::PAYLOAD_TOO_LARGE,
+            "the call's message is larger than the call queue takes; it was not run",
+        ),
+        Err(Unpublished::Refused(Refusal::Other, _)) => (
+            ErrorCode::DISPATCH_REFUSED,
+            "the call queue refused the call's message; it was not run",
+        ),
+    };
+    Ok(Some(Envelope::terminal(code, message)))
 }
 
 /// The envelope of the result a worker stored, and how long the worker
@@ -691,4 +720,46 @@ fn call_headers(wire: &ToolCall, model_id: &str, msg_id: &str) -> HeaderMap {
         headers.insert(headers::MODEL_CALL_ID, model_id);
     }
     headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A publish JetStream refused is the call's terminal failure, never
+    /// the job's deadline; only an election or an outage that outlasted
+    /// the deadline is that.
+    #[test]
+    fn a_refused_publish_fails_the_call_not_the_deadline() {
+        let outcome = |sent| match published(sent) {
+            Ok(None) => "published".to_owned(),
+            Ok(Some(envelope)) => {
+                let error = envelope.error().expect("a failure");
+                assert!(!error.retryable, "{envelope:?}");
+                assert!(!error.message.contains("exceeded"), "the reason is logged");
+                error.code.to_string()
+            }
+            Err(RoundError::Interrupted) => "interrupted".to_owned(),
+            Err(RoundError::DeadlineExceeded) => "deadline".to_owned(),
+            Err(other) => panic!("{other}"),
+        };
+        let refused = |refusal, reason: &str| Err(Unpublished::Refused(refusal, reason.into()));
+        let cases = [
+            (Ok(()), "published"),
+            (Err(Unpublished::Stopped), "interrupted"),
+            (Err(Unpublished::Failed("timed out".into())), "deadline"),
+            (
+                refused(Refusal::TooLarge, "max payload size exceeded"),
+                "PAYLOAD_TOO_LARGE",
+            ),
+            (
+                refused(Refusal::Other, "maximum messages exceeded"),
+                "DISPATCH_REFUSED",
+            ),
+        ];
+        for (sent, expected) in cases {
+            let shown = format!("{sent:?}");
+            assert_eq!(outcome(sent), expected, "{shown}");
+        }
+    }
 }

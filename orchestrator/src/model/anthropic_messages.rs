@@ -9,16 +9,18 @@
 //! A turn the API pauses (`pause_turn`) is continued in the same turn.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
+use serde::de::MapAccess;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
+use super::options::{Api, HttpOptions, Section, read_section};
+use super::{BuildError, ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
 use crate::job::Item;
 
 mod stream;
@@ -31,21 +33,30 @@ pub const DEFAULT_VERSION: &str = "2023-06-01";
 /// is given up as an invalid response.
 const MAX_PAUSES: usize = 4;
 
-/// Settings of the `anthropic-messages` provider.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// Anthropic's Messages API: the `anthropic` section's defaults and key.
+#[derive(Debug, Clone, Copy)]
+pub struct Anthropic;
+
+impl Api for Anthropic {
+    const SECTION: &'static str = "anthropic";
+    const BASE_URL: &'static str = "https://api.anthropic.com/v1";
+    const BASE_URL_VAR: &'static str = "ANTHROPIC_BASE_URL";
+    const API_KEY_VAR: &'static str = "ANTHROPIC_API_KEY";
+    const KEY_HEADER: &'static str = "x-api-key";
+    const BEARER: bool = false;
+    /// The time Anthropic's SDKs allow a request that is not streamed.
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+}
+
+/// Settings of the `anthropic-messages` provider (the `anthropic`
+/// section): the keys every HTTP provider has, and its own.
+#[derive(Debug, Clone, Serialize)]
 pub struct AnthropicOptions {
-    /// Base URL including `/v1`. Default: `ANTHROPIC_BASE_URL`, else
-    /// `https://api.anthropic.com/v1`.
-    pub base_url: String,
-    /// API key, sent as `x-api-key`. Default: `ANTHROPIC_API_KEY`. Never
-    /// logged.
-    #[serde(skip_serializing)]
-    pub api_key: Option<String>,
-    /// A file holding the API key (a mounted Secret); exclusive with
-    /// `api_key`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_key_file: Option<PathBuf>,
+    /// Where the API is, the key (sent as `x-api-key`), and how requests
+    /// are bounded and retried; its keys are the section's own
+    /// (`anthropic.base_url`).
+    #[serde(flatten)]
+    pub http: HttpOptions<Anthropic>,
     /// The `anthropic-version` header. Default: `2023-06-01`.
     pub version: String,
     /// The most tokens the model may write in one turn, when the job does
@@ -55,67 +66,42 @@ pub struct AnthropicOptions {
     /// How long the API keeps the conversation so far for the next turn
     /// (automatic prompt caching). Default: `5m`.
     pub prompt_cache: PromptCache,
-    /// Timeout of one HTTP request. Default: 600s (the time Anthropic's
-    /// SDKs allow a request that is not streamed).
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub request_timeout: Duration,
-    /// Retries of a transient failure (408/409/429/5xx, 529 included, and
-    /// connection errors). Default: 4.
-    pub max_retries: u32,
-    /// First retry delay; doubles each time, with jitter. Default: 500ms.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub initial_backoff: Duration,
-    /// Longest delay between retries, `retry-after` included. Default: 30s.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub max_backoff: Duration,
-    /// Largest response body read; a longer one is an invalid response.
-    /// Default: 8388608 (8 MiB).
-    pub max_response_bytes: usize,
-    /// Longest silence of a streamed answer (the API sends `ping` events
-    /// meanwhile) before the attempt is given up and retried. Default: 90s.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub stream_idle_timeout: Duration,
-}
-
-/// By hand, so that the API key never reaches a log line.
-impl fmt::Debug for AnthropicOptions {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AnthropicOptions")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
-            .field("api_key_file", &self.api_key_file)
-            .field("version", &self.version)
-            .field("max_tokens", &self.max_tokens)
-            .field("prompt_cache", &self.prompt_cache)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_retries", &self.max_retries)
-            .field("initial_backoff", &self.initial_backoff)
-            .field("max_backoff", &self.max_backoff)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("stream_idle_timeout", &self.stream_idle_timeout)
-            .finish()
-    }
 }
 
 impl Default for AnthropicOptions {
     fn default() -> Self {
         Self {
-            base_url: std::env::var("ANTHROPIC_BASE_URL")
-                .unwrap_or_else(|_| "https://api.anthropic.com/v1".into()),
-            api_key: std::env::var("ANTHROPIC_API_KEY")
-                .ok()
-                .filter(|key| !key.is_empty()),
-            api_key_file: None,
+            http: HttpOptions::default(),
             version: DEFAULT_VERSION.to_owned(),
             max_tokens: 4096,
             prompt_cache: PromptCache::FiveMinutes,
-            request_timeout: Duration::from_secs(600),
-            max_retries: 4,
-            initial_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(30),
-            max_response_bytes: 8 * 1024 * 1024,
-            stream_idle_timeout: Duration::from_secs(90),
         }
+    }
+}
+
+impl Section for AnthropicOptions {
+    fn keys() -> &'static [&'static str] {
+        static KEYS: LazyLock<Vec<&'static str>> = LazyLock::new(|| {
+            let own = ["version", "max_tokens", "prompt_cache"];
+            [HttpOptions::<Anthropic>::keys(), &own].concat()
+        });
+        &KEYS
+    }
+
+    fn read<'de, M: MapAccess<'de>>(&mut self, key: &str, map: &mut M) -> Result<bool, M::Error> {
+        match key {
+            "version" => self.version = map.next_value()?,
+            "max_tokens" => self.max_tokens = map.next_value()?,
+            "prompt_cache" => self.prompt_cache = map.next_value()?,
+            _ => return self.http.read(key, map),
+        }
+        Ok(true)
+    }
+}
+
+impl<'de> Deserialize<'de> for AnthropicOptions {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        read_section(deserializer)
     }
 }
 
@@ -154,7 +140,7 @@ impl PromptCache {
 impl AnthropicOptions {
     /// Whether a key is configured (in the options or a file).
     pub fn has_api_key(&self) -> bool {
-        self.api_key.is_some() || self.api_key_file.is_some()
+        self.http.has_api_key()
     }
 
     /// The checks of these keys at start: the key file is readable, and
@@ -164,35 +150,16 @@ impl AnthropicOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check(&self) -> Result<(), String> {
-        self.api_key()?;
+        self.http.check()?;
         if self.max_tokens == 0 {
             return Err("anthropic.max_tokens is 0; the API needs at least 1".to_owned());
         }
         Ok(())
     }
 
-    fn api_key(&self) -> Result<Option<super::api_key::ApiKey>, String> {
-        super::api_key::ApiKey::new(
-            "anthropic",
-            "x-api-key",
-            false,
-            self.api_key.as_deref(),
-            self.api_key_file.as_deref(),
-        )
-    }
-
-    fn wire(&self) -> Result<http::Wire, String> {
-        let headers = [("anthropic-version", self.version.clone())];
-        let policy = http::Policy {
-            section: "anthropic",
-            request_timeout: self.request_timeout,
-            max_retries: self.max_retries,
-            initial_backoff: self.initial_backoff,
-            max_backoff: self.max_backoff,
-            max_response_bytes: self.max_response_bytes,
-            stream_idle_timeout: self.stream_idle_timeout,
-        };
-        http::Wire::new(policy, &headers, self.api_key()?)
+    fn wire(&self) -> Result<http::Wire, BuildError> {
+        self.http
+            .wire(&[("anthropic-version", self.version.clone())])
     }
 }
 
@@ -211,10 +178,10 @@ impl AnthropicMessages {
     /// # Errors
     ///
     /// When the key file cannot be read or the HTTP client cannot be built.
-    pub fn new(options: &AnthropicOptions) -> Result<Self, String> {
+    pub fn new(options: &AnthropicOptions) -> Result<Self, BuildError> {
         Ok(Self {
             wire: options.wire()?,
-            base_url: options.base_url.clone(),
+            base_url: options.http.base_url.clone(),
             max_tokens: options.max_tokens,
             prompt_cache: options.prompt_cache,
         })
@@ -565,19 +532,13 @@ mod tests {
     }
 
     fn options_at(uri: &str) -> AnthropicOptions {
+        let mut http = HttpOptions::for_tests(format!("{uri}/v1"), "sk-ant-test");
+        http.max_backoff = Duration::from_millis(100);
         AnthropicOptions {
-            base_url: format!("{uri}/v1"),
-            api_key: Some("sk-ant-test".into()),
-            api_key_file: None,
+            http,
             version: DEFAULT_VERSION.into(),
             max_tokens: 1024,
             prompt_cache: PromptCache::FiveMinutes,
-            request_timeout: Duration::from_secs(5),
-            max_retries: 2,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(100),
-            max_response_bytes: 64 * 1024,
-            stream_idle_timeout: Duration::from_millis(500),
         }
     }
 
@@ -1064,12 +1025,10 @@ mod tests {
                 held.push(socket);
             }
         });
-        let mut options = AnthropicOptions {
-            base_url: format!("http://{address}/v1"),
-            ..options(&MockServer::start().await)
-        };
-        options.max_retries = 1;
-        options.stream_idle_timeout = Duration::from_millis(200);
+        let mut options = options(&MockServer::start().await);
+        options.http.base_url = format!("http://{address}/v1");
+        options.http.max_retries = 1;
+        options.http.stream_idle_timeout = Duration::from_millis(200);
         let provider = AnthropicMessages::new(&options).unwrap();
         let items = [Item::User { text: "hi".into() }];
         let sink = |_: Delta| {};
@@ -1130,7 +1089,7 @@ mod tests {
         check_the_key_never_comes_back(
             |uri| {
                 let mut options = options_at(&uri);
-                options.api_key = Some(ECHOED_KEY.into());
+                options.http.api_key = Some(ECHOED_KEY.into());
                 AnthropicMessages::new(&options).unwrap()
             },
             &answers,

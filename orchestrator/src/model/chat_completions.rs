@@ -15,7 +15,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{BuildError, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
 use crate::job::Item;
 
 mod stream;
@@ -34,9 +34,9 @@ impl ChatCompletions {
     ///
     /// When the key file cannot be read or the HTTP client cannot be
     /// built (the TLS backend failed to load).
-    pub fn new(options: &OpenAiOptions) -> Result<Self, String> {
+    pub fn new(options: &OpenAiOptions) -> Result<Self, BuildError> {
         Ok(Self {
-            wire: options.wire()?,
+            wire: options.wire(&[])?,
             base_url: options.base_url.clone(),
         })
     }

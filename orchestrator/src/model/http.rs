@@ -1,7 +1,9 @@
 //! The one HTTP exchange every model provider makes: POST a JSON body,
 //! retry what is transient, and turn everything else into a [`ModelError`]
 //! the runner can act on. A provider brings its [`Wire`]: its credentials
-//! and version headers, and its section's retry policy.
+//! and version headers, and its section's retry policy; and its wire
+//! format, nothing else. A non-2xx answer, to a plain request or a
+//! streamed one, is judged in one place ([`judge`]).
 //!
 //! The policy follows OpenAI's error guide and its Python SDK, which
 //! Anthropic's agrees with: retry 408, 409, 429, 5xx (Anthropic's 529
@@ -57,6 +59,30 @@ pub(crate) struct Policy {
     pub(crate) stream_idle_timeout: Duration,
 }
 
+/// Why a provider could not be built: its configuration, not the model
+/// API, is at fault, and no request was sent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BuildError {
+    /// The API key and its file are both set, or the file cannot be read
+    /// or is empty, or the key is not a header value: fix the section's
+    /// key (the message names it).
+    #[error("{0}")]
+    ApiKey(String),
+    /// A configured header (`anthropic.version`) is not a header value:
+    /// fix the key.
+    #[error("{section}: the value of {name} is not a header value")]
+    Header {
+        /// The configuration section.
+        section: &'static str,
+        /// The header.
+        name: &'static str,
+    },
+    /// The HTTP client could not be built (the TLS backend failed to
+    /// load): no model API can be reached from this process.
+    #[error("cannot build the HTTP client: {0}")]
+    Client(String),
+}
+
 /// One provider's side of the exchange: its connection pool, the headers
 /// every request carries, and its policy.
 pub(crate) struct Wire {
@@ -94,18 +120,6 @@ impl Wire {
             sent_key = Some(loaded.key);
         }
         let response = request.json(body).send().await.map_err(send_failure)?;
-        let status = response.status();
-        if status.is_redirection() {
-            return Err(Failure::Fatal(ModelError::Rejected {
-                status: status.as_u16(),
-                code: None,
-                message: format!(
-                    "the server answered with a redirect, which is not followed (the key goes \
-                     to the configured address only): set {}.base_url to the address it names",
-                    self.policy.section
-                ),
-            }));
-        }
         Ok((response, Mask::of(sent_key)))
     }
 
@@ -113,13 +127,14 @@ impl Wire {
     ///
     /// # Errors
     ///
-    /// When the HTTP client cannot be built (the TLS backend failed to
-    /// load), or a header is not a valid header.
+    /// [`BuildError::Client`] when the HTTP client cannot be built (the TLS
+    /// backend failed to load); [`BuildError::Header`] when a header is not
+    /// a valid header.
     pub(crate) fn new(
         policy: Policy,
         headers: &[(&'static str, String)],
         key: Option<ApiKey>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, BuildError> {
         // No redirects: reqwest drops `authorization` on a redirect to
         // another origin, but not `x-api-key` (Anthropic's); a model API
         // that moved is a configuration to change, not to follow.
@@ -127,14 +142,12 @@ impl Wire {
             .timeout(policy.request_timeout)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|err| format!("cannot build the HTTP client: {err}"))?;
+            .map_err(|err| BuildError::Client(err.to_string()))?;
         let mut map = HeaderMap::new();
         for (name, value) in headers {
-            let mut value = HeaderValue::from_str(value).map_err(|_| {
-                format!(
-                    "{}: the value of {name} is not a header value",
-                    policy.section
-                )
+            let mut value = HeaderValue::from_str(value).map_err(|_| BuildError::Header {
+                section: policy.section,
+                name,
             })?;
             value.set_sensitive(true);
             map.insert(HeaderName::from_static(name), value);
@@ -184,6 +197,18 @@ pub(crate) enum StreamError {
     Fatal(ModelError),
 }
 
+impl StreamError {
+    /// An event that is an `error` object, judged as [`in_band_error`]
+    /// judges one in a 2xx body: transient errors are worth another
+    /// attempt.
+    pub(crate) fn in_band(error: &Value) -> Self {
+        match in_band_error(error) {
+            ModelError::Unavailable(reason) => Self::Transient(reason),
+            other => Self::Fatal(other),
+        }
+    }
+}
+
 /// POSTs `body` (which asks for a stream) to `url` over `wire` and reads
 /// the answer's server-sent events with `reader` until it says the stream
 /// is complete, the pieces it reads sent to `sink`. Failures before and
@@ -224,9 +249,8 @@ async fn stream_once(
     deltas: &mut DeltaOut<'_>,
 ) -> Result<Value, Failure> {
     let (response, mask) = wire.send(url, body, "text/event-stream").await?;
-    let status = response.status();
-    if !status.is_success() {
-        // An error is a JSON body, read and judged as post_json does.
+    if !response.status().is_success() {
+        // An error is a JSON body, read and judged as post_json's is.
         return Err(error_answer(wire, response, &mask).await);
     }
     reader.restart();
@@ -358,26 +382,77 @@ fn request_id(headers: &HeaderMap) -> Option<String> {
     Some(id.chars().take(MAX_CHARS).collect())
 }
 
-/// A non-2xx answer, read and judged: transient or final; its text masked.
+/// A non-2xx answer, to a plain request or a streamed one, read and
+/// [`judge`]d; its text masked.
 async fn error_answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Failure {
     let status = response.status();
     let retry_after = retry_after(response.headers());
     let request_id = request_id(response.headers());
-    // An error body that cannot be read still has its status to judge by.
+    // An error body that cannot be read (cut off, or over the bound) still
+    // has its status to judge by.
     let bytes = read_body(response, wire.policy.max_response_bytes)
         .await
         .unwrap_or_default();
-    let details = ErrorDetails::parse(&bytes, mask);
+    let answer = ErrorAnswer {
+        status,
+        retry_after,
+        request_id: request_id.clone(),
+        details: ErrorDetails::parse(&bytes, mask),
+    };
+    let failure = judge(answer, wire.policy.section);
+    if let Failure::Fatal(ModelError::Rejected { status, code, .. }) = &failure {
+        tracing::debug!(
+            status,
+            code = code.as_deref(),
+            request_id = request_id.as_deref(),
+            "model request rejected"
+        );
+    }
+    failure
+}
+
+/// A non-2xx answer as read: its status, what the server asked us to
+/// wait and its id of the request, and what its body says.
+struct ErrorAnswer {
+    status: StatusCode,
+    retry_after: Option<Duration>,
+    request_id: Option<String>,
+    details: ErrorDetails,
+}
+
+/// What a non-2xx answer comes to, whichever provider gave it: 408, 409,
+/// 429 and 5xx (Anthropic's 529 included) are worth another attempt,
+/// unless the body reports an exhausted quota; a redirect, which is never
+/// followed (the key goes to the configured address only), and every
+/// other status are final, with the provider's code and message.
+fn judge(answer: ErrorAnswer, section: &str) -> Failure {
+    let ErrorAnswer {
+        status,
+        retry_after,
+        request_id,
+        details,
+    } = answer;
+    let code = status.as_u16();
+    if status.is_redirection() {
+        return Failure::Fatal(ModelError::Rejected {
+            status: code,
+            code: None,
+            message: format!(
+                "the server answered with a redirect, which is not followed (the key goes \
+                 to the configured address only): set {section}.base_url to the address it names"
+            ),
+        });
+    }
     if is_retryable_status(status) && !details.is_quota() {
         return Failure::Transient(Transient {
-            reason: format!("HTTP {}: {}", status.as_u16(), details.message),
-            status: Some(status.as_u16()),
+            reason: format!("HTTP {code}: {}", details.message),
+            status: Some(code),
             retry_after,
             request_id,
         });
     }
     Failure::Fatal(ModelError::Rejected {
-        status: status.as_u16(),
+        status: code,
         code: details.code(),
         message: details.message,
     })
@@ -464,6 +539,7 @@ impl<'a> Retries<'a> {
 }
 
 /// Why one attempt failed.
+#[derive(Debug)]
 enum Failure {
     /// Worth another attempt.
     Transient(Transient),
@@ -485,6 +561,7 @@ impl Failure {
     }
 }
 
+#[derive(Debug)]
 struct Transient {
     /// For the log and, once retries run out, the error message.
     reason: String,
@@ -510,8 +587,10 @@ async fn send_once(wire: &Wire, url: &str, body: &Value) -> Result<Value, Failur
 /// The JSON of a 2xx answer, or a non-2xx one judged.
 async fn answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Result<Value, Failure> {
     let options = &wire.policy;
-
     let status = response.status();
+    if !status.is_success() {
+        return Err(error_answer(wire, response, mask).await);
+    }
     let retry_after = retry_after(response.headers());
     let request_id = request_id(response.headers());
     // A body cut off by a dropped connection or the timeout is as transient
@@ -526,7 +605,7 @@ async fn answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Result
                 ),
                 status: Some(status.as_u16()),
                 retry_after,
-                request_id: request_id.clone(),
+                request_id,
             }),
             BodyError::TooLarge => Failure::Fatal(ModelError::InvalidResponse(format!(
                 "the response is over {} bytes ({}.max_response_bytes)",
@@ -534,34 +613,11 @@ async fn answer(wire: &Wire, response: reqwest::Response, mask: &Mask) -> Result
             ))),
         })?;
 
-    if status.is_success() {
-        return serde_json::from_slice(&bytes).map_err(|err| {
-            Failure::Fatal(ModelError::InvalidResponse(format!(
-                "response body is not JSON: {err}"
-            )))
-        });
-    }
-
-    let details = ErrorDetails::parse(&bytes, mask);
-    if is_retryable_status(status) && !details.is_quota() {
-        return Err(Failure::Transient(Transient {
-            reason: format!("HTTP {}: {}", status.as_u16(), details.message),
-            status: Some(status.as_u16()),
-            retry_after,
-            request_id,
-        }));
-    }
-    tracing::debug!(
-        status = status.as_u16(),
-        code = details.code().as_deref(),
-        request_id = request_id.as_deref(),
-        "model request rejected"
-    );
-    Err(Failure::Fatal(ModelError::Rejected {
-        status: status.as_u16(),
-        code: details.code(),
-        message: details.message,
-    }))
+    serde_json::from_slice(&bytes).map_err(|err| {
+        Failure::Fatal(ModelError::InvalidResponse(format!(
+            "response body is not JSON: {err}"
+        )))
+    })
 }
 
 /// What a request that got no response means: worth another attempt, or a
@@ -716,7 +772,6 @@ pub(crate) fn in_band_error(error: &Value) -> ModelError {
     }
 }
 
-/// The error and its sources, so "error sending request" says why.
 /// Why a response body was not read.
 enum BodyError {
     Read(reqwest::Error),
@@ -742,6 +797,7 @@ async fn read_body(mut response: reqwest::Response, limit: usize) -> Result<Vec<
     Ok(body)
 }
 
+/// The error and its sources, so "error sending request" says why.
 fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
@@ -787,25 +843,12 @@ pub(crate) mod testing {
 
     /// [`options_at`] with the key [`ECHOED_KEY`].
     pub(crate) fn echoed_key_options(uri: &str) -> OpenAiOptions {
-        OpenAiOptions {
-            api_key: Some(ECHOED_KEY.into()),
-            ..options_at(uri)
-        }
+        OpenAiOptions::for_tests(format!("{uri}/v1"), ECHOED_KEY)
     }
 
     /// Fast-retrying options for a provider talking to the server at `uri`.
     pub(crate) fn options_at(uri: &str) -> OpenAiOptions {
-        OpenAiOptions {
-            base_url: format!("{uri}/v1"),
-            api_key: Some("sk-test".into()),
-            api_key_file: None,
-            request_timeout: Duration::from_secs(5),
-            max_retries: 2,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(200),
-            max_response_bytes: 64 * 1024,
-            stream_idle_timeout: Duration::from_millis(500),
-        }
+        OpenAiOptions::for_tests(format!("{uri}/v1"), "sk-test")
     }
 
     fn compile(root: &str) -> Validator {
@@ -1258,6 +1301,100 @@ mod tests {
         assert!(html.message.ends_with('…'));
     }
 
+    /// Every provider's non-2xx answers, plain or streamed, come to this.
+    #[test]
+    fn a_non_2xx_answer_is_judged_by_its_status_and_its_quota() {
+        let wait = Some(Duration::from_millis(50));
+        let body = |code: &str| {
+            let json = format!(r#"{{"error":{{"message":"m","code":"{code}"}}}}"#);
+            ErrorDetails::parse(json.as_bytes(), &Mask::of(None))
+        };
+        let old_quota = || {
+            ErrorDetails::parse(
+                br#"{"error":{"message":"m","type":"insufficient_quota"}}"#,
+                &Mask::of(None),
+            )
+        };
+        let plain = |text: &str| ErrorDetails::parse(text.as_bytes(), &Mask::of(None));
+        // (status, body, retried?, the final error's code)
+        let cases = [
+            (408, plain("timeout"), true, None),
+            (409, plain("conflict"), true, None),
+            (429, body("rate_limit_exceeded"), true, None),
+            (
+                429,
+                body("insufficient_quota"),
+                false,
+                Some("insufficient_quota"),
+            ),
+            (429, old_quota(), false, Some("insufficient_quota")),
+            (
+                429,
+                body("organization_spend_limit_exceeded"),
+                false,
+                Some("organization_spend_limit_exceeded"),
+            ),
+            (500, plain("<html>oops</html>"), true, None),
+            (
+                503,
+                body("insufficient_quota"),
+                false,
+                Some("insufficient_quota"),
+            ),
+            (
+                529,
+                plain(r#"{"type":"error","error":{"type":"overloaded_error"}}"#),
+                true,
+                None,
+            ),
+            (
+                400,
+                body("invalid_request_error"),
+                false,
+                Some("invalid_request_error"),
+            ),
+            (401, body("invalid_api_key"), false, Some("invalid_api_key")),
+            (404, plain(""), false, None),
+            (307, plain(""), false, None),
+        ];
+        for (status, details, retried, code) in cases {
+            let answer = ErrorAnswer {
+                status: StatusCode::from_u16(status).unwrap(),
+                retry_after: wait,
+                request_id: Some("req_1".into()),
+                details,
+            };
+            match judge(answer, "anthropic") {
+                Failure::Transient(transient) => {
+                    assert!(retried, "{status} was retried");
+                    assert_eq!(transient.status, Some(status));
+                    assert_eq!(
+                        transient.retry_after, wait,
+                        "{status}: the server's wait is kept"
+                    );
+                    assert_eq!(transient.request_id.as_deref(), Some("req_1"));
+                    assert!(
+                        transient.reason.starts_with(&format!("HTTP {status}: ")),
+                        "{transient:?}"
+                    );
+                }
+                Failure::Fatal(ModelError::Rejected {
+                    status: rejected,
+                    code: got,
+                    message,
+                }) => {
+                    assert!(!retried, "{status} is final");
+                    assert_eq!(rejected, status);
+                    assert_eq!(got.as_deref(), code, "{status}");
+                    if status == 307 {
+                        assert!(message.contains("set anthropic.base_url"), "{message}");
+                    }
+                }
+                Failure::Fatal(other) => panic!("{status}: {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn in_band_errors_split_into_transient_and_final() {
         let err = in_band_error(&json!({"code": "server_error", "message": "boom"}));
@@ -1325,7 +1462,7 @@ mod tests {
     #[tokio::test]
     async fn timeouts_and_refused_connections_are_retried_then_unavailable() {
         let body = json!({"model": "gpt-test", "input": "hi"});
-        let wire = |options: &OpenAiOptions| options.wire().unwrap();
+        let wire = |options: &OpenAiOptions| options.wire(&[]).unwrap();
 
         // Each attempt outlives the request timeout.
         let server = MockServer::start().await;
@@ -1381,7 +1518,7 @@ mod tests {
         let opts = options(&server);
         let body = json!({"model": "gpt-test", "input": "hi"});
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("not JSON");
         assert!(matches!(err, ModelError::InvalidResponse(_)), "{err:?}");
@@ -1401,7 +1538,7 @@ mod tests {
             .await;
         let opts = options(&server);
         let url = endpoint(&opts.base_url, "responses");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("over the cap");
         assert!(
@@ -1417,7 +1554,7 @@ mod tests {
         let mut opts = options(&server);
         opts.max_retries = 0;
         let url = format!("http://127.0.0.1:{port}/v1/responses?api-key=sk-in-the-query");
-        let err = post_json(&opts.wire().unwrap(), &url, &body)
+        let err = post_json(&opts.wire(&[]).unwrap(), &url, &body)
             .await
             .expect_err("nothing listens");
         let text = err.to_string();

@@ -85,6 +85,8 @@ impl Mask {
             ModelError::Unavailable(reason) => ModelError::Unavailable(self.text(reason)),
             ModelError::InvalidResponse(reason) => ModelError::InvalidResponse(self.text(reason)),
             ModelError::Script(reason) => ModelError::Script(self.text(reason)),
+            // Made of the configuration, before any answer.
+            ModelError::Unbuilt(err) => ModelError::Unbuilt(err),
         }
     }
 

@@ -17,9 +17,9 @@ pub(crate) mod http;
 pub(crate) mod mask;
 pub mod one_call;
 pub mod openai_responses;
+mod options;
 pub mod scripted;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +28,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 pub use crate::job::Usage;
-pub use anthropic_messages::AnthropicOptions;
+pub use anthropic_messages::{Anthropic, AnthropicOptions};
+pub use http::BuildError;
+pub use options::{Api, HttpOptions};
 
 use crate::job::{Item, JobErrorCode, JobSpec, ProviderKind, assistant_text};
 use mask::Mask;
@@ -261,13 +263,22 @@ pub enum ModelError {
     /// The scripted model's script is invalid or has no turn left.
     #[error("script error: {0}")]
     Script(String),
+    /// The provider could not be built from its configuration (its key
+    /// file, a header, the HTTP client): no request was sent. Retrying
+    /// won't help until the configuration is fixed: fail the job.
+    // The build error's text is the job's message, so it is formatted in
+    // rather than kept as a source only the log would show.
+    #[error("the model provider cannot be built: {0}")]
+    Unbuilt(BuildError),
 }
 
 impl ModelError {
     /// The job error code for this failure.
     pub fn code(&self) -> JobErrorCode {
         match self {
-            Self::Rejected { .. } => JobErrorCode::ModelRejected,
+            // Unbuilt as the model API's refusal was, before it had a
+            // variant of its own: the job's code is unchanged.
+            Self::Rejected { .. } | Self::Unbuilt(_) => JobErrorCode::ModelRejected,
             Self::Unavailable(_) => JobErrorCode::ModelUnavailable,
             Self::InvalidResponse(_) => JobErrorCode::ModelInvalidResponse,
             Self::Script(_) => JobErrorCode::ScriptError,
@@ -282,7 +293,7 @@ pub trait Provider: Send + Sync {
 }
 
 /// A provider built on first use, or why it could not be.
-type Lazy<P> = std::sync::OnceLock<Result<Arc<P>, String>>;
+type Lazy<P> = std::sync::OnceLock<Result<Arc<P>, BuildError>>;
 
 /// The providers of this process, built once and shared by all jobs.
 pub struct Providers {
@@ -311,7 +322,7 @@ impl Providers {
     pub fn has_api_key(&self, provider: &ProviderKind) -> Option<bool> {
         match provider {
             ProviderKind::OpenaiResponses | ProviderKind::OpenaiChat => {
-                Some(self.openai.api_key.is_some() || self.openai.api_key_file.is_some())
+                Some(self.openai.has_api_key())
             }
             ProviderKind::AnthropicMessages => Some(self.anthropic.has_api_key()),
             ProviderKind::Scripted | ProviderKind::Call => None,
@@ -322,8 +333,8 @@ impl Providers {
     ///
     /// # Errors
     ///
-    /// [`ModelError::Script`] for an invalid script, [`ModelError::Rejected`]
-    /// when an HTTP client cannot be built.
+    /// [`ModelError::Script`] for an invalid script, [`ModelError::Unbuilt`]
+    /// when a provider cannot be built from its configuration.
     pub fn for_job(&self, spec: &JobSpec) -> Result<Arc<dyn Provider>, ModelError> {
         match spec.provider {
             ProviderKind::Scripted => {
@@ -355,130 +366,81 @@ impl Providers {
 /// The provider in `cell`, built by `build` on first use.
 fn shared<P: Provider + 'static>(
     cell: &Lazy<P>,
-    build: impl FnOnce() -> Result<P, String>,
+    build: impl FnOnce() -> Result<P, BuildError>,
 ) -> Result<Arc<dyn Provider>, ModelError> {
     cell.get_or_init(|| build().map(Arc::new))
         .clone()
         .map(|provider| provider as Arc<dyn Provider>)
-        .map_err(|message| ModelError::Rejected {
-            status: 0,
-            code: None,
-            message,
-        })
+        .map_err(ModelError::Unbuilt)
 }
 
-/// Settings of the OpenAI-compatible providers.
-#[derive(Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct OpenAiOptions {
-    /// Base URL including `/v1`. Default: `OPENAI_BASE_URL`, else
-    /// `https://api.openai.com/v1`.
-    pub base_url: String,
-    /// API key. Default: `OPENAI_API_KEY`. Never logged.
-    #[serde(skip_serializing)]
-    pub api_key: Option<String>,
-    /// A file holding the API key (a mounted Secret), read when the
-    /// provider is first used; exclusive with `api_key`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub api_key_file: Option<PathBuf>,
-    /// Timeout of one HTTP request. Default: 120s.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub request_timeout: Duration,
-    /// Retries of a transient failure (408/409/429/5xx/connection). Default: 4.
-    pub max_retries: u32,
-    /// First retry delay; doubles each time, with jitter. Default: 500ms.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub initial_backoff: Duration,
-    /// Longest delay between retries, `Retry-After` included. Default: 30s.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub max_backoff: Duration,
-    /// Largest response body read from the model server; a longer one is
-    /// an invalid response. Default: 8388608 (8 MiB).
-    pub max_response_bytes: usize,
-    /// Longest silence of a streamed answer before the attempt is given
-    /// up and retried. Default: 90s.
-    #[serde(with = "toolfleet_service::config::duration")]
-    pub stream_idle_timeout: Duration,
+/// The OpenAI-compatible APIs: the `openai` section's defaults and key.
+#[derive(Debug, Clone, Copy)]
+pub struct OpenAi;
+
+impl Api for OpenAi {
+    const SECTION: &'static str = "openai";
+    const BASE_URL: &'static str = "https://api.openai.com/v1";
+    const BASE_URL_VAR: &'static str = "OPENAI_BASE_URL";
+    const API_KEY_VAR: &'static str = "OPENAI_API_KEY";
+    const KEY_HEADER: &'static str = "authorization";
+    const BEARER: bool = true;
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 }
 
-/// Hand-written so that the API key never reaches a log line.
-impl std::fmt::Debug for OpenAiOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiOptions")
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "***"))
-            .field("api_key_file", &self.api_key_file)
-            .field("request_timeout", &self.request_timeout)
-            .field("max_retries", &self.max_retries)
-            .field("initial_backoff", &self.initial_backoff)
-            .field("max_backoff", &self.max_backoff)
-            .field("max_response_bytes", &self.max_response_bytes)
-            .field("stream_idle_timeout", &self.stream_idle_timeout)
-            .finish()
-    }
-}
-
-impl Default for OpenAiOptions {
-    fn default() -> Self {
-        Self {
-            base_url: std::env::var("OPENAI_BASE_URL")
-                .unwrap_or_else(|_| "https://api.openai.com/v1".into()),
-            api_key: std::env::var("OPENAI_API_KEY")
-                .ok()
-                .filter(|k| !k.is_empty()),
-            api_key_file: None,
-            request_timeout: Duration::from_secs(120),
-            max_retries: 4,
-            initial_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(30),
-            max_response_bytes: 8 * 1024 * 1024,
-            stream_idle_timeout: Duration::from_secs(90),
-        }
-    }
-}
-
-impl OpenAiOptions {
-    /// The policy of the `openai` keys.
-    pub(crate) fn policy(&self) -> http::Policy {
-        http::Policy {
-            section: "openai",
-            request_timeout: self.request_timeout,
-            max_retries: self.max_retries,
-            initial_backoff: self.initial_backoff,
-            max_backoff: self.max_backoff,
-            max_response_bytes: self.max_response_bytes,
-            stream_idle_timeout: self.stream_idle_timeout,
-        }
-    }
-
-    /// The wire of the OpenAI providers: the key as a bearer token.
-    ///
-    /// # Errors
-    ///
-    /// The key file cannot be read, or the client cannot be built.
-    pub(crate) fn wire(&self) -> Result<http::Wire, String> {
-        http::Wire::new(self.policy(), &[], self.api_key()?)
-    }
-
-    /// The key, sent as a bearer token; checked at start.
-    ///
-    /// # Errors
-    ///
-    /// Both the key and its file are set, or the file cannot be read.
-    pub(crate) fn api_key(&self) -> Result<Option<api_key::ApiKey>, String> {
-        api_key::ApiKey::new(
-            "openai",
-            "authorization",
-            true,
-            self.api_key.as_deref(),
-            self.api_key_file.as_deref(),
-        )
-    }
-}
+/// Settings of the OpenAI-compatible providers (the `openai` section):
+/// only the keys every HTTP provider has.
+pub type OpenAiOptions = HttpOptions<OpenAi>;
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+
+    /// A job's provider whose key file cannot be read fails the job as
+    /// the model API's refusal did (`MODEL_REJECTED`), saying why; and so
+    /// does the next job, from the one build.
+    #[test]
+    fn a_provider_that_cannot_be_built_fails_its_jobs_with_the_reason() {
+        let mut anthropic = AnthropicOptions::default();
+        anthropic.http.api_key = None;
+        anthropic.http.api_key_file = Some("/nonexistent/toolfleet/key".into());
+        let providers = Providers::new(OpenAiOptions::default(), anthropic);
+        let spec = JobSpec {
+            input: "hi".into(),
+            instructions: String::new(),
+            provider: ProviderKind::AnthropicMessages,
+            model: "claude-test".into(),
+            script: None,
+            max_tokens: None,
+            stream: false,
+            call: None,
+            tools: Vec::new(),
+            max_tool_rounds: 2,
+            parallel_tool_calls: true,
+            deadline_ms: 1_000,
+            metadata: BTreeMap::new(),
+            tenant: "default".into(),
+            approval: Default::default(),
+            limits: Default::default(),
+        };
+        for _ in 0..2 {
+            let Err(err) = providers.for_job(&spec) else {
+                panic!("built without its key file");
+            };
+            assert!(
+                matches!(&err, ModelError::Unbuilt(BuildError::ApiKey(m)) if m.contains("anthropic.api_key_file")),
+                "{err:?}"
+            );
+            assert_eq!(err.code(), JobErrorCode::ModelRejected);
+            assert!(
+                err.to_string()
+                    .starts_with("the model provider cannot be built: anthropic.api_key_file"),
+                "{err}"
+            );
+        }
+    }
 
     #[test]
     fn usage_is_read_in_both_apis_spellings_and_malformed_usage_is_none() {

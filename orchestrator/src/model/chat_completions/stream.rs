@@ -9,8 +9,8 @@
 
 use serde_json::{Value, json};
 
-use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaOut, ModelError};
+use crate::model::http::{StreamError, StreamReader, quote};
+use crate::model::{Delta, DeltaOut};
 
 /// A call being put together.
 #[derive(Default)]
@@ -133,10 +133,7 @@ impl StreamReader for Reader {
             .map_err(|_| malformed(&format!("a chunk that is not JSON: {}", quote(data))))?;
         // Gateways report an upstream failure as a chunk with an error.
         if let Some(error) = chunk.get("error").filter(|error| !error.is_null()) {
-            return Err(match http::in_band_error(error) {
-                ModelError::Unavailable(reason) => StreamError::Transient(reason),
-                other => StreamError::Fatal(other),
-            });
+            return Err(StreamError::in_band(error));
         }
         if let Some(choice) = chunk["choices"]
             .as_array()

@@ -6,8 +6,8 @@
 
 use serde_json::Value;
 
-use crate::model::http::{self, StreamError, StreamReader, quote};
-use crate::model::{Delta, DeltaOut, ModelError};
+use crate::model::http::{StreamError, StreamReader, quote};
+use crate::model::{Delta, DeltaOut};
 
 /// Reads one streamed answer.
 #[derive(Default)]
@@ -60,10 +60,7 @@ impl StreamReader for Reader {
                 return Ok(Some(response));
             }
             "error" => {
-                return Err(match http::in_band_error(&event) {
-                    ModelError::Unavailable(reason) => StreamError::Transient(reason),
-                    other => StreamError::Fatal(other),
-                });
+                return Err(StreamError::in_band(&event));
             }
             // Everything else repeats what the last event carries.
             _ => {}
