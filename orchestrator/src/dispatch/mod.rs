@@ -205,6 +205,19 @@ impl PlannedCall {
         }
     }
 
+    /// The call, to hold for `held_for` until `expires_at_ms`
+    /// ([`JobStore::hold`]).
+    pub(crate) fn held<'a>(&'a self, held_for: HeldFor<'a>, expires_at_ms: u64) -> HeldCall<'a> {
+        HeldCall {
+            wire_id: &self.wire_id,
+            held_for,
+            call_id: &self.event_id,
+            tool: &self.name,
+            arguments: &self.arguments,
+            expires_at_ms,
+        }
+    }
+
     /// What the call's spans name it by.
     pub(crate) fn span_ref(&self) -> spans::CallRef<'_> {
         spans::CallRef {
@@ -828,14 +841,7 @@ fn awaiting_approval<'c>(
         }
         Fate::Hold { until_ms } => {
             crate::metrics::approval_requested(&call.name, held_for.rule());
-            let request = HeldCall {
-                wire_id: &call.wire_id,
-                held_for,
-                call_id: &call.event_id,
-                tool: &call.name,
-                arguments: &call.arguments,
-                expires_at_ms: until_ms,
-            };
+            let request = call.held(held_for, until_ms);
             Placed::Wait(call.waiting(hold, until_ms), Some(request))
         }
         Fate::Wait { until_ms } => Placed::Wait(call.waiting(hold, until_ms), None),

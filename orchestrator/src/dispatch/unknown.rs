@@ -11,7 +11,6 @@ use toolfleet_proto::{Envelope, ErrorCode};
 use super::{Dispatcher, PlannedCall, Round, RoundError, Waiting};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor};
 use crate::job::{UnknownOutcome, now_ms};
-use crate::store::HeldCall;
 
 /// What a settled attempt's envelope comes to ([`Dispatcher::verdict_on`]).
 pub(super) enum AfterVerdict {
@@ -74,14 +73,7 @@ impl Dispatcher {
                 AfterVerdict::Settle(envelope, by == AnsweredBy::Operator)
             }
             Fate::Hold { until_ms } => {
-                let held = HeldCall {
-                    wire_id: &call.wire_id,
-                    held_for,
-                    call_id: &call.event_id,
-                    tool: &call.name,
-                    arguments: &call.arguments,
-                    expires_at_ms: until_ms,
-                };
+                let held = call.held(held_for, until_ms);
                 self.store
                     .hold(round.lease, &round.spec.tenant, std::slice::from_ref(&held))
                     .await?;
