@@ -1,6 +1,6 @@
 //! The job as the orchestrator's modules share it: what was submitted
 //! ([`JobSpec`]), the conversation ([`Item`]), what is stored
-//! ([`JobRecord`]), the runner's hold on it ([`Lease`]), how it ends
+//! ([`JobRecord`], its log's [`Event`]s), the runner's hold on it ([`Lease`]), how it ends
 //! ([`Ending`]), its id and the clock. Plain data, owned by no single step,
 //! so that the store, the model providers, the runner and the API can all
 //! use it without depending on each other.
@@ -432,6 +432,21 @@ pub struct JobRecord {
     pub wire_ids: WireIds,
     /// Its trace, when it has one ([`JobTrace`]).
     pub trace: Option<JobTrace>,
+}
+
+/// One entry of a job's event log.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Event {
+    /// Position in the log, from 0.
+    pub offset: u64,
+    /// `job_queued`, `model_turn`, ...
+    pub kind: String,
+    /// Details (JSON text).
+    pub data: String,
+    /// Unix epoch ms.
+    pub timestamp_ms: u64,
+    /// The job's last event.
+    pub is_final: bool,
 }
 
 /// What every step of a run reads of its job: the spec and the trace.

@@ -19,7 +19,9 @@
 //!   makes every JetStream object of the fleet.
 //! - [`job`]: the job as every module shares it: spec, conversation items,
 //!   record, lease, ending, ids and the clock.
-//! - [`store`]: jobs, items, events and leases in Redis, written in verbs.
+//! - [`store`]: jobs, items, events and leases in Redis, written in verbs;
+//!   [`live`]: what watchers hear of a job as it happens (wake-ups after
+//!   its writes, its streamed turn's deltas), on the bus.
 //! - [`registry`]: the live tools announced by workers; `backlog` reports
 //!   each tool's workers and waiting calls as gauges.
 //! - `spans`: the OpenTelemetry spans of a job's steps.
@@ -37,6 +39,7 @@ pub mod dispatch;
 pub mod fuzzing;
 pub mod hold;
 pub mod job;
+pub mod live;
 pub mod metrics;
 pub mod model;
 pub mod publish;

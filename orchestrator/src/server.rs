@@ -39,6 +39,7 @@ use crate::api::{AgentApi, StartingApi};
 use crate::auth::{AuthError, Authenticator};
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
+use crate::live::Live;
 use crate::model::Providers;
 use crate::quota::{Quotas, TenantLimits};
 use crate::registry::Registry;
@@ -212,6 +213,7 @@ impl Orchestrator {
             nats,
             js,
             store,
+            live,
             registry,
             missing,
         } = self.connect().await?;
@@ -232,6 +234,7 @@ impl Orchestrator {
         let runner = Runner {
             js: js.clone(),
             store: store.clone(),
+            live: live.clone(),
             dispatcher,
             providers: providers.clone(),
             options: options.runner.clone(),
@@ -240,6 +243,7 @@ impl Orchestrator {
         };
         api.serve(AgentApi {
             store: store.clone(),
+            live,
             js: js.clone(),
             registry: registry.handle(),
             providers,
@@ -288,7 +292,7 @@ impl Orchestrator {
         let options = &self.options;
         let redis = RedisClient::new(&options.redis)?;
         // Its only plain publishes are its jobs' wake-ups, which it hands
-        // to its own watchers directly (`store::wake_ups`): NATS's copy back
+        // to its own watchers directly (`live`): NATS's copy back
         // to it was about seven messages out per job, each read for nothing.
         let nats = connect::nats(
             &options.nats,
@@ -303,9 +307,10 @@ impl Orchestrator {
         patiently("the job stream", || job_queue.open(&js, missing)).await;
         let ttl = options.registry.ttl;
         let bucket = patiently("the registry bucket", || queue::registry(&js, ttl, missing)).await;
+        let live = Live::new(nats.clone());
         let store = JobStore::new(
             redis,
-            nats.clone(),
+            live.clone(),
             RedisKeys::new(options.redis.key_prefix.clone()),
             options.store.job_retention,
             options.store.idempotency_ttl,
@@ -315,6 +320,7 @@ impl Orchestrator {
             nats,
             js,
             store,
+            live,
             registry,
             missing,
         })
@@ -326,6 +332,7 @@ struct Connected {
     nats: async_nats::Client,
     js: async_nats::jetstream::Context,
     store: JobStore,
+    live: Live,
     registry: Registry,
     /// What to do about a JetStream object that is missing.
     missing: Missing,

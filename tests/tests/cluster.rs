@@ -81,6 +81,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
 -> anyhow::Result<()> {
     use std::time::Duration;
     use toolfleet_orchestrator::job::{JobSpec, ProviderKind};
+    use toolfleet_orchestrator::live::Live;
     use toolfleet_orchestrator::store::{Idempotency, JobStore};
     use toolfleet_service::connect::{RedisConnection, ReplicaAcks};
     use toolfleet_tests::NatsServer;
@@ -95,7 +96,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         async move {
             anyhow::Ok(JobStore::new(
                 redis,
-                nats.await?,
+                Live::new(nats.await?),
                 RedisKeys::default(),
                 Duration::from_secs(60),
                 Duration::from_secs(60),

@@ -713,6 +713,7 @@ async fn a_tool_call_longer_than_ack_wait_keeps_its_job() -> anyhow::Result<()> 
 
 #[tokio::test]
 async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::Result<()> {
+    use toolfleet_orchestrator::live::Live;
     use toolfleet_orchestrator::store::JobStore;
     use toolfleet_proto::names::RedisKeys;
 
@@ -721,7 +722,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
     // (or the publish failed) after the job was written.
     let store = JobStore::new(
         fleet.redis.connection().await?,
-        fleet.client.clone(),
+        Live::new(fleet.client.clone()),
         RedisKeys::default(),
         Duration::from_secs(60),
         Duration::from_secs(60),

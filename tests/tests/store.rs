@@ -11,6 +11,7 @@ use toolfleet_orchestrator::job::{
     Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease, ProviderKind,
     TurnCheckpoint,
 };
+use toolfleet_orchestrator::live::Live;
 use toolfleet_orchestrator::store::{
     Acquired, DispatchedCall, Error, HeldCall, Idempotency, JobStore, Seen, SettledCall, Unstored,
 };
@@ -54,13 +55,21 @@ fn spec() -> JobSpec {
 }
 
 async fn store(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<JobStore> {
-    Ok(JobStore::new(
+    Ok(replica(redis, nats).await?.0)
+}
+
+/// What one orchestrator replica has: a store on `redis`, and what its
+/// watchers hear through `nats`.
+async fn replica(redis: &RedisServer, nats: &NatsServer) -> anyhow::Result<(JobStore, Live)> {
+    let live = Live::new(nats.client().await?);
+    let store = JobStore::new(
         redis.connection().await?.into(),
-        nats.client().await?,
+        live.clone(),
         RedisKeys::default(),
         Duration::from_secs(60),
         Duration::from_secs(60),
-    ))
+    );
+    Ok((store, live))
 }
 
 /// A store on `redis`, one server or a cluster.
@@ -70,7 +79,7 @@ async fn store_on(
 ) -> anyhow::Result<JobStore> {
     Ok(JobStore::new(
         redis.connection().await?,
-        nats.client().await?,
+        Live::new(nats.client().await?),
         RedisKeys::default(),
         Duration::from_secs(60),
         Duration::from_secs(60),
@@ -622,11 +631,12 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
 #[tokio::test]
 async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
-    let (store, other_replica) = (store(&redis, &nats).await?, store(&redis, &nats).await?);
+    let (store, live_here) = replica(&redis, &nats).await?;
+    let (_, live_there) = replica(&redis, &nats).await?;
     let (job_id, _) = store.submit(&spec(), None, None).await?;
     let lease = lease(&store, &job_id, "replica-a", Duration::from_secs(30)).await?;
-    let mut here = store.subscribe_events(&job_id).await?;
-    let mut there = other_replica.subscribe_events(&job_id).await?;
+    let mut here = live_here.wake_ups(&job_id).await?;
+    let mut there = live_there.wake_ups(&job_id).await?;
     let dispatched = DispatchedCall {
         event_id: event("c1"),
         wire_id: wire("c1"),
@@ -881,7 +891,7 @@ async fn on_a_primary_with_a_replica_a_write_counts_once_the_replica_holds_it() 
             replicas: 1,
             timeout: Duration::from_millis(300),
         })),
-        nats.client().await?,
+        Live::new(nats.client().await?),
         RedisKeys::default(),
         Duration::from_secs(60),
         Duration::from_secs(60),

@@ -11,7 +11,7 @@ use toolfleet_service::traces::{self, SpanContext};
 use tracing::warn;
 
 use super::ECHO_CHARS;
-use crate::job::{Item, JobId, JobRecord, JobTrace};
+use crate::job::{Event, Item, JobId, JobRecord, JobTrace};
 use crate::quota::{AdmitError, Refusal};
 use crate::registry::LiveTool;
 use crate::store::{self, Approvals};
@@ -112,11 +112,7 @@ pub(super) fn fingerprint(request: &v1::SubmitJobRequest) -> String {
 }
 
 /// An event for the client; `trace_id` goes on the first of a stream.
-pub(super) fn to_event(
-    job_id: &JobId,
-    event: store::Event,
-    trace_id: Option<String>,
-) -> v1::JobEvent {
+pub(super) fn to_event(job_id: &JobId, event: Event, trace_id: Option<String>) -> v1::JobEvent {
     v1::JobEvent {
         trace_id: trace_id.unwrap_or_default(),
         job_id: job_id.to_string(),

@@ -1,6 +1,6 @@
 //! `WatchJob`'s follower: streams a job's events from an offset until its
 //! final one, the client leaving, or the job expiring. [`Follower`] decides
-//! (a state type, tested without Redis); [`follow`] does the reads, the
+//! (a state type, tested without Redis); [`Watch`] does the reads, the
 //! sends and the waits it asks for.
 //!
 //! Redis errors are retried (a restart of Redis is not the end of a watch)
@@ -10,6 +10,7 @@
 //! final event still ends with it, so every watch of a finished job says
 //! how it ended.
 
+use std::ops::ControlFlow;
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -17,8 +18,9 @@ use tonic::Status;
 use toolfleet_proto::v1;
 
 use super::convert::{to_event, to_status};
-use crate::job::{DeltaPiece, JobId, JobStatus, TurnDelta};
-use crate::store::{self, Event, JobStore, WakeUps, Woken};
+use crate::job::{DeltaPiece, Event, JobId, JobStatus, TurnDelta};
+use crate::live::{Live, WakeUps, Woken};
+use crate::store::{self, JobStore};
 
 /// How long a watcher rides out a job store outage before it gives up.
 const WATCH_OUTAGE: Duration = Duration::from_secs(30);
@@ -271,100 +273,137 @@ impl Follower {
 
 type Sender = mpsc::Sender<Result<v1::JobEvent, Status>>;
 
-/// Streams into `tx` what `follower` decides, starting with `first`, the
-/// events the watch read when it began. Owned by the client's stream: ends
-/// as soon as the stream is dropped, which closes `tx`.
-pub(super) async fn follow(
-    store: JobStore,
-    mut follower: Follower,
-    first: Vec<Event>,
-    mut wakeups: WakeUps,
-    tx: Sender,
-) {
-    // The next events, when they are at hand: the watch's first read, or
-    // what a write in this process handed over. An empty first read is
-    // read again here, where an empty read looks at the job.
-    let mut handed = (!first.is_empty()).then_some(first);
-    loop {
-        let read = match handed.take() {
-            Some(events) => Ok(Read {
-                events,
-                status: None,
-            }),
-            None => read(&store, &follower).await,
-        };
-        let more = match follower.on_read(read, Instant::now()) {
+/// A watch as it runs: where it reads the job's events, what it hears of
+/// them, what it decides, and the client's stream it sends to.
+pub(super) struct Watch {
+    pub(super) store: JobStore,
+    pub(super) live: Live,
+    pub(super) follower: Follower,
+    pub(super) wakeups: WakeUps,
+    pub(super) tx: Sender,
+}
+
+/// What a watch does after one read.
+enum Sent {
+    /// Read again at once: more is there, or the read is to be retried.
+    ReadNow,
+    /// Everything was sent: wait for a wake-up.
+    Wait,
+    /// The watch is over: the final event sent, the client gone, or a
+    /// failure sent.
+    Over,
+}
+
+impl Watch {
+    /// Streams what the follower decides, starting with `first`, the events
+    /// the watch read when it began. Owned by the client's stream: ends as
+    /// soon as the stream is dropped, which closes `tx`.
+    pub(super) async fn follow(mut self, first: Vec<Event>) {
+        // The next events, when they are at hand: the watch's first read, or
+        // what a write in this process handed over. An empty first read is
+        // read again here, where an empty read looks at the job.
+        let mut handed = (!first.is_empty()).then_some(first);
+        loop {
+            let read = match handed.take() {
+                Some(events) => Ok(Read {
+                    events,
+                    status: None,
+                }),
+                None => read(&self.store, &self.follower).await,
+            };
+            match self.send(read).await {
+                Sent::ReadNow => continue,
+                Sent::Wait => {}
+                Sent::Over => return,
+            }
+            match self.wait().await {
+                ControlFlow::Continue(events) => handed = events,
+                ControlFlow::Break(()) => return,
+            }
+        }
+    }
+
+    /// Sends what the follower makes of `read`, and says what comes next.
+    async fn send(&mut self, read: Result<Read, store::Error>) -> Sent {
+        match self.follower.on_read(read, Instant::now()) {
             Next::Send { events, more } => {
                 for event in events {
                     let is_final = event.r#final;
-                    if tx.send(Ok(event)).await.is_err() || is_final {
-                        return;
+                    if self.tx.send(Ok(event)).await.is_err() || is_final {
+                        return Sent::Over;
                     }
                 }
-                more
+                if more { Sent::ReadNow } else { Sent::Wait }
             }
-            Next::ReadAgain => continue,
+            Next::ReadAgain => Sent::ReadNow,
             Next::RetryAfter(pause) => {
                 tokio::select! {
-                    () = tx.closed() => return,
-                    () = tokio::time::sleep(pause) => continue,
+                    () = self.tx.closed() => Sent::Over,
+                    () = tokio::time::sleep(pause) => Sent::ReadNow,
                 }
             }
             Next::Finish => {
-                if let Ok(Some(last)) = store.last_event(&follower.job_id).await
-                    && let Some(event) = follower.last(last)
+                if let Ok(Some(last)) = self.store.last_event(&self.follower.job_id).await
+                    && let Some(event) = self.follower.last(last)
                 {
-                    let _ = tx.send(Ok(event)).await;
+                    let _ = self.tx.send(Ok(event)).await;
                 }
-                return;
+                Sent::Over
             }
-            Next::End => return,
+            Next::End => Sent::Over,
             Next::Fail(status) => {
-                let _ = tx.send(Err(status)).await;
-                return;
+                let _ = self.tx.send(Err(status)).await;
+                Sent::Over
             }
-        };
-        if more {
-            continue;
-        }
-        // Wait for a wake-up that brings events not read yet; poll anyway
-        // now and then, since wake-ups are best effort. A streamed turn's
-        // deltas are passed on meanwhile: nothing is stored for them.
-        loop {
-            tokio::select! {
-                () = tx.closed() => return,
-                woken = wakeups.past(follower.offset) => match woken {
-                    Woken::Delta(delta) => {
-                        if !pass_on(&store, &mut follower, delta, &tx).await {
-                            return;
-                        }
-                        continue;
-                    }
-                    Woken::Handed(events) => {
-                        handed = Some(events.to_vec());
-                        follower.on_woken();
-                    }
-                    Woken::Read => follower.on_woken(),
-                },
-                () = tokio::time::sleep(WATCH_POLL) => follower.on_poll(),
-            }
-            break;
         }
     }
-}
 
-/// Sends a streamed turn's delta, if it is one to send, asking for the
-/// turn so far when the watch joined in the middle of it (answered at once
-/// when the turn streams in this process, else by the replica that streams
-/// it, as a delta). `false` once the client is gone.
-async fn pass_on(store: &JobStore, follower: &mut Follower, delta: TurnDelta, tx: &Sender) -> bool {
-    let (mut event, ask) = follower.on_delta(delta);
-    if ask && let Some(so_far) = store.ask_so_far(&follower.job_id).await {
-        event = follower.on_delta(so_far).0;
+    /// Waits for a wake-up that brings events not read yet, and gives the
+    /// events it handed over, if any; polls anyway now and then, since
+    /// wake-ups are best effort. A streamed turn's deltas are passed on
+    /// meanwhile: nothing is stored for them. `Break` once the client is
+    /// gone.
+    async fn wait(&mut self) -> ControlFlow<(), Option<Vec<Event>>> {
+        loop {
+            let woken = tokio::select! {
+                () = self.tx.closed() => return ControlFlow::Break(()),
+                woken = self.wakeups.past(self.follower.offset) => woken,
+                () = tokio::time::sleep(WATCH_POLL) => {
+                    self.follower.on_poll();
+                    return ControlFlow::Continue(None);
+                }
+            };
+            match woken {
+                Woken::Delta(delta) => {
+                    if !self.pass_on(delta).await {
+                        return ControlFlow::Break(());
+                    }
+                }
+                Woken::Handed(events) => {
+                    self.follower.on_woken();
+                    return ControlFlow::Continue(Some(events.to_vec()));
+                }
+                Woken::Read => {
+                    self.follower.on_woken();
+                    return ControlFlow::Continue(None);
+                }
+            }
+        }
     }
-    match event {
-        Some(event) => tx.send(Ok(event)).await.is_ok(),
-        None => true,
+
+    /// Sends a streamed turn's delta, if it is one to send, asking for the
+    /// turn so far when the watch joined in the middle of it (answered at
+    /// once when the turn streams in this process, else by the replica that
+    /// streams it, as a delta). `false` once the client is gone.
+    async fn pass_on(&mut self, delta: TurnDelta) -> bool {
+        let (mut event, ask) = self.follower.on_delta(delta);
+        if ask && let Some(so_far) = self.live.ask_so_far(&self.follower.job_id).await {
+            event = self.follower.on_delta(so_far).0;
+        }
+        match event {
+            Some(event) => self.tx.send(Ok(event)).await.is_ok(),
+            None => true,
+        }
     }
 }
 

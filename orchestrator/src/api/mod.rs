@@ -28,13 +28,14 @@ use tracing::{info, warn};
 
 use crate::auth::{Caller, caller_of};
 use crate::job::{JobId, JobRecord, JobStatus, JobTrace, ProviderKind};
+use crate::live::Live;
 use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
 use crate::store::{Approvals, Idempotency, JobStore};
 use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
-use follow::{Follower, WATCH_BATCH, follow};
+use follow::{Follower, WATCH_BATCH, Watch};
 use validate::{ListQuery, Rules, may_own};
 
 pub use convert::to_status;
@@ -46,6 +47,8 @@ const ECHO_CHARS: usize = 64;
 /// The AgentService implementation.
 pub struct AgentApi {
     pub(crate) store: JobStore,
+    /// What watchers hear of a job as it happens.
+    pub(crate) live: Live,
     pub(crate) js: jetstream::Context,
     pub(crate) registry: RegistryHandle,
     pub(crate) providers: Arc<Providers>,
@@ -311,7 +314,7 @@ impl AgentService for AgentApi {
         let job_id = may_own(&request.job_id, &caller)?;
         // Subscribe before the first read, so no wake-up is missed; the
         // first read also says whose job it is (one round trip for both).
-        let mut wakeups = self.store.subscribe_events(&job_id).await.map_err(|err| {
+        let mut wakeups = self.live.wake_ups(&job_id).await.map_err(|err| {
             warn!(error = %err, "cannot subscribe to job events");
             Status::unavailable("event notifications are unavailable; retry later")
         })?;
@@ -334,7 +337,14 @@ impl AgentService for AgentApi {
         // UNAVAILABLE, so that the client watches again on another replica
         // from the last offset it read, and the drain waits for no watch.
         let (stopping, stopped) = (self.stopping.clone(), tx.clone());
-        let following = follow(self.store.clone(), follower, start.events, wakeups, tx);
+        let watch = Watch {
+            store: self.store.clone(),
+            live: self.live.clone(),
+            follower,
+            wakeups,
+            tx,
+        };
+        let following = watch.follow(start.events);
         tokio::spawn(async move {
             if stopping.run_until_cancelled(following).await.is_none() {
                 let _ = stopped.try_send(Err(Status::unavailable(

@@ -29,6 +29,7 @@ use tracing::{debug, info, warn};
 
 use crate::dispatch::Dispatcher;
 use crate::job::JobId;
+use crate::live::Live;
 use crate::model::Providers;
 use crate::store::{Acquired, JobStore};
 use job::{JobRun, Stopped};
@@ -83,6 +84,8 @@ impl Default for RunnerOptions {
 pub struct Runner {
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
+    /// Where a streamed turn's deltas go.
+    pub(crate) live: Live,
     pub(crate) dispatcher: Dispatcher,
     pub(crate) providers: Arc<Providers>,
     pub(crate) options: RunnerOptions,

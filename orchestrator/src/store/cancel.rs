@@ -9,8 +9,8 @@ use redis::Script;
 use crate::job::{Ending, JobErrorCode, JobEvent, JobSpec, JobStatus, ProviderKind, now_ms};
 
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
+use crate::live::Written;
 
 impl JobStore {
     /// Cancels a queued or parked job at once, or asks its runner to stop. Returns the

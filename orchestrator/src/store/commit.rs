@@ -13,8 +13,8 @@ use crate::job::{
 
 use super::attempts::settled_field;
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
+use crate::live::Written;
 
 impl JobStore {
     /// Checkpoints a model turn: the results before it, its items, its

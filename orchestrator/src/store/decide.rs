@@ -16,9 +16,9 @@ use crate::job::{JobRecord, JobStatus, now_ms};
 use super::approvals::{ApprovalRequest, decided_field, expires_field};
 use super::place::{Place, Stamp};
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
 use crate::hold::{Decision, Hold};
+use crate::live::Written;
 
 /// What a decision did.
 #[derive(Debug, Clone, PartialEq)]

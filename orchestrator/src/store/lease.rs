@@ -12,8 +12,8 @@ use crate::job::{JobEvent, Lease, now_ms};
 use super::place::{Place, Stamp};
 use super::read::parse_run_start;
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
+use crate::live::Written;
 
 impl JobStore {
     /// Takes the job's lease for `owner` for `ttl`, with the next epoch (see

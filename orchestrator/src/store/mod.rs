@@ -41,8 +41,9 @@
 //!   the parked index), moved in fenced steps ([`Steps`]);
 //! - `pending`: the tenants' indexes of calls waiting for a decision;
 //!
-//! Each verb's module holds the Lua scripts it runs; `scripts` builds them,
-//! and `wake_ups` tells watchers of new events.
+//! Each verb's module holds the Lua scripts it runs; `scripts` builds them.
+//! A write with events tells the job's watchers ([`Live`]), which are
+//! not the store's: it only says what it wrote.
 //!
 //! Only this module spells a hash field.
 
@@ -60,18 +61,15 @@ mod place;
 mod quota;
 mod read;
 mod scripts;
-mod streams;
 mod submit;
-mod wake_ups;
 
-use crate::job::{JobId, TurnDelta};
+use crate::job::{Event, JobId};
+use crate::live::{Live, Written};
 use std::collections::HashMap;
 use std::time::Duration;
 
-use toolfleet_proto::names::{self, RedisKeys};
+use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
-use wake_ups::Written;
-pub use wake_ups::{WakeUps, Woken};
 
 pub use approvals::{ApprovalRequest, Approvals, HeldCall};
 pub use attempts::Attempts;
@@ -84,12 +82,6 @@ pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
 pub use place::{Place, Stamp, Steps};
 pub use read::{RunStart, WatchStart};
 pub use submit::Idempotency;
-
-/// The `Toolfleet-Delta` header of a delta.
-const DELTA: &str = "1";
-/// The `Toolfleet-Delta` header of a watcher's ask for a streaming turn so
-/// far (an empty message).
-const ASK: &str = "ask";
 
 /// A failed store operation.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -120,30 +112,12 @@ pub enum Error {
     },
 }
 
-/// One entry of a job's event log.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Event {
-    /// Position in the log, from 0.
-    pub offset: u64,
-    /// `job_queued`, `model_turn`, ...
-    pub kind: String,
-    /// Details (JSON text).
-    pub data: String,
-    /// Unix epoch ms.
-    pub timestamp_ms: u64,
-    /// The job's last event.
-    pub is_final: bool,
-}
-
 /// Redis-backed job store.
 #[derive(Clone)]
 pub struct JobStore {
     redis: RedisConnection,
-    nats: async_nats::Client,
-    /// The watchers in this process, woken without NATS.
-    watchers: std::sync::Arc<wake_ups::LocalWatchers>,
-    /// The turns streamed by this process's runners, so far.
-    streams: std::sync::Arc<streams::Streams>,
+    /// Whom its writes' news is told to.
+    live: Live,
     keys: RedisKeys,
     retention: Duration,
     submission_ttl: Duration,
@@ -182,19 +156,17 @@ where
 type Fields = HashMap<String, String>;
 
 impl JobStore {
-    /// A store on `redis` that wakes event watchers through `nats`.
+    /// A store on `redis` that tells `live` what each write stored.
     pub fn new(
         redis: RedisConnection,
-        nats: async_nats::Client,
+        live: Live,
         keys: RedisKeys,
         retention: Duration,
         submission_ttl: Duration,
     ) -> Self {
         Self {
             redis,
-            nats,
-            watchers: std::sync::Arc::default(),
-            streams: std::sync::Arc::default(),
+            live,
             keys,
             retention,
             submission_ttl,
@@ -205,87 +177,9 @@ impl JobStore {
         self.redis.clone()
     }
 
-    /// Wakes the watchers of `job_id`, in this process and, through NATS,
-    /// in every other. Best effort: a watcher that misses it reads Redis on
-    /// its next poll. `written.events`, when known, is how many events the
-    /// job has now: a watcher that has read that many skips the read.
+    /// Tells the watchers of `job_id` what a write stored (best effort).
     async fn notify(&self, job_id: &JobId, written: Written) {
-        let events = written.events;
-        self.watchers.wake(job_id, written);
-        let payload = events.map_or_else(bytes::Bytes::new, |n| n.to_string().into());
-        let _ = self
-            .nats
-            .publish(names::events_subject(job_id), payload)
-            .await;
-    }
-
-    /// Passes a piece of a streamed turn of `job_id` to its watchers: in
-    /// this process directly, in every other through NATS (marked, on the
-    /// job's events subject). Never stored; best effort, as a wake-up.
-    pub async fn pass_on_delta(&self, job_id: &JobId, delta: &TurnDelta) {
-        self.streams.record(job_id, delta);
-        self.watchers.pass_on(job_id, delta);
-        self.publish_delta(job_id, delta, DELTA).await;
-    }
-
-    /// The turn of `job_id` streamed here stopped: nothing of it is kept.
-    pub fn end_stream(&self, job_id: &JobId) {
-        self.streams.end(job_id);
-    }
-
-    /// What the streaming turn of `job_id` has said so far, for a watcher
-    /// that joined in the middle of it: at once when it streams in this
-    /// process; else the replica that streams it is asked, and answers on
-    /// the job's events subject (`None` here).
-    pub async fn ask_so_far(&self, job_id: &JobId) -> Option<TurnDelta> {
-        if let Some(so_far) = self.streams.so_far(job_id) {
-            return Some(so_far);
-        }
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(names::headers::DELTA, ASK);
-        let _ = self
-            .nats
-            .publish_with_headers(names::events_subject(job_id), headers, bytes::Bytes::new())
-            .await;
-        None
-    }
-
-    /// The asks of other replicas' watchers for the streaming turn of
-    /// `job_id` (see [`ask_so_far`](Self::ask_so_far)).
-    ///
-    /// # Errors
-    ///
-    /// NATS refused the subscription.
-    pub async fn asks(
-        &self,
-        job_id: &JobId,
-    ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
-        self.nats.subscribe(names::events_subject(job_id)).await
-    }
-
-    /// Answers an ask (a message of [`asks`](Self::asks) that is one):
-    /// what the turn has said so far, to every watcher of the job.
-    pub async fn answer_ask(&self, job_id: &JobId, message: &async_nats::Message) {
-        let asked = message
-            .headers
-            .as_ref()
-            .and_then(|headers| headers.get(names::headers::DELTA))
-            .is_some_and(|value| value.as_str() == ASK);
-        if let (true, Some(so_far)) = (asked, self.streams.so_far(job_id)) {
-            self.publish_delta(job_id, &so_far, DELTA).await;
-        }
-    }
-
-    async fn publish_delta(&self, job_id: &JobId, delta: &TurnDelta, marker: &str) {
-        let Ok(payload) = serde_json::to_vec(delta) else {
-            return;
-        };
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert(names::headers::DELTA, marker);
-        let _ = self
-            .nats
-            .publish_with_headers(names::events_subject(job_id), headers, payload.into())
-            .await;
+        self.live.wrote(job_id, written).await;
     }
 
     /// Runs `pipe`, which invokes `script`. A Redis that lost its script

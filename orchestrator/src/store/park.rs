@@ -15,8 +15,8 @@ use crate::job::{JobEvent, Lease, now_ms};
 
 use super::place::{Place, Stamp, Steps};
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
+use crate::live::Written;
 
 /// What [`JobStore::park`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -200,19 +200,6 @@ impl JobStore {
                 .await?;
         Ok(reply.ids.iter().find_map(parse_event))
     }
-
-    /// Subscribes to the wake-ups sent whenever `job_id` gets new events.
-    /// Redis stays the source of truth: a wake-up only says "read again".
-    ///
-    /// # Errors
-    ///
-    /// NATS refused the subscription.
-    pub async fn subscribe_events(
-        &self,
-        job_id: &JobId,
-    ) -> Result<WakeUps, async_nats::SubscribeError> {
-        WakeUps::subscribe(&self.nats, self.watchers.clone(), job_id).await
-    }
 }
 
 /// What [`JobStore::load_run`] read, parsed; `None` for a job with no record.

@@ -10,8 +10,8 @@ use toolfleet_service::connect::append_ignored;
 use crate::job::{Item, JobEvent, JobSpec, JobTrace, WireIds, new_job_id, now_ms};
 
 use super::scripts::script;
-use super::wake_ups::Written;
 use super::*;
+use crate::live::Written;
 
 impl JobStore {
     /// Creates a job, or with an idempotency key returns the job an earlier

@@ -1,7 +1,7 @@
 //! The publisher of a streamed turn's deltas: the provider's sink fills a
 //! queue without waiting, and a task of its own passes each delta to the
-//! job's watchers through the job store (in this process directly, in the
-//! others over NATS), numbered, and answers the asks of other replicas'
+//! job's watchers ([`Live`]: in this process directly, in the others over
+//! NATS), numbered, and answers the asks of other replicas'
 //! watchers that joined in the middle of the turn with the turn so far.
 //! Only a streamed job's turns have one, so a job that does not stream
 //! costs nothing here.
@@ -9,8 +9,8 @@
 use tokio::sync::mpsc;
 
 use crate::job::{DeltaPiece, JobId, TurnDelta};
+use crate::live::Live;
 use crate::model::Delta;
-use crate::store::JobStore;
 
 /// Deltas of one turn waiting to be passed on; past it, a delta is dropped
 /// (the checkpointed turn still says everything).
@@ -35,19 +35,19 @@ pub(super) struct TurnDeltas {
 impl TurnDeltas {
     /// Publishes the deltas of `turn` of `job_id`, asked by the run of
     /// lease `epoch`.
-    pub(super) fn start(store: JobStore, job_id: &JobId, turn: u32, epoch: u64) -> Self {
+    pub(super) fn start(live: Live, job_id: &JobId, turn: u32, epoch: u64) -> Self {
         let (queue, mut deltas) = mpsc::channel::<Delta>(QUEUED);
         let job_id = job_id.to_owned();
         let publishing = tokio::spawn(async move {
             // Without it, joiners elsewhere get the live deltas only.
-            let mut asks = store.asks(&job_id).await.ok();
+            let mut asks = live.asks(&job_id).await.ok();
             let mut seq = 0;
             loop {
                 let delta = tokio::select! {
                     biased;
                     delta = deltas.recv() => delta,
                     Some(ask) = next_ask(&mut asks) => {
-                        store.answer_ask(&job_id, &ask).await;
+                        live.answer_ask(&job_id, &ask).await;
                         continue;
                     }
                 };
@@ -64,9 +64,9 @@ impl TurnDeltas {
                     piece,
                 };
                 seq += 1;
-                store.pass_on_delta(&job_id, &delta).await;
+                live.pass_on_delta(&job_id, &delta).await;
             }
-            store.end_stream(&job_id);
+            live.end_stream(&job_id);
         });
         Self { queue, publishing }
     }

@@ -55,8 +55,8 @@ impl JobRun<'_> {
         let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
         // A streamed job's turn is published as it is written.
         let deltas = spec.stream.then(|| {
-            let store = self.runner.store.clone();
-            TurnDeltas::start(store, &self.lease.job_id, progress.turns, self.lease.epoch)
+            let live = self.runner.live.clone();
+            TurnDeltas::start(live, &self.lease.job_id, progress.turns, self.lease.epoch)
         });
         let asked = ask_model(&of, &tools, progress, stop, &mut span, deltas.as_ref()).await;
         if let Some(deltas) = deltas {

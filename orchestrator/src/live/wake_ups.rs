@@ -19,23 +19,22 @@ use futures::StreamExt;
 use tokio::sync::{broadcast, watch};
 use toolfleet_proto::names;
 
-use super::Event;
-use crate::job::{JobId, TurnDelta};
+use crate::job::{Event, JobId, TurnDelta};
 
 /// What a write tells the watchers of its job.
 #[derive(Debug, Clone, Default)]
-pub(super) struct Written {
+pub(crate) struct Written {
     /// How many events the job has now; `None` when the writer did not say.
-    pub(super) events: Option<u64>,
+    pub(crate) events: Option<u64>,
     /// The events the write stored, in order, the last of them being the
     /// job's last (so the first has offset `events - len`), when the
     /// writer handed them over; stored exactly so.
-    pub(super) stored: Option<Arc<[Event]>>,
+    pub(crate) stored: Option<Arc<[Event]>>,
 }
 
 impl Written {
     /// A write that says only how many events the job has.
-    pub(super) fn counted(events: Option<u64>) -> Self {
+    pub(crate) fn counted(events: Option<u64>) -> Self {
         Self {
             events,
             stored: None,
@@ -46,7 +45,7 @@ impl Written {
     /// events (as its script answered): numbers them, the last being
     /// `events - 1`. An answer that cannot be the count after them hands
     /// nothing over, and says nothing.
-    pub(super) fn numbered(mut stored: Vec<Event>, events: Option<u64>) -> Self {
+    pub(crate) fn numbered(mut stored: Vec<Event>, events: Option<u64>) -> Self {
         let Some(first) = events.and_then(|events| events.checked_sub(stored.len() as u64)) else {
             return Self::counted(None);
         };
@@ -143,7 +142,7 @@ impl LocalWatchers {
 }
 
 /// One watcher's wake-ups for one job, from NATS and from this process
-/// ([`JobStore::subscribe_events`](super::JobStore::subscribe_events)).
+/// ([`Live::wake_ups`](super::Live::wake_ups)).
 pub struct WakeUps {
     job_id: JobId,
     nats: Option<async_nats::Subscriber>,
