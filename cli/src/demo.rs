@@ -63,7 +63,7 @@ fn comparable(question: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use toolfleet_orchestrator::model::scripted::Scripted;
+    use toolfleet_orchestrator::Scripted;
 
     #[test]
     fn every_script_parses_and_questions_match_loosely() {

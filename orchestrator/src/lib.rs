@@ -28,28 +28,29 @@
 //! - [`server`]: wires a replica together; [`config`] and [`metrics`]
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
-pub mod api;
+pub(crate) mod api;
 pub mod approval;
 pub mod auth;
 pub(crate) mod backlog;
 pub mod config;
-pub mod dispatch;
+pub(crate) mod dispatch;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hold;
 pub mod job;
 pub mod live;
-pub mod metrics;
-pub mod model;
-pub mod publish;
-pub mod quota;
-pub mod registry;
-pub mod runner;
-pub mod server;
+pub(crate) mod metrics;
+pub(crate) mod model;
+pub(crate) mod publish;
+pub(crate) mod quota;
+pub(crate) mod registry;
+pub(crate) mod runner;
+pub(crate) mod server;
 pub mod setup;
 pub(crate) mod spans;
 pub mod store;
 
 pub use config::OrchestratorOptions;
+pub use model::scripted::Scripted;
 pub use server::Orchestrator;

@@ -3,19 +3,19 @@
 
 /// Retries of JetStream publishes, by `what` (`job`, `call`): what a stream
 /// leader's election (or an outage) cost (see the `publish` module).
-pub const PUBLISH_RETRIES_TOTAL: &str = "toolfleet_publish_retries_total";
+pub(crate) const PUBLISH_RETRIES_TOTAL: &str = "toolfleet_publish_retries_total";
 /// How long a publish that needed retries waited, from its first failure
 /// to its acknowledgement (or to giving up), by `what`.
-pub const PUBLISH_PAUSE: &str = "toolfleet_publish_pause_seconds";
+pub(crate) const PUBLISH_PAUSE: &str = "toolfleet_publish_pause_seconds";
 /// Jobs finished, by `outcome` (`job_succeeded`, `job_failed`, `job_cancelled`).
-pub const JOBS_FINISHED_TOTAL: &str = "toolfleet_jobs_finished_total";
+pub(crate) const JOBS_FINISHED_TOTAL: &str = "toolfleet_jobs_finished_total";
 /// Jobs submitted.
-pub const JOBS_SUBMITTED_TOTAL: &str = "toolfleet_jobs_submitted_total";
+pub(crate) const JOBS_SUBMITTED_TOTAL: &str = "toolfleet_jobs_submitted_total";
 /// Submission to end of a job, in seconds, by `outcome`.
-pub const JOB_DURATION: &str = "toolfleet_job_duration_seconds";
+pub(crate) const JOB_DURATION: &str = "toolfleet_job_duration_seconds";
 /// Runs that resumed a job another runner had started (a takeover after a
 /// crash or a lost lease, or a hand-back at shutdown).
-pub const JOBS_RESUMED_TOTAL: &str = "toolfleet_jobs_resumed_total";
+pub(crate) const JOBS_RESUMED_TOTAL: &str = "toolfleet_jobs_resumed_total";
 
 pub(crate) fn job_finished(outcome: &'static str, took: Option<std::time::Duration>) {
     metrics::counter!(JOBS_FINISHED_TOTAL, "outcome" => outcome).increment(1);
@@ -26,7 +26,7 @@ pub(crate) fn job_finished(outcome: &'static str, took: Option<std::time::Durati
 
 /// Messages on the job queue terminated without running: not a job id, so
 /// not one an orchestrator queued.
-pub const JOB_MESSAGES_REJECTED_TOTAL: &str = "toolfleet_job_messages_rejected_total";
+pub(crate) const JOB_MESSAGES_REJECTED_TOTAL: &str = "toolfleet_job_messages_rejected_total";
 
 pub(crate) fn publish_paused(what: &'static str, retries: u64, pause: std::time::Duration) {
     metrics::counter!(PUBLISH_RETRIES_TOTAL, "what" => what).increment(retries);
@@ -42,10 +42,10 @@ pub(crate) fn job_resumed() {
 }
 
 /// Model turns, by `provider` and `outcome` (`ok` or the job error code).
-pub const MODEL_TURN_DURATION: &str = "toolfleet_model_turn_duration_seconds";
+pub(crate) const MODEL_TURN_DURATION: &str = "toolfleet_model_turn_duration_seconds";
 /// Tokens the model used, by `provider` and `kind` (`input`, `output`,
 /// and of the input `cache_read` and `cache_write`).
-pub const MODEL_TOKENS_TOTAL: &str = "toolfleet_model_tokens_total";
+pub(crate) const MODEL_TOKENS_TOTAL: &str = "toolfleet_model_tokens_total";
 
 pub(crate) fn model_turn(provider: &'static str, outcome: String, took: std::time::Duration) {
     metrics::histogram!(MODEL_TURN_DURATION, "provider" => provider, "outcome" => outcome)
@@ -67,7 +67,7 @@ pub(crate) fn model_tokens(provider: &'static str, usage: &crate::model::Usage) 
 
 /// Tool calls settled, by `tool` and `outcome` (`ok` or the error code of
 /// the final envelope: terminal errors, and retryable ones out of attempts).
-pub const TOOL_CALLS_TOTAL: &str = "toolfleet_tool_calls_total";
+pub(crate) const TOOL_CALLS_TOTAL: &str = "toolfleet_tool_calls_total";
 
 pub(crate) fn tool_call_settled(tool: &str, envelope: &toolfleet_proto::Envelope) {
     let outcome = envelope
@@ -79,10 +79,10 @@ pub(crate) fn tool_call_settled(tool: &str, envelope: &toolfleet_proto::Envelope
 
 /// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
 /// every replica).
-pub const TOOL_WORKERS: &str = "toolfleet_tool_workers";
+pub(crate) const TOOL_WORKERS: &str = "toolfleet_tool_workers";
 /// Calls waiting for a worker in the tool's JetStream consumer, by `tool`
 /// (the fleet's, the same on every replica).
-pub const TOOL_CALLS_WAITING: &str = "toolfleet_tool_calls_waiting";
+pub(crate) const TOOL_CALLS_WAITING: &str = "toolfleet_tool_calls_waiting";
 
 pub(crate) fn tool_workers(tool: &str, workers: usize) {
     metrics::gauge!(TOOL_WORKERS, "tool" => tool.to_owned()).set(workers as f64);
@@ -94,10 +94,10 @@ pub(crate) fn tool_calls_waiting(tool: &str, waiting: u64) {
 
 /// Calls waiting for a person's decision, by `tenant` and `tool` (the
 /// fleet's, read from Redis, the same on every replica).
-pub const APPROVALS_PENDING: &str = "toolfleet_approvals_pending";
+pub(crate) const APPROVALS_PENDING: &str = "toolfleet_approvals_pending";
 /// How long the oldest of those calls has waited, in seconds, by `tenant`
 /// and `tool` (0 when none waits).
-pub const APPROVALS_OLDEST_PENDING: &str = "toolfleet_approvals_oldest_pending_seconds";
+pub(crate) const APPROVALS_OLDEST_PENDING: &str = "toolfleet_approvals_oldest_pending_seconds";
 
 pub(crate) fn approvals_pending(tenant: &str, tool: &str, calls: u64, oldest: std::time::Duration) {
     let labels = [("tenant", tenant.to_owned()), ("tool", tool.to_owned())];
@@ -108,14 +108,14 @@ pub(crate) fn approvals_pending(tenant: &str, tool: &str, calls: u64, oldest: st
 /// Calls held for a person's approval, by `tool` and `rule` (`manifest`,
 /// `tenant` or `job`; `on_unknown_outcome` for an attempt held for an
 /// operator's verdict).
-pub const APPROVALS_REQUESTED_TOTAL: &str = "toolfleet_approvals_requested_total";
+pub(crate) const APPROVALS_REQUESTED_TOTAL: &str = "toolfleet_approvals_requested_total";
 /// Held calls decided, by `tool` and `decision` (`approved`, `rejected`,
 /// `applied`, `not_applied`, `failed`, or `expired` when nobody decided in
 /// time).
-pub const APPROVAL_DECISIONS_TOTAL: &str = "toolfleet_approval_decisions_total";
+pub(crate) const APPROVAL_DECISIONS_TOTAL: &str = "toolfleet_approval_decisions_total";
 /// Time from a call held to a person's decision, in seconds, by `tool`
 /// (buckets from a second to a day).
-pub const APPROVAL_WAIT: &str = "toolfleet_approval_wait_seconds";
+pub(crate) const APPROVAL_WAIT: &str = "toolfleet_approval_wait_seconds";
 
 pub(crate) fn approval_requested(tool: &str, rule: &'static str) {
     metrics::counter!(APPROVALS_REQUESTED_TOTAL, "tool" => tool.to_owned(), "rule" => rule)
@@ -156,10 +156,10 @@ pub(crate) fn job_submitted() {
 
 /// Tool call round trip (publish to result) in seconds, by `tool`, as the
 /// runner sees it.
-pub const TOOL_CALL_ROUND_TRIP: &str = "toolfleet_tool_call_round_trip_seconds";
+pub(crate) const TOOL_CALL_ROUND_TRIP: &str = "toolfleet_tool_call_round_trip_seconds";
 /// Retries of tool calls after retryable envelopes, by `tool` and `code`
 /// (the retried envelope's).
-pub const TOOL_CALL_RETRIES_TOTAL: &str = "toolfleet_tool_call_retries_total";
+pub(crate) const TOOL_CALL_RETRIES_TOTAL: &str = "toolfleet_tool_call_retries_total";
 
 pub(crate) fn tool_call_round_trip(tool: &str, elapsed: std::time::Duration) {
     metrics::histogram!(TOOL_CALL_ROUND_TRIP, "tool" => tool.to_owned())
@@ -168,7 +168,7 @@ pub(crate) fn tool_call_round_trip(tool: &str, elapsed: std::time::Duration) {
 
 /// Tool calls that waited for a slot because their tenant was at its
 /// `max_calls_in_flight` quota, by `tool`.
-pub const TOOL_CALLS_THROTTLED_TOTAL: &str = "toolfleet_tool_calls_throttled_total";
+pub(crate) const TOOL_CALLS_THROTTLED_TOTAL: &str = "toolfleet_tool_calls_throttled_total";
 
 pub(crate) fn tool_call_throttled(tool: &str) {
     metrics::counter!(TOOL_CALLS_THROTTLED_TOTAL, "tool" => tool.to_owned()).increment(1);

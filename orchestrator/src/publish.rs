@@ -31,11 +31,11 @@ use crate::metrics;
 /// sweeper) keeps retrying before it fails: a leader election takes about
 /// 3 s, and a client's call should not wait much longer than that.
 /// docs/configuration.md (`nats.replicas`) and docs/capacity.md state it.
-pub const RETRY_FOR: Duration = Duration::from_secs(10);
+pub(crate) const RETRY_FOR: Duration = Duration::from_secs(10);
 
 /// What is published, for the metrics' `what` label.
 #[derive(Debug, Clone, Copy)]
-pub enum What {
+pub(crate) enum What {
     /// A job, queued at submission or by the sweeper.
     Job,
     /// A tool call.
@@ -59,7 +59,7 @@ impl What {
 ///
 /// [`Unpublished::Failed`]: still failing after [`RETRY_FOR`];
 /// [`Unpublished::Refused`]: refused for good.
-pub async fn job(
+pub(crate) async fn job(
     js: &jetstream::Context,
     job_id: &JobId,
     tenant: &str,
@@ -87,20 +87,20 @@ pub async fn job(
 
 /// Why a publish did not land.
 #[derive(Debug)]
-pub enum Unpublished {
+pub(crate) enum Unpublished {
     /// Still unanswered at the bound: an election or an outage outlasted
-    /// it. The last error.
-    Failed(String),
+    /// it (the last error is logged).
+    Failed,
     /// Refused for a reason no election explains: trying again would be
-    /// refused the same way. What was refused, and what was said.
-    Refused(Refusal, String),
+    /// refused the same way. What was refused (what was said is logged).
+    Refused(Refusal),
     /// The caller stopped first.
     Stopped,
 }
 
 /// A publish refused for good (`judge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// The message is larger than the server (`max_payload`) or the
     /// stream (`max_msg_size`) takes.
     TooLarge,
@@ -187,7 +187,7 @@ async fn publish_once(
 ///
 /// [`Unpublished`]: still failing at `until`, refused for good, or `stop`
 /// cancelled.
-pub async fn acked(
+pub(crate) async fn acked(
     js: &jetstream::Context,
     what: What,
     subject: &str,
@@ -225,7 +225,7 @@ pub async fn acked(
             if retries > 0 {
                 metrics::publish_paused(what.label(), retries, first.elapsed());
             }
-            return Err(Unpublished::Refused(refusal, err.to_string()));
+            return Err(Unpublished::Refused(refusal));
         }
         let err = err.to_string();
         // The first failure of a pause is worth a warning; the rest of it
@@ -239,7 +239,7 @@ pub async fn acked(
         let delay = delays.next().unwrap_or(Duration::from_secs(1));
         if Instant::now() + delay > until {
             metrics::publish_paused(what.label(), retries, first.elapsed());
-            return Err(Unpublished::Failed(err));
+            return Err(Unpublished::Failed);
         }
         let stopped = async {
             match stop {

@@ -77,7 +77,7 @@ impl Quotas {
 
 /// A submission a tenant's limits refuse, and when to try again.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Faster than `submissions_per_second`; the next token is `wait` away.
     SubmissionRate {
         /// The tenant.
@@ -110,7 +110,7 @@ const RETRY_WHEN_BUSY: Duration = Duration::from_secs(1);
 
 impl Refusal {
     /// When the client may try again.
-    pub fn retry_after(&self) -> Duration {
+    pub(crate) fn retry_after(&self) -> Duration {
         match self {
             Self::SubmissionRate { wait, .. } => *wait,
             Self::ActiveJobs { .. } | Self::CallsInFlight { .. } => RETRY_WHEN_BUSY,
@@ -143,7 +143,7 @@ impl fmt::Display for Refusal {
 
 /// Why a submission was not admitted.
 #[derive(Debug, thiserror::Error)]
-pub enum AdmitError {
+pub(crate) enum AdmitError {
     /// A limit refused it.
     #[error("{0}")]
     Refused(Refusal),
@@ -154,7 +154,7 @@ pub enum AdmitError {
 
 /// Why a call got no slot.
 #[derive(Debug, thiserror::Error)]
-pub enum SlotError {
+pub(crate) enum SlotError {
     /// The job's deadline passes before a slot would be polled again.
     #[error("the job's deadline passed while its call waited for a slot")]
     DeadlineExceeded,
@@ -169,12 +169,12 @@ pub enum SlotError {
 /// The one place tenants' limits are asked: by the API before it stores a
 /// submission, by dispatch before it publishes a call.
 #[derive(Clone)]
-pub struct TenantLimits {
+pub(crate) struct TenantLimits {
     store: JobStore,
 }
 
 /// One call asking for a slot in its tenant's calls in flight.
-pub struct SlotRequest<'a> {
+pub(crate) struct SlotRequest<'a> {
     /// The tenant whose calls in flight it counts toward.
     pub tenant: &'a str,
     /// The call, `<job>/<wire id>`: the same for every attempt of it, so a
@@ -196,7 +196,7 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(500);
 
 impl TenantLimits {
     /// The limits kept in `store`.
-    pub fn new(store: JobStore) -> Self {
+    pub(crate) fn new(store: JobStore) -> Self {
         Self { store }
     }
 
@@ -208,7 +208,7 @@ impl TenantLimits {
     ///
     /// [`AdmitError::Refused`] with the limit that refused it;
     /// [`AdmitError::Store`] when Redis failed.
-    pub async fn admit(&self, tenant: &str, quotas: &Quotas) -> Result<(), AdmitError> {
+    pub(crate) async fn admit(&self, tenant: &str, quotas: &Quotas) -> Result<(), AdmitError> {
         // The rate first: it is one cheap script, and it bounds how often
         // the active-jobs count (a scan when at the quota) runs.
         if let Some(rate) = quotas.submissions_per_second
@@ -247,7 +247,7 @@ impl TenantLimits {
     /// # Errors
     ///
     /// [`SlotError`]: the deadline, the stop, or Redis.
-    pub async fn call_slot(
+    pub(crate) async fn call_slot(
         &self,
         request: SlotRequest<'_>,
         stop: &CancellationToken,
@@ -292,7 +292,7 @@ impl TenantLimits {
 
 /// A slot held by one call; freed when dropped (the call settled, or its
 /// round ended any other way).
-pub struct CallSlot {
+pub(crate) struct CallSlot {
     store: JobStore,
     tenant: String,
     call: String,

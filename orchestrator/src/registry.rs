@@ -39,7 +39,7 @@ const CATALOG_BACKLOG: usize = 64;
 /// A tool jobs may use: its manifest, compiled schema and how many workers
 /// serve it.
 #[derive(Clone)]
-pub struct LiveTool {
+pub(crate) struct LiveTool {
     /// The newest manifest announced. Shared: every turn and call reads
     /// the registry, and a manifest (with its schema) is too big to copy
     /// each time.
@@ -54,7 +54,7 @@ pub struct LiveTool {
 impl LiveTool {
     /// A tool known from `manifest` alone (one a job's model was offered),
     /// with no worker counted; `None` when its schema does not compile.
-    pub fn known(manifest: ToolManifest) -> Option<Self> {
+    pub(crate) fn known(manifest: ToolManifest) -> Option<Self> {
         match jsonschema::validator_for(&manifest.parameters) {
             Ok(validator) => Some(Self {
                 manifest: Arc::new(manifest),
@@ -82,14 +82,14 @@ struct Entry {
 
 /// Cheap handle to the registry; the only way other code reads it.
 #[derive(Clone)]
-pub struct RegistryHandle {
+pub(crate) struct RegistryHandle {
     tools: Arc<RwLock<HashMap<String, Entry>>>,
     ttl: Duration,
 }
 
 impl RegistryHandle {
     /// An available tool by name: live, or queued with no live worker.
-    pub fn get(&self, name: &str) -> Option<LiveTool> {
+    pub(crate) fn get(&self, name: &str) -> Option<LiveTool> {
         let tools = self
             .tools
             .read()
@@ -98,7 +98,7 @@ impl RegistryHandle {
     }
 
     /// Every available tool, by name.
-    pub fn available_tools(&self) -> Vec<LiveTool> {
+    pub(crate) fn available_tools(&self) -> Vec<LiveTool> {
         let tools = self
             .tools
             .read()
@@ -109,7 +109,7 @@ impl RegistryHandle {
     }
 
     /// The name of every tool with a known manifest, available or not.
-    pub fn known_tools(&self) -> Vec<String> {
+    pub(crate) fn known_tools(&self) -> Vec<String> {
         let tools = self
             .tools
             .read()
@@ -124,7 +124,7 @@ impl RegistryHandle {
     }
 
     /// Whether `tool`'s queue exists (so its calls can wait for a worker).
-    pub fn set_queued(&self, tool: &str, queued: bool) {
+    pub(crate) fn set_queued(&self, tool: &str, queued: bool) {
         let mut tools = self
             .tools
             .write()
@@ -232,7 +232,7 @@ impl RegistryHandle {
 }
 
 /// Watches the registry bucket and keeps a [`RegistryHandle`] current.
-pub struct Registry {
+pub(crate) struct Registry {
     bucket: kv::Store,
     catalog: JobStore,
     handle: RegistryHandle,
@@ -241,7 +241,7 @@ pub struct Registry {
 impl Registry {
     /// A registry fed from `bucket`, whose announcements expire after
     /// `ttl`, keeping its tool catalog in `catalog`.
-    pub fn new(bucket: kv::Store, ttl: Duration, catalog: JobStore) -> Self {
+    pub(crate) fn new(bucket: kv::Store, ttl: Duration, catalog: JobStore) -> Self {
         Self {
             bucket,
             catalog,
@@ -253,7 +253,7 @@ impl Registry {
     }
 
     /// The handle.
-    pub fn handle(&self) -> RegistryHandle {
+    pub(crate) fn handle(&self) -> RegistryHandle {
         self.handle.clone()
     }
 
@@ -282,7 +282,7 @@ impl Registry {
 
     /// Follows the bucket until `shutdown`, re-watching after errors, and
     /// keeps each manifest new to this registry in the catalog.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         let catalog = self.catalog_keeper();
         loop {
             let Some(watching) = shutdown

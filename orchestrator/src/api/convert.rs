@@ -18,7 +18,7 @@ use crate::store::{self, Approvals};
 
 /// The one conversion from a store failure to a gRPC status. The detail goes
 /// to the log, not to the client.
-pub fn to_status(err: &store::Error) -> Status {
+pub(crate) fn to_status(err: &store::Error) -> Status {
     match err {
         store::Error::Redis(source) => {
             warn!(error = %source, "job store unavailable");

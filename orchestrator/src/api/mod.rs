@@ -38,14 +38,14 @@ use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_too
 use follow::{Follower, WATCH_BATCH, Watch};
 use validate::{ListQuery, Rules, may_own};
 
-pub use convert::to_status;
-pub use options::{ApiOptions, DefaultModel};
+pub(crate) use convert::to_status;
+pub(crate) use options::ApiOptions;
 
 /// How much of a client's value an error message repeats.
 const ECHO_CHARS: usize = 64;
 
 /// The AgentService implementation.
-pub struct AgentApi {
+pub(crate) struct AgentApi {
     pub(crate) store: JobStore,
     /// What watchers hear of a job as it happens.
     pub(crate) live: Live,
@@ -160,13 +160,13 @@ type EventStream = Pin<Box<dyn Stream<Item = Result<v1::JobEvent, Status>> + Sen
 /// lets gRPC health answer `NOT_SERVING` while the replica waits, instead of
 /// a port that does not answer at all.
 #[derive(Clone, Default)]
-pub struct StartingApi {
+pub(crate) struct StartingApi {
     ready: Arc<OnceLock<AgentApi>>,
 }
 
 impl StartingApi {
     /// From now on, calls go to `api`. Only the first call has an effect.
-    pub fn serve(&self, api: AgentApi) {
+    pub(crate) fn serve(&self, api: AgentApi) {
         let _ = self.ready.set(api);
     }
 

@@ -570,12 +570,12 @@ fn published(sent: Result<(), Unpublished>) -> Result<Option<Envelope>, RoundErr
     let (code, message) = match sent {
         Ok(()) => return Ok(None),
         Err(Unpublished::Stopped) => return Err(RoundError::Interrupted),
-        Err(Unpublished::Failed(_)) => return Err(RoundError::DeadlineExceeded),
-        Err(Unpublished::Refused(Refusal::TooLarge, _)) => (
+        Err(Unpublished::Failed) => return Err(RoundError::DeadlineExceeded),
+        Err(Unpublished::Refused(Refusal::TooLarge)) => (
             ErrorCode::PAYLOAD_TOO_LARGE,
             "the call's message is larger than the call queue takes; it was not run",
         ),
-        Err(Unpublished::Refused(Refusal::Other, _)) => (
+        Err(Unpublished::Refused(Refusal::Other)) => (
             ErrorCode::DISPATCH_REFUSED,
             "the call queue refused the call's message; it was not run",
         ),
@@ -743,19 +743,15 @@ mod tests {
             Err(RoundError::DeadlineExceeded) => "deadline".to_owned(),
             Err(other) => panic!("{other}"),
         };
-        let refused = |refusal, reason: &str| Err(Unpublished::Refused(refusal, reason.into()));
         let cases = [
             (Ok(()), "published"),
             (Err(Unpublished::Stopped), "interrupted"),
-            (Err(Unpublished::Failed("timed out".into())), "deadline"),
+            (Err(Unpublished::Failed), "deadline"),
             (
-                refused(Refusal::TooLarge, "max payload size exceeded"),
+                Err(Unpublished::Refused(Refusal::TooLarge)),
                 "PAYLOAD_TOO_LARGE",
             ),
-            (
-                refused(Refusal::Other, "maximum messages exceeded"),
-                "DISPATCH_REFUSED",
-            ),
+            (Err(Unpublished::Refused(Refusal::Other)), "DISPATCH_REFUSED"),
         ];
         for (sent, expected) in cases {
             let shown = format!("{sent:?}");

@@ -87,7 +87,7 @@ pub struct DispatchOptions {
 /// while its round still has calls out, but a call that waits for its
 /// tenant's call slot held by a call of the same round makes it wait the
 /// whole linger: a bound keeps that a pause, never a stall.
-pub const MAX_RESULT_LINGER: Duration = Duration::from_secs(1);
+pub(crate) const MAX_RESULT_LINGER: Duration = Duration::from_secs(1);
 
 /// `dispatch.result_linger`: a duration, at most [`MAX_RESULT_LINGER`].
 mod result_linger {
@@ -146,7 +146,7 @@ impl DispatchOptions {
 
 /// One call of a turn, as the model made it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PlannedCall {
+pub(crate) struct PlannedCall {
     /// The model's call id: data, kept in the conversation and sent back to
     /// the model verbatim, never put on the wire.
     pub call_id: String,
@@ -173,7 +173,8 @@ impl PlannedCall {
     ///
     /// If `call_id` is not a safe call id
     /// ([`is_valid_call_id`](toolfleet_proto::call::is_valid_call_id)).
-    pub fn new(call_id: &str, name: &str, arguments: &str) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(call_id: &str, name: &str, arguments: &str) -> Self {
         let event_id = EventId::parse(call_id).expect("a safe call id names its events");
         Self {
             call_id: call_id.to_owned(),
@@ -230,7 +231,7 @@ impl PlannedCall {
 
 /// The answer to one call.
 #[derive(Debug, Clone)]
-pub struct CallOutcome {
+pub(crate) struct CallOutcome {
     /// The model's call id, for the conversation.
     pub call_id: String,
     /// The call's id on the wire, for records.
@@ -251,7 +252,7 @@ pub struct CallOutcome {
 
 /// Why a round stopped before every call had its answer.
 #[derive(Debug, thiserror::Error)]
-pub enum RoundError {
+pub(crate) enum RoundError {
     /// The job was cancelled, its lease lost, or the process is shutting down.
     #[error("the round was interrupted")]
     Interrupted,
@@ -281,7 +282,7 @@ impl From<SlotError> for RoundError {
 /// `UNSUB` per run, not per round. Dropped with the run (its forwarder is
 /// aborted and the subscription ends), so that a run that stopped leaves no
 /// subscriber on the subject.
-pub struct Replies {
+pub(crate) struct Replies {
     /// Every reply heard, for every call of the run's rounds.
     notify: broadcast::Sender<Notice>,
     _forwarder: AbortOnDropHandle<()>,
@@ -289,7 +290,7 @@ pub struct Replies {
 
 /// What a round takes from the run it is part of.
 #[derive(Clone, Copy)]
-pub struct RunRef<'a> {
+pub(crate) struct RunRef<'a> {
     /// The run's lease: every commit checks it.
     pub lease: &'a Lease,
     /// The run's reply subscription ([`Dispatcher::listen`]).
@@ -303,7 +304,7 @@ pub struct RunRef<'a> {
 
 /// Publishes calls and gathers their results.
 #[derive(Clone)]
-pub struct Dispatcher {
+pub(crate) struct Dispatcher {
     pub(crate) nats: async_nats::Client,
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
@@ -330,7 +331,7 @@ pub(crate) enum Admission {
 /// or a verdict on an unknown outcome): held now or before, undecided and
 /// not expired.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     /// What it waits for: the key of its request and decision.
     pub hold: Hold,
     /// The id the job's events show it by.
@@ -341,7 +342,7 @@ pub struct Waiting {
 
 /// How a round ended.
 #[derive(Debug)]
-pub enum RoundEnd {
+pub(crate) enum RoundEnd {
     /// Every call has its answer, in the order given.
     Settled(Vec<CallOutcome>),
     /// Every call that could run has its answer (recorded, so a resumed
@@ -390,7 +391,7 @@ impl Dispatcher {
     /// # Errors
     ///
     /// [`RoundError::Nats`] when NATS refused the subscription.
-    pub async fn listen(&self, job_id: &JobId, spec: &JobSpec) -> Result<Replies, RoundError> {
+    pub(crate) async fn listen(&self, job_id: &JobId, spec: &JobSpec) -> Result<Replies, RoundError> {
         // Room for every reply of a full round, four times over; a receiver
         // that lags anyway reads Redis.
         let capacity = (spec.limits.max_calls_per_turn as usize).clamp(16, 256) * 4;
@@ -420,7 +421,7 @@ impl Dispatcher {
     /// # Errors
     ///
     /// [`RoundError`] when the round could not finish.
-    pub async fn run_round(
+    pub(crate) async fn run_round(
         &self,
         run: RunRef<'_>,
         job: JobRef<'_>,

@@ -27,7 +27,7 @@ mod stream;
 
 /// The API version sent as `anthropic-version` by default: the one every
 /// Messages feature used here is documented for.
-pub const DEFAULT_VERSION: &str = "2023-06-01";
+pub(crate) const DEFAULT_VERSION: &str = "2023-06-01";
 
 /// Continuations of one turn the API paused (`pause_turn`) before the turn
 /// is given up as an invalid response.
@@ -164,7 +164,7 @@ impl AnthropicOptions {
 }
 
 /// A model behind Anthropic's Messages API (or a server that speaks it).
-pub struct AnthropicMessages {
+pub(crate) struct AnthropicMessages {
     wire: http::Wire,
     base_url: String,
     max_tokens: u32,
@@ -178,7 +178,7 @@ impl AnthropicMessages {
     /// # Errors
     ///
     /// When the key file cannot be read or the HTTP client cannot be built.
-    pub fn new(options: &AnthropicOptions) -> Result<Self, BuildError> {
+    pub(crate) fn new(options: &AnthropicOptions) -> Result<Self, BuildError> {
         Ok(Self {
             wire: options.wire()?,
             base_url: options.http.base_url.clone(),

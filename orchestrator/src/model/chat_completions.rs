@@ -21,7 +21,7 @@ use crate::job::Item;
 mod stream;
 
 /// A model behind an OpenAI-compatible Chat Completions endpoint.
-pub struct ChatCompletions {
+pub(crate) struct ChatCompletions {
     wire: http::Wire,
     base_url: String,
 }
@@ -34,7 +34,7 @@ impl ChatCompletions {
     ///
     /// When the key file cannot be read or the HTTP client cannot be
     /// built (the TLS backend failed to load).
-    pub fn new(options: &OpenAiOptions) -> Result<Self, BuildError> {
+    pub(crate) fn new(options: &OpenAiOptions) -> Result<Self, BuildError> {
         Ok(Self {
             wire: options.wire(&[])?,
             base_url: options.base_url.clone(),

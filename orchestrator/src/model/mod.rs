@@ -10,15 +10,15 @@
 //! - `scripted`: a deterministic model that plays a script from the job spec;
 //! - `one_call`: no model, the one call of a call job.
 
-pub mod anthropic_messages;
+pub(crate) mod anthropic_messages;
 pub(crate) mod api_key;
-pub mod chat_completions;
+pub(crate) mod chat_completions;
 pub(crate) mod http;
 pub(crate) mod mask;
-pub mod one_call;
-pub mod openai_responses;
+pub(crate) mod one_call;
+pub(crate) mod openai_responses;
 mod options;
-pub mod scripted;
+pub(crate) mod scripted;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,17 +27,17 @@ use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::job::Usage;
-pub use anthropic_messages::{Anthropic, AnthropicOptions};
-pub use http::BuildError;
-pub use options::{Api, HttpOptions};
+pub(crate) use crate::job::Usage;
+pub(crate) use anthropic_messages::AnthropicOptions;
+pub(crate) use http::BuildError;
+pub(crate) use options::{Api, HttpOptions};
 
 use crate::job::{Item, JobErrorCode, JobSpec, ProviderKind, assistant_text};
 use mask::Mask;
 
 /// A tool as the model is told about it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ToolSpec {
+pub(crate) struct ToolSpec {
     /// Function name.
     pub name: String,
     /// When to use it.
@@ -50,7 +50,7 @@ pub struct ToolSpec {
 
 /// Everything a provider needs for one model turn.
 #[derive(Clone, Copy)]
-pub struct TurnRequest<'a> {
+pub(crate) struct TurnRequest<'a> {
     /// The provider's model name.
     pub model: &'a str,
     /// System / developer instructions; resent on every turn.
@@ -88,7 +88,7 @@ impl std::fmt::Debug for TurnRequest<'_> {
 /// A piece of a turn as the model writes it, before the turn is whole and
 /// checkpointed (a streamed job's).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Delta {
+pub(crate) enum Delta {
     /// More of the answer's text.
     Text(String),
     /// A tool call, named as soon as the model names it; `index` is its
@@ -105,7 +105,7 @@ pub enum Delta {
 }
 
 /// Where a streamed turn's deltas go.
-pub type DeltaSink<'a> = &'a (dyn Fn(Delta) + Send + Sync);
+pub(crate) type DeltaSink<'a> = &'a (dyn Fn(Delta) + Send + Sync);
 
 /// A streamed turn's deltas as a provider's attempts send them, masked of
 /// the key each attempt was sent with: a new attempt after one that sent
@@ -176,7 +176,7 @@ impl<'a> DeltaOut<'a> {
 /// What the model produced in one turn: assistant text, tool calls and
 /// reasoning items, in the provider's order.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Turn {
+pub(crate) struct Turn {
     /// The output items.
     pub items: Vec<Item>,
     /// The tokens the turn used, when the provider said.
@@ -187,7 +187,7 @@ pub struct Turn {
 /// (`input_tokens`/`output_tokens` in Responses, `prompt_tokens`/
 /// `completion_tokens` in Chat Completions), and the cached tokens of their
 /// `*_tokens_details`. Absent or malformed: none.
-pub fn openai_usage(response: &Value) -> Option<Usage> {
+pub(crate) fn openai_usage(response: &Value) -> Option<Usage> {
     let usage = response.get("usage")?;
     let count = |names: [&str; 2]| {
         names
@@ -212,7 +212,7 @@ pub fn openai_usage(response: &Value) -> Option<Usage> {
 /// The usage of a Messages response. Anthropic counts cached prompt tokens
 /// apart from `input_tokens`; here they are part of it, as in OpenAI's
 /// counts. Absent or malformed: none.
-pub fn anthropic_usage(response: &Value) -> Option<Usage> {
+pub(crate) fn anthropic_usage(response: &Value) -> Option<Usage> {
     let usage = response.get("usage")?;
     let count = |name: &str| usage.get(name).and_then(Value::as_u64);
     let cache_read_tokens = count("cache_read_input_tokens").unwrap_or(0);
@@ -227,14 +227,14 @@ pub fn anthropic_usage(response: &Value) -> Option<Usage> {
 
 impl Turn {
     /// The tool calls of the turn, in order.
-    pub fn tool_calls(&self) -> impl Iterator<Item = &Item> {
+    pub(crate) fn tool_calls(&self) -> impl Iterator<Item = &Item> {
         self.items
             .iter()
             .filter(|item| matches!(item, Item::ToolCall { .. }))
     }
 
     /// The concatenated assistant text of the turn.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         assistant_text(&self.items)
     }
 }
@@ -287,7 +287,7 @@ impl ModelError {
 }
 
 /// A model behind some wire format.
-pub trait Provider: Send + Sync {
+pub(crate) trait Provider: Send + Sync {
     /// Runs one model turn.
     fn turn<'a>(&'a self, request: TurnRequest<'a>) -> BoxFuture<'a, Result<Turn, ModelError>>;
 }
@@ -296,7 +296,7 @@ pub trait Provider: Send + Sync {
 type Lazy<P> = std::sync::OnceLock<Result<Arc<P>, BuildError>>;
 
 /// The providers of this process, built once and shared by all jobs.
-pub struct Providers {
+pub(crate) struct Providers {
     openai: OpenAiOptions,
     anthropic: AnthropicOptions,
     responses: Lazy<openai_responses::OpenAiResponses>,
@@ -307,7 +307,7 @@ pub struct Providers {
 impl Providers {
     /// Providers configured with `openai` and `anthropic`; HTTP clients
     /// are built on first use.
-    pub fn new(openai: OpenAiOptions, anthropic: AnthropicOptions) -> Self {
+    pub(crate) fn new(openai: OpenAiOptions, anthropic: AnthropicOptions) -> Self {
         Self {
             openai,
             anthropic,
@@ -319,7 +319,7 @@ impl Providers {
 
     /// Whether the API key `provider` needs is configured; `None` when it
     /// needs none.
-    pub fn has_api_key(&self, provider: &ProviderKind) -> Option<bool> {
+    pub(crate) fn has_api_key(&self, provider: &ProviderKind) -> Option<bool> {
         match provider {
             ProviderKind::OpenaiResponses | ProviderKind::OpenaiChat => {
                 Some(self.openai.has_api_key())
@@ -335,7 +335,7 @@ impl Providers {
     ///
     /// [`ModelError::Script`] for an invalid script, [`ModelError::Unbuilt`]
     /// when a provider cannot be built from its configuration.
-    pub fn for_job(&self, spec: &JobSpec) -> Result<Arc<dyn Provider>, ModelError> {
+    pub(crate) fn for_job(&self, spec: &JobSpec) -> Result<Arc<dyn Provider>, ModelError> {
         match spec.provider {
             ProviderKind::Scripted => {
                 let script = spec.script.as_deref().unwrap_or_default();
@@ -390,7 +390,7 @@ impl Api for OpenAi {
 
 /// Settings of the OpenAI-compatible providers (the `openai` section):
 /// only the keys every HTTP provider has.
-pub type OpenAiOptions = HttpOptions<OpenAi>;
+pub(crate) type OpenAiOptions = HttpOptions<OpenAi>;
 
 #[cfg(test)]
 mod tests {

@@ -11,16 +11,16 @@ use super::{ModelError, Provider, Turn, TurnRequest};
 use crate::job::{CallSpec, Item};
 
 /// The id of a call job's call, in its events and conversation.
-pub const CALL_ID: &str = "call";
+pub(crate) const CALL_ID: &str = "call";
 
 /// The turns of one call job.
-pub struct OneCall {
+pub(crate) struct OneCall {
     call: CallSpec,
 }
 
 impl OneCall {
     /// The turns of the call job of `call`.
-    pub fn new(call: CallSpec) -> Self {
+    pub(crate) fn new(call: CallSpec) -> Self {
         Self { call }
     }
 }

@@ -19,7 +19,7 @@ use crate::job::Item;
 mod stream;
 
 /// A model behind the OpenAI Responses API (or a server that speaks it).
-pub struct OpenAiResponses {
+pub(crate) struct OpenAiResponses {
     wire: http::Wire,
     base_url: String,
 }
@@ -32,7 +32,7 @@ impl OpenAiResponses {
     ///
     /// When the key file cannot be read or the HTTP client cannot be
     /// built (the TLS backend failed to load).
-    pub fn new(options: &OpenAiOptions) -> Result<Self, BuildError> {
+    pub(crate) fn new(options: &OpenAiOptions) -> Result<Self, BuildError> {
         Ok(Self {
             wire: options.wire(&[])?,
             base_url: options.base_url.clone(),

@@ -81,7 +81,7 @@ impl Default for RunnerOptions {
 }
 
 /// Runs jobs.
-pub struct Runner {
+pub(crate) struct Runner {
     pub(crate) js: jetstream::Context,
     pub(crate) store: JobStore,
     /// Where a streamed turn's deltas go.
@@ -99,7 +99,7 @@ impl Runner {
     /// Pulls and runs jobs until `shutdown`, then drains: running jobs go on
     /// for `drain_timeout`, the rest are handed back. Waits for JetStream
     /// first if it is unavailable.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         // Waited for while JetStream is unavailable; a shutdown ends the wait.
         let consumer = tokio::select! {
             consumer = patiently("the job consumer", || self.job_consumer()) => consumer,
