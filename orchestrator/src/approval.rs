@@ -50,7 +50,7 @@ pub enum Rule {
 
 impl Rule {
     /// Its name in events and records: `manifest`, `tenant` or `job`.
-    pub fn source(self) -> &'static str {
+    pub(crate) fn source(self) -> &'static str {
         match self {
             Self::Manifest(_) => "manifest",
             Self::Tenant { .. } => "tenant",
@@ -59,7 +59,7 @@ impl Rule {
     }
 
     /// Why a call of `tool` waits, for people: the approval event's reason.
-    pub fn reason(self, tool: &str) -> String {
+    pub(crate) fn reason(self, tool: &str) -> String {
         let calls = |every_tool: bool| {
             if every_tool {
                 "every call".to_owned()

@@ -37,7 +37,7 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
-pub use toolfleet_proto::job::is_valid_tenant;
+pub(crate) use toolfleet_proto::job::is_valid_tenant;
 use toolfleet_proto::manifest::is_tool_pattern;
 use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
@@ -45,7 +45,7 @@ use tracing::{info, warn};
 use crate::quota::Quotas;
 
 /// The tenant of every caller when authentication is off.
-pub const DEFAULT_TENANT: &str = "default";
+pub(crate) const DEFAULT_TENANT: &str = "default";
 
 /// Longest accepted `authorization` header value; a longer one is refused
 /// before it is hashed.
@@ -64,7 +64,7 @@ pub enum AuthMode {
 
 /// The caller of one request, as the API sees it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Caller {
+pub(crate) struct Caller {
     /// The tenant whose jobs the caller submits, reads and cancels.
     pub tenant: String,
     /// The tools the tenant's jobs may use; `None`: every live tool.
@@ -88,7 +88,7 @@ pub struct Caller {
 impl Caller {
     /// The caller when authentication is off: the tenant `default`, no
     /// quotas.
-    pub fn anonymous() -> Self {
+    pub(crate) fn anonymous() -> Self {
         Self {
             tenant: DEFAULT_TENANT.to_owned(),
             tools: None,
@@ -101,7 +101,7 @@ impl Caller {
     }
 
     /// Whether the tenant's jobs may use `tool`.
-    pub fn may_use(&self, tool: &str) -> bool {
+    pub(crate) fn may_use(&self, tool: &str) -> bool {
         self.tools
             .as_ref()
             .is_none_or(|tools| tools.iter().any(|allowed| allowed == tool))
@@ -114,10 +114,10 @@ impl Caller {
     ///
     /// `PERMISSION_DENIED` when the tenant names its approvers and this
     /// credential is none of them.
-    pub fn check_approver(&self) -> Result<(), Status> {
+    pub(crate) fn check_approver(&self) -> Result<(), Status> {
         match self.approver {
             Approver::Anyone | Approver::Named(_) => Ok(()),
-            Approver::NotAnApprover => Err(Status::permission_denied(format!(
+            Approver::NotNamed => Err(Status::permission_denied(format!(
                 "tenant {:?} names its approvers (approvers in the tokens file): only their \
                  tokens and certificates decide its held calls and list them",
                 self.tenant
@@ -128,7 +128,7 @@ impl Caller {
 
 /// Whether a caller may decide its tenant's held calls, and as whom.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Approver {
+pub(crate) enum Approver {
     /// The tenant names no approvers (or authentication is off): every
     /// credential of it decides, and no name is recorded.
     Anyone,
@@ -136,15 +136,15 @@ pub enum Approver {
     /// decision.
     Named(String),
     /// The tenant names approvers, and this credential is none of them.
-    NotAnApprover,
+    NotNamed,
 }
 
 impl Approver {
     /// The name recorded with a decision, when the tokens file gives one.
-    pub fn name(&self) -> Option<&str> {
+    pub(crate) fn name(&self) -> Option<&str> {
         match self {
             Self::Named(name) => Some(name),
-            Self::Anyone | Self::NotAnApprover => None,
+            Self::Anyone | Self::NotNamed => None,
         }
     }
 }
@@ -280,7 +280,7 @@ impl TenantEntry {
             approver: if self.approvers.is_empty() {
                 Approver::Anyone
             } else {
-                Approver::NotAnApprover
+                Approver::NotNamed
             },
             approval_timeout: self.approval_timeout,
             stream: self.stream,
@@ -487,7 +487,7 @@ fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
 /// [`Caller`] into the request's extensions, or refuses the call with
 /// `UNAUTHENTICATED`.
 #[derive(Clone)]
-pub struct Authenticator {
+pub(crate) struct Authenticator {
     tokens: Option<Arc<ArcSwap<Tokens>>>,
 }
 
@@ -506,7 +506,7 @@ impl Authenticator {
     /// # Errors
     ///
     /// [`AuthError`] naming the setting or the file to fix.
-    pub fn start(
+    pub(crate) fn start(
         mode: AuthMode,
         path: Option<&Path>,
         reload_interval: Duration,
@@ -540,7 +540,8 @@ impl Authenticator {
     }
 
     /// No authentication: every caller is [`Caller::anonymous`].
-    pub fn none() -> Self {
+    #[cfg(test)]
+    pub(crate) fn none() -> Self {
         Self { tokens: None }
     }
 
@@ -597,7 +598,7 @@ impl tonic::service::Interceptor for Authenticator {
 
 /// The caller an [`Authenticator`] put into `request`; anonymous where none
 /// ran (unit tests that call the API directly).
-pub fn caller_of<T>(request: &Request<T>) -> Caller {
+pub(crate) fn caller_of<T>(request: &Request<T>) -> Caller {
     request
         .extensions()
         .get::<Caller>()
@@ -696,7 +697,7 @@ mod tests {
         assert!(approver.check_approver().is_ok());
         let agent = tokens.caller("tok-agent").unwrap();
         assert_eq!(agent.tenant, "pay");
-        assert_eq!(agent.approver, Approver::NotAnApprover);
+        assert_eq!(agent.approver, Approver::NotNamed);
         let refused = agent.check_approver().unwrap_err();
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
         assert!(

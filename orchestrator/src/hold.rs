@@ -1,7 +1,7 @@
 //! A held call (decision 0036): what it waits for, the key its request and
 //! decision are kept under, what a person may decide, and, in one pure
-//! function ([`fate`]), what becomes of the call given what was decided,
-//! the clock and the timeout. The round asks [`fate`] and acts on the
+//! function (`fate`), what becomes of the call given what was decided,
+//! the clock and the timeout. The round asks `fate` and acts on the
 //! answer; the store and the metrics stay outside it.
 //!
 //! A call is held for one of two things: a person's **approval** before it
@@ -48,7 +48,7 @@ impl Hold {
     }
 
     /// A verdict on the call's `attempt`.
-    pub fn verdict(wire_id: &WireId, attempt: u32) -> Self {
+    pub(crate) fn verdict(wire_id: &WireId, attempt: u32) -> Self {
         Self::Verdict {
             wire_id: wire_id.clone(),
             attempt,
@@ -56,22 +56,14 @@ impl Hold {
     }
 
     /// The held call's wire id.
-    pub fn wire_id(&self) -> &WireId {
+    pub(crate) fn wire_id(&self) -> &WireId {
         match self {
             Self::Approval { wire_id } | Self::Verdict { wire_id, .. } => wire_id,
         }
     }
 
-    /// The attempt a verdict is on; `None` for an approval.
-    pub fn attempt(&self) -> Option<u32> {
-        match self {
-            Self::Approval { .. } => None,
-            Self::Verdict { attempt, .. } => Some(*attempt),
-        }
-    }
-
     /// `approval` or `outcome`, as the API and spans name the kind.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             Self::Approval { .. } => "approval",
             Self::Verdict { .. } => "outcome",
@@ -81,13 +73,13 @@ impl Hold {
     /// Its field in the job's approvals hash: the wire id for an approval,
     /// `<wire id>@<attempt>` for a verdict (a wire id holds no `@`, so the
     /// two never meet). The stored layout, read back by [`Hold::parse`].
-    pub fn field(&self) -> String {
+    pub(crate) fn field(&self) -> String {
         self.to_string()
     }
 
     /// The hold a field of the approvals hash ([`Hold::field`]) names;
     /// `None` for a field of another shape, or whose wire id is not one.
-    pub fn parse(field: &str) -> Option<Self> {
+    pub(crate) fn parse(field: &str) -> Option<Self> {
         match field.split_once('@') {
             None => Some(Self::approval(&WireId::parse(field)?)),
             Some((wire_id, attempt)) => Some(Self::verdict(
@@ -99,7 +91,7 @@ impl Hold {
 
     /// Whether `choice` answers this hold: an approval's choice for an
     /// approval, a verdict for a verdict.
-    pub fn is_answered_by(&self, choice: Choice) -> bool {
+    pub(crate) fn is_answered_by(&self, choice: Choice) -> bool {
         matches!(
             (self, choice),
             (Self::Approval { .. }, Choice::Approval(_))
@@ -117,7 +109,7 @@ impl fmt::Display for Hold {
     }
 }
 
-/// Why a round holds a call, with what the hold's request and [`fate`]
+/// Why a round holds a call, with what the hold's request and `fate`
 /// need to know of it.
 #[derive(Debug, Clone, Copy)]
 pub enum HeldFor<'a> {
@@ -134,11 +126,11 @@ pub enum HeldFor<'a> {
 }
 
 /// The rule a verdict request is held by, in its record and metrics.
-pub const VERDICT_RULE: &str = "on_unknown_outcome";
+pub(crate) const VERDICT_RULE: &str = "on_unknown_outcome";
 
 impl HeldFor<'_> {
     /// The hold of the call `wire_id`.
-    pub fn hold(&self, wire_id: &WireId) -> Hold {
+    pub(crate) fn hold(&self, wire_id: &WireId) -> Hold {
         match self {
             Self::Approval(_) => Hold::approval(wire_id),
             Self::Verdict { attempt, .. } => Hold::verdict(wire_id, *attempt),
@@ -146,7 +138,7 @@ impl HeldFor<'_> {
     }
 
     /// Who asked: `manifest`, `tenant`, `job`, or [`VERDICT_RULE`].
-    pub fn rule(&self) -> &'static str {
+    pub(crate) fn rule(&self) -> &'static str {
         match self {
             Self::Approval(rule) => rule.source(),
             Self::Verdict { .. } => VERDICT_RULE,
@@ -154,7 +146,7 @@ impl HeldFor<'_> {
     }
 
     /// Why a call of `tool` waits, for people.
-    pub fn reason(&self, tool: &str) -> String {
+    pub(crate) fn reason(&self, tool: &str) -> String {
         match self {
             Self::Approval(rule) => rule.reason(tool),
             Self::Verdict { .. } => {
@@ -165,7 +157,7 @@ impl HeldFor<'_> {
 }
 
 /// What a person decided on a held call: an approval's choice, or a
-/// verdict. Stored as one word ([`Choice::word`]).
+/// verdict. Stored as one word (`Choice::word`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Choice {
@@ -199,7 +191,7 @@ pub enum Verdict {
 
 impl Choice {
     /// As events and metrics name it.
-    pub fn word(self) -> &'static str {
+    pub(crate) fn word(self) -> &'static str {
         match self {
             Self::Approval(ApprovalChoice::Approved) => "approved",
             Self::Approval(ApprovalChoice::Rejected) => "rejected",
@@ -236,7 +228,7 @@ pub struct Decision {
 
 impl Decision {
     /// What was decided, as events and metrics name it.
-    pub fn word(&self) -> &'static str {
+    pub(crate) fn word(&self) -> &'static str {
         self.choice.word()
     }
 
@@ -260,7 +252,7 @@ impl Decision {
     }
 
     /// Its `tool_call_decided` event, for the call `call_id`.
-    pub fn event(&self, call_id: &str) -> JobEvent {
+    pub(crate) fn event(&self, call_id: &str) -> JobEvent {
         JobEvent::ToolCallDecided {
             approver: self.approver.clone(),
             arguments: self.arguments.clone(),
@@ -275,7 +267,7 @@ impl Decision {
 
 /// What becomes of a held call ([`fate`]).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Fate {
+pub(crate) enum Fate {
     /// Run it: approved (with the approver's arguments, if they gave
     /// some), or, after a verdict that its attempt was not applied, run
     /// its next attempt.
@@ -304,7 +296,7 @@ pub enum Fate {
 
 /// Whose answer a held call gets ([`Fate::Answer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AnsweredBy {
+pub(crate) enum AnsweredBy {
     /// An approver rejected the call.
     Approver,
     /// An operator's verdict: the result they gave, or their failure.
@@ -321,7 +313,7 @@ pub enum AnsweredBy {
 /// A decision of the other kind (an approval's choice on a verdict's hold,
 /// which the API never writes) is not a decision on this hold: the call
 /// waits until its hold expires.
-pub fn fate(
+pub(crate) fn fate(
     held_for: HeldFor<'_>,
     decision: Option<&Decision>,
     expires_at_ms: Option<u64>,

@@ -45,13 +45,13 @@ pub enum WireIds {
 
 impl WireIds {
     /// A new job's secret: 128 random bits, in hex.
-    pub fn new_secret() -> String {
+    pub(crate) fn new_secret() -> String {
         format!("{:032x}", rand::random::<u128>())
     }
 
     /// The ids of a job whose record holds `secret` (empty for a job stored
     /// before secrets).
-    pub fn from_secret(secret: &str) -> Self {
+    pub(crate) fn from_secret(secret: &str) -> Self {
         if secret.is_empty() {
             Self::Legacy
         } else {
@@ -61,7 +61,7 @@ impl WireIds {
 
     /// The wire id of the call at `position` in the conversation, whose
     /// model id is `call_id`; `duplicate` when an earlier call had that id.
-    pub fn of(&self, position: usize, call_id: &str, duplicate: bool) -> WireId {
+    pub(crate) fn of(&self, position: usize, call_id: &str, duplicate: bool) -> WireId {
         use sha2::{Digest, Sha256};
         match self {
             Self::Secret(secret) => {
@@ -109,7 +109,7 @@ pub enum ProviderKind {
 
 impl ProviderKind {
     /// Parses the provider name of the API.
-    pub fn parse(name: &str) -> Option<Self> {
+    pub(crate) fn parse(name: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|p| p.as_str() == name)
     }
 
@@ -234,7 +234,7 @@ pub enum UnknownOutcome {
 
 impl UnknownOutcome {
     /// The request's word for it: `report` (or empty) or `ask`.
-    pub fn parse(word: &str) -> Option<Self> {
+    pub(crate) fn parse(word: &str) -> Option<Self> {
         match word {
             "" | "report" => Some(Self::Report),
             "ask" => Some(Self::Ask),
@@ -334,7 +334,7 @@ impl Item {
 }
 
 /// The assistant text of `items`, concatenated.
-pub fn assistant_text(items: &[Item]) -> String {
+pub(crate) fn assistant_text(items: &[Item]) -> String {
     items
         .iter()
         .filter_map(|item| match item {
@@ -365,7 +365,7 @@ impl Ending {
     }
 
     /// The status the job ends in.
-    pub fn status(&self) -> JobStatus {
+    pub(crate) fn status(&self) -> JobStatus {
         match self {
             Self::Succeeded(_) => JobStatus::Succeeded,
             Self::Failed(_) => JobStatus::Failed,
@@ -374,7 +374,7 @@ impl Ending {
     }
 
     /// The job's final event.
-    pub fn event(&self) -> JobEvent {
+    pub(crate) fn event(&self) -> JobEvent {
         match self {
             Self::Succeeded(text) => JobEvent::JobSucceeded {
                 output_text: text.clone(),
@@ -451,7 +451,7 @@ pub struct Event {
 
 /// What every step of a run reads of its job: the spec and the trace.
 #[derive(Debug, Clone, Copy)]
-pub struct JobRef<'a> {
+pub(crate) struct JobRef<'a> {
     /// The job as submitted.
     pub spec: &'a JobSpec,
     /// Its trace, if it has one.
@@ -496,7 +496,7 @@ pub struct TurnCheckpoint<'a> {
 
 impl TurnCheckpoint<'_> {
     /// The calls of the turn, in order.
-    pub fn calls(&self) -> Vec<CallRef> {
+    pub(crate) fn calls(&self) -> Vec<CallRef> {
         self.items
             .iter()
             .filter_map(|item| match item {
@@ -510,12 +510,12 @@ impl TurnCheckpoint<'_> {
     }
 
     /// The turn's assistant text, concatenated.
-    pub fn text(&self) -> String {
+    pub(crate) fn text(&self) -> String {
         assistant_text(self.items)
     }
 
     /// The `model_turn` event of the turn.
-    pub fn event(&self) -> JobEvent {
+    pub(crate) fn event(&self) -> JobEvent {
         JobEvent::ModelTurn {
             round: self.rounds,
             text: self.text(),

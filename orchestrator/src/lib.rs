@@ -1,19 +1,19 @@
 //! The toolfleet orchestrator: the gRPC API, the model loop and the dispatch
 //! of tool calls to the worker fleet.
 //!
-//! - [`api`]: `toolfleet.v1.AgentService`, a thin adapter over the store and the queue;
+//! - `api`: `toolfleet.v1.AgentService`, a thin adapter over the store and the queue;
 //!   [`auth`] says who each caller is (bearer tokens to tenants), and
-//!   [`quota`] what each tenant may use at once.
-//! - [`runner`]: takes jobs from JetStream and runs the model loop, resumable
+//!   `quota` what each tenant may use at once.
+//! - `runner`: takes jobs from JetStream and runs the model loop, resumable
 //!   from Redis at every step.
-//! - [`dispatch`]: checks, publishes and gathers one turn's tool calls, with
+//! - `dispatch`: checks, publishes and gathers one turn's tool calls, with
 //!   retries.
-//! - [`model`]: the provider-neutral conversation and the providers
+//! - `model`: the provider-neutral conversation and the providers
 //!   (OpenAI Responses, OpenAI Chat Completions, Anthropic Messages,
 //!   scripted).
 //! - [`approval`]: which calls a person must approve (the typed rules);
 //!   [`hold`]: a held call, its decisions and its fate (a pure function);
-//!   [`publish`]: every publish to JetStream, through a stream leader's
+//!   `publish`: every publish to JetStream, through a stream leader's
 //!   election.
 //! - [`setup`]: `toolfleet-orchestrator setup`, the one privileged step that
 //!   makes every JetStream object of the fleet.
@@ -22,10 +22,10 @@
 //! - [`store`]: jobs, items, events and leases in Redis, written in verbs;
 //!   [`live`]: what watchers hear of a job as it happens (wake-ups after
 //!   its writes, its streamed turn's deltas), on the bus.
-//! - [`registry`]: the live tools announced by workers; `backlog` reports
+//! - `registry`: the live tools announced by workers; `backlog` reports
 //!   each tool's workers and waiting calls as gauges.
 //! - `spans`: the OpenTelemetry spans of a job's steps.
-//! - [`server`]: wires a replica together; [`config`] and [`metrics`]
+//! - `server`: wires a replica together; [`config`] and `metrics`
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
 
 pub(crate) mod api;

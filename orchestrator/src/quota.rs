@@ -25,7 +25,7 @@ use crate::store::{self, JobStore};
 /// A tenant's limits (from its entry in the tokens file, else the
 /// `api.default_*` keys); `None`: no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Quotas {
+pub(crate) struct Quotas {
     /// Jobs queued or running at once.
     pub max_active_jobs: Option<u32>,
     /// Sustained submissions per second (a token bucket holding one
@@ -38,7 +38,7 @@ pub struct Quotas {
 impl Quotas {
     /// The defaults as the `api.default_*` keys give them, where 0 means no
     /// limit.
-    pub fn from_defaults(
+    pub(crate) fn from_defaults(
         max_active_jobs: u32,
         submissions_per_second: f64,
         max_calls_in_flight: u32,
@@ -52,7 +52,7 @@ impl Quotas {
 
     /// These quotas with `own`'s where it sets them: a tenant's entry over
     /// the defaults.
-    pub fn overridden_by(self, own: Self) -> Self {
+    pub(crate) fn overridden_by(self, own: Self) -> Self {
         Self {
             max_active_jobs: own.max_active_jobs.or(self.max_active_jobs),
             submissions_per_second: own.submissions_per_second.or(self.submissions_per_second),
@@ -61,7 +61,7 @@ impl Quotas {
     }
 
     /// Why these quotas, as a tenant's own entry sets them, are not valid.
-    pub fn problem(&self) -> Option<&'static str> {
+    pub(crate) fn problem(&self) -> Option<&'static str> {
         if self
             .submissions_per_second
             .is_some_and(|rate| !(rate.is_finite() && rate > 0.0))

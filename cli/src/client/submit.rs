@@ -7,8 +7,8 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, anyhow, bail};
 use clap::{Args, ValueEnum};
-use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_orchestrator::Scripted;
+use toolfleet_orchestrator::job::ProviderKind;
 use toolfleet_proto::v1;
 
 use super::connection::{ApiClient, Server, rpc_error};

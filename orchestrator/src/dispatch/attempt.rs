@@ -751,7 +751,10 @@ mod tests {
                 Err(Unpublished::Refused(Refusal::TooLarge)),
                 "PAYLOAD_TOO_LARGE",
             ),
-            (Err(Unpublished::Refused(Refusal::Other)), "DISPATCH_REFUSED"),
+            (
+                Err(Unpublished::Refused(Refusal::Other)),
+                "DISPATCH_REFUSED",
+            ),
         ];
         for (sent, expected) in cases {
             let shown = format!("{sent:?}");

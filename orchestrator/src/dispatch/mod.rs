@@ -391,7 +391,11 @@ impl Dispatcher {
     /// # Errors
     ///
     /// [`RoundError::Nats`] when NATS refused the subscription.
-    pub(crate) async fn listen(&self, job_id: &JobId, spec: &JobSpec) -> Result<Replies, RoundError> {
+    pub(crate) async fn listen(
+        &self,
+        job_id: &JobId,
+        spec: &JobSpec,
+    ) -> Result<Replies, RoundError> {
         // Room for every reply of a full round, four times over; a receiver
         // that lags anyway reads Redis.
         let capacity = (spec.limits.max_calls_per_turn as usize).clamp(16, 256) * 4;

@@ -76,14 +76,14 @@ impl Live {
     /// Passes a piece of a streamed turn of `job_id` to its watchers: in
     /// this process directly, in every other through NATS (marked, on the
     /// job's events subject). Never stored; best effort, as a wake-up.
-    pub async fn pass_on_delta(&self, job_id: &JobId, delta: &TurnDelta) {
+    pub(crate) async fn pass_on_delta(&self, job_id: &JobId, delta: &TurnDelta) {
         self.streams.record(job_id, delta);
         self.watchers.pass_on(job_id, delta);
         self.publish_delta(job_id, delta).await;
     }
 
     /// The turn of `job_id` streamed here stopped: nothing of it is kept.
-    pub fn end_stream(&self, job_id: &JobId) {
+    pub(crate) fn end_stream(&self, job_id: &JobId) {
         self.streams.end(job_id);
     }
 
@@ -91,7 +91,7 @@ impl Live {
     /// that joined in the middle of it: at once when it streams in this
     /// process; else the replica that streams it is asked, and answers on
     /// the job's events subject (`None` here).
-    pub async fn ask_so_far(&self, job_id: &JobId) -> Option<TurnDelta> {
+    pub(crate) async fn ask_so_far(&self, job_id: &JobId) -> Option<TurnDelta> {
         if let Some(so_far) = self.streams.so_far(job_id) {
             return Some(so_far);
         }
@@ -110,7 +110,7 @@ impl Live {
     /// # Errors
     ///
     /// NATS refused the subscription.
-    pub async fn asks(
+    pub(crate) async fn asks(
         &self,
         job_id: &JobId,
     ) -> Result<async_nats::Subscriber, async_nats::SubscribeError> {
@@ -119,7 +119,7 @@ impl Live {
 
     /// Answers an ask (a message of [`asks`](Self::asks) that is one):
     /// what the turn has said so far, to every watcher of the job.
-    pub async fn answer_ask(&self, job_id: &JobId, message: &async_nats::Message) {
+    pub(crate) async fn answer_ask(&self, job_id: &JobId, message: &async_nats::Message) {
         let asked = message
             .headers
             .as_ref()

@@ -176,7 +176,7 @@ impl WakeUps {
     /// too (those run elsewhere come over NATS anyway). For a streamed job
     /// only, once its first read said so: a delta passed on before it is
     /// missed, and the watcher asks for the turn so far at the next one.
-    pub fn hear_deltas(&mut self) {
+    pub(crate) fn hear_deltas(&mut self) {
         self.local_deltas = self.watchers.hear_deltas(&self.job_id);
     }
 

@@ -79,7 +79,7 @@ impl Scripted {
     ///
     /// # Errors
     ///
-    /// [`ModelError::Script`] naming what is wrong: not JSON, not an array,
+    /// `ModelError::Script` naming what is wrong: not JSON, not an array,
     /// a turn with neither `tool_calls` nor `message`, or an empty array.
     pub fn parse(script: &str) -> Result<Self, ModelError> {
         let turns: Vec<ScriptTurn> = serde_json::from_str(script).map_err(|e| {

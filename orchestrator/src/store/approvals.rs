@@ -47,7 +47,7 @@ pub struct HeldCall<'a> {
 
 impl HeldCall<'_> {
     /// Its hold, the key of its request in the job's approvals.
-    pub fn hold(&self) -> Hold {
+    pub(crate) fn hold(&self) -> Hold {
         self.held_for.hold(self.wire_id)
     }
 
@@ -128,7 +128,7 @@ pub struct ApprovalRequest {
 
 impl ApprovalRequest {
     /// `approval` (approve or reject it) or `outcome` (a verdict).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         if self.attempt.is_some() {
             "outcome"
         } else {
@@ -150,7 +150,7 @@ impl Approvals {
     /// The hold of the call `call_id` (as events name it) that a decision
     /// is for: the one waiting, else the latest (whose decision a second
     /// one is told of). With its hold.
-    pub fn hold_of(&self, call_id: &EventId) -> Option<(&Hold, &ApprovalRequest)> {
+    pub(crate) fn hold_of(&self, call_id: &EventId) -> Option<(&Hold, &ApprovalRequest)> {
         self.requests
             .iter()
             .filter(|(_, request)| request.call_id == *call_id)

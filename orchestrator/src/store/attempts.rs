@@ -51,7 +51,7 @@ impl Attempts {
 
     /// Notes that `wire_id` was dispatched up to `attempt`, as the store
     /// has just recorded.
-    pub fn record(&mut self, wire_id: WireId, attempt: u32) {
+    pub(crate) fn record(&mut self, wire_id: WireId, attempt: u32) {
         self.dispatched.insert(wire_id, attempt);
     }
 

@@ -18,7 +18,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn remember_tool(&self, manifest: &ToolManifest) -> Result<(), Error> {
+    pub(crate) async fn remember_tool(&self, manifest: &ToolManifest) -> Result<(), Error> {
         // A manifest is plain data; serializing it cannot fail.
         let text = serde_json::to_string(manifest).expect("a manifest serializes");
         let () = self
@@ -35,7 +35,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn tool_catalog(&self) -> Result<Vec<ToolManifest>, Error> {
+    pub(crate) async fn tool_catalog(&self) -> Result<Vec<ToolManifest>, Error> {
         let key = self.keys.tool_catalog();
         let stored: HashMap<String, String> =
             read_with_retry(|| async { self.conn().hgetall(&key).await }).await?;

@@ -64,7 +64,11 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_progress(&self, lease: &Lease, event: JobEvent) -> Result<(), Error> {
+    pub(crate) async fn record_progress(
+        &self,
+        lease: &Lease,
+        event: JobEvent,
+    ) -> Result<(), Error> {
         let commit = Commit {
             events: vec![event],
             ..Commit::default()

@@ -17,7 +17,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn list(
+    pub(crate) async fn list(
         &self,
         tenant: &str,
         before: Option<ListCursor>,
@@ -126,7 +126,7 @@ impl JobStore {
 /// the year 10889).
 const MAX_SUBMITTED_MS: u64 = 0xffff_ffff_ffff;
 
-/// Where a page of [`JobStore::list`] ended: the last job it read.
+/// Where a page of `JobStore::list` ended: the last job it read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListCursor {
     /// When that job was submitted (Unix ms).
@@ -143,12 +143,12 @@ impl ListCursor {
     }
 
     /// The page token a client sends back: `<ms>.<job id>`.
-    pub fn to_token(&self) -> String {
+    pub(crate) fn to_token(&self) -> String {
         format!("{}.{}", self.submitted_ms, self.job_id)
     }
 
     /// A page token read back; `None` when it is not one this server made.
-    pub fn from_token(token: &str) -> Option<Self> {
+    pub(crate) fn from_token(token: &str) -> Option<Self> {
         let (ms_text, job_id) = token.split_once('.')?;
         let ms: u64 = ms_text.parse().ok()?;
         // Only what `to_token` writes: no sign, no leading zero, and a time

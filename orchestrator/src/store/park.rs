@@ -121,7 +121,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn parked_due(&self, now: u64, limit: usize) -> Result<Vec<JobId>, Error> {
+    pub(crate) async fn parked_due(&self, now: u64, limit: usize) -> Result<Vec<JobId>, Error> {
         let mut due = Vec::new();
         for shard in self.keys.parked_shards() {
             let found: Vec<String> = redis::cmd("ZRANGEBYSCORE")
@@ -194,7 +194,7 @@ impl Steps<'_> {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn write_wake(self, job_id: &JobId) -> Result<(Wake, u64), Error> {
+    pub(crate) async fn write_wake(self, job_id: &JobId) -> Result<(Wake, u64), Error> {
         let store = self.store();
         let (found, moves): (String, u64) = WAKE
             .key(store.keys.job(job_id))

@@ -277,7 +277,7 @@ impl JobStore {
     /// Drops the job's calls that still wait for a decision from their
     /// tenant's indexes: the job ended holding them (a cancel, a failed
     /// run). Best effort: what a failure leaves is dropped by the heal.
-    pub async fn forget_held(&self, job_id: &JobId) {
+    pub(crate) async fn forget_held(&self, job_id: &JobId) {
         let approvals = match self.approvals(job_id).await {
             Ok(approvals) => approvals,
             Err(err) => {

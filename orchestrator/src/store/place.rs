@@ -63,7 +63,7 @@ impl Stamp {
 
     /// A move made before a change of a job whose count is `moves` now: it
     /// wins over every move of that count, and loses to the change's own.
-    pub fn ahead_of(moves: u64) -> Self {
+    pub(crate) fn ahead_of(moves: u64) -> Self {
         Self { moves, ahead: true }
     }
 

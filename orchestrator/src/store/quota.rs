@@ -19,7 +19,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn take_submission(
+    pub(crate) async fn take_submission(
         &self,
         tenant: &str,
         rate: f64,
@@ -41,7 +41,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn take_call_slot(
+    pub(crate) async fn take_call_slot(
         &self,
         tenant: &str,
         call: &str,
@@ -63,7 +63,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn release_call_slot(&self, tenant: &str, call: &str) -> Result<(), Error> {
+    pub(crate) async fn release_call_slot(&self, tenant: &str, call: &str) -> Result<(), Error> {
         let _: i64 = self
             .conn()
             .zrem(self.keys.tenant_calls(tenant), call)
@@ -76,7 +76,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn calls_in_flight(&self, tenant: &str) -> Result<u32, Error> {
+    pub(crate) async fn calls_in_flight(&self, tenant: &str) -> Result<u32, Error> {
         Ok(COUNT_CALLS
             .key(self.keys.tenant_calls(tenant))
             .invoke_async(&mut self.conn())
@@ -90,7 +90,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn active_jobs(&self, tenant: &str, limit: u32) -> Result<u32, Error> {
+    pub(crate) async fn active_jobs(&self, tenant: &str, limit: u32) -> Result<u32, Error> {
         let key = self.keys.tenant_active_jobs(tenant);
         let rough: u32 = self.conn().scard(&key).await?;
         if rough < limit {

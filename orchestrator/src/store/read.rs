@@ -54,7 +54,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] for a status that does not
     /// parse.
-    pub async fn status(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
+    pub(crate) async fn status(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
         let key = self.keys.job(job_id);
         let status: Option<String> =
             read_with_retry(|| async { self.conn().hget(&key, "status").await }).await?;
@@ -99,7 +99,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`].
-    pub async fn call_result(
+    pub(crate) async fn call_result(
         &self,
         job_id: &JobId,
         tool: &str,
@@ -120,7 +120,7 @@ impl JobStore {
     /// # Errors
     ///
     /// [`Error::Redis`], or [`Error::Corrupt`] for a spec without a tenant.
-    pub async fn watch_start(
+    pub(crate) async fn watch_start(
         &self,
         job_id: &JobId,
         offset: u64,
@@ -219,7 +219,7 @@ pub(super) fn parse_run_start(
     }))
 }
 
-/// What a watch starts from ([`JobStore::watch_start`]).
+/// What a watch starts from (`JobStore::watch_start`).
 #[derive(Debug)]
 pub struct WatchStart {
     /// Who submitted the job: only they may watch it.
