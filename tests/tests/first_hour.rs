@@ -303,6 +303,12 @@ async fn the_attempts_follow_the_errors(grpc: &str) -> anyhow::Result<()> {
         expected(1, Some("ORDER_NOT_FOUND")),
         "{events}"
     );
+    assert_eq!(attempts["flaky"], expected(2, None), "{events}");
+    assert_eq!(
+        attempts["hostile"].1.as_deref(),
+        Some("INVALID_TOOL_ARGUMENTS"),
+        "{events}"
+    );
     Ok(())
 }
 

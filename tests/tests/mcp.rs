@@ -1445,7 +1445,7 @@ async fn web_pages_are_refused(listen: &str) -> anyhow::Result<()> {
     let bearer = format!("Bearer {IDE_TOKEN}");
     for origin in ["http://evil.example", "null", &format!("http://{listen}")] {
         let headers = [("Authorization", bearer.as_str()), ("Origin", origin)];
-        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", &headers).await?;
+        let (status, _) = toolfleet_tests::http_get_with(listen, "/mcp", &headers).await?;
         assert_eq!(status, 403, "{origin}");
     }
     Ok(())

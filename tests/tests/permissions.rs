@@ -324,7 +324,7 @@ impl Shipped {
             ..ServerOptions::default()
         };
         let store_dir = self.dir.path().join("nats/data/jetstream");
-        Ok(NatsServer::start_from_file(&options, &config, &store_dir).await?)
+        NatsServer::start_from_file(&options, &config, &store_dir).await
     }
 
     /// A fleet without services on `nats` and a Redis on the shipped

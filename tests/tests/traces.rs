@@ -310,6 +310,12 @@ fn the_killed_call_was_resumed(spans: &[ReceivedSpan], attempts: &[&ReceivedSpan
         sleep.attribute("toolfleet.resumed").as_deref(),
         Some("true")
     );
+    assert_eq!(sleep.attribute("toolfleet.outcome").as_deref(), Some("ok"));
+    let sleep_call = one(named(spans, "tool call sleep"), "sleep");
+    assert_eq!(
+        sleep_call.attribute("toolfleet.resumed").as_deref(),
+        Some("true")
+    );
 }
 
 /// A job of three parallel calls, one retried, one whose worker and then
