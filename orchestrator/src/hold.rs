@@ -412,63 +412,72 @@ mod tests {
         }
     }
 
-    /// Every row of the fate of a held call: each decision of each kind on
-    /// each hold, and an undecided hold not held yet, waiting, and expired.
+    fn approve(arguments: Option<&str>) -> Decision {
+        decision(Choice::Approval(ApprovalChoice::Approved), arguments, None)
+    }
+
+    fn give(verdict: Verdict, result: Option<&str>) -> Decision {
+        decision(Choice::Verdict(verdict), None, result)
+    }
+
+    /// A request whose expiry is still ahead, and one whose expiry is now.
+    const HELD: Option<u64> = Some(NOW + 1);
+    const EXPIRED: Option<u64> = Some(NOW);
+
+    fn run(arguments: Option<&str>) -> Fate {
+        Fate::Run {
+            arguments: arguments.map(str::to_owned),
+        }
+    }
+
+    fn answer(envelope: Envelope, by: AnsweredBy) -> Fate {
+        Fate::Answer { envelope, by }
+    }
+
+    /// A row: what it shows, its decision, its request's expiry, and the
+    /// call's fate.
+    type Row<'a> = (&'a str, Option<&'a Decision>, Option<u64>, Fate);
+
+    fn assert_fates(held_for: HeldFor<'_>, rows: Vec<Row<'_>>) {
+        for (row, decision, expires, expected) in rows {
+            let fate = fate(held_for, decision, expires, NOW, TIMEOUT);
+            assert_eq!(fate, expected, "{row}");
+        }
+    }
+
+    /// A held call's fate on an approval: approved (with the approver's
+    /// arguments even after the expiry), rejected, not held yet, waiting,
+    /// expired, and a verdict on it taken for no decision.
     #[test]
-    fn a_held_calls_fate_follows_its_hold_its_decision_and_the_clock() {
-        let unknown = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
+    fn an_approvals_fate_follows_its_decision_and_the_clock() {
         let approval = HeldFor::Approval(Rule::Job { every_tool: true });
-        let verdict = HeldFor::Verdict {
-            attempt: 2,
-            answered: &unknown,
-        };
-        let approve = |args| decision(Choice::Approval(ApprovalChoice::Approved), args, None);
         let (approved, approved_edited) = (approve(None), approve(Some("{}")));
         let reject = decision(Choice::Approval(ApprovalChoice::Rejected), None, None);
-        let applied = decision(Choice::Verdict(Verdict::Applied), None, Some(r#"{"n":1}"#));
-        let applied_no_json = decision(Choice::Verdict(Verdict::Applied), None, Some("{"));
-        let not_applied = decision(Choice::Verdict(Verdict::NotApplied), None, None);
-        let failed = decision(Choice::Verdict(Verdict::Failed), None, None);
-        let held = Some(NOW + 1);
-        let expired = Some(NOW);
-        let run = |arguments: Option<&str>| Fate::Run {
-            arguments: arguments.map(str::to_owned),
-        };
-        let answer = |envelope: Envelope, by| Fate::Answer { envelope, by };
-        // A row: what it shows, the hold, its decision, its request's
-        // expiry, and the call's fate.
-        type Row<'a> = (
-            &'a str,
-            HeldFor<'a>,
-            Option<&'a Decision>,
-            Option<u64>,
-            Fate,
+        let failed = give(Verdict::Failed, None);
+        let rejected = Envelope::terminal(
+            ErrorCode::REJECTED_BY_APPROVER,
+            "a person rejected the call: because",
+        );
+        let expired = Envelope::terminal(
+            ErrorCode::APPROVAL_EXPIRED,
+            "nobody approved or rejected the call in time; it was not run",
         );
         let rows: Vec<Row<'_>> = vec![
-            ("approved", approval, Some(&approved), held, run(None)),
+            ("approved", Some(&approved), HELD, run(None)),
             (
                 "approved with arguments, even after the expiry",
-                approval,
                 Some(&approved_edited),
-                expired,
+                EXPIRED,
                 run(Some("{}")),
             ),
             (
                 "rejected",
-                approval,
                 Some(&reject),
-                held,
-                answer(
-                    Envelope::terminal(
-                        ErrorCode::REJECTED_BY_APPROVER,
-                        "a person rejected the call: because",
-                    ),
-                    AnsweredBy::Approver,
-                ),
+                HELD,
+                answer(rejected, AnsweredBy::Approver),
             ),
             (
                 "approval not held yet",
-                approval,
                 None,
                 None,
                 Fate::Hold {
@@ -477,65 +486,63 @@ mod tests {
             ),
             (
                 "approval waiting",
-                approval,
                 None,
-                held,
+                HELD,
                 Fate::Wait { until_ms: NOW + 1 },
             ),
             (
                 "approval expired",
-                approval,
                 None,
-                expired,
-                answer(
-                    Envelope::terminal(
-                        ErrorCode::APPROVAL_EXPIRED,
-                        "nobody approved or rejected the call in time; it was not run",
-                    ),
-                    AnsweredBy::Expiry,
-                ),
+                EXPIRED,
+                answer(expired, AnsweredBy::Expiry),
             ),
             (
                 "a verdict on an approval is no decision",
-                approval,
                 Some(&failed),
-                held,
+                HELD,
                 Fate::Wait { until_ms: NOW + 1 },
             ),
+        ];
+        assert_fates(approval, rows);
+    }
+
+    /// A held call's fate on an operator's verdict: applied (with its result,
+    /// or null when that is not JSON), not applied (run again), failed, not
+    /// held yet, waiting, expired (the worker's answer), and an approval on
+    /// it taken for no decision.
+    #[test]
+    fn a_verdicts_fate_follows_its_decision_and_the_clock() {
+        let unknown = Envelope::terminal(ErrorCode::OUTCOME_UNKNOWN, "the worker died");
+        let verdict = HeldFor::Verdict {
+            attempt: 2,
+            answered: &unknown,
+        };
+        let applied = give(Verdict::Applied, Some(r#"{"n":1}"#));
+        let applied_no_json = give(Verdict::Applied, Some("{"));
+        let (not_applied, failed) = (give(Verdict::NotApplied, None), give(Verdict::Failed, None));
+        let approved = approve(None);
+        let by_operator = |envelope| answer(envelope, AnsweredBy::Operator);
+        let failed_by = Envelope::terminal(
+            ErrorCode::FAILED_BY_OPERATOR,
+            "an operator failed the call: because",
+        );
+        let rows: Vec<Row<'_>> = vec![
             (
                 "applied",
-                verdict,
                 Some(&applied),
-                held,
-                answer(
-                    Envelope::Ok(serde_json::json!({"n": 1})),
-                    AnsweredBy::Operator,
-                ),
+                HELD,
+                by_operator(Envelope::Ok(serde_json::json!({"n": 1}))),
             ),
             (
                 "applied with a result that is not JSON",
-                verdict,
                 Some(&applied_no_json),
-                held,
-                answer(Envelope::Ok(serde_json::Value::Null), AnsweredBy::Operator),
+                HELD,
+                by_operator(Envelope::Ok(serde_json::Value::Null)),
             ),
-            ("not applied", verdict, Some(&not_applied), held, run(None)),
-            (
-                "failed",
-                verdict,
-                Some(&failed),
-                held,
-                answer(
-                    Envelope::terminal(
-                        ErrorCode::FAILED_BY_OPERATOR,
-                        "an operator failed the call: because",
-                    ),
-                    AnsweredBy::Operator,
-                ),
-            ),
+            ("not applied", Some(&not_applied), HELD, run(None)),
+            ("failed", Some(&failed), HELD, by_operator(failed_by)),
             (
                 "verdict not held yet",
-                verdict,
                 None,
                 None,
                 Fate::Hold {
@@ -544,30 +551,24 @@ mod tests {
             ),
             (
                 "verdict waiting",
-                verdict,
                 None,
-                held,
+                HELD,
                 Fate::Wait { until_ms: NOW + 1 },
             ),
             (
                 "verdict expired: the worker's answer",
-                verdict,
                 None,
-                expired,
+                EXPIRED,
                 answer(unknown.clone(), AnsweredBy::Expiry),
             ),
             (
                 "an approval on a verdict is no decision, and it expires",
-                verdict,
                 Some(&approved),
-                expired,
+                EXPIRED,
                 answer(unknown.clone(), AnsweredBy::Expiry),
             ),
         ];
-        for (row, held_for, decision, expires, expected) in rows {
-            let fate = fate(held_for, decision, expires, NOW, TIMEOUT);
-            assert_eq!(fate, expected, "{row}");
-        }
+        assert_fates(verdict, rows);
     }
 
     fn w(id: &str) -> WireId {

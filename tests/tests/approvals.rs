@@ -717,6 +717,83 @@ fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     request
 }
 
+/// Another tenant (`other`) neither sees the held call of `job_id` nor
+/// decides it: it is `NOT_FOUND`.
+async fn another_tenant_neither_sees_nor_decides(
+    api: &mut ApiClient,
+    other: &str,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let theirs = api
+        .list_pending_approvals(as_tenant(other, pending_page(0, "")))
+        .await?
+        .into_inner();
+    assert!(theirs.approvals.is_empty(), "{theirs:?}");
+    let refused = api
+        .decide_call(as_tenant(other, decide(job_id, true, "")))
+        .await
+        .expect_err("another tenant's call");
+    assert_eq!(refused.code(), Code::NotFound);
+    Ok(())
+}
+
+/// The agent's own token (`bot`) is the tenant's but no approver's: it
+/// may neither list held calls nor approve, reject or give a verdict.
+async fn no_approver_decides(api: &mut ApiClient, bot: &str, job_id: &str) -> anyhow::Result<()> {
+    let listing = api
+        .list_pending_approvals(as_tenant(bot, pending_page(0, "")))
+        .await
+        .expect_err("not an approver");
+    assert_eq!(listing.code(), Code::PermissionDenied, "{listing:?}");
+    for decision in [
+        decide(job_id, true, ""),
+        decide(job_id, false, "no"),
+        verdict(job_id, "math", v1::Decision::Applied),
+    ] {
+        let refused = api
+            .decide_call(as_tenant(bot, decision))
+            .await
+            .expect_err("not an approver");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    }
+    Ok(())
+}
+
+/// The job, watched as `bot`, succeeds, its decision's event naming the
+/// approver, the tenant, the decision and its reason.
+async fn the_decision_names_its_approver(
+    api: &mut ApiClient,
+    bot: &str,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let mut stream = api
+        .watch_job(as_tenant(
+            bot,
+            v1::WatchJobRequest {
+                job_id: job_id.to_owned(),
+                from_offset: 0,
+            },
+        ))
+        .await?
+        .into_inner();
+    let mut decided = None;
+    while let Some(event) = stream.message().await? {
+        if event.kind == "tool_call_decided" {
+            decided = Some(serde_json::from_str::<Value>(&event.data)?);
+        }
+        if event.r#final {
+            assert_eq!(event.kind, "job_succeeded", "{}", event.data);
+            break;
+        }
+    }
+    let decided = decided.expect("a tool_call_decided event");
+    assert_eq!(decided["approver"], "Ana Lima");
+    assert_eq!(decided["tenant"], "ops");
+    assert_eq!(decided["decision"], "approved");
+    assert_eq!(decided["reason"], "checked");
+    Ok(())
+}
+
 /// A tenant's approvers decide its held calls; its other tokens (the
 /// agent's that submitted the job) neither decide nor list them, and
 /// another tenant sees nothing.
@@ -752,34 +829,8 @@ async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> a
         .job_id;
     job_in(&api, Some(bot), &job_id, v1::JobStatus::WaitingForApproval).await?;
 
-    // Another tenant neither sees nor decides it.
-    let theirs = api
-        .list_pending_approvals(as_tenant(other, pending_page(0, "")))
-        .await?
-        .into_inner();
-    assert!(theirs.approvals.is_empty(), "{theirs:?}");
-    let refused = api
-        .decide_call(as_tenant(other, decide(&job_id, true, "")))
-        .await
-        .expect_err("another tenant's call");
-    assert_eq!(refused.code(), Code::NotFound);
-    // The agent's own token is the tenant's but no approver's.
-    let listing = api
-        .list_pending_approvals(as_tenant(bot, pending_page(0, "")))
-        .await
-        .expect_err("not an approver");
-    assert_eq!(listing.code(), Code::PermissionDenied, "{listing:?}");
-    for decision in [
-        decide(&job_id, true, ""),
-        decide(&job_id, false, "no"),
-        verdict(&job_id, "math", v1::Decision::Applied),
-    ] {
-        let refused = api
-            .decide_call(as_tenant(bot, decision))
-            .await
-            .expect_err("not an approver");
-        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
-    }
+    another_tenant_neither_sees_nor_decides(&mut api, other, &job_id).await?;
+    no_approver_decides(&mut api, bot, &job_id).await?;
     let ours = api
         .list_pending_approvals(as_tenant(ops, pending_page(0, "")))
         .await?
@@ -804,32 +855,7 @@ async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> a
         "{}",
         again.message()
     );
-    let mut stream = api
-        .watch_job(as_tenant(
-            bot,
-            v1::WatchJobRequest {
-                job_id: job_id.clone(),
-                from_offset: 0,
-            },
-        ))
-        .await?
-        .into_inner();
-    let mut decided = None;
-    while let Some(event) = stream.message().await? {
-        if event.kind == "tool_call_decided" {
-            decided = Some(serde_json::from_str::<Value>(&event.data)?);
-        }
-        if event.r#final {
-            assert_eq!(event.kind, "job_succeeded", "{}", event.data);
-            break;
-        }
-    }
-    let decided = decided.expect("a tool_call_decided event");
-    assert_eq!(decided["approver"], "Ana Lima");
-    assert_eq!(decided["tenant"], "ops");
-    assert_eq!(decided["decision"], "approved");
-    assert_eq!(decided["reason"], "checked");
-    Ok(())
+    the_decision_names_its_approver(&mut api, bot, &job_id).await
 }
 
 #[tokio::test]
@@ -882,14 +908,11 @@ fn verdict(job_id: &str, call_id: &str, decision: v1::Decision) -> v1::DecideCal
     }
 }
 
-#[tokio::test]
-async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
-    fleet.spawn_orchestrator(&[]).await?;
-    fleet.wait_for_tools(0, &["crash"], 1).await?;
-    let mut api = fleet.api(0).await?;
-    // Two calls that kill their worker every time: each is given up as
-    // MAX_DELIVERIES_EXCEEDED, and held for a verdict instead of answered.
+/// Submits, asking on unknown outcomes, two calls that kill their worker
+/// every time, restarting the dead workers until the job parks: each is
+/// given up as MAX_DELIVERIES_EXCEEDED, and held for a verdict instead of
+/// answered. Returns the job's id.
+async fn park_two_poison_calls(fleet: &Fleet, api: &mut ApiClient) -> anyhow::Result<String> {
     let script = json!([
         {"tool_calls": [
             {"id": "charge", "name": "crash", "arguments": {}},
@@ -900,10 +923,17 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
     request.on_unknown_outcome = "ask".into();
     let job_id = api.submit_job(request).await?.into_inner().job_id;
     tokio::select! {
-        parked = parked(&api, &job_id) => parked?,
+        parked = parked(api, &job_id) => parked?,
         () = fleet.restart_dead_workers() => unreachable!("the restarter never ends"),
     }
-    let seen = events(&api, &job_id).await?;
+    Ok(job_id)
+}
+
+/// Both calls asked for a verdict on their first attempt's
+/// MAX_DELIVERIES_EXCEEDED, neither answered, both listed as pending
+/// outcomes.
+async fn both_wait_for_a_verdict(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
+    let seen = events(api, job_id).await?;
     let asked: Vec<&Value> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_verdict_requested")
@@ -929,11 +959,14 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
             .all(|p| p.kind == "outcome" && p.attempt == 1)
     );
     assert!(pending[0].outcome.contains("MAX_DELIVERIES_EXCEEDED"));
+    Ok(())
+}
 
-    // A decision of the wrong kind, a failure without a reason, a result
-    // that is not JSON: each refused, naming what to send.
+/// A decision of the wrong kind, a failure without a reason, a result
+/// that is not JSON: each refused, naming what to send.
+async fn wrong_verdicts_are_refused(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
     let approve = api
-        .decide_call(verdict(&job_id, "charge", v1::Decision::Approve))
+        .decide_call(verdict(job_id, "charge", v1::Decision::Approve))
         .await
         .expect_err("an approval for an unknown outcome");
     assert_eq!(approve.code(), Code::InvalidArgument);
@@ -942,42 +975,49 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         "{approve:?}"
     );
     let no_reason = api
-        .decide_call(verdict(&job_id, "mail", v1::Decision::Fail))
+        .decide_call(verdict(job_id, "mail", v1::Decision::Fail))
         .await
         .expect_err("a failure without a reason");
     assert!(no_reason.message().contains("reason"), "{no_reason:?}");
-    let mut not_json = verdict(&job_id, "charge", v1::Decision::Applied);
+    let mut not_json = verdict(job_id, "charge", v1::Decision::Applied);
     not_json.result = Some("{charged".into());
     let not_json = api.decide_call(not_json).await.expect_err("not JSON");
     assert!(
         not_json.message().contains("result: is not JSON"),
         "{not_json:?}"
     );
+    Ok(())
+}
 
-    let mut applied = verdict(&job_id, "charge", v1::Decision::Applied);
+/// `charge` applied with the operator's result (a second verdict is told
+/// the first while the other call waits), `mail` failed with a reason.
+async fn give_the_verdicts(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
+    let mut applied = verdict(job_id, "charge", v1::Decision::Applied);
     applied.result = Some(r#"{"charged": 5}"#.into());
     api.decide_call(applied).await?;
     // While the other call waits, the job cannot end: a second verdict is
     // told the first.
     let again = api
-        .decide_call(verdict(&job_id, "charge", v1::Decision::NotApplied))
+        .decide_call(verdict(job_id, "charge", v1::Decision::NotApplied))
         .await
         .expect_err("a second verdict");
     assert_eq!(again.code(), Code::FailedPrecondition);
     assert!(again.message().contains("already applied"), "{again:?}");
-    let mut failed = verdict(&job_id, "mail", v1::Decision::Fail);
+    let mut failed = verdict(job_id, "mail", v1::Decision::Fail);
     failed.reason = "the mail server was down".into();
     api.decide_call(failed).await?;
+    Ok(())
+}
 
-    let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
-    assert_eq!(
-        job.output_text,
-        "5 / FAILED_BY_OPERATOR: an operator failed the call: the mail server was down"
-    );
-    // The results are the operator's, and say so; the workers' own stored
-    // envelopes are left as they wrote them.
-    let seen = events(&api, &job_id).await?;
+/// The results are the operator's, and say so, in the events and in
+/// GetJob's held calls (with the operator's result); the workers' own
+/// stored envelopes are left as they wrote them.
+async fn the_results_are_the_operators(
+    api: &ApiClient,
+    job_id: &str,
+    job: &v1::Job,
+) -> anyhow::Result<()> {
+    let seen = events(api, job_id).await?;
     let sources: Vec<(&Value, &Value)> = seen
         .iter()
         .filter(|(kind, _)| kind == "tool_call_result")
@@ -1021,6 +1061,29 @@ async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> any
         "{held:?}"
     );
     Ok(())
+}
+
+/// Calls that kill their worker every time wait for an operator's
+/// verdict; wrong verdicts are refused, the first verdict wins, and the
+/// model gets the operator's result and failure.
+#[tokio::test]
+async fn poison_calls_wait_for_an_operator_whose_verdict_the_model_gets() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["crash"], 1).await?;
+    let mut api = fleet.api(0).await?;
+    let job_id = park_two_poison_calls(&fleet, &mut api).await?;
+    both_wait_for_a_verdict(&mut api, &job_id).await?;
+    wrong_verdicts_are_refused(&mut api, &job_id).await?;
+    give_the_verdicts(&mut api, &job_id).await?;
+
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{:?}", job.error);
+    assert_eq!(
+        job.output_text,
+        "5 / FAILED_BY_OPERATOR: an operator failed the call: the mail server was down"
+    );
+    the_results_are_the_operators(&api, &job_id, &job).await
 }
 
 #[tokio::test]

@@ -222,51 +222,51 @@ async fn run_offline(
     Ok(tokio::time::timeout(Duration::from_secs(30), run).await??)
 }
 
-#[tokio::test]
-async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<()> {
-    // With NATS and Redis away, a bad value exits 2 at once, also with
-    // --print-config, rather than waiting for the servers.
-    let brace = [("TOOLFLEET_REDIS__KEY_PREFIX", "tf{x}")];
-    let dir = tempfile::tempdir()?;
-    let missing = dir.path().join("missing.jsonl");
-    let missing = missing.to_string_lossy();
-    type Case<'a> = (&'a str, Vec<&'a str>, &'a [(&'a str, &'a str)], &'a str);
-    let creds = [(
-        "TOOLFLEET_NATS__CREDENTIALS_FILE",
-        "/nonexistent/orchestrator.creds",
-    )];
-    let small = [("TOOLFLEET_GRPC__MAX_REQUEST_BYTES", "1000")];
-    let no_wait = [("TOOLFLEET_APPROVAL__TIMEOUT", "0s")];
-    let cases: [Case; 9] = [
+/// A bad configuration: the binary, its arguments, its environment, and
+/// what its error must say.
+type Case<'a> = (&'a str, Vec<&'a str>, &'a [(&'a str, &'a str)], &'a str);
+
+const BRACE: &[(&str, &str)] = &[("TOOLFLEET_REDIS__KEY_PREFIX", "tf{x}")];
+const CREDS: &[(&str, &str)] = &[(
+    "TOOLFLEET_NATS__CREDENTIALS_FILE",
+    "/nonexistent/orchestrator.creds",
+)];
+const SMALL: &[(&str, &str)] = &[("TOOLFLEET_GRPC__MAX_REQUEST_BYTES", "1000")];
+const NO_WAIT: &[(&str, &str)] = &[("TOOLFLEET_APPROVAL__TIMEOUT", "0s")];
+
+/// Each service's bad configurations, by a flag or the environment, run
+/// or only printed; `missing_graph` is a graph file that does not exist.
+fn bad_configurations(missing_graph: &str) -> [Case<'_>; 9] {
+    [
         (
             "toolfleet-orchestrator",
             vec![],
-            &creds,
+            CREDS,
             "nats.credentials_file",
         ),
         (
             "toolfleet-orchestrator",
             vec!["--print-config"],
-            &small,
+            SMALL,
             "grpc.max_request_bytes",
         ),
         (
             "toolfleet-orchestrator",
             vec!["--print-config"],
-            &no_wait,
+            NO_WAIT,
             "approval.timeout is 0s",
         ),
-        ("toolfleet-worker", vec![], &brace, "redis.key_prefix"),
+        ("toolfleet-worker", vec![], BRACE, "redis.key_prefix"),
         (
             "toolfleet-worker",
             vec!["--print-config"],
-            &brace,
+            BRACE,
             "redis.key_prefix",
         ),
         (
             "toolfleet-orchestrator",
             vec!["--print-config"],
-            &brace,
+            BRACE,
             "redis.key_prefix",
         ),
         (
@@ -283,21 +283,15 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
         ),
         (
             "toolfleet-worker",
-            vec!["--kg-graph", &missing],
+            vec!["--kg-graph", missing_graph],
             &[],
             "kg.graph_path",
         ),
-    ];
-    for (binary, args, env, says) in cases {
-        let output = run_offline(binary, &args, env).await?;
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{binary} {args:?}: {stderr}");
-        assert!(
-            stderr.contains(says) && stderr.contains("invalid configuration"),
-            "{stderr}"
-        );
-    }
-    // The error lists every tool that could be named.
+    ]
+}
+
+/// The unknown-tool error lists every tool that could be named.
+async fn the_unknown_tool_error_lists_every_tool() -> anyhow::Result<()> {
     let output = run_offline("toolfleet-worker", &["--tools", "nope"], &[]).await?;
     let stderr = String::from_utf8_lossy(&output.stderr);
     for tool in [
@@ -309,9 +303,13 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
     ] {
         assert!(stderr.contains(tool), "{tool}: {stderr}");
     }
-    // A graph that does not parse fails before the worker connects, its
-    // error said once.
-    let bad = dir.path().join("bad.jsonl");
+    Ok(())
+}
+
+/// A graph that does not parse fails before the worker connects, its
+/// error said once.
+async fn a_bad_graph_fails_before_connecting(dir: &std::path::Path) -> anyhow::Result<()> {
+    let bad = dir.join("bad.jsonl");
     std::fs::write(&bad, "{\"not a fact\": true}\n")?;
     let output = run_offline(
         "toolfleet-worker",
@@ -332,6 +330,27 @@ async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<(
     );
     assert_eq!(said.matches("not a fact object").count(), 1, "{said}");
     Ok(())
+}
+
+/// With NATS and Redis away, a bad value exits 2 at once, also with
+/// --print-config, rather than waiting for the servers, naming the key; a
+/// graph that does not parse fails before connecting.
+#[tokio::test]
+async fn configuration_is_checked_before_anything_connects() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let missing = dir.path().join("missing.jsonl");
+    let missing = missing.to_string_lossy();
+    for (binary, args, env, says) in bad_configurations(&missing) {
+        let output = run_offline(binary, &args, env).await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{binary} {args:?}: {stderr}");
+        assert!(
+            stderr.contains(says) && stderr.contains("invalid configuration"),
+            "{stderr}"
+        );
+    }
+    the_unknown_tool_error_lists_every_tool().await?;
+    a_bad_graph_fails_before_connecting(dir.path()).await
 }
 
 #[tokio::test]

@@ -1027,19 +1027,14 @@ async fn cluster_failing_over_a_redis_primary_loses_no_call_and_repeats_no_effec
     Ok(())
 }
 
-/// kill -9 of the orchestrator that streams a turn: the turn was not
-/// checkpointed, so the replica that takes the job over asks the model
-/// again, as after any crash, and a client watching on that replica sees
-/// the new answer's first delta marked `restarted` (what it had of the
-/// turn is void), then the new answer, then the one stored turn.
-#[tokio::test]
-async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_restarted()
--> anyhow::Result<()> {
-    use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply};
-    let claude = MessagesServer::start("sk-ant-test").await?;
+/// The fake Claude's two answers: the first is held after "Hello" until
+/// the kill; the second, asked by the replica that takes over, says "Hello
+/// again!".
+fn script_a_held_hello_then_hello_again(
+    claude: &toolfleet_tests::messages::MessagesServer,
+) -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{PAUSE, Reply};
     let whole = toolfleet_tests::messages::hello_stream()?;
-    // The first answer is held after "Hello" until the kill; the second,
-    // asked by the replica that takes over, says "Hello again!".
     let second = whole
         .find("event: content_block_delta\ndata: {\"type\": \"content_block_delta\", \"index\": 0, \"delta\": {\"type\": \"text_delta\", \"text\": \"!\"}}")
         .expect("the second delta");
@@ -1051,6 +1046,43 @@ async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_resta
     claude.push(Reply::Stream(
         whole.replace(r#""text": "!""#, r#""text": " again!""#),
     ));
+    Ok(())
+}
+
+/// The watched deltas: "Hello" first, unmarked; the next marked
+/// `restarted`, and from it on the new answer, `output`; all of turn 0.
+fn the_second_runs_deltas_say_restarted(deltas: &[Value], output: &str) {
+    assert_eq!(
+        deltas
+            .first()
+            .map(|d| (d["text"].clone(), d.get("restarted").cloned())),
+        Some((json!("Hello"), None)),
+        "{deltas:?}"
+    );
+    let restart = deltas
+        .iter()
+        .position(|d| d["restarted"] == true)
+        .unwrap_or_else(|| panic!("no delta says restarted: {deltas:?}"));
+    assert_eq!(restart, 1, "the new run's first delta says so: {deltas:?}");
+    let again: String = deltas[restart..]
+        .iter()
+        .map(|d| d["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(again, output, "{deltas:?}");
+    assert!(deltas.iter().all(|d| d["turn"] == 0), "{deltas:?}");
+}
+
+/// kill -9 of the orchestrator that streams a turn: the turn was not
+/// checkpointed, so the replica that takes the job over asks the model
+/// again, as after any crash, and a client watching on that replica sees
+/// the new answer's first delta marked `restarted` (what it had of the
+/// turn is void), then the new answer, then the one stored turn.
+#[tokio::test]
+async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_restarted()
+-> anyhow::Result<()> {
+    use toolfleet_tests::messages::MessagesServer;
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    script_a_held_hello_then_hello_again(&claude)?;
     let base_url = claude.base_url();
     let env: Vec<(&str, &str)> = FAST_TAKEOVER
         .iter()
@@ -1115,24 +1147,7 @@ async fn a_streamed_turn_whose_orchestrator_died_is_asked_again_and_marked_resta
     let job = wait_finished(&api, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     assert_eq!(job.output_text, "Hello again!");
-    assert_eq!(
-        deltas
-            .first()
-            .map(|d| (d["text"].clone(), d.get("restarted").cloned())),
-        Some((json!("Hello"), None)),
-        "{deltas:?}"
-    );
-    let restart = deltas
-        .iter()
-        .position(|d| d["restarted"] == true)
-        .unwrap_or_else(|| panic!("no delta says restarted: {deltas:?}"));
-    assert_eq!(restart, 1, "the new run's first delta says so: {deltas:?}");
-    let again: String = deltas[restart..]
-        .iter()
-        .map(|d| d["text"].as_str().unwrap_or_default())
-        .collect();
-    assert_eq!(again, job.output_text, "{deltas:?}");
-    assert!(deltas.iter().all(|d| d["turn"] == 0), "{deltas:?}");
+    the_second_runs_deltas_say_restarted(&deltas, &job.output_text);
     let turns = kinds.iter().filter(|k| *k == "model_turn").count();
     assert_eq!(turns, 1, "one stored turn: {kinds:?}");
     assert_eq!(claude.refusals(), Vec::<String>::new());

@@ -109,13 +109,13 @@ async fn order_service() -> MockServer {
     orders
 }
 
-#[tokio::test]
-async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> anyhow::Result<()> {
-    let binary = build_worker_template().await?;
-    let orders = order_service().await;
-    let dev = dev_serve().await?;
-    // Its configuration is checked as toolfleet-worker's, before anything
-    // connects: `tools` names its own tools.
+/// The template's configuration is checked as toolfleet-worker's, before
+/// anything connects: `tools` names its own tools, and the orders URL must
+/// be http or https.
+async fn the_template_checks_its_configuration(
+    binary: &std::path::Path,
+    orders: &MockServer,
+) -> anyhow::Result<()> {
     for (tools, orders_url, code, says) in [
         ("[order_status]", orders.uri(), 0, "\"order_status\""),
         (
@@ -131,7 +131,7 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
             "--orders-url ftp://orders/: use an http or https URL",
         ),
     ] {
-        let checked = Command::new(&binary)
+        let checked = Command::new(binary)
             .args(["--orders-url", &orders_url, "--print-config"])
             .env("TOOLFLEET_TOOLS", tools)
             .output()
@@ -144,50 +144,87 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         assert_eq!(checked.status.code(), Some(code), "{said}");
         assert!(said.contains(says), "{said}");
     }
+    Ok(())
+}
 
-    // As a pool of the Helm chart would run it: its tools listed.
-    let mut worker = Command::new(&binary)
-        .args(["--nats-url", &dev.nats, "--redis-url", &dev.redis])
-        .args(["--orders-url", &orders.uri()])
-        .env("TOOLFLEET_TOOLS", "[order_status]")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    // Read as it comes (a full pipe would stop the worker), and shown if
-    // the tool never appears.
-    let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let mut stderr = BufReader::new(worker.stderr.take().expect("piped")).lines();
-    tokio::spawn({
-        let said = said.clone();
-        async move {
-            while let Ok(Some(line)) = stderr.next_line().await {
-                let mut said = said
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                said.push_str(&line);
-                said.push('\n');
+/// The template worker, started as a pool of the Helm chart would run it,
+/// with what it said on stderr so far.
+struct TemplateWorker {
+    process: Child,
+    said: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl TemplateWorker {
+    /// Starts it against `dev`'s servers with its tools listed, its stderr
+    /// read as it comes (a full pipe would stop the worker).
+    fn start(binary: &std::path::Path, dev: &Dev, orders: &MockServer) -> anyhow::Result<Self> {
+        let mut process = Command::new(binary)
+            .args(["--nats-url", &dev.nats, "--redis-url", &dev.redis])
+            .args(["--orders-url", &orders.uri()])
+            .env("TOOLFLEET_TOOLS", "[order_status]")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        // Read as it comes (a full pipe would stop the worker), and shown if
+        // the tool never appears.
+        let said = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut stderr = BufReader::new(process.stderr.take().expect("piped")).lines();
+        tokio::spawn({
+            let said = said.clone();
+            async move {
+                while let Ok(Some(line)) = stderr.next_line().await {
+                    let mut said = said
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    said.push_str(&line);
+                    said.push('\n');
+                }
             }
-        }
-    });
+        });
+        Ok(Self { process, said })
+    }
 
-    // The fleet offers the tool once the worker announces it.
-    wait_until(
-        "order_status in `toolfleet tools`",
-        Duration::from_secs(60),
-        || async {
-            let listed = run_toolfleet(&["tools", "--addr", &dev.grpc]).await;
-            listed.is_ok_and(|tools| tools.contains("order_status"))
-        },
-    )
-    .await
-    .with_context(|| {
-        let said = said
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        format!("the template worker said:\n{said}")
-    })?;
+    /// Waits for the fleet to offer its tool, showing what it said if the
+    /// tool never appears.
+    async fn wait_offered(&self, dev: &Dev) -> anyhow::Result<()> {
+        let said = &self.said;
+        wait_until(
+            "order_status in `toolfleet tools`",
+            Duration::from_secs(60),
+            || async {
+                let listed = run_toolfleet(&["tools", "--addr", &dev.grpc]).await;
+                listed.is_ok_and(|tools| tools.contains("order_status"))
+            },
+        )
+        .await
+        .with_context(|| {
+            let said = said
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            format!("the template worker said:\n{said}")
+        })?;
+        Ok(())
+    }
 
+    /// SIGTERM drains and exits 0, as toolfleet-worker does.
+    async fn stop(mut self) -> anyhow::Result<()> {
+        let worker = &mut self.process;
+        let pid = worker.id().expect("running");
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        let status = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await??;
+        assert!(status.success(), "the worker exited with {status}");
+        Ok(())
+    }
+}
+
+/// Submits through `toolfleet submit --watch` four calls of `order_status`
+/// (a shipped order, an unknown one, one that fails once, a hostile id);
+/// returns the answer printed.
+async fn ask_where_the_orders_are(grpc: &str) -> anyhow::Result<String> {
     let call = |id: &str, order_id: &str| json!({"id": id, "name": "order_status", "arguments": {"order_id": order_id}});
     let script = json!([
         {"tool_calls": [call("shipped", "A-1042"), call("unknown", "A-404"),
@@ -195,23 +232,22 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         {"message": "{{shipped.data.status}} {{shipped.data.eta}}; {{unknown.error.code}}; \
                      {{flaky.data.status}}; {{hostile.error.code}}"}
     ]);
-    let answer = run_toolfleet(&[
+    run_toolfleet(&[
         "submit",
         "--addr",
-        &dev.grpc,
+        grpc,
         "Where are my orders?",
         "--script",
         &script.to_string(),
         "--watch",
         "--quiet",
     ])
-    .await?;
-    // The business rule is terminal and the arguments' schema keeps a
-    // hostile id from the service; the 503 was retried.
-    assert_eq!(
-        answer.trim(),
-        "shipped 2026-12-08; ORDER_NOT_FOUND; placed; INVALID_TOOL_ARGUMENTS"
-    );
+    .await
+}
+
+/// The order service was asked for each order once, the failed one twice,
+/// and nothing else.
+async fn each_order_was_asked_once_the_failed_one_twice(orders: &MockServer) {
     let asked: Vec<String> = orders
         .received_requests()
         .await
@@ -234,16 +270,18 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         4,
         "nothing else reached the service: {asked:?}"
     );
+}
 
-    // The terminal error took one attempt, the retryable one two; the
-    // hostile call never reached a worker's tool.
+/// The terminal error took one attempt, the retryable one two; the
+/// hostile call never reached a worker's tool.
+async fn the_attempts_follow_the_errors(grpc: &str) -> anyhow::Result<()> {
     let jobs: Value =
-        serde_json::from_str(&run_toolfleet(&["jobs", "--addr", &dev.grpc, "--json"]).await?)?;
+        serde_json::from_str(&run_toolfleet(&["jobs", "--addr", grpc, "--json"]).await?)?;
     let job_id = jobs["jobs"][0]["job_id"]
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let events = run_toolfleet(&["watch", &job_id, "--addr", &dev.grpc, "--json"]).await?;
+    let events = run_toolfleet(&["watch", &job_id, "--addr", grpc, "--json"]).await?;
     let mut attempts = std::collections::BTreeMap::new();
     for line in events.lines() {
         let event: Value = serde_json::from_str(line)?;
@@ -271,16 +309,20 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         Some("INVALID_TOOL_ARGUMENTS"),
         "{events}"
     );
+    Ok(())
+}
 
-    // Every `toolfleet` command of the docs, as pasted: with the address
-    // dev printed (and exported as TOOLFLEET_ADDR), ending in status 0.
-    let address = dev.grpc.trim_start_matches("http://");
+/// Every `toolfleet` command of the docs (at least three), as pasted: with
+/// the address dev printed (and exported as TOOLFLEET_ADDR), ending in
+/// status 0.
+async fn every_docs_command_runs(grpc: &str) -> anyhow::Result<()> {
+    let address = grpc.trim_start_matches("http://");
     let mut ran = 0;
     for doc in markdown::RUN_DOCS {
         let text = std::fs::read_to_string(repo_root().join(doc))?;
         for command in markdown::commands_for(&text, Runner::Toolfleet, address) {
             ran += 1;
-            let run = shell(&command, &dev.grpc).await?;
+            let run = shell(&command, grpc).await?;
             assert!(
                 run.status.success(),
                 "{doc}: `{command}` ended with {}:\n{}{}",
@@ -291,15 +333,34 @@ async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> an
         }
     }
     assert!(ran >= 3, "the docs' toolfleet commands: {ran}");
+    Ok(())
+}
 
-    // SIGTERM drains and exits 0, as toolfleet-worker does.
-    let pid = worker.id().expect("running");
-    Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await?;
-    let status = tokio::time::timeout(Duration::from_secs(30), worker.wait()).await??;
-    assert!(status.success(), "the worker exited with {status}");
+/// The template worker checks its configuration, then runs next to dev's
+/// built-in workers: its tool offered, its business error terminal, its
+/// service's 503 retried, a hostile id kept from the service by the
+/// schema; the docs' `toolfleet` commands run against the same dev; the
+/// worker drains on SIGTERM.
+#[tokio::test]
+async fn the_docs_commands_and_the_template_worker_run_against_dev_serve() -> anyhow::Result<()> {
+    let binary = build_worker_template().await?;
+    let orders = order_service().await;
+    let dev = dev_serve().await?;
+    the_template_checks_its_configuration(&binary, &orders).await?;
+    let worker = TemplateWorker::start(&binary, &dev, &orders)?;
+    worker.wait_offered(&dev).await?;
+
+    let answer = ask_where_the_orders_are(&dev.grpc).await?;
+    // The business rule is terminal and the arguments' schema keeps a
+    // hostile id from the service; the 503 was retried.
+    assert_eq!(
+        answer.trim(),
+        "shipped 2026-12-08; ORDER_NOT_FOUND; placed; INVALID_TOOL_ARGUMENTS"
+    );
+    each_order_was_asked_once_the_failed_one_twice(&orders).await;
+    the_attempts_follow_the_errors(&dev.grpc).await?;
+    every_docs_command_runs(&dev.grpc).await?;
+    worker.stop().await?;
     drop(dev);
     Ok(())
 }

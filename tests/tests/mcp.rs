@@ -1315,20 +1315,18 @@ async fn the_five_command_walkthrough_of_the_mcp_page_works() -> anyhow::Result<
     Ok(())
 }
 
-/// `toolfleet mcp-serve` behind mutual TLS, its certificate listed as a
-/// gateway's (docs/tools/mcp.md): the certificate proves the hop and names
-/// no tenant, so each client's own bearer token does (a garbage, missing or
-/// foreign one gets nothing of another tenant's); a tenant lists only the
-/// tools it may call; a web page's `Origin` is refused.
-#[tokio::test]
-async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none()
--> anyhow::Result<()> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-    use toolfleet_tests::certificates::{Certificates, GATEWAY_DNS_NAME};
-    const NARROW: &str = "tok-narrow-71a0";
-    let scratch = tempfile::tempdir()?;
-    let certificates = Certificates::generate(scratch.path())?;
-    let tokens = scratch.path().join("tokens.toml");
+/// The tenant that may call only `calculate`.
+const NARROW: &str = "tok-narrow-71a0";
+
+/// An orchestrator over mutual TLS whose tokens file lists the test's
+/// gateway certificate as a gateway's, tenant `ide` and tenant `narrow`
+/// (`calculate` only). Returns the fleet and its https address.
+async fn orchestrator_behind_a_gateway(
+    scratch: &Path,
+    certificates: &toolfleet_tests::certificates::Certificates,
+) -> anyhow::Result<(Fleet, String)> {
+    use toolfleet_tests::certificates::GATEWAY_DNS_NAME;
+    let tokens = scratch.join("tokens.toml");
     let (ide, narrow) = (
         toolfleet_orchestrator::auth::token_sha256(IDE_TOKEN),
         toolfleet_orchestrator::auth::token_sha256(NARROW),
@@ -1351,8 +1349,15 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     fleet.spawn_orchestrator(&env).await?;
     let addr = fleet.grpc_url(0).await?.replace("http://", "https://");
+    Ok((fleet, addr))
+}
 
-    // The orchestrator itself, spoken to with the gateway's certificate.
+/// The orchestrator at `addr`, spoken to with the gateway's certificate.
+async fn as_the_gateway(
+    addr: &str,
+    certificates: &toolfleet_tests::certificates::Certificates,
+) -> anyhow::Result<ApiClient> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
     let tls = ClientTlsConfig::new()
         .domain_name("localhost")
         .ca_certificate(Certificate::from_pem(std::fs::read(
@@ -1362,19 +1367,30 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
             std::fs::read(certificates.path("gateway.pem"))?,
             std::fs::read(certificates.path("gateway.key"))?,
         ));
-    let channel = Endpoint::from_shared(addr.clone())?
+    let channel = Endpoint::from_shared(addr.to_owned())?
         .tls_config(tls)?
         .connect()
         .await?;
-    let api = ApiClient::new(channel);
+    Ok(ApiClient::new(channel))
+}
+
+/// `message` with `token`, if any, as its bearer token.
+fn with_bearer<T>(message: T, token: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(token) = token {
+        let bearer = format!("Bearer {token}").parse().expect("ascii");
+        request.metadata_mut().insert("authorization", bearer);
+    }
+    request
+}
+
+/// The gateway's certificate alone (no token, a garbage one) is
+/// `UNAUTHENTICATED`; a tenant lists only the tools it may call.
+async fn the_hop_alone_gets_nothing(api: &ApiClient) -> anyhow::Result<()> {
     let list_tools = |token: Option<&'static str>| {
         let mut api = api.clone();
         async move {
-            let mut request = tonic::Request::new(v1::ListToolsRequest {});
-            if let Some(token) = token {
-                let bearer = format!("Bearer {token}").parse().expect("ascii");
-                request.metadata_mut().insert("authorization", bearer);
-            }
+            let request = with_bearer(v1::ListToolsRequest {}, token);
             api.list_tools(request).await.map(|r| r.into_inner().tools)
         }
     };
@@ -1390,6 +1406,65 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     let narrow_tools = list_tools(Some(NARROW)).await?;
     let names: Vec<&str> = narrow_tools.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["calculate"], "only what the tenant may call");
+    Ok(())
+}
+
+/// Each client's calls through the gateway at `url` are its own tenant's
+/// jobs, none the gateway's: `ide` calls both tools, `narrow` is offered
+/// `calculate` only and refused `fail`.
+async fn each_clients_calls_are_its_tenants(api: &ApiClient, url: &str) -> anyhow::Result<()> {
+    let seen = python_client(&["http-2026", url, IDE_TOKEN]).await?;
+    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
+    let seen = python_client(&["http-2026", url, NARROW]).await?;
+    let listed: Vec<&String> = seen["tools"].as_object().expect("tools").keys().collect();
+    assert_eq!(listed, ["calculate"], "{seen}");
+    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
+    assert_eq!(seen["fail"]["is_error"], true, "not the tenant's: {seen}");
+    let jobs = |token: &'static str| {
+        let mut api = api.clone();
+        async move {
+            let request = with_bearer(v1::ListJobsRequest::default(), Some(token));
+            let jobs = api.list_jobs(request).await?.into_inner().jobs;
+            anyhow::Ok(jobs.into_iter().map(|j| j.job_id).collect::<Vec<_>>())
+        }
+    };
+    let (ide_jobs, narrow_jobs) = (jobs(IDE_TOKEN).await?, jobs(NARROW).await?);
+    assert_eq!(ide_jobs.len(), 2, "calculate and fail: {ide_jobs:?}");
+    assert!(
+        ide_jobs.iter().all(|id| id.starts_with("ide-")),
+        "{ide_jobs:?}"
+    );
+    assert_eq!(narrow_jobs.len(), 1, "calculate only: {narrow_jobs:?}");
+    assert!(narrow_jobs[0].starts_with("narrow-"), "{narrow_jobs:?}");
+    Ok(())
+}
+
+/// A web page's request to the gateway at `listen`: refused whoever's
+/// token it carries, from any origin.
+async fn web_pages_are_refused(listen: &str) -> anyhow::Result<()> {
+    let bearer = format!("Bearer {IDE_TOKEN}");
+    for origin in ["http://evil.example", "null", &format!("http://{listen}")] {
+        let headers = [("Authorization", bearer.as_str()), ("Origin", origin)];
+        let (status, _) = toolfleet_tests::http_get_with(listen, "/mcp", &headers).await?;
+        assert_eq!(status, 403, "{origin}");
+    }
+    Ok(())
+}
+
+/// `toolfleet mcp-serve` behind mutual TLS, its certificate listed as a
+/// gateway's (docs/tools/mcp.md): the certificate proves the hop and names
+/// no tenant, so each client's own bearer token does (a garbage, missing or
+/// foreign one gets nothing of another tenant's); a tenant lists only the
+/// tools it may call; a web page's `Origin` is refused.
+#[tokio::test]
+async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none()
+-> anyhow::Result<()> {
+    use toolfleet_tests::certificates::Certificates;
+    let scratch = tempfile::tempdir()?;
+    let certificates = Certificates::generate(scratch.path())?;
+    let (_fleet, addr) = orchestrator_behind_a_gateway(scratch.path(), &certificates).await?;
+    let api = as_the_gateway(&addr, &certificates).await?;
+    the_hop_alone_gets_nothing(&api).await?;
 
     let listen = toolfleet_tests::free_loopback_address()?;
     let (ca, cert, key) = (
@@ -1410,41 +1485,8 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     for token in ["", "garbage"] {
         assert_refused(&listen, "http-2026", token).await?;
     }
-    // Each client's calls are its own tenant's jobs, none the gateway's.
-    let seen = python_client(&["http-2026", &url, IDE_TOKEN]).await?;
-    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
-    let seen = python_client(&["http-2026", &url, NARROW]).await?;
-    let listed: Vec<&String> = seen["tools"].as_object().expect("tools").keys().collect();
-    assert_eq!(listed, ["calculate"], "{seen}");
-    assert_eq!(seen["calculate"]["structured"]["result"], 42, "{seen}");
-    assert_eq!(seen["fail"]["is_error"], true, "not the tenant's: {seen}");
-    let jobs = |token: &'static str| {
-        let mut api = api.clone();
-        async move {
-            let mut request = tonic::Request::new(v1::ListJobsRequest::default());
-            let bearer = format!("Bearer {token}").parse().expect("ascii");
-            request.metadata_mut().insert("authorization", bearer);
-            let jobs = api.list_jobs(request).await?.into_inner().jobs;
-            anyhow::Ok(jobs.into_iter().map(|j| j.job_id).collect::<Vec<_>>())
-        }
-    };
-    let (ide_jobs, narrow_jobs) = (jobs(IDE_TOKEN).await?, jobs(NARROW).await?);
-    assert_eq!(ide_jobs.len(), 2, "calculate and fail: {ide_jobs:?}");
-    assert!(
-        ide_jobs.iter().all(|id| id.starts_with("ide-")),
-        "{ide_jobs:?}"
-    );
-    assert_eq!(narrow_jobs.len(), 1, "calculate only: {narrow_jobs:?}");
-    assert!(narrow_jobs[0].starts_with("narrow-"), "{narrow_jobs:?}");
-
-    // A web page's request: refused whoever's token it carries.
-    let bearer = format!("Bearer {IDE_TOKEN}");
-    for origin in ["http://evil.example", "null", &format!("http://{listen}")] {
-        let headers = [("Authorization", bearer.as_str()), ("Origin", origin)];
-        let (status, _) = toolfleet_tests::http_get_with(&listen, "/mcp", &headers).await?;
-        assert_eq!(status, 403, "{origin}");
-    }
-    Ok(())
+    each_clients_calls_are_its_tenants(&api, &url).await?;
+    web_pages_are_refused(&listen).await
 }
 
 /// A worker configuration serving the tool `tool` of the hostile server

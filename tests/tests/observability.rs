@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, run_job, scripted_job, test_fleet};
+use toolfleet_tests::fleet::{ApiClient, Fleet, run_job, scripted_job, test_fleet};
 use toolfleet_tests::otlp::Collector;
 use toolfleet_tests::wait_until;
 
@@ -83,20 +83,13 @@ fn the_alerts_fire_on_what_they_are_meant_for_and_only_then() -> anyhow::Result<
     Ok(())
 }
 
-#[tokio::test]
-async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -> anyhow::Result<()>
-{
-    let mut queried = metric_names(&dashboard_queries()?);
-    queried.extend(metric_names(&std::fs::read_to_string(format!(
-        "{DEPLOY}/alerts.yml"
-    ))?));
-    assert!(queried.len() > 10, "{queried:?}");
-
-    let (worker_metrics, orchestrator_metrics) = (
-        toolfleet_tests::free_loopback_address()?,
-        toolfleet_tests::free_loopback_address()?,
-    );
-    let collector = Collector::start().await?;
+/// A fleet of one worker and one orchestrator, each exporting metrics on
+/// its own address and to `collector` over OTLP every 300 ms.
+async fn fleet_exporting_metrics(
+    collector: &Collector,
+    worker_metrics: &str,
+    orchestrator_metrics: &str,
+) -> anyhow::Result<Fleet> {
     let otlp = [
         (
             "TOOLFLEET_TELEMETRY__OTLP_ENDPOINT",
@@ -104,26 +97,22 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
         ),
         ("OTEL_METRIC_EXPORT_INTERVAL", "300"),
     ];
-    let mut worker_env = vec![("TOOLFLEET_METRICS__LISTEN", worker_metrics.as_str())];
+    let mut worker_env = vec![("TOOLFLEET_METRICS__LISTEN", worker_metrics)];
     worker_env.extend(otlp);
     let mut fleet = Fleet::start(test_fleet(1).worker_env(&worker_env)).await?;
-    let mut orchestrator_env = vec![("TOOLFLEET_METRICS__LISTEN", orchestrator_metrics.as_str())];
+    let mut orchestrator_env = vec![("TOOLFLEET_METRICS__LISTEN", orchestrator_metrics)];
     orchestrator_env.extend(otlp);
     fleet.spawn_orchestrator(&orchestrator_env).await?;
     fleet.wait_for_tools(0, &["echo", "fail"], 1).await?;
-    let api = fleet.api(0).await?;
-    // A retried call, a failed one, a job that fails: every family has a
-    // series. Takeovers and redeliveries are counters that start at 0.
-    let script = json!([
-        {"tool_calls": [
-            {"name": "echo", "arguments": {}},
-            {"name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 1}},
-            {"name": "fail", "arguments": {"mode": "terminal"}}]},
-        {"message": "done"}
-    ]);
-    let job = run_job(&api, scripted_job("metrics", &script)).await?;
-    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    // A call held for approval and approved: the approvals' families.
+    Ok(fleet)
+}
+
+/// A call held for approval, decided only once the gauge has seen it wait
+/// (refreshed every 5 s): the approvals' families.
+async fn approve_a_call_the_gauge_saw_wait(
+    api: &ApiClient,
+    orchestrator_metrics: &str,
+) -> anyhow::Result<()> {
     let mut held = scripted_job(
         "held",
         &json!([{"tool_calls": [{"id": "c", "name": "echo", "arguments": {}}]}, {"message": "ok"}]),
@@ -142,13 +131,12 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
         }
     })
     .await?;
-    // Decided only once the gauge has seen it wait (refreshed every 5 s).
     let waiting = r#"toolfleet_approvals_pending{tenant="default",tool="echo"} 1"#;
     wait_until(
         "the held call in the gauge",
         Duration::from_secs(30),
         || async {
-            scrape(&orchestrator_metrics)
+            scrape(orchestrator_metrics)
                 .await
                 .lines()
                 .any(|line| line == waiting)
@@ -165,10 +153,17 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
             result: None,
         })
         .await?;
+    Ok(())
+}
 
-    // The fleet's gauges are refreshed every 5 s.
+/// Every metric in `queried` is in a scrape of the two services (the
+/// fleet's gauges are refreshed every 5 s).
+async fn every_metric_is_scraped(
+    queried: &BTreeSet<String>,
+    scraped: [&str; 2],
+) -> anyhow::Result<()> {
     let missing = || async {
-        let exported = scrape(&orchestrator_metrics).await + &scrape(&worker_metrics).await;
+        let exported = scrape(scraped[0]).await + &scrape(scraped[1]).await;
         queried
             .iter()
             .filter(|name| !exported.lines().any(|l| is_series_of(l, name)))
@@ -184,8 +179,14 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
     if let Err(err) = exported {
         anyhow::bail!("{err}: never exported: {:?}", missing().await);
     }
+    Ok(())
+}
 
-    // The same metrics over OTLP, under their family names.
+/// The same metrics over OTLP, under their family names.
+async fn every_family_is_pushed(
+    queried: &BTreeSet<String>,
+    collector: &Collector,
+) -> anyhow::Result<()> {
     let families: BTreeSet<String> = queried
         .iter()
         .map(|name| name.strip_suffix("_bucket").unwrap_or(name).to_owned())
@@ -204,6 +205,41 @@ async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -
         );
     }
     Ok(())
+}
+
+/// Every metric a dashboard panel or an alert rule queries is exported by
+/// a running fleet that ran a retried call, a failed one and an approved
+/// one, to Prometheus and over OTLP.
+#[tokio::test]
+async fn every_metric_a_panel_or_rule_queries_is_exported_by_a_running_fleet() -> anyhow::Result<()>
+{
+    let mut queried = metric_names(&dashboard_queries()?);
+    queried.extend(metric_names(&std::fs::read_to_string(format!(
+        "{DEPLOY}/alerts.yml"
+    ))?));
+    assert!(queried.len() > 10, "{queried:?}");
+
+    let (worker_metrics, orchestrator_metrics) = (
+        toolfleet_tests::free_loopback_address()?,
+        toolfleet_tests::free_loopback_address()?,
+    );
+    let collector = Collector::start().await?;
+    let fleet = fleet_exporting_metrics(&collector, &worker_metrics, &orchestrator_metrics).await?;
+    let api = fleet.api(0).await?;
+    // A retried call, a failed one, a job that fails: every family has a
+    // series. Takeovers and redeliveries are counters that start at 0.
+    let script = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": {}},
+            {"name": "fail", "arguments": {"mode": "retryable", "fail_attempts": 1}},
+            {"name": "fail", "arguments": {"mode": "terminal"}}]},
+        {"message": "done"}
+    ]);
+    let job = run_job(&api, scripted_job("metrics", &script)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    approve_a_call_the_gauge_saw_wait(&api, &orchestrator_metrics).await?;
+    every_metric_is_scraped(&queried, [&orchestrator_metrics, &worker_metrics]).await?;
+    every_family_is_pushed(&queried, &collector).await
 }
 
 /// Whether an exposition line is a sample of metric `name` (of a

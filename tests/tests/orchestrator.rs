@@ -140,16 +140,12 @@ async fn a_turn_of_three_parallel_calls_is_answered_in_call_order() -> anyhow::R
     Ok(())
 }
 
-#[tokio::test]
-async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
-    let fleet = fleet(1).await?;
-    let mut api = fleet.api(0).await?;
-
-    // A model asking for a generic escape hatch gets UNKNOWN_TOOL; nothing
-    // runs, and nothing is recorded as dispatched: only the round's valid
-    // call is.
+/// A model asking for a generic escape hatch gets UNKNOWN_TOOL; nothing
+/// runs, and nothing is recorded as dispatched: only the round's valid
+/// call is.
+async fn unknown_tools_run_nothing(fleet: &Fleet, api: &mut ApiClient) -> anyhow::Result<()> {
     let job = run(
-        &mut api,
+        api,
         scripted(
             "hack",
             json!([
@@ -167,7 +163,7 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     assert_eq!(results(&job)[0].2, 0);
     assert_eq!(results(&job)[1].2, 1);
     assert!(!fleet.worker(0).log_tail(10_000).contains("run_shell"));
-    let dispatched: Vec<String> = events_of(&mut api, &job.job_id)
+    let dispatched: Vec<String> = events_of(api, &job.job_id)
         .await?
         .into_iter()
         .filter(|e| e.kind == "tool_call_dispatched")
@@ -178,8 +174,11 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
         dispatched[0].contains(r#""name":"calculate""#),
         "{dispatched:?}"
     );
+    Ok(())
+}
 
-    // A tool outside the job's allow-list is unknown to that job too.
+/// A tool outside the job's allow-list is unknown to that job too.
+async fn a_tool_off_the_allow_list_is_unknown(api: &mut ApiClient) -> anyhow::Result<()> {
     let mut allow = scripted(
         "allow-list",
         json!([
@@ -188,11 +187,16 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
         ]),
     );
     allow.tools = vec!["get_current_weather".into()];
-    assert_eq!(run(&mut api, allow).await?.output_text, "UNKNOWN_TOOL");
+    assert_eq!(run(api, allow).await?.output_text, "UNKNOWN_TOOL");
+    Ok(())
+}
 
-    // Retryable failures are retried; terminal ones are not.
+/// Retryable failures are retried; terminal ones are not.
+async fn retryable_failures_are_retried_terminal_ones_not(
+    api: &mut ApiClient,
+) -> anyhow::Result<()> {
     let job = run(
-        &mut api,
+        api,
         scripted(
             "flaky",
             json!([
@@ -211,8 +215,11 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
     assert_eq!(results[0].2, 3);
     assert_eq!(results[1].1["error"]["code"], "TEST_FAILURE");
     assert_eq!(results[1].2, 1, "a terminal failure is not retried");
+    Ok(())
+}
 
-    // More rounds than allowed fails the job.
+/// More rounds than allowed fails the job.
+async fn too_many_rounds_fail_the_job(api: &mut ApiClient) -> anyhow::Result<()> {
     let mut looping = scripted(
         "loop",
         json!([
@@ -223,15 +230,18 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
         ]),
     );
     looping.max_tool_rounds = 2;
-    let job = run(&mut api, looping).await?;
+    let job = run(api, looping).await?;
     assert_eq!(status(&job), v1::JobStatus::Failed);
     assert_eq!(
         job.error.as_ref().map(|e| e.code.as_str()),
         Some("MAX_TOOL_ROUNDS_EXCEEDED")
     );
+    Ok(())
+}
 
-    // With parallel_tool_calls off, each call is answered before the next
-    // is dispatched.
+/// With parallel_tool_calls off, each call is answered before the next
+/// is dispatched.
+async fn sequential_calls_are_answered_one_by_one(api: &mut ApiClient) -> anyhow::Result<()> {
     let mut one_by_one = scripted(
         "sequential",
         json!([
@@ -242,9 +252,9 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
         ]),
     );
     one_by_one.parallel_tool_calls = Some(false);
-    let job = run(&mut api, one_by_one).await?;
+    let job = run(api, one_by_one).await?;
     assert_eq!(
-        call_event_kinds(&mut api, &job.job_id).await?,
+        call_event_kinds(api, &job.job_id).await?,
         [
             "tool_call_dispatched",
             "tool_call_result",
@@ -252,15 +262,33 @@ async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
             "tool_call_result"
         ]
     );
+    Ok(())
+}
 
-    // The same idempotency key twice is one job.
+/// The same idempotency key twice is one job.
+async fn an_idempotency_key_twice_is_one_job(api: &mut ApiClient) -> anyhow::Result<()> {
     let mut once = scripted("once", json!([{"message": "hi"}]));
     once.idempotency_key = "order-42".into();
     let first = api.submit_job(once.clone()).await?.into_inner();
     let second = api.submit_job(once).await?.into_inner();
     assert!(!first.duplicate && second.duplicate);
     assert_eq!(first.job_id, second.job_id);
-    assert_eq!(wait_finished(&api, &first.job_id).await?.output_text, "hi");
+    assert_eq!(wait_finished(api, &first.job_id).await?.output_text, "hi");
+    Ok(())
+}
+
+/// Unknown tools, the allow-list, retries, the round limit, sequential
+/// calls and idempotency keys, each through one fleet as its step says.
+#[tokio::test]
+async fn unknown_tools_retries_rounds_and_idempotency() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    unknown_tools_run_nothing(&fleet, &mut api).await?;
+    a_tool_off_the_allow_list_is_unknown(&mut api).await?;
+    retryable_failures_are_retried_terminal_ones_not(&mut api).await?;
+    too_many_rounds_fail_the_job(&mut api).await?;
+    sequential_calls_are_answered_one_by_one(&mut api).await?;
+    an_idempotency_key_twice_is_one_job(&mut api).await?;
     Ok(())
 }
 
@@ -531,10 +559,10 @@ fn is_no_responders<T>(result: &Result<T, async_nats::RequestError>) -> bool {
     matches!(result, Err(err) if err.kind() == async_nats::RequestErrorKind::NoResponders)
 }
 
-#[tokio::test]
-async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::Result<()> {
-    let fleet = fleet(1).await?;
-    let mut api = fleet.api(0).await?;
+/// A request without a model (and no default), with an empty or too long
+/// input, an unknown provider or a script that does not parse is
+/// `INVALID_ARGUMENT`, its message starting with the field.
+async fn bad_fields_are_named(api: &mut ApiClient) -> anyhow::Result<()> {
     let mut unknown_provider = scripted("x", json!([{"message": "m"}]));
     unknown_provider.model.as_mut().expect("set").provider = "gpt-magic".into();
     let mut bad_script = scripted("x", json!([]));
@@ -572,9 +600,13 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
             status.message()
         );
     }
-    // An input of a few MB, past gRPC's usual 4 MiB message limit, is read
-    // and refused by name (grpc.max_request_bytes); past that limit, it is
-    // refused unread.
+    Ok(())
+}
+
+/// An input of a few MB, past gRPC's usual 4 MiB message limit, is read
+/// and refused by name (grpc.max_request_bytes); past that limit, it is
+/// refused unread (`OUT_OF_RANGE`).
+async fn huge_inputs_are_refused(api: &mut ApiClient) -> anyhow::Result<()> {
     let huge = scripted(&"x".repeat(5_000_000), json!([{"message": "m"}]));
     let status = api.submit_job(huge).await.expect_err("over the limit");
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
@@ -588,6 +620,11 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
         .await
         .expect_err("past the message limit");
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    Ok(())
+}
+
+/// A job that does not exist is `NOT_FOUND` to get, cancel and watch.
+async fn a_missing_job_is_not_found(api: &mut ApiClient) {
     for status in [
         api.get_job(v1::GetJobRequest {
             job_id: "nope".into(),
@@ -608,6 +645,10 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
     ] {
         assert_eq!(status.code(), Code::NotFound);
     }
+}
+
+/// ListTools names each live tool's workers, parameters and effects.
+async fn tools_are_listed_with_their_effects(api: &mut ApiClient) -> anyhow::Result<()> {
     let tools = api
         .list_tools(v1::ListToolsRequest {})
         .await?
@@ -632,6 +673,19 @@ async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::R
         (counter.effects.as_str(), counter.side_effects),
         ("not_idempotent", true)
     );
+    Ok(())
+}
+
+/// Bad requests name the field (or are not found), and the server keeps
+/// listing tools and running jobs after them.
+#[tokio::test]
+async fn bad_requests_name_the_field_and_the_server_keeps_serving() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let mut api = fleet.api(0).await?;
+    bad_fields_are_named(&mut api).await?;
+    huge_inputs_are_refused(&mut api).await?;
+    a_missing_job_is_not_found(&mut api).await;
+    tools_are_listed_with_their_effects(&mut api).await?;
     let job = run(
         &mut api,
         scripted("still here", json!([{"message": "yes"}])),

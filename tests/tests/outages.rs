@@ -188,36 +188,25 @@ fn order(seed: u64) -> Vec<(usize, usize)> {
     calls
 }
 
-/// Approvals through chaos (decision 0036): parked jobs holding three
-/// calls each are decided by two clients through both orchestrators, each
-/// in its own random order, with the same plan (so each decision races its
-/// double, as a retry on another replica would), while orchestrators are
-/// killed with kill -9 and NATS and Redis restart. Every decision is
-/// answered OK once the fleet is back (a retry is told the first); every
-/// approved call runs exactly once, within the sweeper's bound once the
-/// chaos is over; no rejected or expired call ever runs.
-#[tokio::test]
-async fn approvals_through_kills_and_restarts_run_each_approved_call_once() -> anyhow::Result<()> {
-    // Short timers: a dead orchestrator's jobs move within seconds, and the
-    // sweeper's bound (sweep_after + sweep_interval) is 3 s.
-    const TIMERS: &[(&str, &str)] = &[
-        ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
-        ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
-        ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
-        ("TOOLFLEET_RUNNER__SWEEP_AFTER", "2s"),
-        ("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "1s"),
-        ("TOOLFLEET_APPROVAL__TIMEOUT", "60s"),
-    ];
-    let redis = RedisConfig {
-        append_only: true,
-        ..Default::default()
-    };
-    let mut fleet = Fleet::start(test_fleet(1).redis(redis)).await?;
-    for _ in 0..2 {
-        fleet.spawn_orchestrator(TIMERS).await?;
-    }
-    fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
-    let apis = [fleet.api(0).await?, fleet.api(1).await?];
+/// Short timers: a dead orchestrator's jobs move within seconds, and the
+/// sweeper's bound (sweep_after + sweep_interval) is 3 s.
+const APPROVAL_TIMERS: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+    ("TOOLFLEET_RUNNER__SWEEP_AFTER", "2s"),
+    ("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "1s"),
+    ("TOOLFLEET_APPROVAL__TIMEOUT", "60s"),
+];
+
+/// The replicas' API clients, a new one for each replica the chaos starts
+/// (a replica listens on a port of its own).
+type Replicas = std::sync::Mutex<Vec<ApiClient>>;
+
+/// Submits the parked jobs, alternately through `apis`, each holding three
+/// `increment_counter` calls for approval; returns their ids once each is
+/// waiting for approval.
+async fn park_jobs(apis: &[ApiClient; 2]) -> anyhow::Result<Vec<String>> {
     let mut ids = Vec::new();
     for job in 0..PARKED_JOBS {
         let calls: Vec<Value> = (0..HELD)
@@ -243,118 +232,127 @@ async fn approvals_through_kills_and_restarts_run_each_approved_call_once() -> a
         })
         .await?;
     }
-    // The replicas' API clients, a new one for each replica the chaos
-    // starts (a replica listens on a port of its own).
-    let live = std::sync::Arc::new(std::sync::Mutex::new(apis.to_vec()));
+    Ok(ids)
+}
+
+/// A client deciding every call of its `order(seed)` by the plan, turn by
+/// turn through every replica, retrying what could not be answered (a dead
+/// replica, Redis down) on the next, and counting those retries.
+async fn decide(
+    seed: u64,
+    ids: &[String],
+    live: &Replicas,
+    retried: &AtomicUsize,
+) -> anyhow::Result<()> {
     let client = |n: usize| {
         let live = live.lock().expect("not poisoned");
         live[n % live.len()].clone()
     };
-    // Each client decides every call, turn by turn through every replica,
-    // retrying what could not be answered (a dead replica, Redis down) on
-    // the next.
-    let retried = AtomicUsize::new(0);
-    let decide = |seed: u64| {
-        let (ids, retried) = (ids.clone(), &retried);
-        async move {
-            let mut turn = seed as usize;
-            for (job, call) in order(seed) {
-                let decision = match plan(job, call) {
-                    Plan::Approve => v1::Decision::Approve,
-                    _ => v1::Decision::Reject,
-                };
-                let request = v1::DecideCallRequest {
-                    job_id: ids[job].clone(),
-                    call_id: format!("c{call}"),
-                    decision: decision as i32,
-                    reason: format!("plan of client {seed}"),
-                    ..Default::default()
-                };
-                let what = format!("job {job} call c{call} to be decided");
-                // A person's pace, so that the chaos falls among decisions.
-                tokio::time::sleep(Duration::from_millis(120)).await;
-                toolfleet_tests::wait_until(&what, FINISH, || {
-                    turn += 1;
-                    let mut api = client(turn);
-                    let request = request.clone();
-                    async move {
-                        match api.decide_call(request).await {
-                            Ok(_) => Some(Ok(())),
-                            Err(status)
-                                if matches!(
-                                    status.code(),
-                                    tonic::Code::Unavailable | tonic::Code::Unknown
-                                ) =>
-                            {
-                                retried.fetch_add(1, Ordering::SeqCst);
-                                None
-                            }
-                            Err(status) => Some(Err(status)),
-                        }
+    let mut turn = seed as usize;
+    for (job, call) in order(seed) {
+        let decision = match plan(job, call) {
+            Plan::Approve => v1::Decision::Approve,
+            _ => v1::Decision::Reject,
+        };
+        let request = v1::DecideCallRequest {
+            job_id: ids[job].clone(),
+            call_id: format!("c{call}"),
+            decision: decision as i32,
+            reason: format!("plan of client {seed}"),
+            ..Default::default()
+        };
+        let what = format!("job {job} call c{call} to be decided");
+        // A person's pace, so that the chaos falls among decisions.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+        toolfleet_tests::wait_until(&what, FINISH, || {
+            turn += 1;
+            let mut api = client(turn);
+            let request = request.clone();
+            async move {
+                match api.decide_call(request).await {
+                    Ok(_) => Some(Ok(())),
+                    Err(status)
+                        if matches!(
+                            status.code(),
+                            tonic::Code::Unavailable | tonic::Code::Unknown
+                        ) =>
+                    {
+                        retried.fetch_add(1, Ordering::SeqCst);
+                        None
                     }
-                })
-                .await?
-                .map_err(|status| anyhow::anyhow!("{what}: {status:?}"))?;
+                    Err(status) => Some(Err(status)),
+                }
             }
-            anyhow::Ok(())
-        }
-    };
-    let chaos = async {
-        let pause = || tokio::time::sleep(Duration::from_millis(400));
-        // kill -9 of the oldest replica, then a new one, three times.
-        for victim in 0..3 {
-            pause().await;
-            fleet.orchestrator(victim).kill();
-            pause().await;
-            let started = fleet.spawn_orchestrator(TIMERS).await?;
-            let api = fleet.api(started).await?;
-            live.lock().expect("not poisoned").push(api);
-        }
-        fleet.nats.server().kill();
+        })
+        .await?
+        .map_err(|status| anyhow::anyhow!("{what}: {status:?}"))?;
+    }
+    Ok(())
+}
+
+/// kill -9 of the oldest replica, then a new one (added to `live`), three
+/// times; then NATS and Redis restarted.
+async fn kill_and_restart(fleet: &mut Fleet, live: &Replicas) -> anyhow::Result<()> {
+    let pause = || tokio::time::sleep(Duration::from_millis(400));
+    for victim in 0..3 {
         pause().await;
-        fleet.nats.server().restart().await?;
-        fleet.redis.server().kill();
+        fleet.orchestrator(victim).kill();
         pause().await;
-        fleet.redis.server().restart().await?;
-        anyhow::Ok(())
-    };
-    let (first, second, chaos) = tokio::join!(decide(0x9e37_79b9), decide(0x85eb_ca6b), chaos);
-    first?;
-    second?;
-    chaos?;
-    // Every approved call runs within the sweeper's bound of the last
-    // decision (3 s here, and a generous allowance for the replicas that
-    // just restarted), long before any expiry (60 s).
-    let decided_at = std::time::Instant::now();
-    let bound = decided_at + Duration::from_secs(30);
+        let started = fleet.spawn_orchestrator(APPROVAL_TIMERS).await?;
+        let api = fleet.api(started).await?;
+        live.lock().expect("not poisoned").push(api);
+    }
+    fleet.nats.server().kill();
+    pause().await;
+    fleet.nats.server().restart().await?;
+    fleet.redis.server().kill();
+    pause().await;
+    fleet.redis.server().restart().await?;
+    Ok(())
+}
+
+/// Every approved call runs by `bound`.
+async fn approved_calls_run_by(
+    fleet: &Fleet,
+    ids: &[String],
+    bound: std::time::Instant,
+) -> anyhow::Result<()> {
     for (job, id) in ids.iter().enumerate() {
         for call in (0..HELD).filter(|call| plan(job, *call) == Plan::Approve) {
             let key = format!("approval:{job}:{call}");
             let what = format!("job {id} to run {key} within the bound");
             let left = bound.saturating_duration_since(std::time::Instant::now());
             toolfleet_tests::wait_until(&what, left, || {
-                let fleet = &fleet;
                 let key = key.clone();
                 async move { (fleet.counter(&key).await.ok()? == 1).then_some(()) }
             })
             .await?;
         }
     }
-    let ran_within = decided_at.elapsed();
-    // The held calls left undecided expire 60 s after they were held.
-    let api = fleet.api(fleet.orchestrators().count() - 1).await?;
-    let jobs = match wait_all(&api, &ids, Duration::from_secs(120)).await {
-        Ok(jobs) => jobs,
+    Ok(())
+}
+
+/// Every job once ended (the undecided calls expire 60 s after they were
+/// held), or each job's status and events printed and the error.
+async fn all_ended(api: &ApiClient, ids: &[String]) -> anyhow::Result<Vec<v1::Job>> {
+    match wait_all(api, ids, Duration::from_secs(120)).await {
+        Ok(jobs) => Ok(jobs),
         Err(err) => {
-            for id in &ids {
+            for id in ids {
                 let request = v1::GetJobRequest { job_id: id.clone() };
                 let job = api.clone().get_job(request).await?.into_inner();
-                let events = toolfleet_tests::fleet::events(&api, id).await?;
+                let events = toolfleet_tests::fleet::events(api, id).await?;
                 println!("{id}: {:?} {events:?}", job.status());
             }
-            return Err(err);
+            Err(err)
         }
-    };
+    }
+}
+
+/// Every job succeeded, and each call's effect and answer follow its plan:
+/// approved ran once and answered ok, rejected and expired never ran and
+/// say so. Returns how many calls ran.
+async fn effects_follow_the_plan(fleet: &Fleet, jobs: &[v1::Job]) -> anyhow::Result<i64> {
     let mut ran = 0;
     for (job, finished) in jobs.iter().enumerate() {
         assert_eq!(
@@ -376,6 +374,49 @@ async fn approvals_through_kills_and_restarts_run_each_approved_call_once() -> a
             ran += effect;
         }
     }
+    Ok(ran)
+}
+
+/// Approvals through chaos (decision 0036): parked jobs holding three
+/// calls each are decided by two clients through both orchestrators, each
+/// in its own random order, with the same plan (so each decision races its
+/// double, as a retry on another replica would), while orchestrators are
+/// killed with kill -9 and NATS and Redis restart. Every decision is
+/// answered OK once the fleet is back (a retry is told the first); every
+/// approved call runs exactly once, within the sweeper's bound once the
+/// chaos is over; no rejected or expired call ever runs.
+#[tokio::test]
+async fn approvals_through_kills_and_restarts_run_each_approved_call_once() -> anyhow::Result<()> {
+    let redis = RedisConfig {
+        append_only: true,
+        ..Default::default()
+    };
+    let mut fleet = Fleet::start(test_fleet(1).redis(redis)).await?;
+    for _ in 0..2 {
+        fleet.spawn_orchestrator(APPROVAL_TIMERS).await?;
+    }
+    fleet.wait_for_tools(0, &["increment_counter"], 1).await?;
+    let apis = [fleet.api(0).await?, fleet.api(1).await?];
+    let ids = park_jobs(&apis).await?;
+    let live = Replicas::new(apis.to_vec());
+    let retried = AtomicUsize::new(0);
+    let (first, second, chaos) = tokio::join!(
+        decide(0x9e37_79b9, &ids, &live, &retried),
+        decide(0x85eb_ca6b, &ids, &live, &retried),
+        kill_and_restart(&mut fleet, &live)
+    );
+    first?;
+    second?;
+    chaos?;
+    // Every approved call runs within the sweeper's bound of the last
+    // decision (3 s here, and a generous allowance for the replicas that
+    // just restarted), long before any expiry (60 s).
+    let decided_at = std::time::Instant::now();
+    approved_calls_run_by(&fleet, &ids, decided_at + Duration::from_secs(30)).await?;
+    let ran_within = decided_at.elapsed();
+    let api = fleet.api(fleet.orchestrators().count() - 1).await?;
+    let jobs = all_ended(&api, &ids).await?;
+    let ran = effects_follow_the_plan(&fleet, &jobs).await?;
     let retried = retried.load(Ordering::SeqCst);
     println!(
         "approvals through kills and restarts: jobs {PARKED_JOBS}, held calls {}, approved calls run {ran} \

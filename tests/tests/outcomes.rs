@@ -206,6 +206,71 @@ fn results(job: &v1::Job) -> usize {
         .count()
 }
 
+/// The services' health endpoints, asked as exec probes ask them.
+struct Probes {
+    worker: String,
+    orchestrator: String,
+}
+
+impl Probes {
+    /// `toolfleet-worker healthcheck` and `toolfleet-orchestrator
+    /// healthcheck` (`--live` if `live`): both must answer alike.
+    fn probe(&self, live: bool) -> anyhow::Result<bool> {
+        let ask = |binary: &str, listen: &str| {
+            let mut command = std::process::Command::new(toolfleet_tests::cargo_bin(binary)?);
+            command.args(["healthcheck", "--metrics-listen", listen]);
+            if live {
+                command.arg("--live");
+            }
+            anyhow::Ok(command.output()?.status.success())
+        };
+        let worker = ask("toolfleet-worker", &self.worker)?;
+        let orchestrator = ask("toolfleet-orchestrator", &self.orchestrator)?;
+        anyhow::ensure!(
+            worker == orchestrator,
+            "the worker says {worker}, the orchestrator {orchestrator} (live: {live})"
+        );
+        Ok(worker)
+    }
+}
+
+type HealthClient = tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>;
+
+/// The gRPC health of `service`.
+async fn health_of(health: &HealthClient, service: &str) -> anyhow::Result<i32> {
+    let request = tonic_health::pb::HealthCheckRequest {
+        service: service.to_owned(),
+    };
+    Ok(health.clone().check(request).await?.into_inner().status)
+}
+
+/// The orchestrator listens at once: its gRPC health says it is not
+/// serving yet, and its API asks to retry. Returns its health client.
+async fn not_serving_yet(fleet: &Fleet, orchestrator: usize) -> anyhow::Result<HealthClient> {
+    let listening = fleet
+        .orchestrator(orchestrator)
+        .wait_for_log("grpc listening", WAIT)
+        .await?;
+    let address = toolfleet_fleet::supervisor::logged_grpc_url(&listening)
+        .expect("the line names the address");
+    let channel = tonic::transport::Endpoint::from_shared(address.clone())?
+        .connect()
+        .await?;
+    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
+    for service in ["", "toolfleet.v1.AgentService"] {
+        assert_eq!(
+            health_of(&health, service).await?,
+            not_serving,
+            "health of {service:?}"
+        );
+    }
+    let mut early = v1::agent_service_client::AgentServiceClient::new(channel);
+    let refused = early.list_tools(v1::ListToolsRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    Ok(health)
+}
+
 /// An orchestrator and a worker start while NATS and Redis are down (a
 /// failover, pods starting in any order). They wait for each, saying so,
 /// instead of exiting; once both are up they serve, and a job runs end to end.
@@ -223,56 +288,12 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
     let worker = fleet.start_worker()?;
     let orchestrator =
         fleet.start_orchestrator(&[("TOOLFLEET_METRICS__LISTEN", &orchestrator_health)])?;
-    // `toolfleet-worker healthcheck` and `toolfleet-orchestrator
-    // healthcheck`, as exec probes run them: both answer alike.
-    let ask = |binary: &str, listen: &str, live: bool| {
-        let mut command = std::process::Command::new(toolfleet_tests::cargo_bin(binary)?);
-        command.args(["healthcheck", "--metrics-listen", listen]);
-        if live {
-            command.arg("--live");
-        }
-        anyhow::Ok(command.output()?.status.success())
+    let probes = Probes {
+        worker: health,
+        orchestrator: orchestrator_health,
     };
-    let probe = |live: bool| {
-        let worker = ask("toolfleet-worker", &health, live)?;
-        let orchestrator = ask("toolfleet-orchestrator", &orchestrator_health, live)?;
-        anyhow::ensure!(
-            worker == orchestrator,
-            "the worker says {worker}, the orchestrator {orchestrator} (live: {live})"
-        );
-        anyhow::Ok(worker)
-    };
-    // The orchestrator listens at once: its gRPC health says it is not
-    // serving yet, and its API asks to retry.
-    let listening = fleet
-        .orchestrator(orchestrator)
-        .wait_for_log("grpc listening", WAIT)
-        .await?;
-    let address = toolfleet_fleet::supervisor::logged_grpc_url(&listening)
-        .expect("the line names the address");
-    let channel = tonic::transport::Endpoint::from_shared(address.clone())?
-        .connect()
-        .await?;
-    let health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    let serving = |service: &str| {
-        let mut health = health.clone();
-        let service = service.to_owned();
-        async move {
-            let request = tonic_health::pb::HealthCheckRequest { service };
-            anyhow::Ok(health.check(request).await?.into_inner().status)
-        }
-    };
-    let not_serving = tonic_health::pb::health_check_response::ServingStatus::NotServing as i32;
-    for service in ["", "toolfleet.v1.AgentService"] {
-        assert_eq!(
-            serving(service).await?,
-            not_serving,
-            "health of {service:?}"
-        );
-    }
-    let mut early = v1::agent_service_client::AgentServiceClient::new(channel);
-    let refused = early.list_tools(v1::ListToolsRequest {}).await.unwrap_err();
-    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    let probe = |live| probes.probe(live);
+    let health = not_serving_yet(&fleet, orchestrator).await?;
     for (server, waiting) in [("NATS", "waiting for NATS"), ("Redis", "waiting for Redis")] {
         for process in [fleet.worker(worker), fleet.orchestrator(orchestrator)] {
             process.wait_for_log(waiting, WAIT).await?;
@@ -306,7 +327,7 @@ async fn services_started_while_nats_and_redis_are_down_wait_for_them() -> anyho
         .wait_for_tools(orchestrator, &["calculate"], 1)
         .await?;
     let serving_now = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
-    assert_eq!(serving("").await?, serving_now);
+    assert_eq!(health_of(&health, "").await?, serving_now);
     let api = fleet.api(orchestrator).await?;
     let script = json!([
         {"tool_calls": [{"name": "calculate", "arguments": {"expression": "2+2"}}]},

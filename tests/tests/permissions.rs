@@ -294,45 +294,119 @@ async fn set_up(nats_url: &str, user: &User, tools: &[&str]) -> anyhow::Result<S
     Ok(printed)
 }
 
-/// A fleet of two pools on exactly the shipped NATS and Redis configuration
-/// (TLS, accounts, ACL users), attacked with the credentials of pool
-/// `general`, as someone who took over one of its workers would: every
-/// probe of issue 32, and those of the issues before it. Each is refused by
-/// the server itself, or its effect stays inside the pool's own part.
-#[tokio::test]
-async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_another()
--> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    Certificates::generate(dir.path())?;
-    let ca = dir.path().join("nats/tls/ca.crt").display().to_string();
-    let users = Users::new(&ca);
-    let config = shipped_nats_config(&dir.path().join("nats"), dir.path())?;
-    let options = ServerOptions {
-        nats_env: users.server_env()?,
-        ..ServerOptions::default()
-    };
-    let redis_users = RedisUsers::new();
-    let redis = shipped_redis(
-        &dir.path().join("redis"),
-        dir.path(),
-        [
-            &redis_users.orchestrator,
-            &redis_users.general,
-            &redis_users.knowledge,
-        ],
-    )?;
-    let store_dir = dir.path().join("nats/data/jetstream");
-    let nats = NatsServer::start_from_file(&options, &config, &store_dir).await?;
+/// The shipped NATS and Redis users, with random passwords, the test's
+/// certificates, and the dir that holds both configurations.
+struct Shipped {
+    dir: tempfile::TempDir,
+    ca: String,
+    nats: Users,
+    redis: RedisUsers,
+}
+
+impl Shipped {
+    fn new() -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        Certificates::generate(dir.path())?;
+        let ca = dir.path().join("nats/tls/ca.crt").display().to_string();
+        Ok(Self {
+            nats: Users::new(&ca),
+            redis: RedisUsers::new(),
+            ca,
+            dir,
+        })
+    }
+
+    /// A nats-server on exactly the shipped configuration.
+    async fn start_nats(&self) -> anyhow::Result<NatsServer> {
+        let config = shipped_nats_config(&self.dir.path().join("nats"), self.dir.path())?;
+        let options = ServerOptions {
+            nats_env: self.nats.server_env()?,
+            ..ServerOptions::default()
+        };
+        let store_dir = self.dir.path().join("nats/data/jetstream");
+        NatsServer::start_from_file(&options, &config, &store_dir).await
+    }
+
+    /// A fleet without services on `nats` and a Redis on the shipped
+    /// configuration, its harness connected to NATS as `admin`.
+    async fn start_fleet(
+        &self,
+        nats: NatsServer,
+        admin: async_nats::Client,
+    ) -> anyhow::Result<Fleet> {
+        let redis = shipped_redis(
+            &self.dir.path().join("redis"),
+            self.dir.path(),
+            self.redis.all(),
+        )?;
+        let builder = test_fleet(0)
+            .on_nats(Nats::Server(nats.into()))
+            .redis(redis);
+        Fleet::start_as(builder, admin).await
+    }
+
+    /// A service's environment as its NATS user and its Redis user.
+    fn env(&self, nats: &User, redis: &RedisUser) -> Vec<(&'static str, String)> {
+        let mut env = nats.env();
+        env.extend([
+            ("TOOLFLEET_REDIS__USER", redis.name.to_owned()),
+            ("TOOLFLEET_REDIS__PASSWORD", redis.password.clone()),
+            ("TOOLFLEET_REDIS__TLS__CA_FILE", self.ca.clone()),
+        ]);
+        env
+    }
+
+    /// Starts pool `general` before the setup step: it waits for it, and
+    /// says which. Returns the worker's index.
+    async fn start_general_before_setup(&self, fleet: &mut Fleet) -> anyhow::Result<usize> {
+        let env = self.env(&self.nats.general, &self.redis.general);
+        let general = fleet.start_pool_worker(GENERAL_TOOLS, &as_refs(&env))?;
+        fleet
+            .worker(general)
+            .wait_for_log("toolfleet-orchestrator setup", Duration::from_secs(20))
+            .await?;
+        Ok(general)
+    }
+
+    /// Once set up: pool `general` ready, pool `knowledge` and an
+    /// orchestrator started as their users, every tool announced.
+    async fn start_the_rest(&self, fleet: &mut Fleet, general: usize) -> anyhow::Result<()> {
+        fleet
+            .worker(general)
+            .wait_for_log("worker ready", Duration::from_secs(30))
+            .await?;
+        let env = self.env(&self.nats.knowledge, &self.redis.knowledge);
+        let knowledge = fleet.start_pool_worker(KNOWLEDGE_TOOLS, &as_refs(&env))?;
+        fleet
+            .worker(knowledge)
+            .wait_for_log("worker ready", Duration::from_secs(30))
+            .await?;
+        let env = self.env(&self.nats.orchestrator, &self.redis.orchestrator);
+        fleet.spawn_orchestrator(&as_refs(&env)).await?;
+        fleet.wait_for_tools(0, &all_tools(), 1).await
+    }
+}
+
+/// Every tool of both pools.
+fn all_tools() -> Vec<&'static str> {
+    [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat()
+}
+
+/// TLS on the client port, and only hashes of the passwords (the server
+/// does not warn of plaintext ones); the monitoring endpoint, which lists
+/// every connection unauthenticated, on the loopback only; no anonymous
+/// client.
+async fn the_bus_takes_only_tls_and_hashed_passwords(
+    nats: &NatsServer,
+    ca: &str,
+) -> anyhow::Result<()> {
     let url = nats.url();
-    // TLS on the client port, and only hashes of the passwords: the server
-    // does not warn of plaintext ones.
     let info = server_info(&url).await?;
     assert_eq!(info["tls_required"], true, "{info}");
     let log = nats.process().log_tail(10_000);
     assert!(!log.contains("Plaintext passwords"), "{log}");
-    // The monitoring endpoint lists every connection unauthenticated: on
-    // the loopback only. (The harness's own -a 127.0.0.1 would hide a
-    // missing host, so the file itself is read.)
+    // The harness's own -a 127.0.0.1 would hide a missing host, so the
+    // file itself is read.
     assert!(
         NATS_CONF
             .lines()
@@ -340,44 +414,27 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         "the monitoring endpoint is not bound to the loopback"
     );
     let anonymous = async_nats::ConnectOptions::new()
-        .add_root_certificates(ca.clone().into())
+        .add_root_certificates(ca.to_owned().into())
         .connect(&url)
         .await;
     assert!(anonymous.is_err(), "an anonymous client got in");
-    let (admin, _) = users.setup.connect(&url).await?;
-    let mut fleet = Fleet::start_as(
-        test_fleet(0)
-            .on_nats(Nats::Server(nats.into()))
-            .redis(redis),
-        admin.clone(),
-    )
-    .await?;
-    let redis_url = fleet.redis.url();
-    // Each service as its NATS user and its Redis user.
-    let env = |nats: &User, redis: &RedisUser| {
-        let mut env = nats.env();
-        env.extend([
-            ("TOOLFLEET_REDIS__USER", redis.name.to_owned()),
-            ("TOOLFLEET_REDIS__PASSWORD", redis.password.clone()),
-            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.clone()),
-        ]);
-        env
-    };
+    Ok(())
+}
 
-    // A pool started before the setup step waits for it, and says which.
-    let general_env = env(&users.general, &redis_users.general);
-    let general = fleet.start_pool_worker(GENERAL_TOOLS, &as_refs(&general_env))?;
-    fleet
-        .worker(general)
-        .wait_for_log("toolfleet-orchestrator setup", Duration::from_secs(20))
-        .await?;
-    let all_tools = [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat();
-    // Setup as a user that may not: the server drops its requests, and
-    // setup tells that from a JetStream not ready yet (which it would wait
-    // out for minutes) by the server's refusal, and stops.
+/// Setup as a user that may not (the orchestrator): the server drops its
+/// requests, and setup tells that from a JetStream not ready yet (which it
+/// would wait out for minutes) by the server's refusal, and stops without
+/// printing the password. Setup as `setup` creates each pool's consumer
+/// before its first worker starts.
+async fn only_the_setup_user_sets_up(
+    url: &str,
+    users: &Users,
+    admin: &async_nats::Client,
+) -> anyhow::Result<()> {
+    let all_tools = all_tools();
     let not_allowed = tokio::time::timeout(
         Duration::from_secs(60),
-        run_setup(&url, &users.orchestrator, &all_tools),
+        run_setup(url, &users.orchestrator, &all_tools),
     )
     .await
     .map_err(|_| anyhow::anyhow!("setup as a user that may not waited instead of failing"))??;
@@ -389,54 +446,34 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         !said.contains(&users.orchestrator.password),
         "the password reached the output"
     );
-    let printed = set_up(&url, &users.setup, &all_tools).await?;
+    let printed = set_up(url, &users.setup, &all_tools).await?;
     assert!(
         printed.contains("set up consumer tool_factual_qa"),
         "{printed}"
     );
-    // Each pool's consumer exists before its first worker starts.
     jetstream::new(admin.clone())
         .get_stream(names::CALL_STREAM)
         .await?
         .consumer_info("tool_factual_qa")
         .await?;
-    fleet
-        .worker(general)
-        .wait_for_log("worker ready", Duration::from_secs(30))
-        .await?;
-    let knowledge_env = env(&users.knowledge, &redis_users.knowledge);
-    let knowledge = fleet.start_pool_worker(KNOWLEDGE_TOOLS, &as_refs(&knowledge_env))?;
-    fleet
-        .worker(knowledge)
-        .wait_for_log("worker ready", Duration::from_secs(30))
-        .await?;
-    fleet
-        .spawn_orchestrator(&as_refs(&env(
-            &users.orchestrator,
-            &redis_users.orchestrator,
-        )))
-        .await?;
-    fleet.wait_for_tools(0, &all_tools, 1).await?;
+    Ok(())
+}
 
-    let job = run_two_pool_job(&fleet).await?;
-    assert!(
-        job.output_text.starts_with("4 / ") && job.output_text.contains("LAUNCHED"),
-        "{}",
-        job.output_text
-    );
-
-    // A call of the other pool's tool in this pool's queue (the orchestrator
-    // is the only one left who may publish there): general's worker drops
-    // it before it claims it, so Redis (where the claim would be refused)
-    // is never asked, and it is terminated, never redelivered.
-    let (orchestrator, _) = users.orchestrator.connect(&url).await?;
-    let misrouted = toolfleet_tests::fleet::call(
-        &job.job_id,
-        "c0misrouted",
-        "factual_qa",
-        r#"{"entity":"AMD"}"#,
-    );
-    jetstream::new(orchestrator.clone())
+/// A call of the other pool's tool in pool `general`'s queue (the
+/// orchestrator is the only one left who may publish there): general's
+/// worker drops it before it claims it, so Redis (where the claim would be
+/// refused) is never asked, and it is terminated, never redelivered.
+async fn a_misrouted_call_is_dropped_unclaimed(
+    fleet: &Fleet,
+    general: usize,
+    orchestrator: &User,
+    js: &jetstream::Context,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let (orchestrator, _) = orchestrator.connect(&fleet.nats.url()).await?;
+    let misrouted =
+        toolfleet_tests::fleet::call(job_id, "c0misrouted", "factual_qa", r#"{"entity":"AMD"}"#);
+    jetstream::new(orchestrator)
         .publish(
             names::call_subject("calculate"),
             serde_json::to_vec(&misrouted)?.into(),
@@ -450,7 +487,6 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
             Duration::from_secs(20),
         )
         .await?;
-    let js = jetstream::new(admin.clone());
     wait_until("the misrouted call gone", Duration::from_secs(10), || {
         let js = js.clone();
         async move {
@@ -460,43 +496,54 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
     })
     .await?;
     assert_eq!(fleet.count_in_worker_logs("redis unavailable"), 0);
-    // Redis refused the fleet nothing, that call's claim included.
-    let mut admin_redis = fleet
-        .redis
-        .server()
-        .client()
-        .get_multiplexed_async_connection()
-        .await?;
-    let refusals: Vec<redis::Value> = redis::cmd("ACL")
-        .arg("LOG")
-        .query_async(&mut admin_redis)
-        .await?;
-    assert!(refusals.is_empty(), "Redis refused the fleet: {refusals:?}");
+    Ok(())
+}
 
-    // A pool: reading every call, pulling another pool's calls, creating a
-    // consumer of its own to read them, reading another user's inbox,
-    // publishing a call, writing another tool's registry key.
-    let (pool, mut errors) = users.general.connect(&url).await?;
+/// Redis refused the fleet nothing (the ACL log is empty).
+async fn redis_refused_nothing(
+    admin: &mut redis::aio::MultiplexedConnection,
+) -> anyhow::Result<()> {
+    let refusals: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query_async(admin).await?;
+    assert!(
+        refusals.is_empty(),
+        "Redis refused the fleet {} times: {refusals:?}",
+        refusals.len()
+    );
+    Ok(())
+}
+
+/// A pool on the bus: reading every call, pulling another pool's calls,
+/// creating a consumer of its own to read them, reading another user's
+/// inbox, publishing a call, writing another tool's registry key are all
+/// refused; nothing lands in the registry, the pool may not even open it
+/// (its stream's state would list every pool's keys), and a rollup on its
+/// own key (which would erase every pool's announcements) is refused by the
+/// registry's stream.
+async fn a_pool_is_refused_on_the_bus(
+    pool_user: &User,
+    url: &str,
+    js: &jetstream::Context,
+) -> anyhow::Result<()> {
+    let (pool, mut errors) = pool_user.connect(url).await?;
     let _every_call = pool.subscribe("toolfleet.call.>").await?;
     refused(&mut errors, "Subscription to \"toolfleet.call.>\"").await?;
     let _inbox = pool.subscribe("_INBOX.orchestrator.>").await?;
     refused(&mut errors, "Subscription to \"_INBOX.orchestrator.>\"").await?;
-    for subject in [
-        "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
-        "JS.toolfleet.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
-        "JS.toolfleet.API.STREAM.INFO.KV_toolfleet_registry",
-        "$JS.API.CONSUMER.CREATE.TOOLFLEET_CALLS",
-        "$JS.API.STREAM.MSG.GET.TOOLFLEET_CALLS",
-        "toolfleet.call.calculate",
-        "toolfleet.job.run",
-        "$KV.toolfleet_registry.factual_qa.worker-x",
-    ] {
-        pool.publish(subject, "{}".into()).await?;
-        pool.flush().await?;
-        refused(&mut errors, &format!("Publish to \"{subject}\"")).await?;
-    }
-    // Nothing landed in the registry, and a pool may not even open it (its
-    // stream's state would list every pool's keys).
+    publishes_are_refused(
+        &pool,
+        &mut errors,
+        &[
+            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
+            "JS.toolfleet.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_factual_qa",
+            "JS.toolfleet.API.STREAM.INFO.KV_toolfleet_registry",
+            "$JS.API.CONSUMER.CREATE.TOOLFLEET_CALLS",
+            "$JS.API.STREAM.MSG.GET.TOOLFLEET_CALLS",
+            "toolfleet.call.calculate",
+            "toolfleet.job.run",
+            "$KV.toolfleet_registry.factual_qa.worker-x",
+        ],
+    )
+    .await?;
     let mut pool_js = jetstream::new(pool.clone());
     pool_js.set_timeout(Duration::from_secs(2));
     assert!(
@@ -505,8 +552,6 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
     );
     let admin_registry = js.get_key_value("toolfleet_registry").await?;
     assert_eq!(admin_registry.get("factual_qa.worker-x").await?, None);
-    // A rollup on its own key would erase every pool's announcements: the
-    // registry's stream refuses the message, and they stay.
     let announced = |registry: async_nats::jetstream::kv::Store| async move {
         let keys: Vec<String> = registry.keys().await?.try_collect().await?;
         anyhow::Ok(keys)
@@ -527,35 +572,87 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         .await?
         .await;
     assert!(rolled.is_err(), "the registry took a rollup: {rolled:?}");
-    assert_eq!(announced(admin_registry.clone()).await?, before);
+    assert_eq!(announced(admin_registry).await?, before);
+    Ok(())
+}
 
-    reply_subjects_stay_in_the_pools_account(&js, &users, &url).await?;
+/// Publishes to each of `subjects` as `client`; the server refuses each.
+async fn publishes_are_refused(
+    client: &async_nats::Client,
+    errors: &mut mpsc::UnboundedReceiver<String>,
+    subjects: &[&'static str],
+) -> anyhow::Result<()> {
+    for subject in subjects {
+        client.publish(*subject, "{}".into()).await?;
+        client.flush().await?;
+        refused(errors, &format!("Publish to \"{subject}\"")).await?;
+    }
+    Ok(())
+}
 
+/// A fleet of two pools on exactly the shipped NATS and Redis configuration
+/// (TLS, accounts, ACL users), attacked with the credentials of pool
+/// `general`, as someone who took over one of its workers would: every
+/// probe of issue 32, and those of the issues before it. Each is refused by
+/// the server itself, or its effect stays inside the pool's own part.
+#[tokio::test]
+async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_another()
+-> anyhow::Result<()> {
+    let shipped = Shipped::new()?;
+    let nats = shipped.start_nats().await?;
+    let url = nats.url();
+    the_bus_takes_only_tls_and_hashed_passwords(&nats, &shipped.ca).await?;
+    let (admin, _) = shipped.nats.setup.connect(&url).await?;
+    let mut fleet = shipped.start_fleet(nats, admin.clone()).await?;
+    let general = shipped.start_general_before_setup(&mut fleet).await?;
+    only_the_setup_user_sets_up(&url, &shipped.nats, &admin).await?;
+    shipped.start_the_rest(&mut fleet, general).await?;
+
+    let job = run_two_pool_job(&fleet).await?;
+    assert!(
+        job.output_text.starts_with("4 / ") && job.output_text.contains("LAUNCHED"),
+        "{}",
+        job.output_text
+    );
+    let js = jetstream::new(admin);
+    let orchestrator = &shipped.nats.orchestrator;
+    a_misrouted_call_is_dropped_unclaimed(&fleet, general, orchestrator, &js, &job.job_id).await?;
+    // Redis refused the fleet nothing, that call's claim included.
+    let mut admin_redis = fleet
+        .redis
+        .server()
+        .client()
+        .get_multiplexed_async_connection()
+        .await?;
+    redis_refused_nothing(&mut admin_redis).await?;
+
+    a_pool_is_refused_on_the_bus(&shipped.nats.general, &url, &js).await?;
+    reply_subjects_stay_in_the_pools_account(&js, &shipped.nats, &url).await?;
     // In Redis: another pool's result, the job, key names, FLUSHALL.
+    let redis_url = fleet.redis.url();
     a_pool_is_refused_in_redis(
-        &redis_users.general,
+        &shipped.redis.general,
         &redis_url,
-        &ca,
+        &shipped.ca,
         &mut admin_redis,
         &job.job_id,
     )
     .await?;
-
     // And the other pool still serves: a job through both pools succeeds.
     run_two_pool_job(&fleet).await?;
 
     // The orchestrators may not take calls, nor create anything.
-    let (orchestrator, mut errors) = users.orchestrator.connect(&url).await?;
-    for subject in [
-        "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_calculate",
-        "$JS.API.STREAM.CREATE.TOOLFLEET_EVIL",
-        "$KV.toolfleet_registry.calculate.worker-x",
-    ] {
-        orchestrator.publish(subject, "{}".into()).await?;
-        orchestrator.flush().await?;
-        refused(&mut errors, &format!("Publish to \"{subject}\"")).await?;
-    }
-    Ok(())
+    let (orchestrator, mut errors) = shipped.nats.orchestrator.connect(&url).await?;
+    publishes_are_refused(
+        &orchestrator,
+        &mut errors,
+        &[
+            "$JS.API.CONSUMER.MSG.NEXT.TOOLFLEET_CALLS.tool_calculate",
+            "$JS.API.STREAM.CREATE.TOOLFLEET_EVIL",
+            "$KV.toolfleet_registry.calculate.worker-x",
+        ],
+    )
+    .await
 }
 
 /// The last sequence `stream` ever stored: it grows with every message,
@@ -731,6 +828,10 @@ impl RedisUsers {
             knowledge: RedisUser::new("pool-knowledge", "@POOL_KNOWLEDGE_PASSWORD_SHA256@"),
         }
     }
+
+    fn all(&self) -> [&RedisUser; 3] {
+        [&self.orchestrator, &self.general, &self.knowledge]
+    }
 }
 
 /// The shipped redis.conf and users file (with `users`' hashes, and a
@@ -852,121 +953,109 @@ async fn a_pool_is_refused_in_redis(
     Ok(())
 }
 
-#[tokio::test]
-async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_another_pools_result()
--> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let certificates = Certificates::generate(dir.path())?;
-    let RedisUsers {
-        orchestrator,
-        general,
-        knowledge,
-    } = RedisUsers::new();
-    let etc = dir.path().join("etc");
-    let redis = shipped_redis(&etc, dir.path(), [&orchestrator, &general, &knowledge])?;
-    let mut fleet = Fleet::start(test_fleet(0).redis(redis)).await?;
-    let url = fleet.redis.url();
-    assert!(url.starts_with("rediss://"), "{url}");
-    let ca = certificates.path("ca.pem");
-
-    // The workers read their password from a file, the orchestrator from
-    // its environment.
-    for (user, tools) in [(&general, GENERAL_TOOLS), (&knowledge, KNOWLEDGE_TOOLS)] {
-        let password_file = dir.path().join(format!("{}.password", user.name));
+/// Pools `general` and `knowledge` as their Redis users, each reading its
+/// password from a file in `dir`, trusting `ca`; returns once both are
+/// ready.
+async fn start_pools_with_password_files(
+    fleet: &mut Fleet,
+    dir: &Path,
+    users: &RedisUsers,
+    ca: &str,
+) -> anyhow::Result<()> {
+    for (user, tools) in [
+        (&users.general, GENERAL_TOOLS),
+        (&users.knowledge, KNOWLEDGE_TOOLS),
+    ] {
+        let password_file = dir.join(format!("{}.password", user.name));
         std::fs::write(&password_file, format!("{}\n", user.password))?;
         let password_file = password_file.to_string_lossy().into_owned();
         let env = [
             ("TOOLFLEET_REDIS__USER", user.name),
             ("TOOLFLEET_REDIS__PASSWORD_FILE", password_file.as_str()),
-            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.as_str()),
+            ("TOOLFLEET_REDIS__TLS__CA_FILE", ca),
         ];
-        let index = fleet.start_pool_worker(tools, &env)?;
-        fleet
-            .worker(index)
-            .wait_for_log("worker ready", Duration::from_secs(30))
-            .await?;
+        start_ready_pool(fleet, tools, &env).await?;
     }
-    // The orchestrator also presents a client certificate, which the
-    // server checks against its CA.
+    Ok(())
+}
+
+/// A worker of a pool serving `tools` with `env`, once it is ready.
+async fn start_ready_pool(
+    fleet: &mut Fleet,
+    tools: &[&str],
+    env: &[(&str, &str)],
+) -> anyhow::Result<()> {
+    let index = fleet.start_pool_worker(tools, env)?;
+    fleet
+        .worker(index)
+        .wait_for_log("worker ready", Duration::from_secs(30))
+        .await?;
+    Ok(())
+}
+
+/// The orchestrator as its Redis user, its password from its environment,
+/// also presenting a client certificate, which the server checks against
+/// its CA.
+async fn start_orchestrator_with_a_certificate(
+    fleet: &mut Fleet,
+    user: &RedisUser,
+    certificates: &Certificates,
+) -> anyhow::Result<()> {
+    let ca = certificates.path("ca.pem");
     let (client_cert, client_key) = (
         certificates.path("client.pem"),
         certificates.path("client.key"),
     );
     fleet
         .spawn_orchestrator(&[
-            ("TOOLFLEET_REDIS__USER", orchestrator.name),
-            ("TOOLFLEET_REDIS__PASSWORD", orchestrator.password.as_str()),
+            ("TOOLFLEET_REDIS__USER", user.name),
+            ("TOOLFLEET_REDIS__PASSWORD", user.password.as_str()),
             ("TOOLFLEET_REDIS__TLS__CA_FILE", ca.as_str()),
             ("TOOLFLEET_REDIS__TLS__CERT_FILE", client_cert.as_str()),
             ("TOOLFLEET_REDIS__TLS__KEY_FILE", client_key.as_str()),
         ])
         .await?;
-    let all_tools = [GENERAL_TOOLS, KNOWLEDGE_TOOLS].concat();
-    fleet.wait_for_tools(0, &all_tools, 1).await?;
-    let (job, with_acls) = time_two_pool_jobs(&fleet).await?;
-    assert!(job.output_text.starts_with("4 / "), "{}", job.output_text);
+    Ok(())
+}
 
-    // The plaintext port is closed, and the workers, which present no
-    // certificate, got in (tls-auth-clients optional).
-    let harness = fleet.redis.server().client();
-    let mut admin = harness.get_multiplexed_async_connection().await?;
-    let port: Vec<String> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("port")
-        .query_async(&mut admin)
-        .await?;
-    assert_eq!(port, ["port", "0"], "the plaintext port is open");
-
-    // Every command and script the fleet ran was within its users' rights:
-    // a refusal that a retry hides (a commit refused, then the job resumed)
-    // still leaves an entry here.
-    let refusals: Vec<redis::Value> = redis::cmd("ACL").arg("LOG").query_async(&mut admin).await?;
-    assert!(
-        refusals.is_empty(),
-        "Redis refused the fleet {} times: {refusals:?}",
-        refusals.len()
-    );
-    // On a Redis Cluster each service's client first learns where the
-    // slots are, with CLUSTER SLOTS (redis-rs): every user may ask.
-    for user in [&orchestrator, &general, &knowledge] {
+/// On a Redis Cluster each service's client first learns where the slots
+/// are, with CLUSTER SLOTS (redis-rs): every user may ask.
+async fn every_user_may_ask_for_the_slots(
+    admin: &mut redis::aio::MultiplexedConnection,
+    users: &RedisUsers,
+) -> anyhow::Result<()> {
+    for user in users.all() {
         let allowed: redis::RedisResult<String> = redis::cmd("ACL")
             .arg("DRYRUN")
             .arg(user.name)
             .arg("CLUSTER")
             .arg("SLOTS")
-            .query_async(&mut admin)
+            .query_async(admin)
             .await;
         assert_eq!(allowed.ok().as_deref(), Some("OK"), "{}", user.name);
     }
-    // The same jobs on a fleet without ACLs or TLS: for the reader, not an
-    // assertion (timings belong in benchmarks).
-    let without_acls = {
-        let mut plain = Fleet::start(test_fleet(0)).await?;
-        for tools in [GENERAL_TOOLS, KNOWLEDGE_TOOLS] {
-            let index = plain.start_pool_worker(tools, &[])?;
-            plain
-                .worker(index)
-                .wait_for_log("worker ready", Duration::from_secs(30))
-                .await?;
-        }
-        plain.spawn_orchestrator(&[]).await?;
-        plain.wait_for_tools(0, &all_tools, 1).await?;
-        time_two_pool_jobs(&plain).await?.1
-    };
-    println!(
-        "a two-pool job's median time: {with_acls:?} with the shipped ACLs over TLS, \
-         {without_acls:?} without ({:.2}x)",
-        with_acls.as_secs_f64() / without_acls.as_secs_f64().max(1e-9)
-    );
+    Ok(())
+}
 
-    a_pool_is_refused_in_redis(&general, &url, &ca, &mut admin, &job.job_id).await?;
+/// The median time of the same two-pool jobs on a fleet without ACLs or
+/// TLS.
+async fn median_without_acls() -> anyhow::Result<Duration> {
+    let mut plain = Fleet::start(test_fleet(0)).await?;
+    for tools in [GENERAL_TOOLS, KNOWLEDGE_TOOLS] {
+        start_ready_pool(&mut plain, tools, &[]).await?;
+    }
+    plain.spawn_orchestrator(&[]).await?;
+    plain.wait_for_tools(0, &all_tools(), 1).await?;
+    Ok(time_two_pool_jobs(&plain).await?.1)
+}
 
-    // Nobody gets in without a user, nor without TLS.
+/// Nobody at `url` gets an answer without a user, nor without TLS.
+async fn nobody_gets_in_without_a_user_or_tls(url: &str, ca: &str) -> anyhow::Result<()> {
     let anonymous = redis::Client::build_with_tls(
-        url.as_str(),
+        url,
         redis::TlsCertificates {
             client_tls: None,
-            root_cert: Some(std::fs::read(&ca)?),
+            root_cert: Some(std::fs::read(ca)?),
         },
     )?;
     let mut anonymous = anonymous.get_multiplexed_async_connection().await;
@@ -983,15 +1072,18 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     }
     .await;
     assert!(plain.is_err(), "a plaintext client got an answer");
+    Ok(())
+}
 
-    // No password in any log.
+/// No service logged any of `users`' passwords.
+fn no_password_is_logged(fleet: &Fleet, users: &RedisUsers) {
     for log in fleet
         .workers()
         .iter()
         .chain(fleet.orchestrators())
         .map(|process| process.log_tail(100_000))
     {
-        for user in [&orchestrator, &general, &knowledge] {
+        for user in users.all() {
             assert!(
                 !log.contains(&user.password),
                 "{}'s password was logged",
@@ -999,5 +1091,56 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
             );
         }
     }
+}
+
+/// Two pools and an orchestrator on the shipped Redis users over TLS (the
+/// plaintext port closed, the workers in without a certificate, the
+/// orchestrator with one) run jobs, and Redis refused them nothing; every
+/// user may ask for a cluster's slots; pool `general` is refused everything
+/// outside its part; nobody gets in without a user or TLS; no password is
+/// logged. Prints the jobs' median time against a fleet without ACLs.
+#[tokio::test]
+async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_another_pools_result()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let certificates = Certificates::generate(dir.path())?;
+    let users = RedisUsers::new();
+    let redis = shipped_redis(&dir.path().join("etc"), dir.path(), users.all())?;
+    let mut fleet = Fleet::start(test_fleet(0).redis(redis)).await?;
+    let url = fleet.redis.url();
+    assert!(url.starts_with("rediss://"), "{url}");
+    let ca = certificates.path("ca.pem");
+    start_pools_with_password_files(&mut fleet, dir.path(), &users, &ca).await?;
+    start_orchestrator_with_a_certificate(&mut fleet, &users.orchestrator, &certificates).await?;
+    fleet.wait_for_tools(0, &all_tools(), 1).await?;
+    let (job, with_acls) = time_two_pool_jobs(&fleet).await?;
+    assert!(job.output_text.starts_with("4 / "), "{}", job.output_text);
+
+    // The plaintext port is closed, and the workers, which present no
+    // certificate, got in (tls-auth-clients optional).
+    let harness = fleet.redis.server().client();
+    let mut admin = harness.get_multiplexed_async_connection().await?;
+    let port: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("port")
+        .query_async(&mut admin)
+        .await?;
+    assert_eq!(port, ["port", "0"], "the plaintext port is open");
+    // Every command and script the fleet ran was within its users' rights:
+    // a refusal that a retry hides (a commit refused, then the job resumed)
+    // still leaves an entry in the ACL log.
+    redis_refused_nothing(&mut admin).await?;
+    every_user_may_ask_for_the_slots(&mut admin, &users).await?;
+    // For the reader, not an assertion (timings belong in benchmarks).
+    let without_acls = median_without_acls().await?;
+    println!(
+        "a two-pool job's median time: {with_acls:?} with the shipped ACLs over TLS, \
+         {without_acls:?} without ({:.2}x)",
+        with_acls.as_secs_f64() / without_acls.as_secs_f64().max(1e-9)
+    );
+
+    a_pool_is_refused_in_redis(&users.general, &url, &ca, &mut admin, &job.job_id).await?;
+    nobody_gets_in_without_a_user_or_tls(&url, &ca).await?;
+    no_password_is_logged(&fleet, &users);
     Ok(())
 }

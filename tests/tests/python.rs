@@ -83,28 +83,29 @@ async fn streamed_through_python(
     Ok(())
 }
 
-#[tokio::test]
-async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow::Result<()> {
-    let python = venv_python()?;
-    // Built from this checkout's .proto, so the client matches the server.
-    run(
-        &python,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-build-isolation",
-            "--no-deps",
-            "./clients/python",
-        ],
-    )
-    .await?;
-    let mut fleet = Fleet::start(test_fleet(1)).await?;
-    // Claude, faked, for the streamed job.
-    let claude = MessagesServer::start("sk-ant-test").await?;
+/// The client built from this checkout's .proto into the venv, so that it
+/// matches the server.
+async fn install_the_client(python: &Path) -> anyhow::Result<()> {
+    let args = [
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-build-isolation",
+        "--no-deps",
+        "./clients/python",
+    ];
+    run(python, &args).await?;
+    Ok(())
+}
+
+/// An orchestrator with reflection on (the document's session lists and
+/// describes through it) and `claude`, faked, for the streamed job.
+async fn spawn_orchestrator_for_the_docs(
+    fleet: &mut Fleet,
+    claude: &MessagesServer,
+) -> anyhow::Result<()> {
     let claude_url = claude.base_url();
-    // The document's session lists and describes through reflection.
     fleet
         .spawn_orchestrator(&[
             ("TOOLFLEET_GRPC__REFLECTION", "true"),
@@ -114,19 +115,32 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         .await?;
     fleet
         .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
-        .await?;
-    let url = fleet.grpc_url(0).await?;
-    let address = url.trim_start_matches("http://");
+        .await
+}
 
-    let example = run(
-        &python,
-        &[
+/// The client's example against `address`, run from the repository's root
+/// without a token in its environment.
+fn example(python: &Path, address: &str) -> Command {
+    let mut command = Command::new(python);
+    command
+        .args([
             "clients/python/examples/parallel_calls.py",
             "--addr",
             address,
-        ],
-    )
-    .await?;
+        ])
+        .current_dir(repo_root())
+        .env_remove("TOOLFLEET_TOKEN");
+    command
+}
+
+/// The example makes two parallel calls and prints the job's answer.
+async fn the_example_runs_its_parallel_calls(python: &Path, address: &str) -> anyhow::Result<()> {
+    let args = [
+        "clients/python/examples/parallel_calls.py",
+        "--addr",
+        address,
+    ];
+    let example = run(python, &args).await?;
     assert_eq!(
         example.matches("tool_call_dispatched").count(),
         2,
@@ -137,19 +151,24 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         example.contains("answer: In Boston it is 8.0 °C, and 23 * 19 = 437."),
         "{example}"
     );
+    Ok(())
+}
 
-    // A call job: one call, its envelope back.
+/// A call job: one call, its envelope back.
+async fn a_call_returns_its_envelope(python: &Path, address: &str) -> anyhow::Result<()> {
     let program = format!(
         "from toolfleet_client import Client\n\
          with Client({address:?}) as fleet:\n    \
          print(fleet.call('calculate', {{'expression': '6*7'}})['data']['result'])\n"
     );
-    let called = run(&python, &["-c", &program]).await?;
+    let called = run(python, &["-c", &program]).await?;
     assert_eq!(called.trim(), "42", "{called}");
+    Ok(())
+}
 
-    streamed_through_python(&python, address, &claude).await?;
-
-    // The grpcurl lines of each document, as one session per document.
+/// The grpcurl lines of each document, as one session per document: 9 in
+/// docs/api.md, 1 in README.md, every RPC, a final event.
+async fn the_docs_grpcurl_sessions_run(python: &Path, address: &str) -> anyhow::Result<()> {
     let mut sessions = String::new();
     for doc in markdown::RUN_DOCS {
         let text = std::fs::read_to_string(repo_root().join(doc))?;
@@ -159,7 +178,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
             .any(|command| command.starts_with("grpcurl "))
         {
             let args = ["-m", "toolfleet_client.api_doc", doc, "--addr", address];
-            sessions.push_str(&run(&python, &args).await?);
+            sessions.push_str(&run(python, &args).await?);
         }
     }
     assert!(
@@ -184,9 +203,12 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         );
     }
     assert!(sessions.contains("\"final\": true"), "{sessions}");
+    Ok(())
+}
 
-    // The `python` and `pip` lines of the docs' shell blocks, as pasted,
-    // with the venv's programs first on the PATH.
+/// The `python` and `pip` lines of the docs' shell blocks (at least two),
+/// as pasted, with the venv's programs first on the PATH, all succeed.
+async fn the_docs_python_and_pip_lines_run(python: &Path, address: &str) -> anyhow::Result<()> {
     let venv_bin = python.parent().map(Path::to_owned).unwrap_or_default();
     let path = format!("{}:{}", venv_bin.display(), std::env::var("PATH")?);
     let mut pasted = 0;
@@ -214,9 +236,13 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         }
     }
     assert!(pasted >= 2, "the docs' python and pip lines: {pasted}");
+    Ok(())
+}
 
-    // Every Python block of the docs runs as a reader would paste it, against
-    // the address `toolfleet dev --serve` tells them to export.
+/// Every Python block of the docs (at least two) runs as a reader would
+/// paste it, against the address `toolfleet dev --serve` tells them to
+/// export, and its job succeeds.
+async fn the_docs_python_blocks_run(python: &Path, url: &str) -> anyhow::Result<()> {
     let mut blocks = 0;
     for doc in markdown::RUN_DOCS {
         let text = std::fs::read_to_string(repo_root().join(doc))?;
@@ -226,9 +252,9 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         for block in python_blocks {
             let block = block.lines.join("\n");
             blocks += 1;
-            let output = Command::new(&python)
+            let output = Command::new(python)
                 .args(["-c", &block])
-                .env("TOOLFLEET_ADDR", &url)
+                .env("TOOLFLEET_ADDR", url)
                 .env_remove("TOOLFLEET_TOKEN")
                 .output()
                 .await?;
@@ -241,10 +267,17 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         }
     }
     assert!(blocks >= 2, "the Python blocks of the docs: {blocks}");
+    Ok(())
+}
 
-    // With authentication on, the client sends TOOLFLEET_TOKEN.
-    let dir = tempfile::tempdir()?;
-    let tokens = dir.path().join("tokens.toml");
+/// With authentication on, the example without a token is
+/// `UNAUTHENTICATED`, and with `TOOLFLEET_TOKEN` gets its answer.
+async fn the_client_sends_its_token(
+    python: &Path,
+    fleet: &mut Fleet,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let tokens = dir.join("tokens.toml");
     let hash = toolfleet_orchestrator::auth::token_sha256("tok-python-5e2b");
     std::fs::write(
         &tokens,
@@ -258,26 +291,14 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         ])
         .await?;
     let address = fleet.grpc_url(secured).await?.replace("http://", "");
-    let example = [
-        "clients/python/examples/parallel_calls.py",
-        "--addr",
-        &address,
-    ];
-    let refused = Command::new(&python)
-        .args(example)
-        .current_dir(repo_root())
-        .env_remove("TOOLFLEET_TOKEN")
-        .output()
-        .await?;
+    let refused = example(python, &address).output().await?;
     assert!(!refused.status.success());
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("UNAUTHENTICATED"),
         "{}",
         String::from_utf8_lossy(&refused.stderr)
     );
-    let output = Command::new(&python)
-        .args(example)
-        .current_dir(repo_root())
+    let output = example(python, &address)
         .env("TOOLFLEET_TOKEN", "tok-python-5e2b")
         .output()
         .await?;
@@ -286,12 +307,20 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         output.status.success() && stdout.contains("answer: "),
         "{stdout}"
     );
+    Ok(())
+}
 
-    // Over mutual TLS, the client certificate from TOOLFLEET_TLS_* names the
-    // tenant; without one the handshake is refused.
-    let certificates = Certificates::generate(dir.path())?;
+/// Over mutual TLS, the client certificate from TOOLFLEET_TLS_* names the
+/// tenant and the example gets its answer; without one the handshake is
+/// refused.
+async fn mutual_tls_names_the_tenant(
+    python: &Path,
+    fleet: &mut Fleet,
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let certificates = Certificates::generate(dir)?;
     std::fs::write(
-        dir.path().join("tls-tokens.toml"),
+        dir.join("tls-tokens.toml"),
         format!("[tenants.py]\ntoken_sha256 = []\nclient_names = [\"{CLIENT_DNS_NAME}\"]\n"),
     )?;
     let tls_tokens = certificates.path("tls-tokens.toml");
@@ -303,16 +332,8 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     env.extend(tls_env.iter().map(|(key, value)| (*key, value.as_str())));
     let tls = fleet.spawn_orchestrator(&env).await?;
     let address = fleet.grpc_url(tls).await?.replace("http://", "https://");
-    let example = [
-        "clients/python/examples/parallel_calls.py",
-        "--addr",
-        &address,
-    ];
     let ca = certificates.path("ca.pem");
-    let anonymous = Command::new(&python)
-        .args(example)
-        .current_dir(repo_root())
-        .env_remove("TOOLFLEET_TOKEN")
+    let anonymous = example(python, &address)
         .env("TOOLFLEET_TLS_CA_FILE", &ca)
         .output()
         .await?;
@@ -320,10 +341,7 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         !anonymous.status.success(),
         "a client without a certificate got through"
     );
-    let output = Command::new(&python)
-        .args(example)
-        .current_dir(repo_root())
-        .env_remove("TOOLFLEET_TOKEN")
+    let output = example(python, &address)
         .env("TOOLFLEET_TLS_CA_FILE", &ca)
         .env("TOOLFLEET_TLS_CERT_FILE", certificates.path("client.pem"))
         .env("TOOLFLEET_TLS_KEY_FILE", certificates.path("client.key"))
@@ -336,4 +354,30 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
         String::from_utf8_lossy(&output.stderr)
     );
     Ok(())
+}
+
+/// The Python client against a fleet: its example, a call job, a streamed
+/// job, the docs' grpcurl sessions, `python` and `pip` lines and Python
+/// blocks; then its token with authentication on, and its certificate over
+/// mutual TLS.
+#[tokio::test]
+async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow::Result<()> {
+    let python = venv_python()?;
+    install_the_client(&python).await?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    spawn_orchestrator_for_the_docs(&mut fleet, &claude).await?;
+    let url = fleet.grpc_url(0).await?;
+    let address = url.trim_start_matches("http://");
+
+    the_example_runs_its_parallel_calls(&python, address).await?;
+    a_call_returns_its_envelope(&python, address).await?;
+    streamed_through_python(&python, address, &claude).await?;
+    the_docs_grpcurl_sessions_run(&python, address).await?;
+    the_docs_python_and_pip_lines_run(&python, address).await?;
+    the_docs_python_blocks_run(&python, &url).await?;
+
+    let dir = tempfile::tempdir()?;
+    the_client_sends_its_token(&python, &mut fleet, dir.path()).await?;
+    mutual_tls_names_the_tenant(&python, &mut fleet, dir.path()).await
 }

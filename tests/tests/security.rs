@@ -145,42 +145,15 @@ async fn callers_without_a_known_token_are_refused() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let (fleet, mut api) = secured_fleet(dir.path()).await?;
-    let mut secret = scripted_job(
-        "search's secret prompt",
-        &json!([
-            {"tool_calls": [{"name": "get_current_weather",
-                             "arguments": {"location": "Boston, MA", "unit": "celsius"}},
-                            {"name": "calculate", "arguments": {"expression": "2+2"}}]},
-            {"delay_ms": 500, "message": "done"}
-        ]),
-    );
-    secret.idempotency_key = "shared-key".into();
-    let job_id = api
-        .submit_job(as_tenant(SEARCH, secret.clone()))
-        .await?
-        .into_inner()
-        .job_id;
-
-    // The id, and so every Redis key of the job, names its tenant.
-    assert!(job_id.starts_with("search-"), "{job_id}");
-    let mut redis = fleet.redis.connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tf:{{{job_id}}}*"))
-        .query_async(&mut redis)
-        .await?;
-    assert!(keys.len() >= 3, "{keys:?}");
-
-    // Another tenant: the job does not exist, exactly as a missing one,
-    // whether the id is search's, a made-up one in ads' name or one from
-    // before tenants, or not a job id at all.
+/// Another tenant (ads): search's job `job_id` does not exist, exactly as
+/// a missing one, whether the id is search's, a made-up one in ads' name
+/// or one from before tenants, or not a job id at all, to get, watch or
+/// cancel; and ads lists no job.
+async fn ads_finds_nothing_of_search(api: &mut ApiClient, job_id: &str) -> anyhow::Result<()> {
     let in_ads_name = job_id.replacen("search-", "ads-", 1);
     let missing = "0123456789abcdef0123456789ab";
     for id in [
-        job_id.as_str(),
+        job_id,
         &in_ads_name,
         missing,
         "ads-x}{y",
@@ -217,6 +190,42 @@ async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
         .await?
         .into_inner();
     assert!(listed.jobs.is_empty(), "{listed:?}");
+    Ok(())
+}
+
+/// Each tenant sees only its own jobs (their ids and Redis keys name the
+/// tenant; to another tenant they are missing), keeps its own idempotency
+/// keys, and is offered only its allow-list's tools.
+#[tokio::test]
+async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, mut api) = secured_fleet(dir.path()).await?;
+    let mut secret = scripted_job(
+        "search's secret prompt",
+        &json!([
+            {"tool_calls": [{"name": "get_current_weather",
+                             "arguments": {"location": "Boston, MA", "unit": "celsius"}},
+                            {"name": "calculate", "arguments": {"expression": "2+2"}}]},
+            {"delay_ms": 500, "message": "done"}
+        ]),
+    );
+    secret.idempotency_key = "shared-key".into();
+    let job_id = api
+        .submit_job(as_tenant(SEARCH, secret.clone()))
+        .await?
+        .into_inner()
+        .job_id;
+
+    // The id, and so every Redis key of the job, names its tenant.
+    assert!(job_id.starts_with("search-"), "{job_id}");
+    let mut redis = fleet.redis.connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("tf:{{{job_id}}}*"))
+        .query_async(&mut redis)
+        .await?;
+    assert!(keys.len() >= 3, "{keys:?}");
+
+    ads_finds_nothing_of_search(&mut api, &job_id).await?;
     // Idempotency keys are per tenant: ads' "shared-key" is its own.
     let theirs = api.submit_job(as_tenant(ADS, secret)).await?.into_inner();
     assert!(!theirs.duplicate);
@@ -408,6 +417,58 @@ async fn quotas_refuse_with_retry_info_and_free_up() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Submits as `narrow` five parallel calls, each counting how many run at
+/// once; the worker has slots for all five. Returns the job's id.
+async fn submit_five_measured_calls(api: &mut ApiClient, narrow: &str) -> anyhow::Result<String> {
+    let calls: Vec<_> = (0..5)
+        .map(|_| {
+            json!({"name": "measure_concurrency",
+                        "arguments": {"key": "narrow-calls", "ms": 1500}})
+        })
+        .collect();
+    Ok(api
+        .submit_job(as_tenant(
+            narrow,
+            scripted_job("x", &json!([{"tool_calls": calls}, {"message": "done"}])),
+        ))
+        .await?
+        .into_inner()
+        .job_id)
+}
+
+/// Every call of `job_id` ran, ok, never more than two at once.
+async fn every_call_ran_never_more_than_two_at_once(
+    api: &mut ApiClient,
+    redis: &mut toolfleet_service::connect::RedisConnection,
+    narrow: &str,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let job = finish(api, narrow, job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let outputs: Vec<&str> = job
+        .items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(r)) => Some(r.output.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(outputs.len(), 5);
+    assert!(
+        outputs.iter().all(|o| o.contains("\"ok\":true")),
+        "{outputs:?}"
+    );
+    let most: Option<u32> = redis::cmd("GET")
+        .arg(toolfleet_worker::tools::testing::MeasureConcurrency::most_key("narrow-calls"))
+        .query_async(redis)
+        .await?;
+    assert_eq!(most, Some(2));
+    Ok(())
+}
+
+/// A tenant whose quota is two calls in flight runs five parallel calls
+/// never more than two at once; at the quota a submission is refused with
+/// `RetryInfo`; the slots are given back, and it may submit again.
 #[tokio::test]
 async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> anyhow::Result<()> {
     use tonic_types::StatusExt as _;
@@ -435,22 +496,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
         }
     };
 
-    // Five parallel calls, each counting how many run at once; the worker
-    // has slots for all five, the tenant's quota is two.
-    let calls: Vec<_> = (0..5)
-        .map(|_| {
-            json!({"name": "measure_concurrency",
-                        "arguments": {"key": "narrow-calls", "ms": 1500}})
-        })
-        .collect();
-    let job_id = api
-        .submit_job(as_tenant(
-            narrow,
-            scripted_job("x", &json!([{"tool_calls": calls}, {"message": "done"}])),
-        ))
-        .await?
-        .into_inner()
-        .job_id;
+    let job_id = submit_five_measured_calls(&mut api, narrow).await?;
     wait_until("two calls to take a slot", Duration::from_secs(20), || {
         let count = in_flight(redis.clone());
         // Ready only at two: `Ok(false)` would count as ready.
@@ -479,27 +525,7 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
     );
     assert!(refused.get_details_retry_info().is_some());
 
-    // Every call ran, never more than two at once.
-    let job = finish(&mut api, narrow, &job_id).await?;
-    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    let outputs: Vec<&str> = job
-        .items
-        .iter()
-        .filter_map(|item| match &item.kind {
-            Some(v1::item::Kind::ToolResult(r)) => Some(r.output.as_str()),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(outputs.len(), 5);
-    assert!(
-        outputs.iter().all(|o| o.contains("\"ok\":true")),
-        "{outputs:?}"
-    );
-    let most: Option<u32> = redis::cmd("GET")
-        .arg(toolfleet_worker::tools::testing::MeasureConcurrency::most_key("narrow-calls"))
-        .query_async(&mut redis)
-        .await?;
-    assert_eq!(most, Some(2));
+    every_call_ran_never_more_than_two_at_once(&mut api, &mut redis, narrow, &job_id).await?;
     // The slots are given back, and the tenant may submit again.
     wait_until(
         "the slots to be given back",
@@ -522,16 +548,15 @@ async fn a_tenants_calls_in_flight_are_capped_and_hold_back_submissions() -> any
     Ok(())
 }
 
-#[tokio::test]
-async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Result<()> {
-    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
-    let dir = tempfile::tempdir()?;
-    let certificates = Certificates::generate(dir.path())?;
+/// A fleet whose orchestrator serves gRPC over mutual TLS only, search
+/// named by the client certificate's DNS name and ads by its SPIFFE id.
+/// Returns it and its gRPC URL.
+async fn fleet_over_mutual_tls(
+    dir: &Path,
+    certificates: &Certificates,
+) -> anyhow::Result<(Fleet, String)> {
     let path = |name: &str| certificates.path(name);
-    let tokens = tokens_file(
-        dir.path(),
-        &format!("client_names = [\"{CLIENT_SPIFFE_ID}\"]\n"),
-    );
+    let tokens = tokens_file(dir, &format!("client_names = [\"{CLIENT_SPIFFE_ID}\"]\n"));
     // search's entry gains a client name: rewrite it with one.
     let text = std::fs::read_to_string(&tokens)?.replace(
         "tools = [\"calculate\"]",
@@ -555,21 +580,71 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
         ])
         .await?;
     let url = fleet.grpc_url(0).await?;
+    Ok((fleet, url))
+}
+
+/// A client's TLS trusting the test's CA, presenting the certificate and
+/// key of file stem `certificate` in `dir` if given.
+fn client_tls(
+    dir: &Path,
+    certificate: Option<&str>,
+) -> anyhow::Result<tonic::transport::ClientTlsConfig> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let ca_pem = std::fs::read(dir.join("ca.pem"))?;
+    let mut config = ClientTlsConfig::new()
+        .domain_name("localhost")
+        .ca_certificate(Certificate::from_pem(&ca_pem));
+    if let Some(stem) = certificate {
+        config = config.identity(Identity::from_pem(
+            std::fs::read(dir.join(format!("{stem}.pem")))?,
+            std::fs::read(dir.join(format!("{stem}.key")))?,
+        ));
+    }
+    Ok(config)
+}
+
+/// The CLI over mutual TLS lists the job `job_id`.
+async fn the_cli_lists_over_mutual_tls(
+    url: &str,
+    certificates: &Certificates,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let (ca, path) = (certificates.path("ca.pem"), |name: &str| {
+        certificates.path(name)
+    });
+    let output = tokio::process::Command::new(cargo_bin("toolfleet")?)
+        .args([
+            "jobs",
+            "--json",
+            "--addr",
+            &url.replace("http://", "https://"),
+        ])
+        .args(["--tls-ca-file", &ca])
+        .args(["--tls-cert-file", &path("client.pem")])
+        .args(["--tls-key-file", &path("client.key")])
+        .env_remove("TOOLFLEET_TOKEN")
+        .output()
+        .await?;
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(String::from_utf8_lossy(&output.stdout).contains(job_id));
+    Ok(())
+}
+
+/// gRPC over TLS refuses plaintext and, with mutual TLS required, clients
+/// without a certificate; a client certificate's DNS name or SPIFFE id
+/// names the tenant (not a token sent beside it); the CLI works over it.
+#[tokio::test]
+async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Result<()> {
+    use tonic::transport::Endpoint;
+    let dir = tempfile::tempdir()?;
+    let certificates = Certificates::generate(dir.path())?;
+    let (_fleet, url) = fleet_over_mutual_tls(dir.path(), &certificates).await?;
     let tls_url = url.replace("http://", "https://");
-    let ca_pem = std::fs::read(dir.path().join("ca.pem"))?;
-    // `certificate`: the file stem of the client's certificate and key.
-    let client_tls = |certificate: Option<&str>| -> anyhow::Result<ClientTlsConfig> {
-        let mut config = ClientTlsConfig::new()
-            .domain_name("localhost")
-            .ca_certificate(Certificate::from_pem(&ca_pem));
-        if let Some(stem) = certificate {
-            config = config.identity(Identity::from_pem(
-                std::fs::read(dir.path().join(format!("{stem}.pem")))?,
-                std::fs::read(dir.path().join(format!("{stem}.key")))?,
-            ));
-        }
-        Ok(config)
-    };
+    let client_tls = |certificate| client_tls(dir.path(), certificate);
     let job = || scripted_job("x", &json!([{"message": "m"}]));
 
     // Plaintext is refused: the port speaks TLS only.
@@ -632,25 +707,6 @@ async fn tls_and_mutual_tls_name_the_tenant_and_refuse_plaintext() -> anyhow::Re
         .job_id;
     assert!(ads_job.starts_with("ads-"), "{ads_job}");
 
-    // The CLI over mutual TLS.
-    let output = tokio::process::Command::new(cargo_bin("toolfleet")?)
-        .args([
-            "jobs",
-            "--json",
-            "--addr",
-            &url.replace("http://", "https://"),
-        ])
-        .args(["--tls-ca-file", &ca])
-        .args(["--tls-cert-file", &path("client.pem")])
-        .args(["--tls-key-file", &path("client.key")])
-        .env_remove("TOOLFLEET_TOKEN")
-        .output()
-        .await?;
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(String::from_utf8_lossy(&output.stdout).contains(&job_id));
+    the_cli_lists_over_mutual_tls(&url, &certificates, &job_id).await?;
     Ok(())
 }

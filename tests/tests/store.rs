@@ -128,24 +128,41 @@ async fn forget_scripts(redis: &RedisServer) -> anyhow::Result<redis::aio::Multi
     Ok(raw)
 }
 
-#[tokio::test]
-async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow::Result<()> {
-    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
-    let store = store(&redis, &nats).await?;
+/// The call `c1` of tool `echo`, dispatched.
+fn dispatched_c1() -> DispatchedCall<'static> {
+    DispatchedCall {
+        event_id: event("c1"),
+        wire_id: wire("c1"),
+        name: "echo",
+    }
+}
+
+/// Submits a job in a client's trace, which its record keeps, and takes
+/// its lease, which starts the run.
+async fn start_a_traced_job(store: &JobStore) -> anyhow::Result<(JobId, Lease)> {
     let trace = JobTrace::from_fields(
         "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
         "vendor=value",
     );
     let (job_id, _) = store.submit(&spec(), None, trace.as_ref()).await?;
     assert_eq!(store.get(&job_id).await?.unwrap().trace, trace);
-    let lease = lease(&store, &job_id, "replica-a", Duration::from_secs(5)).await?;
-    // Taking the lease started the run.
+    let lease = lease(store, &job_id, "replica-a", Duration::from_secs(5)).await?;
     assert!(!lease.resumed);
     assert_eq!(
         store.get(&job_id).await?.unwrap().status,
         JobStatus::Running
     );
+    Ok((job_id, lease))
+}
 
+/// Records a turn of text and the call `c1`, offered `echo`: the commit
+/// keeps what was offered and records the call's first attempt. Returns
+/// the turn's items.
+async fn record_a_turn_of_one_call(
+    store: &JobStore,
+    lease: &Lease,
+    job_id: &JobId,
+) -> anyhow::Result<Vec<Item>> {
     let turn = [
         Item::Assistant {
             text: "checking".into(),
@@ -160,14 +177,9 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     ];
     let echo = ToolManifest::new("echo", "Echoes.", serde_json::json!({"type": "object"}));
     // The turn's commit also records the first attempt of its call.
-    let dispatched = DispatchedCall {
-        event_id: event("c1"),
-        wire_id: wire("c1"),
-        name: "echo",
-    };
     store
         .record_turn(
-            &lease,
+            lease,
             TurnCheckpoint {
                 results: &[],
                 items: &turn,
@@ -176,17 +188,24 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
                 offered: std::slice::from_ref(&echo),
                 usage: None,
             },
-            &[dispatched],
+            &[dispatched_c1()],
         )
         .await?;
-    let start = store.load_run(&job_id).await?.expect("the job");
+    let start = store.load_run(job_id).await?.expect("the job");
     assert_eq!(start.offered, [echo]);
-    assert_eq!(store.attempts(&job_id).await?.last(wire("c1")), Some(1));
-    // A retry records its attempt on its own.
-    store.record_dispatch(&lease, &[dispatched], 2).await?;
-    assert_eq!(store.attempts(&job_id).await?.last(wire("c1")), Some(2));
+    assert_eq!(store.attempts(job_id).await?.last(wire("c1")), Some(1));
+    Ok(turn.to_vec())
+}
+
+/// `c1` (an error after one attempt, timed) and `w0` (ok after two) settle
+/// together: one commit records both, in order. Returns `c1`'s result.
+async fn settle_two_calls_in_one_commit(
+    store: &JobStore,
+    lease: &Lease,
+    job_id: &JobId,
+) -> anyhow::Result<Item> {
     let envelope = Envelope::terminal(ErrorCode::UNKNOWN_TOOL, "no");
-    assert!(!store.attempts(&job_id).await?.settled(wire("c1")));
+    assert!(!store.attempts(job_id).await?.settled(wire("c1")));
     let settled = SettledCall {
         call_id: event("c1"),
         wire_id: wire("c1"),
@@ -211,17 +230,27 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         source: None,
         unchecked: None,
     };
-    store.record_call_results(&lease, &[settled, other]).await?;
-    let attempts = store.attempts(&job_id).await?;
+    store.record_call_results(lease, &[settled, other]).await?;
+    let attempts = store.attempts(job_id).await?;
     assert!(attempts.settled(wire("c1")) && attempts.settled(wire("w0")));
-    let result = Item::ToolResult {
+    Ok(Item::ToolResult {
         call_id: "c1".into(),
         name: "echo".into(),
         output: envelope.to_json(),
         attempts: 1,
-    };
-    // The round's results are stored with the run's next commit: here the
-    // end, with the turn that ended the job, after the results.
+    })
+}
+
+/// Ends the job on too many rounds: the round's results are stored with
+/// the run's next commit, here the end, with the turn that ended the job
+/// after them; the record counts the turns and rounds and keeps the error.
+async fn end_on_too_many_rounds(
+    store: &JobStore,
+    lease: &Lease,
+    job_id: &JobId,
+    turn: &[Item],
+    result: Item,
+) -> anyhow::Result<()> {
     let over = [Item::ToolCall {
         call_id: "c2".into(),
         name: "echo".into(),
@@ -238,16 +267,16 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     };
     store
         .finish(
-            &lease,
+            lease,
             &Ending::failed(JobErrorCode::MaxToolRoundsExceeded, "too many"),
             Unstored::Turn(last_turn),
         )
         .await?;
     assert_eq!(
-        store.items(&job_id, 1).await?,
-        [&turn[..], &[result], &over[..]].concat()
+        store.items(job_id, 1).await?,
+        [turn, &[result], &over[..]].concat()
     );
-    let record = store.get(&job_id).await?.unwrap();
+    let record = store.get(job_id).await?.unwrap();
     assert_eq!((record.turns, record.rounds), (2, 2));
     assert_eq!(record.status, JobStatus::Failed);
     let error = record.error.expect("a failed job has an error");
@@ -256,20 +285,12 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
         (JobErrorCode::MaxToolRoundsExceeded, "too many")
     );
     assert!(record.finished_at_ms >= record.created_at_ms);
+    Ok(())
+}
 
-    // Nothing is written after the end, even with the lease that ended it.
-    assert!(matches!(
-        store.record_dispatch(&lease, &[dispatched], 3).await,
-        Err(Error::LeaseLost(_))
-    ));
-    assert!(matches!(
-        store
-            .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
-            .await,
-        Err(Error::LeaseLost(_))
-    ));
-
-    let kinds: Vec<&str> = events(&store, &job_id)
+/// The job's events: each verb's, in order, in the wire format.
+async fn the_events_say_each_verb(store: &JobStore, job_id: &JobId) -> anyhow::Result<()> {
+    let kinds: Vec<&str> = events(store, job_id)
         .await?
         .iter()
         .map(JobEvent::kind)
@@ -288,27 +309,57 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
             "job_failed"
         ]
     );
-    let stored = store.events(&job_id, 2, 1).await?;
+    let stored = store.events(job_id, 2, 1).await?;
     assert_eq!(
         stored[0].data,
         r#"{"round":1,"text":"checking","tool_calls":[{"call_id":"c1","name":"echo"}],"turn":0}"#
     );
-    let stored = store.events(&job_id, 4, 1).await?;
+    let stored = store.events(job_id, 4, 1).await?;
     assert_eq!(
         stored[0].data,
         r#"{"attempt":2,"call_id":"c1","name":"echo"}"#
     );
-    let stored = store.events(&job_id, 5, 1).await?;
+    let stored = store.events(job_id, 5, 1).await?;
     assert_eq!(
         stored[0].data,
         r#"{"attempts":1,"call_id":"c1","code":"UNKNOWN_TOOL","name":"echo","ok":false,"round_trip_us":1500,"worked_us":400}"#
     );
-    let stored = store.events(&job_id, 6, 1).await?;
+    let stored = store.events(job_id, 6, 1).await?;
     assert_eq!(
         stored[0].data,
         r#"{"attempts":2,"call_id":"c0","code":null,"name":"echo","ok":true,"round_trip_us":null}"#
     );
     Ok(())
+}
+
+/// A job's life through every verb (submit in a trace, lease, a turn with
+/// its call's attempt, a retry, two results in one commit, the end with
+/// the last turn) writes what each says, its events in the wire format,
+/// and nothing is written after the end, even with the lease that ended it.
+#[tokio::test]
+async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let (job_id, lease) = start_a_traced_job(&store).await?;
+    let turn = record_a_turn_of_one_call(&store, &lease, &job_id).await?;
+    // A retry records its attempt on its own.
+    store.record_dispatch(&lease, &[dispatched_c1()], 2).await?;
+    assert_eq!(store.attempts(&job_id).await?.last(wire("c1")), Some(2));
+    let result = settle_two_calls_in_one_commit(&store, &lease, &job_id).await?;
+    end_on_too_many_rounds(&store, &lease, &job_id, &turn, result).await?;
+
+    // Nothing is written after the end, even with the lease that ended it.
+    assert!(matches!(
+        store.record_dispatch(&lease, &[dispatched_c1()], 3).await,
+        Err(Error::LeaseLost(_))
+    ));
+    assert!(matches!(
+        store
+            .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+            .await,
+        Err(Error::LeaseLost(_))
+    ));
+    the_events_say_each_verb(&store, &job_id).await
 }
 
 #[tokio::test]
@@ -951,73 +1002,87 @@ async fn tallied(store: &JobStore) -> anyhow::Result<Vec<(String, u64)>> {
     Ok(tally)
 }
 
-/// The pending gauges are counted from indexes that Redis keeps per tenant
-/// and tool, so no refresh reads a job; an entry leaves every index when
-/// its call is decided, expires, or its job ends holding it, and what a
-/// crash leaves behind is dropped by the heal. Nothing is left at the end.
-#[tokio::test]
-async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behind()
--> anyhow::Result<()> {
-    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
-    let store = store(&redis, &nats).await?;
-    let day = Duration::from_secs(86_400);
+/// A day, long enough for a hold that must not expire in a test.
+const DAY: Duration = Duration::from_secs(86_400);
+
+/// An approval decided with the job running (neither parked nor moved).
+const RUNNING: Seen = Seen {
+    parked: false,
+    moves: 0,
+};
+
+/// Three running jobs holding calls for approval: `a` holds `pay`
+/// (transfer) and `say` (echo), `b` `pay` (transfer), `c` `say` (echo)
+/// for 300 ms. Returns their leases.
+async fn hold_calls_in_three_jobs(store: &JobStore) -> anyhow::Result<[Lease; 3]> {
     let mut leases = Vec::new();
     for _ in 0..3 {
         let (job_id, _) = store.submit(&spec(), None, None).await?;
-        leases.push(lease(&store, &job_id, "r", Duration::from_secs(60)).await?);
+        leases.push(lease(store, &job_id, "r", Duration::from_secs(60)).await?);
     }
-    let [a, b, c] = &leases[..] else {
+    let Ok([a, b, c]) = <[Lease; 3]>::try_from(leases) else {
         unreachable!()
     };
     store
         .hold(
-            a,
+            &a,
             "default",
-            &[held("pay", "transfer", day), held("say", "echo", day)],
+            &[held("pay", "transfer", DAY), held("say", "echo", DAY)],
         )
         .await?;
     store
-        .hold(b, "default", &[held("pay", "transfer", day)])
+        .hold(&b, "default", &[held("pay", "transfer", DAY)])
         .await?;
     store
         .hold(
-            c,
+            &c,
             "default",
             &[held("say", "echo", Duration::from_millis(300))],
         )
         .await?;
+    Ok([a, b, c])
+}
+
+/// The tally counts each tool's held calls, with the oldest's time.
+async fn the_tally_counts_each_tools_calls(store: &JobStore, a: &Lease) -> anyhow::Result<()> {
     let oldest =
         store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("pay"))].requested_at_ms;
     let tally = store.pending_tally().await?;
     let transfer = tally.iter().find(|t| t.tool == "transfer").unwrap();
     assert_eq!((transfer.calls, transfer.oldest_held_at_ms), (2, oldest));
     assert_eq!(
-        tallied(&store).await?,
+        tallied(store).await?,
         [("echo".into(), 2), ("transfer".into(), 2)]
     );
+    Ok(())
+}
 
-    // Decided: gone from the count, and from ListPendingApprovals.
+/// The approval of `a`'s `pay`, made by the tenant and stored: gone from
+/// the count, and from ListPendingApprovals.
+async fn a_decided_call_is_counted_no_more(store: &JobStore, a: &Lease) -> anyhow::Result<()> {
     let request = store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("pay"))].clone();
-    let decision = approved();
-    let running = Seen {
-        parked: false,
-        moves: 0,
-    };
     store
         .decide(
             &a.job_id,
             &Hold::approval(wire("pay")),
             &request,
-            &decision,
-            running,
+            &approved(),
+            RUNNING,
         )
         .await?;
     assert_eq!(
-        tallied(&store).await?,
+        tallied(store).await?,
         [("echo".into(), 2), ("transfer".into(), 1)]
     );
+    Ok(())
+}
 
-    // Its job ended holding it (cancelled): gone, and so is the tool.
+/// `b` ends holding its call (cancelled): gone, and so is the tool; `c`'s
+/// call expires: dropped by the next refresh. Only `a`'s `say` is listed.
+async fn ended_and_expired_calls_are_counted_no_more(
+    store: &JobStore,
+    [a, b, c]: &[Lease; 3],
+) -> anyhow::Result<()> {
     store
         .finish(b, &Ending::Cancelled, Unstored::Nothing)
         .await?;
@@ -1028,17 +1093,23 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         (toolfleet_orchestrator::job::now_ms() > expires).then_some(())
     })
     .await?;
-    assert_eq!(tallied(&store).await?, [("echo".into(), 1)]);
+    assert_eq!(tallied(store).await?, [("echo".into(), 1)]);
     let (page, _) = store.pending("default", None, 10).await?;
     let listed: Vec<(&JobId, &str)> = page
         .iter()
         .map(|p| (&p.job_id, p.request.call_id.as_str()))
         .collect();
     assert_eq!(listed, [(&a.job_id, "say")]);
+    Ok(())
+}
 
-    // A later hold of a call keeps its entry when the earlier hold's
-    // decision drops what it indexed.
-    let first = held("again", "echo", day);
+/// A later hold of a call keeps its entry when the earlier hold's
+/// decision drops what it indexed.
+async fn a_later_hold_outlives_the_earlier_ones_decision(
+    store: &JobStore,
+    a: &Lease,
+) -> anyhow::Result<()> {
+    let first = held("again", "echo", DAY);
     store.hold(a, "default", &[first]).await?;
     let first = store.approvals(&a.job_id).await?.requests[&Hold::approval(wire("again"))].clone();
     // The later hold is held at a later millisecond, as in a real run.
@@ -1055,7 +1126,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
             attempt: 1,
             answered: &envelope,
         },
-        ..held("again", "echo", day)
+        ..held("again", "echo", DAY)
     };
     store.hold(a, "default", &[verdict]).await?;
     store
@@ -1063,13 +1134,21 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
             &a.job_id,
             &Hold::approval(wire("again")),
             &first,
-            &decision,
-            running,
+            &approved(),
+            RUNNING,
         )
         .await?;
-    assert_eq!(tallied(&store).await?, [("echo".into(), 2)]);
+    assert_eq!(tallied(store).await?, [("echo".into(), 2)]);
+    Ok(())
+}
 
-    // A crash left entries of a job that is gone: the heal drops them.
+/// A crash left entries of `a`'s job, which is gone: the heal drops them,
+/// and every index of the tenant is empty.
+async fn the_heal_leaves_no_entry(
+    store: &JobStore,
+    redis: &RedisServer,
+    a: &Lease,
+) -> anyhow::Result<()> {
     let mut raw = redis.connection().await?;
     let keys = RedisKeys::default();
     let () = redis::cmd("DEL")
@@ -1080,7 +1159,7 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
     while at.is_some() {
         at = store.heal_pending(at).await?;
     }
-    assert_eq!(tallied(&store).await?, []);
+    assert_eq!(tallied(store).await?, []);
     let left: i64 = redis::cmd("EXISTS")
         .arg(keys.tenant_approvals("default"))
         .arg(keys.tenant_approvals_expiry("default"))
@@ -1091,6 +1170,24 @@ async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behin
         .await?;
     assert_eq!(left, 0, "every index of the tenant is empty");
     Ok(())
+}
+
+/// The pending gauges are counted from indexes that Redis keeps per tenant
+/// and tool, so no refresh reads a job; an entry leaves every index when
+/// its call is decided, expires, or its job ends holding it, and what a
+/// crash leaves behind is dropped by the heal. Nothing is left at the end.
+#[tokio::test]
+async fn pending_calls_are_counted_without_reading_jobs_and_leave_no_entry_behind()
+-> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = store(&redis, &nats).await?;
+    let jobs = hold_calls_in_three_jobs(&store).await?;
+    let a = &jobs[0];
+    the_tally_counts_each_tools_calls(&store, a).await?;
+    a_decided_call_is_counted_no_more(&store, a).await?;
+    ended_and_expired_calls_are_counted_no_more(&store, &jobs).await?;
+    a_later_hold_outlives_the_earlier_ones_decision(&store, a).await?;
+    the_heal_leaves_no_entry(&store, &redis, a).await
 }
 
 /// On a Redis Cluster, a job's moves between the sweeper's indexes run as

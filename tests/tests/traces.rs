@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use serde_json::json;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::otlp::{Collector, ReceivedSpan};
 use toolfleet_tests::wait_until;
 
@@ -63,22 +63,10 @@ fn one<'a>(found: Vec<&'a ReceivedSpan>, what: &str) -> &'a ReceivedSpan {
     found[0]
 }
 
-#[tokio::test]
-async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resumed_run()
--> anyhow::Result<()> {
-    let collector = Collector::start().await?;
-    let export = collector.env();
-    let mut fleet = Fleet::start(test_fleet(2).worker_env(&with(FAST_REDELIVERY, &export))).await?;
-    fleet
-        .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
-        .await?;
-    fleet
-        .wait_for_tools(0, &["sleep", "fail", "echo"], 2)
-        .await?;
-    let api = fleet.api(0).await?;
-
-    // Three parallel calls: one retried once, one whose worker is killed
-    // while it runs (and whose orchestrator is killed after), one plain.
+/// Submits, in the client's trace, three parallel calls: `sleep` (whose
+/// worker, then orchestrator, the test kills while it runs), `fail`
+/// (retried once) and `echo`. Returns the job's id.
+async fn submit_in_the_clients_trace(api: &ApiClient) -> anyhow::Result<String> {
     let script = json!([
         {"tool_calls": [
             {"name": "sleep", "arguments": {"ms": 2000}},
@@ -92,12 +80,16 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01").parse()?,
     );
     let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
+    Ok(job_id)
+}
 
-    // The first event of a watch names the trace; the others do not.
+/// The first event of a watch names the trace; the others (up to the
+/// second call's result) do not.
+async fn only_the_first_event_names_the_trace(api: &ApiClient, job_id: &str) -> anyhow::Result<()> {
     let mut events = api
         .clone()
         .watch_job(v1::WatchJobRequest {
-            job_id: job_id.clone(),
+            job_id: job_id.to_owned(),
             from_offset: 0,
         })
         .await?
@@ -117,9 +109,17 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert_eq!(seen[0].trace_id, CLIENT_TRACE);
     assert!(seen[1..].iter().all(|e| e.trace_id.is_empty()), "{seen:?}");
     drop(events);
+    Ok(())
+}
 
-    // Kill the worker running `sleep`, then, once the settled calls'
-    // spans are out, the orchestrator.
+/// Kills the worker running `sleep` once the settled calls' executions
+/// are out (a killed worker's spans not yet exported die with it: 50 ms
+/// batches, against the 2 s sleep), then the orchestrator once the settled
+/// calls' spans are out.
+async fn kill_the_sleeping_worker_then_the_orchestrator(
+    fleet: &Fleet,
+    collector: &Collector,
+) -> anyhow::Result<()> {
     let running_sleep = wait_until("a worker runs sleep", WAIT, || async {
         fleet.workers().iter().position(|w| {
             std::fs::read_to_string(w.log_path())
@@ -144,14 +144,12 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     })
     .await?;
     fleet.orchestrator(0).kill();
-    // The second writes JSON logs: its lines about the job name the trace.
-    let mut json_logs = with(FAST_TAKEOVER, &export);
-    json_logs.push(("TOOLFLEET_LOG__FORMAT", "json"));
-    let second = fleet.spawn_orchestrator(&json_logs).await?;
-    let api = fleet.api(second).await?;
-    let job = wait_finished(&api, &job_id).await?;
-    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
-    assert_eq!(job.trace_id, CLIENT_TRACE, "GetJob names the trace");
+    Ok(())
+}
+
+/// The JSON log of orchestrator `second`: its line saying the job runs
+/// names the trace and the job.
+fn the_json_log_names_the_trace(fleet: &Fleet, second: usize, job_id: &str) -> anyhow::Result<()> {
     let log = std::fs::read_to_string(fleet.orchestrator(second).log_path())?;
     let running: serde_json::Value = log
         .lines()
@@ -159,13 +157,16 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         .find(|line| line["fields"]["message"] == "job running")
         .ok_or_else(|| anyhow::anyhow!("no JSON line says the job runs:\n{log}"))?;
     assert_eq!(running["span"]["trace_id"], CLIENT_TRACE, "{running}");
-    assert_eq!(running["span"]["job_id"], job_id.as_str(), "{running}");
+    assert_eq!(running["span"]["job_id"], job_id, "{running}");
+    Ok(())
+}
 
-    stop_all(&fleet).await?;
-    let spans = collector.spans();
-
-    // One trace, the client's.
-    for span in &spans {
+/// One trace, the client's; connected (every parent arrived, but the
+/// client's own span, under the root `submit job` of the orchestrator
+/// naming the job); no span twice (a resumed step is recorded by one
+/// process only). Returns the root.
+fn one_connected_trace<'a>(spans: &'a [ReceivedSpan], job_id: &str) -> &'a ReceivedSpan {
+    for span in spans {
         assert_eq!(span.trace_id(), CLIENT_TRACE, "{span:#?}");
     }
     // Connected: every parent arrived, but the client's own span.
@@ -178,10 +179,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert_eq!(root.span.name, "submit job");
     assert_eq!(root.parent_id(), CLIENT_SPAN);
     assert_eq!(root.service, "toolfleet-orchestrator");
-    assert_eq!(
-        root.attribute("toolfleet.job_id").as_deref(),
-        Some(job_id.as_str())
-    );
+    assert_eq!(root.attribute("toolfleet.job_id").as_deref(), Some(job_id));
     // No span twice (a resumed step is recorded by one process only).
     let mut twice: Vec<_> = spans
         .iter()
@@ -190,11 +188,14 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         .collect();
     twice.sort();
     assert!(twice.is_empty(), "spans recorded twice: {twice:#?}");
+    root
+}
 
-    // The runs: started by the first orchestrator, resumed by the second,
-    // which links back to the first.
-    let started = one(named(&spans, "start job"), "start job");
-    let resumed = named(&spans, "resume job");
+/// The runs: started by the first orchestrator, resumed by the second,
+/// which links back to the first, all under the root.
+fn started_then_resumed(spans: &[ReceivedSpan], root: &ReceivedSpan) {
+    let started = one(named(spans, "start job"), "start job");
+    let resumed = named(spans, "resume job");
     assert!(!resumed.is_empty(), "no resumed run");
     for run in &resumed {
         assert_eq!(run.parent_id(), root.span_id());
@@ -216,10 +217,12 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         "no run links to the first: {links:?}"
     );
     assert_eq!(started.parent_id(), root.span_id());
+}
 
-    // Two model turns under the root, each with its checkpoint commit: the
-    // first its own, the last (the answer) the commit that ends the job.
-    let turns = named(&spans, "model turn");
+/// Two model turns under the root, each with its checkpoint commit: the
+/// first its own, the last (the answer) the commit that ends the job.
+fn two_turns_with_their_checkpoints(spans: &[ReceivedSpan], root: &ReceivedSpan) {
+    let turns = named(spans, "model turn");
     assert_eq!(turns.len(), 2, "{turns:#?}");
     for turn in &turns {
         assert_eq!(turn.parent_id(), root.span_id());
@@ -229,30 +232,36 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
             Some("2") => "finish",
             other => panic!("turn {other:?}: {turn:#?}"),
         };
-        let commits = children(&spans, turn);
+        let commits = children(spans, turn);
         assert!(
             commits.iter().any(|c| c.span.name == checkpoint),
             "{checkpoint}: {commits:#?}"
         );
     }
+}
 
-    // Each call: one span under the root, its attempts under it, and the
-    // workers' executions under the attempts.
+/// Each call: one span under the root, ok, its attempts under it, and the
+/// workers' executions (with their queue wait) under the attempts. Returns
+/// each tool's attempts.
+fn calls_with_their_attempts<'a>(
+    spans: &'a [ReceivedSpan],
+    root: &ReceivedSpan,
+) -> HashMap<&'static str, Vec<&'a ReceivedSpan>> {
     let mut attempts_of: HashMap<&str, Vec<&ReceivedSpan>> = HashMap::new();
     for tool in ["sleep", "fail", "echo"] {
-        let call = one(named(&spans, &format!("tool call {tool}")), tool);
+        let call = one(named(spans, &format!("tool call {tool}")), tool);
         assert_eq!(call.parent_id(), root.span_id(), "{tool}");
         assert_eq!(
             call.attribute("toolfleet.outcome").as_deref(),
             Some("ok"),
             "{tool}"
         );
-        let attempts: Vec<_> = children(&spans, call)
+        let attempts: Vec<_> = children(spans, call)
             .into_iter()
             .filter(|s| s.span.name.starts_with("attempt "))
             .collect();
         for attempt in &attempts {
-            let executions: Vec<_> = children(&spans, attempt)
+            let executions: Vec<_> = children(spans, attempt)
                 .into_iter()
                 .filter(|s| s.span.name == format!("execute {tool}"))
                 .collect();
@@ -267,8 +276,12 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         }
         attempts_of.insert(tool, attempts);
     }
-    // The retried call: two attempts, the first retryable.
-    let mut retried = attempts_of["fail"].clone();
+    attempts_of
+}
+
+/// The retried call: two attempts, the first retryable, the second ok.
+fn the_retry_is_a_second_attempt(attempts: &[&ReceivedSpan]) {
+    let mut retried = attempts.to_vec();
     retried.sort_by_key(|a| a.attribute("toolfleet.attempt"));
     assert_eq!(retried.len(), 2, "{retried:#?}");
     assert_eq!(
@@ -287,19 +300,63 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         retried[1].attribute("toolfleet.outcome").as_deref(),
         Some("ok")
     );
-    // The call whose worker and orchestrator died: its one attempt was
-    // picked up again by the second orchestrator and run by the other worker.
-    let sleep = one(attempts_of["sleep"].clone(), "the sleep call's attempt");
+}
+
+/// The call whose worker and orchestrator died: its one attempt was
+/// picked up again by the second orchestrator and run by the other worker.
+fn the_killed_call_was_resumed(spans: &[ReceivedSpan], attempts: &[&ReceivedSpan]) {
+    let sleep = one(attempts.to_vec(), "the sleep call's attempt");
     assert_eq!(
         sleep.attribute("toolfleet.resumed").as_deref(),
         Some("true")
     );
     assert_eq!(sleep.attribute("toolfleet.outcome").as_deref(), Some("ok"));
-    let sleep_call = one(named(&spans, "tool call sleep"), "sleep");
+    let sleep_call = one(named(spans, "tool call sleep"), "sleep");
     assert_eq!(
         sleep_call.attribute("toolfleet.resumed").as_deref(),
         Some("true")
     );
+}
+
+/// A job of three parallel calls, one retried, one whose worker and then
+/// orchestrator are killed while it runs, is one connected trace: the
+/// client's, every span once, the run resumed with a link to the first,
+/// each turn with its checkpoint, each call with its attempts and their
+/// executions; its watch, its `GetJob` and its JSON logs name the trace.
+#[tokio::test]
+async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resumed_run()
+-> anyhow::Result<()> {
+    let collector = Collector::start().await?;
+    let export = collector.env();
+    let mut fleet = Fleet::start(test_fleet(2).worker_env(&with(FAST_REDELIVERY, &export))).await?;
+    fleet
+        .spawn_orchestrator(&with(FAST_TAKEOVER, &export))
+        .await?;
+    fleet
+        .wait_for_tools(0, &["sleep", "fail", "echo"], 2)
+        .await?;
+    let api = fleet.api(0).await?;
+    let job_id = submit_in_the_clients_trace(&api).await?;
+    only_the_first_event_names_the_trace(&api, &job_id).await?;
+    kill_the_sleeping_worker_then_the_orchestrator(&fleet, &collector).await?;
+    // The second writes JSON logs: its lines about the job name the trace.
+    let mut json_logs = with(FAST_TAKEOVER, &export);
+    json_logs.push(("TOOLFLEET_LOG__FORMAT", "json"));
+    let second = fleet.spawn_orchestrator(&json_logs).await?;
+    let api = fleet.api(second).await?;
+    let job = wait_finished(&api, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.trace_id, CLIENT_TRACE, "GetJob names the trace");
+    the_json_log_names_the_trace(&fleet, second, &job_id)?;
+
+    stop_all(&fleet).await?;
+    let spans = collector.spans();
+    let root = one_connected_trace(&spans, &job_id);
+    started_then_resumed(&spans, root);
+    two_turns_with_their_checkpoints(&spans, root);
+    let attempts_of = calls_with_their_attempts(&spans, root);
+    the_retry_is_a_second_attempt(&attempts_of["fail"]);
+    the_killed_call_was_resumed(&spans, &attempts_of["sleep"]);
     Ok(())
 }
 

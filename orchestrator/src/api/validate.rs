@@ -744,15 +744,21 @@ mod tests {
         assert_eq!(spec.script.as_deref(), Some(SCRIPT));
     }
 
-    #[test]
-    fn the_model_is_checked_by_its_provider() {
-        let model = |provider: &str, name: &str, script: &str, base_url: &str| v1::ModelSpec {
+    fn model(provider: &str, name: &str, script: &str, base_url: &str) -> v1::ModelSpec {
+        v1::ModelSpec {
             provider: provider.into(),
             name: name.into(),
             script: script.into(),
             base_url: base_url.into(),
             max_tokens: 0,
-        };
+        }
+    }
+
+    /// A model the request spells wrong is `INVALID_ARGUMENT` naming the
+    /// field: no provider, an unknown one, a base URL it may not set, a
+    /// missing or too long name, a script that does not parse or is too big.
+    #[test]
+    fn the_model_is_checked_by_its_provider() {
         let cases = [
             (
                 model("", "", "", ""),
@@ -806,8 +812,14 @@ mod tests {
                 status.message()
             );
         }
-        // What the orchestrator cannot run is a precondition, not the
-        // request's fault.
+    }
+
+    /// What the orchestrator cannot run is a precondition, not the request's
+    /// fault: a scripted model it does not allow, a provider without its key
+    /// (OpenAI, Anthropic); with the key the spec names the provider, the
+    /// model and the request's `max_tokens`.
+    #[test]
+    fn a_model_the_orchestrator_cannot_run_is_a_precondition() {
         let options = ApiOptions::default();
         let status = job_spec(valid(), &caller(None), rules(&options)).unwrap_err();
         assert_eq!(status.code(), Code::FailedPrecondition);

@@ -356,9 +356,9 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn tool_loop_tolerates_server_deviations_and_sends_calls_back() {
-        let server = MockServer::start().await;
+    /// Mounts a llama.cpp/Ollama-style tool turn on `server`, then a final
+    /// answer in two text parts.
+    async fn mount_a_deviant_tool_turn_then_an_answer(server: &MockServer) {
         // A llama.cpp/Ollama-style answer: content null, the second call with
         // no id, no type and object arguments.
         Mock::given(method("POST"))
@@ -378,7 +378,7 @@ mod tests {
             )))
             .up_to_n_times(1)
             .expect(1)
-            .mount(&server)
+            .mount(server)
             .await;
         Mock::given(method("POST"))
             .and(path("/v1/chat/completions"))
@@ -390,8 +390,67 @@ mod tests {
                 "stop",
             )))
             .expect(1)
-            .mount(&server)
+            .mount(server)
             .await;
+    }
+
+    /// The workers' answers to the two calls of the first turn.
+    fn answer_the_calls(items: &mut Vec<Item>) {
+        for (call_id, name, output) in [
+            (
+                "call_abc",
+                "get_weather",
+                r#"{"ok":true,"data":{"temp_c":21}}"#,
+            ),
+            ("call_3_1", "get_time", r#"{"ok":true,"data":"14:00"}"#),
+        ] {
+            items.push(Item::ToolResult {
+                call_id: call_id.into(),
+                name: name.into(),
+                output: output.into(),
+                attempts: 1,
+            });
+        }
+    }
+
+    /// The second request carried the calls back as the wire wants them
+    /// (ids, string arguments, one tool message per result), and every
+    /// request the model, the tools and `parallel_tool_calls`.
+    fn assert_the_calls_went_back(bodies: &[Value]) {
+        let system = json!({"role": "system", "content": "Answer briefly."});
+        let user = json!({"role": "user", "content": "Weather and time in Paris?"});
+        assert_eq!(bodies[0]["messages"], json!([system, user]));
+        assert_eq!(
+            bodies[1]["messages"],
+            json!([
+                system,
+                user,
+                {"role": "assistant", "content": null, "tool_calls": [
+                    {"id": "call_abc", "type": "function",
+                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                    {"id": "call_3_1", "type": "function",
+                     "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}},
+                ]},
+                {"role": "tool", "tool_call_id": "call_abc", "content": r#"{"ok":true,"data":{"temp_c":21}}"#},
+                {"role": "tool", "tool_call_id": "call_3_1", "content": r#"{"ok":true,"data":"14:00"}"#},
+            ])
+        );
+        for body in bodies {
+            assert_eq!(body["model"], "gpt-test");
+            assert_eq!(body["tools"][0]["function"]["name"], "get_weather");
+            assert_eq!(body["tools"][1]["function"]["strict"], true);
+            assert_eq!(body["parallel_tool_calls"], true);
+        }
+    }
+
+    /// A tool turn with null content, a call without id or type and object
+    /// arguments, finished by `stop`, reads as two calls (the missing id from
+    /// turn and index); the answer in text parts reads as one text; the calls
+    /// and results go back in the wire format.
+    #[tokio::test]
+    async fn tool_loop_tolerates_server_deviations_and_sends_calls_back() {
+        let server = MockServer::start().await;
+        mount_a_deviant_tool_turn_then_an_answer(&server).await;
         let provider = ChatCompletions::new(&options(&server)).unwrap();
         let tools = [tool("get_weather"), tool("get_time")];
         let mut items = vec![Item::User {
@@ -418,21 +477,7 @@ mod tests {
             "no text item for null content; the missing id comes from turn and index"
         );
         items.extend(first.items);
-        for (call_id, name, output) in [
-            (
-                "call_abc",
-                "get_weather",
-                r#"{"ok":true,"data":{"temp_c":21}}"#,
-            ),
-            ("call_3_1", "get_time", r#"{"ok":true,"data":"14:00"}"#),
-        ] {
-            items.push(Item::ToolResult {
-                call_id: call_id.into(),
-                name: name.into(),
-                output: output.into(),
-                attempts: 1,
-            });
-        }
+        answer_the_calls(&mut items);
 
         let second = provider.turn(request(&items, &tools, 4)).await.unwrap();
         assert_eq!(second.text(), "21°C in Paris, at 14:00.");
@@ -440,30 +485,7 @@ mod tests {
 
         let bodies = request_bodies(&server, RequestKind::ChatCompletions).await;
         assert_eq!(bodies.len(), 2);
-        let system = json!({"role": "system", "content": "Answer briefly."});
-        let user = json!({"role": "user", "content": "Weather and time in Paris?"});
-        assert_eq!(bodies[0]["messages"], json!([system, user]));
-        assert_eq!(
-            bodies[1]["messages"],
-            json!([
-                system,
-                user,
-                {"role": "assistant", "content": null, "tool_calls": [
-                    {"id": "call_abc", "type": "function",
-                     "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
-                    {"id": "call_3_1", "type": "function",
-                     "function": {"name": "get_time", "arguments": "{\"city\":\"Paris\"}"}},
-                ]},
-                {"role": "tool", "tool_call_id": "call_abc", "content": r#"{"ok":true,"data":{"temp_c":21}}"#},
-                {"role": "tool", "tool_call_id": "call_3_1", "content": r#"{"ok":true,"data":"14:00"}"#},
-            ])
-        );
-        for body in &bodies {
-            assert_eq!(body["model"], "gpt-test");
-            assert_eq!(body["tools"][0]["function"]["name"], "get_weather");
-            assert_eq!(body["tools"][1]["function"]["strict"], true);
-            assert_eq!(body["parallel_tool_calls"], true);
-        }
+        assert_the_calls_went_back(&bodies);
     }
 
     #[tokio::test]

@@ -374,20 +374,15 @@ mod tests {
         }
     }
 
-    #[test]
-    fn next_step_covers_every_branch() {
-        let spec = spec();
-        let state = RunState {
-            spec: &spec,
-            rounds: 1,
-            cancel_requested: false,
-            stop: None,
-            now_ms: 500,
-            wire_ids: &WireIds::Legacy,
-        };
+    /// A case of `next_step`: its story, the job's items, the run's state,
+    /// and what the step must be.
+    type Case<'a> = (&'a str, Vec<Item>, RunState<'a>, Box<dyn Fn(&Step) -> bool>);
+
+    /// Every branch of `next_step`, from a run in its first round at 500 ms
+    /// of a job whose deadline is 1 s.
+    fn next_step_cases(state: RunState<'_>) -> Vec<Case<'_>> {
         let failed = |code| move |step: &Step| matches!(step, Step::Finish(Ending::Failed(e)) if e.code == code);
-        type Case<'a> = (&'a str, Vec<Item>, RunState<'a>, Box<dyn Fn(&Step) -> bool>);
-        let cases: Vec<Case<'_>> = vec![
+        vec![
             (
                 "a new job plays a turn",
                 vec![user()],
@@ -480,8 +475,22 @@ mod tests {
                 RunState { rounds: 3, ..state },
                 Box::new(failed(JobErrorCode::MaxToolRoundsExceeded)),
             ),
-        ];
-        for (story, items, state, expected) in cases {
+        ]
+    }
+
+    /// Each case of `next_step_cases` takes the step its story says.
+    #[test]
+    fn next_step_covers_every_branch() {
+        let spec = spec();
+        let state = RunState {
+            spec: &spec,
+            rounds: 1,
+            cancel_requested: false,
+            stop: None,
+            now_ms: 500,
+            wire_ids: &WireIds::Legacy,
+        };
+        for (story, items, state, expected) in next_step_cases(state) {
             let step = next_step(&items, state);
             assert!(expected(&step), "{story}: got {step:?}");
         }
