@@ -208,6 +208,40 @@ impl Orchestrator {
         api: &StartingApi,
         stopping: &CancellationToken,
     ) -> Result<Running, StartError> {
+        let connected = self.connect().await?;
+        let providers = Arc::new(Providers::new(
+            self.options.openai.clone(),
+            self.options.anthropic.clone(),
+        ));
+        api.serve(self.agent_api(&connected, providers.clone(), stopping));
+        let instance = self.options.resolved_instance_id();
+        let runner = self.runner(&connected, providers, &instance);
+        Ok(self.spawn(connected, runner, instance))
+    }
+
+    /// The API of this replica, on its connections.
+    fn agent_api(
+        &self,
+        connected: &Connected,
+        providers: Arc<Providers>,
+        stopping: &CancellationToken,
+    ) -> AgentApi {
+        let store = &connected.store;
+        AgentApi {
+            store: store.clone(),
+            live: connected.live.clone(),
+            js: connected.js.clone(),
+            registry: connected.registry.handle(),
+            providers,
+            limits: TenantLimits::new(store.clone()),
+            options: self.options.api.clone(),
+            stopping: stopping.clone(),
+        }
+    }
+
+    /// The runner of this replica, known in leases as `instance`, with the
+    /// dispatcher of its jobs' calls.
+    fn runner(&self, connected: &Connected, providers: Arc<Providers>, instance: &str) -> Runner {
         let options = &self.options;
         let Connected {
             nats,
@@ -216,11 +250,7 @@ impl Orchestrator {
             live,
             registry,
             missing,
-        } = self.connect().await?;
-        let providers = Arc::new(Providers::new(
-            options.openai.clone(),
-            options.anthropic.clone(),
-        ));
+        } = connected;
         let dispatcher = Dispatcher {
             nats: nats.clone(),
             js: js.clone(),
@@ -230,27 +260,28 @@ impl Orchestrator {
             options: options.dispatch.clone(),
             approval: options.approval.clone(),
         };
-        let instance = options.resolved_instance_id();
-        let runner = Runner {
+        Runner {
             js: js.clone(),
             store: store.clone(),
             live: live.clone(),
             dispatcher,
-            providers: providers.clone(),
-            options: options.runner.clone(),
-            owner: instance.clone(),
-            missing,
-        };
-        api.serve(AgentApi {
-            store: store.clone(),
-            live,
-            js: js.clone(),
-            registry: registry.handle(),
             providers,
-            limits: TenantLimits::new(store.clone()),
-            options: options.api.clone(),
-            stopping: stopping.clone(),
-        });
+            options: options.runner.clone(),
+            owner: instance.to_owned(),
+            missing: *missing,
+        }
+    }
+
+    /// Starts the registry watch, the gauges, the sweeper and `runner`,
+    /// each stopped by the drain of the [`Running`] it returns.
+    fn spawn(&self, connected: Connected, runner: Runner, instance: String) -> Running {
+        let Connected {
+            nats,
+            js,
+            store,
+            registry,
+            ..
+        } = connected;
         let tasks = TaskTracker::new();
         let background = CancellationToken::new();
         let jobs = CancellationToken::new();
@@ -265,7 +296,7 @@ impl Orchestrator {
             background.clone(),
         ));
         tasks.spawn(registry.run(background.clone()));
-        let sweep = &options.runner;
+        let sweep = &self.options.runner;
         tasks.spawn(runner::sweep::run(
             store,
             js,
@@ -275,14 +306,14 @@ impl Orchestrator {
         ));
         let runner = tasks.spawn(runner.run(jobs.clone()));
         tasks.close();
-        Ok(Running {
+        Running {
             instance,
             nats,
             tasks,
             runner,
             jobs: jobs.drop_guard(),
             background: background.drop_guard(),
-        })
+        }
     }
 
     /// Connects to NATS and Redis, and waits for the job stream and the
