@@ -74,6 +74,100 @@ pub mod headers {
     pub const CANCEL: &str = "Toolfleet-Cancel";
 }
 
+/// The attribute names of the spans of a job's trace (docs/observability.md
+/// draws the tree): toolfleet's own under `toolfleet.`, and the
+/// OpenTelemetry semantic conventions the spans follow. What a trace view or
+/// a test reads of a span is one of these.
+pub mod span_attributes {
+    /// The job's id (the submission's root span and each run's span).
+    pub const JOB_ID: &str = "toolfleet.job_id";
+    /// The tenant that submitted the job, or that decided a held call.
+    pub const TENANT: &str = "toolfleet.tenant";
+    /// The model provider the submitted job names (`openai-responses`, ...).
+    pub const PROVIDER: &str = "toolfleet.provider";
+    /// Whether a submission was a repeat of an earlier one (its idempotency
+    /// key named a job already submitted).
+    pub const DUPLICATE: &str = "toolfleet.duplicate";
+    /// The lease epoch of a run of the job.
+    pub const EPOCH: &str = "toolfleet.epoch";
+    /// The replica (lease owner) that ran the job.
+    pub const REPLICA: &str = "toolfleet.replica";
+    /// Whether a run, a call or an attempt picked up what an earlier
+    /// runner had begun.
+    pub const RESUMED: &str = "toolfleet.resumed";
+    /// The number of a model turn, from 1.
+    pub const TURN: &str = "toolfleet.turn";
+    /// How many tool calls a model turn made.
+    pub const TOOL_CALLS: &str = "toolfleet.tool_calls";
+    /// The tool of a call, an approval, an attempt or an execution.
+    pub const TOOL: &str = "toolfleet.tool";
+    /// The id a call's events show (its event id), on its call and approval
+    /// spans.
+    pub const CALL_ID: &str = "toolfleet.call_id";
+    /// The number of an attempt, from 1.
+    pub const ATTEMPT: &str = "toolfleet.attempt";
+    /// How many attempts a call took when it settled (0: answered by the
+    /// orchestrator's own checks).
+    pub const ATTEMPTS: &str = "toolfleet.attempts";
+    /// How a call, an attempt, an execution or a model turn ended: `ok` or
+    /// the error code.
+    pub const OUTCOME: &str = "toolfleet.outcome";
+    /// Who produced a call's envelope when it was not a worker (`operator`).
+    pub const OUTCOME_SOURCE: &str = "toolfleet.outcome.source";
+    /// Whether a failed envelope may be retried.
+    pub const RETRYABLE: &str = "toolfleet.retryable";
+    /// What a failed envelope says of its side effect.
+    pub const SIDE_EFFECT: &str = "toolfleet.side_effect";
+    /// The decision taken on a held call (`approved`, `rejected`, or an
+    /// operator's verdict: `applied`, `not_applied`, `failed`).
+    pub const DECISION: &str = "toolfleet.decision";
+    /// The approval rule that held a call.
+    pub const APPROVAL_RULE: &str = "toolfleet.approval.rule";
+    /// What a held call waited for: `approval`, or `outcome` (an
+    /// operator's verdict on an unknown outcome).
+    pub const APPROVAL_KIND: &str = "toolfleet.approval.kind";
+    /// Who decided a held call, when the decision names them.
+    pub const APPROVER: &str = "toolfleet.approver";
+    /// Whether an execution was answered from the worker's ledger (a stored
+    /// result) without running.
+    pub const LEDGER_HIT: &str = "toolfleet.ledger_hit";
+    /// Whether an execution handed its call back to be delivered again.
+    pub const HANDED_BACK: &str = "toolfleet.handed_back";
+    /// How long the tool ran, in milliseconds.
+    pub const RUN_MS: &str = "toolfleet.run_ms";
+    /// Which delivery of the call message an execution was (from 1).
+    pub const DELIVERY: &str = "toolfleet.delivery";
+    /// How long the call message waited in its queue, in milliseconds.
+    pub const QUEUE_WAIT_MS: &str = "toolfleet.queue_wait_ms";
+
+    /// OpenTelemetry's RPC convention: the RPC system (`grpc`).
+    pub const RPC_SYSTEM: &str = "rpc.system";
+    /// OpenTelemetry's RPC convention: the method called (`SubmitJob`).
+    pub const RPC_METHOD: &str = "rpc.method";
+    /// OpenTelemetry's messaging convention: the messaging system (`nats`).
+    pub const MESSAGING_SYSTEM: &str = "messaging.system";
+    /// OpenTelemetry's database convention: the database system (`redis`).
+    pub const DB_SYSTEM: &str = "db.system";
+    /// OpenTelemetry's database convention: the operation (the job
+    /// store's verb, such as `record_turn`).
+    pub const DB_OPERATION: &str = "db.operation";
+    /// OpenTelemetry's GenAI convention: the model provider.
+    pub const GEN_AI_SYSTEM: &str = "gen_ai.system";
+    /// OpenTelemetry's GenAI convention: the model the job asked for.
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens.
+    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's output tokens.
+    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens read from
+    /// the provider's prompt cache.
+    pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens written to
+    /// the provider's prompt cache.
+    pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
+        "gen_ai.usage.cache_creation.input_tokens";
+}
+
 /// The subject calls of `tool` are published to.
 pub fn call_subject(tool: &str) -> String {
     format!("{CALL_SUBJECT_PREFIX}{tool}")

@@ -37,6 +37,7 @@ use opentelemetry_sdk::trace::{
 };
 use sha2::{Digest, Sha256};
 use toolfleet_proto::Envelope;
+use toolfleet_proto::names::span_attributes;
 
 pub use opentelemetry::trace::{SpanContext, SpanKind};
 
@@ -408,12 +409,12 @@ impl StepSpan {
             return;
         }
         match envelope.error() {
-            None => self.set("toolfleet.outcome", "ok"),
+            None => self.set(span_attributes::OUTCOME, "ok"),
             Some(error) => {
-                self.set("toolfleet.outcome", error.code.as_str().to_owned());
-                self.set("toolfleet.retryable", error.retryable);
+                self.set(span_attributes::OUTCOME, error.code.as_str().to_owned());
+                self.set(span_attributes::RETRYABLE, error.retryable);
                 if let Some(effect) = &error.side_effect {
-                    self.set("toolfleet.side_effect", effect.clone());
+                    self.set(span_attributes::SIDE_EFFECT, effect.clone());
                 }
                 self.fail(error.code.as_str().to_owned());
             }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
+use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::otlp::{Collector, ReceivedSpan};
@@ -179,7 +180,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert_eq!(root.parent_id(), CLIENT_SPAN);
     assert_eq!(root.service, "toolfleet-orchestrator");
     assert_eq!(
-        root.attribute("toolfleet.job_id").as_deref(),
+        root.attribute(span_attributes::JOB_ID).as_deref(),
         Some(job_id.as_str())
     );
     // No span twice (a resumed step is recorded by one process only).
@@ -198,7 +199,10 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert!(!resumed.is_empty(), "no resumed run");
     for run in &resumed {
         assert_eq!(run.parent_id(), root.span_id());
-        assert_eq!(run.attribute("toolfleet.resumed").as_deref(), Some("true"));
+        assert_eq!(
+            run.attribute(span_attributes::RESUMED).as_deref(),
+            Some("true")
+        );
         assert_eq!(run.span.links.len(), 1, "{run:#?}");
     }
     let links: HashSet<String> = resumed
@@ -223,8 +227,11 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     assert_eq!(turns.len(), 2, "{turns:#?}");
     for turn in &turns {
         assert_eq!(turn.parent_id(), root.span_id());
-        assert_eq!(turn.attribute("gen_ai.system").as_deref(), Some("scripted"));
-        let checkpoint = match turn.attribute("toolfleet.turn").as_deref() {
+        assert_eq!(
+            turn.attribute(span_attributes::GEN_AI_SYSTEM).as_deref(),
+            Some("scripted")
+        );
+        let checkpoint = match turn.attribute(span_attributes::TURN).as_deref() {
             Some("1") => "record_turn",
             Some("2") => "finish",
             other => panic!("turn {other:?}: {turn:#?}"),
@@ -243,7 +250,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
         let call = one(named(&spans, &format!("tool call {tool}")), tool);
         assert_eq!(call.parent_id(), root.span_id(), "{tool}");
         assert_eq!(
-            call.attribute("toolfleet.outcome").as_deref(),
+            call.attribute(span_attributes::OUTCOME).as_deref(),
             Some("ok"),
             "{tool}"
         );
@@ -262,42 +269,49 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
             );
             for execution in executions {
                 assert_eq!(execution.service, "toolfleet-worker");
-                assert!(execution.attribute("toolfleet.queue_wait_ms").is_some());
+                assert!(
+                    execution
+                        .attribute(span_attributes::QUEUE_WAIT_MS)
+                        .is_some()
+                );
             }
         }
         attempts_of.insert(tool, attempts);
     }
     // The retried call: two attempts, the first retryable.
     let mut retried = attempts_of["fail"].clone();
-    retried.sort_by_key(|a| a.attribute("toolfleet.attempt"));
+    retried.sort_by_key(|a| a.attribute(span_attributes::ATTEMPT));
     assert_eq!(retried.len(), 2, "{retried:#?}");
     assert_eq!(
-        retried[0].attribute("toolfleet.attempt").as_deref(),
+        retried[0].attribute(span_attributes::ATTEMPT).as_deref(),
         Some("1")
     );
     assert_eq!(
-        retried[0].attribute("toolfleet.retryable").as_deref(),
+        retried[0].attribute(span_attributes::RETRYABLE).as_deref(),
         Some("true")
     );
     assert_eq!(
-        retried[1].attribute("toolfleet.attempt").as_deref(),
+        retried[1].attribute(span_attributes::ATTEMPT).as_deref(),
         Some("2")
     );
     assert_eq!(
-        retried[1].attribute("toolfleet.outcome").as_deref(),
+        retried[1].attribute(span_attributes::OUTCOME).as_deref(),
         Some("ok")
     );
     // The call whose worker and orchestrator died: its one attempt was
     // picked up again by the second orchestrator and run by the other worker.
     let sleep = one(attempts_of["sleep"].clone(), "the sleep call's attempt");
     assert_eq!(
-        sleep.attribute("toolfleet.resumed").as_deref(),
+        sleep.attribute(span_attributes::RESUMED).as_deref(),
         Some("true")
     );
-    assert_eq!(sleep.attribute("toolfleet.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        sleep.attribute(span_attributes::OUTCOME).as_deref(),
+        Some("ok")
+    );
     let sleep_call = one(named(&spans, "tool call sleep"), "sleep");
     assert_eq!(
-        sleep_call.attribute("toolfleet.resumed").as_deref(),
+        sleep_call.attribute(span_attributes::RESUMED).as_deref(),
         Some("true")
     );
     Ok(())
@@ -441,11 +455,11 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
     let wait = one(named(&spans, "approval calculate"), "the wait");
     assert_eq!(wait.parent_id(), call.span_id(), "under its call");
     assert_eq!(
-        wait.attribute("toolfleet.decision").as_deref(),
+        wait.attribute(span_attributes::DECISION).as_deref(),
         Some("approved")
     );
     assert_eq!(
-        wait.attribute("toolfleet.approval.rule").as_deref(),
+        wait.attribute(span_attributes::APPROVAL_RULE).as_deref(),
         Some("job")
     );
     let lasted = wait.span.end_time_unix_nano - wait.span.start_time_unix_nano;
