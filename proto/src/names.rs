@@ -240,11 +240,14 @@ fn unfinished_shard_of(job_id: &JobId) -> u32 {
 
 impl Default for RedisKeys {
     fn default() -> Self {
-        Self::new("tf")
+        Self::new(Self::DEFAULT_PREFIX)
     }
 }
 
 impl RedisKeys {
+    /// The prefix of the keys when none is configured (`redis.key_prefix`).
+    pub const DEFAULT_PREFIX: &str = "tf";
+
     /// Keys under `prefix`, e.g. `tf` or `tenant-a:tf`.
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
@@ -353,6 +356,21 @@ impl RedisKeys {
         self.job_key(job_id, "lease")
     }
 
+    /// The `SCAN MATCH` pattern of every key of one job: those under its
+    /// hash tag, its calls' ledger keys among them (not its tenant's
+    /// indexes, nor the shards that list it).
+    pub fn job_keys_pattern(&self, job_id: &JobId) -> String {
+        self.job_key(job_id, "*")
+    }
+
+    /// The key of job `to` that is what `key` is of job `from` (a copy of a
+    /// job keeps every key's layout; only the hash tag changes); `None` if
+    /// `key` is not one of `from`'s.
+    pub fn retag_job_key(&self, key: &str, from: &JobId, to: &JobId) -> Option<String> {
+        let rest = key.strip_prefix(self.job_key(from, "").as_str())?;
+        Some(self.job_key(to, rest))
+    }
+
     /// The shard of the index of unfinished jobs that holds `job_id`
     /// (`<prefix>:unfinished:{<shard>}`, a sorted set scored by submission
     /// time). The sweeper finds jobs there whose queue message was lost.
@@ -405,6 +423,20 @@ impl RedisKeys {
     /// that `ListJobs` reads, newest first.
     pub fn tenant_jobs(&self, tenant: &str) -> String {
         format!("{}:jobs:{{{tenant}}}", self.prefix)
+    }
+
+    /// The `SCAN MATCH` pattern of every tenant's
+    /// [`tenant_jobs`](Self::tenant_jobs) index.
+    pub fn tenant_jobs_pattern(&self) -> String {
+        format!("{}:jobs:*", self.prefix)
+    }
+
+    /// The tenant whose [`tenant_jobs`](Self::tenant_jobs) index `key` is;
+    /// `None` for any other key.
+    pub fn tenant_of_jobs_index<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":jobs:{")?
+            .strip_suffix('}')
     }
 
     /// A tenant's held calls, scored by when they were held (a sorted set
@@ -490,6 +522,13 @@ mod tests {
         }
 
         #[test]
+        fn every_tenant_jobs_index_parses_back_to_its_tenant(tenant in "[a-z0-9_-]{1,64}") {
+            let keys = RedisKeys::default();
+            let index = keys.tenant_jobs(&tenant);
+            prop_assert_eq!(keys.tenant_of_jobs_index(&index), Some(tenant.as_str()));
+        }
+
+        #[test]
         fn every_registry_key_parses_back(tool in "[a-zA-Z0-9_-]{1,64}", worker in "[a-z0-9-]{1,40}") {
             let key = registry_key(&tool, &worker);
             prop_assert_eq!(parse_registry_key(&key), Some((tool.as_str(), worker.as_str())));
@@ -565,6 +604,55 @@ mod tests {
         assert!(
             keys.unfinished_shards()
                 .all(|k| k.starts_with("tenant-a:tf:unfinished:{"))
+        );
+    }
+
+    /// What a tool that reads the store back (the bench's `--stored-jobs`)
+    /// finds by pattern: every tenant's job index, and every key of a job.
+    #[test]
+    fn the_patterns_find_the_indexes_and_a_jobs_keys() {
+        let keys = RedisKeys::new("tenant-a:tf");
+        assert_eq!(keys.tenant_jobs_pattern(), "tenant-a:tf:jobs:*");
+        let index = keys.tenant_jobs("acme");
+        assert!(index.starts_with(keys.tenant_jobs_pattern().trim_end_matches('*')));
+        assert_eq!(keys.tenant_of_jobs_index(&index), Some("acme"));
+        for other in [
+            keys.tenant_active_jobs("acme"),
+            keys.tenant_approvals("acme"),
+            RedisKeys::new("tf").tenant_jobs("acme"),
+            format!("{index}:more"),
+        ] {
+            assert_eq!(keys.tenant_of_jobs_index(&other), None, "{other}");
+        }
+
+        let job = JobId::new("acme", 1, 2);
+        let copy = JobId::new("acme", 3, 4);
+        let pattern = keys.job_keys_pattern(&job);
+        assert_eq!(pattern, format!("tenant-a:tf:{{{job}}}:*"));
+        let of_job = [
+            keys.job(&job),
+            keys.job_items(&job),
+            keys.job_events(&job),
+            keys.job_attempts(&job),
+            keys.job_tools(&job),
+            keys.job_approvals(&job),
+            keys.job_lease(&job),
+            keys.call_result(&job, "echo", "c", 1),
+            keys.call_claim(&job, "echo", "c", 1),
+        ];
+        for key in &of_job {
+            assert!(key.starts_with(pattern.trim_end_matches('*')), "{key}");
+            let copied = keys.retag_job_key(key, &job, &copy).unwrap();
+            assert_eq!(copied, key.replacen(job.as_str(), copy.as_str(), 1));
+            assert_eq!(keys.retag_job_key(&copied, &job, &copy), None);
+        }
+        assert_eq!(
+            keys.retag_job_key(&keys.job(&job), &job, &copy),
+            Some(keys.job(&copy))
+        );
+        assert_eq!(
+            keys.retag_job_key(&keys.tenant_jobs("acme"), &job, &copy),
+            None
         );
     }
 
