@@ -1,5 +1,7 @@
-//! Every wire name of toolfleet: NATS subjects, streams, consumers, headers and
-//! KV buckets, and the Redis key layout. No other module spells one.
+//! Every wire name of toolfleet: NATS subjects, streams, consumers, headers,
+//! KV buckets and inbox prefixes, the Redis key layout, the keys of a job's
+//! metadata that toolfleet sets, and the attribute names of a job's spans.
+//! No other module spells one.
 //!
 //! Redis keys of one job share the hash tag `{<job_id>}` so that a job's
 //! updates can be atomic (MULTI or Lua) and the layout works on Redis Cluster.
@@ -72,6 +74,26 @@ pub mod headers {
     /// Set (to "1") on a message of a call subject that cancels the call it
     /// names (its job was cancelled), rather than asking for it to run.
     pub const CANCEL: &str = "Toolfleet-Cancel";
+    /// W3C trace context: the span a call message (or a client's request to
+    /// the API, in its gRPC metadata) continues.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// W3C trace context: the vendors' entries that go with [`TRACEPARENT`].
+    pub const TRACESTATE: &str = "tracestate";
+}
+
+/// Keys of a job's metadata (`SubmitJobRequest.metadata`) that toolfleet
+/// itself sets and reads back.
+pub mod job_metadata {
+    /// Marks a call job that `toolfleet mcp-serve` made (its value the MCP
+    /// method, `tools/call`): an MCP task names no other job of the tenant.
+    pub const MCP: &str = "toolfleet.mcp";
+}
+
+/// The inbox prefix of the NATS user `user` (its `nats.inbox_prefix`): the
+/// NATS users file lets each user subscribe to its own inboxes only
+/// (`deploy/nats/toolfleet-users.conf`).
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX.{user}")
 }
 
 /// The attribute names of the spans of a job's trace (docs/observability.md

@@ -202,7 +202,10 @@ fn is_cancel(message: &Message) -> bool {
 fn trace_context(message: &Message) -> Option<SpanContext> {
     let headers = message.headers.as_ref()?;
     let header = |name: &str| headers.get(name).map(|v| v.as_str());
-    traces::extract(header("traceparent"), header("tracestate"))
+    traces::extract(
+        header(names::headers::TRACEPARENT),
+        header(names::headers::TRACESTATE),
+    )
 }
 
 /// The span of this delivery's execution, a child of the attempt that sent
