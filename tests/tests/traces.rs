@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
-use toolfleet_proto::names::span_attributes;
+use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::otlp::{Collector, ReceivedSpan};
@@ -89,7 +89,7 @@ async fn a_job_is_one_connected_trace_across_a_retry_a_killed_worker_and_a_resum
     ]);
     let mut request = tonic::Request::new(scripted_job("trace me", &script));
     request.metadata_mut().insert(
-        "traceparent",
+        names::headers::TRACEPARENT,
         format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01").parse()?,
     );
     let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
