@@ -286,32 +286,39 @@ async fn ask_model(
     if let Some(usage) = &turn.usage {
         crate::metrics::model_tokens(provider, usage);
     }
-    if span.is_recording() {
-        span.set(
-            span_attributes::TOOL_CALLS,
-            turn.tool_calls().count() as i64,
-        );
-        if let Some(usage) = turn.usage {
-            span.set(
-                span_attributes::GEN_AI_USAGE_INPUT_TOKENS,
-                usage.input_tokens as i64,
-            );
-            span.set(
-                span_attributes::GEN_AI_USAGE_OUTPUT_TOKENS,
-                usage.output_tokens as i64,
-            );
-            // OpenTelemetry's GenAI names for the prompt cache.
-            span.set(
-                span_attributes::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-                usage.cache_read_tokens as i64,
-            );
-            span.set(
-                span_attributes::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
-                usage.cache_write_tokens as i64,
-            );
-        }
-    }
+    record_answer(span, &turn);
     Asked::Turn(turn)
+}
+
+/// What the span of a turn records of the model's answer: how many calls it
+/// made and the tokens it took.
+fn record_answer(span: &mut StepSpan, turn: &Turn) {
+    if !span.is_recording() {
+        return;
+    }
+    span.set(
+        span_attributes::TOOL_CALLS,
+        turn.tool_calls().count() as i64,
+    );
+    if let Some(usage) = &turn.usage {
+        span.set(
+            span_attributes::GEN_AI_USAGE_INPUT_TOKENS,
+            usage.input_tokens as i64,
+        );
+        span.set(
+            span_attributes::GEN_AI_USAGE_OUTPUT_TOKENS,
+            usage.output_tokens as i64,
+        );
+        // OpenTelemetry's GenAI names for the prompt cache.
+        span.set(
+            span_attributes::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            usage.cache_read_tokens as i64,
+        );
+        span.set(
+            span_attributes::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+            usage.cache_write_tokens as i64,
+        );
+    }
 }
 
 /// A tool as the model is told about it.
