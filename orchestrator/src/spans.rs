@@ -16,6 +16,7 @@
 //!    └─ record_call_result
 //! ```
 
+use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::{EventId, WireId};
 use toolfleet_service::traces::{SpanContext, SpanKind, StepSpan};
 
@@ -79,10 +80,10 @@ pub(crate) fn run(
         None,
     );
     if let Some(trace) = trace.filter(|_| span.is_recording()) {
-        span.set("toolfleet.job_id", job_id.to_string());
-        span.set("toolfleet.epoch", epoch_value(epoch));
-        span.set("toolfleet.replica", owner.to_owned());
-        span.set("toolfleet.resumed", resumed);
+        span.set(span_attributes::JOB_ID, job_id.to_string());
+        span.set(span_attributes::EPOCH, epoch_value(epoch));
+        span.set(span_attributes::REPLICA, owner.to_owned());
+        span.set(span_attributes::RESUMED, resumed);
         if epoch > 1 {
             span.link(trace.step(&format!("run:{}", epoch - 1)));
         }
@@ -97,9 +98,9 @@ pub(crate) fn turn(trace: Option<&JobTrace>, turn: u32, spec: &JobSpec) -> StepS
     };
     let step = Step::Turn(turn).name();
     let mut span = StepSpan::step(Some(trace), "model turn", SpanKind::Client, &step, None);
-    span.set("gen_ai.system", spec.provider.as_str());
-    span.set("gen_ai.request.model", spec.model.clone());
-    span.set("toolfleet.turn", i64::from(turn));
+    span.set(span_attributes::GEN_AI_SYSTEM, spec.provider.as_str());
+    span.set(span_attributes::GEN_AI_REQUEST_MODEL, spec.model.clone());
+    span.set(span_attributes::TURN, i64::from(turn));
     span
 }
 
@@ -111,8 +112,8 @@ pub(crate) fn call(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan {
     let name = format!("tool call {}", call.tool);
     let step = Step::Call(call.wire_id).name();
     let mut span = StepSpan::step(Some(trace), name, SpanKind::Internal, &step, None);
-    span.set("toolfleet.tool", call.tool.to_owned());
-    span.set("toolfleet.call_id", call.event_id.to_string());
+    span.set(span_attributes::TOOL, call.tool.to_owned());
+    span.set(span_attributes::CALL_ID, call.event_id.to_string());
     span
 }
 
@@ -129,8 +130,8 @@ pub(crate) fn approval(trace: Option<&JobTrace>, call: CallRef<'_>) -> StepSpan 
         &Step::Approval(call.wire_id).name(),
         Some(&Step::Call(call.wire_id).name()),
     );
-    span.set("toolfleet.tool", call.tool.to_owned());
-    span.set("toolfleet.call_id", call.event_id.to_string());
+    span.set(span_attributes::TOOL, call.tool.to_owned());
+    span.set(span_attributes::CALL_ID, call.event_id.to_string());
     span
 }
 
@@ -152,10 +153,10 @@ pub(crate) fn attempt(
         &Step::Attempt(call.wire_id, attempt).name(),
         Some(&Step::Call(call.wire_id).name()),
     );
-    span.set("toolfleet.tool", call.tool.to_owned());
-    span.set("toolfleet.attempt", i64::from(attempt));
-    span.set("toolfleet.resumed", resumed);
-    span.set("messaging.system", "nats");
+    span.set(span_attributes::TOOL, call.tool.to_owned());
+    span.set(span_attributes::ATTEMPT, i64::from(attempt));
+    span.set(span_attributes::RESUMED, resumed);
+    span.set(span_attributes::MESSAGING_SYSTEM, "nats");
     span
 }
 
@@ -167,8 +168,8 @@ pub(crate) fn commit(trace: Option<&JobTrace>, parent: Step<'_>, verb: &'static 
     };
     let parent = trace.step(&parent.name());
     let mut span = StepSpan::child(Some(&parent), verb, SpanKind::Client);
-    span.set("db.system", "redis");
-    span.set("db.operation", verb);
+    span.set(span_attributes::DB_SYSTEM, "redis");
+    span.set(span_attributes::DB_OPERATION, verb);
     span
 }
 

@@ -18,7 +18,7 @@ use std::time::Duration;
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde_json::json;
 use toolfleet_proto::envelope::StoredResult;
-use toolfleet_proto::{Envelope, JobEvent, ToolCall, check_arguments};
+use toolfleet_proto::{Envelope, JobEvent, JobId, ToolCall, check_arguments, names};
 
 /// A call as the bench's agent workload makes it, with a weather-like
 /// schema (a required string and an enum).
@@ -31,7 +31,9 @@ fn call() -> ToolCall {
         arguments: r#"{"location":"Boston, MA","unit":"celsius"}"#.into(),
         deadline_ms: Some(1_796_153_412_076),
         idempotency_key: "default-01a2331609e7c45b15842200694f:c7b085858d03e411dff618421".into(),
-        reply_to: Some("toolfleet.reply.default-01a2331609e7c45b15842200694f".into()),
+        reply_to: Some(names::reply_subject(
+            &JobId::parse("default-01a2331609e7c45b15842200694f").expect("a job id"),
+        )),
     }
 }
 

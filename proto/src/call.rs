@@ -255,7 +255,8 @@ mod tests {
             ("idempotency_key", |c| c.idempotency_key = "a b".into()),
             ("idempotency_key", |c| c.idempotency_key = "k".repeat(257)),
             ("reply_to", |c| {
-                c.reply_to = Some("toolfleet.reply.other-job".into())
+                let other = crate::job::JobId::new("acme", 2, 3);
+                c.reply_to = Some(crate::names::reply_subject(&other));
             }),
         ];
         for (field, spoil) in cases {

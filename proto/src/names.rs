@@ -1,5 +1,7 @@
-//! Every wire name of toolfleet: NATS subjects, streams, consumers, headers and
-//! KV buckets, and the Redis key layout. No other module spells one.
+//! Every wire name of toolfleet: NATS subjects, streams, consumers, headers,
+//! KV buckets and inbox prefixes, the Redis key layout, the keys of a job's
+//! metadata that toolfleet sets, and the attribute names of a job's spans.
+//! No other module spells one.
 //!
 //! Redis keys of one job share the hash tag `{<job_id>}` so that a job's
 //! updates can be atomic (MULTI or Lua) and the layout works on Redis Cluster.
@@ -72,6 +74,120 @@ pub mod headers {
     /// Set (to "1") on a message of a call subject that cancels the call it
     /// names (its job was cancelled), rather than asking for it to run.
     pub const CANCEL: &str = "Toolfleet-Cancel";
+    /// W3C trace context: the span a call message (or a client's request to
+    /// the API, in its gRPC metadata) continues.
+    pub const TRACEPARENT: &str = "traceparent";
+    /// W3C trace context: the vendors' entries that go with [`TRACEPARENT`].
+    pub const TRACESTATE: &str = "tracestate";
+}
+
+/// Keys of a job's metadata (`SubmitJobRequest.metadata`) that toolfleet
+/// itself sets and reads back.
+pub mod job_metadata {
+    /// Marks a call job that `toolfleet mcp-serve` made (its value the MCP
+    /// method, `tools/call`): an MCP task names no other job of the tenant.
+    pub const MCP: &str = "toolfleet.mcp";
+}
+
+/// The inbox prefix of the NATS user `user` (its `nats.inbox_prefix`): the
+/// NATS users file lets each user subscribe to its own inboxes only
+/// (`deploy/nats/toolfleet-users.conf`).
+pub fn inbox_prefix(user: &str) -> String {
+    format!("_INBOX.{user}")
+}
+
+/// The attribute names of the spans of a job's trace (docs/observability.md
+/// draws the tree): toolfleet's own under `toolfleet.`, and the
+/// OpenTelemetry semantic conventions the spans follow. What a trace view or
+/// a test reads of a span is one of these.
+pub mod span_attributes {
+    /// The job's id (the submission's root span and each run's span).
+    pub const JOB_ID: &str = "toolfleet.job_id";
+    /// The tenant that submitted the job, or that decided a held call.
+    pub const TENANT: &str = "toolfleet.tenant";
+    /// The model provider the submitted job names (`openai-responses`, ...).
+    pub const PROVIDER: &str = "toolfleet.provider";
+    /// Whether a submission was a repeat of an earlier one (its idempotency
+    /// key named a job already submitted).
+    pub const DUPLICATE: &str = "toolfleet.duplicate";
+    /// The lease epoch of a run of the job.
+    pub const EPOCH: &str = "toolfleet.epoch";
+    /// The replica (lease owner) that ran the job.
+    pub const REPLICA: &str = "toolfleet.replica";
+    /// Whether a run, a call or an attempt picked up what an earlier
+    /// runner had begun.
+    pub const RESUMED: &str = "toolfleet.resumed";
+    /// The number of a model turn, from 1.
+    pub const TURN: &str = "toolfleet.turn";
+    /// How many tool calls a model turn made.
+    pub const TOOL_CALLS: &str = "toolfleet.tool_calls";
+    /// The tool of a call, an approval, an attempt or an execution.
+    pub const TOOL: &str = "toolfleet.tool";
+    /// The id a call's events show (its event id), on its call and approval
+    /// spans.
+    pub const CALL_ID: &str = "toolfleet.call_id";
+    /// The number of an attempt, from 1.
+    pub const ATTEMPT: &str = "toolfleet.attempt";
+    /// How many attempts a call took when it settled (0: answered by the
+    /// orchestrator's own checks).
+    pub const ATTEMPTS: &str = "toolfleet.attempts";
+    /// How a call, an attempt, an execution or a model turn ended: `ok` or
+    /// the error code.
+    pub const OUTCOME: &str = "toolfleet.outcome";
+    /// Who produced a call's envelope when it was not a worker (`operator`).
+    pub const OUTCOME_SOURCE: &str = "toolfleet.outcome.source";
+    /// Whether a failed envelope may be retried.
+    pub const RETRYABLE: &str = "toolfleet.retryable";
+    /// What a failed envelope says of its side effect.
+    pub const SIDE_EFFECT: &str = "toolfleet.side_effect";
+    /// The decision taken on a held call (`approved`, `rejected`, or an
+    /// operator's verdict: `applied`, `not_applied`, `failed`).
+    pub const DECISION: &str = "toolfleet.decision";
+    /// The approval rule that held a call.
+    pub const APPROVAL_RULE: &str = "toolfleet.approval.rule";
+    /// What a held call waited for: `approval`, or `outcome` (an
+    /// operator's verdict on an unknown outcome).
+    pub const APPROVAL_KIND: &str = "toolfleet.approval.kind";
+    /// Who decided a held call, when the decision names them.
+    pub const APPROVER: &str = "toolfleet.approver";
+    /// Whether an execution was answered from the worker's ledger (a stored
+    /// result) without running.
+    pub const LEDGER_HIT: &str = "toolfleet.ledger_hit";
+    /// Whether an execution handed its call back to be delivered again.
+    pub const HANDED_BACK: &str = "toolfleet.handed_back";
+    /// How long the tool ran, in milliseconds.
+    pub const RUN_MS: &str = "toolfleet.run_ms";
+    /// Which delivery of the call message an execution was (from 1).
+    pub const DELIVERY: &str = "toolfleet.delivery";
+    /// How long the call message waited in its queue, in milliseconds.
+    pub const QUEUE_WAIT_MS: &str = "toolfleet.queue_wait_ms";
+
+    /// OpenTelemetry's RPC convention: the RPC system (`grpc`).
+    pub const RPC_SYSTEM: &str = "rpc.system";
+    /// OpenTelemetry's RPC convention: the method called (`SubmitJob`).
+    pub const RPC_METHOD: &str = "rpc.method";
+    /// OpenTelemetry's messaging convention: the messaging system (`nats`).
+    pub const MESSAGING_SYSTEM: &str = "messaging.system";
+    /// OpenTelemetry's database convention: the database system (`redis`).
+    pub const DB_SYSTEM: &str = "db.system";
+    /// OpenTelemetry's database convention: the operation (the job
+    /// store's verb, such as `record_turn`).
+    pub const DB_OPERATION: &str = "db.operation";
+    /// OpenTelemetry's GenAI convention: the model provider.
+    pub const GEN_AI_SYSTEM: &str = "gen_ai.system";
+    /// OpenTelemetry's GenAI convention: the model the job asked for.
+    pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens.
+    pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's output tokens.
+    pub const GEN_AI_USAGE_OUTPUT_TOKENS: &str = "gen_ai.usage.output_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens read from
+    /// the provider's prompt cache.
+    pub const GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: &str = "gen_ai.usage.cache_read.input_tokens";
+    /// OpenTelemetry's GenAI convention: a turn's input tokens written to
+    /// the provider's prompt cache.
+    pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
+        "gen_ai.usage.cache_creation.input_tokens";
 }
 
 /// The subject calls of `tool` are published to.
@@ -146,11 +262,14 @@ fn unfinished_shard_of(job_id: &JobId) -> u32 {
 
 impl Default for RedisKeys {
     fn default() -> Self {
-        Self::new("tf")
+        Self::new(Self::DEFAULT_PREFIX)
     }
 }
 
 impl RedisKeys {
+    /// The prefix of the keys when none is configured (`redis.key_prefix`).
+    pub const DEFAULT_PREFIX: &str = "tf";
+
     /// Keys under `prefix`, e.g. `tf` or `tenant-a:tf`.
     pub fn new(prefix: impl Into<String>) -> Self {
         Self {
@@ -259,6 +378,21 @@ impl RedisKeys {
         self.job_key(job_id, "lease")
     }
 
+    /// The `SCAN MATCH` pattern of every key of one job: those under its
+    /// hash tag, its calls' ledger keys among them (not its tenant's
+    /// indexes, nor the shards that list it).
+    pub fn job_keys_pattern(&self, job_id: &JobId) -> String {
+        self.job_key(job_id, "*")
+    }
+
+    /// The key of job `to` that is what `key` is of job `from` (a copy of a
+    /// job keeps every key's layout; only the hash tag changes); `None` if
+    /// `key` is not one of `from`'s.
+    pub fn retag_job_key(&self, key: &str, from: &JobId, to: &JobId) -> Option<String> {
+        let rest = key.strip_prefix(self.job_key(from, "").as_str())?;
+        Some(self.job_key(to, rest))
+    }
+
     /// The shard of the index of unfinished jobs that holds `job_id`
     /// (`<prefix>:unfinished:{<shard>}`, a sorted set scored by submission
     /// time). The sweeper finds jobs there whose queue message was lost.
@@ -311,6 +445,20 @@ impl RedisKeys {
     /// that `ListJobs` reads, newest first.
     pub fn tenant_jobs(&self, tenant: &str) -> String {
         format!("{}:jobs:{{{tenant}}}", self.prefix)
+    }
+
+    /// The `SCAN MATCH` pattern of every tenant's
+    /// [`tenant_jobs`](Self::tenant_jobs) index.
+    pub fn tenant_jobs_pattern(&self) -> String {
+        format!("{}:jobs:*", self.prefix)
+    }
+
+    /// The tenant whose [`tenant_jobs`](Self::tenant_jobs) index `key` is;
+    /// `None` for any other key.
+    pub fn tenant_of_jobs_index<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix(":jobs:{")?
+            .strip_suffix('}')
     }
 
     /// A tenant's held calls, scored by when they were held (a sorted set
@@ -396,6 +544,13 @@ mod tests {
         }
 
         #[test]
+        fn every_tenant_jobs_index_parses_back_to_its_tenant(tenant in "[a-z0-9_-]{1,64}") {
+            let keys = RedisKeys::default();
+            let index = keys.tenant_jobs(&tenant);
+            prop_assert_eq!(keys.tenant_of_jobs_index(&index), Some(tenant.as_str()));
+        }
+
+        #[test]
         fn every_registry_key_parses_back(tool in "[a-zA-Z0-9_-]{1,64}", worker in "[a-z0-9-]{1,40}") {
             let key = registry_key(&tool, &worker);
             prop_assert_eq!(parse_registry_key(&key), Some((tool.as_str(), worker.as_str())));
@@ -471,6 +626,55 @@ mod tests {
         assert!(
             keys.unfinished_shards()
                 .all(|k| k.starts_with("tenant-a:tf:unfinished:{"))
+        );
+    }
+
+    /// What a tool that reads the store back (the bench's `--stored-jobs`)
+    /// finds by pattern: every tenant's job index, and every key of a job.
+    #[test]
+    fn the_patterns_find_the_indexes_and_a_jobs_keys() {
+        let keys = RedisKeys::new("tenant-a:tf");
+        assert_eq!(keys.tenant_jobs_pattern(), "tenant-a:tf:jobs:*");
+        let index = keys.tenant_jobs("acme");
+        assert!(index.starts_with(keys.tenant_jobs_pattern().trim_end_matches('*')));
+        assert_eq!(keys.tenant_of_jobs_index(&index), Some("acme"));
+        for other in [
+            keys.tenant_active_jobs("acme"),
+            keys.tenant_approvals("acme"),
+            RedisKeys::new("tf").tenant_jobs("acme"),
+            format!("{index}:more"),
+        ] {
+            assert_eq!(keys.tenant_of_jobs_index(&other), None, "{other}");
+        }
+
+        let job = JobId::new("acme", 1, 2);
+        let copy = JobId::new("acme", 3, 4);
+        let pattern = keys.job_keys_pattern(&job);
+        assert_eq!(pattern, format!("tenant-a:tf:{{{job}}}:*"));
+        let of_job = [
+            keys.job(&job),
+            keys.job_items(&job),
+            keys.job_events(&job),
+            keys.job_attempts(&job),
+            keys.job_tools(&job),
+            keys.job_approvals(&job),
+            keys.job_lease(&job),
+            keys.call_result(&job, "echo", "c", 1),
+            keys.call_claim(&job, "echo", "c", 1),
+        ];
+        for key in &of_job {
+            assert!(key.starts_with(pattern.trim_end_matches('*')), "{key}");
+            let copied = keys.retag_job_key(key, &job, &copy).unwrap();
+            assert_eq!(copied, key.replacen(job.as_str(), copy.as_str(), 1));
+            assert_eq!(keys.retag_job_key(&copied, &job, &copy), None);
+        }
+        assert_eq!(
+            keys.retag_job_key(&keys.job(&job), &job, &copy),
+            Some(keys.job(&copy))
+        );
+        assert_eq!(
+            keys.retag_job_key(&keys.tenant_jobs("acme"), &job, &copy),
+            None
         );
     }
 

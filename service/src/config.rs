@@ -12,6 +12,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use toolfleet_proto::names::RedisKeys;
 
 /// NATS connection settings.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -139,7 +140,7 @@ impl Default for RedisOptions {
         Self {
             url: "redis://127.0.0.1:6379/".into(),
             cluster: false,
-            key_prefix: "tf".into(),
+            key_prefix: RedisKeys::DEFAULT_PREFIX.into(),
             user: None,
             password: None,
             password_file: None,

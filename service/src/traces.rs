@@ -37,6 +37,7 @@ use opentelemetry_sdk::trace::{
 };
 use sha2::{Digest, Sha256};
 use toolfleet_proto::Envelope;
+use toolfleet_proto::names::{self, span_attributes};
 
 pub use opentelemetry::trace::{SpanContext, SpanKind};
 
@@ -147,13 +148,13 @@ pub fn extract(traceparent: Option<&str>, tracestate: Option<&str>) -> Option<Sp
     impl Extractor for Headers<'_> {
         fn get(&self, key: &str) -> Option<&str> {
             match key {
-                "traceparent" => self.0,
-                "tracestate" => self.1,
+                names::headers::TRACEPARENT => self.0,
+                names::headers::TRACESTATE => self.1,
                 _ => None,
             }
         }
         fn keys(&self) -> Vec<&str> {
-            vec!["traceparent", "tracestate"]
+            vec![names::headers::TRACEPARENT, names::headers::TRACESTATE]
         }
     }
     let context = TraceContextPropagator::new().extract(&Headers(traceparent, tracestate));
@@ -168,8 +169,8 @@ pub fn headers(span: &SpanContext) -> Vec<(&'static str, String)> {
     impl Injector for Collect {
         fn set(&mut self, key: &str, value: String) {
             let name = match key {
-                "traceparent" => "traceparent",
-                _ => "tracestate",
+                names::headers::TRACEPARENT => names::headers::TRACEPARENT,
+                _ => names::headers::TRACESTATE,
             };
             if !value.is_empty() {
                 self.0.push((name, value));
@@ -216,8 +217,12 @@ impl JobTrace {
     pub fn to_fields(&self) -> (String, String) {
         let mut fields: HashMap<&str, String> = headers(&self.0).into_iter().collect();
         (
-            fields.remove("traceparent").unwrap_or_default(),
-            fields.remove("tracestate").unwrap_or_default(),
+            fields
+                .remove(names::headers::TRACEPARENT)
+                .unwrap_or_default(),
+            fields
+                .remove(names::headers::TRACESTATE)
+                .unwrap_or_default(),
         )
     }
 
@@ -408,12 +413,12 @@ impl StepSpan {
             return;
         }
         match envelope.error() {
-            None => self.set("toolfleet.outcome", "ok"),
+            None => self.set(span_attributes::OUTCOME, "ok"),
             Some(error) => {
-                self.set("toolfleet.outcome", error.code.as_str().to_owned());
-                self.set("toolfleet.retryable", error.retryable);
+                self.set(span_attributes::OUTCOME, error.code.as_str().to_owned());
+                self.set(span_attributes::RETRYABLE, error.retryable);
                 if let Some(effect) = &error.side_effect {
-                    self.set("toolfleet.side_effect", effect.clone());
+                    self.set(span_attributes::SIDE_EFFECT, effect.clone());
                 }
                 self.fail(error.code.as_str().to_owned());
             }

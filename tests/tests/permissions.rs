@@ -65,7 +65,7 @@ impl User {
             ("TOOLFLEET_NATS__PASSWORD", self.password.clone()),
             (
                 "TOOLFLEET_NATS__INBOX_PREFIX",
-                format!("_INBOX.{}", self.name),
+                names::inbox_prefix(self.name),
             ),
             ("TOOLFLEET_NATS__CREATE_MISSING", "false".to_owned()),
             ("TOOLFLEET_NATS__TLS__CA_FILE", self.ca.clone()),
@@ -90,7 +90,7 @@ impl User {
             self.name.into(),
             self.password.clone(),
         )
-        .custom_inbox_prefix(format!("_INBOX.{}", self.name))
+        .custom_inbox_prefix(names::inbox_prefix(self.name))
         .add_root_certificates(self.ca.clone().into())
         .event_callback(move |event| {
             let errors = errors.clone();

@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use tonic::{Code, Request};
 use toolfleet_orchestrator::auth::token_sha256;
-use toolfleet_proto::v1;
+use toolfleet_proto::names::RedisKeys;
+use toolfleet_proto::{JobId, v1};
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, CLIENT_SPIFFE_ID, Certificates};
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet};
 use toolfleet_tests::{cargo_bin, wait_until};
@@ -219,8 +220,9 @@ async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
     // The id, and so every Redis key of the job, names its tenant.
     assert!(job_id.starts_with("search-"), "{job_id}");
     let mut redis = fleet.redis.connection().await?;
+    let job = JobId::parse(&job_id).expect("a job id");
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("tf:{{{job_id}}}*"))
+        .arg(RedisKeys::default().job_keys_pattern(&job))
         .query_async(&mut redis)
         .await?;
     assert!(keys.len() >= 3, "{keys:?}");

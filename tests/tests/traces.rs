@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use serde_json::json;
+use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
 use toolfleet_tests::otlp::{Collector, ReceivedSpan};
@@ -76,7 +77,7 @@ async fn submit_in_the_clients_trace(api: &ApiClient) -> anyhow::Result<String> 
     ]);
     let mut request = tonic::Request::new(scripted_job("trace me", &script));
     request.metadata_mut().insert(
-        "traceparent",
+        names::headers::TRACEPARENT,
         format!("00-{CLIENT_TRACE}-{CLIENT_SPAN}-01").parse()?,
     );
     let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
@@ -179,7 +180,10 @@ fn one_connected_trace<'a>(spans: &'a [ReceivedSpan], job_id: &str) -> &'a Recei
     assert_eq!(root.span.name, "submit job");
     assert_eq!(root.parent_id(), CLIENT_SPAN);
     assert_eq!(root.service, "toolfleet-orchestrator");
-    assert_eq!(root.attribute("toolfleet.job_id").as_deref(), Some(job_id));
+    assert_eq!(
+        root.attribute(span_attributes::JOB_ID).as_deref(),
+        Some(job_id)
+    );
     // No span twice (a resumed step is recorded by one process only).
     let mut twice: Vec<_> = spans
         .iter()
@@ -199,7 +203,10 @@ fn started_then_resumed(spans: &[ReceivedSpan], root: &ReceivedSpan) {
     assert!(!resumed.is_empty(), "no resumed run");
     for run in &resumed {
         assert_eq!(run.parent_id(), root.span_id());
-        assert_eq!(run.attribute("toolfleet.resumed").as_deref(), Some("true"));
+        assert_eq!(
+            run.attribute(span_attributes::RESUMED).as_deref(),
+            Some("true")
+        );
         assert_eq!(run.span.links.len(), 1, "{run:#?}");
     }
     let links: HashSet<String> = resumed
@@ -226,8 +233,11 @@ fn two_turns_with_their_checkpoints(spans: &[ReceivedSpan], root: &ReceivedSpan)
     assert_eq!(turns.len(), 2, "{turns:#?}");
     for turn in &turns {
         assert_eq!(turn.parent_id(), root.span_id());
-        assert_eq!(turn.attribute("gen_ai.system").as_deref(), Some("scripted"));
-        let checkpoint = match turn.attribute("toolfleet.turn").as_deref() {
+        assert_eq!(
+            turn.attribute(span_attributes::GEN_AI_SYSTEM).as_deref(),
+            Some("scripted")
+        );
+        let checkpoint = match turn.attribute(span_attributes::TURN).as_deref() {
             Some("1") => "record_turn",
             Some("2") => "finish",
             other => panic!("turn {other:?}: {turn:#?}"),
@@ -252,7 +262,7 @@ fn calls_with_their_attempts<'a>(
         let call = one(named(spans, &format!("tool call {tool}")), tool);
         assert_eq!(call.parent_id(), root.span_id(), "{tool}");
         assert_eq!(
-            call.attribute("toolfleet.outcome").as_deref(),
+            call.attribute(span_attributes::OUTCOME).as_deref(),
             Some("ok"),
             "{tool}"
         );
@@ -271,7 +281,11 @@ fn calls_with_their_attempts<'a>(
             );
             for execution in executions {
                 assert_eq!(execution.service, "toolfleet-worker");
-                assert!(execution.attribute("toolfleet.queue_wait_ms").is_some());
+                assert!(
+                    execution
+                        .attribute(span_attributes::QUEUE_WAIT_MS)
+                        .is_some()
+                );
             }
         }
         attempts_of.insert(tool, attempts);
@@ -282,22 +296,22 @@ fn calls_with_their_attempts<'a>(
 /// The retried call: two attempts, the first retryable, the second ok.
 fn the_retry_is_a_second_attempt(attempts: &[&ReceivedSpan]) {
     let mut retried = attempts.to_vec();
-    retried.sort_by_key(|a| a.attribute("toolfleet.attempt"));
+    retried.sort_by_key(|a| a.attribute(span_attributes::ATTEMPT));
     assert_eq!(retried.len(), 2, "{retried:#?}");
     assert_eq!(
-        retried[0].attribute("toolfleet.attempt").as_deref(),
+        retried[0].attribute(span_attributes::ATTEMPT).as_deref(),
         Some("1")
     );
     assert_eq!(
-        retried[0].attribute("toolfleet.retryable").as_deref(),
+        retried[0].attribute(span_attributes::RETRYABLE).as_deref(),
         Some("true")
     );
     assert_eq!(
-        retried[1].attribute("toolfleet.attempt").as_deref(),
+        retried[1].attribute(span_attributes::ATTEMPT).as_deref(),
         Some("2")
     );
     assert_eq!(
-        retried[1].attribute("toolfleet.outcome").as_deref(),
+        retried[1].attribute(span_attributes::OUTCOME).as_deref(),
         Some("ok")
     );
 }
@@ -307,13 +321,16 @@ fn the_retry_is_a_second_attempt(attempts: &[&ReceivedSpan]) {
 fn the_killed_call_was_resumed(spans: &[ReceivedSpan], attempts: &[&ReceivedSpan]) {
     let sleep = one(attempts.to_vec(), "the sleep call's attempt");
     assert_eq!(
-        sleep.attribute("toolfleet.resumed").as_deref(),
+        sleep.attribute(span_attributes::RESUMED).as_deref(),
         Some("true")
     );
-    assert_eq!(sleep.attribute("toolfleet.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        sleep.attribute(span_attributes::OUTCOME).as_deref(),
+        Some("ok")
+    );
     let sleep_call = one(named(spans, "tool call sleep"), "sleep");
     assert_eq!(
-        sleep_call.attribute("toolfleet.resumed").as_deref(),
+        sleep_call.attribute(span_attributes::RESUMED).as_deref(),
         Some("true")
     );
 }
@@ -498,11 +515,11 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
     let wait = one(named(&spans, "approval calculate"), "the wait");
     assert_eq!(wait.parent_id(), call.span_id(), "under its call");
     assert_eq!(
-        wait.attribute("toolfleet.decision").as_deref(),
+        wait.attribute(span_attributes::DECISION).as_deref(),
         Some("approved")
     );
     assert_eq!(
-        wait.attribute("toolfleet.approval.rule").as_deref(),
+        wait.attribute(span_attributes::APPROVAL_RULE).as_deref(),
         Some("job")
     );
     let lasted = wait.span.end_time_unix_nano - wait.span.start_time_unix_nano;

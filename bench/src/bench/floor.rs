@@ -21,6 +21,16 @@ use toolfleet_service::queue::{Missing, SharedConsumer, WorkQueue};
 
 use toolfleet_fleet::supervisor::wait_until;
 
+/// The subject the raw request/reply floor's responder answers on.
+const RAW_SUBJECT: &str = "toolfleet.bench.raw";
+
+/// The JetStream floor's stream, subject, consumer and reply subject: apart
+/// from the fleet's, and removed after the run.
+const FLOOR_STREAM: &str = "TOOLFLEET_BENCH_FLOOR";
+const FLOOR_SUBJECT: &str = "toolfleet.bench.floor";
+const FLOOR_CONSUMER: &str = "bench-floor";
+const FLOOR_REPLIES: &str = "toolfleet.bench.floor-replies";
+
 /// Where the floors reach NATS: the fleet's URL, and its CA file when the
 /// fleet runs over TLS.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +63,7 @@ pub(super) async fn request_reply(
 ) -> anyhow::Result<(f64, Vec<Duration>)> {
     let responder = connect(nats).await?;
     let client = connect(nats).await?;
-    let mut inbox = responder.subscribe("toolfleet.bench.raw").await?;
+    let mut inbox = responder.subscribe(RAW_SUBJECT).await?;
     responder.flush().await?;
     let echo = tokio::spawn(async move {
         while let Some(message) = inbox.next().await {
@@ -68,12 +78,7 @@ pub(super) async fn request_reply(
     wait_until(
         "the raw floor's responder",
         Duration::from_secs(5),
-        || async {
-            client
-                .request("toolfleet.bench.raw", "{}".into())
-                .await
-                .is_ok()
-        },
+        || async { client.request(RAW_SUBJECT, "{}".into()).await.is_ok() },
     )
     .await?;
     let window = Arc::new(Semaphore::new(concurrency.max(1)));
@@ -85,7 +90,7 @@ pub(super) async fn request_reply(
         tasks.push(tokio::spawn(async move {
             let sent = Instant::now();
             let reply = client
-                .request("toolfleet.bench.raw", r#"{"round":0,"call":0}"#.into())
+                .request(RAW_SUBJECT, r#"{"round":0,"call":0}"#.into())
                 .await;
             drop(permit);
             reply.map(|_| sent.elapsed())
@@ -99,13 +104,6 @@ pub(super) async fn request_reply(
     echo.abort();
     Ok((rate, latencies))
 }
-
-/// The JetStream floor's stream, subject, consumer and reply subject: apart
-/// from the fleet's, and removed after the run.
-const FLOOR_STREAM: &str = "TOOLFLEET_BENCH_FLOOR";
-const FLOOR_SUBJECT: &str = "toolfleet.bench.floor";
-const FLOOR_CONSUMER: &str = "bench-floor";
-const FLOOR_REPLIES: &str = "toolfleet.bench.floor-replies";
 
 /// How long one floor call may take before the floor gives up (a responder
 /// that died would otherwise leave it waiting for ever).

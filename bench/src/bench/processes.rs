@@ -8,6 +8,7 @@
 //! shows what one worker serving many tools does.
 
 use anyhow::Context as _;
+use toolfleet_proto::names;
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
@@ -104,13 +105,13 @@ impl Accounts {
         let mut env = vec![
             ("TOOLFLEET_NATS__USER", user.to_owned()),
             ("TOOLFLEET_NATS__PASSWORD", password),
-            ("TOOLFLEET_NATS__INBOX_PREFIX", format!("_INBOX.{user}")),
+            ("TOOLFLEET_NATS__INBOX_PREFIX", names::inbox_prefix(user)),
             ("TOOLFLEET_NATS__CREATE_MISSING", "false".to_owned()),
         ];
         if user.starts_with("pool-") {
             env.push((
                 "TOOLFLEET_NATS__API_PREFIX",
-                toolfleet_proto::names::POOL_API_PREFIX.to_owned(),
+                names::POOL_API_PREFIX.to_owned(),
             ));
         }
         env

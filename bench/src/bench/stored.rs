@@ -6,6 +6,7 @@
 use anyhow::Context as _;
 use redis::AsyncCommands as _;
 use toolfleet_orchestrator::job::new_job_id;
+use toolfleet_proto::JobId;
 use toolfleet_proto::names::RedisKeys;
 
 /// Copies written per pipeline: big enough to fill 100,000 jobs in seconds,
@@ -20,14 +21,12 @@ const BATCH: usize = 500;
 pub(super) async fn fill(redis_url: &str, keys: &RedisKeys, count: usize) -> anyhow::Result<()> {
     let client = redis::Client::open(redis_url)?;
     let mut redis = client.get_multiplexed_async_connection().await?;
-    let prefix = keys.prefix();
-    let indexes = scan(&mut redis, &format!("{prefix}:jobs:*")).await?;
+    let indexes = scan(&mut redis, &keys.tenant_jobs_pattern()).await?;
     let index = indexes
         .first()
         .context("the warm-up left no tenant job index to copy a job from")?;
-    let tenant = index
-        .strip_prefix(&format!("{prefix}:jobs:{{"))
-        .and_then(|rest| rest.strip_suffix('}'))
+    let tenant = keys
+        .tenant_of_jobs_index(index)
         .with_context(|| format!("{index} is not a tenant job index"))?
         .to_owned();
     let newest: Vec<(String, f64)> = redis.zrange_withscores(index, -1, -1).await?;
@@ -35,9 +34,9 @@ pub(super) async fn fill(redis_url: &str, keys: &RedisKeys, count: usize) -> any
         .into_iter()
         .next()
         .with_context(|| format!("{index} is empty"))?;
-    let tag = format!("{{{model}}}");
+    let model = JobId::parse(&model).with_context(|| format!("{index} holds {model:?}"))?;
     let mut originals = Vec::new();
-    for key in scan(&mut redis, &format!("{prefix}:{tag}:*")).await? {
+    for key in scan(&mut redis, &keys.job_keys_pattern(&model)).await? {
         let dump: Vec<u8> = redis::cmd("DUMP").arg(&key).query_async(&mut redis).await?;
         let ttl_ms: i64 = redis.pttl(&key).await?;
         originals.push((key, dump, ttl_ms.max(0)));
@@ -53,10 +52,12 @@ pub(super) async fn fill(redis_url: &str, keys: &RedisKeys, count: usize) -> any
         let mut pipe = redis::pipe();
         for _ in 0..batch {
             let copy = new_job_id(&tenant);
-            let copy_tag = format!("{{{copy}}}");
             for (key, dump, ttl_ms) in &originals {
+                let copied = keys
+                    .retag_job_key(key, &model, &copy)
+                    .with_context(|| format!("{key} is not a key of job {model}"))?;
                 pipe.cmd("RESTORE")
-                    .arg(key.replacen(&tag, &copy_tag, 1))
+                    .arg(copied)
                     .arg(*ttl_ms)
                     .arg(dump.as_slice())
                     .ignore();

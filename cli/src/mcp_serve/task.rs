@@ -9,11 +9,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rmcp::model::{CallToolResult, CreateTaskResult, DetailedTask, JsonObject, Task, TaskPayload};
 use serde_json::Value;
+use toolfleet_proto::names::job_metadata;
 use toolfleet_proto::v1;
 
 /// The metadata pair that marks a call job the gateway made: `tasks/get`
 /// answers about no other job of the tenant.
-pub(super) const MARK: (&str, &str) = ("toolfleet.mcp", "tools/call");
+pub(super) const MARK: (&str, &str) = (job_metadata::MCP, "tools/call");
 
 /// How often a client is asked to poll a task.
 const POLL_INTERVAL: Duration = Duration::from_millis(500);

@@ -6,6 +6,7 @@
 use tonic::Status;
 use tonic_types::StatusExt as _;
 use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::names;
 use toolfleet_proto::v1::{self, item};
 use toolfleet_service::traces::{self, SpanContext};
 use tracing::warn;
@@ -239,7 +240,10 @@ pub(super) fn to_tool(tool: &LiveTool) -> v1::Tool {
 /// The W3C trace context a client sent with its request, if valid.
 pub(super) fn client_trace(metadata: &tonic::metadata::MetadataMap) -> Option<SpanContext> {
     let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
-    traces::extract(header("traceparent"), header("tracestate"))
+    traces::extract(
+        header(names::headers::TRACEPARENT),
+        header(names::headers::TRACESTATE),
+    )
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use tonic::Status;
 use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::{EventId, check_arguments, v1};
 
 use super::convert::{invalid, to_status};
@@ -246,12 +247,12 @@ fn record_wait(record: &JobRecord, hold: &Hold, held: &ApprovalRequest, decision
     let mut span = spans::approval(record.trace.as_ref(), call);
     let held_at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(held.requested_at_ms);
     span.started_at(held_at);
-    span.set("toolfleet.decision", decision.word());
-    span.set("toolfleet.approval.rule", held.rule.clone());
-    span.set("toolfleet.approval.kind", hold.kind());
-    span.set("toolfleet.tenant", decision.tenant.clone());
+    span.set(span_attributes::DECISION, decision.word());
+    span.set(span_attributes::APPROVAL_RULE, held.rule.clone());
+    span.set(span_attributes::APPROVAL_KIND, hold.kind());
+    span.set(span_attributes::TENANT, decision.tenant.clone());
     if let Some(approver) = &decision.approver {
-        span.set("toolfleet.approver", approver.clone());
+        span.set(span_attributes::APPROVER, approver.clone());
     }
     span.end();
 }

@@ -23,6 +23,7 @@ use futures::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
+use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
@@ -249,9 +250,9 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::SubmitJobResponse>, Status> {
         let caller = caller_of(&request);
         let (trace, mut span) = JobTrace::begin(client_trace(request.metadata()), "submit job");
-        span.set("rpc.system", "grpc");
-        span.set("rpc.method", "SubmitJob");
-        span.set("toolfleet.tenant", caller.tenant.clone());
+        span.set(span_attributes::RPC_SYSTEM, "grpc");
+        span.set(span_attributes::RPC_METHOD, "SubmitJob");
+        span.set(span_attributes::TENANT, caller.tenant.clone());
         let submitted = match self
             .submit(request.into_inner(), &caller, trace.as_ref())
             .await
@@ -262,10 +263,13 @@ impl AgentService for AgentApi {
                 return Err(status);
             }
         };
-        span.set("toolfleet.job_id", submitted.job_id.to_string());
-        span.set("toolfleet.provider", submitted.provider);
-        span.set("gen_ai.request.model", submitted.model.clone());
-        span.set("toolfleet.duplicate", submitted.duplicate);
+        span.set(span_attributes::JOB_ID, submitted.job_id.to_string());
+        span.set(span_attributes::PROVIDER, submitted.provider);
+        span.set(
+            span_attributes::GEN_AI_REQUEST_MODEL,
+            submitted.model.clone(),
+        );
+        span.set(span_attributes::DUPLICATE, submitted.duplicate);
         self.queue(&submitted, &caller.tenant).await?;
         let Submitted {
             job_id, duplicate, ..

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tokio::sync::broadcast;
 use toolfleet_proto::call::is_valid_call_id;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
-use toolfleet_proto::names::{self, headers};
+use toolfleet_proto::names::{self, headers, span_attributes};
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId};
 use tracing::{debug, error, warn};
 
@@ -121,7 +121,7 @@ impl Dispatcher {
         let mut span = spans::call(trace, call.span_ref());
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
         if resumed {
-            span.set("toolfleet.resumed", true);
+            span.set(span_attributes::RESUMED, true);
         }
         let mut round_trip = None;
         // What Redis holds, when a reply's copy was not what it holds.
@@ -164,9 +164,9 @@ impl Dispatcher {
                         }
                     };
                     let outcome = last.outcome(call);
-                    span.set("toolfleet.attempts", i64::from(attempt));
+                    span.set(span_attributes::ATTEMPTS, i64::from(attempt));
                     if matches!(last.origin, Origin::Operator) {
-                        span.set("toolfleet.outcome.source", unknown::OPERATOR);
+                        span.set(span_attributes::OUTCOME_SOURCE, unknown::OPERATOR);
                     }
                     span.outcome(&last.envelope);
                     if !settled

@@ -35,7 +35,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::names;
+use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_proto::{Envelope, ErrorCode, EventId, RetryPolicy, WireId, check_arguments};
 use toolfleet_service::clock::millis;
 
@@ -561,7 +561,7 @@ impl Dispatcher {
     ) -> Result<CallOutcome, RoundError> {
         // Answered here: a call span with no attempt.
         let mut span = spans::call(job.trace, call.span_ref());
-        span.set("toolfleet.attempts", 0_i64);
+        span.set(span_attributes::ATTEMPTS, 0_i64);
         span.outcome(envelope);
         let outcome = CallOutcome {
             call_id: call.call_id.clone(),

@@ -30,8 +30,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
+use toolfleet_proto::ToolCall;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::{ToolCall, names};
+use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
 use tracing::{Instrument, debug, error, info_span, warn};
 
@@ -116,11 +117,11 @@ impl Executor {
         span.event("claimed");
         let earlier = match claimed {
             Claimed::Stored(envelope) => {
-                span.set("toolfleet.ledger_hit", true);
+                span.set(span_attributes::LEDGER_HIT, true);
                 return self.reply_stored(call, envelope).await;
             }
             Claimed::Later(delay) => {
-                span.set("toolfleet.handed_back", true);
+                span.set(span_attributes::HANDED_BACK, true);
                 return Outcome::Retry(delay);
             }
             Claimed::Acquired(earlier) => earlier,
@@ -139,19 +140,22 @@ impl Executor {
             Ok(checked) => match self.run(checked, call, message, &owner, earlier).await {
                 Ran::Finished(envelope) => envelope,
                 Ran::Abandoned => {
-                    span.set("toolfleet.handed_back", true);
+                    span.set(span_attributes::HANDED_BACK, true);
                     return self.hand_back(call, &owner, Duration::ZERO).await;
                 }
                 // Not at once: what the probe asks is down for a moment,
                 // or another delivery has the call.
                 Ran::AskLater | Ran::ClaimLost => {
-                    span.set("toolfleet.handed_back", true);
+                    span.set(span_attributes::HANDED_BACK, true);
                     return self.hand_back(call, &owner, Duration::from_secs(1)).await;
                 }
             },
         };
         span.event("ran");
-        span.set("toolfleet.run_ms", started.elapsed().as_secs_f64() * 1e3);
+        span.set(
+            span_attributes::RUN_MS,
+            started.elapsed().as_secs_f64() * 1e3,
+        );
         span.outcome(&envelope);
         metrics::call_finished(&call.tool, &envelope, started.elapsed());
         debug!(
@@ -198,7 +202,10 @@ fn is_cancel(message: &Message) -> bool {
 fn trace_context(message: &Message) -> Option<SpanContext> {
     let headers = message.headers.as_ref()?;
     let header = |name: &str| headers.get(name).map(|v| v.as_str());
-    traces::extract(header("traceparent"), header("tracestate"))
+    traces::extract(
+        header(names::headers::TRACEPARENT),
+        header(names::headers::TRACESTATE),
+    )
 }
 
 /// The span of this delivery's execution, a child of the attempt that sent
@@ -207,14 +214,14 @@ fn trace_context(message: &Message) -> Option<SpanContext> {
 fn execution_span(parent: Option<&SpanContext>, call: &ToolCall, message: &Message) -> StepSpan {
     let mut span = StepSpan::child(parent, format!("execute {}", call.tool), SpanKind::Consumer);
     if span.is_recording() {
-        span.set("toolfleet.tool", call.tool.clone());
-        span.set("toolfleet.attempt", i64::from(call.attempt));
-        span.set("messaging.system", "nats");
+        span.set(span_attributes::TOOL, call.tool.clone());
+        span.set(span_attributes::ATTEMPT, i64::from(call.attempt));
+        span.set(span_attributes::MESSAGING_SYSTEM, "nats");
         if let Ok(info) = message.info() {
-            span.set("toolfleet.delivery", info.delivered);
+            span.set(span_attributes::DELIVERY, info.delivered);
             let waited = time::OffsetDateTime::now_utc() - info.published;
             span.set(
-                "toolfleet.queue_wait_ms",
+                span_attributes::QUEUE_WAIT_MS,
                 waited.as_seconds_f64().max(0.0) * 1e3,
             );
         }

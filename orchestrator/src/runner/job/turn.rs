@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use toolfleet_proto::names::span_attributes;
 use toolfleet_service::traces::StepSpan;
 
 use super::deltas::TurnDeltas;
@@ -272,7 +273,7 @@ async fn ask_model(
         }
         Ok(Err(err)) => {
             crate::metrics::model_turn(provider, err.code().to_string(), asked.elapsed());
-            span.set("toolfleet.outcome", err.code().to_string());
+            span.set(span_attributes::OUTCOME, err.code().to_string());
             span.fail(err.code().to_string());
             return Asked::Ended(model_failure(&err));
         }
@@ -285,23 +286,39 @@ async fn ask_model(
     if let Some(usage) = &turn.usage {
         crate::metrics::model_tokens(provider, usage);
     }
-    if span.is_recording() {
-        span.set("toolfleet.tool_calls", turn.tool_calls().count() as i64);
-        if let Some(usage) = turn.usage {
-            span.set("gen_ai.usage.input_tokens", usage.input_tokens as i64);
-            span.set("gen_ai.usage.output_tokens", usage.output_tokens as i64);
-            // OpenTelemetry's GenAI names for the prompt cache.
-            span.set(
-                "gen_ai.usage.cache_read.input_tokens",
-                usage.cache_read_tokens as i64,
-            );
-            span.set(
-                "gen_ai.usage.cache_creation.input_tokens",
-                usage.cache_write_tokens as i64,
-            );
-        }
-    }
+    record_answer(span, &turn);
     Asked::Turn(turn)
+}
+
+/// What the span of a turn records of the model's answer: how many calls it
+/// made and the tokens it took.
+fn record_answer(span: &mut StepSpan, turn: &Turn) {
+    if !span.is_recording() {
+        return;
+    }
+    span.set(
+        span_attributes::TOOL_CALLS,
+        turn.tool_calls().count() as i64,
+    );
+    if let Some(usage) = &turn.usage {
+        span.set(
+            span_attributes::GEN_AI_USAGE_INPUT_TOKENS,
+            usage.input_tokens as i64,
+        );
+        span.set(
+            span_attributes::GEN_AI_USAGE_OUTPUT_TOKENS,
+            usage.output_tokens as i64,
+        );
+        // OpenTelemetry's GenAI names for the prompt cache.
+        span.set(
+            span_attributes::GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            usage.cache_read_tokens as i64,
+        );
+        span.set(
+            span_attributes::GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+            usage.cache_write_tokens as i64,
+        );
+    }
 }
 
 /// A tool as the model is told about it.

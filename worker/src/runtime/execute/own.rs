@@ -63,45 +63,45 @@ mod tests {
         tools.offer(Sleep).expect("the sleep schema compiles");
         // (what, pulled from, subject, call's tool, ours)
         let cases = [
-            ("ours", "sleep", "toolfleet.call.sleep", "sleep", true),
+            ("ours", "sleep", names::call_subject("sleep"), "sleep", true),
             (
                 "another tool's call on our subject (a misrouted or forged call)",
                 "sleep",
-                "toolfleet.call.sleep",
+                names::call_subject("sleep"),
                 "calculate",
                 false,
             ),
             (
                 "our call on another tool's subject",
                 "sleep",
-                "toolfleet.call.calculate",
+                names::call_subject("calculate"),
                 "sleep",
                 false,
             ),
             (
                 "a subject that is not a call subject",
                 "sleep",
-                "toolfleet.job.run",
+                names::JOB_SUBJECT.to_owned(),
                 "sleep",
                 false,
             ),
             (
                 "a deeper subject under ours",
                 "sleep",
-                "toolfleet.call.sleep.x",
+                format!("{}.x", names::call_subject("sleep")),
                 "sleep",
                 false,
             ),
             (
                 "a tool this worker does not serve, consistent everywhere",
                 "echo",
-                "toolfleet.call.echo",
+                names::call_subject("echo"),
                 "echo",
                 false,
             ),
         ];
         for (what, pulled, subject, tool, ours) in cases {
-            let owned = own(&tools, pulled, subject, &call(tool));
+            let owned = own(&tools, pulled, &subject, &call(tool));
             assert_eq!(owned.is_some(), ours, "{what}");
             if let Some(owned) = owned {
                 assert_eq!(owned.manifest.name, "sleep", "{what}");
