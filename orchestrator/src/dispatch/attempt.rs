@@ -17,7 +17,7 @@ use super::progress::ProgressGate;
 use super::retry::{self, Verdict};
 use super::unknown::{self, AfterVerdict};
 use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundError, Waiting};
-use toolfleet_service::traces;
+use toolfleet_service::traces::{self, StepSpan};
 
 use crate::job::{JobTrace, now_ms};
 use crate::publish::{self, Refusal, Unpublished, What};
@@ -56,6 +56,14 @@ enum Settling {
     Again(Option<Answer>, u32),
     /// It waits for an operator's verdict.
     Wait(Waiting),
+}
+
+/// How closing a call on its last attempt ended.
+enum Closed {
+    /// Its outcome is final (and recorded, where this run records it).
+    Settled(CallOutcome),
+    /// Redis holds another result than the reply carried: decide on it.
+    Reread(Answer),
 }
 
 /// How driving a call ended.
@@ -163,27 +171,53 @@ impl Dispatcher {
                             return Ok(Driven::Waiting(waiting));
                         }
                     };
-                    let outcome = last.outcome(call);
-                    span.set(span_attributes::ATTEMPTS, i64::from(attempt));
-                    if matches!(last.origin, Origin::Operator) {
-                        span.set(span_attributes::OUTCOME_SOURCE, unknown::OPERATOR);
-                    }
-                    span.outcome(&last.envelope);
-                    if !settled
-                        && let Some(answer) = self
-                            .record_outcome(round, call, last, &outcome, trace)
-                            .await?
+                    match self
+                        .close(round, call, last, &mut span, settled, trace)
+                        .await?
                     {
-                        reread = Some(answer);
-                        continue;
+                        Closed::Settled(outcome) => {
+                            span.end();
+                            return Ok(Driven::Settled(outcome));
+                        }
+                        Closed::Reread(answer) => {
+                            reread = Some(answer);
+                            continue;
+                        }
                     }
-                    span.end();
-                    return Ok(Driven::Settled(outcome));
                 }
                 Verdict::Retry(delay) => delay,
             };
             attempt = self.retry(round, call, attempt, delay, code).await?;
         }
+    }
+
+    /// Closes the call on its last attempt: its span says how it ended (the
+    /// caller ends it), and its outcome is recorded, unless an earlier
+    /// runner recorded it (`recorded_before`) or what Redis holds is not
+    /// what the reply said, which is to be decided on again.
+    async fn close(
+        &self,
+        round: &Round<'_>,
+        call: &PlannedCall,
+        last: LastAttempt,
+        span: &mut StepSpan,
+        recorded_before: bool,
+        trace: Option<&JobTrace>,
+    ) -> Result<Closed, RoundError> {
+        let outcome = last.outcome(call);
+        span.set(span_attributes::ATTEMPTS, i64::from(last.attempt));
+        if matches!(last.origin, Origin::Operator) {
+            span.set(span_attributes::OUTCOME_SOURCE, unknown::OPERATOR);
+        }
+        span.outcome(&last.envelope);
+        if !recorded_before
+            && let Some(answer) = self
+                .record_outcome(round, call, last, &outcome, trace)
+                .await?
+        {
+            return Ok(Closed::Reread(answer));
+        }
+        Ok(Closed::Settled(outcome))
     }
 
     /// Waits `delay`, then records the attempt after `attempt` (retried

@@ -30,9 +30,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use async_nats::jetstream::Message;
 use tokio_util::sync::CancellationToken;
-use toolfleet_proto::ToolCall;
 use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::names::{self, span_attributes};
+use toolfleet_proto::{Envelope, ToolCall};
 use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
 use tracing::{Instrument, debug, error, info_span, warn};
 
@@ -151,21 +151,31 @@ impl Executor {
                 }
             },
         };
+        self.finished(call, &owner, &envelope, started, span).await
+    }
+
+    /// A call that ran (or failed its checks) since `started`, as `owner`:
+    /// its span and metrics say how, and its envelope is stored and
+    /// answered.
+    async fn finished(
+        &self,
+        call: &ToolCall,
+        owner: &str,
+        envelope: &Envelope,
+        started: Instant,
+        span: &mut StepSpan,
+    ) -> Outcome {
+        let elapsed = started.elapsed();
         span.event("ran");
-        span.set(
-            span_attributes::RUN_MS,
-            started.elapsed().as_secs_f64() * 1e3,
-        );
-        span.outcome(&envelope);
-        metrics::call_finished(&call.tool, &envelope, started.elapsed());
+        span.set(span_attributes::RUN_MS, elapsed.as_secs_f64() * 1e3);
+        span.outcome(envelope);
+        metrics::call_finished(&call.tool, envelope, elapsed);
         debug!(
             ok = envelope.is_ok(),
-            elapsed_ms = started.elapsed().as_millis() as u64,
+            elapsed_ms = elapsed.as_millis() as u64,
             "call finished"
         );
-        let settled = self
-            .settle(call, &owner, &envelope, started.elapsed())
-            .await;
+        let settled = self.settle(call, owner, envelope, elapsed).await;
         span.event("stored");
         settled
     }
