@@ -120,7 +120,7 @@ pub(super) mod tests {
         let sources = [
             include_str!("submit.rs"),
             include_str!("lease.rs"),
-            include_str!("commit.rs"),
+            include_str!("commit/write.rs"),
             include_str!("cancel.rs"),
             include_str!("quota.rs"),
             include_str!("read.rs"),
@@ -147,7 +147,7 @@ pub(super) mod tests {
             }
         }
         assert!(used > 0, "the scripts use placeholders");
-        assert!(!fill(include_str!("commit.rs")).contains("$ENDED"));
+        assert!(!fill(include_str!("commit/write.rs")).contains("$ENDED"));
     }
 
     #[test]

@@ -1,200 +1,23 @@
-//! The commits of a run, each one Lua script fenced by the lease: a turn
-//! ([`JobStore::record_turn`]), a dispatch, a round's results, the end.
+//! The one write of every commit: what a verb says happened, as the job's
+//! hash fields, items, events and attempts, stored by one script fenced by
+//! the lease.
 
 use std::sync::LazyLock;
-use std::time::Duration;
 
 use redis::Script;
-use toolfleet_proto::{Envelope, EventId, WireId};
 
 use crate::job::{
     Ending, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
 };
-
-use super::attempts::settled_field;
-use super::scripts::script;
-use super::*;
 use crate::live::Written;
 
+use super::super::scripts::script;
+use super::*;
+
 impl JobStore {
-    /// Checkpoints a model turn: the results before it, its items, its
-    /// `model_turn` event and the job's counters, and the first attempt of
-    /// each of its calls about to be published (`dispatched`, as
-    /// [`record_dispatch`](Self::record_dispatch) records one), in one
-    /// commit. Once it lands the turn is never played again.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_turn(
-        &self,
-        lease: &Lease,
-        turn: TurnCheckpoint<'_>,
-        dispatched: &[DispatchedCall<'_>],
-    ) -> Result<(), Error> {
-        let mut commit = Commit::of_turn(turn);
-        commit.dispatched(dispatched, 1);
-        self.commit(lease, commit).await
-    }
-
-    /// Records that `attempt` of each call is about to be published: a
-    /// `tool_call_dispatched` event each, and the attempt a resumed runner
-    /// looks up first.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_dispatch(
-        &self,
-        lease: &Lease,
-        calls: &[DispatchedCall<'_>],
-        attempt: u32,
-    ) -> Result<(), Error> {
-        if calls.is_empty() {
-            return Ok(());
-        }
-        let mut commit = Commit::default();
-        commit.dispatched(calls, attempt);
-        self.commit(lease, commit).await
-    }
-
-    /// Records a running call's progress: its `tool_call_progress` event,
-    /// alone in a commit (advisory: the caller bounds how often).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub(crate) async fn record_progress(
-        &self,
-        lease: &Lease,
-        event: JobEvent,
-    ) -> Result<(), Error> {
-        let commit = Commit {
-            events: vec![event],
-            ..Commit::default()
-        };
-        self.commit(lease, commit).await
-    }
-
-    /// Holds calls for a person's decision: each call's request in the
-    /// job's approvals and its `tool_call_approval_requested` (or
-    /// `tool_call_verdict_requested`) event, in one commit. A held call is
-    /// not published until it is approved, nor answered until its verdict
-    /// is given (decision 0036).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn hold(
-        &self,
-        lease: &Lease,
-        tenant: &str,
-        held: &[HeldCall<'_>],
-    ) -> Result<(), Error> {
-        if held.is_empty() {
-            return Ok(());
-        }
-        let now = now_ms();
-        let mut commit = Commit::default();
-        for call in held {
-            commit.events.push(call.event());
-            commit.approvals.extend(call.fields(now));
-        }
-        self.commit(lease, commit).await?;
-        self.index_held(tenant, &lease.job_id, held, now).await
-    }
-
-    /// Records calls' final envelopes, one `tool_call_result` event each in
-    /// the order given, in one commit (the result items themselves join the
-    /// conversation with the round's others in the next commit of the run,
-    /// [`record_turn`](Self::record_turn) or [`finish`](Self::finish)).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub async fn record_call_results(
-        &self,
-        lease: &Lease,
-        settled: &[SettledCall<'_>],
-    ) -> Result<(), Error> {
-        let events = settled
-            .iter()
-            .map(|settled| JobEvent::ToolCallResult {
-                attempts: settled.attempts,
-                call_id: settled.call_id.to_string(),
-                code: settled.envelope.error().map(|e| e.code.to_string()),
-                name: settled.name.to_owned(),
-                ok: settled.envelope.is_ok(),
-                round_trip_us: settled.round_trip.map(micros),
-                source: settled.source.map(str::to_owned),
-                worked_us: settled.worked.map(micros),
-            })
-            .collect();
-        let attempts = settled
-            .iter()
-            .map(|settled| (settled_field(settled.wire_id), settled.attempts))
-            .collect();
-        let job_id = &lease.job_id;
-        let checks = settled
-            .iter()
-            .filter_map(|settled| {
-                let text = settled.unchecked?;
-                let key =
-                    self.keys
-                        .call_result(job_id, settled.name, settled.wire_id, settled.attempts);
-                Some((key, text))
-            })
-            .collect();
-        self.commit(
-            lease,
-            Commit {
-                events,
-                attempts,
-                checks,
-                ..Commit::default()
-            },
-        )
-        .await
-    }
-
-    /// Ends the job: its final status, answer or error, final event, and the
-    /// expiry of all its keys after the retention, with what the run had not
-    /// stored yet (`unstored`) before them, in one commit. Nothing is written
-    /// after.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::LeaseLost`] when another runner took the job (or it had
-    /// already ended); [`Error::Redis`].
-    pub async fn finish(
-        &self,
-        lease: &Lease,
-        ending: &Ending,
-        unstored: Unstored<'_>,
-    ) -> Result<(), Error> {
-        let mut commit = match unstored {
-            Unstored::Nothing => Commit::default(),
-            Unstored::Results(results) => Commit {
-                results,
-                ..Commit::default()
-            },
-            Unstored::Turn(turn) => Commit::of_turn(turn),
-        };
-        commit.events.push(ending.event());
-        commit.status = Some(ending.status());
-        commit.ending = Some(ending);
-        self.commit(lease, commit).await?;
-        // Only a job that did not succeed can end with calls held: a
-        // model's answer comes after every call of its round was settled.
-        if !matches!(ending, Ending::Succeeded(_)) {
-            self.forget_held(&lease.job_id).await;
-        }
-        Ok(())
-    }
-
     /// Writes `commit` atomically, if `lease` still holds and the job has not
     /// ended.
-    async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), Error> {
+    pub(super) async fn commit(&self, lease: &Lease, commit: Commit<'_>) -> Result<(), Error> {
         let job_id = &lease.job_id;
         let finished = commit.ending.is_some();
         let fields = commit.fields();
@@ -286,82 +109,34 @@ fn pairs<A, B>(
     }
 }
 
-/// A call with its final envelope, for [`JobStore::record_call_results`].
-#[derive(Debug, Clone, Copy)]
-pub struct SettledCall<'a> {
-    /// The id the job's events show the call by.
-    pub call_id: &'a EventId,
-    /// The id its attempts are recorded under.
-    pub wire_id: &'a WireId,
-    /// The tool name.
-    pub name: &'a str,
-    /// Attempts made (0: answered by the orchestrator's own checks).
-    pub attempts: u32,
-    /// Publish to result of the last attempt, as the runner saw it.
-    pub round_trip: Option<Duration>,
-    /// How long the worker worked on the last attempt, by its own clock.
-    pub worked: Option<Duration>,
-    /// The final envelope.
-    pub envelope: &'a Envelope,
-    /// Who produced it when no worker did: `operator` (a verdict).
-    pub source: Option<&'static str>,
-    /// The stored result's text as the worker's reply carried it, when it
-    /// was not read from Redis: the commit checks it against what Redis
-    /// holds and writes nothing if it differs ([`Error::ResultMismatch`]).
-    pub unchecked: Option<&'a str>,
-}
-
-/// What a run did but has not stored when it ends the job: stored by
-/// [`JobStore::finish`] in the commit that ends it.
-#[derive(Debug, Clone, Copy)]
-pub enum Unstored<'a> {
-    /// Everything is stored.
-    Nothing,
-    /// The results of the run's last round (no turn followed them).
-    Results(&'a [Item]),
-    /// The turn that ended the job, with the results before it.
-    Turn(TurnCheckpoint<'a>),
-}
-
-/// A call about to be published, for [`JobStore::record_dispatch`].
-#[derive(Debug, Clone, Copy)]
-pub struct DispatchedCall<'a> {
-    /// The id the job's events show the call by.
-    pub event_id: &'a EventId,
-    /// The id its attempts are recorded under.
-    pub wire_id: &'a WireId,
-    /// The tool.
-    pub name: &'a str,
-}
-
 /// The writes of one verb, committed atomically under a lease. Private: a
 /// caller says what happened, and only [`Commit::fields`] names hash fields.
 #[derive(Debug, Default)]
-struct Commit<'a> {
+pub(super) struct Commit<'a> {
     /// Results of a round, appended to the conversation before `items`.
-    results: &'a [Item],
-    items: &'a [Item],
-    events: Vec<JobEvent>,
-    status: Option<JobStatus>,
+    pub(super) results: &'a [Item],
+    pub(super) items: &'a [Item],
+    pub(super) events: Vec<JobEvent>,
+    pub(super) status: Option<JobStatus>,
     /// Turns and rounds after a checkpointed turn.
-    counters: Option<(u32, u32)>,
+    pub(super) counters: Option<(u32, u32)>,
     /// The job ended: its outcome is stored and every key expires.
-    ending: Option<&'a Ending>,
+    pub(super) ending: Option<&'a Ending>,
     /// Dispatched attempts: call id, attempt.
-    attempts: Vec<(String, u32)>,
+    pub(super) attempts: Vec<(String, u32)>,
     /// Tool manifests offered to the model, to remember.
-    offers: &'a [ToolManifest],
+    pub(super) offers: &'a [ToolManifest],
     /// Stored results (key, text) that must be in Redis as given, or the
     /// commit writes nothing.
-    checks: Vec<(String, &'a str)>,
+    pub(super) checks: Vec<(String, &'a str)>,
     /// Fields of the job's approvals hash: held calls' requests.
-    approvals: Vec<(String, String)>,
+    pub(super) approvals: Vec<(String, String)>,
 }
 
 impl<'a> Commit<'a> {
     /// A checkpointed turn: the results before it, its items, its
     /// `model_turn` event, the job's counters and the tools it offered.
-    fn of_turn(turn: TurnCheckpoint<'a>) -> Self {
+    pub(super) fn of_turn(turn: TurnCheckpoint<'a>) -> Self {
         Commit {
             results: turn.results,
             items: turn.items,
@@ -373,7 +148,7 @@ impl<'a> Commit<'a> {
     }
 
     /// Records that `attempt` of each of `calls` is about to be published.
-    fn dispatched(&mut self, calls: &[DispatchedCall<'_>], attempt: u32) {
+    pub(super) fn dispatched(&mut self, calls: &[DispatchedCall<'_>], attempt: u32) {
         for call in calls {
             self.events.push(JobEvent::ToolCallDispatched {
                 attempt,
@@ -499,6 +274,7 @@ return events
 mod tests {
     use super::*;
     use crate::job::JobError;
+    use toolfleet_proto::{EventId, WireId};
 
     fn call(text: &str) -> Item {
         Item::ToolCall {
@@ -678,7 +454,7 @@ mod tests {
     #[test]
     fn a_commit_writes_only_fields_the_store_reads() {
         // The reading code, without its tests' own spellings.
-        let read = include_str!("read.rs")
+        let read = include_str!("../read.rs")
             .split("#[cfg(test)]")
             .next()
             .unwrap();
