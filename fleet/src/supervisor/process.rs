@@ -83,6 +83,7 @@ impl ScratchDir {
         let name = file_name(name);
         if let Some(parent) = parent {
             let path = parent.join(&name);
+            set_aside(&path)?;
             std::fs::create_dir(&path)
                 .with_context(|| format!("cannot create {}", path.display()))?;
             return Ok(Self { path, temp: None });
@@ -110,6 +111,34 @@ impl Drop for ScratchDir {
             eprintln!("supervisor: kept {}", temp.keep().display());
         }
     }
+}
+
+/// Renames a dir left at `path` by an earlier start of the same server in
+/// the same parent (one that failed: a cluster's start is tried again when
+/// a port was taken between its reservation and the bind) to the first free
+/// `<path>.failed-<n>`, so that the new start gets a fresh dir and the
+/// failed one's log is kept with the parent.
+fn set_aside(path: &Path) -> anyhow::Result<()> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let mut aside = path.to_owned();
+    for attempt in 1.. {
+        aside.set_file_name(format!(
+            "{}.failed-{attempt}",
+            path.file_name().unwrap_or_default().to_string_lossy()
+        ));
+        if !aside.exists() {
+            break;
+        }
+    }
+    std::fs::rename(path, &aside).with_context(|| {
+        format!(
+            "cannot move {} aside to {}",
+            path.display(),
+            aside.display()
+        )
+    })
 }
 
 /// `name` with anything but letters, digits, `-` and `_` replaced, for use in a path.
@@ -696,4 +725,33 @@ pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
         .find(|path| path.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_started_again_in_the_same_parent_gets_a_fresh_dir_and_keeps_the_old() {
+        let parent = tempfile::tempdir().unwrap();
+        let first = ScratchDir::new("nats-server-0", Some(parent.path())).unwrap();
+        std::fs::write(first.path().join("server.log"), "first").unwrap();
+        let second = ScratchDir::new("nats-server-0", Some(parent.path())).unwrap();
+        assert_eq!(second.path(), parent.path().join("nats-server-0"));
+        assert!(
+            std::fs::read_dir(second.path()).unwrap().next().is_none(),
+            "fresh"
+        );
+        let kept = parent.path().join("nats-server-0.failed-1");
+        assert_eq!(
+            std::fs::read_to_string(kept.join("server.log")).unwrap(),
+            "first"
+        );
+        ScratchDir::new("nats-server-0", Some(parent.path())).unwrap();
+        assert!(parent.path().join("nats-server-0.failed-2").is_dir());
+        assert!(
+            kept.join("server.log").is_file(),
+            "an older one stays as it was"
+        );
+    }
 }
