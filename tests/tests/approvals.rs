@@ -858,6 +858,104 @@ async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> a
     the_decision_names_its_approver(&mut api, bot, &job_id).await
 }
 
+/// Roles given in the tokens file: each credential does what its roles
+/// say and nothing else; a refusal names the role the call needed, and
+/// comes before any job is read (a reader's cancel of a job and of no job
+/// read the same); an approver sees the held call, an operator (who gives
+/// verdicts) does not.
+#[tokio::test]
+async fn each_credential_does_what_its_roles_say() -> anyhow::Result<()> {
+    use toolfleet_orchestrator::auth::token_sha256;
+    let (bot, ana, ops, eve) = ("tok-bot-1a", "tok-ana-2b", "tok-ops-3c", "tok-eve-4d");
+    let text = format!(
+        "[tenants.desk]\ntoken_sha256 = [\"{}\", \"{}\", \"{}\", \"{}\"]\n\
+         require_approval = [\"calculate\"]\n\
+         roles = {{ \"{}\" = [\"agent\"], \"{}\" = [\"approver\"], \"{}\" = [\"operator\"], \
+         \"{}\" = [\"reader\"] }}\n",
+        token_sha256(bot),
+        token_sha256(ana),
+        token_sha256(ops),
+        token_sha256(eve),
+        token_sha256(bot),
+        token_sha256(ana),
+        token_sha256(ops),
+        token_sha256(eve),
+    );
+    let (_dir, _fleet, mut api) = with_tokens(&text, bot, &[]).await?;
+    let job_id = api
+        .submit_job(as_tenant(bot, two_calls(&[])))
+        .await?
+        .into_inner()
+        .job_id;
+    job_in(&api, Some(eve), &job_id, v1::JobStatus::WaitingForApproval).await?;
+
+    for token in [ana, ops, eve] {
+        let refused = api
+            .submit_job(as_tenant(token, two_calls(&[])))
+            .await
+            .expect_err("only an agent submits");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+        assert!(
+            refused
+                .message()
+                .starts_with("SubmitJob needs the role agent;"),
+            "{refused:?}"
+        );
+    }
+    let missing = "desk-0123456789abcdef0123456789ab";
+    for id in [job_id.as_str(), missing] {
+        let refused = api
+            .cancel_job(as_tenant(
+                eve,
+                v1::CancelJobRequest {
+                    job_id: id.to_owned(),
+                },
+            ))
+            .await
+            .expect_err("a reader cancels nothing");
+        assert_eq!(refused.code(), Code::PermissionDenied, "{id}: {refused:?}");
+        assert!(
+            refused.message().contains("agent or operator"),
+            "{refused:?}"
+        );
+    }
+    let refused = api
+        .list_pending_approvals(as_tenant(bot, pending_page(0, "")))
+        .await
+        .expect_err("an agent lists no held calls");
+    assert!(
+        refused
+            .message()
+            .contains("needs the role approver or operator"),
+        "{refused:?}"
+    );
+    let verdicts = api
+        .list_pending_approvals(as_tenant(ops, pending_page(0, "")))
+        .await?
+        .into_inner();
+    assert!(
+        verdicts.approvals.is_empty(),
+        "an approval is no operator's: {verdicts:?}"
+    );
+    let held = api
+        .list_pending_approvals(as_tenant(ana, pending_page(0, "")))
+        .await?
+        .into_inner();
+    assert_eq!(held.approvals.len(), 1, "{held:?}");
+    let refused = api
+        .decide_call(as_tenant(ops, decide(&job_id, true, "")))
+        .await
+        .expect_err("an operator gives verdicts, not approvals");
+    assert!(
+        refused.message().contains("needs the role approver"),
+        "{refused:?}"
+    );
+    api.decide_call(as_tenant(ana, decide(&job_id, true, "fine")))
+        .await?;
+    job_in(&api, Some(ops), &job_id, v1::JobStatus::Succeeded).await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_held_call_nobody_decides_expires_by_its_tenants_timeout() -> anyhow::Result<()> {
     use toolfleet_orchestrator::auth::token_sha256;

@@ -10,7 +10,7 @@ use toolfleet_proto::{EventId, check_arguments, v1};
 
 use super::convert::{invalid, to_status};
 use super::{AgentApi, ECHO_CHARS};
-use crate::auth::Caller;
+use crate::auth::{Caller, Role, Rpc};
 use crate::hold::{ApprovalChoice, Choice, Decision, Hold, Verdict};
 use crate::job::{JobRecord, JobStatus, now_ms};
 use crate::publish;
@@ -28,8 +28,11 @@ impl AgentApi {
         request: v1::DecideCallRequest,
         caller: &Caller,
     ) -> Result<JobStatus, Status> {
-        caller.check_approver()?;
         let choice = choice(request.decision)?;
+        caller.check(match choice {
+            Choice::Approval(_) => Rpc::DecideApproval,
+            Choice::Verdict(_) => Rpc::DecideVerdict,
+        })?;
         check_reason(&request.reason, choice)?;
         let result = self.checked_result(request.result, choice)?;
         let record = self.own_job(&request.job_id, caller).await?;
@@ -64,7 +67,7 @@ impl AgentApi {
             arguments,
             result,
             tenant: caller.tenant.clone(),
-            approver: caller.approver.name().map(str::to_owned),
+            approver: caller.person.clone(),
             at_ms: now_ms(),
         };
         let decided = self
@@ -352,13 +355,15 @@ const DEFAULT_PAGE_SIZE: usize = 50;
 const MAX_PAGE_SIZE: usize = 500;
 
 impl AgentApi {
-    /// A page of the caller's pending approvals, oldest first.
+    /// A page of the caller's pending approvals, oldest first: the calls
+    /// held for approval to an approver, the unknown outcomes waiting for a
+    /// verdict to an operator.
     pub(super) async fn pending_approvals(
         &self,
         request: v1::ListPendingApprovalsRequest,
         caller: &Caller,
     ) -> Result<v1::ListPendingApprovalsResponse, Status> {
-        caller.check_approver()?;
+        caller.check(Rpc::ListPending)?;
         let limit = match request.page_size as usize {
             0 => DEFAULT_PAGE_SIZE,
             n if n > MAX_PAGE_SIZE => {
@@ -381,6 +386,13 @@ impl AgentApi {
         Ok(v1::ListPendingApprovalsResponse {
             approvals: page
                 .into_iter()
+                .filter(|pending| {
+                    let needs = match pending.request.attempt {
+                        None => Role::Approver,
+                        Some(_) => Role::Operator,
+                    };
+                    caller.roles.has(needs)
+                })
                 .map(|pending| {
                     let request = pending.request;
                     let kind = request.kind().to_owned();

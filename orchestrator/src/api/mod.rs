@@ -27,7 +27,7 @@ use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
-use crate::auth::{Caller, caller_of};
+use crate::auth::{Caller, Rpc, caller_for, caller_of};
 use crate::job::{JobId, JobRecord, JobStatus, JobTrace, ProviderKind};
 use crate::live::Live;
 use crate::model::Providers;
@@ -248,7 +248,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::SubmitJobRequest>,
     ) -> Result<Response<v1::SubmitJobResponse>, Status> {
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::SubmitJob)?;
         let (trace, mut span) = JobTrace::begin(client_trace(request.metadata()), "submit job");
         span.set(span_attributes::RPC_SYSTEM, "grpc");
         span.set(span_attributes::RPC_METHOD, "SubmitJob");
@@ -290,7 +290,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::GetJobRequest>,
     ) -> Result<Response<v1::Job>, Status> {
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::ReadJobs)?;
         let job_id = request.into_inner().job_id;
         let record = self.own_job(&job_id, &caller).await?;
         let items = self
@@ -312,7 +312,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::WatchJobRequest>,
     ) -> Result<Response<Self::WatchJobStream>, Status> {
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::ReadJobs)?;
         let request = request.into_inner();
         // The id's shape first: nothing else of it reaches a subject.
         let job_id = may_own(&request.job_id, &caller)?;
@@ -385,7 +385,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::CancelJobRequest>,
     ) -> Result<Response<v1::CancelJobResponse>, Status> {
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::CancelJob)?;
         let job_id = request.into_inner().job_id;
         let job_id = self.own_job(&job_id, &caller).await?.job_id;
         let status = self
@@ -403,7 +403,7 @@ impl AgentService for AgentApi {
         &self,
         request: Request<v1::ListJobsRequest>,
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::ReadJobs)?;
         let mut query = ListQuery::parse(request.into_inner())?;
         let (before, limit) = (query.before.take(), query.limit);
         let (records, next) = self
@@ -428,7 +428,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::ListToolsResponse>, Status> {
         // Only what the tenant may call: another tool's name and schema
         // are none of its business.
-        let caller = caller_of(&request);
+        let caller = caller_for(&request, Rpc::ListTools)?;
         let tools = self
             .registry
             .available_tools()

@@ -21,8 +21,11 @@
 //! it proves the hop only, and each request it relays must carry its
 //! client's bearer token, which alone names the tenant.
 //!
-//! When a tenant names `approvers`, only their tokens and certificates
-//! decide its held calls and list them.
+//! Each credential has roles in its tenant (`roles`: `agent`, `approver`,
+//! `operator`, `reader`), and each RPC checks its own ([`roles`]). A tenant
+//! that gives no roles gives every credential every role; one that names
+//! `approvers` (the form before roles) makes them `approver` and
+//! `operator`, and its other credentials `agent` and `reader`.
 //!
 //! With `api.auth = "none"` every caller is the tenant `default` (for `toolfleet
 //! dev` and tests; never on a shared network).
@@ -43,6 +46,9 @@ use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
 use crate::quota::Quotas;
+
+pub(crate) mod roles;
+pub(crate) use roles::{Role, Roles, Rpc};
 
 /// The tenant of every caller when authentication is off.
 pub(crate) const DEFAULT_TENANT: &str = "default";
@@ -74,9 +80,11 @@ pub(crate) struct Caller {
     /// Tools whose calls wait for a person's approval in the tenant's jobs
     /// (`"*"`: all).
     pub require_approval: Vec<String>,
-    /// Whether this token or certificate may decide the tenant's held
-    /// calls, and the name recorded with its decisions.
-    pub approver: Approver,
+    /// What this token or certificate may do in its tenant.
+    pub roles: Roles,
+    /// The person the tokens file names for this credential (`approvers`),
+    /// recorded with each decision it makes.
+    pub person: Option<String>,
     /// How long the tenant's held calls wait for a decision; `None`:
     /// `approval.timeout`.
     pub approval_timeout: Option<Duration>,
@@ -94,7 +102,8 @@ impl Caller {
             tools: None,
             quotas: Quotas::default(),
             require_approval: Vec::new(),
-            approver: Approver::Anyone,
+            roles: Roles::ALL,
+            person: None,
             approval_timeout: None,
             stream: false,
         }
@@ -107,45 +116,25 @@ impl Caller {
             .is_none_or(|tools| tools.iter().any(|allowed| allowed == tool))
     }
 
-    /// Refuses a caller that may not decide the tenant's held calls, nor
-    /// list them.
+    /// Refuses a caller none of whose roles lets it make `rpc`: checked
+    /// before anything of a job is read, so that a refusal says nothing of
+    /// the job.
     ///
     /// # Errors
     ///
-    /// `PERMISSION_DENIED` when the tenant names its approvers and this
-    /// credential is none of them.
-    pub(crate) fn check_approver(&self) -> Result<(), Status> {
-        match self.approver {
-            Approver::Anyone | Approver::Named(_) => Ok(()),
-            Approver::NotNamed => Err(Status::permission_denied(format!(
-                "tenant {:?} names its approvers (approvers in the tokens file): only their \
-                 tokens and certificates decide its held calls and list them",
-                self.tenant
-            ))),
+    /// `PERMISSION_DENIED` naming the roles `rpc` needs and the caller's.
+    pub(crate) fn check(&self, rpc: Rpc) -> Result<(), Status> {
+        if self.roles.any(rpc.needs()) {
+            return Ok(());
         }
-    }
-}
-
-/// Whether a caller may decide its tenant's held calls, and as whom.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Approver {
-    /// The tenant names no approvers (or authentication is off): every
-    /// credential of it decides, and no name is recorded.
-    Anyone,
-    /// One of the approvers the tenant names: the name recorded with each
-    /// decision.
-    Named(String),
-    /// The tenant names approvers, and this credential is none of them.
-    NotNamed,
-}
-
-impl Approver {
-    /// The name recorded with a decision, when the tokens file gives one.
-    pub(crate) fn name(&self) -> Option<&str> {
-        match self {
-            Self::Named(name) => Some(name),
-            Self::Anyone | Self::NotNamed => None,
-        }
+        Err(Status::permission_denied(format!(
+            "{} needs the role {}; this credential of tenant {:?} has {} (roles in the tokens \
+             file, docs/security.md)",
+            rpc.name(),
+            rpc.needs_text(),
+            self.tenant,
+            self.roles
+        )))
     }
 }
 
@@ -218,9 +207,15 @@ struct TenantEntry {
     require_approval: Vec<String>,
     /// Who decides with a token (by its hash) or a client certificate (by
     /// its client name): the name recorded with each decision they make.
-    /// When it names anyone, the tenant's other credentials decide nothing.
+    /// Without `roles`, an approver is `approver` and `operator`, and the
+    /// tenant's other credentials `agent` and `reader` ([`roles::granted`]).
     #[serde(default)]
     approvers: BTreeMap<String, String>,
+    /// The roles of each token (by its hash) or client certificate (by its
+    /// client name); absent: every credential has every role, unless the
+    /// tenant names approvers.
+    #[serde(default)]
+    roles: BTreeMap<String, Vec<Role>>,
     /// How long the tenant's held calls wait for a decision (`"2h"`);
     /// absent: `approval.timeout`.
     #[serde(default, with = "humantime_serde")]
@@ -248,6 +243,26 @@ impl TenantEntry {
             .then_some("an approver's name is 1 to 64 printable characters")
     }
 
+    /// What is wrong with `roles`: a key that is none of the tenant's
+    /// token hashes or client names, or, once it gives roles, a credential
+    /// it gives none (it could do nothing: a mistake, never meant).
+    fn roles_problem(&self) -> Option<&'static str> {
+        if self.roles.is_empty() {
+            return None;
+        }
+        let known =
+            |key: &String| self.token_sha256.contains(key) || self.client_names.contains(key);
+        if !self.roles.keys().all(known) {
+            return Some("roles names a key that is none of its token_sha256 or client_names");
+        }
+        let mut credentials = self.token_sha256.iter().chain(&self.client_names);
+        let none = |key: &String| self.roles.get(key).is_none_or(Vec::is_empty);
+        credentials.any(none).then_some(
+            "roles gives no role to one of its token_sha256 or client_names; give each at least \
+             one (agent, approver, operator, reader)",
+        )
+    }
+
     /// The caller this entry makes `tenant`, after its checks; quotas it
     /// does not set come from `defaults`.
     fn caller(&self, tenant: &str, defaults: Quotas) -> Result<Arc<Caller>, String> {
@@ -264,6 +279,8 @@ impl TenantEntry {
             Some("require_approval lists something that is neither a tool name nor \"*\"")
         } else if let Some(why) = self.approvers_problem() {
             Some(why)
+        } else if let Some(why) = self.roles_problem() {
+            Some(why)
         } else if self.approval_timeout.is_some_and(|t| t.is_zero()) {
             Some("approval_timeout must be longer than 0s")
         } else {
@@ -277,11 +294,8 @@ impl TenantEntry {
             tools: self.tools.clone(),
             quotas: defaults.overridden_by(own),
             require_approval: self.require_approval.clone(),
-            approver: if self.approvers.is_empty() {
-                Approver::Anyone
-            } else {
-                Approver::NotNamed
-            },
+            roles: Roles::ALL,
+            person: None,
             approval_timeout: self.approval_timeout,
             stream: self.stream,
         }))
@@ -334,15 +348,15 @@ impl Tokens {
         Ok(tokens)
     }
 
-    /// Maps `entry`'s client names and token hashes to `caller`, with the
-    /// approver each is named for.
+    /// Maps `entry`'s client names and token hashes to `caller`, each with
+    /// its roles and the person it is named for.
     fn add(&mut self, caller: &Arc<Caller>, entry: &TenantEntry) -> Result<(), String> {
-        let caller_of = |key: &str| match entry.approvers.get(key) {
-            Some(name) => Arc::new(Caller {
-                approver: Approver::Named(name.clone()),
+        let caller_of = |key: &str| {
+            Arc::new(Caller {
+                roles: roles::granted(&entry.roles, &entry.approvers, key),
+                person: entry.approvers.get(key).cloned(),
                 ..Caller::clone(caller)
-            }),
-            None => caller.clone(),
+            })
         };
         for name in &entry.client_names {
             // A gateway's certificate must never be a tenant's identity:
@@ -606,6 +620,17 @@ pub(crate) fn caller_of<T>(request: &Request<T>) -> Caller {
         .unwrap_or_else(Caller::anonymous)
 }
 
+/// The caller of `request`, if one of its roles lets it make `rpc`.
+///
+/// # Errors
+///
+/// `PERMISSION_DENIED` naming the roles `rpc` needs ([`Caller::check`]).
+pub(crate) fn caller_for<T>(request: &Request<T>, rpc: Rpc) -> Result<Caller, Status> {
+    let caller = caller_of(request);
+    caller.check(rpc)?;
+    Ok(caller)
+}
+
 fn load(path: &Path, defaults: Quotas) -> Result<Tokens, AuthError> {
     let text = std::fs::read_to_string(path).map_err(|source| AuthError::Read {
         path: path.display().to_string(),
@@ -652,7 +677,7 @@ mod tests {
         assert_eq!(caller.tenant, "search");
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
         assert_eq!(caller.require_approval, ["*"]);
-        assert_eq!(caller.approver, Approver::Named("Ana".into()));
+        assert_eq!(caller.person.as_deref(), Some("Ana"));
         assert_eq!(caller.approval_timeout, Some(Duration::from_secs(7200)));
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
@@ -677,37 +702,66 @@ mod tests {
     }
 
     #[test]
-    fn when_a_tenant_names_approvers_its_other_credentials_decide_nothing() {
-        let (agent, ana, solo) = (
+    fn each_credential_has_its_roles_and_each_rpc_checks_them() {
+        let (agent, ana, solo, ops, bot) = (
             token_sha256("tok-agent"),
             token_sha256("tok-ana"),
             token_sha256("tok-solo"),
+            token_sha256("tok-ops"),
+            token_sha256("tok-bot"),
         );
         let tokens = Tokens::parse(
             &format!(
                 "[tenants.pay]\ntoken_sha256 = [\"{agent}\", \"{ana}\"]\n\
                  approvers = {{ \"{ana}\" = \"Ana\" }}\n\
-                 [tenants.solo]\ntoken_sha256 = [\"{solo}\"]\n"
+                 [tenants.solo]\ntoken_sha256 = [\"{solo}\"]\n\
+                 [tenants.ops]\ntoken_sha256 = [\"{ops}\", \"{bot}\"]\n\
+                 roles = {{ \"{ops}\" = [\"operator\", \"reader\"], \"{bot}\" = [\"agent\"] }}\n"
             ),
             Quotas::default(),
         )
         .unwrap();
+        // The approvers form: the approver approves and operates, and is
+        // the person its decisions name; the agent submits and reads.
         let approver = tokens.caller("tok-ana").unwrap();
-        assert_eq!(approver.approver, Approver::Named("Ana".into()));
-        assert!(approver.check_approver().is_ok());
+        assert_eq!(approver.person.as_deref(), Some("Ana"));
+        assert!(approver.check(Rpc::DecideApproval).is_ok());
+        assert!(approver.check(Rpc::DecideVerdict).is_ok());
         let agent = tokens.caller("tok-agent").unwrap();
-        assert_eq!(agent.tenant, "pay");
-        assert_eq!(agent.approver, Approver::NotNamed);
-        let refused = agent.check_approver().unwrap_err();
+        assert_eq!(
+            (agent.tenant.as_str(), agent.person.as_deref()),
+            ("pay", None)
+        );
+        assert!(agent.check(Rpc::SubmitJob).is_ok());
+        let refused = agent.check(Rpc::DecideApproval).unwrap_err();
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            refused.message(),
+            "DecideCall on a held call needs the role approver; this credential of tenant \
+             \"pay\" has agent, reader (roles in the tokens file, docs/security.md)"
+        );
+        // Roles given: each credential its own.
+        let ops = tokens.caller("tok-ops").unwrap();
+        assert!(ops.check(Rpc::ReadJobs).is_ok());
+        assert!(ops.check(Rpc::CancelJob).is_ok());
+        let refused = ops.check(Rpc::SubmitJob).unwrap_err();
         assert!(
-            refused.message().contains("\"pay\" names its approvers"),
+            refused
+                .message()
+                .starts_with("SubmitJob needs the role agent;"),
             "{refused:?}"
         );
+        assert!(
+            tokens
+                .caller("tok-bot")
+                .unwrap()
+                .check(Rpc::ListPending)
+                .is_err()
+        );
+        // No roles, no approvers: everything, as with authentication off.
         let solo = tokens.caller("tok-solo").unwrap();
-        assert_eq!(solo.approver, Approver::Anyone, "a tenant that names none");
-        assert!(solo.check_approver().is_ok());
-        assert!(Caller::anonymous().check_approver().is_ok(), "auth off");
+        assert_eq!(solo.roles, Roles::ALL, "a tenant that names none");
+        assert_eq!(Caller::anonymous().roles, Roles::ALL, "auth off");
     }
 
     #[test]
@@ -816,6 +870,20 @@ mod tests {
                 "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\"]\n\
                  approvers = { \"a.example\" = \"\" }\n",
                 "1 to 64 printable characters",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nroles = { \"nobody\" = [\"agent\"] }\n",
+                "roles names a key that is none of its token_sha256 or client_names",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\", \"b.example\"]\n\
+                 roles = { \"a.example\" = [\"agent\"] }\n",
+                "roles gives no role to one of its token_sha256 or client_names",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\"]\n\
+                 roles = { \"a.example\" = [\"admin\"] }\n",
+                "unknown variant `admin`",
             ),
             (
                 "[tenants.a]\ntoken_sha256 = []\nrequire_approval = [\"a b\"]\n",
