@@ -22,7 +22,7 @@
 //! client's bearer token, which alone names the tenant.
 //!
 //! Each credential has roles in its tenant (`roles`: `agent`, `approver`,
-//! `operator`, `reader`), and each RPC checks its own ([`roles`]). A tenant
+//! `operator`, `reader`), and each RPC checks its own (`roles`). A tenant
 //! that gives no roles gives every credential every role; one that names
 //! `approvers` (the form before roles) makes them `approver` and
 //! `operator`, and its other credentials `agent` and `reader`.
