@@ -709,6 +709,30 @@ async fn with_tokens(
     Ok((dir, fleet, api))
 }
 
+/// A fleet on the tokens file `text` (whose tenant holds every calculate
+/// call) and a job `agent` submitted, parked on its held call as `watcher`
+/// sees it.
+async fn held_job(
+    text: &str,
+    agent: &str,
+    watcher: &str,
+) -> anyhow::Result<(tempfile::TempDir, Fleet, ApiClient, String)> {
+    let (dir, fleet, mut api) = with_tokens(text, agent, &[]).await?;
+    let job_id = api
+        .submit_job(as_tenant(agent, two_calls(&[])))
+        .await?
+        .into_inner()
+        .job_id;
+    job_in(
+        &api,
+        Some(watcher),
+        &job_id,
+        v1::JobStatus::WaitingForApproval,
+    )
+    .await?;
+    Ok((dir, fleet, api, job_id))
+}
+
 /// `message` with `token` as its bearer token.
 fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -819,15 +843,8 @@ async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> a
         token_sha256(bo),
         token_sha256(other)
     );
-    let (_dir, _fleet, mut api) = with_tokens(&text, bot, &[]).await?;
-
     // The job asks nothing; the tenant's rule holds its calculate call.
-    let job_id = api
-        .submit_job(as_tenant(bot, two_calls(&[])))
-        .await?
-        .into_inner()
-        .job_id;
-    job_in(&api, Some(bot), &job_id, v1::JobStatus::WaitingForApproval).await?;
+    let (_dir, _fleet, mut api, job_id) = held_job(&text, bot, bot).await?;
 
     another_tenant_neither_sees_nor_decides(&mut api, other, &job_id).await?;
     no_approver_decides(&mut api, bot, &job_id).await?;
@@ -881,13 +898,7 @@ async fn each_credential_does_what_its_roles_say() -> anyhow::Result<()> {
         token_sha256(ops),
         token_sha256(eve),
     );
-    let (_dir, _fleet, mut api) = with_tokens(&text, bot, &[]).await?;
-    let job_id = api
-        .submit_job(as_tenant(bot, two_calls(&[])))
-        .await?
-        .into_inner()
-        .job_id;
-    job_in(&api, Some(eve), &job_id, v1::JobStatus::WaitingForApproval).await?;
+    let (_dir, _fleet, mut api, job_id) = held_job(&text, bot, eve).await?;
 
     for token in [ana, ops, eve] {
         let refused = api
