@@ -67,6 +67,9 @@ enum Command {
     Jobs(client::JobsArgs),
     /// List the tools the live workers serve.
     Tools(client::ToolsArgs),
+    /// Print who the orchestrator takes your credential for: its tenant,
+    /// the person it names, and its roles.
+    Whoami(client::WhoamiArgs),
     /// Run one tool call through the fleet without a model (a call job) and
     /// print its envelope; exit 0 when the call succeeded, 3 when it failed.
     Call(call::CallArgs),
@@ -142,6 +145,7 @@ impl Cli {
             Command::Cancel(args) => client::cancel(args).await,
             Command::Jobs(args) => client::jobs(args).await,
             Command::Tools(args) => client::tools(args).await,
+            Command::Whoami(args) => client::whoami(args).await,
             Command::Call(args) => call::run(args).await,
             Command::Approvals(args) => approvals::list(args).await,
             Command::Approve(args) => approvals::approve(args).await,

@@ -733,6 +733,12 @@ async fn held_job(
     Ok((dir, fleet, api, job_id))
 }
 
+/// What the orchestrator takes `token` for (`WhoAmI`).
+async fn who_am_i(api: &mut ApiClient, token: &str) -> anyhow::Result<v1::WhoAmIResponse> {
+    let request = as_tenant(token, v1::WhoAmIRequest {});
+    Ok(api.who_am_i(request).await?.into_inner())
+}
+
 /// `message` with `token` as its bearer token.
 fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -847,6 +853,22 @@ async fn decisions_name_who_decided_and_only_the_tenants_approvers_decide() -> a
     let (_dir, _fleet, mut api, job_id) = held_job(&text, bot, bot).await?;
 
     another_tenant_neither_sees_nor_decides(&mut api, other, &job_id).await?;
+    // The approvers form: its approvers approve and operate, the rest
+    // submit and read.
+    let ana = who_am_i(&mut api, ops).await?;
+    assert_eq!(
+        (ana.tenant.as_str(), ana.person.as_str(), ana.roles),
+        (
+            "ops",
+            "Ana Lima",
+            vec!["approver".to_owned(), "operator".to_owned()]
+        )
+    );
+    let agent = who_am_i(&mut api, bot).await?;
+    assert_eq!(
+        (agent.person.as_str(), agent.roles),
+        ("", vec!["agent".to_owned(), "reader".to_owned()])
+    );
     no_approver_decides(&mut api, bot, &job_id).await?;
     let ours = api
         .list_pending_approvals(as_tenant(ops, pending_page(0, "")))
@@ -898,7 +920,15 @@ async fn each_credential_does_what_its_roles_say() -> anyhow::Result<()> {
         token_sha256(ops),
         token_sha256(eve),
     );
-    let (_dir, _fleet, mut api, job_id) = held_job(&text, bot, eve).await?;
+    let (_dir, fleet, mut api, job_id) = held_job(&text, bot, eve).await?;
+    // Each may ask who it is: `toolfleet whoami` says the reader's role.
+    let url = fleet.grpc_url(0).await?;
+    let me = run_toolfleet(&["whoami", "--json", "--addr", &url, "--token", eve]).await?;
+    let me: serde_json::Value = serde_json::from_str(&me)?;
+    assert_eq!(
+        me,
+        json!({"tenant": "desk", "person": null, "roles": ["reader"]})
+    );
 
     for token in [ana, ops, eve] {
         let refused = api

@@ -146,7 +146,7 @@ async fn get_and_watch_exit_by_how_the_job_ended_and_watch_ends_with_its_final_s
 }
 
 /// The commands that call an orchestrator's API.
-const CLIENT_COMMANDS: [&str; 10] = [
+const CLIENT_COMMANDS: [&str; 11] = [
     "submit",
     "get",
     "watch",
@@ -157,6 +157,7 @@ const CLIENT_COMMANDS: [&str; 10] = [
     "approvals",
     "approve",
     "reject",
+    "whoami",
 ];
 
 #[tokio::test]

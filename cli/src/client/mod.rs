@@ -1,5 +1,5 @@
 //! The commands that talk to an orchestrator over gRPC, a module each:
-//! `submit`, `get`, `watch`, `trace`, `cancel`, `jobs` and `tools`.
+//! `submit`, `get`, `watch`, `trace`, `cancel`, `jobs`, `tools` and `whoami`.
 //!
 //! - `connection`: the `--addr`, `--token` and TLS flags, the client they
 //!   make, and a failed call in words.
@@ -15,6 +15,7 @@ mod submit;
 mod tools;
 mod trace;
 mod watch;
+mod whoami;
 
 pub(crate) use cancel::{CancelArgs, cancel};
 pub(crate) use connection::{ApiClient, Server, TlsArgs, connect, rpc_error, with_token};
@@ -27,3 +28,4 @@ pub(crate) use submit::{
 pub(crate) use tools::{ToolsArgs, tools};
 pub(crate) use trace::{TraceArgs, trace};
 pub(crate) use watch::{WatchArgs, watch};
+pub(crate) use whoami::{WhoamiArgs, whoami};

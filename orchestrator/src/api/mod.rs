@@ -240,6 +240,13 @@ impl AgentService for StartingApi {
     ) -> Result<Response<v1::ListPendingApprovalsResponse>, Status> {
         self.api()?.list_pending_approvals(request).await
     }
+
+    async fn who_am_i(
+        &self,
+        request: Request<v1::WhoAmIRequest>,
+    ) -> Result<Response<v1::WhoAmIResponse>, Status> {
+        self.api()?.who_am_i(request).await
+    }
 }
 
 #[tonic::async_trait]
@@ -437,5 +444,23 @@ impl AgentService for AgentApi {
             .map(to_tool)
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))
+    }
+
+    async fn who_am_i(
+        &self,
+        request: Request<v1::WhoAmIRequest>,
+    ) -> Result<Response<v1::WhoAmIResponse>, Status> {
+        // No role: whoever the authenticator let in may ask who it is.
+        let caller = caller_of(&request);
+        Ok(Response::new(v1::WhoAmIResponse {
+            roles: caller
+                .roles
+                .names()
+                .into_iter()
+                .map(str::to_owned)
+                .collect(),
+            person: caller.person.unwrap_or_default(),
+            tenant: caller.tenant,
+        }))
     }
 }

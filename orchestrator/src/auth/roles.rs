@@ -67,14 +67,22 @@ impl Roles {
     }
 }
 
-impl fmt::Display for Roles {
-    /// `agent, reader`, or `none`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let names: Vec<&str> = Role::ALL
+impl Roles {
+    /// The roles in the set, as the tokens file spells them, in a fixed
+    /// order.
+    pub(crate) fn names(self) -> Vec<&'static str> {
+        Role::ALL
             .iter()
             .filter(|&&role| self.has(role))
             .map(|role| role.as_str())
-            .collect();
+            .collect()
+    }
+}
+
+impl fmt::Display for Roles {
+    /// `agent, reader`, or `none`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names = self.names();
         match names.is_empty() {
             true => f.write_str("none"),
             false => f.write_str(&names.join(", ")),
