@@ -307,6 +307,21 @@ async fn the_client_sends_its_token(
         output.status.success() && stdout.contains("answer: "),
         "{stdout}"
     );
+    // The token's tenant, and every role (the tokens file gives none).
+    let who = "import toolfleet_client as t, sys; me = t.Client(sys.argv[1]).who_am_i(); \
+               print(me.tenant, ','.join(me.roles))";
+    let output = Command::new(python)
+        .args(["-c", who, &address])
+        .env("TOOLFLEET_TOKEN", "tok-python-5e2b")
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        stdout.trim(),
+        "py agent,approver,operator,reader",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     Ok(())
 }
 

@@ -250,6 +250,11 @@ class Client:
             pb.ListToolsRequest(), timeout=self._timeout, metadata=self._metadata
         ).tools
 
+    def who_am_i(self) -> pb.WhoAmIResponse:
+        """Who the orchestrator takes your credential for: `tenant`,
+        `person` (empty when the tokens file names none) and `roles`."""
+        return self._stub.WhoAmI(pb.WhoAmIRequest(), timeout=self._timeout, metadata=self._metadata)
+
     def pending_approvals(self, *, page_size: int = 0, page_token: str = "") -> pb.ListPendingApprovalsResponse:
         """A page of the calls of your jobs that wait for a decision, oldest
         first."""
