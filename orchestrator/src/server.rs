@@ -36,7 +36,7 @@ use toolfleet_service::telemetry::Readiness;
 use tracing::{info, warn};
 
 use crate::api::{AgentApi, StartingApi};
-use crate::auth::{AuthError, Authenticator};
+use crate::auth::{AuthError, Authenticated, Authenticator};
 use crate::config::OrchestratorOptions;
 use crate::dispatch::Dispatcher;
 use crate::live::Live;
@@ -121,6 +121,7 @@ impl Orchestrator {
         let auth = Authenticator::start(
             api_options.auth,
             api_options.tokens_file.as_deref(),
+            &api_options.identity,
             api_options.tokens_reload_interval,
             defaults,
         )?;
@@ -460,7 +461,7 @@ async fn serve_grpc<H: Health>(
         .add_optional_service(reflection_v1)
         .add_optional_service(reflection_v1alpha)
         // Health and reflection are not authenticated; every API call is.
-        .add_service(tonic::service::interceptor::InterceptedService::new(
+        .add_service(Authenticated::new(
             AgentServiceServer::new(api).max_decoding_message_size(options.max_request_bytes),
             auth,
         ))

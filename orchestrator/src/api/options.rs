@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::auth::AuthMode;
+use crate::auth::jwt::IdentityOptions;
 
 /// Limits and defaults of the API.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -36,6 +37,10 @@ pub struct ApiOptions {
     /// its jobs may use (docs/security.md). Reloaded when it changes.
     /// Default: none.
     pub tokens_file: Option<std::path::PathBuf>,
+    /// The issuers whose JWT access tokens the API accepts beside the
+    /// tokens file, and how their claims map to tenants, people and roles
+    /// (docs/security.md, "Identity and roles"). Default: none.
+    pub identity: IdentityOptions,
     /// How often the tokens file is checked for changes. Default: 2s.
     #[serde(with = "toolfleet_service::config::duration")]
     pub tokens_reload_interval: Duration,
@@ -97,6 +102,7 @@ impl Default for ApiOptions {
             default_model: DefaultModel::default(),
             auth: AuthMode::Tokens,
             tokens_file: None,
+            identity: IdentityOptions::default(),
             tokens_reload_interval: Duration::from_secs(2),
             default_max_active_jobs: 1000,
             default_submissions_per_second: 100.0,

@@ -47,21 +47,24 @@ use tracing::{info, warn};
 
 use crate::quota::Quotas;
 
+pub mod jwt;
+mod layer;
 pub(crate) mod roles;
-pub(crate) use roles::{Role, Roles, Rpc};
+pub(crate) use layer::Authenticated;
+pub use roles::Role;
+pub(crate) use roles::{Roles, Rpc};
+
+use jwt::{Identity, IdentityOptions, Issuers};
 
 /// The tenant of every caller when authentication is off.
 pub(crate) const DEFAULT_TENANT: &str = "default";
-
-/// Longest accepted `authorization` header value; a longer one is refused
-/// before it is hashed.
-const MAX_TOKEN_BYTES: usize = 512;
 
 /// How callers prove who they are (`api.auth`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum AuthMode {
-    /// Bearer tokens from `api.tokens_file`.
+    /// Bearer tokens: static ones from `api.tokens_file`, JWTs from the
+    /// issuers of `api.identity`, or both.
     #[default]
     Tokens,
     /// No authentication: every caller is the tenant `default`.
@@ -142,10 +145,11 @@ impl Caller {
 /// to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    /// `api.auth = "tokens"` without a file.
+    /// `api.auth = "tokens"` without a file or an issuer.
     #[error(
-        "no api.tokens_file: give the orchestrator a tokens file (docs/security.md), or set \
-         api.auth = \"none\" to run without authentication (never on a shared network)"
+        "no api.tokens_file and no api.identity.issuers: give the orchestrator a tokens file \
+         or an issuer (docs/security.md), or set api.auth = \"none\" to run without \
+         authentication (never on a shared network)"
     )]
     NoTokensFile,
     /// The file cannot be read.
@@ -156,6 +160,9 @@ pub enum AuthError {
         /// Why.
         source: std::io::Error,
     },
+    /// `api.identity` cannot work.
+    #[error("{0}")]
+    Identity(String),
     /// The file is not a valid tokens file.
     #[error("api.tokens_file {path}: {reason}")]
     Invalid {
@@ -185,6 +192,18 @@ struct GatewayEntry {
     /// The names the gateway's client certificate is valid for, as a
     /// tenant's `client_names`.
     client_names: Vec<String>,
+    /// The gateway's own resource URL (`toolfleet mcp-serve
+    /// --resource-url`): a JWT it relays may name it as its audience.
+    #[serde(default)]
+    resource: Option<String>,
+}
+
+/// A gateway, as its certificate proves it.
+#[derive(Debug)]
+struct Gateway {
+    name: String,
+    /// The audience its clients' tokens are minted for.
+    resource: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,16 +327,18 @@ struct Tokens {
     by_hash: HashMap<[u8; 32], Arc<Caller>>,
     /// The tenants' client names (mutual TLS).
     clients: ClientNames<Arc<Caller>>,
-    /// The gateways' client names, to the gateway's name.
-    gateways: ClientNames<Arc<str>>,
+    /// The gateways' client names, to the gateway.
+    gateways: ClientNames<Arc<Gateway>>,
+    /// Each tenant's settings, for the JWTs that name it.
+    by_tenant: HashMap<String, Arc<Caller>>,
 }
 
 /// What a client certificate proves.
 enum Certified {
     /// A tenant (and maybe one of its approvers).
     Tenant(Arc<Caller>),
-    /// A gateway, named: the hop only.
-    Gateway(Arc<str>),
+    /// A gateway: the hop only.
+    Gateway(Arc<Gateway>),
 }
 
 impl Tokens {
@@ -330,13 +351,19 @@ impl Tokens {
             return Err("the file names no tenant (add a [tenants.<name>] table)".to_owned());
         }
         let mut tokens = Self::default();
-        for (gateway, entry) in file.gateways {
-            let name: Arc<str> = Arc::from(gateway.as_str());
+        for (name, entry) in file.gateways {
+            if entry.resource.as_deref().is_some_and(str::is_empty) {
+                return Err(format!("gateway {name:?}: resource is its URL, not empty"));
+            }
+            let gateway = Arc::new(Gateway {
+                name: name.clone(),
+                resource: entry.resource,
+            });
             for client_name in &entry.client_names {
                 tokens
                     .gateways
-                    .insert(client_name, &name)
-                    .map_err(|why| format!("gateway {gateway:?}: {why}"))?;
+                    .insert(client_name, &gateway)
+                    .map_err(|why| format!("gateway {name:?}: {why}"))?;
             }
         }
         for (tenant, entry) in file.tenants {
@@ -344,6 +371,7 @@ impl Tokens {
             tokens
                 .add(&caller, &entry)
                 .map_err(|why| format!("tenant {tenant:?}: {why}"))?;
+            tokens.by_tenant.insert(tenant, caller);
         }
         Ok(tokens)
     }
@@ -395,6 +423,11 @@ impl Tokens {
 
     fn caller(&self, token: &str) -> Option<Arc<Caller>> {
         self.by_hash.get(&sha256(token)).cloned()
+    }
+
+    /// The settings of `tenant`, if the file names it.
+    fn tenant(&self, tenant: &str) -> Option<&Arc<Caller>> {
+        self.by_tenant.get(tenant)
     }
 }
 
@@ -497,25 +530,40 @@ fn parse_sha256(hex: &str) -> Option<[u8; 32]> {
     Some(hash)
 }
 
-/// Authenticates every API call: a tonic interceptor that puts the
-/// [`Caller`] into the request's extensions, or refuses the call with
-/// `UNAUTHENTICATED`.
+/// Authenticates every API call ([`Authenticated`] runs it before each):
+/// the [`Caller`] a request's credential stands for, or `UNAUTHENTICATED`.
 #[derive(Clone)]
 pub(crate) struct Authenticator {
+    /// `None`: authentication is off (`api.auth = "none"`).
+    credentials: Option<Arc<Credentials>>,
+}
+
+/// What an [`Authenticator`] checks credentials against.
+struct Credentials {
+    /// The tokens file, as last loaded; `None` without one (JWTs only).
     tokens: Option<Arc<ArcSwap<Tokens>>>,
+    /// The issuers of `api.identity`; `None` when it names none.
+    issuers: Option<Issuers>,
+    /// The settings of a tenant a JWT names and the tokens file does not.
+    defaults: Quotas,
+    /// Longest `authorization` header read.
+    max_token_bytes: usize,
 }
 
 impl std::fmt::Debug for Authenticator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let credentials = self.credentials.as_deref();
         f.debug_struct("Authenticator")
-            .field("tokens", &self.tokens.is_some())
+            .field("tokens", &credentials.is_some_and(|c| c.tokens.is_some()))
+            .field("issuers", &credentials.and_then(|c| c.issuers.as_ref()))
             .finish()
     }
 }
 
 impl Authenticator {
     /// The authenticator of `mode`: with tokens, the file at `path` is read
-    /// now and watched every `reload_interval` (inside a tokio runtime).
+    /// now and watched every `reload_interval` (inside a tokio runtime), and
+    /// the issuers of `identity` are trusted.
     ///
     /// # Errors
     ///
@@ -523,6 +571,7 @@ impl Authenticator {
     pub(crate) fn start(
         mode: AuthMode,
         path: Option<&Path>,
+        identity: &IdentityOptions,
         reload_interval: Duration,
         defaults: Quotas,
     ) -> Result<Self, AuthError> {
@@ -530,87 +579,165 @@ impl Authenticator {
             warn!(
                 "api.auth = \"none\": every caller is the tenant \"default\"; never expose this API"
             );
-            return Ok(Self { tokens: None });
+            return Ok(Self { credentials: None });
         }
-        let path = path
-            .filter(|p| !p.as_os_str().is_empty())
-            .ok_or(AuthError::NoTokensFile)?
-            .to_owned();
-        let paths = vec![path.clone()];
-        let seen = Fingerprint::of(&paths);
-        let tokens = Arc::new(ArcSwap::from_pointee(load(&path, defaults)?));
-        info!(file = %path.display(), tokens = tokens.load().by_hash.len(), "api tokens loaded");
-        reload::watch(
-            &tokens,
-            paths,
-            seen,
-            reload_interval,
-            "the api tokens file",
-            move || load(&path, defaults),
-        );
+        let issuers = Issuers::new(identity).map_err(AuthError::Identity)?;
+        let path = path.filter(|p| !p.as_os_str().is_empty());
+        if path.is_none() && issuers.is_none() {
+            return Err(AuthError::NoTokensFile);
+        }
+        let tokens = path
+            .map(|path| watch(path.to_owned(), reload_interval, defaults))
+            .transpose()?;
         Ok(Self {
-            tokens: Some(tokens),
+            credentials: Some(Arc::new(Credentials {
+                tokens,
+                issuers,
+                defaults,
+                max_token_bytes: identity.max_token_bytes,
+            })),
         })
     }
 
     /// No authentication: every caller is [`Caller::anonymous`].
     #[cfg(test)]
     pub(crate) fn none() -> Self {
-        Self { tokens: None }
+        Self { credentials: None }
     }
 
-    fn caller<T>(&self, request: &Request<T>) -> Result<Caller, Status> {
-        let Some(tokens) = &self.tokens else {
+    /// The caller of a request with `headers`, over a connection whose
+    /// client presented `certificates` (mutual TLS).
+    async fn caller(
+        &self,
+        headers: &http::HeaderMap,
+        certificates: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Caller, Status> {
+        let Some(credentials) = &self.credentials else {
             return Ok(Caller::anonymous());
         };
-        let tokens = tokens.load();
+        credentials.caller(headers, certificates).await
+    }
+}
+
+impl Credentials {
+    async fn caller(
+        &self,
+        headers: &http::HeaderMap,
+        certificates: Option<&[CertificateDer<'static>]>,
+    ) -> Result<Caller, Status> {
+        let tokens = self.tokens.as_ref().map(|tokens| tokens.load_full());
         // A client certificate (verified by the TLS handshake against
         // grpc.tls.client_ca_file) that names a tenant is that tenant; one
         // that names a gateway relays a client, whose token must come too.
-        let certified = request
-            .peer_certs()
-            .and_then(|certificates| tokens.client(certificates.first()?));
-        let refused = match certified {
+        let certified = tokens
+            .as_ref()
+            .zip(certificates.and_then(<[_]>::first))
+            .and_then(|(tokens, certificate)| tokens.client(certificate));
+        let gateway = match certified {
             Some(Certified::Tenant(caller)) => return Ok(caller.as_ref().clone()),
-            Some(Certified::Gateway(gateway)) => format!(
-                "authorization: gateway {gateway:?} relays its clients: send each request with \
-                 its client's \"authorization: Bearer <token>\" (the gateway's certificate \
-                 proves the hop only)"
-            ),
-            None => "authorization: send \"authorization: Bearer <token>\" with a token of this \
-                     orchestrator (toolfleet --token, or TOOLFLEET_TOKEN)"
-                .to_owned(),
+            Some(Certified::Gateway(gateway)) => Some(gateway),
+            None => None,
         };
-        let token = bearer(request.metadata()).ok_or_else(|| Status::unauthenticated(&refused))?;
+        let refused = || missing_token(gateway.as_deref());
+        let token = bearer(headers, self.max_token_bytes)?.ok_or_else(refused)?;
+        if let Some(issuers) = self.issuers.as_ref().filter(|_| Issuers::is_jwt(token)) {
+            let audience = gateway.as_ref().and_then(|g| g.resource.as_deref());
+            let identity = issuers.verify(token, audience).await.map_err(|refusal| {
+                Status::unauthenticated(format!(
+                    "authorization: the token is refused: {refusal} (docs/security.md, \
+                     \"Identity and roles\")"
+                ))
+            })?;
+            return Ok(self.caller_of(tokens.as_deref(), identity));
+        }
         let caller = tokens
-            .caller(token)
-            .ok_or_else(|| Status::unauthenticated(refused))?;
+            .and_then(|tokens| tokens.caller(token))
+            .ok_or_else(refused)?;
         Ok(caller.as_ref().clone())
     }
+
+    /// The caller a verified JWT makes: its tenant's settings (from the
+    /// tokens file, else the defaults), its roles and its person.
+    fn caller_of(&self, tokens: Option<&Tokens>, identity: Identity) -> Caller {
+        let tenant = tokens.and_then(|tokens| tokens.tenant(&identity.tenant));
+        let base = match tenant {
+            Some(caller) => caller.as_ref().clone(),
+            None => Caller {
+                tenant: identity.tenant,
+                quotas: self.defaults,
+                ..Caller::anonymous()
+            },
+        };
+        Caller {
+            roles: identity.roles,
+            person: Some(identity.person),
+            ..base
+        }
+    }
+}
+
+/// The `UNAUTHENTICATED` of a request without a known token.
+fn missing_token(gateway: Option<&Gateway>) -> Status {
+    Status::unauthenticated(match gateway {
+        Some(gateway) => format!(
+            "authorization: gateway {:?} relays its clients: send each request with its \
+             client's \"authorization: Bearer <token>\" (the gateway's certificate proves the \
+             hop only)",
+            gateway.name
+        ),
+        None => "authorization: send \"authorization: Bearer <token>\" with a token of this \
+                 orchestrator (toolfleet --token, or TOOLFLEET_TOKEN) or of one of its issuers"
+            .to_owned(),
+    })
 }
 
 /// The token of a request's `authorization: Bearer` header; `None` for a
-/// missing, malformed or oversized one.
-fn bearer(metadata: &tonic::metadata::MetadataMap) -> Option<&str> {
-    let header = metadata.get("authorization")?.to_str().ok()?;
-    if header.len() > MAX_TOKEN_BYTES {
-        return None;
+/// missing or malformed one.
+///
+/// # Errors
+///
+/// `UNAUTHENTICATED` for a header over `max_bytes`, refused before it is
+/// read.
+fn bearer(headers: &http::HeaderMap, max_bytes: usize) -> Result<Option<&str>, Status> {
+    let Some(header) = headers.get(http::header::AUTHORIZATION) else {
+        return Ok(None);
+    };
+    if header.len() > max_bytes {
+        return Err(Status::unauthenticated(format!(
+            "authorization: the token is refused: it is over {max_bytes} bytes \
+             (api.identity.max_token_bytes)"
+        )));
     }
-    let token = header
-        .strip_prefix("Bearer ")
-        .or_else(|| header.strip_prefix("bearer "))?;
-    Some(token.trim())
+    let token = header.to_str().ok().and_then(|header| {
+        header
+            .strip_prefix("Bearer ")
+            .or_else(|| header.strip_prefix("bearer "))
+    });
+    Ok(token.map(str::trim))
 }
 
-impl tonic::service::Interceptor for Authenticator {
-    fn call(&mut self, mut request: Request<()>) -> Result<Request<()>, Status> {
-        let caller = self.caller(&request)?;
-        request.extensions_mut().insert(caller);
-        Ok(request)
-    }
+/// The tokens file at `path`, loaded now and again whenever it changes.
+fn watch(
+    path: std::path::PathBuf,
+    reload_interval: Duration,
+    defaults: Quotas,
+) -> Result<Arc<ArcSwap<Tokens>>, AuthError> {
+    let paths = vec![path.clone()];
+    let seen = Fingerprint::of(&paths);
+    let tokens = Arc::new(ArcSwap::from_pointee(load(&path, defaults)?));
+    info!(file = %path.display(), tokens = tokens.load().by_hash.len(), "api tokens loaded");
+    reload::watch(
+        &tokens,
+        paths,
+        seen,
+        reload_interval,
+        "the api tokens file",
+        move || load(&path, defaults),
+    );
+    Ok(tokens)
 }
 
-/// The caller an [`Authenticator`] put into `request`; anonymous where none
+/// The caller [`Authenticated`] put into `request`; anonymous where none
 /// ran (unit tests that call the API directly).
 pub(crate) fn caller_of<T>(request: &Request<T>) -> Caller {
     request
@@ -911,49 +1038,94 @@ mod tests {
         }
     }
 
-    #[test]
-    fn requests_are_refused_without_a_known_bearer_token() {
+    #[tokio::test]
+    async fn requests_are_refused_without_a_known_bearer_token() {
         let path = std::env::temp_dir().join(format!("tf-tokens-{}", std::process::id()));
         let hash = token_sha256("tok");
         std::fs::write(&path, format!("[tenants.t]\ntoken_sha256 = [\"{hash}\"]\n")).unwrap();
-        let auth = Authenticator::start(
-            AuthMode::Tokens,
-            Some(&path),
-            Duration::from_secs(1),
-            Quotas::default(),
-        )
-        .unwrap();
+        let start = |path: Option<&Path>| {
+            Authenticator::start(
+                AuthMode::Tokens,
+                path,
+                &IdentityOptions::default(),
+                Duration::from_secs(1),
+                Quotas::default(),
+            )
+        };
+        let auth = start(Some(&path)).unwrap();
         std::fs::remove_file(&path).unwrap();
         let with = |value: &str| {
-            let mut request = Request::new(());
-            request
-                .metadata_mut()
-                .insert("authorization", value.parse().unwrap());
-            request
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::AUTHORIZATION, value.parse().unwrap());
+            headers
         };
-        assert_eq!(auth.caller(&with("Bearer tok")).unwrap().tenant, "t");
+        assert_eq!(
+            auth.caller(&with("Bearer tok"), None).await.unwrap().tenant,
+            "t"
+        );
         for refused in [
-            Request::new(()),
+            http::HeaderMap::new(),
             with("Bearer nope"),
             with("Basic dG9r"),
             with("tok"),
-            with(&format!("Bearer {}", "t".repeat(600))),
+            with("Bearer a.b.c"),
+            with(&format!("Bearer {}", "t".repeat(9000))),
         ] {
-            let status = auth.caller(&refused).unwrap_err();
+            let status = auth.caller(&refused, None).await.unwrap_err();
             assert_eq!(status.code(), tonic::Code::Unauthenticated);
+            assert!(!status.message().contains("tttt"), "{status:?}");
         }
-        assert!(matches!(
-            Authenticator::start(
-                AuthMode::Tokens,
-                None,
-                Duration::from_secs(1),
-                Quotas::default()
-            ),
-            Err(AuthError::NoTokensFile)
-        ));
+        assert!(matches!(start(None), Err(AuthError::NoTokensFile)));
+        let no_headers = http::HeaderMap::new();
         assert_eq!(
-            Authenticator::none().caller(&Request::new(())).unwrap(),
+            Authenticator::none()
+                .caller(&no_headers, None)
+                .await
+                .unwrap(),
             Caller::anonymous()
+        );
+    }
+
+    #[test]
+    fn a_jwt_caller_has_its_tenants_settings_and_its_own_roles_and_person() {
+        let hash = token_sha256("t");
+        let tokens = Tokens::parse(
+            &format!(
+                "[tenants.search]\ntoken_sha256 = [\"{hash}\"]\ntools = [\"echo\"]\n\
+                 max_active_jobs = 3\n"
+            ),
+            Quotas::default(),
+        )
+        .unwrap();
+        let defaults = Quotas {
+            max_active_jobs: Some(10),
+            ..Quotas::default()
+        };
+        let credentials = Credentials {
+            tokens: None,
+            issuers: None,
+            defaults,
+            max_token_bytes: 8192,
+        };
+        let identity = |tenant: &str| Identity {
+            tenant: tenant.into(),
+            person: "ana".into(),
+            roles: Roles::of(&[Role::Reader]),
+        };
+        let known = credentials.caller_of(Some(&tokens), identity("search"));
+        assert_eq!(known.tools.as_deref(), Some(&["echo".to_owned()][..]));
+        assert_eq!(known.quotas.max_active_jobs, Some(3));
+        assert_eq!(
+            (known.roles, known.person.as_deref()),
+            (Roles::of(&[Role::Reader]), Some("ana"))
+        );
+        let unknown = credentials.caller_of(Some(&tokens), identity("ads"));
+        assert_eq!(unknown.tenant, "ads");
+        assert_eq!((unknown.tools, unknown.quotas), (None, defaults));
+        assert_eq!(
+            unknown.roles,
+            Roles::of(&[Role::Reader]),
+            "never every role"
         );
     }
 }

@@ -8,12 +8,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// One role of a credential in its tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub(crate) enum Role {
+pub enum Role {
     /// Submits, watches and cancels the tenant's jobs; lists its tools.
     Agent,
     /// Lists the tenant's calls held for approval, and decides them.
@@ -36,6 +36,11 @@ impl Role {
             Self::Operator => "operator",
             Self::Reader => "reader",
         }
+    }
+
+    /// The role spelled `name`, if any.
+    pub(crate) fn named(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|role| role.as_str() == name)
     }
 
     fn bit(self) -> u8 {
