@@ -28,6 +28,7 @@
 
 pub mod certificates;
 pub mod fleet;
+pub mod identity;
 pub mod markdown;
 pub mod mcp;
 pub mod messages;

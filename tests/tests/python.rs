@@ -7,16 +7,23 @@ use std::path::Path;
 use tokio::process::Command;
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, Certificates};
 use toolfleet_tests::fleet::{Fleet, test_fleet};
+use toolfleet_tests::identity::{OpenIdProvider, Service, issuers_setting, wait_for_tools};
 use toolfleet_tests::markdown::{self, Runner};
 use toolfleet_tests::messages::{MessagesServer, Reply};
 use toolfleet_tests::{repo_root, venv_python};
 
 async fn run(program: &Path, args: &[&str]) -> anyhow::Result<String> {
-    let output = Command::new(program)
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .await?;
+    run_as(program, args, None).await
+}
+
+/// [`run`] with `TOOLFLEET_TOKEN` set to `token`.
+async fn run_as(program: &Path, args: &[&str], token: Option<&str>) -> anyhow::Result<String> {
+    let mut command = Command::new(program);
+    command.args(args).current_dir(repo_root());
+    if let Some(token) = token {
+        command.env("TOOLFLEET_TOKEN", token);
+    }
+    let output = command.output().await?;
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     anyhow::ensure!(
         output.status.success(),
@@ -100,22 +107,21 @@ async fn install_the_client(python: &Path) -> anyhow::Result<()> {
 }
 
 /// An orchestrator with reflection on (the document's session lists and
-/// describes through it) and `claude`, faked, for the streamed job.
+/// describes through it) and `claude`, faked, for the streamed job, and
+/// `env`; its index.
 async fn spawn_orchestrator_for_the_docs(
     fleet: &mut Fleet,
     claude: &MessagesServer,
-) -> anyhow::Result<()> {
+    env: &[(&str, &str)],
+) -> anyhow::Result<usize> {
     let claude_url = claude.base_url();
-    fleet
-        .spawn_orchestrator(&[
-            ("TOOLFLEET_GRPC__REFLECTION", "true"),
-            ("ANTHROPIC_API_KEY", "sk-ant-test"),
-            ("TOOLFLEET_ANTHROPIC__BASE_URL", claude_url.as_str()),
-        ])
-        .await?;
-    fleet
-        .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
-        .await
+    let mut all = vec![
+        ("TOOLFLEET_GRPC__REFLECTION", "true"),
+        ("ANTHROPIC_API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", claude_url.as_str()),
+    ];
+    all.extend_from_slice(env);
+    fleet.spawn_orchestrator(&all).await
 }
 
 /// The client's example against `address`, run from the repository's root
@@ -168,7 +174,11 @@ async fn a_call_returns_its_envelope(python: &Path, address: &str) -> anyhow::Re
 
 /// The grpcurl lines of each document, as one session per document: 9 in
 /// docs/api.md, 1 in README.md, every RPC, a final event.
-async fn the_docs_grpcurl_sessions_run(python: &Path, address: &str) -> anyhow::Result<()> {
+async fn the_docs_grpcurl_sessions_run(
+    python: &Path,
+    address: &str,
+    token: &str,
+) -> anyhow::Result<()> {
     let mut sessions = String::new();
     for doc in markdown::RUN_DOCS {
         let text = std::fs::read_to_string(repo_root().join(doc))?;
@@ -178,7 +188,7 @@ async fn the_docs_grpcurl_sessions_run(python: &Path, address: &str) -> anyhow::
             .any(|command| command.starts_with("grpcurl "))
         {
             let args = ["-m", "toolfleet_client.api_doc", doc, "--addr", address];
-            sessions.push_str(&run(python, &args).await?);
+            sessions.push_str(&run_as(python, &args, Some(token)).await?);
         }
     }
     assert!(
@@ -203,6 +213,42 @@ async fn the_docs_grpcurl_sessions_run(python: &Path, address: &str) -> anyhow::
         );
     }
     assert!(sessions.contains("\"final\": true"), "{sessions}");
+    Ok(())
+}
+
+/// The docs' grpcurl sessions, and the client, with a JWT access token of a
+/// real OpenID provider (docs/security.md, "Identity and roles").
+async fn signed_in_with_a_jwt(
+    python: &Path,
+    fleet: &mut Fleet,
+    claude: &MessagesServer,
+) -> anyhow::Result<()> {
+    const API: &str = "urn:toolfleet:api";
+    let service = Service {
+        client_id: "python-docs",
+        secret: "python-docs-secret-8c1d2e7f4a9b",
+        tenant: "docs",
+        roles: &["agent", "approver", "operator", "reader"],
+    };
+    let provider = OpenIdProvider::start(&[API], &[service], &[]).await?;
+    let token = provider
+        .service_token(&service, API, "agent reader")
+        .await?;
+    let issuers = issuers_setting(&provider, API);
+    let env = [
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__IDENTITY__ISSUERS", issuers.as_str()),
+    ];
+    let signed_in = spawn_orchestrator_for_the_docs(fleet, claude, &env).await?;
+    let api = fleet.api(signed_in).await?;
+    wait_for_tools(&api, &token, &["calculate", "get_current_weather"]).await?;
+    let url = fleet.grpc_url(signed_in).await?;
+    let address = url.trim_start_matches("http://");
+    the_docs_grpcurl_sessions_run(python, address, &token).await?;
+    let who = "import toolfleet_client as t, sys; me = t.Client(sys.argv[1]).who_am_i(); \
+               print(me.tenant, me.person, ','.join(me.roles))";
+    let me = run_as(python, &["-c", who, address], Some(&token)).await?;
+    assert_eq!(me.trim(), "docs python-docs agent,approver,operator,reader");
     Ok(())
 }
 
@@ -381,16 +427,19 @@ async fn the_python_client_runs_its_example_and_the_api_docs_session() -> anyhow
     install_the_client(&python).await?;
     let mut fleet = Fleet::start(test_fleet(1)).await?;
     let claude = MessagesServer::start("sk-ant-test").await?;
-    spawn_orchestrator_for_the_docs(&mut fleet, &claude).await?;
+    spawn_orchestrator_for_the_docs(&mut fleet, &claude, &[]).await?;
+    fleet
+        .wait_for_tools(0, &["calculate", "get_current_weather"], 1)
+        .await?;
     let url = fleet.grpc_url(0).await?;
     let address = url.trim_start_matches("http://");
 
     the_example_runs_its_parallel_calls(&python, address).await?;
     a_call_returns_its_envelope(&python, address).await?;
     streamed_through_python(&python, address, &claude).await?;
-    the_docs_grpcurl_sessions_run(&python, address).await?;
     the_docs_python_and_pip_lines_run(&python, address).await?;
     the_docs_python_blocks_run(&python, &url).await?;
+    signed_in_with_a_jwt(&python, &mut fleet, &claude).await?;
 
     let dir = tempfile::tempdir()?;
     the_client_sends_its_token(&python, &mut fleet, dir.path()).await?;

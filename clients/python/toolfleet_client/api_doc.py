@@ -11,7 +11,9 @@ Every `grpcurl` line of the document's `sh` blocks is executed:
   method's request message (as grpcurl does) and calling it.
 
 The document's address (127.0.0.1:50051, or 127.0.0.1:PORT) is replaced by `--addr`, and `JOB_ID` by the id of the
-last SubmitJob. A line this runner does not understand, an RPC error, a
+last SubmitJob. With TOOLFLEET_TOKEN set (a static token or a JWT), every
+call carries `authorization: Bearer <token>`, as grpcurl's
+`-H "authorization: Bearer $TOOLFLEET_TOKEN"` would. A line this runner does not understand, an RPC error, a
 service missing from `list` or a watch that ends without its final event
 fails the run (exit status 1).
 """
@@ -19,6 +21,7 @@ fails the run (exit status 1).
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -59,8 +62,9 @@ def commands(markdown: str) -> List[List[str]]:
 
 
 class Session:
-    def __init__(self, address: str):
+    def __init__(self, address: str, token: str = ""):
         self.address = address
+        self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.channel = grpc.insecure_channel(address)
         self.stub = pb_grpc.AgentServiceStub(self.channel)
         self.job_id = ""
@@ -112,13 +116,13 @@ class Session:
         rpc = getattr(self.stub, method_name)
         if method.server_streaming:
             last = None
-            for response in rpc(request, timeout=60):
+            for response in rpc(request, timeout=60, metadata=self.metadata):
                 print(json_format.MessageToJson(response, indent=None))
                 last = response
             if last is None or not last.final:
                 raise SystemExit(f"{method_name} ended without the job's final event")
             return
-        response = rpc(request, timeout=30)
+        response = rpc(request, timeout=30, metadata=self.metadata)
         print(json_format.MessageToJson(response, indent=None))
         if method_name == "SubmitJob":
             self.job_id = response.job_id
@@ -133,7 +137,7 @@ def main() -> int:
         lines = commands(file.read())
     if not lines:
         raise SystemExit(f"{args.document} has no grpcurl lines")
-    session = Session(args.addr)
+    session = Session(args.addr, os.environ.get("TOOLFLEET_TOKEN", ""))
     for words in lines:
         print(f"$ {shlex.join(words)}")
         try:
