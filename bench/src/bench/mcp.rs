@@ -169,7 +169,7 @@ async fn serve_gateway(address: &str, stop: CancellationToken) -> anyhow::Result
         if let Err(err) = toolfleet_cli::mcp_serve::serve_http(
             channel,
             listener,
-            toolfleet_cli::mcp_serve::Allowed::default(),
+            toolfleet_cli::mcp_serve::HttpOptions::default(),
             toolfleet_cli::mcp_serve::TaskOptions::default(),
             stop,
         )

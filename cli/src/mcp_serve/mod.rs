@@ -10,17 +10,20 @@
 //!   (`isError` for an error envelope), and its progress events become the
 //!   client's `notifications/progress`;
 //! - authentication is the API's: over stdio, `--token`; over HTTP, each
-//!   client's own `Authorization: Bearer` token, checked by the
-//!   orchestrator against its tokens file before the request reaches the
-//!   MCP server (401 otherwise). Behind mutual TLS the gateway's own
-//!   certificate is listed as a gateway's (`[gateways.<name>]`), which
-//!   proves the hop and names no tenant: the client's token alone does;
+//!   client's own `Authorization: Bearer` token (a static token or a JWT),
+//!   checked by the orchestrator before the request reaches the MCP server
+//!   (401 otherwise). Behind mutual TLS the gateway's own certificate is
+//!   listed as a gateway's (`[gateways.<name>]`), which proves the hop and
+//!   names no tenant: the client's token alone does. With
+//!   `--resource-url`, the gateway is an OAuth protected resource (module
+//!   `oauth`): clients find there who signs them in;
 //! - a request from a web page (an `Origin` header) is served only from
 //!   the origins `--allowed-origin` lists (403 otherwise);
 //! - a client that declares the MCP Tasks extension gets a call that has
 //!   not ended within `--task-after` as a task, which is the call job
 //!   (module `task`).
 
+mod oauth;
 mod task;
 
 use std::collections::HashMap;
@@ -46,6 +49,7 @@ use toolfleet_proto::envelope::excerpt;
 use toolfleet_proto::v1;
 
 use crate::client::{self, ApiClient, Server};
+pub use oauth::ProtectedResource;
 pub use task::TaskOptions;
 
 /// How long a client's token, once the orchestrator accepted it, is taken
@@ -87,17 +91,39 @@ pub(crate) struct McpServeArgs {
     /// to the orchestrators' `store.job_retention`.
     #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = humantime::parse_duration)]
     task_ttl: Duration,
+    /// The gateway's URL as clients reach it (`https://mcp.example.com/mcp`):
+    /// with it, the gateway is an OAuth protected resource, its metadata
+    /// at `/.well-known/oauth-protected-resource`, and the audience of the
+    /// JWTs its clients sign in for (the orchestrator's tokens file names
+    /// it as the gateway's `resource`).
+    #[arg(long, value_name = "URL", requires = "authorization_servers")]
+    resource_url: Option<String>,
+    /// An issuer that signs the gateway's clients in (repeat for each),
+    /// as its tokens' `iss` names it; with --resource-url.
+    #[arg(
+        long = "authorization-server",
+        value_name = "URL",
+        requires = "resource_url"
+    )]
+    authorization_servers: Vec<String>,
+    /// A scope clients ask for (repeat for each), as the orchestrator's
+    /// issuer maps scopes to roles; with --resource-url.
+    #[arg(long = "scope", value_name = "SCOPE", requires = "resource_url")]
+    scopes: Vec<String>,
 }
 
-/// What the HTTP endpoint answers besides localhost: the `Host` names it
-/// is reached by (against DNS rebinding) and the browser origins it serves
-/// (against cross-site requests).
+/// How the HTTP endpoint answers: the `Host` names it is reached by
+/// besides localhost (against DNS rebinding), the browser origins it
+/// serves (against cross-site requests), and what it says of itself as a
+/// protected resource.
 #[derive(Debug, Default, Clone)]
-pub struct Allowed {
+pub struct HttpOptions {
     /// `Host` names, besides localhost's.
     pub hosts: Vec<String>,
     /// `Origin` values; none by default.
     pub origins: Vec<String>,
+    /// Its OAuth protected resource metadata; `None`: it publishes none.
+    pub resource: Option<ProtectedResource>,
 }
 
 pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
@@ -121,11 +147,16 @@ pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Some(address) => {
-            let allowed = Allowed {
+            let resource = args
+                .resource_url
+                .map(|url| ProtectedResource::new(&url, args.authorization_servers, args.scopes))
+                .transpose()?;
+            let options = HttpOptions {
                 hosts: args.allowed_hosts,
                 origins: args.allowed_origins,
+                resource,
             };
-            http(channel, address, allowed, tasks).await
+            http(channel, address, options, tasks).await
         }
     }
 }
@@ -134,7 +165,7 @@ pub(crate) async fn run(args: McpServeArgs) -> anyhow::Result<ExitCode> {
 async fn http(
     channel: Channel,
     address: SocketAddr,
-    allowed: Allowed,
+    options: HttpOptions,
     tasks: TaskOptions,
 ) -> anyhow::Result<ExitCode> {
     let stop = tokio_util::sync::CancellationToken::new();
@@ -146,15 +177,15 @@ async fn http(
         "toolfleet mcp-serve: MCP over Streamable HTTP at http://{}/mcp",
         listener.local_addr()?
     );
-    serve_http(channel, listener, allowed, tasks, stop).await?;
+    serve_http(channel, listener, options, tasks, stop).await?;
     Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the fleet of `channel` as an MCP server over Streamable HTTP on
 /// `listener` (path `/mcp`) until `stop`, answering the `Host` names of
-/// localhost and those `allowed`, and only the browser origins `allowed`,
-/// its tasks as `tasks` says. `toolfleet bench --mcp` runs it in its
-/// process.
+/// localhost and those `options` allows, only the browser origins it
+/// allows, with its protected resource metadata, its tasks as `tasks`
+/// says. `toolfleet bench --mcp` runs it in its process.
 ///
 /// # Errors
 ///
@@ -162,7 +193,7 @@ async fn http(
 pub async fn serve_http(
     channel: Channel,
     listener: tokio::net::TcpListener,
-    allowed: Allowed,
+    options: HttpOptions,
     tasks: TaskOptions,
     stop: tokio_util::sync::CancellationToken,
 ) -> anyhow::Result<()> {
@@ -174,13 +205,13 @@ pub async fn serve_http(
         "127.0.0.1".to_owned(),
         "::1".to_owned(),
     ];
-    hosts.extend(allowed.hosts);
+    hosts.extend(options.hosts);
     // The MCP transport asks a server to validate `Origin`: a web page the
     // user visits must not reach a gateway on their machine. rmcp checks
     // it only once told to, and refuses every origin on an empty list.
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(allowed.origins)
+        .with_allowed_origins(options.origins)
         .enforce_origin_validation()
         .with_cancellation_token(stop.child_token());
     let gateway = Gateway {
@@ -196,16 +227,26 @@ pub async fn serve_http(
     let doorman = Doorman {
         channel,
         trusted: Arc::default(),
+        resource: options.resource.clone().map(Arc::new),
     };
     // The doorman is the outer layer: a request is admitted before its body
-    // is read.
-    let app = axum::Router::new()
+    // is read. The metadata, added after it, is public.
+    let mut app = axum::Router::new()
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn(name_the_task))
         .layer(axum::middleware::from_fn_with_state(
             doorman,
             Doorman::admit,
         ));
+    if let Some(resource) = options.resource {
+        for path in resource.metadata_paths() {
+            let resource = resource.clone();
+            app = app.route(
+                &path,
+                axum::routing::get(move || async move { resource.metadata() }),
+            );
+        }
+    }
     // Without TCP_NODELAY each answer, an SSE stream of a few small
     // writes, waits for the client's delayed ACK: 40 ms a call on Linux.
     let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
@@ -261,6 +302,8 @@ struct Doorman {
     channel: Channel,
     /// Tokens accepted lately, and when.
     trusted: Arc<Mutex<HashMap<String, Instant>>>,
+    /// What a 401 points the client to.
+    resource: Option<Arc<ProtectedResource>>,
 }
 
 impl Doorman {
@@ -269,22 +312,18 @@ impl Doorman {
         request: axum::extract::Request,
         next: axum::middleware::Next,
     ) -> axum::response::Response {
-        use axum::http::{StatusCode, header};
+        use axum::http::StatusCode;
         use axum::response::IntoResponse;
-        let token = bearer(request.headers());
-        let refused = |status: StatusCode, why: &'static str| {
-            let challenge = [(header::WWW_AUTHENTICATE, "Bearer")];
-            (status, challenge, why).into_response()
-        };
-        let Some(token) = token else {
-            return refused(
-                StatusCode::UNAUTHORIZED,
-                "an Authorization: Bearer token is required",
-            );
+        let resource = doorman.resource.as_deref();
+        let Some(token) = bearer(request.headers()) else {
+            let why = "an Authorization: Bearer token is required".to_owned();
+            return oauth::unauthorized(resource, false, why);
         };
         match doorman.check(&token).await {
             Ok(()) => next.run(request).await,
-            Err(Code::Unauthenticated) => refused(StatusCode::UNAUTHORIZED, "unknown token"),
+            Err(status) if status.code() == Code::Unauthenticated => {
+                oauth::unauthorized(resource, true, status.message().to_owned())
+            }
             Err(_) => (
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the orchestrator did not answer",
@@ -295,7 +334,7 @@ impl Doorman {
 
     /// Whether the orchestrator accepts `token` (asked at most every
     /// [`TOKEN_TRUST`] per token).
-    async fn check(&self, token: &str) -> Result<(), Code> {
+    async fn check(&self, token: &str) -> Result<(), tonic::Status> {
         let lock = || self.trusted.lock().unwrap_or_else(PoisonError::into_inner);
         if lock()
             .get(token)
@@ -304,10 +343,10 @@ impl Doorman {
             return Ok(());
         }
         let mut api = client::with_token(self.channel.clone(), Some(token))
-            .map_err(|_| Code::Unauthenticated)?;
-        api.list_tools(v1::ListToolsRequest {})
-            .await
-            .map_err(|status| status.code())?;
+            .map_err(|_| tonic::Status::unauthenticated("the token cannot be sent in a header"))?;
+        // WhoAmI needs no role: the door lets in anyone the orchestrator
+        // knows, and each call then checks its own role.
+        api.who_am_i(v1::WhoAmIRequest {}).await?;
         let mut trusted = lock();
         if trusted.len() >= TRUSTED_TOKENS {
             trusted.clear();

@@ -54,7 +54,7 @@ pub(crate) use layer::Authenticated;
 pub use roles::Role;
 pub(crate) use roles::{Roles, Rpc};
 
-use jwt::{Identity, IdentityOptions, Issuers};
+use jwt::{Door, Identity, IdentityOptions, Issuers};
 
 /// The tenant of every caller when authentication is off.
 pub(crate) const DEFAULT_TENANT: &str = "default";
@@ -641,8 +641,11 @@ impl Credentials {
         let refused = || missing_token(gateway.as_deref());
         let token = bearer(headers, self.max_token_bytes)?.ok_or_else(refused)?;
         if let Some(issuers) = self.issuers.as_ref().filter(|_| Issuers::is_jwt(token)) {
-            let audience = gateway.as_ref().and_then(|g| g.resource.as_deref());
-            let identity = issuers.verify(token, audience).await.map_err(|refusal| {
+            let door = match &gateway {
+                Some(gateway) => Door::Gateway(gateway.resource.as_deref()),
+                None => Door::Api,
+            };
+            let identity = issuers.verify(token, door).await.map_err(|refusal| {
                 Status::unauthenticated(format!(
                     "authorization: the token is refused: {refusal} (docs/security.md, \
                      \"Identity and roles\")"

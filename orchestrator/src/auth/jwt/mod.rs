@@ -43,10 +43,26 @@ pub(crate) enum Refusal {
     NotYetValid,
     #[error("its audience (aud) is not this API's (audiences)")]
     Audience,
+    #[error(
+        "its audience (aud) is not the gateway's resource URL (the gateway's resource in the \
+         tokens file): a gateway relays only tokens minted for it"
+    )]
+    GatewayAudience,
     #[error("claim {claim:?} {why}")]
     Claim { claim: String, why: &'static str },
     #[error("it gives no role (claims {claims}: agent, approver, operator, reader)")]
     NoRole { claims: String },
+}
+
+/// Which door a token came through, which says the audience it must name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Door<'a> {
+    /// The API itself: one of the issuer's `audiences`.
+    Api,
+    /// A gateway's certificate relayed it: the gateway's resource URL and
+    /// nothing else (a token minted for the API, or for anything else, is
+    /// not passed through); `None`: the gateway names none, so no JWT.
+    Gateway(Option<&'a str>),
 }
 
 /// The registered claims a verified token must have, by name: the names a
@@ -137,18 +153,12 @@ impl Issuers {
         token.bytes().filter(|&b| b == b'.').count() == 2
     }
 
-    /// Who `token` stands for, once it verifies. `also_audience` is an
-    /// audience accepted besides the issuer's own: the resource URL of the
-    /// gateway whose certificate relayed the request.
+    /// Who `token`, come through `door`, stands for, once it verifies.
     ///
     /// # Errors
     ///
     /// The [`Refusal`] of the first check that fails.
-    pub(crate) async fn verify(
-        &self,
-        token: &str,
-        also_audience: Option<&str>,
-    ) -> Result<Identity, Refusal> {
+    pub(crate) async fn verify(&self, token: &str, door: Door<'_>) -> Result<Identity, Refusal> {
         let header =
             jsonwebtoken::decode_header(token).map_err(|_| Refusal::Malformed("header"))?;
         let unverified: Unverified = jsonwebtoken::dangerous::insecure_decode_claims(token)
@@ -165,12 +175,22 @@ impl Issuers {
         validation.leeway = self.clock_skew.as_secs();
         validation.validate_nbf = true;
         validation.set_issuer(&[name]);
-        let mut audiences = issuer.audiences.clone();
-        audiences.extend(also_audience.map(str::to_owned));
-        validation.set_audience(&audiences);
+        let wrong_audience = match door {
+            Door::Api => {
+                validation.set_audience(&issuer.audiences);
+                Refusal::Audience
+            }
+            Door::Gateway(resource) => {
+                validation.set_audience(&[resource.ok_or(Refusal::GatewayAudience)?]);
+                Refusal::GatewayAudience
+            }
+        };
         validation.set_required_spec_claims(&REQUIRED);
         let claims = jsonwebtoken::decode::<serde_json::Value>(token, &key, &validation)
-            .map_err(|err| refusal(err.kind()))?
+            .map_err(|err| match refusal(err.kind()) {
+                Refusal::Audience => wrong_audience,
+                other => other,
+            })?
             .claims;
         issuer.mapping.identity(&claims)
     }

@@ -121,7 +121,7 @@ async fn a_token_of_a_trusted_issuer_is_its_tenant_person_and_roles() {
     serve(&server, &[&signer]).await;
     let issuers = Issuers::new(&options(&server.uri())).unwrap().unwrap();
     let identity = issuers
-        .verify(&signer.sign(&claims(&server.uri())), None)
+        .verify(&signer.sign(&claims(&server.uri())), Door::Api)
         .await
         .unwrap();
     assert_eq!(
@@ -134,7 +134,7 @@ async fn a_token_of_a_trusted_issuer_is_its_tenant_person_and_roles() {
     );
     // Within the clock skew (60 s), a token just expired still is.
     let late = with(claims(&server.uri()), "exp", json!(now() - 30));
-    assert!(issuers.verify(&signer.sign(&late), None).await.is_ok());
+    assert!(issuers.verify(&signer.sign(&late), Door::Api).await.is_ok());
 }
 
 #[tokio::test]
@@ -212,7 +212,7 @@ async fn every_hostile_token_is_refused_by_the_check_it_fails() {
         ),
     ];
     for (token, expected) in cases {
-        let refusal = issuers.verify(&token, None).await.unwrap_err();
+        let refusal = issuers.verify(&token, Door::Api).await.unwrap_err();
         assert_eq!(refusal, expected, "{token}");
         let said = refusal.to_string();
         assert!(!said.contains(&token) && !said.contains("ana"), "{said}");
@@ -226,23 +226,37 @@ fn stranger_with_kid(signer: &Signer, kid: &str, claims: &Value) -> String {
 }
 
 #[tokio::test]
-async fn a_gateways_audience_is_accepted_only_through_the_gateway() {
+async fn a_gateway_passes_on_only_the_tokens_minted_for_it() {
     let server = MockServer::start().await;
     let signer = Signer::new("k1");
     serve(&server, &[&signer]).await;
     let issuers = Issuers::new(&options(&server.uri())).unwrap().unwrap();
     let gateway = "https://mcp.example/mcp";
-    let token = signer.sign(&with(claims(&server.uri()), "aud", json!([gateway])));
-    assert_eq!(
-        issuers.verify(&token, None).await.unwrap_err(),
-        Refusal::Audience
-    );
-    assert!(issuers.verify(&token, Some(gateway)).await.is_ok());
-    let other = Some("https://other.example/mcp");
-    assert_eq!(
-        issuers.verify(&token, other).await.unwrap_err(),
-        Refusal::Audience
-    );
+    let for_gateway = signer.sign(&with(claims(&server.uri()), "aud", json!([gateway])));
+    let for_api = signer.sign(&claims(&server.uri()));
+    for (token, door, expected) in [
+        (&for_gateway, Door::Gateway(Some(gateway)), None),
+        (&for_api, Door::Api, None),
+        (&for_gateway, Door::Api, Some(Refusal::Audience)),
+        (
+            &for_api,
+            Door::Gateway(Some(gateway)),
+            Some(Refusal::GatewayAudience),
+        ),
+        (
+            &for_gateway,
+            Door::Gateway(Some("https://other.example/mcp")),
+            Some(Refusal::GatewayAudience),
+        ),
+        (
+            &for_api,
+            Door::Gateway(None),
+            Some(Refusal::GatewayAudience),
+        ),
+    ] {
+        let verified = issuers.verify(token, door).await;
+        assert_eq!(verified.err(), expected, "{door:?}");
+    }
 }
 
 #[tokio::test]
@@ -256,7 +270,7 @@ async fn a_new_key_is_picked_up_and_a_flood_of_unknown_ids_fetches_once() {
     let issuers = Issuers::new(&options).unwrap().unwrap();
     assert!(
         issuers
-            .verify(&old.sign(&claims(&issuer)), None)
+            .verify(&old.sign(&claims(&issuer)), Door::Api)
             .await
             .is_ok()
     );
@@ -266,7 +280,7 @@ async fn a_new_key_is_picked_up_and_a_flood_of_unknown_ids_fetches_once() {
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert!(
         issuers
-            .verify(&new.sign(&claims(&issuer)), None)
+            .verify(&new.sign(&claims(&issuer)), Door::Api)
             .await
             .is_ok()
     );
@@ -280,7 +294,7 @@ async fn a_new_key_is_picked_up_and_a_flood_of_unknown_ids_fetches_once() {
     let flood = (0..200).map(|n| {
         let token = stranger_with_kid(&stranger, &format!("kid-{n}"), &claims(&issuer));
         let issuers = &issuers;
-        async move { issuers.verify(&token, None).await }
+        async move { issuers.verify(&token, Door::Api).await }
     });
     for refusal in futures::future::join_all(flood).await {
         assert_eq!(refusal.unwrap_err(), Refusal::UnknownKey);
@@ -319,7 +333,7 @@ async fn keys_that_are_down_slow_or_huge_let_no_token_in() {
         let issuers = Issuers::new(&options).unwrap().unwrap();
         let started = std::time::Instant::now();
         let refusal = issuers
-            .verify(&signer.sign(&claims(&issuer)), None)
+            .verify(&signer.sign(&claims(&issuer)), Door::Api)
             .await
             .unwrap_err();
         assert_eq!(refusal, Refusal::KeysUnavailable);
