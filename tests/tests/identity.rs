@@ -11,11 +11,12 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
+use toolfleet_tests::certificates::{Certificates, GATEWAY_DNS_NAME};
 use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet};
 use toolfleet_tests::identity::{
     OpenIdProvider, Person, Service, bearer, issuers_setting, wait_for_tools,
 };
-use toolfleet_tests::wait_until;
+use toolfleet_tests::{cargo_bin, repo_root, venv_python, wait_until};
 
 /// The API's own audience, and the gateway's (another resource).
 const API: &str = "urn:toolfleet:api";
@@ -32,6 +33,13 @@ const ANA: Person<'static> = Person {
     name: "ana",
     tenant: "billing",
     roles: &["approver"],
+};
+
+/// A person who calls tools, through the MCP gateway.
+const ANA_AGENT: Person<'static> = Person {
+    name: "ana",
+    tenant: "ide",
+    roles: &["agent"],
 };
 
 /// A person the provider knows, to whom it gives no role of ours.
@@ -253,4 +261,156 @@ async fn tokens_that_should_not_pass_are_refused_by_the_check_they_fail() -> any
     // The good one still passes.
     assert_eq!(who_am_i(&mut api, &bot).await?.tenant, "billing");
     Ok(())
+}
+
+/// An orchestrator over mutual TLS trusting `provider`, whose tokens file
+/// lists the test's gateway certificate as a gateway's with the resource
+/// `gateway_url`; its https address.
+async fn orchestrator_behind_an_oauth_gateway(
+    scratch: &std::path::Path,
+    certificates: &Certificates,
+    provider: &OpenIdProvider,
+    gateway_url: &str,
+) -> anyhow::Result<(Fleet, String)> {
+    let tokens = scratch.join("tokens.toml");
+    // The file needs a tenant; this one's token is never used.
+    let unused = toolfleet_orchestrator::auth::token_sha256("tok-unused-6f1e");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[gateways.mcp]\nclient_names = [\"{GATEWAY_DNS_NAME}\"]\nresource = \"{gateway_url}\"\n\n\
+             [tenants.other]\ntoken_sha256 = [\"{unused}\"]\n"
+        ),
+    )?;
+    let tokens = tokens.display().to_string();
+    let mut env = vec![
+        ("TOOLFLEET_API__AUTH", "tokens".to_owned()),
+        ("TOOLFLEET_API__TOKENS_FILE", tokens),
+        (
+            "TOOLFLEET_API__IDENTITY__ISSUERS",
+            issuers_setting(provider, API),
+        ),
+    ];
+    env.extend(certificates.mutual_tls_env());
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(&env).await?;
+    let addr = fleet.grpc_url(0).await?.replace("http://", "https://");
+    Ok((fleet, addr))
+}
+
+/// The official MCP Python SDK's OAuth client adds the gateway by its URL
+/// and signs a person in through the provider: it finds the provider in the
+/// gateway's protected resource metadata, gets a token for the gateway's
+/// resource, and calls a tool as the person's tenant. A token minted for
+/// the API itself is not passed through the gateway.
+#[tokio::test]
+async fn an_mcp_client_signs_in_to_the_gateway_through_the_provider() -> anyhow::Result<()> {
+    let scratch = tempfile::tempdir()?;
+    let certificates = Certificates::generate(scratch.path())?;
+    let listen = toolfleet_tests::free_loopback_address()?;
+    let gateway_url = format!("http://{listen}/mcp");
+    let provider = OpenIdProvider::start(&[API, &gateway_url], &[BOT], &[ANA_AGENT]).await?;
+    let (_fleet, addr) = orchestrator_behind_an_oauth_gateway(
+        scratch.path(),
+        &certificates,
+        &provider,
+        &gateway_url,
+    )
+    .await?;
+    let (ca, cert, key) = (
+        certificates.path("ca.pem"),
+        certificates.path("gateway.pem"),
+        certificates.path("gateway.key"),
+    );
+    let _gateway = tokio::process::Command::new(cargo_bin("toolfleet")?)
+        .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
+        .args([
+            "--tls-ca-file",
+            &ca,
+            "--tls-cert-file",
+            &cert,
+            "--tls-key-file",
+            &key,
+        ])
+        .args(["--resource-url", &gateway_url])
+        .args([
+            "--authorization-server",
+            provider.issuer(),
+            "--scope",
+            "agent",
+        ])
+        .kill_on_drop(true)
+        .spawn()?;
+    wait_until("mcp-serve to listen", WAIT, || async {
+        tokio::net::TcpStream::connect(&listen).await.ok()
+    })
+    .await?;
+
+    // What a client sees before it signs in: where to go.
+    let (status, metadata) =
+        toolfleet_tests::http_get(&listen, "/.well-known/oauth-protected-resource/mcp").await?;
+    assert_eq!(status, 200, "{metadata}");
+    let metadata: Value = serde_json::from_str(&metadata)?;
+    assert_eq!(metadata["resource"], gateway_url.as_str());
+    assert_eq!(
+        metadata["authorization_servers"],
+        json!([provider.issuer()])
+    );
+    let (status, head) = http_head_of(&listen, "/mcp", None).await?;
+    assert_eq!(status, 401);
+    assert!(
+        head.contains(&format!(
+            "resource_metadata=\"http://{listen}/.well-known/oauth-protected-resource/mcp\""
+        )),
+        "{head}"
+    );
+
+    // The SDK's OAuth client does the rest.
+    let output = tokio::process::Command::new(venv_python()?)
+        .arg(repo_root().join("tests/identity/mcp_oauth_client.py"))
+        .args([gateway_url.as_str(), ANA_AGENT.name])
+        .output()
+        .await?;
+    let seen: Value = serde_json::from_slice(&output.stdout)
+        .map_err(|err| anyhow::anyhow!("{err}: {}", String::from_utf8_lossy(&output.stderr)))?;
+    assert!(seen.get("refused").is_none(), "{seen}");
+    assert_eq!(seen["calculate"]["result"], 42, "{seen}");
+    assert_eq!(seen["claims"]["aud"], gateway_url.as_str(), "{seen}");
+    assert_eq!(seen["claims"]["sub"], "ana", "{seen}");
+
+    // A token for the API, not the gateway, is refused at the gateway's
+    // door, which says why, never the token.
+    let for_the_api = provider.service_token(&BOT, API, "agent").await?;
+    let (status, head) = http_head_of(&listen, "/mcp", Some(&for_the_api)).await?;
+    assert_eq!(status, 401, "{head}");
+    assert!(head.contains("error=\"invalid_token\""), "{head}");
+    assert!(head.contains("not the gateway's resource URL"), "{head}");
+    assert!(!head.contains(&for_the_api), "never the token");
+    Ok(())
+}
+
+/// The status and the whole answer (head and body) of a GET of `path` at
+/// `address`, with `token` as its bearer token if given.
+async fn http_head_of(
+    address: &str,
+    path: &str,
+    token: Option<&str>,
+) -> anyhow::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let mut request = format!("GET {path} HTTP/1.0\r\nHost: {address}\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    request.push_str("\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no HTTP response: {response}"))?;
+    Ok((status, response))
 }
