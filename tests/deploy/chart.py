@@ -123,6 +123,18 @@ def check_platform(docs: list[dict]) -> list[str]:
 
 # Value sets beside the defaults; each must render and validate.
 # Seeds of a NATS cluster and of a Redis Cluster, as a user lists them.
+# An issuer of JWTs with its claim mapping (orchestrator.identity), as the
+# services print it back with the keys it does not set.
+KEYCLOAK = {
+    "issuer": "https://keycloak.example.com/realms/acme",
+    "audiences": ["toolfleet"],
+    "tenant_claim": "tenant",
+    "person_claim": "preferred_username",
+    "role_claims": ["realm_access.roles"],
+    "roles": {"toolfleet-agents": ["agent"], "toolfleet-approvers": ["approver", "reader"]},
+}
+ISSUER_DEFAULTS = {"jwks_url": None, "algorithms": ["RS256", "ES256"], "tenant": None, "tenants": []}
+
 CLUSTER_NATS = "nats://nats-0.nats:4222,nats://nats-1.nats:4222,nats://nats-2.nats:4222"
 CLUSTER_REDIS = "redis://redis-0.redis:6379,redis://redis-1.redis:6379,redis://redis-2.redis:6379"
 
@@ -175,6 +187,7 @@ VALUE_SETS = {
             "tls": {"secretName": "toolfleet-grpc-tls", "verifyClients": True},
             "config": {"api": {"default_model": {"provider": "openai-responses", "name": "gpt-4.1-mini"},
                                "max_calls_per_turn": 16}},
+            "identity": {"issuers": [KEYCLOAK], "clock_skew": "30s"},
         },
         "pools": [
             pool("general", GENERAL, config={"runtime": {"max_deliveries": 7}}),
@@ -228,6 +241,8 @@ CONFIGURED = {
         role: {"nats.replicas": 1, "redis.cluster": False} for role in ("orchestrator", "general")},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
         "orchestrator": {"api.default_model.name": "gpt-4.1-mini", "api.max_calls_per_turn": 16,
+                         "api.identity.issuers": [dict(ISSUER_DEFAULTS, **KEYCLOAK)],
+                         "api.identity.clock_skew": "30s",
                          "nats.user": "orchestrator", "redis.user": "orchestrator",
                          # A file, so that a rotated key is used without a restart.
                          "openai.api_key_file": "/etc/toolfleet/openai/api-key"},

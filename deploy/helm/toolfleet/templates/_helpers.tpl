@@ -373,6 +373,8 @@ a float (Helm reads them as float64), and toolfleet's integer keys refuse
 {{- if eq . (float64 (int64 .)) }}{{ int64 . }}{{ else }}{{ . }}{{ end -}}
 {{- else if kindIs "slice" . -}}
 [{{ range $i, $v := . }}{{ if $i }}, {{ end }}{{ include "toolfleet.tomlValue" $v }}{{ end }}]
+{{- else if kindIs "map" . -}}
+{ {{- range $i, $k := keys . | sortAlpha }}{{ if $i }},{{ end }} {{ include "toolfleet.tomlKey" $k }} = {{ include "toolfleet.tomlValue" (get $ $k) }}{{ end }} }
 {{- else if kindIs "string" . -}}
 {{ toJson . }}
 {{- else -}}
