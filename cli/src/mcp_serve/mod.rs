@@ -96,7 +96,7 @@ pub(crate) struct McpServeArgs {
     /// at `/.well-known/oauth-protected-resource`, and the audience of the
     /// JWTs its clients sign in for (the orchestrator's tokens file names
     /// it as the gateway's `resource`).
-    #[arg(long, value_name = "URL", requires = "authorization_servers")]
+    #[arg(long, value_name = "URL", requires_all = ["authorization_servers", "listen"])]
     resource_url: Option<String>,
     /// An issuer that signs the gateway's clients in (repeat for each),
     /// as its tokens' `iss` names it; with --resource-url.
