@@ -318,21 +318,9 @@ async fn an_mcp_client_signs_in_to_the_gateway_through_the_provider() -> anyhow:
         &gateway_url,
     )
     .await?;
-    let (ca, cert, key) = (
-        certificates.path("ca.pem"),
-        certificates.path("gateway.pem"),
-        certificates.path("gateway.key"),
-    );
     let _gateway = tokio::process::Command::new(cargo_bin("toolfleet")?)
         .args(["mcp-serve", "--addr", &addr, "--listen", &listen])
-        .args([
-            "--tls-ca-file",
-            &ca,
-            "--tls-cert-file",
-            &cert,
-            "--tls-key-file",
-            &key,
-        ])
+        .args(certificates.gateway_tls_args())
         .args(["--resource-url", &gateway_url])
         .args([
             "--authorization-server",

@@ -1467,19 +1467,8 @@ async fn behind_mutual_tls_the_gateway_relays_its_clients_tokens_and_lends_none(
     the_hop_alone_gets_nothing(&api).await?;
 
     let listen = toolfleet_tests::free_loopback_address()?;
-    let (ca, cert, key) = (
-        certificates.path("ca.pem"),
-        certificates.path("gateway.pem"),
-        certificates.path("gateway.key"),
-    );
-    let tls = [
-        "--tls-ca-file",
-        &ca,
-        "--tls-cert-file",
-        &cert,
-        "--tls-key-file",
-        &key,
-    ];
+    let tls = certificates.gateway_tls_args();
+    let tls: Vec<&str> = tls.iter().map(String::as_str).collect();
     let _gateway = start_gateway(&addr, &listen, &tls).await?;
     let url = format!("http://{listen}/mcp");
     for token in ["", "garbage"] {

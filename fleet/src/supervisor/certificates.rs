@@ -108,4 +108,17 @@ impl Certificates {
             ("TOOLFLEET_GRPC__TLS__CLIENT_CA_FILE", self.path("ca.pem")),
         ]
     }
+
+    /// The flags of a client (`toolfleet mcp-serve`) that reaches the
+    /// orchestrator with the gateway's certificate ([`GATEWAY_DNS_NAME`]).
+    pub fn gateway_tls_args(&self) -> [String; 6] {
+        [
+            "--tls-ca-file".to_owned(),
+            self.path("ca.pem"),
+            "--tls-cert-file".to_owned(),
+            self.path("gateway.pem"),
+            "--tls-key-file".to_owned(),
+            self.path("gateway.key"),
+        ]
+    }
 }

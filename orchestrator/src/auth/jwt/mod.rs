@@ -2,7 +2,7 @@
 //! the issuer's published keys, then mapped to a tenant, a person and roles
 //! (docs/security.md, "Identity and roles").
 //!
-//! Every refusal names the check that failed ([`Refusal`]), never the
+//! Every refusal names the check that failed (`Refusal`), never the
 //! token or anything it says: what a token claims is not known to be true
 //! until it verifies, and even then it is not for logs.
 
