@@ -49,6 +49,7 @@ fn spec() -> JobSpec {
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        submitter: None,
         approval: Default::default(),
         limits: Default::default(),
     }

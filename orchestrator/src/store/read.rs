@@ -360,6 +360,7 @@ mod tests {
             deadline_ms: 99,
             metadata: Default::default(),
             tenant: "acme".into(),
+            submitter: None,
             approval: Default::default(),
             limits: Default::default(),
         }
