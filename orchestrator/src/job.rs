@@ -172,7 +172,9 @@ pub struct JobSpec {
     /// Which credential of the tenant submitted it, from the credential
     /// alone (`auth::Caller::submitter`): the person it
     /// names, else `token:…` or `client:…`. `None` without authentication,
-    /// and for a job stored before submitters were recorded.
+    /// and for a job stored before submitters were recorded (decision
+    /// 0048). An agent that is neither operator nor reader sees only its
+    /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitter: Option<String>,
     /// Which calls wait for a person's approval, besides what their tools'

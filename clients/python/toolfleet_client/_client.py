@@ -237,7 +237,9 @@ class Client:
         status: int = pb.JOB_STATUS_UNSPECIFIED,
         metadata: Optional[Mapping[str, str]] = None,
     ) -> pb.ListJobsResponse:
-        """A page of your jobs, newest first (without their items)."""
+        """A page of your jobs, newest first (without their items): your
+        tenant's to an operator or a reader, those it submitted to any other
+        agent."""
         request = pb.ListJobsRequest(
             page_size=page_size,
             page_token=page_token,

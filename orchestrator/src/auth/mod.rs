@@ -50,6 +50,7 @@ use crate::quota::Quotas;
 pub(crate) mod roles;
 pub(crate) mod submitter;
 pub(crate) use roles::{Role, Roles, Rpc};
+pub(crate) use submitter::{JobAccess, JobAction, Sight};
 
 /// The tenant of every caller when authentication is off.
 pub(crate) const DEFAULT_TENANT: &str = "default";
