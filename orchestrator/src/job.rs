@@ -173,7 +173,7 @@ pub struct JobSpec {
     /// alone (`auth::Caller::submitter`): the person it
     /// names, else `token:…` or `client:…`. `None` without authentication,
     /// and for a job stored before submitters were recorded (decision
-    /// 0048). An agent that is neither operator nor reader sees only its
+    /// 0049). An agent that is neither operator nor reader sees only its
     /// own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub submitter: Option<String>,

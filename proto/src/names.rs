@@ -449,7 +449,7 @@ impl RedisKeys {
 
     /// The jobs one submitter submitted in a tenant, scored by submission
     /// time (a sorted set): the index `ListJobs` reads for an agent that
-    /// sees only its own jobs (decision 0048). `submitter` is the credential's
+    /// sees only its own jobs (decision 0049). `submitter` is the credential's
     /// (`token:…`, `client:…`, or a person's name) and any text: the key
     /// holds 128 bits of its SHA-256, in hex, so that no `{`, `}` or `:` of
     /// it reaches the key. It shares the tenant's hash tag with

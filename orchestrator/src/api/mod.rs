@@ -458,7 +458,7 @@ impl AgentService for AgentApi {
         let mut query = ListQuery::parse(request.into_inner())?;
         let (before, limit) = (query.before.take(), query.limit);
         // An agent that sees only its own jobs reads its own index: its
-        // pages are as full as an operator's (decision 0048).
+        // pages are as full as an operator's (decision 0049).
         let sight = caller.sight();
         let index = match &sight {
             Sight::Every => JobIndex::Tenant(&caller.tenant),

@@ -1,5 +1,5 @@
 //! Who submitted a job, and which of its tenant's jobs a caller sees and
-//! cancels (docs/security.md, "Roles"; decision 0048).
+//! cancels (docs/security.md, "Roles"; decision 0049).
 //!
 //! Each credential has a stable identity, its principal: `token:` and the
 //! first 16 hex digits of the token's SHA-256, or `client:` and the client
@@ -54,7 +54,7 @@ pub(crate) enum Sight {
     Every,
     /// Those whose recorded submitter is this one; none when it is `None`
     /// (a credential with no identity), and never a job that records no
-    /// submitter (one stored before submitters were, decision 0048).
+    /// submitter (one stored before submitters were, decision 0049).
     Submitted(Option<String>),
 }
 

@@ -15,7 +15,7 @@ pub(crate) enum JobIndex<'a> {
     Tenant(&'a str),
     /// The jobs of the tenant that `submitter` submitted
     /// (`JobSpec::submitter`), written with the tenant's entries
-    /// (decision 0048).
+    /// (decision 0049).
     Submitter {
         /// The tenant.
         tenant: &'a str,

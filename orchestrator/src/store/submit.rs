@@ -132,7 +132,7 @@ impl JobStore {
     /// The writes that put a job created at `created_ms` into the sets that
     /// find it again, one pipeline per hash slot: the unfinished jobs (the
     /// sweeper's), then its tenant's job index and its `submitter`'s
-    /// (`ListJobs`, decision 0048) and, under an active-jobs quota, its
+    /// (`ListJobs`, decision 0049) and, under an active-jobs quota, its
     /// tenant's active jobs; an `ended` job only into the two job indexes.
     /// Each may run twice ([`query_invoking`](JobStore::query_invoking), a
     /// repeated submission).
