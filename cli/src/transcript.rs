@@ -294,6 +294,9 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
     if let Some(error) = &job.error {
         let _ = writeln!(out, "error: {}: {}", error.code, error.message);
     }
+    if !job.submitter.is_empty() {
+        let _ = writeln!(out, "submitter: {}", job.submitter);
+    }
     if !job.trace_id.is_empty() {
         let _ = writeln!(out, "trace: {}", job.trace_id);
     }
@@ -531,6 +534,7 @@ pub(crate) fn job_json(job: &v1::Job) -> Value {
         "created_at_ms": job.created_at_ms,
         "finished_at_ms": job.finished_at_ms,
         "trace_id": job.trace_id,
+        "submitter": job.submitter,
         "held_calls": job.held_calls.iter().map(|h| json!({
             "call_id": h.call_id, "tool": h.tool, "kind": h.kind, "attempt": h.attempt,
             "requested_at_ms": h.requested_at_ms, "expires_at_ms": h.expires_at_ms,
@@ -799,6 +803,7 @@ mod tests {
             created_at_ms: 1000,
             finished_at_ms: 2500,
             trace_id: "4bf92f3577b34da6a3ce929d0e0e4736".into(),
+            submitter: "token:0123456789abcdef".into(),
             held_calls: vec![v1::HeldCall {
                 call_id: "call_0_0".into(),
                 tool: "calculate".into(),
@@ -817,6 +822,7 @@ mod tests {
         for expected in [
             "job j1: succeeded in 1.500s, 1 tool round\n",
             "metadata: team=a\n",
+            "submitter: token:0123456789abcdef\n",
             "trace: 4bf92f3577b34da6a3ce929d0e0e4736\n",
             "  user         what is 23*19?\n",
             "  tool_call    call_0_0  calculate({\"expression\": \"23 * 19\"})\n",
@@ -830,6 +836,7 @@ mod tests {
         let json = job_json(&job);
         assert_eq!(json["status"], "succeeded");
         assert_eq!(json["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(json["submitter"], "token:0123456789abcdef");
         assert_eq!(
             json["items"][1]["tool_call"]["arguments"],
             "{\"expression\": \"23 * 19\"}"

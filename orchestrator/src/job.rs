@@ -169,6 +169,14 @@ pub struct JobSpec {
     pub metadata: BTreeMap<String, String>,
     /// Who submitted it.
     pub tenant: String,
+    /// Which credential of the tenant submitted it, from the credential
+    /// alone (`auth::Caller::submitter`): the person it
+    /// names, else `token:…` or `client:…`. `None` without authentication,
+    /// and for a job stored before submitters were recorded (decision
+    /// 0049). An agent that is neither operator nor reader sees only its
+    /// own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub submitter: Option<String>,
     /// Which calls wait for a person's approval, besides what their tools'
     /// manifests ask; kept with the job so that every run of it decides
     /// the same (a job stored before approvals has none).

@@ -447,10 +447,27 @@ impl RedisKeys {
         format!("{}:jobs:{{{tenant}}}", self.prefix)
     }
 
+    /// The jobs one submitter submitted in a tenant, scored by submission
+    /// time (a sorted set): the index `ListJobs` reads for an agent that
+    /// sees only its own jobs (decision 0049). `submitter` is the credential's
+    /// (`token:…`, `client:…`, or a person's name) and any text: the key
+    /// holds 128 bits of its SHA-256, in hex, so that no `{`, `}` or `:` of
+    /// it reaches the key. It shares the tenant's hash tag with
+    /// [`tenant_jobs`](Self::tenant_jobs), so both are written in one
+    /// pipeline; stored data depends on the hash, which never changes.
+    pub fn submitter_jobs(&self, tenant: &str, submitter: &str) -> String {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(submitter.as_bytes());
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("{}:{hex}", self.tenant_jobs(tenant))
+    }
+
     /// The `SCAN MATCH` pattern of every tenant's
-    /// [`tenant_jobs`](Self::tenant_jobs) index.
+    /// [`tenant_jobs`](Self::tenant_jobs) index, and of no
+    /// [`submitter_jobs`](Self::submitter_jobs) index (which ends in hex,
+    /// never in `}`).
     pub fn tenant_jobs_pattern(&self) -> String {
-        format!("{}:jobs:*", self.prefix)
+        format!("{}:jobs:{{*}}", self.prefix)
     }
 
     /// The tenant whose [`tenant_jobs`](Self::tenant_jobs) index `key` is;
@@ -551,6 +568,20 @@ mod tests {
         }
 
         #[test]
+        fn a_submitters_index_is_its_tenants_index_and_hex_whatever_the_name(
+            tenant in "[a-z0-9_-]{1,64}",
+            submitter in any::<String>(),
+        ) {
+            let keys = RedisKeys::default();
+            let index = keys.submitter_jobs(&tenant, &submitter);
+            let rest = index.strip_prefix(&format!("{}:", keys.tenant_jobs(&tenant)));
+            prop_assert!(
+                rest.is_some_and(|hex| hex.len() == 32 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))),
+                "{}", index
+            );
+        }
+
+        #[test]
         fn every_registry_key_parses_back(tool in "[a-zA-Z0-9_-]{1,64}", worker in "[a-z0-9-]{1,40}") {
             let key = registry_key(&tool, &worker);
             prop_assert_eq!(parse_registry_key(&key), Some((tool.as_str(), worker.as_str())));
@@ -613,6 +644,7 @@ mod tests {
             keys.tenant_approval_tools("acme"),
             keys.tenant_tool_approvals("acme", "tools"),
             keys.tenant_tool_approvals("acme", "expiry"),
+            keys.submitter_jobs("acme", "client:a.example"),
         ];
         for key in &tenant_keys {
             assert!(key.starts_with("tenant-a:tf:"), "{key}");
@@ -634,15 +666,23 @@ mod tests {
     #[test]
     fn the_patterns_find_the_indexes_and_a_jobs_keys() {
         let keys = RedisKeys::new("tenant-a:tf");
-        assert_eq!(keys.tenant_jobs_pattern(), "tenant-a:tf:jobs:*");
+        assert_eq!(keys.tenant_jobs_pattern(), "tenant-a:tf:jobs:{*}");
         let index = keys.tenant_jobs("acme");
-        assert!(index.starts_with(keys.tenant_jobs_pattern().trim_end_matches('*')));
+        let pattern = keys.tenant_jobs_pattern();
+        let (head, tail) = pattern.split_once('*').unwrap();
+        assert!(index.starts_with(head) && index.ends_with(tail));
         assert_eq!(keys.tenant_of_jobs_index(&index), Some("acme"));
+        let submitters = keys.submitter_jobs("acme", "token:0123456789abcdef");
+        assert!(
+            !submitters.ends_with(tail),
+            "the pattern finds no submitter's index"
+        );
         for other in [
             keys.tenant_active_jobs("acme"),
             keys.tenant_approvals("acme"),
             RedisKeys::new("tf").tenant_jobs("acme"),
             format!("{index}:more"),
+            submitters,
         ] {
             assert_eq!(keys.tenant_of_jobs_index(&other), None, "{other}");
         }
@@ -675,6 +715,25 @@ mod tests {
         assert_eq!(
             keys.retag_job_key(&keys.tenant_jobs("acme"), &job, &copy),
             None
+        );
+    }
+
+    /// Pinned: a submitter's entries are found again only where they were
+    /// put (`printf %s client:search.clients.example | sha256sum`).
+    #[test]
+    fn a_submitters_index_never_moves() {
+        assert_eq!(
+            RedisKeys::default().submitter_jobs("search", "client:search.clients.example"),
+            "tf:jobs:{search}:2ffdec32f7e8dcf31cf0b1937ac46106"
+        );
+        let keys = RedisKeys::default();
+        assert_ne!(
+            keys.submitter_jobs("search", "Ana"),
+            keys.submitter_jobs("search", "ana")
+        );
+        assert_ne!(
+            keys.submitter_jobs("search", "Ana"),
+            keys.submitter_jobs("ads", "Ana")
         );
     }
 

@@ -118,6 +118,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         deadline_ms: 60_000,
         metadata: Default::default(),
         tenant: "default".into(),
+        submitter: None,
         approval: Default::default(),
         limits: Default::default(),
     };

@@ -745,6 +745,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        submitter: None,
         approval: Default::default(),
         limits: Default::default(),
     };

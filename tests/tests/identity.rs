@@ -170,21 +170,34 @@ async fn a_service_and_a_person_sign_in_and_each_does_what_its_roles_say() -> an
 
     // The provider rotates its signing key while the job waits: the
     // person's next token is signed with a key the orchestrator has not
-    // seen, and is let in once the keys are fetched again; the service's
+    // seen, and is let in once the keys are fetched again (at most once a
+    // keys_refetch_interval, 1 s here: a token that comes sooner is
+    // refused as of an unknown key, and a retry gets in); the service's
     // token of the old key still is.
     provider.rotate_keys().await?;
     let ana_again = provider.sign_in(ANA.name, API, "approver").await?;
     assert_ne!(kid(&ana_again)?, kid(&ana)?, "signed with the new key");
-    let pending = api
-        .list_pending_approvals(bearer(
-            &ana_again,
-            v1::ListPendingApprovalsRequest {
-                page_size: 0,
-                page_token: String::new(),
-            },
-        ))
-        .await?
-        .into_inner();
+    let pending = wait_until("the provider's new key to be fetched", WAIT, || {
+        let mut api = api.clone();
+        let request = v1::ListPendingApprovalsRequest {
+            page_size: 0,
+            page_token: String::new(),
+        };
+        let token = ana_again.clone();
+        async move {
+            match api.list_pending_approvals(bearer(&token, request)).await {
+                Ok(page) => Some(Ok(page.into_inner())),
+                Err(refused) if refused.message().contains("its key id (kid)") => None,
+                Err(other) => Some(Err(other)),
+            }
+        }
+    })
+    .await??;
+    assert_eq!(
+        who_am_i(&mut api, &bot).await?.person,
+        "billing-bot",
+        "the old key's"
+    );
     assert_eq!(pending.approvals.len(), 1, "{pending:?}");
     api.decide_call(bearer(&ana_again, approve(&job_id)))
         .await?;

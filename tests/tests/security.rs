@@ -56,7 +56,13 @@ async fn until_the_token_works(api: &ApiClient, token: &str) -> anyhow::Result<(
 }
 
 async fn secured_fleet(dir: &Path) -> anyhow::Result<(Fleet, ApiClient)> {
-    let path = tokens_file(dir, "");
+    fleet_with_tenants(dir, "").await
+}
+
+/// A fleet whose tokens file has the tenants `search` and `ads`, and
+/// `extra` after them.
+async fn fleet_with_tenants(dir: &Path, extra: &str) -> anyhow::Result<(Fleet, ApiClient)> {
+    let path = tokens_file(dir, extra);
     let mut fleet = Fleet::start(test_fleet(1)).await?;
     let file = path.to_string_lossy().into_owned();
     fleet
@@ -259,6 +265,229 @@ async fn tenants_see_only_their_own_jobs_and_tools() -> anyhow::Result<()> {
         .into_inner();
     let ids: Vec<&str> = mine.jobs.iter().map(|j| j.job_id.as_str()).collect();
     assert_eq!(ids, [job_id.as_str()]);
+    Ok(())
+}
+
+/// The tenant `desk`: two agents, an operator and a reader, each a token
+/// with its roles.
+const AGENT_A: &str = "tok-agent-a-51d2";
+const AGENT_B: &str = "tok-agent-b-9e04";
+const OPERATOR: &str = "tok-operator-c3a8";
+const READER: &str = "tok-reader-d7f1";
+
+fn desk_tenant() -> String {
+    let hash = token_sha256;
+    format!(
+        "\n[tenants.desk]\ntoken_sha256 = [\"{}\", \"{}\", \"{}\", \"{}\"]\n\
+         roles = {{ \"{}\" = [\"agent\"], \"{}\" = [\"agent\"], \"{}\" = [\"operator\"], \
+         \"{}\" = [\"reader\"] }}\n",
+        hash(AGENT_A),
+        hash(AGENT_B),
+        hash(OPERATOR),
+        hash(READER),
+        hash(AGENT_A),
+        hash(AGENT_B),
+        hash(OPERATOR),
+        hash(READER),
+    )
+}
+
+/// What a job records of the token that submitted it: `token:` and the
+/// first 16 hex digits of its SHA-256.
+fn submitter_of(token: &str) -> String {
+    format!("token:{}", &token_sha256(token)[..16])
+}
+
+/// The ids of the jobs `token` lists, sorted, each with its submitter.
+async fn listed(api: &mut ApiClient, token: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let page = api
+        .list_jobs(as_tenant(token, v1::ListJobsRequest::default()))
+        .await?
+        .into_inner();
+    anyhow::ensure!(page.next_page_token.is_empty(), "one page: {page:?}");
+    let mut jobs: Vec<(String, String)> = page
+        .jobs
+        .into_iter()
+        .map(|job| (job.job_id, job.submitter))
+        .collect();
+    jobs.sort();
+    Ok(jobs)
+}
+
+/// To `token`, the job `job_id` does not exist: getting, watching and
+/// cancelling it are `NOT_FOUND`, word for word as for a job id no job has.
+async fn as_missing(api: &mut ApiClient, token: &str, job_id: &str) -> anyhow::Result<()> {
+    let missing = "desk-0123456789abcdef0123456789ab";
+    for id in [job_id, missing] {
+        let get = api
+            .get_job(as_tenant(token, v1::GetJobRequest { job_id: id.into() }))
+            .await
+            .expect_err("not the caller's");
+        let watch = api
+            .watch_job(as_tenant(
+                token,
+                v1::WatchJobRequest {
+                    job_id: id.into(),
+                    from_offset: 0,
+                },
+            ))
+            .await
+            .expect_err("not the caller's");
+        let cancel = api
+            .cancel_job(as_tenant(token, v1::CancelJobRequest { job_id: id.into() }))
+            .await
+            .expect_err("not the caller's");
+        for status in [get, watch, cancel] {
+            assert_eq!(status.code(), Code::NotFound, "{id}: {status:?}");
+            assert_eq!(
+                status.message(),
+                format!("job {id} not found (unknown or expired)")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `token` gets the job `job_id`, with its submitter, and watches it (its
+/// first event comes).
+async fn sees(
+    api: &mut ApiClient,
+    token: &str,
+    job_id: &str,
+    submitter: &str,
+) -> anyhow::Result<()> {
+    let job = api
+        .get_job(as_tenant(
+            token,
+            v1::GetJobRequest {
+                job_id: job_id.into(),
+            },
+        ))
+        .await?
+        .into_inner();
+    assert_eq!(job.submitter, submitter, "{job_id} to {token}");
+    let mut events = api
+        .watch_job(as_tenant(
+            token,
+            v1::WatchJobRequest {
+                job_id: job_id.into(),
+                from_offset: 0,
+            },
+        ))
+        .await?
+        .into_inner();
+    let first = tokio::time::timeout(Duration::from_secs(10), events.message())
+        .await??
+        .expect("a first event");
+    assert_eq!((first.offset, first.kind.as_str()), (0, "job_queued"));
+    Ok(())
+}
+
+/// Makes `job_id` a job stored before submitters were recorded: its spec,
+/// which records `submitter`, without it.
+async fn forget_submitter(fleet: &Fleet, job_id: &str, submitter: &str) -> anyhow::Result<()> {
+    let mut redis = fleet.redis.connection().await?;
+    let record = RedisKeys::default().job(&JobId::parse(job_id).expect("a job id"));
+    let spec: String = redis::cmd("HGET")
+        .arg(&record)
+        .arg("spec")
+        .query_async(&mut redis)
+        .await?;
+    let mut spec: serde_json::Value = serde_json::from_str(&spec)?;
+    assert_eq!(spec["submitter"], json!(submitter), "the spec records it");
+    spec.as_object_mut().expect("an object").remove("submitter");
+    let () = redis::cmd("HSET")
+        .arg(&record)
+        .arg("spec")
+        .arg(spec.to_string())
+        .query_async(&mut redis)
+        .await?;
+    Ok(())
+}
+
+/// A job that runs long enough to be cancelled, submitted with `token` and
+/// the idempotency key `key` (none when empty).
+fn slow(token: &str, key: &str) -> Request<v1::SubmitJobRequest> {
+    let mut job = scripted_job("wait", &json!([{"delay_ms": 60_000, "message": "late"}]));
+    job.idempotency_key = key.into();
+    as_tenant(token, job)
+}
+
+/// In a tenant whose credentials have roles, an agent sees and cancels
+/// only the jobs it submitted: another agent's job is, to it, a job that
+/// does not exist, and its list holds its own; an operator and a reader
+/// see every job with who submitted it, and only the operator cancels
+/// another's. An idempotency key never names another agent's job, and a
+/// job that records no submitter (stored before submitters were) is no
+/// agent's.
+#[tokio::test]
+async fn an_agent_sees_and_cancels_only_the_jobs_it_submitted() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let (fleet, mut api) = fleet_with_tenants(dir.path(), &desk_tenant()).await?;
+    let a1 = api
+        .submit_job(slow(AGENT_A, "order-1"))
+        .await?
+        .into_inner()
+        .job_id;
+    let a2 = api.submit_job(slow(AGENT_A, "")).await?.into_inner().job_id;
+    let b1 = api.submit_job(slow(AGENT_B, "")).await?.into_inner().job_id;
+    // A's key names A's job to A, and nothing to B.
+    let again = api.submit_job(slow(AGENT_A, "order-1")).await?.into_inner();
+    assert_eq!(
+        (again.job_id.as_str(), again.duplicate),
+        (a1.as_str(), true)
+    );
+    let refused = api
+        .submit_job(slow(AGENT_B, "order-1"))
+        .await
+        .expect_err("another agent's key");
+    assert_eq!(refused.code(), Code::AlreadyExists, "{refused:?}");
+    assert!(!refused.message().contains(&a1), "{refused:?}");
+
+    let (a, b) = (submitter_of(AGENT_A), submitter_of(AGENT_B));
+    let mut all = vec![
+        (a1.clone(), a.clone()),
+        (a2.clone(), a.clone()),
+        (b1.clone(), b.clone()),
+    ];
+    all.sort();
+    let mut only_a = vec![(a1.clone(), a.clone()), (a2.clone(), a.clone())];
+    only_a.sort();
+    assert_eq!(listed(&mut api, AGENT_A).await?, only_a);
+    assert_eq!(listed(&mut api, AGENT_B).await?, [(b1.clone(), b.clone())]);
+    assert_eq!(listed(&mut api, OPERATOR).await?, all);
+    assert_eq!(listed(&mut api, READER).await?, all);
+    sees(&mut api, AGENT_A, &a1, &a).await?;
+    sees(&mut api, AGENT_B, &b1, &b).await?;
+    for token in [OPERATOR, READER] {
+        sees(&mut api, token, &a1, &a).await?;
+        sees(&mut api, token, &b1, &b).await?;
+    }
+    as_missing(&mut api, AGENT_A, &b1).await?;
+    as_missing(&mut api, AGENT_B, &a1).await?;
+
+    // The reader cancels nothing; the operator any job, an agent its own.
+    let cancel = |token: &str, job_id: &str| {
+        as_tenant(
+            token,
+            v1::CancelJobRequest {
+                job_id: job_id.into(),
+            },
+        )
+    };
+    let refused = api
+        .cancel_job(cancel(READER, &b1))
+        .await
+        .expect_err("a reader cancels nothing");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    api.cancel_job(cancel(OPERATOR, &b1)).await?;
+    api.cancel_job(cancel(AGENT_A, &a1)).await?;
+
+    // A job stored before submitters were recorded is no agent's.
+    forget_submitter(&fleet, &a2, &a).await?;
+    as_missing(&mut api, AGENT_A, &a2).await?;
+    assert_eq!(listed(&mut api, AGENT_A).await?, [(a1.clone(), a.clone())]);
+    sees(&mut api, OPERATOR, &a2, "").await?;
     Ok(())
 }
 

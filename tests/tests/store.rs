@@ -49,6 +49,7 @@ fn spec() -> JobSpec {
         deadline_ms: u64::MAX / 2,
         metadata: Default::default(),
         tenant: "default".into(),
+        submitter: None,
         approval: Default::default(),
         limits: Default::default(),
     }
@@ -766,10 +767,11 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
 
 /// A submission with an idempotency key is three steps: the key's record
 /// (the tenant's slot), the job (the job's slot), the job's index entries
-/// (the sweeper's and the tenant's slots). Builds the state a crash leaves
-/// after each step, on `redis`, and checks that the client's retry with
-/// the same key completes the job the record promised, once, at its first
-/// submission time.
+/// (the sweeper's and the tenant's slots; the tenant's and its submitter's
+/// indexes share one). Builds the state a crash leaves after each step, on
+/// `redis`, and checks that the client's retry with the same key completes
+/// the job the record promised, once, at its first submission time, in
+/// both its tenant's and its submitter's index.
 async fn a_retry_completes_a_submission_that_died_between_its_steps(
     redis: toolfleet_tests::fleet::Redis,
 ) -> anyhow::Result<()> {
@@ -778,7 +780,10 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
     let store = store_on(&redis, &nats).await?;
     let mut raw = redis.connection().await?;
     let keys = RedisKeys::default();
-    let spec = spec();
+    let spec = JobSpec {
+        submitter: Some("token:0123456789abcdef".into()),
+        ..spec()
+    };
     let idempotency = || {
         Some(Idempotency {
             key: "order-7",
@@ -788,23 +793,40 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
     let (job_id, duplicate) = store.submit(&spec, idempotency(), None).await?;
     assert!(!duplicate);
     let tenant_index = keys.tenant_jobs(&spec.tenant);
+    let submitter_index = keys.submitter_jobs(&spec.tenant, "token:0123456789abcdef");
+    let ttl: i64 = raw.pttl(&submitter_index).await?;
+    assert!(
+        ttl > 60_000,
+        "a submitter's index expires once it is all stale: {ttl}"
+    );
     let unindex = |mut raw: toolfleet_service::connect::RedisConnection| {
-        let (tenant_index, shard, job_id) = (
+        let (tenant_index, submitter_index, shard, job_id) = (
             tenant_index.clone(),
+            submitter_index.clone(),
             keys.unfinished_jobs(&job_id),
             job_id.clone(),
         );
         async move {
             let _: i64 = raw.zrem(&tenant_index, job_id.as_str()).await?;
+            let _: i64 = raw.zrem(&submitter_index, job_id.as_str()).await?;
             let _: i64 = raw.zrem(&shard, job_id.as_str()).await?;
             anyhow::Ok(())
         }
     };
     let indexed = |mut raw: toolfleet_service::connect::RedisConnection| {
-        let (tenant_index, job_id) = (tenant_index.clone(), job_id.clone());
+        let (tenant_index, submitter_index, job_id) = (
+            tenant_index.clone(),
+            submitter_index.clone(),
+            job_id.clone(),
+        );
         let store = &store;
         async move {
             let score: Option<u64> = raw.zscore(&tenant_index, job_id.as_str()).await?;
+            let mine: Option<u64> = raw.zscore(&submitter_index, job_id.as_str()).await?;
+            assert_eq!(
+                mine, score,
+                "the submitter's index holds what the tenant's does"
+            );
             let unfinished = store.unfinished_before(u64::MAX, 1000).await?;
             anyhow::Ok((score, unfinished.contains(&job_id)))
         }
@@ -871,6 +893,31 @@ async fn a_retry_completes_a_submission_that_died_between_its_steps(
         store.get(&job_id).await?.map(|r| r.status),
         Some(JobStatus::Cancelled)
     );
+
+    // Another credential's retry with the key (a request the API then
+    // refuses, when it may not see the job) indexes the job as its record
+    // says: under its first submitter, not under the other.
+    let someone_else = JobSpec {
+        submitter: Some("token:fedcba9876543210".into()),
+        ..spec.clone()
+    };
+    unindex(raw.clone()).await?;
+    assert_eq!(
+        store.submit(&someone_else, idempotency(), None).await?,
+        (job_id.clone(), true)
+    );
+    assert_eq!(
+        indexed(raw.clone()).await?,
+        (Some(recreated.created_at_ms), false)
+    );
+    let theirs: Option<u64> = raw
+        .clone()
+        .zscore(
+            keys.submitter_jobs(&spec.tenant, "token:fedcba9876543210"),
+            job_id.as_str(),
+        )
+        .await?;
+    assert_eq!(theirs, None, "not the other's job");
 
     // The key still refuses a different request.
     let other = Some(Idempotency {

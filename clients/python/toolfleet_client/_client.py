@@ -192,7 +192,9 @@ class Client:
         return Submitted(job_id=response.job_id, duplicate=response.duplicate)
 
     def get(self, job_id: str) -> pb.Job:
-        """The job: status, output, error and the whole conversation."""
+        """The job: status, output, error, the whole conversation, and its
+        `submitter` (who submitted it, from the credential: docs/security.md,
+        "Who submitted a job")."""
         return self._stub.GetJob(
             pb.GetJobRequest(job_id=job_id), timeout=self._timeout, metadata=self._metadata
         )
@@ -235,7 +237,9 @@ class Client:
         status: int = pb.JOB_STATUS_UNSPECIFIED,
         metadata: Optional[Mapping[str, str]] = None,
     ) -> pb.ListJobsResponse:
-        """A page of your jobs, newest first (without their items)."""
+        """A page of your jobs, newest first (without their items): your
+        tenant's to an operator or a reader, those it submitted to any other
+        agent."""
         request = pb.ListJobsRequest(
             page_size=page_size,
             page_token=page_token,

@@ -145,6 +145,7 @@ pub(super) fn to_job(record: JobRecord, items: &[Item], approvals: Approvals) ->
             .as_ref()
             .map(JobTrace::trace_id)
             .unwrap_or_default(),
+        submitter: record.spec.submitter.unwrap_or_default(),
     }
 }
 

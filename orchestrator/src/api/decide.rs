@@ -35,7 +35,7 @@ impl AgentApi {
         })?;
         check_reason(&request.reason, choice)?;
         let result = self.checked_result(request.result, choice)?;
-        let record = self.own_job(&request.job_id, caller).await?;
+        let record = self.tenants_job(&request.job_id, caller).await?;
         let job_id = record.job_id.clone();
         let approvals = self
             .store

@@ -27,14 +27,14 @@ use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::v1::{self, agent_service_server::AgentService};
 use tracing::{info, warn};
 
-use crate::auth::{Caller, Rpc, caller_for, caller_of};
+use crate::auth::{Caller, JobAccess, JobAction, Rpc, Sight, caller_for, caller_of};
 use crate::job::{JobId, JobRecord, JobStatus, JobTrace, ProviderKind};
 use crate::live::Live;
 use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
-use crate::store::{Approvals, Idempotency, JobStore};
+use crate::store::{self, Approvals, Idempotency, JobIndex, JobStore};
 use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
 use follow::{Follower, WATCH_BATCH, Watch};
 use validate::{ListQuery, Rules, may_own};
@@ -64,6 +64,9 @@ pub(crate) struct AgentApi {
 struct Submitted {
     job_id: JobId,
     duplicate: bool,
+    /// Whether to queue it: a new job, or a duplicate still queued (which
+    /// may never have been).
+    queue: bool,
     provider: &'static str,
     model: String,
 }
@@ -103,27 +106,42 @@ impl AgentApi {
             .submit(&spec, idempotency, trace)
             .await
             .map_err(|e| to_status(&e))?;
+        let queue = match key {
+            Some(key) if duplicate => self.first_submission(&job_id, caller, key).await?,
+            _ => true,
+        };
         Ok(Submitted {
             job_id,
             duplicate,
+            queue,
             provider: spec.provider.as_str(),
             model: spec.model,
         })
+    }
+
+    /// Whether the job a repeated idempotency key names is still queued.
+    /// A job the caller may not see (another agent's) is never named: its
+    /// key answers as a key used for a different request.
+    async fn first_submission(
+        &self,
+        job_id: &JobId,
+        caller: &Caller,
+        key: String,
+    ) -> Result<bool, Status> {
+        let record = self.store.get(job_id).await.map_err(|e| to_status(&e))?;
+        let submitter = record.as_ref().and_then(|r| r.spec.submitter.as_deref());
+        if record.is_some() && caller.access(JobAction::Read, submitter) != JobAccess::Allowed {
+            return Err(to_status(&store::Error::IdempotencyConflict(key)));
+        }
+        Ok(record.is_some_and(|r| r.status == JobStatus::Queued))
     }
 
     /// Queues the job unless it is a duplicate that was queued already:
     /// one that is still queued may never have been, and the message id
     /// makes queueing it again a no-op when it was.
     async fn queue(&self, submitted: &Submitted, tenant: &str) -> Result<(), Status> {
-        if submitted.duplicate {
-            let record = self
-                .store
-                .get(&submitted.job_id)
-                .await
-                .map_err(|e| to_status(&e))?;
-            if !record.is_some_and(|r| r.status == JobStatus::Queued) {
-                return Ok(());
-            }
+        if !submitted.queue {
+            return Ok(());
         }
         self.enqueue(&submitted.job_id, tenant).await
     }
@@ -131,13 +149,32 @@ impl AgentApi {
     /// The record of `job_id` if it belongs to the caller's tenant; the
     /// same `NOT_FOUND` for another tenant's job as for a missing one. An id
     /// that is not a job id, or names another tenant, is refused before
-    /// Redis is asked.
-    async fn own_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
+    /// Redis is asked. Whoever submitted it: for `DecideCall`, whose
+    /// approvers and operators decide every held call of their tenant.
+    async fn tenants_job(&self, job_id: &str, caller: &Caller) -> Result<JobRecord, Status> {
         let id = may_own(job_id, caller)?;
         let record = self.store.get(&id).await.map_err(|e| to_status(&e))?;
         record
             .filter(|record| record.spec.tenant == caller.tenant)
             .ok_or_else(|| not_found(job_id))
+    }
+
+    /// The record of `job_id` if it is the caller's tenant's
+    /// ([`tenants_job`](Self::tenants_job)) and the caller may `action` it
+    /// ([`Caller::access`]): a job it does not see (another agent's) is the
+    /// same `NOT_FOUND` as a missing one.
+    async fn own_job(
+        &self,
+        job_id: &str,
+        caller: &Caller,
+        action: JobAction,
+    ) -> Result<JobRecord, Status> {
+        let record = self.tenants_job(job_id, caller).await?;
+        match caller.access(action, record.spec.submitter.as_deref()) {
+            JobAccess::Allowed => Ok(record),
+            JobAccess::Hidden => Err(not_found(job_id)),
+            JobAccess::Refused => Err(caller.refusal(action)),
+        }
     }
 
     /// Queues a stored job, through a stream leader's election
@@ -299,7 +336,7 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::Job>, Status> {
         let caller = caller_for(&request, Rpc::ReadJobs)?;
         let job_id = request.into_inner().job_id;
-        let record = self.own_job(&job_id, &caller).await?;
+        let record = self.own_job(&job_id, &caller, JobAction::Read).await?;
         let items = self
             .store
             .items(&record.job_id, 0)
@@ -334,7 +371,11 @@ impl AgentService for AgentApi {
             .watch_start(&job_id, request.from_offset, WATCH_BATCH)
             .await
             .map_err(|e| to_status(&e))?
-            .filter(|start| start.tenant == caller.tenant)
+            .filter(|start| {
+                start.tenant == caller.tenant
+                    && caller.access(JobAction::Read, start.submitter.as_deref())
+                        == JobAccess::Allowed
+            })
             .ok_or_else(|| not_found(&job_id))?;
         let trace_id = start.trace.as_ref().map(JobTrace::trace_id);
         if start.stream {
@@ -394,7 +435,10 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::CancelJobResponse>, Status> {
         let caller = caller_for(&request, Rpc::CancelJob)?;
         let job_id = request.into_inner().job_id;
-        let job_id = self.own_job(&job_id, &caller).await?.job_id;
+        let job_id = self
+            .own_job(&job_id, &caller, JobAction::Cancel)
+            .await?
+            .job_id;
         let status = self
             .store
             .cancel(&job_id)
@@ -413,11 +457,25 @@ impl AgentService for AgentApi {
         let caller = caller_for(&request, Rpc::ReadJobs)?;
         let mut query = ListQuery::parse(request.into_inner())?;
         let (before, limit) = (query.before.take(), query.limit);
+        // An agent that sees only its own jobs reads its own index: its
+        // pages are as full as an operator's (decision 0049).
+        let sight = caller.sight();
+        let index = match &sight {
+            Sight::Every => JobIndex::Tenant(&caller.tenant),
+            Sight::Submitted(Some(submitter)) => JobIndex::Submitter {
+                tenant: &caller.tenant,
+                submitter,
+            },
+            Sight::Submitted(None) => return Ok(Response::new(v1::ListJobsResponse::default())),
+        };
+        let keep = |record: &JobRecord| {
+            query.keeps(record)
+                && caller.access(JobAction::Read, record.spec.submitter.as_deref())
+                    == JobAccess::Allowed
+        };
         let (records, next) = self
             .store
-            .list(&caller.tenant, before, limit, limit * 10, |record| {
-                query.keeps(record)
-            })
+            .list(index, before, limit, limit * 10, keep)
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(v1::ListJobsResponse {

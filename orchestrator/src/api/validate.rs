@@ -419,6 +419,8 @@ pub(super) fn job_spec(
         deadline_ms: now_ms().saturating_add(deadline),
         metadata: request.metadata.into_iter().collect(),
         tenant: caller.tenant.clone(),
+        // From the credential alone: nothing in the request names it.
+        submitter: caller.submitter(),
         approval: ApprovalPolicy {
             tenant: caller.require_approval.clone(),
             job: request.require_approval,
@@ -619,13 +621,18 @@ mod tests {
     fn a_job_keeps_its_tenants_and_its_own_approval_lists() {
         let mut request = valid();
         request.require_approval = vec!["calculate".into()];
+        // A label that says otherwise names no submitter.
+        request.metadata = [("submitter".to_owned(), "Eve".to_owned())].into();
         let caller = Caller {
             require_approval: vec!["*".into()],
             approval_timeout: Some(Duration::from_secs(7200)),
             stream: true,
+            principal: Some("token:0123456789abcdef".into()),
             ..caller(None)
         };
         let spec = job_spec(request.clone(), &caller, rules(&options())).expect("a valid request");
+        assert_eq!(spec.submitter.as_deref(), Some("token:0123456789abcdef"));
+        assert_eq!(check(valid()).unwrap().submitter, None, "no authentication");
         assert!(spec.stream, "the tenant's default");
         let mut quiet = request.clone();
         quiet.stream = Some(false);

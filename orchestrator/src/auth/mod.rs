@@ -50,9 +50,11 @@ use crate::quota::Quotas;
 pub mod jwt;
 mod layer;
 pub(crate) mod roles;
+pub(crate) mod submitter;
 pub(crate) use layer::Authenticated;
 pub use roles::Role;
 pub(crate) use roles::{Roles, Rpc};
+pub(crate) use submitter::{JobAccess, JobAction, Sight};
 
 use jwt::{Door, Identity, IdentityOptions, Issuers};
 
@@ -88,6 +90,10 @@ pub(crate) struct Caller {
     /// The person the tokens file names for this credential (`approvers`),
     /// recorded with each decision it makes.
     pub person: Option<String>,
+    /// The credential itself, stable across reloads: `token:` and 16 hex
+    /// digits of its hash, or `client:` and its client name; `None`
+    /// without authentication ([`Caller::submitter`]).
+    pub principal: Option<String>,
     /// How long the tenant's held calls wait for a decision; `None`:
     /// `approval.timeout`.
     pub approval_timeout: Option<Duration>,
@@ -107,6 +113,7 @@ impl Caller {
             require_approval: Vec::new(),
             roles: Roles::ALL,
             person: None,
+            principal: None,
             approval_timeout: None,
             stream: false,
         }
@@ -258,8 +265,14 @@ impl TenantEntry {
         let printable = |name: &String| {
             (1..=64).contains(&name.chars().count()) && !name.chars().any(char::is_control)
         };
-        (!self.approvers.values().all(printable))
-            .then_some("an approver's name is 1 to 64 printable characters")
+        if !self.approvers.values().all(printable) {
+            return Some("an approver's name is 1 to 64 printable characters");
+        }
+        // A person is the submitter of the jobs she submits.
+        self.approvers
+            .values()
+            .any(|name| submitter::reads_as_principal(name))
+            .then_some("an approver's name may not start with token: or client: (a credential's)")
     }
 
     /// What is wrong with `roles`: a key that is none of the tenant's
@@ -315,6 +328,7 @@ impl TenantEntry {
             require_approval: self.require_approval.clone(),
             roles: Roles::ALL,
             person: None,
+            principal: None,
             approval_timeout: self.approval_timeout,
             stream: self.stream,
         }))
@@ -377,12 +391,13 @@ impl Tokens {
     }
 
     /// Maps `entry`'s client names and token hashes to `caller`, each with
-    /// its roles and the person it is named for.
+    /// its roles, the person it is named for and its principal.
     fn add(&mut self, caller: &Arc<Caller>, entry: &TenantEntry) -> Result<(), String> {
-        let caller_of = |key: &str| {
+        let caller_of = |key: &str, principal: String| {
             Arc::new(Caller {
                 roles: roles::granted(&entry.roles, &entry.approvers, key),
                 person: entry.approvers.get(key).cloned(),
+                principal: Some(principal),
                 ..Caller::clone(caller)
             })
         };
@@ -395,13 +410,14 @@ impl Tokens {
                      hop only, never a tenant"
                 ));
             }
-            self.clients.insert(name, &caller_of(name))?;
+            self.clients
+                .insert(name, &caller_of(name, submitter::client_principal(name)))?;
         }
         for hex in &entry.token_sha256 {
-            let caller = &caller_of(hex);
             let hash = parse_sha256(hex)
                 .ok_or_else(|| format!("{hex:?} is not a SHA-256 in hex (64 characters)"))?;
-            if self.by_hash.insert(hash, caller.clone()).is_some() {
+            let caller = caller_of(hex, submitter::token_principal(&hash));
+            if self.by_hash.insert(hash, caller).is_some() {
                 return Err("a token hash appears twice in the file".to_owned());
             }
         }
@@ -808,6 +824,12 @@ mod tests {
         assert_eq!(caller.tools.as_deref(), Some(&["calculate".to_owned()][..]));
         assert_eq!(caller.require_approval, ["*"]);
         assert_eq!(caller.person.as_deref(), Some("Ana"));
+        let principal = format!("token:{}", &search[..16]);
+        assert_eq!(
+            caller.principal,
+            Some(principal),
+            "the hash's first 16 digits"
+        );
         assert_eq!(caller.approval_timeout, Some(Duration::from_secs(7200)));
         assert_eq!(tokens.caller("tok-ads").unwrap().tools, None);
         assert!(tokens.caller("tok-other").is_none());
@@ -1000,6 +1022,11 @@ mod tests {
                 "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\"]\n\
                  approvers = { \"a.example\" = \"\" }\n",
                 "1 to 64 printable characters",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\nclient_names = [\"a.example\"]\n\
+                 approvers = { \"a.example\" = \"client:b.example\" }\n",
+                "may not start with token: or client:",
             ),
             (
                 "[tenants.a]\ntoken_sha256 = []\nroles = { \"nobody\" = [\"agent\"] }\n",

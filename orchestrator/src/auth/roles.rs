@@ -14,14 +14,16 @@ use serde::{Deserialize, Serialize};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
-    /// Submits, watches and cancels the tenant's jobs; lists its tools.
+    /// Submits jobs, and watches and cancels those it submitted (all the
+    /// tenant's with `operator` or `reader`: `Caller::sight`); lists its
+    /// tools.
     Agent,
     /// Lists the tenant's calls held for approval, and decides them.
     Approver,
     /// Resolves unknown outcomes (verdicts), cancels any job of the tenant,
     /// sees every job.
     Operator,
-    /// Reads: jobs, their events and traces, tools.
+    /// Reads: every job of the tenant, its events and trace; tools.
     Reader,
 }
 

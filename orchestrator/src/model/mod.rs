@@ -422,6 +422,7 @@ mod tests {
             deadline_ms: 1_000,
             metadata: BTreeMap::new(),
             tenant: "default".into(),
+            submitter: None,
             approval: Default::default(),
             limits: Default::default(),
         };

@@ -71,6 +71,7 @@ impl JobStore {
             deadline_ms: 0,
             metadata: BTreeMap::new(),
             tenant: tenant.to_owned(),
+            submitter: None,
             approval: Default::default(),
             limits: Default::default(),
         };

@@ -1,5 +1,6 @@
-//! The indexes of jobs: a tenant's jobs, newest first, paged by a cursor
-//! ([`JobStore::list`]); and the unfinished jobs the sweeper looks at.
+//! The indexes of jobs: a tenant's jobs, and each of its submitters' jobs,
+//! newest first, paged by a cursor ([`JobStore::list`]); and the unfinished
+//! jobs the sweeper looks at.
 
 use redis::AsyncCommands;
 
@@ -7,8 +8,24 @@ use crate::job::{JobId, JobRecord};
 
 use super::*;
 
+/// Which index of a tenant's jobs a page of [`JobStore::list`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JobIndex<'a> {
+    /// Every job of the tenant.
+    Tenant(&'a str),
+    /// The jobs of the tenant that `submitter` submitted
+    /// (`JobSpec::submitter`), written with the tenant's entries
+    /// (decision 0049).
+    Submitter {
+        /// The tenant.
+        tenant: &'a str,
+        /// Its submitter.
+        submitter: &'a str,
+    },
+}
+
 impl JobStore {
-    /// A page of `tenant`'s jobs, newest first: those submitted before
+    /// A page of the jobs in `index`, newest first: those submitted before
     /// `before` (a cursor from an earlier page; `None` starts at the newest)
     /// that `keep` accepts, at most `limit`, reading at most `scan` index
     /// entries. Returns the jobs and the cursor of the next page, `None` at
@@ -19,13 +36,18 @@ impl JobStore {
     /// [`Error::Redis`].
     pub(crate) async fn list(
         &self,
-        tenant: &str,
+        index: JobIndex<'_>,
         before: Option<ListCursor>,
         limit: usize,
         scan: usize,
         keep: impl Fn(&JobRecord) -> bool,
     ) -> Result<(Vec<JobRecord>, Option<ListCursor>), Error> {
-        let index = self.keys.tenant_jobs(tenant);
+        let index = match index {
+            JobIndex::Tenant(tenant) => self.keys.tenant_jobs(tenant),
+            JobIndex::Submitter { tenant, submitter } => {
+                self.keys.submitter_jobs(tenant, submitter)
+            }
+        };
         let mut jobs = Vec::new();
         let mut cursor = before;
         let mut scanned = 0;

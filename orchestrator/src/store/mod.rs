@@ -75,6 +75,7 @@ pub use approvals::{ApprovalRequest, Approvals, HeldCall};
 pub use attempts::Attempts;
 pub use commit::{DispatchedCall, SettledCall, Unstored};
 pub use decide::{Decide, DecideStep, Decided, Seen};
+pub(crate) use index::JobIndex;
 pub use index::ListCursor;
 pub use lease::Acquired;
 pub use park::{ParkWrite, Parked, Wake};

@@ -115,7 +115,8 @@ impl JobStore {
     /// What a watch of `job_id` from `offset` starts from, read in one
     /// round trip: who owns the job, its trace, and its first `count`
     /// events from `offset` on. `None` for an unknown or expired job. Reads
-    /// of the job's spec only its tenant: the rest is not a watch's.
+    /// of the job's spec only its tenant, submitter and whether it streams:
+    /// the rest is not a watch's.
     ///
     /// # Errors
     ///
@@ -130,6 +131,8 @@ impl JobStore {
         #[derive(serde::Deserialize)]
         struct Owner {
             tenant: String,
+            #[serde(default)]
+            submitter: Option<String>,
             #[serde(default)]
             stream: bool,
         }
@@ -159,6 +162,7 @@ impl JobStore {
         })?;
         Ok(Some(WatchStart {
             tenant: owner.tenant,
+            submitter: owner.submitter,
             stream: owner.stream,
             trace: JobTrace::from_fields(
                 traceparent.as_deref().unwrap_or_default(),
@@ -166,6 +170,33 @@ impl JobStore {
             ),
             events: events.ids.iter().filter_map(parse_event).collect(),
         }))
+    }
+
+    /// The submitter `job_id`'s record names (`JobSpec::submitter`), read
+    /// alone of its spec; `None` when it names none or the job is gone.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a spec that does not
+    /// parse.
+    pub(super) async fn recorded_submitter(&self, job_id: &JobId) -> Result<Option<String>, Error> {
+        /// The one field read; serde skips the others.
+        #[derive(serde::Deserialize)]
+        struct Submitted {
+            #[serde(default)]
+            submitter: Option<String>,
+        }
+        let key = self.keys.job(job_id);
+        let spec: Option<String> =
+            read_with_retry(|| async { self.conn().hget(&key, "spec").await }).await?;
+        let Some(spec) = spec else {
+            return Ok(None);
+        };
+        let submitted: Submitted = serde_json::from_str(&spec).map_err(|_| Error::Corrupt {
+            job_id: job_id.to_owned(),
+            detail: "spec".to_owned(),
+        })?;
+        Ok(submitted.submitter)
     }
 
     /// Events from `offset` on, at most `count`.
@@ -222,8 +253,10 @@ pub(super) fn parse_run_start(
 /// What a watch starts from (`JobStore::watch_start`).
 #[derive(Debug)]
 pub struct WatchStart {
-    /// Who submitted the job: only they may watch it.
+    /// The tenant that submitted the job: only it may watch it.
     pub tenant: String,
+    /// Which of its credentials submitted it (`JobSpec::submitter`).
+    pub submitter: Option<String>,
     /// Whether its turns are streamed to its watchers.
     pub stream: bool,
     /// The job's trace, when it is traced.
@@ -360,6 +393,7 @@ mod tests {
             deadline_ms: 99,
             metadata: Default::default(),
             tenant: "acme".into(),
+            submitter: None,
             approval: Default::default(),
             limits: Default::default(),
         }

@@ -1,5 +1,6 @@
 //! Submitting a job: its record, first event and conversation in one
-//! script, the idempotency key mapped to it, and the tenant's indexes.
+//! script, the idempotency key mapped to it, and the tenant's indexes (its
+//! jobs, and its submitter's).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -65,17 +66,25 @@ impl JobStore {
             // entries go in one round trip, in this order.
             let mut pipe = redis::pipe();
             pipe.invoke_script(&create);
-            append_ignored(&mut pipe, &self.index_new_job(spec, &job_id, now, false));
+            let groups = self.index_new_job(spec, spec.submitter.as_deref(), &job_id, now, false);
+            append_ignored(&mut pipe, &groups);
             let (_created,): ((i64, u64, i64),) = self.query_invoking(&pipe, &CREATE).await?;
         } else {
             // On a cluster the job and each index are in slots of their
             // own: the job first, so that no index names a job not yet
             // there (ListJobs would drop it as expired). A duplicate
             // indexes its job again, at its first time: the submission it
-            // repeats may have died between the job and its indexes.
-            let (_created, created_ms, ended): (i64, u64, i64) =
+            // repeats may have died between the job and its indexes. It is
+            // indexed under the submitter its record names, which another
+            // credential repeating the key is not.
+            let (created, created_ms, ended): (i64, u64, i64) =
                 create.invoke_async(&mut self.conn()).await?;
-            let groups = self.index_new_job(spec, &job_id, created_ms, ended == 1);
+            let submitter = match created {
+                1 => spec.submitter.clone(),
+                _ => self.recorded_submitter(&job_id).await?,
+            };
+            let groups =
+                self.index_new_job(spec, submitter.as_deref(), &job_id, created_ms, ended == 1);
             self.conn().run_in_order(groups).await?;
         }
         self.notify(&job_id, Written::counted(None)).await;
@@ -122,35 +131,49 @@ impl JobStore {
 
     /// The writes that put a job created at `created_ms` into the sets that
     /// find it again, one pipeline per hash slot: the unfinished jobs (the
-    /// sweeper's), then its tenant's job index (`ListJobs`) and, under an
-    /// active-jobs quota, its tenant's active jobs; an `ended` job only
-    /// into its tenant's index. Each may run twice
-    /// ([`query_invoking`](JobStore::query_invoking), a repeated submission).
+    /// sweeper's), then its tenant's job index and its `submitter`'s
+    /// (`ListJobs`, decision 0049) and, under an active-jobs quota, its
+    /// tenant's active jobs; an `ended` job only into the two job indexes.
+    /// Each may run twice ([`query_invoking`](JobStore::query_invoking), a
+    /// repeated submission).
     fn index_new_job(
         &self,
         spec: &JobSpec,
+        submitter: Option<&str>,
         job_id: &JobId,
         created_ms: u64,
         ended: bool,
     ) -> Vec<redis::Pipeline> {
         let now = now_ms();
-        let index = self.keys.tenant_jobs(&spec.tenant);
-        // The index forgets what has surely expired: jobs live at most
+        let kept = millis(self.retention + LONGEST_JOB);
+        let tenant_index = self.keys.tenant_jobs(&spec.tenant);
+        // The submitter's index shares the tenant's hash tag: the same
+        // pipeline writes both, one after the other.
+        let submitter_index =
+            submitter.map(|submitter| self.keys.submitter_jobs(&spec.tenant, submitter));
+        // An index forgets what has surely expired: jobs live at most
         // their deadline (24h at most) plus the retention.
-        let horizon = now.saturating_sub(millis(self.retention + LONGEST_JOB));
+        let horizon = now.saturating_sub(kept);
         // Plain pipelines, not MULTI: the keys are in different hash slots
         // (Redis Cluster), and each write stands on its own.
         let mut pipe = redis::pipe();
-        pipe.cmd("ZADD")
-            .arg(&index)
-            .arg(created_ms)
-            .arg(job_id.as_str())
-            .ignore()
-            .cmd("ZREMRANGEBYSCORE")
-            .arg(&index)
-            .arg("-inf")
-            .arg(format!("({horizon}"))
-            .ignore();
+        for index in std::iter::once(&tenant_index).chain(&submitter_index) {
+            pipe.cmd("ZADD")
+                .arg(index)
+                .arg(created_ms)
+                .arg(job_id.as_str())
+                .ignore()
+                .cmd("ZREMRANGEBYSCORE")
+                .arg(index)
+                .arg("-inf")
+                .arg(format!("({horizon}"))
+                .ignore();
+        }
+        if let Some(index) = &submitter_index {
+            // A submitter that stops submitting trims its index no more:
+            // the index goes when its newest entry would have been trimmed.
+            pipe.cmd("PEXPIRE").arg(index).arg(kept).ignore();
+        }
         if ended {
             return vec![pipe];
         }

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::Refusal;
 use super::options::IssuerOptions;
+use crate::auth::submitter::reads_as_principal;
 use crate::auth::{Role, Roles, is_valid_tenant};
 
 /// Longest person a claim may name: it is recorded with decisions and jobs
@@ -154,6 +155,14 @@ fn person(name: &str, claims: &Value) -> Result<String, Refusal> {
             why: "is not a person's name (1 to 128 printable characters)",
         });
     }
+    // The person is the submitter: one that reads as a static credential
+    // would see and cancel that credential's jobs.
+    if reads_as_principal(person) {
+        return Err(Refusal::Claim {
+            claim: name.to_owned(),
+            why: "reads as a credential (token:..., client:...), not a person",
+        });
+    }
     Ok(person.to_owned())
 }
 
@@ -242,6 +251,51 @@ mod tests {
     }
 
     #[test]
+    fn a_mapping_that_cannot_work_is_refused_with_the_setting_to_fix() {
+        for (issuer, expected) in [
+            (
+                IssuerOptions {
+                    tenant: Some("search".into()),
+                    ..keycloak()
+                },
+                "exactly one of tenant_claim and tenant",
+            ),
+            (
+                IssuerOptions {
+                    tenant_claim: None,
+                    tenant: Some("Search".into()),
+                    ..keycloak()
+                },
+                "is not a tenant name",
+            ),
+            (
+                IssuerOptions {
+                    tenants: vec!["A B".into()],
+                    ..keycloak()
+                },
+                "tenants lists \"A B\"",
+            ),
+            (
+                IssuerOptions {
+                    role_claims: Vec::new(),
+                    ..keycloak()
+                },
+                "role_claims names at least one claim",
+            ),
+            (
+                IssuerOptions {
+                    person_claim: String::new(),
+                    ..keycloak()
+                },
+                "person_claim and role_claims name claims",
+            ),
+        ] {
+            let refused = Mapping::of(&issuer).unwrap_err();
+            assert!(refused.contains(expected), "{refused}");
+        }
+    }
+
+    #[test]
     fn a_missing_or_wrong_claim_is_refused_by_its_name() {
         let good = json!({
             "tenant": "search", "preferred_username": "ana", "scope": "agent",
@@ -294,6 +348,11 @@ mod tests {
                 keycloak(),
                 with("preferred_username", json!("a\nb")),
                 "not a person's name",
+            ),
+            (
+                keycloak(),
+                with("preferred_username", json!("token:3690a4a2ed3b26b4")),
+                "reads as a credential",
             ),
             (
                 keycloak(),

@@ -132,10 +132,12 @@ impl Issuers {
                 client.clone(),
                 limits,
             );
+            let mapping = Mapping::of(issuer)
+                .map_err(|why| format!("api.identity.issuers ({:?}): {why}", issuer.issuer))?;
             let trusted = Issuer {
                 audiences: issuer.audiences.clone(),
                 algorithms: issuer.algorithms.clone(),
-                mapping: Mapping::of(issuer)?,
+                mapping,
                 keys,
             };
             by_name.insert(issuer.issuer.clone(), trusted);
