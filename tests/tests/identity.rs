@@ -157,6 +157,11 @@ async fn a_service_and_a_person_sign_in_and_each_does_what_its_roles_say() -> an
         .into_inner()
         .job_id;
     assert!(job_id.starts_with("billing-"), "{job_id}");
+    let request = v1::GetJobRequest {
+        job_id: job_id.clone(),
+    };
+    let job = api.get_job(bearer(&bot, request)).await?.into_inner();
+    assert_eq!(job.submitter, "billing-bot", "the token's person");
     wait_for(&api, &bot, &job_id, v1::JobStatus::WaitingForApproval).await?;
     let refused = api
         .decide_call(bearer(&bot, approve(&job_id)))

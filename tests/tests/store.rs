@@ -1121,6 +1121,16 @@ async fn a_decided_call_is_counted_no_more(store: &JobStore, a: &Lease) -> anyho
         tallied(store).await?,
         [("echo".into(), 2), ("transfer".into(), 1)]
     );
+    // A page holds only what its caller wants (a role sees approvals or
+    // verdicts), and is full whatever came before it: one of these two
+    // pages of one skips the older call of the other tool.
+    for tool in ["echo", "transfer"] {
+        let (page, _) = store
+            .pending("default", None, 1, |p| p.request.tool == tool)
+            .await?;
+        let tools: Vec<&str> = page.iter().map(|p| p.request.tool.as_str()).collect();
+        assert_eq!(tools, [tool]);
+    }
     Ok(())
 }
 
@@ -1141,7 +1151,7 @@ async fn ended_and_expired_calls_are_counted_no_more(
     })
     .await?;
     assert_eq!(tallied(store).await?, [("echo".into(), 1)]);
-    let (page, _) = store.pending("default", None, 10).await?;
+    let (page, _) = store.pending("default", None, 10, |_| true).await?;
     let listed: Vec<(&JobId, &str)> = page
         .iter()
         .map(|p| (&p.job_id, p.request.call_id.as_str()))

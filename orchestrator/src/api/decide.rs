@@ -380,19 +380,19 @@ impl AgentApi {
         };
         let (page, next) = self
             .store
-            .pending(&caller.tenant, cursor.as_ref(), limit)
+            .pending(&caller.tenant, cursor.as_ref(), limit, |pending| {
+                // An approval is an approver's; a verdict, an operator's.
+                let needs = match pending.request.attempt {
+                    None => Role::Approver,
+                    Some(_) => Role::Operator,
+                };
+                caller.roles.has(needs)
+            })
             .await
             .map_err(|e| to_status(&e))?;
         Ok(v1::ListPendingApprovalsResponse {
             approvals: page
                 .into_iter()
-                .filter(|pending| {
-                    let needs = match pending.request.attempt {
-                        None => Role::Approver,
-                        Some(_) => Role::Operator,
-                    };
-                    caller.roles.has(needs)
-                })
                 .map(|pending| {
                     let request = pending.request;
                     let kind = request.kind().to_owned();

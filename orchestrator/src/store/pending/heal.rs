@@ -33,7 +33,7 @@ impl JobStore {
             },
         };
         let (_, next) = self
-            .pending(&at.tenant, at.cursor.as_ref(), HEAL_PAGE)
+            .pending(&at.tenant, at.cursor.as_ref(), HEAL_PAGE, |_| true)
             .await?;
         if let Some(cursor) = next {
             return Ok(Some(HealPosition {

@@ -9,11 +9,13 @@ use super::super::approvals::{DECIDED, decided_field};
 use super::*;
 
 impl JobStore {
-    /// The tenant's calls waiting for a decision, oldest first, at most
-    /// `limit`, after `cursor`; and where the next page starts, if one may
-    /// follow. Entries of calls decided, expired, or of ended jobs are
-    /// dropped from the indexes as they are met (at most `10 x limit` a
-    /// page).
+    /// The tenant's calls waiting for a decision that the caller
+    /// `wants` (a role sees approvals, verdicts or both), oldest first, at
+    /// most `limit`, after `cursor`; and where the next page starts, if
+    /// one may follow. Entries of calls decided, expired, or of ended jobs
+    /// are dropped from the indexes as they are met; at most `10 x limit`
+    /// entries are read a page, so a page is full unless the caller wants
+    /// few of them.
     ///
     /// # Errors
     ///
@@ -23,6 +25,7 @@ impl JobStore {
         tenant: &str,
         cursor: Option<&PendingCursor>,
         limit: usize,
+        wants: impl Fn(&Pending) -> bool,
     ) -> Result<(Vec<Pending>, Option<PendingCursor>), Error> {
         let from = cursor.map_or(0, |c| c.held_at_ms);
         let read = limit.saturating_mul(10).max(1);
@@ -55,7 +58,8 @@ impl JobStore {
                     member: entry.0.clone(),
                 });
                 match pending {
-                    Some(pending) => page.push(pending),
+                    Some(pending) if wants(&pending) => page.push(pending),
+                    Some(_) => {}
                     None => stale.push(entry.clone()),
                 }
                 if page.len() == limit {
