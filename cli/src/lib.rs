@@ -6,6 +6,7 @@
 //!   connection and the following of a job; `call`: one call without a model.
 //! - `transcript`: how jobs, events and tools are printed (text and JSON).
 //! - `mcp_serve`: `mcp-serve`, the fleet as one MCP server.
+//! - `console`: `console`, the web console (crate `toolfleet-console`).
 //! - `toolfleet-fleet` runs the local fleet of `dev` and `bench` (servers as
 //!   child processes, an orchestrator and workers in this process), and the
 //!   test harness's servers.
@@ -17,6 +18,7 @@ mod approvals;
 mod bench;
 mod call;
 mod client;
+mod console;
 pub mod demo;
 mod dev;
 pub mod mcp_serve;
@@ -89,6 +91,10 @@ enum Command {
     /// with --listen (each client sends its own bearer token). Each call
     /// runs through the fleet as a call job (docs/tools/mcp.md).
     McpServe(mcp_serve::McpServeArgs),
+    /// Serve the web console: the jobs and their transcripts in a browser,
+    /// each page an API call with the signed-in person's own token
+    /// (docs/console.md).
+    Console(console::ConsoleArgs),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.
     ///
@@ -152,6 +158,7 @@ impl Cli {
             Command::Reject(args) => approvals::reject(args).await,
             Command::Resolve(args) => approvals::resolve(args).await,
             Command::McpServe(args) => mcp_serve::run(args).await,
+            Command::Console(args) => console::run(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args),
             Command::Reap => {

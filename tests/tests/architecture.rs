@@ -23,6 +23,9 @@ const ALLOWED: &[(&str, &[&str])] = &[
         "toolfleet-orchestrator",
         &["toolfleet-proto", "toolfleet-service"],
     ),
+    // The console is a client of the public API and nothing more: never
+    // the orchestrator's store, so it cannot show what the API would not.
+    ("toolfleet-console", &["toolfleet-proto"]),
     // The local fleet: the servers as supervised processes, the services
     // in-process or as processes.
     (
@@ -37,6 +40,7 @@ const ALLOWED: &[(&str, &[&str])] = &[
     (
         "toolfleet-cli",
         &[
+            "toolfleet-console",
             "toolfleet-proto",
             "toolfleet-service",
             "toolfleet-orchestrator",

@@ -1,0 +1,146 @@
+//! toolfleet's web console (decision 0050): the jobs with their
+//! transcripts, for the people in the loop, served as HTML by
+//! `toolfleet console`.
+//!
+//! A client of the public API and nothing more: every page is an
+//! `AgentService` call made with the signed-in person's own credential,
+//! so it can never show more than that person may see. It keeps no state
+//! but sessions, in Redis ([`session`]).
+
+mod pages;
+mod session;
+mod web;
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use tonic::transport::Channel;
+use toolfleet_proto::v1;
+use toolfleet_proto::v1::agent_service_client::AgentServiceClient;
+
+use session::{Session, Sessions};
+
+/// The page's stylesheet, embedded: the console is one binary.
+const STYLESHEET: &str = include_str!("../assets/console.css");
+
+/// How the console serves.
+#[derive(Debug, Clone)]
+pub struct ConsoleOptions {
+    /// The Redis its sessions live in (the fleet's, with the console's
+    /// user: docs/console.md).
+    pub redis_url: String,
+    /// The prefix of its Redis keys (the fleet's `store.key_prefix`).
+    pub key_prefix: String,
+    /// How long a session lasts without signing in again.
+    pub session_ttl: Duration,
+}
+
+/// The console's state, shared by every request.
+#[derive(Clone)]
+struct Console {
+    channel: Channel,
+    sessions: Sessions,
+    /// The orchestrators run without authentication (`api.auth = "none"`):
+    /// no sign-in, a banner on every page.
+    open: bool,
+}
+
+/// Serves the console of the fleet behind `channel` on `listener` until
+/// `stop`.
+///
+/// # Errors
+///
+/// Redis cannot be reached, the orchestrator does not answer, or serving
+/// fails.
+pub async fn serve(
+    channel: Channel,
+    options: ConsoleOptions,
+    listener: tokio::net::TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let client = redis::Client::open(options.redis_url.as_str())
+        .context("--redis-url is not a Redis URL")?;
+    let redis = redis::aio::ConnectionManager::new(client)
+        .await
+        .context("cannot reach Redis (--redis-url), where the console keeps its sessions")?;
+    // Whether the API lets anyone in: asked once, without a token.
+    let open = AgentServiceClient::new(channel.clone())
+        .who_am_i(v1::WhoAmIRequest {})
+        .await
+        .is_ok();
+    let console = Console {
+        channel,
+        sessions: Sessions::new(redis, &options.key_prefix, options.session_ttl),
+        open,
+    };
+    let app = axum::Router::new()
+        .route("/", get(|| async { Redirect::to("/jobs") }))
+        .route("/sign-in", get(pages::sign_in_form).post(pages::sign_in))
+        .route("/sign-out", post(pages::sign_out))
+        .route("/jobs", get(pages::jobs))
+        .route("/jobs/{id}", get(pages::job))
+        .route("/jobs/{id}/cancel", post(pages::cancel))
+        .route("/assets/console.css", get(stylesheet))
+        .route("/healthz", get(|| async { "ok" }))
+        .layer(axum::middleware::from_fn(web::secure_headers))
+        .with_state(console);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+        .context("the console stopped serving")
+}
+
+async fn stylesheet() -> Response {
+    let css = [(axum::http::header::CONTENT_TYPE, "text/css; charset=utf-8")];
+    (css, STYLESHEET).into_response()
+}
+
+impl Console {
+    /// The person a request comes from: its session; the anonymous caller
+    /// when authentication is off.
+    ///
+    /// # Errors
+    ///
+    /// [`web::NoSession`]: the sign-in page, or the store is down.
+    async fn signed_in(&self, headers: &HeaderMap) -> Result<Session, web::NoSession> {
+        if self.open {
+            return Ok(Session {
+                token: String::new(),
+                tenant: "default".to_owned(),
+                person: "anyone".to_owned(),
+                roles: ["agent", "approver", "operator", "reader"]
+                    .map(str::to_owned)
+                    .to_vec(),
+                csrf: "open".to_owned(),
+            });
+        }
+        let id = web::cookie(headers, web::SESSION_COOKIE).ok_or(web::NoSession::SignIn)?;
+        match self.sessions.find(id).await {
+            Ok(Some(session)) => Ok(session),
+            Ok(None) => Err(web::NoSession::Expired),
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read a session from Redis");
+                Err(web::NoSession::StoreDown)
+            }
+        }
+    }
+
+    /// A client of the API, as the session's person.
+    fn api(&self) -> AgentServiceClient<Channel> {
+        AgentServiceClient::new(self.channel.clone())
+    }
+}
+
+/// `message` as a request of `session`'s person (their bearer token).
+fn as_person<T>(session: &Session, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if !session.token.is_empty()
+        && let Ok(value) = format!("Bearer {}", session.token).parse()
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
+}

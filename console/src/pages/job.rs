@@ -1,0 +1,206 @@
+//! A job's page: its facts, its answer and its transcript, every call with
+//! its arguments and its envelope; and cancelling it.
+
+use askama::Template;
+use axum::extract::{Form, Path, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use toolfleet_proto::{JobId, v1};
+
+use super::{Chrome, html, status_name, utc};
+use crate::{Console, as_person, web};
+
+/// Most bytes of one transcript entry shown in the page; the rest is said
+/// to be there (a tool's output may be megabytes).
+const SHOWN_BYTES: usize = 64 * 1024;
+
+struct Facts {
+    id: String,
+    status: String,
+    created: String,
+    finished: String,
+    submitter: String,
+    rounds: u32,
+    trace_id: String,
+    error: String,
+    error_message: String,
+    output: String,
+    metadata: Vec<(String, String)>,
+}
+
+/// One entry of the transcript, as shown.
+struct Entry {
+    kind: &'static str,
+    label: String,
+    body: String,
+    truncated: bool,
+    size: usize,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage<'a> {
+    chrome: Chrome<'a>,
+    job: Facts,
+    transcript: Vec<Entry>,
+    can_cancel: bool,
+    csrf: &'a str,
+}
+
+pub(crate) async fn job(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    let session = match console.signed_in(&headers).await {
+        Ok(session) => session,
+        Err(refused) => return refused.into_response(),
+    };
+    // Not a job id: no job, and nothing of it reaches the API.
+    let Some(id) = JobId::parse(&id) else {
+        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
+    };
+    let request = v1::GetJobRequest {
+        job_id: id.as_str().to_owned(),
+    };
+    let job = match console.api().get_job(as_person(&session, request)).await {
+        Ok(job) => job.into_inner(),
+        Err(failed) => return web::api_failed(&failed),
+    };
+    let running = matches!(
+        job.status(),
+        v1::JobStatus::Queued | v1::JobStatus::Running | v1::JobStatus::WaitingForApproval
+    );
+    let page = JobPage {
+        chrome: Chrome {
+            who: Some(&session),
+            open: console.open,
+        },
+        transcript: job.items.iter().filter_map(entry).collect(),
+        job: facts(&job),
+        can_cancel: running && (session.has("agent") || session.has("operator")),
+        csrf: &session.csrf,
+    };
+    html(&page).into_response()
+}
+
+fn facts(job: &v1::Job) -> Facts {
+    let mut metadata: Vec<(String, String)> = job
+        .metadata
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    metadata.sort();
+    let error = job.error.clone().unwrap_or_default();
+    Facts {
+        id: job.job_id.clone(),
+        status: status_name(job.status()),
+        created: utc(job.created_at_ms),
+        finished: utc(job.finished_at_ms),
+        submitter: job.submitter.clone(),
+        rounds: job.rounds,
+        trace_id: job.trace_id.clone(),
+        error: error.code,
+        error_message: error.message,
+        output: job.output_text.clone(),
+        metadata,
+    }
+}
+
+fn entry(item: &v1::Item) -> Option<Entry> {
+    let (kind, label, body) = match item.kind.as_ref()? {
+        v1::item::Kind::User(user) => ("user", "Input".to_owned(), user.text.clone()),
+        v1::item::Kind::Assistant(said) => ("assistant", "Model".to_owned(), said.text.clone()),
+        v1::item::Kind::ToolCall(call) => (
+            "call",
+            format!("Call {} ({})", call.name, call.call_id),
+            pretty(&call.arguments),
+        ),
+        v1::item::Kind::ToolResult(result) => (
+            "result",
+            format!(
+                "Result of {} ({}), after {} attempt(s)",
+                result.name, result.call_id, result.attempts
+            ),
+            pretty(&result.output),
+        ),
+    };
+    let size = body.len();
+    let (body, truncated) = shown(body);
+    Some(Entry {
+        kind,
+        label,
+        body,
+        truncated,
+        size,
+    })
+}
+
+/// JSON indented, or the text as it is when it is not JSON.
+fn pretty(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .and_then(|value| serde_json::to_string_pretty(&value))
+        .unwrap_or_else(|_| text.to_owned())
+}
+
+/// At most [`SHOWN_BYTES`] of `text`, cut at a character's boundary.
+fn shown(mut text: String) -> (String, bool) {
+    if text.len() <= SHOWN_BYTES {
+        return (text, false);
+    }
+    let mut end = SHOWN_BYTES;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+    (text, true)
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Checked {
+    csrf: String,
+}
+
+/// Cancels the job, as the signed-in person.
+pub(crate) async fn cancel(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(sent): Form<Checked>,
+) -> Response {
+    let session = match console.signed_in(&headers).await {
+        Ok(session) => session,
+        Err(refused) => return refused.into_response(),
+    };
+    if let Err(refused) = web::check_form(&headers, &sent.csrf, &session.csrf) {
+        return refused.into_response();
+    }
+    // A job id is letters, digits and `-`: safe in the redirect's header.
+    let Some(id) = JobId::parse(&id) else {
+        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
+    };
+    let request = v1::CancelJobRequest {
+        job_id: id.as_str().to_owned(),
+    };
+    match console.api().cancel_job(as_person(&session, request)).await {
+        Ok(_) => Redirect::to(&format!("/jobs/{}", id.as_str())).into_response(),
+        Err(failed) => web::api_failed(&failed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_entries_are_cut_at_a_character() {
+        let (short, cut) = shown("ok".to_owned());
+        assert_eq!((short.as_str(), cut), ("ok", false));
+        let long = "é".repeat(SHOWN_BYTES);
+        let (part, cut) = shown(long);
+        assert!(cut && part.len() <= SHOWN_BYTES && part.chars().all(|c| c == 'é'));
+        assert_eq!(pretty("{\"a\":1}"), "{\n  \"a\": 1\n}");
+        assert_eq!(pretty("not json"), "not json");
+    }
+}

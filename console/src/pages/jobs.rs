@@ -1,0 +1,140 @@
+//! The jobs page: the tenant's jobs (or, for an agent, its own), newest
+//! first, filtered by status, a page at a time.
+
+use askama::Template;
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use toolfleet_proto::v1;
+
+use super::{Chrome, html, status_name, utc};
+use crate::{Console, as_person, web};
+
+/// Jobs on a page.
+const PAGE_SIZE: u32 = 50;
+
+/// The statuses a filter may name, as the pages name them.
+const STATUSES: [v1::JobStatus; 6] = [
+    v1::JobStatus::Queued,
+    v1::JobStatus::Running,
+    v1::JobStatus::WaitingForApproval,
+    v1::JobStatus::Succeeded,
+    v1::JobStatus::Failed,
+    v1::JobStatus::Cancelled,
+];
+
+#[derive(Deserialize)]
+pub(crate) struct Filter {
+    #[serde(default)]
+    status: String,
+    #[serde(default)]
+    page: String,
+}
+
+/// One line of the table.
+struct Row {
+    id: String,
+    status: String,
+    created: String,
+    submitter: String,
+    rounds: u32,
+    error: String,
+}
+
+#[derive(Template)]
+#[template(path = "jobs.html")]
+struct Jobs<'a> {
+    chrome: Chrome<'a>,
+    statuses: Vec<(String, bool)>,
+    filtered: bool,
+    jobs: Vec<Row>,
+    next: Option<String>,
+}
+
+pub(crate) async fn jobs(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Query(filter): Query<Filter>,
+) -> Response {
+    let session = match console.signed_in(&headers).await {
+        Ok(session) => session,
+        Err(refused) => return refused.into_response(),
+    };
+    // A status the page does not offer is no filter.
+    let status = STATUSES
+        .into_iter()
+        .find(|s| status_name(*s) == filter.status);
+    let request = v1::ListJobsRequest {
+        page_size: PAGE_SIZE,
+        page_token: filter.page.chars().take(512).collect(),
+        status: status.unwrap_or(v1::JobStatus::Unspecified).into(),
+        ..v1::ListJobsRequest::default()
+    };
+    let listed = match console.api().list_jobs(as_person(&session, request)).await {
+        Ok(listed) => listed.into_inner(),
+        Err(failed) => return web::api_failed(&failed),
+    };
+    let status_filter = status.map(status_name).unwrap_or_default();
+    let next = (!listed.next_page_token.is_empty()).then(|| {
+        format!(
+            "/jobs?status={}&page={}",
+            query_value(&status_filter),
+            query_value(&listed.next_page_token)
+        )
+    });
+    let page = Jobs {
+        chrome: Chrome {
+            who: Some(&session),
+            open: console.open,
+        },
+        statuses: STATUSES
+            .iter()
+            .map(|s| (status_name(*s), Some(*s) == status))
+            .collect(),
+        filtered: status.is_some(),
+        jobs: listed.jobs.iter().map(row).collect(),
+        next,
+    };
+    html(&page).into_response()
+}
+
+fn row(job: &v1::Job) -> Row {
+    Row {
+        id: job.job_id.clone(),
+        status: status_name(job.status()),
+        created: utc(job.created_at_ms),
+        submitter: job.submitter.clone(),
+        rounds: job.rounds,
+        error: job
+            .error
+            .as_ref()
+            .map(|e| e.code.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// `value` percent-encoded for a query string: letters, digits and `-._~`
+/// as they are, every other byte as `%XX`.
+fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(query_value("abc-1_2.3~"), "abc-1_2.3~");
+        assert_eq!(query_value("a b&c=d/é"), "a%20b%26c%3Dd%2F%C3%A9");
+    }
+}

@@ -1,0 +1,165 @@
+//! Signing in with a token, and out.
+//!
+//! The token goes to the API's `WhoAmI`; if the API knows it, a session
+//! holds it server-side and the browser gets only the session's cookie.
+
+use askama::Template;
+use axum::extract::{Form, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{AppendHeaders, IntoResponse, Redirect, Response};
+use serde::Deserialize;
+use toolfleet_proto::v1;
+
+use super::{Chrome, html};
+use crate::session::{Session, random_hex};
+use crate::web::{self, SESSION_COOKIE, SIGN_IN_COOKIE};
+use crate::{Console, as_person};
+
+/// Longest token accepted, as the API's `api.identity.max_token_bytes`.
+const MAX_TOKEN_BYTES: usize = 8192;
+
+/// How long a sign-in form stays good, in seconds.
+const FORM_SECONDS: u64 = 600;
+
+#[derive(Template)]
+#[template(path = "sign_in.html")]
+struct SignIn<'a> {
+    chrome: Chrome<'a>,
+    csrf: String,
+    expired: bool,
+    refused: Option<String>,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Shown {
+    #[serde(default)]
+    expired: Option<String>,
+}
+
+/// The sign-in page, with a fresh CSRF token in the form and its cookie.
+pub(crate) async fn sign_in_form(
+    State(console): State<Console>,
+    Query(shown): Query<Shown>,
+) -> Response {
+    if console.open {
+        return Redirect::to("/jobs").into_response();
+    }
+    form(shown.expired.is_some(), None, StatusCode::OK)
+}
+
+fn form(expired: bool, refused: Option<String>, status: StatusCode) -> Response {
+    let csrf = random_hex();
+    let page = SignIn {
+        chrome: Chrome::default(),
+        csrf: csrf.clone(),
+        expired,
+        refused,
+    };
+    let cookie = web::set_cookie(SIGN_IN_COOKIE, &csrf, FORM_SECONDS);
+    (status, [(header::SET_COOKIE, cookie)], html(&page)).into_response()
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Credentials {
+    csrf: String,
+    token: String,
+}
+
+/// Signs in with the form's token, if the API knows it.
+pub(crate) async fn sign_in(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(sent): Form<Credentials>,
+) -> Response {
+    let expected = web::cookie(&headers, SIGN_IN_COOKIE).unwrap_or_default();
+    if let Err(refused) = web::check_form(&headers, &sent.csrf, expected) {
+        return refused.into_response();
+    }
+    let token = sent.token.trim();
+    if token.is_empty() || token.len() > MAX_TOKEN_BYTES || !token.is_ascii() {
+        let why = "That is not a token: paste the whole token, as toolfleet --token takes it.";
+        return form(false, Some(why.to_owned()), StatusCode::UNAUTHORIZED);
+    }
+    let unknown = Session {
+        token: token.to_owned(),
+        tenant: String::new(),
+        person: String::new(),
+        roles: Vec::new(),
+        csrf: random_hex(),
+    };
+    let who = console
+        .api()
+        .who_am_i(as_person(&unknown, v1::WhoAmIRequest {}))
+        .await;
+    let who = match who {
+        Ok(who) => who.into_inner(),
+        Err(status) if status.code() == tonic::Code::Unauthenticated => {
+            // The API's reason names the check, never the token.
+            let why = format!("The orchestrator refused this token: {}", status.message());
+            return form(false, Some(why), StatusCode::UNAUTHORIZED);
+        }
+        Err(status) => return web::api_failed(&status),
+    };
+    let session = Session {
+        tenant: who.tenant,
+        person: if who.person.is_empty() {
+            "(a token)".to_owned()
+        } else {
+            who.person
+        },
+        roles: who.roles,
+        ..unknown
+    };
+    match console.sessions.create(&session).await {
+        Ok(id) => {
+            let ttl = console.sessions.ttl().as_secs();
+            // Appended: an array of headers would keep only the last cookie.
+            let cookies = AppendHeaders([
+                (
+                    header::SET_COOKIE,
+                    web::set_cookie(SESSION_COOKIE, &id, ttl),
+                ),
+                (header::SET_COOKIE, web::set_cookie(SIGN_IN_COOKIE, "", 0)),
+            ]);
+            (cookies, Redirect::to("/jobs")).into_response()
+        }
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot store a session in Redis");
+            web::problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The console cannot reach its sessions' store. Try again in a moment.",
+            )
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct Checked {
+    csrf: String,
+}
+
+/// Ends the session: every replica refuses its cookie from now on.
+pub(crate) async fn sign_out(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Form(sent): Form<Checked>,
+) -> Response {
+    let session = match console.signed_in(&headers).await {
+        Ok(session) => session,
+        Err(refused) => return refused.into_response(),
+    };
+    if let Err(refused) = web::check_form(&headers, &sent.csrf, &session.csrf) {
+        return refused.into_response();
+    }
+    if let Some(id) = web::cookie(&headers, SESSION_COOKIE)
+        && let Err(err) = console.sessions.end(id).await
+    {
+        tracing::warn!(error = %err, "cannot end a session in Redis");
+        return web::problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The console cannot reach its sessions' store, so you are still signed in. Try again.",
+        );
+    }
+    let cookie = [(header::SET_COOKIE, web::set_cookie(SESSION_COOKIE, "", 0))];
+    (cookie, Redirect::to("/sign-in")).into_response()
+}

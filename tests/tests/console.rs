@@ -1,0 +1,366 @@
+//! The web console (`toolfleet console`, decision 0050) against a real
+//! fleet, read as a browser reads it: sign-in with a token, the session in
+//! Redis, the jobs and a job's transcript as the person's own credential
+//! sees them, cancel, sign-out; and what it refuses: a form without its
+//! CSRF token, another tenant's job, a reader's cancel, markup in what a
+//! model or a client wrote.
+
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{CONTENT_SECURITY_POLICY, LOCATION, SET_COOKIE};
+use serde_json::json;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{Fleet, scripted_job, test_fleet};
+use toolfleet_tests::identity::{bearer, wait_for_tools};
+use toolfleet_tests::{ChildProcess, cargo_bin, free_loopback_address, wait_until};
+
+const AGENT: &str = "tok-console-agent-41c2";
+const READER: &str = "tok-console-reader-9e07";
+const STRANGER: &str = "tok-console-other-55d1";
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// What a model might write to attack the page that shows it.
+const XSS: &str = "<script>alert('xss')</script><img src=x onerror=alert(1)>";
+
+/// A browser without a cookie jar: the test sends each cookie itself.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+}
+
+/// One answer: its status, its cookies as `name=value`, where it
+/// redirects, its body.
+struct Page {
+    status: StatusCode,
+    cookies: Vec<String>,
+    location: String,
+    csp: String,
+    body: String,
+}
+
+impl Browser {
+    fn new(address: &str) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()?;
+        Ok(Self {
+            http,
+            base: format!("http://{address}"),
+        })
+    }
+
+    async fn read(response: reqwest::Response) -> anyhow::Result<Page> {
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let (location, csp) = (header(LOCATION), header(CONTENT_SECURITY_POLICY));
+        let cookies = response
+            .headers()
+            .get_all(SET_COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok()?.split(';').next().map(str::to_owned))
+            .collect();
+        Ok(Page {
+            status: response.status(),
+            cookies,
+            location,
+            csp,
+            body: response.text().await?,
+        })
+    }
+
+    async fn get(&self, path: &str, cookie: &str) -> anyhow::Result<Page> {
+        let request = self.http.get(format!("{}{path}", self.base));
+        Self::read(request.header("cookie", cookie).send().await?).await
+    }
+
+    async fn post(&self, path: &str, cookie: &str, form: &[(&str, &str)]) -> anyhow::Result<Page> {
+        let body: Vec<String> = form
+            .iter()
+            .map(|(name, value)| format!("{}={}", form_value(name), form_value(value)))
+            .collect();
+        let request = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("cookie", cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(body.join("&"));
+        Self::read(request.send().await?).await
+    }
+
+    /// Signs in with `token`: the session's cookie and its CSRF token.
+    async fn sign_in(&self, token: &str) -> anyhow::Result<(String, String)> {
+        let form = self.get("/sign-in", "").await?;
+        let csrf = hidden_csrf(&form.body)?;
+        let signed = self
+            .post(
+                "/sign-in",
+                &form.cookies.join("; "),
+                &[("csrf", &csrf), ("token", token)],
+            )
+            .await?;
+        anyhow::ensure!(signed.status == StatusCode::SEE_OTHER, "{}", signed.body);
+        let session = signed
+            .cookies
+            .iter()
+            .find(|c| c.starts_with("__Host-toolfleet-session=") && c.len() > 30)
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no session cookie: {:?}", signed.cookies))?;
+        let jobs = self.get("/jobs", &session).await?;
+        Ok((session, hidden_csrf(&jobs.body)?))
+    }
+}
+
+/// `value` as a form encodes it.
+fn form_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'*' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// The CSRF token of the first form of a page.
+fn hidden_csrf(page: &str) -> anyhow::Result<String> {
+    let at = page
+        .find("name=\"csrf\" value=\"")
+        .ok_or_else(|| anyhow::anyhow!("no csrf field in {page}"))?;
+    let rest = &page[at + "name=\"csrf\" value=\"".len()..];
+    Ok(rest[..rest.find('"').unwrap_or(0)].to_owned())
+}
+
+/// A fleet whose tokens file has tenant `ops` (an agent and a reader) and
+/// tenant `other`; the console in front of it. Returns them and the
+/// console's address.
+async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
+    use toolfleet_orchestrator::auth::token_sha256;
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\n\
+             roles = {{ \"{}\" = [\"agent\"], \"{}\" = [\"reader\"] }}\n\
+             [tenants.other]\ntoken_sha256 = [\"{}\"]\n",
+            token_sha256(AGENT),
+            token_sha256(READER),
+            token_sha256(AGENT),
+            token_sha256(READER),
+            token_sha256(STRANGER),
+        ),
+    )?;
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let file = tokens.display().to_string();
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
+        ])
+        .await?;
+    let api = fleet.api(0).await?;
+    wait_for_tools(&api, AGENT, &["calculate", "echo"]).await?;
+    let listen = free_loopback_address()?;
+    let console = ChildProcess::spawn(
+        "console",
+        cargo_bin("toolfleet")?,
+        [
+            "console",
+            "--addr",
+            &fleet.grpc_url(0).await?,
+            "--listen",
+            &listen,
+            "--redis-url",
+            &fleet.redis.url(),
+        ],
+        std::iter::empty::<(&str, &str)>(),
+    )?;
+    console
+        .wait_for_log("toolfleet console: http://", WAIT)
+        .await?;
+    Ok((dir, fleet, console, listen))
+}
+
+#[tokio::test]
+async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow::Result<()> {
+    let (_dir, fleet, _console, listen) = fleet_and_console().await?;
+    let mut api = fleet.api(0).await?;
+    // A finished job whose input and answer carry markup, and one whose
+    // call waits for approval (still running, so it can be cancelled).
+    let script = json!([
+        {"tool_calls": [{"id": "math", "name": "calculate", "arguments": {"expression": "6 * 7"}}]},
+        {"message": format!("{XSS} {{{{math.data.result}}}}")}
+    ]);
+    let mut finished = scripted_job(XSS, &script);
+    finished.metadata.insert("team".into(), XSS.into());
+    let finished = api
+        .submit_job(bearer(AGENT, finished))
+        .await?
+        .into_inner()
+        .job_id;
+    let mut held = scripted_job("held", &script);
+    held.require_approval = vec!["calculate".to_owned()];
+    let held = api
+        .submit_job(bearer(AGENT, held))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_until("both jobs to settle", WAIT, || {
+        let api = api.clone();
+        let (finished, held) = (finished.clone(), held.clone());
+        async move {
+            let status = |id: String| {
+                let mut api = api.clone();
+                async move {
+                    let job = api
+                        .get_job(bearer(AGENT, v1::GetJobRequest { job_id: id }))
+                        .await;
+                    job.map(|j| j.into_inner().status()).ok()
+                }
+            };
+            status(finished).await == Some(v1::JobStatus::Succeeded)
+                && status(held).await == Some(v1::JobStatus::WaitingForApproval)
+        }
+    })
+    .await?;
+
+    let browser = Browser::new(&listen)?;
+    // Not signed in: every page sends the browser to sign in.
+    let page = browser.get("/jobs", "").await?;
+    assert_eq!(
+        (page.status, page.location.as_str()),
+        (StatusCode::SEE_OTHER, "/sign-in")
+    );
+    let form = browser.get("/sign-in", "").await?;
+    assert!(form.csp.contains("script-src 'self'") && !form.csp.contains("unsafe-inline"));
+    // A form without its token, or with another's, is refused.
+    let refused = browser
+        .post("/sign-in", "", &[("csrf", "x"), ("token", AGENT)])
+        .await?;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    // A token the orchestrator does not know: refused, with its reason,
+    // and no session.
+    let csrf = hidden_csrf(&form.body)?;
+    let cookie = form.cookies.join("; ");
+    let wrong = browser
+        .post(
+            "/sign-in",
+            &cookie,
+            &[("csrf", &csrf), ("token", "tok-nobody-at-all")],
+        )
+        .await?;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert!(wrong.body.contains("refused this token"), "{}", wrong.body);
+    assert!(!wrong.body.contains("tok-nobody-at-all"), "never the token");
+
+    let (session, csrf) = browser.sign_in(AGENT).await?;
+    let jobs = browser.get("/jobs", &session).await?;
+    assert_eq!(jobs.status, StatusCode::OK);
+    assert!(
+        jobs.body.contains(&finished) && jobs.body.contains(&held),
+        "{}",
+        jobs.body
+    );
+    let running = browser
+        .get("/jobs?status=waiting_for_approval", &session)
+        .await?;
+    assert!(running.body.contains(&held) && !running.body.contains(&finished));
+    // The transcript, escaped: what the model and the client wrote is
+    // shown, never run.
+    let job = browser.get(&format!("/jobs/{finished}"), &session).await?;
+    assert_eq!(job.status, StatusCode::OK);
+    assert!(job.body.contains("Call calculate (math)"), "{}", job.body);
+    assert!(
+        job.body.contains("&#34;result&#34;: 42") || job.body.contains("&quot;result&quot;: 42"),
+        "{}",
+        job.body
+    );
+    assert!(
+        !job.body.contains("<script>alert") && !job.body.contains("<img src=x"),
+        "{}",
+        job.body
+    );
+    assert!(
+        job.body.contains("&#60;script&#62;alert"),
+        "shown as text: {}",
+        job.body
+    );
+
+    // Another tenant sees none of it: the same NOT_FOUND as no job.
+    let (stranger, _) = browser.sign_in(STRANGER).await?;
+    let foreign = browser.get(&format!("/jobs/{finished}"), &stranger).await?;
+    let missing = browser
+        .get("/jobs/other-0123456789abcdef0123456789ab", &stranger)
+        .await?;
+    assert_eq!(
+        (foreign.status, missing.status),
+        (StatusCode::NOT_FOUND, StatusCode::NOT_FOUND)
+    );
+    assert!(
+        !browser
+            .get("/jobs", &stranger)
+            .await?
+            .body
+            .contains(&finished)
+    );
+
+    // A reader sees the held job without a cancel button, and its cancel
+    // is refused; the agent's goes through.
+    let (reader, reader_csrf) = browser.sign_in(READER).await?;
+    let seen = browser.get(&format!("/jobs/{held}"), &reader).await?;
+    assert!(seen.body.contains(&held) && !seen.body.contains("Cancel this job"));
+    let path = format!("/jobs/{held}/cancel");
+    let refused = browser
+        .post(&path, &reader, &[("csrf", &reader_csrf)])
+        .await?;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    assert!(
+        browser
+            .get(&format!("/jobs/{held}"), &session)
+            .await?
+            .body
+            .contains("Cancel this job")
+    );
+    let stale = browser
+        .post(&path, &session, &[("csrf", &reader_csrf)])
+        .await?;
+    assert_eq!(
+        stale.status,
+        StatusCode::FORBIDDEN,
+        "another session's CSRF token"
+    );
+    let cancelled = browser.post(&path, &session, &[("csrf", &csrf)]).await?;
+    assert_eq!(
+        cancelled.status,
+        StatusCode::SEE_OTHER,
+        "{}",
+        cancelled.body
+    );
+    wait_until("the held job to be cancelled", WAIT, || async {
+        let page = browser.get(&format!("/jobs/{held}"), &session).await.ok()?;
+        page.body.contains("status cancelled").then_some(())
+    })
+    .await?;
+
+    // Signing out ends the session for every replica: the cookie is dead.
+    let out = browser
+        .post("/sign-out", &session, &[("csrf", &csrf)])
+        .await?;
+    assert_eq!(
+        (out.status, out.location.as_str()),
+        (StatusCode::SEE_OTHER, "/sign-in")
+    );
+    let after = browser.get("/jobs", &session).await?;
+    assert_eq!(after.location, "/sign-in?expired=1");
+    Ok(())
+}
