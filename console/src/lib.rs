@@ -5,7 +5,7 @@
 //! A client of the public API and nothing more: every page is an
 //! `AgentService` call made with the signed-in person's own credential,
 //! so it can never show more than that person may see. It keeps no state
-//! but sessions, in Redis ([`session`]).
+//! but sessions, in Redis (module `session`).
 
 mod pages;
 mod session;
