@@ -83,6 +83,8 @@ pub async fn serve(
         .route("/jobs", get(pages::jobs))
         .route("/jobs/{id}", get(pages::job))
         .route("/jobs/{id}/cancel", post(pages::cancel))
+        .route("/approvals", get(pages::approvals))
+        .route("/approvals/decide", post(pages::decide))
         .route("/assets/console.css", get(stylesheet))
         .route("/healthz", get(|| async { "ok" }))
         .layer(axum::middleware::from_fn(web::secure_headers))

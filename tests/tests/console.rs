@@ -18,6 +18,7 @@ use toolfleet_tests::{ChildProcess, cargo_bin, free_loopback_address, wait_until
 const AGENT: &str = "tok-console-agent-41c2";
 const READER: &str = "tok-console-reader-9e07";
 const STRANGER: &str = "tok-console-other-55d1";
+const APPROVER: &str = "tok-console-ana-7b33";
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -113,8 +114,8 @@ impl Browser {
             .find(|c| c.starts_with("__Host-toolfleet-session=") && c.len() > 30)
             .cloned()
             .ok_or_else(|| anyhow::anyhow!("no session cookie: {:?}", signed.cookies))?;
-        let jobs = self.get("/jobs", &session).await?;
-        Ok((session, hidden_csrf(&jobs.body)?))
+        let landing = self.get(&signed.location, &session).await?;
+        Ok((session, hidden_csrf(&landing.body)?))
     }
 }
 
@@ -150,13 +151,17 @@ async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildP
     std::fs::write(
         &tokens,
         format!(
-            "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\"]\n\
-             roles = {{ \"{}\" = [\"agent\"], \"{}\" = [\"reader\"] }}\n\
+            "[tenants.ops]\ntoken_sha256 = [\"{}\", \"{}\", \"{}\"]\n\
+             roles = {{ \"{}\" = [\"agent\"], \"{}\" = [\"reader\"], \"{}\" = [\"approver\"] }}\n\
+             approvers = {{ \"{}\" = \"Ana Lima\" }}\n\
              [tenants.other]\ntoken_sha256 = [\"{}\"]\n",
             token_sha256(AGENT),
             token_sha256(READER),
+            token_sha256(APPROVER),
             token_sha256(AGENT),
             token_sha256(READER),
+            token_sha256(APPROVER),
+            token_sha256(APPROVER),
             token_sha256(STRANGER),
         ),
     )?;
@@ -362,5 +367,126 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
     );
     let after = browser.get("/jobs", &session).await?;
     assert_eq!(after.location, "/sign-in?expired=1");
+    Ok(())
+}
+
+/// A round of three parallel calls held for approval: the approver
+/// approves one as it is, another with edited arguments, and rejects the
+/// third, each from the held calls' page; the job goes on with exactly
+/// those, and the decisions name the signed-in person.
+#[tokio::test]
+async fn an_approver_decides_held_calls_from_the_console() -> anyhow::Result<()> {
+    let (_dir, fleet, _console, listen) = fleet_and_console().await?;
+    let mut api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [
+            {"id": "one", "name": "calculate", "arguments": {"expression": "1 + 1"}},
+            {"id": "two", "name": "calculate", "arguments": {"expression": "2 + 2"}},
+            {"id": "three", "name": "calculate", "arguments": {"expression": "3 + 3"}}]},
+        {"message": "{{one.data.result}} {{two.data.result}} {{three.error.code}}"}
+    ]);
+    let mut request = scripted_job("three sums", &script);
+    request.require_approval = vec!["calculate".to_owned()];
+    let job_id = api
+        .submit_job(bearer(AGENT, request))
+        .await?
+        .into_inner()
+        .job_id;
+    let browser = Browser::new(&listen)?;
+    let (agent, _) = browser.sign_in(AGENT).await?;
+    assert!(
+        !browser
+            .get("/jobs", &agent)
+            .await?
+            .body
+            .contains("Held calls"),
+        "an agent has no held calls' page to go to"
+    );
+    let (ana, csrf) = browser.sign_in(APPROVER).await?;
+    let held = wait_until("the three calls to be held", WAIT, || async {
+        let page = browser.get("/approvals", &ana).await.ok()?;
+        (page
+            .body
+            .matches("name=\"decision\" value=\"approve\"")
+            .count()
+            == 3)
+            .then_some(page)
+    })
+    .await?;
+    assert!(
+        held.body.contains("&#34;expression&#34;: &#34;2 + 2&#34;"),
+        "{}",
+        held.body
+    );
+    let decide = |call: &'static str, fields: Vec<(&'static str, String)>| {
+        let (browser, ana, csrf, job_id) = (&browser, &ana, &csrf, &job_id);
+        async move {
+            let mut form = vec![
+                ("csrf", csrf.clone()),
+                ("job_id", job_id.clone()),
+                ("call_id", call.to_owned()),
+            ];
+            form.extend(fields);
+            let form: Vec<(&str, &str)> = form.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            browser.post("/approvals/decide", ana, &form).await
+        }
+    };
+    let original = "{\n  \"expression\": \"1 + 1\"\n}".to_owned();
+    let approved = decide(
+        "one",
+        vec![
+            ("decision", "approve".into()),
+            ("arguments", "{\"expression\":\"1 + 1\"}".into()),
+            ("original", original),
+        ],
+    )
+    .await?;
+    assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
+    // An edit the tool's schema refuses is said on the page, and nothing
+    // is decided; a good one runs.
+    let bad = decide(
+        "two",
+        vec![
+            ("decision", "approve".into()),
+            ("arguments", "{\"expr\": 5}".into()),
+        ],
+    )
+    .await?;
+    assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.body);
+    assert!(bad.body.contains("Not decided"), "{}", bad.body);
+    let edited = decide(
+        "two",
+        vec![
+            ("decision", "approve".into()),
+            ("arguments", "{\"expression\": \"5 + 5\"}".into()),
+        ],
+    )
+    .await?;
+    assert_eq!(edited.status, StatusCode::SEE_OTHER, "{}", edited.body);
+    let rejected = decide(
+        "three",
+        vec![
+            ("decision", "reject".into()),
+            ("reason", "not today".into()),
+        ],
+    )
+    .await?;
+    assert_eq!(rejected.status, StatusCode::SEE_OTHER, "{}", rejected.body);
+
+    let job = wait_until("the job to finish", WAIT, || {
+        let mut api = api.clone();
+        let request = v1::GetJobRequest {
+            job_id: job_id.clone(),
+        };
+        async move {
+            let job = api.get_job(bearer(AGENT, request)).await.ok()?.into_inner();
+            (job.status() == v1::JobStatus::Succeeded).then_some(job)
+        }
+    })
+    .await?;
+    assert_eq!(job.output_text, "2 10 REJECTED_BY_APPROVER", "{job:?}");
+    for call in &job.held_calls {
+        assert_eq!(call.approver, "Ana Lima", "{call:?}");
+    }
     Ok(())
 }

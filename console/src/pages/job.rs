@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use serde::Deserialize;
 use toolfleet_proto::{JobId, v1};
 
-use super::{Chrome, html, status_name, utc};
+use super::{Chrome, html, pretty, status_name, utc};
 use crate::{Console, as_person, web};
 
 /// Most bytes of one transcript entry shown in the page; the rest is said
@@ -135,13 +135,6 @@ fn entry(item: &v1::Item) -> Option<Entry> {
         truncated,
         size,
     })
-}
-
-/// JSON indented, or the text as it is when it is not JSON.
-fn pretty(text: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(text)
-        .and_then(|value| serde_json::to_string_pretty(&value))
-        .unwrap_or_else(|_| text.to_owned())
 }
 
 /// At most [`SHOWN_BYTES`] of `text`, cut at a character's boundary.

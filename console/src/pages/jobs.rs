@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use toolfleet_proto::v1;
 
-use super::{Chrome, html, status_name, utc};
+use super::{Chrome, html, query_value, status_name, utc};
 use crate::{Console, as_person, web};
 
 /// Jobs on a page.
@@ -112,20 +112,6 @@ fn row(job: &v1::Job) -> Row {
             .map(|e| e.code.clone())
             .unwrap_or_default(),
     }
-}
-
-/// `value` percent-encoded for a query string: letters, digits and `-._~`
-/// as they are, every other byte as `%XX`.
-fn query_value(value: &str) -> String {
-    value
-        .bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
-                char::from(b).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -1,10 +1,12 @@
 //! The pages, each a compiled template (console/templates) whose every
 //! printed value is escaped, and the handler that fills it.
 
+mod approvals;
 mod job;
 mod jobs;
 mod sign_in;
 
+pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, job};
 pub(crate) use jobs::jobs;
 pub(crate) use sign_in::{sign_in, sign_in_form, sign_out};
@@ -40,6 +42,27 @@ pub(crate) struct Problem<'a> {
     pub chrome: Chrome<'a>,
     pub status: u16,
     pub message: &'a str,
+}
+
+/// JSON indented, or the text as it is when it is not JSON.
+pub(crate) fn pretty(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
+        .and_then(|value| serde_json::to_string_pretty(&value))
+        .unwrap_or_else(|_| text.to_owned())
+}
+
+/// `value` percent-encoded for a query string: letters, digits and `-._~`
+/// as they are, every other byte as `%XX`.
+pub(crate) fn query_value(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 /// A status as the pages name it: `running`, `waiting_for_approval`.

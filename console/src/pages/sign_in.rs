@@ -121,7 +121,7 @@ pub(crate) async fn sign_in(
                 ),
                 (header::SET_COOKIE, web::set_cookie(SIGN_IN_COOKIE, "", 0)),
             ]);
-            (cookies, Redirect::to("/jobs")).into_response()
+            (cookies, Redirect::to(landing(&session))).into_response()
         }
         Err(err) => {
             tracing::warn!(error = %err, "cannot store a session in Redis");
@@ -130,6 +130,16 @@ pub(crate) async fn sign_in(
                 "The console cannot reach its sessions' store. Try again in a moment.",
             )
         }
+    }
+}
+
+/// The first page of a person: the jobs, or, for one who may not read
+/// them (an approver alone), the held calls.
+fn landing(session: &Session) -> &'static str {
+    if ["agent", "operator", "reader"].iter().any(|r| session.has(r)) {
+        "/jobs"
+    } else {
+        "/approvals"
     }
 }
 
