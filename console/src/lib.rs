@@ -7,9 +7,12 @@
 //! so it can never show more than that person may see. It keeps no state
 //! but sessions, in Redis (module `session`).
 
+mod oidc;
 mod pages;
 mod session;
 mod web;
+
+pub use oidc::OidcOptions;
 
 use std::time::Duration;
 
@@ -34,8 +37,11 @@ pub struct ConsoleOptions {
     pub redis_url: String,
     /// The prefix of its Redis keys (the fleet's `store.key_prefix`).
     pub key_prefix: String,
-    /// How long a session lasts without signing in again.
+    /// How long a session lasts without signing in again (at most the
+    /// lifetime of a provider's token).
     pub session_ttl: Duration,
+    /// Sign-in with an OpenID provider, beside tokens.
+    pub oidc: Option<OidcOptions>,
 }
 
 /// The console's state, shared by every request.
@@ -46,6 +52,8 @@ struct Console {
     /// The orchestrators run without authentication (`api.auth = "none"`):
     /// no sign-in, a banner on every page.
     open: bool,
+    /// The OpenID provider people sign in with, if any.
+    oidc: Option<oidc::Provider>,
 }
 
 /// Serves the console of the fleet behind `channel` on `listener` until
@@ -73,6 +81,9 @@ pub async fn serve(
         .is_ok();
     let console = Console {
         channel,
+        oidc: options
+            .oidc
+            .map(|oidc| oidc::Provider::new(oidc, redis.clone(), &options.key_prefix)),
         sessions: Sessions::new(redis, &options.key_prefix, options.session_ttl),
         open,
     };
@@ -80,6 +91,8 @@ pub async fn serve(
         .route("/", get(|| async { Redirect::to("/jobs") }))
         .route("/sign-in", get(pages::sign_in_form).post(pages::sign_in))
         .route("/sign-out", post(pages::sign_out))
+        .route("/sign-in/oidc", get(pages::oidc_start))
+        .route("/oidc/callback", get(pages::oidc_callback))
         .route("/jobs", get(pages::jobs))
         .route("/jobs/{id}", get(pages::job))
         .route("/jobs/{id}/cancel", post(pages::cancel))

@@ -57,7 +57,7 @@ impl Sessions {
         }
     }
 
-    /// How long a session lasts.
+    /// How long a session lasts at most.
     pub(crate) fn ttl(&self) -> std::time::Duration {
         self.ttl
     }
@@ -68,12 +68,16 @@ impl Sessions {
         format!("{}{SESSION_KEYS}{hex}", self.prefix)
     }
 
-    /// Stores a new session of `session`, and returns its id.
+    /// Stores a new session of `session` for `ttl`, and returns its id.
     ///
     /// # Errors
     ///
     /// Redis failed.
-    pub(crate) async fn create(&self, session: &Session) -> redis::RedisResult<String> {
+    pub(crate) async fn create(
+        &self,
+        session: &Session,
+        ttl: Duration,
+    ) -> redis::RedisResult<String> {
         let id = random_hex();
         let key = self.key(&id);
         let fields = [
@@ -87,7 +91,10 @@ impl Sessions {
             .atomic()
             .hset_multiple(&key, &fields)
             .ignore()
-            .expire(&key, i64::try_from(self.ttl.as_secs()).unwrap_or(i64::MAX))
+            .expire(
+                &key,
+                i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX),
+            )
             .ignore()
             .query_async::<()>(&mut self.redis.clone())
             .await?;

@@ -11,6 +11,10 @@ pub(crate) const SESSION_COOKIE: &str = "__Host-toolfleet-session";
 /// The cookie of a sign-in form's CSRF token, before there is a session.
 pub(crate) const SIGN_IN_COOKIE: &str = "__Host-toolfleet-sign-in";
 
+/// The cookie of a sign-in at the OpenID provider: the flow's `state`,
+/// so that only the browser that started it can finish it.
+pub(crate) const FLOW_COOKIE: &str = "__Host-toolfleet-flow";
+
 /// Scripts and styles from this origin only, nothing inline, no frames, no
 /// forms to elsewhere: every string a page shows came from a model, a tool
 /// or a client, and none may run.

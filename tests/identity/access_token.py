@@ -2,8 +2,11 @@
 
     python access_token.py client <issuer> <client_id> <secret> <resource> <scope>
     python access_token.py signin <issuer> <client_id> <redirect_uri> <account> <resource> <scope>
+    python access_token.py authorize <authorization_url> <redirect_uri>
 
-`client`: a service, by client credentials. `signin`: a person, by
+`authorize` prints, instead of a token, the URL the provider sends the
+browser back to (with its code), for a client that exchanges it itself (a
+web console). `client`: a service, by client credentials. `signin`: a person, by
 authorization code with PKCE, as a browser and a public client would. The
 provider's interaction step signs in the account named in `login_hint`
 (tests/identity/provider.mjs), so following the redirects is the whole of
@@ -83,6 +86,25 @@ def signin(
         return token.json()["access_token"]
 
 
+def follow(browser, url: str, redirect_uri: str) -> str:
+    """Follows the provider's redirects from `url` until it sends the
+    browser to `redirect_uri`; that location."""
+    response = browser.get(url)
+    for _ in range(10):
+        location = response.headers.get("location", "")
+        if location.startswith(redirect_uri):
+            return location
+        if response.status_code not in (302, 303):
+            sys.exit(f"the provider answered {response.status_code}: {response.text[:200]}")
+        response = browser.get(urllib.parse.urljoin(str(response.url), location))
+    sys.exit("the provider never sent the browser back")
+
+
+def authorize(authorization_url: str, redirect_uri: str) -> str:
+    with httpx.Client(follow_redirects=False, timeout=10) as browser:
+        return follow(browser, authorization_url, redirect_uri)
+
+
 if __name__ == "__main__":
-    how = {"client": client, "signin": signin}[sys.argv[1]]
+    how = {"client": client, "signin": signin, "authorize": authorize}[sys.argv[1]]
     print(how(*sys.argv[2:]))

@@ -59,6 +59,21 @@ impl OpenIdProvider {
         services: &[Service<'_>],
         people: &[Person<'_>],
     ) -> anyhow::Result<Self> {
+        Self::start_with(resources, services, people, &[REDIRECT_URI]).await
+    }
+
+    /// [`start`](Self::start), its public client `console` redirecting to
+    /// `redirect_uris` (a web console's callback).
+    ///
+    /// # Errors
+    ///
+    /// As [`start`](Self::start).
+    pub async fn start_with(
+        resources: &[&str],
+        services: &[Service<'_>],
+        people: &[Person<'_>],
+        redirect_uris: &[&str],
+    ) -> anyhow::Result<Self> {
         let node = identity_tests().join("node_modules/.bin/node");
         anyhow::ensure!(
             node.is_file(),
@@ -74,7 +89,7 @@ impl OpenIdProvider {
                        "tenant": s.tenant, "roles": s.roles})
             })
             .collect();
-        clients.push(json!({"client_id": "console", "redirect_uris": [REDIRECT_URI]}));
+        clients.push(json!({"client_id": "console", "redirect_uris": redirect_uris}));
         let accounts: serde_json::Map<String, Value> = people
             .iter()
             .map(|p| {
@@ -180,6 +195,18 @@ impl OpenIdProvider {
         ];
         access_token(&args).await
     }
+}
+
+/// A browser's part of a sign-in at the provider: `authorization_url`
+/// followed (the provider signs in the account its `login_hint` names)
+/// until the provider sends the browser to `redirect_uri`; that URL, with
+/// its `code` and `state`.
+///
+/// # Errors
+///
+/// The provider refused.
+pub async fn authorize(authorization_url: &str, redirect_uri: &str) -> anyhow::Result<String> {
+    access_token(&["authorize", authorization_url, redirect_uri]).await
 }
 
 /// Runs tests/identity/access_token.py with `args`: the token it prints.

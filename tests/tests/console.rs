@@ -141,10 +141,20 @@ fn hidden_csrf(page: &str) -> anyhow::Result<String> {
     Ok(rest[..rest.find('"').unwrap_or(0)].to_owned())
 }
 
-/// A fleet whose tokens file has tenant `ops` (an agent and a reader) and
-/// tenant `other`; the console in front of it. Returns them and the
-/// console's address.
+/// A fleet whose tokens file has tenant `ops` (an agent, a reader and an
+/// approver) and tenant `other`; the console in front of it. Returns them
+/// and the console's address.
 async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
+    fleet_and_console_with(&[], &[], free_loopback_address()?).await
+}
+
+/// [`fleet_and_console`], the orchestrator with `env` too and the console
+/// with `flags`, listening on `listen`.
+async fn fleet_and_console_with(
+    env: &[(&str, &str)],
+    flags: &[&str],
+    listen: String,
+) -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
     use toolfleet_orchestrator::auth::token_sha256;
     let dir = tempfile::tempdir()?;
     let tokens = dir.path().join("tokens.toml");
@@ -167,27 +177,29 @@ async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildP
     )?;
     let mut fleet = Fleet::start(test_fleet(1)).await?;
     let file = tokens.display().to_string();
-    fleet
-        .spawn_orchestrator(&[
-            ("TOOLFLEET_API__AUTH", "tokens"),
-            ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
-        ])
-        .await?;
+    let mut all = vec![
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
+    ];
+    all.extend_from_slice(env);
+    fleet.spawn_orchestrator(&all).await?;
     let api = fleet.api(0).await?;
     wait_for_tools(&api, AGENT, &["calculate", "echo"]).await?;
-    let listen = free_loopback_address()?;
+    let (addr, redis) = (fleet.grpc_url(0).await?, fleet.redis.url());
+    let mut args = vec![
+        "console",
+        "--addr",
+        &addr,
+        "--listen",
+        &listen,
+        "--redis-url",
+        &redis,
+    ];
+    args.extend_from_slice(flags);
     let console = ChildProcess::spawn(
         "console",
         cargo_bin("toolfleet")?,
-        [
-            "console",
-            "--addr",
-            &fleet.grpc_url(0).await?,
-            "--listen",
-            &listen,
-            "--redis-url",
-            &fleet.redis.url(),
-        ],
+        args,
         std::iter::empty::<(&str, &str)>(),
     )?;
     console
@@ -488,5 +500,98 @@ async fn an_approver_decides_held_calls_from_the_console() -> anyhow::Result<()>
     for call in &job.held_calls {
         assert_eq!(call.approver, "Ana Lima", "{call:?}");
     }
+    Ok(())
+}
+
+/// A person signs in with the company's OpenID provider (a real one), by
+/// the authorization code flow with PKCE, the console as the client: the
+/// provider's code comes back to the console, which exchanges it for the
+/// person's token and keeps that in the session; the browser never sees
+/// it. A code is good once, and only in the browser that started the
+/// flow.
+#[tokio::test]
+async fn a_person_signs_in_with_the_company_identity() -> anyhow::Result<()> {
+    use toolfleet_tests::identity::{OpenIdProvider, Person, authorize, issuers_setting};
+    const API: &str = "urn:toolfleet:api";
+    let ana = Person {
+        name: "ana",
+        tenant: "ops",
+        roles: &["approver", "reader"],
+    };
+    let listen = free_loopback_address()?;
+    let callback = format!("http://{listen}/oidc/callback");
+    let provider = OpenIdProvider::start_with(&[API], &[], &[ana], &[&callback]).await?;
+    let issuers = issuers_setting(&provider, API);
+    let flags = [
+        "--oidc-issuer",
+        provider.issuer(),
+        "--oidc-client-id",
+        "console",
+        "--oidc-redirect-url",
+        &callback,
+        "--oidc-resource",
+        API,
+        "--oidc-scopes",
+        "openid approver reader",
+    ];
+    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", issuers.as_str())];
+    let (_dir, _fleet, _console, listen) = fleet_and_console_with(&env, &flags, listen).await?;
+    let browser = Browser::new(&listen)?;
+    let page = browser.get("/sign-in", "").await?;
+    assert!(
+        page.body.contains("Sign in with your company account"),
+        "{}",
+        page.body
+    );
+
+    let started = browser.get("/sign-in/oidc?login_hint=ana", "").await?;
+    assert_eq!(started.status, StatusCode::SEE_OTHER, "{}", started.body);
+    assert!(
+        started.location.starts_with(provider.issuer()),
+        "{}",
+        started.location
+    );
+    assert!(started.location.contains("code_challenge_method=S256"));
+    let flow = started.cookies.join("; ");
+    let back = authorize(&started.location, &callback).await?;
+    let path = back.trim_start_matches(&format!("http://{listen}"));
+    // Only the browser that started the flow finishes it.
+    let elsewhere = browser.get(path, "").await?;
+    assert_eq!(elsewhere.status, StatusCode::FORBIDDEN);
+    let signed = browser.get(path, &flow).await?;
+    assert_eq!(
+        (signed.status, signed.location.as_str()),
+        (StatusCode::SEE_OTHER, "/jobs"),
+        "{}",
+        signed.body
+    );
+    let session = signed
+        .cookies
+        .iter()
+        .find(|c| c.starts_with("__Host-toolfleet-session=") && c.len() > 30)
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no session: {:?}", signed.cookies))?;
+    let jobs = browser.get("/jobs", &session).await?;
+    assert_eq!(jobs.status, StatusCode::OK, "{}", jobs.body);
+    assert!(
+        jobs.body.contains("ana") && jobs.body.contains("approver, reader"),
+        "{}",
+        jobs.body
+    );
+    assert!(browser.get("/approvals", &session).await?.status == StatusCode::OK);
+    // The code was spent: replaying the redirect opens nothing.
+    let replayed = browser.get(path, &flow).await?;
+    assert_eq!(
+        replayed.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        replayed.body
+    );
+    assert!(
+        replayed
+            .cookies
+            .iter()
+            .all(|c| !c.starts_with("__Host-toolfleet-session=") || c.ends_with('='))
+    );
     Ok(())
 }

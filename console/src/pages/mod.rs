@@ -9,7 +9,7 @@ mod sign_in;
 pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, job};
 pub(crate) use jobs::jobs;
-pub(crate) use sign_in::{sign_in, sign_in_form, sign_out};
+pub(crate) use sign_in::{oidc_callback, oidc_start, sign_in, sign_in_form, sign_out};
 
 use askama::Template;
 use axum::response::Html;
