@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use toolfleet_service::config::TelemetryOptions;
 use toolfleet_service::traces;
 
-use anyhow::bail;
+use anyhow::{Context as _, bail};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
 use toolfleet_proto::v1;
@@ -25,6 +25,10 @@ pub(crate) struct DevArgs {
     /// The orchestrator's gRPC port on 127.0.0.1 (0 picks a free one).
     #[arg(long, value_name = "N", default_value_t = 0)]
     grpc_port: u16,
+    /// With --serve: the web console's port on 127.0.0.1 (0 picks a free
+    /// one; docs/console.md).
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "serve")]
+    console_port: u16,
     /// How many workers to run.
     #[arg(long, value_name = "N", default_value_t = 2,
           value_parser = clap::value_parser!(u16).range(1..=64))]
@@ -150,7 +154,7 @@ async fn run_fleet(args: DevArgs, kill_switch: KillSwitch) -> anyhow::Result<Exi
         }
     };
     let outcome = if args.serve {
-        serve(&fleet, &shutdown).await
+        serve(&fleet, args.console_port, &shutdown).await
     } else {
         run_demo(&fleet, &args, &shutdown).await
     };
@@ -188,8 +192,14 @@ async fn run_demo(
     outcome
 }
 
-/// Prints how to use the fleet and waits for Ctrl-C.
-async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Result<ExitCode> {
+/// Starts the web console on `console_port`, prints how to use the fleet
+/// and waits for Ctrl-C.
+async fn serve(
+    fleet: &LocalFleet,
+    console_port: u16,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<ExitCode> {
+    let console = console(fleet, console_port, shutdown).await?;
     let url = fleet.grpc_addr();
     let addr = fleet.grpc_socket_addr();
     let grpcurl_body =
@@ -197,6 +207,7 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
     eprintln!("logs: {}", fleet.log_path().display());
     outln!(
         "\ntoolfleet is serving gRPC on {url} (NATS {}, Redis {}); Ctrl-C stops it.\n\
+         The web console: {console}\n\
          Authentication is off (api.auth = \"none\"): every caller is the tenant \"default\".\n\
          \nTry, from another terminal:\n\
          \x20 toolfleet submit --addr {url} \"What did AMD launch between 2016 and 2020?\" --watch\n\
@@ -211,6 +222,35 @@ async fn serve(fleet: &LocalFleet, shutdown: &CancellationToken) -> anyhow::Resu
     shutdown.cancelled().await;
     eprintln!();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves the web console of `fleet` on 127.0.0.1:`port` until
+/// `shutdown`; its URL.
+async fn console(
+    fleet: &LocalFleet,
+    port: u16,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("cannot listen on 127.0.0.1:{port} for the console"))?;
+    let url = format!("http://{}/", listener.local_addr()?);
+    let channel = tonic::transport::Endpoint::from_shared(fleet.grpc_addr())?
+        .connect()
+        .await?;
+    let options = toolfleet_console::ConsoleOptions {
+        redis_url: fleet.redis_url(),
+        key_prefix: "tf:".to_owned(),
+        session_ttl: std::time::Duration::from_secs(8 * 3600),
+        oidc: None,
+    };
+    let stop = shutdown.clone().cancelled_owned();
+    tokio::spawn(async move {
+        if let Err(err) = toolfleet_console::serve(channel, options, listener, stop).await {
+            eprintln!("the console stopped: {err:#}");
+        }
+    });
+    Ok(url)
 }
 
 /// Submits the demo job, prints its events live, then its transcript.
