@@ -29,6 +29,10 @@ use session::{Session, Sessions};
 /// The page's stylesheet, embedded: the console is one binary.
 const STYLESHEET: &str = include_str!("../assets/console.css");
 
+/// The pages' one script (live updates), embedded; served from the
+/// console's origin, as the Content-Security-Policy allows.
+const SCRIPT: &str = include_str!("../assets/console.js");
+
 /// How the console serves.
 #[derive(Debug, Clone)]
 pub struct ConsoleOptions {
@@ -96,9 +100,11 @@ pub async fn serve(
         .route("/jobs", get(pages::jobs))
         .route("/jobs/{id}", get(pages::job))
         .route("/jobs/{id}/cancel", post(pages::cancel))
+        .route("/jobs/{id}/events", get(pages::events))
         .route("/approvals", get(pages::approvals))
         .route("/approvals/decide", post(pages::decide))
         .route("/assets/console.css", get(stylesheet))
+        .route("/assets/console.js", get(script))
         .route("/healthz", get(|| async { "ok" }))
         .layer(axum::middleware::from_fn(web::secure_headers))
         .with_state(console);
@@ -106,6 +112,14 @@ pub async fn serve(
         .with_graceful_shutdown(stop)
         .await
         .context("the console stopped serving")
+}
+
+async fn script() -> Response {
+    let js = [(
+        axum::http::header::CONTENT_TYPE,
+        "text/javascript; charset=utf-8",
+    )];
+    (js, SCRIPT).into_response()
 }
 
 async fn stylesheet() -> Response {

@@ -96,6 +96,37 @@ impl Browser {
         Self::read(request.send().await?).await
     }
 
+    /// The server-sent events of `path` until one names a call held for
+    /// approval (or 5 s pass), from after `last` if given.
+    async fn events(&self, path: &str, cookie: &str, last: Option<u64>) -> anyhow::Result<String> {
+        let mut request = self
+            .http
+            .get(format!("{}{path}", self.base))
+            .header("cookie", cookie);
+        if let Some(last) = last {
+            request = request.header("last-event-id", last.to_string());
+        }
+        let mut response = request.send().await?;
+        anyhow::ensure!(
+            response
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                == Some("text/event-stream"),
+            "{:?}",
+            response.headers()
+        );
+        let mut seen = String::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !seen.contains("tool_call_approval_requested") {
+            match tokio::time::timeout_at(deadline, response.chunk()).await {
+                Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
+                _ => break,
+            }
+        }
+        Ok(seen)
+    }
+
     /// Signs in with `token`: the session's cookie and its CSRF token.
     async fn sign_in(&self, token: &str) -> anyhow::Result<(String, String)> {
         let form = self.get("/sign-in", "").await?;
@@ -311,6 +342,33 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         job.body.contains("&#60;script&#62;alert"),
         "shown as text: {}",
         job.body
+    );
+
+    // A running job's page follows it live: its events as server-sent
+    // events, from where a reconnecting browser left off.
+    let live = browser.get(&format!("/jobs/{held}"), &session).await?;
+    assert!(
+        live.body
+            .contains(&format!("data-events=\"/jobs/{held}/events\""))
+    );
+    assert!(
+        !job.body.contains("data-events"),
+        "a finished job is not followed"
+    );
+    let events = browser
+        .events(&format!("/jobs/{held}/events"), &session, None)
+        .await?;
+    assert!(
+        events.contains("event: job") && events.contains("tool_call_approval_requested"),
+        "{events}"
+    );
+    assert!(events.contains("id: 0\n"), "{events}");
+    let resumed = browser
+        .events(&format!("/jobs/{held}/events"), &session, Some(1))
+        .await?;
+    assert!(
+        !resumed.contains("id: 0\n") && !resumed.contains("id: 1\n") && resumed.contains("id: 2\n"),
+        "{resumed}"
     );
 
     // Another tenant sees none of it: the same NOT_FOUND as no job.

@@ -44,6 +44,8 @@ struct JobPage<'a> {
     chrome: Chrome<'a>,
     job: Facts,
     transcript: Vec<Entry>,
+    /// Queued, running or held: the page follows it live.
+    running: bool,
     can_cancel: bool,
     csrf: &'a str,
 }
@@ -79,6 +81,7 @@ pub(crate) async fn job(
         },
         transcript: job.items.iter().filter_map(entry).collect(),
         job: facts(&job),
+        running,
         can_cancel: running && (session.has("agent") || session.has("operator")),
         csrf: &session.csrf,
     };

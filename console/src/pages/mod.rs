@@ -4,11 +4,13 @@
 mod approvals;
 mod job;
 mod jobs;
+mod live;
 mod sign_in;
 
 pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, job};
 pub(crate) use jobs::jobs;
+pub(crate) use live::events;
 pub(crate) use sign_in::{oidc_callback, oidc_start, sign_in, sign_in_form, sign_out};
 
 use askama::Template;
