@@ -102,6 +102,7 @@ pub async fn serve(
         .route("/jobs/{id}/cancel", post(pages::cancel))
         .route("/jobs/{id}/events", get(pages::events))
         .route("/approvals", get(pages::approvals))
+        .route("/tools", get(pages::tools))
         .route("/approvals/decide", post(pages::decide))
         .route("/assets/console.css", get(stylesheet))
         .route("/assets/console.js", get(script))

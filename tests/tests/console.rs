@@ -371,6 +371,16 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         "{resumed}"
     );
 
+    // The tools its jobs may use, with their live workers; a tool's
+    // description is shown as text.
+    let tools = browser.get("/tools", &session).await?;
+    assert_eq!(tools.status, StatusCode::OK, "{}", tools.body);
+    assert!(
+        tools.body.contains("<code>calculate</code>") && tools.body.contains("read_only"),
+        "{}",
+        tools.body
+    );
+
     // Another tenant sees none of it: the same NOT_FOUND as no job.
     let (stranger, _) = browser.sign_in(STRANGER).await?;
     let foreign = browser.get(&format!("/jobs/{finished}"), &stranger).await?;

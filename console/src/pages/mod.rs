@@ -6,12 +6,14 @@ mod job;
 mod jobs;
 mod live;
 mod sign_in;
+mod tools;
 
 pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, job};
 pub(crate) use jobs::jobs;
 pub(crate) use live::events;
 pub(crate) use sign_in::{oidc_callback, oidc_start, sign_in, sign_in_form, sign_out};
+pub(crate) use tools::tools;
 
 use askama::Template;
 use axum::response::Html;
