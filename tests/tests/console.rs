@@ -343,6 +343,15 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         "shown as text: {}",
         job.body
     );
+    // Its waterfall: the turn and the call on one axis, as `toolfleet
+    // trace` reads them.
+    assert!(job.body.contains("<h2>Waterfall</h2>"), "{}", job.body);
+    assert!(
+        job.body.contains("<code>math calculate</code>")
+            && job.body.contains("<code>turn 1</code>"),
+        "{}",
+        job.body
+    );
 
     // A running job's page follows it live: its events as server-sent
     // events, from where a reconnecting browser left off.

@@ -46,6 +46,8 @@ struct JobPage<'a> {
     transcript: Vec<Entry>,
     /// Queued, running or held: the page follows it live.
     running: bool,
+    /// A finished job's turns and calls on one time axis.
+    waterfall: Option<super::waterfall::Waterfall>,
     can_cancel: bool,
     csrf: &'a str,
 }
@@ -74,6 +76,11 @@ pub(crate) async fn job(
         job.status(),
         v1::JobStatus::Queued | v1::JobStatus::Running | v1::JobStatus::WaitingForApproval
     );
+    let waterfall = if running {
+        None
+    } else {
+        super::waterfall::of(&console, &session, &job.job_id).await
+    };
     let page = JobPage {
         chrome: Chrome {
             who: Some(&session),
@@ -82,6 +89,7 @@ pub(crate) async fn job(
         transcript: job.items.iter().filter_map(entry).collect(),
         job: facts(&job),
         running,
+        waterfall,
         can_cancel: running && (session.has("agent") || session.has("operator")),
         csrf: &session.csrf,
     };

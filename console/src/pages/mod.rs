@@ -7,6 +7,7 @@ mod jobs;
 mod live;
 mod sign_in;
 mod tools;
+mod waterfall;
 
 pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, job};
