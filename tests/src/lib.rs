@@ -17,6 +17,8 @@
 //! - [`mcp`]: a fleet whose worker serves MCP servers.
 //! - [`messages::MessagesServer`]: a fake of Anthropic's Messages API that
 //!   refuses what the real one refuses and answers from a script.
+//! - [`browser::Browser`]: Debian's Chromium, driven by a scenario of
+//!   tests/console (puppeteer-core), for the web console's tests.
 //!
 //! All but the fleet are the process supervisor of `toolfleet dev`
 //! ([`toolfleet_fleet::supervisor`]), re-exported here with its defaults, which
@@ -26,6 +28,7 @@
 //! `TOOLFLEET_TEST_KEEP=1`. Servers bind 127.0.0.1 only, so they never clash
 //! with a machine's own NATS or Redis on the default ports.
 
+pub mod browser;
 pub mod certificates;
 pub mod fleet;
 pub mod identity;
