@@ -153,12 +153,13 @@ export async function look(page) {
       // a page that is too wide, which widens `innerWidth` with it.
       scroll_width: document.documentElement.scrollWidth,
       client_width: document.documentElement.clientWidth,
-      // The console serves no script, image, frame or inline handler,
-      // and links only to its own pages.
+      // The console serves no script but its own (a running job's live
+      // updates), no image, no frame, no SVG but its waterfall's bars, no
+      // inline handler, and links only to its own pages.
       markup: {
-        script: count('script'),
+        script: count('script:not([src="/assets/console.js"])'),
         img: count('img'),
-        svg: count('svg'),
+        svg: count('svg:not(.bar)') + count('svg.bar *:not(rect)'),
         iframe: count('iframe'),
         handlers: [...document.querySelectorAll('*')].filter((el) =>
           [...el.attributes].some((a) => a.name.startsWith('on'))).length,

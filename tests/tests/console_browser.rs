@@ -153,8 +153,9 @@ fn hostile_job() -> v1::SubmitJobRequest {
 
 /// Everything a visit of tests/console/pages.mjs saw that must never
 /// happen: a script run, a dialog, a policy violation, an error, markup
-/// made of what the page shows, a request for anything but the page and
-/// its stylesheet, a page wider than the window.
+/// made of what the page shows, a request for anything but the page, its
+/// stylesheet, its script and a running job's events, a page wider than
+/// the window.
 fn harmless(visit: &Value) -> Vec<String> {
     let at = format!("{} at {} px", visit["name"], visit["width"]);
     let mut wrong = Vec::new();
@@ -175,6 +176,8 @@ fn harmless(visit: &Value) -> Vec<String> {
     for request in fetched.iter().filter_map(Value::as_str) {
         let allowed = request.starts_with("document ")
             || request.ends_with("/assets/console.css")
+            || request.ends_with("/assets/console.js")
+            || (request.starts_with("eventsource ") && request.ends_with("/events"))
             || request.ends_with("/favicon.ico");
         if !allowed {
             wrong.push(format!("{at}: fetched {request}"));
