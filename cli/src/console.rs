@@ -58,6 +58,11 @@ pub(crate) struct ConsoleArgs {
     /// The scopes asked for.
     #[arg(long, value_name = "SCOPES", default_value = "openid")]
     oidc_scopes: String,
+    /// Your tracing UI's page of a trace, `{trace_id}` standing for its id
+    /// (`https://jaeger.example.com/trace/{trace_id}`): a job's trace id
+    /// links there.
+    #[arg(long, value_name = "URL")]
+    trace_url: Option<String>,
 }
 
 impl ConsoleArgs {
@@ -105,6 +110,7 @@ pub(crate) async fn run(args: ConsoleArgs) -> anyhow::Result<ExitCode> {
         key_prefix: args.key_prefix,
         session_ttl: args.session_ttl,
         oidc,
+        trace_url: args.trace_url,
     };
     toolfleet_console::serve(channel, options, listener, stop.cancelled_owned()).await?;
     Ok(ExitCode::SUCCESS)

@@ -243,6 +243,7 @@ async fn console(
         key_prefix: "tf:".to_owned(),
         session_ttl: std::time::Duration::from_secs(8 * 3600),
         oidc: None,
+        trace_url: None,
     };
     let stop = shutdown.clone().cancelled_owned();
     tokio::spawn(async move {

@@ -46,6 +46,10 @@ pub struct ConsoleOptions {
     pub session_ttl: Duration,
     /// Sign-in with an OpenID provider, beside tokens.
     pub oidc: Option<OidcOptions>,
+    /// A tracing UI's address of a trace, `{trace_id}` standing for its id
+    /// (`https://jaeger.example.com/trace/{trace_id}`): a job's trace id
+    /// links there.
+    pub trace_url: Option<String>,
 }
 
 /// The console's state, shared by every request.
@@ -58,6 +62,8 @@ struct Console {
     open: bool,
     /// The OpenID provider people sign in with, if any.
     oidc: Option<oidc::Provider>,
+    /// Where a trace id links (`{trace_id}` in it).
+    trace_url: Option<String>,
 }
 
 /// Serves the console of the fleet behind `channel` on `listener` until
@@ -90,6 +96,7 @@ pub async fn serve(
             .map(|oidc| oidc::Provider::new(oidc, redis.clone(), &options.key_prefix)),
         sessions: Sessions::new(redis, &options.key_prefix, options.session_ttl),
         open,
+        trace_url: options.trace_url,
     };
     let app = axum::Router::new()
         .route("/", get(|| async { Redirect::to("/jobs") }))

@@ -176,7 +176,8 @@ fn hidden_csrf(page: &str) -> anyhow::Result<String> {
 /// approver) and tenant `other`; the console in front of it. Returns them
 /// and the console's address.
 async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
-    fleet_and_console_with(&[], &[], free_loopback_address()?).await
+    let traces = ["--trace-url", "https://traces.example/trace/{trace_id}"];
+    fleet_and_console_with(&[], &traces, free_loopback_address()?).await
 }
 
 /// [`fleet_and_console`], the orchestrator with `env` too and the console
@@ -251,11 +252,14 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
     ]);
     let mut finished = scripted_job(XSS, &script);
     finished.metadata.insert("team".into(), XSS.into());
-    let finished = api
-        .submit_job(bearer(AGENT, finished))
-        .await?
-        .into_inner()
-        .job_id;
+    let mut finished = bearer(AGENT, finished);
+    // The client's trace: the job's spans join it, and its id links to the
+    // tracing UI.
+    finished.metadata_mut().insert(
+        "traceparent",
+        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse()?,
+    );
+    let finished = api.submit_job(finished).await?.into_inner().job_id;
     let mut held = scripted_job("held", &script);
     held.require_approval = vec!["calculate".to_owned()];
     let held = api
@@ -341,6 +345,12 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
     assert!(
         job.body.contains("&#60;script&#62;alert"),
         "shown as text: {}",
+        job.body
+    );
+    assert!(
+        job.body
+            .contains("href=\"https://traces.example/trace/4bf92f3577b34da6a3ce929d0e0e4736\""),
+        "{}",
         job.body
     );
     // Its waterfall: the turn and the call on one axis, as `toolfleet

@@ -48,6 +48,8 @@ struct JobPage<'a> {
     running: bool,
     /// A finished job's turns and calls on one time axis.
     waterfall: Option<super::waterfall::Waterfall>,
+    /// The job's trace in the tracing UI, when one is configured.
+    trace_link: Option<String>,
     can_cancel: bool,
     csrf: &'a str,
 }
@@ -81,6 +83,12 @@ pub(crate) async fn job(
     } else {
         super::waterfall::of(&console, &session, &job.job_id).await
     };
+    // A trace id is 32 hex digits (the API's), so it is safe in a URL.
+    let trace_link = console
+        .trace_url
+        .as_ref()
+        .filter(|_| job.trace_id.len() == 32 && job.trace_id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(|url| url.replace("{trace_id}", &job.trace_id));
     let page = JobPage {
         chrome: Chrome {
             who: Some(&session),
@@ -90,6 +98,7 @@ pub(crate) async fn job(
         job: facts(&job),
         running,
         waterfall,
+        trace_link,
         can_cancel: running && (session.has("agent") || session.has("operator")),
         csrf: &session.csrf,
     };
