@@ -543,24 +543,43 @@ async fn an_approver_decides_held_calls_from_the_console() -> anyhow::Result<()>
     assert_eq!(approved.status, StatusCode::SEE_OTHER, "{}", approved.body);
     // An edit the tool's schema refuses is said on the page, and nothing
     // is decided; a good one runs.
-    let bad = decide(
-        "two",
-        vec![
-            ("decision", "approve".into()),
-            ("arguments", "{\"expr\": 5}".into()),
-        ],
-    )
-    .await?;
+    // An edit is first shown as a diff against the model's arguments,
+    // and sent only once confirmed; one the tool's schema refuses is said
+    // on the page, and nothing is decided.
+    let original = "{\n  \"expression\": \"2 + 2\"\n}".to_owned();
+    let edit = |arguments: &str, confirmed: bool| {
+        let mut fields = vec![
+            ("decision", "approve".to_owned()),
+            ("arguments", arguments.to_owned()),
+            ("original", original.clone()),
+            ("tool", "calculate".to_owned()),
+        ];
+        if confirmed {
+            fields.push(("confirmed", "yes".to_owned()));
+        }
+        fields
+    };
+    let review = decide("two", edit("{\"expression\": \"5 + 5\"}", false)).await?;
+    assert_eq!(review.status, StatusCode::OK, "{}", review.body);
+    assert!(
+        review.body.contains("What the edit changes"),
+        "{}",
+        review.body
+    );
+    assert!(
+        review
+            .body
+            .contains("<span class=\"removed\">-   &#34;expression&#34;: &#34;2 + 2&#34;</span>")
+            && review
+                .body
+                .contains("<span class=\"added\">+   &#34;expression&#34;: &#34;5 + 5&#34;</span>"),
+        "{}",
+        review.body
+    );
+    let bad = decide("two", edit("{\"expr\": 5}", true)).await?;
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", bad.body);
     assert!(bad.body.contains("Not decided"), "{}", bad.body);
-    let edited = decide(
-        "two",
-        vec![
-            ("decision", "approve".into()),
-            ("arguments", "{\"expression\": \"5 + 5\"}".into()),
-        ],
-    )
-    .await?;
+    let edited = decide("two", edit("{\"expression\": \"5 + 5\"}", true)).await?;
     assert_eq!(edited.status, StatusCode::SEE_OTHER, "{}", edited.body);
     let rejected = decide(
         "three",

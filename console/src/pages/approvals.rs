@@ -142,6 +142,26 @@ pub(crate) struct Decided {
     original: Option<String>,
     #[serde(default)]
     result: Option<String>,
+    /// `yes` once the approver saw the diff of an edit.
+    #[serde(default)]
+    confirmed: String,
+    /// The tool's name, for the review's title.
+    #[serde(default)]
+    tool: String,
+}
+
+#[derive(Template)]
+#[template(path = "review.html")]
+struct Review<'a> {
+    chrome: Chrome<'a>,
+    csrf: &'a str,
+    job_id: &'a str,
+    call_id: &'a str,
+    tool: &'a str,
+    original: String,
+    edited: String,
+    edited_raw: &'a str,
+    diff: Option<Vec<super::diff::Line>>,
 }
 
 /// Decides a held call as the signed-in person; the API checks the role,
@@ -164,6 +184,28 @@ pub(crate) async fn decide(
     let Some(request) = request(&sent, &job_id) else {
         return web::problem(StatusCode::BAD_REQUEST, "That is not a decision.");
     };
+    // An edit is shown as a diff before it is sent: a decision is final.
+    if let Some(edited) = request.arguments.as_deref()
+        && sent.confirmed != "yes"
+    {
+        let original = pretty(sent.original.as_deref().unwrap_or_default());
+        let edited_pretty = pretty(edited);
+        let page = Review {
+            chrome: Chrome {
+                who: Some(&session),
+                open: console.open,
+            },
+            csrf: &session.csrf,
+            job_id: job_id.as_str(),
+            call_id: &request.call_id,
+            tool: &sent.tool,
+            diff: super::diff::lines(&original, &edited_pretty),
+            original,
+            edited: edited_pretty,
+            edited_raw: edited,
+        };
+        return html(&page).into_response();
+    }
     match console
         .api()
         .decide_call(as_person(&session, request))
@@ -237,6 +279,8 @@ mod tests {
             arguments: arguments.map(str::to_owned),
             original: Some("{\n  \"a\": 1\n}".into()),
             result: Some(" ".into()),
+            confirmed: String::new(),
+            tool: String::new(),
         }
     }
 

@@ -2,6 +2,7 @@
 //! printed value is escaped, and the handler that fills it.
 
 mod approvals;
+mod diff;
 mod job;
 mod jobs;
 mod live;
