@@ -108,6 +108,7 @@ pub async fn serve(
         .route("/jobs/{id}", get(pages::job))
         .route("/jobs/{id}/cancel", post(pages::cancel))
         .route("/jobs/{id}/events", get(pages::events))
+        .route("/jobs/{id}/items/{index}", get(pages::item))
         .route("/approvals", get(pages::approvals))
         .route("/tools", get(pages::tools))
         .route("/approvals/decide", post(pages::decide))

@@ -400,6 +400,42 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         tools.body
     );
 
+    // A tool's output past what a page shows: its start, and the whole as
+    // a text file to save.
+    let big = "x".repeat(100_000);
+    let script = json!([
+        {"tool_calls": [{"id": "big", "name": "echo", "arguments": {"text": big}}]},
+        {"message": "done"}
+    ]);
+    let job_id = api
+        .submit_job(bearer(AGENT, scripted_job("big", &script)))
+        .await?
+        .into_inner()
+        .job_id;
+    let page = wait_until("the big job to finish", WAIT, || async {
+        let page = browser
+            .get(&format!("/jobs/{job_id}"), &session)
+            .await
+            .ok()?;
+        page.body.contains("status succeeded").then_some(page)
+    })
+    .await?;
+    assert!(
+        page.body.contains("Download the whole"),
+        "{}",
+        page.body.len()
+    );
+    assert!(
+        page.body.len() < 200_000,
+        "shown in part: {}",
+        page.body.len()
+    );
+    let whole = browser
+        .get(&format!("/jobs/{job_id}/items/2"), &session)
+        .await?;
+    assert_eq!(whole.status, StatusCode::OK);
+    assert!(whole.body.contains(&big) && whole.body.contains("\"ok\": true"));
+
     // Another tenant sees none of it: the same NOT_FOUND as no job.
     let (stranger, _) = browser.sign_in(STRANGER).await?;
     let foreign = browser.get(&format!("/jobs/{finished}"), &stranger).await?;

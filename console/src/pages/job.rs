@@ -31,6 +31,8 @@ struct Facts {
 
 /// One entry of the transcript, as shown.
 struct Entry {
+    /// Its place in the transcript, for the download of the whole.
+    index: usize,
     kind: &'static str,
     label: String,
     body: String,
@@ -94,7 +96,12 @@ pub(crate) async fn job(
             who: Some(&session),
             open: console.open,
         },
-        transcript: job.items.iter().filter_map(entry).collect(),
+        transcript: job
+            .items
+            .iter()
+            .enumerate()
+            .filter_map(|(index, item)| entry(index, item))
+            .collect(),
         job: facts(&job),
         running,
         waterfall,
@@ -128,8 +135,9 @@ fn facts(job: &v1::Job) -> Facts {
     }
 }
 
-fn entry(item: &v1::Item) -> Option<Entry> {
-    let (kind, label, body) = match item.kind.as_ref()? {
+/// What an item says, whole: its kind, its label and its text.
+fn said(item: &v1::Item) -> Option<(&'static str, String, String)> {
+    Some(match item.kind.as_ref()? {
         v1::item::Kind::User(user) => ("user", "Input".to_owned(), user.text.clone()),
         v1::item::Kind::Assistant(said) => ("assistant", "Model".to_owned(), said.text.clone()),
         v1::item::Kind::ToolCall(call) => (
@@ -145,10 +153,15 @@ fn entry(item: &v1::Item) -> Option<Entry> {
             ),
             pretty(&result.output),
         ),
-    };
+    })
+}
+
+fn entry(index: usize, item: &v1::Item) -> Option<Entry> {
+    let (kind, label, body) = said(item)?;
     let size = body.len();
     let (body, truncated) = shown(body);
     Some(Entry {
+        index,
         kind,
         label,
         body,
@@ -168,6 +181,45 @@ fn shown(mut text: String) -> (String, bool) {
     }
     text.truncate(end);
     (text, true)
+}
+
+/// The whole of the transcript's entry `index`, as a text file to save: a
+/// tool's output may be megabytes, the page shows its start.
+pub(crate) async fn item(
+    State(console): State<Console>,
+    headers: HeaderMap,
+    Path((id, index)): Path<(String, usize)>,
+) -> Response {
+    let session = match console.signed_in(&headers).await {
+        Ok(session) => session,
+        Err(refused) => return refused.into_response(),
+    };
+    let Some(id) = JobId::parse(&id) else {
+        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
+    };
+    let request = v1::GetJobRequest {
+        job_id: id.as_str().to_owned(),
+    };
+    let job = match console.api().get_job(as_person(&session, request)).await {
+        Ok(job) => job.into_inner(),
+        Err(failed) => return web::api_failed(&failed),
+    };
+    let Some((_, _, body)) = job.items.get(index).and_then(said) else {
+        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such entry.");
+    };
+    // Plain text, to save: never a page the browser would render.
+    let file = format!("attachment; filename=\"{}-{index}.txt\"", id.as_str());
+    (
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8".to_owned(),
+            ),
+            (axum::http::header::CONTENT_DISPOSITION, file),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 #[derive(Deserialize)]
