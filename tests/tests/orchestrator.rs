@@ -792,6 +792,7 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
                     page_token,
                     status: status as i32,
                     metadata,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner(),
@@ -848,6 +849,130 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
         ),
     ] {
         let status = api.list_jobs(request).await.expect_err("rejected");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    Ok(())
+}
+
+/// The ids of a listing's pages, read `page_size` at a time to the end,
+/// from `request` (its page size and token replaced).
+async fn listed_ids(
+    api: &ApiClient,
+    request: v1::ListJobsRequest,
+    page_size: u32,
+) -> anyhow::Result<Vec<String>> {
+    let mut api = api.clone();
+    let mut ids = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = api
+            .list_jobs(v1::ListJobsRequest {
+                page_size,
+                page_token,
+                ..request.clone()
+            })
+            .await?
+            .into_inner();
+        assert!(page.jobs.len() <= page_size as usize);
+        ids.extend(page.jobs.into_iter().map(|j| j.job_id));
+        if page.next_page_token.is_empty() {
+            return Ok(ids);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// A window of creation times lists exactly the jobs created in it, from
+/// its start (included) to its end (excluded), newest first and page by
+/// page with the other filters, whatever the window's edges cut: a job
+/// created on an edge, an empty window, one before every job.
+#[tokio::test]
+async fn list_jobs_reads_a_window_of_creation_times() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let api = fleet.api(0).await?;
+    let mut created: Vec<(u64, String, bool)> = Vec::new();
+    for n in 0..6 {
+        let mut request = scripted("x", json!([{"message": "done"}]));
+        let even = n % 2 == 0;
+        request
+            .metadata
+            .insert("team".into(), if even { "a" } else { "b" }.into());
+        let job = run(&mut api.clone(), request).await?;
+        created.push((job.created_at_ms, job.job_id, even));
+    }
+    let window = |after: u64, before: u64| v1::ListJobsRequest {
+        created_after_ms: after,
+        created_before_ms: before,
+        ..Default::default()
+    };
+    // What a window holds, as the store's clock wrote the jobs: newest
+    // first (the ids break a tie of one millisecond, as the index does).
+    let expected = |after: u64, before: u64, team_a: bool| {
+        let mut jobs: Vec<&(u64, String, bool)> = created
+            .iter()
+            .filter(|(ms, _, even)| {
+                *ms >= after && (before == 0 || *ms < before) && (!team_a || *even)
+            })
+            .collect();
+        jobs.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
+        jobs.into_iter()
+            .map(|(_, id, _)| id.clone())
+            .collect::<Vec<_>>()
+    };
+    let (first, second, fifth) = (created[0].0, created[1].0, created[4].0);
+    for (after, before) in [
+        (second, fifth),
+        (first, 0),
+        (0, second),
+        (second, second + 1),
+        (fifth, fifth),
+        (1, first),
+        (fifth + 1, 0),
+    ] {
+        for page_size in [1, 2, 50] {
+            assert_eq!(
+                listed_ids(&api, window(after, before), page_size).await?,
+                expected(after, before, false),
+                "[{after}, {before}) by {page_size}"
+            );
+        }
+    }
+    assert_eq!(expected(second, fifth, false).len(), 3, "the edges cut");
+    // With the other filters, and a page token from a page without the
+    // window: a token is a place in the index, whatever the filters.
+    let mut team_a = window(second, 0);
+    team_a.metadata.insert("team".into(), "a".into());
+    team_a.status = v1::JobStatus::Succeeded as i32;
+    assert_eq!(
+        listed_ids(&api, team_a, 1).await?,
+        expected(second, 0, true)
+    );
+    let newest = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_size: 1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let after_newest = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_token: newest.next_page_token,
+            ..window(second, fifth)
+        })
+        .await?
+        .into_inner();
+    let ids: Vec<String> = after_newest.jobs.into_iter().map(|j| j.job_id).collect();
+    assert_eq!(ids, expected(second, fifth, false));
+
+    for (request, field) in [
+        (window(fifth, second), "created_after_ms: "),
+        (window(u64::MAX, 0), "created_after_ms: "),
+        (window(0, 1 << 48), "created_before_ms: "),
+    ] {
+        let status = api.clone().list_jobs(request).await.expect_err("refused");
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with(field), "{}", status.message());
     }

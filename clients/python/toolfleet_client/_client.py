@@ -236,15 +236,21 @@ class Client:
         page_token: str = "",
         status: int = pb.JOB_STATUS_UNSPECIFIED,
         metadata: Optional[Mapping[str, str]] = None,
+        created_after_ms: int = 0,
+        created_before_ms: int = 0,
     ) -> pb.ListJobsResponse:
         """A page of your jobs, newest first (without their items): your
         tenant's to an operator or a reader, those it submitted to any other
-        agent."""
+        agent. `created_after_ms` (included) and `created_before_ms`
+        (excluded) bound when they were created, in Unix ms; 0 is no
+        bound."""
         request = pb.ListJobsRequest(
             page_size=page_size,
             page_token=page_token,
             status=status,
             metadata=dict(metadata or {}),
+            created_after_ms=created_after_ms,
+            created_before_ms=created_before_ms,
         )
         return self._stub.ListJobs(request, timeout=self._timeout, metadata=self._metadata)
 

@@ -34,7 +34,7 @@ use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
-use crate::store::{self, Approvals, Idempotency, JobIndex, JobStore};
+use crate::store::{self, Approvals, Idempotency, JobIndex, JobStore, Page};
 use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
 use follow::{Follower, WATCH_BATCH, Watch};
 use validate::{ListQuery, Rules, may_own};
@@ -456,7 +456,12 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
         let caller = caller_for(&request, Rpc::ReadJobs)?;
         let mut query = ListQuery::parse(request.into_inner())?;
-        let (before, limit) = (query.before.take(), query.limit);
+        let page = Page {
+            before: query.before.take(),
+            window: query.window,
+            limit: query.limit,
+            scan: query.limit * 10,
+        };
         // An agent that sees only its own jobs reads its own index: its
         // pages are as full as an operator's (decision 0049).
         let sight = caller.sight();
@@ -475,7 +480,7 @@ impl AgentService for AgentApi {
         };
         let (records, next) = self
             .store
-            .list(index, before, limit, limit * 10, keep)
+            .list(index, page, keep)
             .await
             .map_err(|e| to_status(&e))?;
         Ok(Response::new(v1::ListJobsResponse {
