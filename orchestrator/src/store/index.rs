@@ -8,9 +8,10 @@ use crate::job::{JobId, JobRecord};
 
 use super::*;
 
-/// Which index of a tenant's jobs a page of [`JobStore::list`] reads.
+/// Whose jobs a page of `ListJobs` reads (a tenant's index, or one of its
+/// submitters'), and whose jobs [`JobStore::counts`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JobIndex<'a> {
+pub enum JobIndex<'a> {
     /// Every job of the tenant.
     Tenant(&'a str),
     /// The jobs of the tenant that `submitter` submitted

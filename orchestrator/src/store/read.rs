@@ -336,6 +336,7 @@ fn parse_record(
         cancel_requested: field("cancel_requested") == "1",
         moves: number("moves"),
         requeued: field("requeued") == "1",
+        events: number("events"),
         wire_ids: WireIds::from_secret(field("call_secret")),
         trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
     }))
