@@ -10,6 +10,7 @@ use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::fleet::{
     ApiClient, Fleet, cancelled_job, run_job, scripted_job, test_fleet, wait_finished,
 };
+use toolfleet_tests::wait_until;
 
 const JOB: Duration = Duration::from_secs(60);
 
@@ -875,6 +876,7 @@ async fn listed_ids(
             .await?
             .into_inner();
         assert!(page.jobs.len() <= page_size as usize);
+        assert!(page.counts.is_empty(), "no counts unless asked");
         ids.extend(page.jobs.into_iter().map(|j| j.job_id));
         if page.next_page_token.is_empty() {
             return Ok(ids);
@@ -976,6 +978,173 @@ async fn list_jobs_reads_a_window_of_creation_times() -> anyhow::Result<()> {
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with(field), "{}", status.message());
     }
+    Ok(())
+}
+
+/// The counts a caller asks for, as `(status, jobs)` pairs of the
+/// statuses that have any.
+async fn counted(api: &ApiClient) -> anyhow::Result<Vec<(v1::JobStatus, u64)>> {
+    let page = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_size: 1,
+            with_counts: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let statuses: Vec<v1::JobStatus> = page.counts.iter().map(|c| c.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            v1::JobStatus::Queued,
+            v1::JobStatus::Running,
+            v1::JobStatus::WaitingForApproval,
+            v1::JobStatus::Succeeded,
+            v1::JobStatus::Failed,
+            v1::JobStatus::Cancelled,
+        ],
+        "every status, in order"
+    );
+    Ok(page
+        .counts
+        .iter()
+        .filter(|c| c.jobs > 0)
+        .map(|c| (c.status(), c.jobs))
+        .collect())
+}
+
+/// Waits until the caller's counts are `expected`.
+async fn counts_become(api: &ApiClient, expected: &[(v1::JobStatus, u64)]) -> anyhow::Result<()> {
+    let what = format!("the counts to be {expected:?}");
+    let reached = wait_until(&what, Duration::from_secs(20), || {
+        let api = api.clone();
+        async move { counted(&api).await.is_ok_and(|counts| counts == expected) }
+    })
+    .await;
+    if let Err(err) = reached {
+        anyhow::bail!("{err:#}; they are {:?}", counted(api).await?);
+    }
+    Ok(())
+}
+
+/// Counts follow each job's status as it changes (a run, a park for
+/// approval, an end, a cancel), whatever the page's filters; and a count
+/// its change did not make (a replica that died between the two) is
+/// repaired by the sweeper from the job's record.
+#[tokio::test]
+async fn counts_follow_each_change_of_status_and_the_sweeper_repairs_a_lost_one()
+-> anyhow::Result<()> {
+    use v1::JobStatus::{Cancelled, Failed, Running, Succeeded, WaitingForApproval};
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "200ms"),
+            ("TOOLFLEET_RUNNER__SWEEP_AFTER", "500ms"),
+        ])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate", "fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    assert_eq!(counted(&api).await?, [], "no job yet");
+    for _ in 0..3 {
+        run(
+            &mut api.clone(),
+            scripted("x", json!([{"message": "done"}])),
+        )
+        .await?;
+    }
+    // A script with no turn after its call: the job fails.
+    let failed = run(
+        &mut api.clone(),
+        scripted(
+            "x",
+            json!([{"tool_calls": [{"name": "calculate", "arguments": {"expression": "1"}}]}]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&failed), Failed, "the script ran out");
+    counts_become(&api, &[(Succeeded, 3), (Failed, 1)]).await?;
+
+    let slow = scripted("x", json!([{"delay_ms": 60_000, "message": "late"}]));
+    let slow = api.clone().submit_job(slow).await?.into_inner().job_id;
+    let mut held = scripted(
+        "x",
+        json!([{"tool_calls": [{"name": "calculate", "arguments": {"expression": "1"}}]}, {"message": "ok"}]),
+    );
+    held.require_approval = vec!["calculate".into()];
+    let held = api.clone().submit_job(held).await?.into_inner().job_id;
+    counts_become(
+        &api,
+        &[
+            (Running, 1),
+            (WaitingForApproval, 1),
+            (Succeeded, 3),
+            (Failed, 1),
+        ],
+    )
+    .await?;
+    // Whatever the page lists, the counts are the caller's whole.
+    let filtered = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            status: Failed as i32,
+            created_after_ms: 1 << 47,
+            with_counts: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(filtered.jobs.is_empty());
+    assert_eq!(filtered.counts.iter().map(|c| c.jobs).sum::<u64>(), 6);
+
+    // A count step lost: the job runs, its count says it is queued.
+    let keys = toolfleet_proto::names::RedisKeys::default();
+    let mut redis = fleet.redis.connection().await?;
+    let live: String = redis::cmd("HGET")
+        .arg(keys.tenant_live_jobs("default"))
+        .arg(&slow)
+        .query_async(&mut redis)
+        .await?;
+    assert!(live.ends_with(" running "), "{live:?}");
+    let () = redis::pipe()
+        .cmd("HSET")
+        .arg(keys.tenant_live_jobs("default"))
+        .arg(&slow)
+        .arg("1 queued ")
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(keys.tenant_job_counts("default"))
+        .arg("running")
+        .arg(-1)
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(keys.tenant_job_counts("default"))
+        .arg("queued")
+        .arg(1)
+        .ignore()
+        .query_async(&mut redis)
+        .await?;
+    // The sweeper looks at the running job (older than sweep_after) and
+    // counts it as its record says.
+    counts_become(
+        &api,
+        &[
+            (Running, 1),
+            (WaitingForApproval, 1),
+            (Succeeded, 3),
+            (Failed, 1),
+        ],
+    )
+    .await?;
+
+    for job_id in [&slow, &held] {
+        api.clone()
+            .cancel_job(v1::CancelJobRequest {
+                job_id: job_id.clone(),
+            })
+            .await?;
+    }
+    counts_become(&api, &[(Succeeded, 3), (Failed, 1), (Cancelled, 2)]).await?;
     Ok(())
 }
 

@@ -510,6 +510,8 @@ pub(super) struct ListQuery {
     pub(super) before: Option<ListCursor>,
     /// When the listed jobs were created.
     pub(super) window: CreatedWindow,
+    /// Whether to answer the caller's counts too.
+    pub(super) with_counts: bool,
     status: Option<JobStatus>,
     metadata: HashMap<String, String>,
 }
@@ -553,6 +555,7 @@ impl ListQuery {
             limit,
             before,
             window: created_window(request.created_after_ms, request.created_before_ms)?,
+            with_counts: request.with_counts,
             status,
             metadata: request.metadata,
         })
@@ -947,9 +950,11 @@ mod tests {
         assert_eq!(query.limit, 50);
         assert!(query.before.is_none() && query.status.is_none());
         assert_eq!(query.window, CreatedWindow::default(), "0s are no bound");
+        assert!(!query.with_counts);
         let query = ListQuery::parse(request(|r| {
             r.created_after_ms = 1_000;
             r.created_before_ms = 2_000;
+            r.with_counts = true;
         }))
         .unwrap();
         assert_eq!(
@@ -959,8 +964,9 @@ mod tests {
                 before_ms: Some(2_000)
             }
         );
+        assert!(query.with_counts);
         type ListChange = fn(&mut v1::ListJobsRequest);
-        let cases: [(ListChange, &str); 12] = [
+        let cases: [(ListChange, &str); 13] = [
             (|r| r.page_size = 501, "page_size: the limit is 500"),
             (
                 |r| r.page_token = "nope".into(),
@@ -998,6 +1004,7 @@ mod tests {
             (|r| r.created_after_ms = MAX_SUBMITTED_MS, ""),
             (|r| r.created_before_ms = 1, ""),
             (|r| r.created_after_ms = 1_700_000_000_000, ""),
+            (|r| r.with_counts = true, ""),
         ];
         for (change, expected) in cases {
             match ListQuery::parse(request(change)) {
