@@ -436,6 +436,10 @@ pub struct JobRecord {
     /// Parked, and queued again (a decision, or its first held call's
     /// expiry) for a runner to take it.
     pub requeued: bool,
+    /// How many events it has: every change of its status writes one, so
+    /// this orders its changes (the stamp of its status in its tenant's
+    /// counts, `store::Change`).
+    pub events: u64,
     /// How its calls are named on the wire.
     pub wire_ids: WireIds,
     /// Its trace, when it has one ([`JobTrace`]).
@@ -478,6 +482,9 @@ pub struct Lease {
     pub epoch: u64,
     /// Whether the job ran before this lease (its run resumes).
     pub resumed: bool,
+    /// Who submitted the job (its spec's submitter, read with the lease):
+    /// the run's changes of its status are counted for them too.
+    pub submitter: Option<String>,
 }
 
 /// A model turn as it is checkpointed: its output items, and the job's

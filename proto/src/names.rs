@@ -8,7 +8,7 @@
 //! Whatever names one job takes its checked [`JobId`]; a call's keys take the
 //! job id of a call the worker checked ([`ToolCall::check`](crate::ToolCall::check)).
 
-use crate::job::JobId;
+use crate::job::{JobId, JobStatus};
 
 /// JetStream work-queue stream that holds tool calls until a worker acks them.
 pub const CALL_STREAM: &str = "TOOLFLEET_CALLS";
@@ -456,10 +456,39 @@ impl RedisKeys {
     /// [`tenant_jobs`](Self::tenant_jobs), so both are written in one
     /// pipeline; stored data depends on the hash, which never changes.
     pub fn submitter_jobs(&self, tenant: &str, submitter: &str) -> String {
-        use sha2::{Digest, Sha256};
-        let digest = Sha256::digest(submitter.as_bytes());
-        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("{}:{hex}", self.tenant_jobs(tenant))
+        format!(
+            "{}:{}",
+            self.tenant_jobs(tenant),
+            submitter_digest(submitter)
+        )
+    }
+
+    /// How many of a tenant's jobs are queued, running or waiting for
+    /// approval (a hash: `<status>` -> jobs, and `<digest>:<status>` -> a
+    /// submitter's, `<digest>` its [`submitter_digest`]; a field at 0 is
+    /// deleted). Kept with [`tenant_live_jobs`](Self::tenant_live_jobs),
+    /// which it sums, in one script (decision 0051).
+    pub fn tenant_job_counts(&self, tenant: &str) -> String {
+        format!("{}:counts", self.tenant_jobs(tenant))
+    }
+
+    /// The status each of a tenant's unfinished jobs is counted in (a hash:
+    /// job id -> `<stamp> <status> <digest>`: the job's event count at the
+    /// change, its status, and its submitter's digest, empty when none), so
+    /// that a late or repeated change of a job's status counts once.
+    pub fn tenant_live_jobs(&self, tenant: &str) -> String {
+        format!("{}:live", self.tenant_jobs(tenant))
+    }
+
+    /// A tenant's finished jobs in the final `status`, or one submitter's
+    /// (a sorted set scored by when each job expires, Unix ms): those
+    /// scored after now are the ones stored, so the count of a status is
+    /// exact without anything removed at the retention's end.
+    pub fn ended_jobs(&self, tenant: &str, submitter: Option<&str>, status: JobStatus) -> String {
+        match submitter {
+            Some(submitter) => format!("{}:ended:{status}", self.submitter_jobs(tenant, submitter)),
+            None => format!("{}:ended:{status}", self.tenant_jobs(tenant)),
+        }
     }
 
     /// The `SCAN MATCH` pattern of every tenant's
@@ -533,6 +562,16 @@ impl RedisKeys {
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)
     }
+}
+
+/// 128 bits of the SHA-256 of a submitter's name (the credential's
+/// `token:…`, `client:…`, or a person's name: any text), in hex: what names
+/// it in a key or a hash field, so that no `{`, `}`, `:` or space of it
+/// reaches one. Stored data depends on it, which never changes.
+pub fn submitter_digest(submitter: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(submitter.as_bytes());
+    digest[..16].iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
@@ -645,6 +684,11 @@ mod tests {
             keys.tenant_tool_approvals("acme", "tools"),
             keys.tenant_tool_approvals("acme", "expiry"),
             keys.submitter_jobs("acme", "client:a.example"),
+            keys.tenant_job_counts("acme"),
+            keys.tenant_live_jobs("acme"),
+            keys.ended_jobs("acme", None, JobStatus::Failed),
+            keys.ended_jobs("acme", None, JobStatus::Succeeded),
+            keys.ended_jobs("acme", Some("client:a.example"), JobStatus::Failed),
         ];
         for key in &tenant_keys {
             assert!(key.starts_with("tenant-a:tf:"), "{key}");
@@ -659,6 +703,39 @@ mod tests {
             keys.unfinished_shards()
                 .all(|k| k.starts_with("tenant-a:tf:unfinished:{"))
         );
+    }
+
+    /// The counts of a tenant's jobs live beside its index, found by no
+    /// pattern that finds an index, and apart from every submitter's index
+    /// (whose last part is 32 hex digits).
+    #[test]
+    fn a_tenants_counts_are_beside_its_index_and_no_index() {
+        let keys = RedisKeys::default();
+        assert_eq!(keys.tenant_job_counts("acme"), "tf:jobs:{acme}:counts");
+        assert_eq!(keys.tenant_live_jobs("acme"), "tf:jobs:{acme}:live");
+        assert_eq!(
+            keys.ended_jobs("acme", None, JobStatus::Cancelled),
+            "tf:jobs:{acme}:ended:cancelled"
+        );
+        assert_eq!(
+            keys.ended_jobs(
+                "search",
+                Some("client:search.clients.example"),
+                JobStatus::Failed
+            ),
+            "tf:jobs:{search}:2ffdec32f7e8dcf31cf0b1937ac46106:ended:failed"
+        );
+        let pattern = keys.tenant_jobs_pattern();
+        let (head, tail) = pattern.split_once('*').unwrap();
+        for key in [
+            keys.tenant_job_counts("acme"),
+            keys.tenant_live_jobs("acme"),
+            keys.ended_jobs("acme", None, JobStatus::Succeeded),
+            keys.ended_jobs("acme", Some("Ana"), JobStatus::Succeeded),
+        ] {
+            assert!(!(key.starts_with(head) && key.ends_with(tail)), "{key}");
+            assert_eq!(keys.tenant_of_jobs_index(&key), None, "{key}");
+        }
     }
 
     /// What a tool that reads the store back (the bench's `--stored-jobs`)
@@ -725,6 +802,10 @@ mod tests {
         assert_eq!(
             RedisKeys::default().submitter_jobs("search", "client:search.clients.example"),
             "tf:jobs:{search}:2ffdec32f7e8dcf31cf0b1937ac46106"
+        );
+        assert_eq!(
+            submitter_digest("client:search.clients.example"),
+            "2ffdec32f7e8dcf31cf0b1937ac46106"
         );
         let keys = RedisKeys::default();
         assert_ne!(

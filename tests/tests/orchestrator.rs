@@ -10,6 +10,7 @@ use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::fleet::{
     ApiClient, Fleet, cancelled_job, run_job, scripted_job, test_fleet, wait_finished,
 };
+use toolfleet_tests::wait_until;
 
 const JOB: Duration = Duration::from_secs(60);
 
@@ -792,6 +793,7 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
                     page_token,
                     status: status as i32,
                     metadata,
+                    ..Default::default()
                 })
                 .await?
                 .into_inner(),
@@ -851,6 +853,298 @@ async fn list_jobs_pages_newest_first_and_filters_by_status_and_metadata() -> an
         assert_eq!(status.code(), Code::InvalidArgument);
         assert!(status.message().starts_with(field), "{}", status.message());
     }
+    Ok(())
+}
+
+/// The ids of a listing's pages, read `page_size` at a time to the end,
+/// from `request` (its page size and token replaced).
+async fn listed_ids(
+    api: &ApiClient,
+    request: v1::ListJobsRequest,
+    page_size: u32,
+) -> anyhow::Result<Vec<String>> {
+    let mut api = api.clone();
+    let mut ids = Vec::new();
+    let mut page_token = String::new();
+    loop {
+        let page = api
+            .list_jobs(v1::ListJobsRequest {
+                page_size,
+                page_token,
+                ..request.clone()
+            })
+            .await?
+            .into_inner();
+        assert!(page.jobs.len() <= page_size as usize);
+        assert!(page.counts.is_empty(), "no counts unless asked");
+        ids.extend(page.jobs.into_iter().map(|j| j.job_id));
+        if page.next_page_token.is_empty() {
+            return Ok(ids);
+        }
+        page_token = page.next_page_token;
+    }
+}
+
+/// A window of creation times lists exactly the jobs created in it, from
+/// its start (included) to its end (excluded), newest first and page by
+/// page with the other filters, whatever the window's edges cut: a job
+/// created on an edge, an empty window, one before every job.
+#[tokio::test]
+async fn list_jobs_reads_a_window_of_creation_times() -> anyhow::Result<()> {
+    let fleet = fleet(1).await?;
+    let api = fleet.api(0).await?;
+    let mut created: Vec<(u64, String, bool)> = Vec::new();
+    for n in 0..6 {
+        let mut request = scripted("x", json!([{"message": "done"}]));
+        let even = n % 2 == 0;
+        request
+            .metadata
+            .insert("team".into(), if even { "a" } else { "b" }.into());
+        let job = run(&mut api.clone(), request).await?;
+        created.push((job.created_at_ms, job.job_id, even));
+    }
+    let window = |after: u64, before: u64| v1::ListJobsRequest {
+        created_after_ms: after,
+        created_before_ms: before,
+        ..Default::default()
+    };
+    // What a window holds, as the store's clock wrote the jobs: newest
+    // first (the ids break a tie of one millisecond, as the index does).
+    let expected = |after: u64, before: u64, team_a: bool| {
+        let mut jobs: Vec<&(u64, String, bool)> = created
+            .iter()
+            .filter(|(ms, _, even)| {
+                *ms >= after && (before == 0 || *ms < before) && (!team_a || *even)
+            })
+            .collect();
+        jobs.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| b.1.cmp(&a.1)));
+        jobs.into_iter()
+            .map(|(_, id, _)| id.clone())
+            .collect::<Vec<_>>()
+    };
+    let (first, second, fifth) = (created[0].0, created[1].0, created[4].0);
+    for (after, before) in [
+        (second, fifth),
+        (first, 0),
+        (0, second),
+        (second, second + 1),
+        (fifth, fifth),
+        (1, first),
+        (fifth + 1, 0),
+    ] {
+        for page_size in [1, 2, 50] {
+            assert_eq!(
+                listed_ids(&api, window(after, before), page_size).await?,
+                expected(after, before, false),
+                "[{after}, {before}) by {page_size}"
+            );
+        }
+    }
+    assert_eq!(expected(second, fifth, false).len(), 3, "the edges cut");
+    // With the other filters, and a page token from a page without the
+    // window: a token is a place in the index, whatever the filters.
+    let mut team_a = window(second, 0);
+    team_a.metadata.insert("team".into(), "a".into());
+    team_a.status = v1::JobStatus::Succeeded as i32;
+    assert_eq!(
+        listed_ids(&api, team_a, 1).await?,
+        expected(second, 0, true)
+    );
+    let newest = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_size: 1,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let after_newest = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_token: newest.next_page_token,
+            ..window(second, fifth)
+        })
+        .await?
+        .into_inner();
+    let ids: Vec<String> = after_newest.jobs.into_iter().map(|j| j.job_id).collect();
+    assert_eq!(ids, expected(second, fifth, false));
+
+    for (request, field) in [
+        (window(fifth, second), "created_after_ms: "),
+        (window(u64::MAX, 0), "created_after_ms: "),
+        (window(0, 1 << 48), "created_before_ms: "),
+    ] {
+        let status = api.clone().list_jobs(request).await.expect_err("refused");
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    Ok(())
+}
+
+/// The counts a caller asks for, as `(status, jobs)` pairs of the
+/// statuses that have any.
+async fn counted(api: &ApiClient) -> anyhow::Result<Vec<(v1::JobStatus, u64)>> {
+    let page = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            page_size: 1,
+            with_counts: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    let statuses: Vec<v1::JobStatus> = page.counts.iter().map(|c| c.status()).collect();
+    assert_eq!(
+        statuses,
+        [
+            v1::JobStatus::Queued,
+            v1::JobStatus::Running,
+            v1::JobStatus::WaitingForApproval,
+            v1::JobStatus::Succeeded,
+            v1::JobStatus::Failed,
+            v1::JobStatus::Cancelled,
+        ],
+        "every status, in order"
+    );
+    Ok(page
+        .counts
+        .iter()
+        .filter(|c| c.jobs > 0)
+        .map(|c| (c.status(), c.jobs))
+        .collect())
+}
+
+/// Waits until the caller's counts are `expected`.
+async fn counts_become(api: &ApiClient, expected: &[(v1::JobStatus, u64)]) -> anyhow::Result<()> {
+    let what = format!("the counts to be {expected:?}");
+    let reached = wait_until(&what, Duration::from_secs(20), || {
+        let api = api.clone();
+        async move { counted(&api).await.is_ok_and(|counts| counts == expected) }
+    })
+    .await;
+    if let Err(err) = reached {
+        anyhow::bail!("{err:#}; they are {:?}", counted(api).await?);
+    }
+    Ok(())
+}
+
+/// Counts follow each job's status as it changes (a run, a park for
+/// approval, an end, a cancel), whatever the page's filters; and a count
+/// its change did not make (a replica that died between the two) is
+/// repaired by the sweeper from the job's record.
+#[tokio::test]
+async fn counts_follow_each_change_of_status_and_the_sweeper_repairs_a_lost_one()
+-> anyhow::Result<()> {
+    use v1::JobStatus::{Cancelled, Failed, Running, Succeeded, WaitingForApproval};
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_RUNNER__SWEEP_INTERVAL", "200ms"),
+            ("TOOLFLEET_RUNNER__SWEEP_AFTER", "500ms"),
+        ])
+        .await?;
+    fleet.wait_for_tools(0, &["calculate", "fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    assert_eq!(counted(&api).await?, [], "no job yet");
+    for _ in 0..3 {
+        run(
+            &mut api.clone(),
+            scripted("x", json!([{"message": "done"}])),
+        )
+        .await?;
+    }
+    // A script with no turn after its call: the job fails.
+    let failed = run(
+        &mut api.clone(),
+        scripted(
+            "x",
+            json!([{"tool_calls": [{"name": "calculate", "arguments": {"expression": "1"}}]}]),
+        ),
+    )
+    .await?;
+    assert_eq!(status(&failed), Failed, "the script ran out");
+    counts_become(&api, &[(Succeeded, 3), (Failed, 1)]).await?;
+
+    let slow = scripted("x", json!([{"delay_ms": 60_000, "message": "late"}]));
+    let slow = api.clone().submit_job(slow).await?.into_inner().job_id;
+    let mut held = scripted(
+        "x",
+        json!([{"tool_calls": [{"name": "calculate", "arguments": {"expression": "1"}}]}, {"message": "ok"}]),
+    );
+    held.require_approval = vec!["calculate".into()];
+    let held = api.clone().submit_job(held).await?.into_inner().job_id;
+    counts_become(
+        &api,
+        &[
+            (Running, 1),
+            (WaitingForApproval, 1),
+            (Succeeded, 3),
+            (Failed, 1),
+        ],
+    )
+    .await?;
+    // Whatever the page lists, the counts are the caller's whole.
+    let filtered = api
+        .clone()
+        .list_jobs(v1::ListJobsRequest {
+            status: Failed as i32,
+            created_after_ms: 1 << 47,
+            with_counts: true,
+            ..Default::default()
+        })
+        .await?
+        .into_inner();
+    assert!(filtered.jobs.is_empty());
+    assert_eq!(filtered.counts.iter().map(|c| c.jobs).sum::<u64>(), 6);
+
+    // A count step lost: the job runs, its count says it is queued.
+    let keys = toolfleet_proto::names::RedisKeys::default();
+    let mut redis = fleet.redis.connection().await?;
+    let live: String = redis::cmd("HGET")
+        .arg(keys.tenant_live_jobs("default"))
+        .arg(&slow)
+        .query_async(&mut redis)
+        .await?;
+    assert!(live.ends_with(" running "), "{live:?}");
+    let () = redis::pipe()
+        .cmd("HSET")
+        .arg(keys.tenant_live_jobs("default"))
+        .arg(&slow)
+        .arg("1 queued ")
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(keys.tenant_job_counts("default"))
+        .arg("running")
+        .arg(-1)
+        .ignore()
+        .cmd("HINCRBY")
+        .arg(keys.tenant_job_counts("default"))
+        .arg("queued")
+        .arg(1)
+        .ignore()
+        .query_async(&mut redis)
+        .await?;
+    // The sweeper looks at the running job (older than sweep_after) and
+    // counts it as its record says.
+    counts_become(
+        &api,
+        &[
+            (Running, 1),
+            (WaitingForApproval, 1),
+            (Succeeded, 3),
+            (Failed, 1),
+        ],
+    )
+    .await?;
+
+    for job_id in [&slow, &held] {
+        api.clone()
+            .cancel_job(v1::CancelJobRequest {
+                job_id: job_id.clone(),
+            })
+            .await?;
+    }
+    counts_become(&api, &[(Succeeded, 3), (Failed, 1), (Cancelled, 2)]).await?;
     Ok(())
 }
 

@@ -491,6 +491,62 @@ async fn an_agent_sees_and_cancels_only_the_jobs_it_submitted() -> anyhow::Resul
     Ok(())
 }
 
+/// The counts `token` gets with a page, as `(status, jobs)` pairs of the
+/// statuses that have any.
+async fn counted(api: &ApiClient, token: &str) -> anyhow::Result<Vec<(v1::JobStatus, u64)>> {
+    let request = v1::ListJobsRequest {
+        page_size: 1,
+        with_counts: true,
+        ..Default::default()
+    };
+    let page = api
+        .clone()
+        .list_jobs(as_tenant(token, request))
+        .await?
+        .into_inner();
+    anyhow::ensure!(page.counts.len() == 6, "every status: {:?}", page.counts);
+    Ok(page
+        .counts
+        .iter()
+        .filter(|c| c.jobs > 0)
+        .map(|c| (c.status(), c.jobs))
+        .collect())
+}
+
+/// An agent that sees only the jobs it submitted counts only those: the
+/// counts say nothing of another agent's jobs, and an operator's and a
+/// reader's are the tenant's; another tenant's are its own.
+#[tokio::test]
+async fn an_agent_counts_only_the_jobs_it_submitted() -> anyhow::Result<()> {
+    use v1::JobStatus::{Cancelled, Running};
+    let dir = tempfile::tempdir()?;
+    let (_fleet, mut api) = fleet_with_tenants(dir.path(), &desk_tenant()).await?;
+    let a1 = api.submit_job(slow(AGENT_A, "")).await?.into_inner().job_id;
+    api.submit_job(slow(AGENT_A, "")).await?;
+    api.submit_job(slow(AGENT_B, "")).await?;
+    api.cancel_job(as_tenant(AGENT_A, v1::CancelJobRequest { job_id: a1 }))
+        .await?;
+    let expected: [(&str, &[(v1::JobStatus, u64)]); 5] = [
+        (AGENT_A, &[(Running, 1), (Cancelled, 1)]),
+        (AGENT_B, &[(Running, 1)]),
+        (OPERATOR, &[(Running, 2), (Cancelled, 1)]),
+        (READER, &[(Running, 2), (Cancelled, 1)]),
+        (ADS, &[]),
+    ];
+    for (token, counts) in expected {
+        let what = format!("the counts of {token} to be {counts:?}");
+        let reached = wait_until(&what, Duration::from_secs(20), || {
+            let api = api.clone();
+            async move { counted(&api, token).await.is_ok_and(|c| c == counts) }
+        })
+        .await;
+        if let Err(err) = reached {
+            anyhow::bail!("{err:#}; they are {:?}", counted(&api, token).await?);
+        }
+    }
+    Ok(())
+}
+
 #[tokio::test]
 async fn a_changed_tokens_file_takes_effect_without_a_restart() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;

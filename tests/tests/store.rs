@@ -19,6 +19,8 @@ use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, EventId, JobId, ToolManifest, WireId};
 use toolfleet_tests::{NatsServer, RedisServer};
 
+#[path = "store/counts.rs"]
+mod counts;
 #[path = "store/held_calls.rs"]
 mod held_calls;
 

@@ -115,6 +115,12 @@ pub(crate) struct BenchArgs {
     /// jobs parked (docs/performance.md).
     #[arg(long, value_name = "N", requires = "processes")]
     pub(super) parked: Option<usize>,
+    /// Instead of the load, time the console's jobs page (`ListJobs` of 50
+    /// jobs with the tenant's counts: the newest, the last hour, page after
+    /// page, and a status filter nothing matches) with N finished jobs
+    /// stored, spread over the last 23 hours (docs/benchmarks.md).
+    #[arg(long, value_name = "N", conflicts_with_all = ["target", "tls", "redis_cluster", "stored_jobs", "parked", "mcp", "first_token"])]
+    pub(super) jobs_page: Option<usize>,
     /// Instead of the load, time N calls of an MCP server's tool made by
     /// one MCP client directly and N through the fleet (`mcp-serve`, a call
     /// job, a worker, the same server), interleaved, one at a time: what

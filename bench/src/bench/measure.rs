@@ -158,7 +158,7 @@ async fn warm_up(
             anyhow::bail!("--stored-jobs needs the fleet's one Redis server");
         };
         let keys = RedisKeys::new(RedisOptions::default().key_prefix);
-        stored::fill(url, &keys, count).await?;
+        stored::fill(url, &keys, count, None).await?;
     }
     Ok(())
 }

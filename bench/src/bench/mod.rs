@@ -7,13 +7,15 @@
 //!   submits; `report`: the results and their table.
 //! - `accounting`: what a phase cost, process by process; `floor`: the raw
 //!   NATS and JetStream floors; `processes`: the fleet as processes;
-//!   `stored`: `--stored-jobs`; `parked`, `mcp` and `first_token`: the
-//!   runs of `--parked`, `--mcp` and `--first-token`.
+//!   `stored`: `--stored-jobs`; `parked`, `jobs_page`, `mcp` and
+//!   `first_token`: the runs of `--parked`, `--jobs-page`, `--mcp` and
+//!   `--first-token`.
 
 mod accounting;
 mod args;
 mod first_token;
 mod floor;
+mod jobs_page;
 mod load;
 mod mcp;
 mod measure;

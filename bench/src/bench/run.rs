@@ -13,7 +13,7 @@ use super::load::Workload;
 use super::measure::measure;
 use super::processes::{FleetShape, ProcessFleet};
 use super::report::publish;
-use super::{Api, first_token, mcp, parked};
+use super::{Api, first_token, jobs_page, mcp, parked};
 use toolfleet_cli::output::outln;
 use toolfleet_fleet::local::{LocalFleet, LocalFleetOptions};
 use toolfleet_fleet::supervisor::otlp::Collector;
@@ -59,6 +59,17 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     if let Some(jobs) = args.parked {
         return run_parked(&args, &api, &sources, jobs, processes).await;
+    }
+    if let Some(stored) = args.jobs_page {
+        let measured = measure_jobs_page(&api, &sources, stored).await;
+        stop(fleet, processes, exporting).await;
+        let report = measured?;
+        if args.json {
+            outln!("{}", serde_json::to_string_pretty(&report)?)?;
+        } else {
+            outln!("{}", jobs_page::print(&report))?;
+        }
+        return Ok(());
     }
     let result = measure(&args, &api, nats, &sources).await;
     // What the servers say, where they can be asked.
@@ -142,6 +153,19 @@ async fn measure_parked(
         anyhow::bail!("--parked needs the fleet's one Redis server");
     };
     parked::measure(api, orchestrator, redis_url, jobs, concurrency).await
+}
+
+/// `--jobs-page`: the console's jobs page with `stored` jobs in the
+/// fleet's one Redis server.
+async fn measure_jobs_page(
+    api: &Api,
+    sources: &Sources,
+    stored: usize,
+) -> anyhow::Result<jobs_page::JobsPageReport> {
+    let [redis_url] = sources.redis_urls.as_slice() else {
+        anyhow::bail!("--jobs-page needs the fleet's one Redis server");
+    };
+    jobs_page::measure(api, redis_url, stored).await
 }
 
 /// With `--trace-ratio`, a collector that counts the spans the fleet sends.

@@ -1,6 +1,7 @@
 //! `toolfleet jobs`: your jobs, a page at a time.
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use toolfleet_proto::v1;
@@ -20,6 +21,9 @@ pub(crate) struct JobsArgs {
     /// Only jobs with this metadata pair (repeat: all must match).
     #[arg(long = "meta", value_name = "KEY=VALUE", value_parser = parse_meta)]
     metadata: Vec<(String, String)>,
+    /// Only jobs submitted in the last DURATION (`90s`, `15m`, `2h`, `7d`).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    since: Option<Duration>,
     /// Most jobs to list (1-500).
     #[arg(long, value_name = "N", default_value_t = 20,
           value_parser = clap::value_parser!(u32).range(1..=500))]
@@ -61,12 +65,15 @@ impl From<StatusFilter> for v1::JobStatus {
 /// `toolfleet jobs`.
 pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
+    let now = toolfleet_service::clock::now_ms();
     let page = client
         .list_jobs(v1::ListJobsRequest {
             page_size: args.limit,
             page_token: args.page_token.clone().unwrap_or_default(),
             status: args.status.map_or(0, |s| v1::JobStatus::from(s).into()),
             metadata: args.metadata.iter().cloned().collect(),
+            created_after_ms: args.since.map_or(0, |since| created_after(now, since)),
+            ..Default::default()
         })
         .await
         .map_err(|status| rpc_error("ListJobs", &status))?
@@ -81,10 +88,7 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
     if page.jobs.is_empty() {
         eprintln!("no jobs match (finished jobs are kept for store.job_retention, 24h by default)");
     } else {
-        out!(
-            "{}",
-            transcript::jobs_table(&page.jobs, toolfleet_service::clock::now_ms())
-        )?;
+        out!("{}", transcript::jobs_table(&page.jobs, now))?;
     }
     if !page.next_page_token.is_empty() {
         eprintln!("more: {}", args.next_page(&page.next_page_token));
@@ -110,6 +114,12 @@ impl JobsArgs {
                 shell_word(&format!("{key}={value}"))
             ));
         }
+        // The same duration: the next page of the jobs of the last DURATION
+        // as of when it is asked for.
+        if let Some(since) = self.since {
+            let since = humantime::format_duration(since).to_string();
+            command.push_str(&format!(" --since {}", shell_word(&since)));
+        }
         command.push_str(&format!(
             " --limit {} --page-token {}",
             self.limit,
@@ -117,6 +127,14 @@ impl JobsArgs {
         ));
         command
     }
+}
+
+/// The `created_after_ms` of the jobs of the last `since` at `now_ms`: the
+/// epoch when `since` reaches back further (a job at 1 ms is listed; 0
+/// would ask for no bound, which is the same).
+fn created_after(now_ms: u64, since: Duration) -> u64 {
+    let since_ms = u64::try_from(since.as_millis()).unwrap_or(u64::MAX);
+    now_ms.saturating_sub(since_ms).max(1)
 }
 
 /// `word` as one word of a POSIX shell command line: as it is when it is
@@ -173,5 +191,23 @@ mod tests {
             .map(str::to_owned)
             .collect();
         assert_eq!(words[2], "note=it's mine");
+        let args = parse(&["--since", "90m", "--status", "failed"]);
+        assert_eq!(args.since, Some(Duration::from_secs(5_400)));
+        assert_eq!(
+            args.next_page("t"),
+            "toolfleet jobs --status failed --since '1h 30m' --limit 20 --page-token t"
+        );
+    }
+
+    #[test]
+    fn since_reaches_back_from_now_and_never_below_the_first_millisecond() {
+        let hour = Duration::from_secs(3_600);
+        assert_eq!(created_after(10_000_000, hour), 10_000_000 - 3_600_000);
+        assert_eq!(created_after(1_000, hour), 1, "before the epoch: every job");
+        assert_eq!(created_after(5, Duration::MAX), 1);
+        assert!(
+            Jobs::try_parse_from(["jobs", "--since", "soon"]).is_err(),
+            "not a duration"
+        );
     }
 }

@@ -236,15 +236,24 @@ class Client:
         page_token: str = "",
         status: int = pb.JOB_STATUS_UNSPECIFIED,
         metadata: Optional[Mapping[str, str]] = None,
+        created_after_ms: int = 0,
+        created_before_ms: int = 0,
+        with_counts: bool = False,
     ) -> pb.ListJobsResponse:
         """A page of your jobs, newest first (without their items): your
         tenant's to an operator or a reader, those it submitted to any other
-        agent."""
+        agent. `created_after_ms` (included) and `created_before_ms`
+        (excluded) bound when they were created, in Unix ms; 0 is no
+        bound. With `with_counts`, the answer's `counts` say how many of
+        the jobs you see are in each status, whatever the filters."""
         request = pb.ListJobsRequest(
             page_size=page_size,
             page_token=page_token,
             status=status,
             metadata=dict(metadata or {}),
+            created_after_ms=created_after_ms,
+            created_before_ms=created_before_ms,
+            with_counts=with_counts,
         )
         return self._stub.ListJobs(request, timeout=self._timeout, metadata=self._metadata)
 

@@ -15,7 +15,7 @@ use super::ECHO_CHARS;
 use crate::job::{Event, Item, JobId, JobRecord, JobTrace};
 use crate::quota::{AdmitError, Refusal};
 use crate::registry::LiveTool;
-use crate::store::{self, Approvals};
+use crate::store::{self, Approvals, JobCounts};
 
 /// The one conversion from a store failure to a gRPC status. The detail goes
 /// to the log, not to the client.
@@ -123,6 +123,19 @@ pub(super) fn to_event(job_id: &JobId, event: Event, trace_id: Option<String>) -
         timestamp_ms: event.timestamp_ms,
         r#final: event.is_final,
     }
+}
+
+/// The counts of a `ListJobs` answer: one entry per status, in the enum's
+/// order.
+pub(super) fn to_counts(counts: &JobCounts) -> Vec<v1::JobStatusCount> {
+    counts
+        .by_status
+        .iter()
+        .map(|(status, jobs)| v1::JobStatusCount {
+            status: v1::JobStatus::from(*status).into(),
+            jobs: *jobs,
+        })
+        .collect()
 }
 
 pub(super) fn to_job(record: JobRecord, items: &[Item], approvals: Approvals) -> v1::Job {

@@ -34,8 +34,8 @@ use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
 use crate::registry::RegistryHandle;
-use crate::store::{self, Approvals, Idempotency, JobIndex, JobStore};
-use convert::{client_trace, fingerprint, not_admitted, not_found, to_job, to_tool};
+use crate::store::{self, Approvals, Idempotency, JobCounts, JobIndex, JobStore, Page};
+use convert::{client_trace, fingerprint, not_admitted, not_found, to_counts, to_job, to_tool};
 use follow::{Follower, WATCH_BATCH, Watch};
 use validate::{ListQuery, Rules, may_own};
 
@@ -456,9 +456,15 @@ impl AgentService for AgentApi {
     ) -> Result<Response<v1::ListJobsResponse>, Status> {
         let caller = caller_for(&request, Rpc::ReadJobs)?;
         let mut query = ListQuery::parse(request.into_inner())?;
-        let (before, limit) = (query.before.take(), query.limit);
-        // An agent that sees only its own jobs reads its own index: its
-        // pages are as full as an operator's (decision 0049).
+        let page = Page {
+            before: query.before.take(),
+            window: query.window,
+            limit: query.limit,
+            scan: query.limit * 10,
+        };
+        // An agent that sees only its own jobs reads its own index, and its
+        // own counts: its pages are as full as an operator's, and it learns
+        // nothing of another's jobs (decisions 0049, 0051).
         let sight = caller.sight();
         let index = match &sight {
             Sight::Every => JobIndex::Tenant(&caller.tenant),
@@ -466,24 +472,37 @@ impl AgentService for AgentApi {
                 tenant: &caller.tenant,
                 submitter,
             },
-            Sight::Submitted(None) => return Ok(Response::new(v1::ListJobsResponse::default())),
+            Sight::Submitted(None) => {
+                return Ok(Response::new(v1::ListJobsResponse {
+                    counts: if query.with_counts {
+                        to_counts(&JobCounts::none())
+                    } else {
+                        Vec::new()
+                    },
+                    ..Default::default()
+                }));
+            }
         };
         let keep = |record: &JobRecord| {
             query.keeps(record)
                 && caller.access(JobAction::Read, record.spec.submitter.as_deref())
                     == JobAccess::Allowed
         };
-        let (records, next) = self
-            .store
-            .list(index, before, limit, limit * 10, keep)
-            .await
-            .map_err(|e| to_status(&e))?;
+        let listed = self.store.list(index, page, keep);
+        let (listed, counts) = if query.with_counts {
+            let (listed, counts) = tokio::join!(listed, self.store.counts(index));
+            (listed, Some(counts.map_err(|e| to_status(&e))?))
+        } else {
+            (listed.await, None)
+        };
+        let (records, next) = listed.map_err(|e| to_status(&e))?;
         Ok(Response::new(v1::ListJobsResponse {
             jobs: records
                 .into_iter()
                 .map(|r| to_job(r, &[], Approvals::default()))
                 .collect(),
             next_page_token: next.map(|c| c.to_token()).unwrap_or_default(),
+            counts: counts.as_ref().map(to_counts).unwrap_or_default(),
         }))
     }
 

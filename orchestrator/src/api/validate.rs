@@ -21,7 +21,7 @@ use crate::job::{
     UnknownOutcome, now_ms,
 };
 use crate::model::scripted::Scripted;
-use crate::store::ListCursor;
+use crate::store::{CreatedWindow, ListCursor, MAX_SUBMITTED_MS};
 
 /// What a request is checked against: the API's options, and whether the
 /// real providers have an API key.
@@ -508,6 +508,10 @@ pub(super) struct ListQuery {
     pub(super) limit: usize,
     /// Where the page starts: after the previous page's last job.
     pub(super) before: Option<ListCursor>,
+    /// When the listed jobs were created.
+    pub(super) window: CreatedWindow,
+    /// Whether to answer the caller's counts too.
+    pub(super) with_counts: bool,
     status: Option<JobStatus>,
     metadata: HashMap<String, String>,
 }
@@ -550,6 +554,8 @@ impl ListQuery {
         Ok(Self {
             limit,
             before,
+            window: created_window(request.created_after_ms, request.created_before_ms)?,
+            with_counts: request.with_counts,
             status,
             metadata: request.metadata,
         })
@@ -563,6 +569,39 @@ impl ListQuery {
                 .iter()
                 .all(|(key, value)| record.spec.metadata.get(key) == Some(value))
     }
+}
+
+/// The window of creation times a `ListJobs` request asks for: 0 is no
+/// bound; a bound is a time a job id can carry (Unix ms, up to the year
+/// 10889), and the start is not after the end.
+fn created_window(after_ms: u64, before_ms: u64) -> Result<CreatedWindow, Status> {
+    let bound = |field: &str, ms: u64| match ms {
+        0 => Ok(None),
+        ms if ms > MAX_SUBMITTED_MS => Err(invalid(
+            field,
+            format!(
+                "{ms} is not a time in Unix milliseconds (at most {MAX_SUBMITTED_MS}, the year \
+                 10889; 0 for no bound)"
+            ),
+        )),
+        ms => Ok(Some(ms)),
+    };
+    let window = CreatedWindow {
+        after_ms: bound("created_after_ms", after_ms)?,
+        before_ms: bound("created_before_ms", before_ms)?,
+    };
+    if let CreatedWindow {
+        after_ms: Some(after),
+        before_ms: Some(before),
+    } = window
+        && after > before
+    {
+        return Err(invalid(
+            "created_after_ms",
+            format!("{after} is after created_before_ms ({before}): the window is empty"),
+        ));
+    }
+    Ok(window)
 }
 
 #[cfg(test)]
@@ -910,8 +949,24 @@ mod tests {
         let query = ListQuery::parse(request(|_| {})).unwrap();
         assert_eq!(query.limit, 50);
         assert!(query.before.is_none() && query.status.is_none());
+        assert_eq!(query.window, CreatedWindow::default(), "0s are no bound");
+        assert!(!query.with_counts);
+        let query = ListQuery::parse(request(|r| {
+            r.created_after_ms = 1_000;
+            r.created_before_ms = 2_000;
+            r.with_counts = true;
+        }))
+        .unwrap();
+        assert_eq!(
+            query.window,
+            CreatedWindow {
+                after_ms: Some(1_000),
+                before_ms: Some(2_000)
+            }
+        );
+        assert!(query.with_counts);
         type ListChange = fn(&mut v1::ListJobsRequest);
-        let cases: [(ListChange, &str); 5] = [
+        let cases: [(ListChange, &str); 13] = [
             (|r| r.page_size = 501, "page_size: the limit is 500"),
             (
                 |r| r.page_token = "nope".into(),
@@ -923,6 +978,33 @@ mod tests {
                 "metadata: at most 16 pairs",
             ),
             (|r| r.page_size = 0, ""),
+            (
+                |r| r.created_after_ms = u64::MAX,
+                "created_after_ms: 18446744073709551615 is not a time in Unix milliseconds",
+            ),
+            (
+                |r| r.created_before_ms = MAX_SUBMITTED_MS + 1,
+                "created_before_ms: 281474976710656 is not a time",
+            ),
+            (
+                |r| {
+                    r.created_after_ms = 2_000;
+                    r.created_before_ms = 1_999;
+                },
+                "created_after_ms: 2000 is after created_before_ms (1999)",
+            ),
+            // An empty window is a question with an empty answer.
+            (
+                |r| {
+                    r.created_after_ms = 2_000;
+                    r.created_before_ms = 2_000;
+                },
+                "",
+            ),
+            (|r| r.created_after_ms = MAX_SUBMITTED_MS, ""),
+            (|r| r.created_before_ms = 1, ""),
+            (|r| r.created_after_ms = 1_700_000_000_000, ""),
+            (|r| r.with_counts = true, ""),
         ];
         for (change, expected) in cases {
             match ListQuery::parse(request(change)) {

@@ -8,7 +8,9 @@
 //! A job is re-queued when it was submitted more than `runner.sweep_after`
 //! ago, is neither finished nor leased by a runner. A re-queued job that did
 //! still have its message gets two: the second finds it leased or finished
-//! and is dropped, so sweeping is always safe.
+//! and is dropped, so sweeping is always safe. Each job it looks at is
+//! counted again as its record says, which repairs a count its last change
+//! did not make (decision 0051).
 
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use tracing::{debug, warn};
 
 use crate::job::{JobId, now_ms};
 use crate::publish;
-use crate::store::{JobStore, Wake};
+use crate::store::{Change, JobStore, Wake};
 
 /// Jobs looked at per sweep.
 const BATCH: usize = 100;
@@ -101,12 +103,22 @@ async fn wake_parked(store: &JobStore, js: &jetstream::Context) {
     }
 }
 
+/// Counts the job as its record says, then drops it from the sweeper's
+/// indexes if it ended or is gone, or re-queues it if no runner holds it.
+/// A job whose count a crash (or a failed write) left behind its status is
+/// here: it leaves the unfinished index only once its end is counted
+/// (decision 0051).
 async fn sweep_one(
     store: &JobStore,
     js: &jetstream::Context,
     job_id: &JobId,
 ) -> anyhow::Result<()> {
-    match store.get(job_id).await? {
+    let job = store.get(job_id).await?;
+    match &job {
+        Some(job) => store.recount(job).await?,
+        None => store.count(job_id, None, Change::Gone).await?,
+    };
+    match job {
         // Expired, or lost with Redis: nothing to run.
         None => store.forget_place(job_id).await,
         Some(job) if job.status.is_final() => store.forget_place(job_id).await,

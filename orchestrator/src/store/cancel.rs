@@ -13,15 +13,16 @@ use super::*;
 use crate::live::Written;
 
 impl JobStore {
-    /// Cancels a queued or parked job at once, or asks its runner to stop. Returns the
-    /// status after the request, `None` for an unknown job.
+    /// Cancels a queued or parked job at once (its end counted), or asks its
+    /// runner to stop. Returns the status after the request, `None` for an
+    /// unknown job.
     ///
     /// # Errors
     ///
     /// [`Error::Redis`].
     pub async fn cancel(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
         let cancelled = Ending::Cancelled.event();
-        let status: String = CANCEL
+        let (status, spec): (String, String) = CANCEL
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .key(self.keys.job_items(job_id))
@@ -41,7 +42,18 @@ impl JobStore {
         self.notify(job_id, Written::counted(None)).await;
         let status = status.parse::<JobStatus>().ok();
         if status.is_some_and(JobStatus::is_final) {
-            self.forget_place(job_id).await;
+            if spec.is_empty() {
+                // It had ended before: its end was counted then.
+                self.forget_place(job_id).await;
+            } else {
+                // A spec that does not parse names no submitter: the job
+                // is counted for its tenant alone.
+                let submitter = serde_json::from_str::<JobSpec>(&spec)
+                    .ok()
+                    .and_then(|spec| spec.submitter);
+                self.count_end(job_id, submitter.as_deref(), JobStatus::Cancelled)
+                    .await;
+            }
             self.forget_held(job_id).await;
         }
         Ok(status)
@@ -80,7 +92,7 @@ impl JobStore {
             code: JobErrorCode::JobStateLost,
             message: None,
         };
-        let _: i64 = LOST
+        let recorded: i64 = LOST
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
             .arg(serde_json::to_string(&placeholder).expect("a spec serializes"))
@@ -93,7 +105,13 @@ impl JobStore {
             .invoke_async(&mut self.conn())
             .await?;
         self.notify(job_id, Written::counted(None)).await;
-        self.forget_place(job_id).await;
+        if recorded == 1 {
+            // Its submitter was lost with it: the failure counts for its
+            // tenant alone, as it lists.
+            self.count_end(job_id, None, JobStatus::Failed).await;
+        } else {
+            self.forget_place(job_id).await;
+        }
         Ok(())
     }
 }
@@ -103,12 +121,14 @@ impl JobStore {
 /// message of a queued job, and of a parked one.
 /// Cancels a job nobody runs (queued, or parked waiting for approval) at
 /// once, every key of it set to expire; asks a running one to stop. Returns
-/// the status after the request ('' if the job is missing).
+/// `{status, spec}`: the status after the request ('' if the job is
+/// missing), and the job's spec if this request ended it ('' otherwise),
+/// whose submitter its end is counted for.
 static CANCEL: LazyLock<Script> = LazyLock::new(|| {
     script(
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
-if not status then return '' end
+if not status then return {'', ''} end
 -- A queued (or parked) job a runner already leased is as good as running:
 -- only ask.
 local unheld = redis.call('EXISTS', KEYS[4]) == 0
@@ -122,12 +142,12 @@ if (status == '$QUEUED' or status == '$WAITING') and unheld then
   for k = 1, 7 do
     if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
   end
-  return '$CANCELLED'
+  return {'$CANCELLED', redis.call('HGET', KEYS[1], 'spec') or ''}
 end
 if status == '$RUNNING' or status == '$QUEUED' or status == '$WAITING' then
   redis.call('HSET', KEYS[1], 'cancel_requested', '1')
 end
-return status
+return {status, ''}
 ",
     )
 });
@@ -163,7 +183,7 @@ mod tests {
     #[test]
     fn the_cancel_scripts_are_filled_and_answer_statuses() {
         let cancel = assert_filled("CANCEL", &CANCEL);
-        assert!(cancel.contains(&format!("return '{}'", JobStatus::Cancelled)));
+        assert!(cancel.contains(&format!("return {{'{}'", JobStatus::Cancelled)));
         let lost = assert_filled("LOST", &LOST);
         assert!(lost.contains(&format!("'status', '{}'", JobStatus::Failed)));
     }

@@ -8,9 +8,10 @@ use crate::job::{JobId, JobRecord};
 
 use super::*;
 
-/// Which index of a tenant's jobs a page of [`JobStore::list`] reads.
+/// Whose jobs a page of `ListJobs` reads (a tenant's index, or one of its
+/// submitters'), and whose jobs [`JobStore::counts`] counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum JobIndex<'a> {
+pub enum JobIndex<'a> {
     /// Every job of the tenant.
     Tenant(&'a str),
     /// The jobs of the tenant that `submitter` submitted
@@ -25,21 +26,21 @@ pub(crate) enum JobIndex<'a> {
 }
 
 impl JobStore {
-    /// A page of the jobs in `index`, newest first: those submitted before
-    /// `before` (a cursor from an earlier page; `None` starts at the newest)
-    /// that `keep` accepts, at most `limit`, reading at most `scan` index
-    /// entries. Returns the jobs and the cursor of the next page, `None` at
-    /// the end. Entries whose job has expired are dropped from the index.
+    /// A page of the jobs in `index`, newest first: those created in
+    /// `window` and submitted before `before` (a cursor from an earlier
+    /// page; `None` starts at the newest) that `keep` accepts, at most
+    /// `limit`, reading at most `scan` index entries. Returns the jobs and
+    /// the cursor of the next page, `None` at the end. Entries whose job has
+    /// expired are dropped from the index.
     ///
     /// # Errors
     ///
-    /// [`Error::Redis`].
+    /// [`Error::Redis`], or [`Error::Corrupt`] for a record that does not
+    /// parse.
     pub(crate) async fn list(
         &self,
         index: JobIndex<'_>,
-        before: Option<ListCursor>,
-        limit: usize,
-        scan: usize,
+        page: Page,
         keep: impl Fn(&JobRecord) -> bool,
     ) -> Result<(Vec<JobRecord>, Option<ListCursor>), Error> {
         let index = match index {
@@ -48,22 +49,25 @@ impl JobStore {
                 self.keys.submitter_jobs(tenant, submitter)
             }
         };
+        let Page {
+            before,
+            window,
+            limit,
+            scan,
+        } = page;
         let mut jobs = Vec::new();
         let mut cursor = before;
         let mut scanned = 0;
         while jobs.len() < limit && scanned < scan {
             let batch = (scan - scanned).min(100);
-            let max = cursor.as_ref().map_or_else(
-                || "+inf".to_owned(),
-                |c| format!("({}", c.submitted_ms.saturating_add(1)),
-            );
+            let (max, min) = score_range(cursor.as_ref(), window);
             // Entries of the cursor's own millisecond are read again and
             // skipped by id below, so jobs submitted in one ms are not lost.
             let entries: Vec<(String, u64)> = read_with_retry(|| async {
                 redis::cmd("ZREVRANGEBYSCORE")
                     .arg(&index)
                     .arg(&max)
-                    .arg("-inf")
+                    .arg(&min)
                     .arg("WITHSCORES")
                     .arg("LIMIT")
                     .arg(0)
@@ -83,23 +87,30 @@ impl JobStore {
             if fresh.is_empty() {
                 return Ok((jobs, None));
             }
-            for (job_id, submitted_ms) in fresh {
-                scanned += 1;
-                cursor = Some(ListCursor {
-                    submitted_ms,
-                    job_id: job_id.clone(),
-                });
-                match self.get(&job_id).await? {
-                    Some(record) if keep(&record) => {
-                        jobs.push(record);
-                        if jobs.len() == limit {
-                            break;
-                        }
+            let mut rest = &fresh[..];
+            while !rest.is_empty() && jobs.len() < limit {
+                // As many records in one round trip as the page still
+                // needs: a page with no filter reads no job it does not
+                // list, one with a filter a few round trips.
+                let (chunk, after) = rest.split_at((limit - jobs.len()).min(rest.len()));
+                rest = after;
+                let ids: Vec<JobId> = chunk.iter().map(|(id, _)| id.clone()).collect();
+                let mut expired = Vec::new();
+                for ((job_id, submitted_ms), record) in chunk.iter().zip(self.records(&ids).await?)
+                {
+                    scanned += 1;
+                    cursor = Some(ListCursor {
+                        submitted_ms: *submitted_ms,
+                        job_id: job_id.clone(),
+                    });
+                    match record {
+                        Some(record) if keep(&record) => jobs.push(record),
+                        Some(_) => {}
+                        None => expired.push(job_id.as_str()),
                     }
-                    Some(_) => {}
-                    None => {
-                        let _: i64 = self.conn().zrem(&index, job_id.as_str()).await?;
-                    }
+                }
+                if !expired.is_empty() {
+                    let _: i64 = self.conn().zrem(&index, expired).await?;
                 }
             }
         }
@@ -146,7 +157,49 @@ impl JobStore {
 
 /// The latest submission time a job id can carry (48 bits of milliseconds,
 /// the year 10889).
-const MAX_SUBMITTED_MS: u64 = 0xffff_ffff_ffff;
+pub(crate) const MAX_SUBMITTED_MS: u64 = 0xffff_ffff_ffff;
+
+/// What a page of [`JobStore::list`] reads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Page {
+    /// Where it starts: after the previous page's last job (`None`: at the
+    /// newest).
+    pub(crate) before: Option<ListCursor>,
+    /// When its jobs were created.
+    pub(crate) window: CreatedWindow,
+    /// Jobs on the page, at most.
+    pub(crate) limit: usize,
+    /// Index entries it reads, at most.
+    pub(crate) scan: usize,
+}
+
+/// When the jobs a page lists were created: from `after_ms` (inclusive)
+/// to `before_ms` (exclusive), Unix ms; `None` is no bound.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CreatedWindow {
+    /// The earliest creation time listed.
+    pub(crate) after_ms: Option<u64>,
+    /// The first creation time past the window.
+    pub(crate) before_ms: Option<u64>,
+}
+
+/// The scores `ZREVRANGEBYSCORE` reads of an index (max, then min) for the
+/// entries after `cursor` (from its own millisecond, which the caller
+/// skips by id) that were created in `window`.
+fn score_range(cursor: Option<&ListCursor>, window: CreatedWindow) -> (String, String) {
+    let below = [
+        cursor.map(|c| c.submitted_ms.saturating_add(1)),
+        window.before_ms,
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let max = below.map_or_else(|| "+inf".to_owned(), |ms| format!("({ms}"));
+    let min = window
+        .after_ms
+        .map_or_else(|| "-inf".to_owned(), |ms| ms.to_string());
+    (max, min)
+}
 
 /// Where a page of `JobStore::list` ended: the last job it read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +246,40 @@ mod tests {
         ListCursor {
             submitted_ms: ms,
             job_id: job.clone(),
+        }
+    }
+
+    /// The scores a page reads: below the cursor's next millisecond and
+    /// the window's end, whichever is lower, and from the window's start.
+    #[test]
+    fn a_page_reads_the_scores_of_its_window_after_its_cursor() {
+        let job = JobId::new("acme", 5, 6);
+        let window = |after_ms, before_ms| CreatedWindow {
+            after_ms,
+            before_ms,
+        };
+        let at = cursor(100, &job);
+        let rows = [
+            (None, window(None, None), ("+inf", "-inf")),
+            (Some(&at), window(None, None), ("(101", "-inf")),
+            (None, window(Some(50), None), ("+inf", "50")),
+            (None, window(None, Some(80)), ("(80", "-inf")),
+            (Some(&at), window(Some(50), Some(80)), ("(80", "50")),
+            (Some(&at), window(Some(50), Some(500)), ("(101", "50")),
+            (Some(&at), window(None, Some(101)), ("(101", "-inf")),
+            (None, window(Some(7), Some(7)), ("(7", "7")),
+            (
+                Some(&cursor(u64::MAX, &job)),
+                window(None, None),
+                ("(18446744073709551615", "-inf"),
+            ),
+        ];
+        for (cursor, window, (max, min)) in rows {
+            assert_eq!(
+                score_range(cursor, window),
+                (max.to_owned(), min.to_owned()),
+                "{cursor:?} {window:?}"
+            );
         }
     }
 

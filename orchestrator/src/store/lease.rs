@@ -7,8 +7,9 @@ use std::time::Duration;
 use redis::AsyncCommands;
 use redis::Script;
 
-use crate::job::{JobEvent, Lease, now_ms};
+use crate::job::{JobEvent, JobStatus, Lease, now_ms};
 
+use super::counts::Change;
 use super::place::{Place, Stamp};
 use super::read::parse_run_start;
 use super::scripts::script;
@@ -24,7 +25,9 @@ impl JobStore {
     /// from ([`load_run`](Self::load_run)), all in one round trip: the reads
     /// follow the lease in one pipeline, so they see the job as its new
     /// holder does. The start is `None` without a lease, and when the job's
-    /// state does not parse (the run's own read then says why).
+    /// state does not parse (the run's own read then says why). The run is
+    /// counted for the job's tenant and its submitter, whom the lease names
+    /// ([`count`](Self::count)).
     ///
     /// # Errors
     ///
@@ -35,7 +38,7 @@ impl JobStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(Acquired, Option<RunStart>), Error> {
-        let start = StartEvent::new(owner);
+        let start_event = StartEvent::new(owner);
         let now = now_ms();
         let mut acquisition = ACQUIRE.prepare_invoke();
         acquisition
@@ -45,10 +48,10 @@ impl JobStore {
             .arg(owner)
             .arg(millis(ttl))
             .arg(now)
-            .arg(start.started)
-            .arg(start.resumed)
-            .arg(&start.before_epoch)
-            .arg(&start.after_epoch);
+            .arg(start_event.started)
+            .arg(start_event.resumed)
+            .arg(&start_event.before_epoch)
+            .arg(&start_event.after_epoch);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
@@ -57,8 +60,15 @@ impl JobStore {
             Fields,
             Fields,
             Vec<String>,
-        ) = self.query_invoking(&pipe, &ACQUIRE).await?;
-        let acquired = acquired(job_id, owner, epoch, resumed == 1);
+        ) = self.query_invoking(&pipe, &[&ACQUIRE]).await?;
+        let start = match epoch {
+            1.. => parse_run_start(job_id, &fields, &offered, &items)
+                .ok()
+                .flatten(),
+            _ => None,
+        };
+        let submitter = start.as_ref().and_then(|s| s.record.spec.submitter.clone());
+        let acquired = acquired(job_id, owner, epoch, resumed == 1, submitter);
         if moved > 0 {
             // The run goes on without this move: a job left in the parked
             // index while it runs is put right by its next park, its end
@@ -70,16 +80,22 @@ impl JobStore {
                 tracing::warn!(%job_id, error = %err, "could not move a resumed parked job to the unfinished index");
             }
         }
-        let start = match &acquired {
-            Acquired::Lease(lease) => {
-                let stored = start.stored(lease, events, now);
-                self.notify(job_id, stored).await;
-                parse_run_start(job_id, &fields, &offered, &items)
-                    .ok()
-                    .flatten()
+        if let Acquired::Lease(lease) = &acquired {
+            let stored = start_event.stored(lease, events, now);
+            self.notify(job_id, stored).await;
+            let running = Change::Live {
+                status: JobStatus::Running,
+                events,
+            };
+            // The job stays in the unfinished index while it runs, where
+            // the sweeper counts it should this fail; so does its end.
+            if let Err(err) = self
+                .count(job_id, lease.submitter.as_deref(), running)
+                .await
+            {
+                tracing::warn!(%job_id, error = %err, "could not count a job's run");
             }
-            _ => None,
-        };
+        }
         Ok((acquired, start))
     }
 
@@ -175,8 +191,14 @@ impl StartEvent {
 }
 
 /// What the lease script of [`JobStore::acquire_and_load`] answered, as an
-/// [`Acquired`].
-fn acquired(job_id: &JobId, owner: &str, epoch: i64, resumed: bool) -> Acquired {
+/// [`Acquired`], for the job `submitter` submitted.
+fn acquired(
+    job_id: &JobId,
+    owner: &str,
+    epoch: i64,
+    resumed: bool,
+    submitter: Option<String>,
+) -> Acquired {
     match epoch {
         -2 => Acquired::Missing,
         -1 => Acquired::Finished,
@@ -188,6 +210,7 @@ fn acquired(job_id: &JobId, owner: &str, epoch: i64, resumed: bool) -> Acquired 
                 token: format!("{owner}:{epoch}"),
                 epoch,
                 resumed,
+                submitter,
             })
         }
     }
@@ -280,6 +303,7 @@ mod tests {
             token: format!("o-1:{epoch}"),
             epoch,
             resumed,
+            submitter: None,
         }
     }
 
@@ -310,10 +334,19 @@ mod tests {
     #[test]
     fn the_lease_scripts_answer_reads_as_what_happened() {
         let job = JobId::new("acme", 1, 2);
-        assert!(matches!(acquired(&job, "o", -2, false), Acquired::Missing));
-        assert!(matches!(acquired(&job, "o", -1, false), Acquired::Finished));
-        assert!(matches!(acquired(&job, "o", 0, false), Acquired::Held));
-        let Acquired::Lease(taken) = acquired(&job, "o-1", 3, true) else {
+        assert!(matches!(
+            acquired(&job, "o", -2, false, None),
+            Acquired::Missing
+        ));
+        assert!(matches!(
+            acquired(&job, "o", -1, false, None),
+            Acquired::Finished
+        ));
+        assert!(matches!(
+            acquired(&job, "o", 0, false, None),
+            Acquired::Held
+        ));
+        let Acquired::Lease(taken) = acquired(&job, "o-1", 3, true, None) else {
             panic!("a lease");
         };
         assert_eq!(taken, lease(3, true));
@@ -338,6 +371,7 @@ mod tests {
                     token: format!("{owner}:9"),
                     epoch: 9,
                     resumed,
+                    submitter: None,
                 };
                 let events = start.stored(&lease, 1, 5).stored.expect("handed over");
                 let expected = JobEvent::run_started(9, owner.to_owned(), resumed);
@@ -354,7 +388,7 @@ mod tests {
     #[test]
     fn a_lease_token_is_its_owner_and_epoch() {
         let job = JobId::new("acme", 1, 2);
-        let Acquired::Lease(taken) = acquired(&job, "pod-7", i64::MAX, false) else {
+        let Acquired::Lease(taken) = acquired(&job, "pod-7", i64::MAX, false, None) else {
             panic!("a lease");
         };
         assert_eq!(taken.token, format!("pod-7:{}", i64::MAX));

@@ -20,7 +20,8 @@
 //!   (`approvals`, decision 0036);
 //! - `tf:{<job>}:lease`: `<owner>:<epoch>` of the runner, with a TTL.
 //!
-//! Finished jobs expire after the retention.
+//! Finished jobs expire after the retention. A tenant's indexes and counts
+//! are under its own hash tag (`index`, `counts`).
 //!
 //! The store speaks in verbs of the job's life, one module each:
 //! - `submit`: a new job, its idempotency key and its indexes;
@@ -32,6 +33,8 @@
 //! - `read`: the record, the conversation, attempts, stored results, events;
 //! - `cancel`: ending a job from outside its run (a cancel, a lost job);
 //! - `index`: a tenant's jobs newest first, and the unfinished jobs;
+//! - `counts`: how many of a tenant's jobs (and a submitter's) are in each
+//!   status, a stamped step after each change of status;
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
 //! - `approvals`: held calls and people's decisions, as stored;
@@ -52,6 +55,7 @@ mod attempts;
 mod cancel;
 mod catalog;
 mod commit;
+mod counts;
 mod decide;
 mod index;
 mod lease;
@@ -74,9 +78,10 @@ use toolfleet_service::connect::RedisConnection;
 pub use approvals::{ApprovalRequest, Approvals, HeldCall};
 pub use attempts::Attempts;
 pub use commit::{DispatchedCall, SettledCall, Unstored};
+pub use counts::{Change, JobCounts};
 pub use decide::{Decide, DecideStep, Decided, Seen};
-pub(crate) use index::JobIndex;
-pub use index::ListCursor;
+pub(crate) use index::{CreatedWindow, MAX_SUBMITTED_MS, Page};
+pub use index::{JobIndex, ListCursor};
 pub use lease::Acquired;
 pub use park::{ParkWrite, Parked, Wake};
 pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
@@ -183,19 +188,21 @@ impl JobStore {
         self.live.wrote(job_id, written).await;
     }
 
-    /// Runs `pipe`, which invokes `script`. A Redis that lost its script
-    /// cache (a restart) answers `NOSCRIPT`: the script is loaded and the
+    /// Runs `pipe`, which invokes `scripts`. A Redis that lost its script
+    /// cache (a restart) answers `NOSCRIPT`: the scripts are loaded and the
     /// pipeline run again, so its other commands must bear running twice.
     pub(super) async fn query_invoking<T: redis::FromRedisValue>(
         &self,
         pipe: &redis::Pipeline,
-        script: &redis::Script,
+        scripts: &[&redis::Script],
     ) -> redis::RedisResult<T> {
         match pipe.query_async(&mut self.conn()).await {
             Err(err)
                 if err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
             {
-                script.load_async(&mut self.conn()).await?;
+                for script in scripts {
+                    script.load_async(&mut self.conn()).await?;
+                }
                 pipe.query_async(&mut self.conn()).await
             }
             other => other,

@@ -11,8 +11,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use crate::job::{JobEvent, Lease, now_ms};
+use crate::job::{JobEvent, JobStatus, Lease, now_ms};
 
+use super::counts::Change;
 use super::place::{Place, Stamp, Steps};
 use super::scripts::script;
 use super::*;
@@ -61,10 +62,10 @@ impl JobStore {
     /// Parks the job under `lease` until a person decides one of the held
     /// calls `waiting` (hold keys, with the ids events show them by), or
     /// `wake_at_ms`: its status `waiting_for_approval`, its
-    /// `job_waiting_for_approval` event, the lease dropped; then it moves
-    /// to the index of parked jobs. Unless one of them was decided
-    /// meanwhile ([`Parked::Decided`]): nothing is written, and the run
-    /// goes on, so that no decision waits for another.
+    /// `job_waiting_for_approval` event, the lease dropped; then it is
+    /// counted waiting, and moves to the index of parked jobs. Unless one of
+    /// them was decided meanwhile ([`Parked::Decided`]): nothing is
+    /// written, and the run goes on, so that no decision waits for another.
     ///
     /// # Errors
     ///
@@ -82,8 +83,15 @@ impl JobStore {
         };
         self.notify(&lease.job_id, Written::counted(Some(events)))
             .await;
-        // A crash before this move leaves the job in the unfinished index,
-        // where the sweeper queues it and a runner parks it again.
+        // Counted before it moves: a crash (or a failed count) before the
+        // move leaves the job in the unfinished index, where the sweeper
+        // counts it and queues it, and a runner parks it again.
+        let waiting = Change::Live {
+            status: JobStatus::WaitingForApproval,
+            events,
+        };
+        self.count(&lease.job_id, lease.submitter.as_deref(), waiting)
+            .await?;
         steps
             .place(
                 &lease.job_id,

@@ -22,6 +22,26 @@ impl JobStore {
         parse_record(job_id, &fields)
     }
 
+    /// The records of `job_ids`, in order, read in one round trip; `None`
+    /// for an unknown (or expired) job.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`], or [`Error::Corrupt`] when a record does not parse.
+    pub(crate) async fn records(&self, job_ids: &[JobId]) -> Result<Vec<Option<JobRecord>>, Error> {
+        let mut pipe = redis::pipe();
+        for job_id in job_ids {
+            pipe.hgetall(self.keys.job(job_id));
+        }
+        let fields: Vec<Fields> =
+            read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?;
+        job_ids
+            .iter()
+            .zip(&fields)
+            .map(|(job_id, fields)| parse_record(job_id, fields))
+            .collect()
+    }
+
     /// What a run starts from, read in one round trip: the job record (`None`
     /// for an unknown or expired job), the manifests its model was offered
     /// and its conversation
@@ -316,6 +336,7 @@ fn parse_record(
         cancel_requested: field("cancel_requested") == "1",
         moves: number("moves"),
         requeued: field("requeued") == "1",
+        events: number("events"),
         wire_ids: WireIds::from_secret(field("call_secret")),
         trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
     }))

@@ -8,8 +8,9 @@ use std::time::Duration;
 use redis::Script;
 use toolfleet_service::connect::append_ignored;
 
-use crate::job::{Item, JobEvent, JobSpec, JobTrace, WireIds, new_job_id, now_ms};
+use crate::job::{Item, JobEvent, JobSpec, JobStatus, JobTrace, WireIds, new_job_id, now_ms};
 
+use super::counts::{COUNT, Change};
 use super::scripts::script;
 use super::*;
 use crate::live::Written;
@@ -62,33 +63,66 @@ impl JobStore {
             .arg(traceparent)
             .arg(tracestate);
         if fresh && !self.redis.is_cluster() {
-            // A new random id cannot exist yet: the job and its index
-            // entries go in one round trip, in this order.
-            let mut pipe = redis::pipe();
-            pipe.invoke_script(&create);
-            let groups = self.index_new_job(spec, spec.submitter.as_deref(), &job_id, now, false);
-            append_ignored(&mut pipe, &groups);
-            let (_created,): ((i64, u64, i64),) = self.query_invoking(&pipe, &CREATE).await?;
+            self.store_in_one_trip(&create, spec, &job_id, now).await?;
         } else {
-            // On a cluster the job and each index are in slots of their
-            // own: the job first, so that no index names a job not yet
-            // there (ListJobs would drop it as expired). A duplicate
-            // indexes its job again, at its first time: the submission it
-            // repeats may have died between the job and its indexes. It is
-            // indexed under the submitter its record names, which another
-            // credential repeating the key is not.
-            let (created, created_ms, ended): (i64, u64, i64) =
-                create.invoke_async(&mut self.conn()).await?;
-            let submitter = match created {
-                1 => spec.submitter.clone(),
-                _ => self.recorded_submitter(&job_id).await?,
-            };
-            let groups =
-                self.index_new_job(spec, submitter.as_deref(), &job_id, created_ms, ended == 1);
-            self.conn().run_in_order(groups).await?;
+            self.store_in_order(&create, spec, &job_id).await?;
         }
         self.notify(&job_id, Written::counted(None)).await;
         Ok((job_id, duplicate))
+    }
+
+    /// Stores a new job (`create`) with its index entries and its count, in
+    /// this order, in one round trip: a new random id cannot exist yet.
+    async fn store_in_one_trip(
+        &self,
+        create: &redis::ScriptInvocation<'_>,
+        spec: &JobSpec,
+        job_id: &JobId,
+        now: u64,
+    ) -> Result<(), Error> {
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(create);
+        let groups = self.index_new_job(spec, spec.submitter.as_deref(), job_id, now, false);
+        append_ignored(&mut pipe, &groups);
+        if let Some(count) = self.counting(job_id, spec.submitter.as_deref(), QUEUED) {
+            pipe.invoke_script(&count).ignore();
+        }
+        let (_created,): ((i64, u64, i64),) =
+            self.query_invoking(&pipe, &[&CREATE, &COUNT]).await?;
+        Ok(())
+    }
+
+    /// Stores a job (`create`, unless it exists: a duplicate), then its
+    /// index entries, then its count. On a cluster the job and each index
+    /// are in slots of their own: the job first, so that no index names a
+    /// job not yet there (ListJobs would drop it as expired). A duplicate
+    /// indexes its job again, at its first time: the submission it repeats
+    /// may have died between the job and its indexes. It is indexed under
+    /// the submitter its record names, which another credential repeating
+    /// the key is not.
+    async fn store_in_order(
+        &self,
+        create: &redis::ScriptInvocation<'_>,
+        spec: &JobSpec,
+        job_id: &JobId,
+    ) -> Result<(), Error> {
+        let (created, created_ms, ended): (i64, u64, i64) =
+            create.invoke_async(&mut self.conn()).await?;
+        let submitter = match created {
+            1 => spec.submitter.clone(),
+            _ => self.recorded_submitter(job_id).await?,
+        };
+        let groups = self.index_new_job(spec, submitter.as_deref(), job_id, created_ms, ended == 1);
+        self.conn().run_in_order(groups).await?;
+        // A duplicate's count of its first status changes nothing once a
+        // later one was counted.
+        if ended == 0
+            && let Err(err) = self.count(job_id, submitter.as_deref(), QUEUED).await
+        {
+            // Its next change counts it, or the sweeper does.
+            tracing::warn!(%job_id, error = %err, "could not count a submitted job");
+        }
+        Ok(())
     }
 
     /// Binds an idempotency key to the new job `job_id`, unless it is bound
@@ -195,6 +229,13 @@ impl JobStore {
         vec![unfinished, pipe]
     }
 }
+
+/// A job's first status, as its count takes it: queued, with its first
+/// event.
+const QUEUED: Change = Change::Live {
+    status: JobStatus::Queued,
+    events: 1,
+};
 
 /// The longest a job may run (`api.max_deadline` cannot exceed it): the
 /// job index keeps entries this long plus the retention.

@@ -8,7 +8,8 @@ impl JobStore {
     /// Ends the job: its final status, answer or error, final event, and the
     /// expiry of all its keys after the retention, with what the run had not
     /// stored yet (`unstored`) before them, in one commit. Nothing is written
-    /// after.
+    /// after. Then its end is counted, and the job leaves the sweeper's
+    /// unfinished index.
     ///
     /// # Errors
     ///

@@ -87,8 +87,9 @@ impl JobStore {
             )
             .await;
         }
-        if finished {
-            self.forget_place(job_id).await;
+        if let Some(ending) = commit.ending {
+            self.count_end(job_id, lease.submitter.as_deref(), ending.status())
+                .await;
         }
         Ok(())
     }
