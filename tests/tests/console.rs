@@ -327,6 +327,24 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         .get("/jobs?status=waiting_for_approval", &session)
         .await?;
     assert!(running.body.contains(&held) && !running.body.contains(&finished));
+    // The counts of every job the person sees, whatever the filter, and
+    // the filters by creation time and metadata.
+    assert!(
+        jobs.body.contains("<a href=\"/jobs?status=succeeded\">succeeded</a> <strong>1</strong>")
+            && jobs.body.contains("<a href=\"/jobs?status=waiting_for_approval\">waiting_for_approval</a> <strong>1</strong>"),
+        "{}",
+        jobs.body
+    );
+    let recent = browser.get("/jobs?since=1h", &session).await?;
+    assert!(recent.body.contains(&finished) && recent.body.contains(&held));
+    let tagged = browser
+        .get(&format!("/jobs?meta=team%3D{}", form_value(XSS)), &session)
+        .await?;
+    assert!(
+        tagged.body.contains(&finished) && !tagged.body.contains(&held),
+        "{}",
+        tagged.body
+    );
     // The transcript, escaped: what the model and the client wrote is
     // shown, never run.
     let job = browser.get(&format!("/jobs/{finished}"), &session).await?;

@@ -28,8 +28,28 @@ const STATUSES: [v1::JobStatus; 6] = [
 pub(crate) struct Filter {
     #[serde(default)]
     status: String,
+    /// `1h`, `24h` or `7d`: only jobs created that recently.
+    #[serde(default)]
+    since: String,
+    /// `key=value`: only jobs whose metadata has it.
+    #[serde(default)]
+    meta: String,
     #[serde(default)]
     page: String,
+}
+
+/// The windows the page offers, as a filter names them.
+const WINDOWS: [(&str, &str, u64); 3] = [
+    ("1h", "the last hour", 3_600_000),
+    ("24h", "the last day", 86_400_000),
+    ("7d", "the last week", 604_800_000),
+];
+
+/// Now, in Unix milliseconds.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// One line of the table.
@@ -47,7 +67,11 @@ struct Row {
 struct Jobs<'a> {
     chrome: Chrome<'a>,
     statuses: Vec<(String, bool)>,
+    windows: Vec<(&'static str, &'static str, bool)>,
+    meta: String,
     filtered: bool,
+    /// How many of the jobs the person sees are in each status.
+    counts: Vec<(String, u64)>,
     jobs: Vec<Row>,
     next: Option<String>,
 }
@@ -65,10 +89,19 @@ pub(crate) async fn jobs(
     let status = STATUSES
         .into_iter()
         .find(|s| status_name(*s) == filter.status);
+    let window = WINDOWS.iter().find(|(name, _, _)| *name == filter.since);
+    let metadata = filter
+        .meta
+        .split_once('=')
+        .filter(|_| filter.meta.len() <= 1024)
+        .map(|(key, value)| (key.trim().to_owned(), value.trim().to_owned()));
     let request = v1::ListJobsRequest {
         page_size: PAGE_SIZE,
         page_token: filter.page.chars().take(512).collect(),
         status: status.unwrap_or(v1::JobStatus::Unspecified).into(),
+        metadata: metadata.clone().into_iter().collect(),
+        created_after_ms: window.map_or(0, |(_, _, ms)| now_ms().saturating_sub(*ms)),
+        with_counts: true,
         ..v1::ListJobsRequest::default()
     };
     let listed = match console.api().list_jobs(as_person(&session, request)).await {
@@ -76,10 +109,15 @@ pub(crate) async fn jobs(
         Err(failed) => return web::api_failed(&failed),
     };
     let status_filter = status.map(status_name).unwrap_or_default();
+    let since = window.map_or("", |(name, _, _)| name);
+    let meta = metadata
+        .map(|(k, v)| format!("{k}={v}"))
+        .unwrap_or_default();
     let next = (!listed.next_page_token.is_empty()).then(|| {
         format!(
-            "/jobs?status={}&page={}",
+            "/jobs?status={}&since={since}&meta={}&page={}",
             query_value(&status_filter),
+            query_value(&meta),
             query_value(&listed.next_page_token)
         )
     });
@@ -92,7 +130,17 @@ pub(crate) async fn jobs(
             .iter()
             .map(|s| (status_name(*s), Some(*s) == status))
             .collect(),
-        filtered: status.is_some(),
+        windows: WINDOWS
+            .iter()
+            .map(|(name, label, _)| (*name, *label, *name == since))
+            .collect(),
+        filtered: status.is_some() || window.is_some() || !meta.is_empty(),
+        meta,
+        counts: listed
+            .counts
+            .iter()
+            .map(|count| (status_name(count.status()), count.jobs))
+            .collect(),
         jobs: listed.jobs.iter().map(row).collect(),
         next,
     };
