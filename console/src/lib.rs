@@ -172,6 +172,40 @@ impl Console {
     }
 }
 
+/// A handler's person: the request's session (the anonymous caller when
+/// authentication is off), or the sign-in page.
+impl axum::extract::FromRequestParts<Console> for Session {
+    type Rejection = web::NoSession;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        console: &Console,
+    ) -> Result<Self, Self::Rejection> {
+        console.signed_in(&parts.headers).await
+    }
+}
+
+/// A job the path names (`/jobs/{id}`...): a job id, or no such job,
+/// before anything of it reaches the API.
+pub(crate) struct JobPath(pub toolfleet_proto::JobId);
+
+impl axum::extract::FromRequestParts<Console> for JobPath {
+    type Rejection = web::NoSuchJob;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        console: &Console,
+    ) -> Result<Self, Self::Rejection> {
+        let axum::extract::Path(id) =
+            axum::extract::Path::<String>::from_request_parts(parts, console)
+                .await
+                .map_err(|_| web::NoSuchJob)?;
+        toolfleet_proto::JobId::parse(&id)
+            .map(JobPath)
+            .ok_or(web::NoSuchJob)
+    }
+}
+
 /// `message` as a request of `session`'s person (their bearer token).
 fn as_person<T>(session: &Session, message: T) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);

@@ -87,6 +87,16 @@ impl IntoResponse for StaleForm {
     }
 }
 
+/// A path that names no job: 404, as for a job that does not exist.
+#[derive(Debug)]
+pub(crate) struct NoSuchJob;
+
+impl IntoResponse for NoSuchJob {
+    fn into_response(self) -> Response {
+        problem(StatusCode::NOT_FOUND, "No such job.")
+    }
+}
+
 /// Why a request has no person: it goes to sign in, or the sessions'
 /// store is down.
 #[derive(Debug)]

@@ -54,13 +54,9 @@ pub(crate) struct Shown {
 
 pub(crate) async fn approvals(
     State(console): State<Console>,
-    headers: HeaderMap,
+    session: Session,
     Query(shown): Query<Shown>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     let decided = JobId::parse(&shown.decided).map(|_| format!("a call of {}", shown.decided));
     page(&console, &session, &shown.page, decided, None).await
 }
@@ -168,13 +164,10 @@ struct Review<'a> {
 /// the arguments against the tool's schema, and that it is still held.
 pub(crate) async fn decide(
     State(console): State<Console>,
+    session: Session,
     headers: HeaderMap,
     Form(sent): Form<Decided>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     if let Err(refused) = web::check_form(&headers, &sent.csrf, &session.csrf) {
         return refused.into_response();
     }

@@ -9,7 +9,8 @@ use serde::Deserialize;
 use toolfleet_proto::{JobId, v1};
 
 use super::{Chrome, html, pretty, status_name, utc};
-use crate::{Console, as_person, web};
+use crate::session::Session;
+use crate::{Console, JobPath, as_person, web};
 
 /// Most bytes of one transcript entry shown in the page; the rest is said
 /// to be there (a tool's output may be megabytes).
@@ -58,17 +59,9 @@ struct JobPage<'a> {
 
 pub(crate) async fn job(
     State(console): State<Console>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
+    session: Session,
+    JobPath(id): JobPath,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    // Not a job id: no job, and nothing of it reaches the API.
-    let Some(id) = JobId::parse(&id) else {
-        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
-    };
     let request = v1::GetJobRequest {
         job_id: id.as_str().to_owned(),
     };
@@ -187,13 +180,9 @@ fn shown(mut text: String) -> (String, bool) {
 /// tool's output may be megabytes, the page shows its start.
 pub(crate) async fn item(
     State(console): State<Console>,
-    headers: HeaderMap,
+    session: Session,
     Path((id, index)): Path<(String, usize)>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     let Some(id) = JobId::parse(&id) else {
         return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
     };
@@ -230,21 +219,15 @@ pub(crate) struct Checked {
 /// Cancels the job, as the signed-in person.
 pub(crate) async fn cancel(
     State(console): State<Console>,
+    session: Session,
+    // A job id is letters, digits and `-`: safe in the redirect's header.
+    JobPath(id): JobPath,
     headers: HeaderMap,
-    Path(id): Path<String>,
     Form(sent): Form<Checked>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     if let Err(refused) = web::check_form(&headers, &sent.csrf, &session.csrf) {
         return refused.into_response();
     }
-    // A job id is letters, digits and `-`: safe in the redirect's header.
-    let Some(id) = JobId::parse(&id) else {
-        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
-    };
     let request = v1::CancelJobRequest {
         job_id: id.as_str().to_owned(),
     };

@@ -3,12 +3,12 @@
 
 use askama::Template;
 use axum::extract::{Query, State};
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use toolfleet_proto::v1;
 
 use super::{Chrome, html, query_value, status_name, utc};
+use crate::session::Session;
 use crate::{Console, as_person, web};
 
 /// Jobs on a page.
@@ -78,13 +78,9 @@ struct Jobs<'a> {
 
 pub(crate) async fn jobs(
     State(console): State<Console>,
-    headers: HeaderMap,
+    session: Session,
     Query(filter): Query<Filter>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     // A status the page does not offer is no filter.
     let status = STATUSES
         .into_iter()

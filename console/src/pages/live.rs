@@ -6,15 +6,16 @@
 
 use std::convert::Infallible;
 
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
-use toolfleet_proto::{JobId, v1};
+use toolfleet_proto::v1;
 
 use super::utc;
-use crate::{Console, as_person, web};
+use crate::session::Session;
+use crate::{Console, JobPath, as_person, web};
 
 /// Most bytes of one event's data sent to the page: enough to read, not a
 /// tool's whole output.
@@ -22,16 +23,10 @@ const MAX_EVENT_BYTES: usize = 4096;
 
 pub(crate) async fn events(
     State(console): State<Console>,
+    session: Session,
+    JobPath(id): JobPath,
     headers: HeaderMap,
-    Path(id): Path<String>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
-    let Some(id) = JobId::parse(&id) else {
-        return web::problem(axum::http::StatusCode::NOT_FOUND, "No such job.");
-    };
     // Where a reconnecting browser left off.
     let from_offset = headers
         .get("last-event-id")

@@ -266,13 +266,10 @@ pub(crate) struct Checked {
 /// Ends the session: every replica refuses its cookie from now on.
 pub(crate) async fn sign_out(
     State(console): State<Console>,
+    session: Session,
     headers: HeaderMap,
     Form(sent): Form<Checked>,
 ) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
     if let Err(refused) = web::check_form(&headers, &sent.csrf, &session.csrf) {
         return refused.into_response();
     }

@@ -3,11 +3,11 @@
 
 use askama::Template;
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use toolfleet_proto::v1;
 
 use super::{Chrome, html, pretty};
+use crate::session::Session;
 use crate::{Console, as_person, web};
 
 /// One tool, as shown.
@@ -31,11 +31,7 @@ struct Tools<'a> {
     tools: Vec<Shown>,
 }
 
-pub(crate) async fn tools(State(console): State<Console>, headers: HeaderMap) -> Response {
-    let session = match console.signed_in(&headers).await {
-        Ok(session) => session,
-        Err(refused) => return refused.into_response(),
-    };
+pub(crate) async fn tools(State(console): State<Console>, session: Session) -> Response {
     let request = as_person(&session, v1::ListToolsRequest {});
     let listed = match console.api().list_tools(request).await {
         Ok(listed) => listed.into_inner(),
