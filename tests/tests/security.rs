@@ -166,31 +166,7 @@ async fn ads_finds_nothing_of_search(api: &mut ApiClient, job_id: &str) -> anyho
         "ads-x}{y",
         "ads-0123456789abcdef0123456789ab\n",
     ] {
-        let get = api
-            .get_job(as_tenant(ADS, v1::GetJobRequest { job_id: id.into() }))
-            .await
-            .expect_err("not ads' job");
-        let watch = api
-            .watch_job(as_tenant(
-                ADS,
-                v1::WatchJobRequest {
-                    job_id: id.into(),
-                    from_offset: 0,
-                },
-            ))
-            .await
-            .expect_err("not ads' job");
-        let cancel = api
-            .cancel_job(as_tenant(ADS, v1::CancelJobRequest { job_id: id.into() }))
-            .await
-            .expect_err("not ads' job");
-        for status in [get, watch, cancel] {
-            assert_eq!(status.code(), Code::NotFound);
-            assert_eq!(
-                status.message(),
-                format!("job {id} not found (unknown or expired)")
-            );
-        }
+        not_found(api, ADS, id).await;
     }
     let listed = api
         .list_jobs(as_tenant(ADS, v1::ListJobsRequest::default()))
@@ -319,33 +295,39 @@ async fn listed(api: &mut ApiClient, token: &str) -> anyhow::Result<Vec<(String,
 async fn as_missing(api: &mut ApiClient, token: &str, job_id: &str) -> anyhow::Result<()> {
     let missing = "desk-0123456789abcdef0123456789ab";
     for id in [job_id, missing] {
-        let get = api
-            .get_job(as_tenant(token, v1::GetJobRequest { job_id: id.into() }))
-            .await
-            .expect_err("not the caller's");
-        let watch = api
-            .watch_job(as_tenant(
-                token,
-                v1::WatchJobRequest {
-                    job_id: id.into(),
-                    from_offset: 0,
-                },
-            ))
-            .await
-            .expect_err("not the caller's");
-        let cancel = api
-            .cancel_job(as_tenant(token, v1::CancelJobRequest { job_id: id.into() }))
-            .await
-            .expect_err("not the caller's");
-        for status in [get, watch, cancel] {
-            assert_eq!(status.code(), Code::NotFound, "{id}: {status:?}");
-            assert_eq!(
-                status.message(),
-                format!("job {id} not found (unknown or expired)")
-            );
-        }
+        not_found(api, token, id).await;
     }
     Ok(())
+}
+
+/// Getting, watching and cancelling `id` as `token` are each `NOT_FOUND`,
+/// in the words a job id no job has gets.
+async fn not_found(api: &mut ApiClient, token: &str, id: &str) {
+    let get = api
+        .get_job(as_tenant(token, v1::GetJobRequest { job_id: id.into() }))
+        .await
+        .expect_err("not the caller's job");
+    let watch = api
+        .watch_job(as_tenant(
+            token,
+            v1::WatchJobRequest {
+                job_id: id.into(),
+                from_offset: 0,
+            },
+        ))
+        .await
+        .expect_err("not the caller's job");
+    let cancel = api
+        .cancel_job(as_tenant(token, v1::CancelJobRequest { job_id: id.into() }))
+        .await
+        .expect_err("not the caller's job");
+    for status in [get, watch, cancel] {
+        assert_eq!(status.code(), Code::NotFound, "{id}: {status:?}");
+        assert_eq!(
+            status.message(),
+            format!("job {id} not found (unknown or expired)")
+        );
+    }
 }
 
 /// `token` gets the job `job_id`, with its submitter, and watches it (its
