@@ -497,6 +497,25 @@ pub(crate) fn event_json(event: &v1::JobEvent) -> Value {
     })
 }
 
+/// Counts of jobs by status (of `ListJobs` `with_counts`) on one line:
+/// `queued 0 · running 2 · ...`.
+pub(crate) fn counts_line(counts: &[v1::JobStatusCount]) -> String {
+    counts
+        .iter()
+        .map(|count| format!("{} {}", status_name(count.status), count.jobs))
+        .collect::<Vec<_>>()
+        .join(" · ")
+}
+
+/// Counts of jobs by status as a JSON object: `{"queued": 0, ...}`.
+pub(crate) fn counts_json(counts: &[v1::JobStatusCount]) -> Value {
+    counts
+        .iter()
+        .map(|count| (status_name(count.status).to_owned(), json!(count.jobs)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 /// A page of jobs as JSON: the jobs (without items) and the next token.
 pub(crate) fn jobs_json(jobs: &[v1::Job], next_page_token: &str) -> Value {
     json!({

@@ -1,9 +1,11 @@
-// toolfleet console: a running job's page, live. Its events come as
-// server-sent events (/jobs/<id>/events); each is added to the page as
-// text (never as markup: it came from a model, a tool or a client), a
-// streamed answer grows as it is written, and the final event reloads the
-// page, which then shows the finished transcript. Without JavaScript the
-// page is whole but not live.
+// toolfleet console: what changes while a page is open.
+//
+// A running job's page, live. Its events come as server-sent events
+// (/jobs/<id>/events); each is added to the page as text (never as
+// markup: it came from a model, a tool or a client), a streamed answer
+// grows as it is written, and the final event reloads the page, which then
+// shows the finished transcript. Without JavaScript the page is whole but
+// not live.
 "use strict";
 
 const live = document.getElementById("live");
@@ -41,5 +43,19 @@ if (live) {
       answer.hidden = false;
       answer.textContent += delta.text;
     }
+  });
+}
+
+// The jobs page's first page, live: the counts and the table, drawn anew
+// by the server (every value escaped there, as on the page itself) and
+// sent as a server-sent event (/jobs/live) whenever they change. No
+// script runs from it: the Content-Security-Policy allows only this file.
+const listing = document.getElementById("listing");
+if (listing && listing.dataset.events) {
+  const state = document.getElementById("listing-state");
+  const source = new EventSource(listing.dataset.events);
+  source.addEventListener("open", () => { state.hidden = false; });
+  source.addEventListener("jobs", (message) => {
+    listing.innerHTML = message.data;
   });
 }

@@ -105,6 +105,7 @@ pub async fn serve(
         .route("/sign-in/oidc", get(pages::oidc_start))
         .route("/oidc/callback", get(pages::oidc_callback))
         .route("/jobs", get(pages::jobs))
+        .route("/jobs/live", get(pages::jobs_live))
         .route("/jobs/{id}", get(pages::job))
         .route("/jobs/{id}/cancel", post(pages::cancel))
         .route("/jobs/{id}/events", get(pages::events))

@@ -630,6 +630,21 @@ async fn jobs_lists_the_newest_first_with_filters() -> anyhow::Result<()> {
     .await?;
     let page: Value = serde_json::from_str(&run.stdout)?;
     assert_eq!(page["jobs"][0]["job_id"], ids[1].as_str());
+    assert!(page.get("counts").is_none(), "counts only when asked");
+
+    // The counts of every job the caller sees, whatever the filter.
+    let run = toolfleet(&["jobs", "--counts", "--meta", "team=ads", "--addr", &url]).await?;
+    assert_eq!(run.code, Some(0), "{}", run.stderr);
+    let first = run.stdout.lines().next().unwrap_or_default();
+    assert!(
+        first.starts_with("queued 0 · running 0 · ") && first.contains("succeeded 3"),
+        "{}",
+        run.stdout
+    );
+    let run = toolfleet(&["jobs", "--counts", "--json", "--addr", &url]).await?;
+    let page: Value = serde_json::from_str(&run.stdout)?;
+    assert_eq!(page["counts"]["succeeded"], 3, "{page}");
+    assert_eq!(page["counts"]["failed"], 0, "{page}");
     Ok(())
 }
 

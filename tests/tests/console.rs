@@ -96,9 +96,15 @@ impl Browser {
         Self::read(request.send().await?).await
     }
 
-    /// The server-sent events of `path` until one names a call held for
-    /// approval (or 5 s pass), from after `last` if given.
-    async fn events(&self, path: &str, cookie: &str, last: Option<u64>) -> anyhow::Result<String> {
+    /// The server-sent events of `path` until they hold `until` (or 5 s
+    /// pass), from after `last` if given.
+    async fn events(
+        &self,
+        path: &str,
+        cookie: &str,
+        last: Option<u64>,
+        until: &str,
+    ) -> anyhow::Result<String> {
         let mut request = self
             .http
             .get(format!("{}{path}", self.base))
@@ -118,7 +124,7 @@ impl Browser {
         );
         let mut seen = String::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-        while !seen.contains("tool_call_approval_requested") {
+        while !seen.contains(until) {
             match tokio::time::timeout_at(deadline, response.chunk()).await {
                 Ok(Ok(Some(chunk))) => seen.push_str(&String::from_utf8_lossy(&chunk)),
                 _ => break,
@@ -345,6 +351,26 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         "{}",
         tagged.body
     );
+    // The first page is live: a job submitted while it is open is sent
+    // as the page's listing drawn anew, with the counts that include it.
+    let live = jobs
+        .body
+        .split("<div id=\"listing\" data-events=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .ok_or_else(|| anyhow::anyhow!("no live listing: {}", jobs.body))?
+        .replace("&amp;", "&")
+        .replace("&#38;", "&");
+    assert!(live.starts_with("/jobs/live?") && live.contains("shown="), "{live}");
+    let submitted = {
+        let request = scripted_job("new", &json!([{"message": "done"}]));
+        api.submit_job(bearer(AGENT, request)).await?.into_inner().job_id
+    };
+    let update = browser.events(&live, &session, None, &submitted).await?;
+    assert!(
+        update.contains("event: jobs") && update.contains(&format!("/jobs/{submitted}")),
+        "{update}"
+    );
     // The transcript, escaped: what the model and the client wrote is
     // shown, never run.
     let job = browser.get(&format!("/jobs/{finished}"), &session).await?;
@@ -393,7 +419,12 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         "a finished job is not followed"
     );
     let events = browser
-        .events(&format!("/jobs/{held}/events"), &session, None)
+        .events(
+            &format!("/jobs/{held}/events"),
+            &session,
+            None,
+            "tool_call_approval_requested",
+        )
         .await?;
     assert!(
         events.contains("event: job") && events.contains("tool_call_approval_requested"),
@@ -401,7 +432,12 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
     );
     assert!(events.contains("id: 0\n"), "{events}");
     let resumed = browser
-        .events(&format!("/jobs/{held}/events"), &session, Some(1))
+        .events(
+            &format!("/jobs/{held}/events"),
+            &session,
+            Some(1),
+            "tool_call_approval_requested",
+        )
         .await?;
     assert!(
         !resumed.contains("id: 0\n") && !resumed.contains("id: 1\n") && resumed.contains("id: 2\n"),

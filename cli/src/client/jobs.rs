@@ -31,6 +31,10 @@ pub(crate) struct JobsArgs {
     /// Continue after an earlier page (the token it printed).
     #[arg(long, value_name = "TOKEN")]
     page_token: Option<String>,
+    /// Also print how many of the jobs you see are in each status, whatever
+    /// the filters: exact counts, kept with every change of status.
+    #[arg(long)]
+    counts: bool,
     /// Print the page as JSON.
     #[arg(long)]
     json: bool,
@@ -73,17 +77,22 @@ pub(crate) async fn jobs(args: JobsArgs) -> anyhow::Result<ExitCode> {
             status: args.status.map_or(0, |s| v1::JobStatus::from(s).into()),
             metadata: args.metadata.iter().cloned().collect(),
             created_after_ms: args.since.map_or(0, |since| created_after(now, since)),
+            with_counts: args.counts,
             ..Default::default()
         })
         .await
         .map_err(|status| rpc_error("ListJobs", &status))?
         .into_inner();
     if args.json {
-        outln!(
-            "{}",
-            transcript::jobs_json(&page.jobs, &page.next_page_token)
-        )?;
+        let mut json = transcript::jobs_json(&page.jobs, &page.next_page_token);
+        if args.counts {
+            json["counts"] = transcript::counts_json(&page.counts);
+        }
+        outln!("{json}")?;
         return Ok(ExitCode::SUCCESS);
+    }
+    if args.counts {
+        outln!("{}", transcript::counts_line(&page.counts))?;
     }
     if page.jobs.is_empty() {
         eprintln!("no jobs match (finished jobs are kept for store.job_retention, 24h by default)");

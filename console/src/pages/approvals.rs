@@ -38,6 +38,9 @@ struct Approvals<'a> {
     csrf: &'a str,
     approver: bool,
     operator: bool,
+    /// Whether the person may open a job's page (an approver alone may
+    /// not: its calls' jobs are named, not linked).
+    reads_jobs: bool,
     calls: Vec<Held>,
     next: Option<String>,
     decided: Option<String>,
@@ -99,6 +102,9 @@ async fn page(
         csrf: &session.csrf,
         approver: session.has("approver"),
         operator: session.has("operator"),
+        reads_jobs: ["agent", "operator", "reader"]
+            .iter()
+            .any(|role| session.has(role)),
         calls: listed.approvals.iter().map(held).collect(),
         next,
         decided,

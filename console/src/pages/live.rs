@@ -89,7 +89,7 @@ fn sse(event: &v1::JobEvent) -> Event {
 
 /// A stream fed by `produce` through a small channel: the body of an SSE
 /// answer that ends when `produce` returns or the browser goes away.
-fn async_stream<F, Fut>(
+pub(super) fn async_stream<F, Fut>(
     produce: F,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> + Send + 'static
 where

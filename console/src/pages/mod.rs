@@ -12,7 +12,7 @@ mod waterfall;
 
 pub(crate) use approvals::{approvals, decide};
 pub(crate) use job::{cancel, item, job};
-pub(crate) use jobs::jobs;
+pub(crate) use jobs::{jobs, jobs_live};
 pub(crate) use live::events;
 pub(crate) use sign_in::{oidc_callback, oidc_start, sign_in, sign_in_form, sign_out};
 pub(crate) use tools::tools;
