@@ -59,8 +59,21 @@ pub(crate) fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> 
 /// over secure connections and only with requests from this site's pages;
 /// `max_age` 0 deletes it.
 pub(crate) fn set_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
-    let cookie =
-        format!("{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; Secure; SameSite=Strict");
+    cookie_header(name, value, max_age, "Strict")
+}
+
+/// [`set_cookie`], but sent also when another site sends the browser here
+/// by a link or a redirect (`SameSite=Lax`): the cookie of a sign-in at an
+/// OpenID provider, which comes back from the provider's site. It binds
+/// the flow to this browser and opens nothing by itself.
+pub(crate) fn set_flow_cookie(name: &str, value: &str, max_age: u64) -> HeaderValue {
+    cookie_header(name, value, max_age, "Lax")
+}
+
+fn cookie_header(name: &str, value: &str, max_age: u64, same_site: &str) -> HeaderValue {
+    let cookie = format!(
+        "{name}={value}; Path=/; Max-Age={max_age}; HttpOnly; Secure; SameSite={same_site}"
+    );
     HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 

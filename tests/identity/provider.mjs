@@ -17,7 +17,9 @@
 // public client that signs people in by authorization code with PKCE. The
 // login and consent pages are replaced by one step that signs in the
 // account the request names in `login_hint` and grants what it asks: the
-// tests drive the protocol, not a form.
+// tests drive the protocol, not a form. Without a `login_hint`, the login
+// is a form that asks for the account's name (no password), as a browser
+// test fills it in.
 
 import { generateKeyPairSync } from 'node:crypto';
 import { existsSync, readFileSync, writeFileSync } from 'node:fs';
@@ -98,8 +100,15 @@ provider.use(async (ctx, next) => {
   if (!ctx.path.startsWith('/interaction/')) {
     return next();
   }
-  const { params, prompt } = await provider.interactionDetails(ctx.req, ctx.res);
-  const accountId = params.login_hint;
+  const { params, prompt, session } = await provider.interactionDetails(ctx.req, ctx.res);
+  const accountId = params.login_hint ?? session?.accountId ?? (await postedAccount(ctx));
+  if (accountId === undefined) {
+    ctx.type = 'html';
+    ctx.body = '<!doctype html><title>Sign in</title><h1>Sign in</h1>'
+      + '<form method="post"><label for="account">Account</label> <input id="account" name="account">'
+      + ' <button type="submit">Sign in</button></form>';
+    return undefined;
+  }
   if (!config.accounts[accountId]) {
     ctx.status = 400;
     ctx.body = 'login_hint names no account';
@@ -120,6 +129,21 @@ provider.use(async (ctx, next) => {
   ctx.respond = false;
   return provider.interactionFinished(ctx.req, ctx.res, result, { mergeWithLastSubmission: false });
 });
+
+// The account a submitted login form names, if this is one.
+async function postedAccount(ctx) {
+  if (ctx.method !== 'POST') {
+    return undefined;
+  }
+  let body = '';
+  for await (const chunk of ctx.req) {
+    body += chunk;
+    if (body.length > 4096) {
+      return undefined;
+    }
+  }
+  return new URLSearchParams(body).get('account') ?? undefined;
+}
 
 provider.listen(config.port, '127.0.0.1', () => {
   process.stdout.write(`${JSON.stringify({ issuer })}\n`);

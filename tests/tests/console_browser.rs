@@ -57,6 +57,16 @@ struct Stage {
 
 impl Stage {
     async fn start() -> anyhow::Result<Self> {
+        Self::start_with(&[], &[], free_loopback_address()?).await
+    }
+
+    /// [`Stage::start`], the orchestrator with `env` too and the console
+    /// with `flags`, listening on `listen`.
+    async fn start_with(
+        env: &[(&str, &str)],
+        flags: &[&str],
+        listen: String,
+    ) -> anyhow::Result<Self> {
         use toolfleet_orchestrator::auth::token_sha256;
         let dir = tempfile::tempdir()?;
         let tokens = dir.path().join("tokens.toml");
@@ -87,33 +97,39 @@ impl Stage {
         let worker_config = dir.path().join("worker.toml");
         std::fs::write(&worker_config, markup_server(dir.path())?)?;
         let worker_config = worker_config.display().to_string();
-        let worker_env = [FAST_REDELIVERY, &[("TOOLFLEET_CONFIG", worker_config.as_str())]].concat();
+        let worker_env = [
+            FAST_REDELIVERY,
+            &[("TOOLFLEET_CONFIG", worker_config.as_str())],
+        ]
+        .concat();
         let mut fleet = Fleet::start(test_fleet(1).worker_env(&worker_env)).await?;
         let claude = MessagesServer::start("sk-ant-test").await?;
         let (file, claude_url) = (tokens.display().to_string(), claude.base_url());
-        fleet
-            .spawn_orchestrator(&[
-                ("TOOLFLEET_API__AUTH", "tokens"),
-                ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
-                ("ANTHROPIC_API_KEY", "sk-ant-test"),
-                ("TOOLFLEET_ANTHROPIC__BASE_URL", claude_url.as_str()),
-            ])
-            .await?;
+        let mut all = vec![
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
+            ("ANTHROPIC_API_KEY", "sk-ant-test"),
+            ("TOOLFLEET_ANTHROPIC__BASE_URL", claude_url.as_str()),
+        ];
+        all.extend_from_slice(env);
+        fleet.spawn_orchestrator(&all).await?;
         let api = fleet.api(0).await?;
         wait_for_tools(&api, AGENT, &["calculate", "echo", "crash", "bad__shown"]).await?;
-        let listen = free_loopback_address()?;
+        let (addr, redis) = (fleet.grpc_url(0).await?, fleet.redis.url());
+        let mut args = vec![
+            "console",
+            "--addr",
+            &addr,
+            "--listen",
+            &listen,
+            "--redis-url",
+            &redis,
+        ];
+        args.extend_from_slice(flags);
         let console = ChildProcess::spawn(
             "console",
             cargo_bin("toolfleet")?,
-            [
-                "console",
-                "--addr",
-                &fleet.grpc_url(0).await?,
-                "--listen",
-                &listen,
-                "--redis-url",
-                &fleet.redis.url(),
-            ],
+            args,
             std::iter::empty::<(&str, &str)>(),
         )?;
         console
@@ -137,7 +153,10 @@ impl Stage {
 /// payload.
 fn markup_server(scratch: &std::path::Path) -> anyhow::Result<String> {
     let python = venv_python()?.display().to_string();
-    let server = repo_root().join("tests/mcp/hostile.py").display().to_string();
+    let server = repo_root()
+        .join("tests/mcp/hostile.py")
+        .display()
+        .to_string();
     let args = [server.as_str(), "markup", &PAYLOADS.join(" ")];
     Ok(format!(
         "[[mcp.servers]]\nname = \"bad\"\ncommand = {python:?}\nargs = {args:?}\n\
@@ -432,28 +451,48 @@ async fn approvers_and_operators_decide_held_calls_and_a_reader_decides_nothing(
         .map(|calls| calls.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
     held.sort_unstable();
-    assert_eq!(held, ["math", "one", "three", "two"], "{}", at("approver_held"));
+    assert_eq!(
+        held,
+        ["math", "one", "three", "two"],
+        "{}",
+        at("approver_held")
+    );
     let decided = |step: &str| {
         let page = &seen[step];
         page["path"]
             .as_str()
             .is_some_and(|p| p.starts_with("/approvals?decided="))
-            && page["text"].as_str().is_some_and(|t| t.contains("Decided:"))
+            && page["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("Decided:"))
     };
     assert!(decided("approved"), "{}", at("approved"));
     // The edit is reviewed as a diff of the model's arguments before it
     // is sent.
-    assert_eq!(seen["review"]["h1"], "Approve calculate with edited arguments?", "{}", at("review"));
+    assert_eq!(
+        seen["review"]["h1"],
+        "Approve calculate with edited arguments?",
+        "{}",
+        at("review")
+    );
     let diff = seen["diff"].as_array().cloned().unwrap_or_default();
     let line = |kind: &str, text: &str| {
         diff.iter()
             .any(|l| l["kind"] == kind && l["text"].as_str().is_some_and(|t| t.contains(text)))
     };
-    assert!(line("removed", "\"2 + 2\"") && line("added", "\"20 + 2\""), "{diff:?}");
+    assert!(
+        line("removed", "\"2 + 2\"") && line("added", "\"20 + 2\""),
+        "{diff:?}"
+    );
     assert!(decided("confirmed"), "{}", at("confirmed"));
     assert!(decided("rejected"), "{}", at("rejected"));
     // The job ran exactly what was decided.
-    assert_eq!(seen["approvals_job"]["status"], "succeeded", "{}", at("approvals_job"));
+    assert_eq!(
+        seen["approvals_job"]["status"],
+        "succeeded",
+        "{}",
+        at("approvals_job")
+    );
     assert!(
         at("approvals_job").contains("2 22 REJECTED_BY_APPROVER"),
         "{}",
@@ -461,24 +500,49 @@ async fn approvers_and_operators_decide_held_calls_and_a_reader_decides_nothing(
     );
 
     // The operator sees the unknown outcomes, with what the worker said.
-    assert_eq!(seen["operator_held"]["calls"], json!(["charge", "mail"]), "{}", at("operator_held"));
+    assert_eq!(
+        seen["operator_held"]["calls"],
+        json!(["charge", "mail"]),
+        "{}",
+        at("operator_held")
+    );
     assert!(at("operator_held").contains("MAX_DELIVERIES_EXCEEDED"));
     assert!(decided("applied"), "{}", at("applied"));
     assert!(decided("failed"), "{}", at("failed"));
-    assert_eq!(seen["outcomes_job"]["status"], "succeeded", "{}", at("outcomes_job"));
-    assert!(
+    assert_eq!(
+        seen["outcomes_job"]["status"],
+        "succeeded",
+        "{}",
         at("outcomes_job")
-            .contains("5 / FAILED_BY_OPERATOR: an operator failed the call: the mail server was down"),
+    );
+    assert!(
+        at("outcomes_job").contains(
+            "5 / FAILED_BY_OPERATOR: an operator failed the call: the mail server was down"
+        ),
         "{}",
         at("outcomes_job")
     );
 
     // The reader: no held calls in the menu, none to open, no button on a
     // waiting job's page.
-    assert_eq!(seen["reader_nav"], json!(["Jobs", "Tools"]), "{}", at("reader_nav"));
-    assert!(at("reader_job").contains("waiting_for_approval"), "{}", at("reader_job"));
+    assert_eq!(
+        seen["reader_nav"],
+        json!(["Jobs", "Tools"]),
+        "{}",
+        at("reader_nav")
+    );
+    assert!(
+        at("reader_job").contains("waiting_for_approval"),
+        "{}",
+        at("reader_job")
+    );
     assert_eq!(seen["reader_buttons"], json!([]));
-    assert_eq!(seen["reader_approvals"]["status"], 403, "{}", at("reader_approvals"));
+    assert_eq!(
+        seen["reader_approvals"]["status"],
+        403,
+        "{}",
+        at("reader_approvals")
+    );
     for person in ["approver", "operator", "reader"] {
         for list in ["dialogs", "csp", "errors"] {
             assert_eq!(seen["seen"][person][list], json!([]), "{person}: {list}");
@@ -614,6 +678,73 @@ async fn a_job_appears_streams_and_finishes_live() -> anyhow::Result<()> {
 }
 
 #[tokio::test]
+async fn a_person_signs_in_through_the_company_openid_provider() -> anyhow::Result<()> {
+    use toolfleet_tests::identity::{OpenIdProvider, Person, issuers_setting};
+    const API: &str = "urn:toolfleet:api";
+    let ana = Person {
+        name: "ana",
+        tenant: "ops",
+        roles: &["approver", "reader"],
+    };
+    let listen = free_loopback_address()?;
+    let port = listen.rsplit(':').next().unwrap_or_default().to_owned();
+    let callback = format!("http://localhost:{port}/oidc/callback");
+    let provider = OpenIdProvider::start_with(&[API], &[], &[ana], &[&callback]).await?;
+    let issuers = issuers_setting(&provider, API);
+    let flags = [
+        "--oidc-issuer",
+        provider.issuer(),
+        "--oidc-client-id",
+        "console",
+        "--oidc-redirect-url",
+        &callback,
+        "--oidc-resource",
+        API,
+        "--oidc-scopes",
+        "openid approver reader",
+    ];
+    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", issuers.as_str())];
+    let stage = Stage::start_with(&env, &flags, listen).await?;
+    let browser = Browser::new("oidc")?;
+    let seen = browser
+        .run("oidc", &json!({"console": stage.base, "account": "ana"}))
+        .await?;
+    let at = |step: &str| seen[step].to_string();
+    assert_eq!(seen["offered"], true);
+    assert_eq!(
+        seen["provider"]["origin"],
+        provider.issuer(),
+        "{}",
+        at("provider")
+    );
+    // Signed in as the provider's person, with the roles it gave.
+    let landed = seen["landed"]["path"].as_str().unwrap_or_default();
+    assert_eq!(landed, "/jobs", "{}", at("landed"));
+    let who = seen["who"].as_str().unwrap_or_default();
+    assert!(
+        who.contains("ana") && who.contains("ops · approver, reader"),
+        "{who}"
+    );
+    assert_eq!(
+        seen["session_cookie"],
+        json!({"http_only": true, "secure": true, "same_site": "Strict"})
+    );
+    // No address carried a credential: the provider's one-time code in
+    // the callback's alone.
+    for address in seen["documents"].as_array().cloned().unwrap_or_default() {
+        let address = address.as_str().unwrap_or_default();
+        assert!(
+            !address.contains("token") && !address.contains("eyJ"),
+            "{address}"
+        );
+    }
+    for list in ["dialogs", "csp", "errors"] {
+        assert_eq!(seen["seen"][list], json!([]), "{list}");
+    }
+    Ok(())
+}
+
+#[tokio::test]
 async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> anyhow::Result<()> {
     let stage = Stage::start().await?;
     let (fleet, base) = (&stage.fleet, stage.base.as_str());
@@ -649,7 +780,8 @@ async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> any
     let mut seen = browser.run("pages", &signed_out).await?;
     for person in [agent, approver] {
         let more = browser.run("pages", &person).await?;
-        if let (Some(all), Some(more)) = (seen["visits"].as_array_mut(), more["visits"].as_array()) {
+        if let (Some(all), Some(more)) = (seen["visits"].as_array_mut(), more["visits"].as_array())
+        {
             all.extend(more.iter().cloned());
         }
     }
@@ -702,7 +834,11 @@ async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> any
             let in_json = serde_json::to_string(payload)?;
             let in_json = &in_json[1..in_json.len() - 1];
             assert!(
-                text.contains(if visit["name"] == "tools" { payload } else { in_json }),
+                text.contains(if visit["name"] == "tools" {
+                    payload
+                } else {
+                    in_json
+                }),
                 "{payload} as text on {} at {} px in:\n{text}",
                 visit["name"],
                 visit["width"]

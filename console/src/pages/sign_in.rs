@@ -32,6 +32,23 @@ struct SignIn<'a> {
     provider: Option<String>,
 }
 
+/// The page of a person just back from the OpenID provider, which moves
+/// on to the person's first page.
+#[derive(Template)]
+#[template(path = "signed_in.html")]
+struct SignedIn<'a> {
+    chrome: Chrome<'a>,
+    landing: &'static str,
+}
+
+/// Where a person signing in comes from.
+enum Arrival {
+    /// This console's sign-in form.
+    Form,
+    /// The OpenID provider's redirect.
+    Provider,
+}
+
 #[derive(Deserialize)]
 pub(crate) struct Shown {
     #[serde(default)]
@@ -88,16 +105,18 @@ pub(crate) async fn sign_in(
             StatusCode::UNAUTHORIZED,
         );
     }
-    open_session(&console, token.to_owned(), None).await
+    open_session(&console, token.to_owned(), None, Arrival::Form).await
 }
 
 /// Opens a session for `token` if the API knows it (`WhoAmI`), for at
-/// most `lifetime` (the token's own), and sends the browser to its first
-/// page; the sign-in form with the API's reason otherwise.
+/// most `lifetime` (the token's own), and sends the browser, arrived by
+/// `arrival`, to its first page; the sign-in form with the API's reason
+/// otherwise.
 async fn open_session(
     console: &Console,
     token: String,
     lifetime: Option<std::time::Duration>,
+    arrival: Arrival,
 ) -> Response {
     let unknown = Session {
         token,
@@ -141,9 +160,22 @@ async fn open_session(
                     web::set_cookie(SESSION_COOKIE, &id, ttl.as_secs()),
                 ),
                 (header::SET_COOKIE, web::set_cookie(SIGN_IN_COOKIE, "", 0)),
-                (header::SET_COOKIE, web::set_cookie(FLOW_COOKIE, "", 0)),
+                (header::SET_COOKIE, web::set_flow_cookie(FLOW_COOKIE, "", 0)),
             ]);
-            (cookies, Redirect::to(landing(&session))).into_response()
+            match arrival {
+                Arrival::Form => (cookies, Redirect::to(landing(&session))).into_response(),
+                // Back from the provider's site: a browser sends no
+                // `SameSite=Strict` cookie along a redirect that began on
+                // another site, so the session's first page is asked for
+                // from this page instead.
+                Arrival::Provider => {
+                    let page = SignedIn {
+                        chrome: Chrome::default(),
+                        landing: landing(&session),
+                    };
+                    (cookies, html(&page)).into_response()
+                }
+            }
         }
         Err(err) => {
             tracing::warn!(error = %err, "cannot store a session in Redis");
@@ -191,7 +223,7 @@ pub(crate) async fn oidc_start(
         .filter(|h| h.len() <= 256 && !h.chars().any(char::is_control));
     match provider.start(hint.as_deref()).await {
         Ok(started) => {
-            let cookie = web::set_cookie(FLOW_COOKIE, &started.state, oidc::FLOW_SECONDS);
+            let cookie = web::set_flow_cookie(FLOW_COOKIE, &started.state, oidc::FLOW_SECONDS);
             ([(header::SET_COOKIE, cookie)], Redirect::to(&started.url)).into_response()
         }
         Err(err) => {
@@ -249,7 +281,10 @@ pub(crate) async fn oidc_callback(
         }
     };
     match provider.finish(&back.state, &code).await {
-        Ok(token) => open_session(&console, token.access_token, token.lifetime).await,
+        Ok(token) => {
+            let (token, lifetime) = (token.access_token, token.lifetime);
+            open_session(&console, token, lifetime, Arrival::Provider).await
+        }
         Err(err) => {
             tracing::warn!(error = %err, "cannot finish a sign-in at the OpenID provider");
             let why = "The sign-in could not be finished. Try again.".to_owned();
