@@ -2,11 +2,14 @@
 //! front of an orchestrator.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Args;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
 
 use crate::client::Server;
 
@@ -29,6 +32,36 @@ pub(crate) struct ConsoleArgs {
         value_name = "URL"
     )]
     redis_url: String,
+    /// The password of the URL's user, when the URL does not hold it: a
+    /// password of any characters, unescaped. Give it in the variable; a
+    /// flag is seen by every user of the machine.
+    #[arg(
+        long,
+        env = "TOOLFLEET_CONSOLE_REDIS_PASSWORD",
+        hide_env_values = true,
+        value_name = "PASSWORD"
+    )]
+    redis_password: Option<String>,
+    /// CA certificate (PEM) of a `rediss://` Redis's certificate (default:
+    /// the system's roots).
+    #[arg(long, env = "TOOLFLEET_CONSOLE_REDIS_CA_FILE", value_name = "PEM")]
+    redis_ca_file: Option<PathBuf>,
+    /// Client certificate (PEM), for a Redis that verifies clients.
+    #[arg(
+        long,
+        env = "TOOLFLEET_CONSOLE_REDIS_CERT_FILE",
+        value_name = "PEM",
+        requires = "redis_key_file"
+    )]
+    redis_cert_file: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(
+        long,
+        env = "TOOLFLEET_CONSOLE_REDIS_KEY_FILE",
+        value_name = "PEM",
+        requires = "redis_cert_file"
+    )]
+    redis_key_file: Option<PathBuf>,
     /// The prefix of its Redis keys: the fleet's `store.key_prefix`.
     #[arg(long, value_name = "PREFIX", default_value = "tf:")]
     key_prefix: String,
@@ -46,7 +79,7 @@ pub(crate) struct ConsoleArgs {
     /// A file holding the console's client secret, for a confidential
     /// client; without it, a public client (PKCE alone).
     #[arg(long, value_name = "FILE", requires = "oidc_issuer")]
-    oidc_client_secret_file: Option<std::path::PathBuf>,
+    oidc_client_secret_file: Option<PathBuf>,
     /// The console's callback URL as registered at the provider:
     /// `https://<console>/oidc/callback`.
     #[arg(long, value_name = "URL", requires = "oidc_issuer")]
@@ -63,6 +96,11 @@ pub(crate) struct ConsoleArgs {
     /// links there.
     #[arg(long, value_name = "URL")]
     trace_url: Option<String>,
+    /// Print the settings these flags make as JSON, passwords and secrets
+    /// left out, and exit without connecting: what a deployment's checks
+    /// read (the files it names are read, so a missing one fails here).
+    #[arg(long)]
+    print_config: bool,
 }
 
 impl ConsoleArgs {
@@ -91,11 +129,65 @@ impl ConsoleArgs {
             scopes: self.oidc_scopes.clone(),
         }))
     }
+
+    /// Prints the settings as JSON, with no password, token or client
+    /// secret in them, having checked that the files they name are there.
+    fn print_config(&self, oidc: Option<&toolfleet_console::OidcOptions>) -> anyhow::Result<()> {
+        for (flag, file) in [
+            ("--redis-ca-file", &self.redis_ca_file),
+            ("--redis-cert-file", &self.redis_cert_file),
+            ("--redis-key-file", &self.redis_key_file),
+        ] {
+            if let Some(path) = file {
+                std::fs::metadata(path)
+                    .with_context(|| format!("cannot read {flag} {}", path.display()))?;
+            }
+        }
+        let mut redis_url = url::Url::parse(&self.redis_url).context("--redis-url is not a URL")?;
+        let in_url = redis_url.password().is_some();
+        // A URL with a password has a host, so it can be taken out.
+        let _ = redis_url.set_password(None);
+        let shown = serde_json::json!({
+            "listen": self.listen.to_string(),
+            "orchestrator": self.server.shown(),
+            "redis": {
+                "url": redis_url.as_str(),
+                "user": redis_url.username(),
+                "password": in_url || self.redis_password.is_some(),
+                "tls": {
+                    "ca_file": self.redis_ca_file,
+                    "cert_file": self.redis_cert_file,
+                    "key_file": self.redis_key_file,
+                },
+            },
+            "key_prefix": self.key_prefix,
+            "session_ttl": humantime::format_duration(self.session_ttl).to_string(),
+            "oidc": oidc.map(|oidc| serde_json::json!({
+                "issuer": oidc.issuer,
+                "client_id": oidc.client_id,
+                "client_secret_file": self.oidc_client_secret_file,
+                "redirect_url": oidc.redirect_url,
+                "resource": oidc.resource,
+                "scopes": oidc.scopes,
+            })),
+            "trace_url": self.trace_url,
+        });
+        println!("{}", serde_json::to_string_pretty(&shown)?);
+        Ok(())
+    }
 }
 
 pub(crate) async fn run(args: ConsoleArgs) -> anyhow::Result<ExitCode> {
     let oidc = args.oidc()?;
-    let channel = args.server.channel().await?;
+    if args.print_config {
+        args.print_config(oidc.as_ref())?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let stop = CancellationToken::new();
+    tokio::spawn(crate::watch_signals(stop.clone()));
+    let Some(channel) = reach_orchestrator(&args.server, &stop).await? else {
+        return Ok(ExitCode::SUCCESS);
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -103,10 +195,14 @@ pub(crate) async fn run(args: ConsoleArgs) -> anyhow::Result<ExitCode> {
         "toolfleet console: http://{}/ (sign in with a token of your tenant)",
         listener.local_addr()?
     );
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(crate::watch_signals(stop.clone()));
     let options = toolfleet_console::ConsoleOptions {
         redis_url: args.redis_url,
+        redis_password: args.redis_password,
+        redis_tls: toolfleet_console::RedisTls {
+            ca_file: args.redis_ca_file,
+            cert_file: args.redis_cert_file,
+            key_file: args.redis_key_file,
+        },
         key_prefix: args.key_prefix,
         session_ttl: args.session_ttl,
         oidc,
@@ -114,4 +210,30 @@ pub(crate) async fn run(args: ConsoleArgs) -> anyhow::Result<ExitCode> {
     };
     toolfleet_console::serve(channel, options, listener, stop.cancelled_owned()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// A channel to the orchestrator, once one answers: in a cluster the
+/// console may start before any orchestrator does, and waits for one as
+/// the services wait for NATS and Redis (decision 0007). `None`: stopped
+/// while waiting.
+async fn reach_orchestrator(
+    server: &Server,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Channel>> {
+    let (endpoint, url) = server.endpoint()?;
+    let mut told = false;
+    loop {
+        match endpoint.connect().await {
+            Ok(channel) => return Ok(Some(channel)),
+            Err(err) if !told => {
+                eprintln!("toolfleet console: waiting for the orchestrator at {url}: {err}");
+                told = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            () = stop.cancelled() => return Ok(None),
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
 }

@@ -240,6 +240,8 @@ async fn console(
         .await?;
     let options = toolfleet_console::ConsoleOptions {
         redis_url: fleet.redis_url(),
+        redis_password: None,
+        redis_tls: toolfleet_console::RedisTls::default(),
         key_prefix: "tf:".to_owned(),
         session_ttl: std::time::Duration::from_secs(8 * 3600),
         oidc: None,

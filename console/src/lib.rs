@@ -13,6 +13,7 @@ mod session;
 mod web;
 
 pub use oidc::OidcOptions;
+pub use session::RedisTls;
 
 use std::time::Duration;
 
@@ -39,6 +40,11 @@ pub struct ConsoleOptions {
     /// The Redis its sessions live in (the fleet's, with the console's
     /// user: docs/console.md).
     pub redis_url: String,
+    /// The password of the URL's user, when the URL does not carry it (a
+    /// Secret's, through the environment: any character, no escaping).
+    pub redis_password: Option<String>,
+    /// TLS to that Redis beyond a `rediss://` URL and the system's roots.
+    pub redis_tls: RedisTls,
     /// The prefix of its Redis keys (the fleet's `store.key_prefix`).
     pub key_prefix: String,
     /// How long a session lasts without signing in again (at most the
@@ -79,8 +85,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let client = redis::Client::open(options.redis_url.as_str())
-        .context("--redis-url is not a Redis URL")?;
+    let client = session::client(&options)?;
     let redis = redis::aio::ConnectionManager::new(client)
         .await
         .context("cannot reach Redis (--redis-url), where the console keeps its sessions")?;

@@ -6,14 +6,78 @@
 //! the API with, under the SHA-256 of the id (a copy of Redis names no
 //! cookie), with the session's time to live.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use redis::AsyncCommands as _;
 use redis::aio::ConnectionManager;
 use sha2::{Digest, Sha256};
 
 /// Where sessions are kept: `<prefix>console:session:<sha256 of the id>`.
 const SESSION_KEYS: &str = "console:session:";
+
+/// TLS to the sessions' Redis: files of PEM, each read at start-up.
+#[derive(Debug, Clone, Default)]
+pub struct RedisTls {
+    /// The CA the server's certificate chains to (default: the system's
+    /// roots).
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate, for a Redis that verifies clients; with
+    /// `key_file`.
+    pub cert_file: Option<PathBuf>,
+    /// The client certificate's private key.
+    pub key_file: Option<PathBuf>,
+}
+
+/// The client of the Redis `options` name: the URL, the password if it
+/// is given apart, and TLS with the files given.
+///
+/// # Errors
+///
+/// The URL is not a Redis URL, a file cannot be read, or TLS files are
+/// given for a URL that is not `rediss://`.
+pub(crate) fn client(options: &crate::ConsoleOptions) -> anyhow::Result<redis::Client> {
+    use redis::IntoConnectionInfo as _;
+    let mut info = options
+        .redis_url
+        .as_str()
+        .into_connection_info()
+        .context("--redis-url is not a Redis URL")?;
+    if let Some(password) = &options.redis_password {
+        let settings = info.redis_settings().clone().set_password(password);
+        info = info.set_redis_settings(settings);
+    }
+    let tls = &options.redis_tls;
+    if tls.ca_file.is_none() && tls.cert_file.is_none() && tls.key_file.is_none() {
+        return redis::Client::open(info).context("--redis-url is not a Redis URL");
+    }
+    anyhow::ensure!(
+        matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }),
+        "the --redis-*-file flags need a rediss:// URL"
+    );
+    let read = |flag: &str, path: &Path| {
+        std::fs::read(path).with_context(|| format!("cannot read {flag} {}", path.display()))
+    };
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("--redis-cert-file", cert)?,
+            client_key: read("--redis-key-file", key)?,
+        }),
+        (None, None) => None,
+        _ => anyhow::bail!("--redis-cert-file and --redis-key-file go together"),
+    };
+    let root_cert = tls
+        .ca_file
+        .as_deref()
+        .map(|ca| read("--redis-ca-file", ca))
+        .transpose()?;
+    let certificates = redis::TlsCertificates {
+        client_tls,
+        root_cert,
+    };
+    redis::Client::build_with_tls(info, certificates).context("cannot set up TLS to Redis")
+}
 
 /// A signed-in person, as the API told the console at sign-in (`WhoAmI`).
 #[derive(Debug, Clone, PartialEq)]

@@ -32,7 +32,7 @@ import helm_python
 import kubernetes_validate
 import yaml
 
-from common import Checks, certificates, listen_ports
+from common import Checks, certificates, listen_ports, run
 from kube import Manifests, Unresolved
 
 KUBERNETES = kubernetes_validate.latest_version()
@@ -74,6 +74,8 @@ PLATFORM = {
         "securityContext": {}, "containerSecurityContext": {"allowPrivilegeEscalation": False},
     },
     "orchestrator": {"pod": {"nodeSelector": {"pool": "control"}}, "preStopSeconds": 7},
+    # The console takes the global pod settings too.
+    "console": {"enabled": True},
 }
 
 
@@ -155,6 +157,8 @@ VALUE_SETS = {
         "telemetry": {"otlpEndpoint": "http://otel-collector.observability:4318",
                       "otlpProtocol": "http/protobuf", "sampleRatio": 0.05},
         "pools": [pool("everything", GENERAL + KNOWLEDGE, replicas=3)],
+        # Its Redis over TLS with a client certificate, no Redis user.
+        "console": {"enabled": True, "port": 8081},
     },
     "without network policies, every pool autoscaled": {
         "networkPolicy": {"enabled": False, "grpcFrom": [], "metricsFrom": [], "egressPorts": [4222]},
@@ -196,6 +200,13 @@ VALUE_SETS = {
                 "volume": {"persistentVolumeClaim": {"claimName": "knowledge-graph", "readOnly": True}},
             }),
         ],
+        # Through the orchestrators' mutual TLS, with sign-in at a provider.
+        "console": {"enabled": True, "clientTlsSecret": "console-client-tls", "sessionTtl": "1h 30m",
+                    "traceUrl": "https://jaeger.example.com/trace/{trace_id}",
+                    "oidc": {"issuer": KEYCLOAK["issuer"], "clientId": "toolfleet-console",
+                             "clientSecret": {"name": "console-oidc", "key": "secret"},
+                             "redirectUrl": "https://console.example.com/oidc/callback",
+                             "resource": "https://toolfleet.example.com", "scopes": "openid roles"}},
         "observability": {
             "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prometheus"}},
             "prometheusRule": {"enabled": True, "labels": {"release": "prometheus"}},
@@ -211,7 +222,7 @@ RELEASE_NAMES = {"dev, a release name of 53 characters": "a-release-name-as-long
 KINDS = {
     "defaults": {"Deployment": 3, "Service": 2, "PodDisruptionBudget": 3, "Job": 1, "ServiceAccount": 1,
                  "NetworkPolicy": 2, "HorizontalPodAutoscaler": 1, "ConfigMap": 1, "Secret": 3},
-    "one pool, external NATS and Redis over TLS, no auth, other ports": {"Deployment": 2, "NetworkPolicy": 2,
+    "one pool, external NATS and Redis over TLS, no auth, other ports": {"Deployment": 3, "NetworkPolicy": 3,
                                                             "HorizontalPodAutoscaler": 0, "ConfigMap": 1,
                                                             "Secret": 0},
     "without network policies, every pool autoscaled": {"Deployment": 3, "NetworkPolicy": 0,
@@ -221,11 +232,14 @@ KINDS = {
     "a NATS cluster and a Redis Cluster": {"Deployment": 3, "Job": 1},
     "KEDA, every pool scaling to zero": {"Deployment": 3, "ScaledObject": 2, "HorizontalPodAutoscaler": 0},
     "dev: the chart's own NATS and Redis": {"Deployment": 5, "Service": 4, "ConfigMap": 3, "Secret": 3},
-    "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": {"Deployment": 3},
+    "platform settings: a registry and digests, scheduling, extra env and volumes, OpenShift": {"Deployment": 4,
+                                                                                              "Service": 3,
+                                                                                              "NetworkPolicy": 3},
     "dev, a release name of 53 characters": {"Deployment": 5, "Service": 4, "ConfigMap": 3, "Secret": 3},
     "the setup as a Helm hook, own credentials": {"Job": 1, "ConfigMap": 2, "Secret": 1},
     "observability, gRPC mutual TLS, an OpenAI key, a graph volume, own credentials": {
-        "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 2, "Secret": 1},
+        "ServiceMonitor": 1, "PrometheusRule": 1, "ConfigMap": 2, "Secret": 1, "Deployment": 4,
+        "PodDisruptionBudget": 4},
 }
 
 # What the services of a value set must have in their configuration
@@ -273,8 +287,10 @@ def user_secrets() -> dict[str, dict[str, str]]:
         "nats-ca": {"ca.crt": pems["ca.crt"]},
         "redis-client": {"ca.crt": pems["ca.crt"], "tls.crt": pems["client.crt"], "tls.key": pems["client.key"]},
         **{name: {f"{kind}-{user}": "pw" for kind in ("nats", "redis")
-                  for user in ("setup", "orchestrator", "pool-general", "pool-knowledge")}
+                  for user in ("setup", "orchestrator", "pool-general", "pool-knowledge", "console")}
            for name in ("fleet-passwords", "toolfleet-credentials")},
+        "console-client-tls": {"tls.crt": pems["client.crt"], "tls.key": pems["client.key"]},
+        "console-oidc": {"secret": "console-client-secret"},
     }
 
 
@@ -312,7 +328,23 @@ REFUSED = {
                                                  "dev": {"enabled": True}, "credentials": {"existingSecret": "s"}},
     "the setup as a hook with the chart's credentials": {"setup": {"useHelmHooks": True,
                                                                    "hookDeadlineSeconds": 240}},
+    # Its sessions' keys are in every hash slot; it speaks to one server.
+    "the console on a Redis Cluster": {"console": {"enabled": True},
+                                       "redis": {"url": CLUSTER_REDIS, "cluster": True}},
+    "the console's provider without its client id": {"console": {"enabled": True, "oidc": {
+        "issuer": "https://id.example.com", "redirectUrl": "https://c.example.com/oidc/callback"}}},
+    "a console session time that is no duration": {"console": {"sessionTtl": "eight hours"}},
 }
+
+
+def coalesce(defaults: dict, values: dict) -> dict:
+    """The values a render uses, as Helm makes them: maps merged key by
+    key, anything else (a list, a scalar) replaced whole."""
+    out = dict(defaults)
+    for key, value in values.items():
+        both = isinstance(value, dict) and isinstance(defaults.get(key), dict)
+        out[key] = coalesce(defaults[key], value) if both else value
+    return out
 
 
 def manifests(rendered: dict[str, str]) -> list[dict]:
@@ -396,6 +428,11 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
                 checks.failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err}")
                 continue
             containers = doc["spec"]["template"]["spec"]["containers"]
+            if component == "console":
+                for container, command in zip(containers, commands):
+                    checks.failures.extend(f"{label}: {command.where}: {f}"
+                                           for f in check_console(checks, container, command, docs, values))
+                continue
             for container, command in zip(containers, commands):
                 where = f"{label}: {command.where}"
                 if command.args[:1] == ["setup"]:
@@ -428,6 +465,45 @@ def check_containers(docs: list[dict], checks: Checks, label: str, values: dict)
                     checks.failures.append(f"{where}: exports to {config['telemetry']['otlp_endpoint']}, not {endpoint}")
                 if doc["kind"] == "Deployment":
                     checks.failures.extend(f"{where}: {f}" for f in check_probes(container, config))
+
+
+def check_console(checks: Checks, container: dict, command, docs: list[dict], values: dict) -> list[str]:
+    """The console's command line loads in the `toolfleet` binary
+    (`toolfleet console ... --print-config`) with every file it names
+    mounted: it serves on the port its pod declares, which its probes ask
+    for /healthz; it asks the orchestrators' Service on their gRPC port
+    (https with their TLS); it logs in to Redis as `console` with a
+    password wherever the chart's Redis users are."""
+    checks.checked += 1
+    done = run(checks.binary(os.path.basename(command.binary)), [*command.args, "--print-config"], command.env)
+    if done.returncode != 0:
+        return [f"{command.args} does not load:\n{done.stderr}"]
+    config = json.loads(done.stdout)
+    failures = []
+    declared = {p.get("name"): p["containerPort"] for p in container.get("ports", [])}
+    if config["listen"] != f"0.0.0.0:{declared.get('http')}":
+        failures.append(f"listens on {config['listen']}, declares {declared}")
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        http = container.get(probe, {}).get("httpGet") or {}
+        port = declared.get(http.get("port"), http.get("port"))
+        if http.get("path") != "/healthz" or port != declared.get("http"):
+            failures.append(f"{probe}: GET {http.get('path')} on port {http.get('port')}, not /healthz on its own")
+    o = values["orchestrator"]
+    services = {d["metadata"]["name"]: {p["port"] for p in d["spec"]["ports"]} for d in docs if d["kind"] == "Service"}
+    orchestrator = next(n for n in services if n.endswith("-orchestrator"))
+    scheme = "https" if o["tls"]["secretName"] else "http"
+    addr = f"{scheme}://{orchestrator}.toolfleet.svc:{o['grpcPort']}"
+    if config["orchestrator"]["addr"] != addr or o["grpcPort"] not in services[orchestrator]:
+        failures.append(f"asks {config['orchestrator']['addr']}, not the orchestrators' Service at {addr}")
+    users = values["redis"]["auth"] == "users"
+    if (config["redis"]["user"], config["redis"]["password"]) != (("console", True) if users else ("", False)):
+        failures.append(f"logs in to Redis as {config['redis']['user']!r} (password: {config['redis']['password']})")
+    if config["key_prefix"] != "tf:":
+        failures.append(f"keeps its sessions under {config['key_prefix']}, not the ACL's tf:")
+    for path in named_files(config):
+        if not os.path.exists(path):
+            failures.append(f"names {path}, which no volume holds")
+    return failures
 
 
 # Each probe a service needs, and the path it must ask (docs/deploy.md).
@@ -652,11 +728,26 @@ def check_users(chart, defaults: dict) -> list[str]:
     with open(os.path.join(ROOT, "deploy/nats/toolfleet-users.conf")) as f:
         if f.read() != nats_placeholders(nats):
             failures.append("deploy/nats/toolfleet-users.conf is not what the chart renders for its default pools")
+    # deploy/redis's file carries the console's user too, for whoever runs
+    # the console; the chart renders it only with the console enabled.
+    with_console = {"console": {**defaults["console"], "enabled": True}}
+    console_redis = users_files(manifests(chart.render(with_console, name="tf", namespace="toolfleet",
+                                                       is_install=True)))[1]
     with open(os.path.join(ROOT, "deploy/redis/toolfleet-users.conf")) as f:
         placeholders = re.sub(r"user (\S+) on #[0-9a-f]{64}",
-                              lambda m: f"user {m[1]} on #@{m[1].upper().replace('-', '_')}_PASSWORD_SHA256@", redis)
+                              lambda m: f"user {m[1]} on #@{m[1].upper().replace('-', '_')}_PASSWORD_SHA256@",
+                              console_redis)
         if f.read() != placeholders:
-            failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools")
+            failures.append("deploy/redis/toolfleet-users.conf is not what the chart renders for its default pools "
+                            "with the console enabled")
+    if "console" in redis_users(redis) or \
+            {k: v for k, v in redis_users(console_redis).items() if k != "console"} != redis_users(redis):
+        failures.append("the console enabled changes more in the Redis users than its own user, or disabled "
+                        "leaves its user in")
+    console_user = ("user console on # resetchannels ~tf:console:* -@all +@connection -@dangerous "
+                    "+hmset +hgetall +expire +del +setex +getdel +multi +exec +discard")
+    if redis_users(console_redis).get("console") != console_user:
+        failures.append(f"the console's Redis user is {redis_users(console_redis).get('console')!r}")
     # Users files made where the servers run, another namespace than the
     # release's, which their pods can mount.
     elsewhere = manifests(chart.render({"nats": {**defaults["nats"], "usersNamespace": "messaging"},
@@ -761,7 +852,7 @@ def main() -> int:
                 validated += 1
             except kubernetes_validate.ValidationError as err:
                 failures.append(f"{label}: {doc['kind']} {doc['metadata']['name']}: {err.message}")
-        effective = {**defaults, **(values or {})}
+        effective = coalesce(defaults, values or {})
         if custom:
             done = subprocess.run(
                 ["node", os.path.join(HERE, "crds.mjs")],

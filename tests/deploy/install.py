@@ -31,6 +31,7 @@ Usage: install.py CHART_DIR BIN_DIR
 """
 
 import hashlib
+import http.client
 import os
 import re
 import shutil
@@ -40,6 +41,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import bcrypt
@@ -391,6 +393,67 @@ def outside_servers(fleet: Fleet, root: str, docs: list[dict], values: dict) -> 
             host_port(values.get("redis", {}).get("url", "redis://redis-master:6379/")): f"127.0.0.1:{redis_port}"}
 
 
+def redis_cli(fleet: Fleet, root: str, values: dict, *args: str) -> str:
+    """A command to the Redis outside the chart, as its operator."""
+    tls = ["--tls", "--cacert", os.path.join(root, "ca.crt"), "--cert", os.path.join(root, "client.crt"),
+           "--key", os.path.join(root, "client.key")] if values.get("redis", {}).get("tls", {}).get("secretName") else []
+    done = subprocess.run(["redis-cli", "-p", str(fleet.outside["redis_port"]), *tls, "--user", "operator",
+                           "--pass", REDIS_ADMIN, "--no-auth-warning", *args],
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise RuntimeError(f"redis-cli {args}: {done.stdout}{done.stderr}")
+    return done.stdout
+
+
+def console_signs_in_and_out(cluster: Cluster, root: str, values: dict) -> None:
+    """The console the chart rendered, as a browser uses it: its sign-in
+    form, a token of the tokens file, the jobs page with the session's
+    cookie, sign-out; the session kept in Redis by the console's own user
+    (refused nothing) and gone at sign-out, its cookie dead."""
+    [console] = [d for d in cluster.docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-console")]
+    [port] = [p["containerPort"] for p in cluster.spec(console)["containers"][0]["ports"]]
+    local = cluster.ports[(console["metadata"]["name"], port)]
+
+    def ask(method: str, path: str, cookie: str = "", form: dict | None = None):
+        connection = http.client.HTTPConnection("127.0.0.1", local, timeout=10)
+        headers = {"Cookie": cookie} if cookie else {}
+        body = urllib.parse.urlencode(form) if form is not None else None
+        if body is not None:
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        connection.request(method, path, body=body, headers=headers)
+        response = connection.getresponse()
+        text = response.read().decode()
+        cookies = [c.split(";")[0] for c in response.headers.get_all("Set-Cookie") or []]
+        connection.close()
+        return response.status, response.headers.get("Location", ""), cookies, text
+
+    def csrf(page: str) -> str:
+        found = re.search(r'name="csrf" value="([^"]+)"', page)
+        if found is None:
+            raise RuntimeError(f"no CSRF field on the page:\n{page[:2000]}")
+        return found[1]
+
+    status, _, cookies, page = ask("GET", "/sign-in")
+    status, landing, cookies, page = ask("POST", "/sign-in", "; ".join(cookies), {"csrf": csrf(page), "token": TOKEN})
+    session = next((c for c in cookies if c.startswith("__Host-toolfleet-session=")), None)
+    if status != 303 or session is None:
+        raise RuntimeError(f"console sign-in: {status}, cookies {cookies}:\n{page[:2000]}")
+    status, _, _, page = ask("GET", landing, session)
+    if status != 200:
+        raise RuntimeError(f"console {landing}: {status}\n{page[:2000]}")
+    stored = redis_cli(cluster.fleet, root, values, "--scan", "--pattern", "tf:console:session:*").split()
+    if len(stored) != 1:
+        raise RuntimeError(f"the console's sessions in Redis: {stored}")
+    status, _, _, _ = ask("POST", "/sign-out", session, {"csrf": csrf(page)})
+    after, where, _, _ = ask("GET", "/jobs", session)
+    left = redis_cli(cluster.fleet, root, values, "--scan", "--pattern", "tf:console:*").split()
+    if status != 303 or after != 303 or not where.startswith("/sign-in") or left:
+        raise RuntimeError(f"console sign-out: {status}; then /jobs: {after} to {where}; left in Redis: {left}")
+    refused = redis_cli(cluster.fleet, root, values, "ACL", "LOG")
+    if "console" in refused:
+        raise RuntimeError(f"Redis refused the console: {refused}")
+
+
 def finish(label: str, fleet: Fleet, root: str, failures: list[str]) -> list[str]:
     """Stops every process (toolfleet's must exit 0), prints the logs of a
     failed scenario, and removes a passed one's files."""
@@ -427,6 +490,9 @@ def scenario(chart, bin_dir: str, label: str, values: dict, play) -> list[str]:
         if play is argo_sync:
             cluster.run_hooks("test")
         print(f"install: {label}: Ready, and helm test passed")
+        if values.get("console", {}).get("enabled"):
+            console_signs_in_and_out(cluster, root, values)
+            print(f"install: {label}: the console signed a person in and out, its session in Redis")
     except Exception as err:  # noqa: BLE001 - reported with the logs
         failures.append(f"{label}: {type(err).__name__}: {err}")
     return finish(label, fleet, root, failures)
@@ -524,9 +590,12 @@ def main() -> int:
     # The defaults, on a NATS and a Redis of one server each outside the
     # chart; scripted jobs allowed, so that helm test runs one through the
     # queues (the shipped check, model-free, is pods.py's).
+    # The console on, as a browser uses it (a token of the tokens file).
+    console = {"console": {"enabled": True, "replicas": 1}}
     failures += scenario(chart, bin_dir, "the defaults with helm install --wait", {
         "nats": {"url": "nats://nats:4222", "replicas": 1, "auth": "users",
                  "tls": {"secretName": "", "clientCert": False}},
+        **console,
         "orchestrator": {"config": {"api": {"allow_scripted": True}}},
         "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
                   "model": {"provider": "openai-responses", "name": "m", "input": "x"}},
@@ -538,6 +607,7 @@ def main() -> int:
                  "tls": {"secretName": "nats-ca", "clientCert": False}},
         "redis": {"url": "rediss://redis.cache.svc:6380/", "auth": "users",
                   "tls": {"secretName": "redis-client", "clientCert": True}},
+        **console,
         "orchestrator": {"config": {"api": {"allow_scripted": True}}},
         "tests": {"enabled": True, "check": "scripted", **check_token, "clientTlsSecret": "",
                   "model": {"provider": "openai-responses", "name": "m", "input": "x"}},

@@ -74,7 +74,9 @@ async fn the_compose_file_runs_with_the_binaries_it_names() -> anyhow::Result<()
 /// chart's pods only, and every container's configuration, environment
 /// (over its image's), mounted files and ports run by the binary it names,
 /// its probes HTTP on the port it serves metrics on (the setup Job for
-/// real, on a NATS cluster: the defaults keep three copies of each stream).
+/// real, on a NATS cluster: the defaults keep three copies of each stream);
+/// the console's command line loads (`--print-config`) with its files, its
+/// orchestrators' Service and its Redis user, its probes on its own port.
 #[tokio::test]
 async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() -> anyhow::Result<()>
 {
@@ -82,7 +84,7 @@ async fn the_helm_chart_lints_validates_and_runs_with_the_binaries_it_names() ->
     toolfleet_tests::build_worker_template().await?;
     let said = check("chart.py", &["deploy/helm/toolfleet"], Nats::Cluster).await?;
     assert!(said.contains("chart: 12 value sets"), "{said}");
-    assert!(said.contains("18 bad value sets refused"), "{said}");
+    assert!(said.contains("21 bad value sets refused"), "{said}");
     Ok(())
 }
 
@@ -151,7 +153,9 @@ async fn the_nats_users_render_the_same_rotate_by_reload_and_add_a_pool_by_resta
 /// pool with a new tool (GitOps credentials; the NATS restart and Redis
 /// ACL an operator applies), and the dev values under an Argo CD sync
 /// and under `--wait`, each reach Ready with no hook to deadlock on, and
-/// their `helm test` pod runs a job through the queues to its end.
+/// their `helm test` pod runs a job through the queues to its end. The
+/// console, on in the first two, signs a person in and out as a browser
+/// would, its session in Redis as its own user (over TLS in the second).
 #[tokio::test]
 async fn a_simulated_install_reaches_ready_and_passes_helm_test() -> anyhow::Result<()> {
     let said = check("install.py", &["deploy/helm/toolfleet"], Nats::None).await?;
@@ -164,6 +168,17 @@ async fn a_simulated_install_reaches_ready_and_passes_helm_test() -> anyhow::Res
     ] {
         assert!(
             said.contains(&format!("install: {scenario}: Ready, and helm test passed")),
+            "{said}"
+        );
+    }
+    for scenario in [
+        "the defaults with helm install --wait",
+        "NATS and Redis over TLS with helm install --wait",
+    ] {
+        assert!(
+            said.contains(&format!(
+                "install: {scenario}: the console signed a person in and out, its session in Redis"
+            )),
             "{said}"
         );
     }

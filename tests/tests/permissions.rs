@@ -5,7 +5,7 @@
 //! server itself. On NATS, once `toolfleet-orchestrator setup` has created
 //! the streams, consumers and bucket (a pool started before waits for it,
 //! saying so); in Redis, over TLS, where no pool can forge another pool's
-//! result or read a job.
+//! result or read a job, and the console reaches only its sessions.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -638,6 +638,13 @@ async fn a_compromised_pool_on_the_shipped_configuration_reaches_nothing_of_anot
         &job.job_id,
     )
     .await?;
+    the_console_reaches_only_its_sessions(
+        &shipped.redis.console,
+        &redis_url,
+        &shipped.ca,
+        &job.job_id,
+    )
+    .await?;
     // And the other pool still serves: a job through both pools succeeds.
     run_two_pool_job(&fleet).await?;
 
@@ -818,6 +825,7 @@ struct RedisUsers {
     orchestrator: RedisUser,
     general: RedisUser,
     knowledge: RedisUser,
+    console: RedisUser,
 }
 
 impl RedisUsers {
@@ -826,11 +834,17 @@ impl RedisUsers {
             orchestrator: RedisUser::new("orchestrator", "@ORCHESTRATOR_PASSWORD_SHA256@"),
             general: RedisUser::new("pool-general", "@POOL_GENERAL_PASSWORD_SHA256@"),
             knowledge: RedisUser::new("pool-knowledge", "@POOL_KNOWLEDGE_PASSWORD_SHA256@"),
+            console: RedisUser::new("console", "@CONSOLE_PASSWORD_SHA256@"),
         }
     }
 
-    fn all(&self) -> [&RedisUser; 3] {
-        [&self.orchestrator, &self.general, &self.knowledge]
+    fn all(&self) -> [&RedisUser; 4] {
+        [
+            &self.orchestrator,
+            &self.general,
+            &self.knowledge,
+            &self.console,
+        ]
     }
 }
 
@@ -841,7 +855,7 @@ impl RedisUsers {
 fn shipped_redis(
     etc: &Path,
     certificates: &Path,
-    users: [&RedisUser; 3],
+    users: [&RedisUser; 4],
 ) -> anyhow::Result<RedisConfig> {
     let mut file = REDIS_USERS.to_owned();
     for user in users {
@@ -953,6 +967,83 @@ async fn a_pool_is_refused_in_redis(
     Ok(())
 }
 
+/// The console's user in the shipped Redis at `url` after `job_id` ran:
+/// what its sessions and sign-ins take (console/src/session.rs, oidc.rs)
+/// passes on its own keys; a job's keys, any other command and its own
+/// commands on another key are refused.
+async fn the_console_reaches_only_its_sessions(
+    console: &RedisUser,
+    url: &str,
+    ca: &str,
+    job_id: &str,
+) -> anyhow::Result<()> {
+    let keys = toolfleet_proto::names::RedisKeys::default();
+    let job = toolfleet_proto::JobId::parse(job_id)
+        .ok_or_else(|| anyhow::anyhow!("not a job id: {job_id}"))?;
+    let mut redis = console
+        .client(url, ca)?
+        .get_multiplexed_async_connection()
+        .await?;
+    // A session: stored with its time to live in one transaction, read,
+    // and ended; a sign-in's verifier, stored for a while and taken once.
+    let session = "tf:console:session:probe";
+    redis::pipe()
+        .atomic()
+        .hset_multiple(session, &[("token", "t"), ("tenant", "team")])
+        .ignore()
+        .expire(session, 60)
+        .ignore()
+        .query_async::<()>(&mut redis)
+        .await?;
+    let fields: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(session)
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(fields.get("tenant").map(String::as_str), Some("team"));
+    redis::cmd("DEL")
+        .arg(session)
+        .query_async::<()>(&mut redis)
+        .await?;
+    let flow = "tf:console:sign-in:probe";
+    redis::cmd("SETEX")
+        .arg(flow)
+        .arg(60)
+        .arg("verifier")
+        .query_async::<()>(&mut redis)
+        .await?;
+    let taken: Option<String> = redis::cmd("GETDEL")
+        .arg(flow)
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(taken.as_deref(), Some("verifier"));
+    let (record, items) = (keys.job(&job), keys.job_items(&job));
+    let refusals: [(&str, &[&str]); 9] = [
+        ("reading a job record", &["HGETALL", &record]),
+        ("deleting a job record", &["DEL", &record]),
+        (
+            "reading a job's conversation",
+            &["LRANGE", &items, "0", "-1"],
+        ),
+        (
+            "a session key outside its own",
+            &["SETEX", "tf:consoles", "60", "x"],
+        ),
+        ("a command it never sends", &["SET", session, "x"]),
+        ("a script", &["EVAL", "return 1", "0"]),
+        ("listing every key", &["KEYS", "*"]),
+        ("scanning the key names", &["SCAN", "0"]),
+        ("flushing everything", &["FLUSHALL"]),
+    ];
+    for (what, args) in refusals {
+        let mut cmd = redis::cmd(args[0]);
+        cmd.arg(&args[1..]);
+        let refused: redis::RedisResult<redis::Value> = cmd.query_async(&mut redis).await;
+        let code = refused.as_ref().err().and_then(|e| e.code());
+        assert_eq!(code, Some("NOPERM"), "{what} was not refused: {refused:?}");
+    }
+    Ok(())
+}
+
 /// Pools `general` and `knowledge` as their Redis users, each reading its
 /// password from a file in `dir`, trusting `ca`; returns once both are
 /// ready.
@@ -1019,12 +1110,13 @@ async fn start_orchestrator_with_a_certificate(
 }
 
 /// On a Redis Cluster each service's client first learns where the slots
-/// are, with CLUSTER SLOTS (redis-rs): every user may ask.
+/// are, with CLUSTER SLOTS (redis-rs): every service's user may ask (not
+/// the console's: it speaks to one server, the chart's schema says so).
 async fn every_user_may_ask_for_the_slots(
     admin: &mut redis::aio::MultiplexedConnection,
     users: &RedisUsers,
 ) -> anyhow::Result<()> {
-    for user in users.all() {
+    for user in [&users.orchestrator, &users.general, &users.knowledge] {
         let allowed: redis::RedisResult<String> = redis::cmd("ACL")
             .arg("DRYRUN")
             .arg(user.name)

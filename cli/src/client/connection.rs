@@ -81,6 +81,29 @@ impl Server {
         channel(&self.addr, &self.tls).await
     }
 
+    /// The endpoint these flags name, not yet connected, and its URL, for
+    /// a caller that connects in its own time.
+    ///
+    /// # Errors
+    ///
+    /// The address is not a URL, or a TLS file cannot be read.
+    pub(crate) fn endpoint(&self) -> anyhow::Result<(Endpoint, String)> {
+        endpoint(&self.addr, &self.tls)
+    }
+
+    /// The address and the TLS files, as a `--print-config` shows them
+    /// (never the token).
+    pub(crate) fn shown(&self) -> serde_json::Value {
+        serde_json::json!({
+            "addr": self.addr,
+            "tls": {
+                "ca_file": self.tls.tls_ca_file,
+                "cert_file": self.tls.tls_cert_file,
+                "key_file": self.tls.tls_key_file,
+            },
+        })
+    }
+
     /// `--token`, if given.
     pub(crate) fn token(&self) -> Option<&str> {
         self.token.as_deref().filter(|token| !token.is_empty())
@@ -172,6 +195,18 @@ pub(crate) fn with_token(
 
 /// A channel to the orchestrator at `addr`.
 async fn channel(addr: &str, tls: &TlsArgs) -> anyhow::Result<Channel> {
+    let (endpoint, url) = endpoint(addr, tls)?;
+    endpoint.connect().await.with_context(|| {
+        format!(
+            "cannot reach the orchestrator at {url}; start one (`toolfleet dev --serve` runs \
+             a local fleet) or point --addr / TOOLFLEET_ADDR at yours"
+        )
+    })
+}
+
+/// The endpoint of the orchestrator at `addr`, with its TLS, not yet
+/// connected, and its URL.
+fn endpoint(addr: &str, tls: &TlsArgs) -> anyhow::Result<(Endpoint, String)> {
     let scheme = if tls.is_set() { "https" } else { "http" };
     let url = if addr.contains("://") {
         addr.to_owned()
@@ -186,12 +221,7 @@ async fn channel(addr: &str, tls: &TlsArgs) -> anyhow::Result<Channel> {
     if url.starts_with("https://") || tls.is_set() {
         endpoint = endpoint.tls_config(tls.config()?)?;
     }
-    endpoint.connect().await.with_context(|| {
-        format!(
-            "cannot reach the orchestrator at {url}; start one (`toolfleet dev --serve` runs \
-             a local fleet) or point --addr / TOOLFLEET_ADDR at yours"
-        )
-    })
+    Ok((endpoint, url))
 }
 
 /// A failed call, in words: the server's message is written for people.

@@ -548,7 +548,8 @@ accounts {
 
 {{/*
 toolfleet's Redis ACL users (docs/security.md, decision 0013), generated
-from the pools; .hashes maps a user to its password's SHA-256 (hex).
+from the pools, and the console's with .console; .hashes maps a user to
+its password's SHA-256 (hex).
 */}}
 {{- define "toolfleet.redisUsersConf" -}}
 {{- $hashes := .hashes -}}
@@ -593,6 +594,13 @@ user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job
 
 # Worker pool "{{ .name }}": the ledgers of {{ join ", " .tools }}.
 user {{ $user }} on #{{ get $hashes $user }} resetchannels{{ range .tools }} ~tf:{*}:tool:{{ . }}:*{{ end }} -@all +@read +@write +@scripting +@connection -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
+{{- end }}
+{{- if .console }}
+
+# The web console (console.enabled): its sessions and the sign-ins under
+# way (tf:console:session:*, tf:console:sign-in:*), with exactly the
+# commands they take; no job key, no script, nothing to list.
+user console on #{{ get $hashes "console" }} resetchannels ~tf:console:* -@all +@connection -@dangerous +hmset +hgetall +expire +del +setex +getdel +multi +exec +discard
 {{- end }}
 {{- end -}}
 
