@@ -96,6 +96,10 @@ pub(crate) struct ConsoleArgs {
     /// links there.
     #[arg(long, value_name = "URL")]
     trace_url: Option<String>,
+    /// How its log lines (on stderr) are written: `text`, or `json`, one
+    /// object a line, for a collector. `RUST_LOG` filters them (`info`).
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
     /// Print the settings these flags make as JSON, passwords and secrets
     /// left out, and exit without connecting: what a deployment's checks
     /// read (the files it names are read, so a missing one fails here).
@@ -171,6 +175,7 @@ impl ConsoleArgs {
                 "scopes": oidc.scopes,
             })),
             "trace_url": self.trace_url,
+            "log_format": self.log_format,
         });
         println!("{}", serde_json::to_string_pretty(&shown)?);
         Ok(())
@@ -183,6 +188,16 @@ pub(crate) async fn run(args: ConsoleArgs) -> anyhow::Result<ExitCode> {
         args.print_config(oidc.as_ref())?;
         return Ok(ExitCode::SUCCESS);
     }
+    // Its own log, as the services write theirs: the console's warnings
+    // (a session Redis could not store, a provider that refused) go there.
+    toolfleet_service::telemetry::init_logging(&toolfleet_service::config::LogOptions {
+        format: if args.log_format == "json" {
+            toolfleet_service::config::LogFormat::Json
+        } else {
+            toolfleet_service::config::LogFormat::Text
+        },
+        ..Default::default()
+    });
     let stop = CancellationToken::new();
     tokio::spawn(crate::watch_signals(stop.clone()));
     let Some(channel) = reach_orchestrator(&args.server, &stop).await? else {

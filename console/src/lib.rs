@@ -73,11 +73,12 @@ struct Console {
 }
 
 /// Serves the console of the fleet behind `channel` on `listener` until
-/// `stop`.
+/// `stop`, once its Redis and the orchestrator answer (it waits for them,
+/// logging why).
 ///
 /// # Errors
 ///
-/// Redis cannot be reached, the orchestrator does not answer, or serving
+/// The Redis settings are wrong (a file named is missing), or serving
 /// fails.
 pub async fn serve(
     channel: Channel,
@@ -85,15 +86,16 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Shared: what is waited for at start is raced with it, then the
+    // server is.
+    let stop = futures::FutureExt::shared(Box::pin(stop));
     let client = session::client(&options)?;
-    let redis = redis::aio::ConnectionManager::new(client)
-        .await
-        .context("cannot reach Redis (--redis-url), where the console keeps its sessions")?;
-    // Whether the API lets anyone in: asked once, without a token.
-    let open = AgentServiceClient::new(channel.clone())
-        .who_am_i(v1::WhoAmIRequest {})
-        .await
-        .is_ok();
+    let Some(redis) = until(stop.clone(), reach_redis(client)).await else {
+        return Ok(());
+    };
+    let Some(open) = until(stop.clone(), api_is_open(&channel)).await else {
+        return Ok(());
+    };
     let console = Console {
         channel,
         oidc: options
@@ -127,6 +129,67 @@ pub async fn serve(
         .with_graceful_shutdown(stop)
         .await
         .context("the console stopped serving")
+}
+
+/// How long the console waits before it asks again for what it needs at
+/// start (Redis, the API's answer) while that is not there yet: it may
+/// start before them, and waits as the services do (decision 0007).
+const START_RETRY: Duration = Duration::from_secs(1);
+
+/// `work`, unless `stop` comes first.
+async fn until<T>(
+    stop: impl std::future::Future<Output = ()>,
+    work: impl std::future::Future<Output = T>,
+) -> Option<T> {
+    tokio::select! {
+        biased;
+        () = stop => None,
+        done = work => Some(done),
+    }
+}
+
+/// The connection to the sessions' Redis, once it answers.
+async fn reach_redis(client: redis::Client) -> redis::aio::ConnectionManager {
+    let mut told = false;
+    loop {
+        match redis::aio::ConnectionManager::new(client.clone()).await {
+            Ok(redis) => return redis,
+            Err(err) if !told => {
+                tracing::warn!(
+                    error = %err,
+                    "waiting for Redis (--redis-url), where the console keeps its sessions"
+                );
+                told = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(START_RETRY).await;
+    }
+}
+
+/// Whether the API lets anyone in (`api.auth = "none"`): `WhoAmI` asked
+/// without a token until it says yes or asks for one. An orchestrator that
+/// is still starting says neither.
+async fn api_is_open(channel: &Channel) -> bool {
+    let mut told = false;
+    loop {
+        match AgentServiceClient::new(channel.clone())
+            .who_am_i(v1::WhoAmIRequest {})
+            .await
+        {
+            Ok(_) => return true,
+            Err(status) if status.code() == tonic::Code::Unauthenticated => return false,
+            Err(status) if !told => {
+                tracing::warn!(
+                    code = ?status.code(),
+                    "waiting for the orchestrator to say whether it needs a sign-in"
+                );
+                told = true;
+            }
+            Err(_) => {}
+        }
+        tokio::time::sleep(START_RETRY).await;
+    }
 }
 
 async fn script() -> Response {

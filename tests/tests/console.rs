@@ -802,3 +802,69 @@ async fn a_person_signs_in_with_the_company_identity() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Under `api.auth = "none"` nobody signs in and every page says so in a
+/// banner. The console, started while its orchestrator is down, waits for
+/// it to say whether it needs a sign-in rather than guessing.
+#[tokio::test]
+async fn without_authentication_there_is_no_sign_in_and_every_page_says_so() -> anyhow::Result<()> {
+    let fleet = Fleet::start(test_fleet(1)).await?;
+    let grpc = free_loopback_address()?;
+    let (addr, listen) = (format!("http://{grpc}"), free_loopback_address()?);
+    let redis = fleet.redis.url();
+    let console = ChildProcess::spawn(
+        "console",
+        cargo_bin("toolfleet")?,
+        [
+            "console",
+            "--addr",
+            &addr,
+            "--listen",
+            &listen,
+            "--redis-url",
+            &redis,
+        ],
+        std::iter::empty::<(&str, &str)>(),
+    )?;
+    console
+        .wait_for_log("waiting for the orchestrator", WAIT)
+        .await?;
+    // On the address the console waits at (the fleet's own would pick a
+    // free port as it starts).
+    let nats = fleet.nats.url();
+    let _orchestrator = ChildProcess::spawn(
+        "orchestrator",
+        cargo_bin("toolfleet-orchestrator")?,
+        [
+            "--nats-url",
+            &nats,
+            "--redis-url",
+            &redis,
+            "--listen",
+            &grpc,
+        ],
+        [("TOOLFLEET_API__AUTH", "none")],
+    )?;
+    let browser = Browser::new(&listen)?;
+    let jobs = wait_until("the console to serve", WAIT, || async {
+        browser.get("/jobs", "").await.ok()
+    })
+    .await?;
+    assert_eq!(jobs.status, StatusCode::OK, "{}", jobs.body);
+    let banner = "Authentication is off (<code>api.auth = \"none\"</code>)";
+    for path in ["/jobs", "/approvals", "/tools"] {
+        let page = browser.get(path, "").await?;
+        assert_eq!(page.status, StatusCode::OK, "{path}: {}", page.body);
+        assert!(
+            page.body.contains(banner) && !page.body.contains("Sign out"),
+            "{path}: {}",
+            page.body
+        );
+    }
+    let sign_in = browser.get("/sign-in", "").await?;
+    assert_eq!(
+        (sign_in.status, sign_in.location.as_str()),
+        (StatusCode::SEE_OTHER, "/jobs")
+    );
+    Ok(())
+}
