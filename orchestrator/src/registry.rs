@@ -339,6 +339,8 @@ mod tests {
             ),
             heartbeat_ms: now_ms(),
             available,
+            pool: String::new(),
+            mcp_server: String::new(),
         })
         .unwrap()
     }
