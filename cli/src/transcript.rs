@@ -869,6 +869,7 @@ mod tests {
             version: "1".into(),
             approval: "never".into(),
             effects: "read_only".into(),
+            ..Default::default()
         };
         let table = tools_table(&[
             tool(

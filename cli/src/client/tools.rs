@@ -26,7 +26,7 @@ pub(crate) struct ToolsArgs {
 pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
     let mut tools = client
-        .list_tools(v1::ListToolsRequest {})
+        .list_tools(v1::ListToolsRequest::default())
         .await
         .map_err(|status| rpc_error("ListTools", &status))?
         .into_inner()

@@ -32,7 +32,7 @@ struct Tools<'a> {
 }
 
 pub(crate) async fn tools(State(console): State<Console>, session: Session) -> Response {
-    let request = as_person(&session, v1::ListToolsRequest {});
+    let request = as_person(&session, v1::ListToolsRequest::default());
     let listed = match console.api().list_tools(request).await {
         Ok(listed) => listed.into_inner(),
         Err(failed) => return web::api_failed(&failed),
