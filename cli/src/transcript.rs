@@ -401,8 +401,20 @@ fn result_excerpt(output: &str) -> String {
     )
 }
 
-/// The tools as a table with a header row.
+/// The tools as a table with a header row; with the fleet's columns
+/// (`POOLS`, `WAITING`, `MCP`) when `ListTools` told any of them (to an
+/// operator or a reader).
 pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
+    let told = tools.iter().any(|tool| {
+        !tool.pools.is_empty()
+            || tool.calls_waiting.is_some()
+            || tool.workers_unavailable > 0
+            || !tool.mcp_server.is_empty()
+            || !tool.available
+    });
+    if told {
+        return fleet_tools_table(tools);
+    }
     let rows: Vec<[String; 6]> = tools
         .iter()
         .map(|tool| {
@@ -422,6 +434,47 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
             "WORKERS",
             "TIMEOUT",
             "ATTEMPTS",
+            "EFFECTS",
+            "DESCRIPTION",
+        ],
+        &rows,
+        &[1, 3],
+    )
+}
+
+/// [`tools_table`] with the fleet's columns: the workers that cannot run
+/// a tool beside those that can, its pools, its calls waiting and its MCP
+/// server (`-` for none).
+fn fleet_tools_table(tools: &[v1::Tool]) -> String {
+    let or_dash = |text: String| if text.is_empty() { "-".into() } else { text };
+    let rows: Vec<[String; 8]> = tools
+        .iter()
+        .map(|tool| {
+            let workers = match tool.workers_unavailable {
+                0 => tool.workers.to_string(),
+                n => format!("{} (+{n} unavailable)", tool.workers),
+            };
+            [
+                tool.name.clone(),
+                workers,
+                or_dash(tool.pools.join(",")),
+                tool.calls_waiting
+                    .map_or_else(|| "unknown".into(), |n| n.to_string()),
+                or_dash(tool.mcp_server.clone()),
+                humantime::format_duration(Duration::from_millis(tool.timeout_ms)).to_string(),
+                tool.effects.clone(),
+                first_sentence(&tool.description, DESCRIPTION_CHARS),
+            ]
+        })
+        .collect();
+    table(
+        [
+            "NAME",
+            "WORKERS",
+            "POOLS",
+            "WAITING",
+            "MCP",
+            "TIMEOUT",
             "EFFECTS",
             "DESCRIPTION",
         ],
@@ -580,6 +633,12 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "effects": tool.effects,
                 "side_effects": tool.side_effects,
                 "version": tool.version,
+                "approval": tool.approval,
+                "available": tool.available,
+                "pools": tool.pools,
+                "workers_unavailable": tool.workers_unavailable,
+                "calls_waiting": tool.calls_waiting,
+                "mcp_server": tool.mcp_server,
             })
         })
         .collect()
@@ -888,6 +947,8 @@ mod tests {
             version: "1".into(),
             approval: "never".into(),
             effects: "read_only".into(),
+            available: true,
+            ..Default::default()
         };
         let table = tools_table(&[
             tool(
@@ -907,6 +968,52 @@ mod tests {
         );
         assert!(lines[1].starts_with("calculate                  2  5s              3  read_only  Evaluate an arithmetic expression."), "{table}");
         assert!(lines[2].contains("get_current_weather       12"), "{table}");
+    }
+
+    #[test]
+    fn the_tools_table_shows_the_fleet_when_told() {
+        let tool = |name: &str, workers| v1::Tool {
+            name: name.into(),
+            workers,
+            timeout_ms: 5000,
+            effects: "read_only".into(),
+            available: true,
+            ..Default::default()
+        };
+        let table = tools_table(&[
+            v1::Tool {
+                pools: vec!["general".into(), "spare".into()],
+                calls_waiting: Some(12),
+                ..tool("calculate", 2)
+            },
+            v1::Tool {
+                workers_unavailable: 1,
+                mcp_server: "crm".into(),
+                available: false,
+                ..tool("crm__find", 0)
+            },
+        ]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(
+            lines[0]
+                .starts_with("NAME       WORKERS             POOLS          WAITING  MCP  TIMEOUT"),
+            "{table}"
+        );
+        assert!(
+            lines[1].starts_with("calculate                   2  general,spare       12  -    5s"),
+            "{table}"
+        );
+        assert!(
+            lines[2].starts_with("crm__find  0 (+1 unavailable)  -              unknown  crm"),
+            "{table}"
+        );
+        let json = tools_json(&[tool("calculate", 1)]);
+        assert_eq!(
+            json[0]["calls_waiting"],
+            Value::Null,
+            "absent: not known or not told"
+        );
+        assert_eq!(json[0]["pools"], json!([]));
     }
 
     #[test]

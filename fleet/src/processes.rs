@@ -331,7 +331,7 @@ impl ProcessFleet {
             .wait_until(&what, READY, || {
                 let mut api = api.clone();
                 async move {
-                    let live = api.list_tools(v1::ListToolsRequest {}).await.ok()?;
+                    let live = api.list_tools(v1::ListToolsRequest::default()).await.ok()?;
                     let live = live.into_inner().tools;
                     tools
                         .iter()

@@ -5,7 +5,8 @@
 //! [`APPROVALS_INTERVAL`], from the tenants' indexes in Redis: a parked job
 //! is in no process's memory). The tools' poll also tells the registry
 //! which tools have a queue, so that a tool with no live worker (a pool
-//! scaled to zero) stays available while its calls can wait.
+//! scaled to zero) stays available while its calls can wait, and how many
+//! calls wait in it, which `ListTools` tells operators and readers.
 //!
 //! Every replica reports the same numbers (they are the fleet's, not the
 //! replica's): take `max` over replicas, never `sum`.
@@ -22,7 +23,7 @@ use tracing::debug;
 
 use crate::job::now_ms;
 use crate::metrics;
-use crate::registry::RegistryHandle;
+use crate::registry::{QueueRead, RegistryHandle};
 use crate::store::JobStore;
 
 /// How often the tools' gauges are refreshed.
@@ -54,18 +55,21 @@ pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: 
                 () = stop.cancelled() => return,
                 read = waiting_calls(&js, &name) => read,
             };
-            match read {
+            let queue = match read {
                 Ok(waiting) => {
-                    registry.set_queued(&name, true);
                     metrics::tool_calls_waiting(&name, waiting);
+                    QueueRead::Waiting(waiting)
                 }
-                Err(Backlog::NoQueue) => registry.set_queued(&name, false),
+                Err(Backlog::NoQueue) => QueueRead::NoQueue,
                 // A NATS user without CONSUMER.INFO on it, or an outage:
-                // the gauge and what the registry knows stay as they were.
+                // the gauge and whether the queue exists stay as they
+                // were; ListTools says the count is unknown.
                 Err(Backlog::Unknown(err)) => {
-                    debug!(tool = %name, error = %err, "cannot read the tool's backlog")
+                    debug!(tool = %name, error = %err, "cannot read the tool's backlog");
+                    QueueRead::Unreadable
                 }
-            }
+            };
+            registry.read_queue(&name, queue);
             let workers = registry.get(&name).map_or(0, |t| t.workers);
             metrics::tool_workers(&name, workers);
         }

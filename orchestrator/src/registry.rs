@@ -6,9 +6,16 @@
 //! consumer) exists: its calls wait there for the next worker, as when KEDA
 //! has scaled its pool to zero. But a tool whose live workers all announce
 //! that they cannot run it now (`available: false`: its MCP server is
-//! down) is withdrawn: the model is never offered a tool nobody can run. Its manifest then comes from the tool
+//! down) is withdrawn: the model is never offered a tool nobody can run
+//! ([`standing`]). Its manifest then comes from the tool
 //! catalog in Redis, where this registry keeps the newest manifest of every
 //! tool announced, so that it outlives the announcements and this process.
+//!
+//! For those who watch the fleet (`ListTools` to an operator or a reader,
+//! decision 0052) it also keeps what the live workers say of each tool
+//! (their pools and MCP servers, and those that cannot run it) and the
+//! calls waiting in its queue as the backlog poll last read them
+//! ([`RegistryHandle::fleet_tools`]).
 //!
 //! Liveness is measured on this process's own monotonic clock, from when an
 //! announcement arrived, never by comparing a worker's clock with ours; the
@@ -69,15 +76,90 @@ impl LiveTool {
     }
 }
 
+/// A tool as those who watch the fleet see it: [`LiveTool`] and what the
+/// live workers and the backlog poll say of it.
+pub(crate) struct FleetTool {
+    /// The tool; `workers` counts the live workers that can run it.
+    pub tool: LiveTool,
+    /// Whether jobs are offered it ([`Standing::Offered`]); false for a
+    /// withdrawn tool.
+    pub available: bool,
+    /// The live workers' pools, sorted, each once; empty when none says.
+    pub pools: Vec<String>,
+    /// Live workers that serve it but cannot run it now.
+    pub workers_unavailable: usize,
+    /// Calls waiting in its queue, as last read; `None` until read or when
+    /// it could not be.
+    pub calls_waiting: Option<u64>,
+    /// The MCP server it comes from, as its live workers say (the first
+    /// by name, should they differ); empty for a native tool.
+    pub mcp_server: String,
+}
+
+/// Where a tool stands, from its live workers and its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Standing {
+    /// Offered to jobs: a live worker can run it, or none is live and its
+    /// calls wait in its queue for one.
+    Offered,
+    /// Live workers serve it, but none can run it now: offered to no job.
+    Withdrawn,
+    /// No live worker and no queue: nothing to offer.
+    Gone,
+}
+
+/// Where a tool with `able` live workers that can run it, `unable` that
+/// cannot, and a queue or not, stands.
+pub(crate) fn standing(able: usize, unable: usize, queued: bool) -> Standing {
+    match (able, unable, queued) {
+        (1.., _, _) | (0, 0, true) => Standing::Offered,
+        (0, 1.., _) => Standing::Withdrawn,
+        (0, 0, false) => Standing::Gone,
+    }
+}
+
+/// What the backlog poll read of a tool's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueRead {
+    /// Its queue exists, with this many calls waiting for a worker.
+    Waiting(u64),
+    /// It has no queue (no durable consumer).
+    NoQueue,
+    /// It could not be read (an outage, a NATS user without the right).
+    Unreadable,
+}
+
+/// One worker's latest announcement of a tool.
+struct Announced {
+    /// When it arrived, on this process's clock.
+    arrived: Instant,
+    /// Whether the worker said it can run the tool.
+    available: bool,
+    /// Its pool; empty when it said none.
+    pool: String,
+    /// The MCP server the tool comes from; empty for a native tool.
+    mcp_server: String,
+}
+
 #[derive(Default)]
 struct Entry {
     manifest: Option<(Arc<ToolManifest>, Arc<jsonschema::Validator>)>,
-    /// worker id -> when its last announcement arrived, and whether it
-    /// said it can run the tool
-    workers: HashMap<String, (Instant, bool)>,
+    /// worker id -> its latest announcement of the tool
+    workers: HashMap<String, Announced>,
     /// Its queue (durable consumer) exists: a worker announced the tool, or
     /// the backlog poll last saw it. With no live worker, its calls wait there.
     queued: bool,
+    /// Calls waiting in its queue, as the backlog poll last read them.
+    waiting: Option<u64>,
+}
+
+impl Entry {
+    /// The workers whose announcement arrived less than `ttl` ago.
+    fn live(&self, ttl: Duration) -> impl Iterator<Item = &Announced> {
+        self.workers
+            .values()
+            .filter(move |seen| seen.arrived.elapsed() < ttl)
+    }
 }
 
 /// Cheap handle to the registry; the only way other code reads it.
@@ -123,34 +205,94 @@ impl RegistryHandle {
         names
     }
 
-    /// Whether `tool`'s queue exists (so its calls can wait for a worker).
-    pub(crate) fn set_queued(&self, tool: &str, queued: bool) {
+    /// Records what the backlog poll read of `tool`'s queue: whether it
+    /// exists (so its calls can wait for a worker; unchanged when it could
+    /// not be read), and its calls waiting (unknown when not read).
+    pub(crate) fn read_queue(&self, tool: &str, read: QueueRead) {
         let mut tools = self
             .tools
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(entry) = tools.get_mut(tool) {
-            entry.queued = queued;
+        let Some(entry) = tools.get_mut(tool) else {
+            return;
+        };
+        match read {
+            QueueRead::Waiting(calls) => (entry.queued, entry.waiting) = (true, Some(calls)),
+            QueueRead::NoQueue => (entry.queued, entry.waiting) = (false, None),
+            QueueRead::Unreadable => entry.waiting = None,
         }
     }
 
+    /// Every tool jobs are offered, by name, as those who watch the fleet
+    /// see it; with `include_unavailable`, the withdrawn ones too.
+    pub(crate) fn fleet_tools(&self, include_unavailable: bool) -> Vec<FleetTool> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut listed: Vec<FleetTool> = tools
+            .values()
+            .filter_map(|entry| self.fleet_tool(entry))
+            .filter(|tool| include_unavailable || tool.available)
+            .collect();
+        listed.sort_by(|a, b| a.tool.manifest.name.cmp(&b.tool.manifest.name));
+        listed
+    }
+
     fn available(&self, entry: &Entry) -> Option<LiveTool> {
-        let live = || {
+        let (able, unable) =
             entry
-                .workers
-                .values()
-                .filter(|(arrived, _)| arrived.elapsed() < self.ttl)
-        };
-        let workers = live().filter(|(_, available)| *available).count();
-        let withdrawn = workers == 0 && live().next().is_some();
-        if withdrawn || (workers == 0 && !entry.queued) {
+                .live(self.ttl)
+                .fold((0, 0), |(able, unable), seen| match seen.available {
+                    true => (able + 1, unable),
+                    false => (able, unable + 1),
+                });
+        if standing(able, unable, entry.queued) != Standing::Offered {
             return None;
         }
         let (manifest, validator) = entry.manifest.clone()?;
         Some(LiveTool {
             manifest,
             validator,
-            workers,
+            workers: able,
+        })
+    }
+
+    /// `entry` for those who watch the fleet; `None` when it is gone.
+    fn fleet_tool(&self, entry: &Entry) -> Option<FleetTool> {
+        let (manifest, validator) = entry.manifest.clone()?;
+        let live: Vec<&Announced> = entry.live(self.ttl).collect();
+        let able = live.iter().filter(|seen| seen.available).count();
+        let unable = live.len() - able;
+        let available = match standing(able, unable, entry.queued) {
+            Standing::Gone => return None,
+            standing => standing == Standing::Offered,
+        };
+        let named = |name: fn(&Announced) -> &str| {
+            let mut names: Vec<String> = live
+                .iter()
+                .map(|seen| name(seen))
+                .filter(|name| !name.is_empty())
+                .map(str::to_owned)
+                .collect();
+            names.sort();
+            names.dedup();
+            names
+        };
+        Some(FleetTool {
+            tool: LiveTool {
+                manifest,
+                validator,
+                workers: able,
+            },
+            available,
+            pools: named(|seen| seen.pool.as_str()),
+            workers_unavailable: unable,
+            calls_waiting: entry.waiting,
+            mcp_server: named(|seen| seen.mcp_server.as_str())
+                .into_iter()
+                .next()
+                .unwrap_or_default(),
         })
     }
 
@@ -213,9 +355,13 @@ impl RegistryHandle {
                         }
                     }
                 }
-                entry
-                    .workers
-                    .insert(worker.to_owned(), (Instant::now(), announcement.available));
+                let seen = Announced {
+                    arrived: Instant::now(),
+                    available: announcement.available,
+                    pool: announcement.pool,
+                    mcp_server: announcement.mcp_server,
+                };
+                entry.workers.insert(worker.to_owned(), seen);
                 // A worker pulls from the tool's queue, so it exists (until
                 // the backlog poll sees otherwise).
                 entry.queued = true;
@@ -330,6 +476,10 @@ mod tests {
     use super::*;
 
     fn announcement(worker: &str, available: bool) -> Vec<u8> {
+        announcement_from(worker, available, "", "")
+    }
+
+    fn announcement_from(worker: &str, available: bool, pool: &str, mcp_server: &str) -> Vec<u8> {
         serde_json::to_vec(&WorkerAnnouncement {
             worker_id: worker.to_owned(),
             manifest: ToolManifest::new(
@@ -339,16 +489,99 @@ mod tests {
             ),
             heartbeat_ms: now_ms(),
             available,
+            pool: pool.to_owned(),
+            mcp_server: mcp_server.to_owned(),
         })
         .unwrap()
     }
 
-    #[test]
-    fn a_tool_no_live_worker_can_run_is_withdrawn_though_its_queue_exists() {
-        let registry = RegistryHandle {
+    fn registry() -> RegistryHandle {
+        RegistryHandle {
             tools: Arc::default(),
             ttl: Duration::from_secs(15),
+        }
+    }
+
+    #[test]
+    fn a_tool_stands_by_its_live_workers_then_its_queue() {
+        use Standing::{Gone, Offered, Withdrawn};
+        // (able, unable, queued) -> standing
+        let cases = [
+            ((1, 0, false), Offered),
+            ((1, 3, false), Offered),
+            ((2, 0, true), Offered),
+            ((0, 0, true), Offered), // a pool scaled to zero
+            ((0, 1, true), Withdrawn),
+            ((0, 2, false), Withdrawn),
+            ((0, 0, false), Gone),
+        ];
+        for ((able, unable, queued), want) in cases {
+            assert_eq!(
+                standing(able, unable, queued),
+                want,
+                "{able} {unable} {queued}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fleet_sees_pools_servers_unavailable_workers_and_waiting_calls() {
+        let registry = registry();
+        let put = |worker: &str, available: bool, pool: &str| {
+            let key = names::registry_key("crm__find", worker);
+            let value = announcement_from(worker, available, pool, "crm");
+            registry.apply(&key, kv::Operation::Put, &value);
         };
+        put("w1", true, "mcp");
+        put("w2", false, "mcp");
+        put("w3", false, "crm-pool");
+        let listed = registry.fleet_tools(false);
+        let [tool] = listed.as_slice() else {
+            panic!("one tool")
+        };
+        assert!(tool.available);
+        assert_eq!((tool.tool.workers, tool.workers_unavailable), (1, 2));
+        assert_eq!(tool.pools, ["crm-pool", "mcp"]);
+        assert_eq!(tool.mcp_server, "crm");
+        assert_eq!(tool.calls_waiting, None, "unknown until read");
+
+        registry.read_queue("crm__find", QueueRead::Waiting(7));
+        assert_eq!(registry.fleet_tools(false)[0].calls_waiting, Some(7));
+        registry.read_queue("crm__find", QueueRead::Unreadable);
+        assert_eq!(registry.fleet_tools(false)[0].calls_waiting, None);
+        registry.read_queue("unknown_tool", QueueRead::Waiting(1));
+
+        // Its server down on w1 too: withdrawn, listed only when asked.
+        put("w1", false, "mcp");
+        assert!(registry.fleet_tools(false).is_empty());
+        let withdrawn = registry.fleet_tools(true);
+        assert!(!withdrawn[0].available);
+        assert_eq!(
+            (withdrawn[0].tool.workers, withdrawn[0].workers_unavailable),
+            (0, 3)
+        );
+        assert!(registry.get("crm__find").is_none());
+
+        // No live worker and no queue: gone, even when asked.
+        for worker in ["w1", "w2", "w3"] {
+            let key = names::registry_key("crm__find", worker);
+            registry.apply(&key, kv::Operation::Delete, &[]);
+        }
+        registry.read_queue("crm__find", QueueRead::NoQueue);
+        assert!(registry.fleet_tools(true).is_empty());
+        // Its queue back (a pool scaled to zero): offered, no pool said.
+        registry.read_queue("crm__find", QueueRead::Waiting(3));
+        let queued = registry.fleet_tools(false);
+        assert_eq!(
+            (queued[0].tool.workers, queued[0].calls_waiting),
+            (0, Some(3))
+        );
+        assert!(queued[0].pools.is_empty() && queued[0].mcp_server.is_empty());
+    }
+
+    #[test]
+    fn a_tool_no_live_worker_can_run_is_withdrawn_though_its_queue_exists() {
+        let registry = registry();
         let key = |worker: &str| names::registry_key("crm__find", worker);
         let put = |worker: &str, available: bool| {
             registry.apply(

@@ -351,6 +351,24 @@ pub fn is_valid_tool_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// Whether `name` is a pool name: 1 to [`MAX_POOL_NAME_LEN`] ASCII
+/// letters, digits, `_`, `-` or `.`.
+pub fn is_valid_pool_name(name: &str) -> bool {
+    (1..=MAX_POOL_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Whether `name` is an MCP server's name: 1 to
+/// [`MAX_MCP_SERVER_NAME_LEN`] ASCII letters, digits, `_` or `-`.
+pub fn is_valid_mcp_server_name(name: &str) -> bool {
+    (1..=MAX_MCP_SERVER_NAME_LEN).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
 /// Every tool, where a list of tools may say so (`require_approval`).
 pub const EVERY_TOOL: &str = "*";
 
@@ -379,6 +397,14 @@ pub struct WorkerAnnouncement {
     /// `true`.
     #[serde(default = "available", skip_serializing_if = "is_available")]
     pub available: bool,
+    /// The worker's pool (its `pool` key), for those who watch the fleet;
+    /// empty when it says none. Absent (an older worker's): empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pool: String,
+    /// The `[[mcp.servers]]` name of the MCP server the tool comes from;
+    /// empty for a native tool. Absent (an older worker's): empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mcp_server: String,
 }
 
 fn available() -> bool {
@@ -397,6 +423,10 @@ pub const MAX_DESCRIPTION_BYTES: usize = 8 * 1024;
 pub const MAX_SCHEMA_BYTES: usize = 64 * 1024;
 /// Longest worker id.
 pub const MAX_WORKER_ID_LEN: usize = 128;
+/// Longest pool name.
+pub const MAX_POOL_NAME_LEN: usize = 64;
+/// Longest MCP server name (`[[mcp.servers]]`'s `name`).
+pub const MAX_MCP_SERVER_NAME_LEN: usize = 32;
 /// How far an announcement's heartbeat may be from the reader's clock: a
 /// sanity bound on what a worker writes, not a liveness check.
 pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
@@ -434,8 +464,10 @@ impl ToolManifest {
 impl WorkerAnnouncement {
     /// Checks an announcement read from registry key `tool.worker` at
     /// `now_ms`: its manifest passes [`ToolManifest::check`], the worker id
-    /// agrees with the key and is valid, and the heartbeat is within
-    /// [`MAX_CLOCK_SKEW`] of `now_ms`. Anyone who can write to the bucket
+    /// agrees with the key and is valid, the heartbeat is within
+    /// [`MAX_CLOCK_SKEW`] of `now_ms`, and its pool and MCP server, when
+    /// given, are names ([`is_valid_pool_name`],
+    /// [`is_valid_mcp_server_name`]): they are shown to people. Anyone who can write to the bucket
     /// can write anything, so the orchestrator ignores what fails.
     ///
     /// # Errors
@@ -456,6 +488,12 @@ impl WorkerAnnouncement {
                 MAX_CLOCK_SKEW.as_secs()
             ));
         }
+        if !self.pool.is_empty() && !is_valid_pool_name(&self.pool) {
+            return Err("the pool is not a pool name".into());
+        }
+        if !self.mcp_server.is_empty() && !is_valid_mcp_server_name(&self.mcp_server) {
+            return Err("the mcp server is not an MCP server's name".into());
+        }
         Ok(())
     }
 }
@@ -472,10 +510,18 @@ mod tests {
             manifest: ToolManifest::new("calculate", "math", serde_json::json!({"type": "object"})),
             heartbeat_ms: now - 599_000,
             available: true,
+            pool: "general".into(),
+            mcp_server: "crm".into(),
         };
         assert_eq!(good.check("calculate", "w-1.example", now), Ok(()));
+        let native = WorkerAnnouncement {
+            pool: String::new(),
+            mcp_server: String::new(),
+            ..good.clone()
+        };
+        assert_eq!(native.check("calculate", "w-1.example", now), Ok(()));
         type Spoil = (fn(&mut WorkerAnnouncement), &'static str);
-        let spoiled: [Spoil; 6] = [
+        let spoiled: [Spoil; 12] = [
             (|a| a.manifest.name = "run_shell".into(), "name"),
             (|a| a.worker_id = "w-2".into(), "worker id"),
             (|a| a.manifest.description = "d".repeat(8193), "description"),
@@ -491,6 +537,13 @@ mod tests {
                 |a| a.heartbeat_ms = 1_760_000_601_000 + 3_600_000,
                 "heartbeat",
             ),
+            // Shown to people: markup, controls and floods are refused.
+            (|a| a.pool = "<script>alert(1)</script>".into(), "pool"),
+            (|a| a.pool = "general\n".into(), "pool"),
+            (|a| a.pool = "p".repeat(65), "pool"),
+            (|a| a.mcp_server = "crm\"><b>".into(), "mcp server"),
+            (|a| a.mcp_server = "crm.example".into(), "mcp server"),
+            (|a| a.mcp_server = "c".repeat(33), "mcp server"),
         ];
         for (spoil, expected) in spoiled {
             let mut bad = good.clone();
@@ -500,6 +553,34 @@ mod tests {
         }
         assert!(good.check("calculate", "w\n1", now).is_err());
         assert!(good.check("calc.ulate", "w-1.example", now).is_err());
+    }
+
+    #[test]
+    fn an_older_workers_announcement_parses_and_empty_fields_are_not_written() {
+        let old = serde_json::json!({
+            "worker_id": "w-1",
+            "manifest": ToolManifest::new("calculate", "math", serde_json::json!({"type": "object"})),
+            "heartbeat_ms": 1,
+        });
+        let old: WorkerAnnouncement = serde_json::from_value(old).unwrap();
+        assert!(old.available);
+        assert_eq!((old.pool.as_str(), old.mcp_server.as_str()), ("", ""));
+        let written = serde_json::to_value(&old).unwrap();
+        for field in ["available", "pool", "mcp_server"] {
+            assert!(written.get(field).is_none(), "{field}: {written}");
+        }
+        let new = WorkerAnnouncement {
+            pool: "general".into(),
+            mcp_server: "crm".into(),
+            ..old
+        };
+        let written = serde_json::to_value(&new).unwrap();
+        assert_eq!(
+            (&written["pool"], &written["mcp_server"]),
+            (&"general".into(), &"crm".into())
+        );
+        let back: WorkerAnnouncement = serde_json::from_value(written).unwrap();
+        assert_eq!(back, new);
     }
 
     const POLICY: RetryPolicy = RetryPolicy {

@@ -261,11 +261,11 @@ CONFIGURED = {
                          # A file, so that a rotated key is used without a restart.
                          "openai.api_key_file": "/etc/toolfleet/openai/api-key"},
         "general": {"runtime.max_deliveries": 7, "runtime.max_in_flight": 16, "nats.user": "pool-general",
-                    "nats.inbox_prefix": "_INBOX.pool-general"},
-        "knowledge": {"runtime.max_deliveries": 5},
+                    "nats.inbox_prefix": "_INBOX.pool-general", "pool": "general"},
+        "knowledge": {"runtime.max_deliveries": 5, "pool": "knowledge"},
     },
     "a pool of a worker of your own": {
-        "orders": {"tools": ["order_status"], "nats.user": "pool-orders", "redis.user": "pool-orders"},
+        "orders": {"tools": ["order_status"], "nats.user": "pool-orders", "redis.user": "pool-orders", "pool": "orders"},
     },
     "one pool, external NATS and Redis over TLS, no auth, other ports": {
         "orchestrator": {"nats.user": None, "redis.user": None, "api.auth": "none",

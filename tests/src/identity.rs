@@ -247,7 +247,7 @@ pub async fn wait_for_tools(
     crate::wait_until(&what, Duration::from_secs(30), || {
         let mut api = api.clone();
         async move {
-            let request = bearer(token, toolfleet_proto::v1::ListToolsRequest {});
+            let request = bearer(token, toolfleet_proto::v1::ListToolsRequest::default());
             api.list_tools(request).await.is_ok_and(|listed| {
                 let listed = &listed.get_ref().tools;
                 tools.iter().all(|t| listed.iter().any(|l| l.name == *t))

@@ -1,12 +1,33 @@
-//! What the MCP tests share: a fleet whose worker serves MCP servers, and
-//! waits on what `ListTools` offers.
+//! What the MCP tests share: a fleet whose worker serves MCP servers, the
+//! test server over Streamable HTTP, and waits on what `ListTools` offers.
 
+use std::path::Path;
 use std::time::Duration;
 
 use toolfleet_proto::v1;
 
 use crate::fleet::{ApiClient, Fleet, test_fleet};
-use crate::wait_until;
+use crate::{repo_root, venv_python, wait_until};
+
+/// The test server (tests/mcp/server.py) over Streamable HTTP at
+/// `address`, writing its traces in `scratch`; killed when dropped.
+pub fn start_http_server(scratch: &Path, address: &str) -> anyhow::Result<tokio::process::Child> {
+    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
+    let server = repo_root().join("tests/mcp/server.py");
+    Ok(tokio::process::Command::new(venv_python()?)
+        .args([server.display().to_string(), "http".into(), port])
+        .env("MCP_TEST_DIR", scratch)
+        .kill_on_drop(true)
+        .spawn()?)
+}
+
+/// A worker's table for the test server over HTTP at `address`, as `name`
+/// serving `add`, with `extra` lines.
+pub fn http_config(name: &str, address: &str, extra: &str) -> anyhow::Result<String> {
+    Ok(format!(
+        "[[mcp.servers]]\nname = {name:?}\nurl = \"http://{address}/mcp\"\ntools = [\"add\"]\n{extra}\n"
+    ))
+}
 
 /// Where a worker's configuration file goes: a directory of its own, not
 /// the servers' `MCP_TEST_DIR`. The worker's sandbox keeps its servers from
@@ -41,7 +62,10 @@ pub async fn fleet_with_env(
 
 /// The tools `ListTools` offers.
 pub async fn listed_tools(api: &ApiClient) -> anyhow::Result<Vec<v1::Tool>> {
-    let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
+    let listed = api
+        .clone()
+        .list_tools(v1::ListToolsRequest::default())
+        .await?;
     Ok(listed.into_inner().tools)
 }
 

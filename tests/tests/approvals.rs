@@ -700,7 +700,7 @@ async fn with_tokens(
         let mut api = api.clone();
         async move {
             let tools = api
-                .list_tools(as_tenant(token, v1::ListToolsRequest {}))
+                .list_tools(as_tenant(token, v1::ListToolsRequest::default()))
                 .await;
             tools.is_ok_and(|t| t.get_ref().tools.iter().any(|t| t.name == "echo"))
         }

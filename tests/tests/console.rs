@@ -193,6 +193,16 @@ async fn fleet_and_console_with(
     flags: &[&str],
     listen: String,
 ) -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
+    fleet_and_console_serving(&[], env, flags, listen).await
+}
+
+/// [`fleet_and_console_with`], the worker with `worker_env` too.
+async fn fleet_and_console_serving(
+    worker_env: &[(&str, &str)],
+    env: &[(&str, &str)],
+    flags: &[&str],
+    listen: String,
+) -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
     use toolfleet_orchestrator::auth::token_sha256;
     let dir = tempfile::tempdir()?;
     let tokens = dir.path().join("tokens.toml");
@@ -213,7 +223,7 @@ async fn fleet_and_console_with(
             token_sha256(STRANGER),
         ),
     )?;
-    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(worker_env)).await?;
     let file = tokens.display().to_string();
     let mut all = vec![
         ("TOOLFLEET_API__AUTH", "tokens"),
@@ -459,6 +469,8 @@ async fn a_person_signs_in_with_a_token_and_sees_what_the_token_may() -> anyhow:
         "{}",
         tools.body
     );
+    // An agent is not told the fleet (decision 0052).
+    assert!(!tools.body.contains("Calls waiting"), "{}", tools.body);
 
     // A tool's output past what a page shows: its start, and the whole as
     // a text file to save.
@@ -865,6 +877,106 @@ async fn without_authentication_there_is_no_sign_in_and_every_page_says_so() -> 
     assert_eq!(
         (sign_in.status, sign_in.location.as_str()),
         (StatusCode::SEE_OTHER, "/jobs")
+
+/// The texts of the cells of the first table row of `page` that holds
+/// `needle`, markup removed.
+fn row_of(page: &str, needle: &str) -> Vec<String> {
+    let Some(at) = page.find(needle) else {
+        return Vec::new();
+    };
+    let start = page[..at].rfind("<tr>").unwrap_or(at);
+    let end = page[at..].find("</tr>").map_or(page.len(), |end| at + end);
+    let tags = regex::Regex::new("<[^>]*>").expect("a regex");
+    page[start..end]
+        .split("<td>")
+        .skip(1)
+        .map(|cell| tags.replace_all(cell, "").trim().to_owned())
+        .collect()
+}
+
+/// The tools page tells a reader the fleet (decision 0052): per tool its
+/// live workers, those that cannot run it, its pools and its calls
+/// waiting; and the MCP servers the tools come from, up, then down once
+/// the server dies, its tool still listed (withdrawn) with the call that
+/// waits for it.
+#[tokio::test]
+async fn the_tools_page_shows_pools_calls_waiting_and_a_down_mcp_server() -> anyhow::Result<()> {
+    use toolfleet_tests::mcp::{http_config, start_http_server, worker_config_path};
+    let scratch = tempfile::tempdir()?;
+    let address = free_loopback_address()?;
+    let mut http = start_http_server(scratch.path(), &address)?;
+    let config = worker_config_path()?;
+    std::fs::write(&config, http_config("web", &address, "")?)?;
+    let config = config.display().to_string();
+    let worker_env = [
+        ("TOOLFLEET_CONFIG", config.as_str()),
+        ("TOOLFLEET_POOL", "general"),
+    ];
+    let listen = free_loopback_address()?;
+    let (_dir, fleet, _console, listen) =
+        fleet_and_console_serving(&worker_env, &[], &[], listen).await?;
+    let api = fleet.api(0).await?;
+    wait_for_tools(&api, READER, &["web__add"]).await?;
+    let browser = Browser::new(&listen)?;
+    let (reader, _) = browser.sign_in(READER).await?;
+    let (browser, reader) = (&browser, &reader);
+    let page = || async move {
+        let page = browser.get("/tools", reader).await.ok()?;
+        (page.status == StatusCode::OK).then_some(page.body)
+    };
+
+    // Up: workers 1, none unavailable, the pool, an empty queue once read.
+    let up = wait_until("the queue read", WAIT, || async move {
+        let body = page().await?;
+        (row_of(&body, "<code>web__add</code>").get(4)? == "0").then_some(body)
+    })
+    .await?;
+    let add = row_of(&up, "<code>web__add</code>");
+    assert_eq!(add[..5], ["web__add", "1", "0", "general", "0"], "{up}");
+    assert_eq!(row_of(&up, "<code>web</code>")[..2], ["web", "up"], "{up}");
+    assert!(up.contains("From the MCP server <code>web</code>."), "{up}");
+
+    // Down: the tool withdrawn, its worker unable, the call published
+    // meanwhile waiting; the server said down, in words.
+    http.kill().await?;
+    wait_until("web__add withdrawn", WAIT, || async move {
+        let body = page().await?;
+        body.contains("(withdrawn: no live worker can run it)")
+            .then_some(())
+    })
+    .await?;
+    // A pull request the worker opened while the tool was up takes calls
+    // until it expires; after that the worker pulls nothing for it.
+    tokio::time::sleep(2 * toolfleet_service::pull::PULL_EXPIRES).await;
+    let waiting = toolfleet_tests::fleet::call("job-page", "add_1", "web__add", r#"{"a": 1}"#);
+    fleet.publish_call(&waiting).await?;
+    let down = wait_until("the call counted", WAIT, || async move {
+        let body = page().await?;
+        (row_of(&body, "<code>web__add</code>").get(4)? == "1").then_some(body)
+    })
+    .await?;
+    let add = row_of(&down, "<code>web__add</code>");
+    assert_eq!(
+        add[..5],
+        [
+            "web__add (withdrawn: no live worker can run it)",
+            "0",
+            "1",
+            "general",
+            "1"
+        ],
+        "{down}"
+    );
+    assert_eq!(
+        row_of(&down, "<code>web</code>")[..2],
+        ["web", "down"],
+        "{down}"
+    );
+    let calculate = row_of(&down, "<code>calculate</code>");
+    assert_eq!(
+        calculate[..5],
+        ["calculate", "1", "0", "general", "0"],
+        "{down}"
     );
     Ok(())
 }

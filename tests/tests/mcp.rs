@@ -8,9 +8,13 @@ use std::time::Duration;
 use serde_json::json;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, Fleet, call_results, events, run_scripted, scripted_job, test_fleet, wait_finished,
+    ApiClient, Fleet, call, call_results, events, run_scripted, scripted_job, test_fleet,
+    wait_finished,
 };
-use toolfleet_tests::mcp::{fleet_with, listed_tools, wait_offered, worker_config_path};
+use toolfleet_tests::identity::{bearer, wait_for_tools};
+use toolfleet_tests::mcp::{
+    fleet_with, http_config, listed_tools, start_http_server, wait_offered, worker_config_path,
+};
 use toolfleet_tests::{cargo_bin, repo_root, venv_python, wait_until};
 
 /// How long a step of a job may take.
@@ -186,18 +190,6 @@ async fn a_server_that_dies_mid_call_is_restarted_and_its_call_answered_by_its_e
     Ok(())
 }
 
-/// The test server over Streamable HTTP at `address`, writing its traces
-/// in `scratch`.
-fn start_http_server(scratch: &Path, address: &str) -> anyhow::Result<tokio::process::Child> {
-    let port = address.rsplit(':').next().unwrap_or_default().to_owned();
-    let server = repo_root().join("tests/mcp/server.py");
-    Ok(tokio::process::Command::new(venv_python()?)
-        .args([server.display().to_string(), "http".into(), port])
-        .env("MCP_TEST_DIR", scratch)
-        .kill_on_drop(true)
-        .spawn()?)
-}
-
 /// The same server over Streamable HTTP, with a header whose value the
 /// worker reads from a file (never from its configuration).
 #[tokio::test]
@@ -335,6 +327,126 @@ async fn a_dead_http_server_is_withdrawn_and_reached_again_once_back() -> anyhow
     Ok(())
 }
 
+/// The tools `ListTools` lists to `token`, with `include_unavailable`.
+async fn tools_as(
+    api: &ApiClient,
+    token: &str,
+    include_unavailable: bool,
+) -> anyhow::Result<Vec<v1::Tool>> {
+    let request = v1::ListToolsRequest {
+        include_unavailable,
+    };
+    let listed = api.clone().list_tools(bearer(token, request)).await?;
+    Ok(listed.into_inner().tools)
+}
+
+/// `tool` of `tools`, if listed.
+fn named<'a>(tools: &'a [v1::Tool], tool: &str) -> Option<&'a v1::Tool> {
+    tools.iter().find(|t| t.name == tool)
+}
+
+/// What `ListTools` tells of the fleet (decision 0052): to an operator,
+/// the pool serving each tool, its calls waiting and its MCP server, and,
+/// once the server is down, the tool withdrawn but listed when asked for,
+/// unavailable, with its worker counted as unable and the call waiting
+/// for it; to an agent of the same tenant, none of it.
+#[tokio::test]
+async fn list_tools_tells_an_operator_the_pools_queues_and_a_down_server_and_an_agent_none()
+-> anyhow::Result<()> {
+    use toolfleet_orchestrator::auth::token_sha256;
+    const OPERATOR: &str = "tok-fleet-operator-3c1d";
+    const AGENT: &str = "tok-fleet-agent-9a4b";
+    let scratch = tempfile::tempdir()?;
+    let address = toolfleet_tests::free_loopback_address()?;
+    let mut http = start_http_server(scratch.path(), &address)?;
+    let (tokens_dir, config) = (tempfile::tempdir()?, worker_config_path()?);
+    let tokens = tokens_dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[tenants.ops]\ntoken_sha256 = [\"{op}\", \"{agent}\"]\n\
+             roles = {{ \"{op}\" = [\"operator\"], \"{agent}\" = [\"agent\"] }}\n",
+            op = token_sha256(OPERATOR),
+            agent = token_sha256(AGENT),
+        ),
+    )?;
+    std::fs::write(&config, http_config("web", &address, "")?)?;
+    let (config, tokens) = (config.display().to_string(), tokens.display().to_string());
+    let worker_env = [
+        ("TOOLFLEET_CONFIG", config.as_str()),
+        ("TOOLFLEET_POOL", "mcp"),
+    ];
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&worker_env)).await?;
+    fleet
+        .spawn_orchestrator(&[
+            ("TOOLFLEET_API__AUTH", "tokens"),
+            ("TOOLFLEET_API__TOKENS_FILE", tokens.as_str()),
+        ])
+        .await?;
+    let api = &fleet.api(0).await?;
+    wait_for_tools(api, AGENT, &["web__add", "calculate"]).await?;
+
+    // Up: the operator is told the pool, the server and, once the backlog
+    // poll has read it, the empty queue.
+    let listed = wait_until("web__add's queue read", JOB, || async move {
+        let listed = tools_as(api, OPERATOR, false).await.ok()?;
+        named(&listed, "web__add")?
+            .calls_waiting
+            .is_some()
+            .then_some(listed)
+    })
+    .await?;
+    let add = named(&listed, "web__add").expect("listed");
+    assert_eq!(add.pools, ["mcp"]);
+    assert_eq!(add.mcp_server, "web");
+    assert_eq!((add.workers, add.workers_unavailable), (1, 0));
+    assert_eq!(add.calls_waiting, Some(0));
+    assert!(add.available);
+    let calculate = named(&listed, "calculate").expect("the worker's own tool");
+    assert_eq!(
+        (calculate.pools.as_slice(), calculate.mcp_server.as_str()),
+        (&["mcp".to_owned()][..], "")
+    );
+    // The agent gets the same tools, without the fleet.
+    let seen = tools_as(api, AGENT, false).await?;
+    let add = named(&seen, "web__add").expect("offered to the agent");
+    assert!(add.pools.is_empty() && add.mcp_server.is_empty(), "{add:?}");
+    assert_eq!((add.workers, add.calls_waiting), (1, None));
+
+    // Down: withdrawn; listed only to the operator who asks, unavailable,
+    // and the call published meanwhile waits in its queue.
+    http.kill().await?;
+    wait_until("web__add withdrawn", JOB, || async move {
+        let listed = tools_as(api, OPERATOR, false).await.ok()?;
+        named(&listed, "web__add").is_none().then_some(())
+    })
+    .await?;
+    // A pull request the worker opened while the tool was up takes calls
+    // until it expires; after that the worker pulls nothing for it.
+    tokio::time::sleep(2 * toolfleet_service::pull::PULL_EXPIRES).await;
+    let waiting = call("job-fleet", "add_1", "web__add", r#"{"a": 1, "b": 2}"#);
+    fleet.publish_call(&waiting).await?;
+    let add = wait_until("the waiting call counted", JOB, || async move {
+        let listed = tools_as(api, OPERATOR, true).await.ok()?;
+        let add = named(&listed, "web__add")?.clone();
+        (add.calls_waiting == Some(1)).then_some(add)
+    })
+    .await?;
+    assert!(!add.available);
+    assert_eq!((add.workers, add.workers_unavailable), (0, 1));
+    assert_eq!(
+        (add.mcp_server.as_str(), add.pools.as_slice()),
+        ("web", &["mcp".to_owned()][..])
+    );
+    let seen = tools_as(api, AGENT, true).await?;
+    assert!(
+        named(&seen, "web__add").is_none(),
+        "an agent's ask is ignored"
+    );
+    assert!(named(&seen, "calculate").is_some_and(|t| t.pools.is_empty() && t.available));
+    Ok(())
+}
+
 /// On the `initialize` handshake nothing streams to say an HTTP server
 /// died: a call that finds it dead (never sent) takes its tools down and
 /// waits in its queue until it is back; with no call, the ping does.
@@ -418,14 +530,6 @@ async fn an_http_servers_answer_past_the_bound_is_payload_too_large_at_once() ->
         2
     );
     Ok(())
-}
-
-/// A worker's table for the test server over HTTP at `address`, as `name`
-/// serving `add`, with `extra` lines.
-fn http_config(name: &str, address: &str, extra: &str) -> anyhow::Result<String> {
-    Ok(format!(
-        "[[mcp.servers]]\nname = {name:?}\nurl = \"http://{address}/mcp\"\ntools = [\"add\"]\n{extra}\n"
-    ))
 }
 
 /// A script that adds 40 and 2 with server `server`'s `add`, as call `sum`.
@@ -613,7 +717,7 @@ async fn fleet_of_ide(scratch: &Path, config: &str, tools: &[&str]) -> anyhow::R
     wait_until("the tools to go live", JOB, || {
         let mut api = api.clone();
         async move {
-            let mut request = tonic::Request::new(v1::ListToolsRequest {});
+            let mut request = tonic::Request::new(v1::ListToolsRequest::default());
             let bearer = format!("Bearer {IDE_TOKEN}").parse().ok()?;
             request.metadata_mut().insert("authorization", bearer);
             let live = api.list_tools(request).await.ok()?.into_inner().tools;
@@ -1390,7 +1494,7 @@ async fn the_hop_alone_gets_nothing(api: &ApiClient) -> anyhow::Result<()> {
     let list_tools = |token: Option<&'static str>| {
         let mut api = api.clone();
         async move {
-            let request = with_bearer(v1::ListToolsRequest {}, token);
+            let request = with_bearer(v1::ListToolsRequest::default(), token);
             api.list_tools(request).await.map(|r| r.into_inner().tools)
         }
     };

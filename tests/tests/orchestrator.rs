@@ -651,7 +651,7 @@ async fn a_missing_job_is_not_found(api: &mut ApiClient) {
 /// ListTools names each live tool's workers, parameters and effects.
 async fn tools_are_listed_with_their_effects(api: &mut ApiClient) -> anyhow::Result<()> {
     let tools = api
-        .list_tools(v1::ListToolsRequest {})
+        .list_tools(v1::ListToolsRequest::default())
         .await?
         .into_inner()
         .tools;
@@ -1428,17 +1428,22 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
             .duration_since(std::time::UNIX_EPOCH)?
             .as_millis(),
     )?;
-    let announce = |tool: &str, worker: &str, manifest: ToolManifest, heartbeat_ms: u64| {
+    let announce_in = |pool: &str, tool: &str, worker: &str, manifest, heartbeat_ms| {
         let key = names::registry_key(tool, worker);
         let value = serde_json::to_vec(&WorkerAnnouncement {
             worker_id: worker.to_owned(),
             manifest,
             heartbeat_ms,
             available: true,
+            pool: pool.to_owned(),
+            mcp_server: String::new(),
         })
         .expect("an announcement serializes");
         let registry = registry.clone();
         async move { registry.put(key, value.into()).await }
+    };
+    let announce = |tool: &str, worker: &str, manifest: ToolManifest, heartbeat_ms: u64| {
+        announce_in("", tool, worker, manifest, heartbeat_ms)
     };
     let schema = json!({"type": "object"});
     // A key that names one tool over the manifest of another.
@@ -1457,6 +1462,15 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
         "broken",
         "forger",
         ToolManifest::new("broken", "b", broken),
+        now,
+    )
+    .await?;
+    // A pool that is markup, for the pages that show it.
+    announce_in(
+        "<script>alert(1)</script>",
+        "hostile_pool",
+        "forger",
+        ToolManifest::new("hostile_pool", "p", schema.clone()),
         now,
     )
     .await?;
@@ -1484,7 +1498,7 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
     let tools = toolfleet_tests::wait_until("slow_clock to be listed", JOB, || {
         let mut api = api.clone();
         async move {
-            let tools = api.list_tools(v1::ListToolsRequest {}).await.ok()?;
+            let tools = api.list_tools(v1::ListToolsRequest::default()).await.ok()?;
             let tools = tools.into_inner().tools;
             names_of(&tools)
                 .contains(&"slow_clock".to_owned())
@@ -1493,7 +1507,14 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
     })
     .await?;
     // Written before slow_clock, so read before it: none made it.
-    for forged in ["calculate_v2", "run_shell", "huge", "broken", "future"] {
+    for forged in [
+        "calculate_v2",
+        "run_shell",
+        "huge",
+        "broken",
+        "hostile_pool",
+        "future",
+    ] {
         assert!(
             !names_of(&tools).contains(&forged.to_owned()),
             "{forged} was listed: {:?}",
@@ -1506,8 +1527,8 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
             .log_tail(100_000)
             .matches("ignoring an invalid announcement")
             .count(),
-        3,
-        "the name, size and clock checks each logged once"
+        4,
+        "the name, size, pool and clock checks each logged once"
     );
     Ok(())
 }
@@ -1900,7 +1921,11 @@ async fn call_durations_are_exported_as_histograms_with_buckets() -> anyhow::Res
 /// How many workers `ListTools` of `api` says serve `tool`; `None` when it
 /// does not list the tool.
 async fn listed_workers(api: &ApiClient, tool: &str) -> Option<u32> {
-    let tools = api.clone().list_tools(v1::ListToolsRequest {}).await.ok()?;
+    let tools = api
+        .clone()
+        .list_tools(v1::ListToolsRequest::default())
+        .await
+        .ok()?;
     tools
         .into_inner()
         .tools

@@ -266,7 +266,10 @@ async fn not_serving_yet(fleet: &Fleet, orchestrator: usize) -> anyhow::Result<H
         );
     }
     let mut early = v1::agent_service_client::AgentServiceClient::new(channel);
-    let refused = early.list_tools(v1::ListToolsRequest {}).await.unwrap_err();
+    let refused = early
+        .list_tools(v1::ListToolsRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
     Ok(health)
 }

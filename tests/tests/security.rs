@@ -78,7 +78,7 @@ async fn fleet_with_tenants(dir: &Path, extra: &str) -> anyhow::Result<(Fleet, A
         let mut api = api.clone();
         async move {
             let tools = api
-                .list_tools(as_tenant(ADS, v1::ListToolsRequest {}))
+                .list_tools(as_tenant(ADS, v1::ListToolsRequest::default()))
                 .await
                 .map(|r| r.into_inner().tools)
                 .unwrap_or_default();
@@ -142,7 +142,7 @@ async fn callers_without_a_known_token_are_refused() -> anyhow::Result<()> {
         api.list_jobs(v1::ListJobsRequest::default())
             .await
             .expect_err("no token"),
-        api.list_tools(v1::ListToolsRequest {})
+        api.list_tools(v1::ListToolsRequest::default())
             .await
             .expect_err("no token"),
     ] {

@@ -14,7 +14,7 @@ const RESULT: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> anyhow::Result<()> {
-    let fleet = Fleet::start(test_fleet(2)).await?;
+    let fleet = Fleet::start(test_fleet(2).worker_env(&[("TOOLFLEET_POOL", "general")])).await?;
     let mut results = fleet.results("job-calc").await?;
     let calc = call(
         "job-calc",
@@ -39,7 +39,7 @@ async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> a
         .collect();
     assert_eq!(executed.len(), 1, "exactly one worker executes the call");
 
-    // Both workers announce their tools in the registry.
+    // Both workers announce their tools in the registry, with their pool.
     let js = jetstream::new(fleet.client.clone());
     let registry = js.get_key_value(names::REGISTRY_BUCKET).await?;
     for worker in ["worker-0", "worker-1"] {
@@ -53,6 +53,10 @@ async fn a_call_is_executed_by_one_of_two_workers_and_answered_twice_over() -> a
             let entry = entry.unwrap_or_else(|| panic!("{tool} of {worker} is not announced"));
             let announcement: toolfleet_proto::WorkerAnnouncement = serde_json::from_slice(&entry)?;
             assert_eq!(announcement.manifest.name, tool);
+            // Its pool (the `pool` key); none of these comes from an MCP
+            // server.
+            assert_eq!(announcement.pool, "general");
+            assert_eq!(announcement.mcp_server, "");
         }
     }
     Ok(())

@@ -34,6 +34,10 @@ pub struct WorkerOptions {
     /// single-threaded runtime, the cheapest where several busy processes
     /// share few cores. Default: 0.
     pub threads: usize,
+    /// The pool this worker belongs to, announced with each of its tools
+    /// so that `ListTools` and the console say which pools serve a tool: 1
+    /// to 64 letters, digits, `_`, `-` or `.`. Default: empty (none said).
+    pub pool: String,
     /// NATS connection.
     pub nats: NatsOptions,
     /// Redis connection and key layout.
@@ -181,6 +185,7 @@ impl Default for RegistryOptions {
 const ENV_KEYS: &[&str] = &[
     "threads",
     "worker_id",
+    "pool",
     "nats",
     "redis",
     "runtime",
@@ -255,7 +260,7 @@ impl WorkerOptions {
     }
 
     /// The checks of this worker's own keys ([`ServiceOptions::check`]):
-    /// the MCP servers' settings, the tools it is to serve exist in this
+    /// its pool's name, the MCP servers' settings, the tools it is to serve exist in this
     /// build or its MCP servers, and the graph file, if one is named, can
     /// be read. The graph's content is read before the
     /// worker connects.
@@ -266,6 +271,13 @@ impl WorkerOptions {
     ///
     /// What is wrong, naming the key.
     pub fn check_own(&self) -> Result<(), String> {
+        if !self.pool.is_empty() && !toolfleet_proto::manifest::is_valid_pool_name(&self.pool) {
+            return Err(format!(
+                "pool {:?}: 1 to {} letters, digits, `_`, `-` or `.`",
+                self.pool,
+                toolfleet_proto::manifest::MAX_POOL_NAME_LEN
+            ));
+        }
         self.mcp.fleet_names()?;
         match &self.toolbox {
             None => {
@@ -408,5 +420,11 @@ mod tests {
         assert!(err.to_string().contains("max_in_flight"), "{err}");
         let err = WorkerOptions::load(None, json!({"runtime": {"bogus": 1}})).unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
+        // The pool is shown to people: only a name passes the check.
+        let pool = |name: &str| WorkerOptions::load(None, json!({"pool": name})).unwrap();
+        assert_eq!(pool("general").check_own(), Ok(()));
+        assert_eq!(pool("").check_own(), Ok(()));
+        let err = pool("<b>general</b>").check_own().unwrap_err();
+        assert!(err.starts_with("pool "), "{err}");
     }
 }

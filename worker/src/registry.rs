@@ -30,6 +30,8 @@ pub(crate) struct Announcer {
     /// The connection, watched so that a reconnect announces at once.
     pub(crate) nats: async_nats::Client,
     pub(crate) worker_id: String,
+    /// Its pool (the `pool` key), announced with each tool; empty: none.
+    pub(crate) pool: String,
     /// The tools, each announced with whether it can run now; a change (a
     /// tool down or back, a new manifest) is announced at once.
     pub(crate) tools: ToolSet,
@@ -81,8 +83,8 @@ impl Announcer {
     /// [`drain::LAST_STEP`] at most: one not deleted expires with its TTL.
     async fn withdraw(&self) {
         let announced = self.tools.announced();
-        let deletes = announced.iter().map(|(manifest, _)| async move {
-            let key = names::registry_key(&manifest.name, &self.worker_id);
+        let deletes = announced.iter().map(|tool| async move {
+            let key = names::registry_key(&tool.manifest.name, &self.worker_id);
             // A delete marker, not a purge: a purge is a rollup, which the
             // registry's stream refuses (toolfleet_service::queue).
             let mut headers = async_nats::HeaderMap::new();
@@ -103,13 +105,15 @@ impl Announcer {
 
     async fn announce(&self) {
         let heartbeat_ms = now_ms();
-        for (manifest, available) in self.tools.announced() {
-            let key = names::registry_key(&manifest.name, &self.worker_id);
+        for tool in self.tools.announced() {
+            let key = names::registry_key(&tool.manifest.name, &self.worker_id);
             let announcement = WorkerAnnouncement {
                 worker_id: self.worker_id.clone(),
-                manifest,
+                manifest: tool.manifest,
                 heartbeat_ms,
-                available,
+                available: tool.available,
+                pool: self.pool.clone(),
+                mcp_server: tool.mcp_server,
             };
             // A manifest is plain data; serializing it cannot fail.
             let value = serde_json::to_vec(&announcement).expect("announcement serializes");

@@ -97,6 +97,20 @@ pub(crate) struct Slot {
     tool: Option<Arc<LoadedTool>>,
     /// Whether it can run now.
     up: bool,
+    /// The MCP server it comes from (its `[[mcp.servers]]` name); empty for
+    /// the toolbox's.
+    mcp_server: String,
+}
+
+/// What the registry is told of one tool.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Announced {
+    /// Its manifest, as last offered.
+    pub(crate) manifest: ToolManifest,
+    /// Whether it can run now.
+    pub(crate) available: bool,
+    /// The MCP server it comes from; empty for the toolbox's.
+    pub(crate) mcp_server: String,
 }
 
 impl ToolSet {
@@ -113,11 +127,22 @@ impl ToolSet {
     /// Declares `name`, a tool that its source offers later: down until
     /// then. Only a tool declared before the worker runs gets a consumer.
     pub fn declare(&self, name: &str) {
+        self.declare_from(name, "");
+    }
+
+    /// Declares `name` as [`declare`](Self::declare) does, a tool of the
+    /// MCP server `mcp_server` (its `[[mcp.servers]]` name), which its
+    /// announcements name.
+    pub(crate) fn declare_from(&self, name: &str, mcp_server: &str) {
         self.slots.send_if_modified(|slots| {
             if slots.contains_key(name) {
                 return false;
             }
-            slots.insert(name.to_owned(), Slot::default());
+            let slot = Slot {
+                mcp_server: mcp_server.to_owned(),
+                ..Slot::default()
+            };
+            slots.insert(name.to_owned(), slot);
             true
         });
     }
@@ -163,12 +188,10 @@ impl ToolSet {
 
     fn insert(&self, tool: LoadedTool) {
         let name = tool.manifest.name.clone();
-        let slot = Slot {
-            tool: Some(Arc::new(tool)),
-            up: true,
-        };
         self.slots.send_modify(|slots| {
-            slots.insert(name, slot);
+            let slot = slots.entry(name).or_default();
+            slot.tool = Some(Arc::new(tool));
+            slot.up = true;
         });
     }
 
@@ -212,14 +235,20 @@ impl ToolSet {
     }
 
     /// What the registry is told: the manifest of every tool ever offered,
-    /// and whether it can run now.
-    pub(crate) fn announced(&self) -> Vec<(ToolManifest, bool)> {
+    /// whether it can run now and where it comes from, by name.
+    pub(crate) fn announced(&self) -> Vec<Announced> {
         let slots = self.slots.borrow();
         let mut announced: Vec<_> = slots
             .values()
-            .filter_map(|slot| Some((slot.tool.as_ref()?.manifest.clone(), slot.up)))
+            .filter_map(|slot| {
+                Some(Announced {
+                    manifest: slot.tool.as_ref()?.manifest.clone(),
+                    available: slot.up,
+                    mcp_server: slot.mcp_server.clone(),
+                })
+            })
             .collect();
-        announced.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        announced.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
         announced
     }
 
@@ -252,7 +281,7 @@ mod tests {
     #[tokio::test]
     async fn a_declared_tool_is_down_until_offered_and_keeps_its_last_version_when_taken_down() {
         let set = ToolSet::new(|manifest| manifest);
-        set.declare("crm__find");
+        set.declare_from("crm__find", "crm");
         assert_eq!(set.names(), ["crm__find"]);
         assert!(!set.is_up("crm__find"));
         assert!(set.get("crm__find").is_none());
@@ -269,8 +298,13 @@ mod tests {
         set.offer(Versioned("v1")).unwrap();
         waiting.await.unwrap();
         assert!(changes.has_changed().unwrap());
-        assert_eq!(set.announced()[0].0.description, "v1");
-        assert!(set.announced()[0].1);
+        assert_eq!(set.announced()[0].manifest.description, "v1");
+        assert!(set.announced()[0].available);
+        assert_eq!(
+            set.announced()[0].mcp_server,
+            "crm",
+            "its server, as declared"
+        );
 
         // The same manifest again is no change (no announcement).
         changes.mark_unchanged();
@@ -287,7 +321,11 @@ mod tests {
         assert!(!set.is_up("crm__find"));
         assert_eq!(
             set.announced(),
-            [(set.get("crm__find").unwrap().manifest.clone(), false)]
+            [Announced {
+                manifest: set.get("crm__find").unwrap().manifest.clone(),
+                available: false,
+                mcp_server: "crm".into(),
+            }]
         );
         // Again down: no change.
         changes.mark_unchanged();

@@ -140,7 +140,10 @@ async fn measure(
 async fn wait_for_tool(api: &Api) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let listed = api.clone().list_tools(v1::ListToolsRequest {}).await?;
+        let listed = api
+            .clone()
+            .list_tools(v1::ListToolsRequest::default())
+            .await?;
         if listed
             .into_inner()
             .tools

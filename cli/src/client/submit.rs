@@ -167,7 +167,7 @@ async fn warn_of_unserved_tools(client: &mut ApiClient, named: &[String]) {
     if named.is_empty() {
         return;
     }
-    let Ok(live) = client.list_tools(v1::ListToolsRequest {}).await else {
+    let Ok(live) = client.list_tools(v1::ListToolsRequest::default()).await else {
         return;
     };
     let live: Vec<String> = live

@@ -1,4 +1,5 @@
-//! `toolfleet tools`: the tools the live workers serve.
+//! `toolfleet tools`: the tools the live workers serve; to an operator or
+//! a reader, with their pools, calls waiting and MCP servers.
 
 use std::process::ExitCode;
 
@@ -20,13 +21,19 @@ pub(crate) struct ToolsArgs {
     /// at least one live worker (a check for scripts and `helm test`).
     #[arg(long, value_name = "TOOL,...", value_delimiter = ',')]
     require: Vec<String>,
+    /// Also list the tools no live worker can run now (their MCP server is
+    /// down). Needs the role operator or reader; ignored otherwise.
+    #[arg(long)]
+    include_unavailable: bool,
 }
 
 /// `toolfleet tools`.
 pub(crate) async fn tools(args: ToolsArgs) -> anyhow::Result<ExitCode> {
     let mut client = args.server.connect().await?;
     let mut tools = client
-        .list_tools(v1::ListToolsRequest {})
+        .list_tools(v1::ListToolsRequest {
+            include_unavailable: args.include_unavailable,
+        })
         .await
         .map_err(|status| rpc_error("ListTools", &status))?
         .into_inner()
@@ -56,6 +63,7 @@ fn unserved(tools: &[v1::Tool], required: &[String]) -> Vec<String> {
         .iter()
         .filter_map(|name| match tools.iter().find(|tool| &tool.name == name) {
             None => Some(format!("{name} (no worker announces it)")),
+            Some(tool) if !tool.available => Some(format!("{name} (no live worker can run it)")),
             Some(tool) if tool.workers == 0 => Some(format!("{name} (0 workers)")),
             Some(_) => None,
         })
@@ -71,6 +79,7 @@ mod tests {
         let tool = |name: &str, workers| v1::Tool {
             name: name.into(),
             workers,
+            available: true,
             ..Default::default()
         };
         let live = [tool("calculate", 2), tool("factual_qa", 0)];

@@ -418,7 +418,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, McpError> {
         let listed = self
             .api(&context)?
-            .list_tools(v1::ListToolsRequest {})
+            .list_tools(v1::ListToolsRequest::default())
             .await
             .map_err(|status| api_error("ListTools", &status))?;
         let tools = listed

@@ -257,11 +257,14 @@ class Client:
         )
         return self._stub.ListJobs(request, timeout=self._timeout, metadata=self._metadata)
 
-    def list_tools(self) -> Sequence[pb.Tool]:
-        """The tools that live workers serve."""
-        return self._stub.ListTools(
-            pb.ListToolsRequest(), timeout=self._timeout, metadata=self._metadata
-        ).tools
+    def list_tools(self, *, include_unavailable: bool = False) -> Sequence[pb.Tool]:
+        """The tools that live workers serve. To an operator or a reader,
+        with the fleet's details (`pools`, `calls_waiting`,
+        `workers_unavailable`, `mcp_server`) and, with
+        `include_unavailable`, the tools no live worker can run now
+        (`available` false); others get those fields empty."""
+        request = pb.ListToolsRequest(include_unavailable=include_unavailable)
+        return self._stub.ListTools(request, timeout=self._timeout, metadata=self._metadata).tools
 
     def who_am_i(self) -> pb.WhoAmIResponse:
         """Who the orchestrator takes your credential for: `tenant`,

@@ -560,7 +560,7 @@ impl LocalFleet {
                 }
             }
             if let Some(connected) = &mut client {
-                match connected.list_tools(v1::ListToolsRequest {}).await {
+                match connected.list_tools(v1::ListToolsRequest::default()).await {
                     Ok(response) => {
                         let live: BTreeMap<String, u32> = response
                             .into_inner()

@@ -14,7 +14,7 @@ use tracing::warn;
 use super::ECHO_CHARS;
 use crate::job::{Event, Item, JobId, JobRecord, JobTrace};
 use crate::quota::{AdmitError, Refusal};
-use crate::registry::LiveTool;
+use crate::registry::FleetTool;
 use crate::store::{self, Approvals, JobCounts};
 
 /// The one conversion from a store failure to a gRPC status. The detail goes
@@ -234,20 +234,29 @@ fn to_item(item: &Item) -> Option<v1::Item> {
 }
 
 /// A live tool as `ListTools` shows it.
-pub(super) fn to_tool(tool: &LiveTool) -> v1::Tool {
-    let manifest = &tool.manifest;
+/// `listed` as `ListTools` tells it; with the fleet's details only when
+/// `fleet` (decision 0052).
+pub(super) fn to_tool(listed: &FleetTool, fleet: bool) -> v1::Tool {
+    let (tool, manifest) = (&listed.tool, &listed.tool.manifest);
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let details = fleet.then_some(listed);
     v1::Tool {
         name: manifest.name.clone(),
         description: manifest.description.clone(),
         parameters: manifest.parameters.to_string(),
         strict: manifest.strict,
-        workers: u32::try_from(tool.workers).unwrap_or(u32::MAX),
+        workers: count(tool.workers),
         timeout_ms: manifest.timeout_ms,
         max_attempts: manifest.max_attempts,
         side_effects: manifest.effects.changes_things(),
         effects: manifest.effects.as_str().to_owned(),
         version: manifest.version.clone(),
         approval: manifest.approval.as_str().to_owned(),
+        pools: details.map(|d| d.pools.clone()).unwrap_or_default(),
+        workers_unavailable: details.map_or(0, |d| count(d.workers_unavailable)),
+        calls_waiting: details.and_then(|d| d.calls_waiting),
+        mcp_server: details.map(|d| d.mcp_server.clone()).unwrap_or_default(),
+        available: listed.available,
     }
 }
 
@@ -343,5 +352,46 @@ mod tests {
         assert_ne!(held, fingerprint(&request(&["pay"], "")));
         assert_ne!(plain, fingerprint(&request(&[], "ask")));
         assert_eq!(plain, fingerprint(&request(&[], "report")), "the default");
+    }
+
+    #[test]
+    fn the_fleets_details_go_only_to_those_who_watch_it() {
+        use crate::registry::LiveTool;
+        use toolfleet_proto::ToolManifest;
+        let manifest = ToolManifest::new("crm__find", "Finds.", serde_json::json!({}));
+        let listed = FleetTool {
+            tool: LiveTool {
+                workers: 1,
+                ..LiveTool::known(manifest).expect("the schema compiles")
+            },
+            available: true,
+            pools: vec!["mcp".into()],
+            workers_unavailable: 2,
+            calls_waiting: Some(7),
+            mcp_server: "crm".into(),
+        };
+        let watcher = to_tool(&listed, true);
+        assert_eq!(watcher.pools, ["mcp"]);
+        assert_eq!(
+            (
+                watcher.workers,
+                watcher.workers_unavailable,
+                watcher.calls_waiting
+            ),
+            (1, 2, Some(7))
+        );
+        assert_eq!(watcher.mcp_server, "crm");
+        assert!(watcher.available);
+        let agent = to_tool(&listed, false);
+        assert!(agent.pools.is_empty() && agent.mcp_server.is_empty());
+        assert_eq!(
+            (
+                agent.workers,
+                agent.workers_unavailable,
+                agent.calls_waiting
+            ),
+            (1, 0, None)
+        );
+        assert_eq!(agent.name, watcher.name);
     }
 }

@@ -511,14 +511,18 @@ impl AgentService for AgentApi {
         request: Request<v1::ListToolsRequest>,
     ) -> Result<Response<v1::ListToolsResponse>, Status> {
         // Only what the tenant may call: another tool's name and schema
-        // are none of its business.
+        // are none of its business. The fleet's details (pools, queues,
+        // workers that cannot run a tool) are the whole fleet's, shared
+        // by every tenant: only to those who watch it (decision 0052).
         let caller = caller_for(&request, Rpc::ListTools)?;
+        let fleet = caller.roles.see_the_fleet();
+        let include_unavailable = fleet && request.get_ref().include_unavailable;
         let tools = self
             .registry
-            .available_tools()
+            .fleet_tools(include_unavailable)
             .iter()
-            .filter(|tool| caller.may_use(&tool.manifest.name))
-            .map(to_tool)
+            .filter(|listed| caller.may_use(&listed.tool.manifest.name))
+            .map(|listed| to_tool(listed, fleet))
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))
     }

@@ -21,9 +21,11 @@ pub enum Role {
     /// Lists the tenant's calls held for approval, and decides them.
     Approver,
     /// Resolves unknown outcomes (verdicts), cancels any job of the tenant,
-    /// sees every job.
+    /// sees every job; lists its tools with the fleet's details
+    /// (decision 0052).
     Operator,
-    /// Reads: every job of the tenant, its events and trace; tools.
+    /// Reads: every job of the tenant, its events and trace; its tools,
+    /// with the fleet's details.
     Reader,
 }
 
@@ -71,6 +73,15 @@ impl Roles {
     /// Whether the set holds any of `roles`.
     pub(crate) fn any(self, roles: &[Role]) -> bool {
         roles.iter().any(|&role| self.has(role))
+    }
+
+    /// Whether `ListTools` tells these roles the fleet's details (pools,
+    /// calls waiting, unavailable workers and tools, MCP servers): with
+    /// `operator` or `reader`, who watch the fleet. A queue's depth is the
+    /// whole fleet's, shared by every tenant's jobs, so an agent is not
+    /// told it (decision 0052).
+    pub(crate) fn see_the_fleet(self) -> bool {
+        self.any(&[Role::Operator, Role::Reader])
     }
 }
 
@@ -148,7 +159,7 @@ impl Rpc {
             Self::SubmitJob => &[Role::Agent],
             Self::ReadJobs => &[Role::Agent, Role::Operator, Role::Reader],
             Self::CancelJob => &[Role::Agent, Role::Operator],
-            Self::ListTools => &[Role::Agent, Role::Reader],
+            Self::ListTools => &[Role::Agent, Role::Operator, Role::Reader],
             Self::DecideApproval => &[Role::Approver],
             Self::DecideVerdict => &[Role::Operator],
             Self::ListPending => &[Role::Approver, Role::Operator],
@@ -221,7 +232,7 @@ mod tests {
             (Rpc::SubmitJob, "agent"),
             (Rpc::ReadJobs, "agent, operator or reader"),
             (Rpc::CancelJob, "agent or operator"),
-            (Rpc::ListTools, "agent or reader"),
+            (Rpc::ListTools, "agent, operator or reader"),
             (Rpc::DecideApproval, "approver"),
             (Rpc::DecideVerdict, "operator"),
             (Rpc::ListPending, "approver or operator"),
@@ -237,6 +248,25 @@ mod tests {
                 "{role:?}"
             );
             assert_eq!(only.any(Rpc::SubmitJob.needs()), role == Agent);
+        }
+    }
+
+    #[test]
+    fn operators_and_readers_see_the_fleet() {
+        let rows = [
+            (Roles::of(&[Agent]), false),
+            (Roles::of(&[Approver]), false),
+            (Roles::of(&[Agent, Approver]), false),
+            (Roles::of(&[Operator]), true),
+            (Roles::of(&[Reader]), true),
+            (Roles::of(&[Agent, Reader]), true),
+            (Roles::ALL, true),
+            (Roles::default(), false),
+        ];
+        for (roles, sees) in rows {
+            assert_eq!(roles.see_the_fleet(), sees, "{roles}");
+            // Whoever sees the fleet may ask ListTools.
+            assert!(!sees || roles.any(Rpc::ListTools.needs()), "{roles}");
         }
     }
 

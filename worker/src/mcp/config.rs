@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toolfleet_proto::manifest::{MAX_MCP_SERVER_NAME_LEN, is_valid_mcp_server_name};
 use toolfleet_proto::{Approval, Effects};
 
 use super::names::fleet_name;
@@ -282,9 +283,6 @@ fn default_max_listed_bytes() -> usize {
 /// more than a server needs to be known alive.
 const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
 
-/// Longest server name.
-const MAX_SERVER_NAME: usize = 32;
-
 impl McpServerOptions {
     /// What its tools' fleet names begin with.
     pub fn prefix(&self) -> String {
@@ -326,13 +324,10 @@ impl McpServerOptions {
     /// Whether the server's settings can be served.
     fn check(&self) -> Result<(), String> {
         let server = &self.name;
-        let valid = |name: &str| {
-            name.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        };
-        if self.name.is_empty() || self.name.len() > MAX_SERVER_NAME || !valid(&self.name) {
+        // The registry's rule: the name is announced with each of its tools.
+        if !is_valid_mcp_server_name(&self.name) {
             return Err(format!(
-                "mcp server name {:?}: 1 to {MAX_SERVER_NAME} letters, digits, `_` or `-`",
+                "mcp server name {:?}: 1 to {MAX_MCP_SERVER_NAME_LEN} letters, digits, `_` or `-`",
                 self.name
             ));
         }
@@ -351,6 +346,10 @@ impl McpServerOptions {
                 ));
             }
         }
+        let valid = |name: &str| {
+            name.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
         if let Some(prefix) = &self.prefix
             && !valid(prefix)
         {

@@ -92,7 +92,7 @@ pub fn serve(
             continue;
         }
         for (_, fleet_name) in &wanted {
-            tools.declare(fleet_name);
+            tools.declare_from(fleet_name, server);
         }
         let server = McpServer::new(server_options.clone(), host.clone());
         tokio::spawn(server.run(wanted, tools.clone(), end.clone()));

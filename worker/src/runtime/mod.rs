@@ -159,6 +159,7 @@ impl Worker {
             js: registry,
             nats: self.nats.clone(),
             worker_id: self.worker_id.clone(),
+            pool: self.options.pool.clone(),
             tools: self.tools.clone(),
             options: self.options.registry.clone(),
         };
