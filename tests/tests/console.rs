@@ -877,6 +877,9 @@ async fn without_authentication_there_is_no_sign_in_and_every_page_says_so() -> 
     assert_eq!(
         (sign_in.status, sign_in.location.as_str()),
         (StatusCode::SEE_OTHER, "/jobs")
+    );
+    Ok(())
+}
 
 /// The texts of the cells of the first table row of `page` that holds
 /// `needle`, markup removed.
