@@ -777,8 +777,13 @@ async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> any
         "console": base, "token": APPROVER,
         "pages": [{"name": "approvals", "path": "/approvals"}],
     });
+    // An operator's tools page has the fleet's columns and MCP servers.
+    let operator = json!({
+        "console": base, "token": OPERATOR,
+        "pages": [{"name": "tools-fleet", "path": "/tools"}],
+    });
     let mut seen = browser.run("pages", &signed_out).await?;
-    for person in [agent, approver] {
+    for person in [agent, approver, operator] {
         let more = browser.run("pages", &person).await?;
         if let (Some(all), Some(more)) = (seen["visits"].as_array_mut(), more["visits"].as_array())
         {
@@ -786,7 +791,7 @@ async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> any
         }
     }
     let all = visits(&seen);
-    assert_eq!(all.len(), 16, "eight pages at two widths: {seen}");
+    assert_eq!(all.len(), 18, "nine pages at two widths: {seen}");
     let wrong: Vec<String> = all.iter().flat_map(|visit| harmless(visit)).collect();
     assert!(
         wrong.is_empty(),
@@ -824,20 +829,19 @@ async fn every_page_fits_a_laptop_and_a_phone_and_runs_nothing_it_shows() -> any
     }
     // And as the text they were where an MCP server's tool describes
     // itself, and in the arguments of a held call.
-    for visit in all
-        .iter()
-        .filter(|v| v["name"] == "tools" || v["name"] == "approvals")
-    {
+    for visit in all.iter().filter(|v| {
+        ["tools", "tools-fleet", "approvals"].contains(&v["name"].as_str().unwrap_or_default())
+    }) {
         let text = visit["text"].as_str().unwrap_or_default();
         for payload in PAYLOADS {
             // Arguments are JSON, quotes escaped.
             let in_json = serde_json::to_string(payload)?;
             let in_json = &in_json[1..in_json.len() - 1];
             assert!(
-                text.contains(if visit["name"] == "tools" {
-                    payload
-                } else {
+                text.contains(if visit["name"] == "approvals" {
                     in_json
+                } else {
+                    payload
                 }),
                 "{payload} as text on {} at {} px in:\n{text}",
                 visit["name"],
