@@ -94,7 +94,8 @@ enum Command {
     /// Serve the web console: the jobs and their transcripts in a browser,
     /// each page an API call with the signed-in person's own token
     /// (docs/console.md).
-    Console(console::ConsoleArgs),
+    // Boxed: its flags make it the largest command by far.
+    Console(Box<console::ConsoleArgs>),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.
     ///
@@ -158,7 +159,7 @@ impl Cli {
             Command::Reject(args) => approvals::reject(args).await,
             Command::Resolve(args) => approvals::resolve(args).await,
             Command::McpServe(args) => mcp_serve::run(args).await,
-            Command::Console(args) => console::run(args).await,
+            Command::Console(args) => console::run(*args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Bench(args) => bench::run(args),
             Command::Reap => {
