@@ -639,6 +639,7 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "workers_unavailable": tool.workers_unavailable,
                 "calls_waiting": tool.calls_waiting,
                 "mcp_server": tool.mcp_server,
+                "contract_hash": tool.contract_hash,
             })
         })
         .collect()
