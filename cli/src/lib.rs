@@ -94,6 +94,7 @@ enum Command {
     /// Serve the web console: the jobs and their transcripts in a browser,
     /// each page an API call with the signed-in person's own token
     /// (docs/console.md).
+    // Boxed: its flags make it the largest command by far.
     Console(Box<console::ConsoleArgs>),
     /// Run a whole fleet on this machine and one demo job through it, or
     /// keep it serving with --serve.

@@ -639,6 +639,7 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "workers_unavailable": tool.workers_unavailable,
                 "calls_waiting": tool.calls_waiting,
                 "mcp_server": tool.mcp_server,
+                "contract_hash": tool.contract_hash,
             })
         })
         .collect()
@@ -1007,13 +1008,17 @@ mod tests {
             lines[2].starts_with("crm__find  0 (+1 unavailable)  -              unknown  crm"),
             "{table}"
         );
-        let json = tools_json(&[tool("calculate", 1)]);
+        let json = tools_json(&[v1::Tool {
+            contract_hash: "c0ffee".into(),
+            ..tool("calculate", 1)
+        }]);
         assert_eq!(
             json[0]["calls_waiting"],
             Value::Null,
             "absent: not known or not told"
         );
         assert_eq!(json[0]["pools"], json!([]));
+        assert_eq!(json[0]["contract_hash"], "c0ffee");
     }
 
     #[test]

@@ -44,6 +44,7 @@ use crate::model::Providers;
 use crate::quota::{Quotas, TenantLimits};
 use crate::registry::Registry;
 use crate::runner::{self, Runner};
+use crate::spans::ToolContent;
 use crate::store::JobStore;
 
 /// Why an orchestrator could not start.
@@ -260,6 +261,7 @@ impl Orchestrator {
             limits: TenantLimits::new(store.clone()),
             options: options.dispatch.clone(),
             approval: options.approval.clone(),
+            tool_content: ToolContent::from_setting(options.telemetry.capture_tool_content),
         };
         Runner {
             js: js.clone(),

@@ -7,13 +7,15 @@
 //! - [`envelope`]: the result envelope a worker answers with, and its error codes.
 //! - [`arguments`]: the argument check both sides run before a call executes.
 //! - [`manifest`]: what a worker announces about each tool in the registry,
-//!   including its [`RetryPolicy`].
+//!   including its [`RetryPolicy`] and its contract hash.
+//! - [`canonical`]: canonical JSON, one text per value, for what is hashed.
 //! - [`job`]: the job lifecycle: statuses, job error codes and events, and
 //!   the form of job ids and tenant names.
 //! - [`names`]: every subject, stream, consumer, header, bucket and Redis key.
 
 pub mod arguments;
 pub mod call;
+pub mod canonical;
 pub mod envelope;
 mod id;
 pub mod job;

@@ -233,6 +233,32 @@ impl ToolManifest {
         }
     }
 
+    /// The hash of the tool's contract with its callers: lowercase hex
+    /// SHA-256 of `toolfleet.contract.v1` and a newline, then the
+    /// [canonical JSON](crate::canonical) of `{"effects", "name",
+    /// "parameters", "strict"}`. Two manifests have the same hash exactly
+    /// when they take the same arguments under the same name and a call
+    /// does the same kind of thing: the same schema however its JSON is
+    /// written (key order, whitespace, `1` or `1.0`), the same strictness
+    /// and the same [`Effects`]. What does not change the meaning of a
+    /// call is left out: the description, the timeout, the attempts and
+    /// the retry policy, the version and the approval. Stored data (a
+    /// result cached under it) depends on it: the form never changes
+    /// within `v1`.
+    pub fn contract_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let contract = serde_json::json!({
+            "effects": self.effects.as_str(),
+            "name": self.name,
+            "parameters": self.parameters,
+            "strict": self.strict,
+        });
+        let mut hasher = Sha256::new();
+        hasher.update(b"toolfleet.contract.v1\n");
+        hasher.update(crate::canonical::to_string(&contract).as_bytes());
+        format!("{:x}", hasher.finalize())
+    }
+
     /// The retry policy of this tool's calls: its own, or `default` with the
     /// manifest's `max_attempts`.
     pub fn retry_policy(&self, default: RetryPolicy) -> RetryPolicy {
@@ -501,6 +527,92 @@ impl WorkerAnnouncement {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_contract_hash_is_the_name_schema_strictness_and_effects() {
+        let schema = r#"{"type": "object", "properties": {"x": {"type": "number", "minimum": 0}},
+                        "required": ["x"], "additionalProperties": false}"#;
+        let base = ToolManifest::new(
+            "measure_x",
+            "measures x",
+            serde_json::from_str(schema).expect("json"),
+        );
+        let hash = base.contract_hash();
+        assert_eq!(hash.len(), 64);
+        assert!(
+            hash.bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        );
+        // The same schema written otherwise: keys reordered, no spaces,
+        // 0 as 0.0.
+        let respelled = r#"{"additionalProperties":false,"required":["x"],
+            "properties":{"x":{"minimum":0.0,"type":"number"}},"type":"object"}"#;
+        let same = [
+            ToolManifest {
+                parameters: serde_json::from_str(respelled).expect("json"),
+                ..base.clone()
+            },
+            ToolManifest {
+                description: "another description".into(),
+                version: "2".into(),
+                approval: Approval::Always,
+                ..base.clone()
+            }
+            .with_timeout(Duration::from_secs(99))
+            .with_retry(RetryPolicy {
+                initial_backoff_ms: 5,
+                max_backoff_ms: 50,
+                multiplier: 3.0,
+                jitter: 0.0,
+                max_attempts: 7,
+            }),
+        ];
+        for manifest in same {
+            assert_eq!(manifest.contract_hash(), hash, "{manifest:?}");
+        }
+        let mut required_y = base.parameters.clone();
+        required_y["required"] = serde_json::json!(["y"]);
+        let different = [
+            ToolManifest {
+                name: "measure_y".into(),
+                ..base.clone()
+            },
+            ToolManifest {
+                parameters: required_y,
+                ..base.clone()
+            },
+            ToolManifest {
+                strict: false,
+                ..base.clone()
+            },
+            ToolManifest {
+                effects: Effects::ReadOnly,
+                ..base.clone()
+            },
+            ToolManifest {
+                effects: Effects::Idempotent,
+                ..base.clone()
+            },
+        ];
+        let mut seen = std::collections::BTreeSet::from([hash]);
+        for manifest in different {
+            assert!(seen.insert(manifest.contract_hash()), "{manifest:?}");
+        }
+    }
+
+    #[test]
+    fn the_contract_hash_never_changes() {
+        // Stored data depends on it: a change here is a new `v1`.
+        let manifest = ToolManifest::new(
+            "calculate",
+            "math",
+            serde_json::json!({"type": "object", "properties": {"expression": {"type": "string"}}}),
+        );
+        assert_eq!(manifest.contract_hash(), GOLDEN_CONTRACT_HASH);
+    }
+
+    const GOLDEN_CONTRACT_HASH: &str =
+        "53e40dfede8b92559886dd2e94119bce23834c3fcede22a2d096507aec97a840";
 
     #[test]
     fn announcements_agree_with_their_key_and_stay_in_bounds() {

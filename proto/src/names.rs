@@ -105,7 +105,9 @@ pub mod span_attributes {
     pub const JOB_ID: &str = "toolfleet.job_id";
     /// The tenant that submitted the job, or that decided a held call.
     pub const TENANT: &str = "toolfleet.tenant";
-    /// The model provider the submitted job names (`openai-responses`, ...).
+    /// The model provider the job names, as toolfleet's API names it
+    /// (`openai-responses`, ...): on the submission's root span and each
+    /// model turn's.
     pub const PROVIDER: &str = "toolfleet.provider";
     /// Whether a submission was a repeat of an earlier one (its idempotency
     /// key named a job already submitted).
@@ -173,10 +175,32 @@ pub mod span_attributes {
     /// OpenTelemetry's database convention: the operation (the job
     /// store's verb, such as `record_turn`).
     pub const DB_OPERATION: &str = "db.operation";
-    /// OpenTelemetry's GenAI convention: the model provider.
-    pub const GEN_AI_SYSTEM: &str = "gen_ai.system";
+    /// OpenTelemetry's general convention: the class of error a failed
+    /// operation ended with (the envelope's or the model's error code).
+    pub const ERROR_TYPE: &str = "error.type";
+    /// OpenTelemetry's GenAI convention: the operation, `chat` on a model
+    /// turn and `execute_tool` on a call.
+    pub const GEN_AI_OPERATION_NAME: &str = "gen_ai.operation.name";
+    /// OpenTelemetry's GenAI convention: the model provider, in the
+    /// conventions' words (`openai`, `anthropic`); toolfleet's own name
+    /// of the API is [`PROVIDER`].
+    pub const GEN_AI_PROVIDER_NAME: &str = "gen_ai.provider.name";
     /// OpenTelemetry's GenAI convention: the model the job asked for.
     pub const GEN_AI_REQUEST_MODEL: &str = "gen_ai.request.model";
+    /// OpenTelemetry's GenAI convention: the most tokens a turn may write,
+    /// when the job says.
+    pub const GEN_AI_REQUEST_MAX_TOKENS: &str = "gen_ai.request.max_tokens";
+    /// OpenTelemetry's GenAI convention: whether the turn was asked for as
+    /// a stream (set only when it was).
+    pub const GEN_AI_REQUEST_STREAM: &str = "gen_ai.request.stream";
+    /// OpenTelemetry's GenAI convention: the model that answered, as the
+    /// provider names it.
+    pub const GEN_AI_RESPONSE_MODEL: &str = "gen_ai.response.model";
+    /// OpenTelemetry's GenAI convention: the provider's id of its answer.
+    pub const GEN_AI_RESPONSE_ID: &str = "gen_ai.response.id";
+    /// OpenTelemetry's GenAI convention: why the model stopped, in the
+    /// provider's words (`stop`, `tool_calls`, `end_turn`, ...).
+    pub const GEN_AI_RESPONSE_FINISH_REASONS: &str = "gen_ai.response.finish_reasons";
     /// OpenTelemetry's GenAI convention: a turn's input tokens.
     pub const GEN_AI_USAGE_INPUT_TOKENS: &str = "gen_ai.usage.input_tokens";
     /// OpenTelemetry's GenAI convention: a turn's output tokens.
@@ -188,6 +212,22 @@ pub mod span_attributes {
     /// the provider's prompt cache.
     pub const GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS: &str =
         "gen_ai.usage.cache_creation.input_tokens";
+    /// OpenTelemetry's GenAI convention: the tool a call names.
+    pub const GEN_AI_TOOL_NAME: &str = "gen_ai.tool.name";
+    /// OpenTelemetry's GenAI convention: the kind of tool (`function`).
+    pub const GEN_AI_TOOL_TYPE: &str = "gen_ai.tool.type";
+    /// OpenTelemetry's GenAI convention: the model's own id of a call, when
+    /// it is a safe one (its wire id is never in a span).
+    pub const GEN_AI_TOOL_CALL_ID: &str = "gen_ai.tool.call.id";
+    /// OpenTelemetry's GenAI convention (opt-in): the arguments a call was
+    /// made with, as the model wrote them, cut to a bound.
+    pub const GEN_AI_TOOL_CALL_ARGUMENTS: &str = "gen_ai.tool.call.arguments";
+    /// OpenTelemetry's GenAI convention (opt-in): the `data` of a call's
+    /// successful envelope, cut to a bound.
+    pub const GEN_AI_TOOL_CALL_RESULT: &str = "gen_ai.tool.call.result";
+    /// OpenTelemetry's OpenAI convention: which OpenAI API a turn used
+    /// (`responses`, `chat_completions`).
+    pub const OPENAI_API_TYPE: &str = "openai.api.type";
 }
 
 /// The subject calls of `tool` are published to.

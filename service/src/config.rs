@@ -207,6 +207,13 @@ pub struct TelemetryOptions {
     /// follow its decision. Default: `OTEL_TRACES_SAMPLER(_ARG)`, else 1.0.
     #[serde(deserialize_with = "ratio")]
     pub sample_ratio: Option<f64>,
+    /// Whether the span of each tool call carries the call's arguments and
+    /// the data of its result (`gen_ai.tool.call.arguments`,
+    /// `gen_ai.tool.call.result`), each cut to 8 KiB. They may hold
+    /// whatever a user told the model: opt-in, as the GenAI conventions
+    /// ask. Read by the orchestrator, whose spans these are; a worker's
+    /// spans never carry them. Default: false.
+    pub capture_tool_content: bool,
 }
 
 /// The transport of OTLP exports.

@@ -129,6 +129,7 @@ mod tests {
             otlp_endpoint: Some("http://c:4318".into()),
             otlp_protocol: Some(OtlpProtocol::HttpProtobuf),
             sample_ratio: None,
+            ..TelemetryOptions::default()
         };
         assert_eq!(
             target(&http, Signal::Metrics),

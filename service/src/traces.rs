@@ -384,6 +384,17 @@ impl StepSpan {
         }
     }
 
+    /// Sets an attribute whose value is a list of strings.
+    pub fn set_strings(&mut self, key: &'static str, values: impl IntoIterator<Item = String>) {
+        if let Some(r) = &mut self.0 {
+            let values = values.into_iter().map(Into::into).collect();
+            r.attributes.push(KeyValue::new(
+                key,
+                opentelemetry::Value::Array(opentelemetry::Array::String(values)),
+            ));
+        }
+    }
+
     /// Marks a moment of the span (a phase done).
     pub fn event(&mut self, name: &'static str) {
         if let Some(r) = &mut self.0 {
@@ -406,8 +417,9 @@ impl StepSpan {
     }
 
     /// Records how a call ended: `toolfleet.outcome` (`ok` or the error
-    /// code), whether it may be retried, its side effect, and an error
-    /// status for a failure.
+    /// code), and for a failure the code again as `error.type` (the
+    /// OpenTelemetry convention), whether it may be retried, its side
+    /// effect, and an error status.
     pub fn outcome(&mut self, envelope: &Envelope) {
         if !self.is_recording() {
             return;
@@ -416,6 +428,7 @@ impl StepSpan {
             None => self.set(span_attributes::OUTCOME, "ok"),
             Some(error) => {
                 self.set(span_attributes::OUTCOME, error.code.as_str().to_owned());
+                self.set(span_attributes::ERROR_TYPE, error.code.as_str().to_owned());
                 self.set(span_attributes::RETRYABLE, error.retryable);
                 if let Some(effect) = &error.side_effect {
                     self.set(span_attributes::SIDE_EFFECT, effect.clone());

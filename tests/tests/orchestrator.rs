@@ -674,6 +674,24 @@ async fn tools_are_listed_with_their_effects(api: &mut ApiClient) -> anyhow::Res
         (counter.effects.as_str(), counter.side_effects),
         ("not_idempotent", true)
     );
+    // The contract hash is the manifest's: remade here from what is listed
+    // (name, schema, strict, effects), and other for another tool.
+    for tool in [calculate, counter] {
+        let mut manifest = toolfleet_proto::ToolManifest::new(
+            tool.name.clone(),
+            String::new(),
+            serde_json::from_str(&tool.parameters)?,
+        );
+        manifest.strict = tool.strict;
+        manifest.effects = serde_json::from_value(serde_json::json!(tool.effects))?;
+        assert_eq!(
+            tool.contract_hash,
+            manifest.contract_hash(),
+            "{}",
+            tool.name
+        );
+    }
+    assert_ne!(calculate.contract_hash, counter.contract_hash);
     Ok(())
 }
 

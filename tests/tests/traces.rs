@@ -27,6 +27,10 @@ const FAST_TAKEOVER: &[(&str, &str)] = &[
 ];
 const WAIT: Duration = Duration::from_secs(60);
 
+/// OTLP's span kinds, as the collector receives them.
+const SPAN_KIND_INTERNAL: i32 = 1;
+const SPAN_KIND_CLIENT: i32 = 3;
+
 fn with<'a>(
     base: &[(&'a str, &'a str)],
     more: &'a [(&'static str, String)],
@@ -141,7 +145,8 @@ async fn kill_the_sleeping_worker_then_the_orchestrator(
     fleet.worker(running_sleep).kill();
     wait_until("the settled calls' spans", WAIT, || async {
         let spans = collector.spans();
-        !named(&spans, "tool call fail").is_empty() && !named(&spans, "tool call echo").is_empty()
+        !named(&spans, "execute_tool fail").is_empty()
+            && !named(&spans, "execute_tool echo").is_empty()
     })
     .await?;
     fleet.orchestrator(0).kill();
@@ -226,17 +231,25 @@ fn started_then_resumed(spans: &[ReceivedSpan], root: &ReceivedSpan) {
     assert_eq!(started.parent_id(), root.span_id());
 }
 
-/// Two model turns under the root, each with its checkpoint commit: the
-/// first its own, the last (the answer) the commit that ends the job.
+/// Two model turns under the root, each the GenAI conventions' chat span
+/// (named `chat` alone: the scripted job names no model) with its
+/// checkpoint commit: the first its own, the last (the answer) the commit
+/// that ends the job.
 fn two_turns_with_their_checkpoints(spans: &[ReceivedSpan], root: &ReceivedSpan) {
-    let turns = named(spans, "model turn");
+    let turns = named(spans, "chat");
     assert_eq!(turns.len(), 2, "{turns:#?}");
     for turn in &turns {
         assert_eq!(turn.parent_id(), root.span_id());
-        assert_eq!(
-            turn.attribute(span_attributes::GEN_AI_SYSTEM).as_deref(),
-            Some("scripted")
-        );
+        assert_eq!(turn.span.kind, SPAN_KIND_CLIENT);
+        for (key, value) in [
+            (span_attributes::GEN_AI_OPERATION_NAME, "chat"),
+            (span_attributes::GEN_AI_PROVIDER_NAME, "toolfleet.scripted"),
+            (span_attributes::PROVIDER, "scripted"),
+        ] {
+            assert_eq!(turn.attribute(key).as_deref(), Some(value), "{key}");
+        }
+        // The deprecated name is gone (decision 0053).
+        assert_eq!(turn.attribute("gen_ai.system"), None);
         let checkpoint = match turn.attribute(span_attributes::TURN).as_deref() {
             Some("1") => "record_turn",
             Some("2") => "finish",
@@ -250,22 +263,44 @@ fn two_turns_with_their_checkpoints(spans: &[ReceivedSpan], root: &ReceivedSpan)
     }
 }
 
-/// Each call: one span under the root, ok, its attempts under it, and the
-/// workers' executions (with their queue wait) under the attempts. Returns
-/// each tool's attempts.
+/// Each call: one span under the root, the GenAI conventions'
+/// execute_tool span, ok, without its arguments or result (they are
+/// opt-in); its attempts under it, and the workers' executions (with their
+/// queue wait, and the tool and the model's call id in the conventions'
+/// words) under the attempts. Returns each tool's attempts.
 fn calls_with_their_attempts<'a>(
     spans: &'a [ReceivedSpan],
     root: &ReceivedSpan,
 ) -> HashMap<&'static str, Vec<&'a ReceivedSpan>> {
     let mut attempts_of: HashMap<&str, Vec<&ReceivedSpan>> = HashMap::new();
     for tool in ["sleep", "fail", "echo"] {
-        let call = one(named(spans, &format!("tool call {tool}")), tool);
+        let call = one(named(spans, &format!("execute_tool {tool}")), tool);
         assert_eq!(call.parent_id(), root.span_id(), "{tool}");
+        assert_eq!(call.span.kind, SPAN_KIND_INTERNAL, "{tool}");
         assert_eq!(
             call.attribute(span_attributes::OUTCOME).as_deref(),
             Some("ok"),
             "{tool}"
         );
+        for (key, value) in [
+            (span_attributes::GEN_AI_OPERATION_NAME, "execute_tool"),
+            (span_attributes::GEN_AI_TOOL_NAME, tool),
+            (span_attributes::GEN_AI_TOOL_TYPE, "function"),
+            (span_attributes::TOOL, tool),
+        ] {
+            assert_eq!(call.attribute(key).as_deref(), Some(value), "{tool}: {key}");
+        }
+        // The scripted model's ids are safe: the model's id is the one its
+        // events show.
+        let model_id = call.attribute(span_attributes::GEN_AI_TOOL_CALL_ID);
+        assert!(model_id.is_some(), "{tool}: {call:#?}");
+        assert_eq!(model_id, call.attribute(span_attributes::CALL_ID), "{tool}");
+        for content in [
+            span_attributes::GEN_AI_TOOL_CALL_ARGUMENTS,
+            span_attributes::GEN_AI_TOOL_CALL_RESULT,
+        ] {
+            assert_eq!(call.attribute(content), None, "{tool}: {content} is opt-in");
+        }
         let attempts: Vec<_> = children(spans, call)
             .into_iter()
             .filter(|s| s.span.name.starts_with("attempt "))
@@ -285,6 +320,17 @@ fn calls_with_their_attempts<'a>(
                     execution
                         .attribute(span_attributes::QUEUE_WAIT_MS)
                         .is_some()
+                );
+                assert_eq!(
+                    execution
+                        .attribute(span_attributes::GEN_AI_TOOL_NAME)
+                        .as_deref(),
+                    Some(tool)
+                );
+                assert_eq!(
+                    execution.attribute(span_attributes::GEN_AI_TOOL_CALL_ID),
+                    model_id,
+                    "{tool}"
                 );
             }
         }
@@ -306,6 +352,13 @@ fn the_retry_is_a_second_attempt(attempts: &[&ReceivedSpan]) {
         retried[0].attribute(span_attributes::RETRYABLE).as_deref(),
         Some("true")
     );
+    // A failure's class in the conventions' words: its code.
+    assert!(retried[0].attribute(span_attributes::ERROR_TYPE).is_some());
+    assert_eq!(
+        retried[0].attribute(span_attributes::ERROR_TYPE),
+        retried[0].attribute(span_attributes::OUTCOME)
+    );
+    assert_eq!(retried[1].attribute(span_attributes::ERROR_TYPE), None);
     assert_eq!(
         retried[1].attribute(span_attributes::ATTEMPT).as_deref(),
         Some("2")
@@ -328,7 +381,7 @@ fn the_killed_call_was_resumed(spans: &[ReceivedSpan], attempts: &[&ReceivedSpan
         sleep.attribute(span_attributes::OUTCOME).as_deref(),
         Some("ok")
     );
-    let sleep_call = one(named(spans, "tool call sleep"), "sleep");
+    let sleep_call = one(named(spans, "execute_tool sleep"), "sleep");
     assert_eq!(
         sleep_call.attribute(span_attributes::RESUMED).as_deref(),
         Some("true")
@@ -423,7 +476,7 @@ async fn spans_go_over_http_too_and_an_unsampled_job_sends_none() -> anyhow::Res
         spans.iter().any(|s| s.span.name == "submit job")
             && spans
                 .iter()
-                .filter(|s| s.span.name == "tool call echo")
+                .filter(|s| s.span.name == "execute_tool echo")
                 .count()
                 == 4
     })
@@ -511,7 +564,13 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
     stop_all(&fleet).await?;
 
     let spans = collector.spans();
-    let call = one(named(&spans, "tool call calculate"), "the call");
+    let call = one(named(&spans, "execute_tool calculate"), "the call");
+    assert_eq!(
+        call.attribute(span_attributes::GEN_AI_TOOL_CALL_ID)
+            .as_deref(),
+        Some("math"),
+        "the model's id of the call"
+    );
     let wait = one(named(&spans, "approval calculate"), "the wait");
     assert_eq!(wait.parent_id(), call.span_id(), "under its call");
     assert_eq!(
@@ -528,5 +587,142 @@ async fn a_held_calls_wait_for_a_person_is_a_span_of_its_call() -> anyhow::Resul
     let attempt = one(named(&spans, "attempt 1"), "the attempt");
     assert_eq!(attempt.parent_id(), call.span_id());
     assert!(attempt.span.start_time_unix_nano >= wait.span.end_time_unix_nano);
+    Ok(())
+}
+
+/// A fake Chat Completions model (`wiremock`) that calls `calculate` with
+/// the model's id `call_abc`, then answers; each answer says its id, its
+/// model, why it stopped and its tokens.
+async fn chat_model_that_calls_calculate() -> wiremock::MockServer {
+    use wiremock::matchers::{body_string_contains, method, path};
+    use wiremock::{Mock, MockServer, ResponseTemplate};
+    let model = MockServer::start().await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .and(body_string_contains("\"role\":\"tool\""))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-2", "object": "chat.completion", "created": 1,
+            "model": "gpt-test-0613",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "437."}}],
+            "usage": {"prompt_tokens": 30, "completion_tokens": 3}
+        })))
+        .with_priority(1)
+        .mount(&model)
+        .await;
+    Mock::given(method("POST"))
+        .and(path("/v1/chat/completions"))
+        .respond_with(ResponseTemplate::new(200).set_body_json(json!({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1,
+            "model": "gpt-test-0613",
+            "choices": [{"index": 0, "finish_reason": "tool_calls",
+                         "message": {"role": "assistant", "content": null, "tool_calls": [
+                             {"id": "call_abc", "type": "function",
+                              "function": {"name": "calculate",
+                                           "arguments": "{\"expression\": \"23*19\"}"}}]}}],
+            "usage": {"prompt_tokens": 20, "completion_tokens": 7}
+        })))
+        .with_priority(2)
+        .mount(&model)
+        .await;
+    model
+}
+
+/// The turns of a job on a real provider's wire format are the GenAI
+/// conventions' chat spans (`chat <model>`: the provider in the
+/// conventions' words, the model asked for and the one that answered, the
+/// answer's id, why it stopped, its tokens), and, with
+/// `telemetry.capture_tool_content`, its call's execute_tool span carries
+/// the arguments as the model wrote them and the result's data.
+#[tokio::test]
+async fn a_models_turns_and_calls_follow_the_genai_conventions_with_content_when_asked()
+-> anyhow::Result<()> {
+    let model = chat_model_that_calls_calculate().await;
+    let collector = Collector::start().await?;
+    let export = collector.env();
+    let mut fleet = Fleet::start(test_fleet(1).worker_env(&with(&[], &export))).await?;
+    let base_url = format!("{}/v1", model.uri());
+    let env = [
+        ("OPENAI_API_KEY", "sk-test"),
+        ("TOOLFLEET_OPENAI__BASE_URL", base_url.as_str()),
+        ("TOOLFLEET_TELEMETRY__CAPTURE_TOOL_CONTENT", "true"),
+    ];
+    fleet.spawn_orchestrator(&with(&env, &export)).await?;
+    fleet.wait_for_tools(0, &["calculate"], 1).await?;
+    let api = fleet.api(0).await?;
+    let request = v1::SubmitJobRequest {
+        input: "What is 23*19?".into(),
+        model: Some(v1::ModelSpec {
+            provider: "openai-chat".into(),
+            name: "gpt-test".into(),
+            max_tokens: 500,
+            ..Default::default()
+        }),
+        tools: vec!["calculate".into()],
+        ..Default::default()
+    };
+    let job = toolfleet_tests::fleet::run_job(&api, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    stop_all(&fleet).await?;
+    let spans = collector.spans();
+
+    let mut turns = named(&spans, "chat gpt-test");
+    turns.sort_by_key(|t| t.attribute(span_attributes::TURN));
+    assert_eq!(turns.len(), 2, "{turns:#?}");
+    for (turn, (id, finish, input_tokens)) in turns.iter().zip([
+        ("chatcmpl-1", r#"["tool_calls"]"#, "20"),
+        ("chatcmpl-2", r#"["stop"]"#, "30"),
+    ]) {
+        assert_eq!(turn.span.kind, SPAN_KIND_CLIENT);
+        for (key, value) in [
+            (span_attributes::GEN_AI_OPERATION_NAME, "chat"),
+            (span_attributes::GEN_AI_PROVIDER_NAME, "openai"),
+            (span_attributes::OPENAI_API_TYPE, "chat_completions"),
+            (span_attributes::PROVIDER, "openai-chat"),
+            (span_attributes::GEN_AI_REQUEST_MODEL, "gpt-test"),
+            (span_attributes::GEN_AI_REQUEST_MAX_TOKENS, "500"),
+            (span_attributes::GEN_AI_RESPONSE_MODEL, "gpt-test-0613"),
+            (span_attributes::GEN_AI_RESPONSE_ID, id),
+            (span_attributes::GEN_AI_RESPONSE_FINISH_REASONS, finish),
+            (span_attributes::GEN_AI_USAGE_INPUT_TOKENS, input_tokens),
+        ] {
+            assert_eq!(turn.attribute(key).as_deref(), Some(value), "{id}: {key}");
+        }
+    }
+
+    let call = one(named(&spans, "execute_tool calculate"), "the call");
+    for (key, value) in [
+        (span_attributes::GEN_AI_OPERATION_NAME, "execute_tool"),
+        (span_attributes::GEN_AI_TOOL_NAME, "calculate"),
+        (span_attributes::GEN_AI_TOOL_CALL_ID, "call_abc"),
+        // As the model wrote them, spaces and all.
+        (
+            span_attributes::GEN_AI_TOOL_CALL_ARGUMENTS,
+            r#"{"expression": "23*19"}"#,
+        ),
+    ] {
+        assert_eq!(call.attribute(key).as_deref(), Some(value), "{key}");
+    }
+    let result = call
+        .attribute(span_attributes::GEN_AI_TOOL_CALL_RESULT)
+        .ok_or_else(|| anyhow::anyhow!("no result on {call:#?}"))?;
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&result)?,
+        json!({"expression": "23*19", "result": 437}),
+        "the envelope's data, not the envelope"
+    );
+    // The worker's execution names the model's id too, and carries no
+    // content: only the orchestrator's call span does.
+    let execution = one(named(&spans, "execute calculate"), "the execution");
+    assert_eq!(
+        execution
+            .attribute(span_attributes::GEN_AI_TOOL_CALL_ID)
+            .as_deref(),
+        Some("call_abc")
+    );
+    assert_eq!(
+        execution.attribute(span_attributes::GEN_AI_TOOL_CALL_ARGUMENTS),
+        None
+    );
     Ok(())
 }

@@ -33,6 +33,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         otlp_endpoint: collector.as_ref().map(|c| c.endpoint.clone()),
         otlp_protocol: None,
         sample_ratio: args.trace_ratio,
+        // What tracing costs without content, as it is deployed.
+        capture_tool_content: false,
     };
     let processes = match args.processes {
         true => Some(start_processes(&args, workers, &telemetry).await?),

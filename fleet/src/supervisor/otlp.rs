@@ -52,7 +52,8 @@ impl ReceivedSpan {
         hex(&self.span.parent_span_id)
     }
 
-    /// The value of attribute `key`, as text (`true`, `3`, `ok`).
+    /// The value of attribute `key`, as text (`true`, `3`, `ok`; a list as
+    /// a JSON array of its items' texts, `["stop"]`).
     pub fn attribute(&self, key: &str) -> Option<String> {
         attribute(&self.span.attributes, key)
     }
@@ -301,6 +302,11 @@ fn text(value: &AnyValue) -> Option<String> {
         any_value::Value::BoolValue(b) => b.to_string(),
         any_value::Value::IntValue(i) => i.to_string(),
         any_value::Value::DoubleValue(d) => d.to_string(),
+        // A list as a JSON array of its items' texts.
+        any_value::Value::ArrayValue(array) => {
+            let items: Vec<String> = array.values.iter().filter_map(text).collect();
+            serde_json::to_string(&items).ok()?
+        }
         _ => return None,
     })
 }

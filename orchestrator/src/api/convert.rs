@@ -257,6 +257,7 @@ pub(super) fn to_tool(listed: &FleetTool, fleet: bool) -> v1::Tool {
         calls_waiting: details.and_then(|d| d.calls_waiting),
         mcp_server: details.map(|d| d.mcp_server.clone()).unwrap_or_default(),
         available: listed.available,
+        contract_hash: manifest.contract_hash(),
     }
 }
 

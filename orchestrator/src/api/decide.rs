@@ -246,6 +246,9 @@ fn record_wait(record: &JobRecord, hold: &Hold, held: &ApprovalRequest, decision
         tool: &held.tool,
         wire_id,
         event_id: &held.call_id,
+        // Not set on an approval's span: what the call said is its own.
+        call_id: held.call_id.as_str(),
+        arguments: &held.arguments,
     };
     let mut span = spans::approval(record.trace.as_ref(), call);
     let held_at = std::time::UNIX_EPOCH + std::time::Duration::from_millis(held.requested_at_ms);

@@ -126,7 +126,7 @@ impl Dispatcher {
         // its stored envelope answers it again, and nothing more is recorded.
         let settled = attempts.settled(&call.wire_id);
         let trace = if settled { None } else { round.trace };
-        let mut span = spans::call(trace, call.span_ref());
+        let mut span = spans::call(trace, call.span_ref(), self.tool_content);
         let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
         if resumed {
             span.set(span_attributes::RESUMED, true);
@@ -209,7 +209,7 @@ impl Dispatcher {
         if matches!(last.origin, Origin::Operator) {
             span.set(span_attributes::OUTCOME_SOURCE, unknown::OPERATOR);
         }
-        span.outcome(&last.envelope);
+        spans::settle_call(span, &last.envelope, self.tool_content);
         if !recorded_before
             && let Some(answer) = self
                 .record_outcome(round, call, last, &outcome, trace)

@@ -225,6 +225,8 @@ impl PlannedCall {
             tool: &self.name,
             wire_id: &self.wire_id,
             event_id: &self.event_id,
+            call_id: &self.call_id,
+            arguments: &self.arguments,
         }
     }
 }
@@ -314,6 +316,9 @@ pub(crate) struct Dispatcher {
     pub(crate) options: DispatchOptions,
     /// How long a held call waits for a person's decision.
     pub(crate) approval: ApprovalOptions,
+    /// Whether calls' spans carry their arguments and results
+    /// (`telemetry.capture_tool_content`).
+    pub(crate) tool_content: spans::ToolContent,
 }
 
 /// Whether a call may be published ([`Dispatcher::admit`]).
@@ -560,9 +565,9 @@ impl Dispatcher {
         envelope: &Envelope,
     ) -> Result<CallOutcome, RoundError> {
         // Answered here: a call span with no attempt.
-        let mut span = spans::call(job.trace, call.span_ref());
+        let mut span = spans::call(job.trace, call.span_ref(), self.tool_content);
         span.set(span_attributes::ATTEMPTS, 0_i64);
-        span.outcome(envelope);
+        spans::settle_call(&mut span, envelope, self.tool_content);
         let outcome = CallOutcome {
             call_id: call.call_id.clone(),
             wire_id: call.wire_id.clone(),

@@ -20,7 +20,7 @@ use serde_json::{Map, Value, json};
 use tracing::Instrument;
 
 use super::options::{Api, HttpOptions, Section, read_section};
-use super::{BuildError, ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
+use super::{Answered, BuildError, ModelError, Provider, ToolSpec, Turn, TurnRequest, Usage, http};
 use crate::job::Item;
 
 mod stream;
@@ -224,6 +224,8 @@ impl Provider for AnthropicMessages {
                     None => http::post_json(&self.wire, &url, &body).await?,
                 };
                 let answer = parse_response(&response)?;
+                // A paused turn's last response says how it ended.
+                turn.answered = Answered::read(&response, &["/stop_reason"]);
                 turn.usage = Usage::sum(turn.usage, answer.usage);
                 turn.items.extend(answer.items);
                 if answer.stop != Stop::Paused {
@@ -926,6 +928,14 @@ mod tests {
             name: "get_weather".into()
         }));
         assert_eq!(turn.usage.map(|u| u.output_tokens), Some(89));
+        assert_eq!(
+            turn.answered,
+            Answered {
+                model: Some("claude-opus-4-6".into()),
+                id: Some("msg_014p7gG3wDgGV9EUtLvnow3U".into()),
+                finish_reason: Some("tool_use".into()),
+            }
+        );
         let sent = bodies(&server).await;
         assert_eq!(sent[0]["stream"], true);
 

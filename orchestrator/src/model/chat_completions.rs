@@ -15,7 +15,9 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{BuildError, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{
+    Answered, BuildError, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http,
+};
 use crate::job::Item;
 
 mod stream;
@@ -238,6 +240,7 @@ pub(crate) fn parse_response(response: &Value, turn: u32) -> Result<Turn, ModelE
     Ok(Turn {
         items,
         usage: super::openai_usage(response),
+        answered: Answered::read(response, &["/choices/0/finish_reason"]),
     })
 }
 
@@ -714,6 +717,15 @@ mod tests {
             ]
         );
         assert_eq!(turn.usage.map(|u| u.output_tokens), Some(4));
+        // What the turn's span says of it, as of a plain answer.
+        assert_eq!(
+            turn.answered,
+            Answered {
+                model: Some("m".into()),
+                id: Some("c".into()),
+                finish_reason: Some("tool_calls".into()),
+            }
+        );
         let deltas = seen.into_inner().unwrap();
         let named: Vec<&Delta> = deltas
             .iter()

@@ -181,6 +181,45 @@ pub(crate) struct Turn {
     pub items: Vec<Item>,
     /// The tokens the turn used, when the provider said.
     pub usage: Option<Usage>,
+    /// What the provider said of its answer beside it, for the turn's span.
+    pub answered: Answered,
+}
+
+/// What a provider said of an answer beside the answer itself, each in its
+/// own words and when it said it: for the GenAI conventions' attributes of
+/// the turn's span, and nothing else.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Answered {
+    /// The model that answered (`gen_ai.response.model`).
+    pub model: Option<String>,
+    /// The provider's id of the answer (`gen_ai.response.id`).
+    pub id: Option<String>,
+    /// Why the model stopped (`gen_ai.response.finish_reasons`).
+    pub finish_reason: Option<String>,
+}
+
+/// The longest of the provider's words an [`Answered`] keeps: a model
+/// name, an id or a reason is short, and anything longer is not one.
+const MAX_ANSWERED_LEN: usize = 256;
+
+impl Answered {
+    /// The `model` and `id` of `response`, and the first of the
+    /// `finish_reason` pointers it has: each a string of at most 256
+    /// bytes, else none.
+    pub(crate) fn read(response: &Value, finish_reason: &[&str]) -> Self {
+        let text = |pointer: &str| {
+            response
+                .pointer(pointer)
+                .and_then(Value::as_str)
+                .filter(|text| !text.is_empty() && text.len() <= MAX_ANSWERED_LEN)
+                .map(str::to_owned)
+        };
+        Self {
+            model: text("/model"),
+            id: text("/id"),
+            finish_reason: finish_reason.iter().find_map(|pointer| text(pointer)),
+        }
+    }
 }
 
 /// The usage of an OpenAI response, with the two names OpenAI's APIs use
@@ -396,7 +435,43 @@ pub(crate) type OpenAiOptions = HttpOptions<OpenAi>;
 mod tests {
     use std::collections::BTreeMap;
 
+    use serde_json::json;
+
     use super::*;
+
+    #[test]
+    fn what_a_provider_said_of_its_answer_is_kept_when_it_is_short_text() {
+        let response = json!({
+            "id": "resp_1", "model": "gpt-test", "status": "incomplete",
+            "incomplete_details": {"reason": "max_output_tokens"},
+        });
+        let pointers = ["/incomplete_details/reason", "/status"];
+        assert_eq!(
+            Answered::read(&response, &pointers),
+            Answered {
+                model: Some("gpt-test".into()),
+                id: Some("resp_1".into()),
+                finish_reason: Some("max_output_tokens".into()),
+            }
+        );
+        // The first pointer there is, and nothing for what is not text,
+        // empty or too long to be a name.
+        let odd = json!({
+            "id": 7, "model": "m".repeat(MAX_ANSWERED_LEN + 1), "status": "completed",
+            "incomplete_details": null,
+        });
+        assert_eq!(
+            Answered::read(&odd, &pointers),
+            Answered {
+                finish_reason: Some("completed".into()),
+                ..Answered::default()
+            }
+        );
+        assert_eq!(
+            Answered::read(&json!({"model": ""}), &pointers),
+            Answered::default()
+        );
+    }
 
     /// A job's provider whose key file cannot be read fails the job as
     /// the model API's refusal did (`MODEL_REJECTED`), saying why; and so

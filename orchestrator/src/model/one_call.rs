@@ -50,7 +50,7 @@ impl Provider for OneCall {
         Box::pin(async move {
             Ok(Turn {
                 items: vec![item],
-                usage: None,
+                ..Turn::default()
             })
         })
     }

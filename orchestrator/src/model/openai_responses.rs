@@ -13,7 +13,9 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::{BuildError, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http};
+use super::{
+    Answered, BuildError, ModelError, OpenAiOptions, Provider, ToolSpec, Turn, TurnRequest, http,
+};
 use crate::job::Item;
 
 mod stream;
@@ -175,6 +177,9 @@ pub(crate) fn parse_response(response: &Value) -> Result<Turn, ModelError> {
     let turn = Turn {
         items,
         usage: super::openai_usage(response),
+        // Responses have no finish reason: why one is incomplete, else
+        // its status.
+        answered: Answered::read(response, &["/incomplete_details/reason", "/status"]),
     };
 
     if status == Some("incomplete") {
@@ -598,6 +603,15 @@ mod tests {
         let turn = provider.turn(turn_request).await.unwrap();
         assert_eq!(turn.text(), "Hello");
         assert_eq!(turn.tool_calls().count(), 1);
+        // A response has no finish reason: its status stands for one.
+        assert_eq!(
+            turn.answered,
+            Answered {
+                model: Some("gpt-test".into()),
+                id: Some("resp_1".into()),
+                finish_reason: Some("completed".into()),
+            }
+        );
         let deltas = seen.into_inner().unwrap();
         assert_eq!(
             deltas,

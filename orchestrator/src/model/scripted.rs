@@ -145,7 +145,10 @@ impl Scripted {
                 raw: None,
             });
         }
-        Ok(Turn { items, usage: None })
+        Ok(Turn {
+            items,
+            ..Turn::default()
+        })
     }
 }
 

@@ -221,10 +221,18 @@ fn trace_context(message: &Message) -> Option<SpanContext> {
 /// The span of this delivery's execution, a child of the attempt that sent
 /// it. One span with an event per step, not a span per step: a worker
 /// killed mid-call would leave the steps it finished without their parent.
+/// It names the tool and the model's id of the call in the GenAI
+/// conventions' words too, but it is not their `execute_tool` span: that
+/// is the orchestrator's call span, one per call across its attempts and
+/// deliveries.
 fn execution_span(parent: Option<&SpanContext>, call: &ToolCall, message: &Message) -> StepSpan {
     let mut span = StepSpan::child(parent, format!("execute {}", call.tool), SpanKind::Consumer);
     if span.is_recording() {
         span.set(span_attributes::TOOL, call.tool.clone());
+        span.set(span_attributes::GEN_AI_TOOL_NAME, call.tool.clone());
+        if let Some(id) = run::model_call_id(message.headers.as_ref()) {
+            span.set(span_attributes::GEN_AI_TOOL_CALL_ID, id);
+        }
         span.set(span_attributes::ATTEMPT, i64::from(call.attempt));
         span.set(span_attributes::MESSAGING_SYSTEM, "nats");
         if let Ok(info) = message.info() {

@@ -28,6 +28,9 @@ pub(super) struct Reader {
     calls: Vec<Call>,
     finish_reason: Value,
     usage: Value,
+    /// The completion's id and model, as its chunks say them.
+    id: Value,
+    model: Value,
 }
 
 impl Reader {
@@ -105,6 +108,8 @@ impl Reader {
             message["tool_calls"] = Value::Array(calls);
         }
         json!({
+            "id": self.id,
+            "model": self.model,
             "choices": [{"index": 0, "message": message, "finish_reason": self.finish_reason}],
             "usage": self.usage,
         })
@@ -118,6 +123,8 @@ impl StreamReader for Reader {
         self.calls.clear();
         self.finish_reason = Value::Null;
         self.usage = Value::Null;
+        self.id = Value::Null;
+        self.model = Value::Null;
     }
 
     fn event(
@@ -140,6 +147,12 @@ impl StreamReader for Reader {
             .and_then(|choices| choices.first())
         {
             self.choice(choice, deltas)?;
+        }
+        // Every chunk repeats them; the first is kept.
+        for (field, kept) in [("id", &mut self.id), ("model", &mut self.model)] {
+            if kept.is_null() && chunk[field].is_string() {
+                *kept = chunk[field].clone();
+            }
         }
         // With `stream_options.include_usage`, the last chunk's.
         if chunk["usage"].is_object() {

@@ -267,6 +267,7 @@ async fn ask_model(
     let turn = match answer {
         Err(_) => {
             let code = JobErrorCode::DeadlineExceeded.as_str().to_owned();
+            span.set(span_attributes::ERROR_TYPE, code.clone());
             crate::metrics::model_turn(provider, code, asked.elapsed());
             span.fail("the job's deadline passed during the turn");
             return Asked::Ended(step::deadline_exceeded());
@@ -274,6 +275,7 @@ async fn ask_model(
         Ok(Err(err)) => {
             crate::metrics::model_turn(provider, err.code().to_string(), asked.elapsed());
             span.set(span_attributes::OUTCOME, err.code().to_string());
+            span.set(span_attributes::ERROR_TYPE, err.code().to_string());
             span.fail(err.code().to_string());
             return Asked::Ended(model_failure(&err));
         }
@@ -291,7 +293,8 @@ async fn ask_model(
 }
 
 /// What the span of a turn records of the model's answer: how many calls it
-/// made and the tokens it took.
+/// made, the tokens it took, and what the provider said of it (the model
+/// that answered, its id, why it stopped).
 fn record_answer(span: &mut StepSpan, turn: &Turn) {
     if !span.is_recording() {
         return;
@@ -300,6 +303,20 @@ fn record_answer(span: &mut StepSpan, turn: &Turn) {
         span_attributes::TOOL_CALLS,
         turn.tool_calls().count() as i64,
     );
+    let answered = &turn.answered;
+    if let Some(model) = &answered.model {
+        span.set(span_attributes::GEN_AI_RESPONSE_MODEL, model.clone());
+    }
+    if let Some(id) = &answered.id {
+        span.set(span_attributes::GEN_AI_RESPONSE_ID, id.clone());
+    }
+    if let Some(reason) = &answered.finish_reason {
+        // One choice, one reason.
+        span.set_strings(
+            span_attributes::GEN_AI_RESPONSE_FINISH_REASONS,
+            [reason.clone()],
+        );
+    }
     if let Some(usage) = &turn.usage {
         span.set(
             span_attributes::GEN_AI_USAGE_INPUT_TOKENS,

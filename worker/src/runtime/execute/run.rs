@@ -381,16 +381,16 @@ fn after_timeout(applied: Applied, timed_out: Envelope) -> Ran {
     })
 }
 
-/// The answer to a call whose job was cancelled: stopped, or never run.
-/// Nobody waits for it; it is stored so that a redelivery answers it.
 /// The model's own id of the call, from the
 /// [`MODEL_CALL_ID`](headers::MODEL_CALL_ID) header of its message, when it
 /// is a safe one: the bus's bytes may be anything, and a tool may print it.
-fn model_call_id(message_headers: Option<&HeaderMap>) -> Option<String> {
+pub(super) fn model_call_id(message_headers: Option<&HeaderMap>) -> Option<String> {
     let id = message_headers?.get(headers::MODEL_CALL_ID)?.as_str();
     is_valid_call_id(id).then(|| id.to_owned())
 }
 
+/// The answer to a call whose job was cancelled: stopped, or never run.
+/// Nobody waits for it; it is stored so that a redelivery answers it.
 fn job_cancelled() -> Envelope {
     Envelope::terminal(
         ErrorCode::CANCELLED,
