@@ -130,6 +130,31 @@ impl Fleet {
         Ok(())
     }
 
+    /// Waits until no worker has a pull request open on `tool`'s queue
+    /// (its consumer's `num_waiting` is 0): a call published then waits
+    /// in the queue rather than going to a worker that pulled while the
+    /// tool was up (a pull request takes calls until it expires).
+    ///
+    /// # Errors
+    ///
+    /// The consumer cannot be read, or pull requests stay open for `within`.
+    pub async fn wait_no_pull_requests(&self, tool: &str, within: Duration) -> anyhow::Result<()> {
+        let js = jetstream::new(self.client.clone());
+        let what = format!("the pull requests on {tool}'s queue to expire");
+        crate::wait_until(&what, within, || {
+            let js = js.clone();
+            async move {
+                let mut consumer: jetstream::consumer::PullConsumer = js
+                    .get_consumer_from_stream(names::call_consumer(tool), names::CALL_STREAM)
+                    .await
+                    .ok()?;
+                let info = consumer.info().await.ok()?;
+                (info.num_waiting == 0).then_some(())
+            }
+        })
+        .await
+    }
+
     /// Subscribes to the results of `job`'s calls (a job id or a name,
     /// [`job_id`]). Subscribe before publishing, or a fast result is missed.
     ///

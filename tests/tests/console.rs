@@ -950,7 +950,7 @@ async fn the_tools_page_shows_pools_calls_waiting_and_a_down_mcp_server() -> any
     .await?;
     // A pull request the worker opened while the tool was up takes calls
     // until it expires; after that the worker pulls nothing for it.
-    tokio::time::sleep(2 * toolfleet_service::pull::PULL_EXPIRES).await;
+    fleet.wait_no_pull_requests("web__add", WAIT).await?;
     let waiting = toolfleet_tests::fleet::call("job-page", "add_1", "web__add", r#"{"a": 1}"#);
     fleet.publish_call(&waiting).await?;
     let down = wait_until("the call counted", WAIT, || async move {

@@ -423,7 +423,7 @@ async fn list_tools_tells_an_operator_the_pools_queues_and_a_down_server_and_an_
     .await?;
     // A pull request the worker opened while the tool was up takes calls
     // until it expires; after that the worker pulls nothing for it.
-    tokio::time::sleep(2 * toolfleet_service::pull::PULL_EXPIRES).await;
+    fleet.wait_no_pull_requests("web__add", JOB).await?;
     let waiting = call("job-fleet", "add_1", "web__add", r#"{"a": 1, "b": 2}"#);
     fleet.publish_call(&waiting).await?;
     let add = wait_until("the waiting call counted", JOB, || async move {
