@@ -18,7 +18,8 @@
 //! - [`messages::MessagesServer`]: a fake of Anthropic's Messages API that
 //!   refuses what the real one refuses and answers from a script.
 //! - [`browser::Browser`]: Debian's Chromium, driven by a scenario of
-//!   tests/console (puppeteer-core), for the web console's tests.
+//!   tests/console (puppeteer-core), for the web console's tests;
+//!   [`console`]: the console itself, as they start it.
 //!
 //! All but the fleet are the process supervisor of `toolfleet dev`
 //! ([`toolfleet_fleet::supervisor`]), re-exported here with its defaults, which
@@ -30,6 +31,7 @@
 
 pub mod browser;
 pub mod certificates;
+pub mod console;
 pub mod fleet;
 pub mod identity;
 pub mod markdown;

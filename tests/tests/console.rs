@@ -234,25 +234,7 @@ async fn fleet_and_console_serving(
     let api = fleet.api(0).await?;
     wait_for_tools(&api, AGENT, &["calculate", "echo"]).await?;
     let (addr, redis) = (fleet.grpc_url(0).await?, fleet.redis.url());
-    let mut args = vec![
-        "console",
-        "--addr",
-        &addr,
-        "--listen",
-        &listen,
-        "--redis-url",
-        &redis,
-    ];
-    args.extend_from_slice(flags);
-    let console = ChildProcess::spawn(
-        "console",
-        cargo_bin("toolfleet")?,
-        args,
-        std::iter::empty::<(&str, &str)>(),
-    )?;
-    console
-        .wait_for_log("toolfleet console: http://", WAIT)
-        .await?;
+    let console = toolfleet_tests::console::start(&addr, &redis, &listen, flags).await?;
     Ok((dir, fleet, console, listen))
 }
 
@@ -824,20 +806,7 @@ async fn without_authentication_there_is_no_sign_in_and_every_page_says_so() -> 
     let grpc = free_loopback_address()?;
     let (addr, listen) = (format!("http://{grpc}"), free_loopback_address()?);
     let redis = fleet.redis.url();
-    let console = ChildProcess::spawn(
-        "console",
-        cargo_bin("toolfleet")?,
-        [
-            "console",
-            "--addr",
-            &addr,
-            "--listen",
-            &listen,
-            "--redis-url",
-            &redis,
-        ],
-        std::iter::empty::<(&str, &str)>(),
-    )?;
+    let console = toolfleet_tests::console::spawn(&addr, &redis, &listen, &[])?;
     console
         .wait_for_log("waiting for the orchestrator", WAIT)
         .await?;

@@ -16,9 +16,7 @@ use toolfleet_tests::browser::Browser;
 use toolfleet_tests::fleet::{FAST_REDELIVERY, Fleet, scripted_job, test_fleet};
 use toolfleet_tests::identity::{bearer, wait_for_tools};
 use toolfleet_tests::messages::{MessagesServer, PAUSE, Reply, streamed_job};
-use toolfleet_tests::{
-    ChildProcess, cargo_bin, free_loopback_address, repo_root, venv_python, wait_until,
-};
+use toolfleet_tests::{ChildProcess, free_loopback_address, repo_root, venv_python, wait_until};
 
 const AGENT: &str = "tok-browser-agent-7a31";
 const APPROVER: &str = "tok-browser-approver-19bd";
@@ -116,25 +114,7 @@ impl Stage {
         let api = fleet.api(0).await?;
         wait_for_tools(&api, AGENT, &["calculate", "echo", "crash", "bad__shown"]).await?;
         let (addr, redis) = (fleet.grpc_url(0).await?, fleet.redis.url());
-        let mut args = vec![
-            "console",
-            "--addr",
-            &addr,
-            "--listen",
-            &listen,
-            "--redis-url",
-            &redis,
-        ];
-        args.extend_from_slice(flags);
-        let console = ChildProcess::spawn(
-            "console",
-            cargo_bin("toolfleet")?,
-            args,
-            std::iter::empty::<(&str, &str)>(),
-        )?;
-        console
-            .wait_for_log("toolfleet console: http://", WAIT)
-            .await?;
+        let console = toolfleet_tests::console::start(&addr, &redis, &listen, flags).await?;
         // By name: a browser keeps the console's `Secure` cookies over plain
         // HTTP only for localhost.
         let port = listen.rsplit(':').next().unwrap_or_default();
