@@ -57,3 +57,61 @@ pub async fn start(
         .await?;
     Ok(console)
 }
+
+/// The API's audience in the tokens of [`openid_sign_in`]'s provider.
+const API_AUDIENCE: &str = "urn:toolfleet:api";
+
+/// An OpenID provider the console signs people in at, and what to start
+/// the fleet and the console with for it.
+pub struct OpenIdSignIn {
+    /// The provider: its one person, and the console as its one public
+    /// client.
+    pub provider: crate::identity::OpenIdProvider,
+    /// The orchestrators' `api.identity.issuers`, trusting it
+    /// (`TOOLFLEET_API__IDENTITY__ISSUERS`).
+    pub issuers: String,
+    /// The console's `--oidc-*` flags, asking for the person's roles.
+    pub flags: Vec<String>,
+}
+
+impl OpenIdSignIn {
+    /// [`OpenIdSignIn::flags`] as a command line takes them.
+    pub fn flags(&self) -> Vec<&str> {
+        self.flags.iter().map(String::as_str).collect()
+    }
+}
+
+/// Starts an OpenID provider whose one person is `person` and whose one
+/// client is the console called back at `callback`
+/// (`http://<console>/oidc/callback`).
+///
+/// # Errors
+///
+/// The provider cannot be started.
+pub async fn openid_sign_in(
+    callback: &str,
+    person: crate::identity::Person<'_>,
+) -> anyhow::Result<OpenIdSignIn> {
+    use crate::identity::{OpenIdProvider, issuers_setting};
+    let scopes = format!("openid {}", person.roles.join(" "));
+    let provider = OpenIdProvider::start_with(&[API_AUDIENCE], &[], &[person], &[callback]).await?;
+    let flags = [
+        "--oidc-issuer",
+        provider.issuer(),
+        "--oidc-client-id",
+        "console",
+        "--oidc-redirect-url",
+        callback,
+        "--oidc-resource",
+        API_AUDIENCE,
+        "--oidc-scopes",
+        &scopes,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    Ok(OpenIdSignIn {
+        issuers: issuers_setting(&provider, API_AUDIENCE),
+        provider,
+        flags,
+    })
+}

@@ -707,8 +707,7 @@ async fn an_approver_decides_held_calls_from_the_console() -> anyhow::Result<()>
 /// flow.
 #[tokio::test]
 async fn a_person_signs_in_with_the_company_identity() -> anyhow::Result<()> {
-    use toolfleet_tests::identity::{OpenIdProvider, Person, authorize, issuers_setting};
-    const API: &str = "urn:toolfleet:api";
+    use toolfleet_tests::identity::{Person, authorize};
     let ana = Person {
         name: "ana",
         tenant: "ops",
@@ -716,22 +715,11 @@ async fn a_person_signs_in_with_the_company_identity() -> anyhow::Result<()> {
     };
     let listen = free_loopback_address()?;
     let callback = format!("http://{listen}/oidc/callback");
-    let provider = OpenIdProvider::start_with(&[API], &[], &[ana], &[&callback]).await?;
-    let issuers = issuers_setting(&provider, API);
-    let flags = [
-        "--oidc-issuer",
-        provider.issuer(),
-        "--oidc-client-id",
-        "console",
-        "--oidc-redirect-url",
-        &callback,
-        "--oidc-resource",
-        API,
-        "--oidc-scopes",
-        "openid approver reader",
-    ];
-    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", issuers.as_str())];
-    let (_dir, _fleet, _console, listen) = fleet_and_console_with(&env, &flags, listen).await?;
+    let sign_in = toolfleet_tests::console::openid_sign_in(&callback, ana).await?;
+    let provider = &sign_in.provider;
+    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", sign_in.issuers.as_str())];
+    let (_dir, _fleet, _console, listen) =
+        fleet_and_console_with(&env, &sign_in.flags(), listen).await?;
     let browser = Browser::new(&listen)?;
     let page = browser.get("/sign-in", "").await?;
     assert!(

@@ -659,8 +659,7 @@ async fn a_job_appears_streams_and_finishes_live() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn a_person_signs_in_through_the_company_openid_provider() -> anyhow::Result<()> {
-    use toolfleet_tests::identity::{OpenIdProvider, Person, issuers_setting};
-    const API: &str = "urn:toolfleet:api";
+    use toolfleet_tests::identity::Person;
     let ana = Person {
         name: "ana",
         tenant: "ops",
@@ -669,22 +668,10 @@ async fn a_person_signs_in_through_the_company_openid_provider() -> anyhow::Resu
     let listen = free_loopback_address()?;
     let port = listen.rsplit(':').next().unwrap_or_default().to_owned();
     let callback = format!("http://localhost:{port}/oidc/callback");
-    let provider = OpenIdProvider::start_with(&[API], &[], &[ana], &[&callback]).await?;
-    let issuers = issuers_setting(&provider, API);
-    let flags = [
-        "--oidc-issuer",
-        provider.issuer(),
-        "--oidc-client-id",
-        "console",
-        "--oidc-redirect-url",
-        &callback,
-        "--oidc-resource",
-        API,
-        "--oidc-scopes",
-        "openid approver reader",
-    ];
-    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", issuers.as_str())];
-    let stage = Stage::start_with(&env, &flags, listen).await?;
+    let sign_in = toolfleet_tests::console::openid_sign_in(&callback, ana).await?;
+    let provider = &sign_in.provider;
+    let env = [("TOOLFLEET_API__IDENTITY__ISSUERS", sign_in.issuers.as_str())];
+    let stage = Stage::start_with(&env, &sign_in.flags(), listen).await?;
     let browser = Browser::new("oidc")?;
     let seen = browser
         .run("oidc", &json!({"console": stage.base, "account": "ana"}))
