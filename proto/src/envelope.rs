@@ -72,6 +72,15 @@ impl ErrorCode {
     /// refuse it again. A message larger than the queue takes is
     /// `PAYLOAD_TOO_LARGE` instead.
     pub const DISPATCH_REFUSED: Self = Self::from_static("DISPATCH_REFUSED");
+    /// A `read_result` reference names a result of another job (of this
+    /// tenant or another): a job reads only its own shaped results.
+    /// Terminal.
+    pub const RESULT_OF_ANOTHER_JOB: Self = Self::from_static("RESULT_OF_ANOTHER_JOB");
+    /// A `read_result` reference is not one, or names no shaped result of
+    /// this job. Terminal.
+    pub const NO_SUCH_RESULT: Self = Self::from_static("NO_SUCH_RESULT");
+    /// A `read_result` offset is past the end of the result. Terminal.
+    pub const OFFSET_OUT_OF_RANGE: Self = Self::from_static("OFFSET_OUT_OF_RANGE");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

@@ -41,6 +41,13 @@ pub struct ToolManifest {
     /// without the field (an older worker's) means [`Approval::Never`].
     #[serde(default, skip_serializing_if = "Approval::is_never")]
     pub approval: Approval,
+    /// Above how many bytes of `data` (its JSON text) a result of the tool
+    /// is shaped: stored whole with the job, and the model shown its head,
+    /// its tail and a reference to page through it with `read_result`
+    /// (docs/protection.md). `None`: the orchestrator's
+    /// `results.shape_above_bytes`. Within [`MIN_SHAPE_ABOVE_BYTES`] and
+    /// [`MAX_SHAPE_ABOVE_BYTES`] ([`check`](Self::check)).
+    pub shape_above_bytes: Option<u64>,
 }
 
 /// What a tool's calls may do beyond answering, and so what running one
@@ -133,6 +140,8 @@ struct Announced {
     retry: Option<RetryPolicy>,
     #[serde(default)]
     approval: Approval,
+    #[serde(default)]
+    shape_above_bytes: Option<u64>,
 }
 
 impl From<Announced> for ToolManifest {
@@ -153,6 +162,7 @@ impl From<Announced> for ToolManifest {
             version: wire.version,
             retry: wire.retry,
             approval: wire.approval,
+            shape_above_bytes: wire.shape_above_bytes,
         }
     }
 }
@@ -162,6 +172,7 @@ impl Serialize for ToolManifest {
         use serde::ser::SerializeStruct;
         let mut fields = 9 + usize::from(self.retry.is_some());
         fields += usize::from(!self.approval.is_never());
+        fields += usize::from(self.shape_above_bytes.is_some());
         let mut out = serializer.serialize_struct("ToolManifest", fields)?;
         out.serialize_field("name", &self.name)?;
         out.serialize_field("description", &self.description)?;
@@ -178,6 +189,9 @@ impl Serialize for ToolManifest {
         }
         if !self.approval.is_never() {
             out.serialize_field("approval", &self.approval)?;
+        }
+        if let Some(bytes) = self.shape_above_bytes {
+            out.serialize_field("shape_above_bytes", &bytes)?;
         }
         out.end()
     }
@@ -230,6 +244,7 @@ impl ToolManifest {
             version: "1".into(),
             retry: None,
             approval: Approval::Never,
+            shape_above_bytes: None,
         }
     }
 
@@ -301,6 +316,14 @@ impl ToolManifest {
     #[must_use]
     pub fn with_approval(mut self, approval: Approval) -> Self {
         self.approval = approval;
+        self
+    }
+
+    /// Says above how many bytes of `data` the tool's results are shaped
+    /// (docs/protection.md), instead of the orchestrator's default.
+    #[must_use]
+    pub fn with_shape_above_bytes(mut self, bytes: u64) -> Self {
+        self.shape_above_bytes = Some(bytes);
         self
     }
 
@@ -395,6 +418,44 @@ pub fn is_valid_mcp_server_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
+/// The orchestrator's own tool that pages through a shaped result
+/// (docs/protection.md): offered to a job that holds one, answered by the
+/// orchestrator, never published. No worker may announce a tool of this
+/// name ([`ToolManifest::check`]).
+pub const READ_RESULT_TOOL: &str = "read_result";
+
+/// The least `shape_above_bytes` (a manifest's, or the orchestrator's
+/// `results.shape_above_bytes`): below it the view of a shaped result, its
+/// reference and fields, would leave no room for its head and tail.
+pub const MIN_SHAPE_ABOVE_BYTES: u64 = 1024;
+
+/// The most `shape_above_bytes` may be: 16 MiB. Past it nothing is ever
+/// shaped (a worker's `runtime.max_output_bytes` is 1 MiB by default, and a
+/// NATS message at most 64 MiB), and no model's context holds it.
+pub const MAX_SHAPE_ABOVE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Whether `bytes` is a `shape_above_bytes` within its bounds, else what is
+/// wrong with it (for a message that names the key).
+///
+/// # Errors
+///
+/// Below [`MIN_SHAPE_ABOVE_BYTES`] or above [`MAX_SHAPE_ABOVE_BYTES`].
+pub fn check_shape_above_bytes(bytes: u64) -> Result<u64, String> {
+    if bytes < MIN_SHAPE_ABOVE_BYTES {
+        return Err(format!(
+            "{bytes} is below {MIN_SHAPE_ABOVE_BYTES} bytes: a shaped result's view \
+             would have no room for its head and tail"
+        ));
+    }
+    if bytes > MAX_SHAPE_ABOVE_BYTES {
+        return Err(format!(
+            "{bytes} is above {MAX_SHAPE_ABOVE_BYTES} bytes (16 MiB): no result that large \
+             reaches a model"
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Every tool, where a list of tools may say so (`require_approval`).
 pub const EVERY_TOOL: &str = "*";
 
@@ -460,8 +521,9 @@ pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
 impl ToolManifest {
     /// Checks a manifest filed under `tool` (a registry key, the tool
     /// catalog): its name is valid and is `tool`, and its description and
-    /// schema are within their bounds. (Whether the schema compiles is the
-    /// reader's check: it compiles it anyway.)
+    /// schema are within their bounds, its `shape_above_bytes` too, and it is
+    /// not [`READ_RESULT_TOOL`], the orchestrator's own. (Whether the schema
+    /// compiles is the reader's check: it compiles it anyway.)
     ///
     /// # Errors
     ///
@@ -469,6 +531,14 @@ impl ToolManifest {
     pub fn check(&self, tool: &str) -> Result<(), String> {
         if !is_valid_tool_name(tool) || self.name != tool {
             return Err("the manifest's name is not the tool of its key".into());
+        }
+        if tool == READ_RESULT_TOOL {
+            return Err(format!(
+                "{READ_RESULT_TOOL} is the orchestrator's own tool; no worker may serve it"
+            ));
+        }
+        if let Some(bytes) = self.shape_above_bytes {
+            check_shape_above_bytes(bytes).map_err(|why| format!("shape_above_bytes: {why}"))?;
         }
         if self.description.len() > MAX_DESCRIPTION_BYTES {
             return Err(format!(
@@ -633,7 +703,7 @@ mod tests {
         };
         assert_eq!(native.check("calculate", "w-1.example", now), Ok(()));
         type Spoil = (fn(&mut WorkerAnnouncement), &'static str);
-        let spoiled: [Spoil; 12] = [
+        let spoiled: [Spoil; 15] = [
             (|a| a.manifest.name = "run_shell".into(), "name"),
             (|a| a.worker_id = "w-2".into(), "worker id"),
             (|a| a.manifest.description = "d".repeat(8193), "description"),
@@ -656,6 +726,12 @@ mod tests {
             (|a| a.mcp_server = "crm\"><b>".into(), "mcp server"),
             (|a| a.mcp_server = "crm.example".into(), "mcp server"),
             (|a| a.mcp_server = "c".repeat(33), "mcp server"),
+            (|a| a.manifest.shape_above_bytes = Some(0), "shape_above_bytes: 0 is below"),
+            (|a| a.manifest.shape_above_bytes = Some(1023), "shape_above_bytes"),
+            (
+                |a| a.manifest.shape_above_bytes = Some(u64::MAX),
+                "shape_above_bytes: 18446744073709551615 is above",
+            ),
         ];
         for (spoil, expected) in spoiled {
             let mut bad = good.clone();
@@ -665,6 +741,17 @@ mod tests {
         }
         assert!(good.check("calculate", "w\n1", now).is_err());
         assert!(good.check("calc.ulate", "w-1.example", now).is_err());
+        // The orchestrator's own tool is no worker's, under its own key too.
+        let mut reserved = good.clone();
+        reserved.manifest.name = READ_RESULT_TOOL.into();
+        let err = reserved.check(READ_RESULT_TOOL, "w-1.example", now);
+        assert!(err.unwrap_err().contains("orchestrator's own"));
+        // Within its bounds, a tool's shaping limit is its own.
+        let mut shaped = good.clone();
+        for bytes in [MIN_SHAPE_ABOVE_BYTES, 65_536, MAX_SHAPE_ABOVE_BYTES] {
+            shaped.manifest = shaped.manifest.with_shape_above_bytes(bytes);
+            assert_eq!(shaped.check("calculate", "w-1.example", now), Ok(()));
+        }
     }
 
     #[test]
@@ -816,6 +903,18 @@ mod tests {
         json.as_object_mut().unwrap().remove("retry");
         let old: ToolManifest = serde_json::from_value(json).unwrap();
         assert_eq!(old.retry, None);
+    }
+
+    #[test]
+    fn a_shaping_limit_travels_only_when_set() {
+        let manifest = ToolManifest::new("echo", "d", serde_json::json!({}));
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert!(json.get("shape_above_bytes").is_none(), "{json}");
+        let manifest = manifest.with_shape_above_bytes(4096);
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(json["shape_above_bytes"], 4096);
+        let back: ToolManifest = serde_json::from_value(json).unwrap();
+        assert_eq!(back, manifest);
     }
 
     #[test]

@@ -413,6 +413,13 @@ impl RedisKeys {
         self.job_key(job_id, "approvals")
     }
 
+    /// The whole results of the job's shaped calls (a hash: the call's event
+    /// id -> the JSON text of its `data`), stored by the commit that shows
+    /// the model their view, paged by `read_result` (docs/protection.md).
+    pub fn job_shaped(&self, job_id: &JobId) -> String {
+        self.job_key(job_id, "shaped")
+    }
+
     /// The job's fenced lease (owner and epoch of the replica running it).
     pub fn job_lease(&self, job_id: &JobId) -> String {
         self.job_key(job_id, "lease")
@@ -701,6 +708,7 @@ mod tests {
             keys.job_lease(&job),
             keys.job_attempts(&job),
             keys.job_tools(&job),
+            keys.job_shaped(&job),
         ] {
             assert!(key.starts_with(&format!("tf:{{{job}}}:")), "{key}");
         }
@@ -815,6 +823,7 @@ mod tests {
             keys.job_attempts(&job),
             keys.job_tools(&job),
             keys.job_approvals(&job),
+            keys.job_shaped(&job),
             keys.job_lease(&job),
             keys.call_result(&job, "echo", "c", 1),
             keys.call_claim(&job, "echo", "c", 1),
