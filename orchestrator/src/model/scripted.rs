@@ -13,7 +13,11 @@
 //! ```
 //!
 //! - `arguments` is an object (sent as its JSON text) or a string (sent
-//!   verbatim, so a test can send malformed JSON).
+//!   verbatim, so a test can send malformed JSON). The strings of an object
+//!   may quote tool outputs as a message does (below); a string that is one
+//!   reference and nothing else becomes the value it names, a number stays
+//!   a number: `{"ref": "{{call_0_0.data.ref}}", "offset":
+//!   "{{call_1_0.data.next_offset}}"}`.
 //! - Call ids are `call_<turn>_<index>` unless the call gives an `id`.
 //! - A `message` may quote tool outputs: `{{<call_id>}}` is replaced by that
 //!   call's whole envelope JSON, `{{<call_id>.<path>}}` by the value at a
@@ -125,15 +129,18 @@ impl Scripted {
             ))
         })?;
         let mut items = Vec::new();
+        let limit = self.max_answer_bytes;
+        let in_turn = |what| move |problem: QuoteProblem| problem.in_turn(request.turn, what, limit);
         if let Some(message) = &turn.message {
-            let text = quote_outputs(message, request.items, self.max_answer_bytes)
-                .map_err(|problem| problem.in_turn(request.turn, self.max_answer_bytes))?;
+            let text = quote_outputs(message, request.items, limit).map_err(in_turn("message"))?;
             items.push(Item::Assistant { text, raw: None });
         }
         for (index, call) in turn.tool_calls.iter().enumerate() {
             let arguments = match &call.arguments {
                 Value::String(text) => text.clone(),
-                other => other.to_string(),
+                other => quote_arguments(other, request.items, limit)
+                    .map_err(in_turn("arguments"))?
+                    .to_string(),
             };
             items.push(Item::ToolCall {
                 call_id: call
@@ -184,15 +191,17 @@ enum QuoteProblem {
 }
 
 impl QuoteProblem {
-    fn in_turn(self, turn: u32, limit: usize) -> ModelError {
+    /// The job's error for a problem of turn `turn`'s `what` (its message,
+    /// or a call's arguments).
+    fn in_turn(self, turn: u32, what: &str, limit: usize) -> ModelError {
         ModelError::Script(match self {
             Self::TooLong => format!(
-                "turn {turn}'s message is over {limit} bytes once tool outputs are quoted \
+                "turn {turn}'s {what} is over {limit} bytes once tool outputs are quoted \
                  (api.max_scripted_answer_bytes)"
             ),
             Self::NamesNothing { reference, why } => {
                 format!(
-                    "turn {turn}'s message quotes {{{{{reference}}}}}, which names nothing: {why}"
+                    "turn {turn}'s {what} quotes {{{{{reference}}}}}, which names nothing: {why}"
                 )
             }
         })
@@ -233,8 +242,55 @@ fn quote_outputs(message: &str, items: &[Item], limit: usize) -> Result<String, 
     Ok(out)
 }
 
+/// `arguments` with every string in it quoted as a message is, within
+/// `limit` bytes each; a string that is one `{{reference}}` alone becomes
+/// the value it names.
+fn quote_arguments(arguments: &Value, items: &[Item], limit: usize) -> Result<Value, QuoteProblem> {
+    Ok(match arguments {
+        Value::String(text) => {
+            let alone = text
+                .strip_prefix("{{")
+                .and_then(|rest| rest.strip_suffix("}}"))
+                .filter(|reference| !reference.contains("{{") && !reference.contains("}}"));
+            match alone {
+                Some(reference) => {
+                    let reference = reference.trim();
+                    resolve_value(reference, items).map_err(|why| QuoteProblem::NamesNothing {
+                        reference: toolfleet_proto::envelope::excerpt(reference, 80),
+                        why,
+                    })?
+                }
+                None => Value::String(quote_outputs(text, items, limit)?),
+            }
+        }
+        Value::Array(values) => Value::Array(
+            values
+                .iter()
+                .map(|value| quote_arguments(value, items, limit))
+                .collect::<Result<_, _>>()?,
+        ),
+        Value::Object(fields) => Value::Object(
+            fields
+                .iter()
+                .map(|(key, value)| Ok((key.clone(), quote_arguments(value, items, limit)?)))
+                .collect::<Result<_, QuoteProblem>>()?,
+        ),
+        other => other.clone(),
+    })
+}
+
 /// What `reference` (`call_id` or `call_id.path`) quotes, or why nothing.
 fn resolve(reference: &str, items: &[Item]) -> Result<String, String> {
+    Ok(match resolve_value(reference, items)? {
+        Value::String(text) => text,
+        other => other.to_string(),
+    })
+}
+
+/// The value `reference` (`call_id` or `call_id.path`) names: the call's
+/// whole envelope JSON as a string, or the value at the path, or why
+/// nothing.
+fn resolve_value(reference: &str, items: &[Item]) -> Result<Value, String> {
     let (call_id, path) = match reference.split_once('.') {
         Some((id, path)) => (id, Some(path)),
         None => (reference, None),
@@ -252,7 +308,7 @@ fn resolve(reference: &str, items: &[Item]) -> Result<String, String> {
         })
         .ok_or_else(|| "no call of that id answered before this turn".to_owned())?;
     let Some(path) = path else {
-        return Ok(output.clone());
+        return Ok(Value::String(output.clone()));
     };
     let missing = || {
         let answer = toolfleet_proto::envelope::excerpt(output, ANSWER_EXCERPT);
@@ -271,10 +327,7 @@ fn resolve(reference: &str, items: &[Item]) -> Result<String, String> {
         }
         .ok_or_else(missing)?;
     }
-    Ok(match value {
-        Value::String(text) => text,
-        other => other.to_string(),
-    })
+    Ok(value)
 }
 
 #[cfg(test)]
@@ -361,6 +414,40 @@ mod tests {
         );
         let err = script.turn(request(&history, 4)).await.unwrap_err();
         assert_eq!(err.code().as_str(), "SCRIPT_ERROR");
+    }
+
+    #[tokio::test]
+    async fn arguments_quote_outputs_and_a_lone_reference_keeps_its_type() {
+        let script = Scripted::parse(
+            r#"[{"tool_calls":[{"name":"read_result","arguments":{
+                    "ref":"{{c.data.ref}}", "offset":"{{ c.data.next }}",
+                    "note":"at {{c.data.next}} of {{c.data.ref}}", "list":["{{c.data.flag}}"],
+                    "raw":"{{ unclosed", "n":7}}]},
+                {"tool_calls":[{"name":"x","arguments":{"a":"{{c.data.nope}}"}}]}]"#,
+        )
+        .unwrap();
+        let history = [Item::ToolResult {
+            call_id: "c".into(),
+            name: "echo".into(),
+            output: r#"{"ok":true,"data":{"ref":"j/c","next":42,"flag":true}}"#.into(),
+            attempts: 1,
+        }];
+        let turn = script.turn(request(&history, 0)).await.unwrap();
+        let Item::ToolCall { arguments, .. } = &turn.items[0] else {
+            panic!("a call: {:?}", turn.items)
+        };
+        let arguments: Value = serde_json::from_str(arguments).unwrap();
+        assert_eq!(
+            arguments,
+            serde_json::json!({"ref": "j/c", "offset": 42, "note": "at 42 of j/c",
+                               "list": [true], "raw": "{{ unclosed", "n": 7})
+        );
+        let err = script.turn(request(&history, 1)).await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("turn 1's arguments quotes {{c.data.nope}}, which names nothing"),
+            "{err}"
+        );
     }
 
     #[test]
