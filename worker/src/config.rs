@@ -118,6 +118,13 @@ pub struct RuntimeOptions {
     /// decision 0037); the announced manifest carries the override.
     /// Default: none (each tool's own).
     pub tool_effects: BTreeMap<String, Effects>,
+    /// Per-tool overrides of the size of `data` (as JSON, in bytes) above
+    /// which the orchestrator shapes a tool's results, e.g. `{ fetch_page
+    /// = 65536 }`, from 1024 to 16777216 (docs/protection.md); the
+    /// announced manifest carries the override. Default: none (the
+    /// orchestrator's `results.shape_above_bytes`).
+    #[serde(deserialize_with = "shape_above_bytes")]
+    pub tool_shape_above_bytes: BTreeMap<String, u64>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -136,8 +143,25 @@ impl RuntimeOptions {
         if let Some(effects) = self.tool_effects.get(&manifest.name) {
             manifest.effects = *effects;
         }
+        if let Some(bytes) = self.tool_shape_above_bytes.get(&manifest.name) {
+            manifest.shape_above_bytes = Some(*bytes);
+        }
         manifest
     }
+}
+
+/// `runtime.tool_shape_above_bytes`: each tool's within the bounds of
+/// [`check_shape_above_bytes`](toolfleet_proto::manifest::check_shape_above_bytes).
+fn shape_above_bytes<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, u64>, D::Error> {
+    use serde::de::Error;
+    let limits = BTreeMap::<String, u64>::deserialize(d)?;
+    for (tool, bytes) in &limits {
+        toolfleet_proto::manifest::check_shape_above_bytes(*bytes)
+            .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
+    }
+    Ok(limits)
 }
 
 impl Default for RuntimeOptions {
@@ -152,6 +176,7 @@ impl Default for RuntimeOptions {
             call_max_age: queue::DEFAULT_CALL_MAX_AGE,
             tool_timeouts: BTreeMap::new(),
             tool_effects: BTreeMap::new(),
+            tool_shape_above_bytes: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -357,12 +382,13 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn configuration_overrides_a_tools_timeout_and_effects() {
+    fn configuration_overrides_a_tools_timeout_effects_and_shaping_limit() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("worker.toml");
         std::fs::write(
             &file,
-            "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n",
+            "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n\
+             [runtime.tool_shape_above_bytes]\necho = 4096\n",
         )
         .unwrap();
         let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
@@ -370,6 +396,7 @@ mod tests {
         let configured = options.runtime.configured(echo.clone());
         assert_eq!(configured.effects, Effects::Idempotent);
         assert_eq!(configured.timeout_ms, 2_000);
+        assert_eq!(configured.shape_above_bytes, Some(4096));
         let other = options.runtime.configured(ToolManifest {
             name: "other".into(),
             ..echo
@@ -378,6 +405,14 @@ mod tests {
         std::fs::write(&file, "[runtime.tool_effects]\necho = \"destructive\"\n").unwrap();
         let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
         assert!(refused.to_string().contains("tool_effects"), "{refused}");
+        for (bytes, why) in [("0", "echo: 0 is below"), ("99999999", "above"), ("-5", "")] {
+            let text = format!("[runtime.tool_shape_above_bytes]\necho = {bytes}\n");
+            std::fs::write(&file, text).unwrap();
+            let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+            let refused = refused.to_string();
+            assert!(refused.contains("tool_shape_above_bytes"), "{refused}");
+            assert!(refused.contains(why), "{refused}");
+        }
     }
 
     #[test]
