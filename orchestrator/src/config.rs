@@ -19,6 +19,7 @@ use crate::approval::ApprovalOptions;
 use crate::dispatch::DispatchOptions;
 use crate::model::{AnthropicOptions, OpenAiOptions};
 use crate::runner::RunnerOptions;
+use crate::shaping::ResultOptions;
 
 /// Everything an orchestrator process needs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -46,6 +47,8 @@ pub struct OrchestratorOptions {
     pub dispatch: DispatchOptions,
     /// Calls held for a person's approval (docs/approvals.md).
     pub approval: ApprovalOptions,
+    /// What the model is shown of large tool results (docs/protection.md).
+    pub results: ResultOptions,
     /// Job store retention.
     pub store: StoreOptions,
     /// Tool registry.
@@ -222,6 +225,7 @@ const ENV_KEYS: &[&str] = &[
     "runner",
     "dispatch",
     "approval",
+    "results",
     "store",
     "registry",
     "openai",

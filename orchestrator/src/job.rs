@@ -444,6 +444,21 @@ pub struct JobRecord {
     pub wire_ids: WireIds,
     /// Its trace, when it has one ([`JobTrace`]).
     pub trace: Option<JobTrace>,
+    /// Whether it holds a shaped result (one whose model was shown a view
+    /// of it): its model is offered `read_result` (docs/protection.md).
+    pub shaped: bool,
+}
+
+/// The whole `data` of a call whose result the model is shown shaped
+/// (docs/protection.md): stored in the job's `shaped` hash by the commit
+/// that appends the view to the conversation, so that whoever reads the
+/// view can page through it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FullResult {
+    /// The call, as its events show it (the view's reference names it).
+    pub call: EventId,
+    /// The JSON text of the result's `data`.
+    pub data: String,
 }
 
 /// One entry of a job's event log.
@@ -496,6 +511,9 @@ pub struct TurnCheckpoint<'a> {
     /// turn that follows, not in a commit of their own. They are stored
     /// before the turn's items.
     pub results: &'a [Item],
+    /// The whole data of those of `results` that are shaped views, stored
+    /// in the same commit.
+    pub full: &'a [FullResult],
     /// The turn's output items, in the provider's order.
     pub items: &'a [Item],
     /// Turns played, this one included.

@@ -24,6 +24,8 @@
 //!   its writes, its streamed turn's deltas), on the bus.
 //! - `registry`: the live tools announced by workers; `backlog` reports
 //!   each tool's workers and waiting calls as gauges.
+//! - `shaping`: a result too large to show whole, shown as a view within
+//!   its limit and paged with `read_result`, the orchestrator's own tool.
 //! - `spans`: the OpenTelemetry spans of a job's steps.
 //! - `server`: wires a replica together; [`config`] and `metrics`
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
@@ -48,6 +50,7 @@ pub(crate) mod registry;
 pub(crate) mod runner;
 pub(crate) mod server;
 pub mod setup;
+pub(crate) mod shaping;
 pub(crate) mod spans;
 pub mod store;
 

@@ -262,6 +262,7 @@ impl Orchestrator {
             options: options.dispatch.clone(),
             approval: options.approval.clone(),
             tool_content: ToolContent::from_setting(options.telemetry.capture_tool_content),
+            results: options.results.clone(),
         };
         Runner {
             js: js.clone(),

@@ -185,6 +185,7 @@ async fn record_a_turn_of_one_call(
             lease,
             TurnCheckpoint {
                 results: &[],
+                full: &[],
                 items: &turn,
                 turns: 1,
                 rounds: 1,
@@ -262,6 +263,7 @@ async fn end_on_too_many_rounds(
     }];
     let last_turn = TurnCheckpoint {
         results: std::slice::from_ref(&result),
+        full: &[],
         items: &over,
         turns: 2,
         rounds: 2,
@@ -401,6 +403,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     }];
     let checkpoint = TurnCheckpoint {
         results: &results,
+        full: &[],
         items: &turn,
         turns: 1,
         rounds: 1,
@@ -557,7 +560,10 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
         attempts: 1,
     }];
     store
-        .finish(&lease, &Ending::Cancelled, Unstored::Results(&results))
+        .finish(&lease, &Ending::Cancelled, Unstored::Results {
+            items: &results,
+            full: &[],
+        })
         .await?;
     assert_eq!(store.items(&running, 1).await?, results);
     assert_eq!(
@@ -643,6 +649,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
     }];
     let turn = TurnCheckpoint {
         results: &[],
+        full: &[],
         items: &late,
         turns: 1,
         rounds: 0,
@@ -662,6 +669,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
     }];
     let turn = TurnCheckpoint {
         results: &[],
+        full: &[],
         items: &ok,
         turns: 1,
         rounds: 0,

@@ -86,6 +86,7 @@ impl LastAttempt {
             attempts: self.attempt,
             round_trip: self.round_trip,
             worked: self.worked,
+            full: None,
         }
     }
 }

@@ -35,6 +35,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use toolfleet_proto::envelope::excerpt;
+use toolfleet_proto::manifest::READ_RESULT_TOOL;
 use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_proto::{Envelope, ErrorCode, EventId, RetryPolicy, WireId, check_arguments};
 use toolfleet_service::clock::millis;
@@ -46,9 +47,10 @@ use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
-use crate::job::{JobId, JobRef, JobSpec, JobTrace, Lease};
+use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
+use crate::shaping::{self, ResultOptions, ResultRef, read};
 use crate::spans;
 use crate::store::{self, Approvals, Attempts, DispatchedCall, HeldCall, JobStore};
 
@@ -250,6 +252,9 @@ pub(crate) struct CallOutcome {
     pub round_trip: Option<Duration>,
     /// How long the worker worked on the last attempt, by its own clock.
     pub worked: Option<Duration>,
+    /// The whole data when `output` is a shaped view of it, to store with
+    /// the view ([`Dispatcher::shaped`]).
+    pub full: Option<FullResult>,
 }
 
 /// Why a round stopped before every call had its answer.
@@ -319,6 +324,8 @@ pub(crate) struct Dispatcher {
     /// Whether calls' spans carry their arguments and results
     /// (`telemetry.capture_tool_content`).
     pub(crate) tool_content: spans::ToolContent,
+    /// What the model is shown of large results (`shaping`).
+    pub(crate) results: ResultOptions,
 }
 
 /// Whether a call may be published ([`Dispatcher::admit`]).
@@ -330,6 +337,9 @@ pub(crate) enum Admission {
     Hold(Rule, RetryPolicy),
     /// It is answered with this envelope, never published.
     Refuse(Envelope),
+    /// It is a call of the orchestrator's own tool, `read_result`,
+    /// answered here and never published.
+    BuiltIn,
 }
 
 /// A call of the round that waits for a person's decision (an approval,
@@ -362,6 +372,8 @@ enum Placed<'c> {
     /// It is answered without being published: a check refused it, or a
     /// person did, or nobody decided in time.
     Answer(Envelope),
+    /// It is a call of a built-in tool, answered by the orchestrator.
+    BuiltIn(Envelope),
     /// It waits for a person's decision; with its request when it is held
     /// now.
     Wait(Waiting, Option<HeldCall<'c>>),
@@ -459,7 +471,25 @@ impl Dispatcher {
             match place {
                 Placed::Run(call) => ready.push((index, call)),
                 Placed::Answer(envelope) => {
-                    let answered = self.answer_unpublished(lease, &results, job, call, &envelope);
+                    let answered = self.answer_unpublished(
+                        lease,
+                        &results,
+                        job,
+                        call,
+                        &envelope,
+                        Origin::Stored,
+                    );
+                    outcomes[index] = Some(answered.await?);
+                }
+                Placed::BuiltIn(envelope) => {
+                    let answered = self.answer_unpublished(
+                        lease,
+                        &results,
+                        job,
+                        call,
+                        &envelope,
+                        Origin::BuiltIn,
+                    );
                     outcomes[index] = Some(answered.await?);
                 }
                 Placed::Wait(call, request) => {
@@ -492,7 +522,43 @@ impl Dispatcher {
             return Ok(RoundEnd::Waiting(waiting));
         }
         // Every slot was filled above: answered calls directly, the rest by drive.
-        Ok(RoundEnd::Settled(outcomes.into_iter().flatten().collect()))
+        let shaped = outcomes
+            .into_iter()
+            .flatten()
+            .map(|outcome| self.shaped(outcome, job.spec, &lease.job_id, offered));
+        Ok(RoundEnd::Settled(shaped.collect()))
+    }
+
+    /// `outcome` as the model is shown it: shaped when its data is over
+    /// its tool's limit (the manifest's `shape_above_bytes`, live or as
+    /// offered, else `results.shape_above_bytes`), never in a call job
+    /// (`shaping::shape`). A `read_result` page is within the limit by
+    /// construction.
+    fn shaped(
+        &self,
+        mut outcome: CallOutcome,
+        spec: &JobSpec,
+        job_id: &JobId,
+        offered: &HashMap<String, LiveTool>,
+    ) -> CallOutcome {
+        if spec.provider == ProviderKind::Call || outcome.name == READ_RESULT_TOOL {
+            return outcome;
+        }
+        let own = self
+            .registry
+            .get(&outcome.name)
+            .or_else(|| offered.get(&outcome.name).cloned())
+            .and_then(|tool| tool.manifest.shape_above_bytes);
+        let limit = shaping::limit_of(own, self.results.shape_above_bytes);
+        let reference = ResultRef {
+            job: job_id,
+            call: &outcome.event_id,
+        };
+        let output = std::mem::take(&mut outcome.output);
+        let shaped = shaping::shape(output, Some(limit), &reference);
+        outcome.output = shaped.output;
+        outcome.full = shaped.full;
+        outcome
     }
 
     /// Where the `index`-th call of a round goes. A call dispatched before
@@ -526,6 +592,7 @@ impl Dispatcher {
                 policy,
             }),
             Admission::Refuse(envelope) => Placed::Answer(envelope),
+            Admission::BuiltIn => Placed::BuiltIn(self.read_result(&lease.job_id, call).await?),
             Admission::Hold(rule, policy) => {
                 let known = match approvals {
                     Some(known) => known,
@@ -554,8 +621,25 @@ impl Dispatcher {
             .map_or(self.approval.timeout, Duration::from_millis)
     }
 
+    /// Answers `read_result` `call` of job `job_id` from the job's shaped
+    /// results (`shaping::read`).
+    async fn read_result(
+        &self,
+        job_id: &JobId,
+        call: &PlannedCall,
+    ) -> Result<Envelope, RoundError> {
+        let request = read::Request::parse(&call.arguments, job_id);
+        // A request refused before anything is read still asks whether the
+        // job holds a shaped result: a job without one knows no such tool.
+        let field = request.as_ref().map_or("", |request| request.call.as_str());
+        let (holds, stored) = self.store.shaped_result(job_id, field).await?;
+        let budget = self.results.shape_above_bytes;
+        Ok(read::answer(holds, request, stored.as_deref(), budget))
+    }
+
     /// Answers `call` with `envelope` without publishing it (a check
-    /// refused it, or a person did), and records the answer.
+    /// refused it, or a person did, or it is a built-in tool's, as
+    /// `origin` says), and records the answer.
     async fn answer_unpublished(
         &self,
         lease: &Lease,
@@ -563,10 +647,14 @@ impl Dispatcher {
         job: JobRef<'_>,
         call: &PlannedCall,
         envelope: &Envelope,
+        origin: Origin,
     ) -> Result<CallOutcome, RoundError> {
         // Answered here: a call span with no attempt.
         let mut span = spans::call(job.trace, call.span_ref(), self.tool_content);
         span.set(span_attributes::ATTEMPTS, 0_i64);
+        if matches!(origin, Origin::BuiltIn) {
+            span.set(span_attributes::OUTCOME_SOURCE, read::BUILT_IN);
+        }
         spans::settle_call(&mut span, envelope, self.tool_content);
         let outcome = CallOutcome {
             call_id: call.call_id.clone(),
@@ -577,16 +665,10 @@ impl Dispatcher {
             attempts: 0,
             round_trip: None,
             worked: None,
+            full: None,
         };
-        self.record_result(
-            lease,
-            results,
-            job.trace,
-            &outcome,
-            envelope,
-            Origin::Stored,
-        )
-        .await?;
+        self.record_result(lease, results, job.trace, &outcome, envelope, origin)
+            .await?;
         span.end();
         Ok(outcome)
     }
@@ -659,6 +741,11 @@ impl Dispatcher {
                     spec.limits.max_calls_per_turn
                 ),
             ));
+        }
+        // The orchestrator's own, never published nor held: it reads only
+        // the job's own results (a duplicate id is refused as any call's).
+        if call.name == READ_RESULT_TOOL && !call.duplicate {
+            return Admission::BuiltIn;
         }
         match self.check(spec, call, offered) {
             Err(envelope) => Admission::Refuse(envelope),
@@ -764,6 +851,7 @@ impl Dispatcher {
             Origin::Stored => (None, None),
             Origin::Reply(text) => (Some(text), None),
             Origin::Operator => (None, Some(unknown::OPERATOR)),
+            Origin::BuiltIn => (None, Some(read::BUILT_IN)),
         };
         let step = spans::Step::Call(&outcome.wire_id);
         let commit = spans::commit(trace, step, "record_call_result");
@@ -800,6 +888,8 @@ pub(crate) enum Origin {
     Reply(String),
     /// An operator's verdict on an unknown outcome (`dispatch::unknown`).
     Operator,
+    /// The orchestrator's own answer to a built-in tool (`read_result`).
+    BuiltIn,
 }
 
 /// `call` as it runs: with the arguments a person approved it with, if

@@ -16,7 +16,8 @@ use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
 use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
-    Ending, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint, now_ms,
+    Ending, FullResult, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint,
+    now_ms,
 };
 use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
@@ -93,6 +94,12 @@ struct Progress {
     /// round, which are stored with the next commit (the next turn's, or the
     /// end's), and the turn that ended the job.
     stored: usize,
+    /// The whole data of the shaped results among the unstored items,
+    /// stored in the same commit as they are.
+    full: Vec<FullResult>,
+    /// Whether the job holds a shaped result (stored, or about to be with
+    /// the next commit): its model is offered `read_result`.
+    shaped: bool,
     /// The turn that ended the job, stored with the end.
     last_turn: Option<LastTurn>,
     turns: u32,
@@ -128,6 +135,8 @@ struct End {
     ending: Ending,
     /// The items after the stored ones.
     unstored: Vec<Item>,
+    /// The whole data of the shaped results among them.
+    full: Vec<FullResult>,
     /// The turn that ended the job; its items are `unstored[start..]`.
     last_turn: Option<LastTurn>,
 }
@@ -138,6 +147,7 @@ impl End {
         Self {
             ending,
             unstored: Vec::new(),
+            full: Vec::new(),
             last_turn: None,
         }
     }
@@ -148,6 +158,7 @@ impl End {
                 let (results, items) = self.unstored.split_at(turn.start.min(self.unstored.len()));
                 Unstored::Turn(TurnCheckpoint {
                     results,
+                    full: &self.full,
                     items,
                     turns: turn.turns,
                     rounds: turn.rounds,
@@ -156,7 +167,10 @@ impl End {
                 })
             }
             None if self.unstored.is_empty() => Unstored::Nothing,
-            None => Unstored::Results(&self.unstored),
+            None => Unstored::Results {
+                items: &self.unstored,
+                full: &self.full,
+            },
         }
     }
 }
@@ -168,6 +182,8 @@ impl Progress {
         Self {
             stored: items.len(),
             items,
+            full: Vec::new(),
+            shaped: record.shaped,
             last_turn: None,
             turns: record.turns,
             rounds: record.rounds,
@@ -191,6 +207,7 @@ impl Progress {
         End {
             ending,
             unstored,
+            full: self.full,
             last_turn,
         }
     }
@@ -420,16 +437,18 @@ impl JobRun<'_> {
                 return Ok(None);
             }
         };
-        let results: Vec<Item> = outcomes
-            .into_iter()
-            .map(|o| Item::ToolResult {
-                call_id: o.call_id,
-                name: o.name,
-                output: o.output,
-                attempts: o.attempts,
-            })
-            .collect();
-        progress.items.extend(results);
+        for outcome in outcomes {
+            if let Some(full) = outcome.full {
+                progress.full.push(full);
+                progress.shaped = true;
+            }
+            progress.items.push(Item::ToolResult {
+                call_id: outcome.call_id,
+                name: outcome.name,
+                output: outcome.output,
+                attempts: outcome.attempts,
+            });
+        }
         Ok(None)
     }
 

@@ -30,6 +30,7 @@ impl JobStore {
             .key(self.keys.job_attempts(job_id))
             .key(self.keys.job_tools(job_id))
             .key(self.keys.job_approvals(job_id))
+            .key(self.keys.job_shaped(job_id))
             .arg(now_ms())
             .arg(millis(self.retention))
             .arg(cancelled.kind())
@@ -116,7 +117,7 @@ impl JobStore {
     }
 }
 
-/// KEYS: job, events, items, lease, attempts, tools, approvals. ARGV:
+/// KEYS: job, events, items, lease, attempts, tools, approvals, shaped. ARGV:
 /// now_ms, retention_ms, event kind, event data, error code, the error
 /// message of a queued job, and of a parked one.
 /// Cancels a job nobody runs (queued, or parked waiting for approval) at
@@ -139,7 +140,7 @@ if (status == '$QUEUED' or status == '$WAITING') and unheld then
              'error_code', ARGV[5], 'error_message', message)
   local seq = redis.call('HINCRBY', KEYS[1], 'events', 1)
   redis.call('XADD', KEYS[2], '0-' .. seq, 'kind', ARGV[3], 'data', ARGV[4], 'ts', ARGV[1], 'final', '1')
-  for k = 1, 7 do
+  for k = 1, 8 do
     if k ~= 4 then redis.call('PEXPIRE', KEYS[k], ARGV[2]) end
   end
   return {'$CANCELLED', redis.call('HGET', KEYS[1], 'spec') or ''}

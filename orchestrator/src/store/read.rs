@@ -132,6 +132,24 @@ impl JobStore {
             .await?)
     }
 
+    /// What the job holds of its shaped results for `read_result`
+    /// (docs/protection.md): whether it holds any, and the whole data of
+    /// `call`'s, read in one round trip.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub(crate) async fn shaped_result(
+        &self,
+        job_id: &JobId,
+        call: &str,
+    ) -> Result<(bool, Option<String>), Error> {
+        let key = self.keys.job_shaped(job_id);
+        let mut pipe = redis::pipe();
+        pipe.exists(&key).hget(&key, call);
+        Ok(read_with_retry(|| async { pipe.query_async(&mut self.conn()).await }).await?)
+    }
+
     /// What a watch of `job_id` from `offset` starts from, read in one
     /// round trip: who owns the job, its trace, and its first `count`
     /// events from `offset` on. `None` for an unknown or expired job. Reads
@@ -339,6 +357,7 @@ fn parse_record(
         events: number("events"),
         wire_ids: WireIds::from_secret(field("call_secret")),
         trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
+        shaped: field("shaped") == "1",
     }))
 }
 

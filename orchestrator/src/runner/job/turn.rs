@@ -19,6 +19,7 @@ use crate::job::{
 use crate::model::{Delta, DeltaSink, Provider, ToolSpec, Turn, TurnRequest, Usage};
 use crate::registry::LiveTool;
 use crate::runner::step::{self, StopReason};
+use crate::shaping::read;
 use crate::spans;
 use crate::store::{Attempts, DispatchedCall};
 
@@ -129,6 +130,7 @@ impl JobRun<'_> {
             progress.items[progress.stored..].split_at(played.start - progress.stored);
         let checkpoint = TurnCheckpoint {
             results,
+            full: &progress.full,
             items,
             turns: progress.turns,
             rounds: progress.rounds,
@@ -146,6 +148,7 @@ impl JobRun<'_> {
             .await?;
         commit.end();
         progress.stored = progress.items.len();
+        progress.full.clear();
         progress.fresh_round = played.has_calls.then(|| {
             admitted
                 .iter()
@@ -240,7 +243,10 @@ async fn ask_model(
     deltas: Option<&TurnDeltas>,
 ) -> Asked {
     let spec = of.job.spec;
-    let specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
+    let mut specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
+    if progress.shaped {
+        specs.push(read::tool_spec());
+    }
     let sink = |delta: Delta| {
         if let Some(deltas) = deltas {
             deltas.send(delta);

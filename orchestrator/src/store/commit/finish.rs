@@ -1,6 +1,6 @@
 //! The end of a job, with what its run had not stored yet.
 
-use crate::job::{Ending, Item, Lease, TurnCheckpoint};
+use crate::job::{Ending, FullResult, Item, Lease, TurnCheckpoint};
 
 use super::*;
 
@@ -23,8 +23,9 @@ impl JobStore {
     ) -> Result<(), Error> {
         let mut commit = match unstored {
             Unstored::Nothing => Commit::default(),
-            Unstored::Results(results) => Commit {
-                results,
+            Unstored::Results { items, full } => Commit {
+                results: items,
+                full,
                 ..Commit::default()
             },
             Unstored::Turn(turn) => Commit::of_turn(turn),
@@ -49,7 +50,12 @@ pub enum Unstored<'a> {
     /// Everything is stored.
     Nothing,
     /// The results of the run's last round (no turn followed them).
-    Results(&'a [Item]),
+    Results {
+        /// Their items.
+        items: &'a [Item],
+        /// The whole data of those that are shaped views.
+        full: &'a [FullResult],
+    },
     /// The turn that ended the job, with the results before it.
     Turn(TurnCheckpoint<'a>),
 }

@@ -7,7 +7,8 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use crate::job::{
-    Ending, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest, TurnCheckpoint, now_ms,
+    Ending, FullResult, Item, JobErrorCode, JobEvent, JobStatus, Lease, ToolManifest,
+    TurnCheckpoint, now_ms,
 };
 use crate::live::Written;
 
@@ -44,6 +45,7 @@ impl JobStore {
             .key(self.keys.job_attempts(job_id))
             .key(self.keys.job_tools(job_id))
             .key(self.keys.job_approvals(job_id))
+            .key(self.keys.job_shaped(job_id))
             .arg(&lease.token)
             .arg(now)
             .arg(if finished { millis(self.retention) } else { 0 });
@@ -72,6 +74,10 @@ impl JobStore {
         pairs(
             &mut invocation,
             commit.approvals.iter().map(|(f, v)| (f, v)),
+        );
+        pairs(
+            &mut invocation,
+            commit.full.iter().map(|full| (full.call.as_str(), &full.data)),
         );
         let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
         if answer == LEASE_LOST {
@@ -132,6 +138,9 @@ pub(super) struct Commit<'a> {
     pub(super) checks: Vec<(String, &'a str)>,
     /// Fields of the job's approvals hash: held calls' requests.
     pub(super) approvals: Vec<(String, String)>,
+    /// The whole data of the shaped results among `results`, for the
+    /// job's `shaped` hash.
+    pub(super) full: &'a [FullResult],
 }
 
 impl<'a> Commit<'a> {
@@ -140,6 +149,7 @@ impl<'a> Commit<'a> {
     pub(super) fn of_turn(turn: TurnCheckpoint<'a>) -> Self {
         Commit {
             results: turn.results,
+            full: turn.full,
             items: turn.items,
             events: vec![turn.event()],
             counters: Some((turn.turns, turn.rounds)),
@@ -185,6 +195,10 @@ impl<'a> Commit<'a> {
         if self.ending.is_some() {
             fields.push(("finished_at_ms", now_ms().to_string()));
         }
+        if !self.full.is_empty() {
+            // Read with the run's start: its model is offered read_result.
+            fields.push(("shaped", "1".to_owned()));
+        }
         fields
     }
 }
@@ -196,11 +210,12 @@ const LEASE_LOST: i64 = -1;
 /// not the text given.
 const RESULT_MISMATCH: i64 = -2;
 
-/// KEYS: job, items, events, lease, attempts, tools, approvals. ARGV:
-/// token, now_ms, retention_ms (0: keep), then seven counted lists: n,
-/// (result key, the text it must hold)...; n, items...; n, (kind, data,
+/// KEYS: job, items, events, lease, attempts, tools, approvals, shaped.
+/// ARGV: token, now_ms, retention_ms (0: keep), then eight counted lists:
+/// n, (result key, the text it must hold)...; n, items...; n, (kind, data,
 /// final)...; n, (field, value)...; n, (call_id, attempt)...; n, (tool,
-/// manifest)...; n, (approvals field, value)...
+/// manifest)...; n, (approvals field, value)...; n, (call, whole data of
+/// a shaped result)...
 /// Appends items and events and updates fields, only while the lease holds
 /// and each result to check holds its text (else [`RESULT_MISMATCH`], and
 /// nothing is written).
@@ -255,15 +270,15 @@ if n > 0 then
     i = i + 3
   end
 end
-for k = 1, 4 do
+for k = 1, 5 do
   n = tonumber(ARGV[i]); i = i + 1
-  local hash = ({KEYS[1], KEYS[5], KEYS[6], KEYS[7]})[k]
+  local hash = ({KEYS[1], KEYS[5], KEYS[6], KEYS[7], KEYS[8]})[k]
   each_chunk('HSET', hash, i, 2 * n); i = i + 2 * n
 end
 local retention = tonumber(ARGV[3])
 if retention > 0 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
-  for k = 5, 7 do redis.call('PEXPIRE', KEYS[k], retention) end
+  for k = 5, 8 do redis.call('PEXPIRE', KEYS[k], retention) end
   redis.call('DEL', KEYS[4])
 end
 return events
@@ -291,6 +306,7 @@ mod tests {
         let (results, items) = (vec![call("{}")], vec![call("{\"a\":1}")]);
         let turn = TurnCheckpoint {
             results: &results,
+            full: &[],
             items: &items,
             turns: 3,
             rounds: 2,
@@ -399,6 +415,7 @@ mod tests {
         ];
         let turn = TurnCheckpoint {
             results: &[],
+            full: &[],
             items: &[],
             turns: 1,
             rounds: 0,
@@ -425,6 +442,7 @@ mod tests {
         }];
         let turn = TurnCheckpoint {
             results: &[],
+            full: &[],
             items: &items,
             turns: 4,
             rounds: 3,
@@ -462,6 +480,7 @@ mod tests {
         let failed = Ending::failed(JobErrorCode::ModelRejected, "no");
         let turn = TurnCheckpoint {
             results: &[],
+            full: &[],
             items: &[],
             turns: 1,
             rounds: 1,
