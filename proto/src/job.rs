@@ -372,7 +372,8 @@ pub enum JobEvent {
         /// Publish to result of the last attempt, as the runner saw it.
         round_trip_us: Option<u64>,
         /// Who produced the envelope when no worker did: `operator` (a
-        /// person's verdict on an outcome the worker could not tell).
+        /// person's verdict on an outcome the worker could not tell), or
+        /// `built_in` (the orchestrator's own tool, `read_result`).
         /// Absent: the tool's worker, or the orchestrator's own checks
         /// (`attempts` 0).
         #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,0 +1,285 @@
+//! What protects the model and the bill (docs/protection.md), end to end:
+//! real nats-server, redis-server, orchestrator and worker processes, the
+//! scripted model playing the LLM.
+//!
+//! Result shaping: a result at the workers' output cap is shown to the
+//! model as a view within its tool's limit and paged back byte for byte
+//! with `read_result`; a reference of another job or tenant, or an offset
+//! out of range, is a terminal envelope that says so.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolfleet_proto::v1::{self, item::Kind};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, events, run_job, scripted_job, test_fleet, wait_finished,
+};
+use toolfleet_tests::wait_until;
+
+/// The workers' cap on what a tool may return (`runtime.max_output_bytes`)
+/// in these tests: below the arguments limit, so that `echo` can return it.
+const CAP: usize = 100_000;
+/// `echo`'s own shaping limit (`runtime.tool_shape_above_bytes`), over the
+/// orchestrator's default (16384), which bounds each `read_result` page.
+const ECHO_LIMIT: usize = 32_768;
+/// The bytes each `read_result` call asks for.
+const PAGE: usize = 8_000;
+
+/// Short runner timers: a dead orchestrator's jobs move within seconds.
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+/// NATS, Redis, one orchestrator and one worker with the test tools, whose
+/// output cap is [`CAP`] and whose `echo` is shaped above [`ECHO_LIMIT`].
+async fn fleet() -> anyhow::Result<Fleet> {
+    let cap = CAP.to_string();
+    let echo_limit = ECHO_LIMIT.to_string();
+    let builder = test_fleet(1).worker_env(&[
+        ("TOOLFLEET_RUNTIME__MAX_OUTPUT_BYTES", &cap),
+        ("TOOLFLEET_RUNTIME__TOOL_SHAPE_ABOVE_BYTES__ECHO", &echo_limit),
+    ]);
+    let mut fleet = Fleet::start(builder).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.wait_for_tools(0, &["echo"], 1).await?;
+    Ok(fleet)
+}
+
+/// Arguments for `echo` whose answer's `data` is exactly `bytes` bytes of
+/// JSON: `{"text": ...}`, a text of ASCII, quotes, backslashes, newlines,
+/// a control character, and two- and four-byte characters, so that pages
+/// and views are cut among escapes and inside characters.
+fn echoed(bytes: usize) -> Value {
+    let unit = "ab\"c\\d\ne\u{1}fé😀g";
+    let size = |text: &str| json!({"text": text}).to_string().len();
+    // Whole units as far as they fit, then one-byte characters.
+    let mut text = unit.repeat((bytes - size("")) / (size(unit) - size("")));
+    let short = bytes - size(&text);
+    text.extend(std::iter::repeat_n('z', short));
+    assert_eq!(size(&text), bytes);
+    json!({"text": text})
+}
+
+/// Each call's envelope, in the order of the job's result items.
+fn results(job: &v1::Job) -> Vec<(String, Value)> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(Kind::ToolResult(r)) => Some((
+                r.call_id.clone(),
+                serde_json::from_str(&r.output).expect("outputs are envelopes"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The envelope of call `call_id` of `job`.
+fn result(job: &v1::Job, call_id: &str) -> Value {
+    results(job)
+        .into_iter()
+        .find_map(|(id, envelope)| (id == call_id).then_some(envelope))
+        .unwrap_or_else(|| panic!("no result of {call_id}"))
+}
+
+/// The code and message of an error envelope.
+fn refusal(envelope: &Value) -> (&str, &str) {
+    assert_eq!(envelope["ok"], false, "{envelope}");
+    assert_eq!(envelope["error"]["retryable"], false, "{envelope}");
+    (
+        envelope["error"]["code"].as_str().unwrap_or_default(),
+        envelope["error"]["message"].as_str().unwrap_or_default(),
+    )
+}
+
+/// A job whose `echo` returns [`CAP`] bytes: the model is shown a view
+/// within echo's own limit (with the head and tail of the whole, its size
+/// and its reference); a result of 20000 bytes, under that limit, is shown
+/// whole; one byte over the cap is refused by the worker as it always was.
+/// The model then pages through the whole with `read_result`, at once and
+/// by following `next_offset`, and the pages joined are the result's data
+/// byte for byte. Each `read_result` call is recorded as any call, with no
+/// attempt and the orchestrator as its source.
+#[tokio::test]
+async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> anyhow::Result<()>
+{
+    let fleet = fleet().await?;
+    let api = fleet.api(0).await?;
+    let whole = echoed(CAP).to_string();
+    assert_eq!(whole.len(), CAP);
+    let pages = CAP.div_ceil(PAGE);
+    let reads: Vec<Value> = (0..pages)
+        .map(|page| {
+            let arguments = json!({"ref": "{{call_0_0.data.ref}}", "offset": page * PAGE,
+                                   "limit": PAGE});
+            json!({"name": "read_result", "arguments": arguments})
+        })
+        .collect();
+    let script = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": echoed(CAP)},
+            {"name": "echo", "arguments": echoed(CAP + 1)},
+            {"name": "echo", "arguments": echoed(20_000)}]},
+        {"tool_calls": reads},
+        {"tool_calls": [{"name": "read_result", "id": "next", "arguments":
+            {"ref": "{{call_0_0.data.ref}}", "offset": "{{call_1_0.data.next_offset}}",
+             "limit": PAGE}}]},
+        {"message": "read {{call_0_0.data.total_bytes}} bytes"}
+    ]);
+    let job = run_job(&api, scripted_job("shape", &script)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(job.output_text, format!("read {CAP} bytes"));
+
+    // The view: within echo's limit, with the ends of the whole.
+    let view = result(&job, "call_0_0");
+    assert_eq!(view["ok"], true);
+    let data = &view["data"];
+    assert!(data.to_string().len() <= ECHO_LIMIT, "{}", data.to_string().len());
+    assert_eq!(data["shaped"], true);
+    assert_eq!(data["total_bytes"], CAP);
+    assert_eq!(data["read_with"], "read_result");
+    assert_eq!(data["ref"], format!("{}/call_0_0", job.job_id));
+    let (head, tail) = (data["head"].as_str().unwrap(), data["tail"].as_str().unwrap());
+    assert!(head.len() > 5_000 && whole.starts_with(head), "{}", head.len());
+    assert!(tail.len() > 5_000 && whole.ends_with(tail), "{}", tail.len());
+    assert_eq!(data["tail_offset"], CAP - tail.len());
+    // The cap still bounds what a tool may return; a result under echo's
+    // own limit is shown whole.
+    assert_eq!(refusal(&result(&job, "call_0_1")).0, "PAYLOAD_TOO_LARGE");
+    assert_eq!(result(&job, "call_0_2"), json!({"ok": true, "data": echoed(20_000)}));
+
+    // The pages, joined, are the whole, byte for byte.
+    let mut joined = String::new();
+    for page in 0..pages {
+        let envelope = result(&job, &format!("call_1_{page}"));
+        let data = &envelope["data"];
+        assert!(data.to_string().len() <= 16_384, "page {page}");
+        assert_eq!(data["total_bytes"], CAP);
+        joined.push_str(data["text"].as_str().expect("a page's text"));
+        let last = page + 1 == pages;
+        assert_eq!(data["next_offset"].is_null(), last, "page {page}: {data}");
+    }
+    assert_eq!(joined.len(), whole.len());
+    assert!(joined == whole, "the pages joined are not the whole");
+    // Following next_offset reads the page that follows.
+    let next = result(&job, "next");
+    let second = result(&job, "call_1_1");
+    assert_eq!(next["data"]["offset"], result(&job, "call_1_0")["data"]["next_offset"]);
+    assert_eq!(next["data"]["text"], second["data"]["text"]);
+
+    // Each read is a call like any other: recorded, with no attempt, and
+    // answered by the orchestrator.
+    let events = events(&api, &job.job_id).await?;
+    let reads: Vec<&Value> = events
+        .iter()
+        .filter(|(kind, data)| kind == "tool_call_result" && data["name"] == "read_result")
+        .map(|(_, data)| data)
+        .collect();
+    assert_eq!(reads.len(), pages + 1);
+    for read in reads {
+        assert_eq!((read["attempts"].as_u64(), read["ok"].as_bool()), (Some(0), Some(true)));
+        assert_eq!(read["source"], "built_in", "{read}");
+    }
+    let dispatched = events
+        .iter()
+        .filter(|(kind, data)| kind == "tool_call_dispatched" && data["name"] == "read_result");
+    assert_eq!(dispatched.count(), 0, "read_result is never published");
+
+    refusals(&api, &job.job_id).await
+}
+
+/// A job that asks for `read_result` before it holds a shaped result knows
+/// no such tool; once it holds one, a reference of another job or another
+/// tenant's, one that names nothing, and an offset past the end are
+/// terminal envelopes that say so; the end itself is an empty last page.
+async fn refusals(api: &ApiClient, other_job: &str) -> anyhow::Result<()> {
+    let other_tenant = format!("globex-{}/call_0_0", "0".repeat(28));
+    let read = |id: &str, reference: &str, offset: Value| {
+        json!({"name": "read_result", "id": id, "arguments":
+               {"ref": reference, "offset": offset, "limit": 100}})
+    };
+    let own = "{{call_0_0.data.ref}}";
+    let script = json!([
+        {"tool_calls": [
+            {"name": "echo", "arguments": echoed(ECHO_LIMIT + 1)},
+            read("early", &format!("{other_job}/call_0_0"), json!(0))]},
+        {"tool_calls": [
+            read("other_job", &format!("{other_job}/call_0_0"), json!(0)),
+            read("other_tenant", &other_tenant, json!(0)),
+            read("nothing", "call_0_0", json!(0)),
+            read("no_call", &format!("{{{{call_0_0.data.ref}}}}x"), json!(0)),
+            read("past", own, json!(ECHO_LIMIT + 2)),
+            read("end", own, json!(ECHO_LIMIT + 1))]},
+        {"message": "done"}
+    ]);
+    let job = run_job(api, scripted_job("refusals", &script)).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let said = |id: &str| {
+        let envelope = result(&job, id);
+        let (code, message) = refusal(&envelope);
+        (code.to_owned(), message.to_owned())
+    };
+    for (id, code, says) in [
+        ("early", "UNKNOWN_TOOL", "holds no shaped result"),
+        ("other_job", "RESULT_OF_ANOTHER_JOB", "a result of another job;"),
+        ("other_tenant", "RESULT_OF_ANOTHER_JOB", "another tenant's job"),
+        ("nothing", "NO_SUCH_RESULT", "is not the ref of a shaped result"),
+        ("no_call", "NO_SUCH_RESULT", "no shaped result of call \"call_0_0x\""),
+        ("past", "OFFSET_OUT_OF_RANGE", "is past the end of the result"),
+    ] {
+        let (got, message) = said(id);
+        assert_eq!(got, code, "{id}: {message}");
+        assert!(message.contains(says), "{id}: {message}");
+    }
+    let end = result(&job, "end");
+    assert_eq!(end["data"]["text"], "", "{end}");
+    assert!(end["data"]["next_offset"].is_null(), "{end}");
+    Ok(())
+}
+
+/// The orchestrator that shows a job a shaped result is killed (-9) once
+/// the view is stored, and another replica takes the job over: the model
+/// is shown the same view, and `read_result` still reads the whole.
+#[tokio::test]
+async fn a_shaped_result_outlives_its_orchestrator() -> anyhow::Result<()> {
+    let mut fleet = fleet().await?;
+    let api = fleet.api(0).await?;
+    let script = json!([
+        {"tool_calls": [{"name": "echo", "arguments": echoed(CAP)}]},
+        {"tool_calls": [{"name": "read_result", "arguments":
+            {"ref": "{{call_0_0.data.ref}}", "offset": 0, "limit": PAGE}}]},
+        // Long enough for the kill to fall in it, once the view is stored.
+        {"delay_ms": 3_000, "message": "read {{call_1_0.data.next_offset}} bytes"},
+    ]);
+    let request = scripted_job("takeover", &script);
+    let job_id = api.clone().submit_job(request).await?.into_inner().job_id;
+    // Stored: the view (with the turn after it) and the read's call.
+    let stored = wait_until("the view stored", Duration::from_secs(30), || {
+        let (mut api, job_id) = (api.clone(), job_id.clone());
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            let job = job.into_inner();
+            let read = job.items.iter().any(|item| {
+                matches!(&item.kind, Some(Kind::ToolCall(call)) if call.name == "read_result")
+            });
+            read.then_some(job)
+        }
+    })
+    .await?;
+    let view = result(&stored, "call_0_0");
+    assert_eq!(view["data"]["shaped"], true, "{view}");
+    fleet.orchestrator(0).kill();
+    let second = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let job = wait_finished(&fleet.api(second).await?, &job_id).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let resumed = fleet.orchestrator(second);
+    resumed.wait_for_log("job_resumed", Duration::from_secs(1)).await?;
+    assert_eq!(result(&job, "call_0_0"), view, "the same view after the takeover");
+    let page = result(&job, "call_1_0");
+    let whole = echoed(CAP).to_string();
+    let text = page["data"]["text"].as_str().expect("a page");
+    assert!(text.len() > PAGE - 4 && whole.starts_with(text), "{page}");
+    Ok(())
+}
