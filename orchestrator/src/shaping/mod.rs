@@ -323,6 +323,28 @@ mod tests {
         assert_eq!(escaped_len(text), serde_json::to_string(text).unwrap().len() - 2);
     }
 
+    /// docs/protection.md shows a view and a page byte for byte: these are
+    /// the code's.
+    #[test]
+    fn the_view_and_the_page_in_the_docs_are_the_codes() {
+        let docs = include_str!("../../../docs/protection.md");
+        let job = JobId::new("acme", 0x0193_9c1e_5f2a, 0x7d3b_91c4_0e6a_2f58);
+        assert_eq!(job.as_str(), "acme-01939c1e5f2a7d3b91c40e6a2f58");
+        let call = call();
+        let reference = ResultRef {
+            job: &job,
+            call: &call,
+        };
+        let data = json!((0..300).collect::<Vec<u32>>());
+        let shaped = shape(Envelope::Ok(data).to_json(), Some(1024), &reference);
+        assert!(docs.contains(&format!("\n{}\n", shaped.output)), "{}", shaped.output);
+        let request = json!({"ref": reference.to_string(), "offset": 0, "limit": 100});
+        let request = read::Request::parse(&request.to_string(), &job);
+        let whole = shaped.full.expect("shaped").data;
+        let page = read::answer(true, request, Some(&whole), 16_384).to_json();
+        assert!(docs.contains(&format!("\n{page}\n")), "{page}");
+    }
+
     #[test]
     fn a_tools_own_limit_wins_within_the_bounds() {
         assert_eq!(limit_of(None, 16_384), 16_384);
