@@ -726,8 +726,14 @@ mod tests {
             (|a| a.mcp_server = "crm\"><b>".into(), "mcp server"),
             (|a| a.mcp_server = "crm.example".into(), "mcp server"),
             (|a| a.mcp_server = "c".repeat(33), "mcp server"),
-            (|a| a.manifest.shape_above_bytes = Some(0), "shape_above_bytes: 0 is below"),
-            (|a| a.manifest.shape_above_bytes = Some(1023), "shape_above_bytes"),
+            (
+                |a| a.manifest.shape_above_bytes = Some(0),
+                "shape_above_bytes: 0 is below",
+            ),
+            (
+                |a| a.manifest.shape_above_bytes = Some(1023),
+                "shape_above_bytes",
+            ),
             (
                 |a| a.manifest.shape_above_bytes = Some(u64::MAX),
                 "shape_above_bytes: 18446744073709551615 is above",

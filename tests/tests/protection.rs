@@ -39,7 +39,10 @@ async fn fleet() -> anyhow::Result<Fleet> {
     let echo_limit = ECHO_LIMIT.to_string();
     let builder = test_fleet(1).worker_env(&[
         ("TOOLFLEET_RUNTIME__MAX_OUTPUT_BYTES", &cap),
-        ("TOOLFLEET_RUNTIME__TOOL_SHAPE_ABOVE_BYTES__ECHO", &echo_limit),
+        (
+            "TOOLFLEET_RUNTIME__TOOL_SHAPE_ABOVE_BYTES__ECHO",
+            &echo_limit,
+        ),
     ]);
     let mut fleet = Fleet::start(builder).await?;
     fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
@@ -103,8 +106,7 @@ fn refusal(envelope: &Value) -> (&str, &str) {
 /// byte for byte. Each `read_result` call is recorded as any call, with no
 /// attempt and the orchestrator as its source.
 #[tokio::test]
-async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> anyhow::Result<()>
-{
+async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> anyhow::Result<()> {
     let fleet = fleet().await?;
     let api = fleet.api(0).await?;
     let whole = echoed(CAP).to_string();
@@ -136,19 +138,37 @@ async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> 
     let view = result(&job, "call_0_0");
     assert_eq!(view["ok"], true);
     let data = &view["data"];
-    assert!(data.to_string().len() <= ECHO_LIMIT, "{}", data.to_string().len());
+    assert!(
+        data.to_string().len() <= ECHO_LIMIT,
+        "{}",
+        data.to_string().len()
+    );
     assert_eq!(data["shaped"], true);
     assert_eq!(data["total_bytes"], CAP);
     assert_eq!(data["read_with"], "read_result");
     assert_eq!(data["ref"], format!("{}/call_0_0", job.job_id));
-    let (head, tail) = (data["head"].as_str().unwrap(), data["tail"].as_str().unwrap());
-    assert!(head.len() > 5_000 && whole.starts_with(head), "{}", head.len());
-    assert!(tail.len() > 5_000 && whole.ends_with(tail), "{}", tail.len());
+    let (head, tail) = (
+        data["head"].as_str().unwrap(),
+        data["tail"].as_str().unwrap(),
+    );
+    assert!(
+        head.len() > 5_000 && whole.starts_with(head),
+        "{}",
+        head.len()
+    );
+    assert!(
+        tail.len() > 5_000 && whole.ends_with(tail),
+        "{}",
+        tail.len()
+    );
     assert_eq!(data["tail_offset"], CAP - tail.len());
     // The cap still bounds what a tool may return; a result under echo's
     // own limit is shown whole.
     assert_eq!(refusal(&result(&job, "call_0_1")).0, "PAYLOAD_TOO_LARGE");
-    assert_eq!(result(&job, "call_0_2"), json!({"ok": true, "data": echoed(20_000)}));
+    assert_eq!(
+        result(&job, "call_0_2"),
+        json!({"ok": true, "data": echoed(20_000)})
+    );
 
     // The pages, joined, are the whole, byte for byte.
     let mut joined = String::new();
@@ -166,7 +186,10 @@ async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> 
     // Following next_offset reads the page that follows.
     let next = result(&job, "next");
     let second = result(&job, "call_1_1");
-    assert_eq!(next["data"]["offset"], result(&job, "call_1_0")["data"]["next_offset"]);
+    assert_eq!(
+        next["data"]["offset"],
+        result(&job, "call_1_0")["data"]["next_offset"]
+    );
     assert_eq!(next["data"]["text"], second["data"]["text"]);
 
     // Each read is a call like any other: recorded, with no attempt, and
@@ -179,7 +202,10 @@ async fn a_result_at_the_output_cap_is_shaped_and_paged_back_byte_for_byte() -> 
         .collect();
     assert_eq!(reads.len(), pages + 1);
     for read in reads {
-        assert_eq!((read["attempts"].as_u64(), read["ok"].as_bool()), (Some(0), Some(true)));
+        assert_eq!(
+            (read["attempts"].as_u64(), read["ok"].as_bool()),
+            (Some(0), Some(true))
+        );
         assert_eq!(read["source"], "built_in", "{read}");
     }
     let dispatched = events
@@ -209,7 +235,7 @@ async fn refusals(api: &ApiClient, other_job: &str) -> anyhow::Result<()> {
             read("other_job", &format!("{other_job}/call_0_0"), json!(0)),
             read("other_tenant", &other_tenant, json!(0)),
             read("nothing", "call_0_0", json!(0)),
-            read("no_call", &format!("{{{{call_0_0.data.ref}}}}x"), json!(0)),
+            read("no_call", "{{call_0_0.data.ref}}x", json!(0)),
             read("past", own, json!(ECHO_LIMIT + 2)),
             read("end", own, json!(ECHO_LIMIT + 1))]},
         {"message": "done"}
@@ -223,11 +249,31 @@ async fn refusals(api: &ApiClient, other_job: &str) -> anyhow::Result<()> {
     };
     for (id, code, says) in [
         ("early", "UNKNOWN_TOOL", "holds no shaped result"),
-        ("other_job", "RESULT_OF_ANOTHER_JOB", "a result of another job;"),
-        ("other_tenant", "RESULT_OF_ANOTHER_JOB", "another tenant's job"),
-        ("nothing", "NO_SUCH_RESULT", "is not the ref of a shaped result"),
-        ("no_call", "NO_SUCH_RESULT", "no shaped result of call \"call_0_0x\""),
-        ("past", "OFFSET_OUT_OF_RANGE", "is past the end of the result"),
+        (
+            "other_job",
+            "RESULT_OF_ANOTHER_JOB",
+            "a result of another job;",
+        ),
+        (
+            "other_tenant",
+            "RESULT_OF_ANOTHER_JOB",
+            "another tenant's job",
+        ),
+        (
+            "nothing",
+            "NO_SUCH_RESULT",
+            "is not the ref of a shaped result",
+        ),
+        (
+            "no_call",
+            "NO_SUCH_RESULT",
+            "no shaped result of call \"call_0_0x\"",
+        ),
+        (
+            "past",
+            "OFFSET_OUT_OF_RANGE",
+            "is past the end of the result",
+        ),
     ] {
         let (got, message) = said(id);
         assert_eq!(got, code, "{id}: {message}");
@@ -275,8 +321,14 @@ async fn a_shaped_result_outlives_its_orchestrator() -> anyhow::Result<()> {
     let job = wait_finished(&fleet.api(second).await?, &job_id).await?;
     assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
     let resumed = fleet.orchestrator(second);
-    resumed.wait_for_log("job_resumed", Duration::from_secs(1)).await?;
-    assert_eq!(result(&job, "call_0_0"), view, "the same view after the takeover");
+    resumed
+        .wait_for_log("job_resumed", Duration::from_secs(1))
+        .await?;
+    assert_eq!(
+        result(&job, "call_0_0"),
+        view,
+        "the same view after the takeover"
+    );
     let page = result(&job, "call_1_0");
     let whole = echoed(CAP).to_string();
     let text = page["data"]["text"].as_str().expect("a page");

@@ -560,10 +560,14 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
         attempts: 1,
     }];
     store
-        .finish(&lease, &Ending::Cancelled, Unstored::Results {
-            items: &results,
-            full: &[],
-        })
+        .finish(
+            &lease,
+            &Ending::Cancelled,
+            Unstored::Results {
+                items: &results,
+                full: &[],
+            },
+        )
         .await?;
     assert_eq!(store.items(&running, 1).await?, results);
     assert_eq!(

@@ -370,10 +370,10 @@ enum Placed<'c> {
     /// It runs (or resumes): checked, or approved.
     Run(Ready),
     /// It is answered without being published: a check refused it, or a
-    /// person did, or nobody decided in time.
-    Answer(Envelope),
-    /// It is a call of a built-in tool, answered by the orchestrator.
-    BuiltIn(Envelope),
+    /// person did, or nobody decided in time ([`Origin::Stored`]); or it
+    /// is a call of a built-in tool, answered by the orchestrator
+    /// ([`Origin::BuiltIn`]).
+    Answer(Envelope, Origin),
     /// It waits for a person's decision; with its request when it is held
     /// now.
     Wait(Waiting, Option<HeldCall<'c>>),
@@ -470,26 +470,9 @@ impl Dispatcher {
         for (index, (call, place)) in calls.iter().zip(placed).enumerate() {
             match place {
                 Placed::Run(call) => ready.push((index, call)),
-                Placed::Answer(envelope) => {
-                    let answered = self.answer_unpublished(
-                        lease,
-                        &results,
-                        job,
-                        call,
-                        &envelope,
-                        Origin::Stored,
-                    );
-                    outcomes[index] = Some(answered.await?);
-                }
-                Placed::BuiltIn(envelope) => {
-                    let answered = self.answer_unpublished(
-                        lease,
-                        &results,
-                        job,
-                        call,
-                        &envelope,
-                        Origin::BuiltIn,
-                    );
+                Placed::Answer(envelope, origin) => {
+                    let answered =
+                        self.answer_unpublished(lease, &results, job, call, &envelope, origin);
                     outcomes[index] = Some(answered.await?);
                 }
                 Placed::Wait(call, request) => {
@@ -591,8 +574,11 @@ impl Dispatcher {
                 call: call.clone(),
                 policy,
             }),
-            Admission::Refuse(envelope) => Placed::Answer(envelope),
-            Admission::BuiltIn => Placed::BuiltIn(self.read_result(&lease.job_id, call).await?),
+            Admission::Refuse(envelope) => Placed::Answer(envelope, Origin::Stored),
+            Admission::BuiltIn => {
+                let answer = self.read_result(&lease.job_id, call).await?;
+                Placed::Answer(answer, Origin::BuiltIn)
+            }
             Admission::Hold(rule, policy) => {
                 let known = match approvals {
                     Some(known) => known,
@@ -937,7 +923,7 @@ fn awaiting_approval<'c>(
             if by == AnsweredBy::Expiry {
                 crate::metrics::approval_decided(&call.name, "expired", None);
             }
-            Placed::Answer(envelope)
+            Placed::Answer(envelope, Origin::Stored)
         }
         Fate::Hold { until_ms } => {
             crate::metrics::approval_requested(&call.name, held_for.rule());

@@ -130,7 +130,8 @@ impl Scripted {
         })?;
         let mut items = Vec::new();
         let limit = self.max_answer_bytes;
-        let in_turn = |what| move |problem: QuoteProblem| problem.in_turn(request.turn, what, limit);
+        let in_turn =
+            |what| move |problem: QuoteProblem| problem.in_turn(request.turn, what, limit);
         if let Some(message) = &turn.message {
             let text = quote_outputs(message, request.items, limit).map_err(in_turn("message"))?;
             items.push(Item::Assistant { text, raw: None });

@@ -193,7 +193,10 @@ fn fit_tail(text: &str, room: usize) -> &str {
 pub(crate) fn limit_of(own: Option<u64>, default: u64) -> u64 {
     // A manifest's was checked where it was read (`ToolManifest::check`).
     own.map_or(default, |own| {
-        own.clamp(manifest::MIN_SHAPE_ABOVE_BYTES, manifest::MAX_SHAPE_ABOVE_BYTES)
+        own.clamp(
+            manifest::MIN_SHAPE_ABOVE_BYTES,
+            manifest::MAX_SHAPE_ABOVE_BYTES,
+        )
     })
 }
 
@@ -237,8 +240,8 @@ mod tests {
             call: &call,
         };
         let small = Envelope::Ok(data_of(1024)).to_json();
-        let error =
-            Envelope::terminal(toolfleet_proto::ErrorCode::UNKNOWN_TOOL, "x".repeat(5000)).to_json();
+        let error = Envelope::terminal(toolfleet_proto::ErrorCode::UNKNOWN_TOOL, "x".repeat(5000))
+            .to_json();
         let large = Envelope::Ok(data_of(5000)).to_json();
         for (output, limit) in [
             (small.clone(), Some(1024)),
@@ -248,7 +251,10 @@ mod tests {
             let shaped = shape(output.clone(), limit, &reference);
             assert_eq!(shaped, Shaped { output, full: None });
         }
-        assert!(shape(small, Some(1023), &reference).full.is_some(), "1 over");
+        assert!(
+            shape(small, Some(1023), &reference).full.is_some(),
+            "1 over"
+        );
     }
 
     /// Whatever the data and the limit, the view is within the limit,
@@ -272,15 +278,24 @@ mod tests {
             assert_eq!(whole.len(), size);
             let shaped = shape(Envelope::Ok(data).to_json(), Some(limit), &reference);
             let full = shaped.full.expect("over the limit");
-            assert_eq!((full.call.as_str(), full.data.as_str()), ("call_0_0", &*whole));
+            assert_eq!(
+                (full.call.as_str(), full.data.as_str()),
+                ("call_0_0", &*whole)
+            );
             let envelope: Envelope = serde_json::from_str(&shaped.output).unwrap();
             let Envelope::Ok(view) = envelope else {
                 panic!("a view is ok")
             };
             let shown = view.to_string().len() as u64;
             assert!(shown <= limit, "{shown} > {limit}");
-            assert!(shown + 16 > limit / 2, "{shown} leaves most of {limit} unused");
-            let (head, tail) = (view["head"].as_str().unwrap(), view["tail"].as_str().unwrap());
+            assert!(
+                shown + 16 > limit / 2,
+                "{shown} leaves most of {limit} unused"
+            );
+            let (head, tail) = (
+                view["head"].as_str().unwrap(),
+                view["tail"].as_str().unwrap(),
+            );
             assert!(whole.starts_with(head) && whole.ends_with(tail));
             assert!(!head.is_empty() && !tail.is_empty());
             assert_eq!(view["tail_offset"], whole.len() - tail.len());
@@ -320,7 +335,10 @@ mod tests {
         ] {
             assert_eq!(fit_tail(text, room), tail, "room {room}");
         }
-        assert_eq!(escaped_len(text), serde_json::to_string(text).unwrap().len() - 2);
+        assert_eq!(
+            escaped_len(text),
+            serde_json::to_string(text).unwrap().len() - 2
+        );
     }
 
     /// docs/protection.md shows a view and a page byte for byte: these are
@@ -337,7 +355,11 @@ mod tests {
         };
         let data = json!((0..300).collect::<Vec<u32>>());
         let shaped = shape(Envelope::Ok(data).to_json(), Some(1024), &reference);
-        assert!(docs.contains(&format!("\n{}\n", shaped.output)), "{}", shaped.output);
+        assert!(
+            docs.contains(&format!("\n{}\n", shaped.output)),
+            "{}",
+            shaped.output
+        );
         let request = json!({"ref": reference.to_string(), "offset": 0, "limit": 100});
         let request = read::Request::parse(&request.to_string(), &job);
         let whole = shaped.full.expect("shaped").data;

@@ -192,9 +192,7 @@ fn page(data: &str, request: &Request, budget: u64) -> Envelope {
         .rev()
         .find(|at| data.is_char_boundary(*at))
         .unwrap_or(0);
-    let fields = |text: &str, next: Option<usize>| {
-        json!({"next_offset": next, "offset": start, "text": text, "total_bytes": total})
-    };
+    let fields = |text: &str, next: Option<usize>| json!({"next_offset": next, "offset": start, "text": text, "total_bytes": total});
     let skeleton = fields("", Some(total)).to_string().len() as u64;
     let room = usize::try_from(budget.saturating_sub(skeleton)).unwrap_or(usize::MAX);
     let rest = &data[start..];
@@ -265,7 +263,10 @@ mod tests {
         // Offset and limit may be left out.
         let bare = json!({"ref": format!("{job}/x.3")}).to_string();
         let bare = Request::parse(&bare, &job).unwrap();
-        assert_eq!((bare.call.as_str(), bare.offset, bare.limit), ("x.3", 0, None));
+        assert_eq!(
+            (bare.call.as_str(), bare.offset, bare.limit),
+            ("x.3", 0, None)
+        );
         for (arguments, code_wanted, says) in [
             (
                 arguments(&format!("{other_job}/call_0_0")),
@@ -278,14 +279,26 @@ mod tests {
                 "a result of another tenant's job;",
             ),
             (arguments("call_0_0"), "NO_SUCH_RESULT", "is not the ref"),
-            (arguments(&format!("{job}/")), "NO_SUCH_RESULT", "is not the ref"),
-            (arguments("not-a-job/call_0_0"), "NO_SUCH_RESULT", "is not the ref"),
+            (
+                arguments(&format!("{job}/")),
+                "NO_SUCH_RESULT",
+                "is not the ref",
+            ),
+            (
+                arguments("not-a-job/call_0_0"),
+                "NO_SUCH_RESULT",
+                "is not the ref",
+            ),
             (
                 arguments(&format!("{job}/call 0")),
                 "NO_SUCH_RESULT",
                 "is not the ref",
             ),
-            (json!({"offset": 1}), "INVALID_TOOL_ARGUMENTS", "missing field `ref`"),
+            (
+                json!({"offset": 1}),
+                "INVALID_TOOL_ARGUMENTS",
+                "missing field `ref`",
+            ),
             (
                 json!({"ref": format!("{job}/c"), "offset": -1}),
                 "INVALID_TOOL_ARGUMENTS",
@@ -312,7 +325,10 @@ mod tests {
         let refused = answer(true, Ok(request(0, None)), None, 16_384);
         assert_eq!(code(&refused), "NO_SUCH_RESULT");
         let forwarded = Envelope::terminal(ErrorCode::RESULT_OF_ANOTHER_JOB, "no");
-        assert_eq!(answer(true, Err(forwarded.clone()), None, 16_384), forwarded);
+        assert_eq!(
+            answer(true, Err(forwarded.clone()), None, 16_384),
+            forwarded
+        );
     }
 
     #[test]
@@ -341,7 +357,11 @@ mod tests {
         let refused = answer(true, Ok(request(10, None)), Some(data), 16_384);
         assert_eq!(code(&refused), "OFFSET_OUT_OF_RANGE");
         assert!(
-            refused.error().unwrap().message.contains("offset 10 is past the end"),
+            refused
+                .error()
+                .unwrap()
+                .message
+                .contains("offset 10 is past the end"),
             "{refused:?}"
         );
         let refused = answer(true, Ok(request(u64::MAX, None)), Some(data), 16_384);

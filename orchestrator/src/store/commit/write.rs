@@ -49,36 +49,7 @@ impl JobStore {
             .arg(&lease.token)
             .arg(now)
             .arg(if finished { millis(self.retention) } else { 0 });
-        pairs(&mut invocation, commit.checks.iter().map(|(k, t)| (k, *t)));
-        invocation.arg(commit.results.len() + commit.items.len());
-        for item in commit.results.iter().chain(commit.items) {
-            invocation.arg(item.stored_json());
-        }
-        invocation.arg(events.len());
-        for event in &events {
-            invocation
-                .arg(&event.kind)
-                .arg(&event.data)
-                .arg(if event.is_final { "1" } else { "0" });
-        }
-        pairs(&mut invocation, fields.iter().map(|(f, v)| (*f, v)));
-        pairs(
-            &mut invocation,
-            commit.attempts.iter().map(|(c, a)| (c, *a)),
-        );
-        invocation.arg(commit.offers.len());
-        for manifest in commit.offers {
-            let json = serde_json::to_string(manifest).expect("a manifest serializes");
-            invocation.arg(&manifest.name).arg(json);
-        }
-        pairs(
-            &mut invocation,
-            commit.approvals.iter().map(|(f, v)| (f, v)),
-        );
-        pairs(
-            &mut invocation,
-            commit.full.iter().map(|full| (full.call.as_str(), &full.data)),
-        );
+        counted_lists(&mut invocation, &commit, &events, &fields);
         let answer: i64 = invocation.invoke_async(&mut self.conn()).await?;
         if answer == LEASE_LOST {
             return Err(Error::LeaseLost(job_id.clone()));
@@ -99,6 +70,45 @@ impl JobStore {
         }
         Ok(())
     }
+}
+
+/// Adds the counted lists of [`COMMIT`]'s arguments that `commit` fills:
+/// the results to check, the items, the `events`, the job's `fields`, the
+/// attempts, the offered manifests, the approvals and the whole data of
+/// shaped results.
+fn counted_lists(
+    invocation: &mut redis::ScriptInvocation<'_>,
+    commit: &Commit<'_>,
+    events: &[Event],
+    fields: &[(&str, String)],
+) {
+    pairs(invocation, commit.checks.iter().map(|(k, t)| (k, *t)));
+    invocation.arg(commit.results.len() + commit.items.len());
+    for item in commit.results.iter().chain(commit.items) {
+        invocation.arg(item.stored_json());
+    }
+    invocation.arg(events.len());
+    for event in events {
+        invocation
+            .arg(&event.kind)
+            .arg(&event.data)
+            .arg(if event.is_final { "1" } else { "0" });
+    }
+    pairs(invocation, fields.iter().map(|(f, v)| (*f, v)));
+    pairs(invocation, commit.attempts.iter().map(|(c, a)| (c, *a)));
+    invocation.arg(commit.offers.len());
+    for manifest in commit.offers {
+        let json = serde_json::to_string(manifest).expect("a manifest serializes");
+        invocation.arg(&manifest.name).arg(json);
+    }
+    pairs(invocation, commit.approvals.iter().map(|(f, v)| (f, v)));
+    pairs(
+        invocation,
+        commit
+            .full
+            .iter()
+            .map(|full| (full.call.as_str(), &full.data)),
+    );
 }
 
 /// Adds a counted list of pairs to a script's arguments: their count, then
