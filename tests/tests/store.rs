@@ -8,8 +8,8 @@ use std::time::Duration;
 use toolfleet_orchestrator::approval::Rule;
 use toolfleet_orchestrator::hold::{ApprovalChoice, Choice, Decision, HeldFor, Hold};
 use toolfleet_orchestrator::job::{
-    Ending, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease, ProviderKind,
-    TurnCheckpoint,
+    Ending, FullResult, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease,
+    ProviderKind, TurnCheckpoint,
 };
 use toolfleet_orchestrator::live::Live;
 use toolfleet_orchestrator::store::{
@@ -531,6 +531,10 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
     Ok(())
 }
 
+/// A cancel, and a lost job, end jobs with their own events; a runner's
+/// end stores its last round's results, and the whole of a shaped one
+/// with them: the record says the job holds one, and the key expires with
+/// the job's others.
 #[tokio::test]
 async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> {
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
@@ -559,21 +563,36 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
         output: Envelope::Ok(serde_json::json!(1)).to_json(),
         attempts: 1,
     }];
+    let full = [FullResult {
+        call: EventId::parse("c1").unwrap(),
+        data: "[1,2,3]".into(),
+    }];
+    assert!(!store.get(&running).await?.unwrap().shaped);
     store
         .finish(
             &lease,
             &Ending::Cancelled,
             Unstored::Results {
                 items: &results,
-                full: &[],
+                full: &full,
             },
         )
         .await?;
     assert_eq!(store.items(&running, 1).await?, results);
-    assert_eq!(
-        store.get(&running).await?.unwrap().status,
-        JobStatus::Cancelled
-    );
+    let record = store.get(&running).await?.unwrap();
+    assert_eq!(record.status, JobStatus::Cancelled);
+    assert!(record.shaped, "the record says it holds a shaped result");
+    {
+        use redis::AsyncCommands;
+        let mut raw = redis::Client::open(redis.url())?
+            .get_multiplexed_async_connection()
+            .await?;
+        let shaped = RedisKeys::default().job_shaped(&running);
+        let whole: Option<String> = raw.hget(&shaped, "c1").await?;
+        assert_eq!(whole.as_deref(), Some("[1,2,3]"));
+        let ttl: i64 = raw.pttl(&shaped).await?;
+        assert!(ttl > 0, "the whole expires with the job: {ttl}");
+    }
 
     // A job whose state vanished is recorded as failed, with no message in its event.
     let lost = JobId::new("search", 0, 0xbeef);
