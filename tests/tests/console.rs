@@ -183,7 +183,10 @@ fn hidden_csrf(page: &str) -> anyhow::Result<String> {
 /// and the console's address.
 async fn fleet_and_console() -> anyhow::Result<(tempfile::TempDir, Fleet, ChildProcess, String)> {
     let traces = ["--trace-url", "https://traces.example/trace/{trace_id}"];
-    fleet_and_console_with(&[], &traces, free_loopback_address()?).await
+    // A tool's output past what a page shows (64 KiB) is in the transcript
+    // whole: the orchestrator shapes none that small (docs/protection.md).
+    let whole = [("TOOLFLEET_RESULTS__SHAPE_ABOVE_BYTES", "1048576")];
+    fleet_and_console_with(&whole, &traces, free_loopback_address()?).await
 }
 
 /// [`fleet_and_console`], the orchestrator with `env` too and the console
