@@ -23,6 +23,11 @@ use crate::tool::{Tool, ToolContext, ToolError};
 const NAME: &str = "trend_analysis";
 /// Most companies and topics one call may name: at most 100 sections.
 const MAX_ITEMS: usize = 10;
+
+/// Above how many bytes of `data` a report is shown to the model shaped
+/// (docs/protection.md): 64 KiB.
+const REPORT_SHOWN_BYTES: u64 = 64 * 1024;
+
 /// Longest question accepted.
 const MAX_QUESTION_CHARS: usize = 2000;
 /// Most characters of sections sent to the model for the summary.
@@ -112,6 +117,10 @@ impl Tool for TrendAnalysis {
         .with_timeout(Duration::from_secs(10) + model_time * 2)
         .with_max_attempts(3)
         .with_effects(Effects::ReadOnly)
+        // A report is meant to be read whole: three companies by three
+        // topics take about 25 KiB, over the orchestrator's default of 16
+        // KiB. Ten by ten (up to 50 facts a section) would be shaped.
+        .with_shape_above_bytes(REPORT_SHOWN_BYTES)
     }
 
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<Value, ToolError> {
@@ -415,6 +424,11 @@ mod tests {
         assert_eq!(schema["required"].as_array().unwrap().len(), 5);
         assert_eq!(schema["properties"]["companies"]["maxItems"], MAX_ITEMS);
         assert!(jsonschema::validator_for(schema).is_ok());
+        assert_eq!(
+            manifest.shape_above_bytes,
+            Some(65_536),
+            "read whole, mostly"
+        );
     }
 
     #[tokio::test]
