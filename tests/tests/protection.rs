@@ -35,6 +35,11 @@ const FAST_TAKEOVER: &[(&str, &str)] = &[
 /// NATS, Redis, one orchestrator and one worker with the test tools, whose
 /// output cap is [`CAP`] and whose `echo` is shaped above [`ECHO_LIMIT`].
 async fn fleet() -> anyhow::Result<Fleet> {
+    fleet_with(FAST_TAKEOVER).await
+}
+
+/// [`fleet`], its orchestrator with `env`.
+async fn fleet_with(env: &[(&str, &str)]) -> anyhow::Result<Fleet> {
     let cap = CAP.to_string();
     let echo_limit = ECHO_LIMIT.to_string();
     let builder = test_fleet(1).worker_env(&[
@@ -45,7 +50,7 @@ async fn fleet() -> anyhow::Result<Fleet> {
         ),
     ]);
     let mut fleet = Fleet::start(builder).await?;
-    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    fleet.spawn_orchestrator(env).await?;
     fleet.wait_for_tools(0, &["echo"], 1).await?;
     Ok(fleet)
 }
@@ -333,5 +338,73 @@ async fn a_shaped_result_outlives_its_orchestrator() -> anyhow::Result<()> {
     let whole = echoed(CAP).to_string();
     let text = page["data"]["text"].as_str().expect("a page");
     assert!(text.len() > PAGE - 4 && whole.starts_with(text), "{page}");
+    Ok(())
+}
+
+/// `read_result` is offered to a model (Claude, through a fake Messages
+/// API) only in the turns after its job holds a shaped result, beside the
+/// job's allowed tools, and its shaped result reaches the model as a view.
+#[tokio::test]
+async fn read_result_is_offered_once_the_job_holds_a_shaped_result() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    claude.push(Reply::message(
+        json!([{"type": "tool_use", "id": "toolu_a", "name": "echo",
+                "input": {"text": "small"}}]),
+        "tool_use",
+    ));
+    claude.push(Reply::message(
+        json!([{"type": "tool_use", "id": "toolu_b", "name": "echo",
+                "input": echoed(ECHO_LIMIT + 1)}]),
+        "tool_use",
+    ));
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "seen"}]),
+        "end_turn",
+    ));
+    let base_url = claude.base_url();
+    let fleet = fleet_with(&[
+        ("TOOLFLEET_ANTHROPIC__API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+    ])
+    .await?;
+    let request = v1::SubmitJobRequest {
+        input: "Echo twice.".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            max_tokens: 300,
+            ..Default::default()
+        }),
+        tools: vec!["echo".into()],
+        ..Default::default()
+    };
+    let job = run_job(&fleet.api(0).await?, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+    let tools = |request: &Value| -> Vec<String> {
+        let tools = request["tools"].as_array().expect("tools");
+        tools
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(tools(&requests[0]), ["echo"], "nothing shaped yet");
+    assert_eq!(
+        tools(&requests[1]),
+        ["echo"],
+        "a small result is not shaped"
+    );
+    assert_eq!(tools(&requests[2]), ["echo", "read_result"]);
+    let read_result = &requests[2]["tools"][1];
+    assert_eq!(
+        read_result["input_schema"]["required"],
+        json!(["ref", "offset", "limit"])
+    );
+    let view = result(&job, "toolu_b");
+    assert_eq!(view["data"]["shaped"], true, "{view}");
+    assert_eq!(view["data"]["ref"], format!("{}/toolu_b", job.job_id));
     Ok(())
 }
