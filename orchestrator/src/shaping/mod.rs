@@ -1,4 +1,4 @@
-//! Result shaping (docs/protection.md, decision 0053): a tool result whose
+//! Result shaping (docs/protection.md, decision 0054): a tool result whose
 //! `data` is larger than its tool's limit is stored whole with the job, and
 //! the model is shown a view of it within the limit: its head and tail, its
 //! size and a reference, which `read_result` pages through.
