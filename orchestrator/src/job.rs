@@ -154,6 +154,10 @@ pub struct JobSpec {
     /// Whether its turns are streamed to its watchers as they are written.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stream: bool,
+    /// Its calls are never answered from the tenant's result cache, nor
+    /// their results stored in it (`SubmitJobRequest.result_cache` false).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_result_cache: bool,
     /// The one call of a call job (provider [`ProviderKind::Call`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<CallSpec>,

@@ -25,7 +25,9 @@
 //! - `registry`: the live tools announced by workers; `backlog` reports
 //!   each tool's workers and waiting calls as gauges.
 //! - `shaping`: a result too large to show whole, shown as a view within
-//!   its limit and paged with `read_result`, the orchestrator's own tool.
+//!   its limit and paged with `read_result`, the orchestrator's own tool;
+//!   `result_cache`: which calls a read-only tool's earlier result may
+//!   answer, across the jobs of a tenant, and under which key.
 //! - `spans`: the OpenTelemetry spans of a job's steps.
 //! - `server`: wires a replica together; [`config`] and `metrics`
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
@@ -47,6 +49,7 @@ pub(crate) mod model;
 pub(crate) mod publish;
 pub(crate) mod quota;
 pub(crate) mod registry;
+pub(crate) mod result_cache;
 pub(crate) mod runner;
 pub(crate) mod server;
 pub mod setup;

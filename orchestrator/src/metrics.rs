@@ -77,6 +77,16 @@ pub(crate) fn tool_call_settled(tool: &str, envelope: &toolfleet_proto::Envelope
         .increment(1);
 }
 
+/// Calls of tools whose results may be cached, by `tool` and `outcome`:
+/// `hit` (answered from the tenant's result cache), `miss` (run), `stored`
+/// (a result cached for later calls; docs/protection.md).
+pub(crate) const RESULT_CACHE_TOTAL: &str = "toolfleet_result_cache_total";
+
+pub(crate) fn result_cache(tool: &str, outcome: &'static str) {
+    metrics::counter!(RESULT_CACHE_TOTAL, "tool" => tool.to_owned(), "outcome" => outcome)
+        .increment(1);
+}
+
 /// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
 /// every replica).
 pub(crate) const TOOL_WORKERS: &str = "toolfleet_tool_workers";

@@ -48,6 +48,13 @@ pub struct ToolManifest {
     /// `results.shape_above_bytes`. Within [`MIN_SHAPE_ABOVE_BYTES`] and
     /// [`MAX_SHAPE_ABOVE_BYTES`] ([`check`](Self::check)).
     pub shape_above_bytes: Option<u64>,
+    /// How long, in milliseconds, a successful result of the tool may
+    /// answer a call of another job of the same tenant with the same
+    /// arguments, without running it (the cross-run result cache,
+    /// docs/protection.md). Only for a [`Effects::ReadOnly`] tool, within
+    /// [`MIN_CACHE_TTL_MS`] and [`MAX_CACHE_TTL_MS`]
+    /// ([`check`](Self::check)). `None`: never cached.
+    pub cache_ttl_ms: Option<u64>,
 }
 
 /// What a tool's calls may do beyond answering, and so what running one
@@ -142,6 +149,8 @@ struct Announced {
     approval: Approval,
     #[serde(default)]
     shape_above_bytes: Option<u64>,
+    #[serde(default)]
+    cache_ttl_ms: Option<u64>,
 }
 
 impl From<Announced> for ToolManifest {
@@ -163,6 +172,7 @@ impl From<Announced> for ToolManifest {
             retry: wire.retry,
             approval: wire.approval,
             shape_above_bytes: wire.shape_above_bytes,
+            cache_ttl_ms: wire.cache_ttl_ms,
         }
     }
 }
@@ -173,6 +183,7 @@ impl Serialize for ToolManifest {
         let mut fields = 9 + usize::from(self.retry.is_some());
         fields += usize::from(!self.approval.is_never());
         fields += usize::from(self.shape_above_bytes.is_some());
+        fields += usize::from(self.cache_ttl_ms.is_some());
         let mut out = serializer.serialize_struct("ToolManifest", fields)?;
         out.serialize_field("name", &self.name)?;
         out.serialize_field("description", &self.description)?;
@@ -192,6 +203,9 @@ impl Serialize for ToolManifest {
         }
         if let Some(bytes) = self.shape_above_bytes {
             out.serialize_field("shape_above_bytes", &bytes)?;
+        }
+        if let Some(ttl_ms) = self.cache_ttl_ms {
+            out.serialize_field("cache_ttl_ms", &ttl_ms)?;
         }
         out.end()
     }
@@ -245,6 +259,7 @@ impl ToolManifest {
             retry: None,
             approval: Approval::Never,
             shape_above_bytes: None,
+            cache_ttl_ms: None,
         }
     }
 
@@ -325,6 +340,26 @@ impl ToolManifest {
     pub fn with_shape_above_bytes(mut self, bytes: u64) -> Self {
         self.shape_above_bytes = Some(bytes);
         self
+    }
+
+    /// Lets a successful result of this tool answer the same tenant's
+    /// calls with the same arguments for `ttl`, without running them (the
+    /// cross-run result cache, docs/protection.md). Only a
+    /// [`Effects::ReadOnly`] tool's results may be cached: a manifest that
+    /// says otherwise fails [`check`](Self::check).
+    #[must_use]
+    pub fn with_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.cache_ttl_ms = Some(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Whether a result of this tool may answer another call, and for how
+    /// long: its `cache_ttl_ms` when its effects are `read_only`, never
+    /// otherwise (whatever the manifest says).
+    pub fn cache_ttl(&self) -> Option<Duration> {
+        self.cache_ttl_ms
+            .filter(|_| self.effects == Effects::ReadOnly)
+            .map(Duration::from_millis)
     }
 
     /// Marks the schema as not strict (optional properties allowed).
@@ -456,6 +491,38 @@ pub fn check_shape_above_bytes(bytes: u64) -> Result<u64, String> {
     Ok(bytes)
 }
 
+/// The shortest `cache_ttl_ms`: one second. A shorter one would cost a
+/// write per result and answer almost nothing.
+pub const MIN_CACHE_TTL_MS: u64 = 1000;
+
+/// The longest `cache_ttl_ms`: seven days, as long as anything the fleet
+/// keeps of a job. Past it a result is not a cache's but a database's.
+pub const MAX_CACHE_TTL_MS: u64 = 7 * 24 * 3600 * 1000;
+
+/// Whether `ttl_ms` is a `cache_ttl_ms` within its bounds for a tool whose
+/// calls have `effects`, else what is wrong with it (for a message that
+/// names the key).
+///
+/// # Errors
+///
+/// Outside [`MIN_CACHE_TTL_MS`] and [`MAX_CACHE_TTL_MS`], or for a tool
+/// that is not [`Effects::ReadOnly`]: a cached result answers a call
+/// without running it, which only a call that changes nothing may be.
+pub fn check_cache_ttl_ms(ttl_ms: u64, effects: Effects) -> Result<u64, String> {
+    if effects != Effects::ReadOnly {
+        return Err(format!(
+            "only a read_only tool's results may be cached; this tool's effects are {effects}"
+        ));
+    }
+    if ttl_ms < MIN_CACHE_TTL_MS {
+        return Err(format!("{ttl_ms} ms is below {MIN_CACHE_TTL_MS} ms (1s)"));
+    }
+    if ttl_ms > MAX_CACHE_TTL_MS {
+        return Err(format!("{ttl_ms} ms is above {MAX_CACHE_TTL_MS} ms (7 days)"));
+    }
+    Ok(ttl_ms)
+}
+
 /// Every tool, where a list of tools may say so (`require_approval`).
 pub const EVERY_TOOL: &str = "*";
 
@@ -521,7 +588,8 @@ pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
 impl ToolManifest {
     /// Checks a manifest filed under `tool` (a registry key, the tool
     /// catalog): its name is valid and is `tool`, and its description and
-    /// schema are within their bounds, its `shape_above_bytes` too, and it is
+    /// schema are within their bounds, its `shape_above_bytes` and
+    /// `cache_ttl_ms` too (the latter only for a read-only tool), and it is
     /// not [`READ_RESULT_TOOL`], the orchestrator's own. (Whether the schema
     /// compiles is the reader's check: it compiles it anyway.)
     ///
@@ -539,6 +607,10 @@ impl ToolManifest {
         }
         if let Some(bytes) = self.shape_above_bytes {
             check_shape_above_bytes(bytes).map_err(|why| format!("shape_above_bytes: {why}"))?;
+        }
+        if let Some(ttl_ms) = self.cache_ttl_ms {
+            check_cache_ttl_ms(ttl_ms, self.effects)
+                .map_err(|why| format!("cache_ttl_ms: {why}"))?;
         }
         if self.description.len() > MAX_DESCRIPTION_BYTES {
             return Err(format!(
@@ -703,7 +775,7 @@ mod tests {
         };
         assert_eq!(native.check("calculate", "w-1.example", now), Ok(()));
         type Spoil = (fn(&mut WorkerAnnouncement), &'static str);
-        let spoiled: [Spoil; 15] = [
+        let spoiled: [Spoil; 19] = [
             (|a| a.manifest.name = "run_shell".into(), "name"),
             (|a| a.worker_id = "w-2".into(), "worker id"),
             (|a| a.manifest.description = "d".repeat(8193), "description"),
@@ -738,6 +810,32 @@ mod tests {
                 |a| a.manifest.shape_above_bytes = Some(u64::MAX),
                 "shape_above_bytes: 18446744073709551615 is above",
             ),
+            (
+                |a| {
+                    a.manifest.effects = Effects::ReadOnly;
+                    a.manifest.cache_ttl_ms = Some(999);
+                },
+                "cache_ttl_ms: 999 ms is below",
+            ),
+            (
+                |a| {
+                    a.manifest.effects = Effects::ReadOnly;
+                    a.manifest.cache_ttl_ms = Some(u64::MAX);
+                },
+                "cache_ttl_ms: 18446744073709551615 ms is above",
+            ),
+            // Never for a tool whose calls change something.
+            (
+                |a| {
+                    a.manifest.effects = Effects::Idempotent;
+                    a.manifest.cache_ttl_ms = Some(60_000);
+                },
+                "cache_ttl_ms: only a read_only tool's results may be cached",
+            ),
+            (
+                |a| a.manifest.cache_ttl_ms = Some(60_000),
+                "effects are not_idempotent",
+            ),
         ];
         for (spoil, expected) in spoiled {
             let mut bad = good.clone();
@@ -758,6 +856,22 @@ mod tests {
             shaped.manifest = shaped.manifest.with_shape_above_bytes(bytes);
             assert_eq!(shaped.check("calculate", "w-1.example", now), Ok(()));
         }
+        // A read-only tool's cache lasts within its bounds.
+        let mut cached = good.clone();
+        cached.manifest = cached.manifest.with_effects(Effects::ReadOnly);
+        for ttl_ms in [MIN_CACHE_TTL_MS, 600_000, MAX_CACHE_TTL_MS] {
+            cached.manifest = cached
+                .manifest
+                .with_cache_ttl(Duration::from_millis(ttl_ms));
+            assert_eq!(cached.check("calculate", "w-1.example", now), Ok(()));
+            assert_eq!(
+                cached.manifest.cache_ttl(),
+                Some(Duration::from_millis(ttl_ms))
+            );
+        }
+        // Whatever a manifest says, a tool that changes things is never cached.
+        cached.manifest.effects = Effects::Idempotent;
+        assert_eq!(cached.manifest.cache_ttl(), None);
     }
 
     #[test]
@@ -919,6 +1033,19 @@ mod tests {
         let manifest = manifest.with_shape_above_bytes(4096);
         let json = serde_json::to_value(&manifest).unwrap();
         assert_eq!(json["shape_above_bytes"], 4096);
+        let back: ToolManifest = serde_json::from_value(json).unwrap();
+        assert_eq!(back, manifest);
+    }
+
+    #[test]
+    fn a_cache_ttl_travels_only_when_set() {
+        let manifest =
+            ToolManifest::new("echo", "d", serde_json::json!({})).with_effects(Effects::ReadOnly);
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert!(json.get("cache_ttl_ms").is_none(), "{json}");
+        let manifest = manifest.with_cache_ttl(Duration::from_secs(90));
+        let json = serde_json::to_value(&manifest).unwrap();
+        assert_eq!(json["cache_ttl_ms"], 90_000);
         let back: ToolManifest = serde_json::from_value(json).unwrap();
         assert_eq!(back, manifest);
     }

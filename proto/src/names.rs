@@ -605,6 +605,14 @@ impl RedisKeys {
         format!("{}:rate:{{{tenant}}}", self.prefix)
     }
 
+    /// A result of a read-only tool that may answer a call of another job of
+    /// the tenant (a string: the envelope's JSON, expiring with the tool's
+    /// `cache_ttl_ms`); `digest` is the hex digest of the tool, its contract
+    /// and the call's arguments (docs/protection.md).
+    pub fn tenant_cached_result(&self, tenant: &str, digest: &str) -> String {
+        format!("{}:cache:{{{tenant}}}:{digest}", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)
@@ -726,6 +734,7 @@ mod tests {
             keys.tenant_calls("acme"),
             keys.tenant_submissions("acme"),
             keys.submission("acme", "key-1"),
+            keys.tenant_cached_result("acme", "0f"),
             keys.tenant_approvals("acme"),
             keys.tenant_approvals_expiry("acme"),
             keys.tenant_approval_tools("acme"),

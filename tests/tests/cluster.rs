@@ -111,6 +111,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         script: Some(r#"[{"message":"kept"}]"#.into()),
         max_tokens: None,
         stream: false,
+        no_result_cache: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

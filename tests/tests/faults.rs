@@ -738,6 +738,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         script: request.model.map(|m| m.script),
         max_tokens: None,
         stream: false,
+        no_result_cache: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

@@ -44,6 +44,7 @@ fn spec() -> JobSpec {
         script: Some(r#"[{"message":"hi"}]"#.into()),
         max_tokens: None,
         stream: false,
+        no_result_cache: false,
         call: None,
         tools: Vec::new(),
         max_tool_rounds: 8,

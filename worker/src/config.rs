@@ -125,6 +125,15 @@ pub struct RuntimeOptions {
     /// orchestrator's `results.shape_above_bytes`).
     #[serde(deserialize_with = "shape_above_bytes")]
     pub tool_shape_above_bytes: BTreeMap<String, u64>,
+    /// Per-tool cache TTLs, e.g. `{ get_current_weather = "10m" }`: how
+    /// long a successful result of the tool may answer another job's call
+    /// with the same arguments, without running it (the result cache,
+    /// docs/protection.md), from 1s to 7 days, for `read_only` tools only
+    /// (a worker that would announce another with one refuses to start);
+    /// the announced manifest carries it. Default: none (each tool's own;
+    /// none of the built-in tools caches).
+    #[serde(deserialize_with = "cache_ttls")]
+    pub tool_cache_ttl: BTreeMap<String, duration::Value>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -146,6 +155,9 @@ impl RuntimeOptions {
         if let Some(bytes) = self.tool_shape_above_bytes.get(&manifest.name) {
             manifest.shape_above_bytes = Some(*bytes);
         }
+        if let Some(ttl) = self.tool_cache_ttl.get(&manifest.name) {
+            manifest = manifest.with_cache_ttl(ttl.0);
+        }
         manifest
     }
 }
@@ -164,6 +176,28 @@ fn shape_above_bytes<'de, D: serde::Deserializer<'de>>(
     Ok(limits)
 }
 
+/// `runtime.tool_cache_ttl`: each tool's within the bounds of
+/// [`check_cache_ttl_ms`](toolfleet_proto::manifest::check_cache_ttl_ms)
+/// (whether the tool is read-only is checked when it is loaded, with its
+/// effects as configured).
+fn cache_ttls<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, duration::Value>, D::Error> {
+    use serde::de::Error;
+    use toolfleet_proto::manifest::{MAX_CACHE_TTL_MS, MIN_CACHE_TTL_MS};
+    let ttls = BTreeMap::<String, duration::Value>::deserialize(d)?;
+    for (tool, ttl) in &ttls {
+        let ms = ttl.0.as_millis();
+        if ms < u128::from(MIN_CACHE_TTL_MS) || ms > u128::from(MAX_CACHE_TTL_MS) {
+            return Err(D::Error::custom(format!(
+                "{tool}: {} is not between 1s and 7 days",
+                duration::format(ttl.0)
+            )));
+        }
+    }
+    Ok(ttls)
+}
+
 impl Default for RuntimeOptions {
     fn default() -> Self {
         Self {
@@ -177,6 +211,7 @@ impl Default for RuntimeOptions {
             tool_timeouts: BTreeMap::new(),
             tool_effects: BTreeMap::new(),
             tool_shape_above_bytes: BTreeMap::new(),
+            tool_cache_ttl: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -382,13 +417,13 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn configuration_overrides_a_tools_timeout_effects_and_shaping_limit() {
+    fn configuration_overrides_a_tools_timeout_effects_shaping_limit_and_cache() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("worker.toml");
         std::fs::write(
             &file,
             "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n\
-             [runtime.tool_shape_above_bytes]\necho = 4096\n",
+             [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n",
         )
         .unwrap();
         let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
@@ -397,6 +432,7 @@ mod tests {
         assert_eq!(configured.effects, Effects::Idempotent);
         assert_eq!(configured.timeout_ms, 2_000);
         assert_eq!(configured.shape_above_bytes, Some(4096));
+        assert_eq!(configured.cache_ttl_ms, Some(90_000));
         let other = options.runtime.configured(ToolManifest {
             name: "other".into(),
             ..echo
@@ -411,6 +447,14 @@ mod tests {
             let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
             let refused = refused.to_string();
             assert!(refused.contains("tool_shape_above_bytes"), "{refused}");
+            assert!(refused.contains(why), "{refused}");
+        }
+        for (ttl, why) in [("\"999ms\"", "echo: 999ms is not between"), ("\"8d\"", "echo: 192h is not between")] {
+            let text = format!("[runtime.tool_cache_ttl]\necho = {ttl}\n");
+            std::fs::write(&file, text).unwrap();
+            let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+            let refused = refused.to_string();
+            assert!(refused.contains("tool_cache_ttl"), "{refused}");
             assert!(refused.contains(why), "{refused}");
         }
     }

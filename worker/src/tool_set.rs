@@ -38,6 +38,18 @@ pub enum Unservable {
     /// Its schema does not compile.
     #[error(transparent)]
     Schema(#[from] SchemaError),
+    /// Its manifest, as configured, is one the orchestrators would ignore
+    /// ([`ToolManifest::check`]): a limit out of its bounds, a cache TTL
+    /// on a tool that changes things.
+    #[error(
+        "tool {tool}: {why} (check its runtime.tool_* keys and, for an MCP tool, its [[mcp.servers]] entry)"
+    )]
+    Manifest {
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        why: String,
+    },
 }
 
 /// A tool ready to execute: its implementation, manifest and compiled schema.
@@ -180,8 +192,15 @@ impl ToolSet {
     /// `tool` with its configured overrides, its name and schema checked.
     fn load(&self, tool: Arc<dyn ErasedTool>) -> Result<LoadedTool, Unservable> {
         let loaded = LoadedTool::load(tool, &*self.configure)?;
-        if !is_valid_tool_name(&loaded.manifest.name) {
+        let name = &loaded.manifest.name;
+        if !is_valid_tool_name(name) {
             return Err(Unservable::Name(loaded.manifest.name));
+        }
+        if let Err(why) = loaded.manifest.check(name) {
+            return Err(Unservable::Manifest {
+                tool: name.clone(),
+                why,
+            });
         }
         Ok(loaded)
     }
@@ -334,5 +353,25 @@ mod tests {
         // Offered again, the same manifest: up.
         set.offer(Versioned("v2")).unwrap();
         assert!(set.is_up("crm__find"));
+    }
+
+    #[test]
+    fn a_manifest_the_orchestrators_would_ignore_is_not_served() {
+        use std::time::Duration;
+        // A cache TTL on a tool that is not read-only (`Versioned` says
+        // nothing of its effects: not_idempotent).
+        let cached = ToolSet::new(|manifest| manifest.with_cache_ttl(Duration::from_secs(60)));
+        let refused = cached.offer(Versioned("v1")).unwrap_err().to_string();
+        assert!(
+            refused.contains("tool crm__find: cache_ttl_ms: only a read_only tool's results"),
+            "{refused}"
+        );
+        assert!(cached.get("crm__find").is_none());
+        let read_only = ToolSet::new(|manifest| {
+            manifest
+                .with_effects(toolfleet_proto::Effects::ReadOnly)
+                .with_cache_ttl(Duration::from_secs(60))
+        });
+        read_only.offer(Versioned("v1")).expect("a read-only tool may be cached");
     }
 }

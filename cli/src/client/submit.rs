@@ -109,6 +109,10 @@ pub(crate) struct SubmitArgs {
     /// is written.
     #[arg(long)]
     stream: bool,
+    /// Run every call of the job, even one the tenant's result cache could
+    /// answer, and cache none of its results (docs/protection.md).
+    #[arg(long)]
+    no_result_cache: bool,
     /// Submitting again with the same key returns the same job instead of a new one.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
@@ -277,6 +281,7 @@ impl SubmitArgs {
             on_unknown_outcome: self.on_unknown_outcome.clone().unwrap_or_default(),
             call: None,
             stream: self.stream.then_some(true),
+            result_cache: self.no_result_cache.then_some(false),
         })
     }
 }
@@ -345,6 +350,7 @@ mod tests {
             "--max-tool-rounds",
             "3",
             "--no-parallel",
+            "--no-result-cache",
             "--idempotency-key",
             "k1",
             "--deadline-ms",
@@ -365,6 +371,7 @@ mod tests {
         assert_eq!(request.tools, ["calculate", "echo"]);
         assert_eq!(request.max_tool_rounds, 3);
         assert_eq!(request.parallel_tool_calls, Some(false));
+        assert_eq!(request.result_cache, Some(false));
         assert_eq!(request.idempotency_key, "k1");
         assert_eq!(request.deadline_ms, 5000);
         assert_eq!(request.metadata["note"], "a=b");
@@ -373,6 +380,7 @@ mod tests {
         let model = plain.model.unwrap();
         assert_eq!(model.script, demo::WEATHER_AND_MATH.script);
         assert_eq!(plain.parallel_tool_calls, None);
+        assert_eq!(plain.result_cache, None, "the cache is the default");
         let kg = parse(&["what did AMD launch between 2016 and 2020?"]).unwrap();
         assert_eq!(kg.model.unwrap().script, demo::AMD_LAUNCHES.script);
 

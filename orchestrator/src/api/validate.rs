@@ -409,6 +409,7 @@ pub(super) fn job_spec(
         script: model.script,
         max_tokens: model.max_tokens,
         stream: request.stream.unwrap_or(caller.stream) && call.is_none(),
+        no_result_cache: request.result_cache == Some(false),
         call,
         tools,
         max_tool_rounds: match request.max_tool_rounds {

@@ -50,6 +50,7 @@ use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
 use crate::quota::{SlotError, TenantLimits};
 use crate::registry::{LiveTool, RegistryHandle};
+use crate::result_cache::{self, CacheEntry};
 use crate::shaping::{self, ResultOptions, ResultRef, read};
 use crate::spans;
 use crate::store::{self, Approvals, Attempts, DispatchedCall, HeldCall, JobStore};
@@ -340,6 +341,10 @@ pub(crate) enum Admission {
     /// It is a call of the orchestrator's own tool, `read_result`,
     /// answered here and never published.
     BuiltIn,
+    /// It may be answered from its tenant's result cache, at this entry;
+    /// else it is published, retried by this policy, and its result cached
+    /// (`result_cache`).
+    LookUp(RetryPolicy, CacheEntry),
 }
 
 /// A call of the round that waits for a person's decision (an approval,
@@ -372,7 +377,8 @@ enum Placed<'c> {
     /// It is answered without being published: a check refused it, or a
     /// person did, or nobody decided in time ([`Origin::Stored`]); or it
     /// is a call of a built-in tool, answered by the orchestrator
-    /// ([`Origin::BuiltIn`]).
+    /// ([`Origin::BuiltIn`]); or its tenant's result cache answered it
+    /// ([`Origin::Cache`]).
     Answer(Envelope, Origin),
     /// It waits for a person's decision; with its request when it is held
     /// now.
@@ -384,6 +390,20 @@ struct Ready {
     call: PlannedCall,
     /// How the call's retryable failures are retried.
     policy: RetryPolicy,
+    /// Where its result is cached once its commit found it: a call the
+    /// cache was asked for and could not answer.
+    cache: Option<CacheEntry>,
+}
+
+impl Ready {
+    /// `call`, retried by `policy`, its result not cached.
+    fn new(call: PlannedCall, policy: RetryPolicy) -> Self {
+        Self {
+            call,
+            policy,
+            cache: None,
+        }
+    }
 }
 
 /// What every call of one round shares.
@@ -494,9 +514,14 @@ impl Dispatcher {
                 cancelled: run.cancelled,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
-            for ((index, _), driven) in ready.iter().zip(driven) {
+            for ((index, ready), driven) in ready.iter().zip(driven) {
                 match driven {
-                    Driven::Settled(outcome) => outcomes[*index] = Some(outcome),
+                    Driven::Settled(outcome) => {
+                        if let Some(entry) = &ready.cache {
+                            self.cache(entry, &outcome).await;
+                        }
+                        outcomes[*index] = Some(outcome);
+                    }
                     Driven::Waiting(call) => waiting.push(call),
                 }
             }
@@ -567,13 +592,11 @@ impl Dispatcher {
             let call = approvals
                 .as_ref()
                 .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
-            return Ok(Placed::Run(Ready { call, policy }));
+            return Ok(Placed::Run(Ready::new(call, policy)));
         }
         Ok(match self.admit(spec, index, call, offered) {
-            Admission::Publish(policy) => Placed::Run(Ready {
-                call: call.clone(),
-                policy,
-            }),
+            Admission::Publish(policy) => Placed::Run(Ready::new(call.clone(), policy)),
+            Admission::LookUp(policy, entry) => self.look_up(call, policy, entry).await?,
             Admission::Refuse(envelope) => Placed::Answer(envelope, Origin::Stored),
             Admission::BuiltIn => {
                 let answer = self.read_result(&lease.job_id, call).await?;
@@ -587,10 +610,7 @@ impl Dispatcher {
                 let timeout = self.approval_timeout(spec);
                 awaiting_approval(
                     call,
-                    Ready {
-                        call: call.clone(),
-                        policy,
-                    },
+                    Ready::new(call.clone(), policy),
                     rule,
                     known,
                     timeout,
@@ -605,6 +625,48 @@ impl Dispatcher {
         spec.approval
             .timeout_ms
             .map_or(self.approval.timeout, Duration::from_millis)
+    }
+
+    /// Where `call`, which its tenant's result cache may answer at `entry`,
+    /// goes: answered by the cached envelope, else run and its result
+    /// cached.
+    async fn look_up<'c>(
+        &self,
+        call: &PlannedCall,
+        policy: RetryPolicy,
+        entry: CacheEntry,
+    ) -> Result<Placed<'c>, RoundError> {
+        let cached = self.store.cached_result(&entry).await?;
+        if let Some(envelope) = cached.as_deref().and_then(result_cache::answer) {
+            crate::metrics::result_cache(&call.name, "hit");
+            return Ok(Placed::Answer(envelope, Origin::Cache));
+        }
+        crate::metrics::result_cache(&call.name, "miss");
+        Ok(Placed::Run(Ready {
+            call: call.clone(),
+            policy,
+            cache: Some(entry),
+        }))
+    }
+
+    /// Caches `outcome`, which its round's commit found, at `entry` when it
+    /// is a success. A cache that cannot be written costs later calls a
+    /// run, never this one its answer: the failure is logged.
+    async fn cache(&self, entry: &CacheEntry, outcome: &CallOutcome) {
+        let Ok(envelope) = serde_json::from_str::<Envelope>(&outcome.output) else {
+            return;
+        };
+        let Some(text) = result_cache::to_store(&envelope) else {
+            return;
+        };
+        match self.store.cache_result(entry, &text).await {
+            Ok(()) => crate::metrics::result_cache(&outcome.name, "stored"),
+            Err(err) => tracing::warn!(
+                tool = %outcome.name,
+                error = %err,
+                "could not cache a result; later calls with the same arguments will run"
+            ),
+        }
     }
 
     /// Answers `read_result` `call` of job `job_id` from the job's shaped
@@ -638,8 +700,8 @@ impl Dispatcher {
         // Answered here: a call span with no attempt.
         let mut span = spans::call(job.trace, call.span_ref(), self.tool_content);
         span.set(span_attributes::ATTEMPTS, 0_i64);
-        if matches!(origin, Origin::BuiltIn) {
-            span.set(span_attributes::OUTCOME_SOURCE, read::BUILT_IN);
+        if let Some(source) = origin.source() {
+            span.set(span_attributes::OUTCOME_SOURCE, source);
         }
         spans::settle_call(&mut span, envelope, self.tool_content);
         let outcome = CallOutcome {
@@ -738,9 +800,13 @@ impl Dispatcher {
             Ok(tool) => {
                 let manifest = &tool.manifest;
                 let policy = manifest.retry_policy(self.options.default_retry_policy());
+                // Approval first: a held call is never answered from the cache.
                 match approval::needs_approval(manifest, &spec.approval) {
                     Some(rule) => Admission::Hold(rule, policy),
-                    None => Admission::Publish(policy),
+                    None => match result_cache::entry(spec, manifest, &call.arguments) {
+                        Some(entry) => Admission::LookUp(policy, entry),
+                        None => Admission::Publish(policy),
+                    },
                 }
             }
         }
@@ -833,11 +899,10 @@ impl Dispatcher {
         envelope: &Envelope,
         origin: Origin,
     ) -> Result<(), RoundError> {
-        let (unchecked, source) = match origin {
-            Origin::Stored => (None, None),
-            Origin::Reply(text) => (Some(text), None),
-            Origin::Operator => (None, Some(unknown::OPERATOR)),
-            Origin::BuiltIn => (None, Some(read::BUILT_IN)),
+        let source = origin.source();
+        let unchecked = match origin {
+            Origin::Reply(text) => Some(text),
+            _ => None,
         };
         let step = spans::Step::Call(&outcome.wire_id);
         let commit = spans::commit(trace, step, "record_call_result");
@@ -876,6 +941,22 @@ pub(crate) enum Origin {
     Operator,
     /// The orchestrator's own answer to a built-in tool (`read_result`).
     BuiltIn,
+    /// A result of an earlier call, from the tenant's result cache
+    /// (`result_cache`).
+    Cache,
+}
+
+impl Origin {
+    /// What the call's `tool_call_result` event and span say produced the
+    /// envelope, when no worker did.
+    fn source(&self) -> Option<&'static str> {
+        match self {
+            Self::Stored | Self::Reply(_) => None,
+            Self::Operator => Some(unknown::OPERATOR),
+            Self::BuiltIn => Some(read::BUILT_IN),
+            Self::Cache => Some(result_cache::CACHE),
+        }
+    }
 }
 
 /// `call` as it runs: with the arguments a person approved it with, if

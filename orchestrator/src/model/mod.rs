@@ -490,6 +490,7 @@ mod tests {
             script: None,
             max_tokens: None,
             stream: false,
+            no_result_cache: false,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 2,

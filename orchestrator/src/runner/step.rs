@@ -221,14 +221,15 @@ pub(crate) fn ack_for(delivery: Delivery, lease_ttl: Duration) -> Option<AckKind
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
     use crate::job::ProviderKind;
     use toolfleet_proto::WireId;
 
-    fn spec() -> JobSpec {
+    /// A scripted job of tenant `default`, with two rounds and no limits.
+    pub(crate) fn spec() -> JobSpec {
         JobSpec {
             input: "hi".into(),
             instructions: String::new(),
@@ -237,6 +238,7 @@ mod tests {
             script: None,
             max_tokens: None,
             stream: false,
+            no_result_cache: false,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 2,

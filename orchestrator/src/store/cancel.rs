@@ -77,6 +77,7 @@ impl JobStore {
             script: None,
             max_tokens: None,
             stream: false,
+            no_result_cache: false,
             call: None,
             tools: Vec::new(),
             max_tool_rounds: 0,

@@ -37,6 +37,7 @@
 //!   status, a stamped step after each change of status;
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
+//! - `cache`: the tenants' result caches, an entry per cached call;
 //! - `approvals`: held calls and people's decisions, as stored;
 //! - `decide`: a person's decision, written once, and its job queued again;
 //! - `park`: parking a job, and waking it when its first held call expires;
@@ -52,6 +53,7 @@
 
 mod approvals;
 mod attempts;
+mod cache;
 mod cancel;
 mod catalog;
 mod commit;

@@ -426,6 +426,7 @@ mod tests {
             script: Some(r#"[{"message":"hi"}]"#.into()),
             max_tokens: None,
             stream: false,
+            no_result_cache: false,
             call: None,
             tools: vec!["echo".into()],
             max_tool_rounds: 8,

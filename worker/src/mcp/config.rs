@@ -96,6 +96,14 @@ pub struct McpServerOptions {
     /// annotations (hints): `read_only`, `idempotent` or `not_idempotent`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub effects: BTreeMap<String, Effects>,
+    /// How long a successful result of a tool may answer another job's
+    /// call with the same arguments, by its MCP name, e.g. `{ "get.forecast"
+    /// = "10m" }` (the result cache, docs/protection.md): from 1s to 7
+    /// days, for a tool whose calls are `read_only` (by `effects`, else its
+    /// `readOnlyHint`); a tool the server says is not is served uncached,
+    /// with a warning.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cache_ttl: BTreeMap<String, toolfleet_service::config::duration::Value>,
     /// When the server's tools need a person's approval: `never` (the
     /// default), `always`, `when_side_effects`, or `when_destructive` (a
     /// tool whose `destructiveHint` is not false, unless it is read-only).
@@ -385,6 +393,7 @@ impl McpServerOptions {
                 "mcp server {server}: effects names {unknown:?}, which is not in `tools`"
             ));
         }
+        self.check_cache_ttls()?;
         for header in self.headers.keys() {
             if reqwest::header::HeaderName::from_bytes(header.as_bytes()).is_err() {
                 return Err(format!(
@@ -393,6 +402,34 @@ impl McpServerOptions {
             }
         }
         self.check_secrets()
+    }
+
+    /// Each `cache_ttl` names a tool of `tools`, within the bounds of a
+    /// cache TTL, whose configured `effects` (if any) are `read_only`.
+    fn check_cache_ttls(&self) -> Result<(), String> {
+        use toolfleet_proto::manifest::{MAX_CACHE_TTL_MS, MIN_CACHE_TTL_MS};
+        let server = &self.name;
+        for (tool, ttl) in &self.cache_ttl {
+            if !self.tools.contains(tool) {
+                return Err(format!(
+                    "mcp server {server}: cache_ttl names {tool:?}, which is not in `tools`"
+                ));
+            }
+            let ms = ttl.0.as_millis();
+            if ms < u128::from(MIN_CACHE_TTL_MS) || ms > u128::from(MAX_CACHE_TTL_MS) {
+                return Err(format!(
+                    "mcp server {server}: cache_ttl of {tool:?}: {} is not between 1s and 7 days",
+                    humantime::format_duration(ttl.0)
+                ));
+            }
+            if let Some(effects) = self.effects.get(tool).filter(|e| **e != Effects::ReadOnly) {
+                return Err(format!(
+                    "mcp server {server}: cache_ttl of {tool:?}: only a read_only tool's \
+                     results may be cached; its effects are {effects}"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The files its secrets are read from.
@@ -558,6 +595,19 @@ tools = ["find"]
             (
                 "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\neffects = { b = \"read_only\" }",
                 "not in `tools`",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\ncache_ttl = { b = \"1m\" }",
+                "cache_ttl names \"b\", which is not in `tools`",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\ncache_ttl = { a = \"10ms\" }",
+                "cache_ttl of \"a\": 10ms is not between 1s and 7 days",
+            ),
+            (
+                "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\neffects = { a = \"idempotent\" }\n\
+                 cache_ttl = { a = \"1m\" }",
+                "only a read_only tool's results may be cached; its effects are idempotent",
             ),
             (
                 "name = \"crm\"\ncommand = \"x\"\ntools = [\"a\"]\nconcurrency = 0",

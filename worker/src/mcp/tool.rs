@@ -93,6 +93,19 @@ fn manifest(
         .with_approval(options.approval.for_tool(effects, destructive));
     manifest.strict = is_strict(&schema);
     manifest.version = "mcp".into();
+    if let Some(ttl) = options.cache_ttl.get(info.name.as_ref()) {
+        if effects == Effects::ReadOnly {
+            manifest = manifest.with_cache_ttl(ttl.0);
+        } else {
+            tracing::warn!(
+                server = %options.name,
+                tool = %manifest.name,
+                %effects,
+                "cache_ttl is set, but the server says the tool's calls are not read-only: \
+                 its results are not cached (set its `effects` to read_only if they are)"
+            );
+        }
+    }
     Ok(manifest)
 }
 
@@ -193,6 +206,28 @@ mod tests {
         let referenced = json!({"type": "object", "additionalProperties": false,
             "required": ["a"], "properties": {"a": {"$ref": "#/$defs/a"}}});
         assert!(!is_strict(&referenced));
+    }
+
+    #[test]
+    fn a_cache_ttl_is_kept_only_for_a_tool_whose_calls_are_read_only() {
+        let options: McpServerOptions = serde_json::from_value(json!({
+            "name": "crm", "command": "x", "tools": ["find", "add"],
+            "cache_ttl": {"find": "10m", "add": "10m"},
+        }))
+        .expect("options");
+        let info = |name: &str, read_only: bool| -> McpToolInfo {
+            serde_json::from_value(json!({
+                "name": name, "inputSchema": {"type": "object"},
+                "annotations": {"readOnlyHint": read_only},
+            }))
+            .expect("a tool")
+        };
+        let find = manifest(&options, "crm_find".into(), &info("find", true)).expect("served");
+        assert_eq!(find.cache_ttl_ms, Some(600_000));
+        assert_eq!(find.check("crm_find"), Ok(()));
+        // The server says otherwise: served, never cached.
+        let add = manifest(&options, "crm_add".into(), &info("add", false)).expect("served");
+        assert_eq!((add.effects, add.cache_ttl_ms), (Effects::NotIdempotent, None));
     }
 
     #[test]

@@ -61,6 +61,10 @@ pub enum StartError {
     /// A tool's schema does not compile.
     #[error(transparent)]
     Schema(#[from] SchemaError),
+    /// A tool's manifest, as configured, would be ignored by the
+    /// orchestrators (a cache TTL on a tool that is not `read_only`, say).
+    #[error(transparent)]
+    Manifest(Unservable),
 }
 
 impl From<Unservable> for StartError {
@@ -68,6 +72,7 @@ impl From<Unservable> for StartError {
         match why {
             Unservable::Name(name) => Self::ToolName(name),
             Unservable::Schema(err) => Self::Schema(err),
+            manifest @ Unservable::Manifest { .. } => Self::Manifest(manifest),
         }
     }
 }

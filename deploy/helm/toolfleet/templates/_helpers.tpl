@@ -588,7 +588,7 @@ user default off
 # The orchestrators: every job key, the tenants' indexes and quotas, the
 # submission keys; the call ledgers read-only (a result is only ever
 # written by the pool that ran the call).
-user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:{*}:approvals ~tf:{*}:shaped ~tf:unfinished:* ~tf:parked:* ~tf:approvals:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
+user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:{*}:approvals ~tf:{*}:shaped ~tf:unfinished:* ~tf:parked:* ~tf:approvals:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* ~tf:cache:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
 {{- range .pools }}
 {{- $user := printf "pool-%s" .name }}
 
