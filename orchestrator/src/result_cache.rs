@@ -37,11 +37,7 @@ pub(crate) struct CacheEntry {
 /// read-only with a cache TTL ([`ToolManifest::cache_ttl`]), the job did
 /// not turn the cache off, and the arguments are JSON. A call job's call
 /// may be, as a model's: the same call answers the same.
-pub(crate) fn entry(
-    spec: &JobSpec,
-    tool: &ToolManifest,
-    arguments: &str,
-) -> Option<CacheEntry> {
+pub(crate) fn entry(spec: &JobSpec, tool: &ToolManifest, arguments: &str) -> Option<CacheEntry> {
     if spec.no_result_cache {
         return None;
     }

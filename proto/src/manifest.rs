@@ -518,7 +518,9 @@ pub fn check_cache_ttl_ms(ttl_ms: u64, effects: Effects) -> Result<u64, String> 
         return Err(format!("{ttl_ms} ms is below {MIN_CACHE_TTL_MS} ms (1s)"));
     }
     if ttl_ms > MAX_CACHE_TTL_MS {
-        return Err(format!("{ttl_ms} ms is above {MAX_CACHE_TTL_MS} ms (7 days)"));
+        return Err(format!(
+            "{ttl_ms} ms is above {MAX_CACHE_TTL_MS} ms (7 days)"
+        ));
     }
     Ok(ttl_ms)
 }

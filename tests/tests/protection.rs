@@ -6,6 +6,10 @@
 //! model as a view within its tool's limit and paged back byte for byte
 //! with `read_result`; a reference of another job or tenant, or an offset
 //! out of range, is a terminal envelope that says so.
+//!
+//! The result cache: a read-only tool with a cache TTL runs once for two
+//! jobs with the same arguments, and again after its TTL; never for a held
+//! call or a job that turned the cache off.
 
 use std::time::Duration;
 
@@ -406,5 +410,150 @@ async fn read_result_is_offered_once_the_job_holds_a_shaped_result() -> anyhow::
     let view = result(&job, "toolu_b");
     assert_eq!(view["data"]["shaped"], true, "{view}");
     assert_eq!(view["data"]["ref"], format!("{}/toolu_b", job.job_id));
+    Ok(())
+}
+
+/// Answers of the calls of `job`, in order: (attempts, the envelope).
+fn attempts_and_outputs(job: &v1::Job) -> Vec<(u32, Value)> {
+    job.items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(Kind::ToolResult(r)) => Some((
+                r.attempts,
+                serde_json::from_str(&r.output).expect("outputs are envelopes"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The keys of the default tenant's result cache.
+async fn cache_keys(fleet: &Fleet) -> anyhow::Result<Vec<String>> {
+    let mut redis = fleet.redis.connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tf:cache:{default}:*")
+        .query_async(&mut redis)
+        .await?;
+    Ok(keys)
+}
+
+/// `echo` caches its results for a minute, `sleep` for a second: a second
+/// job's `echo` with the same arguments (however they are written) is
+/// answered from the cache, without a worker, as the first job's was
+/// answered; other arguments run. A job that turns the cache off runs its
+/// call, and a call held for approval is held, not answered from the
+/// cache. Once `sleep`'s entry has expired, the same call runs again.
+#[tokio::test]
+async fn a_cached_tool_runs_once_for_two_jobs_and_again_after_its_ttl() -> anyhow::Result<()> {
+    let builder = test_fleet(1).worker_env(&[
+        ("TOOLFLEET_RUNTIME__TOOL_CACHE_TTL__ECHO", "1m"),
+        ("TOOLFLEET_RUNTIME__TOOL_CACHE_TTL__SLEEP", "1s"),
+    ]);
+    let mut fleet = Fleet::start(builder).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["echo", "sleep"], 1).await?;
+    let api = fleet.api(0).await?;
+    let echo = |arguments: Value| json!({"name": "echo", "arguments": arguments});
+    let job = |script: Value| {
+        scripted_job(
+            "cache",
+            &json!([{"tool_calls": script}, {"message": "done"}]),
+        )
+    };
+
+    let first = run_job(
+        &api,
+        job(json!([
+            echo(json!({"q": "x", "n": 1})),
+            echo(json!({"q": "y"}))
+        ])),
+    )
+    .await?;
+    let second = run_job(
+        &api,
+        job(json!([
+            echo(json!({"n": 1.0, "q": "x"})),
+            echo(json!({"q": "z"}))
+        ])),
+    )
+    .await?;
+    let (first_calls, second_calls) = (attempts_and_outputs(&first), attempts_and_outputs(&second));
+    assert_eq!(
+        first_calls
+            .iter()
+            .map(|(attempts, _)| *attempts)
+            .collect::<Vec<_>>(),
+        [1, 1]
+    );
+    assert_eq!(
+        second_calls
+            .iter()
+            .map(|(attempts, _)| *attempts)
+            .collect::<Vec<_>>(),
+        [0, 1]
+    );
+    assert_eq!(
+        second_calls[0].1, first_calls[0].1,
+        "the first job's answer"
+    );
+    assert_eq!(
+        second_calls[0].1,
+        json!({"ok": true, "data": {"q": "x", "n": 1}})
+    );
+    // The hit is recorded with the job, from the cache, never dispatched.
+    let events = events(&api, &second.job_id).await?;
+    let sources: Vec<(u64, Option<&str>)> = events
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_result")
+        .map(|(_, data)| {
+            (
+                data["attempts"].as_u64().unwrap_or(99),
+                data["source"].as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(sources, [(0, Some("cache")), (1, None)]);
+    let dispatched = events
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_dispatched")
+        .count();
+    assert_eq!(dispatched, 1, "only the call with new arguments ran");
+
+    // A job may turn the cache off: its call runs.
+    let mut off = job(json!([echo(json!({"q": "x", "n": 1}))]));
+    off.result_cache = Some(false);
+    let off = run_job(&api, off).await?;
+    assert_eq!(attempts_and_outputs(&off)[0].0, 1);
+    // Approval is decided first: a held call waits for its person.
+    let mut held = job(json!([echo(json!({"q": "x", "n": 1}))]));
+    held.require_approval = vec!["echo".into()];
+    let held = api.clone().submit_job(held).await?.into_inner().job_id;
+    wait_until(
+        "the held call's job to park",
+        Duration::from_secs(30),
+        || {
+            let (mut api, job_id) = (api.clone(), held.clone());
+            async move {
+                let job = api.get_job(v1::GetJobRequest { job_id }).await;
+                job.is_ok_and(|job| {
+                    job.get_ref().status == v1::JobStatus::WaitingForApproval as i32
+                })
+            }
+        },
+    )
+    .await?;
+
+    // After its TTL, the same call runs again.
+    let nap = || job(json!([{"name": "sleep", "arguments": {"ms": 1}}]));
+    let before = run_job(&api, nap()).await?;
+    assert_eq!(attempts_and_outputs(&before)[0].0, 1);
+    wait_until(
+        "sleep's cached result to expire",
+        Duration::from_secs(10),
+        || async { cache_keys(&fleet).await.is_ok_and(|keys| keys.len() == 3) },
+    )
+    .await?;
+    let after = run_job(&api, nap()).await?;
+    assert_eq!(attempts_and_outputs(&after)[0].0, 1, "run again");
     Ok(())
 }

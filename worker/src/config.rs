@@ -449,7 +449,10 @@ mod tests {
             assert!(refused.contains("tool_shape_above_bytes"), "{refused}");
             assert!(refused.contains(why), "{refused}");
         }
-        for (ttl, why) in [("\"999ms\"", "echo: 999ms is not between"), ("\"8d\"", "echo: 192h is not between")] {
+        for (ttl, why) in [
+            ("\"999ms\"", "echo: 999ms is not between"),
+            ("\"8d\"", "echo: 192h is not between"),
+        ] {
             let text = format!("[runtime.tool_cache_ttl]\necho = {ttl}\n");
             std::fs::write(&file, text).unwrap();
             let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();

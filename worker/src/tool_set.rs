@@ -372,6 +372,8 @@ mod tests {
                 .with_effects(toolfleet_proto::Effects::ReadOnly)
                 .with_cache_ttl(Duration::from_secs(60))
         });
-        read_only.offer(Versioned("v1")).expect("a read-only tool may be cached");
+        read_only
+            .offer(Versioned("v1"))
+            .expect("a read-only tool may be cached");
     }
 }

@@ -608,13 +608,7 @@ impl Dispatcher {
                     empty => empty.insert(self.store.approvals(&lease.job_id).await?),
                 };
                 let timeout = self.approval_timeout(spec);
-                awaiting_approval(
-                    call,
-                    Ready::new(call.clone(), policy),
-                    rule,
-                    known,
-                    timeout,
-                )
+                awaiting_approval(call, Ready::new(call.clone(), policy), rule, known, timeout)
             }
         })
     }

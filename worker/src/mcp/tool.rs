@@ -227,7 +227,10 @@ mod tests {
         assert_eq!(find.check("crm_find"), Ok(()));
         // The server says otherwise: served, never cached.
         let add = manifest(&options, "crm_add".into(), &info("add", false)).expect("served");
-        assert_eq!((add.effects, add.cache_ttl_ms), (Effects::NotIdempotent, None));
+        assert_eq!(
+            (add.effects, add.cache_ttl_ms),
+            (Effects::NotIdempotent, None)
+        );
     }
 
     #[test]
