@@ -1071,12 +1071,16 @@ async fn start_pools_with_password_files(
 }
 
 /// A worker of a pool serving `tools` with `env`, once it is ready.
+/// `calculate`'s results are cached (docs/protection.md), so that the
+/// orchestrator's reads and writes of its tenant's result cache run too.
 async fn start_ready_pool(
     fleet: &mut Fleet,
     tools: &[&str],
     env: &[(&str, &str)],
 ) -> anyhow::Result<()> {
-    let index = fleet.start_pool_worker(tools, env)?;
+    let mut env = env.to_vec();
+    env.push(("TOOLFLEET_RUNTIME__TOOL_CACHE_TTL__CALCULATE", "1m"));
+    let index = fleet.start_pool_worker(tools, &env)?;
     fleet
         .worker(index)
         .wait_for_log("worker ready", Duration::from_secs(30))
@@ -1207,6 +1211,16 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     fleet.wait_for_tools(0, &all_tools(), 1).await?;
     let (job, with_acls) = time_two_pool_jobs(&fleet).await?;
     assert!(job.output_text.starts_with("4 / "), "{}", job.output_text);
+    // The last job's `calculate` was answered from the result cache.
+    let attempts: Vec<u32> = job
+        .items
+        .iter()
+        .filter_map(|item| match &item.kind {
+            Some(v1::item::Kind::ToolResult(result)) => Some(result.attempts),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [0, 1], "calculate from the cache, factual_qa run");
 
     // The plaintext port is closed, and the workers, which present no
     // certificate, got in (tls-auth-clients optional).
