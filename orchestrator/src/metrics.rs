@@ -77,6 +77,15 @@ pub(crate) fn tool_call_settled(tool: &str, envelope: &toolfleet_proto::Envelope
         .increment(1);
 }
 
+/// Results shown to the model as a view because their `data` was over
+/// their tool's limit, by `tool` (docs/protection.md); a round resumed
+/// after a crash shapes its results again, and counts them again.
+pub(crate) const RESULTS_SHAPED_TOTAL: &str = "toolfleet_results_shaped_total";
+
+pub(crate) fn result_shaped(tool: &str) {
+    metrics::counter!(RESULTS_SHAPED_TOTAL, "tool" => tool.to_owned()).increment(1);
+}
+
 /// Calls of tools whose results may be cached, by `tool` and `outcome`:
 /// `hit` (answered from the tenant's result cache), `miss` (run), `stored`
 /// (a result cached for later calls; docs/protection.md).

@@ -566,6 +566,9 @@ impl Dispatcher {
         let shaped = shaping::shape(output, Some(limit), &reference);
         outcome.output = shaped.output;
         outcome.full = shaped.full;
+        if outcome.full.is_some() {
+            crate::metrics::result_shaped(&outcome.name);
+        }
         outcome
     }
 
