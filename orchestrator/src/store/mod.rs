@@ -95,8 +95,9 @@ pub use submit::Idempotency;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// Redis is unreachable or refused the command; the operation may be
-    /// retried.
-    #[error("redis unavailable")]
+    /// retried. Its message says which when Redis refused it for the
+    /// user's ACL, which no retry mends: the log must name the fix.
+    #[error("{}", redis_failure(.0))]
     Redis(#[from] redis::RedisError),
     /// Another runner took the job over: stop working on it at once.
     #[error("lease lost for job {0}")]
@@ -118,6 +119,19 @@ pub enum Error {
         /// What did not parse.
         detail: String,
     },
+}
+
+/// What a Redis failure is, in words for the log: a refusal by the user's
+/// ACL (`NOPERM`: a key pattern or a command missing from its line), or
+/// anything else (unreachable, failing over), which a retry may mend. The
+/// Redis error itself is the source.
+fn redis_failure(err: &redis::RedisError) -> &'static str {
+    if err.code() == Some("NOPERM") {
+        "redis refused the command for this user's ACL (NOPERM): a key pattern or command \
+         is missing from its line (deploy/redis/toolfleet-users.conf has the shipped ones)"
+    } else {
+        "redis unavailable"
+    }
 }
 
 /// Redis-backed job store.
@@ -300,5 +314,11 @@ mod tests {
         let redis = Error::from(dropped());
         assert_eq!(redis.to_string(), "redis unavailable");
         assert!(std::error::Error::source(&redis).is_some());
+        // A refusal by the ACL says so: no retry mends it.
+        let refused = redis::parse_redis_value(b"-NOPERM No permissions to access a key\r\n")
+            .and_then(redis::Value::extract_error)
+            .expect_err("an error reply");
+        let refused = Error::from(refused).to_string();
+        assert!(refused.contains("ACL (NOPERM)"), "{refused}");
     }
 }
