@@ -272,6 +272,25 @@ fn call_result_summary(event: &JobEvent) -> String {
     summary
 }
 
+/// What a job spent, each against its budget where it has one:
+/// `300 model tokens, 15 of 20 tool cost units, 5 tool calls`.
+fn spend_line(job: &v1::Job) -> Option<String> {
+    let spent = job.spent?;
+    let budget = job.budget.unwrap_or_default();
+    let part = |spent: u64, max: Option<u64>, unit: &str| match max {
+        Some(max) => format!("{spent} of {max} {unit}"),
+        None => format!("{spent} {unit}"),
+    };
+    Some(
+        [
+            part(spent.tokens, budget.max_tokens, "model tokens"),
+            part(spent.cost_units, budget.max_cost_units, "tool cost units"),
+            part(spent.tool_calls, budget.max_tool_calls, "tool calls"),
+        ]
+        .join(", "),
+    )
+}
+
 /// A job as text: a status line, metadata, error, the transcript and the output.
 pub(crate) fn job_report(job: &v1::Job) -> String {
     let mut out = String::new();
@@ -299,6 +318,9 @@ pub(crate) fn job_report(job: &v1::Job) -> String {
     }
     if !job.trace_id.is_empty() {
         let _ = writeln!(out, "trace: {}", job.trace_id);
+    }
+    if let Some(spent) = spend_line(job) {
+        let _ = writeln!(out, "spent: {spent}");
     }
     let _ = writeln!(out, "transcript:");
     let succeeded = job.status == v1::JobStatus::Succeeded as i32;
@@ -607,6 +629,13 @@ pub(crate) fn job_json(job: &v1::Job) -> Value {
         "finished_at_ms": job.finished_at_ms,
         "trace_id": job.trace_id,
         "submitter": job.submitter,
+        "budget": job.budget.map(|b| json!({
+            "max_tokens": b.max_tokens, "max_cost_units": b.max_cost_units,
+            "max_tool_calls": b.max_tool_calls,
+        })),
+        "spent": job.spent.map(|s| json!({
+            "tokens": s.tokens, "cost_units": s.cost_units, "tool_calls": s.tool_calls,
+        })),
         "held_calls": job.held_calls.iter().map(|h| json!({
             "call_id": h.call_id, "tool": h.tool, "kind": h.kind, "attempt": h.attempt,
             "requested_at_ms": h.requested_at_ms, "expires_at_ms": h.expires_at_ms,
@@ -896,6 +925,15 @@ mod tests {
                 decided_at_ms: 2300,
                 ..Default::default()
             }],
+            budget: Some(v1::Budget {
+                max_tool_calls: Some(4),
+                ..Default::default()
+            }),
+            spent: Some(v1::Spend {
+                tokens: 120,
+                cost_units: 3,
+                tool_calls: 1,
+            }),
         };
         let report = job_report(&job);
         for expected in [
@@ -903,6 +941,7 @@ mod tests {
             "metadata: team=a\n",
             "submitter: token:0123456789abcdef\n",
             "trace: 4bf92f3577b34da6a3ce929d0e0e4736\n",
+            "spent: 120 model tokens, 3 tool cost units, 1 of 4 tool calls\n",
             "  user         what is 23*19?\n",
             "  tool_call    call_0_0  calculate({\"expression\": \"23 * 19\"})\n",
             "  tool_result  call_0_0  calculate, 1 attempt: {\"data\":{\"result\":437},\"ok\":true}\n",
@@ -916,6 +955,8 @@ mod tests {
         assert_eq!(json["status"], "succeeded");
         assert_eq!(json["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736");
         assert_eq!(json["submitter"], "token:0123456789abcdef");
+        assert_eq!(json["budget"]["max_tool_calls"], 4);
+        assert_eq!(json["spent"]["tokens"], 120);
         assert_eq!(
             json["items"][1]["tool_call"]["arguments"],
             "{\"expression\": \"23 * 19\"}"

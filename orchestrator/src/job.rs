@@ -190,6 +190,9 @@ pub struct JobSpec {
     /// so that a resumed run obeys the same ones.
     #[serde(default)]
     pub limits: JobLimits,
+    /// What the job may spend (`SubmitJobRequest.budget`).
+    #[serde(default, skip_serializing_if = "crate::budget::Budget::is_empty")]
+    pub budget: crate::budget::Budget,
 }
 
 /// The one call of a call job: a job without a model, whose output is the
@@ -451,6 +454,11 @@ pub struct JobRecord {
     /// Whether it holds a shaped result (one whose model was shown a view
     /// of it): its model is offered `read_result` (docs/protection.md).
     pub shaped: bool,
+    /// What it spent against its budget (docs/protection.md, "Budgets").
+    pub spent: crate::budget::Spend,
+    /// The budget a run found spent when it refused a call for it: the job
+    /// gets no more model turns.
+    pub budget_exceeded: Option<crate::budget::Limit>,
 }
 
 /// The whole `data` of a call whose result the model is shown shaped
@@ -487,6 +495,8 @@ pub(crate) struct JobRef<'a> {
     pub spec: &'a JobSpec,
     /// Its trace, if it has one.
     pub trace: Option<&'a JobTrace>,
+    /// What it may still spend, as its run keeps count.
+    pub budget: &'a crate::budget::JobBudget,
 }
 
 /// A runner's hold on a job. Writes made with it fail once another runner
@@ -529,6 +539,9 @@ pub struct TurnCheckpoint<'a> {
     pub offered: &'a [ToolManifest],
     /// The tokens the turn used, when the provider said.
     pub usage: Option<Usage>,
+    /// The tokens the turn counts against the job's budget
+    /// ([`crate::budget::JobBudget::turn_tokens`]).
+    pub tokens: u64,
 }
 
 impl TurnCheckpoint<'_> {

@@ -11,6 +11,8 @@
 //! - `model`: the provider-neutral conversation and the providers
 //!   (OpenAI Responses, OpenAI Chat Completions, Anthropic Messages,
 //!   scripted).
+//! - [`budget`]: what a job may spend on model tokens, tool cost units
+//!   and tool calls, and the checks before every turn and attempt.
 //! - [`approval`]: which calls a person must approve (the typed rules);
 //!   [`hold`]: a held call, its decisions and its fate (a pure function);
 //!   `publish`: every publish to JetStream, through a stream leader's
@@ -36,6 +38,7 @@ pub(crate) mod api;
 pub mod approval;
 pub mod auth;
 pub(crate) mod backlog;
+pub mod budget;
 pub mod config;
 pub(crate) mod dispatch;
 #[cfg(fuzzing)]

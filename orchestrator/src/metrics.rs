@@ -96,6 +96,26 @@ pub(crate) fn result_cache(tool: &str, outcome: &'static str) {
         .increment(1);
 }
 
+/// What jobs spent against their budgets, by `tenant` and `kind`
+/// (`tokens`, `cost_units`, `tool_calls`; docs/protection.md, "Budgets"),
+/// as runs take it: counted for every job, with a budget or not.
+pub(crate) const BUDGET_SPENT_TOTAL: &str = "toolfleet_budget_spent_total";
+/// Jobs ended `BUDGET_EXCEEDED`, by `tenant` and `budget` (the field:
+/// `max_tokens`, `max_cost_units`, `max_tool_calls`).
+pub(crate) const BUDGET_EXCEEDED_TOTAL: &str = "toolfleet_budget_exceeded_total";
+
+pub(crate) fn budget_spent(tenant: &str, kind: &'static str, amount: u64) {
+    if amount > 0 {
+        metrics::counter!(BUDGET_SPENT_TOTAL, "tenant" => tenant.to_owned(), "kind" => kind)
+            .increment(amount);
+    }
+}
+
+pub(crate) fn budget_exceeded(tenant: &str, budget: &'static str) {
+    metrics::counter!(BUDGET_EXCEEDED_TOTAL, "tenant" => tenant.to_owned(), "budget" => budget)
+        .increment(1);
+}
+
 /// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
 /// every replica).
 pub(crate) const TOOL_WORKERS: &str = "toolfleet_tool_workers";

@@ -81,6 +81,10 @@ impl ErrorCode {
     pub const NO_SUCH_RESULT: Self = Self::from_static("NO_SUCH_RESULT");
     /// A `read_result` offset is past the end of the result. Terminal.
     pub const OFFSET_OUT_OF_RANGE: Self = Self::from_static("OFFSET_OUT_OF_RANGE");
+    /// The job, or its tenant, spent a budget (tool calls, cost units,
+    /// model tokens, job time): this call was not run, or not run again,
+    /// and the job gets no more model turns. Terminal.
+    pub const BUDGET_EXCEEDED: Self = Self::from_static("BUDGET_EXCEEDED");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

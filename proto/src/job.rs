@@ -138,11 +138,14 @@ pub enum JobErrorCode {
     ModelInvalidResponse,
     /// The scripted model's script is invalid or has no turn left.
     ScriptError,
+    /// The job, or its tenant, spent one of its budgets (the message names
+    /// it): the job got no more model turns.
+    BudgetExceeded,
 }
 
 impl JobErrorCode {
     /// Every code.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::MaxToolRoundsExceeded,
         Self::DeadlineExceeded,
         Self::Cancelled,
@@ -151,6 +154,7 @@ impl JobErrorCode {
         Self::ModelUnavailable,
         Self::ModelInvalidResponse,
         Self::ScriptError,
+        Self::BudgetExceeded,
     ];
 
     /// The wire spelling.
@@ -164,6 +168,7 @@ impl JobErrorCode {
             Self::ModelUnavailable => "MODEL_UNAVAILABLE",
             Self::ModelInvalidResponse => "MODEL_INVALID_RESPONSE",
             Self::ScriptError => "SCRIPT_ERROR",
+            Self::BudgetExceeded => "BUDGET_EXCEEDED",
         }
     }
 }

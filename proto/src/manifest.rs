@@ -55,6 +55,11 @@ pub struct ToolManifest {
     /// [`MIN_CACHE_TTL_MS`] and [`MAX_CACHE_TTL_MS`]
     /// ([`check`](Self::check)). `None`: never cached.
     pub cache_ttl_ms: Option<u64>,
+    /// What one attempt of a call of the tool costs, in the cost units of
+    /// budgets (docs/protection.md, "Budgets"): its price in whatever the
+    /// tenant counts. At most [`MAX_TOOL_COST`]; 0 is a free tool. `None`:
+    /// 1 ([`cost_units`](Self::cost_units)).
+    pub cost: Option<u64>,
 }
 
 /// What a tool's calls may do beyond answering, and so what running one
@@ -151,6 +156,8 @@ struct Announced {
     shape_above_bytes: Option<u64>,
     #[serde(default)]
     cache_ttl_ms: Option<u64>,
+    #[serde(default)]
+    cost: Option<u64>,
 }
 
 impl From<Announced> for ToolManifest {
@@ -173,6 +180,7 @@ impl From<Announced> for ToolManifest {
             approval: wire.approval,
             shape_above_bytes: wire.shape_above_bytes,
             cache_ttl_ms: wire.cache_ttl_ms,
+            cost: wire.cost,
         }
     }
 }
@@ -184,6 +192,7 @@ impl Serialize for ToolManifest {
         fields += usize::from(!self.approval.is_never());
         fields += usize::from(self.shape_above_bytes.is_some());
         fields += usize::from(self.cache_ttl_ms.is_some());
+        fields += usize::from(self.cost.is_some());
         let mut out = serializer.serialize_struct("ToolManifest", fields)?;
         out.serialize_field("name", &self.name)?;
         out.serialize_field("description", &self.description)?;
@@ -206,6 +215,9 @@ impl Serialize for ToolManifest {
         }
         if let Some(ttl_ms) = self.cache_ttl_ms {
             out.serialize_field("cache_ttl_ms", &ttl_ms)?;
+        }
+        if let Some(cost) = self.cost {
+            out.serialize_field("cost", &cost)?;
         }
         out.end()
     }
@@ -260,6 +272,7 @@ impl ToolManifest {
             approval: Approval::Never,
             shape_above_bytes: None,
             cache_ttl_ms: None,
+            cost: None,
         }
     }
 
@@ -360,6 +373,20 @@ impl ToolManifest {
         self.cache_ttl_ms
             .filter(|_| self.effects == Effects::ReadOnly)
             .map(Duration::from_millis)
+    }
+
+    /// Says what one attempt of a call of the tool costs, in budgets' cost
+    /// units (docs/protection.md, "Budgets"), instead of 1.
+    #[must_use]
+    pub fn with_cost(mut self, cost: u64) -> Self {
+        self.cost = Some(cost);
+        self
+    }
+
+    /// What one attempt of a call of the tool costs in budgets' cost
+    /// units: its `cost`, else 1.
+    pub fn cost_units(&self) -> u64 {
+        self.cost.unwrap_or(DEFAULT_TOOL_COST)
     }
 
     /// Marks the schema as not strict (optional properties allowed).
@@ -525,6 +552,27 @@ pub fn check_cache_ttl_ms(ttl_ms: u64, effects: Effects) -> Result<u64, String> 
     Ok(ttl_ms)
 }
 
+/// What an attempt of a tool whose manifest gives no `cost` costs.
+pub const DEFAULT_TOOL_COST: u64 = 1;
+
+/// The most one attempt of a tool may cost: a million units. A budget is
+/// at most 10^12 units, so no single call can take more than a millionth
+/// of the largest.
+pub const MAX_TOOL_COST: u64 = 1_000_000;
+
+/// Whether `cost` is a tool's `cost` within its bounds, else what is
+/// wrong with it (for a message that names the key).
+///
+/// # Errors
+///
+/// Above [`MAX_TOOL_COST`].
+pub fn check_tool_cost(cost: u64) -> Result<u64, String> {
+    if cost > MAX_TOOL_COST {
+        return Err(format!("{cost} is above {MAX_TOOL_COST} cost units"));
+    }
+    Ok(cost)
+}
+
 /// Every tool, where a list of tools may say so (`require_approval`).
 pub const EVERY_TOOL: &str = "*";
 
@@ -590,7 +638,7 @@ pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(600);
 impl ToolManifest {
     /// Checks a manifest filed under `tool` (a registry key, the tool
     /// catalog): its name is valid and is `tool`, and its description and
-    /// schema are within their bounds, its `shape_above_bytes` and
+    /// schema are within their bounds, its `shape_above_bytes`, `cost` and
     /// `cache_ttl_ms` too (the latter only for a read-only tool), and it is
     /// not [`READ_RESULT_TOOL`], the orchestrator's own. (Whether the schema
     /// compiles is the reader's check: it compiles it anyway.)
@@ -613,6 +661,9 @@ impl ToolManifest {
         if let Some(ttl_ms) = self.cache_ttl_ms {
             check_cache_ttl_ms(ttl_ms, self.effects)
                 .map_err(|why| format!("cache_ttl_ms: {why}"))?;
+        }
+        if let Some(cost) = self.cost {
+            check_tool_cost(cost).map_err(|why| format!("cost: {why}"))?;
         }
         if self.description.len() > MAX_DESCRIPTION_BYTES {
             return Err(format!(

@@ -122,6 +122,7 @@ async fn cluster_a_failover_loses_an_acknowledged_write_unless_a_replica_confirm
         submitter: None,
         approval: Default::default(),
         limits: Default::default(),
+        budget: Default::default(),
     };
     let keys = RedisKeys::default();
     // Acknowledged by the primary alone, and lost with it.

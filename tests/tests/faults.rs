@@ -749,6 +749,7 @@ async fn a_job_whose_queue_message_was_lost_is_swept_and_finishes() -> anyhow::R
         submitter: None,
         approval: Default::default(),
         limits: Default::default(),
+        budget: Default::default(),
     };
     let (job_id, _) = store.submit(&spec, None, None).await?;
 

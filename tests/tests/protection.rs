@@ -557,3 +557,138 @@ async fn a_cached_tool_runs_once_for_two_jobs_and_again_after_its_ttl() -> anyho
     assert_eq!(attempts_and_outputs(&after)[0].0, 1, "run again");
     Ok(())
 }
+
+/// A scripted model that asks for two `echo` calls in each of ten turns,
+/// then answers; `max_tokens` 100 per turn (the scripted model reports no
+/// usage, so each turn counts its `max_tokens`).
+fn looping_job(budget: v1::Budget) -> v1::SubmitJobRequest {
+    let echo = |n: u32| json!({"name": "echo", "arguments": {"n": n}});
+    let mut turns: Vec<Value> = (0..10)
+        .map(|turn| json!({"tool_calls": [echo(2 * turn), echo(2 * turn + 1)]}))
+        .collect();
+    turns.push(json!({"message": "done"}));
+    let mut job = scripted_job("loop", &Value::Array(turns));
+    if let Some(model) = job.model.as_mut() {
+        model.max_tokens = 100;
+    }
+    job.max_tool_rounds = 20;
+    job.budget = Some(budget);
+    job
+}
+
+/// How a job ended: its error code and message.
+fn failure(job: &v1::Job) -> (&str, &str) {
+    let error = job.error.as_ref().expect("the job failed");
+    (error.code.as_str(), error.message.as_str())
+}
+
+/// What a job spent, as GetJob says: tokens, cost units, tool calls.
+fn spent(job: &v1::Job) -> (u64, u64, u64) {
+    let spent = job.spent.expect("GetJob says what the job spent");
+    (spent.tokens, spent.cost_units, spent.tool_calls)
+}
+
+/// A model that loops is stopped by each budget of its job, within the
+/// documented overshoot: none for tool calls and cost units (a call that
+/// does not fit is answered BUDGET_EXCEEDED unrun, and so is every call
+/// after it), one turn for tokens. `echo` costs 3 units an attempt and
+/// `fail` 2; a retry that does not fit is not made.
+#[tokio::test]
+async fn a_looping_model_is_stopped_by_each_budget_of_its_job() -> anyhow::Result<()> {
+    let builder = test_fleet(1).worker_env(&[
+        ("TOOLFLEET_RUNTIME__TOOL_COST__ECHO", "3"),
+        ("TOOLFLEET_RUNTIME__TOOL_COST__FAIL", "2"),
+    ]);
+    let mut fleet = Fleet::start(builder).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_DISPATCH__RETRY_INITIAL_BACKOFF", "10ms")])
+        .await?;
+    fleet.wait_for_tools(0, &["echo", "fail"], 1).await?;
+    let api = fleet.api(0).await?;
+
+    // Five calls: the third turn's second call is refused, unrun.
+    let calls = v1::Budget {
+        max_tool_calls: Some(5),
+        ..Default::default()
+    };
+    let job = run_job(&api, looping_job(calls)).await?;
+    assert_eq!(job.status, v1::JobStatus::Failed as i32, "{job:?}");
+    let (code, message) = failure(&job);
+    assert_eq!(code, "BUDGET_EXCEEDED");
+    assert!(message.contains("budget.max_tool_calls"), "{message}");
+    assert_eq!(spent(&job), (300, 15, 5));
+    let answered = attempts_and_outputs(&job);
+    assert_eq!(answered.len(), 6, "three turns of two calls: {answered:?}");
+    assert_eq!(answered[5].0, 0, "the sixth call did not run");
+    assert_eq!(answered[5].1["error"]["code"], "BUDGET_EXCEEDED");
+    assert!(
+        !answered[5].1["error"]["retryable"]
+            .as_bool()
+            .unwrap_or(true)
+    );
+    let sources: Vec<Option<String>> = events(&api, &job.job_id)
+        .await?
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_result")
+        .map(|(_, data)| data["source"].as_str().map(str::to_owned))
+        .collect();
+    let refused = sources.iter().filter(|s| s.as_deref() == Some("budget"));
+    assert_eq!(refused.count(), 1, "{sources:?}");
+    assert_eq!(sources.len(), 6);
+    assert_eq!(job.budget, Some(calls), "GetJob shows the budget");
+
+    // Ten units at 3 an attempt: three calls, the fourth refused.
+    let cost = v1::Budget {
+        max_cost_units: Some(10),
+        ..Default::default()
+    };
+    let job = run_job(&api, looping_job(cost)).await?;
+    let (code, message) = failure(&job);
+    assert_eq!(code, "BUDGET_EXCEEDED");
+    assert!(message.contains("budget.max_cost_units"), "{message}");
+    assert_eq!(spent(&job), (200, 9, 3));
+    assert_eq!(attempts_and_outputs(&job).len(), 4);
+
+    // 250 tokens at 100 a turn: the third turn is played (200 < 250) and
+    // its calls run; the fourth is not (300 >= 250).
+    let tokens = v1::Budget {
+        max_tokens: Some(250),
+        ..Default::default()
+    };
+    let job = run_job(&api, looping_job(tokens)).await?;
+    let (code, message) = failure(&job);
+    assert_eq!(code, "BUDGET_EXCEEDED");
+    assert!(message.contains("budget.max_tokens"), "{message}");
+    assert_eq!(spent(&job), (300, 18, 6));
+    assert!(
+        attempts_and_outputs(&job)
+            .iter()
+            .all(|(attempts, _)| *attempts == 1),
+        "every call ran"
+    );
+
+    // A retry is not made when its cost does not fit: 2 + 2, then no 6.
+    let mut retried = scripted_job(
+        "retry",
+        &json!([
+            {"tool_calls": [{"name": "fail", "arguments": {"mode": "retryable"}}]},
+            {"message": "done"}
+        ]),
+    );
+    retried.budget = Some(v1::Budget {
+        max_cost_units: Some(5),
+        ..Default::default()
+    });
+    let job = run_job(&api, retried).await?;
+    assert_eq!(failure(&job).0, "BUDGET_EXCEEDED");
+    let answered = attempts_and_outputs(&job);
+    assert_eq!(answered[0].0, 2, "two attempts of five");
+    assert_eq!(answered[0].1["error"]["code"], "BUDGET_EXCEEDED");
+    assert_eq!(spent(&job).1, 4);
+
+    // A job without a budget spends freely, and says what it spent.
+    let free = run_job(&api, looping_job(v1::Budget::default())).await?;
+    assert_eq!(free.status, v1::JobStatus::Succeeded as i32, "{free:?}");
+    assert_eq!(spent(&free), (1100, 60, 20));
+    Ok(())
+}

@@ -55,6 +55,7 @@ fn spec() -> JobSpec {
         submitter: None,
         approval: Default::default(),
         limits: Default::default(),
+        budget: Default::default(),
     }
 }
 
@@ -138,6 +139,7 @@ fn dispatched_c1() -> DispatchedCall<'static> {
         event_id: event("c1"),
         wire_id: wire("c1"),
         name: "echo",
+        cost: 1,
     }
 }
 
@@ -192,6 +194,7 @@ async fn record_a_turn_of_one_call(
                 rounds: 1,
                 offered: std::slice::from_ref(&echo),
                 usage: None,
+                tokens: 0,
             },
             &[dispatched_c1()],
         )
@@ -221,6 +224,7 @@ async fn settle_two_calls_in_one_commit(
         envelope: &envelope,
         source: None,
         unchecked: None,
+        budget_exceeded: None,
     };
     // Calls that settle together are recorded in one commit, in order.
     let ok = Envelope::Ok(serde_json::json!("fine"));
@@ -234,6 +238,7 @@ async fn settle_two_calls_in_one_commit(
         envelope: &ok,
         source: None,
         unchecked: None,
+        budget_exceeded: None,
     };
     store.record_call_results(lease, &[settled, other]).await?;
     let attempts = store.attempts(job_id).await?;
@@ -270,6 +275,7 @@ async fn end_on_too_many_rounds(
         rounds: 2,
         offered: &[],
         usage: None,
+        tokens: 0,
     };
     store
         .finish(
@@ -396,6 +402,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
             event_id,
             wire_id,
             name: "echo",
+            cost: 1,
         })
         .collect();
     let turn = [Item::Assistant {
@@ -410,6 +417,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
         rounds: 1,
         offered: &[],
         usage: None,
+        tokens: 0,
     };
     store.record_turn(&lease, checkpoint, &dispatched).await?;
     // The user message, then the results in order, then the turn.
@@ -679,6 +687,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         rounds: 0,
         offered: &[],
         usage: None,
+        tokens: 0,
     };
     let write = store.record_turn(&zombie, turn, &[]).await;
     assert!(matches!(write, Err(Error::LeaseLost(_))), "{write:?}");
@@ -699,6 +708,7 @@ async fn a_zombie_runner_cannot_write_after_a_takeover() -> anyhow::Result<()> {
         rounds: 0,
         offered: &[],
         usage: None,
+        tokens: 0,
     };
     store.record_turn(&taker, turn, &[]).await?;
     let items = store.items(&job_id, 0).await?;
@@ -727,6 +737,7 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
         event_id: event("c1"),
         wire_id: wire("c1"),
         name: "echo",
+        cost: 1,
     };
     let woken = Duration::from_secs(10);
     // The job had two events (job_queued, job_started); the commit adds one.
@@ -773,6 +784,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
             envelope,
             source: None,
             unchecked: Some(unchecked),
+            budget_exceeded: None,
         }
     }
     let events_before = store.events(&job_id, 0, 100).await?.len();

@@ -134,6 +134,13 @@ pub struct RuntimeOptions {
     /// none of the built-in tools caches).
     #[serde(deserialize_with = "cache_ttls")]
     pub tool_cache_ttl: BTreeMap<String, duration::Value>,
+    /// Per-tool costs, e.g. `{ search_web = 5 }`: what one attempt of a
+    /// call of the tool costs in the cost units of budgets
+    /// (docs/protection.md, "Budgets"), from 0 to 1000000; the announced
+    /// manifest carries it. Default: none (each tool's own; 1 when its
+    /// manifest says none).
+    #[serde(deserialize_with = "costs")]
+    pub tool_cost: BTreeMap<String, u64>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -158,6 +165,9 @@ impl RuntimeOptions {
         if let Some(ttl) = self.tool_cache_ttl.get(&manifest.name) {
             manifest = manifest.with_cache_ttl(ttl.0);
         }
+        if let Some(cost) = self.tool_cost.get(&manifest.name) {
+            manifest = manifest.with_cost(*cost);
+        }
         manifest
     }
 }
@@ -174,6 +184,18 @@ fn shape_above_bytes<'de, D: serde::Deserializer<'de>>(
             .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
     }
     Ok(limits)
+}
+
+/// `runtime.tool_cost`: each tool's within the bounds of
+/// [`check_tool_cost`](toolfleet_proto::manifest::check_tool_cost).
+fn costs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, u64>, D::Error> {
+    use serde::de::Error;
+    let costs = BTreeMap::<String, u64>::deserialize(d)?;
+    for (tool, cost) in &costs {
+        toolfleet_proto::manifest::check_tool_cost(*cost)
+            .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
+    }
+    Ok(costs)
 }
 
 /// `runtime.tool_cache_ttl`: each tool's within the bounds of
@@ -212,6 +234,7 @@ impl Default for RuntimeOptions {
             tool_effects: BTreeMap::new(),
             tool_shape_above_bytes: BTreeMap::new(),
             tool_cache_ttl: BTreeMap::new(),
+            tool_cost: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -417,13 +440,14 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn configuration_overrides_a_tools_timeout_effects_shaping_limit_and_cache() {
+    fn configuration_overrides_a_tools_timeout_effects_shaping_limit_cache_and_cost() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("worker.toml");
         std::fs::write(
             &file,
             "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n\
-             [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n",
+             [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n\
+             [runtime.tool_cost]\necho = 7\n",
         )
         .unwrap();
         let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
@@ -433,11 +457,13 @@ mod tests {
         assert_eq!(configured.timeout_ms, 2_000);
         assert_eq!(configured.shape_above_bytes, Some(4096));
         assert_eq!(configured.cache_ttl_ms, Some(90_000));
+        assert_eq!(configured.cost_units(), 7);
         let other = options.runtime.configured(ToolManifest {
             name: "other".into(),
             ..echo
         });
         assert_eq!(other.effects, Effects::ReadOnly, "only the tool named");
+        assert_eq!(other.cost_units(), 1, "a manifest without a cost costs 1");
         std::fs::write(&file, "[runtime.tool_effects]\necho = \"destructive\"\n").unwrap();
         let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
         assert!(refused.to_string().contains("tool_effects"), "{refused}");
@@ -458,6 +484,13 @@ mod tests {
             let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
             let refused = refused.to_string();
             assert!(refused.contains("tool_cache_ttl"), "{refused}");
+            assert!(refused.contains(why), "{refused}");
+        }
+        for (cost, why) in [("1000001", "echo: 1000001 is above"), ("-1", "")] {
+            std::fs::write(&file, format!("[runtime.tool_cost]\necho = {cost}\n")).unwrap();
+            let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+            let refused = refused.to_string();
+            assert!(refused.contains("tool_cost"), "{refused}");
             assert!(refused.contains(why), "{refused}");
         }
     }

@@ -113,6 +113,18 @@ pub(crate) struct SubmitArgs {
     /// answer, and cache none of its results (docs/protection.md).
     #[arg(long)]
     no_result_cache: bool,
+    /// The job's budget of model tokens, input and output: a job that
+    /// spent them gets no more turns and fails BUDGET_EXCEEDED
+    /// (docs/protection.md, "Budgets").
+    #[arg(long, value_name = "N")]
+    budget_tokens: Option<u64>,
+    /// The job's budget of tool cost units: each attempt costs its tool's
+    /// `cost` (default 1).
+    #[arg(long, value_name = "N")]
+    budget_cost_units: Option<u64>,
+    /// The job's budget of tool calls, each counted once.
+    #[arg(long, value_name = "N")]
+    budget_tool_calls: Option<u64>,
     /// Submitting again with the same key returns the same job instead of a new one.
     #[arg(long, value_name = "KEY")]
     idempotency_key: Option<String>,
@@ -282,7 +294,18 @@ impl SubmitArgs {
             call: None,
             stream: self.stream.then_some(true),
             result_cache: self.no_result_cache.then_some(false),
+            budget: self.budget(),
         })
+    }
+
+    /// The `--budget-*` flags, if any is given.
+    fn budget(&self) -> Option<v1::Budget> {
+        let budget = v1::Budget {
+            max_tokens: self.budget_tokens,
+            max_cost_units: self.budget_cost_units,
+            max_tool_calls: self.budget_tool_calls,
+        };
+        (budget != v1::Budget::default()).then_some(budget)
     }
 }
 
@@ -351,6 +374,10 @@ mod tests {
             "3",
             "--no-parallel",
             "--no-result-cache",
+            "--budget-tokens",
+            "5000",
+            "--budget-tool-calls",
+            "7",
             "--idempotency-key",
             "k1",
             "--deadline-ms",
@@ -372,6 +399,15 @@ mod tests {
         assert_eq!(request.max_tool_rounds, 3);
         assert_eq!(request.parallel_tool_calls, Some(false));
         assert_eq!(request.result_cache, Some(false));
+        let budget = request.budget.unwrap();
+        assert_eq!(
+            (
+                budget.max_tokens,
+                budget.max_cost_units,
+                budget.max_tool_calls
+            ),
+            (Some(5000), None, Some(7))
+        );
         assert_eq!(request.idempotency_key, "k1");
         assert_eq!(request.deadline_ms, 5000);
         assert_eq!(request.metadata["note"], "a=b");
@@ -381,6 +417,7 @@ mod tests {
         assert_eq!(model.script, demo::WEATHER_AND_MATH.script);
         assert_eq!(plain.parallel_tool_calls, None);
         assert_eq!(plain.result_cache, None, "the cache is the default");
+        assert_eq!(plain.budget, None, "no budget of the job's own");
         let kg = parse(&["what did AMD launch between 2016 and 2020?"]).unwrap();
         assert_eq!(kg.model.unwrap().script, demo::AMD_LAUNCHES.script);
 

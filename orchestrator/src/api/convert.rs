@@ -159,6 +159,16 @@ pub(super) fn to_job(record: JobRecord, items: &[Item], approvals: Approvals) ->
             .map(JobTrace::trace_id)
             .unwrap_or_default(),
         submitter: record.spec.submitter.unwrap_or_default(),
+        budget: (!record.spec.budget.is_empty()).then_some(v1::Budget {
+            max_tokens: record.spec.budget.max_tokens,
+            max_cost_units: record.spec.budget.max_cost_units,
+            max_tool_calls: record.spec.budget.max_tool_calls,
+        }),
+        spent: Some(v1::Spend {
+            tokens: record.spent.tokens,
+            cost_units: record.spent.cost_units,
+            tool_calls: record.spent.tool_calls,
+        }),
     }
 }
 

@@ -16,6 +16,7 @@ use super::ECHO_CHARS;
 use super::convert::{invalid, not_found};
 use super::options::ApiOptions;
 use crate::auth::Caller;
+use crate::budget::Budget;
 use crate::job::{
     ApprovalPolicy, CallSpec, JobId, JobLimits, JobRecord, JobSpec, JobStatus, ProviderKind,
     UnknownOutcome, now_ms,
@@ -185,6 +186,13 @@ const SUBMISSION_CHECKS: &[FieldCheck] = &[
                     o.max_idempotency_key_bytes
                 )
             })
+        },
+    },
+    FieldCheck {
+        field: "budget",
+        problem: |r, _| {
+            let (field, problem) = r.budget.as_ref().map(budget).and_then(|b| b.problem())?;
+            Some(format!("{field}: {problem}"))
         },
     },
     FieldCheck {
@@ -369,6 +377,15 @@ fn allowed_tools(named: Vec<String>, caller: &Caller) -> Result<Vec<String>, Sta
 
 /// The job a submission asks for, checked and with the defaults applied;
 /// an error names the field.
+/// A request's budget as a job keeps it.
+fn budget(budget: &v1::Budget) -> Budget {
+    Budget {
+        max_tokens: budget.max_tokens,
+        max_cost_units: budget.max_cost_units,
+        max_tool_calls: budget.max_tool_calls,
+    }
+}
+
 pub(super) fn job_spec(
     mut request: v1::SubmitJobRequest,
     caller: &Caller,
@@ -437,6 +454,7 @@ pub(super) fn job_spec(
             max_active_jobs: caller.quotas.max_active_jobs,
             max_calls_in_flight: caller.quotas.max_calls_in_flight,
         },
+        budget: request.budget.as_ref().map(budget).unwrap_or_default(),
     })
 }
 
@@ -733,6 +751,25 @@ mod tests {
                 "metadata: the value of \"team\" is 513 bytes; the limit is 512",
                 |r| {
                     r.metadata.insert("team".into(), "v".repeat(513));
+                },
+            ),
+            (
+                "budget: max_tool_calls: must be at least 1; leave it unset for no limit",
+                |r| {
+                    r.budget = Some(v1::Budget {
+                        max_tool_calls: Some(0),
+                        ..Default::default()
+                    });
+                },
+            ),
+            (
+                "budget: max_tokens: 1000000000001 is above the largest budget",
+                |r| {
+                    r.budget = Some(v1::Budget {
+                        max_tokens: Some(1_000_000_000_001),
+                        max_cost_units: Some(5),
+                        ..Default::default()
+                    });
                 },
             ),
             ("idempotency_key: must be at most 128 bytes", |r| {

@@ -128,7 +128,7 @@ impl Dispatcher {
         let settled = attempts.settled(&call.wire_id);
         let trace = if settled { None } else { round.trace };
         let mut span = spans::call(trace, call.span_ref(), self.tool_content);
-        let (mut attempt, mut resumed) = self.resume_point(round, call, attempts).await?;
+        let (mut attempt, mut resumed) = self.resume_point(round, ready, attempts).await?;
         if resumed {
             span.set(span_attributes::RESUMED, true);
         }
@@ -160,7 +160,7 @@ impl Dispatcher {
                         round_trip,
                         ..answer
                     };
-                    let last = match self.settling(round, call, attempt, settled_by).await? {
+                    let last = match self.settling(round, ready, attempt, settled_by).await? {
                         Settling::Last(last) => last,
                         Settling::Again(answer, next) => {
                             (reread, attempt) = (answer, next);
@@ -186,9 +186,34 @@ impl Dispatcher {
                         }
                     }
                 }
-                Verdict::Retry(delay) => delay,
+                Verdict::Retry(delay) => match round.budget.take_attempt(ready.cost) {
+                    Ok(()) => delay,
+                    // No cost units left for another attempt: the call
+                    // ends here, its last failure named in the log.
+                    Err(over) => {
+                        warn!(call_id = %call.wire_id, attempt, code = ?code, "{over}; not retrying");
+                        let last = LastAttempt {
+                            envelope: over.envelope(),
+                            attempt,
+                            round_trip,
+                            worked: answer.worked,
+                            origin: Origin::Budget(over.limit),
+                        };
+                        let closed = self.close(round, call, last, &mut span, settled, trace);
+                        match closed.await? {
+                            Closed::Settled(outcome) => {
+                                span.end();
+                                return Ok(Driven::Settled(outcome));
+                            }
+                            Closed::Reread(answer) => {
+                                reread = Some(answer);
+                                continue;
+                            }
+                        }
+                    }
+                },
             };
-            attempt = self.retry(round, call, attempt, delay, code).await?;
+            attempt = self.retry(round, ready, attempt, delay, code).await?;
         }
     }
 
@@ -226,15 +251,16 @@ impl Dispatcher {
     async fn retry(
         &self,
         round: &Round<'_>,
-        call: &PlannedCall,
+        ready: &Ready,
         attempt: u32,
         delay: Duration,
         code: Option<String>,
     ) -> Result<u32, RoundError> {
+        let call = &ready.call;
         pause_before_retry(round, call, attempt, delay).await?;
         crate::metrics::tool_call_retried(&call.name, code.unwrap_or_default());
         let next = attempt + 1;
-        self.record_dispatches(round.lease, round.trace, &[call], next)
+        self.record_dispatches(round.lease, round.trace, &[ready], next)
             .await?;
         Ok(next)
     }
@@ -246,10 +272,11 @@ impl Dispatcher {
     async fn settling(
         &self,
         round: &Round<'_>,
-        call: &PlannedCall,
+        ready: &Ready,
         attempt: u32,
         answer: Answer,
     ) -> Result<Settling, RoundError> {
+        let call = &ready.call;
         let Answer {
             envelope,
             round_trip,
@@ -265,8 +292,9 @@ impl Dispatcher {
             AfterVerdict::Settle(envelope, operator) => (envelope, operator),
             AfterVerdict::Wait(waiting) => return Ok(Settling::Wait(waiting)),
             AfterVerdict::RunAgain => {
+                // An operator's word: counted in the budget, never refused.
                 let next = attempt + 1;
-                self.record_dispatches(round.lease, round.trace, &[call], next)
+                self.record_dispatches(round.lease, round.trace, &[ready], next)
                     .await?;
                 return Ok(Settling::Again(None, next));
             }
@@ -327,14 +355,14 @@ impl Dispatcher {
     async fn resume_point(
         &self,
         round: &Round<'_>,
-        call: &PlannedCall,
+        ready: &Ready,
         attempts: &Attempts,
     ) -> Result<(u32, bool), RoundError> {
-        Ok(match attempts.last(&call.wire_id) {
+        Ok(match attempts.last(&ready.call.wire_id) {
             Some(0) => (1, false),
             Some(n) => (n, true),
             None => {
-                self.record_dispatches(round.lease, round.trace, &[call], 1)
+                self.record_dispatches(round.lease, round.trace, &[ready], 1)
                     .await?;
                 (1, false)
             }

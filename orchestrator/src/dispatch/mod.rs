@@ -35,7 +35,7 @@ use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 use toolfleet_proto::envelope::excerpt;
-use toolfleet_proto::manifest::READ_RESULT_TOOL;
+use toolfleet_proto::manifest::{DEFAULT_TOOL_COST, READ_RESULT_TOOL};
 use toolfleet_proto::names::{self, span_attributes};
 use toolfleet_proto::{Envelope, ErrorCode, EventId, RetryPolicy, WireId, check_arguments};
 use toolfleet_service::clock::millis;
@@ -46,6 +46,7 @@ use results::{GroupCommit, Settled};
 use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
+use crate::budget::{self, JobBudget, Limit};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
 use crate::quota::{SlotError, TenantLimits};
@@ -191,12 +192,14 @@ impl PlannedCall {
 }
 
 impl PlannedCall {
-    /// The call as its dispatch is recorded ([`JobStore::record_dispatch`]).
-    pub(crate) fn dispatched(&self) -> DispatchedCall<'_> {
+    /// The call as its dispatch is recorded ([`JobStore::record_dispatch`]),
+    /// each attempt costing `cost` units of the job's budget.
+    pub(crate) fn dispatched(&self, cost: u64) -> DispatchedCall<'_> {
         DispatchedCall {
             event_id: &self.event_id,
             wire_id: &self.wire_id,
             name: &self.name,
+            cost,
         }
     }
 
@@ -390,17 +393,21 @@ struct Ready {
     call: PlannedCall,
     /// How the call's retryable failures are retried.
     policy: RetryPolicy,
+    /// What each attempt costs in the job's budget (its tool's `cost`).
+    cost: u64,
     /// Where its result is cached once its commit found it: a call the
     /// cache was asked for and could not answer.
     cache: Option<CacheEntry>,
 }
 
 impl Ready {
-    /// `call`, retried by `policy`, its result not cached.
-    fn new(call: PlannedCall, policy: RetryPolicy) -> Self {
+    /// `call`, retried by `policy`, each attempt costing `cost`, its result
+    /// not cached.
+    fn new(call: PlannedCall, policy: RetryPolicy, cost: u64) -> Self {
         Self {
             call,
             policy,
+            cost,
             cache: None,
         }
     }
@@ -410,6 +417,8 @@ impl Ready {
 struct Round<'a> {
     lease: &'a Lease,
     spec: &'a JobSpec,
+    /// What the job may still spend: each retry takes its cost first.
+    budget: &'a JobBudget,
     trace: Option<&'a JobTrace>,
     /// Results from the job's reply subject, for every call of the run.
     notify: &'a broadcast::Sender<Notice>,
@@ -474,14 +483,7 @@ impl Dispatcher {
         let (lease, spec) = (run.lease, job.spec);
         let mut placed = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
-            let place = self.place(
-                lease,
-                spec,
-                (index, call),
-                attempts,
-                offered,
-                &mut approvals,
-            );
+            let place = self.place(lease, job, (index, call), attempts, offered, &mut approvals);
             placed.push(place.await?);
         }
         let results = GroupCommit::new(self.options.result_linger);
@@ -507,6 +509,7 @@ impl Dispatcher {
             let round = Round {
                 lease,
                 spec,
+                budget: job.budget,
                 trace: job.trace,
                 notify: &run.replies.notify,
                 results: &results,
@@ -584,22 +587,23 @@ impl Dispatcher {
     async fn place<'c>(
         &self,
         lease: &Lease,
-        spec: &JobSpec,
+        job: JobRef<'_>,
         (index, call): (usize, &'c PlannedCall),
         attempts: &Attempts,
         offered: &HashMap<String, LiveTool>,
         approvals: &mut Option<Approvals>,
     ) -> Result<Placed<'c>, RoundError> {
+        let (spec, cost) = (job.spec, self.cost_of(&call.name, offered));
         if attempts.last(&call.wire_id).is_some() {
             let policy = self.retry_policy(&call.name, offered);
             let call = approvals
                 .as_ref()
                 .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
-            return Ok(Placed::Run(Ready::new(call, policy)));
+            return Ok(Placed::Run(Ready::new(call, policy, cost)));
         }
-        Ok(match self.admit(spec, index, call, offered) {
-            Admission::Publish(policy) => Placed::Run(Ready::new(call.clone(), policy)),
-            Admission::LookUp(policy, entry) => self.look_up(call, policy, entry).await?,
+        let placed = match self.admit(spec, index, call, offered) {
+            Admission::Publish(policy) => Placed::Run(Ready::new(call.clone(), policy, cost)),
+            Admission::LookUp(policy, entry) => self.look_up(call, policy, cost, entry).await?,
             Admission::Refuse(envelope) => Placed::Answer(envelope, Origin::Stored),
             Admission::BuiltIn => {
                 let answer = self.read_result(&lease.job_id, call).await?;
@@ -611,9 +615,11 @@ impl Dispatcher {
                     empty => empty.insert(self.store.approvals(&lease.job_id).await?),
                 };
                 let timeout = self.approval_timeout(spec);
-                awaiting_approval(call, Ready::new(call.clone(), policy), rule, known, timeout)
+                let ready = Ready::new(call.clone(), policy, cost);
+                awaiting_approval(call, ready, rule, known, timeout)
             }
-        })
+        };
+        Ok(charged(placed, job.budget))
     }
 
     /// How long a call of the job `spec` waits for a person: its tenant's
@@ -631,6 +637,7 @@ impl Dispatcher {
         &self,
         call: &PlannedCall,
         policy: RetryPolicy,
+        cost: u64,
         entry: CacheEntry,
     ) -> Result<Placed<'c>, RoundError> {
         let cached = self.store.cached_result(&entry).await?;
@@ -642,6 +649,7 @@ impl Dispatcher {
         Ok(Placed::Run(Ready {
             call: call.clone(),
             policy,
+            cost,
             cache: Some(entry),
         }))
     }
@@ -741,10 +749,10 @@ impl Dispatcher {
             return Ok(done);
         }
         // One commit records the first attempt of every fresh call.
-        let fresh: Vec<&PlannedCall> = calls
+        let fresh: Vec<&Ready> = calls
             .iter()
-            .map(|r| &r.call)
-            .filter(|c| attempts.last(&c.wire_id).is_none())
+            .copied()
+            .filter(|r| attempts.last(&r.call.wire_id).is_none())
             .collect();
         self.record_dispatches(lease, *trace, &fresh, 1).await?;
         // Their results are worth grouping: all but those an earlier runner
@@ -756,8 +764,8 @@ impl Dispatcher {
                 .count(),
         );
         let mut recorded = attempts.clone();
-        for call in fresh {
-            recorded.record(call.wire_id.clone(), 0);
+        for ready in fresh {
+            recorded.record(ready.call.wire_id.clone(), 0);
         }
         let runs = calls.iter().map(|r| self.drive(round, r, &recorded));
         futures::future::join_all(runs).await.into_iter().collect()
@@ -807,6 +815,15 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// What an attempt of a call of `tool` costs in the job's budget: its
+    /// live manifest's `cost`, else the one the job was offered, else 1.
+    pub(crate) fn cost_of(&self, tool: &str, offered: &HashMap<String, LiveTool>) -> u64 {
+        self.registry
+            .get(tool)
+            .or_else(|| offered.get(tool).cloned())
+            .map_or(DEFAULT_TOOL_COST, |live| live.manifest.cost_units())
     }
 
     /// The retry policy of `tool`: its live manifest's, else the one the
@@ -871,15 +888,18 @@ impl Dispatcher {
         &self,
         lease: &Lease,
         trace: Option<&JobTrace>,
-        calls: &[&PlannedCall],
+        calls: &[&Ready],
         attempt: u32,
     ) -> Result<(), RoundError> {
         // One commit for the round: its span goes under the first attempt.
-        let commit = calls.first().map_or_else(StepSpan::off, |call| {
-            let step = spans::Step::Attempt(&call.wire_id, attempt);
+        let commit = calls.first().map_or_else(StepSpan::off, |ready| {
+            let step = spans::Step::Attempt(&ready.call.wire_id, attempt);
             spans::commit(trace, step, "record_dispatch")
         });
-        let calls: Vec<DispatchedCall<'_>> = calls.iter().map(|call| call.dispatched()).collect();
+        let calls: Vec<DispatchedCall<'_>> = calls
+            .iter()
+            .map(|ready| ready.call.dispatched(ready.cost))
+            .collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
         commit.end();
         Ok(())
@@ -897,6 +917,10 @@ impl Dispatcher {
         origin: Origin,
     ) -> Result<(), RoundError> {
         let source = origin.source();
+        let budget_exceeded = match origin {
+            Origin::Budget(limit) => Some(limit),
+            _ => None,
+        };
         let unchecked = match origin {
             Origin::Reply(text) => Some(text),
             _ => None,
@@ -913,6 +937,7 @@ impl Dispatcher {
             envelope: envelope.clone(),
             source,
             unchecked,
+            budget_exceeded,
         };
         results
             .record(settled, |batch| async move {
@@ -941,6 +966,9 @@ pub(crate) enum Origin {
     /// A result of an earlier call, from the tenant's result cache
     /// (`result_cache`).
     Cache,
+    /// The job's budget refused the call's first attempt, or its next one
+    /// (`crate::budget`).
+    Budget(Limit),
 }
 
 impl Origin {
@@ -952,7 +980,21 @@ impl Origin {
             Self::Operator => Some(unknown::OPERATOR),
             Self::BuiltIn => Some(read::BUILT_IN),
             Self::Cache => Some(result_cache::CACHE),
+            Self::Budget(_) => Some(budget::BUDGET),
         }
+    }
+}
+
+/// `placed` once the job's budget is asked: a call about to get its first
+/// attempt takes one call and its cost, or is answered `BUDGET_EXCEEDED`
+/// without running (and so is every call after it).
+fn charged<'c>(placed: Placed<'c>, budget: &JobBudget) -> Placed<'c> {
+    match placed {
+        Placed::Run(ready) => match budget.take_call(ready.cost) {
+            Ok(()) => Placed::Run(ready),
+            Err(over) => Placed::Answer(over.envelope(), Origin::Budget(over.limit)),
+        },
+        other => other,
     }
 }
 

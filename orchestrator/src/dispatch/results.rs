@@ -33,6 +33,8 @@ pub(super) struct Settled {
     /// The stored result as the worker's reply carried it, not read from
     /// Redis: the commit checks it ([`SettledCall::unchecked`]).
     pub(super) unchecked: Option<String>,
+    /// The budget that refused the call ([`SettledCall::budget_exceeded`]).
+    pub(super) budget_exceeded: Option<crate::budget::Limit>,
 }
 
 impl Settled {
@@ -47,6 +49,7 @@ impl Settled {
             envelope: &self.envelope,
             source: self.source,
             unchecked: self.unchecked.as_deref(),
+            budget_exceeded: self.budget_exceeded,
         }
     }
 }

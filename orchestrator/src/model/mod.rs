@@ -501,6 +501,7 @@ mod tests {
             submitter: None,
             approval: Default::default(),
             limits: Default::default(),
+            budget: Default::default(),
         };
         for _ in 0..2 {
             let Err(err) = providers.for_job(&spec) else {

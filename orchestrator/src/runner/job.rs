@@ -14,10 +14,11 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
+use crate::budget::JobBudget;
 use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
-    Ending, FullResult, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint,
-    now_ms,
+    Ending, FullResult, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobRef, Lease,
+    ToolManifest, TurnCheckpoint, now_ms,
 };
 use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
@@ -125,6 +126,8 @@ struct LastTurn {
     rounds: u32,
     offered: Vec<ToolManifest>,
     usage: Option<Usage>,
+    /// The tokens it counts against the job's budget.
+    tokens: u64,
     /// The span of its checkpoint: the commit that ends the job.
     commit: StepSpan,
 }
@@ -164,6 +167,7 @@ impl End {
                     rounds: turn.rounds,
                     offered: &turn.offered,
                     usage: turn.usage,
+                    tokens: turn.tokens,
                 })
             }
             None if self.unstored.is_empty() => Unstored::Nothing,
@@ -326,6 +330,12 @@ impl JobRun<'_> {
             Err(err) => return Ok(Some(End::at_once(model_failure(&err)))),
         };
         let mut progress = Progress::resumed(&record, items, offered);
+        let budget = JobBudget::resumed(
+            &spec.tenant,
+            spec.budget,
+            record.spent,
+            record.budget_exceeded,
+        );
         loop {
             let state = RunState {
                 spec,
@@ -334,10 +344,23 @@ impl JobRun<'_> {
                 stop: stop.reason(),
                 now_ms: now_ms(),
                 wire_ids: &record.wire_ids,
+                over_budget: budget.before_turn().err(),
             };
-            let job = JobRef { spec, trace };
+            let job = JobRef {
+                spec,
+                trace,
+                budget: &budget,
+            };
             let ending = match step::next_step(&progress.items, state) {
-                Step::Finish(ending) => Some(ending),
+                Step::Finish(ending) => {
+                    let failed = |e: &JobError| e.code == JobErrorCode::BudgetExceeded;
+                    if let (Some(over), Ending::Failed(error)) = (state.over_budget, &ending)
+                        && failed(error)
+                    {
+                        crate::metrics::budget_exceeded(&spec.tenant, over.limit.field());
+                    }
+                    Some(ending)
+                }
                 Step::Stop(_) => return Err(Stopped::HandedBack),
                 Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
                 Step::PlayTurn => {
@@ -350,6 +373,13 @@ impl JobRun<'_> {
                 }
             };
             if let Some(ending) = ending {
+                let spent = budget.spent();
+                info!(
+                    tokens = spent.tokens,
+                    cost_units = spent.cost_units,
+                    tool_calls = spent.tool_calls,
+                    "job spent"
+                );
                 return Ok(Some(progress.end(ending)));
             }
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 
+use crate::budget::Exceeded;
 use crate::dispatch::PlannedCall;
 use crate::job::{Ending, Item, JobErrorCode, JobSpec, WireIds, assistant_text};
 use toolfleet_proto::call::EventId;
@@ -55,6 +56,10 @@ pub(crate) struct RunState<'a> {
     pub(crate) now_ms: u64,
     /// How the job's calls are named on the wire.
     pub(crate) wire_ids: &'a WireIds,
+    /// The budget the job spent, if it did
+    /// ([`JobBudget::before_turn`](crate::budget::JobBudget::before_turn)):
+    /// it gets no more turns.
+    pub(crate) over_budget: Option<Exceeded>,
 }
 
 /// The next step of a run over `items`, the conversation as stored. It also
@@ -86,6 +91,9 @@ pub(crate) fn next_step(items: &[Item], state: RunState<'_>) -> Step {
     if let Some(text) = final_answer(items) {
         // Resumed after the final turn was stored but before the end was.
         return Step::Finish(Ending::Succeeded(text));
+    }
+    if let Some(over) = state.over_budget {
+        return Step::Finish(over.ending());
     }
     Step::PlayTurn
 }
@@ -249,6 +257,7 @@ pub(crate) mod tests {
             submitter: None,
             approval: Default::default(),
             limits: Default::default(),
+            budget: Default::default(),
         }
     }
 
@@ -269,6 +278,13 @@ pub(crate) mod tests {
             name: "echo".into(),
             output: "{}".into(),
             attempts: 1,
+        }
+    }
+    fn over_budget() -> crate::budget::Exceeded {
+        crate::budget::Exceeded {
+            limit: crate::budget::Limit::ToolCalls,
+            spent: 4,
+            max: 4,
         }
     }
     fn said(text: &str) -> Item {
@@ -464,6 +480,24 @@ pub(crate) mod tests {
                 Box::new(|s| *s == Step::Stop(StopReason::LeaseLost)),
             ),
             (
+                "a spent budget ends the job instead of a turn",
+                vec![user(), call("a"), result("a")],
+                RunState {
+                    over_budget: Some(over_budget()),
+                    ..state
+                },
+                Box::new(|s| *s == Step::Finish(over_budget().ending())),
+            ),
+            (
+                "a spent budget lets the round's calls be answered first",
+                vec![user(), call("a")],
+                RunState {
+                    over_budget: Some(over_budget()),
+                    ..state
+                },
+                Box::new(|s| matches!(s, Step::Dispatch(calls) if calls.len() == 1)),
+            ),
+            (
                 "the deadline",
                 vec![user(), call("a")],
                 RunState {
@@ -492,6 +526,7 @@ pub(crate) mod tests {
             stop: None,
             now_ms: 500,
             wire_ids: &WireIds::Legacy,
+            over_budget: None,
         };
         for (story, items, state, expected) in next_step_cases(state) {
             let step = next_step(&items, state);

@@ -88,6 +88,7 @@ impl JobStore {
             submitter: None,
             approval: Default::default(),
             limits: Default::default(),
+            budget: Default::default(),
         };
         // The event carries no message, as it always did.
         let lost = JobEvent::JobFailed {

@@ -7,7 +7,9 @@
 //!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `moves` and
 //!   `requeued` (its place in the sweeper's indexes: `place`, `park`), `call_secret`
 //!   (what its calls' wire ids are made from, [`WireIds`](crate::job::WireIds)), `traceparent`
-//!   and `tracestate` (its trace, [`JobTrace`](crate::job::JobTrace));
+//!   and `tracestate` (its trace, [`JobTrace`](crate::job::JobTrace)),
+//!   `spent_tokens`, `spent_cost_units`, `spent_tool_calls` and
+//!   `budget_exceeded` (what it spent of its budget, [`crate::budget`]);
 //! - `tf:{<job>}:items`: a list of conversation items (JSON), appended to;
 //! - `tf:{<job>}:events`: a stream whose entry ids are `0-<n>`, so event offset
 //!   `k` is id `0-<k+1>` and a watcher can start at any offset;
@@ -69,6 +71,7 @@ mod read;
 mod scripts;
 mod submit;
 
+use crate::budget::{Limit, Spend};
 use crate::job::{Event, JobId};
 use crate::live::{Live, Written};
 use std::collections::HashMap;
@@ -90,6 +93,14 @@ pub use pending::{HealPosition, Pending, PendingCursor, PendingTally};
 pub use place::{Place, Stamp, Steps};
 pub use read::{RunStart, WatchStart};
 pub use submit::Idempotency;
+
+/// The job hash's fields of what it spent ([`crate::budget`]), which the
+/// commits that record a turn or an attempt add to.
+const SPENT_TOKENS: &str = "spent_tokens";
+const SPENT_COST_UNITS: &str = "spent_cost_units";
+const SPENT_TOOL_CALLS: &str = "spent_tool_calls";
+/// The job hash's field naming the budget a run refused a call for.
+const BUDGET_EXCEEDED: &str = "budget_exceeded";
 
 /// A failed store operation.
 #[derive(Debug, Clone, thiserror::Error)]

@@ -358,6 +358,12 @@ fn parse_record(
         wire_ids: WireIds::from_secret(field("call_secret")),
         trace: JobTrace::from_fields(field("traceparent"), field("tracestate")),
         shaped: field("shaped") == "1",
+        spent: Spend {
+            tokens: number(SPENT_TOKENS),
+            cost_units: number(SPENT_COST_UNITS),
+            tool_calls: number(SPENT_TOOL_CALLS),
+        },
+        budget_exceeded: Limit::parse(field(BUDGET_EXCEEDED)),
     }))
 }
 
@@ -437,6 +443,7 @@ mod tests {
             submitter: None,
             approval: Default::default(),
             limits: Default::default(),
+            budget: Default::default(),
         }
     }
 

@@ -51,7 +51,7 @@ impl JobRun<'_> {
         progress: &mut Progress,
         stop: &StopSignal,
     ) -> Result<Option<Ending>, Stopped> {
-        let JobRef { spec, trace } = of.job;
+        let JobRef { spec, trace, .. } = of.job;
         let number = progress.turns + 1;
         let mut span = spans::turn(trace, number, spec);
         let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
@@ -78,6 +78,8 @@ impl JobRun<'_> {
         let ending = step::after_turn(&turn.items, rounds, spec);
         let start = progress.items.len();
         let usage = turn.usage;
+        let tokens = of.job.budget.turn_tokens(usage, spec.max_tokens);
+        of.job.budget.add_tokens(tokens);
         progress.items.extend(turn.items);
         progress.turns = turns;
         progress.rounds = rounds;
@@ -92,6 +94,7 @@ impl JobRun<'_> {
                 rounds,
                 offered,
                 usage,
+                tokens,
                 commit: spans::commit(trace, spans::Step::Turn(number), "finish"),
             });
         } else {
@@ -101,6 +104,7 @@ impl JobRun<'_> {
                 has_calls,
                 offered: &offered,
                 usage,
+                tokens,
             };
             self.checkpoint(&of, played, progress).await?;
         }
@@ -120,12 +124,14 @@ impl JobRun<'_> {
     ) -> Result<(), Stopped> {
         let spec = of.job.spec;
         let admitted = if played.has_calls && spec.parallel_tool_calls {
-            self.admitted_calls(spec, of.wire_ids, progress)
+            self.admitted_calls(of.job, of.wire_ids, progress)
         } else {
             Vec::new()
         };
-        let dispatched: Vec<DispatchedCall<'_>> =
-            admitted.iter().map(PlannedCall::dispatched).collect();
+        let dispatched: Vec<DispatchedCall<'_>> = admitted
+            .iter()
+            .map(|(call, cost)| call.dispatched(*cost))
+            .collect();
         let (results, items) =
             progress.items[progress.stored..].split_at(played.start - progress.stored);
         let checkpoint = TurnCheckpoint {
@@ -136,6 +142,7 @@ impl JobRun<'_> {
             rounds: progress.rounds,
             offered: played.offered,
             usage: played.usage,
+            tokens: played.tokens,
         };
         let commit = spans::commit(
             of.job.trace,
@@ -152,31 +159,37 @@ impl JobRun<'_> {
         progress.fresh_round = played.has_calls.then(|| {
             admitted
                 .iter()
-                .map(|call| (call.wire_id.clone(), 0))
+                .map(|(call, _)| (call.wire_id.clone(), 0))
                 .collect::<Attempts>()
         });
         Ok(())
     }
 
-    /// The calls of the turn just played that dispatch will publish: those
-    /// it admits now are recorded with the turn.
+    /// The calls of the turn just played that dispatch will publish, with
+    /// what each attempt costs: those it admits now, within the job's
+    /// budget (which they take), are recorded with the turn.
     fn admitted_calls(
         &self,
-        spec: &JobSpec,
+        job: JobRef<'_>,
         wire_ids: &WireIds,
         progress: &Progress,
-    ) -> Vec<PlannedCall> {
+    ) -> Vec<(PlannedCall, u64)> {
         let dispatcher = &self.runner.dispatcher;
         step::pending_calls(&progress.items, wire_ids)
             .into_iter()
             .enumerate()
             .filter(|(index, call)| {
                 matches!(
-                    dispatcher.admit(spec, *index, call, &progress.offered),
+                    dispatcher.admit(job.spec, *index, call, &progress.offered),
                     Admission::Publish(_)
                 )
             })
-            .map(|(_, call)| call)
+            .map(|(_, call)| {
+                let cost = dispatcher.cost_of(&call.name, &progress.offered);
+                (call, cost)
+            })
+            // A call the budget refuses is answered by the round.
+            .filter(|(_, cost)| job.budget.take_call(*cost).is_ok())
             .collect()
     }
 
@@ -230,6 +243,8 @@ struct Played<'a> {
     offered: &'a [ToolManifest],
     /// The tokens it used.
     usage: Option<Usage>,
+    /// The tokens it counts against the job's budget.
+    tokens: u64,
 }
 
 /// Asks the model for the job's next turn, within the job's deadline and

@@ -51,12 +51,16 @@ impl JobStore {
                 Some((key, text))
             })
             .collect();
+        // A refusal for a budget is stored with the call's result: a run
+        // that resumes the job gives it no more turns either.
+        let budget_exceeded = settled.iter().find_map(|settled| settled.budget_exceeded);
         self.commit(
             lease,
             Commit {
                 events,
                 attempts,
                 checks,
+                budget_exceeded,
                 ..Commit::default()
             },
         )
@@ -87,4 +91,8 @@ pub struct SettledCall<'a> {
     /// was not read from Redis: the commit checks it against what Redis
     /// holds and writes nothing if it differs ([`Error::ResultMismatch`]).
     pub unchecked: Option<&'a str>,
+    /// The budget whose check refused the call (its envelope says
+    /// `BUDGET_EXCEEDED`): stored with it, so that the job gets no more
+    /// turns (`crate::budget`).
+    pub budget_exceeded: Option<Limit>,
 }

@@ -77,4 +77,6 @@ pub struct DispatchedCall<'a> {
     pub wire_id: &'a WireId,
     /// The tool.
     pub name: &'a str,
+    /// What the attempt costs in budgets' cost units (its tool's `cost`).
+    pub cost: u64,
 }

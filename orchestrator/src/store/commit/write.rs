@@ -109,6 +109,7 @@ fn counted_lists(
             .iter()
             .map(|full| (full.call.as_str(), &full.data)),
     );
+    pairs(invocation, commit.spend_increments().into_iter());
 }
 
 /// Adds a counted list of pairs to a script's arguments: their count, then
@@ -151,6 +152,10 @@ pub(super) struct Commit<'a> {
     /// The whole data of the shaped results among `results`, for the
     /// job's `shaped` hash.
     pub(super) full: &'a [FullResult],
+    /// What the commit adds to the job's spend (`crate::budget`).
+    pub(super) spend: Spend,
+    /// A call was refused for this budget: the job gets no more turns.
+    pub(super) budget_exceeded: Option<Limit>,
 }
 
 impl<'a> Commit<'a> {
@@ -164,6 +169,10 @@ impl<'a> Commit<'a> {
             events: vec![turn.event()],
             counters: Some((turn.turns, turn.rounds)),
             offers: turn.offered,
+            spend: Spend {
+                tokens: turn.tokens,
+                ..Spend::default()
+            },
             ..Commit::default()
         }
     }
@@ -177,7 +186,22 @@ impl<'a> Commit<'a> {
                 name: call.name.to_owned(),
             });
             self.attempts.push((call.wire_id.to_string(), attempt));
+            // A call counts once, each attempt's cost each time.
+            self.spend.tool_calls += u64::from(attempt == 1);
+            self.spend.cost_units += call.cost;
         }
+    }
+
+    /// The job hash fields this commit adds to, and by how much.
+    fn spend_increments(&self) -> Vec<(&'static str, u64)> {
+        [
+            (SPENT_TOKENS, self.spend.tokens),
+            (SPENT_COST_UNITS, self.spend.cost_units),
+            (SPENT_TOOL_CALLS, self.spend.tool_calls),
+        ]
+        .into_iter()
+        .filter(|(_, n)| *n > 0)
+        .collect()
     }
 
     /// The job hash fields this commit sets.
@@ -209,6 +233,9 @@ impl<'a> Commit<'a> {
             // Read with the run's start: its model is offered read_result.
             fields.push(("shaped", "1".to_owned()));
         }
+        if let Some(limit) = self.budget_exceeded {
+            fields.push((BUDGET_EXCEEDED, limit.field().to_owned()));
+        }
         fields
     }
 }
@@ -221,11 +248,11 @@ const LEASE_LOST: i64 = -1;
 const RESULT_MISMATCH: i64 = -2;
 
 /// KEYS: job, items, events, lease, attempts, tools, approvals, shaped.
-/// ARGV: token, now_ms, retention_ms (0: keep), then eight counted lists:
+/// ARGV: token, now_ms, retention_ms (0: keep), then nine counted lists:
 /// n, (result key, the text it must hold)...; n, items...; n, (kind, data,
 /// final)...; n, (field, value)...; n, (call_id, attempt)...; n, (tool,
 /// manifest)...; n, (approvals field, value)...; n, (call, whole data of
-/// a shaped result)...
+/// a shaped result)...; n, (job field, increment)... (the spend)
 /// Appends items and events and updates fields, only while the lease holds
 /// and each result to check holds its text (else [`RESULT_MISMATCH`], and
 /// nothing is written).
@@ -285,6 +312,10 @@ for k = 1, 5 do
   local hash = ({KEYS[1], KEYS[5], KEYS[6], KEYS[7], KEYS[8]})[k]
   each_chunk('HSET', hash, i, 2 * n); i = i + 2 * n
 end
+n = tonumber(ARGV[i]); i = i + 1
+for k = 1, n do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1]); i = i + 2
+end
 local retention = tonumber(ARGV[3])
 if retention > 0 then
   for k = 1, 3 do redis.call('PEXPIRE', KEYS[k], retention) end
@@ -322,6 +353,7 @@ mod tests {
             rounds: 2,
             offered: &[],
             usage: None,
+            tokens: 0,
         };
         let commit = Commit::of_turn(turn);
         assert_eq!((commit.results.len(), commit.items.len()), (1, 1));
@@ -344,14 +376,18 @@ mod tests {
                 event_id: &call_a,
                 wire_id: &w1,
                 name: "echo",
+                cost: 3,
             },
             DispatchedCall {
                 event_id: &x1,
                 wire_id: &w2,
                 name: "sleep",
+                cost: 0,
             },
         ];
         commit.dispatched(&calls, 2);
+        // A retry: each attempt's cost, no new call.
+        assert_eq!(commit.spend_increments(), [(SPENT_COST_UNITS, 3)]);
         assert_eq!(
             commit.attempts,
             [("w1".to_owned(), 2), ("w2".to_owned(), 2)],
@@ -431,6 +467,7 @@ mod tests {
             rounds: 0,
             offered: &offered,
             usage: None,
+            tokens: 0,
         };
         let commit = Commit::of_turn(turn);
         assert_eq!(commit.offers, offered);
@@ -458,6 +495,7 @@ mod tests {
             rounds: 3,
             offered: &[],
             usage: None,
+            tokens: 0,
         };
         let ending = Ending::Succeeded("42".into());
         let commit = Commit {
@@ -496,6 +534,7 @@ mod tests {
             rounds: 1,
             offered: &[],
             usage: None,
+            tokens: 0,
         };
         for ending in [Ending::Succeeded("ok".into()), failed, Ending::Cancelled] {
             let commit = Commit {
