@@ -70,13 +70,17 @@ fn summary(job_id: &str, timeline: &Timeline) -> String {
     let steps = |step: Step| timeline.rows.iter().filter(|r| r.step == step).count();
     let retries: usize = timeline.rows.iter().map(|r| r.retries_ms.len()).sum();
     let outcome = timeline.outcome.as_deref().unwrap_or("running");
-    format!(
+    let mut line = format!(
         "job {job_id}: {outcome} in {}; {}, {}, {}",
         millis(total as f64),
         count(steps(Step::Turn), "turn", "turns"),
         count(steps(Step::Call), "call", "calls"),
         count(retries, "retry", "retries"),
-    )
+    );
+    if let Some(spent) = timeline.spent {
+        line.push_str(&format!("; spent {spent}"));
+    }
+    line
 }
 
 /// The time axis of the bars: the job's span over `width` columns.

@@ -160,12 +160,25 @@ fn event_summary(event: &JobEvent) -> String {
         JobEvent::JobWaitingForApproval { calls } => {
             format!("parked until a person decides {}", calls.join(", "))
         }
-        JobEvent::JobSucceeded { output_text } => quote(output_text, QUOTE_CHARS),
-        JobEvent::JobFailed { code, message } => {
-            format!("{code}: {}", message.as_deref().unwrap_or_default())
+        JobEvent::JobSucceeded { output_text, spent } => {
+            quote(output_text, QUOTE_CHARS) + &spent_summary(*spent)
         }
-        JobEvent::JobCancelled { code } => code.to_string(),
+        JobEvent::JobFailed {
+            code,
+            message,
+            spent,
+        } => format!(
+            "{code}: {}{}",
+            message.as_deref().unwrap_or_default(),
+            spent_summary(*spent)
+        ),
+        JobEvent::JobCancelled { code, spent } => code.to_string() + &spent_summary(*spent),
     }
+}
+
+/// What a job spent, as its final event's summary ends: `; spent ...`.
+fn spent_summary(spent: Option<toolfleet_proto::job::Spend>) -> String {
+    spent.map_or_else(String::new, |spent| format!("; spent {spent}"))
 }
 
 /// A `tool_call_progress` event on one line (any other event: nothing).

@@ -23,6 +23,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use toolfleet_proto::{Envelope, ErrorCode};
 
+pub use crate::job::Spend;
 use crate::job::{Ending, JobErrorCode};
 use crate::model::Usage;
 
@@ -73,17 +74,6 @@ impl Budget {
             Some((limit.field(), problem))
         })
     }
-}
-
-/// What a job spent, against its [`Budget`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Spend {
-    /// Model tokens.
-    pub tokens: u64,
-    /// Tool cost units.
-    pub cost_units: u64,
-    /// Tool calls run by workers.
-    pub tool_calls: u64,
 }
 
 /// One of a budget's limits.

@@ -15,7 +15,7 @@ use serde_json::Value;
 pub use toolfleet_proto::ToolManifest;
 use toolfleet_proto::call::{EventId, WireId};
 pub use toolfleet_proto::job::{
-    CallRef, DeltaPiece, JobErrorCode, JobEvent, JobId, JobStatus, TurnDelta, Usage,
+    CallRef, DeltaPiece, JobErrorCode, JobEvent, JobId, JobStatus, Spend, TurnDelta, Usage,
 };
 pub use toolfleet_service::clock::now_ms;
 pub use toolfleet_service::traces::JobTrace;
@@ -388,18 +388,22 @@ impl Ending {
         }
     }
 
-    /// The job's final event.
-    pub(crate) fn event(&self) -> JobEvent {
+    /// The job's final event, with what the job `spent` when its run
+    /// ended it.
+    pub(crate) fn event(&self, spent: Option<Spend>) -> JobEvent {
         match self {
             Self::Succeeded(text) => JobEvent::JobSucceeded {
                 output_text: text.clone(),
+                spent,
             },
             Self::Failed(error) => JobEvent::JobFailed {
                 code: error.code,
                 message: Some(error.message.clone()),
+                spent,
             },
             Self::Cancelled => JobEvent::JobCancelled {
                 code: JobErrorCode::Cancelled,
+                spent,
             },
         }
     }

@@ -460,6 +460,9 @@ pub enum JobEvent {
     JobSucceeded {
         /// The answer.
         output_text: String,
+        /// What the job spent, when its run ended it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spent: Option<Spend>,
     },
     /// The job ended with an error.
     JobFailed {
@@ -468,12 +471,41 @@ pub enum JobEvent {
         /// Detail for humans; absent on a job whose state was lost.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
+        /// What the job spent, when its run ended it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spent: Option<Spend>,
     },
     /// The job was cancelled.
     JobCancelled {
         /// Always [`JobErrorCode::Cancelled`].
         code: JobErrorCode,
+        /// What the job spent, when its run ended it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        spent: Option<Spend>,
     },
+}
+
+/// What a job spent against its budget (docs/protection.md, "Budgets"):
+/// in `GetJob`'s `spent` and on the event that ends it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spend {
+    /// Tool cost units. (Fields in the order of their names: an event's
+    /// data is written with its keys sorted.)
+    pub cost_units: u64,
+    /// Model tokens, input (cached included) and output.
+    pub tokens: u64,
+    /// Tool calls run by workers.
+    pub tool_calls: u64,
+}
+
+impl std::fmt::Display for Spend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} model tokens, {} tool cost units, {} tool calls",
+            self.tokens, self.cost_units, self.tool_calls
+        )
+    }
 }
 
 /// The `kind` and `data` of an event that does not decode.
@@ -817,6 +849,7 @@ mod tests {
             (
                 JobEvent::JobSucceeded {
                     output_text: "4".into(),
+                    spent: None,
                 },
                 r#"{"output_text":"4"}"#,
             ),
@@ -824,19 +857,26 @@ mod tests {
                 JobEvent::JobFailed {
                     code: JobErrorCode::MaxToolRoundsExceeded,
                     message: Some("too many".into()),
+                    spent: Some(Spend {
+                        tokens: 300,
+                        cost_units: 15,
+                        tool_calls: 5,
+                    }),
                 },
-                r#"{"code":"MAX_TOOL_ROUNDS_EXCEEDED","message":"too many"}"#,
+                r#"{"code":"MAX_TOOL_ROUNDS_EXCEEDED","message":"too many","spent":{"cost_units":15,"tokens":300,"tool_calls":5}}"#,
             ),
             (
                 JobEvent::JobFailed {
                     code: JobErrorCode::JobStateLost,
                     message: None,
+                    spent: None,
                 },
                 r#"{"code":"JOB_STATE_LOST"}"#,
             ),
             (
                 JobEvent::JobCancelled {
                     code: JobErrorCode::Cancelled,
+                    spent: None,
                 },
                 r#"{"code":"CANCELLED"}"#,
             ),

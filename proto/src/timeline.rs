@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use crate::JobEvent;
+use crate::job::Spend;
 use crate::v1;
 
 /// What a row of a timeline stands for.
@@ -70,6 +71,8 @@ pub struct Timeline {
     pub rows: Vec<Row>,
     /// `succeeded`, `failed (CODE)`, `cancelled`; `None` while it runs.
     pub outcome: Option<String>,
+    /// What the job spent, as the event that ended it says.
+    pub spent: Option<Spend>,
 }
 
 impl Timeline {
@@ -222,12 +225,18 @@ impl Drawing {
             | JobEvent::ToolCallVerdictRequested { .. }
             | JobEvent::ToolCallDecided { .. }
             | JobEvent::JobWaitingForApproval { .. } => rows.push(approval_mark(decoded, at)),
-            JobEvent::JobSucceeded { .. } => self.timeline.outcome = Some("succeeded".into()),
-            JobEvent::JobFailed { code, .. } => {
-                self.timeline.outcome = Some(format!("failed ({})", code.as_str()));
+            JobEvent::JobSucceeded { spent, .. } => self.end("succeeded".into(), spent),
+            JobEvent::JobFailed { code, spent, .. } => {
+                self.end(format!("failed ({})", code.as_str()), spent);
             }
-            JobEvent::JobCancelled { .. } => self.timeline.outcome = Some("cancelled".into()),
+            JobEvent::JobCancelled { spent, .. } => self.end("cancelled".into(), spent),
         }
+    }
+
+    /// The job ended as `outcome` said, having spent `spent`.
+    fn end(&mut self, outcome: String, spent: Option<Spend>) {
+        self.timeline.outcome = Some(outcome);
+        self.timeline.spent = spent;
     }
 
     /// Calls without a result run to the end of what is drawn: the job

@@ -626,8 +626,15 @@ async fn a_looping_model_is_stopped_by_each_budget_of_its_job() -> anyhow::Resul
             .as_bool()
             .unwrap_or(true)
     );
-    let sources: Vec<Option<String>> = events(&api, &job.job_id)
-        .await?
+    let events = events(&api, &job.job_id).await?;
+    let (kind, end) = events.last().expect("the job's events");
+    assert_eq!(kind, "job_failed");
+    assert_eq!(
+        end["spent"],
+        json!({"tokens": 300, "cost_units": 15, "tool_calls": 5}),
+        "watch and trace read what the job spent on its last event"
+    );
+    let sources: Vec<Option<String>> = events
         .iter()
         .filter(|(kind, _)| kind == "tool_call_result")
         .map(|(_, data)| data["source"].as_str().map(str::to_owned))

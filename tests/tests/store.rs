@@ -6,10 +6,11 @@
 use std::time::Duration;
 
 use toolfleet_orchestrator::approval::Rule;
+use toolfleet_orchestrator::budget::Limit;
 use toolfleet_orchestrator::hold::{ApprovalChoice, Choice, Decision, HeldFor, Hold};
 use toolfleet_orchestrator::job::{
     Ending, FullResult, Item, JobErrorCode, JobEvent, JobSpec, JobStatus, JobTrace, Lease,
-    ProviderKind, TurnCheckpoint,
+    ProviderKind, Spend, TurnCheckpoint,
 };
 use toolfleet_orchestrator::live::Live;
 use toolfleet_orchestrator::store::{
@@ -194,13 +195,16 @@ async fn record_a_turn_of_one_call(
                 rounds: 1,
                 offered: std::slice::from_ref(&echo),
                 usage: None,
-                tokens: 0,
+                tokens: 120,
             },
             &[dispatched_c1()],
         )
         .await?;
     let start = store.load_run(job_id).await?.expect("the job");
     assert_eq!(start.offered, [echo]);
+    // The job's spend: the turn's tokens, one call at its cost.
+    let spent = (start.record.spent.tokens, start.record.spent.cost_units);
+    assert_eq!((spent, start.record.spent.tool_calls), ((120, 1), 1));
     assert_eq!(store.attempts(job_id).await?.last(wire("c1")), Some(1));
     Ok(turn.to_vec())
 }
@@ -224,7 +228,7 @@ async fn settle_two_calls_in_one_commit(
         envelope: &envelope,
         source: None,
         unchecked: None,
-        budget_exceeded: None,
+        budget_exceeded: Some(Limit::CostUnits),
     };
     // Calls that settle together are recorded in one commit, in order.
     let ok = Envelope::Ok(serde_json::json!("fine"));
@@ -241,6 +245,10 @@ async fn settle_two_calls_in_one_commit(
         budget_exceeded: None,
     };
     store.record_call_results(lease, &[settled, other]).await?;
+    // A call refused for a budget is stored with its budget: the job gets
+    // no more turns, whoever runs it next.
+    let record = store.get(job_id).await?.expect("the job");
+    assert_eq!(record.budget_exceeded, Some(Limit::CostUnits));
     let attempts = store.attempts(job_id).await?;
     assert!(attempts.settled(wire("c1")) && attempts.settled(wire("w0")));
     Ok(Item::ToolResult {
@@ -282,6 +290,7 @@ async fn end_on_too_many_rounds(
             lease,
             &Ending::failed(JobErrorCode::MaxToolRoundsExceeded, "too many"),
             Unstored::Turn(last_turn),
+            None,
         )
         .await?;
     assert_eq!(
@@ -367,7 +376,7 @@ async fn every_verb_writes_what_it_says_and_nothing_follows_the_end() -> anyhow:
     ));
     assert!(matches!(
         store
-            .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+            .finish(&lease, &Ending::Cancelled, Unstored::Nothing, None)
             .await,
         Err(Error::LeaseLost(_))
     ));
@@ -440,7 +449,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
     );
     // The next commit numbers its events after them.
     store
-        .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+        .finish(&lease, &Ending::Cancelled, Unstored::Nothing, None)
         .await?;
     let last = store.last_event(&job_id).await?.expect("the final event");
     assert_eq!((last.offset, last.is_final), (703, true));
@@ -529,7 +538,7 @@ async fn taking_a_lease_reads_the_run_s_start_only_for_its_holder() -> anyhow::R
         ]
     );
     store
-        .finish(&lease, &Ending::Cancelled, Unstored::Nothing)
+        .finish(&lease, &Ending::Cancelled, Unstored::Nothing, None)
         .await?;
     let (finished, start) = store.acquire_and_load(&job_id, other, ttl).await?;
     assert!(matches!(finished, Acquired::Finished) && start.is_none());
@@ -557,7 +566,8 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
     assert_eq!(
         events(&store, &queued).await?.last(),
         Some(&JobEvent::JobCancelled {
-            code: JobErrorCode::Cancelled
+            code: JobErrorCode::Cancelled,
+            spent: None,
         })
     );
 
@@ -585,8 +595,17 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
                 items: &results,
                 full: &full,
             },
+            Some(Spend {
+                tokens: 7,
+                ..Spend::default()
+            }),
         )
         .await?;
+    let last = events(&store, &running).await?.pop();
+    assert!(
+        matches!(last, Some(JobEvent::JobCancelled { spent: Some(spent), .. }) if spent.tokens == 7),
+        "the final event says what the run spent: {last:?}"
+    );
     assert_eq!(store.items(&running, 1).await?, results);
     let record = store.get(&running).await?.unwrap();
     assert_eq!(record.status, JobStatus::Cancelled);
@@ -618,7 +637,8 @@ async fn cancel_and_loss_end_jobs_with_their_own_events() -> anyhow::Result<()> 
         events(&store, &lost).await?,
         [JobEvent::JobFailed {
             code: JobErrorCode::JobStateLost,
-            message: None
+            message: None,
+            spent: None,
         }]
     );
     Ok(())
@@ -1187,7 +1207,7 @@ async fn ended_and_expired_calls_are_counted_no_more(
     [a, b, c]: &[Lease; 3],
 ) -> anyhow::Result<()> {
     store
-        .finish(b, &Ending::Cancelled, Unstored::Nothing)
+        .finish(b, &Ending::Cancelled, Unstored::Nothing, None)
         .await?;
     // Expired: dropped by the next refresh.
     let expires =

@@ -40,8 +40,8 @@ pub(crate) fn exit_code(job: &v1::Job) -> ExitCode {
 /// did not on stderr; its exit code.
 pub(super) fn say_ending(last: &v1::JobEvent) -> anyhow::Result<ExitCode> {
     match JobEvent::decode(&last.kind, &last.data) {
-        Ok(JobEvent::JobSucceeded { output_text }) => outln!("{output_text}")?,
-        Ok(JobEvent::JobFailed { code, message }) => {
+        Ok(JobEvent::JobSucceeded { output_text, .. }) => outln!("{output_text}")?,
+        Ok(JobEvent::JobFailed { code, message, .. }) => {
             eprintln!(
                 "job {} failed: {code} {}",
                 last.job_id,

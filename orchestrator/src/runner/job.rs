@@ -14,7 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
-use crate::budget::JobBudget;
+use crate::budget::{JobBudget, Spend};
 use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
     Ending, FullResult, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobRef, Lease,
@@ -142,16 +142,19 @@ struct End {
     full: Vec<FullResult>,
     /// The turn that ended the job; its items are `unstored[start..]`.
     last_turn: Option<LastTurn>,
+    /// What the job spent, for its final event.
+    spent: Spend,
 }
 
 impl End {
     /// An end before anything was done.
-    fn at_once(ending: Ending) -> Self {
+    fn at_once(ending: Ending, spent: Spend) -> Self {
         Self {
             ending,
             unstored: Vec::new(),
             full: Vec::new(),
             last_turn: None,
+            spent,
         }
     }
 
@@ -201,8 +204,8 @@ impl Progress {
         }
     }
 
-    /// The run ends the job with `ending`.
-    fn end(mut self, ending: Ending) -> End {
+    /// The run ends the job with `ending`, having spent `spent`.
+    fn end(mut self, ending: Ending, spent: Spend) -> End {
         let unstored = self.items.split_off(self.stored);
         let last_turn = self.last_turn.map(|turn| LastTurn {
             start: turn.start - self.stored,
@@ -213,6 +216,7 @@ impl Progress {
             unstored,
             full: self.full,
             last_turn,
+            spent,
         }
     }
 }
@@ -327,7 +331,7 @@ impl JobRun<'_> {
         let (spec, trace) = (&record.spec, record.trace.as_ref());
         let provider = match self.runner.providers.for_job(spec) {
             Ok(provider) => provider,
-            Err(err) => return Ok(Some(End::at_once(model_failure(&err)))),
+            Err(err) => return Ok(Some(End::at_once(model_failure(&err), record.spent))),
         };
         let mut progress = Progress::resumed(&record, items, offered);
         let budget = JobBudget::resumed(
@@ -373,14 +377,7 @@ impl JobRun<'_> {
                 }
             };
             if let Some(ending) = ending {
-                let spent = budget.spent();
-                info!(
-                    tokens = spent.tokens,
-                    cost_units = spent.cost_units,
-                    tool_calls = spent.tool_calls,
-                    "job spent"
-                );
-                return Ok(Some(progress.end(ending)));
+                return Ok(Some(progress.end(ending, budget.spent())));
             }
         }
     }
@@ -511,12 +508,12 @@ impl JobRun<'_> {
         let ending = &end.ending;
         self.runner
             .store
-            .finish(&self.lease, ending, end.unstored())
+            .finish(&self.lease, ending, end.unstored(), Some(end.spent))
             .await?;
         if let Some(turn) = end.last_turn {
             turn.commit.end();
         }
-        let kind = ending.event().kind();
+        let kind = ending.event(None).kind();
         info!(kind, "job finished");
         let created = self.created_at_ms.load(Ordering::Relaxed);
         let took = (created > 0).then(|| Duration::from_millis(now_ms().saturating_sub(created)));

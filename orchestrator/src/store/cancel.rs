@@ -21,7 +21,7 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub async fn cancel(&self, job_id: &JobId) -> Result<Option<JobStatus>, Error> {
-        let cancelled = Ending::Cancelled.event();
+        let cancelled = Ending::Cancelled.event(None);
         let (status, spec): (String, String) = CANCEL
             .key(self.keys.job(job_id))
             .key(self.keys.job_events(job_id))
@@ -92,6 +92,7 @@ impl JobStore {
         };
         // The event carries no message, as it always did.
         let lost = JobEvent::JobFailed {
+            spent: None,
             code: JobErrorCode::JobStateLost,
             message: None,
         };

@@ -108,6 +108,7 @@ async fn each_change_of_status_is_counted_once_for_the_tenant_and_the_submitter(
             &resumed,
             &Ending::Succeeded("done".into()),
             Unstored::Nothing,
+            None,
         )
         .await?;
     assert_eq!(counts(&store, tenant).await?, [(Queued, 2), (Succeeded, 1)]);
@@ -137,6 +138,7 @@ async fn each_change_of_status_is_counted_once_for_the_tenant_and_the_submitter(
             &run,
             &Ending::failed(JobErrorCode::ModelRejected, "no"),
             Unstored::Nothing,
+            None,
         )
         .await?;
     let finished = [(Succeeded, 1), (Failed, 1), (Cancelled, 1)];
@@ -188,7 +190,7 @@ async fn counting_the_records_again_repairs_what_lost_steps_left() -> anyhow::Re
     lease(&store, &jobs[1], "r", Duration::from_secs(60)).await?;
     let ended = lease(&store, &jobs[2], "r", Duration::from_secs(60)).await?;
     store
-        .finish(&ended, &Ending::Cancelled, Unstored::Nothing)
+        .finish(&ended, &Ending::Cancelled, Unstored::Nothing, None)
         .await?;
     let before = (
         counts(&store, tenant).await?,

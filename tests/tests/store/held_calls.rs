@@ -785,7 +785,9 @@ impl Job {
             Some(Run::Ending) => Ending::Cancelled,
             _ => Ending::Succeeded("done".into()),
         };
-        let finish = self.store().finish(&lease, &ending, Unstored::Nothing);
+        let finish = self
+            .store()
+            .finish(&lease, &ending, Unstored::Nothing, None);
         self.block_on(finish).expect("the runner holds its lease");
         if let Some(Run::Read(read)) = self.processes.runner.take() {
             self.processes.settle(read);

@@ -5,7 +5,8 @@ use crate::job::{Ending, FullResult, Item, Lease, TurnCheckpoint};
 use super::*;
 
 impl JobStore {
-    /// Ends the job: its final status, answer or error, final event, and the
+    /// Ends the job: its final status, answer or error, final event (with
+    /// what the job `spent`, when the run knows), and the
     /// expiry of all its keys after the retention, with what the run had not
     /// stored yet (`unstored`) before them, in one commit. Nothing is written
     /// after. Then its end is counted, and the job leaves the sweeper's
@@ -20,6 +21,7 @@ impl JobStore {
         lease: &Lease,
         ending: &Ending,
         unstored: Unstored<'_>,
+        spent: Option<Spend>,
     ) -> Result<(), Error> {
         let mut commit = match unstored {
             Unstored::Nothing => Commit::default(),
@@ -30,7 +32,7 @@ impl JobStore {
             },
             Unstored::Turn(turn) => Commit::of_turn(turn),
         };
-        commit.events.push(ending.event());
+        commit.events.push(ending.event(spent));
         commit.status = Some(ending.status());
         commit.ending = Some(ending);
         self.commit(lease, commit).await?;
