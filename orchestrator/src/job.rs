@@ -280,6 +280,10 @@ pub struct JobLimits {
     /// The tenant's quota of tool calls in flight when the job was
     /// submitted: the job's calls beyond it wait for a slot.
     pub max_calls_in_flight: Option<u32>,
+    /// The tenant's period budgets when the job was submitted (its
+    /// `[tenants.<name>.budget]`), which every run of it takes from.
+    #[serde(skip_serializing_if = "crate::budget::tenant::TenantBudget::is_empty")]
+    pub tenant_budget: crate::budget::tenant::TenantBudget,
 }
 
 impl Default for JobLimits {
@@ -289,6 +293,7 @@ impl Default for JobLimits {
             max_scripted_answer_bytes: 1024 * 1024,
             max_active_jobs: None,
             max_calls_in_flight: None,
+            tenant_budget: crate::budget::tenant::TenantBudget::default(),
         }
     }
 }
@@ -500,7 +505,7 @@ pub(crate) struct JobRef<'a> {
     /// Its trace, if it has one.
     pub trace: Option<&'a JobTrace>,
     /// What it may still spend, as its run keeps count.
-    pub budget: &'a crate::budget::JobBudget,
+    pub budget: &'a crate::budget::RunBudget,
 }
 
 /// A runner's hold on a job. Writes made with it fail once another runner
@@ -544,7 +549,7 @@ pub struct TurnCheckpoint<'a> {
     /// The tokens the turn used, when the provider said.
     pub usage: Option<Usage>,
     /// The tokens the turn counts against the job's budget
-    /// ([`crate::budget::JobBudget::turn_tokens`]).
+    /// ([`crate::budget::RunBudget::add_turn`]).
     pub tokens: u64,
 }
 

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use crate::budget::tenant::{TenantBudget, TenantExceeded, TenantMeter};
 use crate::job::now_ms;
 use crate::store::{self, JobStore};
 
@@ -33,6 +34,9 @@ pub(crate) struct Quotas {
     pub submissions_per_second: Option<f64>,
     /// Tool calls of its jobs published and not yet settled, at once.
     pub max_calls_in_flight: Option<u32>,
+    /// What its jobs together may spend per rolling hour and day (its
+    /// `[tenants.<name>.budget]`; no defaults).
+    pub budget: TenantBudget,
 }
 
 impl Quotas {
@@ -47,6 +51,7 @@ impl Quotas {
             max_active_jobs: Some(max_active_jobs).filter(|n| *n > 0),
             submissions_per_second: Some(submissions_per_second).filter(|rate| *rate > 0.0),
             max_calls_in_flight: Some(max_calls_in_flight).filter(|n| *n > 0),
+            budget: TenantBudget::default(),
         }
     }
 
@@ -57,6 +62,7 @@ impl Quotas {
             max_active_jobs: own.max_active_jobs.or(self.max_active_jobs),
             submissions_per_second: own.submissions_per_second.or(self.submissions_per_second),
             max_calls_in_flight: own.max_calls_in_flight.or(self.max_calls_in_flight),
+            budget: own.budget,
         }
     }
 
@@ -101,6 +107,9 @@ pub(crate) enum Refusal {
         /// Its calls in flight.
         in_flight: u32,
     },
+    /// Its jobs spent one of its period budgets; there is room again
+    /// after the refusal's `retry_after`.
+    Budget(TenantExceeded),
 }
 
 /// How long a client waits before retrying a submission refused for its
@@ -114,6 +123,7 @@ impl Refusal {
         match self {
             Self::SubmissionRate { wait, .. } => *wait,
             Self::ActiveJobs { .. } | Self::CallsInFlight { .. } => RETRY_WHEN_BUSY,
+            Self::Budget(over) => over.retry_after,
         }
     }
 }
@@ -137,6 +147,7 @@ impl fmt::Display for Refusal {
                 "tenant {tenant:?} has {in_flight} tool calls in flight, its quota \
                  (max_calls_in_flight); retry when some have finished"
             ),
+            Self::Budget(over) => write!(f, "{over}"),
         }
     }
 }
@@ -236,6 +247,14 @@ impl TenantLimits {
                     tenant: tenant.to_owned(),
                     in_flight,
                 }));
+            }
+        }
+        // A tenant whose jobs spent a period budget: a new job could do
+        // nothing before the window has room again.
+        if !quotas.budget.is_empty() {
+            let meter = TenantMeter::new(tenant, quotas.budget, self.store.clone());
+            if let Err(over) = meter.before_turn().await? {
+                return Err(AdmitError::Refused(Refusal::Budget(over)));
             }
         }
         Ok(())
@@ -338,6 +357,7 @@ mod tests {
             max_active_jobs: Some(2),
             submissions_per_second: None,
             max_calls_in_flight: Some(3),
+            budget: Default::default(),
         };
         let quotas = defaults.overridden_by(own);
         assert_eq!(quotas.max_active_jobs, Some(2));
@@ -359,6 +379,7 @@ mod tests {
                 max_active_jobs: Some(0),
                 submissions_per_second: rate,
                 max_calls_in_flight: calls,
+                budget: Default::default(),
             };
             let got = quotas.problem();
             assert_eq!(

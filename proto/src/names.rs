@@ -613,6 +613,13 @@ impl RedisKeys {
         format!("{}:cache:{{{tenant}}}:{digest}", self.prefix)
     }
 
+    /// What a tenant's jobs spent in the last day (a hash of counters per
+    /// minute and per hour, `<kind>:m:<minute>` and `<kind>:h:<hour>`):
+    /// its period budgets (docs/protection.md, "Budgets").
+    pub fn tenant_budget(&self, tenant: &str) -> String {
+        format!("{}:budget:{{{tenant}}}", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)
@@ -735,6 +742,7 @@ mod tests {
             keys.tenant_submissions("acme"),
             keys.submission("acme", "key-1"),
             keys.tenant_cached_result("acme", "0f"),
+            keys.tenant_budget("acme"),
             keys.tenant_approvals("acme"),
             keys.tenant_approvals_expiry("acme"),
             keys.tenant_approval_tools("acme"),

@@ -699,3 +699,175 @@ async fn a_looping_model_is_stopped_by_each_budget_of_its_job() -> anyhow::Resul
     assert_eq!(spent(&free), (1100, 60, 20));
     Ok(())
 }
+
+/// `message` with `token` as its bearer token.
+fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let value = format!("Bearer {token}").parse().expect("ascii");
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
+/// Runs `job` as the tenant of `token` on `api` to its end.
+async fn run_as(
+    api: &ApiClient,
+    token: &str,
+    job: v1::SubmitJobRequest,
+) -> anyhow::Result<v1::Job> {
+    let job_id = api
+        .clone()
+        .submit_job(as_tenant(token, job))
+        .await?
+        .into_inner()
+        .job_id;
+    wait_until("the job to end", Duration::from_secs(60), || {
+        let (mut api, job_id) = (api.clone(), job_id.clone());
+        async move {
+            let job = api
+                .get_job(as_tenant(token, v1::GetJobRequest { job_id }))
+                .await?
+                .into_inner();
+            anyhow::ensure!(
+                ![v1::JobStatus::Queued as i32, v1::JobStatus::Running as i32]
+                    .contains(&job.status),
+                "still running"
+            );
+            anyhow::Ok(job)
+        }
+    })
+    .await
+}
+
+/// A job of `turns` turns of one `echo` call each, then an answer.
+fn echoing(turns: u32) -> v1::SubmitJobRequest {
+    let mut script: Vec<Value> = (0..turns)
+        .map(|n| json!({"tool_calls": [{"name": "echo", "arguments": {"n": n}}]}))
+        .collect();
+    script.push(json!({"message": "done"}));
+    scripted_job("echo", &Value::Array(script))
+}
+
+/// A tenant's period budgets hold across two orchestrators at once: eight
+/// jobs of three calls each, submitted to both, run seven calls in all
+/// (each call takes its unit atomically, so none is run over the budget);
+/// the jobs refused end BUDGET_EXCEEDED naming the key, and the tenant's
+/// next submission is refused with when to come back. Job time and tokens
+/// are counted too: a job that has run over its tenant's second of job
+/// time, or a day's tokens, gets no more turns.
+#[tokio::test]
+async fn a_tenants_period_budgets_hold_across_two_orchestrators() -> anyhow::Result<()> {
+    use tonic_types::StatusExt as _;
+    use toolfleet_orchestrator::auth::token_sha256;
+    let (thrifty, brief, wordy) = ("tok-thrifty-1a2b", "tok-brief-3c4d", "tok-wordy-5e6f");
+    let dir = tempfile::tempdir()?;
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        format!(
+            "[tenants.thrifty]\ntoken_sha256 = [\"{}\"]\n[tenants.thrifty.budget]\n\
+             tool_calls_per_hour = 7\n\
+             [tenants.brief]\ntoken_sha256 = [\"{}\"]\n[tenants.brief.budget]\n\
+             job_seconds_per_hour = 1\n\
+             [tenants.wordy]\ntoken_sha256 = [\"{}\"]\n[tenants.wordy.budget]\n\
+             tokens_per_day = 150\n",
+            token_sha256(thrifty),
+            token_sha256(brief),
+            token_sha256(wordy)
+        ),
+    )?;
+    let file = tokens.to_string_lossy().into_owned();
+    let env = [
+        ("TOOLFLEET_API__AUTH", "tokens"),
+        ("TOOLFLEET_API__TOKENS_FILE", file.as_str()),
+    ];
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(&env).await?;
+    fleet.spawn_orchestrator(&env).await?;
+    let apis = [fleet.api(0).await?, fleet.api(1).await?];
+    for api in &apis {
+        wait_until("the tools to go live", Duration::from_secs(30), || {
+            let mut api = api.clone();
+            async move {
+                let tools = api
+                    .list_tools(as_tenant(thrifty, v1::ListToolsRequest::default()))
+                    .await?
+                    .into_inner()
+                    .tools;
+                let live = |name: &str| tools.iter().any(|t| t.name == name);
+                anyhow::ensure!(live("echo") && live("sleep"), "not yet");
+                anyhow::Ok(())
+            }
+        })
+        .await?;
+    }
+
+    let jobs = (0..8).map(|n| run_as(&apis[n % 2], thrifty, echoing(3)));
+    let jobs = futures::future::try_join_all(jobs).await?;
+    let ran: usize = jobs
+        .iter()
+        .flat_map(attempts_and_outputs)
+        .filter(|(attempts, _)| *attempts > 0)
+        .count();
+    assert_eq!(ran, 7, "seven calls of twenty-four ran");
+    let calls: u64 = jobs.iter().map(|job| spent(job).2).sum();
+    assert_eq!(calls, 7, "and the jobs say so");
+    let refused: Vec<&v1::Job> = jobs
+        .iter()
+        .filter(|job| job.status == v1::JobStatus::Failed as i32)
+        .collect();
+    assert!(!refused.is_empty());
+    for job in refused {
+        let (code, message) = failure(job);
+        assert_eq!(code, "BUDGET_EXCEEDED");
+        assert!(message.contains("budget.tool_calls_per_hour"), "{message}");
+    }
+    let refused = apis[1]
+        .clone()
+        .submit_job(as_tenant(thrifty, echoing(1)))
+        .await
+        .expect_err("the tenant's hour is spent");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::ResourceExhausted,
+        "{refused:?}"
+    );
+    assert!(
+        refused.message().contains("tool_calls_per_hour"),
+        "{}",
+        refused.message()
+    );
+    let delay = refused
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
+        .expect("RetryInfo in the status details");
+    assert!(
+        delay > Duration::ZERO && delay <= Duration::from_secs(3600),
+        "{delay:?}"
+    );
+
+    // A second of job time: a call of 1.2 s spends it, and no turn follows.
+    let nap = scripted_job(
+        "nap",
+        &json!([
+            {"tool_calls": [{"name": "sleep", "arguments": {"ms": 1200}}]},
+            {"message": "rested"}
+        ]),
+    );
+    let job = run_as(&apis[0], brief, nap).await?;
+    let (code, message) = failure(&job);
+    assert_eq!(code, "BUDGET_EXCEEDED");
+    assert!(message.contains("budget.job_seconds_per_hour"), "{message}");
+    assert_eq!(attempts_and_outputs(&job)[0].0, 1, "the call ran");
+
+    // 150 tokens a day at 100 a turn: two turns, then none.
+    let mut words = echoing(5);
+    if let Some(model) = words.model.as_mut() {
+        model.max_tokens = 100;
+    }
+    let job = run_as(&apis[1], wordy, words).await?;
+    let (code, message) = failure(&job);
+    assert_eq!(code, "BUDGET_EXCEEDED");
+    assert!(message.contains("budget.tokens_per_day"), "{message}");
+    assert_eq!(spent(&job).0, 200);
+    Ok(())
+}

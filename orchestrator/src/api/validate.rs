@@ -453,6 +453,7 @@ pub(super) fn job_spec(
             max_scripted_answer_bytes: options.max_scripted_answer_bytes,
             max_active_jobs: caller.quotas.max_active_jobs,
             max_calls_in_flight: caller.quotas.max_calls_in_flight,
+            tenant_budget: caller.quotas.budget,
         },
         budget: request.budget.as_ref().map(budget).unwrap_or_default(),
     })

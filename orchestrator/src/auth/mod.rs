@@ -45,6 +45,7 @@ use toolfleet_proto::manifest::is_tool_pattern;
 use toolfleet_service::reload::{self, Fingerprint};
 use tracing::{info, warn};
 
+use crate::budget::tenant::TenantBudget;
 use crate::quota::Quotas;
 
 pub mod jwt;
@@ -250,6 +251,10 @@ struct TenantEntry {
     /// request does not say (docs/api.md, "Streaming").
     #[serde(default)]
     stream: bool,
+    /// What the tenant's jobs together may spend per rolling hour and day
+    /// (docs/protection.md, "Budgets").
+    #[serde(default)]
+    budget: TenantBudget,
 }
 
 impl TenantEntry {
@@ -302,7 +307,11 @@ impl TenantEntry {
             max_active_jobs: self.max_active_jobs,
             submissions_per_second: self.submissions_per_second,
             max_calls_in_flight: self.max_calls_in_flight,
+            budget: self.budget,
         };
+        if let Some(why) = self.budget.problem() {
+            return Err(format!("tenant {tenant:?}: {why}"));
+        }
         let why = if !is_valid_tenant(tenant) {
             Some("names are 1 to 64 lowercase letters, digits, - and _")
         } else if self.tools.as_ref().is_some_and(Vec::is_empty) {
@@ -357,7 +366,13 @@ enum Certified {
 
 impl Tokens {
     fn parse(text: &str, defaults: Quotas) -> Result<Self, String> {
-        let file: TokensFile = toml::from_str(text).map_err(|err| err.message().to_owned())?;
+        // The key a value is wrong at is named (`tenants.a.budget.
+        // tokens_per_day: invalid value`), never the file's text.
+        let file: TokensFile = serde_path_to_error::deserialize(toml::Deserializer::new(text))
+            .map_err(|err| match err.path().to_string() {
+                path if path == "." => err.inner().message().to_owned(),
+                path => format!("{path}: {}", err.inner().message()),
+            })?;
         // An empty file is what an editor or `>` leaves for a moment while
         // it rewrites the file: read then, it would lock every tenant out
         // until the next good version. A file for nobody is never meant.
@@ -838,11 +853,13 @@ mod tests {
             max_active_jobs: Some(10),
             submissions_per_second: Some(5.0),
             max_calls_in_flight: Some(100),
+            budget: Default::default(),
         };
         let tokens = Tokens::parse(
             &format!(
                 "[tenants.a]\ntoken_sha256 = [\"{ads}\"]\nmax_active_jobs = 2\n\
-                 max_calls_in_flight = 3\n"
+                 max_calls_in_flight = 3\n[tenants.a.budget]\ntool_calls_per_hour = 50\n\
+                 job_seconds_per_day = 3600\n"
             ),
             defaults,
         )
@@ -851,6 +868,9 @@ mod tests {
         assert_eq!(quotas.max_active_jobs, Some(2), "the tenant's own");
         assert_eq!(quotas.submissions_per_second, Some(5.0), "the default");
         assert_eq!(quotas.max_calls_in_flight, Some(3));
+        assert_eq!(quotas.budget.tool_calls_per_hour, Some(50));
+        assert_eq!(quotas.budget.job_seconds_per_day, Some(3600));
+        assert_eq!(quotas.budget.tokens_per_hour, None);
     }
 
     #[test]
@@ -1061,6 +1081,18 @@ mod tests {
             (
                 "[tenants.a]\ntoken_sha256 = []\nmax_calls_in_flight = 0\n",
                 "at least 1",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\n[tenants.a.budget]\ntokens_per_day = 0\n",
+                "tenant \"a\": budget.tokens_per_day must be at least 1",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\n[tenants.a.budget]\ntool_calls_per_hour = -1\n",
+                "tool_calls_per_hour",
+            ),
+            (
+                "[tenants.a]\ntoken_sha256 = []\n[tenants.a.budget]\ntokens_per_week = 5\n",
+                "tokens_per_week",
             ),
         ] {
             let err = Tokens::parse(text, Quotas::default()).unwrap_err();

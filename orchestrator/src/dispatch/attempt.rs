@@ -186,7 +186,7 @@ impl Dispatcher {
                         }
                     }
                 }
-                Verdict::Retry(delay) => match round.budget.take_attempt(ready.cost) {
+                Verdict::Retry(delay) => match round.budget.take_attempt(ready.cost).await? {
                     Ok(()) => delay,
                     // No cost units left for another attempt: the call
                     // ends here, its last failure named in the log.
@@ -197,7 +197,7 @@ impl Dispatcher {
                             attempt,
                             round_trip,
                             worked: answer.worked,
-                            origin: Origin::Budget(over.limit),
+                            origin: Origin::Budget(over.limit()),
                         };
                         let closed = self.close(round, call, last, &mut span, settled, trace);
                         match closed.await? {

@@ -46,7 +46,7 @@ use results::{GroupCommit, Settled};
 use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
-use crate::budget::{self, JobBudget, Limit};
+use crate::budget::{self, Limit, RunBudget};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
 use crate::quota::{SlotError, TenantLimits};
@@ -418,7 +418,7 @@ struct Round<'a> {
     lease: &'a Lease,
     spec: &'a JobSpec,
     /// What the job may still spend: each retry takes its cost first.
-    budget: &'a JobBudget,
+    budget: &'a RunBudget,
     trace: Option<&'a JobTrace>,
     /// Results from the job's reply subject, for every call of the run.
     notify: &'a broadcast::Sender<Notice>,
@@ -619,7 +619,7 @@ impl Dispatcher {
                 awaiting_approval(call, ready, rule, known, timeout)
             }
         };
-        Ok(charged(placed, job.budget))
+        charged(placed, job.budget).await
     }
 
     /// How long a call of the job `spec` waits for a person: its tenant's
@@ -918,7 +918,7 @@ impl Dispatcher {
     ) -> Result<(), RoundError> {
         let source = origin.source();
         let budget_exceeded = match origin {
-            Origin::Budget(limit) => Some(limit),
+            Origin::Budget(limit) => limit,
             _ => None,
         };
         let unchecked = match origin {
@@ -966,9 +966,10 @@ pub(crate) enum Origin {
     /// A result of an earlier call, from the tenant's result cache
     /// (`result_cache`).
     Cache,
-    /// The job's budget refused the call's first attempt, or its next one
+    /// The job's budget (its limit kept with the call's result) or its
+    /// tenant's refused the call's first attempt, or its next one
     /// (`crate::budget`).
-    Budget(Limit),
+    Budget(Option<Limit>),
 }
 
 impl Origin {
@@ -985,17 +986,17 @@ impl Origin {
     }
 }
 
-/// `placed` once the job's budget is asked: a call about to get its first
+/// `placed` once the budgets are asked: a call about to get its first
 /// attempt takes one call and its cost, or is answered `BUDGET_EXCEEDED`
 /// without running (and so is every call after it).
-fn charged<'c>(placed: Placed<'c>, budget: &JobBudget) -> Placed<'c> {
-    match placed {
-        Placed::Run(ready) => match budget.take_call(ready.cost) {
+async fn charged<'c>(placed: Placed<'c>, budget: &RunBudget) -> Result<Placed<'c>, RoundError> {
+    Ok(match placed {
+        Placed::Run(ready) => match budget.take_call(ready.cost).await? {
             Ok(()) => Placed::Run(ready),
-            Err(over) => Placed::Answer(over.envelope(), Origin::Budget(over.limit)),
+            Err(over) => Placed::Answer(over.envelope(), Origin::Budget(over.limit())),
         },
         other => other,
-    }
+    })
 }
 
 /// `call` as it runs: with the arguments a person approved it with, if

@@ -14,11 +14,11 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
-use crate::budget::{JobBudget, Spend};
+use crate::budget::{JobBudget, RunBudget, Spend};
 use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
-    Ending, FullResult, Item, JobError, JobErrorCode, JobEvent, JobRecord, JobRef, Lease,
-    ToolManifest, TurnCheckpoint, now_ms,
+    Ending, FullResult, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint,
+    now_ms,
 };
 use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
@@ -328,19 +328,39 @@ impl JobRun<'_> {
             return Ok(None);
         }
         self.started(&record);
-        let (spec, trace) = (&record.spec, record.trace.as_ref());
+        let spec = &record.spec;
         let provider = match self.runner.providers.for_job(spec) {
             Ok(provider) => provider,
             Err(err) => return Ok(Some(End::at_once(model_failure(&err), record.spent))),
         };
-        let mut progress = Progress::resumed(&record, items, offered);
-        let budget = JobBudget::resumed(
+        let progress = Progress::resumed(&record, items, offered);
+        let budget = RunBudget::new(
+            JobBudget::resumed(spec.budget, record.spent, record.budget_exceeded),
             &spec.tenant,
-            spec.budget,
-            record.spent,
-            record.budget_exceeded,
+            spec.limits.tenant_budget,
+            self.runner.store.clone(),
         );
+        let run = self
+            .run_loop(&record, &*provider, progress, &budget, stop)
+            .await;
+        // What the run spent is its tenant's, however it stopped.
+        budget.flush().await;
+        run
+    }
+
+    /// The loop of [`run`](Self::run), over the job `record` played by
+    /// `provider`, from `progress`, within `budget`.
+    async fn run_loop(
+        &self,
+        record: &JobRecord,
+        provider: &dyn crate::model::Provider,
+        mut progress: Progress,
+        budget: &RunBudget,
+        stop: &StopSignal,
+    ) -> Result<Option<End>, Stopped> {
+        let (spec, trace) = (&record.spec, record.trace.as_ref());
         loop {
+            let over_budget = budget.over();
             let state = RunState {
                 spec,
                 rounds: progress.rounds,
@@ -348,33 +368,39 @@ impl JobRun<'_> {
                 stop: stop.reason(),
                 now_ms: now_ms(),
                 wire_ids: &record.wire_ids,
-                over_budget: budget.before_turn().err(),
+                over_budget: over_budget.as_ref(),
             };
             let job = JobRef {
                 spec,
                 trace,
-                budget: &budget,
+                budget,
             };
             let ending = match step::next_step(&progress.items, state) {
                 Step::Finish(ending) => {
-                    let failed = |e: &JobError| e.code == JobErrorCode::BudgetExceeded;
-                    if let (Some(over), Ending::Failed(error)) = (state.over_budget, &ending)
-                        && failed(error)
+                    if let Some(over) = &over_budget
+                        && ending == over.ending()
                     {
-                        crate::metrics::budget_exceeded(&spec.tenant, over.limit.field());
+                        crate::metrics::budget_exceeded(&spec.tenant, over.field());
                     }
                     Some(ending)
                 }
                 Step::Stop(_) => return Err(Stopped::HandedBack),
                 Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
-                Step::PlayTurn => {
-                    let turn = TurnOf {
-                        job,
-                        wire_ids: &record.wire_ids,
-                        provider: &*provider,
-                    };
-                    self.play_turn(turn, &mut progress, stop).await?
-                }
+                // The tenant's period budgets are asked before each turn.
+                Step::PlayTurn => match budget.before_turn().await? {
+                    Some(over) => {
+                        crate::metrics::budget_exceeded(&spec.tenant, over.field());
+                        Some(over.ending())
+                    }
+                    None => {
+                        let turn = TurnOf {
+                            job,
+                            wire_ids: &record.wire_ids,
+                            provider,
+                        };
+                        self.play_turn(turn, &mut progress, stop).await?
+                    }
+                },
             };
             if let Some(ending) = ending {
                 return Ok(Some(progress.end(ending, budget.spent())));

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::AckKind;
 
-use crate::budget::Exceeded;
+use crate::budget::Over;
 use crate::dispatch::PlannedCall;
 use crate::job::{Ending, Item, JobErrorCode, JobSpec, WireIds, assistant_text};
 use toolfleet_proto::call::EventId;
@@ -57,9 +57,9 @@ pub(crate) struct RunState<'a> {
     /// How the job's calls are named on the wire.
     pub(crate) wire_ids: &'a WireIds,
     /// The budget the job spent, if it did
-    /// ([`JobBudget::before_turn`](crate::budget::JobBudget::before_turn)):
-    /// it gets no more turns.
-    pub(crate) over_budget: Option<Exceeded>,
+    /// ([`RunBudget::over`](crate::budget::RunBudget::over)): it gets no
+    /// more turns.
+    pub(crate) over_budget: Option<&'a Over>,
 }
 
 /// The next step of a run over `items`, the conversation as stored. It also
@@ -280,12 +280,13 @@ pub(crate) mod tests {
             attempts: 1,
         }
     }
-    fn over_budget() -> crate::budget::Exceeded {
-        crate::budget::Exceeded {
+    fn over_budget() -> &'static Over {
+        static OVER: Over = Over::Job(crate::budget::Exceeded {
             limit: crate::budget::Limit::ToolCalls,
             spent: 4,
             max: 4,
-        }
+        });
+        &OVER
     }
     fn said(text: &str) -> Item {
         Item::Assistant {

@@ -40,6 +40,7 @@
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
 //! - `cache`: the tenants' result caches, an entry per cached call;
+//! - `budget`: the tenants' period budgets, counters per minute and hour;
 //! - `approvals`: held calls and people's decisions, as stored;
 //! - `decide`: a person's decision, written once, and its job queued again;
 //! - `park`: parking a job, and waking it when its first held call expires;
@@ -55,6 +56,7 @@
 
 mod approvals;
 mod attempts;
+mod budget;
 mod cache;
 mod cancel;
 mod catalog;

@@ -78,8 +78,7 @@ impl JobRun<'_> {
         let ending = step::after_turn(&turn.items, rounds, spec);
         let start = progress.items.len();
         let usage = turn.usage;
-        let tokens = of.job.budget.turn_tokens(usage, spec.max_tokens);
-        of.job.budget.add_tokens(tokens);
+        let tokens = of.job.budget.add_turn(usage, spec.max_tokens);
         progress.items.extend(turn.items);
         progress.turns = turns;
         progress.rounds = rounds;
@@ -124,7 +123,7 @@ impl JobRun<'_> {
     ) -> Result<(), Stopped> {
         let spec = of.job.spec;
         let admitted = if played.has_calls && spec.parallel_tool_calls {
-            self.admitted_calls(of.job, of.wire_ids, progress)
+            self.admitted_calls(of.job, of.wire_ids, progress).await?
         } else {
             Vec::new()
         };
@@ -168,14 +167,14 @@ impl JobRun<'_> {
     /// The calls of the turn just played that dispatch will publish, with
     /// what each attempt costs: those it admits now, within the job's
     /// budget (which they take), are recorded with the turn.
-    fn admitted_calls(
+    async fn admitted_calls(
         &self,
         job: JobRef<'_>,
         wire_ids: &WireIds,
         progress: &Progress,
-    ) -> Vec<(PlannedCall, u64)> {
+    ) -> Result<Vec<(PlannedCall, u64)>, Stopped> {
         let dispatcher = &self.runner.dispatcher;
-        step::pending_calls(&progress.items, wire_ids)
+        let publish = step::pending_calls(&progress.items, wire_ids)
             .into_iter()
             .enumerate()
             .filter(|(index, call)| {
@@ -183,14 +182,16 @@ impl JobRun<'_> {
                     dispatcher.admit(job.spec, *index, call, &progress.offered),
                     Admission::Publish(_)
                 )
-            })
-            .map(|(_, call)| {
-                let cost = dispatcher.cost_of(&call.name, &progress.offered);
-                (call, cost)
-            })
-            // A call the budget refuses is answered by the round.
-            .filter(|(_, cost)| job.budget.take_call(*cost).is_ok())
-            .collect()
+            });
+        let mut admitted = Vec::new();
+        for (_, call) in publish {
+            let cost = dispatcher.cost_of(&call.name, &progress.offered);
+            // A call the budgets refuse is answered by the round.
+            if job.budget.take_call(cost).await?.is_ok() {
+                admitted.push((call, cost));
+            }
+        }
+        Ok(admitted)
     }
 
     /// The tools the job may use in its next turn: the live ones, and those

@@ -1,7 +1,8 @@
-//! A job's budget: what it may spend on model tokens, tool cost units and
-//! tool calls (`SubmitJobRequest.budget`), what it spent, and the checks
-//! before every model turn and every attempt (docs/protection.md,
-//! "Budgets"; decision 0055).
+//! Budgets: what a job may spend on model tokens, tool cost units and tool
+//! calls (`SubmitJobRequest.budget`, this module), what its tenant's jobs
+//! together may spend per rolling hour and day ([`tenant`]), and the
+//! checks of both before every model turn and every attempt
+//! ([`RunBudget`]; docs/protection.md, "Budgets"; decision 0055).
 //!
 //! | spent on | counted | checked | over it |
 //! |---|---|---|---|
@@ -16,6 +17,8 @@
 //! turns: the refusal is stored with the call's result (the job's
 //! `budget_exceeded` field) for a run that resumes the job.
 
+pub mod tenant;
+
 use std::fmt;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +29,8 @@ use toolfleet_proto::{Envelope, ErrorCode};
 pub use crate::job::Spend;
 use crate::job::{Ending, JobErrorCode};
 use crate::model::Usage;
+use crate::store::{self, JobStore};
+use tenant::{TenantBudget, TenantExceeded, TenantMeter};
 
 /// The largest budget of any kind: 10^12 (a trillion tokens is more than any
 /// job spends; anything larger is a mistake, not a limit).
@@ -170,8 +175,6 @@ impl Exceeded {
 /// parallel calls never overspend between them.
 #[derive(Debug, Default)]
 pub(crate) struct JobBudget {
-    /// The job's tenant, whose metrics count what it spends.
-    tenant: String,
     budget: Budget,
     tokens: AtomicU64,
     cost_units: AtomicU64,
@@ -183,14 +186,8 @@ pub(crate) struct JobBudget {
 impl JobBudget {
     /// The budget of a job that spent `spent` so far, and whose earlier run
     /// refused a call for `exceeded` (its stored `budget_exceeded`).
-    pub(crate) fn resumed(
-        tenant: &str,
-        budget: Budget,
-        spent: Spend,
-        exceeded: Option<Limit>,
-    ) -> Self {
+    pub(crate) fn resumed(budget: Budget, spent: Spend, exceeded: Option<Limit>) -> Self {
         let this = Self {
-            tenant: tenant.to_owned(),
             budget,
             tokens: AtomicU64::new(spent.tokens),
             cost_units: AtomicU64::new(spent.cost_units),
@@ -246,7 +243,6 @@ impl JobBudget {
     /// Adds a played turn's `tokens`.
     pub(crate) fn add_tokens(&self, tokens: u64) {
         self.tokens.fetch_add(tokens, Ordering::Relaxed);
-        crate::metrics::budget_spent(&self.tenant, "tokens", tokens);
     }
 
     /// Takes a call's first attempt, which costs `cost`: one tool call and
@@ -257,16 +253,19 @@ impl JobBudget {
             self.tool_calls.fetch_sub(1, Ordering::Relaxed);
             return Err(exceeded);
         }
-        crate::metrics::budget_spent(&self.tenant, Limit::ToolCalls.kind(), 1);
-        crate::metrics::budget_spent(&self.tenant, Limit::CostUnits.kind(), cost);
         Ok(())
+    }
+
+    /// Gives back what a call took that was not spent after all: its
+    /// tenant refused it.
+    fn give_back(&self, calls: u64, cost: u64) {
+        self.tool_calls.fetch_sub(calls, Ordering::Relaxed);
+        self.cost_units.fetch_sub(cost, Ordering::Relaxed);
     }
 
     /// Takes a retry's cost, or the refusal that ends its call.
     pub(crate) fn take_attempt(&self, cost: u64) -> Result<(), Exceeded> {
-        self.take(Limit::CostUnits, cost)?;
-        crate::metrics::budget_spent(&self.tenant, Limit::CostUnits.kind(), cost);
-        Ok(())
+        self.take(Limit::CostUnits, cost)
     }
 
     /// Adds `amount` to `limit`'s spend if it stays within it; else the
@@ -313,6 +312,180 @@ impl JobBudget {
     }
 }
 
+/// A budget a job or its tenant spent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Over {
+    /// One of the job's own.
+    Job(Exceeded),
+    /// One of its tenant's period budgets.
+    Tenant(TenantExceeded),
+}
+
+impl fmt::Display for Over {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Job(over) => write!(f, "{over}"),
+            Self::Tenant(over) => write!(f, "{over}"),
+        }
+    }
+}
+
+impl Over {
+    /// How the job ends: failed, `BUDGET_EXCEEDED`, naming the budget.
+    pub(crate) fn ending(&self) -> Ending {
+        match self {
+            Self::Job(over) => over.ending(),
+            Self::Tenant(over) => over.ending(),
+        }
+    }
+
+    /// The envelope of a call it did not let run (or run again).
+    pub(crate) fn envelope(&self) -> Envelope {
+        match self {
+            Self::Job(over) => over.envelope(),
+            Self::Tenant(over) => over.envelope(),
+        }
+    }
+
+    /// The job's own limit, which the store keeps with a refused call.
+    pub(crate) fn limit(&self) -> Option<Limit> {
+        match self {
+            Self::Job(over) => Some(over.limit),
+            Self::Tenant(_) => None,
+        }
+    }
+
+    /// The budget's name in metrics: the job's `max_*` field, or the
+    /// tenant's `*_per_hour` or `*_per_day` key.
+    pub(crate) fn field(&self) -> &'static str {
+        match self {
+            Self::Job(over) => over.limit.field(),
+            Self::Tenant(over) => over.field(),
+        }
+    }
+}
+
+/// A run's budgets: the job's own, kept by the run ([`JobBudget`]), and
+/// its tenant's period budgets, kept in Redis ([`TenantMeter`]). A call
+/// takes from the job's first, then from the tenant's; once either refuses
+/// one, every later call is refused too and the job gets no more turns.
+#[derive(Debug)]
+pub(crate) struct RunBudget {
+    /// The job's tenant, whose metrics count what the job spends.
+    tenant_name: String,
+    job: JobBudget,
+    tenant: TenantMeter,
+    /// The first refusal by the tenant's budgets.
+    refused: OnceLock<TenantExceeded>,
+}
+
+impl RunBudget {
+    /// The budgets of a run of a job that spent `spent` so far, whose
+    /// earlier run refused a call for its own `exceeded` limit, and whose
+    /// tenant's period budgets it keeps.
+    pub(crate) fn new(
+        job: JobBudget,
+        tenant: &str,
+        periods: TenantBudget,
+        store: JobStore,
+    ) -> Self {
+        Self {
+            tenant_name: tenant.to_owned(),
+            job,
+            tenant: TenantMeter::new(tenant, periods, store),
+            refused: OnceLock::new(),
+        }
+    }
+
+    /// The budget a call was refused for, or the job's tokens spent: the
+    /// job gets no more turns. The tenant's period budgets are asked by
+    /// [`before_turn`](Self::before_turn).
+    pub(crate) fn over(&self) -> Option<Over> {
+        if let Some(refused) = self.refused.get() {
+            return Some(Over::Tenant(refused.clone()));
+        }
+        self.job.before_turn().err().map(Over::Job)
+    }
+
+    /// Whether the tenant's period budgets let the job play another turn.
+    ///
+    /// # Errors
+    ///
+    /// [`store::Error`] when Redis failed.
+    pub(crate) async fn before_turn(&self) -> Result<Option<Over>, store::Error> {
+        Ok(self.tenant.before_turn().await?.err().map(Over::Tenant))
+    }
+
+    /// Counts a played turn's tokens (`turn_tokens`), returned.
+    pub(crate) fn add_turn(&self, usage: Option<Usage>, max_tokens: Option<u32>) -> u64 {
+        let tokens = self.job.turn_tokens(usage, max_tokens);
+        self.job.add_tokens(tokens);
+        self.tenant.add_tokens(tokens);
+        crate::metrics::budget_spent(&self.tenant_name, Limit::Tokens.kind(), tokens);
+        tokens
+    }
+
+    /// Takes a call's first attempt, which costs `cost`, from the job's
+    /// budget and its tenant's; or the refusal that answers it.
+    ///
+    /// # Errors
+    ///
+    /// [`store::Error`] when Redis failed (nothing was taken).
+    pub(crate) async fn take_call(&self, cost: u64) -> Result<Result<(), Over>, store::Error> {
+        if let Some(refused) = self.refused.get() {
+            return Ok(Err(Over::Tenant(refused.clone())));
+        }
+        if let Err(over) = self.job.take_call(cost) {
+            return Ok(Err(Over::Job(over)));
+        }
+        let taken = self.tenant.take_call(cost).await;
+        if matches!(taken, Ok(Ok(()))) {
+            crate::metrics::budget_spent(&self.tenant_name, Limit::ToolCalls.kind(), 1);
+            crate::metrics::budget_spent(&self.tenant_name, Limit::CostUnits.kind(), cost);
+        } else {
+            self.job.give_back(1, cost);
+        }
+        Ok(taken?.map_err(|refused| Over::Tenant(self.refuse(refused))))
+    }
+
+    /// Takes a retry's `cost`; or the refusal that ends its call.
+    ///
+    /// # Errors
+    ///
+    /// [`store::Error`] when Redis failed (nothing was taken).
+    pub(crate) async fn take_attempt(&self, cost: u64) -> Result<Result<(), Over>, store::Error> {
+        if let Some(refused) = self.refused.get() {
+            return Ok(Err(Over::Tenant(refused.clone())));
+        }
+        if let Err(over) = self.job.take_attempt(cost) {
+            return Ok(Err(Over::Job(over)));
+        }
+        let taken = self.tenant.take_attempt(cost).await;
+        if matches!(taken, Ok(Ok(()))) {
+            crate::metrics::budget_spent(&self.tenant_name, Limit::CostUnits.kind(), cost);
+        } else {
+            self.job.give_back(0, cost);
+        }
+        Ok(taken?.map_err(|refused| Over::Tenant(self.refuse(refused))))
+    }
+
+    /// What the job spent so far.
+    pub(crate) fn spent(&self) -> Spend {
+        self.job.spent()
+    }
+
+    /// Tells the tenant's counters what the run spent and has not said:
+    /// when the run stops.
+    pub(crate) async fn flush(&self) {
+        self.tenant.flush().await;
+    }
+
+    /// The tenant's first refusal, kept: every later call is refused too.
+    fn refuse(&self, refused: TenantExceeded) -> TenantExceeded {
+        self.refused.get_or_init(|| refused).clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,7 +500,7 @@ mod tests {
 
     #[test]
     fn calls_are_taken_up_to_the_limit_and_a_refusal_sticks() {
-        let job = JobBudget::resumed("acme", budget(None, None, Some(2)), Spend::default(), None);
+        let job = JobBudget::resumed(budget(None, None, Some(2)), Spend::default(), None);
         assert_eq!(job.take_call(1), Ok(()));
         assert_eq!(job.take_call(1), Ok(()));
         assert_eq!(job.before_turn(), Ok(()), "at the limit, not over it");
@@ -347,7 +520,7 @@ mod tests {
 
     #[test]
     fn a_call_whose_cost_does_not_fit_is_not_counted() {
-        let job = JobBudget::resumed("acme", budget(None, Some(5), None), Spend::default(), None);
+        let job = JobBudget::resumed(budget(None, Some(5), None), Spend::default(), None);
         assert_eq!(job.take_call(3), Ok(()));
         assert_eq!(job.take_attempt(2), Ok(()), "a retry fits exactly");
         let refused = job.take_call(1).unwrap_err();
@@ -364,12 +537,7 @@ mod tests {
 
     #[test]
     fn tokens_stop_the_next_turn_once_they_reach_the_budget() {
-        let job = JobBudget::resumed(
-            "acme",
-            budget(Some(250), None, None),
-            Spend::default(),
-            None,
-        );
+        let job = JobBudget::resumed(budget(Some(250), None, None), Spend::default(), None);
         let usage = Usage {
             input_tokens: 100,
             output_tokens: 20,
@@ -390,7 +558,7 @@ mod tests {
             (over.limit, over.spent, over.max),
             (Limit::Tokens, 320, 250)
         );
-        let unlimited = JobBudget::resumed("acme", Budget::default(), Spend::default(), None);
+        let unlimited = JobBudget::resumed(Budget::default(), Spend::default(), None);
         assert_eq!(unlimited.turn_tokens(None, None), 0);
         assert_eq!(unlimited.take_call(1_000_000), Ok(()));
     }
@@ -402,12 +570,7 @@ mod tests {
             cost_units: 4,
             tool_calls: 4,
         };
-        let job = JobBudget::resumed(
-            "acme",
-            budget(None, None, Some(4)),
-            spent,
-            Some(Limit::ToolCalls),
-        );
+        let job = JobBudget::resumed(budget(None, None, Some(4)), spent, Some(Limit::ToolCalls));
         assert_eq!(job.spent(), spent);
         let over = job.before_turn().unwrap_err();
         assert_eq!((over.limit, over.spent, over.max), (Limit::ToolCalls, 4, 4));
@@ -430,7 +593,6 @@ mod tests {
     #[test]
     fn parallel_calls_never_take_more_than_the_budget() {
         let job = std::sync::Arc::new(JobBudget::resumed(
-            "acme",
             budget(None, None, Some(100)),
             Spend::default(),
             None,

@@ -1,0 +1,149 @@
+//! The tenants' period budgets (`tf:budget:{<tenant>}`): a hash of
+//! counters per minute and per hour of each kind (`<kind>:m:<minute>`,
+//! `<kind>:h:<hour>`), added to and checked by one script, so that every
+//! replica's jobs take from the same budget and two calls can never both
+//! take its last unit (`crate::budget::tenant` says what is counted).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::budget::tenant::{Entry, Kind, TenantExceeded, Window};
+use crate::job::now_ms;
+
+use super::*;
+
+impl JobStore {
+    /// Adds each entry's `add` to `tenant`'s counters, then checks every
+    /// entry that asks: with a `take`, that it fits within each window's
+    /// limit; without, that the window is below it. When all pass, the
+    /// takes are added too; else nothing of them is, and the first refusal
+    /// is returned. `entries` are in [`Kind::ALL`]'s order.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Redis`].
+    pub(crate) async fn spend_tenant(
+        &self,
+        tenant: &str,
+        entries: &[Entry; 4],
+    ) -> Result<Option<TenantExceeded>, Error> {
+        let mut invocation = SPEND.prepare_invoke();
+        invocation
+            .key(self.keys.tenant_budget(tenant))
+            .arg(now_ms());
+        for (kind, entry) in Kind::ALL.iter().zip(entries) {
+            invocation
+                .arg(kind.counter())
+                .arg(entry.add)
+                .arg(entry.take)
+                .arg(entry.hour.unwrap_or(0))
+                .arg(entry.day.unwrap_or(0))
+                .arg(u8::from(entry.check));
+        }
+        let refusal: Vec<u64> = invocation.invoke_async(&mut self.conn()).await?;
+        let [kind, window, spent, limit, retry_ms] = refusal[..] else {
+            return Ok(None);
+        };
+        let kind = usize::try_from(kind)
+            .ok()
+            .and_then(|k| Kind::ALL.get(k.checked_sub(1)?));
+        Ok(kind.map(|kind| TenantExceeded {
+            tenant: tenant.to_owned(),
+            kind: *kind,
+            window: if window == 1 {
+                Window::Hour
+            } else {
+                Window::Day
+            },
+            spent,
+            limit,
+            retry_after: Duration::from_millis(retry_ms),
+        }))
+    }
+}
+
+/// KEYS: the tenant's budget hash. ARGV: now_ms, then four entries of six:
+/// counter prefix, add, take, hour limit, day limit (0: none), check (1/0).
+/// Returns `{}` when every check passed (the takes are added), else
+/// `{entry (1-based), window (1 hour, 2 day), spent, limit, retry_ms}`.
+///
+/// A window's sum is its minutes' (the current one and the 59 before) or
+/// its hours' (the current one and the 23 before) counters: one `HMGET`
+/// each. The retry is when enough of the oldest counters have left the
+/// window for the check to pass (a whole window when nothing would).
+/// Counters that left the day are deleted at most once a minute (field
+/// `pruned`), so the hash holds at most 61 + 25 counters per kind; the hash
+/// expires a day after its last write.
+static SPEND: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local now = tonumber(ARGV[1])
+local minute = math.floor(now / 60000)
+local hour = math.floor(now / 3600000)
+local windows = {
+  {tag = 'm', now = minute, span = 60, length = 60000},
+  {tag = 'h', now = hour, span = 24, length = 3600000},
+}
+local function counters(prefix, w)
+  local fields = {}
+  for i = 0, w.span - 1 do fields[#fields + 1] = prefix .. ':' .. w.tag .. ':' .. (w.now - w.span + 1 + i) end
+  local values = redis.call('HMGET', KEYS[1], unpack(fields))
+  local sum = 0
+  for i = 1, #values do values[i] = tonumber(values[i]) or 0; sum = sum + values[i] end
+  return values, sum
+end
+local function add(prefix, amount)
+  if amount > 0 then
+    redis.call('HINCRBY', KEYS[1], prefix .. ':m:' .. minute, amount)
+    redis.call('HINCRBY', KEYS[1], prefix .. ':h:' .. hour, amount)
+  end
+end
+local entries = {}
+for k = 0, 3 do
+  local i = 2 + 6 * k
+  local e = {prefix = ARGV[i], add = tonumber(ARGV[i + 1]), take = tonumber(ARGV[i + 2]),
+    limits = {tonumber(ARGV[i + 3]), tonumber(ARGV[i + 4])}, check = ARGV[i + 5] == '1'}
+  entries[#entries + 1] = e
+  add(e.prefix, e.add)
+end
+redis.call('PEXPIRE', KEYS[1], 90000000)
+local function passes(sum, take, limit)
+  if take > 0 then return sum + take <= limit end
+  return sum < limit
+end
+for k, e in ipairs(entries) do
+  for j, w in ipairs(windows) do
+    local limit = e.limits[j]
+    if e.check and limit > 0 then
+      local values, sum = counters(e.prefix, w)
+      if not passes(sum, e.take, limit) then
+        local spent, retry = sum, w.span * w.length
+        for i = 1, #values do
+          sum = sum - values[i]
+          if passes(sum, e.take, limit) then
+            retry = (w.now - w.span + i + w.span) * w.length - now
+            break
+          end
+        end
+        return {k, j, spent, limit, math.max(retry, 0)}
+      end
+    end
+  end
+end
+for _, e in ipairs(entries) do add(e.prefix, e.take) end
+if (tonumber(redis.call('HGET', KEYS[1], 'pruned')) or 0) < minute then
+  for _, field in ipairs(redis.call('HKEYS', KEYS[1])) do
+    local tag, at = string.match(field, ':(%a):(%d+)$')
+    at = tonumber(at)
+    if (tag == 'm' and at <= minute - 60) or (tag == 'h' and at <= hour - 24) then
+      redis.call('HDEL', KEYS[1], field)
+    end
+  end
+  redis.call('HSET', KEYS[1], 'pruned', minute)
+end
+return {}
+",
+    )
+});
