@@ -1133,6 +1133,37 @@ async fn every_user_may_ask_for_the_slots(
     Ok(())
 }
 
+/// The tenants' period budgets (docs/protection.md, "Budgets"): every
+/// command of their script is the orchestrator's right on their key
+/// family, and no pool's.
+async fn only_the_orchestrator_keeps_the_tenants_budgets(
+    admin: &mut redis::aio::MultiplexedConnection,
+    users: &RedisUsers,
+) -> anyhow::Result<()> {
+    let key = toolfleet_proto::names::RedisKeys::default().tenant_budget("default");
+    let commands: [&[&str]; 5] = [
+        &["HINCRBY", &key, "tool_calls:m:1", "1"],
+        &["HMGET", &key, "tool_calls:m:1"],
+        &["HKEYS", &key],
+        &["HDEL", &key, "tool_calls:m:1"],
+        &["PEXPIRE", &key, "1000"],
+    ];
+    for command in commands {
+        for user in [&users.orchestrator, &users.general] {
+            let answer: redis::RedisResult<String> = redis::cmd("ACL")
+                .arg("DRYRUN")
+                .arg(user.name)
+                .arg(command)
+                .query_async(admin)
+                .await;
+            let allowed = answer.as_deref() == Ok("OK");
+            let expected = user.name == users.orchestrator.name;
+            assert_eq!(allowed, expected, "{} {command:?}: {answer:?}", user.name);
+        }
+    }
+    Ok(())
+}
+
 /// The median time of the same two-pool jobs on a fleet without ACLs or
 /// TLS.
 async fn median_without_acls() -> anyhow::Result<Duration> {
@@ -1237,6 +1268,7 @@ async fn the_shipped_redis_users_run_a_fleet_over_tls_and_no_pool_can_forge_anot
     // still leaves an entry in the ACL log.
     redis_refused_nothing(&mut admin).await?;
     every_user_may_ask_for_the_slots(&mut admin, &users).await?;
+    only_the_orchestrator_keeps_the_tenants_budgets(&mut admin, &users).await?;
     // For the reader, not an assertion (timings belong in benchmarks).
     let without_acls = median_without_acls().await?;
     println!(
