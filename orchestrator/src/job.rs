@@ -504,8 +504,6 @@ pub(crate) struct JobRef<'a> {
     pub spec: &'a JobSpec,
     /// Its trace, if it has one.
     pub trace: Option<&'a JobTrace>,
-    /// What it may still spend, as its run keeps count.
-    pub budget: &'a crate::budget::RunBudget,
 }
 
 /// A runner's hold on a job. Writes made with it fail once another runner
@@ -549,7 +547,7 @@ pub struct TurnCheckpoint<'a> {
     /// The tokens the turn used, when the provider said.
     pub usage: Option<Usage>,
     /// The tokens the turn counts against the job's budget
-    /// ([`crate::budget::RunBudget::add_turn`]).
+    /// (the run's `RunBudget::add_turn`).
     pub tokens: u64,
 }
 

@@ -11,8 +11,9 @@
 //! - `model`: the provider-neutral conversation and the providers
 //!   (OpenAI Responses, OpenAI Chat Completions, Anthropic Messages,
 //!   scripted).
-//! - [`budget`]: what a job may spend on model tokens, tool cost units
-//!   and tool calls, and the checks before every turn and attempt.
+//! - [`budget`]: what a job, and its tenant per hour and day, may spend on
+//!   model tokens, tool cost units, tool calls and job time; `spend`: a
+//!   run's view of both, asked before every turn and attempt.
 //! - [`approval`]: which calls a person must approve (the typed rules);
 //!   [`hold`]: a held call, its decisions and its fate (a pure function);
 //!   `publish`: every publish to JetStream, through a stream leader's
@@ -58,6 +59,7 @@ pub(crate) mod server;
 pub mod setup;
 pub(crate) mod shaping;
 pub(crate) mod spans;
+pub(crate) mod spend;
 pub mod store;
 
 pub use config::OrchestratorOptions;

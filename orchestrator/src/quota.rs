@@ -19,8 +19,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::budget::tenant::{TenantBudget, TenantExceeded, TenantMeter};
+use crate::budget::tenant::{TenantBudget, TenantExceeded};
 use crate::job::now_ms;
+use crate::spend::TenantMeter;
 use crate::store::{self, JobStore};
 
 /// A tenant's limits (from its entry in the tokens file, else the

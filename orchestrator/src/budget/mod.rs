@@ -1,8 +1,8 @@
 //! Budgets: what a job may spend on model tokens, tool cost units and tool
 //! calls (`SubmitJobRequest.budget`, this module), what its tenant's jobs
-//! together may spend per rolling hour and day ([`tenant`]), and the
-//! checks of both before every model turn and every attempt
-//! ([`RunBudget`]; docs/protection.md, "Budgets"; decision 0055).
+//! together may spend per rolling hour and day ([`tenant`]), and the pure
+//! checks of both (docs/protection.md, "Budgets"; decision 0055). A run
+//! asks them through the `spend` module, which keeps the tenant's counters.
 //!
 //! | spent on | counted | checked | over it |
 //! |---|---|---|---|
@@ -26,11 +26,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use serde::{Deserialize, Serialize};
 use toolfleet_proto::{Envelope, ErrorCode};
 
-pub use crate::job::Spend;
-use crate::job::{Ending, JobErrorCode};
-use crate::model::Usage;
-use crate::store::{self, JobStore};
-use tenant::{TenantBudget, TenantExceeded, TenantMeter};
+pub use toolfleet_proto::job::Spend;
+use toolfleet_proto::job::Usage;
+
+use tenant::TenantExceeded;
 
 /// The largest budget of any kind: 10^12 (a trillion tokens is more than any
 /// job spends; anything larger is a mistake, not a limit).
@@ -152,14 +151,6 @@ impl fmt::Display for Exceeded {
 }
 
 impl Exceeded {
-    /// How the job ends: failed, `BUDGET_EXCEEDED`, naming the budget.
-    pub(crate) fn ending(&self) -> Ending {
-        Ending::failed(
-            JobErrorCode::BudgetExceeded,
-            format!("{self}; it gets no more model turns"),
-        )
-    }
-
     /// The terminal envelope of a call the budget did not let run (or run
     /// again): the model is told why, in case it answers.
     pub(crate) fn envelope(&self) -> Envelope {
@@ -258,7 +249,7 @@ impl JobBudget {
 
     /// Gives back what a call took that was not spent after all: its
     /// tenant refused it.
-    fn give_back(&self, calls: u64, cost: u64) {
+    pub(crate) fn give_back(&self, calls: u64, cost: u64) {
         self.tool_calls.fetch_sub(calls, Ordering::Relaxed);
         self.cost_units.fetch_sub(cost, Ordering::Relaxed);
     }
@@ -331,11 +322,11 @@ impl fmt::Display for Over {
 }
 
 impl Over {
-    /// How the job ends: failed, `BUDGET_EXCEEDED`, naming the budget.
-    pub(crate) fn ending(&self) -> Ending {
+    /// Why the job ends `BUDGET_EXCEEDED`: the budget and what was spent.
+    pub(crate) fn reason(&self) -> String {
         match self {
-            Self::Job(over) => over.ending(),
-            Self::Tenant(over) => over.ending(),
+            Self::Job(over) => format!("{over}; it gets no more model turns"),
+            Self::Tenant(over) => format!("{over}; the job gets no more model turns"),
         }
     }
 
@@ -362,127 +353,6 @@ impl Over {
             Self::Job(over) => over.limit.field(),
             Self::Tenant(over) => over.field(),
         }
-    }
-}
-
-/// A run's budgets: the job's own, kept by the run ([`JobBudget`]), and
-/// its tenant's period budgets, kept in Redis ([`TenantMeter`]). A call
-/// takes from the job's first, then from the tenant's; once either refuses
-/// one, every later call is refused too and the job gets no more turns.
-#[derive(Debug)]
-pub(crate) struct RunBudget {
-    /// The job's tenant, whose metrics count what the job spends.
-    tenant_name: String,
-    job: JobBudget,
-    tenant: TenantMeter,
-    /// The first refusal by the tenant's budgets.
-    refused: OnceLock<TenantExceeded>,
-}
-
-impl RunBudget {
-    /// The budgets of a run of a job that spent `spent` so far, whose
-    /// earlier run refused a call for its own `exceeded` limit, and whose
-    /// tenant's period budgets it keeps.
-    pub(crate) fn new(
-        job: JobBudget,
-        tenant: &str,
-        periods: TenantBudget,
-        store: JobStore,
-    ) -> Self {
-        Self {
-            tenant_name: tenant.to_owned(),
-            job,
-            tenant: TenantMeter::new(tenant, periods, store),
-            refused: OnceLock::new(),
-        }
-    }
-
-    /// The budget a call was refused for, or the job's tokens spent: the
-    /// job gets no more turns. The tenant's period budgets are asked by
-    /// [`before_turn`](Self::before_turn).
-    pub(crate) fn over(&self) -> Option<Over> {
-        if let Some(refused) = self.refused.get() {
-            return Some(Over::Tenant(refused.clone()));
-        }
-        self.job.before_turn().err().map(Over::Job)
-    }
-
-    /// Whether the tenant's period budgets let the job play another turn.
-    ///
-    /// # Errors
-    ///
-    /// [`store::Error`] when Redis failed.
-    pub(crate) async fn before_turn(&self) -> Result<Option<Over>, store::Error> {
-        Ok(self.tenant.before_turn().await?.err().map(Over::Tenant))
-    }
-
-    /// Counts a played turn's tokens (`turn_tokens`), returned.
-    pub(crate) fn add_turn(&self, usage: Option<Usage>, max_tokens: Option<u32>) -> u64 {
-        let tokens = self.job.turn_tokens(usage, max_tokens);
-        self.job.add_tokens(tokens);
-        self.tenant.add_tokens(tokens);
-        crate::metrics::budget_spent(&self.tenant_name, Limit::Tokens.kind(), tokens);
-        tokens
-    }
-
-    /// Takes a call's first attempt, which costs `cost`, from the job's
-    /// budget and its tenant's; or the refusal that answers it.
-    ///
-    /// # Errors
-    ///
-    /// [`store::Error`] when Redis failed (nothing was taken).
-    pub(crate) async fn take_call(&self, cost: u64) -> Result<Result<(), Over>, store::Error> {
-        if let Some(refused) = self.refused.get() {
-            return Ok(Err(Over::Tenant(refused.clone())));
-        }
-        if let Err(over) = self.job.take_call(cost) {
-            return Ok(Err(Over::Job(over)));
-        }
-        let taken = self.tenant.take_call(cost).await;
-        if matches!(taken, Ok(Ok(()))) {
-            crate::metrics::budget_spent(&self.tenant_name, Limit::ToolCalls.kind(), 1);
-            crate::metrics::budget_spent(&self.tenant_name, Limit::CostUnits.kind(), cost);
-        } else {
-            self.job.give_back(1, cost);
-        }
-        Ok(taken?.map_err(|refused| Over::Tenant(self.refuse(refused))))
-    }
-
-    /// Takes a retry's `cost`; or the refusal that ends its call.
-    ///
-    /// # Errors
-    ///
-    /// [`store::Error`] when Redis failed (nothing was taken).
-    pub(crate) async fn take_attempt(&self, cost: u64) -> Result<Result<(), Over>, store::Error> {
-        if let Some(refused) = self.refused.get() {
-            return Ok(Err(Over::Tenant(refused.clone())));
-        }
-        if let Err(over) = self.job.take_attempt(cost) {
-            return Ok(Err(Over::Job(over)));
-        }
-        let taken = self.tenant.take_attempt(cost).await;
-        if matches!(taken, Ok(Ok(()))) {
-            crate::metrics::budget_spent(&self.tenant_name, Limit::CostUnits.kind(), cost);
-        } else {
-            self.job.give_back(0, cost);
-        }
-        Ok(taken?.map_err(|refused| Over::Tenant(self.refuse(refused))))
-    }
-
-    /// What the job spent so far.
-    pub(crate) fn spent(&self) -> Spend {
-        self.job.spent()
-    }
-
-    /// Tells the tenant's counters what the run spent and has not said:
-    /// when the run stops.
-    pub(crate) async fn flush(&self) {
-        self.tenant.flush().await;
-    }
-
-    /// The tenant's first refusal, kept: every later call is refused too.
-    fn refuse(&self, refused: TenantExceeded) -> TenantExceeded {
-        self.refused.get_or_init(|| refused).clone()
     }
 }
 

@@ -14,15 +14,12 @@
 //! are per minute and per hour: decision 0055).
 
 use std::fmt;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use toolfleet_proto::{Envelope, ErrorCode};
 
 use super::MAX_BUDGET;
-use crate::job::{Ending, JobErrorCode};
-use crate::store::{self, JobStore};
 
 /// A tenant's period budgets; `None`: no limit.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,14 +223,6 @@ impl TenantExceeded {
         }
     }
 
-    /// How a running job ends on it.
-    pub(crate) fn ending(&self) -> Ending {
-        Ending::failed(
-            JobErrorCode::BudgetExceeded,
-            format!("{self}; the job gets no more model turns"),
-        )
-    }
-
     /// The envelope of a call it did not let run.
     pub(crate) fn envelope(&self) -> Envelope {
         Envelope::terminal(
@@ -243,7 +232,8 @@ impl TenantExceeded {
     }
 }
 
-/// One kind in a request to the store ([`JobStore::spend_tenant`]).
+/// One kind in a request to the tenant's counters (the store's
+/// `spend_tenant`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Entry {
     /// Added whatever the check says: spent already (a turn's tokens, job
@@ -258,136 +248,6 @@ pub struct Entry {
     /// Whether to check this kind at all: with no take, the check refuses
     /// once the window is at its limit.
     pub check: bool,
-}
-
-/// What a run has spent and not yet told the tenant's counters.
-#[derive(Debug)]
-struct Unsaid {
-    tokens: u64,
-    /// When the run's job time was last counted.
-    since: Instant,
-}
-
-/// A run's meter of its tenant's period budgets: it counts what the job
-/// spends into the tenant's counters, and asks them before every turn and
-/// every attempt. A tenant without period budgets costs nothing: no
-/// counter is kept or asked.
-pub(crate) struct TenantMeter {
-    tenant: String,
-    budget: TenantBudget,
-    store: JobStore,
-    unsaid: Mutex<Unsaid>,
-}
-
-impl fmt::Debug for TenantMeter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TenantMeter")
-            .field("tenant", &self.tenant)
-            .field("budget", &self.budget)
-            .finish_non_exhaustive()
-    }
-}
-
-impl TenantMeter {
-    /// The meter of a run of one of `tenant`'s jobs, whose period budgets
-    /// the job keeps.
-    pub(crate) fn new(tenant: &str, budget: TenantBudget, store: JobStore) -> Self {
-        Self {
-            tenant: tenant.to_owned(),
-            budget,
-            store,
-            unsaid: Mutex::new(Unsaid {
-                tokens: 0,
-                since: Instant::now(),
-            }),
-        }
-    }
-
-    /// Notes a played turn's tokens, told with the next check.
-    pub(crate) fn add_tokens(&self, tokens: u64) {
-        if !self.budget.is_empty() {
-            self.unsaid.lock().expect("not poisoned").tokens += tokens;
-        }
-    }
-
-    /// Whether the tenant may play another turn of the job (every kind
-    /// below its limits), telling its counters what the run spent since.
-    pub(crate) async fn before_turn(&self) -> Result<Result<(), TenantExceeded>, store::Error> {
-        self.ask(0, 0, true).await
-    }
-
-    /// Takes a call's first attempt, which costs `cost`, from the tenant's
-    /// budgets; or the refusal that answers it.
-    pub(crate) async fn take_call(
-        &self,
-        cost: u64,
-    ) -> Result<Result<(), TenantExceeded>, store::Error> {
-        self.ask(1, cost, true).await
-    }
-
-    /// Takes a retry's `cost`; or the refusal that ends its call.
-    pub(crate) async fn take_attempt(
-        &self,
-        cost: u64,
-    ) -> Result<Result<(), TenantExceeded>, store::Error> {
-        self.ask(0, cost, true).await
-    }
-
-    /// Tells the tenant's counters what the run spent and has not said,
-    /// without a check: when the run stops. A failure is logged: the
-    /// tenant's counters miss it, the job loses nothing.
-    pub(crate) async fn flush(&self) {
-        if let Err(err) = self.ask(0, 0, false).await {
-            tracing::warn!(error = %err, "could not count the run's spend in its tenant's budgets");
-        }
-    }
-
-    async fn ask(
-        &self,
-        calls: u64,
-        cost: u64,
-        check: bool,
-    ) -> Result<Result<(), TenantExceeded>, store::Error> {
-        if self.budget.is_empty() {
-            return Ok(Ok(()));
-        }
-        let (tokens, job_ms) = self.unsaid();
-        let entries = Kind::ALL.map(|kind| {
-            let (add, take) = match kind {
-                Kind::Tokens => (tokens, 0),
-                Kind::CostUnits => (0, cost),
-                Kind::ToolCalls => (0, calls),
-                Kind::JobTime => (job_ms, 0),
-            };
-            let (hour, day) = self.budget.limits(kind);
-            Entry {
-                add,
-                take,
-                hour,
-                day,
-                check,
-            }
-        });
-        let answer = self.store.spend_tenant(&self.tenant, &entries).await;
-        if answer.is_err() {
-            // Not counted: said again with the next check.
-            let mut unsaid = self.unsaid.lock().expect("not poisoned");
-            unsaid.tokens += tokens;
-            let since = unsaid.since.checked_sub(Duration::from_millis(job_ms));
-            unsaid.since = since.unwrap_or(unsaid.since);
-        }
-        Ok(answer?.map_or(Ok(()), Err))
-    }
-
-    /// What the run spent since it last told the counters, now said.
-    fn unsaid(&self) -> (u64, u64) {
-        let mut unsaid = self.unsaid.lock().expect("not poisoned");
-        let now = Instant::now();
-        let job_ms = u64::try_from(now.duration_since(unsaid.since).as_millis()).unwrap_or(0);
-        let tokens = std::mem::take(&mut unsaid.tokens);
-        unsaid.since = now;
-        (tokens, job_ms)
-    }
 }
 
 #[cfg(test)]

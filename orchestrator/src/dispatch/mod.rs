@@ -46,7 +46,7 @@ use results::{GroupCommit, Settled};
 use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
-use crate::budget::{self, Limit, RunBudget};
+use crate::budget::{self, Limit};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
 use crate::quota::{SlotError, TenantLimits};
@@ -54,6 +54,7 @@ use crate::registry::{LiveTool, RegistryHandle};
 use crate::result_cache::{self, CacheEntry};
 use crate::shaping::{self, ResultOptions, ResultRef, read};
 use crate::spans;
+use crate::spend::RunBudget;
 use crate::store::{self, Approvals, Attempts, DispatchedCall, HeldCall, JobStore};
 
 /// How the dispatcher waits and retries.
@@ -311,6 +312,9 @@ pub(crate) struct RunRef<'a> {
     /// Cancelled (before `stop`) when the job's client cancelled the job:
     /// the round's calls in flight are cancelled on their workers.
     pub cancelled: &'a CancellationToken,
+    /// What the job and its tenant may still spend: each call's first
+    /// attempt, and each retry, takes from it.
+    pub budget: &'a RunBudget,
 }
 
 /// Publishes calls and gathers their results.
@@ -483,7 +487,7 @@ impl Dispatcher {
         let (lease, spec) = (run.lease, job.spec);
         let mut placed = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
-            let place = self.place(lease, job, (index, call), attempts, offered, &mut approvals);
+            let place = self.place(run, job, (index, call), attempts, offered, &mut approvals);
             placed.push(place.await?);
         }
         let results = GroupCommit::new(self.options.result_linger);
@@ -509,7 +513,7 @@ impl Dispatcher {
             let round = Round {
                 lease,
                 spec,
-                budget: job.budget,
+                budget: run.budget,
                 trace: job.trace,
                 notify: &run.replies.notify,
                 results: &results,
@@ -586,7 +590,7 @@ impl Dispatcher {
     /// not read them.
     async fn place<'c>(
         &self,
-        lease: &Lease,
+        run: RunRef<'_>,
         job: JobRef<'_>,
         (index, call): (usize, &'c PlannedCall),
         attempts: &Attempts,
@@ -606,20 +610,20 @@ impl Dispatcher {
             Admission::LookUp(policy, entry) => self.look_up(call, policy, cost, entry).await?,
             Admission::Refuse(envelope) => Placed::Answer(envelope, Origin::Stored),
             Admission::BuiltIn => {
-                let answer = self.read_result(&lease.job_id, call).await?;
+                let answer = self.read_result(&run.lease.job_id, call).await?;
                 Placed::Answer(answer, Origin::BuiltIn)
             }
             Admission::Hold(rule, policy) => {
                 let known = match approvals {
                     Some(known) => known,
-                    empty => empty.insert(self.store.approvals(&lease.job_id).await?),
+                    empty => empty.insert(self.store.approvals(&run.lease.job_id).await?),
                 };
                 let timeout = self.approval_timeout(spec);
                 let ready = Ready::new(call.clone(), policy, cost);
                 awaiting_approval(call, ready, rule, known, timeout)
             }
         };
-        charged(placed, job.budget).await
+        charged(placed, run.budget).await
     }
 
     /// How long a call of the job `spec` waits for a person: its tenant's

@@ -14,7 +14,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::Runner;
 use super::step::{self, RunState, Step, StopReason};
-use crate::budget::{JobBudget, RunBudget, Spend};
+use crate::budget::{JobBudget, Spend};
 use crate::dispatch::{PlannedCall, Replies, RoundEnd, RoundError, RunRef, Waiting};
 use crate::job::{
     Ending, FullResult, Item, JobEvent, JobRecord, JobRef, Lease, ToolManifest, TurnCheckpoint,
@@ -23,6 +23,7 @@ use crate::job::{
 use crate::model::{ModelError, Usage};
 use crate::registry::LiveTool;
 use crate::spans;
+use crate::spend::RunBudget;
 use crate::store::{self, Attempts, Parked, RunStart, Unstored};
 
 mod deltas;
@@ -370,31 +371,31 @@ impl JobRun<'_> {
                 wire_ids: &record.wire_ids,
                 over_budget: over_budget.as_ref(),
             };
-            let job = JobRef {
-                spec,
-                trace,
-                budget,
-            };
+            let job = JobRef { spec, trace };
             let ending = match step::next_step(&progress.items, state) {
                 Step::Finish(ending) => {
                     if let Some(over) = &over_budget
-                        && ending == over.ending()
+                        && ending == crate::spend::ending(over)
                     {
                         crate::metrics::budget_exceeded(&spec.tenant, over.field());
                     }
                     Some(ending)
                 }
                 Step::Stop(_) => return Err(Stopped::HandedBack),
-                Step::Dispatch(calls) => self.dispatch(job, &calls, &mut progress, stop).await?,
+                Step::Dispatch(calls) => {
+                    self.dispatch(job, budget, &calls, &mut progress, stop)
+                        .await?
+                }
                 // The tenant's period budgets are asked before each turn.
                 Step::PlayTurn => match budget.before_turn().await? {
                     Some(over) => {
                         crate::metrics::budget_exceeded(&spec.tenant, over.field());
-                        Some(over.ending())
+                        Some(crate::spend::ending(&over))
                     }
                     None => {
                         let turn = TurnOf {
                             job,
+                            budget,
                             wire_ids: &record.wire_ids,
                             provider,
                         };
@@ -437,6 +438,7 @@ impl JobRun<'_> {
     async fn dispatch(
         &self,
         job: JobRef<'_>,
+        budget: &RunBudget,
         calls: &[PlannedCall],
         progress: &mut Progress,
         stop: &StopSignal,
@@ -467,6 +469,7 @@ impl JobRun<'_> {
                     replies,
                     stop: &stop.token,
                     cancelled: &stop.cancelled,
+                    budget,
                 };
                 dispatcher
                     .run_round(run, job, calls, &attempts, &progress.offered, approvals)

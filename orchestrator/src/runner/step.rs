@@ -57,8 +57,7 @@ pub(crate) struct RunState<'a> {
     /// How the job's calls are named on the wire.
     pub(crate) wire_ids: &'a WireIds,
     /// The budget the job spent, if it did
-    /// ([`RunBudget::over`](crate::budget::RunBudget::over)): it gets no
-    /// more turns.
+    /// (`crate::spend::RunBudget::over`): it gets no more turns.
     pub(crate) over_budget: Option<&'a Over>,
 }
 
@@ -93,7 +92,7 @@ pub(crate) fn next_step(items: &[Item], state: RunState<'_>) -> Step {
         return Step::Finish(Ending::Succeeded(text));
     }
     if let Some(over) = state.over_budget {
-        return Step::Finish(over.ending());
+        return Step::Finish(crate::spend::ending(over));
     }
     Step::PlayTurn
 }
@@ -487,7 +486,7 @@ pub(crate) mod tests {
                     over_budget: Some(over_budget()),
                     ..state
                 },
-                Box::new(|s| *s == Step::Finish(over_budget().ending())),
+                Box::new(|s| *s == Step::Finish(crate::spend::ending(over_budget()))),
             ),
             (
                 "a spent budget lets the round's calls be answered first",

@@ -21,12 +21,16 @@ use crate::registry::LiveTool;
 use crate::runner::step::{self, StopReason};
 use crate::shaping::read;
 use crate::spans;
+use crate::spend::RunBudget;
 use crate::store::{Attempts, DispatchedCall};
 
 /// What a turn is played for: the job, how its calls are named on the
 /// wire, and the model that plays it.
 pub(super) struct TurnOf<'a> {
     pub(super) job: JobRef<'a>,
+    /// What the job and its tenant may still spend: the turn adds its
+    /// tokens, and the calls recorded with it take their units.
+    pub(super) budget: &'a RunBudget,
     pub(super) wire_ids: &'a WireIds,
     pub(super) provider: &'a dyn Provider,
 }
@@ -78,7 +82,7 @@ impl JobRun<'_> {
         let ending = step::after_turn(&turn.items, rounds, spec);
         let start = progress.items.len();
         let usage = turn.usage;
-        let tokens = of.job.budget.add_turn(usage, spec.max_tokens);
+        let tokens = of.budget.add_turn(usage, spec.max_tokens);
         progress.items.extend(turn.items);
         progress.turns = turns;
         progress.rounds = rounds;
@@ -123,7 +127,7 @@ impl JobRun<'_> {
     ) -> Result<(), Stopped> {
         let spec = of.job.spec;
         let admitted = if played.has_calls && spec.parallel_tool_calls {
-            self.admitted_calls(of.job, of.wire_ids, progress).await?
+            self.admitted_calls(of, progress).await?
         } else {
             Vec::new()
         };
@@ -169,17 +173,16 @@ impl JobRun<'_> {
     /// budget (which they take), are recorded with the turn.
     async fn admitted_calls(
         &self,
-        job: JobRef<'_>,
-        wire_ids: &WireIds,
+        of: &TurnOf<'_>,
         progress: &Progress,
     ) -> Result<Vec<(PlannedCall, u64)>, Stopped> {
         let dispatcher = &self.runner.dispatcher;
-        let publish = step::pending_calls(&progress.items, wire_ids)
+        let publish = step::pending_calls(&progress.items, of.wire_ids)
             .into_iter()
             .enumerate()
             .filter(|(index, call)| {
                 matches!(
-                    dispatcher.admit(job.spec, *index, call, &progress.offered),
+                    dispatcher.admit(of.job.spec, *index, call, &progress.offered),
                     Admission::Publish(_)
                 )
             });
@@ -187,7 +190,7 @@ impl JobRun<'_> {
         for (_, call) in publish {
             let cost = dispatcher.cost_of(&call.name, &progress.offered);
             // A call the budgets refuse is answered by the round.
-            if job.budget.take_call(cost).await?.is_ok() {
+            if of.budget.take_call(cost).await?.is_ok() {
                 admitted.push((call, cost));
             }
         }
