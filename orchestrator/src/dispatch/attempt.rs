@@ -19,6 +19,7 @@ use super::unknown::{self, AfterVerdict};
 use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundError, Waiting};
 use toolfleet_service::traces::{self, StepSpan};
 
+use crate::budget::Over;
 use crate::job::{JobTrace, now_ms};
 use crate::publish::{self, Refusal, Unpublished, What};
 use crate::quota::{CallSlot, SlotRequest};
@@ -75,6 +76,23 @@ pub(super) enum Driven {
 }
 
 impl LastAttempt {
+    /// The end of a call whose retry a budget refused (`over`), after
+    /// `attempt`: its envelope says so, whatever the attempt's was.
+    fn refused(
+        over: &Over,
+        attempt: u32,
+        round_trip: Option<Duration>,
+        worked: Option<Duration>,
+    ) -> Self {
+        Self {
+            envelope: over.envelope(),
+            attempt,
+            round_trip,
+            worked,
+            origin: Origin::Budget(over.limit()),
+        }
+    }
+
     /// The outcome of `call`, settled by this attempt.
     fn outcome(&self, call: &PlannedCall) -> CallOutcome {
         CallOutcome {
@@ -153,14 +171,14 @@ impl Dispatcher {
                 self.options.max_retry_after,
                 rand::random(),
             );
-            let delay = match verdict {
+            let last = match verdict {
                 Verdict::Settle(envelope) => {
                     let settled_by = Answer {
                         envelope,
                         round_trip,
                         ..answer
                     };
-                    let last = match self.settling(round, ready, attempt, settled_by).await? {
+                    match self.settling(round, ready, attempt, settled_by).await? {
                         Settling::Last(last) => last,
                         Settling::Again(answer, next) => {
                             (reread, attempt) = (answer, next);
@@ -171,49 +189,27 @@ impl Dispatcher {
                             span.end();
                             return Ok(Driven::Waiting(waiting));
                         }
-                    };
-                    match self
-                        .close(round, call, last, &mut span, settled, trace)
-                        .await?
-                    {
-                        Closed::Settled(outcome) => {
-                            span.end();
-                            return Ok(Driven::Settled(outcome));
-                        }
-                        Closed::Reread(answer) => {
-                            reread = Some(answer);
-                            continue;
-                        }
                     }
                 }
                 Verdict::Retry(delay) => match round.budget.take_attempt(ready.cost).await? {
-                    Ok(()) => delay,
-                    // No cost units left for another attempt: the call
-                    // ends here, its last failure named in the log.
+                    Ok(()) => {
+                        attempt = self.retry(round, ready, attempt, delay, code).await?;
+                        continue;
+                    }
                     Err(over) => {
                         warn!(call_id = %call.wire_id, attempt, code = ?code, "{over}; not retrying");
-                        let last = LastAttempt {
-                            envelope: over.envelope(),
-                            attempt,
-                            round_trip,
-                            worked: answer.worked,
-                            origin: Origin::Budget(over.limit()),
-                        };
-                        let closed = self.close(round, call, last, &mut span, settled, trace);
-                        match closed.await? {
-                            Closed::Settled(outcome) => {
-                                span.end();
-                                return Ok(Driven::Settled(outcome));
-                            }
-                            Closed::Reread(answer) => {
-                                reread = Some(answer);
-                                continue;
-                            }
-                        }
+                        LastAttempt::refused(&over, attempt, round_trip, answer.worked)
                     }
                 },
             };
-            attempt = self.retry(round, ready, attempt, delay, code).await?;
+            let closed = self.close(round, call, last, &mut span, settled, trace);
+            match closed.await? {
+                Closed::Settled(outcome) => {
+                    span.end();
+                    return Ok(Driven::Settled(outcome));
+                }
+                Closed::Reread(answer) => reread = Some(answer),
+            }
         }
     }
 
