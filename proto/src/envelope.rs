@@ -81,6 +81,12 @@ impl ErrorCode {
     pub const NO_SUCH_RESULT: Self = Self::from_static("NO_SUCH_RESULT");
     /// A `read_result` offset is past the end of the result. Terminal.
     pub const OFFSET_OUT_OF_RANGE: Self = Self::from_static("OFFSET_OUT_OF_RANGE");
+    /// The tool's circuit breaker is open: too many of its recent calls
+    /// failed, so this call was not run (docs/protection.md). Decided
+    /// before the call's first attempt, which it does not use up; the
+    /// message says why and how many. Terminal: the tool is left out of
+    /// the model's next turns until its cool-down has passed.
+    pub const TOOL_UNAVAILABLE: Self = Self::from_static("TOOL_UNAVAILABLE");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

@@ -55,6 +55,79 @@ pub struct ToolManifest {
     /// [`MIN_CACHE_TTL_MS`] and [`MAX_CACHE_TTL_MS`]
     /// ([`check`](Self::check)). `None`: never cached.
     pub cache_ttl_ms: Option<u64>,
+    /// The tool's own circuit breaker settings, over the orchestrator's
+    /// `[breaker]` section (docs/protection.md). `None`: the orchestrator's.
+    pub breaker: Option<BreakerOverride>,
+}
+
+/// A tool's own circuit breaker settings (docs/protection.md): each field
+/// it gives replaces the orchestrator's `breaker.*` key of the same name
+/// for this tool; the bounds are the orchestrator's
+/// ([`check`](Self::check)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverride {
+    /// `false` turns the tool's breaker off (`true` cannot turn on what
+    /// the orchestrator turned off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How far back the tool's calls are counted, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// The fewest calls in the window before the breaker may open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_calls: Option<u32>,
+    /// The share of failed calls at or above which it opens, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_ratio: Option<f64>,
+    /// How long it refuses calls once open, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cool_down_ms: Option<u64>,
+}
+
+/// The shortest breaker window or cool-down: one second.
+pub const MIN_BREAKER_MS: u64 = 1000;
+/// The longest breaker window or cool-down: one hour.
+pub const MAX_BREAKER_MS: u64 = 3600 * 1000;
+/// The most a breaker's `min_calls` may be.
+pub const MAX_BREAKER_MIN_CALLS: u32 = 100_000;
+
+impl BreakerOverride {
+    /// Whether every field given is within its bounds, else the first that
+    /// is not, named.
+    ///
+    /// # Errors
+    ///
+    /// A window or cool-down outside [`MIN_BREAKER_MS`] and
+    /// [`MAX_BREAKER_MS`], a `min_calls` of 0 or above
+    /// [`MAX_BREAKER_MIN_CALLS`], a ratio not above 0 and at most 1.
+    pub fn check(&self) -> Result<(), String> {
+        for (key, ms) in [
+            ("window_ms", self.window_ms),
+            ("cool_down_ms", self.cool_down_ms),
+        ] {
+            if let Some(ms) = ms.filter(|ms| !(MIN_BREAKER_MS..=MAX_BREAKER_MS).contains(ms)) {
+                return Err(format!(
+                    "{key}: {ms} ms is not within 1000 ms and 3600000 ms (1h)"
+                ));
+            }
+        }
+        if let Some(calls) = self
+            .min_calls
+            .filter(|calls| !(1..=MAX_BREAKER_MIN_CALLS).contains(calls))
+        {
+            return Err(format!(
+                "min_calls: {calls} is not within 1 and {MAX_BREAKER_MIN_CALLS}"
+            ));
+        }
+        // NaN fails both comparisons.
+        if let Some(ratio) = self.failure_ratio.filter(|r| !(*r > 0.0 && *r <= 1.0)) {
+            return Err(format!(
+                "failure_ratio: {ratio} is not above 0 and at most 1"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What a tool's calls may do beyond answering, and so what running one
@@ -151,6 +224,8 @@ struct Announced {
     shape_above_bytes: Option<u64>,
     #[serde(default)]
     cache_ttl_ms: Option<u64>,
+    #[serde(default)]
+    breaker: Option<BreakerOverride>,
 }
 
 impl From<Announced> for ToolManifest {
@@ -173,6 +248,7 @@ impl From<Announced> for ToolManifest {
             approval: wire.approval,
             shape_above_bytes: wire.shape_above_bytes,
             cache_ttl_ms: wire.cache_ttl_ms,
+            breaker: wire.breaker,
         }
     }
 }
@@ -184,6 +260,7 @@ impl Serialize for ToolManifest {
         fields += usize::from(!self.approval.is_never());
         fields += usize::from(self.shape_above_bytes.is_some());
         fields += usize::from(self.cache_ttl_ms.is_some());
+        fields += usize::from(self.breaker.is_some());
         let mut out = serializer.serialize_struct("ToolManifest", fields)?;
         out.serialize_field("name", &self.name)?;
         out.serialize_field("description", &self.description)?;
@@ -206,6 +283,9 @@ impl Serialize for ToolManifest {
         }
         if let Some(ttl_ms) = self.cache_ttl_ms {
             out.serialize_field("cache_ttl_ms", &ttl_ms)?;
+        }
+        if let Some(breaker) = &self.breaker {
+            out.serialize_field("breaker", breaker)?;
         }
         out.end()
     }
@@ -260,6 +340,7 @@ impl ToolManifest {
             approval: Approval::Never,
             shape_above_bytes: None,
             cache_ttl_ms: None,
+            breaker: None,
         }
     }
 
@@ -360,6 +441,14 @@ impl ToolManifest {
         self.cache_ttl_ms
             .filter(|_| self.effects == Effects::ReadOnly)
             .map(Duration::from_millis)
+    }
+
+    /// Gives this tool circuit breaker settings of its own
+    /// (docs/protection.md), checked by [`check`](Self::check).
+    #[must_use]
+    pub fn with_breaker(mut self, breaker: BreakerOverride) -> Self {
+        self.breaker = Some(breaker);
+        self
     }
 
     /// Marks the schema as not strict (optional properties allowed).
@@ -613,6 +702,9 @@ impl ToolManifest {
         if let Some(ttl_ms) = self.cache_ttl_ms {
             check_cache_ttl_ms(ttl_ms, self.effects)
                 .map_err(|why| format!("cache_ttl_ms: {why}"))?;
+        }
+        if let Some(breaker) = &self.breaker {
+            breaker.check().map_err(|why| format!("breaker.{why}"))?;
         }
         if self.description.len() > MAX_DESCRIPTION_BYTES {
             return Err(format!(

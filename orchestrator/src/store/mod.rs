@@ -38,6 +38,7 @@
 //! - `quota`: the tenants' submission rate, active jobs, calls in flight;
 //! - `catalog`: the manifests of tools once offered;
 //! - `cache`: the tenants' result caches, an entry per cached call;
+//! - `breaker`: each tool's circuit breaker, shared by every replica;
 //! - `approvals`: held calls and people's decisions, as stored;
 //! - `decide`: a person's decision, written once, and its job queued again;
 //! - `park`: parking a job, and waking it when its first held call expires;
@@ -53,6 +54,7 @@
 
 mod approvals;
 mod attempts;
+mod breaker;
 mod cache;
 mod cancel;
 mod catalog;
