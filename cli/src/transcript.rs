@@ -134,6 +134,14 @@ fn event_summary(event: &JobEvent) -> String {
             name,
         } => format!("{call_id} {name}, attempt {attempt}"),
         JobEvent::ToolCallProgress { .. } => progress_summary(event),
+        JobEvent::ToolUnavailable {
+            tool,
+            reason,
+            call_id: Some(call_id),
+        } => format!("{call_id} {tool} refused: its breaker is open ({reason})"),
+        JobEvent::ToolUnavailable { tool, reason, .. } => {
+            format!("{tool} left out of the turn: its breaker is open ({reason})")
+        }
         JobEvent::ToolCallResult { .. } => call_result_summary(event),
         JobEvent::ToolCallApprovalRequested {
             arguments,
@@ -420,7 +428,7 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
         .map(|tool| {
             [
                 tool.name.clone(),
-                tool.workers.to_string(),
+                with_breaker(tool.workers.to_string(), tool),
                 humantime::format_duration(Duration::from_millis(tool.timeout_ms)).to_string(),
                 tool.max_attempts.to_string(),
                 tool.effects.clone(),
@@ -454,6 +462,7 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
                 0 => tool.workers.to_string(),
                 n => format!("{} (+{n} unavailable)", tool.workers),
             };
+            let workers = with_breaker(workers, tool);
             [
                 tool.name.clone(),
                 workers,
@@ -481,6 +490,16 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
         &rows,
         &[1, 3],
     )
+}
+
+/// A tool's `WORKERS` cell, with its circuit breaker when it is not
+/// closed: `2 (breaker open)`, for the reader who wonders why the models
+/// are not offered it.
+fn with_breaker(workers: String, tool: &v1::Tool) -> String {
+    match tool.breaker.as_str() {
+        "" | "closed" => workers,
+        state => format!("{workers} (breaker {state})"),
+    }
 }
 
 /// Jobs (of `ListJobs`) as a table, newest first as given; ages are counted
@@ -640,6 +659,8 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "calls_waiting": tool.calls_waiting,
                 "mcp_server": tool.mcp_server,
                 "contract_hash": tool.contract_hash,
+                "breaker": tool.breaker,
+                "breaker_since_ms": tool.breaker_since_ms,
             })
         })
         .collect()

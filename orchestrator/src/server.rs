@@ -237,6 +237,7 @@ impl Orchestrator {
             providers,
             limits: TenantLimits::new(store.clone()),
             options: self.options.api.clone(),
+            breaker: self.options.breaker.clone(),
             stopping: stopping.clone(),
         }
     }
@@ -263,6 +264,7 @@ impl Orchestrator {
             approval: options.approval.clone(),
             tool_content: ToolContent::from_setting(options.telemetry.capture_tool_content),
             results: options.results.clone(),
+            breaker: options.breaker.clone(),
         };
         Runner {
             js: js.clone(),
@@ -297,6 +299,11 @@ impl Orchestrator {
         ));
         tasks.spawn(crate::backlog::run_approvals(
             store.clone(),
+            background.clone(),
+        ));
+        tasks.spawn(crate::backlog::run_breakers(
+            store.clone(),
+            registry.handle(),
             background.clone(),
         ));
         tasks.spawn(registry.run(background.clone()));

@@ -10,6 +10,11 @@
 //! The result cache: a read-only tool with a cache TTL runs once for two
 //! jobs with the same arguments, and again after its TTL; never for a held
 //! call or a job that turned the cache off.
+//!
+//! The circuit breaker: a tool whose calls all fail is left out of the
+//! next turns, with a line in the model's instructions, and a call made to
+//! it anyway is refused without an attempt; after the cool-down one call
+//! probes, and its success closes the breaker.
 
 use std::time::Duration;
 
@@ -555,5 +560,141 @@ async fn a_cached_tool_runs_once_for_two_jobs_and_again_after_its_ttl() -> anyho
     .await?;
     let after = run_job(&api, nap()).await?;
     assert_eq!(attempts_and_outputs(&after)[0].0, 1, "run again");
+    Ok(())
+}
+
+/// A breaker that opens after two calls and cools down in two seconds.
+const QUICK_BREAKER: &[(&str, &str)] = &[
+    ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+    ("TOOLFLEET_BREAKER__WINDOW", "30s"),
+    ("TOOLFLEET_BREAKER__COOL_DOWN", "2s"),
+];
+
+/// Claude calls `fail` twice and both fail: its breaker opens. The next
+/// turn is offered `echo` and `sleep` only, and its instructions end with
+/// the line that says why; Claude calls `fail` anyway and is answered
+/// `TOOL_UNAVAILABLE` with no attempt (no worker saw it), then sleeps past
+/// the cool-down. `fail` is offered again, with no line; the call it
+/// makes, which succeeds, is the probe, and closes the breaker (its key is
+/// gone). The job's events say when the tool was left out and which call
+/// was refused.
+#[tokio::test]
+async fn a_failing_tool_is_left_out_refused_and_probed_back() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let call = |id: &str, name: &str, input: Value| json!({"type": "tool_use", "id": id, "name": name, "input": input});
+    let fails = json!({"mode": "terminal"});
+    for content in [
+        json!([
+            call("toolu_1", "fail", fails.clone()),
+            call("toolu_2", "fail", fails.clone())
+        ]),
+        json!([call("toolu_3", "fail", fails.clone())]),
+        json!([call("toolu_4", "sleep", json!({"ms": 2500}))]),
+        json!([call(
+            "toolu_5",
+            "fail",
+            json!({"mode": "terminal", "fail_attempts": 0})
+        )]),
+    ] {
+        claude.push(Reply::message(content, "tool_use"));
+    }
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "done"}]),
+        "end_turn",
+    ));
+    let base_url = claude.base_url();
+    let mut env = vec![
+        ("TOOLFLEET_ANTHROPIC__API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+    ];
+    env.extend_from_slice(QUICK_BREAKER);
+    let fleet = fleet_with(&env).await?;
+    fleet.wait_for_tools(0, &["fail", "sleep"], 1).await?;
+    let request = v1::SubmitJobRequest {
+        input: "Try the tools.".into(),
+        instructions: "Be brief.".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            max_tokens: 300,
+            ..Default::default()
+        }),
+        tools: vec!["echo".into(), "fail".into(), "sleep".into()],
+        ..Default::default()
+    };
+    let api = fleet.api(0).await?;
+    let job = run_job(&api, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 5);
+    let tools = |request: &Value| -> Vec<String> {
+        let mut names: Vec<String> = request["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let line = "The tool fail is unavailable for now (2 of its last 2 calls failed); \
+                do not call it.";
+    let system = |request: &Value| request["system"].to_string();
+    let all = ["echo", "fail", "sleep"];
+    assert_eq!(tools(&requests[0]), all);
+    assert!(!system(&requests[0]).contains("unavailable"));
+    for left_out in &requests[1..3] {
+        assert_eq!(tools(left_out), ["echo", "sleep"]);
+        assert!(
+            system(left_out).contains("Be brief."),
+            "{}",
+            system(left_out)
+        );
+        assert!(system(left_out).contains(line), "{}", system(left_out));
+    }
+    for offered in &requests[3..] {
+        assert_eq!(tools(offered), all, "after the cool-down");
+        assert!(!system(offered).contains("unavailable"));
+    }
+
+    let answers = attempts_and_outputs(&job);
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert_eq!(answers[0].0, 1);
+    assert_eq!(answers[1].0, 1);
+    let (attempts, refused) = &answers[2];
+    assert_eq!(*attempts, 0, "refused before any attempt");
+    let (code, message) = refusal(refused);
+    assert_eq!(code, "TOOL_UNAVAILABLE");
+    assert!(
+        message.contains("2 of its last 2 calls failed"),
+        "{message}"
+    );
+    assert_eq!(answers[4].0, 1);
+    assert_eq!(answers[4].1["ok"], true, "the probe ran: {:?}", answers[4]);
+
+    let mut redis = fleet.redis.connection().await?;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("tf:breaker:fail")
+        .query_async(&mut redis)
+        .await?;
+    assert!(!exists, "the probe's success closed the breaker");
+
+    let unavailable: Vec<Value> = events(&api, &job.job_id)
+        .await?
+        .into_iter()
+        .filter_map(|(kind, data)| (kind == "tool_unavailable").then_some(data))
+        .collect();
+    let reason = "2 of its last 2 calls failed";
+    assert_eq!(
+        unavailable,
+        [
+            json!({"tool": "fail", "reason": reason}),
+            json!({"tool": "fail", "reason": reason, "call_id": "toolu_3"}),
+            json!({"tool": "fail", "reason": reason}),
+        ]
+    );
     Ok(())
 }

@@ -31,7 +31,7 @@ class Event:
     job_id: str
     offset: int
     # job_queued, job_started, model_turn, tool_call_dispatched,
-    # tool_call_progress, tool_call_result, job_succeeded, job_failed,
+    # tool_call_progress, tool_unavailable, tool_call_result, job_succeeded, job_failed,
     # job_cancelled, ... (docs/api.md, "Events"); and model_output_delta,
     # a streamed job's answer as it is written, not stored
     kind: str

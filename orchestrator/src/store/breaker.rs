@@ -36,16 +36,19 @@ impl JobStore {
     /// [`Error::Redis`].
     pub(crate) async fn breakers(&self, tools: &[&str]) -> Result<HashMap<String, State>, Error> {
         // One key per tool, each in its own slot on a cluster: all at once.
-        let reads = tools.iter().map(|tool| async move {
+        let reads = tools.iter().map(|tool| {
             let key = self.keys.tool_breaker(tool);
-            let field: Option<String> =
-                read_with_retry(|| async { self.conn().hget(&key, "state").await }).await?;
-            let state = field.as_deref().map_or(State::Closed, State::from_field);
-            Ok::<_, redis::RedisError>(((*tool).to_owned(), state))
+            let mut conn = self.conn();
+            async move { conn.hget::<_, _, Option<String>>(key, "state").await }
         });
-        Ok(futures::future::try_join_all(reads)
-            .await?
-            .into_iter()
+        let fields = futures::future::try_join_all(reads).await?;
+        Ok(tools
+            .iter()
+            .zip(fields)
+            .map(|(tool, field)| {
+                let state = field.as_deref().map_or(State::Closed, State::from_field);
+                ((*tool).to_owned(), state)
+            })
             .collect())
     }
 

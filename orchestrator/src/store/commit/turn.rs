@@ -49,17 +49,14 @@ impl JobStore {
         self.commit(lease, commit).await
     }
 
-    /// Records a running call's progress: its `tool_call_progress` event,
-    /// alone in a commit (advisory: the caller bounds how often).
+    /// Records an advisory event alone in a commit: a running call's
+    /// `tool_call_progress` (the caller bounds how often), or a
+    /// `tool_unavailable`.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub(crate) async fn record_progress(
-        &self,
-        lease: &Lease,
-        event: JobEvent,
-    ) -> Result<(), Error> {
+    pub(crate) async fn record_event(&self, lease: &Lease, event: JobEvent) -> Result<(), Error> {
         let commit = Commit {
             events: vec![event],
             ..Commit::default()
