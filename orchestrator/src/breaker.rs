@@ -734,7 +734,8 @@ mod tests {
             options.check("breaker")
         };
         assert_eq!(with(|_| {}), Ok(()));
-        let cases: [(fn(&mut BreakerOptions), &str); 9] = [
+        type Change = fn(&mut BreakerOptions);
+        let cases: [(Change, &str); 9] = [
             (|o| o.failure_ratio = 0.0, "breaker.failure_ratio"),
             (|o| o.failure_ratio = 1.5, "breaker.failure_ratio"),
             (|o| o.failure_ratio = f64::NAN, "breaker.failure_ratio"),

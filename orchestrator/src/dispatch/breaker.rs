@@ -207,6 +207,33 @@ impl Dispatcher {
         }
     }
 
+    /// Which calls of a round of the job of `lease` their breakers refuse
+    /// ([`gate_calls`](Self::gate_calls)), each told in a
+    /// `tool_unavailable` event.
+    pub(super) async fn refused(
+        &self,
+        lease: &Lease,
+        calls: &[PlannedCall],
+        attempts: &Attempts,
+        offered: &HashMap<String, LiveTool>,
+    ) -> Refused {
+        let refused = self
+            .gate_calls(&lease.job_id, calls, attempts, offered)
+            .await;
+        let told = calls
+            .iter()
+            .filter_map(|call| {
+                Some(Told {
+                    tool: call.name.clone(),
+                    why: refused.why(call)?,
+                    call_id: Some(call.event_id.to_string()),
+                })
+            })
+            .collect();
+        self.tell_unavailable(lease, told).await;
+        refused
+    }
+
     /// Records a `tool_unavailable` event in the job of `lease` for each
     /// of `tools` (and the call refused, if any). Advisory: a failure is
     /// logged.

@@ -46,6 +46,7 @@ use toolfleet_service::clock::millis;
 
 use attempt::{Driven, Notice, forward_results};
 pub(crate) use breaker::{Refused, Told, instructions};
+
 use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
@@ -480,20 +481,7 @@ impl Dispatcher {
         mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
         let (lease, spec) = (run.lease, job.spec);
-        let refused = self
-            .gate_calls(&lease.job_id, calls, attempts, offered)
-            .await;
-        let told = calls
-            .iter()
-            .filter_map(|call| {
-                Some(Told {
-                    tool: call.name.clone(),
-                    why: refused.why(call)?,
-                    call_id: Some(call.event_id.to_string()),
-                })
-            })
-            .collect();
-        self.tell_unavailable(lease, told).await;
+        let refused = self.refused(lease, calls, attempts, offered).await;
         let mut placed = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
             let place = self.place(
