@@ -837,6 +837,70 @@ mod tests {
     }
 
     #[test]
+    fn a_breaker_of_its_own_travels_and_is_checked() {
+        let own = BreakerOverride {
+            min_calls: Some(3),
+            cool_down_ms: Some(5000),
+            ..BreakerOverride::default()
+        };
+        let manifest = ToolManifest::new("fetch", "fetches", serde_json::json!({"type": "object"}))
+            .with_breaker(own);
+        let json = serde_json::to_value(&manifest).expect("serializes");
+        assert_eq!(
+            json["breaker"],
+            serde_json::json!({"min_calls": 3, "cool_down_ms": 5000})
+        );
+        let back: ToolManifest = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back.breaker, Some(own));
+        assert_eq!(manifest.check("fetch"), Ok(()));
+        // The contract is what a call means: a breaker is not part of it.
+        let plain = ToolManifest::new("fetch", "fetches", serde_json::json!({"type": "object"}));
+        assert_eq!(manifest.contract_hash(), plain.contract_hash());
+        let cases = [
+            (
+                BreakerOverride {
+                    window_ms: Some(999),
+                    ..own
+                },
+                "breaker.window_ms: 999 ms",
+            ),
+            (
+                BreakerOverride {
+                    cool_down_ms: Some(3_600_001),
+                    ..own
+                },
+                "breaker.cool_down_ms",
+            ),
+            (
+                BreakerOverride {
+                    min_calls: Some(0),
+                    ..own
+                },
+                "breaker.min_calls: 0",
+            ),
+            (
+                BreakerOverride {
+                    failure_ratio: Some(1.01),
+                    ..own
+                },
+                "breaker.failure_ratio",
+            ),
+            (
+                BreakerOverride {
+                    failure_ratio: Some(f64::NAN),
+                    ..own
+                },
+                "breaker.failure_ratio",
+            ),
+        ];
+        for (breaker, error) in cases {
+            let refused = manifest.clone().with_breaker(breaker).check("fetch");
+            let refused = refused.expect_err(error);
+            assert!(refused.starts_with(error), "{refused}");
+        }
+    }
+
+    #[test]
     fn the_contract_hash_never_changes() {
         // Stored data depends on it: a change here is a new `v1`.
         let manifest = ToolManifest::new(
