@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toolfleet_proto::manifest::BreakerOverride;
 use toolfleet_proto::{Effects, ToolManifest};
 pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions,
@@ -134,6 +135,14 @@ pub struct RuntimeOptions {
     /// none of the built-in tools caches).
     #[serde(deserialize_with = "cache_ttls")]
     pub tool_cache_ttl: BTreeMap<String, duration::Value>,
+    /// Per-tool circuit breaker settings over each tool's own, e.g.
+    /// `[runtime.tool_breaker.fetch_page]` `min_calls = 5`,
+    /// `cool_down_ms = 60000` (`enabled`, `window_ms`, `min_calls`,
+    /// `failure_ratio`, `cool_down_ms`; docs/protection.md), each within the
+    /// orchestrator's bounds; the announced manifest carries them. Default:
+    /// none (each tool's own, else the orchestrator's `[breaker]`).
+    #[serde(deserialize_with = "breakers")]
+    pub tool_breaker: BTreeMap<String, BreakerOverride>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -158,6 +167,9 @@ impl RuntimeOptions {
         if let Some(ttl) = self.tool_cache_ttl.get(&manifest.name) {
             manifest = manifest.with_cache_ttl(ttl.0);
         }
+        if let Some(breaker) = self.tool_breaker.get(&manifest.name) {
+            manifest = manifest.with_breaker(*breaker);
+        }
         manifest
     }
 }
@@ -174,6 +186,21 @@ fn shape_above_bytes<'de, D: serde::Deserializer<'de>>(
             .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
     }
     Ok(limits)
+}
+
+/// `runtime.tool_breaker`: each tool's within the bounds of
+/// [`BreakerOverride::check`].
+fn breakers<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, BreakerOverride>, D::Error> {
+    use serde::de::Error;
+    let breakers = BTreeMap::<String, BreakerOverride>::deserialize(d)?;
+    for (tool, breaker) in &breakers {
+        breaker
+            .check()
+            .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
+    }
+    Ok(breakers)
 }
 
 /// `runtime.tool_cache_ttl`: each tool's within the bounds of
@@ -212,6 +239,7 @@ impl Default for RuntimeOptions {
             tool_effects: BTreeMap::new(),
             tool_shape_above_bytes: BTreeMap::new(),
             tool_cache_ttl: BTreeMap::new(),
+            tool_breaker: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -423,7 +451,8 @@ mod tests {
         std::fs::write(
             &file,
             "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n\
-             [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n",
+             [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n\
+             [runtime.tool_breaker.echo]\nmin_calls = 5\n",
         )
         .unwrap();
         let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
@@ -433,6 +462,8 @@ mod tests {
         assert_eq!(configured.timeout_ms, 2_000);
         assert_eq!(configured.shape_above_bytes, Some(4096));
         assert_eq!(configured.cache_ttl_ms, Some(90_000));
+        let breaker = configured.breaker.expect("the tool's breaker");
+        assert_eq!((breaker.min_calls, breaker.window_ms), (Some(5), None));
         let other = options.runtime.configured(ToolManifest {
             name: "other".into(),
             ..echo
@@ -458,6 +489,21 @@ mod tests {
             let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
             let refused = refused.to_string();
             assert!(refused.contains("tool_cache_ttl"), "{refused}");
+            assert!(refused.contains(why), "{refused}");
+        }
+        for (breaker, why) in [
+            (
+                "failure_ratio = 0.0",
+                "echo: failure_ratio: 0 is not above 0",
+            ),
+            ("cool_down_ms = 0", "echo: cool_down_ms: 0 ms"),
+            ("open = true", "unknown field"),
+        ] {
+            let text = format!("[runtime.tool_breaker.echo]\n{breaker}\n");
+            std::fs::write(&file, text).unwrap();
+            let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+            let refused = refused.to_string();
+            assert!(refused.contains("tool_breaker"), "{refused}");
             assert!(refused.contains(why), "{refused}");
         }
     }
