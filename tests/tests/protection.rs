@@ -698,3 +698,97 @@ async fn a_failing_tool_is_left_out_refused_and_probed_back() -> anyhow::Result<
     );
     Ok(())
 }
+
+/// The fleet's `/metrics` text, or nothing while it does not answer.
+async fn scrape(address: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    let mut response = String::new();
+    if stream.write_all(request.as_bytes()).await.is_err()
+        || stream.read_to_string(&mut response).await.is_err()
+    {
+        return String::new();
+    }
+    response
+}
+
+/// Two failed calls of `fail` open its breaker for ten minutes: ListTools
+/// says so (with since when) beside `echo`'s closed one, the gauge and
+/// the transitions counter count it, and a later job's call of `fail` (a
+/// scripted model, which does not read its tool list) is refused before
+/// any attempt, its refusal in the job's events.
+#[tokio::test]
+async fn an_open_breaker_is_listed_counted_and_refuses_other_jobs() -> anyhow::Result<()> {
+    let metrics = toolfleet_tests::free_loopback_address()?;
+    let fleet = fleet_with(&[
+        ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+        ("TOOLFLEET_BREAKER__COOL_DOWN", "10m"),
+        ("TOOLFLEET_METRICS__LISTEN", metrics.as_str()),
+    ])
+    .await?;
+    fleet.wait_for_tools(0, &["fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    let fail = json!({"name": "fail", "arguments": {"mode": "terminal"}});
+    let script = json!([{"tool_calls": [fail, fail]}, {"message": "done"}]);
+    let before = toolfleet_service::clock::now_ms();
+    let first = run_job(&api, scripted_job("fail twice", &script)).await?;
+    assert!(
+        attempts_and_outputs(&first).iter().all(|(n, _)| *n == 1),
+        "{first:?}"
+    );
+
+    let listed = api
+        .clone()
+        .list_tools(v1::ListToolsRequest::default())
+        .await?
+        .into_inner()
+        .tools;
+    let breaker = |name: &str| {
+        let tool = listed.iter().find(|t| t.name == name).expect("listed");
+        (tool.breaker.clone(), tool.breaker_since_ms)
+    };
+    let (state, since) = breaker("fail");
+    assert_eq!(state, "open");
+    assert!(since.is_some_and(|ms| ms >= before), "{since:?}");
+    assert_eq!(breaker("echo"), ("closed".to_owned(), None));
+
+    let second = run_job(&api, scripted_job("fail again", &script)).await?;
+    let answers = attempts_and_outputs(&second);
+    assert_eq!(answers.len(), 2);
+    for (attempts, envelope) in &answers {
+        assert_eq!(*attempts, 0, "{envelope}");
+        assert_eq!(refusal(envelope).0, "TOOL_UNAVAILABLE");
+    }
+    let refused: Vec<Value> = events(&api, &second.job_id)
+        .await?
+        .into_iter()
+        .filter_map(|(kind, data)| (kind == "tool_unavailable").then_some(data))
+        .collect();
+    // Each turn left `fail` out, and each call was refused.
+    let calls: Vec<&Value> = refused
+        .iter()
+        .filter(|e| e["call_id"].is_string())
+        .collect();
+    assert_eq!(calls.len(), 2, "one per call refused: {refused:?}");
+    assert_eq!(refused.len(), 4, "and one per turn: {refused:?}");
+    assert!(refused.iter().all(|e| e["tool"] == "fail"));
+
+    let gauge = "toolfleet_tool_breaker_open{tool=\"fail\"} 1";
+    let opened = "toolfleet_tool_breaker_transitions_total{tool=\"fail\",to=\"open\"} 1";
+    wait_until(
+        "the breaker's gauge and counter",
+        Duration::from_secs(15),
+        || {
+            let metrics = metrics.clone();
+            async move {
+                let text = scrape(&metrics).await;
+                (text.contains(gauge) && text.contains(opened)).then_some(())
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
