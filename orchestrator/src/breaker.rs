@@ -5,10 +5,10 @@
 //! let through, and its outcome closes the breaker or opens it again.
 //!
 //! This module is the policy, pure functions of data with tables of cases:
-//! which outcomes count as failures ([`Failure::of`]), the window of counts
-//! ([`Tally`]), the breaker's [`State`] and its transitions
-//! ([`after_outcome`], [`gate`]), and what the model is told
-//! ([`Unavailable`]). Redis keeps each tool's state for every orchestrator
+//! which outcomes count as failures (`Failure::of`), the window of counts
+//! (`Tally`), the breaker's `State` and its transitions
+//! (`after_outcome`, `gate`), and what the model is told
+//! (`Unavailable`). Redis keeps each tool's state for every orchestrator
 //! (`store/breaker.rs`); dispatch and the runner call both.
 
 use std::collections::HashMap;
@@ -150,7 +150,7 @@ fn millis(duration: Duration) -> u64 {
 #[serde(rename_all = "snake_case")]
 pub enum Failure {
     /// The tool failed, or its retries ran out: any error but those that
-    /// say the call, its job or a person was at fault (see [`Failure::of`]).
+    /// say the call, its job or a person was at fault (see `Failure::of`).
     Terminal,
     /// `TOOL_TIMEOUT`.
     Timeout,
@@ -421,7 +421,7 @@ pub(crate) fn gate(state: &State, call: &str, now_ms: u64, options: &BreakerOpti
 pub(crate) struct Outcome<'a> {
     /// `<job>/<wire id>`.
     pub call: &'a str,
-    /// Whether it counts as a failure ([`BreakerOptions::count`]).
+    /// Whether it counts as a failure (`BreakerOptions::count`).
     pub failed: bool,
 }
 
