@@ -235,18 +235,22 @@ impl Dispatcher {
     }
 
     /// Records a `tool_unavailable` event in the job of `lease` for each
-    /// of `tools` (and the call refused, if any). Advisory: a failure is
-    /// logged.
+    /// of `tools` (and the call refused, if any), in one commit. Advisory:
+    /// a failure is logged.
     pub(crate) async fn tell_unavailable(&self, lease: &Lease, tools: Vec<Told>) {
-        for Told { tool, why, call_id } in tools {
-            let event = JobEvent::ToolUnavailable {
-                tool: tool.clone(),
+        if tools.is_empty() {
+            return;
+        }
+        let events = tools
+            .into_iter()
+            .map(|Told { tool, why, call_id }| JobEvent::ToolUnavailable {
+                tool,
                 reason: why.reason(),
                 call_id,
-            };
-            if let Err(err) = self.store.record_event(lease, event).await {
-                warn!(tool, error = %err, "could not record a tool_unavailable event");
-            }
+            })
+            .collect();
+        if let Err(err) = self.store.record_events(lease, events).await {
+            warn!(error = %err, "could not record tool_unavailable events");
         }
     }
 

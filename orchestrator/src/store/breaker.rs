@@ -35,13 +35,25 @@ impl JobStore {
     ///
     /// [`Error::Redis`].
     pub(crate) async fn breakers(&self, tools: &[&str]) -> Result<HashMap<String, State>, Error> {
-        // One key per tool, each in its own slot on a cluster: all at once.
-        let reads = tools.iter().map(|tool| {
-            let key = self.keys.tool_breaker(tool);
-            let mut conn = self.conn();
-            async move { conn.hget::<_, _, Option<String>>(key, "state").await }
-        });
-        let fields = futures::future::try_join_all(reads).await?;
+        let keys: Vec<String> = tools
+            .iter()
+            .map(|tool| self.keys.tool_breaker(tool))
+            .collect();
+        let fields: Vec<Option<String>> = if self.redis.is_cluster() {
+            // One key per tool, each in its own slot: all at once.
+            let reads = keys.into_iter().map(|key| {
+                let mut conn = self.conn();
+                async move { conn.hget::<_, _, Option<String>>(key, "state").await }
+            });
+            futures::future::try_join_all(reads).await?
+        } else {
+            // One round trip for a turn's every tool.
+            let mut pipe = redis::pipe();
+            for key in &keys {
+                pipe.hget(key, "state");
+            }
+            pipe.query_async(&mut self.conn()).await?
+        };
         Ok(tools
             .iter()
             .zip(fields)
