@@ -1040,6 +1040,22 @@ mod tests {
         );
         assert_eq!(json[0]["pools"], json!([]));
         assert_eq!(json[0]["contract_hash"], "c0ffee");
+        // A breaker that is not closed is said beside the workers.
+        let open = v1::Tool {
+            breaker: "open".into(),
+            breaker_since_ms: Some(1_700_000_000_000),
+            ..tool("calculate", 2)
+        };
+        let table = tools_table(&[open.clone()]);
+        assert!(table.contains("2 (breaker open)"), "{table}");
+        let closed = tools_table(&[v1::Tool {
+            breaker: "closed".into(),
+            ..tool("calculate", 2)
+        }]);
+        assert!(!closed.contains("breaker"), "{closed}");
+        let json = tools_json(&[open]);
+        assert_eq!(json[0]["breaker"], "open");
+        assert_eq!(json[0]["breaker_since_ms"], 1_700_000_000_000_u64);
     }
 
     #[test]

@@ -176,4 +176,13 @@ mod tests {
             ]
         );
     }
+
+    #[test]
+    fn a_breaker_is_said_only_when_it_is_not_closed() {
+        for state in ["", "closed", "shut"] {
+            assert_eq!(breaker_note(state), "", "{state}");
+        }
+        assert!(breaker_note("open").starts_with("breaker open: "));
+        assert!(breaker_note("half_open").starts_with("breaker half-open: "));
+    }
 }
