@@ -1046,7 +1046,7 @@ mod tests {
             breaker_since_ms: Some(1_700_000_000_000),
             ..tool("calculate", 2)
         };
-        let table = tools_table(&[open.clone()]);
+        let table = tools_table(std::slice::from_ref(&open));
         assert!(table.contains("2 (breaker open)"), "{table}");
         let closed = tools_table(&[v1::Tool {
             breaker: "closed".into(),
