@@ -792,3 +792,57 @@ async fn an_open_breaker_is_listed_counted_and_refuses_other_jobs() -> anyhow::R
     .await?;
     Ok(())
 }
+
+/// A job whose only tool's breaker opens is still offered it (a
+/// conversation with tool calls and no tools is one Anthropic refuses),
+/// with the line in its instructions; its call is refused as any other.
+#[tokio::test]
+async fn a_job_whose_every_tool_is_open_keeps_its_list_and_is_told() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let fails = |id: &str| json!({"type": "tool_use", "id": id, "name": "fail", "input": {"mode": "terminal"}});
+    claude.push(Reply::message(
+        json!([fails("toolu_1"), fails("toolu_2")]),
+        "tool_use",
+    ));
+    claude.push(Reply::message(json!([fails("toolu_3")]), "tool_use"));
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "done"}]),
+        "end_turn",
+    ));
+    let base_url = claude.base_url();
+    let fleet = fleet_with(&[
+        ("TOOLFLEET_ANTHROPIC__API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+        ("TOOLFLEET_BREAKER__COOL_DOWN", "10m"),
+    ])
+    .await?;
+    fleet.wait_for_tools(0, &["fail"], 1).await?;
+    let request = v1::SubmitJobRequest {
+        input: "Fail.".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            max_tokens: 300,
+            ..Default::default()
+        }),
+        tools: vec!["fail".into()],
+        ..Default::default()
+    };
+    let job = run_job(&fleet.api(0).await?, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests[1..] {
+        assert_eq!(request["tools"][0]["name"], "fail", "still listed");
+        let system = request["system"].to_string();
+        assert!(
+            system.contains("The tool fail is unavailable for now"),
+            "{system}"
+        );
+    }
+    let (attempts, refused) = &attempts_and_outputs(&job)[2];
+    assert_eq!((*attempts, refusal(refused).0), (0, "TOOL_UNAVAILABLE"));
+    Ok(())
+}

@@ -198,7 +198,8 @@ impl JobRun<'_> {
     /// `tools` without those whose breakers keep them out of the turn, and
     /// the job's instructions with a line for each of those; each is told
     /// in a `tool_unavailable` event. A tool left out keeps its place in the
-    /// job's offered tools: only this turn's list shrinks.
+    /// job's offered tools: only this turn's list shrinks, and never to
+    /// nothing (then every tool stays listed, and the lines alone tell).
     async fn without_unavailable(
         &self,
         spec: &JobSpec,
@@ -221,6 +222,16 @@ impl JobRun<'_> {
             .collect();
         dispatcher.tell_unavailable(&self.lease, told).await;
         let instructions = instructions(&spec.instructions, &left_out);
+        // Never down to no tool at all: a provider may refuse a conversation
+        // that holds tool calls and declares no tools (Anthropic does). The
+        // line still tells the model, and a call is still refused.
+        if tools
+            .iter()
+            .all(|t| left_out.contains_key(&t.manifest.name))
+            && !progress.shaped
+        {
+            return (tools, instructions);
+        }
         let tools = tools
             .into_iter()
             .filter(|t| !left_out.contains_key(&t.manifest.name))
