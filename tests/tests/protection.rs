@@ -659,6 +659,15 @@ async fn a_failing_tool_is_left_out_refused_and_probed_back() -> anyhow::Result<
         assert_eq!(tools(offered), all, "after the cool-down");
         assert!(!system(offered).contains("unavailable"));
     }
+    // What the providers' prompt caches key on first (Anthropic: tools,
+    // then system): it changes exactly at the two moves, when the tool is
+    // left out and when it is back, and is stable in between.
+    let prefix = |request: &Value| (request["tools"].to_string(), system(request));
+    let changed: Vec<bool> = requests
+        .windows(2)
+        .map(|pair| prefix(&pair[0]) != prefix(&pair[1]))
+        .collect();
+    assert_eq!(changed, [true, false, true, false]);
 
     let answers = attempts_and_outputs(&job);
     assert_eq!(answers.len(), 5, "{answers:?}");
