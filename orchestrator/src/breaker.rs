@@ -79,7 +79,8 @@ impl BreakerOptions {
     pub fn check(&self, section: &str) -> Result<(), String> {
         for (key, value) in [("window", self.window), ("cool_down", self.cool_down)] {
             if !(MIN_DURATION..=MAX_DURATION).contains(&value) {
-                return Err(format!("{section}.{key} is {value:?}; it must be 1s to 1h"));
+                let value = toolfleet_service::config::duration::format(value);
+                return Err(format!("{section}.{key} is {value}; it must be 1s to 1h"));
             }
         }
         if !(1..=MAX_MIN_CALLS).contains(&self.min_calls) {
