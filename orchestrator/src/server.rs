@@ -301,11 +301,13 @@ impl Orchestrator {
             store.clone(),
             background.clone(),
         ));
-        tasks.spawn(crate::backlog::run_breakers(
-            store.clone(),
-            registry.handle(),
-            background.clone(),
-        ));
+        if self.options.breaker.enabled {
+            tasks.spawn(crate::backlog::run_breakers(
+                store.clone(),
+                registry.handle(),
+                background.clone(),
+            ));
+        }
         tasks.spawn(registry.run(background.clone()));
         let sweep = &self.options.runner;
         tasks.spawn(runner::sweep::run(
