@@ -134,6 +134,14 @@ fn event_summary(event: &JobEvent) -> String {
             name,
         } => format!("{call_id} {name}, attempt {attempt}"),
         JobEvent::ToolCallProgress { .. } => progress_summary(event),
+        JobEvent::ToolUnavailable {
+            tool,
+            reason,
+            call_id: Some(call_id),
+        } => format!("{call_id} {tool} refused: its breaker is open ({reason})"),
+        JobEvent::ToolUnavailable { tool, reason, .. } => {
+            format!("{tool} left out of the turn: its breaker is open ({reason})")
+        }
         JobEvent::ToolCallResult { .. } => call_result_summary(event),
         JobEvent::ToolCallApprovalRequested {
             arguments,
@@ -455,7 +463,7 @@ pub(crate) fn tools_table(tools: &[v1::Tool]) -> String {
         .map(|tool| {
             [
                 tool.name.clone(),
-                tool.workers.to_string(),
+                with_breaker(tool.workers.to_string(), tool),
                 humantime::format_duration(Duration::from_millis(tool.timeout_ms)).to_string(),
                 tool.max_attempts.to_string(),
                 tool.effects.clone(),
@@ -489,6 +497,7 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
                 0 => tool.workers.to_string(),
                 n => format!("{} (+{n} unavailable)", tool.workers),
             };
+            let workers = with_breaker(workers, tool);
             [
                 tool.name.clone(),
                 workers,
@@ -516,6 +525,16 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
         &rows,
         &[1, 3],
     )
+}
+
+/// A tool's `WORKERS` cell, with its circuit breaker when it is not
+/// closed: `2 (breaker open)`, for the reader who wonders why the models
+/// are not offered it.
+fn with_breaker(workers: String, tool: &v1::Tool) -> String {
+    match tool.breaker.as_str() {
+        "" | "closed" => workers,
+        state => format!("{workers} (breaker {state})"),
+    }
 }
 
 /// Jobs (of `ListJobs`) as a table, newest first as given; ages are counted
@@ -682,6 +701,8 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "calls_waiting": tool.calls_waiting,
                 "mcp_server": tool.mcp_server,
                 "contract_hash": tool.contract_hash,
+                "breaker": tool.breaker,
+                "breaker_since_ms": tool.breaker_since_ms,
             })
         })
         .collect()
@@ -1073,6 +1094,22 @@ mod tests {
         );
         assert_eq!(json[0]["pools"], json!([]));
         assert_eq!(json[0]["contract_hash"], "c0ffee");
+        // A breaker that is not closed is said beside the workers.
+        let open = v1::Tool {
+            breaker: "open".into(),
+            breaker_since_ms: Some(1_700_000_000_000),
+            ..tool("calculate", 2)
+        };
+        let table = tools_table(std::slice::from_ref(&open));
+        assert!(table.contains("2 (breaker open)"), "{table}");
+        let closed = tools_table(&[v1::Tool {
+            breaker: "closed".into(),
+            ..tool("calculate", 2)
+        }]);
+        assert!(!closed.contains("breaker"), "{closed}");
+        let json = tools_json(&[open]);
+        assert_eq!(json[0]["breaker"], "open");
+        assert_eq!(json[0]["breaker_since_ms"], 1_700_000_000_000_u64);
     }
 
     #[test]

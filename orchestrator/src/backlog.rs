@@ -8,6 +8,8 @@
 //! scaled to zero) stays available while its calls can wait, and how many
 //! calls wait in it, which `ListTools` tells operators and readers.
 //!
+//! Each tool's circuit breaker is read from Redis as often, for its gauge.
+//!
 //! Every replica reports the same numbers (they are the fleet's, not the
 //! replica's): take `max` over replicas, never `sum`.
 
@@ -72,6 +74,40 @@ pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: 
             registry.read_queue(&name, queue);
             let workers = registry.get(&name).map_or(0, |t| t.workers);
             metrics::tool_workers(&name, workers);
+        }
+    }
+}
+
+/// Refreshes the tools' breaker gauges until `stop`, every [`INTERVAL`],
+/// from Redis: 1 while a tool's breaker refuses its calls. The fleet's
+/// state, so every replica reports the same, also one that plays no turn.
+pub(crate) async fn run_breakers(
+    store: JobStore,
+    registry: RegistryHandle,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(INTERVAL);
+    loop {
+        tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let names = registry.known_tools();
+        let tools: Vec<&str> = names.iter().map(String::as_str).collect();
+        let read = tokio::select! {
+            biased;
+            () = stop.cancelled() => return,
+            read = store.breakers(&tools) => read,
+        };
+        match read {
+            Ok(states) => {
+                let now = now_ms();
+                for (tool, state) in states {
+                    metrics::tool_breaker(&tool, state.unavailable(now).is_some());
+                }
+            }
+            Err(err) => debug!(error = %err, "cannot read the tools' breakers"),
         }
     }
 }

@@ -16,6 +16,7 @@ use toolfleet_service::queue;
 
 use crate::api::ApiOptions;
 use crate::approval::ApprovalOptions;
+use crate::breaker::BreakerOptions;
 use crate::dispatch::DispatchOptions;
 use crate::model::{AnthropicOptions, OpenAiOptions};
 use crate::runner::RunnerOptions;
@@ -49,6 +50,8 @@ pub struct OrchestratorOptions {
     pub approval: ApprovalOptions,
     /// What the model is shown of large tool results (docs/protection.md).
     pub results: ResultOptions,
+    /// The per-tool circuit breaker (docs/protection.md).
+    pub breaker: BreakerOptions,
     /// Job store retention.
     pub store: StoreOptions,
     /// Tool registry.
@@ -226,6 +229,7 @@ const ENV_KEYS: &[&str] = &[
     "dispatch",
     "approval",
     "results",
+    "breaker",
     "store",
     "registry",
     "openai",
@@ -280,6 +284,7 @@ impl OrchestratorOptions {
                     .to_owned(),
             );
         }
+        self.breaker.check("breaker")?;
         self.grpc
             .tls
             .server_config()

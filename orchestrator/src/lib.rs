@@ -31,6 +31,9 @@
 //!   its limit and paged with `read_result`, the orchestrator's own tool;
 //!   `result_cache`: which calls a read-only tool's earlier result may
 //!   answer, across the jobs of a tenant, and under which key.
+//! - `breaker`: a tool whose calls keep failing is left out of the
+//!   models' turns and its calls refused, for a cool-down (the policy; its
+//!   state is in Redis, shared by every replica).
 //! - `spans`: the OpenTelemetry spans of a job's steps.
 //! - `server`: wires a replica together; [`config`] and `metrics`
 //!   around it (the plumbing it shares with the worker is `toolfleet-service`).
@@ -39,6 +42,7 @@ pub(crate) mod api;
 pub mod approval;
 pub mod auth;
 pub(crate) mod backlog;
+pub mod breaker;
 pub mod budget;
 pub mod config;
 pub(crate) mod dispatch;

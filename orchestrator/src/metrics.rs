@@ -115,6 +115,22 @@ pub(crate) fn budget_exceeded(tenant: &str, budget: &'static str) {
     metrics::counter!(BUDGET_EXCEEDED_TOTAL, "tenant" => tenant.to_owned(), "budget" => budget)
         .increment(1);
 }
+/// 1 while a tool's circuit breaker refuses its calls (open, or half-open
+/// with its probe out), else 0, by `tool`, as this replica last read or
+/// moved it (docs/protection.md).
+pub(crate) const TOOL_BREAKER_OPEN: &str = "toolfleet_tool_breaker_open";
+/// Moves of a tool's circuit breaker made by this replica, by `tool` and
+/// `to` (`open`, `half_open`, `closed`).
+pub(crate) const TOOL_BREAKER_TRANSITIONS_TOTAL: &str = "toolfleet_tool_breaker_transitions_total";
+
+pub(crate) fn tool_breaker(tool: &str, open: bool) {
+    metrics::gauge!(TOOL_BREAKER_OPEN, "tool" => tool.to_owned()).set(f64::from(u8::from(open)));
+}
+
+pub(crate) fn tool_breaker_moved(tool: &str, to: &'static str) {
+    metrics::counter!(TOOL_BREAKER_TRANSITIONS_TOTAL, "tool" => tool.to_owned(), "to" => to)
+        .increment(1);
+}
 
 /// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
 /// every replica).

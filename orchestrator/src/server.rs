@@ -237,6 +237,7 @@ impl Orchestrator {
             providers,
             limits: TenantLimits::new(store.clone()),
             options: self.options.api.clone(),
+            breaker: self.options.breaker.clone(),
             stopping: stopping.clone(),
         }
     }
@@ -263,6 +264,7 @@ impl Orchestrator {
             approval: options.approval.clone(),
             tool_content: ToolContent::from_setting(options.telemetry.capture_tool_content),
             results: options.results.clone(),
+            breaker: options.breaker.clone(),
         };
         Runner {
             js: js.clone(),
@@ -299,6 +301,13 @@ impl Orchestrator {
             store.clone(),
             background.clone(),
         ));
+        if self.options.breaker.enabled {
+            tasks.spawn(crate::backlog::run_breakers(
+                store.clone(),
+                registry.handle(),
+                background.clone(),
+            ));
+        }
         tasks.spawn(registry.run(background.clone()));
         let sweep = &self.options.runner;
         tasks.spawn(runner::sweep::run(

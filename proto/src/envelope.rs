@@ -85,6 +85,12 @@ impl ErrorCode {
     /// model tokens, job time): this call was not run, or not run again,
     /// and the job gets no more model turns. Terminal.
     pub const BUDGET_EXCEEDED: Self = Self::from_static("BUDGET_EXCEEDED");
+    /// The tool's circuit breaker is open: too many of its recent calls
+    /// failed, so this call was not run (docs/protection.md). Decided
+    /// before the call's first attempt, which it does not use up; the
+    /// message says why and how many. Terminal: the tool is left out of
+    /// the model's next turns until its cool-down has passed.
+    pub const TOOL_UNAVAILABLE: Self = Self::from_static("TOOL_UNAVAILABLE");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

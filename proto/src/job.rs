@@ -360,6 +360,19 @@ pub enum JobEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         total: Option<f64>,
     },
+    /// A tool's circuit breaker is open (docs/protection.md): the turn
+    /// about to be played leaves it out of the model's tools (no
+    /// `call_id`), or a call made to it is answered `TOOL_UNAVAILABLE`
+    /// without running (`call_id`, as in `tool_call_result`). Advisory.
+    ToolUnavailable {
+        /// The tool.
+        tool: String,
+        /// Why, as the model is told: `N of its last M calls failed`.
+        reason: String,
+        /// The refused call, if a call was refused.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+    },
     /// A call has its final envelope.
     ToolCallResult {
         /// Attempts it took (0: answered by the orchestrator's own checks).
@@ -540,6 +553,7 @@ impl JobEvent {
             Self::ModelTurn { .. } => "model_turn",
             Self::ToolCallDispatched { .. } => "tool_call_dispatched",
             Self::ToolCallProgress { .. } => "tool_call_progress",
+            Self::ToolUnavailable { .. } => "tool_unavailable",
             Self::ToolCallResult { .. } => "tool_call_result",
             Self::ToolCallApprovalRequested { .. } => "tool_call_approval_requested",
             Self::ToolCallVerdictRequested { .. } => "tool_call_verdict_requested",
@@ -571,6 +585,7 @@ impl JobEvent {
             Self::ModelTurn { .. }
             | Self::ToolCallDispatched { .. }
             | Self::ToolCallProgress { .. }
+            | Self::ToolUnavailable { .. }
             | Self::ToolCallResult { .. }
             | Self::ToolCallApprovalRequested { .. }
             | Self::ToolCallVerdictRequested { .. }

@@ -60,6 +60,79 @@ pub struct ToolManifest {
     /// tenant counts. At most [`MAX_TOOL_COST`]; 0 is a free tool. `None`:
     /// 1 ([`cost_units`](Self::cost_units)).
     pub cost: Option<u64>,
+    /// The tool's own circuit breaker settings, over the orchestrator's
+    /// `[breaker]` section (docs/protection.md). `None`: the orchestrator's.
+    pub breaker: Option<BreakerOverride>,
+}
+
+/// A tool's own circuit breaker settings (docs/protection.md): each field
+/// it gives replaces the orchestrator's `breaker.*` key of the same name
+/// for this tool; the bounds are the orchestrator's
+/// ([`check`](Self::check)).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerOverride {
+    /// `false` turns the tool's breaker off (`true` cannot turn on what
+    /// the orchestrator turned off).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// How far back the tool's calls are counted, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_ms: Option<u64>,
+    /// The fewest calls in the window before the breaker may open.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_calls: Option<u32>,
+    /// The share of failed calls at or above which it opens, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_ratio: Option<f64>,
+    /// How long it refuses calls once open, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cool_down_ms: Option<u64>,
+}
+
+/// The shortest breaker window or cool-down: one second.
+pub const MIN_BREAKER_MS: u64 = 1000;
+/// The longest breaker window or cool-down: one hour.
+pub const MAX_BREAKER_MS: u64 = 3600 * 1000;
+/// The most a breaker's `min_calls` may be.
+pub const MAX_BREAKER_MIN_CALLS: u32 = 100_000;
+
+impl BreakerOverride {
+    /// Whether every field given is within its bounds, else the first that
+    /// is not, named.
+    ///
+    /// # Errors
+    ///
+    /// A window or cool-down outside [`MIN_BREAKER_MS`] and
+    /// [`MAX_BREAKER_MS`], a `min_calls` of 0 or above
+    /// [`MAX_BREAKER_MIN_CALLS`], a ratio not above 0 and at most 1.
+    pub fn check(&self) -> Result<(), String> {
+        for (key, ms) in [
+            ("window_ms", self.window_ms),
+            ("cool_down_ms", self.cool_down_ms),
+        ] {
+            if let Some(ms) = ms.filter(|ms| !(MIN_BREAKER_MS..=MAX_BREAKER_MS).contains(ms)) {
+                return Err(format!(
+                    "{key}: {ms} ms is not within 1000 ms and 3600000 ms (1h)"
+                ));
+            }
+        }
+        if let Some(calls) = self
+            .min_calls
+            .filter(|calls| !(1..=MAX_BREAKER_MIN_CALLS).contains(calls))
+        {
+            return Err(format!(
+                "min_calls: {calls} is not within 1 and {MAX_BREAKER_MIN_CALLS}"
+            ));
+        }
+        // NaN fails both comparisons.
+        if let Some(ratio) = self.failure_ratio.filter(|r| !(*r > 0.0 && *r <= 1.0)) {
+            return Err(format!(
+                "failure_ratio: {ratio} is not above 0 and at most 1"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// What a tool's calls may do beyond answering, and so what running one
@@ -158,6 +231,7 @@ struct Announced {
     cache_ttl_ms: Option<u64>,
     #[serde(default)]
     cost: Option<u64>,
+    breaker: Option<BreakerOverride>,
 }
 
 impl From<Announced> for ToolManifest {
@@ -181,6 +255,7 @@ impl From<Announced> for ToolManifest {
             shape_above_bytes: wire.shape_above_bytes,
             cache_ttl_ms: wire.cache_ttl_ms,
             cost: wire.cost,
+            breaker: wire.breaker,
         }
     }
 }
@@ -193,6 +268,7 @@ impl Serialize for ToolManifest {
         fields += usize::from(self.shape_above_bytes.is_some());
         fields += usize::from(self.cache_ttl_ms.is_some());
         fields += usize::from(self.cost.is_some());
+        fields += usize::from(self.breaker.is_some());
         let mut out = serializer.serialize_struct("ToolManifest", fields)?;
         out.serialize_field("name", &self.name)?;
         out.serialize_field("description", &self.description)?;
@@ -218,6 +294,9 @@ impl Serialize for ToolManifest {
         }
         if let Some(cost) = self.cost {
             out.serialize_field("cost", &cost)?;
+        }
+        if let Some(breaker) = &self.breaker {
+            out.serialize_field("breaker", breaker)?;
         }
         out.end()
     }
@@ -273,6 +352,7 @@ impl ToolManifest {
             shape_above_bytes: None,
             cache_ttl_ms: None,
             cost: None,
+            breaker: None,
         }
     }
 
@@ -387,6 +467,14 @@ impl ToolManifest {
     /// units: its `cost`, else 1.
     pub fn cost_units(&self) -> u64 {
         self.cost.unwrap_or(DEFAULT_TOOL_COST)
+    }
+
+    /// Gives this tool circuit breaker settings of its own
+    /// (docs/protection.md), checked by [`check`](Self::check).
+    #[must_use]
+    pub fn with_breaker(mut self, breaker: BreakerOverride) -> Self {
+        self.breaker = Some(breaker);
+        self
     }
 
     /// Marks the schema as not strict (optional properties allowed).
@@ -665,6 +753,9 @@ impl ToolManifest {
         if let Some(cost) = self.cost {
             check_tool_cost(cost).map_err(|why| format!("cost: {why}"))?;
         }
+        if let Some(breaker) = &self.breaker {
+            breaker.check().map_err(|why| format!("breaker.{why}"))?;
+        }
         if self.description.len() > MAX_DESCRIPTION_BYTES {
             return Err(format!(
                 "the description is over {MAX_DESCRIPTION_BYTES} bytes"
@@ -792,6 +883,70 @@ mod tests {
         let mut seen = std::collections::BTreeSet::from([hash]);
         for manifest in different {
             assert!(seen.insert(manifest.contract_hash()), "{manifest:?}");
+        }
+    }
+
+    #[test]
+    fn a_breaker_of_its_own_travels_and_is_checked() {
+        let own = BreakerOverride {
+            min_calls: Some(3),
+            cool_down_ms: Some(5000),
+            ..BreakerOverride::default()
+        };
+        let manifest = ToolManifest::new("fetch", "fetches", serde_json::json!({"type": "object"}))
+            .with_breaker(own);
+        let json = serde_json::to_value(&manifest).expect("serializes");
+        assert_eq!(
+            json["breaker"],
+            serde_json::json!({"min_calls": 3, "cool_down_ms": 5000})
+        );
+        let back: ToolManifest = serde_json::from_value(json).expect("reads back");
+        assert_eq!(back.breaker, Some(own));
+        assert_eq!(manifest.check("fetch"), Ok(()));
+        // The contract is what a call means: a breaker is not part of it.
+        let plain = ToolManifest::new("fetch", "fetches", serde_json::json!({"type": "object"}));
+        assert_eq!(manifest.contract_hash(), plain.contract_hash());
+        let cases = [
+            (
+                BreakerOverride {
+                    window_ms: Some(999),
+                    ..own
+                },
+                "breaker.window_ms: 999 ms",
+            ),
+            (
+                BreakerOverride {
+                    cool_down_ms: Some(3_600_001),
+                    ..own
+                },
+                "breaker.cool_down_ms",
+            ),
+            (
+                BreakerOverride {
+                    min_calls: Some(0),
+                    ..own
+                },
+                "breaker.min_calls: 0",
+            ),
+            (
+                BreakerOverride {
+                    failure_ratio: Some(1.01),
+                    ..own
+                },
+                "breaker.failure_ratio",
+            ),
+            (
+                BreakerOverride {
+                    failure_ratio: Some(f64::NAN),
+                    ..own
+                },
+                "breaker.failure_ratio",
+            ),
+        ];
+        for (breaker, error) in cases {
+            let refused = manifest.clone().with_breaker(breaker).check("fetch");
+            let refused = refused.expect_err(error);
+            assert!(refused.starts_with(error), "{refused}");
         }
     }
 

@@ -620,6 +620,14 @@ impl RedisKeys {
         format!("{}:budget:{{{tenant}}}", self.prefix)
     }
 
+    /// A tool's circuit breaker, shared by every orchestrator (a hash:
+    /// `state`, and the calls and failures of each bucket of its window,
+    /// `c:<bucket>` and `f:<bucket>`; expiring when the tool is idle).
+    /// `tool` is a valid tool name (checked where a manifest is read).
+    pub fn tool_breaker(&self, tool: &str) -> String {
+        format!("{}:breaker:{tool}", self.prefix)
+    }
+
     /// A tenant's submission idempotency record, pointing at a job id.
     pub fn submission(&self, tenant: &str, idempotency_key: &str) -> String {
         format!("{}:idem:{{{tenant}}}:{idempotency_key}", self.prefix)

@@ -221,6 +221,10 @@ impl Drawing {
                 }
                 self.phase_start = self.phase_start.max(at);
             }
+            JobEvent::ToolUnavailable { tool, reason, .. } => {
+                let detail = format!("{tool} left out: {reason}");
+                rows.push(Row::at(Step::Mark, "unavailable".into(), at, detail));
+            }
             JobEvent::ToolCallApprovalRequested { .. }
             | JobEvent::ToolCallVerdictRequested { .. }
             | JobEvent::ToolCallDecided { .. }

@@ -10,6 +10,11 @@
 //! The result cache: a read-only tool with a cache TTL runs once for two
 //! jobs with the same arguments, and again after its TTL; never for a held
 //! call or a job that turned the cache off.
+//!
+//! The circuit breaker: a tool whose calls all fail is left out of the
+//! next turns, with a line in the model's instructions, and a call made to
+//! it anyway is refused without an attempt; after the cool-down one call
+//! probes, and its success closes the breaker.
 
 use std::time::Duration;
 
@@ -869,5 +874,298 @@ async fn a_tenants_period_budgets_hold_across_two_orchestrators() -> anyhow::Res
     assert_eq!(code, "BUDGET_EXCEEDED");
     assert!(message.contains("budget.tokens_per_day"), "{message}");
     assert_eq!(spent(&job).0, 200);
+    Ok(())
+}
+
+/// A breaker that opens after two calls and cools down in two seconds.
+const QUICK_BREAKER: &[(&str, &str)] = &[
+    ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+    ("TOOLFLEET_BREAKER__WINDOW", "30s"),
+    ("TOOLFLEET_BREAKER__COOL_DOWN", "2s"),
+];
+
+/// Claude calls `fail` twice and both fail: its breaker opens. The next
+/// turn is offered `echo` and `sleep` only, and its instructions end with
+/// the line that says why; Claude calls `fail` anyway and is answered
+/// `TOOL_UNAVAILABLE` with no attempt (no worker saw it), then sleeps past
+/// the cool-down. `fail` is offered again, with no line; the call it
+/// makes, which succeeds, is the probe, and closes the breaker (its key is
+/// gone). The job's events say when the tool was left out and which call
+/// was refused.
+#[tokio::test]
+async fn a_failing_tool_is_left_out_refused_and_probed_back() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let call = |id: &str, name: &str, input: Value| json!({"type": "tool_use", "id": id, "name": name, "input": input});
+    let fails = json!({"mode": "terminal"});
+    for content in [
+        json!([
+            call("toolu_1", "fail", fails.clone()),
+            call("toolu_2", "fail", fails.clone())
+        ]),
+        json!([call("toolu_3", "fail", fails.clone())]),
+        json!([call("toolu_4", "sleep", json!({"ms": 2500}))]),
+        json!([call(
+            "toolu_5",
+            "fail",
+            json!({"mode": "terminal", "fail_attempts": 0})
+        )]),
+    ] {
+        claude.push(Reply::message(content, "tool_use"));
+    }
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "done"}]),
+        "end_turn",
+    ));
+    let base_url = claude.base_url();
+    let mut env = vec![
+        ("TOOLFLEET_ANTHROPIC__API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+    ];
+    env.extend_from_slice(QUICK_BREAKER);
+    let fleet = fleet_with(&env).await?;
+    fleet.wait_for_tools(0, &["fail", "sleep"], 1).await?;
+    let request = v1::SubmitJobRequest {
+        input: "Try the tools.".into(),
+        instructions: "Be brief.".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            max_tokens: 300,
+            ..Default::default()
+        }),
+        tools: vec!["echo".into(), "fail".into(), "sleep".into()],
+        ..Default::default()
+    };
+    let api = fleet.api(0).await?;
+    let job = run_job(&api, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    assert_eq!(claude.refusals(), Vec::<String>::new());
+
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 5);
+    let tools = |request: &Value| -> Vec<String> {
+        let mut names: Vec<String> = request["tools"]
+            .as_array()
+            .expect("tools")
+            .iter()
+            .map(|tool| tool["name"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let line = "The tool fail is unavailable for now (2 of its last 2 calls failed); \
+                do not call it.";
+    let system = |request: &Value| request["system"].to_string();
+    let all = ["echo", "fail", "sleep"];
+    assert_eq!(tools(&requests[0]), all);
+    assert!(!system(&requests[0]).contains("unavailable"));
+    for left_out in &requests[1..3] {
+        assert_eq!(tools(left_out), ["echo", "sleep"]);
+        assert!(
+            system(left_out).contains("Be brief."),
+            "{}",
+            system(left_out)
+        );
+        assert!(system(left_out).contains(line), "{}", system(left_out));
+    }
+    for offered in &requests[3..] {
+        assert_eq!(tools(offered), all, "after the cool-down");
+        assert!(!system(offered).contains("unavailable"));
+    }
+    // What the providers' prompt caches key on first (Anthropic: tools,
+    // then system): it changes exactly at the two moves, when the tool is
+    // left out and when it is back, and is stable in between.
+    let prefix = |request: &Value| (request["tools"].to_string(), system(request));
+    let changed: Vec<bool> = requests
+        .windows(2)
+        .map(|pair| prefix(&pair[0]) != prefix(&pair[1]))
+        .collect();
+    assert_eq!(changed, [true, false, true, false]);
+
+    let answers = attempts_and_outputs(&job);
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert_eq!(answers[0].0, 1);
+    assert_eq!(answers[1].0, 1);
+    let (attempts, refused) = &answers[2];
+    assert_eq!(*attempts, 0, "refused before any attempt");
+    let (code, message) = refusal(refused);
+    assert_eq!(code, "TOOL_UNAVAILABLE");
+    assert!(
+        message.contains("2 of its last 2 calls failed"),
+        "{message}"
+    );
+    assert_eq!(answers[4].0, 1);
+    assert_eq!(answers[4].1["ok"], true, "the probe ran: {:?}", answers[4]);
+
+    let mut redis = fleet.redis.connection().await?;
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("tf:breaker:fail")
+        .query_async(&mut redis)
+        .await?;
+    assert!(!exists, "the probe's success closed the breaker");
+
+    let unavailable: Vec<Value> = events(&api, &job.job_id)
+        .await?
+        .into_iter()
+        .filter_map(|(kind, data)| (kind == "tool_unavailable").then_some(data))
+        .collect();
+    let reason = "2 of its last 2 calls failed";
+    assert_eq!(
+        unavailable,
+        [
+            json!({"tool": "fail", "reason": reason}),
+            json!({"tool": "fail", "reason": reason, "call_id": "toolu_3"}),
+            json!({"tool": "fail", "reason": reason}),
+        ]
+    );
+    Ok(())
+}
+
+/// The fleet's `/metrics` text, or nothing while it does not answer.
+async fn scrape(address: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut stream) = tokio::net::TcpStream::connect(address).await else {
+        return String::new();
+    };
+    let request = format!("GET /metrics HTTP/1.0\r\nHost: {address}\r\n\r\n");
+    let mut response = String::new();
+    if stream.write_all(request.as_bytes()).await.is_err()
+        || stream.read_to_string(&mut response).await.is_err()
+    {
+        return String::new();
+    }
+    response
+}
+
+/// Two failed calls of `fail` open its breaker for ten minutes: ListTools
+/// says so (with since when) beside `echo`'s closed one, the gauge and
+/// the transitions counter count it, and a later job's call of `fail` (a
+/// scripted model, which does not read its tool list) is refused before
+/// any attempt, its refusal in the job's events.
+#[tokio::test]
+async fn an_open_breaker_is_listed_counted_and_refuses_other_jobs() -> anyhow::Result<()> {
+    let metrics = toolfleet_tests::free_loopback_address()?;
+    let fleet = fleet_with(&[
+        ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+        ("TOOLFLEET_BREAKER__COOL_DOWN", "10m"),
+        ("TOOLFLEET_METRICS__LISTEN", metrics.as_str()),
+    ])
+    .await?;
+    fleet.wait_for_tools(0, &["fail"], 1).await?;
+    let api = fleet.api(0).await?;
+    let fail = json!({"name": "fail", "arguments": {"mode": "terminal"}});
+    let script = json!([{"tool_calls": [fail, fail]}, {"message": "done"}]);
+    let before = toolfleet_service::clock::now_ms();
+    let first = run_job(&api, scripted_job("fail twice", &script)).await?;
+    assert!(
+        attempts_and_outputs(&first).iter().all(|(n, _)| *n == 1),
+        "{first:?}"
+    );
+
+    let listed = api
+        .clone()
+        .list_tools(v1::ListToolsRequest::default())
+        .await?
+        .into_inner()
+        .tools;
+    let breaker = |name: &str| {
+        let tool = listed.iter().find(|t| t.name == name).expect("listed");
+        (tool.breaker.clone(), tool.breaker_since_ms)
+    };
+    let (state, since) = breaker("fail");
+    assert_eq!(state, "open");
+    assert!(since.is_some_and(|ms| ms >= before), "{since:?}");
+    assert_eq!(breaker("echo"), ("closed".to_owned(), None));
+
+    let second = run_job(&api, scripted_job("fail again", &script)).await?;
+    let answers = attempts_and_outputs(&second);
+    assert_eq!(answers.len(), 2);
+    for (attempts, envelope) in &answers {
+        assert_eq!(*attempts, 0, "{envelope}");
+        assert_eq!(refusal(envelope).0, "TOOL_UNAVAILABLE");
+    }
+    let refused: Vec<Value> = events(&api, &second.job_id)
+        .await?
+        .into_iter()
+        .filter_map(|(kind, data)| (kind == "tool_unavailable").then_some(data))
+        .collect();
+    // Each turn left `fail` out, and each call was refused.
+    let calls: Vec<&Value> = refused
+        .iter()
+        .filter(|e| e["call_id"].is_string())
+        .collect();
+    assert_eq!(calls.len(), 2, "one per call refused: {refused:?}");
+    assert_eq!(refused.len(), 4, "and one per turn: {refused:?}");
+    assert!(refused.iter().all(|e| e["tool"] == "fail"));
+
+    let gauge = "toolfleet_tool_breaker_open{tool=\"fail\"} 1";
+    let opened = "toolfleet_tool_breaker_transitions_total{tool=\"fail\",to=\"open\"} 1";
+    wait_until(
+        "the breaker's gauge and counter",
+        Duration::from_secs(15),
+        || {
+            let metrics = metrics.clone();
+            async move {
+                let text = scrape(&metrics).await;
+                (text.contains(gauge) && text.contains(opened)).then_some(())
+            }
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A job whose only tool's breaker opens is still offered it (a
+/// conversation with tool calls and no tools is one Anthropic refuses),
+/// with the line in its instructions; its call is refused as any other.
+#[tokio::test]
+async fn a_job_whose_every_tool_is_open_keeps_its_list_and_is_told() -> anyhow::Result<()> {
+    use toolfleet_tests::messages::{MessagesServer, Reply};
+    let claude = MessagesServer::start("sk-ant-test").await?;
+    let fails = |id: &str| json!({"type": "tool_use", "id": id, "name": "fail", "input": {"mode": "terminal"}});
+    claude.push(Reply::message(
+        json!([fails("toolu_1"), fails("toolu_2")]),
+        "tool_use",
+    ));
+    claude.push(Reply::message(json!([fails("toolu_3")]), "tool_use"));
+    claude.push(Reply::message(
+        json!([{"type": "text", "text": "done"}]),
+        "end_turn",
+    ));
+    let base_url = claude.base_url();
+    let fleet = fleet_with(&[
+        ("TOOLFLEET_ANTHROPIC__API_KEY", "sk-ant-test"),
+        ("TOOLFLEET_ANTHROPIC__BASE_URL", base_url.as_str()),
+        ("TOOLFLEET_BREAKER__MIN_CALLS", "2"),
+        ("TOOLFLEET_BREAKER__COOL_DOWN", "10m"),
+    ])
+    .await?;
+    fleet.wait_for_tools(0, &["fail"], 1).await?;
+    let request = v1::SubmitJobRequest {
+        input: "Fail.".into(),
+        model: Some(v1::ModelSpec {
+            provider: "anthropic-messages".into(),
+            name: "claude-test".into(),
+            max_tokens: 300,
+            ..Default::default()
+        }),
+        tools: vec!["fail".into()],
+        ..Default::default()
+    };
+    let job = run_job(&fleet.api(0).await?, request).await?;
+    assert_eq!(job.status, v1::JobStatus::Succeeded as i32, "{job:?}");
+    let requests = claude.requests();
+    assert_eq!(requests.len(), 3);
+    for request in &requests[1..] {
+        assert_eq!(request["tools"][0]["name"], "fail", "still listed");
+        let system = request["system"].to_string();
+        assert!(
+            system.contains("The tool fail is unavailable for now"),
+            "{system}"
+        );
+    }
+    let (attempts, refused) = &attempts_and_outputs(&job)[2];
+    assert_eq!((*attempts, refusal(refused).0), (0, "TOOL_UNAVAILABLE"));
     Ok(())
 }

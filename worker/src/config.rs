@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use toolfleet_proto::manifest::BreakerOverride;
 use toolfleet_proto::{Effects, ToolManifest};
 pub use toolfleet_service::config::{
     ConfigError, LogFormat, LogOptions, MetricsOptions, NatsOptions, RedisOptions,
@@ -141,6 +142,14 @@ pub struct RuntimeOptions {
     /// manifest says none).
     #[serde(deserialize_with = "costs")]
     pub tool_cost: BTreeMap<String, u64>,
+    /// Per-tool circuit breaker settings over each tool's own, e.g.
+    /// `[runtime.tool_breaker.fetch_page]` `min_calls = 5`,
+    /// `cool_down_ms = 60000` (`enabled`, `window_ms`, `min_calls`,
+    /// `failure_ratio`, `cool_down_ms`; docs/protection.md), each within the
+    /// orchestrator's bounds; the announced manifest carries them. Default:
+    /// none (each tool's own, else the orchestrator's `[breaker]`).
+    #[serde(deserialize_with = "breakers")]
+    pub tool_breaker: BTreeMap<String, BreakerOverride>,
     /// Largest accepted arguments text, in bytes. Default: 262144 (256 KiB).
     pub max_argument_bytes: usize,
     /// Largest tool output (`data` JSON), in bytes; a larger one becomes a
@@ -167,6 +176,9 @@ impl RuntimeOptions {
         }
         if let Some(cost) = self.tool_cost.get(&manifest.name) {
             manifest = manifest.with_cost(*cost);
+        }
+        if let Some(breaker) = self.tool_breaker.get(&manifest.name) {
+            manifest = manifest.with_breaker(*breaker);
         }
         manifest
     }
@@ -196,6 +208,20 @@ fn costs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<BTreeMap<String, u64>
             .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
     }
     Ok(costs)
+}
+/// `runtime.tool_breaker`: each tool's within the bounds of
+/// [`BreakerOverride::check`].
+fn breakers<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, BreakerOverride>, D::Error> {
+    use serde::de::Error;
+    let breakers = BTreeMap::<String, BreakerOverride>::deserialize(d)?;
+    for (tool, breaker) in &breakers {
+        breaker
+            .check()
+            .map_err(|why| D::Error::custom(format!("{tool}: {why}")))?;
+    }
+    Ok(breakers)
 }
 
 /// `runtime.tool_cache_ttl`: each tool's within the bounds of
@@ -235,6 +261,7 @@ impl Default for RuntimeOptions {
             tool_shape_above_bytes: BTreeMap::new(),
             tool_cache_ttl: BTreeMap::new(),
             tool_cost: BTreeMap::new(),
+            tool_breaker: BTreeMap::new(),
             max_argument_bytes: 256 * 1024,
             max_output_bytes: 1024 * 1024,
         }
@@ -447,7 +474,7 @@ mod tests {
             &file,
             "[runtime.tool_timeouts]\necho = \"2s\"\n[runtime.tool_effects]\necho = \"idempotent\"\n\
              [runtime.tool_shape_above_bytes]\necho = 4096\n[runtime.tool_cache_ttl]\necho = \"90s\"\n\
-             [runtime.tool_cost]\necho = 7\n",
+             [runtime.tool_cost]\necho = 7\n[runtime.tool_breaker.echo]\nmin_calls = 5\n",
         )
         .unwrap();
         let options = WorkerOptions::load(Some(&file), json!({})).unwrap();
@@ -458,6 +485,8 @@ mod tests {
         assert_eq!(configured.shape_above_bytes, Some(4096));
         assert_eq!(configured.cache_ttl_ms, Some(90_000));
         assert_eq!(configured.cost_units(), 7);
+        let breaker = configured.breaker.expect("the tool's breaker");
+        assert_eq!((breaker.min_calls, breaker.window_ms), (Some(5), None));
         let other = options.runtime.configured(ToolManifest {
             name: "other".into(),
             ..echo
@@ -491,6 +520,21 @@ mod tests {
             let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
             let refused = refused.to_string();
             assert!(refused.contains("tool_cost"), "{refused}");
+            assert!(refused.contains(why), "{refused}");
+        }
+        for (breaker, why) in [
+            (
+                "failure_ratio = 0.0",
+                "echo: failure_ratio: 0 is not above 0",
+            ),
+            ("cool_down_ms = 0", "echo: cool_down_ms: 0 ms"),
+            ("open = true", "unknown field"),
+        ] {
+            let text = format!("[runtime.tool_breaker.echo]\n{breaker}\n");
+            std::fs::write(&file, text).unwrap();
+            let refused = WorkerOptions::load(Some(&file), json!({})).unwrap_err();
+            let refused = refused.to_string();
+            assert!(refused.contains("tool_breaker"), "{refused}");
             assert!(refused.contains(why), "{refused}");
         }
     }

@@ -31,7 +31,7 @@ class Event:
     job_id: str
     offset: int
     # job_queued, job_started, model_turn, tool_call_dispatched,
-    # tool_call_progress, tool_call_result, job_succeeded, job_failed,
+    # tool_call_progress, tool_unavailable, tool_call_result, job_succeeded, job_failed,
     # job_cancelled, ... (docs/api.md, "Events"); and model_output_delta,
     # a streamed job's answer as it is written, not stored
     kind: str
@@ -262,7 +262,9 @@ class Client:
         with the fleet's details (`pools`, `calls_waiting`,
         `workers_unavailable`, `mcp_server`) and, with
         `include_unavailable`, the tools no live worker can run now
-        (`available` false); others get those fields empty."""
+        (`available` false); others get those fields empty. Everyone gets
+        each tool's circuit breaker (`breaker`: "closed", "open" or
+        "half_open", and `breaker_since_ms`)."""
         request = pb.ListToolsRequest(include_unavailable=include_unavailable)
         return self._stub.ListTools(request, timeout=self._timeout, metadata=self._metadata).tools
 

@@ -3,7 +3,8 @@
 //! operator or a reader, the API also tells the fleet's details (decision
 //! 0052): the pools serving each tool, its calls waiting, the workers that
 //! cannot run it, the tools no live worker can run now, and the MCP servers
-//! the tools come from, each up or down.
+//! the tools come from, each up or down. Everyone sees a tool's circuit
+//! breaker when it is open or half-open.
 
 use std::collections::BTreeMap;
 
@@ -31,6 +32,9 @@ struct Shown {
     /// Its calls waiting, or `unknown`.
     waiting: String,
     mcp_server: String,
+    /// What its circuit breaker says, when it is not closed: why the
+    /// models are not offered it; empty otherwise.
+    breaker: String,
     effects: String,
     approval: String,
     timeout: String,
@@ -96,12 +100,22 @@ fn shown(tool: &v1::Tool) -> Shown {
             .calls_waiting
             .map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
         mcp_server: tool.mcp_server.clone(),
+        breaker: breaker_note(&tool.breaker).to_owned(),
         effects: tool.effects.clone(),
         approval: tool.approval.clone(),
         timeout: format!("{} s", tool.timeout_ms as f64 / 1000.0),
         attempts: tool.max_attempts,
         strict: tool.strict,
         parameters: pretty(&tool.parameters),
+    }
+}
+
+/// What the page says of a tool's circuit breaker (docs/protection.md).
+fn breaker_note(state: &str) -> &'static str {
+    match state {
+        "open" => "breaker open: too many of its recent calls failed; no job is offered it for now",
+        "half_open" => "breaker half-open: one call probes whether it recovered",
+        _ => "",
     }
 }
 
@@ -161,5 +175,14 @@ mod tests {
                 server("web", &["web__add"], false),
             ]
         );
+    }
+
+    #[test]
+    fn a_breaker_is_said_only_when_it_is_not_closed() {
+        for state in ["", "closed", "shut"] {
+            assert_eq!(breaker_note(state), "", "{state}");
+        }
+        assert!(breaker_note("open").starts_with("breaker open: "));
+        assert!(breaker_note("half_open").starts_with("breaker half-open: "));
     }
 }

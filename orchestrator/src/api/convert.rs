@@ -246,7 +246,12 @@ fn to_item(item: &Item) -> Option<v1::Item> {
 /// A live tool as `ListTools` shows it.
 /// `listed` as `ListTools` tells it; with the fleet's details only when
 /// `fleet` (decision 0052).
-pub(super) fn to_tool(listed: &FleetTool, fleet: bool) -> v1::Tool {
+/// `breaker` is its breaker's state, if it has one (`crate::breaker`).
+pub(super) fn to_tool(
+    listed: &FleetTool,
+    fleet: bool,
+    breaker: Option<&crate::breaker::State>,
+) -> v1::Tool {
     let (tool, manifest) = (&listed.tool, &listed.tool.manifest);
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     let details = fleet.then_some(listed);
@@ -268,6 +273,8 @@ pub(super) fn to_tool(listed: &FleetTool, fleet: bool) -> v1::Tool {
         mcp_server: details.map(|d| d.mcp_server.clone()).unwrap_or_default(),
         available: listed.available,
         contract_hash: manifest.contract_hash(),
+        breaker: breaker.map(|b| b.name().to_owned()).unwrap_or_default(),
+        breaker_since_ms: breaker.and_then(crate::breaker::State::since_ms),
     }
 }
 
@@ -381,7 +388,7 @@ mod tests {
             calls_waiting: Some(7),
             mcp_server: "crm".into(),
         };
-        let watcher = to_tool(&listed, true);
+        let watcher = to_tool(&listed, true, None);
         assert_eq!(watcher.pools, ["mcp"]);
         assert_eq!(
             (
@@ -393,7 +400,17 @@ mod tests {
         );
         assert_eq!(watcher.mcp_server, "crm");
         assert!(watcher.available);
-        let agent = to_tool(&listed, false);
+        let open = crate::breaker::State::from_field("open:1700000000000:1700000030000:6:10");
+        let agent = to_tool(&listed, false, Some(&open));
+        // The breaker is every tenant's business: its calls are refused.
+        assert_eq!(
+            (agent.breaker.as_str(), agent.breaker_since_ms),
+            ("open", Some(1_700_000_000_000))
+        );
+        assert_eq!(
+            (watcher.breaker.as_str(), watcher.breaker_since_ms),
+            ("", None)
+        );
         assert!(agent.pools.is_empty() && agent.mcp_server.is_empty());
         assert_eq!(
             (

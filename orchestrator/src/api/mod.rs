@@ -33,7 +33,7 @@ use crate::live::Live;
 use crate::model::Providers;
 use crate::publish;
 use crate::quota::TenantLimits;
-use crate::registry::RegistryHandle;
+use crate::registry::{FleetTool, RegistryHandle};
 use crate::store::{self, Approvals, Idempotency, JobCounts, JobIndex, JobStore, Page};
 use convert::{client_trace, fingerprint, not_admitted, not_found, to_counts, to_job, to_tool};
 use follow::{Follower, WATCH_BATCH, Watch};
@@ -56,6 +56,8 @@ pub(crate) struct AgentApi {
     /// Asked before a submission is stored.
     pub(crate) limits: TenantLimits,
     pub(crate) options: ApiOptions,
+    /// Which tools have circuit breakers, to show ListTools their state.
+    pub(crate) breaker: crate::breaker::BreakerOptions,
     /// Cancelled when the replica starts to drain: open watches end then.
     pub(crate) stopping: CancellationToken,
 }
@@ -72,6 +74,30 @@ struct Submitted {
 }
 
 impl AgentApi {
+    /// The states of the breakers of the `listed` tools that have one; none
+    /// when Redis cannot be read (ListTools still answers: the breakers are
+    /// a detail of the list).
+    async fn breakers(
+        &self,
+        listed: &[FleetTool],
+    ) -> std::collections::HashMap<String, crate::breaker::State> {
+        let guarded: Vec<&str> = listed
+            .iter()
+            .filter(|l| {
+                let own = l.tool.manifest.breaker.as_ref();
+                self.breaker.for_tool(own).enabled
+            })
+            .map(|l| l.tool.manifest.name.as_str())
+            .collect();
+        if guarded.is_empty() {
+            return std::collections::HashMap::new();
+        }
+        self.store.breakers(&guarded).await.unwrap_or_else(|err| {
+            warn!(error = %err, "could not read the tools' breakers for ListTools");
+            std::collections::HashMap::new()
+        })
+    }
+
     fn rules(&self) -> Rules<'_> {
         let has = |provider| self.providers.has_api_key(&provider) == Some(true);
         Rules {
@@ -517,12 +543,16 @@ impl AgentService for AgentApi {
         let caller = caller_for(&request, Rpc::ListTools)?;
         let fleet = caller.roles.see_the_fleet();
         let include_unavailable = fleet && request.get_ref().include_unavailable;
-        let tools = self
+        let listed: Vec<_> = self
             .registry
             .fleet_tools(include_unavailable)
-            .iter()
+            .into_iter()
             .filter(|listed| caller.may_use(&listed.tool.manifest.name))
-            .map(|listed| to_tool(listed, fleet))
+            .collect();
+        let breakers = self.breakers(&listed).await;
+        let tools = listed
+            .iter()
+            .map(|listed| to_tool(listed, fleet, breakers.get(&listed.tool.manifest.name)))
             .collect();
         Ok(Response::new(v1::ListToolsResponse { tools }))
     }

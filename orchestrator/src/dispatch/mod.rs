@@ -15,12 +15,16 @@
 //! - `attempt`: one call through its attempts: publish, wait, retry;
 //! - `retry`: the verdict after each attempt, a pure function;
 //! - `unknown`: an outcome no worker could tell, held for an operator's
-//!   verdict when the job asks.
+//!   verdict when the job asks;
+//! - `breaker`: the tools' circuit breakers: the calls they refuse before
+//!   a first attempt, the tools a turn leaves out, what a settled call
+//!   teaches them.
 //!
 //! Each call holds a slot in its tenant's calls in flight from before its
 //! first attempt until it settles ([`crate::quota`]).
 
 mod attempt;
+mod breaker;
 mod progress;
 mod results;
 mod retry;
@@ -41,11 +45,14 @@ use toolfleet_proto::{Envelope, ErrorCode, EventId, RetryPolicy, WireId, check_a
 use toolfleet_service::clock::millis;
 
 use attempt::{Driven, Notice, forward_results};
+pub(crate) use breaker::{Refused, Told, instructions};
+
 use results::{GroupCommit, Settled};
 
 use toolfleet_service::traces::StepSpan;
 
 use crate::approval::{self, ApprovalOptions, Rule};
+use crate::breaker::BreakerOptions;
 use crate::budget::{self, Limit};
 use crate::hold::{self, AnsweredBy, Fate, HeldFor, Hold};
 use crate::job::{FullResult, JobId, JobRef, JobSpec, JobTrace, Lease, ProviderKind};
@@ -334,6 +341,8 @@ pub(crate) struct Dispatcher {
     pub(crate) tool_content: spans::ToolContent,
     /// What the model is shown of large results (`shaping`).
     pub(crate) results: ResultOptions,
+    /// When a tool's breaker opens and for how long (`breaker`).
+    pub(crate) breaker: BreakerOptions,
 }
 
 /// Whether a call may be published ([`Dispatcher::admit`]).
@@ -485,9 +494,17 @@ impl Dispatcher {
         mut approvals: Option<Approvals>,
     ) -> Result<RoundEnd, RoundError> {
         let (lease, spec) = (run.lease, job.spec);
+        let refused = self.refused(lease, calls, attempts, offered).await;
         let mut placed = Vec::with_capacity(calls.len());
         for (index, call) in calls.iter().enumerate() {
-            let place = self.place(run, job, (index, call), attempts, offered, &mut approvals);
+            let place = self.place(
+                run,
+                job,
+                (index, call),
+                (attempts, &refused),
+                offered,
+                &mut approvals,
+            );
             placed.push(place.await?);
         }
         let results = GroupCommit::new(self.options.result_linger);
@@ -593,7 +610,7 @@ impl Dispatcher {
         run: RunRef<'_>,
         job: JobRef<'_>,
         (index, call): (usize, &'c PlannedCall),
-        attempts: &Attempts,
+        (attempts, refused): (&Attempts, &Refused),
         offered: &HashMap<String, LiveTool>,
         approvals: &mut Option<Approvals>,
     ) -> Result<Placed<'c>, RoundError> {
@@ -605,7 +622,7 @@ impl Dispatcher {
                 .map_or_else(|| call.clone(), |approvals| as_approved(call, approvals));
             return Ok(Placed::Run(Ready::new(call, policy, cost)));
         }
-        let placed = match self.admit(spec, index, call, offered) {
+        let placed = match self.admit(spec, (index, call), offered, refused) {
             Admission::Publish(policy) => Placed::Run(Ready::new(call.clone(), policy, cost)),
             Admission::LookUp(policy, entry) => self.look_up(call, policy, cost, entry).await?,
             Admission::Refuse(envelope) => Placed::Answer(envelope, Origin::Stored),
@@ -778,16 +795,18 @@ impl Dispatcher {
     /// Whether the `index`-th call of a turn may be published, and then its
     /// retry policy; whether it needs a person's approval first; else the
     /// envelope that answers it: the orchestrator's own checks (see
-    /// [`check`](Self::check)) and the job's calls-per-turn limit. A call
-    /// that fails the checks is answered at once, without asking anyone. A runner asks before it records a fresh round's first
-    /// attempts with the turn; the round asks again for any call it finds
-    /// unrecorded.
+    /// [`check`](Self::check)), the job's calls-per-turn limit and the
+    /// tool's breaker (`refused`, [`gate_calls`](Self::gate_calls)). A call
+    /// that fails the checks is answered at once, without asking anyone; a
+    /// call its breaker refused is never held nor answered from the cache.
+    /// A runner asks before it records a fresh round's first attempts with
+    /// the turn; the round asks again for any call it finds unrecorded.
     pub(crate) fn admit(
         &self,
         spec: &JobSpec,
-        index: usize,
-        call: &PlannedCall,
+        (index, call): (usize, &PlannedCall),
         offered: &HashMap<String, LiveTool>,
+        refused: &Refused,
     ) -> Admission {
         if index >= spec.limits.max_calls_per_turn as usize {
             return Admission::Refuse(Envelope::terminal(
@@ -807,6 +826,9 @@ impl Dispatcher {
         match self.check(spec, call, offered) {
             Err(envelope) => Admission::Refuse(envelope),
             Ok(tool) => {
+                if let Some(envelope) = refused.envelope(call) {
+                    return Admission::Refuse(envelope);
+                }
                 let manifest = &tool.manifest;
                 let policy = manifest.retry_policy(self.options.default_retry_policy());
                 // Approval first: a held call is never answered from the cache.
@@ -925,6 +947,8 @@ impl Dispatcher {
             Origin::Budget(limit) => limit,
             _ => None,
         };
+        // Only a call that ran tells its tool's breaker anything.
+        let ran = outcome.attempts > 0 && matches!(origin, Origin::Reply(_) | Origin::Stored);
         let unchecked = match origin {
             Origin::Reply(text) => Some(text),
             _ => None,
@@ -951,6 +975,10 @@ impl Dispatcher {
             .await?;
         commit.end();
         crate::metrics::tool_call_settled(&outcome.name, envelope);
+        if ran {
+            let call = (outcome.name.as_str(), &outcome.wire_id);
+            self.learn(&lease.job_id, call, envelope).await;
+        }
         Ok(())
     }
 }

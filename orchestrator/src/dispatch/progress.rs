@@ -68,7 +68,7 @@ impl Dispatcher {
             progress: report.progress,
             total: report.total,
         };
-        if let Err(err) = self.store.record_progress(round.lease, event).await {
+        if let Err(err) = self.store.record_events(round.lease, vec![event]).await {
             debug!(call_id = %call.wire_id, error = %err, "a progress report was not recorded");
         }
     }

@@ -41,6 +41,7 @@
 //! - `catalog`: the manifests of tools once offered;
 //! - `cache`: the tenants' result caches, an entry per cached call;
 //! - `budget`: the tenants' period budgets, counters per minute and hour;
+//! - `breaker`: each tool's circuit breaker, shared by every replica;
 //! - `approvals`: held calls and people's decisions, as stored;
 //! - `decide`: a person's decision, written once, and its job queued again;
 //! - `park`: parking a job, and waking it when its first held call expires;
@@ -56,6 +57,7 @@
 
 mod approvals;
 mod attempts;
+mod breaker;
 mod budget;
 mod cache;
 mod cancel;

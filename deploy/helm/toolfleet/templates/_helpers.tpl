@@ -586,9 +586,10 @@ user default off
 {{- end }}
 
 # The orchestrators: every job key, the tenants' indexes, quotas, period budgets
-# (tf:budget:{<tenant>}) and result caches (tf:cache:{<tenant>}:*), the submission keys; the call ledgers read-only (a result is only ever
+# (tf:budget:{<tenant>}) and result caches (tf:cache:{<tenant>}:*), the submission keys, the
+# tools' circuit breakers (tf:breaker:<tool>); the call ledgers read-only (a result is only ever
 # written by the pool that ran the call).
-user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:{*}:approvals ~tf:{*}:shaped ~tf:unfinished:* ~tf:parked:* ~tf:approvals:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* ~tf:cache:* ~tf:budget:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
+user orchestrator on #{{ get $hashes "orchestrator" }} resetchannels ~tf:{*}:job ~tf:{*}:items ~tf:{*}:events ~tf:{*}:attempts ~tf:{*}:tools ~tf:{*}:lease ~tf:{*}:approvals ~tf:{*}:shaped ~tf:unfinished:* ~tf:parked:* ~tf:approvals:* ~tf:catalog ~tf:jobs:* ~tf:active:* ~tf:calls:* ~tf:rate:* ~tf:idem:* ~tf:cache:* ~tf:budget:* ~tf:breaker:* %R~tf:{*}:tool:* -@all +@read +@write +@scripting +@connection +@transaction +time -@dangerous -keys -scan -randomkey -function -script|flush -script|kill +cluster|slots
 {{- range .pools }}
 {{- $user := printf "pool-%s" .name }}
 

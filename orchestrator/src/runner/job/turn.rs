@@ -12,7 +12,7 @@ use toolfleet_service::traces::StepSpan;
 
 use super::deltas::TurnDeltas;
 use super::{JobRun, LastTurn, Progress, StopSignal, Stopped, model_failure};
-use crate::dispatch::{Admission, PlannedCall};
+use crate::dispatch::{Admission, PlannedCall, Told, instructions};
 use crate::job::{
     Ending, JobErrorCode, JobRef, JobSpec, ToolManifest, TurnCheckpoint, WireIds, now_ms,
 };
@@ -59,12 +59,17 @@ impl JobRun<'_> {
         let number = progress.turns + 1;
         let mut span = spans::turn(trace, number, spec);
         let (tools, new_offers) = self.tools_for_turn(spec, &progress.offered);
+        let (tools, instructions) = self.without_unavailable(spec, tools, progress).await;
         // A streamed job's turn is published as it is written.
         let deltas = spec.stream.then(|| {
             let live = self.runner.live.clone();
             TurnDeltas::start(live, &self.lease.job_id, progress.turns, self.lease.epoch)
         });
-        let asked = ask_model(&of, &tools, progress, stop, &mut span, deltas.as_ref()).await;
+        let offer = Offer {
+            tools: &tools,
+            instructions: &instructions,
+        };
+        let asked = ask_model(&of, offer, progress, stop, &mut span, deltas.as_ref()).await;
         if let Some(deltas) = deltas {
             deltas.finish().await;
         }
@@ -169,23 +174,30 @@ impl JobRun<'_> {
     }
 
     /// The calls of the turn just played that dispatch will publish, with
-    /// what each attempt costs: those it admits now, within the job's
-    /// budget (which they take), are recorded with the turn.
+    /// what each attempt costs: those it admits now, their tools' breakers
+    /// asked first, within the budgets (which they take), are recorded with
+    /// the turn.
     async fn admitted_calls(
         &self,
         of: &TurnOf<'_>,
         progress: &Progress,
     ) -> Result<Vec<(PlannedCall, u64)>, Stopped> {
         let dispatcher = &self.runner.dispatcher;
-        let publish = step::pending_calls(&progress.items, of.wire_ids)
-            .into_iter()
-            .enumerate()
-            .filter(|(index, call)| {
-                matches!(
-                    dispatcher.admit(of.job.spec, *index, call, &progress.offered),
-                    Admission::Publish(_)
-                )
-            });
+        let pending = step::pending_calls(&progress.items, of.wire_ids);
+        let refused = dispatcher
+            .gate_calls(
+                &self.lease.job_id,
+                &pending,
+                &Attempts::default(),
+                &progress.offered,
+            )
+            .await;
+        let publish = pending.into_iter().enumerate().filter(|(index, call)| {
+            matches!(
+                dispatcher.admit(of.job.spec, (*index, call), &progress.offered, &refused),
+                Admission::Publish(_)
+            )
+        });
         let mut admitted = Vec::new();
         for (_, call) in publish {
             let cost = dispatcher.cost_of(&call.name, &progress.offered);
@@ -195,6 +207,50 @@ impl JobRun<'_> {
             }
         }
         Ok(admitted)
+    }
+
+    /// `tools` without those whose breakers keep them out of the turn, and
+    /// the job's instructions with a line for each of those; each is told
+    /// in a `tool_unavailable` event. A tool left out keeps its place in the
+    /// job's offered tools: only this turn's list shrinks, and never to
+    /// nothing (then every tool stays listed, and the lines alone tell).
+    async fn without_unavailable(
+        &self,
+        spec: &JobSpec,
+        tools: Vec<LiveTool>,
+        progress: &Progress,
+    ) -> (Vec<LiveTool>, String) {
+        let dispatcher = &self.runner.dispatcher;
+        let names: Vec<&str> = tools.iter().map(|t| t.manifest.name.as_str()).collect();
+        let left_out = dispatcher.left_out(&names, &progress.offered).await;
+        if left_out.is_empty() {
+            return (tools, spec.instructions.clone());
+        }
+        let told = left_out
+            .iter()
+            .map(|(tool, why)| Told {
+                tool: tool.clone(),
+                why: *why,
+                call_id: None,
+            })
+            .collect();
+        dispatcher.tell_unavailable(&self.lease, told).await;
+        let instructions = instructions(&spec.instructions, &left_out);
+        // Never down to no tool at all: a provider may refuse a conversation
+        // that holds tool calls and declares no tools (Anthropic does). The
+        // line still tells the model, and a call is still refused.
+        if tools
+            .iter()
+            .all(|t| left_out.contains_key(&t.manifest.name))
+            && !progress.shaped
+        {
+            return (tools, instructions);
+        }
+        let tools = tools
+            .into_iter()
+            .filter(|t| !left_out.contains_key(&t.manifest.name))
+            .collect();
+        (tools, instructions)
     }
 
     /// The tools the job may use in its next turn: the live ones, and those
@@ -237,6 +293,14 @@ impl JobRun<'_> {
     }
 }
 
+/// What a turn offers the model: its tools and its instructions (the
+/// job's, with a line for each tool its breaker left out).
+#[derive(Clone, Copy)]
+struct Offer<'a> {
+    tools: &'a [LiveTool],
+    instructions: &'a str,
+}
+
 /// A turn the model played that did not end the job, to checkpoint.
 struct Played<'a> {
     number: u32,
@@ -255,14 +319,14 @@ struct Played<'a> {
 /// until a stop; records the turn's metrics and its span's attributes.
 async fn ask_model(
     of: &TurnOf<'_>,
-    tools: &[LiveTool],
+    offer: Offer<'_>,
     progress: &Progress,
     stop: &StopSignal,
     span: &mut StepSpan,
     deltas: Option<&TurnDeltas>,
 ) -> Asked {
     let spec = of.job.spec;
-    let mut specs: Vec<ToolSpec> = tools.iter().map(tool_spec).collect();
+    let mut specs: Vec<ToolSpec> = offer.tools.iter().map(tool_spec).collect();
     if progress.shaped {
         specs.push(read::tool_spec());
     }
@@ -273,7 +337,7 @@ async fn ask_model(
     };
     let request = TurnRequest {
         model: &spec.model,
-        instructions: &spec.instructions,
+        instructions: offer.instructions,
         items: &progress.items,
         tools: &specs,
         parallel_tool_calls: spec.parallel_tool_calls,

@@ -49,19 +49,20 @@ impl JobStore {
         self.commit(lease, commit).await
     }
 
-    /// Records a running call's progress: its `tool_call_progress` event,
-    /// alone in a commit (advisory: the caller bounds how often).
+    /// Records advisory events alone in a commit: a running call's
+    /// `tool_call_progress` (the caller bounds how often), or a turn's or a
+    /// round's `tool_unavailable`s.
     ///
     /// # Errors
     ///
     /// [`Error::LeaseLost`] when another runner took the job; [`Error::Redis`].
-    pub(crate) async fn record_progress(
+    pub(crate) async fn record_events(
         &self,
         lease: &Lease,
-        event: JobEvent,
+        events: Vec<JobEvent>,
     ) -> Result<(), Error> {
         let commit = Commit {
-            events: vec![event],
+            events,
             ..Commit::default()
         };
         self.commit(lease, commit).await
