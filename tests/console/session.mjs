@@ -24,6 +24,9 @@ run(async ({ browser, input, tab, shoot }) => {
   await page.keyboard.press('Tab');
   report.first_tab = await focused(page);
   await page.keyboard.press('Enter');
+  // Following a fragment link is asynchronous: a loaded machine reads the
+  // URL before it changes. A link that goes nowhere still fails below.
+  await page.waitForFunction(() => location.hash !== '', { timeout: 5000 }).catch(() => {});
   report.after_skip = { hash: new URL(page.url()).hash };
   await page.keyboard.press('Tab');
   report.tab_after_skip = await focused(page);

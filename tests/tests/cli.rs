@@ -721,7 +721,9 @@ async fn trace_draws_a_job_as_a_waterfall_with_its_retries_and_slowest_step() ->
     let lines: Vec<&str> = trace.stdout.lines().collect();
     assert!(
         lines[0].starts_with(&format!("job {}: succeeded in ", job.job_id))
-            && lines[0].ends_with("2 turns, 2 calls, 1 retry"),
+            && lines[0].ends_with(
+                "2 turns, 2 calls, 1 retry; spent 0 model tokens, 3 tool cost units, 2 tool calls"
+            ),
         "{}",
         trace.stdout
     );
