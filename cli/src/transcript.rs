@@ -106,28 +106,7 @@ fn event_summary(event: &JobEvent) -> String {
         JobEvent::JobStarted { epoch, owner } | JobEvent::JobResumed { epoch, owner } => {
             format!("by {owner} (lease epoch {epoch})")
         }
-        JobEvent::ModelTurn {
-            text,
-            tool_calls,
-            turn,
-            ..
-        } => {
-            let calls: Vec<String> = tool_calls
-                .iter()
-                .map(|call| format!("{} [{}]", call.name, call.call_id))
-                .collect();
-            let mut summary = format!("turn {turn}:");
-            if !text.is_empty() {
-                let _ = write!(summary, " says {}", quote(text, QUOTE_CHARS));
-                if !calls.is_empty() {
-                    summary.push(';');
-                }
-            }
-            if !calls.is_empty() {
-                let _ = write!(summary, " calls {}", calls.join(", "));
-            }
-            summary
-        }
+        JobEvent::ModelTurn { .. } => turn_summary(event),
         JobEvent::ToolCallDispatched {
             attempt,
             call_id,
@@ -182,6 +161,35 @@ fn event_summary(event: &JobEvent) -> String {
         ),
         JobEvent::JobCancelled { code, spent } => code.to_string() + &spent_summary(*spent),
     }
+}
+
+/// A `model_turn` event on one line (any other event: nothing): what the
+/// model said and the calls it made.
+fn turn_summary(event: &JobEvent) -> String {
+    let JobEvent::ModelTurn {
+        text,
+        tool_calls,
+        turn,
+        ..
+    } = event
+    else {
+        return String::new();
+    };
+    let calls: Vec<String> = tool_calls
+        .iter()
+        .map(|call| format!("{} [{}]", call.name, call.call_id))
+        .collect();
+    let mut summary = format!("turn {turn}:");
+    if !text.is_empty() {
+        let _ = write!(summary, " says {}", quote(text, QUOTE_CHARS));
+        if !calls.is_empty() {
+            summary.push(';');
+        }
+    }
+    if !calls.is_empty() {
+        let _ = write!(summary, " calls {}", calls.join(", "));
+    }
+    summary
 }
 
 /// What a job spent, as its final event's summary ends: `; spent ...`.

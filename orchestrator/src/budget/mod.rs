@@ -10,7 +10,7 @@
 //! | `max_tool_calls` | each call a worker runs, once however many attempts | before its first attempt | the call is answered `BUDGET_EXCEEDED` unrun; never over |
 //! | `max_cost_units` | each attempt's tool `cost` (default 1) | before every attempt | that attempt is not made: `BUDGET_EXCEEDED`; never over |
 //!
-//! A run keeps the job's spend in a [`JobBudget`], shared by the calls of a
+//! A run keeps the job's spend in a `JobBudget`, shared by the calls of a
 //! round; the commits that record a turn or an attempt add to the job's
 //! stored spend in Redis, so a resumed run starts from what was spent.
 //! Once a call is refused, every later one is too and the job gets no more
