@@ -328,6 +328,19 @@ pub fn call(job: &str, call_id: &str, tool: &str, arguments: &str) -> ToolCall {
     }
 }
 
+/// `message` with `token` as its bearer token: a request of the tenant
+/// the tokens file gives it.
+///
+/// # Panics
+///
+/// If `token` is not ASCII.
+pub fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    let value = format!("Bearer {token}").parse().expect("ascii");
+    request.metadata_mut().insert("authorization", value);
+    request
+}
+
 /// A job request for the scripted model playing `script`.
 pub fn scripted_job(input: &str, script: &serde_json::Value) -> v1::SubmitJobRequest {
     v1::SubmitJobRequest {

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 use toolfleet_proto::v1;
 use toolfleet_tests::fleet::{
-    ApiClient, FAST_REDELIVERY, Fleet, call_results, events, scripted_job, test_fleet,
+    ApiClient, FAST_REDELIVERY, Fleet, as_tenant, call_results, events, scripted_job, test_fleet,
     wait_finished,
 };
 use toolfleet_tests::{run_toolfleet, wait_until};
@@ -737,14 +737,6 @@ async fn held_job(
 async fn who_am_i(api: &mut ApiClient, token: &str) -> anyhow::Result<v1::WhoAmIResponse> {
     let request = as_tenant(token, v1::WhoAmIRequest {});
     Ok(api.who_am_i(request).await?.into_inner())
-}
-
-/// `message` with `token` as its bearer token.
-fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    let value = format!("Bearer {token}").parse().expect("ascii");
-    request.metadata_mut().insert("authorization", value);
-    request
 }
 
 /// Another tenant (`other`) neither sees the held call of `job_id` nor

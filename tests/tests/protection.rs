@@ -21,7 +21,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolfleet_proto::v1::{self, item::Kind};
 use toolfleet_tests::fleet::{
-    ApiClient, Fleet, events, run_job, scripted_job, test_fleet, wait_finished,
+    ApiClient, Fleet, as_tenant, events, run_job, scripted_job, test_fleet, wait_finished,
 };
 use toolfleet_tests::wait_until;
 
@@ -703,14 +703,6 @@ async fn a_looping_model_is_stopped_by_each_budget_of_its_job() -> anyhow::Resul
     assert_eq!(free.status, v1::JobStatus::Succeeded as i32, "{free:?}");
     assert_eq!(spent(&free), (1100, 60, 20));
     Ok(())
-}
-
-/// `message` with `token` as its bearer token.
-fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    let value = format!("Bearer {token}").parse().expect("ascii");
-    request.metadata_mut().insert("authorization", value);
-    request
 }
 
 /// Runs `job` as the tenant of `token` on `api` to its end.

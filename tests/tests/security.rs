@@ -11,7 +11,7 @@ use toolfleet_orchestrator::auth::token_sha256;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{JobId, v1};
 use toolfleet_tests::certificates::{CLIENT_DNS_NAME, CLIENT_SPIFFE_ID, Certificates};
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet};
+use toolfleet_tests::fleet::{ApiClient, Fleet, as_tenant, scripted_job, test_fleet};
 use toolfleet_tests::{cargo_bin, wait_until};
 
 const SEARCH: &str = "tok-search-3f9a";
@@ -27,14 +27,6 @@ fn tokens_file(dir: &Path, extra: &str) -> std::path::PathBuf {
     );
     std::fs::write(&path, text).expect("the tokens file is written");
     path
-}
-
-/// `message` with `token` as its bearer token.
-fn as_tenant<T>(token: &str, message: T) -> Request<T> {
-    let mut request = Request::new(message);
-    let value = format!("Bearer {token}").parse().expect("ascii");
-    request.metadata_mut().insert("authorization", value);
-    request
 }
 
 /// Waits until the orchestrator has reloaded its tokens file and accepts
