@@ -21,7 +21,6 @@ use tracing::debug;
 
 use crate::budget::tenant::{TenantBudget, TenantExceeded};
 use crate::job::now_ms;
-use crate::spend::TenantMeter;
 use crate::store::{self, JobStore};
 
 /// A tenant's limits (from its entry in the tokens file, else the
@@ -252,11 +251,10 @@ impl TenantLimits {
         }
         // A tenant whose jobs spent a period budget: a new job could do
         // nothing before the window has room again.
-        if !quotas.budget.is_empty() {
-            let meter = TenantMeter::new(tenant, quotas.budget, self.store.clone());
-            if let Err(over) = meter.before_turn().await? {
-                return Err(AdmitError::Refused(Refusal::Budget(over)));
-            }
+        if !quotas.budget.is_empty()
+            && let Err(over) = crate::spend::admits(&self.store, tenant, quotas.budget).await?
+        {
+            return Err(AdmitError::Refused(Refusal::Budget(over)));
         }
         Ok(())
     }

@@ -13,6 +13,32 @@ use crate::budget::{JobBudget, Limit, Over, Spend};
 use crate::job::{Ending, JobErrorCode, Usage};
 use crate::store::{self, JobStore};
 
+/// Whether `tenant`'s period `budget` has room for a new job: every kind
+/// below its limits, nothing added.
+///
+/// # Errors
+///
+/// [`store::Error`] when Redis failed.
+pub(crate) async fn admits(
+    store: &JobStore,
+    tenant: &str,
+    budget: TenantBudget,
+) -> Result<Result<(), TenantExceeded>, store::Error> {
+    let entries = Kind::ALL.map(|kind| {
+        let (hour, day) = budget.limits(kind);
+        Entry {
+            hour,
+            day,
+            check: true,
+            ..Entry::default()
+        }
+    });
+    Ok(store
+        .spend_tenant(tenant, &entries)
+        .await?
+        .map_or(Ok(()), Err))
+}
+
 /// How a job over a budget ends: failed, `BUDGET_EXCEEDED`, naming it.
 pub(crate) fn ending(over: &Over) -> Ending {
     Ending::failed(JobErrorCode::BudgetExceeded, over.reason())

@@ -127,15 +127,20 @@ impl TenantBudget {
         *self == Self::default()
     }
 
-    /// `kind`'s limits per hour and per day, in its counter's unit (job
-    /// time in milliseconds).
-    pub(crate) fn limits(&self, kind: Kind) -> (Option<u64>, Option<u64>) {
-        let (hour, day) = match kind {
+    /// `kind`'s keys per hour and per day, as the tokens file gives them.
+    fn keys(&self, kind: Kind) -> (Option<u64>, Option<u64>) {
+        match kind {
             Kind::Tokens => (self.tokens_per_hour, self.tokens_per_day),
             Kind::CostUnits => (self.cost_units_per_hour, self.cost_units_per_day),
             Kind::ToolCalls => (self.tool_calls_per_hour, self.tool_calls_per_day),
             Kind::JobTime => (self.job_seconds_per_hour, self.job_seconds_per_day),
-        };
+        }
+    }
+
+    /// `kind`'s limits per hour and per day, in its counter's unit (job
+    /// time in milliseconds).
+    pub(crate) fn limits(&self, kind: Kind) -> (Option<u64>, Option<u64>) {
+        let (hour, day) = self.keys(kind);
         let unit = if kind == Kind::JobTime { 1000 } else { 1 };
         (
             hour.map(|n| n.saturating_mul(unit)),
@@ -147,12 +152,7 @@ impl TenantBudget {
     /// may spend nothing has no use for a token) or above [`MAX_BUDGET`].
     pub(crate) fn problem(&self) -> Option<String> {
         Kind::ALL.into_iter().find_map(|kind| {
-            let (hour, day) = match kind {
-                Kind::Tokens => (self.tokens_per_hour, self.tokens_per_day),
-                Kind::CostUnits => (self.cost_units_per_hour, self.cost_units_per_day),
-                Kind::ToolCalls => (self.tool_calls_per_hour, self.tool_calls_per_day),
-                Kind::JobTime => (self.job_seconds_per_hour, self.job_seconds_per_day),
-            };
+            let (hour, day) = self.keys(kind);
             [(Window::Hour, hour), (Window::Day, day)]
                 .into_iter()
                 .find_map(|(window, limit)| {
