@@ -19,7 +19,8 @@
 //!   `publish`: every publish to JetStream, through a stream leader's
 //!   election.
 //! - [`setup`]: `toolfleet-orchestrator setup`, the one privileged step that
-//!   makes every JetStream object of the fleet.
+//!   makes every JetStream object of the fleet; [`credentials`]:
+//!   `toolfleet-orchestrator credentials`, a new pool's passwords and hashes.
 //! - [`job`]: the job as every module shares it: spec, conversation items,
 //!   record, lease, ending, ids and the clock.
 //! - [`store`]: jobs, items, events and leases in Redis, written in verbs;
@@ -45,6 +46,7 @@ pub(crate) mod backlog;
 pub mod breaker;
 pub mod budget;
 pub mod config;
+pub mod credentials;
 pub(crate) mod dispatch;
 #[cfg(fuzzing)]
 #[doc(hidden)]

@@ -62,6 +62,22 @@ enum Command {
         #[arg(long)]
         live: bool,
     },
+    /// Print what GitOps needs to add a worker pool to a release whose
+    /// passwords you manage (`credentials.existingSecret`): the pool's two
+    /// new random passwords, as keys of that Secret (seal them; never commit
+    /// them plain), and their hashes, as the chart's
+    /// `credentials.passwordHashes` values (docs/deploy.md, "Adding a
+    /// pool"). Reads no configuration and touches nothing. Exit 2 on a pool
+    /// name the chart refuses.
+    Credentials {
+        /// The new pool's name, as in the chart's `pools` (1 to 32 lowercase
+        /// letters, digits and -).
+        #[arg(long)]
+        pool: String,
+        /// The Secret that `credentials.existingSecret` names.
+        #[arg(long, default_value = "toolfleet-credentials")]
+        secret: String,
+    },
 }
 
 fn main() -> ExitCode {
@@ -71,6 +87,9 @@ fn main() -> ExitCode {
         listen,
         instance_id,
     } = Flags::parse();
+    if let Some(Command::Credentials { pool, secret }) = &command {
+        return print_credentials(pool, secret);
+    }
     let tools = match &command {
         Some(Command::Setup { tools }) => Some(tools).filter(|t| !t.is_empty()),
         _ => None,
@@ -102,6 +121,24 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// `credentials`: a new pool's passwords and their hashes, on stdout.
+fn print_credentials(pool: &str, secret: &str) -> ExitCode {
+    if let Err(why) = toolfleet_orchestrator::credentials::check_secret_name(secret) {
+        eprintln!("toolfleet-orchestrator credentials: --secret: {why}");
+        return ExitCode::from(2);
+    }
+    match toolfleet_orchestrator::credentials::PoolCredentials::generate(pool) {
+        Ok(made) => {
+            println!("{}", made.render(secret));
+            ExitCode::SUCCESS
+        }
+        Err(why) => {
+            eprintln!("toolfleet-orchestrator credentials: --pool: {why}");
+            ExitCode::from(2)
+        }
+    }
 }
 
 async fn serve(options: OrchestratorOptions, process: Process) -> anyhow::Result<()> {

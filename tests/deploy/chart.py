@@ -13,6 +13,8 @@ binary, through the Helm v4 SDK (helm-python-sdk):
   name mounted, the workers serve exactly their pool's tools and the setup
   creates consumers for exactly those, and every probe is a subcommand of
   the container's binary;
+- `toolfleet-orchestrator credentials --pool` prints what adds a pool to a
+  release whose passwords GitOps keeps, and the chart carries its hashes;
 - the NATS users and Redis ACL users it generates for the default pools are
   deploy/nats and deploy/redis's files (which tests/tests/permissions.rs
   loads into real servers), and adding a pool adds exactly its user with
@@ -21,6 +23,7 @@ binary, through the Helm v4 SDK (helm-python-sdk):
 Usage: chart.py CHART_DIR BIN_DIR NATS_URL
 """
 
+import hashlib
 import json
 import os
 import re
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 
+import bcrypt
 import helm_python
 import kubernetes_validate
 import yaml
@@ -720,6 +724,45 @@ def nats_placeholders(conf: str) -> str:
                   lambda m: f"{m[1]}$TOOLFLEET_NATS_{m[2].upper().replace('-', '_')}_PASSWORD_BCRYPT", conf)
 
 
+def check_new_pool_credentials(chart, defaults: dict, bin_dir: str) -> list[str]:
+    """`toolfleet-orchestrator credentials --pool maps` prints the Secret's
+    keys and the values that add the pool maps to a release whose passwords
+    GitOps keeps: the hashes are of the passwords, and with the pool added
+    the chart's users files carry exactly them. A name the chart would
+    refuse is refused (exit 2)."""
+    command = [os.path.join(bin_dir, "toolfleet-orchestrator"), "credentials"]
+    done = subprocess.run([*command, "--pool", "maps", "--secret", "fleet-passwords"],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        return [f"credentials: exit {done.returncode}: {done.stderr}"]
+    failures = []
+    secret, values = yaml.safe_load_all(done.stdout)
+    passwords = secret["stringData"]
+    if (secret["kind"], secret["metadata"]["name"], sorted(passwords)) != \
+            ("Secret", "fleet-passwords", ["nats-pool-maps", "redis-pool-maps"]):
+        failures.append(f"credentials: the Secret printed is {secret}")
+    hashes = values["credentials"]["passwordHashes"]
+    nats_hash, redis_hash = hashes["nats"]["pool-maps"], hashes["redis"]["pool-maps"]
+    if not bcrypt.checkpw(passwords["nats-pool-maps"].encode(), nats_hash.encode()):
+        failures.append("credentials: the NATS hash is not of the NATS password")
+    if hashlib.sha256(passwords["redis-pool-maps"].encode()).hexdigest() != redis_hash:
+        failures.append("credentials: the Redis hash is not of the Redis password")
+    # Every other Redis user has a hash of its own (else no Redis file).
+    others = {user: "0" * 64 for user in ["orchestrator", *(f"pool-{p['name']}" for p in defaults["pools"])]}
+    added = {"credentials": {"existingSecret": values["credentials"]["existingSecret"],
+                             "passwordHashes": {"nats": hashes["nats"], "redis": {**others, **hashes["redis"]}}},
+             "pools": [*defaults["pools"], pool("maps", ["geocode"])]}
+    nats, redis = users_files(manifests(chart.render(added, name="tf", namespace="toolfleet", is_install=True)))
+    if not re.search(r'user: pool-maps\n\s+password: "' + re.escape(nats_hash) + '"', nats):
+        failures.append("credentials: the NATS users file does not carry the pool's hash")
+    if f"\nuser pool-maps on #{redis_hash} " not in redis:
+        failures.append("credentials: the Redis users file does not carry the pool's hash")
+    refused = subprocess.run([*command, "--pool", "Maps"], capture_output=True, text=True, timeout=60)
+    if refused.returncode != 2 or "is not a pool name of the chart" not in refused.stderr or refused.stdout:
+        failures.append(f"credentials --pool Maps: exit {refused.returncode}, {refused.stderr!r}")
+    return failures
+
+
 def check_users(chart, defaults: dict) -> list[str]:
     """The default pools' users are deploy/'s files; one more pool adds
     exactly its own users, allowed exactly its tools."""
@@ -826,6 +869,7 @@ def main() -> int:
     failures.extend(f"lint: {error}" for error in lint["errors"])
     chart = helm_python.Chart.load(chart_dir)
     failures.extend(check_users(chart, defaults))
+    failures.extend(check_new_pool_credentials(chart, defaults, bin_dir))
     failures.extend(check_setup_job(chart, defaults))
     failures.extend(check_release_chart())
     validated = 0
