@@ -317,6 +317,10 @@ REFUSED = {
     "a Redis seed list with another scheme": {"redis": {"url": "redis://a:6379,http://b:6379"}},
     "a seed list with a blank": {"nats": {"url": "nats://a:4222, nats://b:4222"}},
     "no pool": {"pools": []},
+    "a rollout that can neither surge nor stop a pod": {"worker": {"drainSeconds": 20, "metricsPort": 9090, "rollout": {
+        "maxSurge": 0, "maxUnavailable": "0%", "minReadySeconds": 10}}},
+    "a rollout key the chart does not know": {"orchestrator": {"rollout": {
+        "maxSurge": 1, "maxUnavailable": 0, "minReadySeconds": 10, "partition": 1}}},
     "a pool image that is not an image reference": {"pools": [pool("p", ["calculate"], image="orders worker")]},
     "a plain-text Redis URL scheme typo": {"redis": {"url": "redis:/oops"}},
     "a negative count of Redis replicas to wait for": {"redis": {"waitReplicas": -1}},
@@ -641,6 +645,28 @@ def check_release_chart() -> list[str]:
     return failures
 
 
+def check_rollouts(docs: list[dict], values: dict) -> list[str]:
+    """Every Deployment of the orchestrators and the pools rolls as its
+    values say: one new pod at a time by default, never one ready pod
+    fewer, each new one ready for a while before the next old one stops."""
+    failures = []
+    for doc in docs:
+        if doc["kind"] != "Deployment":
+            continue
+        component = doc["metadata"]["labels"].get("app.kubernetes.io/component")
+        own = {"orchestrator": values["orchestrator"], "worker": values["worker"]}.get(component)
+        if own is None:
+            continue
+        rollout = own["rollout"]
+        expected = ({"type": "RollingUpdate", "rollingUpdate": {"maxSurge": rollout["maxSurge"],
+                                                                 "maxUnavailable": rollout["maxUnavailable"]}},
+                    rollout["minReadySeconds"])
+        found = (doc["spec"].get("strategy"), doc["spec"].get("minReadySeconds"))
+        if found != expected:
+            failures.append(f"{doc['metadata']['name']} rolls out as {found}, not {expected}")
+    return failures
+
+
 def check_names(docs: list[dict]) -> list[str]:
     """Every object's name is a DNS label (a Service's must be; a pod's
     hostname comes from its Deployment's), and unique within its kind."""
@@ -882,6 +908,7 @@ def main() -> int:
         rendered = chart.render(values, name=release, namespace="toolfleet", is_install=True)
         docs = manifests(rendered)
         failures.extend(f"{label}: {f}" for f in check_names(docs))
+        failures.extend(f"{label}: {f}" for f in check_rollouts(docs, coalesce(defaults, values or {})))
         failures.extend(f"{label}: {f}" for f in check_network_policies(docs, release))
         for kind, count in KINDS[label].items():
             found = sum(1 for doc in docs if doc["kind"] == kind)
