@@ -221,19 +221,26 @@ impl JobBudget {
     /// The tokens a turn counts: its usage, input and output; without one,
     /// the job's `max_tokens` per turn, else what is left of the token
     /// budget (so that a provider that says nothing cannot overspend it).
+    /// A provider's usage counts at most [`MAX_BUDGET`] a turn: a server
+    /// that reports absurd numbers cannot wrap the job's counters around.
     pub(crate) fn turn_tokens(&self, usage: Option<Usage>, max_tokens: Option<u32>) -> u64 {
-        match (usage, max_tokens) {
+        let tokens = match (usage, max_tokens) {
             (Some(usage), _) => usage.input_tokens.saturating_add(usage.output_tokens),
             (None, Some(max)) => u64::from(max),
             (None, None) => self.budget.max_tokens.map_or(0, |max| {
                 max.saturating_sub(self.tokens.load(Ordering::Relaxed))
             }),
-        }
+        };
+        tokens.min(MAX_BUDGET)
     }
 
     /// Adds a played turn's `tokens`.
     pub(crate) fn add_tokens(&self, tokens: u64) {
-        self.tokens.fetch_add(tokens, Ordering::Relaxed);
+        let _ = self
+            .tokens
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |spent| {
+                Some(spent.saturating_add(tokens))
+            });
     }
 
     /// Takes a call's first attempt, which costs `cost`: one tool call and
@@ -415,6 +422,12 @@ mod tests {
         };
         assert_eq!(job.turn_tokens(Some(usage), Some(7)), 120, "usage wins");
         assert_eq!(job.turn_tokens(None, Some(7)), 7, "else max_tokens");
+        let absurd = Usage {
+            input_tokens: u64::MAX,
+            output_tokens: u64::MAX,
+            ..Usage::default()
+        };
+        assert_eq!(job.turn_tokens(Some(absurd), None), MAX_BUDGET, "bounded");
         job.add_tokens(200);
         assert_eq!(
             job.turn_tokens(None, None),
