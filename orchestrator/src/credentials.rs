@@ -39,21 +39,12 @@ pub struct PoolCredentials {
 /// Not 1 to 32 lowercase letters, digits and `-`, starting and ending with
 /// a letter or digit (the chart's schema).
 pub fn check_pool_name(name: &str) -> Result<(), String> {
-    let bytes = name.as_bytes();
-    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let ok = (1..=MAX_POOL_NAME).contains(&bytes.len())
-        && bytes.iter().all(|b| inner(b) || *b == b'-')
-        && bytes.first().is_some_and(inner)
-        && bytes.last().is_some_and(inner);
-    if ok {
-        Ok(())
-    } else {
-        Err(format!(
-            "{:?} is not a pool name of the chart: 1 to {MAX_POOL_NAME} lowercase letters, \
-             digits and -, starting and ending with a letter or a digit",
-            name.chars().take(64).collect::<String>()
-        ))
-    }
+    checked_name(name, MAX_POOL_NAME, b"-").map_err(|name| {
+        format!(
+            "{name:?} is not a pool name of the chart: 1 to {MAX_POOL_NAME} lowercase letters, \
+             digits and -, starting and ending with a letter or a digit"
+        )
+    })
 }
 
 /// Why `name` cannot be a Secret's (a DNS subdomain, as Kubernetes says),
@@ -64,20 +55,28 @@ pub fn check_pool_name(name: &str) -> Result<(), String> {
 /// Not 1 to 253 lowercase letters, digits, `-` and `.`, starting and
 /// ending with a letter or digit.
 pub fn check_secret_name(name: &str) -> Result<(), String> {
+    checked_name(name, 253, b"-.").map_err(|name| {
+        format!(
+            "{name:?} is not a Secret's name: 1 to 253 lowercase letters, digits, - and ., \
+             starting and ending with a letter or a digit"
+        )
+    })
+}
+
+/// `Ok` when `name` is 1 to `max` lowercase letters, digits and `inside`
+/// bytes, starting and ending with a letter or digit, as Kubernetes names
+/// are; else its first 64 characters, to quote.
+fn checked_name(name: &str, max: usize, inside: &[u8]) -> Result<(), String> {
     let bytes = name.as_bytes();
-    let inner = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let ok = (1..=253).contains(&bytes.len())
-        && bytes.iter().all(|b| inner(b) || matches!(b, b'-' | b'.'))
-        && bytes.first().is_some_and(inner)
-        && bytes.last().is_some_and(inner);
+    let edge = |b: &u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let ok = (1..=max).contains(&bytes.len())
+        && bytes.iter().all(|b| edge(b) || inside.contains(b))
+        && bytes.first().is_some_and(edge)
+        && bytes.last().is_some_and(edge);
     if ok {
         Ok(())
     } else {
-        Err(format!(
-            "{:?} is not a Secret's name: 1 to 253 lowercase letters, digits, - and ., \
-             starting and ending with a letter or a digit",
-            name.chars().take(64).collect::<String>()
-        ))
+        Err(name.chars().take(64).collect())
     }
 }
 

@@ -24,19 +24,27 @@ pub(crate) async fn admits(
     tenant: &str,
     budget: TenantBudget,
 ) -> Result<Result<(), TenantExceeded>, store::Error> {
-    let entries = Kind::ALL.map(|kind| {
-        let (hour, day) = budget.limits(kind);
-        Entry {
-            hour,
-            day,
-            check: true,
-            ..Entry::default()
-        }
-    });
+    let entries = entries(budget, |_| (0, 0), true);
     Ok(store
         .spend_tenant(tenant, &entries)
         .await?
         .map_or(Ok(()), Err))
+}
+
+/// A request to the tenant's counters: each kind's `(add, take)` from
+/// `amounts`, within `budget`'s limits, checked when `check`.
+fn entries(budget: TenantBudget, amounts: impl Fn(Kind) -> (u64, u64), check: bool) -> [Entry; 4] {
+    Kind::ALL.map(|kind| {
+        let (add, take) = amounts(kind);
+        let (hour, day) = budget.limits(kind);
+        Entry {
+            add,
+            take,
+            hour,
+            day,
+            check,
+        }
+    })
 }
 
 /// How a job over a budget ends: failed, `BUDGET_EXCEEDED`, naming it.
@@ -256,22 +264,16 @@ impl TenantMeter {
             return Ok(Ok(()));
         }
         let (tokens, job_ms) = self.unsaid();
-        let entries = Kind::ALL.map(|kind| {
-            let (add, take) = match kind {
+        let entries = entries(
+            self.budget,
+            |kind| match kind {
                 Kind::Tokens => (tokens, 0),
                 Kind::CostUnits => (0, cost),
                 Kind::ToolCalls => (0, calls),
                 Kind::JobTime => (job_ms, 0),
-            };
-            let (hour, day) = self.budget.limits(kind);
-            Entry {
-                add,
-                take,
-                hour,
-                day,
-                check,
-            }
-        });
+            },
+            check,
+        );
         let answer = self.store.spend_tenant(&self.tenant, &entries).await;
         if answer.is_err() {
             // Not counted: said again with the next check.
