@@ -47,12 +47,16 @@ const CATALOG_BACKLOG: usize = 64;
 /// serve it.
 #[derive(Clone)]
 pub(crate) struct LiveTool {
-    /// The newest manifest announced. Shared: every turn and call reads
-    /// the registry, and a manifest (with its schema) is too big to copy
-    /// each time.
+    /// The manifest of the version offered to new turns (see
+    /// [`Entry::offered`]). Shared: every turn and call reads the registry,
+    /// and a manifest (with its schema) is too big to copy each time.
     pub manifest: Arc<ToolManifest>,
     /// The manifest's schema, compiled once.
     pub validator: Arc<jsonschema::Validator>,
+    /// The manifest's [`contract_hash`](ToolManifest::contract_hash): its
+    /// version, to which the calls of a turn that offered it are pinned
+    /// (decision 0058). Computed once.
+    pub contract: Arc<str>,
     /// Workers with a fresh heartbeat: 0 for a tool whose calls wait in its
     /// queue for a worker, or one known only because a job was offered it.
     pub workers: usize,
@@ -64,6 +68,7 @@ impl LiveTool {
     pub(crate) fn known(manifest: ToolManifest) -> Option<Self> {
         match jsonschema::validator_for(&manifest.parameters) {
             Ok(validator) => Some(Self {
+                contract: manifest.contract_hash().into(),
                 manifest: Arc::new(manifest),
                 validator: Arc::new(validator),
                 workers: 0,
@@ -133,6 +138,11 @@ pub(crate) enum QueueRead {
 struct Announced {
     /// When it arrived, on this process's clock.
     arrived: Instant,
+    /// When this worker first announced this version: a newer worker's
+    /// version wins a tie ([`Entry::offered`]).
+    since: Instant,
+    /// The contract hash of the manifest it announced: its version.
+    version: Arc<str>,
     /// Whether the worker said it can run the tool.
     available: bool,
     /// Its pool; empty when it said none.
@@ -141,9 +151,21 @@ struct Announced {
     mcp_server: String,
 }
 
+/// One version of a tool: its newest manifest, its schema compiled once.
+struct Version {
+    manifest: Arc<ToolManifest>,
+    validator: Arc<jsonschema::Validator>,
+}
+
 #[derive(Default)]
 struct Entry {
-    manifest: Option<(Arc<ToolManifest>, Arc<jsonschema::Validator>)>,
+    /// Every version a worker of the tool announces, and the one learned
+    /// last: contract hash -> its newest manifest.
+    versions: HashMap<Arc<str>, Version>,
+    /// The version learned last: the one a worker announced when it first
+    /// came (a new worker, or one that changed its manifest), or the
+    /// catalog's. Offered when no live worker can say.
+    newest: Option<Arc<str>>,
     /// worker id -> its latest announcement of the tool
     workers: HashMap<String, Announced>,
     /// Its queue (durable consumer) exists: a worker announced the tool, or
@@ -159,6 +181,105 @@ impl Entry {
         self.workers
             .values()
             .filter(move |seen| seen.arrived.elapsed() < ttl)
+    }
+
+    /// The version new turns are offered: the one the most live workers
+    /// that can run it announce (a rolling upgrade moves over when half its
+    /// workers have), the newest worker's on a tie; with none, the version
+    /// learned last.
+    fn offered(&self, ttl: Duration) -> Option<(&Arc<str>, &Version)> {
+        let mut counts: HashMap<&Arc<str>, (usize, Instant)> = HashMap::new();
+        for seen in self.live(ttl).filter(|seen| seen.available) {
+            let count = counts.entry(&seen.version).or_insert((0, seen.since));
+            *count = (count.0 + 1, count.1.max(seen.since));
+        }
+        let chosen = counts
+            .into_iter()
+            .max_by(|(a, x), (b, y)| x.cmp(y).then_with(|| a.cmp(b)))
+            .map(|(version, _)| version)
+            .or(self.newest.as_ref())?;
+        self.versions.get_key_value(chosen)
+    }
+
+    /// Learns `manifest` as the newest of its version `contract`; returns
+    /// it when it is new to this entry (for the catalog). `Err` when its
+    /// schema does not compile (logged).
+    fn learn(
+        &mut self,
+        contract: &Arc<str>,
+        manifest: ToolManifest,
+    ) -> Result<Option<ToolManifest>, ()> {
+        if self
+            .versions
+            .get(contract)
+            .is_some_and(|known| *known.manifest == manifest)
+        {
+            return Ok(None);
+        }
+        let validator = jsonschema::validator_for(&manifest.parameters).map_err(|err| {
+            warn!(tool = %manifest.name, error = %err, "ignoring a tool whose schema does not compile");
+        })?;
+        let version = Version {
+            manifest: Arc::new(manifest.clone()),
+            validator: Arc::new(validator),
+        };
+        self.versions.insert(contract.clone(), version);
+        Ok(Some(manifest))
+    }
+
+    /// Records `worker`'s announcement (checked); returns its manifest
+    /// when that is new to this entry (for the catalog).
+    fn announce(&mut self, worker: &str, announcement: WorkerAnnouncement) -> Option<ToolManifest> {
+        let earlier = self.workers.get(worker);
+        // A heartbeat repeats its manifest: its hash is not computed again.
+        let contract: Arc<str> = match earlier {
+            Some(seen)
+                if self
+                    .versions
+                    .get(&seen.version)
+                    .is_some_and(|known| *known.manifest == announcement.manifest) =>
+            {
+                seen.version.clone()
+            }
+            _ => announcement.manifest.contract_hash().into(),
+        };
+        let since = earlier
+            .filter(|seen| seen.version == contract)
+            .map(|seen| seen.since);
+        let new = self.learn(&contract, announcement.manifest).ok()?;
+        let now = Instant::now();
+        if since.is_none() {
+            self.newest = Some(contract.clone());
+        }
+        let seen = Announced {
+            arrived: now,
+            since: since.unwrap_or(now),
+            version: contract,
+            available: announcement.available,
+            pool: announcement.pool,
+            mcp_server: announcement.mcp_server,
+        };
+        self.workers.insert(worker.to_owned(), seen);
+        self.forget_unannounced();
+        // A worker pulls from the tool's queue, so it exists (until
+        // the backlog poll sees otherwise).
+        self.queued = true;
+        new
+    }
+
+    /// Forgets the versions no worker announced and that were not learned
+    /// last: a pool that announces ever new schemas costs this registry
+    /// one version per worker, never more.
+    fn forget_unannounced(&mut self) {
+        let Self {
+            versions,
+            workers,
+            newest,
+            ..
+        } = self;
+        versions.retain(|version, _| {
+            newest.as_ref() == Some(version) || workers.values().any(|w| w.version == *version)
+        });
     }
 }
 
@@ -198,7 +319,7 @@ impl RegistryHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut names: Vec<_> = tools
             .iter()
-            .filter(|(_, entry)| entry.manifest.is_some())
+            .filter(|(_, entry)| !entry.versions.is_empty())
             .map(|(name, _)| name.clone())
             .collect();
         names.sort();
@@ -250,17 +371,18 @@ impl RegistryHandle {
         if standing(able, unable, entry.queued) != Standing::Offered {
             return None;
         }
-        let (manifest, validator) = entry.manifest.clone()?;
+        let (contract, version) = entry.offered(self.ttl)?;
         Some(LiveTool {
-            manifest,
-            validator,
+            manifest: version.manifest.clone(),
+            validator: version.validator.clone(),
+            contract: contract.clone(),
             workers: able,
         })
     }
 
     /// `entry` for those who watch the fleet; `None` when it is gone.
     fn fleet_tool(&self, entry: &Entry) -> Option<FleetTool> {
-        let (manifest, validator) = entry.manifest.clone()?;
+        let (contract, version) = entry.offered(self.ttl)?;
         let live: Vec<&Announced> = entry.live(self.ttl).collect();
         let able = live.iter().filter(|seen| seen.available).count();
         let unable = live.len() - able;
@@ -281,8 +403,9 @@ impl RegistryHandle {
         };
         Some(FleetTool {
             tool: LiveTool {
-                manifest,
-                validator,
+                manifest: version.manifest.clone(),
+                validator: version.validator.clone(),
+                contract: contract.clone(),
                 workers: able,
             },
             available,
@@ -298,16 +421,17 @@ impl RegistryHandle {
 
     /// Learns `manifest` from the catalog, unless an announcement came first.
     fn remember(&self, manifest: ToolManifest) {
-        let Some(known) = LiveTool::known(manifest) else {
-            return;
-        };
         let mut tools = self
             .tools
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let entry = tools.entry(known.manifest.name.clone()).or_default();
-        if entry.manifest.is_none() {
-            entry.manifest = Some((known.manifest, known.validator));
+        let entry = tools.entry(manifest.name.clone()).or_default();
+        if entry.newest.is_some() {
+            return;
+        }
+        let contract: Arc<str> = manifest.contract_hash().into();
+        if entry.learn(&contract, manifest).is_ok() {
+            entry.newest = Some(contract);
         }
     }
 
@@ -336,40 +460,15 @@ impl RegistryHandle {
                     );
                     return None;
                 }
-                let entry = tools.entry(tool.to_owned()).or_default();
-                let changed = entry
-                    .manifest
-                    .as_ref()
-                    .is_none_or(|(m, _)| **m != announcement.manifest);
-                let mut new = None;
-                if changed {
-                    match jsonschema::validator_for(&announcement.manifest.parameters) {
-                        Ok(validator) => {
-                            new = Some(announcement.manifest.clone());
-                            let manifest = Arc::new(announcement.manifest);
-                            entry.manifest = Some((manifest, Arc::new(validator)));
-                        }
-                        Err(err) => {
-                            warn!(tool, error = %err, "ignoring a tool whose schema does not compile");
-                            return None;
-                        }
-                    }
-                }
-                let seen = Announced {
-                    arrived: Instant::now(),
-                    available: announcement.available,
-                    pool: announcement.pool,
-                    mcp_server: announcement.mcp_server,
-                };
-                entry.workers.insert(worker.to_owned(), seen);
-                // A worker pulls from the tool's queue, so it exists (until
-                // the backlog poll sees otherwise).
-                entry.queued = true;
-                new
+                tools
+                    .entry(tool.to_owned())
+                    .or_default()
+                    .announce(worker, announcement)
             }
             kv::Operation::Delete | kv::Operation::Purge => {
                 if let Some(entry) = tools.get_mut(tool) {
                     entry.workers.remove(worker);
+                    entry.forget_unannounced();
                 }
                 None
             }
@@ -500,6 +599,90 @@ mod tests {
             tools: Arc::default(),
             ttl: Duration::from_secs(15),
         }
+    }
+
+    /// An announcement of `crm__find` by `worker`, whose schema has the
+    /// property `field`: each field is a version of the tool.
+    fn version(worker: &str, field: &str) -> Vec<u8> {
+        let mut announced: WorkerAnnouncement =
+            serde_json::from_slice(&announcement(worker, true)).unwrap();
+        announced.manifest.parameters =
+            serde_json::json!({"type": "object", "properties": {field: {"type": "string"}}});
+        serde_json::to_vec(&announced).unwrap()
+    }
+
+    #[test]
+    fn a_rolling_upgrade_offers_the_version_most_live_workers_announce() {
+        let registry = registry();
+        let key = |worker: &str| names::registry_key("crm__find", worker);
+        let put = |worker: &str, field: &str| {
+            registry
+                .apply(&key(worker), kv::Operation::Put, &version(worker, field))
+                .map(|manifest| manifest.contract_hash())
+        };
+        let delete = |worker: &str| registry.apply(&key(worker), kv::Operation::Delete, &[]);
+        let offered = || {
+            registry
+                .get("crm__find")
+                .map(|tool| tool.contract.to_string())
+        };
+        let (old, new) = (put("w1", "old").unwrap(), put("w3", "new").unwrap());
+        assert_ne!(old, new);
+        assert_eq!(put("w2", "old"), None, "a known version is not new");
+        assert_eq!(offered().as_deref(), Some(old.as_str()), "2 workers to 1");
+        assert_eq!(put("w4", "new"), None);
+        assert_eq!(
+            offered().as_deref(),
+            Some(new.as_str()),
+            "a tie: the newest worker's"
+        );
+        // Heartbeats of both versions change nothing, and keep nothing new
+        // for the catalog.
+        for worker in ["w1", "w2"] {
+            assert_eq!(put(worker, "old"), None);
+        }
+        assert_eq!(put("w3", "new"), None);
+        assert_eq!(offered().as_deref(), Some(new.as_str()));
+        assert_eq!(registry.get("crm__find").map(|tool| tool.workers), Some(4));
+        delete("w1");
+        delete("w2");
+        assert_eq!(offered().as_deref(), Some(new.as_str()));
+        // The old version is forgotten once no worker announces it.
+        let tools = registry.tools.read().unwrap();
+        assert_eq!(tools["crm__find"].versions.len(), 1);
+        drop(tools);
+        // All gone, its queue kept: the version learned last.
+        delete("w3");
+        delete("w4");
+        assert_eq!(offered().as_deref(), Some(new.as_str()));
+        // A rollback: the old version's workers come again, and win.
+        assert_eq!(put("w5", "old"), Some(old.clone()));
+        assert_eq!(offered().as_deref(), Some(old.as_str()));
+        // A worker whose manifest changes is that version's newest worker.
+        assert!(put("w5", "newer").is_some());
+        assert_ne!(offered().as_deref(), Some(old.as_str()));
+    }
+
+    #[test]
+    fn the_catalog_version_is_offered_until_a_worker_announces_one() {
+        let registry = registry();
+        let remembered: WorkerAnnouncement =
+            serde_json::from_slice(&version("w0", "remembered")).unwrap();
+        let remembered = remembered.manifest;
+        registry.remember(remembered.clone());
+        registry.read_queue("crm__find", QueueRead::Waiting(0));
+        let offered = || {
+            registry
+                .get("crm__find")
+                .map(|tool| tool.contract.to_string())
+        };
+        assert_eq!(offered(), Some(remembered.contract_hash()));
+        let key = names::registry_key("crm__find", "w1");
+        registry.apply(&key, kv::Operation::Put, &version("w1", "announced"));
+        assert_ne!(offered(), Some(remembered.contract_hash()));
+        // The catalog, read late, does not undo an announcement.
+        registry.remember(remembered.clone());
+        assert_ne!(offered(), Some(remembered.contract_hash()));
     }
 
     #[test]

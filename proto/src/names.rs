@@ -55,6 +55,12 @@ pub mod headers {
     /// (`call::is_valid_call_id`); absent otherwise. A tool gets it as `ToolContext::model_call_id`; the
     /// call's id in the fleet is [`CALL_ID`].
     pub const MODEL_CALL_ID: &str = "Toolfleet-Model-Call-Id";
+    /// The version of its tool a call is pinned to: the contract hash
+    /// (`ToolManifest::contract_hash`) of the manifest its model was shown.
+    /// A worker that serves another version hands the call back unclaimed
+    /// (decision 0058); a call without it (from an orchestrator that
+    /// predates pinning) runs on any worker of its tool.
+    pub const TOOL_VERSION: &str = "Toolfleet-Tool-Version";
     /// The tenant of a queued job (set by the orchestrator), so that a job
     /// whose state Redis lost is still reported to its owner.
     pub const TENANT: &str = "Toolfleet-Tenant";

@@ -20,6 +20,16 @@ pub const IN_FLIGHT: &str = "toolfleet_worker_in_flight";
 /// or the name of a field that is not one the orchestrator sends.
 pub const CALLS_REJECTED_TOTAL: &str = "toolfleet_worker_calls_rejected_total";
 
+/// Call messages handed back unclaimed, to be delivered again later, by
+/// `tool` and `reason`: `other_version` (the call is pinned to a version of
+/// its tool this worker does not run; decision 0058).
+pub const CALLS_HANDED_BACK_TOTAL: &str = "toolfleet_worker_calls_handed_back_total";
+
+pub(crate) fn call_handed_back(tool: &str, reason: &'static str) {
+    metrics::counter!(CALLS_HANDED_BACK_TOTAL, "tool" => tool.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
 pub(crate) fn call_rejected(reason: &'static str) {
     metrics::counter!(CALLS_REJECTED_TOTAL, "reason" => reason).increment(1);
 }

@@ -58,6 +58,9 @@ pub(crate) struct LoadedTool {
     pub(crate) manifest: ToolManifest,
     pub(crate) validator: jsonschema::Validator,
     pub(crate) timeout: Duration,
+    /// The manifest's contract hash: the version of the tool this worker
+    /// runs, computed once; calls pinned to another are handed back.
+    pub(crate) contract: String,
 }
 
 /// A manifest whose JSON Schema does not compile.
@@ -86,6 +89,7 @@ impl LoadedTool {
         let timeout = Duration::from_millis(manifest.timeout_ms.max(1));
         Ok(Self {
             tool,
+            contract: manifest.contract_hash(),
             manifest,
             validator,
             timeout,

@@ -462,8 +462,14 @@ impl Dispatcher {
         let trace_headers = spans::attempt_context(round.trace, &call.wire_id, attempt)
             .map(|context| traces::headers(&context))
             .unwrap_or_default();
+        let pinned = self
+            .shown(&call.name, round.offered)
+            .map(|tool| tool.contract);
         let headers = || {
             let mut headers = call_headers(&wire, &call.call_id, &msg_id);
+            if let Some(version) = &pinned {
+                headers.insert(headers::TOOL_VERSION, &**version);
+            }
             for (name, value) in &trace_headers {
                 headers.insert(*name, value.as_str());
             }

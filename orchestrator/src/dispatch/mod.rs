@@ -440,6 +440,9 @@ struct Round<'a> {
     stop: &'a CancellationToken,
     /// The job was cancelled by its client ([`RunRef::cancelled`]).
     cancelled: &'a CancellationToken,
+    /// The tools the job's model was shown: each call is pinned to the
+    /// version of its tool the model saw ([`Dispatcher::shown`]).
+    offered: &'a HashMap<String, LiveTool>,
 }
 
 impl Dispatcher {
@@ -536,6 +539,7 @@ impl Dispatcher {
                 results: &results,
                 stop: run.stop,
                 cancelled: run.cancelled,
+                offered,
             };
             let driven = self.dispatch(&round, &calls, attempts).await?;
             for ((index, ready), driven) in ready.iter().zip(driven) {
@@ -882,11 +886,7 @@ impl Dispatcher {
             ));
         }
         let allowed = spec.tools.is_empty() || spec.tools.contains(&call.name);
-        let known = self
-            .registry
-            .get(&call.name)
-            .or_else(|| offered.get(&call.name).cloned());
-        let Some(tool) = known.filter(|_| allowed) else {
+        let Some(tool) = self.shown(&call.name, offered).filter(|_| allowed) else {
             return Err(Envelope::terminal(
                 ErrorCode::UNKNOWN_TOOL,
                 format!(
@@ -907,6 +907,18 @@ impl Dispatcher {
         }
         check_arguments(&call.name, &tool.validator, &call.arguments)?;
         Ok(tool)
+    }
+
+    /// The version of `tool` the job's model was shown: the one `offered`
+    /// to it (kept with the job, so a resumed run pins the same), else, for
+    /// a tool it was never offered, the live one. A call is checked against
+    /// this version's schema and runs only on workers that announce it
+    /// (decision 0058).
+    fn shown(&self, tool: &str, offered: &HashMap<String, LiveTool>) -> Option<LiveTool> {
+        offered
+            .get(tool)
+            .cloned()
+            .or_else(|| self.registry.get(tool))
     }
 
     /// Records that `attempt` of each of `calls` is about to be published.

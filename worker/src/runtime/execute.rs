@@ -2,7 +2,9 @@
 //!
 //! 0. [`own`]: is the call this worker's (its tool served, the subject and
 //!    the queue it came from that tool's)? If not, its message is terminated
-//!    unanswered, before the ledger is touched.
+//!    unanswered, before the ledger is touched. Then [`pin`]: a call pinned
+//!    to another version of the tool is handed back, unclaimed, for a
+//!    worker of its version.
 //! 1. [`claim`]: claim the attempt in the Redis ledger. A stored result is
 //!    answered again, a live claim elsewhere is handed back for later, and a
 //!    delivery past `runtime.max_deliveries` is answered without running.
@@ -22,6 +24,7 @@
 mod check;
 mod claim;
 mod own;
+mod pin;
 mod run;
 mod settle;
 
@@ -107,6 +110,12 @@ impl Executor {
         };
         if is_cancel(message) {
             return self.mark_cancelled(call).await;
+        }
+        if let Some(delay) = pin::hand_back(&tool, message) {
+            debug!(tool = %call.tool, "call pinned to another version of the tool handed back");
+            metrics::call_handed_back(&call.tool, pin::OTHER_VERSION);
+            span.set(span_attributes::HANDED_BACK, true);
+            return Outcome::Retry(delay);
         }
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.

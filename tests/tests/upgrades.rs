@@ -1,0 +1,155 @@
+//! Upgrades without a pause (issue 56), with real processes: a call runs
+//! only on workers of the version of its tool that its model was shown
+//! (decision 0058), while two versions of the tool are live and when its
+//! own version comes back after a while with none.
+//!
+//! Two versions of `echo` differ in their contract: one declares it
+//! `read_only` (its manifest), the other `idempotent`
+//! (`runtime.tool_effects`), which changes its contract hash as a new
+//! schema would.
+
+use std::time::Duration;
+
+use serde_json::json;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::wait_until;
+
+/// How long a test waits for the fleet to reach a state.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The environment of a worker of the second version of `echo`.
+const SECOND_VERSION: &[(&str, &str)] = &[("TOOLFLEET_RUNTIME__TOOL_EFFECTS__ECHO", "idempotent")];
+
+/// One call of `echo` (held for approval when `held`), then an answer.
+fn echo_job(held: bool) -> v1::SubmitJobRequest {
+    let script = json!([
+        {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
+        {"message": "{{say.data.text}}"}
+    ]);
+    let mut request = scripted_job("say hi", &script);
+    if held {
+        request.require_approval = vec!["echo".to_owned()];
+    }
+    request
+}
+
+/// The version (contract hash) of `echo` that new turns are offered, once
+/// `workers` live workers serve it.
+async fn offered_echo(api: &ApiClient, workers: u32) -> anyhow::Result<String> {
+    let what = format!("echo on {workers} workers");
+    wait_until(&what, WAIT, || {
+        let mut api = api.clone();
+        async move {
+            let tools = api
+                .list_tools(v1::ListToolsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .tools;
+            let echo = tools.into_iter().find(|tool| tool.name == "echo")?;
+            (echo.workers == workers).then_some(echo.contract_hash)
+        }
+    })
+    .await
+}
+
+/// How many times worker `index` began to run a call of `echo`.
+fn echoes_run(fleet: &Fleet, index: usize) -> usize {
+    fleet
+        .worker(index)
+        .log_tail(100_000)
+        .lines()
+        .filter(|line| line.contains("executing call") && line.contains("tool=echo"))
+        .count()
+}
+
+#[tokio::test]
+async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    let mut api = fleet.api(0).await?;
+    let first = offered_echo(&api, 1).await?;
+
+    // A call made while only the first version was live waits for an
+    // approval; meanwhile its only worker leaves and two of the second
+    // version come.
+    let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
+    wait_until("the call to be held", WAIT, || {
+        let mut api = api.clone();
+        let job_id = held.clone();
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    fleet.worker(0).stop(WAIT).await?;
+    let (second_a, second_b) = (
+        fleet.spawn_worker_with(SECOND_VERSION).await?,
+        fleet.spawn_worker_with(SECOND_VERSION).await?,
+    );
+    let second = offered_echo(&api, 2).await?;
+    assert_ne!(first, second, "the two versions' contracts differ");
+    api.decide_call(v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    })
+    .await?;
+
+    // Pinned to the first version: the second's workers hand it back,
+    // never run it, and the job waits.
+    wait_until(
+        "a worker of the second version to hand the call back",
+        WAIT,
+        || {
+            let handed = [second_a, second_b].iter().any(|&index| {
+                fleet
+                    .worker(index)
+                    .log_tail(100_000)
+                    .contains("call pinned to another version")
+            });
+            async move { handed.then_some(()) }
+        },
+    )
+    .await?;
+    let job = api
+        .get_job(v1::GetJobRequest {
+            job_id: held.clone(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(job.status(), v1::JobStatus::Running, "{job:?}");
+    assert_eq!(
+        echoes_run(&fleet, second_a) + echoes_run(&fleet, second_b),
+        0
+    );
+
+    // A worker of the first version comes back: the call runs there, once.
+    let first_again = fleet.spawn_worker().await?;
+    let job = wait_finished(&api, &held).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.output_text, "hi");
+    assert_eq!(echoes_run(&fleet, first_again), 1);
+    assert_eq!(
+        echoes_run(&fleet, second_a) + echoes_run(&fleet, second_b),
+        0
+    );
+
+    // With both live, new turns see the version most workers serve (the
+    // second, 2 to 1), and their calls never run on the first's worker.
+    assert_eq!(offered_echo(&api, 3).await?, second);
+    for _ in 0..6 {
+        let job_id = api.submit_job(echo_job(false)).await?.into_inner().job_id;
+        let job = wait_finished(&api, &job_id).await?;
+        assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    }
+    assert_eq!(echoes_run(&fleet, first_again), 1, "only the pinned call");
+    assert_eq!(
+        echoes_run(&fleet, second_a) + echoes_run(&fleet, second_b),
+        6
+    );
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! Step 0, second half: is the call pinned to the version of its tool that
+//! this worker runs? A call carries the contract hash of the manifest its
+//! model was shown ([`TOOL_VERSION`](names::headers::TOOL_VERSION)); a
+//! worker that runs another version hands it back, unclaimed and
+//! unanswered, for a worker of its version (decision 0058). The ledger is
+//! not touched, so a hand-back is never a death that counts toward
+//! `runtime.max_deliveries`.
+//!
+//! All of a tool's workers pull from its one queue, so while two versions
+//! are live a call may reach a worker of the other first. Each hand-back
+//! waits twice as long as the one before, up to [`LONGEST`]: a call whose
+//! version has a live worker reaches it in a few tens of milliseconds, and
+//! one whose version has none (until the orchestrator gives up on it) costs
+//! one delivery every [`LONGEST`].
+
+use std::time::Duration;
+
+use async_nats::jetstream::Message;
+use toolfleet_proto::names;
+
+use super::LoadedTool;
+
+/// The `reason` of `toolfleet_worker_calls_handed_back_total` for a call
+/// pinned to another version of its tool.
+pub(super) const OTHER_VERSION: &str = "other_version";
+
+/// The wait after a first delivery to a worker of another version.
+const FIRST: Duration = Duration::from_millis(10);
+/// The longest wait between two deliveries of a call pinned elsewhere.
+const LONGEST: Duration = Duration::from_secs(2);
+
+/// How long to wait before `message`'s call, of `tool`, is delivered
+/// again, when it is pinned to a version of `tool` this worker does not
+/// run; `None` when it is this worker's to run.
+pub(super) fn hand_back(tool: &LoadedTool, message: &Message) -> Option<Duration> {
+    let pinned = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(names::headers::TOOL_VERSION))
+        .map(|value| value.as_str());
+    if !pinned_elsewhere(&tool.contract, pinned) {
+        return None;
+    }
+    let delivered = message.info().map_or(1, |info| info.delivered);
+    Some(wait_after(delivered))
+}
+
+/// Whether a call pinned to `pinned` (absent: not pinned) is for a worker
+/// of another version than `ours`.
+fn pinned_elsewhere(ours: &str, pinned: Option<&str>) -> bool {
+    pinned.is_some_and(|pinned| pinned != ours)
+}
+
+/// The wait before the next delivery of a call delivered `delivered` times:
+/// [`FIRST`], doubled with each delivery, at most [`LONGEST`].
+fn wait_after(delivered: i64) -> Duration {
+    let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
+    FIRST.saturating_mul(1 << doublings).min(LONGEST)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_call_pinned_to_another_version_is_handed_back() {
+        // (ours, the call's pin, handed back)
+        let cases = [
+            ("aaa", Some("aaa"), false),
+            ("aaa", Some("bbb"), true),
+            ("aaa", None, false), // from an orchestrator that does not pin
+            ("aaa", Some(""), true),
+        ];
+        for (ours, pinned, want) in cases {
+            assert_eq!(pinned_elsewhere(ours, pinned), want, "{ours} {pinned:?}");
+        }
+    }
+
+    #[test]
+    fn each_hand_back_waits_twice_as_long_up_to_two_seconds() {
+        let ms = |delivered| wait_after(delivered).as_millis();
+        assert_eq!(
+            [0, 1, 2, 3, 8, 9, 100, i64::MAX].map(ms),
+            [10, 10, 20, 40, 1280, 2000, 2000, 2000]
+        );
+    }
+}
