@@ -105,7 +105,7 @@ pub(crate) async fn list(args: ApprovalsArgs) -> anyhow::Result<ExitCode> {
             .iter()
             .map(|a| {
                 json!({"job_id": a.job_id, "call_id": a.call_id, "tool": a.tool,
-                       "arguments": a.arguments, "reason": a.reason, "rule": a.rule,
+                       "tool_version": a.tool_version, "arguments": a.arguments, "reason": a.reason, "rule": a.rule,
                        "requested_at_ms": a.requested_at_ms, "expires_at_ms": a.expires_at_ms,
                        "kind": a.kind, "attempt": a.attempt, "outcome": a.outcome})
             })
@@ -142,8 +142,12 @@ pub(crate) async fn list(args: ApprovalsArgs) -> anyhow::Result<ExitCode> {
                 ),
             )
         };
+        let version = match approval.tool_version.get(..12) {
+            Some(short) => format!(" [version {short}]"),
+            None => String::new(),
+        };
         outln!(
-            "{job} {call} {}({})\n  {why}; expires at {} (Unix ms)\n  {commands}",
+            "{job} {call} {}({}){version}\n  {why}; expires at {} (Unix ms)\n  {commands}",
             approval.tool,
             transcript::excerpt(&approval.arguments),
             approval.expires_at_ms,

@@ -161,7 +161,7 @@ pub enum Failure {
 
 /// Codes that say nothing of the tool's health: the model's arguments, the
 /// job, a person or the fleet's own refusal decided them.
-const NOT_THE_TOOLS: [ErrorCode; 12] = [
+const NOT_THE_TOOLS: [ErrorCode; 13] = [
     ErrorCode::INVALID_TOOL_ARGUMENTS,
     ErrorCode::UNKNOWN_TOOL,
     ErrorCode::DEADLINE_EXCEEDED,
@@ -174,6 +174,7 @@ const NOT_THE_TOOLS: [ErrorCode; 12] = [
     ErrorCode::TOO_MANY_CALLS,
     ErrorCode::FOREIGN_RESULT,
     ErrorCode::TOOL_UNAVAILABLE,
+    ErrorCode::TOOL_VERSION_GONE,
 ];
 
 impl Failure {

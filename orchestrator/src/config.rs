@@ -284,6 +284,14 @@ impl OrchestratorOptions {
                     .to_owned(),
             );
         }
+        if self.dispatch.version_gone_after.is_zero() {
+            return Err(
+                "dispatch.version_gone_after is 0s: a call would be answered \
+                        TOOL_VERSION_GONE as soon as its version's last worker left; give it a \
+                        duration (default 2m)"
+                    .to_owned(),
+            );
+        }
         self.breaker.check("breaker")?;
         self.grpc
             .tls

@@ -132,6 +132,15 @@ pub(crate) fn tool_breaker_moved(tool: &str, to: &'static str) {
         .increment(1);
 }
 
+/// Calls retired because the version of their tool they were pinned to
+/// had no live worker for `dispatch.version_gone_after`, by `tool`
+/// (answered `TOOL_VERSION_GONE`; decision 0058).
+pub(crate) const TOOL_CALLS_VERSION_GONE_TOTAL: &str = "toolfleet_tool_calls_version_gone_total";
+
+pub(crate) fn tool_version_gone(tool: &str) {
+    metrics::counter!(TOOL_CALLS_VERSION_GONE_TOTAL, "tool" => tool.to_owned()).increment(1);
+}
+
 /// Workers with a fresh heartbeat, by `tool` (the fleet's, the same on
 /// every replica).
 pub(crate) const TOOL_WORKERS: &str = "toolfleet_tool_workers";

@@ -173,7 +173,15 @@ struct Entry {
     queued: bool,
     /// Calls waiting in its queue, as the backlog poll last read them.
     waiting: Option<u64>,
+    /// Until when each version was last known live: its latest
+    /// announcement's arrival plus the TTL, or its last worker's
+    /// withdrawal. At most [`REMEMBERED_VERSIONS`], the oldest forgotten.
+    live_until: HashMap<Arc<str>, Instant>,
 }
+
+/// The versions of a tool whose end of life a registry remembers: a call
+/// pinned to one it forgot counts as gone since this process started.
+const REMEMBERED_VERSIONS: usize = 32;
 
 impl Entry {
     /// The workers whose announcement arrived less than `ttl` ago.
@@ -227,9 +235,59 @@ impl Entry {
         Ok(Some(manifest))
     }
 
-    /// Records `worker`'s announcement (checked); returns its manifest
-    /// when that is new to this entry (for the catalog).
-    fn announce(&mut self, worker: &str, announcement: WorkerAnnouncement) -> Option<ToolManifest> {
+    /// How long `version` has had no live worker, or `None` while it has
+    /// one, or while it is the version learned last and the tool's queue
+    /// exists (a pool scaled to zero; decision 0016). A version this entry
+    /// never saw, or forgot, is gone since `known_from`.
+    fn gone_for(&self, version: &str, ttl: Duration, known_from: Instant) -> Option<Duration> {
+        let announced = self.live(ttl).any(|seen| &*seen.version == version);
+        if announced || (self.queued && self.newest.as_deref() == Some(version)) {
+            return None;
+        }
+        let until = self.live_until.get(version).copied().unwrap_or(known_from);
+        Some(until.elapsed())
+    }
+
+    /// Keeps that `version` is live until `until`, forgetting the oldest
+    /// version beyond [`REMEMBERED_VERSIONS`].
+    fn live_until(&mut self, version: &Arc<str>, until: Instant) {
+        self.live_until.insert(version.clone(), until);
+        if self.live_until.len() > REMEMBERED_VERSIONS
+            && let Some(oldest) = self
+                .live_until
+                .iter()
+                .min_by_key(|(_, until)| **until)
+                .map(|(version, _)| version.clone())
+        {
+            self.live_until.remove(&oldest);
+        }
+    }
+
+    /// Removes `worker`'s announcement (it withdrew): its version stops
+    /// being live now, unless another worker's announcement keeps it.
+    fn withdraw(&mut self, worker: &str, ttl: Duration) {
+        let Some(gone) = self.workers.remove(worker) else {
+            return;
+        };
+        let now = Instant::now();
+        let until = self
+            .workers
+            .values()
+            .filter(|seen| seen.version == gone.version)
+            .map(|seen| seen.arrived + ttl)
+            .fold(now, Instant::max);
+        self.live_until(&gone.version, until);
+        self.forget_unannounced();
+    }
+
+    /// Records `worker`'s announcement (checked), live for `ttl`; returns
+    /// its manifest when that is new to this entry (for the catalog).
+    fn announce(
+        &mut self,
+        worker: &str,
+        announcement: WorkerAnnouncement,
+        ttl: Duration,
+    ) -> Option<ToolManifest> {
         let earlier = self.workers.get(worker);
         // A heartbeat repeats its manifest: its hash is not computed again.
         let contract: Arc<str> = match earlier {
@@ -251,6 +309,7 @@ impl Entry {
         if since.is_none() {
             self.newest = Some(contract.clone());
         }
+        self.live_until(&contract, now + ttl);
         let seen = Announced {
             arrived: now,
             since: since.unwrap_or(now),
@@ -288,6 +347,9 @@ impl Entry {
 pub(crate) struct RegistryHandle {
     tools: Arc<RwLock<HashMap<String, Entry>>>,
     ttl: Duration,
+    /// When this registry began to watch: what it cannot know of a
+    /// version's life is counted from here.
+    started: Instant,
 }
 
 impl RegistryHandle {
@@ -309,6 +371,20 @@ impl RegistryHandle {
         let mut live: Vec<_> = tools.values().filter_map(|e| self.available(e)).collect();
         live.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
         live
+    }
+
+    /// How long the version `version` of `tool` (a contract hash) has had
+    /// no live worker; `None` while it has one, or while it is the version
+    /// a pool scaled to zero comes back with ([`Entry::gone_for`]).
+    pub(crate) fn version_gone_for(&self, tool: &str, version: &str) -> Option<Duration> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match tools.get(tool) {
+            Some(entry) => entry.gone_for(version, self.ttl, self.started),
+            None => Some(self.started.elapsed()),
+        }
     }
 
     /// The name of every tool with a known manifest, available or not.
@@ -463,12 +539,11 @@ impl RegistryHandle {
                 tools
                     .entry(tool.to_owned())
                     .or_default()
-                    .announce(worker, announcement)
+                    .announce(worker, announcement, self.ttl)
             }
             kv::Operation::Delete | kv::Operation::Purge => {
                 if let Some(entry) = tools.get_mut(tool) {
-                    entry.workers.remove(worker);
-                    entry.forget_unannounced();
+                    entry.withdraw(worker, self.ttl);
                 }
                 None
             }
@@ -493,6 +568,7 @@ impl Registry {
             handle: RegistryHandle {
                 tools: Arc::default(),
                 ttl,
+                started: Instant::now(),
             },
         }
     }
@@ -598,6 +674,7 @@ mod tests {
         RegistryHandle {
             tools: Arc::default(),
             ttl: Duration::from_secs(15),
+            started: Instant::now(),
         }
     }
 

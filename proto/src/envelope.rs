@@ -91,6 +91,12 @@ impl ErrorCode {
     /// message says why and how many. Terminal: the tool is left out of
     /// the model's next turns until its cool-down has passed.
     pub const TOOL_UNAVAILABLE: Self = Self::from_static("TOOL_UNAVAILABLE");
+    /// The version of the tool the call was made for (the schema its model
+    /// was shown) has had no live worker for longer than the fleet waits
+    /// (`dispatch.version_gone_after`): the call was not run. Terminal: the
+    /// model's next turn is offered the tool's current version, which it
+    /// may call again (decision 0058).
+    pub const TOOL_VERSION_GONE: Self = Self::from_static("TOOL_VERSION_GONE");
 
     /// A code known at compile time.
     pub const fn from_static(code: &'static str) -> Self {

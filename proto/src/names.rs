@@ -80,6 +80,14 @@ pub mod headers {
     /// Set (to "1") on a message of a call subject that cancels the call it
     /// names (its job was cancelled), rather than asking for it to run.
     pub const CANCEL: &str = "Toolfleet-Cancel";
+    /// Set (to "1") on a message of a call subject that retires the call it
+    /// names: the version of its tool it is pinned to has had no live
+    /// worker for longer than the orchestrator waits
+    /// (`dispatch.version_gone_after`). Sent without [`TOOL_VERSION`], so
+    /// any worker of the tool takes it: it claims the attempt and answers
+    /// `TOOL_VERSION_GONE` without running it, unless the attempt has a
+    /// result or a live claim already (decision 0058).
+    pub const VERSION_GONE: &str = "Toolfleet-Version-Gone";
     /// W3C trace context: the span a call message (or a client's request to
     /// the API, in its gRPC metadata) continues.
     pub const TRACEPARENT: &str = "traceparent";

@@ -1085,6 +1085,7 @@ fn held<'a>(call_id: &'a str, tool: &'a str, ttl: Duration) -> HeldCall<'a> {
         held_for: HeldFor::Approval(Rule::Job { every_tool: true }),
         call_id: event(call_id),
         tool,
+        version: None,
         arguments: "{}",
         expires_at_ms: toolfleet_orchestrator::job::now_ms() + ttl.as_millis() as u64,
     }

@@ -84,6 +84,14 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
         }
     })
     .await?;
+    // The approver sees which version the arguments are for.
+    let pending = api
+        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
+        .await?
+        .into_inner()
+        .approvals;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].tool_version, first);
     fleet.worker(0).stop(WAIT).await?;
     let (second_a, second_b) = (
         fleet.spawn_worker_with(SECOND_VERSION).await?,
@@ -150,6 +158,61 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     assert_eq!(
         echoes_run(&fleet, second_a) + echoes_run(&fleet, second_b),
         6
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_call_whose_version_has_no_worker_past_the_limit_is_answered_version_gone()
+-> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet
+        .spawn_orchestrator(&[("TOOLFLEET_DISPATCH__VERSION_GONE_AFTER", "2s")])
+        .await?;
+    let mut api = fleet.api(0).await?;
+    offered_echo(&api, 1).await?;
+    let script = json!([
+        {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
+        {"message": "{{say}}"}
+    ]);
+    let mut request = scripted_job("say hi", &script);
+    request.require_approval = vec!["echo".to_owned()];
+    let held = api.submit_job(request).await?.into_inner().job_id;
+    wait_until("the call to be held", WAIT, || {
+        let mut api = api.clone();
+        let job_id = held.clone();
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    // Its version's only worker leaves for good; the other version's come.
+    fleet.worker(0).stop(WAIT).await?;
+    let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
+    offered_echo(&api, 1).await?;
+    api.decide_call(v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    })
+    .await?;
+
+    // Retired once its version had no worker for 2 s: answered, not run,
+    // and the model reads why.
+    let job = wait_finished(&api, &held).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    let answer: serde_json::Value = serde_json::from_str(&job.output_text)?;
+    assert_eq!(answer["ok"], false, "{answer}");
+    assert_eq!(answer["error"]["code"], "TOOL_VERSION_GONE", "{answer}");
+    assert_eq!(answer["error"]["retryable"], false, "{answer}");
+    assert!(answer["error"].get("side_effect").is_none(), "{answer}");
+    assert_eq!(echoes_run(&fleet, second), 0);
+    let log = fleet.orchestrator(0).log_tail(100_000);
+    assert!(
+        log.contains("retiring the call"),
+        "the orchestrator retired it"
     );
     Ok(())
 }

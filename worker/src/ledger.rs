@@ -293,6 +293,16 @@ impl Ledger {
         Ok(saved == 1)
     }
 
+    /// Whether `call`'s attempt has a result: a delivery of a call pinned
+    /// to another version asks it before handing the call back again, so a
+    /// call another worker answered meanwhile is dropped, not bounced on.
+    pub(crate) async fn has_result(&self, call: &ToolCall) -> redis::RedisResult<bool> {
+        redis::cmd("EXISTS")
+            .arg(self.result_key(call))
+            .query_async(&mut self.redis.clone())
+            .await
+    }
+
     /// Where an execution of `call` saves its checkpoint.
     pub(crate) fn checkpoint_keys(&self, call: &ToolCall) -> CheckpointKeys {
         CheckpointKeys {

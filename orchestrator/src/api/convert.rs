@@ -186,6 +186,7 @@ fn held_calls(approvals: Approvals) -> Vec<v1::HeldCall> {
             let mut call = v1::HeldCall {
                 call_id: request.call_id.into(),
                 tool: request.tool,
+                tool_version: request.tool_version.unwrap_or_default(),
                 kind,
                 attempt: request.attempt.unwrap_or_default(),
                 requested_at_ms: request.requested_at_ms,

@@ -205,18 +205,22 @@ impl AgentApi {
                 ),
             ));
         }
-        let tool = match self.registry.get(&held.tool) {
-            Some(tool) => tool,
-            None => self.offered_tool(record, &held.tool).await?,
-        };
+        let tool = self.pinned_tool(record, held).await?;
         check_arguments(&held.tool, &tool.validator, &arguments)
             .map_err(|envelope| invalid("arguments", envelope_message(&envelope)))?;
         Ok(arguments)
     }
 
-    /// The tool `name` as the job's model was offered it, for a tool whose
-    /// workers are gone for now.
-    async fn offered_tool(&self, record: &JobRecord, name: &str) -> Result<LiveTool, Status> {
+    /// The version of `held`'s tool its call was made for: as the job's
+    /// model was offered it (the job keeps it), which is what the call runs
+    /// on (decision 0058); for a tool the model was never offered, the live
+    /// one.
+    async fn pinned_tool(
+        &self,
+        record: &JobRecord,
+        held: &ApprovalRequest,
+    ) -> Result<LiveTool, Status> {
+        let name = held.tool.as_str();
         let start = self
             .store
             .load_run(&record.job_id)
@@ -225,6 +229,7 @@ impl AgentApi {
         start
             .and_then(|start| start.offered.into_iter().find(|m| m.name == name))
             .and_then(LiveTool::known)
+            .or_else(|| self.registry.get(name))
             .ok_or_else(|| {
                 Status::failed_precondition(format!(
                     "the tool {name} is not known now; its arguments cannot be checked: \
@@ -403,6 +408,7 @@ impl AgentApi {
                         job_id: pending.job_id.to_string(),
                         call_id: request.call_id.into(),
                         tool: request.tool,
+                        tool_version: request.tool_version.unwrap_or_default(),
                         arguments: request.arguments,
                         reason: request.reason,
                         rule: request.rule,

@@ -11,7 +11,7 @@ use toolfleet_proto::call::is_valid_call_id;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
 use toolfleet_proto::names::{self, headers, span_attributes};
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId};
-use tracing::{debug, error, warn};
+use tracing::{debug, error, info, warn};
 
 use super::progress::ProgressGate;
 use super::retry::{self, Verdict};
@@ -501,17 +501,72 @@ impl Dispatcher {
     /// seconds at most: a cancel that does not get through leaves the call
     /// to run to its end, its result unread.
     async fn cancel_on_worker(&self, round: &Round<'_>, call: &PlannedCall, attempt: u32) {
+        if !self
+            .tell_workers(round, (call, attempt), WorkerNotice::Cancel)
+            .await
+        {
+            warn!(call_id = %call.wire_id, "the cancel of a call in flight was not published; it runs to its end");
+        }
+    }
+
+    /// Retires `call`'s `attempt` when the version of its tool that it is
+    /// pinned to has had no live worker for `dispatch.version_gone_after`
+    /// (decision 0058): a copy of the call marked `Toolfleet-Version-Gone`
+    /// and pinned to no version, which the first worker of the tool to get
+    /// it answers `TOOL_VERSION_GONE` in the ledger, unless the attempt has
+    /// a result or runs already. The answer comes back as any other.
+    /// Whether the notice went out (one that did not is tried again).
+    async fn retire_if_gone(&self, round: &Round<'_>, call: &PlannedCall, attempt: u32) -> bool {
+        let Some(tool) = self.shown(&call.name, round.offered) else {
+            return false;
+        };
+        let gone = self
+            .registry
+            .version_gone_for(&call.name, &tool.contract)
+            .filter(|gone| *gone >= self.options.version_gone_after);
+        let Some(gone) = gone else {
+            return false;
+        };
+        info!(
+            call_id = %call.wire_id,
+            tool = %call.name,
+            version = %tool.contract,
+            gone_s = gone.as_secs(),
+            "the version of the tool this call was made for has no worker; retiring the call"
+        );
+        let told = self
+            .tell_workers(round, (call, attempt), WorkerNotice::VersionGone)
+            .await;
+        if told {
+            crate::metrics::tool_version_gone(&call.name);
+        }
+        told
+    }
+
+    /// Publishes `notice` of `call`'s `attempt` to its tool's workers: a
+    /// copy of the call on its subject, marked, with a message id of its
+    /// own. For a few seconds at most; whether it was published.
+    async fn tell_workers(
+        &self,
+        round: &Round<'_>,
+        (call, attempt): (&PlannedCall, u32),
+        notice: WorkerNotice,
+    ) -> bool {
         let wire = wire_call(round, call, attempt);
-        let msg_id = format!("{}:cancel", wire.msg_id());
+        let (header, suffix) = match notice {
+            WorkerNotice::Cancel => (headers::CANCEL, "cancel"),
+            WorkerNotice::VersionGone => (headers::VERSION_GONE, "version-gone"),
+        };
+        let msg_id = format!("{}:{suffix}", wire.msg_id());
         let payload: bytes::Bytes = serde_json::to_vec(&wire).expect("a call serializes").into();
         let headers = || {
             let mut headers = call_headers(&wire, &call.call_id, &msg_id);
-            headers.insert(headers::CANCEL, "1");
+            headers.insert(header, "1");
             headers
         };
-        let until = tokio::time::Instant::now() + CANCEL_PUBLISH;
+        let until = tokio::time::Instant::now() + NOTICE_PUBLISH;
         let subject = names::call_subject(&wire.tool);
-        let published = publish::acked(
+        publish::acked(
             &self.js,
             What::Call,
             &subject,
@@ -520,10 +575,8 @@ impl Dispatcher {
             until,
             None,
         )
-        .await;
-        if published.is_err() {
-            warn!(call_id = %call.wire_id, "the cancel of a call in flight was not published; it runs to its end");
-        }
+        .await
+        .is_ok()
     }
 
     /// Waits for the stored result of one attempt: the one its reply
@@ -551,6 +604,7 @@ impl Dispatcher {
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(spec.deadline_ms.saturating_sub(now_ms()));
         let mut progress = ProgressGate::default();
+        let mut retired = false;
         loop {
             // Whether to look in Redis now, and whether a reply asked to.
             let (look, replied) = tokio::select! {
@@ -586,6 +640,9 @@ impl Dispatcher {
             };
             if !look {
                 continue;
+            }
+            if !replied && !retired {
+                retired = self.retire_if_gone(round, call, attempt).await;
             }
             // Otherwise a reply is only a wake-up: the answer is what a
             // worker stored in Redis before it replied.
@@ -752,8 +809,18 @@ pub(super) async fn forward_results(
     }
 }
 
-/// How long the cancel of a call in flight is tried for.
-const CANCEL_PUBLISH: Duration = Duration::from_secs(3);
+/// How long a notice to the workers of a call in flight is tried for.
+const NOTICE_PUBLISH: Duration = Duration::from_secs(3);
+
+/// What the orchestrator tells the workers of a call in flight.
+#[derive(Debug, Clone, Copy)]
+enum WorkerNotice {
+    /// Its job was cancelled (`Toolfleet-Cancel`).
+    Cancel,
+    /// The version of its tool it is pinned to is gone
+    /// (`Toolfleet-Version-Gone`).
+    VersionGone,
+}
 
 /// The message of `call`'s `attempt` in `round`, as workers get it.
 fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {

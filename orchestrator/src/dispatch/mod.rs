@@ -31,6 +31,7 @@ mod retry;
 mod unknown;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream;
@@ -93,6 +94,11 @@ pub struct DispatchOptions {
     /// result as it settles; at most [`MAX_RESULT_LINGER`]. Default: 2ms.
     #[serde(with = "result_linger")]
     pub result_linger: Duration,
+    /// How long a call waits in its tool's queue while the version of the
+    /// tool its model was shown has no live worker, before it is answered
+    /// `TOOL_VERSION_GONE` (decision 0058). Default: 2m.
+    #[serde(with = "toolfleet_service::config::duration")]
+    pub version_gone_after: Duration,
 }
 
 /// The longest `dispatch.result_linger`. A result waits that long only
@@ -137,6 +143,7 @@ impl Default for DispatchOptions {
             max_argument_bytes: 256 * 1024,
             max_retry_after: Duration::from_secs(300),
             result_linger: Duration::from_millis(2),
+            version_gone_after: Duration::from_secs(120),
         }
     }
 }
@@ -221,13 +228,19 @@ impl PlannedCall {
     }
 
     /// The call, to hold for `held_for` until `expires_at_ms`
-    /// ([`JobStore::hold`]).
-    pub(crate) fn held<'a>(&'a self, held_for: HeldFor<'a>, expires_at_ms: u64) -> HeldCall<'a> {
+    /// ([`JobStore::hold`]), made for `version` of its tool.
+    pub(crate) fn held<'a>(
+        &'a self,
+        held_for: HeldFor<'a>,
+        expires_at_ms: u64,
+        version: Option<Arc<str>>,
+    ) -> HeldCall<'a> {
         HeldCall {
             wire_id: &self.wire_id,
             held_for,
             call_id: &self.event_id,
             tool: &self.name,
+            version,
             arguments: &self.arguments,
             expires_at_ms,
         }
@@ -641,7 +654,8 @@ impl Dispatcher {
                 };
                 let timeout = self.approval_timeout(spec);
                 let ready = Ready::new(call.clone(), policy, cost);
-                awaiting_approval(call, ready, rule, known, timeout)
+                let version = self.shown(&call.name, offered).map(|tool| tool.contract);
+                awaiting_approval(call, ready, (rule, version), known, timeout)
             }
         };
         charged(placed, run.budget).await
@@ -1063,7 +1077,7 @@ fn as_approved(call: &PlannedCall, approvals: &Approvals) -> PlannedCall {
 fn awaiting_approval<'c>(
     call: &'c PlannedCall,
     mut ready: Ready,
-    rule: Rule,
+    (rule, version): (Rule, Option<Arc<str>>),
     approvals: &Approvals,
     timeout: Duration,
 ) -> Placed<'c> {
@@ -1092,7 +1106,7 @@ fn awaiting_approval<'c>(
         }
         Fate::Hold { until_ms } => {
             crate::metrics::approval_requested(&call.name, held_for.rule());
-            let request = call.held(held_for, until_ms);
+            let request = call.held(held_for, until_ms, version);
             Placed::Wait(call.waiting(hold, until_ms), Some(request))
         }
         Fate::Wait { until_ms } => Placed::Wait(call.waiting(hold, until_ms), None),

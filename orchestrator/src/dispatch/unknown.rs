@@ -73,7 +73,10 @@ impl Dispatcher {
                 AfterVerdict::Settle(envelope, by == AnsweredBy::Operator)
             }
             Fate::Hold { until_ms } => {
-                let held = call.held(held_for, until_ms);
+                let version = self
+                    .shown(&call.name, round.offered)
+                    .map(|tool| tool.contract);
+                let held = call.held(held_for, until_ms, version);
                 self.store
                     .hold(round.lease, &round.spec.tenant, std::slice::from_ref(&held))
                     .await?;

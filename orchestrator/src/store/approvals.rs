@@ -18,6 +18,7 @@
 //! `place`'s.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +39,9 @@ pub struct HeldCall<'a> {
     pub call_id: &'a EventId,
     /// The tool.
     pub tool: &'a str,
+    /// The version of the tool its model was shown (its contract hash),
+    /// which it runs on and its arguments are checked against.
+    pub version: Option<Arc<str>>,
     /// The model's arguments.
     pub arguments: &'a str,
     /// When it is answered `APPROVAL_EXPIRED` (an approval), or the
@@ -86,6 +90,7 @@ impl HeldCall<'_> {
         let request = ApprovalRequest {
             call_id: self.call_id.clone(),
             tool: self.tool.to_owned(),
+            tool_version: self.version.as_deref().map(str::to_owned),
             arguments: self.arguments.to_owned(),
             rule: self.held_for.rule().to_owned(),
             reason: self.held_for.reason(self.tool),
@@ -108,6 +113,10 @@ pub struct ApprovalRequest {
     pub call_id: EventId,
     /// The tool.
     pub tool: String,
+    /// The version of the tool the call was made for (its contract hash);
+    /// absent in a record written before pinning (decision 0058).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_version: Option<String>,
     /// The model's arguments.
     pub arguments: String,
     /// Who asked for the approval.
@@ -220,6 +229,7 @@ mod tests {
             held_for: HeldFor::Approval(Rule::Job { every_tool: true }),
             call_id: call_id.as_ref().expect("an event id"),
             tool: "transfer",
+            version: Some("c0ffee".into()),
             arguments: "{\"amount\":5}",
             expires_at_ms: 2_000,
         };
@@ -231,6 +241,7 @@ mod tests {
         let request: ApprovalRequest = serde_json::from_str(&request).unwrap();
         assert_eq!(request.requested_at_ms, 1_000);
         assert_eq!(request.arguments, "{\"amount\":5}");
+        assert_eq!(request.tool_version.as_deref(), Some("c0ffee"));
         assert_eq!(
             (request.rule.as_str(), request.reason.as_str()),
             ("job", "the job requires approval of every call")

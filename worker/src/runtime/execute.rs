@@ -112,10 +112,7 @@ impl Executor {
             return self.mark_cancelled(call).await;
         }
         if let Some(delay) = pin::hand_back(&tool, message) {
-            debug!(tool = %call.tool, "call pinned to another version of the tool handed back");
-            metrics::call_handed_back(&call.tool, pin::OTHER_VERSION);
-            span.set(span_attributes::HANDED_BACK, true);
-            return Outcome::Retry(delay);
+            return self.pinned_elsewhere(call, message, delay, span).await;
         }
         // Unique per delivery: a redelivery to this same process while the
         // first delivery still runs must not count as the same owner.
@@ -136,6 +133,10 @@ impl Executor {
             Claimed::Acquired(earlier) => earlier,
         };
         let started = Instant::now();
+        if pin::is_version_gone(message) {
+            let gone = pin::version_gone(&call.tool, earlier.started);
+            return self.finished(call, &owner, &gone, started, span).await;
+        }
         // The checks never await, so only `run` has to watch the abandon token.
         let checked = check::check(
             &tool,
@@ -191,6 +192,27 @@ impl Executor {
 }
 
 impl Executor {
+    /// A delivery of `call` pinned to a version of its tool this worker
+    /// does not run: handed back to wait `delay`, unless the ledger, asked
+    /// after a few deliveries, says it was answered meanwhile (it is then
+    /// dropped: whoever answered it replied).
+    async fn pinned_elsewhere(
+        &self,
+        call: &ToolCall,
+        message: &Message,
+        delay: Duration,
+        span: &mut StepSpan,
+    ) -> Outcome {
+        if pin::ask_ledger(message) && self.ledger.has_result(call).await.unwrap_or(false) {
+            debug!("a call pinned to another version was answered meanwhile; dropped");
+            return Outcome::Answered;
+        }
+        debug!("call pinned to another version of the tool handed back");
+        metrics::call_handed_back(&call.tool, pin::OTHER_VERSION);
+        span.set(span_attributes::HANDED_BACK, true);
+        Outcome::Retry(delay)
+    }
+
     /// A cancel of `call` (its job was cancelled): marked in the ledger,
     /// where the execution that holds the call finds it at its next
     /// renewal, and one yet to run it at its claim (decision 0044).

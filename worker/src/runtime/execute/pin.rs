@@ -10,13 +10,18 @@
 //! are live a call may reach a worker of the other first. Each hand-back
 //! waits twice as long as the one before, up to [`LONGEST`]: a call whose
 //! version has a live worker reaches it in a few tens of milliseconds, and
-//! one whose version has none (until the orchestrator gives up on it) costs
-//! one delivery every [`LONGEST`].
+//! one whose version has none costs one delivery every [`LONGEST`], until
+//! the orchestrator retires it: a notice marked
+//! [`VERSION_GONE`](names::headers::VERSION_GONE), pinned to no version,
+//! which the worker that gets it answers [`version_gone`] in the ledger.
+//! From its [`ASK_LEDGER_FROM`]th delivery on, a call pinned elsewhere is
+//! looked up in the ledger before it is handed back again, and dropped
+//! once it has a result.
 
 use std::time::Duration;
 
 use async_nats::jetstream::Message;
-use toolfleet_proto::names;
+use toolfleet_proto::{Envelope, ErrorCode, names};
 
 use super::LoadedTool;
 
@@ -28,6 +33,11 @@ pub(super) const OTHER_VERSION: &str = "other_version";
 const FIRST: Duration = Duration::from_millis(10);
 /// The longest wait between two deliveries of a call pinned elsewhere.
 const LONGEST: Duration = Duration::from_secs(2);
+
+/// The delivery of a call pinned elsewhere from which the ledger is asked
+/// whether it has a result: a few hand-backs in, when it has waited about
+/// 70 ms (a call whose version is live has found a worker of it by then).
+const ASK_LEDGER_FROM: i64 = 4;
 
 /// How long to wait before `message`'s call, of `tool`, is delivered
 /// again, when it is pinned to a version of `tool` this worker does not
@@ -43,6 +53,48 @@ pub(super) fn hand_back(tool: &LoadedTool, message: &Message) -> Option<Duration
     }
     let delivered = message.info().map_or(1, |info| info.delivered);
     Some(wait_after(delivered))
+}
+
+/// Whether `message`, pinned elsewhere, has been delivered often enough
+/// that its call may have been answered meanwhile (retired, or run by a
+/// worker of its version): the ledger is asked before it is handed back.
+pub(super) fn ask_ledger(message: &Message) -> bool {
+    message
+        .info()
+        .is_ok_and(|info| info.delivered >= ASK_LEDGER_FROM)
+}
+
+/// Whether `message` retires its call: its version is gone.
+pub(super) fn is_version_gone(message: &Message) -> bool {
+    message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(names::headers::VERSION_GONE))
+        .is_some_and(|value| value.as_str() == "1")
+}
+
+/// The answer to a call retired because the version of its tool it was
+/// made for is gone; `started`: an earlier execution of it began (on a
+/// worker of its version) and left no result, so its effect may have
+/// happened.
+pub(super) fn version_gone(tool: &str, started: bool) -> Envelope {
+    let mut envelope = Envelope::terminal(
+        ErrorCode::TOOL_VERSION_GONE,
+        format!(
+            "the version of the tool {tool} this call was made for is no longer served, \
+             so the call was not run; the tool's current version is in your tool list: \
+             call it again if you still need it"
+        ),
+    );
+    if started && let Envelope::Err(body) = &mut envelope {
+        body.side_effect = Some("unknown".to_owned());
+        body.message = format!(
+            "the version of the tool {tool} this call was made for is no longer served; an \
+             earlier attempt to run it began and did not finish, so its effect may have \
+             happened. Check before you call the tool again"
+        );
+    }
+    envelope
 }
 
 /// Whether a call pinned to `pinned` (absent: not pinned) is for a worker
@@ -74,6 +126,20 @@ mod tests {
         for (ours, pinned, want) in cases {
             assert_eq!(pinned_elsewhere(ours, pinned), want, "{ours} {pinned:?}");
         }
+    }
+
+    #[test]
+    fn a_retired_call_says_whether_its_effect_may_have_happened() {
+        let never_ran = version_gone("crm__update", false);
+        let error = never_ran.error().expect("an error");
+        assert_eq!(error.code, ErrorCode::TOOL_VERSION_GONE);
+        assert!(!error.retryable);
+        assert_eq!(error.side_effect, None);
+        assert!(error.message.contains("was not run"), "{}", error.message);
+        let began = version_gone("crm__update", true);
+        let error = began.error().expect("an error");
+        assert_eq!(error.side_effect.as_deref(), Some("unknown"));
+        assert!(!error.message.contains("was not run"), "{}", error.message);
     }
 
     #[test]
