@@ -505,7 +505,7 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
                 0 => tool.workers.to_string(),
                 n => format!("{} (+{n} unavailable)", tool.workers),
             };
-            let workers = with_breaker(workers, tool);
+            let workers = with_breaker(with_versions(workers, tool), tool);
             [
                 tool.name.clone(),
                 workers,
@@ -533,6 +533,28 @@ fn fleet_tools_table(tools: &[v1::Tool]) -> String {
         &rows,
         &[1, 3],
     )
+}
+
+/// A tool's `WORKERS` cell, with its live versions when it has more than
+/// one (a rolling upgrade that changes its schema): each version's first
+/// 12 digits and workers, the one new turns are offered marked.
+fn with_versions(workers: String, tool: &v1::Tool) -> String {
+    if tool.versions.len() < 2 {
+        return workers;
+    }
+    let versions: Vec<String> = tool
+        .versions
+        .iter()
+        .map(|version| {
+            let short = version
+                .contract_hash
+                .get(..12)
+                .unwrap_or(&version.contract_hash);
+            let offered = if version.offered { " offered" } else { "" };
+            format!("{short}: {}{offered}", version.workers)
+        })
+        .collect();
+    format!("{workers} ({})", versions.join(", "))
 }
 
 /// A tool's `WORKERS` cell, with its circuit breaker when it is not
@@ -709,6 +731,11 @@ pub(crate) fn tools_json(tools: &[v1::Tool]) -> Value {
                 "calls_waiting": tool.calls_waiting,
                 "mcp_server": tool.mcp_server,
                 "contract_hash": tool.contract_hash,
+                "versions": tool.versions.iter().map(|version| json!({
+                    "contract_hash": version.contract_hash,
+                    "workers": version.workers,
+                    "offered": version.offered,
+                })).collect::<Vec<_>>(),
                 "breaker": tool.breaker,
                 "breaker_since_ms": tool.breaker_since_ms,
             })
@@ -1118,6 +1145,28 @@ mod tests {
         let json = tools_json(&[open]);
         assert_eq!(json[0]["breaker"], "open");
         assert_eq!(json[0]["breaker_since_ms"], 1_700_000_000_000_u64);
+        // Two live versions (a rolling upgrade) are said beside the workers.
+        let version = |hash: &str, workers, offered| v1::ToolVersion {
+            contract_hash: hash.into(),
+            workers,
+            offered,
+        };
+        let rolling = v1::Tool {
+            pools: vec!["general".into()],
+            versions: vec![
+                version("0123456789abcdef", 1, false),
+                version("fedcba9876543210", 2, true),
+            ],
+            ..tool("calculate", 3)
+        };
+        let table = tools_table(std::slice::from_ref(&rolling));
+        assert!(
+            table.contains("3 (0123456789ab: 1, fedcba987654: 2 offered)"),
+            "{table}"
+        );
+        let json = tools_json(&[rolling]);
+        assert_eq!(json[0]["versions"][1]["contract_hash"], "fedcba9876543210");
+        assert_eq!(json[0]["versions"][1]["offered"], true);
     }
 
     #[test]

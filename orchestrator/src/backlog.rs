@@ -39,6 +39,9 @@ pub(crate) const APPROVALS_INTERVAL: Duration = Duration::from_secs(5);
 /// Refreshes the gauges until `stop`.
 pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: CancellationToken) {
     let mut tick = tokio::time::interval(INTERVAL);
+    // The (tool, version) series reported last time: one no longer live is
+    // set to 0 once, so that a version that left reads 0, not its last count.
+    let mut versions_reported: HashSet<(String, String)> = HashSet::new();
     loop {
         // Biased: a stop seen with a tick due still stops.
         tokio::select! {
@@ -75,7 +78,26 @@ pub(crate) async fn run(js: jetstream::Context, registry: RegistryHandle, stop: 
             let workers = registry.get(&name).map_or(0, |t| t.workers);
             metrics::tool_workers(&name, workers);
         }
+        report_versions(&registry, &mut versions_reported);
     }
+}
+
+/// Sets `toolfleet_tool_version_workers` of every live version of every
+/// known tool, and to 0 those `reported` last time that are no longer
+/// live; `reported` becomes this time's.
+fn report_versions(registry: &RegistryHandle, reported: &mut HashSet<(String, String)>) {
+    let mut now = HashSet::new();
+    for name in registry.known_tools() {
+        for version in registry.versions_live(&name) {
+            let label = metrics::version_label(&version.contract).to_owned();
+            metrics::tool_version_workers(&name, &label, version.workers);
+            now.insert((name.clone(), label));
+        }
+    }
+    for (tool, version) in reported.difference(&now) {
+        metrics::tool_version_workers(tool, version, 0);
+    }
+    *reported = now;
 }
 
 /// Refreshes the tools' breaker gauges until `stop`, every [`INTERVAL`],

@@ -132,6 +132,23 @@ pub(crate) fn tool_breaker_moved(tool: &str, to: &'static str) {
         .increment(1);
 }
 
+/// Live workers that announce a version of a tool and can run it, by
+/// `tool` and `version` (the first 12 hex digits of its contract hash;
+/// decision 0058); 0 once the version is no longer live. The fleet's, the
+/// same on every replica.
+pub(crate) const TOOL_VERSION_WORKERS: &str = "toolfleet_tool_version_workers";
+
+/// A tool version's label in the metrics: the first 12 hex digits of its
+/// contract hash (as a short git commit id), which `ListTools` gives whole.
+pub(crate) fn version_label(contract: &str) -> &str {
+    contract.get(..12).unwrap_or(contract)
+}
+
+pub(crate) fn tool_version_workers(tool: &str, version: &str, workers: usize) {
+    metrics::gauge!(TOOL_VERSION_WORKERS, "tool" => tool.to_owned(), "version" => version.to_owned())
+        .set(workers as f64);
+}
+
 /// Calls retired because the version of their tool they were pinned to
 /// had no live worker for `dispatch.version_gone_after`, by `tool`
 /// (answered `TOOL_VERSION_GONE`; decision 0058).

@@ -99,6 +99,20 @@ pub(crate) struct FleetTool {
     /// The MCP server it comes from, as its live workers say (the first
     /// by name, should they differ); empty for a native tool.
     pub mcp_server: String,
+    /// Its live versions ([`Entry::versions_live`]).
+    pub versions: Vec<LiveVersion>,
+}
+
+/// A version of a tool that is live: a live worker announces it, or it is
+/// the one offered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct LiveVersion {
+    /// Its contract hash.
+    pub contract: Arc<str>,
+    /// The live workers that announce it and can run it now.
+    pub workers: usize,
+    /// Whether new turns are offered it.
+    pub offered: bool,
 }
 
 /// Where a tool stands, from its live workers and its queue.
@@ -233,6 +247,32 @@ impl Entry {
         };
         self.versions.insert(contract.clone(), version);
         Ok(Some(manifest))
+    }
+
+    /// Every version a live worker announces, and the offered one, by
+    /// contract hash: more than one while a rolling upgrade changes the
+    /// tool's schema.
+    fn versions_live(&self, ttl: Duration) -> Vec<LiveVersion> {
+        let offered = self.offered(ttl).map(|(contract, _)| contract.clone());
+        let mut versions: Vec<LiveVersion> = Vec::new();
+        let announced = self.live(ttl).map(|seen| (&seen.version, seen.available));
+        let chosen = offered.iter().map(|contract| (contract, false));
+        for (contract, able) in announced.chain(chosen) {
+            let index = match versions.iter().position(|v| v.contract == *contract) {
+                Some(index) => index,
+                None => {
+                    versions.push(LiveVersion {
+                        contract: contract.clone(),
+                        workers: 0,
+                        offered: offered.as_ref() == Some(contract),
+                    });
+                    versions.len() - 1
+                }
+            };
+            versions[index].workers += usize::from(able);
+        }
+        versions.sort_by(|a, b| a.contract.cmp(&b.contract));
+        versions
     }
 
     /// How long `version` has had no live worker, or `None` while it has
@@ -373,6 +413,19 @@ impl RegistryHandle {
         live
     }
 
+    /// The live versions of `tool` ([`Entry::versions_live`]); empty for
+    /// a tool this registry does not know.
+    pub(crate) fn versions_live(&self, tool: &str) -> Vec<LiveVersion> {
+        let tools = self
+            .tools
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        tools
+            .get(tool)
+            .map(|entry| entry.versions_live(self.ttl))
+            .unwrap_or_default()
+    }
+
     /// How long the version `version` of `tool` (a contract hash) has had
     /// no live worker; `None` while it has one, or while it is the version
     /// a pool scaled to zero comes back with ([`Entry::gone_for`]).
@@ -492,6 +545,7 @@ impl RegistryHandle {
                 .into_iter()
                 .next()
                 .unwrap_or_default(),
+            versions: entry.versions_live(self.ttl),
         })
     }
 
@@ -713,6 +767,15 @@ mod tests {
             Some(new.as_str()),
             "a tie: the newest worker's"
         );
+        let versions = registry.versions_live("crm__find");
+        let counted: Vec<(&str, usize, bool)> = versions
+            .iter()
+            .map(|v| (&*v.contract, v.workers, v.offered))
+            .collect();
+        let mut want = vec![(old.as_str(), 2, false), (new.as_str(), 2, true)];
+        want.sort();
+        assert_eq!(counted, want);
+        assert_eq!(registry.fleet_tools(false)[0].versions, versions);
         // Heartbeats of both versions change nothing, and keep nothing new
         // for the catalog.
         for worker in ["w1", "w2"] {
@@ -728,10 +791,35 @@ mod tests {
         let tools = registry.tools.read().unwrap();
         assert_eq!(tools["crm__find"].versions.len(), 1);
         drop(tools);
-        // All gone, its queue kept: the version learned last.
+        // All gone, its queue kept: the version learned last, live with no
+        // worker; the other has had none since its last worker withdrew.
         delete("w3");
         delete("w4");
         assert_eq!(offered().as_deref(), Some(new.as_str()));
+        let versions = registry.versions_live("crm__find");
+        assert_eq!(versions.len(), 1);
+        assert_eq!(
+            (&*versions[0].contract, versions[0].workers),
+            (new.as_str(), 0)
+        );
+        assert!(versions[0].offered);
+        assert_eq!(registry.version_gone_for("crm__find", &new), None);
+        let gone = registry.version_gone_for("crm__find", &old).expect("gone");
+        assert!(
+            gone < Duration::from_secs(15),
+            "since w2 withdrew: {gone:?}"
+        );
+        assert!(
+            registry
+                .version_gone_for("crm__find", "never-seen")
+                .is_some()
+        );
+        registry.read_queue("crm__find", QueueRead::NoQueue);
+        assert!(
+            registry.version_gone_for("crm__find", &new).is_some(),
+            "no queue"
+        );
+        registry.read_queue("crm__find", QueueRead::Waiting(0));
         // A rollback: the old version's workers come again, and win.
         assert_eq!(put("w5", "old"), Some(old.clone()));
         assert_eq!(offered().as_deref(), Some(old.as_str()));

@@ -149,6 +149,20 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     // With both live, new turns see the version most workers serve (the
     // second, 2 to 1), and their calls never run on the first's worker.
     assert_eq!(offered_echo(&api, 3).await?, second);
+    let tools = api
+        .list_tools(v1::ListToolsRequest::default())
+        .await?
+        .into_inner()
+        .tools;
+    let echo = tools.iter().find(|tool| tool.name == "echo").expect("echo");
+    let versions: Vec<(&str, u32, bool)> = echo
+        .versions
+        .iter()
+        .map(|v| (v.contract_hash.as_str(), v.workers, v.offered))
+        .collect();
+    let mut want = vec![(first.as_str(), 1, false), (second.as_str(), 2, true)];
+    want.sort();
+    assert_eq!(versions, want, "every live version, to an operator");
     for _ in 0..6 {
         let job_id = api.submit_job(echo_job(false)).await?.into_inner().job_id;
         let job = wait_finished(&api, &job_id).await?;

@@ -273,9 +273,21 @@ pub(super) fn to_tool(
         calls_waiting: details.and_then(|d| d.calls_waiting),
         mcp_server: details.map(|d| d.mcp_server.clone()).unwrap_or_default(),
         available: listed.available,
-        contract_hash: manifest.contract_hash(),
+        contract_hash: tool.contract.to_string(),
         breaker: breaker.map(|b| b.name().to_owned()).unwrap_or_default(),
         breaker_since_ms: breaker.and_then(crate::breaker::State::since_ms),
+        versions: details
+            .map(|d| {
+                d.versions
+                    .iter()
+                    .map(|version| v1::ToolVersion {
+                        contract_hash: version.contract.to_string(),
+                        workers: count(version.workers),
+                        offered: version.offered,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
     }
 }
 
@@ -388,8 +400,21 @@ mod tests {
             workers_unavailable: 2,
             calls_waiting: Some(7),
             mcp_server: "crm".into(),
+            versions: vec![crate::registry::LiveVersion {
+                contract: "c0ffee".into(),
+                workers: 1,
+                offered: true,
+            }],
         };
         let watcher = to_tool(&listed, true, None);
+        assert_eq!(
+            watcher.versions,
+            [v1::ToolVersion {
+                contract_hash: "c0ffee".into(),
+                workers: 1,
+                offered: true
+            }]
+        );
         assert_eq!(watcher.pools, ["mcp"]);
         assert_eq!(
             (
@@ -413,6 +438,7 @@ mod tests {
             ("", None)
         );
         assert!(agent.pools.is_empty() && agent.mcp_server.is_empty());
+        assert!(agent.versions.is_empty());
         assert_eq!(
             (
                 agent.workers,
