@@ -85,7 +85,7 @@ async function heldCalls(page, base, count) {
     await page.reload();
   }
   const seen = await look(page);
-  seen.calls = await page.$$eval('section.held dd code', (ids) => ids.map((id) => id.innerText));
+  seen.calls = await page.$$eval('section.held code.call-id', (ids) => ids.map((id) => id.innerText));
   return seen;
 }
 
