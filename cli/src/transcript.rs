@@ -111,6 +111,7 @@ fn event_summary(event: &JobEvent) -> String {
             attempt,
             call_id,
             name,
+            ..
         } => format!("{call_id} {name}, attempt {attempt}"),
         JobEvent::ToolCallProgress { .. } => progress_summary(event),
         JobEvent::ToolUnavailable {
@@ -261,6 +262,7 @@ fn call_result_summary(event: &JobEvent) -> String {
         round_trip_us,
         source,
         worked_us,
+        tool_version,
     } = event
     else {
         return String::new();
@@ -296,6 +298,13 @@ fn call_result_summary(event: &JobEvent) -> String {
             summary,
             " (worker {:.1} ms)",
             Duration::from_micros(*micros).as_secs_f64() * 1e3
+        );
+    }
+    if let Some(version) = tool_version {
+        let _ = write!(
+            summary,
+            " [version {}]",
+            version.get(..12).unwrap_or(version)
         );
     }
     summary

@@ -221,6 +221,11 @@ pub struct StoredResult {
     /// own clock, in microseconds; absent in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub worked_us: Option<u64>,
+    /// The contract hash of the tool the worker ran the call on: the
+    /// version it was pinned to (decision 0058). Absent in older records,
+    /// and for a call answered without running (`TOOL_VERSION_GONE`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_version: Option<String>,
 }
 
 impl StoredResult {
@@ -231,6 +236,17 @@ impl StoredResult {
             arguments_sha256: arguments_sha256(&call.arguments),
             envelope,
             worked_us: None,
+            tool_version: None,
+        }
+    }
+
+    /// The record, saying that the worker ran the call on the version of
+    /// its tool whose contract hash is `contract`.
+    #[must_use]
+    pub fn ran_on(self, contract: &str) -> Self {
+        Self {
+            tool_version: Some(contract.to_owned()),
+            ..self
         }
     }
 
@@ -271,6 +287,7 @@ impl StoredResult {
                     arguments_sha256: arguments_sha256(arguments),
                     envelope,
                     worked_us: None,
+                    tool_version: None,
                 })
                 .map_err(|_| record_error)
         })

@@ -341,6 +341,11 @@ pub enum JobEvent {
         call_id: String,
         /// The tool.
         name: String,
+        /// The version of the tool the attempt is pinned to: the contract
+        /// hash of the manifest its model was shown (decision 0058).
+        /// Absent from orchestrators older than this field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_version: Option<String>,
     },
     /// A running call's tool reported how far it has come (an MCP server's
     /// `notifications/progress`). Advisory: at most one a second per
@@ -402,6 +407,12 @@ pub enum JobEvent {
         /// without a worker, and from workers older than this field.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         worked_us: Option<u64>,
+        /// The version of the tool the worker ran the last attempt on (the
+        /// contract hash its record says): the version its model was shown
+        /// (decision 0058). Absent for calls answered without running, and
+        /// from workers older than this field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        tool_version: Option<String>,
     },
     /// A call waits for a person's approval before it runs (it is held,
     /// not published).
@@ -819,8 +830,18 @@ mod tests {
                     attempt: 1,
                     call_id: "c1".into(),
                     name: "echo".into(),
+                    tool_version: None,
                 },
                 r#"{"attempt":1,"call_id":"c1","name":"echo"}"#,
+            ),
+            (
+                JobEvent::ToolCallDispatched {
+                    attempt: 2,
+                    call_id: "c1".into(),
+                    name: "echo".into(),
+                    tool_version: Some("c0ffee".into()),
+                },
+                r#"{"attempt":2,"call_id":"c1","name":"echo","tool_version":"c0ffee"}"#,
             ),
             (
                 JobEvent::ToolCallResult {
@@ -832,6 +853,7 @@ mod tests {
                     round_trip_us: None,
                     source: None,
                     worked_us: None,
+                    tool_version: None,
                 },
                 r#"{"attempts":0,"call_id":"c2","code":"UNKNOWN_TOOL","name":"rm","ok":false,"round_trip_us":null}"#,
             ),
@@ -845,6 +867,7 @@ mod tests {
                     round_trip_us: Some(900),
                     source: Some("operator".into()),
                     worked_us: None,
+                    tool_version: None,
                 },
                 r#"{"attempts":2,"call_id":"c3","code":null,"name":"charge","ok":true,"round_trip_us":900,"source":"operator"}"#,
             ),
@@ -858,8 +881,9 @@ mod tests {
                     round_trip_us: Some(900),
                     source: None,
                     worked_us: Some(150),
+                    tool_version: Some("c0ffee".into()),
                 },
-                r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"worked_us":150}"#,
+                r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"worked_us":150,"tool_version":"c0ffee"}"#,
             ),
             (
                 JobEvent::JobSucceeded {

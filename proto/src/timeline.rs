@@ -192,6 +192,7 @@ impl Drawing {
                 attempt,
                 call_id,
                 name,
+                ..
             } => match self.open_calls.get(&call_id) {
                 Some(&row) if attempt > 1 => rows[row].retries_ms.push(at),
                 Some(_) => {}
@@ -210,6 +211,7 @@ impl Drawing {
                 round_trip_us,
                 source,
                 worked_us,
+                ..
             } => {
                 let row = self.call_row(&call_id, &name, at);
                 let row = &mut self.timeline.rows[row];

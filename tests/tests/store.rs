@@ -141,6 +141,7 @@ fn dispatched_c1() -> DispatchedCall<'static> {
         wire_id: wire("c1"),
         name: "echo",
         cost: 1,
+        version: None,
     }
 }
 
@@ -225,6 +226,7 @@ async fn settle_two_calls_in_one_commit(
         attempts: 1,
         round_trip: Some(Duration::from_micros(1500)),
         worked: Some(Duration::from_micros(400)),
+        ran_on: None,
         envelope: &envelope,
         source: None,
         unchecked: None,
@@ -239,6 +241,7 @@ async fn settle_two_calls_in_one_commit(
         attempts: 2,
         round_trip: None,
         worked: None,
+        ran_on: None,
         envelope: &ok,
         source: None,
         unchecked: None,
@@ -412,6 +415,7 @@ async fn a_commit_longer_than_one_command_takes_is_stored_whole_and_in_order() -
             wire_id,
             name: "echo",
             cost: 1,
+            version: None,
         })
         .collect();
     let turn = [Item::Assistant {
@@ -758,6 +762,7 @@ async fn a_commit_wakes_the_watchers_of_its_process_and_of_the_others() -> anyho
         wire_id: wire("c1"),
         name: "echo",
         cost: 1,
+        version: None,
     };
     let woken = Duration::from_secs(10);
     // The job had two events (job_queued, job_started); the commit adds one.
@@ -801,6 +806,7 @@ async fn a_result_from_a_reply_is_recorded_only_as_redis_holds_it() -> anyhow::R
             attempts: 1,
             round_trip: None,
             worked: None,
+            ran_on: None,
             envelope,
             source: None,
             unchecked: Some(unchecked),

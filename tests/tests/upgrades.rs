@@ -230,3 +230,99 @@ async fn a_call_whose_version_has_no_worker_past_the_limit_is_answered_version_g
     );
     Ok(())
 }
+
+/// The environment of a worker of the second version of
+/// `increment_counter` (its effects, hence its contract, change).
+const SECOND_COUNTER: &[(&str, &str)] = &[(
+    "TOOLFLEET_RUNTIME__TOOL_EFFECTS__INCREMENT_COUNTER",
+    "idempotent",
+)];
+
+/// Job `n` of the rolling upgrade: two rounds of `increment_counter` (three
+/// parallel calls, then one), each call its own counter, each taking a
+/// little while so that calls are in flight as workers come and go.
+fn counting_job(n: usize) -> v1::SubmitJobRequest {
+    let call = |id: &str| {
+        json!({"id": id, "name": "increment_counter",
+               "arguments": {"key": format!("roll:{n}:{id}"), "delay_ms": 150}})
+    };
+    let script = json!([
+        {"tool_calls": [call("a"), call("b"), call("c")]},
+        {"tool_calls": [call("d")]},
+        {"message": "counted"}
+    ]);
+    scripted_job("count", &script)
+}
+
+#[tokio::test]
+async fn a_rolling_upgrade_under_load_changes_a_schema_and_loses_repeats_and_misroutes_nothing()
+-> anyhow::Result<()> {
+    const JOBS: usize = 24;
+    let mut fleet = Fleet::start(test_fleet(3)).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.spawn_orchestrator(&[]).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
+    let api = fleet.api(0).await?;
+    // Jobs come one every 100 ms while the workers roll.
+    let submitter = {
+        let api = api.clone();
+        tokio::spawn(async move {
+            let mut jobs = Vec::new();
+            for n in 0..JOBS {
+                let submitted = api.clone().submit_job(counting_job(n)).await;
+                jobs.push(submitted.map(|r| r.into_inner().job_id));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            jobs
+        })
+    };
+    // One pod at a time: a worker of the new version starts (maxSurge 1),
+    // then one of the old stops, draining its calls.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for old in 0..3 {
+        fleet.spawn_worker_with(SECOND_COUNTER).await?;
+        fleet.worker(old).stop(WAIT).await?;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    let jobs = submitter.await?;
+
+    let mut versions_ran = std::collections::BTreeSet::new();
+    for (n, job_id) in jobs.into_iter().enumerate() {
+        let job_id = job_id?;
+        let job = wait_finished(&api, &job_id).await?;
+        assert_eq!(job.status(), v1::JobStatus::Succeeded, "job {n}: {job:?}");
+        // Every call ran exactly once: no call lost, none run twice.
+        for id in ["a", "b", "c", "d"] {
+            let key = format!("roll:{n}:{id}");
+            assert_eq!(fleet.counter(&key).await?, 1, "{key}");
+        }
+        // Each call ran on the version its attempt was pinned to, the one
+        // its model was shown.
+        let seen = toolfleet_tests::fleet::events(&api, &job_id).await?;
+        for (kind, data) in &seen {
+            if kind != "tool_call_result" {
+                continue;
+            }
+            let call = &data["call_id"];
+            let pinned: Vec<&serde_json::Value> = seen
+                .iter()
+                .filter(|(kind, d)| kind == "tool_call_dispatched" && d["call_id"] == *call)
+                .map(|(_, d)| &d["tool_version"])
+                .collect();
+            let ran_on = &data["tool_version"];
+            assert!(ran_on.is_string(), "job {n}: {data}");
+            assert_eq!(pinned.last(), Some(&ran_on), "job {n} call {call}");
+            versions_ran.insert(ran_on.as_str().unwrap_or_default().to_owned());
+        }
+    }
+    // The schema changed in the middle: both versions ran calls.
+    assert_eq!(versions_ran.len(), 2, "{versions_ran:?}");
+    for index in 0..2 {
+        let log = fleet.orchestrator(index).log_tail(100_000);
+        assert!(
+            !log.contains("ran on another version"),
+            "orchestrator {index}"
+        );
+    }
+    Ok(())
+}

@@ -2,6 +2,7 @@
 //! publish, wait for the envelope, and settle or retry as
 //! [`retry::verdict`](super::retry::verdict) says.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -32,6 +33,8 @@ struct Answer {
     round_trip: Option<Duration>,
     /// How long the worker worked on it, by its own clock.
     worked: Option<Duration>,
+    /// The version of the tool the worker ran it on (its stored record's).
+    ran_on: Option<Arc<str>>,
     /// The stored result's text when it came with the worker's reply and
     /// was not read from Redis: the commit that records it checks it there
     /// (see [`settling_record`]).
@@ -44,6 +47,7 @@ struct LastAttempt {
     attempt: u32,
     round_trip: Option<Duration>,
     worked: Option<Duration>,
+    ran_on: Option<Arc<str>>,
     /// Where its envelope came from.
     origin: Origin,
 }
@@ -75,6 +79,19 @@ pub(super) enum Driven {
     Waiting(Waiting),
 }
 
+impl Answer {
+    /// `envelope`, which no worker's record came with.
+    fn of(envelope: Envelope) -> Self {
+        Self {
+            envelope,
+            round_trip: None,
+            worked: None,
+            ran_on: None,
+            unchecked: None,
+        }
+    }
+}
+
 impl LastAttempt {
     /// The end of a call whose retry a budget refused (`over`), after
     /// `attempt`: its envelope says so, whatever the attempt's was.
@@ -89,6 +106,7 @@ impl LastAttempt {
             attempt,
             round_trip,
             worked,
+            ran_on: None,
             origin: Origin::Budget(over.limit()),
         }
     }
@@ -104,6 +122,7 @@ impl LastAttempt {
             attempts: self.attempt,
             round_trip: self.round_trip,
             worked: self.worked,
+            ran_on: self.ran_on.clone(),
             full: None,
         }
     }
@@ -305,6 +324,7 @@ impl Dispatcher {
             attempt,
             round_trip,
             worked: answer.worked,
+            ran_on: answer.ran_on,
             origin,
         }))
     }
@@ -390,22 +410,27 @@ impl Dispatcher {
         let sent = Instant::now();
         if let Some(refused) = self.publish(round, call, attempt, resumed).await? {
             // No worker got it: the queue's refusal is its answer.
-            return Ok(Answer {
-                envelope: refused,
-                round_trip: None,
-                worked: None,
-                unchecked: None,
-            });
+            return Ok(Answer::of(refused));
         }
         let (text, from_reply) = self.wait(round, call, attempt, &mut notices, true).await?;
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
-        let (envelope, worked) = parse_stored(call, &text);
+        let answer = parse_stored(call, &text);
+        let pinned = self
+            .shown(&call.name, round.offered)
+            .map(|tool| tool.contract);
+        if let (Some(pinned), Some(ran_on)) = (&pinned, &answer.ran_on)
+            && pinned != ran_on
+        {
+            // Workers hand back what is pinned elsewhere: this is a bug, or
+            // a worker that is not what it says.
+            error!(call_id = %call.wire_id, pinned = %pinned, ran_on = %excerpt(ran_on, 64),
+                   "a call ran on another version of its tool than its model was shown");
+        }
         Ok(Answer {
-            envelope,
             round_trip: Some(elapsed),
-            worked,
             unchecked: from_reply.then_some(text),
+            ..answer
         })
     }
 
@@ -705,18 +730,20 @@ fn published(sent: Result<(), Unpublished>) -> Result<Option<Envelope>, RoundErr
     Ok(Some(Envelope::terminal(code, message)))
 }
 
-/// The envelope of the result a worker stored, and how long the worker
-/// worked on it, if that result answers this call (its tool and arguments,
+/// The answer of the result a worker stored (its envelope, how long the
+/// worker worked on it and the version of the tool it ran), if that result
+/// answers this call (its tool and arguments,
 /// not only its ids; see [`StoredResult`]). One that answers another call is refused with a
 /// retryable `FOREIGN_RESULT`, so that the next attempt, with keys of its
 /// own, runs the real call. An unreadable one (a bug or a foreign writer) is
 /// the tool's failure, not the runner's.
-fn parse_stored(call: &PlannedCall, text: &str) -> (Envelope, Option<Duration>) {
+fn parse_stored(call: &PlannedCall, text: &str) -> Answer {
     match StoredResult::read(text, &call.name, &call.arguments) {
-        Ok(record) if record.answers(&call.name, &call.arguments) => {
-            let worked = record.worked_us.map(Duration::from_micros);
-            (record.envelope, worked)
-        }
+        Ok(record) if record.answers(&call.name, &call.arguments) => Answer {
+            worked: record.worked_us.map(Duration::from_micros),
+            ran_on: record.tool_version.map(Arc::from),
+            ..Answer::of(record.envelope)
+        },
         Ok(record) => {
             error!(
                 call_id = %call.wire_id,
@@ -727,7 +754,7 @@ fn parse_stored(call: &PlannedCall, text: &str) -> (Envelope, Option<Duration>) 
                 ErrorCode::FOREIGN_RESULT,
                 "the stored result did not belong to this call; it was not used",
             );
-            (refused, None)
+            Answer::of(refused)
         }
         Err(err) => {
             warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable result");
@@ -735,20 +762,14 @@ fn parse_stored(call: &PlannedCall, text: &str) -> (Envelope, Option<Duration>) 
                 ErrorCode::TOOL_EXECUTION_FAILED,
                 "the tool's answer was unreadable",
             );
-            (unreadable, None)
+            Answer::of(unreadable)
         }
     }
 }
 
 /// The answer of a stored result read from Redis.
 fn checked_answer(call: &PlannedCall, text: &str) -> Answer {
-    let (envelope, worked) = parse_stored(call, text);
-    Answer {
-        envelope,
-        round_trip: None,
-        worked,
-        unchecked: None,
-    }
+    parse_stored(call, text)
 }
 
 /// The stored result a worker's reply carries, when the round may take it

@@ -209,12 +209,18 @@ impl PlannedCall {
 impl PlannedCall {
     /// The call as its dispatch is recorded ([`JobStore::record_dispatch`]),
     /// each attempt costing `cost` units of the job's budget.
-    pub(crate) fn dispatched(&self, cost: u64) -> DispatchedCall<'_> {
+    /// Pinned to `version` of its tool (its contract hash), when known.
+    pub(crate) fn dispatched<'a>(
+        &'a self,
+        cost: u64,
+        version: Option<&'a str>,
+    ) -> DispatchedCall<'a> {
         DispatchedCall {
             event_id: &self.event_id,
             wire_id: &self.wire_id,
             name: &self.name,
             cost,
+            version,
         }
     }
 
@@ -277,6 +283,9 @@ pub(crate) struct CallOutcome {
     pub round_trip: Option<Duration>,
     /// How long the worker worked on the last attempt, by its own clock.
     pub worked: Option<Duration>,
+    /// The version of the tool the worker ran the last attempt on (its
+    /// stored record's contract hash); `None` when no worker said.
+    pub ran_on: Option<Arc<str>>,
     /// The whole data when `output` is a shaped view of it, to store with
     /// the view ([`Dispatcher::shaped`]).
     pub full: Option<FullResult>,
@@ -424,6 +433,8 @@ struct Ready {
     /// Where its result is cached once its commit found it: a call the
     /// cache was asked for and could not answer.
     cache: Option<CacheEntry>,
+    /// The version of its tool it is pinned to ([`Dispatcher::shown`]).
+    version: Option<Arc<str>>,
 }
 
 impl Ready {
@@ -435,6 +446,7 @@ impl Ready {
             policy,
             cost,
             cache: None,
+            version: None,
         }
     }
 }
@@ -658,6 +670,13 @@ impl Dispatcher {
                 awaiting_approval(call, ready, (rule, version), known, timeout)
             }
         };
+        let placed = match placed {
+            Placed::Run(ready) => Placed::Run(Ready {
+                version: self.shown(&call.name, offered).map(|tool| tool.contract),
+                ..ready
+            }),
+            other => other,
+        };
         charged(placed, run.budget).await
     }
 
@@ -686,10 +705,8 @@ impl Dispatcher {
         }
         crate::metrics::result_cache(&call.name, "miss");
         Ok(Placed::Run(Ready {
-            call: call.clone(),
-            policy,
-            cost,
             cache: Some(entry),
+            ..Ready::new(call.clone(), policy, cost)
         }))
     }
 
@@ -757,6 +774,7 @@ impl Dispatcher {
             attempts: 0,
             round_trip: None,
             worked: None,
+            ran_on: None,
             full: None,
         };
         self.record_result(lease, results, job.trace, &outcome, envelope, origin)
@@ -928,7 +946,11 @@ impl Dispatcher {
     /// a tool it was never offered, the live one. A call is checked against
     /// this version's schema and runs only on workers that announce it
     /// (decision 0058).
-    fn shown(&self, tool: &str, offered: &HashMap<String, LiveTool>) -> Option<LiveTool> {
+    pub(crate) fn shown(
+        &self,
+        tool: &str,
+        offered: &HashMap<String, LiveTool>,
+    ) -> Option<LiveTool> {
         offered
             .get(tool)
             .cloned()
@@ -950,7 +972,7 @@ impl Dispatcher {
         });
         let calls: Vec<DispatchedCall<'_>> = calls
             .iter()
-            .map(|ready| ready.call.dispatched(ready.cost))
+            .map(|ready| ready.call.dispatched(ready.cost, ready.version.as_deref()))
             .collect();
         self.store.record_dispatch(lease, &calls, attempt).await?;
         commit.end();
@@ -988,6 +1010,7 @@ impl Dispatcher {
             attempts: outcome.attempts,
             round_trip: outcome.round_trip,
             worked: outcome.worked,
+            ran_on: outcome.ran_on.clone(),
             envelope: envelope.clone(),
             source,
             unchecked,

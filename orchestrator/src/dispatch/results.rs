@@ -10,7 +10,7 @@
 //! answered before Redis has it.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{Notify, oneshot};
@@ -27,6 +27,7 @@ pub(super) struct Settled {
     pub(super) attempts: u32,
     pub(super) round_trip: Option<Duration>,
     pub(super) worked: Option<Duration>,
+    pub(super) ran_on: Option<Arc<str>>,
     pub(super) envelope: Envelope,
     /// Who produced the envelope when no worker did ([`SettledCall::source`]).
     pub(super) source: Option<&'static str>,
@@ -46,6 +47,7 @@ impl Settled {
             attempts: self.attempts,
             round_trip: self.round_trip,
             worked: self.worked,
+            ran_on: self.ran_on.as_deref(),
             envelope: &self.envelope,
             source: self.source,
             unchecked: self.unchecked.as_deref(),

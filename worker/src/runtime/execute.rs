@@ -135,7 +135,9 @@ impl Executor {
         let started = Instant::now();
         if pin::is_version_gone(message) {
             let gone = pin::version_gone(&call.tool, earlier.started);
-            return self.finished(call, &owner, &gone, started, span).await;
+            return self
+                .finished(call, (&owner, None), &gone, started, span)
+                .await;
         }
         // The checks never await, so only `run` has to watch the abandon token.
         let checked = check::check(
@@ -161,16 +163,19 @@ impl Executor {
                 }
             },
         };
-        self.finished(call, &owner, &envelope, started, span).await
+        let ran_on = Some(tool.contract.as_str());
+        self.finished(call, (&owner, ran_on), &envelope, started, span)
+            .await
     }
 
-    /// A call that ran (or failed its checks) since `started`, as `owner`:
+    /// A call that ran (or failed its checks) since `started`, as `owner`,
+    /// on the version of its tool `ran_on` (`None`: it did not run on any):
     /// its span and metrics say how, and its envelope is stored and
     /// answered.
     async fn finished(
         &self,
         call: &ToolCall,
-        owner: &str,
+        (owner, ran_on): (&str, Option<&str>),
         envelope: &Envelope,
         started: Instant,
         span: &mut StepSpan,
@@ -185,7 +190,7 @@ impl Executor {
             elapsed_ms = elapsed.as_millis() as u64,
             "call finished"
         );
-        let settled = self.settle(call, owner, envelope, elapsed).await;
+        let settled = self.settle(call, owner, envelope, (elapsed, ran_on)).await;
         span.event("stored");
         settled
     }

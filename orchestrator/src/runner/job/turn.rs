@@ -5,6 +5,7 @@
 //! needs no answer, and a handed-back job plays it on its new replica).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use toolfleet_proto::names::span_attributes;
@@ -138,7 +139,7 @@ impl JobRun<'_> {
         };
         let dispatched: Vec<DispatchedCall<'_>> = admitted
             .iter()
-            .map(|(call, cost)| call.dispatched(*cost))
+            .map(|(call, cost, version)| call.dispatched(*cost, version.as_deref()))
             .collect();
         let (results, items) =
             progress.items[progress.stored..].split_at(played.start - progress.stored);
@@ -167,7 +168,7 @@ impl JobRun<'_> {
         progress.fresh_round = played.has_calls.then(|| {
             admitted
                 .iter()
-                .map(|(call, _)| (call.wire_id.clone(), 0))
+                .map(|(call, ..)| (call.wire_id.clone(), 0))
                 .collect::<Attempts>()
         });
         Ok(())
@@ -181,7 +182,7 @@ impl JobRun<'_> {
         &self,
         of: &TurnOf<'_>,
         progress: &Progress,
-    ) -> Result<Vec<(PlannedCall, u64)>, Stopped> {
+    ) -> Result<Vec<(PlannedCall, u64, Option<Arc<str>>)>, Stopped> {
         let dispatcher = &self.runner.dispatcher;
         let pending = step::pending_calls(&progress.items, of.wire_ids);
         let refused = dispatcher
@@ -203,7 +204,10 @@ impl JobRun<'_> {
             let cost = dispatcher.cost_of(&call.name, &progress.offered);
             // A call the budgets refuse is answered by the round.
             if of.budget.take_call(cost).await?.is_ok() {
-                admitted.push((call, cost));
+                let version = dispatcher
+                    .shown(&call.name, &progress.offered)
+                    .map(|tool| tool.contract);
+                admitted.push((call, cost, version));
             }
         }
         Ok(admitted)

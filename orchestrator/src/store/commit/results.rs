@@ -34,6 +34,7 @@ impl JobStore {
                 round_trip_us: settled.round_trip.map(micros),
                 source: settled.source.map(str::to_owned),
                 worked_us: settled.worked.map(micros),
+                tool_version: settled.ran_on.map(str::to_owned),
             })
             .collect();
         let attempts = settled
@@ -83,6 +84,8 @@ pub struct SettledCall<'a> {
     pub round_trip: Option<Duration>,
     /// How long the worker worked on the last attempt, by its own clock.
     pub worked: Option<Duration>,
+    /// The version of the tool the worker ran it on, as its record says.
+    pub ran_on: Option<&'a str>,
     /// The final envelope.
     pub envelope: &'a Envelope,
     /// Who produced it when no worker did: `operator` (a verdict).

@@ -80,4 +80,6 @@ pub struct DispatchedCall<'a> {
     pub name: &'a str,
     /// What the attempt costs in budgets' cost units (its tool's `cost`).
     pub cost: u64,
+    /// The version of its tool it is pinned to (its contract hash).
+    pub version: Option<&'a str>,
 }

@@ -184,6 +184,7 @@ impl<'a> Commit<'a> {
                 attempt,
                 call_id: call.event_id.to_string(),
                 name: call.name.to_owned(),
+                tool_version: call.version.map(str::to_owned),
             });
             self.attempts.push((call.wire_id.to_string(), attempt));
             // A call counts once, each attempt's cost each time.
@@ -377,12 +378,14 @@ mod tests {
                 wire_id: &w1,
                 name: "echo",
                 cost: 3,
+                version: Some("c0ffee"),
             },
             DispatchedCall {
                 event_id: &x1,
                 wire_id: &w2,
                 name: "sleep",
                 cost: 0,
+                version: None,
             },
         ];
         commit.dispatched(&calls, 2);
@@ -399,12 +402,14 @@ mod tests {
                 JobEvent::ToolCallDispatched {
                     attempt: 2,
                     call_id: "call_a".into(),
-                    name: "echo".into()
+                    name: "echo".into(),
+                    tool_version: Some("c0ffee".into()),
                 },
                 JobEvent::ToolCallDispatched {
                     attempt: 2,
                     call_id: "x.1".into(),
-                    name: "sleep".into()
+                    name: "sleep".into(),
+                    tool_version: None,
                 },
             ],
             "by the id the events show"

@@ -45,17 +45,21 @@ pub(super) async fn acknowledge(message: &Message, outcome: Outcome) {
 
 impl Executor {
     /// Stores `envelope` as the attempt's result, with the time the worker
-    /// `worked` on it, and publishes what is stored.
+    /// `worked` on it and the version of its tool it `ran_on` (if it ran),
+    /// and publishes what is stored.
     pub(super) async fn settle(
         &self,
         call: &ToolCall,
         owner: &str,
         envelope: &Envelope,
-        worked: Duration,
+        (worked, ran_on): (Duration, Option<&str>),
     ) -> Outcome {
-        let record = StoredResult::new(call, envelope.clone())
-            .worked(worked)
-            .to_json();
+        let record = StoredResult::new(call, envelope.clone()).worked(worked);
+        let record = match ran_on {
+            Some(contract) => record.ran_on(contract),
+            None => record,
+        };
+        let record = record.to_json();
         let stored = match self.ledger.complete(call, owner, &record).await {
             Ok(stored) => stored,
             Err(err) => {
