@@ -883,7 +883,7 @@ mod tests {
                     worked_us: Some(150),
                     tool_version: Some("c0ffee".into()),
                 },
-                r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"worked_us":150,"tool_version":"c0ffee"}"#,
+                r#"{"attempts":1,"call_id":"c1","code":null,"name":"echo","ok":true,"round_trip_us":900,"tool_version":"c0ffee","worked_us":150}"#,
             ),
             (
                 JobEvent::JobSucceeded {
