@@ -110,7 +110,9 @@ fn hot_path(c: &mut Criterion) {
         round_trip_us: Some(1830),
         source: None,
         worked_us: Some(420),
-        tool_version: Some("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into()),
+        tool_version: Some(
+            "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08".into(),
+        ),
     };
     c.bench_function("event/tool_call_result_data", |b| {
         b.iter(|| black_box(&event).data_json())

@@ -401,18 +401,18 @@ pub enum JobEvent {
         /// (`attempts` 0).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         source: Option<String>,
-        /// How long the worker worked on the last attempt (checks and run),
-        /// by its own clock; the rest of the round trip is the wait in the
-        /// queue and the way there and back. Absent for calls answered
-        /// without a worker, and from workers older than this field.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        worked_us: Option<u64>,
         /// The version of the tool the worker ran the last attempt on (the
         /// contract hash its record says): the version its model was shown
         /// (decision 0058). Absent for calls answered without running, and
         /// from workers older than this field.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         tool_version: Option<String>,
+        /// How long the worker worked on the last attempt (checks and run),
+        /// by its own clock; the rest of the round trip is the wait in the
+        /// queue and the way there and back. Absent for calls answered
+        /// without a worker, and from workers older than this field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        worked_us: Option<u64>,
     },
     /// A call waits for a person's approval before it runs (it is held,
     /// not published).
