@@ -326,3 +326,82 @@ async fn a_rolling_upgrade_under_load_changes_a_schema_and_loses_repeats_and_mis
     }
     Ok(())
 }
+
+/// Fast takeover of a killed orchestrator's jobs.
+const FAST_TAKEOVER: &[(&str, &str)] = &[
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+#[tokio::test]
+async fn an_orchestrator_killed_while_a_pinned_call_waits_leaves_its_pin_to_the_next()
+-> anyhow::Result<()> {
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let mut api = fleet.api(0).await?;
+    let first = offered_echo(&api, 1).await?;
+    let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
+    wait_until("the call to be held", WAIT, || {
+        let mut api = api.clone();
+        let job_id = held.clone();
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    fleet.worker(0).stop(WAIT).await?;
+    let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
+    offered_echo(&api, 1).await?;
+    api.decide_call(v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    })
+    .await?;
+    wait_until(
+        "the other version's worker to hand the call back",
+        WAIT,
+        || {
+            let handed = fleet
+                .worker(second)
+                .log_tail(100_000)
+                .contains("call pinned to another version");
+            async move { handed.then_some(()) }
+        },
+    )
+    .await?;
+
+    // The runner dies with the call queued; another orchestrator, which
+    // never saw the first version, resumes the job from Redis.
+    fleet.orchestrator(0).kill();
+    let next = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
+    let api = fleet.api(next).await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(echoes_run(&fleet, second), 0, "still pinned to the first");
+    let first_again = fleet.spawn_worker().await?;
+    let job = wait_finished(&api, &held).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.output_text, "hi");
+    assert_eq!(echoes_run(&fleet, first_again), 1, "once, on its version");
+    assert_eq!(echoes_run(&fleet, second), 0);
+    let seen = toolfleet_tests::fleet::events(&api, &held).await?;
+    let ran_on: Vec<&serde_json::Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_result")
+        .map(|(_, data)| &data["tool_version"])
+        .collect();
+    assert_eq!(ran_on, [&json!(first)]);
+    let pinned: Vec<&serde_json::Value> = seen
+        .iter()
+        .filter(|(kind, _)| kind == "tool_call_dispatched")
+        .map(|(_, data)| &data["tool_version"])
+        .collect();
+    assert!(
+        !pinned.is_empty() && pinned.iter().all(|v| **v == json!(first)),
+        "{pinned:?}"
+    );
+    Ok(())
+}
