@@ -68,6 +68,10 @@ pub(crate) async fn job(
     let headers = || {
         let mut headers = HeaderMap::new();
         headers.insert(names::headers::MSG_ID, msg_id);
+        headers.insert(
+            names::headers::FORMAT,
+            toolfleet_proto::format::current().as_str(),
+        );
         headers.insert(names::headers::TENANT, tenant);
         headers
     };

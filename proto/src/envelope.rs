@@ -226,6 +226,12 @@ pub struct StoredResult {
     /// and for a call answered without running (`TOOL_VERSION_GONE`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_version: Option<String>,
+    /// The record's format (`crate::format`); absent: format 1. Any JSON,
+    /// so that a newer release's marker, whatever it looks like, is read
+    /// as a format this release refuses ([`format`](Self::format)), never
+    /// as a record that does not parse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<serde_json::Value>,
 }
 
 impl StoredResult {
@@ -237,7 +243,23 @@ impl StoredResult {
             envelope,
             worked_us: None,
             tool_version: None,
+            format: Some(crate::format::CURRENT.into()),
         }
+    }
+
+    /// The record's format, when this release reads it.
+    ///
+    /// # Errors
+    ///
+    /// [`Unreadable`](crate::format::Unreadable): a newer release's format
+    /// (or a `format` that is not one): the record must not be read as one
+    /// this release knows.
+    pub fn format(&self) -> Result<u32, crate::format::Unreadable> {
+        let marker = self.format.as_ref().map(|format| match format {
+            serde_json::Value::String(text) => text.clone(),
+            other => other.to_string(),
+        });
+        crate::format::read("a call's result", marker.as_deref())
     }
 
     /// The record, saying that the worker ran the call on the version of
@@ -288,6 +310,7 @@ impl StoredResult {
                     envelope,
                     worked_us: None,
                     tool_version: None,
+                    format: None,
                 })
                 .map_err(|_| record_error)
         })
@@ -384,6 +407,58 @@ mod tests {
         let legacy = StoredResult::read(r#"{"ok":true,"data":4}"#, "echo", "{}").unwrap();
         assert!(legacy.answers("echo", "{}"));
         assert!(StoredResult::read("not json", "echo", "{}").is_err());
+    }
+
+    /// A record as the release before formats were marked wrote it, read
+    /// by this one; this release's records say their format; a newer
+    /// format is never read as one this release knows.
+    #[test]
+    fn a_stored_result_says_its_format_and_reads_the_release_before() {
+        let sha = arguments_sha256(r#"{"expression":"2+2"}"#);
+        let before = format!(
+            r#"{{"tool":"calculate","arguments_sha256":"{sha}","envelope":{{"ok":true,"data":4}},"worked_us":31}}"#
+        );
+        let record = StoredResult::read(&before, "echo", "{}").unwrap();
+        assert_eq!(record.format(), Ok(1));
+        assert!(record.answers("calculate", r#"{"expression":"2+2"}"#));
+        assert_eq!((record.worked_us, record.tool_version), (Some(31), None));
+
+        let call = crate::ToolCall {
+            job_id: "acme-0190000000010000000000001234".into(),
+            call_id: "c1".into(),
+            attempt: 1,
+            tool: "calculate".into(),
+            arguments: r#"{"expression":"2+2"}"#.into(),
+            deadline_ms: None,
+            idempotency_key: "k".into(),
+            reply_to: None,
+        };
+        let now = StoredResult::new(&call, Envelope::Ok(serde_json::json!(4))).ran_on("c0ffee");
+        let text = now.to_json();
+        assert!(text.contains(r#""format":2"#), "{text}");
+        let back = StoredResult::read(&text, "echo", "{}").unwrap();
+        assert_eq!(
+            (back.format(), back.tool_version.as_deref()),
+            (Ok(2), Some("c0ffee"))
+        );
+
+        for newer in [
+            r#"3"#,
+            r#""3""#,
+            r#""two""#,
+            r#"-1"#,
+            r#"2.5"#,
+            r#"{"major":3}"#,
+        ] {
+            let text = format!(
+                r#"{{"tool":"calculate","arguments_sha256":"{sha}","envelope":{{"ok":true,"data":4}},"format":{newer}}}"#
+            );
+            let record = StoredResult::read(&text, "echo", "{}").expect("it parses");
+            assert!(
+                record.format().is_err(),
+                "{newer} was read as a known format"
+            );
+        }
     }
 
     fn arb_json() -> impl Strategy<Value = Value> {

@@ -61,6 +61,11 @@ pub mod headers {
     /// (decision 0058); a call without it (from an orchestrator that
     /// predates pinning) runs on any worker of its tool.
     pub const TOOL_VERSION: &str = "Toolfleet-Tool-Version";
+    /// The format of the message (`toolfleet_proto::format`): a call, a
+    /// reply, a job's queue message. Absent: format 1, the release before
+    /// formats were marked. A reader that does not know the format leaves
+    /// the message to a newer process (decision 0059).
+    pub const FORMAT: &str = "Toolfleet-Format";
     /// The tenant of a queued job (set by the orchestrator), so that a job
     /// whose state Redis lost is still reported to its owner.
     pub const TENANT: &str = "Toolfleet-Tenant";

@@ -405,3 +405,157 @@ async fn an_orchestrator_killed_while_a_pinned_call_waits_leaves_its_pin_to_the_
     );
     Ok(())
 }
+
+/// What a process logs when it leaves a job or a call to a newer release.
+const LEFT_FOR_NEWER: [&str; 3] = [
+    "a call this worker cannot read handed back",
+    "the stored result of this attempt is in a newer format; handed back",
+    "a job this orchestrator cannot read is left for a newer one",
+];
+
+#[tokio::test]
+async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow::Result<()> {
+    use async_nats::jetstream;
+    use toolfleet_proto::names::{self, RedisKeys};
+
+    let mut fleet = Fleet::start(test_fleet(1)).await?;
+    let js = jetstream::new(fleet.client.clone());
+    let mut redis = fleet.redis.connection().await?;
+
+    // A call message in format 3: handed back unread, not run, not answered.
+    let future = toolfleet_tests::fleet::call(
+        "job-future",
+        "c1",
+        "increment_counter",
+        r#"{"key":"future"}"#,
+    );
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(names::headers::MSG_ID, future.msg_id().as_str());
+    headers.insert(names::headers::FORMAT, "3");
+    js.publish_with_headers(
+        names::call_subject(&future.tool),
+        headers,
+        serde_json::to_vec(&future)?.into(),
+    )
+    .await?
+    .await?;
+    fleet
+        .worker(0)
+        .wait_for_log(LEFT_FOR_NEWER[0], WAIT)
+        .await?;
+    assert!(
+        fleet
+            .worker(0)
+            .log_tail(1000)
+            .contains(r#"a call is in format "3""#)
+    );
+    assert_eq!(fleet.counter("future").await?, 0, "not run");
+    assert_eq!(fleet.stored_result(&future).await?, None, "not claimed");
+
+    // A result a newer worker stored: never answered from, by this worker.
+    let mut results = fleet.results("job-stored").await?;
+    let stored = toolfleet_tests::fleet::call("job-stored", "c1", "echo", r#"{"text":"hi"}"#);
+    let record = json!({
+        "tool": "echo",
+        "arguments_sha256": toolfleet_proto::envelope::arguments_sha256(&stored.arguments),
+        "envelope": {"ok": true, "data": {"text": "read as format 2"}},
+        "format": 3,
+    });
+    let key = RedisKeys::default().call_result(
+        &stored.job_id,
+        &stored.tool,
+        &stored.call_id,
+        stored.attempt,
+    );
+    let _: () = redis::cmd("SET")
+        .arg(&key)
+        .arg(record.to_string())
+        .query_async(&mut redis)
+        .await?;
+    fleet.publish_call(&stored).await?;
+    fleet
+        .worker(0)
+        .wait_for_log(LEFT_FOR_NEWER[1], WAIT)
+        .await?;
+    assert!(
+        results.next(Duration::from_millis(500)).await.is_err(),
+        "answered from a record of a newer format"
+    );
+
+    // A job a newer orchestrator stored: refused by GetJob, left as it is
+    // by the runner, and whole for the release that reads it.
+    fleet.spawn_orchestrator(&[]).await?;
+    let mut api = fleet.api(0).await?;
+    offered_echo(&api, 1).await?;
+    let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
+    wait_until("the call to be held", WAIT, || {
+        let mut api = api.clone();
+        let job_id = held.clone();
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    let job_key = RedisKeys::default().job(&toolfleet_tests::fleet::job_id(&held));
+    let format: String = redis::cmd("HGET")
+        .arg(&job_key)
+        .arg("format")
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(format, "2", "this release writes format 2");
+    let _: () = redis::cmd("HSET")
+        .arg(&job_key)
+        .arg("format")
+        .arg("3")
+        .query_async(&mut redis)
+        .await?;
+    let before: Vec<String> = redis::cmd("HMGET")
+        .arg(&job_key)
+        .arg(&["status", "epoch", "events"][..])
+        .query_async(&mut redis)
+        .await?;
+    let refused = api
+        .get_job(v1::GetJobRequest {
+            job_id: held.clone(),
+        })
+        .await
+        .expect_err("a job of a newer format");
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains(r#"format "3""#),
+        "{}",
+        refused.message()
+    );
+    js.publish(names::JOB_SUBJECT, held.clone().into())
+        .await?
+        .await?;
+    fleet
+        .orchestrator(0)
+        .wait_for_log(LEFT_FOR_NEWER[2], WAIT)
+        .await?;
+    let after: Vec<String> = redis::cmd("HMGET")
+        .arg(&job_key)
+        .arg(&["status", "epoch", "events"][..])
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(before, after, "nothing read, nothing written");
+    // Once a release that reads it has it, nothing is missing.
+    let _: () = redis::cmd("HSET")
+        .arg(&job_key)
+        .arg("format")
+        .arg("2")
+        .query_async(&mut redis)
+        .await?;
+    api.decide_call(v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    })
+    .await?;
+    let job = wait_finished(&api, &held).await?;
+    assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
+    assert_eq!(job.output_text, "hi");
+    Ok(())
+}

@@ -22,7 +22,8 @@ pub const CALLS_REJECTED_TOTAL: &str = "toolfleet_worker_calls_rejected_total";
 
 /// Call messages handed back unclaimed, to be delivered again later, by
 /// `tool` and `reason`: `other_version` (the call is pinned to a version of
-/// its tool this worker does not run; decision 0058).
+/// its tool this worker does not run; decision 0058), `newer_format` (a
+/// call message in a format this release does not read; decision 0059).
 pub const CALLS_HANDED_BACK_TOTAL: &str = "toolfleet_worker_calls_handed_back_total";
 
 pub(crate) fn call_handed_back(tool: &str, reason: &'static str) {

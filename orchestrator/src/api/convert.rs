@@ -38,6 +38,12 @@ pub(crate) fn to_status(err: &store::Error) -> Status {
             warn!(error = %err, "corrupt job record");
             Status::internal(format!("the record of job {job_id} is unreadable"))
         }
+        // Said whole: the format is the job's, not a secret, and tells the
+        // operator which release can read it.
+        store::Error::Unreadable { .. } => {
+            warn!(error = %err, "a job in a format this release does not read");
+            Status::failed_precondition(format!("{err}; ask an orchestrator of a newer release"))
+        }
     }
 }
 

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use toolfleet_proto::call::is_valid_call_id;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
 use toolfleet_proto::names::{self, headers, span_attributes};
-use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId};
+use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId, format};
 use tracing::{debug, error, info, warn};
 
 use super::progress::ProgressGate;
@@ -21,7 +21,7 @@ use super::{CallOutcome, Dispatcher, Origin, PlannedCall, Ready, Round, RoundErr
 use toolfleet_service::traces::{self, StepSpan};
 
 use crate::budget::Over;
-use crate::job::{JobTrace, now_ms};
+use crate::job::{JobId, JobTrace, now_ms};
 use crate::publish::{self, Refusal, Unpublished, What};
 use crate::quota::{CallSlot, SlotRequest};
 use crate::store::Attempts;
@@ -404,7 +404,7 @@ impl Dispatcher {
                 .call_result(job_id, &call.name, &call.wire_id, attempt)
                 .await?
             {
-                return Ok(checked_answer(call, &text));
+                return parse_stored(job_id, call, &text);
             }
         }
         let sent = Instant::now();
@@ -415,7 +415,7 @@ impl Dispatcher {
         let (text, from_reply) = self.wait(round, call, attempt, &mut notices, true).await?;
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
-        let answer = parse_stored(call, &text);
+        let answer = parse_stored(&round.lease.job_id, call, &text)?;
         let pinned = self
             .shown(&call.name, round.offered)
             .map(|tool| tool.contract);
@@ -456,7 +456,7 @@ impl Dispatcher {
                     .0
             }
         };
-        Ok(checked_answer(call, &text))
+        parse_stored(job_id, call, &text)
     }
 
     /// Publishes one attempt, retrying while JetStream is unreachable or
@@ -737,39 +737,46 @@ fn published(sent: Result<(), Unpublished>) -> Result<Option<Envelope>, RoundErr
 /// retryable `FOREIGN_RESULT`, so that the next attempt, with keys of its
 /// own, runs the real call. An unreadable one (a bug or a foreign writer) is
 /// the tool's failure, not the runner's.
-fn parse_stored(call: &PlannedCall, text: &str) -> Answer {
-    match StoredResult::read(text, &call.name, &call.arguments) {
-        Ok(record) if record.answers(&call.name, &call.arguments) => Answer {
-            worked: record.worked_us.map(Duration::from_micros),
-            ran_on: record.tool_version.map(Arc::from),
-            ..Answer::of(record.envelope)
+///
+/// # Errors
+///
+/// A record in a format this release does not read (a newer worker's,
+/// decision 0059) stops the round, the record untouched, for a newer
+/// orchestrator to resume the job.
+fn parse_stored(job_id: &JobId, call: &PlannedCall, text: &str) -> Result<Answer, RoundError> {
+    Ok(
+        match StoredResult::read(text, &call.name, &call.arguments) {
+            Ok(record) if let Err(unreadable) = record.format() => {
+                let job_id = job_id.to_owned();
+                return Err(store::Error::Unreadable { job_id, unreadable }.into());
+            }
+            Ok(record) if record.answers(&call.name, &call.arguments) => Answer {
+                worked: record.worked_us.map(Duration::from_micros),
+                ran_on: record.tool_version.map(Arc::from),
+                ..Answer::of(record.envelope)
+            },
+            Ok(record) => {
+                error!(
+                    call_id = %call.wire_id,
+                    stored_tool = excerpt(&record.tool, 64),
+                    "the stored result answers another call (a forged call with these ids?); refused"
+                );
+                let refused = Envelope::retryable(
+                    ErrorCode::FOREIGN_RESULT,
+                    "the stored result did not belong to this call; it was not used",
+                );
+                Answer::of(refused)
+            }
+            Err(err) => {
+                warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable result");
+                let unreadable = Envelope::terminal(
+                    ErrorCode::TOOL_EXECUTION_FAILED,
+                    "the tool's answer was unreadable",
+                );
+                Answer::of(unreadable)
+            }
         },
-        Ok(record) => {
-            error!(
-                call_id = %call.wire_id,
-                stored_tool = excerpt(&record.tool, 64),
-                "the stored result answers another call (a forged call with these ids?); refused"
-            );
-            let refused = Envelope::retryable(
-                ErrorCode::FOREIGN_RESULT,
-                "the stored result did not belong to this call; it was not used",
-            );
-            Answer::of(refused)
-        }
-        Err(err) => {
-            warn!(call_id = %call.wire_id, error = %err, "a worker stored an unreadable result");
-            let unreadable = Envelope::terminal(
-                ErrorCode::TOOL_EXECUTION_FAILED,
-                "the tool's answer was unreadable",
-            );
-            Answer::of(unreadable)
-        }
-    }
-}
-
-/// The answer of a stored result read from Redis.
-fn checked_answer(call: &PlannedCall, text: &str) -> Answer {
-    parse_stored(call, text)
+    )
 }
 
 /// The stored result a worker's reply carries, when the round may take it
@@ -820,7 +827,14 @@ pub(super) async fn forward_results(
             continue;
         };
         let progress = headers.get(headers::PROGRESS).is_some();
-        let stored = message.payload;
+        // A reply in a format this release does not read is only a
+        // wake-up: the round reads Redis, where the record's own format is
+        // checked.
+        let marker = headers.get(headers::FORMAT).map(|value| value.as_str());
+        let stored = match format::read("a reply", marker) {
+            Ok(_) => message.payload,
+            Err(_) => bytes::Bytes::new(),
+        };
         let _ = notify.send(Notice {
             call_id,
             attempt,
@@ -865,6 +879,7 @@ fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {
 fn call_headers(wire: &ToolCall, model_id: &str, msg_id: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(headers::MSG_ID, msg_id);
+    headers.insert(headers::FORMAT, format::current().as_str());
     headers.insert(headers::JOB_ID, wire.job_id.as_str());
     headers.insert(headers::CALL_ID, wire.call_id.as_str());
     headers.insert(headers::ATTEMPT, wire.attempt.to_string().as_str());

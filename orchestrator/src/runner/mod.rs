@@ -25,7 +25,7 @@ use toolfleet_service::connect::patiently;
 use toolfleet_service::drain;
 use toolfleet_service::pull::pull;
 use toolfleet_service::queue::{Missing, QueueError, SharedConsumer, WorkQueue};
-use tracing::{debug, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::dispatch::Dispatcher;
 use crate::job::JobId;
@@ -213,7 +213,17 @@ impl Runner {
     async fn handle(&self, message: jetstream::Message, abandon: CancellationToken) {
         let payload = String::from_utf8_lossy(&message.payload);
         let job_id = JobId::parse(&payload);
+        let marker = message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(names::headers::FORMAT))
+            .map(|value| value.as_str());
+        let readable = toolfleet_proto::format::read("a job's queue message", marker);
         let delivery = match &job_id {
+            Some(job_id) if let Err(unreadable) = readable => {
+                error!(%job_id, error = %unreadable, "a job this orchestrator cannot read is left for a newer one");
+                Delivery::Newer
+            }
             Some(job_id) => self.take_and_run(job_id, &message, abandon).await,
             None => {
                 // Not one this service queued: nothing to run, and its bytes
@@ -255,6 +265,10 @@ impl Runner {
                 return Delivery::Done;
             }
             Ok((Acquired::Missing, _)) => return self.lost(job_id, message).await,
+            Ok((Acquired::Unreadable(unreadable), _)) => {
+                error!(%job_id, error = %unreadable, "a job this orchestrator cannot read is left for a newer one");
+                return Delivery::Newer;
+            }
             Ok((Acquired::Held, _)) => {
                 debug!(%job_id, "job is held by another runner");
                 return Delivery::HeldElsewhere;
@@ -287,8 +301,12 @@ impl Runner {
                 _ => Delivery::Stale,
             },
             Err(Stopped::Store(err)) => {
-                warn!(%job_id, error = %err, "job store failed; the job resumes later");
                 let _ = self.store.release(&lease).await;
+                if let crate::store::Error::Unreadable { .. } = err {
+                    error!(%job_id, error = %err, "a job this orchestrator cannot read is left for a newer one");
+                    return Delivery::Newer;
+                }
+                warn!(%job_id, error = %err, "job store failed; the job resumes later");
                 Delivery::RetryLater
             }
         }

@@ -209,7 +209,15 @@ pub(crate) enum Delivery {
     /// Not a job id: nothing this service queued, and never runnable.
     /// Terminate it, so that JetStream never delivers it again.
     Rejected,
+    /// The job, or its message, is in a format this release does not read
+    /// (decision 0059): left as it is for an orchestrator of a newer
+    /// release, delivered again after [`NEWER_FORMAT_WAIT`].
+    Newer,
 }
+
+/// Pause before a job this release cannot read is delivered again: long
+/// enough not to spin while no newer orchestrator runs.
+pub(crate) const NEWER_FORMAT_WAIT: Duration = Duration::from_secs(30);
 
 /// Pause before a job whose store failed is delivered again.
 const RETRY_LATER: Duration = Duration::from_secs(1);
@@ -224,6 +232,7 @@ pub(crate) fn ack_for(delivery: Delivery, lease_ttl: Duration) -> Option<AckKind
         Delivery::Stale => None,
         Delivery::RetryLater => Some(AckKind::Nak(Some(RETRY_LATER))),
         Delivery::Rejected => Some(AckKind::Term),
+        Delivery::Newer => Some(AckKind::Nak(Some(NEWER_FORMAT_WAIT))),
     }
 }
 
@@ -562,6 +571,7 @@ pub(crate) mod tests {
             (Delivery::Stale, None),
             (Delivery::RetryLater, Some(AckKind::Nak(Some(RETRY_LATER)))),
             (Delivery::Rejected, Some(AckKind::Term)),
+            (Delivery::Newer, Some(AckKind::Nak(Some(NEWER_FORMAT_WAIT)))),
         ];
         for (delivery, ack) in cases {
             assert_eq!(

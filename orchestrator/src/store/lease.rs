@@ -51,7 +51,8 @@ impl JobStore {
             .arg(start_event.started)
             .arg(start_event.resumed)
             .arg(&start_event.before_epoch)
-            .arg(&start_event.after_epoch);
+            .arg(&start_event.after_epoch)
+            .arg(toolfleet_proto::format::CURRENT);
         let mut pipe = redis::pipe();
         pipe.invoke_script(&acquisition);
         self.load_run_commands(&mut pipe, job_id);
@@ -68,7 +69,13 @@ impl JobStore {
             _ => None,
         };
         let submitter = start.as_ref().and_then(|s| s.record.spec.submitter.clone());
-        let acquired = acquired(job_id, owner, epoch, resumed == 1, submitter);
+        let acquired = match epoch {
+            -3 => Acquired::Unreadable(toolfleet_proto::format::Unreadable {
+                what: "the job",
+                found: events.to_string(),
+            }),
+            _ => acquired(job_id, owner, epoch, resumed == 1, submitter),
+        };
         if moved > 0 {
             // The run goes on without this move: a job left in the parked
             // index while it runs is put right by its next park, its end
@@ -227,16 +234,21 @@ pub enum Acquired {
     Finished,
     /// The job has a queue message but no record: its state was lost.
     Missing,
+    /// The job is stored in a format this release does not read (a newer
+    /// release's; decision 0059): left as it is.
+    Unreadable(toolfleet_proto::format::Unreadable),
 }
 
 /// KEYS: job, lease, events. ARGV: owner, ttl_ms, now_ms, the kinds of the
-/// events of a first run and of a resumed one, and the event's data before
-/// and after its epoch.
+/// events of a first run and of a resumed one, the event's data before
+/// and after its epoch, and the newest format this release reads.
 /// Takes the lease if it is free and the job is not finished, and starts
 /// the run in the same step: the job is running, with a `job_started` event
 /// (`job_resumed` when it ran before). Returns `{epoch, events, resumed,
 /// moved}`: the new epoch (0 if another runner holds the lease, -1 if the
-/// job is finished, -2 if it is missing; nothing is written then), the
+/// job is finished, -2 if it is missing, -3 if it is stored in a format
+/// this release does not read, with that format, or 0 when it is not a
+/// number, in place of the events; nothing is written then), the
 /// number of events the job has, 1 when the run resumes, and the job's
 /// count of moves if it took a parked job that nothing had queued again
 /// (else 0): the caller moves it to the unfinished index.
@@ -245,6 +257,14 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
         r"
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {-2, 0, 0, 0} end
+-- A format this release does not read: nothing is read or written.
+local format = redis.call('HGET', KEYS[1], 'format')
+if format then
+  local number = tonumber(format)
+  if not number or number < 1 or number > tonumber(ARGV[8]) then
+    return {-3, math.max(0, math.floor(number or 0)), 0, 0}
+  end
+end
 if $ENDED then return {-1, 0, 0, 0} end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {0, 0, 0, 0} end
 -- Time parked for an approval does not count against the deadline.

@@ -2,7 +2,8 @@
 //! submission idempotency and the fenced lease of the runner of each job.
 //!
 //! Layout (names in `toolfleet_proto::names::RedisKeys`), one hash tag per job:
-//! - `tf:{<job>}:job`: a hash: `spec` (JSON), `status`, `rounds`, `epoch`,
+//! - `tf:{<job>}:job`: a hash: `format` (the format of every record of the
+//!   job, `toolfleet_proto::format`; absent: format 1), `spec` (JSON), `status`, `rounds`, `epoch`,
 //!   `turns`, `events` (count), `output_text`, `error_code`, `error_message`,
 //!   `created_at_ms`, `finished_at_ms`, `cancel_requested`, `moves` and
 //!   `requeued` (its place in the sweeper's indexes: `place`, `park`), `call_secret`
@@ -126,6 +127,17 @@ pub enum Error {
     /// result instead.
     #[error("a reply's result for job {0} is not the stored one")]
     ResultMismatch(JobId),
+    /// The job is stored in a format this release does not read: a newer
+    /// release wrote it (decision 0059). Nothing was read as if it were
+    /// one this release knows; leave the job to a newer orchestrator, never
+    /// fail it.
+    #[error("job {job_id}: {unreadable}")]
+    Unreadable {
+        /// The job.
+        job_id: JobId,
+        /// The format found.
+        unreadable: toolfleet_proto::format::Unreadable,
+    },
     /// Stored data does not parse: a bug or a foreign writer. Fail the job.
     #[error("corrupt record for job {job_id}: {detail}")]
     Corrupt {

@@ -326,6 +326,12 @@ fn parse_record(
         job_id: job_id.to_owned(),
         detail: detail.to_owned(),
     };
+    toolfleet_proto::format::read("the job", fields.get("format").map(String::as_str)).map_err(
+        |unreadable| Error::Unreadable {
+            job_id: job_id.to_owned(),
+            unreadable,
+        },
+    )?;
     let field = |name: &str| fields.get(name).map(String::as_str).unwrap_or_default();
     let number = |name: &str| field(name).parse::<u64>().unwrap_or_default();
     let mut spec: JobSpec = serde_json::from_str(field("spec")).map_err(|_| corrupt("spec"))?;

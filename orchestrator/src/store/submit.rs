@@ -61,7 +61,8 @@ impl JobStore {
             .arg(queued.data_json())
             .arg(WireIds::new_secret())
             .arg(traceparent)
-            .arg(tracestate);
+            .arg(tracestate)
+            .arg(toolfleet_proto::format::CURRENT);
         if fresh && !self.redis.is_cluster() {
             self.store_in_one_trip(&create, spec, &job_id, now).await?;
         } else {
@@ -252,7 +253,8 @@ pub struct Idempotency<'a> {
 }
 
 /// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
-/// event data, call secret, traceparent, tracestate (both may be empty).
+/// event data, call secret, traceparent, tracestate (both may be empty),
+/// the format the job's records are written in.
 /// Creates the job unless it exists. Returns `{created, created_at_ms,
 /// ended}`: 1 and the given time when created; 0, the existing job's
 /// creation time and 1 if it has ended, when it existed.
@@ -268,7 +270,7 @@ if status then
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
            'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6],
-           'traceparent', ARGV[7], 'tracestate', ARGV[8])
+           'traceparent', ARGV[7], 'tracestate', ARGV[8], 'format', ARGV[9])
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
 return {1, tonumber(ARGV[2]), 0}

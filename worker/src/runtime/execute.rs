@@ -65,6 +65,14 @@ impl Executor {
     /// bad input: every outcome is an envelope or an ack decision.
     pub(crate) async fn handle(self: Arc<Self>, tool: String, message: Message) {
         metrics::in_flight(1.0);
+        if let Err(unreadable) = pin::readable(&message) {
+            // Nothing of it is read: a newer worker takes it.
+            error!(tool, error = %unreadable, "a call this worker cannot read handed back");
+            metrics::call_handed_back(&tool, pin::NEWER_FORMAT);
+            settle::acknowledge(&message, Outcome::Retry(pin::NEWER_FORMAT_WAIT)).await;
+            metrics::in_flight(-1.0);
+            return;
+        }
         let outcome = match decode(&message) {
             Ok(call) => {
                 if message.info().is_ok_and(|info| info.delivered > 1) {

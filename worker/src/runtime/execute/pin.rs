@@ -21,13 +21,36 @@
 use std::time::Duration;
 
 use async_nats::jetstream::Message;
-use toolfleet_proto::{Envelope, ErrorCode, names};
+use toolfleet_proto::{Envelope, ErrorCode, format, names};
 
 use super::LoadedTool;
 
 /// The `reason` of `toolfleet_worker_calls_handed_back_total` for a call
 /// pinned to another version of its tool.
 pub(super) const OTHER_VERSION: &str = "other_version";
+
+/// The `reason` of `toolfleet_worker_calls_handed_back_total` for a call
+/// message in a format this release does not read (decision 0059).
+pub(super) const NEWER_FORMAT: &str = "newer_format";
+
+/// How long a call in a format this worker does not read waits before it
+/// is delivered again, to a worker that may read it.
+pub(super) const NEWER_FORMAT_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether this worker reads `message`'s format
+/// ([`FORMAT`](names::headers::FORMAT)).
+///
+/// # Errors
+///
+/// The format it says, when this release does not read it.
+pub(super) fn readable(message: &Message) -> Result<u32, format::Unreadable> {
+    let marker = message
+        .headers
+        .as_ref()
+        .and_then(|headers| headers.get(names::headers::FORMAT))
+        .map(|value| value.as_str());
+    format::read("a call", marker)
+}
 
 /// The wait after a first delivery to a worker of another version.
 const FIRST: Duration = Duration::from_millis(10);

@@ -8,7 +8,7 @@ use async_nats::jetstream::{AckKind, Message};
 use async_nats::{HeaderMap, Subject};
 use toolfleet_proto::envelope::StoredResult;
 use toolfleet_proto::names::headers;
-use toolfleet_proto::{Envelope, ToolCall};
+use toolfleet_proto::{Envelope, ToolCall, format};
 use tracing::{error, warn};
 
 use super::Executor;
@@ -86,6 +86,12 @@ impl Executor {
     /// tries another attempt.
     async fn reply_with(&self, call: &ToolCall, stored: &str, dedup_hit: bool) -> Outcome {
         match StoredResult::read(stored, &call.tool, &call.arguments) {
+            Ok(record) if let Err(unreadable) = record.format() => {
+                // Never answered as if this release knew it: a newer worker
+                // stored it, and a newer worker answers from it.
+                error!(error = %unreadable, "the stored result of this attempt is in a newer format; handed back");
+                Outcome::Retry(super::pin::NEWER_FORMAT_WAIT)
+            }
             Ok(record) if record.answers(&call.tool, &call.arguments) => {
                 self.reply(call, stored.as_bytes().to_vec(), dedup_hit)
                     .await;
@@ -117,6 +123,7 @@ impl Executor {
             return;
         };
         let mut headers = HeaderMap::new();
+        headers.insert(headers::FORMAT, format::current().as_str());
         headers.insert(headers::JOB_ID, call.job_id.as_str());
         headers.insert(headers::CALL_ID, call.call_id.as_str());
         headers.insert(headers::ATTEMPT, call.attempt.to_string().as_str());
