@@ -16,14 +16,12 @@
 //!   it for every key under the job's hash tag (its items, events, offered
 //!   tools, held calls, attempts);
 //! - a call's result in the ledger: the `format` field of its record
-//!   ([`StoredResult`](crate::envelope::StoredResult)).
+//!   (`StoredResult`).
 //!
 //! What says no format was written before formats were marked: format 1.
 //! What says a format above [`CURRENT`] is never read as if it were one
 //! this release knows: [`read`] refuses it, and the reader leaves it to a
 //! newer process, with a log line naming the format.
-
-use crate::envelope::excerpt;
 
 /// The format this release writes.
 pub const CURRENT: u32 = 2;
@@ -61,8 +59,19 @@ pub fn read(what: &'static str, marker: Option<&str>) -> Result<u32, Unreadable>
         Ok(format) if (UNMARKED..=CURRENT).contains(&format) => Ok(format),
         _ => Err(Unreadable {
             what,
-            found: excerpt(marker, 16),
+            found: first_chars(marker, 16),
         }),
+    }
+}
+
+/// At most `max` characters of `text`, with `…` when cut: what a log line
+/// shows of a marker that may be anything. The envelope's excerpt does the
+/// same, but the envelope reads formats, and modules never depend on each
+/// other in a circle.
+fn first_chars(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
     }
 }
 
