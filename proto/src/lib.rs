@@ -12,7 +12,7 @@
 //! - [`job`]: the job lifecycle: statuses, job error codes and events, and
 //!   the form of job ids and tenant names.
 //! - [`names`]: every subject, stream, consumer, header, bucket and Redis key.
-//! - [`format`]: the format versions of what is stored and sent, so that
+//! - [`format`](mod@format): the format versions of what is stored and sent, so that
 //!   two releases run side by side.
 
 pub mod arguments;
