@@ -384,9 +384,9 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_stored_result_answers_the_call_it_was_stored_for() {
-        let call = crate::ToolCall {
+    /// A call of `calculate` with `2+2`.
+    fn two_plus_two() -> crate::ToolCall {
+        crate::ToolCall {
             job_id: "acme-0190000000010000000000001234".into(),
             call_id: "c1".into(),
             attempt: 1,
@@ -395,7 +395,12 @@ mod tests {
             deadline_ms: None,
             idempotency_key: "k".into(),
             reply_to: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_stored_result_answers_the_call_it_was_stored_for() {
+        let call = two_plus_two();
         let record = StoredResult::new(&call, Envelope::Ok(serde_json::json!(4)));
         let text = record.to_json();
         let back = StoredResult::read(&text, "other", "{}").unwrap();
@@ -423,16 +428,7 @@ mod tests {
         assert!(record.answers("calculate", r#"{"expression":"2+2"}"#));
         assert_eq!((record.worked_us, record.tool_version), (Some(31), None));
 
-        let call = crate::ToolCall {
-            job_id: "acme-0190000000010000000000001234".into(),
-            call_id: "c1".into(),
-            attempt: 1,
-            tool: "calculate".into(),
-            arguments: r#"{"expression":"2+2"}"#.into(),
-            deadline_ms: None,
-            idempotency_key: "k".into(),
-            reply_to: None,
-        };
+        let call = two_plus_two();
         let now = StoredResult::new(&call, Envelope::Ok(serde_json::json!(4))).ran_on("c0ffee");
         let text = now.to_json();
         assert!(text.contains(r#""format":2"#), "{text}");

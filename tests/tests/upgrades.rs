@@ -54,6 +54,29 @@ async fn offered_echo(api: &ApiClient, workers: u32) -> anyhow::Result<String> {
     .await
 }
 
+/// Waits until the job `job_id` is parked, its call held.
+async fn parked(api: &ApiClient, job_id: &str) -> anyhow::Result<()> {
+    wait_until("the call to be held", WAIT, || {
+        let mut api = api.clone();
+        let job_id = job_id.to_owned();
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await
+}
+
+/// The approval of the held call `say` of `job_id`.
+fn approve_say(job_id: &str) -> v1::DecideCallRequest {
+    v1::DecideCallRequest {
+        job_id: job_id.to_owned(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    }
+}
+
 /// How many times worker `index` began to run a call of `echo`.
 fn echoes_run(fleet: &Fleet, index: usize) -> usize {
     fleet
@@ -75,15 +98,7 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     // approval; meanwhile its only worker leaves and two of the second
     // version come.
     let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
-    wait_until("the call to be held", WAIT, || {
-        let mut api = api.clone();
-        let job_id = held.clone();
-        async move {
-            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
-            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
-        }
-    })
-    .await?;
+    parked(&api, &held).await?;
     // The approver sees which version the arguments are for.
     let pending = api
         .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
@@ -99,13 +114,7 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     );
     let second = offered_echo(&api, 2).await?;
     assert_ne!(first, second, "the two versions' contracts differ");
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approve_say(&held)).await?;
 
     // Pinned to the first version: the second's workers hand it back,
     // never run it, and the job waits.
@@ -192,26 +201,12 @@ async fn a_call_whose_version_has_no_worker_past_the_limit_is_answered_version_g
     let mut request = scripted_job("say hi", &script);
     request.require_approval = vec!["echo".to_owned()];
     let held = api.submit_job(request).await?.into_inner().job_id;
-    wait_until("the call to be held", WAIT, || {
-        let mut api = api.clone();
-        let job_id = held.clone();
-        async move {
-            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
-            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
-        }
-    })
-    .await?;
+    parked(&api, &held).await?;
     // Its version's only worker leaves for good; the other version's come.
     fleet.worker(0).stop(WAIT).await?;
     let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
     offered_echo(&api, 1).await?;
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approve_say(&held)).await?;
 
     // Retired once its version had no worker for 2 s: answered, not run,
     // and the model reads why.
@@ -342,25 +337,11 @@ async fn an_orchestrator_killed_while_a_pinned_call_waits_leaves_its_pin_to_the_
     let mut api = fleet.api(0).await?;
     let first = offered_echo(&api, 1).await?;
     let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
-    wait_until("the call to be held", WAIT, || {
-        let mut api = api.clone();
-        let job_id = held.clone();
-        async move {
-            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
-            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
-        }
-    })
-    .await?;
+    parked(&api, &held).await?;
     fleet.worker(0).stop(WAIT).await?;
     let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
     offered_echo(&api, 1).await?;
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approve_say(&held)).await?;
     wait_until(
         "the other version's worker to hand the call back",
         WAIT,
@@ -488,15 +469,7 @@ async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow:
     let mut api = fleet.api(0).await?;
     offered_echo(&api, 1).await?;
     let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
-    wait_until("the call to be held", WAIT, || {
-        let mut api = api.clone();
-        let job_id = held.clone();
-        async move {
-            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
-            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
-        }
-    })
-    .await?;
+    parked(&api, &held).await?;
     let job_key = RedisKeys::default().job(&toolfleet_tests::fleet::job_id(&held));
     let format: String = redis::cmd("HGET")
         .arg(&job_key)
@@ -547,13 +520,7 @@ async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow:
         .arg("2")
         .query_async(&mut redis)
         .await?;
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approve_say(&held)).await?;
     let job = wait_finished(&api, &held).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
     assert_eq!(job.output_text, "hi");
