@@ -142,7 +142,10 @@ impl Executor {
         };
         let started = Instant::now();
         if pin::is_version_gone(message) {
-            let gone = pin::version_gone(&call.tool, earlier.started);
+            // An execution that began (a side effect's marker, or a task
+            // it saved to resume) may have done its effect.
+            let began = earlier.started || earlier.checkpoint.is_some();
+            let gone = pin::version_gone(&call.tool, began);
             return self
                 .finished(call, (&owner, None), &gone, started, span)
                 .await;

@@ -98,8 +98,8 @@ pub(super) fn is_version_gone(message: &Message) -> bool {
 
 /// The answer to a call retired because the version of its tool it was
 /// made for is gone; `started`: an earlier execution of it began (on a
-/// worker of its version) and left no result, so its effect may have
-/// happened.
+/// worker of its version: it marked its start, or saved a checkpoint) and
+/// left no result, so its effect may have happened.
 pub(super) fn version_gone(tool: &str, started: bool) -> Envelope {
     let mut envelope = Envelope::terminal(
         ErrorCode::TOOL_VERSION_GONE,
