@@ -360,7 +360,22 @@ async fn an_orchestrator_killed_while_a_pinned_call_waits_leaves_its_pin_to_the_
     fleet.orchestrator(0).kill();
     let next = fleet.spawn_orchestrator(FAST_TAKEOVER).await?;
     let api = fleet.api(next).await?;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let next_owner = format!("orchestrator-{next}");
+    wait_until("the next orchestrator to resume the job", WAIT, || {
+        let (api, job_id, owner) = (api.clone(), held.clone(), next_owner.clone());
+        async move {
+            let seen = toolfleet_tests::fleet::events(&api, &job_id).await.ok()?;
+            seen.iter()
+                .any(|(kind, data)| {
+                    kind == "job_resumed"
+                        && data["owner"]
+                            .as_str()
+                            .is_some_and(|o| o.starts_with(&owner))
+                })
+                .then_some(())
+        }
+    })
+    .await?;
     assert_eq!(echoes_run(&fleet, second), 0, "still pinned to the first");
     let first_again = fleet.spawn_worker().await?;
     let job = wait_finished(&api, &held).await?;
