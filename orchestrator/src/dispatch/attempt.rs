@@ -407,8 +407,15 @@ impl Dispatcher {
                 return parse_stored(job_id, call, &text);
             }
         }
+        // The version the attempt is pinned to, the one its model was shown.
+        let pinned = self
+            .shown(&call.name, round.offered)
+            .map(|tool| tool.contract);
         let sent = Instant::now();
-        if let Some(refused) = self.publish(round, call, attempt, resumed).await? {
+        if let Some(refused) = self
+            .publish(round, (call, attempt), resumed, pinned.as_deref())
+            .await?
+        {
             // No worker got it: the queue's refusal is its answer.
             return Ok(Answer::of(refused));
         }
@@ -416,9 +423,6 @@ impl Dispatcher {
         let elapsed = sent.elapsed();
         crate::metrics::tool_call_round_trip(&call.name, elapsed);
         let answer = parse_stored(&round.lease.job_id, call, &text)?;
-        let pinned = self
-            .shown(&call.name, round.offered)
-            .map(|tool| tool.contract);
         if let (Some(pinned), Some(ran_on)) = (&pinned, &answer.ran_on)
             && pinned != ran_on
         {
@@ -459,15 +463,16 @@ impl Dispatcher {
         parse_stored(job_id, call, &text)
     }
 
-    /// Publishes one attempt, retrying while JetStream is unreachable or
-    /// electing a leader ([`publish::acked`]). `Some`: JetStream refused it
-    /// for good, and this is the attempt's answer ([`published`]).
+    /// Publishes one attempt, pinned to the version `pinned` of its tool,
+    /// retrying while JetStream is unreachable or electing a leader
+    /// ([`publish::acked`]). `Some`: JetStream refused it for good, and
+    /// this is the attempt's answer ([`published`]).
     async fn publish(
         &self,
         round: &Round<'_>,
-        call: &PlannedCall,
-        attempt: u32,
+        (call, attempt): (&PlannedCall, u32),
         resuming: bool,
+        pinned: Option<&str>,
     ) -> Result<Option<Envelope>, RoundError> {
         let Round {
             lease, spec, stop, ..
@@ -487,13 +492,10 @@ impl Dispatcher {
         let trace_headers = spans::attempt_context(round.trace, &call.wire_id, attempt)
             .map(|context| traces::headers(&context))
             .unwrap_or_default();
-        let pinned = self
-            .shown(&call.name, round.offered)
-            .map(|tool| tool.contract);
         let headers = || {
             let mut headers = call_headers(&wire, &call.call_id, &msg_id);
-            if let Some(version) = &pinned {
-                headers.insert(headers::TOOL_VERSION, &**version);
+            if let Some(version) = pinned {
+                headers.insert(headers::TOOL_VERSION, version);
             }
             for (name, value) in &trace_headers {
                 headers.insert(*name, value.as_str());
