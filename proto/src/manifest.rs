@@ -382,6 +382,13 @@ impl ToolManifest {
         format!("{:x}", hasher.finalize())
     }
 
+    /// Whether `text` has the form of a contract hash: 64 lowercase hex
+    /// digits. What a record from outside says a version is (a ledger
+    /// record's `tool_version`) is taken only in this form.
+    pub fn is_contract_hash(text: &str) -> bool {
+        text.len() == 64 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    }
+
     /// The retry policy of this tool's calls: its own, or `default` with the
     /// manifest's `max_attempts`.
     pub fn retry_policy(&self, default: RetryPolicy) -> RetryPolicy {
@@ -959,6 +966,15 @@ mod tests {
             serde_json::json!({"type": "object", "properties": {"expression": {"type": "string"}}}),
         );
         assert_eq!(manifest.contract_hash(), GOLDEN_CONTRACT_HASH);
+        assert!(ToolManifest::is_contract_hash(GOLDEN_CONTRACT_HASH));
+        for not_one in [
+            "",
+            "c0ffee",
+            &GOLDEN_CONTRACT_HASH.to_uppercase(),
+            &format!("{GOLDEN_CONTRACT_HASH}0"),
+        ] {
+            assert!(!ToolManifest::is_contract_hash(not_one), "{not_one}");
+        }
     }
 
     const GOLDEN_CONTRACT_HASH: &str =

@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use toolfleet_proto::call::is_valid_call_id;
 use toolfleet_proto::envelope::{StoredResult, excerpt};
 use toolfleet_proto::names::{self, headers, span_attributes};
-use toolfleet_proto::{Envelope, ErrorCode, ToolCall, WireId, format};
+use toolfleet_proto::{Envelope, ErrorCode, ToolCall, ToolManifest, WireId, format};
 use tracing::{debug, error, info, warn};
 
 use super::progress::ProgressGate;
@@ -754,7 +754,12 @@ fn parse_stored(job_id: &JobId, call: &PlannedCall, text: &str) -> Result<Answer
             }
             Ok(record) if record.answers(&call.name, &call.arguments) => Answer {
                 worked: record.worked_us.map(Duration::from_micros),
-                ran_on: record.tool_version.map(Arc::from),
+                // A pool writes its records: what it says goes into the job's
+                // events only in the form of a contract hash.
+                ran_on: record
+                    .tool_version
+                    .filter(|version| ToolManifest::is_contract_hash(version))
+                    .map(Arc::from),
                 ..Answer::of(record.envelope)
             },
             Ok(record) => {
@@ -899,6 +904,40 @@ mod tests {
     /// A publish JetStream refused is the call's terminal failure, never
     /// the job's deadline; only an election or an outage that outlasted
     /// the deadline is that.
+    #[test]
+    fn a_record_says_the_version_it_ran_on_only_as_a_contract_hash() {
+        let job_id = JobId::new("acme", 1, 2);
+        let call = PlannedCall::new("call_1", "echo", "{}");
+        let read = |version: &str| {
+            let record = StoredResult::new(&wire_of(&call), Envelope::Ok(serde_json::json!({})))
+                .ran_on(version);
+            parse_stored(&job_id, &call, &record.to_json())
+                .ok()
+                .and_then(|answer| answer.ran_on)
+                .map(|version| version.to_string())
+        };
+        let hash = "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08";
+        assert_eq!(read(hash).as_deref(), Some(hash));
+        // What a pool wrote that is no hash never reaches the job's events.
+        for forged in ["c0ffee", &"a".repeat(100_000), "../\n<script>"] {
+            assert_eq!(read(forged), None);
+        }
+    }
+
+    /// `call` as a worker gets it (only its tool and arguments matter here).
+    fn wire_of(call: &PlannedCall) -> ToolCall {
+        ToolCall {
+            job_id: "acme-0000000000010000000000000002".into(),
+            call_id: call.wire_id.to_string(),
+            attempt: 1,
+            tool: call.name.clone(),
+            arguments: call.arguments.clone(),
+            deadline_ms: None,
+            idempotency_key: "k".into(),
+            reply_to: None,
+        }
+    }
+
     #[test]
     fn a_refused_publish_fails_the_call_not_the_deadline() {
         let outcome = |sent| match published(sent) {
