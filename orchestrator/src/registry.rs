@@ -252,11 +252,12 @@ impl Entry {
     /// Every version a live worker announces, and the offered one, by
     /// contract hash: more than one while a rolling upgrade changes the
     /// tool's schema.
-    fn versions_live(&self, ttl: Duration) -> Vec<LiveVersion> {
-        let offered = self.offered(ttl).map(|(contract, _)| contract.clone());
+    /// `offered` is what [`offered`](Self::offered) says, which the caller
+    /// has at hand.
+    fn versions_live(&self, ttl: Duration, offered: Option<&Arc<str>>) -> Vec<LiveVersion> {
         let mut versions: Vec<LiveVersion> = Vec::new();
         let announced = self.live(ttl).map(|seen| (&seen.version, seen.available));
-        let chosen = offered.iter().map(|contract| (contract, false));
+        let chosen = offered.into_iter().map(|contract| (contract, false));
         for (contract, able) in announced.chain(chosen) {
             let index = match versions.iter().position(|v| v.contract == *contract) {
                 Some(index) => index,
@@ -264,7 +265,7 @@ impl Entry {
                     versions.push(LiveVersion {
                         contract: contract.clone(),
                         workers: 0,
-                        offered: offered.as_ref() == Some(contract),
+                        offered: offered == Some(contract),
                     });
                     versions.len() - 1
                 }
@@ -422,7 +423,10 @@ impl RegistryHandle {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         tools
             .get(tool)
-            .map(|entry| entry.versions_live(self.ttl))
+            .map(|entry| {
+                let offered = entry.offered(self.ttl).map(|(contract, _)| contract);
+                entry.versions_live(self.ttl, offered)
+            })
             .unwrap_or_default()
     }
 
@@ -545,7 +549,7 @@ impl RegistryHandle {
                 .into_iter()
                 .next()
                 .unwrap_or_default(),
-            versions: entry.versions_live(self.ttl),
+            versions: entry.versions_live(self.ttl, Some(contract)),
         })
     }
 

@@ -498,11 +498,19 @@ async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow:
         .arg("3")
         .query_async(&mut redis)
         .await?;
-    let before: Vec<String> = redis::cmd("HMGET")
-        .arg(&job_key)
-        .arg(&["status", "epoch", "events"][..])
-        .query_async(&mut redis)
-        .await?;
+    // What a run that took the job would change.
+    let state = || {
+        let mut redis = redis.clone();
+        let job_key = job_key.clone();
+        async move {
+            redis::cmd("HMGET")
+                .arg(&job_key)
+                .arg(&["status", "epoch", "events"][..])
+                .query_async::<Vec<String>>(&mut redis)
+                .await
+        }
+    };
+    let before = state().await?;
     let refused = api
         .get_job(v1::GetJobRequest {
             job_id: held.clone(),
@@ -522,11 +530,7 @@ async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow:
         .orchestrator(0)
         .wait_for_log(LEFT_FOR_NEWER[2], WAIT)
         .await?;
-    let after: Vec<String> = redis::cmd("HMGET")
-        .arg(&job_key)
-        .arg(&["status", "epoch", "events"][..])
-        .query_async(&mut redis)
-        .await?;
+    let after = state().await?;
     assert_eq!(before, after, "nothing read, nothing written");
     // Once a release that reads it has it, nothing is missing.
     let _: () = redis::cmd("HSET")
