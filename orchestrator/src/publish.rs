@@ -68,10 +68,9 @@ pub(crate) async fn job(
     let headers = || {
         let mut headers = HeaderMap::new();
         headers.insert(names::headers::MSG_ID, msg_id);
-        headers.insert(
-            names::headers::FORMAT,
-            toolfleet_proto::format::current().as_str(),
-        );
+        if let Some(format) = toolfleet_proto::format::written() {
+            headers.insert(names::headers::FORMAT, format);
+        }
         headers.insert(names::headers::TENANT, tenant);
         headers
     };

@@ -163,6 +163,9 @@ struct Announced {
     pool: String,
     /// The MCP server the tool comes from; empty for a native tool.
     mcp_server: String,
+    /// Whether the worker hands back calls pinned to another version (not
+    /// one of the release before).
+    pins: bool,
 }
 
 /// One version of a tool: its newest manifest, its schema compiled once.
@@ -209,9 +212,17 @@ impl Entry {
     /// that can run it announce (a rolling upgrade moves over when half its
     /// workers have), the newest worker's on a tie; with none, the version
     /// learned last.
+    ///
+    /// A worker of the release before does not pin: it runs every call of
+    /// the tool, whatever version the call was made for. While one can run
+    /// the tool, only such workers count, so that what they run is the
+    /// version its model was shown; workers of this release that serve
+    /// another version hand those calls back.
     fn offered(&self, ttl: Duration) -> Option<(&Arc<str>, &Version)> {
+        let able = || self.live(ttl).filter(|seen| seen.available);
+        let unpinned = able().any(|seen| !seen.pins);
         let mut counts: HashMap<&Arc<str>, (usize, Instant)> = HashMap::new();
-        for seen in self.live(ttl).filter(|seen| seen.available) {
+        for seen in able().filter(|seen| !(unpinned && seen.pins)) {
             let count = counts.entry(&seen.version).or_insert((0, seen.since));
             *count = (count.0 + 1, count.1.max(seen.since));
         }
@@ -358,6 +369,7 @@ impl Entry {
             available: announcement.available,
             pool: announcement.pool,
             mcp_server: announcement.mcp_server,
+            pins: announcement.pins,
         };
         self.workers.insert(worker.to_owned(), seen);
         self.forget_unannounced();
@@ -724,6 +736,7 @@ mod tests {
             available,
             pool: pool.to_owned(),
             mcp_server: mcp_server.to_owned(),
+            pins: true,
         })
         .unwrap()
     }
@@ -830,6 +843,36 @@ mod tests {
         // A worker whose manifest changes is that version's newest worker.
         assert!(put("w5", "newer").is_some());
         assert_ne!(offered().as_deref(), Some(old.as_str()));
+    }
+
+    #[test]
+    fn while_a_worker_that_does_not_pin_serves_a_tool_its_version_is_offered() {
+        let registry = registry();
+        let key = |worker: &str| names::registry_key("crm__find", worker);
+        let put = |worker: &str, field: &str, pins: bool| {
+            let mut announced: WorkerAnnouncement =
+                serde_json::from_slice(&version(worker, field)).unwrap();
+            announced.pins = pins;
+            let value = serde_json::to_vec(&announced).unwrap();
+            registry.apply(&key(worker), kv::Operation::Put, &value);
+            announced.manifest.contract_hash()
+        };
+        let offered = || {
+            registry
+                .get("crm__find")
+                .map(|tool| tool.contract.to_string())
+        };
+        // A worker of the release before, then three of this release with
+        // a new schema: the old one runs whatever it gets, so its version
+        // is the one offered.
+        let old = put("w1", "old", false);
+        let new = put("w2", "new", true);
+        put("w3", "new", true);
+        put("w4", "new", true);
+        assert_eq!(offered(), Some(old));
+        // It leaves: the version most workers serve.
+        registry.apply(&key("w1"), kv::Operation::Delete, &[]);
+        assert_eq!(offered(), Some(new));
     }
 
     #[test]

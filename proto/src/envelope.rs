@@ -243,7 +243,7 @@ impl StoredResult {
             envelope,
             worked_us: None,
             tool_version: None,
-            format: Some(crate::format::CURRENT.into()),
+            format: crate::format::written().map(|_| crate::format::CURRENT.into()),
         }
     }
 
@@ -263,9 +263,13 @@ impl StoredResult {
     }
 
     /// The record, saying that the worker ran the call on the version of
-    /// its tool whose contract hash is `contract`.
+    /// its tool whose contract hash is `contract` (not from a process that
+    /// plays the release before, which named no versions).
     #[must_use]
     pub fn ran_on(self, contract: &str) -> Self {
+        if crate::release::is_previous() {
+            return self;
+        }
         Self {
             tool_version: Some(contract.to_owned()),
             ..self

@@ -52,7 +52,8 @@ pub struct Unreadable {
 /// [`Unreadable`]: a format above [`CURRENT`], or a marker that is not a
 /// format (it is never guessed at).
 pub fn read(what: &'static str, marker: Option<&str>) -> Result<u32, Unreadable> {
-    let Some(marker) = marker else {
+    // The release before knew no formats: it read whatever it found.
+    let Some(marker) = marker.filter(|_| !crate::release::is_previous()) else {
         return Ok(UNMARKED);
     };
     match marker.parse::<u32>() {
@@ -76,13 +77,23 @@ fn first_chars(text: &str, max: usize) -> String {
 }
 
 /// [`CURRENT`] as a marker.
-pub fn current() -> String {
-    CURRENT.to_string()
+const CURRENT_MARKER: &str = "2";
+
+/// The marker of what this process writes: [`CURRENT`]'s, or none from a
+/// process that plays the release before (format 1,
+/// [`release`](crate::release)).
+pub fn written() -> Option<&'static str> {
+    (!crate::release::is_previous()).then_some(CURRENT_MARKER)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_marker_written_is_the_current_format() {
+        assert_eq!(written(), Some(CURRENT.to_string().as_str()));
+    }
 
     #[test]
     fn a_format_is_read_only_when_this_release_knows_it() {

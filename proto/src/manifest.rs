@@ -704,6 +704,11 @@ pub struct WorkerAnnouncement {
     /// empty for a native tool. Absent (an older worker's): empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub mcp_server: String,
+    /// Whether the worker runs only calls pinned to its version of the
+    /// tool and hands back the others (decision 0058). Absent (a worker of
+    /// the release before, which runs every call of the tool): `false`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pins: bool,
 }
 
 fn available() -> bool {
@@ -990,6 +995,7 @@ mod tests {
             available: true,
             pool: "general".into(),
             mcp_server: "crm".into(),
+            pins: true,
         };
         assert_eq!(good.check("calculate", "w-1.example", now), Ok(()));
         let native = WorkerAnnouncement {
@@ -1108,19 +1114,21 @@ mod tests {
         let old: WorkerAnnouncement = serde_json::from_value(old).unwrap();
         assert!(old.available);
         assert_eq!((old.pool.as_str(), old.mcp_server.as_str()), ("", ""));
+        assert!(!old.pins, "a worker of the release before runs every call");
         let written = serde_json::to_value(&old).unwrap();
-        for field in ["available", "pool", "mcp_server"] {
+        for field in ["available", "pool", "mcp_server", "pins"] {
             assert!(written.get(field).is_none(), "{field}: {written}");
         }
         let new = WorkerAnnouncement {
             pool: "general".into(),
             mcp_server: "crm".into(),
+            pins: true,
             ..old
         };
         let written = serde_json::to_value(&new).unwrap();
         assert_eq!(
-            (&written["pool"], &written["mcp_server"]),
-            (&"general".into(), &"crm".into())
+            (&written["pool"], &written["mcp_server"], &written["pins"]),
+            (&"general".into(), &"crm".into(), &true.into())
         );
         let back: WorkerAnnouncement = serde_json::from_value(written).unwrap();
         assert_eq!(back, new);

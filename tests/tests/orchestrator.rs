@@ -1455,6 +1455,7 @@ async fn forged_registry_announcements_are_ignored_and_liveness_needs_no_shared_
             available: true,
             pool: pool.to_owned(),
             mcp_server: String::new(),
+            pins: true,
         })
         .expect("an announcement serializes");
         let registry = registry.clone();

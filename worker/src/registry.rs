@@ -114,6 +114,7 @@ impl Announcer {
                 available: tool.available,
                 pool: self.pool.clone(),
                 mcp_server: tool.mcp_server,
+                pins: !toolfleet_proto::release::is_previous(),
             };
             // A manifest is plain data; serializing it cannot fail.
             let value = serde_json::to_vec(&announcement).expect("announcement serializes");

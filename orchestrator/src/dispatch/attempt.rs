@@ -408,9 +408,7 @@ impl Dispatcher {
             }
         }
         // The version the attempt is pinned to, the one its model was shown.
-        let pinned = self
-            .shown(&call.name, round.offered)
-            .map(|tool| tool.contract);
+        let pinned = self.pin(&call.name, round.offered);
         let sent = Instant::now();
         if let Some(refused) = self
             .publish(round, (call, attempt), resumed, pinned.as_deref())
@@ -544,12 +542,12 @@ impl Dispatcher {
     /// a result or runs already. The answer comes back as any other.
     /// Whether the notice went out (one that did not is tried again).
     async fn retire_if_gone(&self, round: &Round<'_>, call: &PlannedCall, attempt: u32) -> bool {
-        let Some(tool) = self.shown(&call.name, round.offered) else {
+        let Some(version) = self.pin(&call.name, round.offered) else {
             return false;
         };
         let gone = self
             .registry
-            .version_gone_for(&call.name, &tool.contract)
+            .version_gone_for(&call.name, &version)
             .filter(|gone| *gone >= self.options.version_gone_after);
         let Some(gone) = gone else {
             return false;
@@ -557,7 +555,7 @@ impl Dispatcher {
         info!(
             call_id = %call.wire_id,
             tool = %call.name,
-            version = %tool.contract,
+            version = %version,
             gone_s = gone.as_secs(),
             "the version of the tool this call was made for has no worker; retiring the call"
         );
@@ -756,9 +754,11 @@ fn parse_stored(job_id: &JobId, call: &PlannedCall, text: &str) -> Result<Answer
                 worked: record.worked_us.map(Duration::from_micros),
                 // A pool writes its records: what it says goes into the job's
                 // events only in the form of a contract hash.
+                // (The release before read no version.)
                 ran_on: record
                     .tool_version
                     .filter(|version| ToolManifest::is_contract_hash(version))
+                    .filter(|_| !toolfleet_proto::release::is_previous())
                     .map(Arc::from),
                 ..Answer::of(record.envelope)
             },
@@ -886,7 +886,9 @@ fn wire_call(round: &Round<'_>, call: &PlannedCall, attempt: u32) -> ToolCall {
 fn call_headers(wire: &ToolCall, model_id: &str, msg_id: &str) -> HeaderMap {
     let mut headers = HeaderMap::new();
     headers.insert(headers::MSG_ID, msg_id);
-    headers.insert(headers::FORMAT, format::current().as_str());
+    if let Some(format) = format::written() {
+        headers.insert(headers::FORMAT, format);
+    }
     headers.insert(headers::JOB_ID, wire.job_id.as_str());
     headers.insert(headers::CALL_ID, wire.call_id.as_str());
     headers.insert(headers::ATTEMPT, wire.attempt.to_string().as_str());

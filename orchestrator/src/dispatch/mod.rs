@@ -666,13 +666,13 @@ impl Dispatcher {
                 };
                 let timeout = self.approval_timeout(spec);
                 let ready = Ready::new(call.clone(), policy, cost);
-                let version = self.shown(&call.name, offered).map(|tool| tool.contract);
+                let version = self.pin(&call.name, offered);
                 awaiting_approval(call, ready, (rule, version), known, timeout)
             }
         };
         let placed = match placed {
             Placed::Run(ready) => Placed::Run(Ready {
-                version: self.shown(&call.name, offered).map(|tool| tool.contract),
+                version: self.pin(&call.name, offered),
                 ..ready
             }),
             other => other,
@@ -955,6 +955,16 @@ impl Dispatcher {
             .get(tool)
             .cloned()
             .or_else(|| self.registry.get(tool))
+    }
+
+    /// The version of `tool` that a call of a job `offered` it is pinned to:
+    /// the one its model was shown ([`shown`](Self::shown)); none from a
+    /// process that plays the release before, which did not pin.
+    pub(crate) fn pin(&self, tool: &str, offered: &HashMap<String, LiveTool>) -> Option<Arc<str>> {
+        if toolfleet_proto::release::is_previous() {
+            return None;
+        }
+        self.shown(tool, offered).map(|tool| tool.contract)
     }
 
     /// Records that `attempt` of each of `calls` is about to be published.

@@ -62,7 +62,7 @@ impl JobStore {
             .arg(WireIds::new_secret())
             .arg(traceparent)
             .arg(tracestate)
-            .arg(toolfleet_proto::format::CURRENT);
+            .arg(toolfleet_proto::format::written().unwrap_or_default());
         if fresh && !self.redis.is_cluster() {
             self.store_in_one_trip(&create, spec, &job_id, now).await?;
         } else {
@@ -254,7 +254,8 @@ pub struct Idempotency<'a> {
 
 /// KEYS: job, items, events. ARGV: spec, now_ms, user item, event kind,
 /// event data, call secret, traceparent, tracestate (both may be empty),
-/// the format the job's records are written in.
+/// the format the job's records are written in (empty: format 1, which is
+/// not marked).
 /// Creates the job unless it exists. Returns `{created, created_at_ms,
 /// ended}`: 1 and the given time when created; 0, the existing job's
 /// creation time and 1 if it has ended, when it existed.
@@ -270,7 +271,8 @@ if status then
 end
 redis.call('HSET', KEYS[1], 'spec', ARGV[1], 'status', '$QUEUED', 'created_at_ms', ARGV[2],
            'rounds', 0, 'epoch', 0, 'events', 1, 'call_secret', ARGV[6],
-           'traceparent', ARGV[7], 'tracestate', ARGV[8], 'format', ARGV[9])
+           'traceparent', ARGV[7], 'tracestate', ARGV[8])
+if ARGV[9] ~= '' then redis.call('HSET', KEYS[1], 'format', ARGV[9]) end
 redis.call('RPUSH', KEYS[2], ARGV[3])
 redis.call('XADD', KEYS[3], '0-1', 'kind', ARGV[4], 'data', ARGV[5], 'ts', ARGV[2], 'final', '0')
 return {1, tonumber(ARGV[2]), 0}

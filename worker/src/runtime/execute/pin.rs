@@ -17,6 +17,10 @@
 //! From its [`ASK_LEDGER_FROM`]th delivery on, a call pinned elsewhere is
 //! looked up in the ledger before it is handed back again, and dropped
 //! once it has a result.
+//!
+//! A worker that plays the release before
+//! ([`release`](toolfleet_proto::release)) knows neither pins nor notices:
+//! it runs every call of its tool, as that release did.
 
 use std::time::Duration;
 
@@ -71,7 +75,7 @@ pub(super) fn hand_back(tool: &LoadedTool, message: &Message) -> Option<Duration
         .as_ref()
         .and_then(|headers| headers.get(names::headers::TOOL_VERSION))
         .map(|value| value.as_str());
-    if !pinned_elsewhere(&tool.contract, pinned) {
+    if toolfleet_proto::release::is_previous() || !pinned_elsewhere(&tool.contract, pinned) {
         return None;
     }
     let delivered = message.info().map_or(1, |info| info.delivered);
@@ -89,11 +93,12 @@ pub(super) fn ask_ledger(message: &Message) -> bool {
 
 /// Whether `message` retires its call: its version is gone.
 pub(super) fn is_version_gone(message: &Message) -> bool {
-    message
-        .headers
-        .as_ref()
-        .and_then(|headers| headers.get(names::headers::VERSION_GONE))
-        .is_some_and(|value| value.as_str() == "1")
+    !toolfleet_proto::release::is_previous()
+        && message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(names::headers::VERSION_GONE))
+            .is_some_and(|value| value.as_str() == "1")
 }
 
 /// The answer to a call retired because the version of its tool it was

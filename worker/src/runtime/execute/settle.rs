@@ -123,7 +123,9 @@ impl Executor {
             return;
         };
         let mut headers = HeaderMap::new();
-        headers.insert(headers::FORMAT, format::current().as_str());
+        if let Some(format) = format::written() {
+            headers.insert(headers::FORMAT, format);
+        }
         headers.insert(headers::JOB_ID, call.job_id.as_str());
         headers.insert(headers::CALL_ID, call.call_id.as_str());
         headers.insert(headers::ATTEMPT, call.attempt.to_string().as_str());

@@ -1,0 +1,184 @@
+//! A fleet of two releases (issue 56): processes of this release side by
+//! side with processes that play the release before
+//! (`toolfleet_proto::release`: format 1, no pinning), as during an upgrade
+//! or a rollback. Every job finishes, no call is lost or run twice, and no
+//! call runs on a version of its tool its model was not shown.
+//!
+//! The golden records and messages the release before really wrote are in
+//! `previous_release.rs`.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use toolfleet_proto::release::PREVIOUS_RELEASE_ENV;
+use toolfleet_proto::v1;
+use toolfleet_tests::fleet::{ApiClient, Fleet, events, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::wait_until;
+
+/// How long a test waits for the fleet to reach a state.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// The environment of a process that plays the release before.
+const PREVIOUS: (&str, &str) = (PREVIOUS_RELEASE_ENV, "1");
+
+/// Fast takeover of a killed orchestrator's jobs.
+const FAST_TAKEOVER: [(&str, &str); 3] = [
+    ("TOOLFLEET_RUNNER__JOB_ACK_WAIT", "2s"),
+    ("TOOLFLEET_RUNNER__LEASE_TTL", "1s"),
+    ("TOOLFLEET_RUNNER__DRAIN_TIMEOUT", "1s"),
+];
+
+/// An orchestrator's environment: fast takeover, a call whose version is
+/// gone retired after 2 s, and the release before when `previous`.
+fn orchestrator_env(previous: bool) -> Vec<(&'static str, &'static str)> {
+    let mut env = FAST_TAKEOVER.to_vec();
+    env.push(("TOOLFLEET_DISPATCH__VERSION_GONE_AFTER", "2s"));
+    env.extend(previous.then_some(PREVIOUS));
+    env
+}
+
+/// Job `n` of `batch`: `rounds` rounds of `increment_counter`, the first
+/// with three parallel calls, each call its own counter and taking a
+/// little while, so that calls are in flight as processes come and go.
+fn counting_job(batch: &str, n: usize, rounds: usize) -> v1::SubmitJobRequest {
+    let call = |id: String| {
+        json!({"id": id, "name": "increment_counter",
+               "arguments": {"key": format!("{batch}:{n}:{id}"), "delay_ms": 400}})
+    };
+    let mut script: Vec<Value> =
+        vec![json!({"tool_calls": [call("a".into()), call("b".into()), call("c".into())]})];
+    for round in 1..rounds {
+        script.push(json!({"tool_calls": [call(format!("r{round}"))]}));
+    }
+    script.push(json!({"message": "counted"}));
+    scripted_job("count", &Value::Array(script))
+}
+
+/// The counters job `n` of `batch` increments.
+fn counters(batch: &str, n: usize, rounds: usize) -> Vec<String> {
+    let ids = ["a", "b", "c"].map(str::to_owned).into_iter();
+    ids.chain((1..rounds).map(|round| format!("r{round}")))
+        .map(|id| format!("{batch}:{n}:{id}"))
+        .collect()
+}
+
+/// Submits `count` counting jobs of `batch` through `api`.
+async fn submit(
+    api: &ApiClient,
+    batch: &str,
+    count: usize,
+    rounds: usize,
+) -> anyhow::Result<Vec<String>> {
+    let mut jobs = Vec::new();
+    for n in 0..count {
+        let request = counting_job(batch, n, rounds);
+        jobs.push(api.clone().submit_job(request).await?.into_inner().job_id);
+    }
+    Ok(jobs)
+}
+
+/// Waits until some of `jobs` have had a call answered: work is in flight.
+async fn under_way(api: &ApiClient, jobs: &[String]) -> anyhow::Result<()> {
+    wait_until("a call of the jobs to be answered", WAIT, || {
+        let (api, job_id) = (api.clone(), jobs[jobs.len() / 2].clone());
+        async move {
+            let seen = events(&api, &job_id).await.ok()?;
+            seen.iter()
+                .any(|(kind, _)| kind == "tool_call_result")
+                .then_some(())
+        }
+    })
+    .await
+}
+
+/// Checks that every one of `jobs` of `batch` succeeded and incremented
+/// each of its counters exactly once.
+async fn all_counted_once(
+    fleet: &Fleet,
+    api: &ApiClient,
+    (batch, jobs, rounds): (&str, &[String], usize),
+) -> anyhow::Result<()> {
+    for (n, job_id) in jobs.iter().enumerate() {
+        let job = wait_finished(api, job_id).await?;
+        assert_eq!(
+            job.status(),
+            v1::JobStatus::Succeeded,
+            "{batch} {n}: {job:?}"
+        );
+        for key in counters(batch, n, rounds) {
+            assert_eq!(fleet.counter(&key).await?, 1, "{key}");
+        }
+    }
+    Ok(())
+}
+
+/// The `format` field of the hash of job `job_id`, if it has one.
+async fn job_format(fleet: &Fleet, job_id: &str) -> anyhow::Result<Option<String>> {
+    let key =
+        toolfleet_proto::names::RedisKeys::default().job(&toolfleet_tests::fleet::job_id(job_id));
+    let mut redis = fleet.redis.connection().await?;
+    Ok(redis::cmd("HGET")
+        .arg(&key)
+        .arg("format")
+        .query_async(&mut redis)
+        .await?)
+}
+
+/// Waits until orchestrator `index` has resumed one of `jobs`.
+async fn resumed_by(api: &ApiClient, jobs: &[String], index: usize) -> anyhow::Result<()> {
+    let owner = format!("orchestrator-{index}");
+    wait_until("the next orchestrator to resume a job", WAIT, || {
+        let (api, jobs, owner) = (api.clone(), jobs.to_vec(), owner.clone());
+        async move {
+            for job_id in jobs {
+                let seen = events(&api, &job_id).await.ok()?;
+                let resumed = seen.iter().any(|(kind, data)| {
+                    kind == "job_resumed"
+                        && data["owner"]
+                            .as_str()
+                            .is_some_and(|o| o.starts_with(&owner))
+                });
+                if resumed {
+                    return Some(());
+                }
+            }
+            None
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn orchestrators_of_both_releases_resume_each_others_jobs_after_kill_9() -> anyhow::Result<()>
+{
+    const JOBS: usize = 6;
+    const ROUNDS: usize = 4;
+    let mut fleet = Fleet::start(test_fleet(2)).await?;
+    // An orchestrator of the release before runs the first jobs, and dies.
+    let before = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    fleet
+        .wait_for_tools(before, &["increment_counter"], 2)
+        .await?;
+    let api = fleet.api(before).await?;
+    let first = submit(&api, "first", JOBS, ROUNDS).await?;
+    assert_eq!(job_format(&fleet, &first[0]).await?, None, "format 1");
+    under_way(&api, &first).await?;
+    fleet.orchestrator(before).kill();
+
+    // One of this release resumes them, runs more, and dies in turn.
+    let now = fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
+    let api = fleet.api(now).await?;
+    resumed_by(&api, &first, now).await?;
+    let second = submit(&api, "second", JOBS, ROUNDS).await?;
+    assert_eq!(job_format(&fleet, &second[0]).await?.as_deref(), Some("2"));
+    under_way(&api, &second).await?;
+    fleet.orchestrator(now).kill();
+
+    // One of the release before again: it reads what this release wrote.
+    let again = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    let api = fleet.api(again).await?;
+    resumed_by(&api, &second, again).await?;
+    all_counted_once(&fleet, &api, ("first", &first, ROUNDS)).await?;
+    all_counted_once(&fleet, &api, ("second", &second, ROUNDS)).await?;
+    Ok(())
+}
