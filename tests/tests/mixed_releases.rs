@@ -182,3 +182,178 @@ async fn orchestrators_of_both_releases_resume_each_others_jobs_after_kill_9() -
     all_counted_once(&fleet, &api, ("second", &second, ROUNDS)).await?;
     Ok(())
 }
+
+/// One call of `echo`, held for approval, then its answer.
+fn held_echo() -> v1::SubmitJobRequest {
+    let script = json!([
+        {"tool_calls": [{"id": "say", "name": "echo", "arguments": {"text": "hi"}}]},
+        {"message": "{{say.data.text}}"}
+    ]);
+    let mut request = scripted_job("say hi", &script);
+    request.require_approval = vec!["echo".to_owned()];
+    request
+}
+
+#[tokio::test]
+async fn a_rollback_to_the_release_before_finishes_every_job_in_flight() -> anyhow::Result<()> {
+    const JOBS: usize = 6;
+    const ROUNDS: usize = 4;
+    let mut fleet = Fleet::start(test_fleet(2)).await?;
+    let now = fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
+    fleet
+        .wait_for_tools(now, &["echo", "increment_counter"], 2)
+        .await?;
+    let mut api = fleet.api(now).await?;
+    // A call held for an approver, pinned, and jobs in flight.
+    let held = api.submit_job(held_echo()).await?.into_inner().job_id;
+    wait_until("the call to be held", WAIT, || {
+        let (mut api, job_id) = (api.clone(), held.clone());
+        async move {
+            let job = api.get_job(v1::GetJobRequest { job_id }).await.ok()?;
+            (job.into_inner().status() == v1::JobStatus::WaitingForApproval).then_some(())
+        }
+    })
+    .await?;
+    let jobs = submit(&api, "rollback", JOBS, ROUNDS).await?;
+    under_way(&api, &jobs).await?;
+
+    // The rollback rolls each Deployment as an upgrade would: a pod of the
+    // release before starts, then one of this release stops.
+    for worker in 0..2 {
+        fleet.spawn_worker_with(&[PREVIOUS]).await?;
+        fleet.worker(worker).stop(WAIT).await?;
+    }
+    let before = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    fleet.orchestrator(now).stop(WAIT).await?;
+    let mut api = fleet.api(before).await?;
+
+    // The release before lists the held call this release wrote, and runs
+    // it once approved.
+    let pending = api
+        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
+        .await?
+        .into_inner()
+        .approvals;
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].job_id, held);
+    api.decide_call(v1::DecideCallRequest {
+        job_id: held.clone(),
+        call_id: "say".to_owned(),
+        decision: v1::Decision::Approve as i32,
+        ..Default::default()
+    })
+    .await?;
+    let job = wait_finished(&api, &held).await?;
+    assert_eq!(
+        (job.status(), job.output_text.as_str()),
+        (v1::JobStatus::Succeeded, "hi")
+    );
+    all_counted_once(&fleet, &api, ("rollback", &jobs, ROUNDS)).await?;
+    Ok(())
+}
+
+/// The environment of a worker of this release that serves a second
+/// version of `increment_counter` (its effects, hence its contract,
+/// change, as a new schema's would).
+const SECOND_COUNTER: (&str, &str) = (
+    "TOOLFLEET_RUNTIME__TOOL_EFFECTS__INCREMENT_COUNTER",
+    "idempotent",
+);
+
+#[tokio::test]
+async fn workers_roll_from_the_release_before_under_load_with_a_schema_change() -> anyhow::Result<()>
+{
+    const ROUNDS: usize = 2;
+    let mut fleet = Fleet::start(test_fleet(0)).await?;
+    for _ in 0..3 {
+        fleet.spawn_worker_with(&[PREVIOUS]).await?;
+    }
+    fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
+    fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
+    fleet.wait_for_tools(0, &["increment_counter"], 3).await?;
+    let api = fleet.api(0).await?;
+    let old = api
+        .clone()
+        .list_tools(v1::ListToolsRequest::default())
+        .await?
+        .into_inner()
+        .tools
+        .into_iter()
+        .find(|tool| tool.name == "increment_counter")
+        .map(|tool| tool.contract_hash)
+        .expect("increment_counter");
+    // Jobs come one every 100 ms while the workers roll, one pod at a
+    // time, to this release and a new schema of `increment_counter`, and
+    // for a while after.
+    let rolled = std::sync::Arc::new(tokio::sync::Notify::new());
+    let submitter = {
+        let (api, rolled) = (api.clone(), rolled.clone());
+        tokio::spawn(async move {
+            let mut jobs = Vec::new();
+            let mut done = std::pin::pin!(rolled.notified());
+            loop {
+                let n = jobs.len();
+                let submitted = api
+                    .clone()
+                    .submit_job(counting_job("roll", n, ROUNDS))
+                    .await;
+                jobs.push(submitted.map(|r| r.into_inner().job_id));
+                tokio::select! {
+                    () = &mut done => return jobs,
+                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
+                }
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for old in 0..3 {
+        fleet.spawn_worker_with(&[SECOND_COUNTER]).await?;
+        fleet.worker(old).stop(WAIT).await?;
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    rolled.notify_one();
+    let jobs = submitter.await?;
+
+    let mut ran = std::collections::BTreeMap::<String, usize>::new();
+    for (n, job_id) in jobs.into_iter().enumerate() {
+        let job_id = job_id?;
+        let job = wait_finished(&api, &job_id).await?;
+        assert_eq!(job.status(), v1::JobStatus::Succeeded, "job {n}: {job:?}");
+        let seen = events(&api, &job_id).await?;
+        for (kind, data) in &seen {
+            if kind != "tool_call_result" {
+                continue;
+            }
+            let key = format!("roll:{n}:{}", data["call_id"].as_str().unwrap_or_default());
+            let counted = fleet.counter(&key).await?;
+            if data["code"] == "TOOL_VERSION_GONE" {
+                // Queued for the old version when its last worker left:
+                // answered, never run.
+                assert_eq!(counted, 0, "{key}");
+                *ran.entry("gone".to_owned()).or_default() += 1;
+                continue;
+            }
+            assert_eq!(
+                (data["ok"].as_bool(), counted),
+                (Some(true), 1),
+                "{key}: {data}"
+            );
+            // A worker of the release before names no version: it runs the
+            // old one, and only calls pinned to it ran there.
+            let ran_on = data["tool_version"].as_str().unwrap_or(&old).to_owned();
+            let pinned = seen
+                .iter()
+                .filter(|(kind, d)| {
+                    kind == "tool_call_dispatched" && d["call_id"] == data["call_id"]
+                })
+                .map(|(_, d)| d["tool_version"].as_str().unwrap_or_default().to_owned())
+                .last();
+            assert_eq!(pinned.as_ref(), Some(&ran_on), "job {n}: {data}");
+            *ran.entry(ran_on).or_default() += 1;
+        }
+    }
+    // Both versions ran calls.
+    assert!(ran.len() >= 2 && ran.contains_key(&old), "{ran:?}");
+    Ok(())
+}
