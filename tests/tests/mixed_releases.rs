@@ -344,11 +344,9 @@ async fn workers_roll_from_the_release_before_under_load_with_a_schema_change() 
             let ran_on = data["tool_version"].as_str().unwrap_or(&old).to_owned();
             let pinned = seen
                 .iter()
-                .filter(|(kind, d)| {
-                    kind == "tool_call_dispatched" && d["call_id"] == data["call_id"]
-                })
-                .map(|(_, d)| d["tool_version"].as_str().unwrap_or_default().to_owned())
-                .last();
+                .rev()
+                .find(|(kind, d)| kind == "tool_call_dispatched" && d["call_id"] == data["call_id"])
+                .map(|(_, d)| d["tool_version"].as_str().unwrap_or_default().to_owned());
             assert_eq!(pinned.as_ref(), Some(&ran_on), "job {n}: {data}");
             *ran.entry(ran_on).or_default() += 1;
         }
