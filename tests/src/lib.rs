@@ -37,6 +37,7 @@ pub mod identity;
 pub mod markdown;
 pub mod mcp;
 pub mod messages;
+pub mod snapshot;
 pub mod tally;
 
 pub use toolfleet_fleet::supervisor::otlp;
