@@ -341,6 +341,30 @@ pub fn as_tenant<T>(token: &str, message: T) -> tonic::Request<T> {
     request
 }
 
+/// The approval of the held call `call_id` of the job `job_id`.
+pub fn approval(job_id: &str, call_id: &str) -> v1::DecideCallRequest {
+    v1::DecideCallRequest {
+        job_id: job_id.to_owned(),
+        call_id: call_id.to_owned(),
+        decision: v1::Decision::Approve.into(),
+        ..Default::default()
+    }
+}
+
+/// The first page of the calls held for an approval that `api`'s caller
+/// may decide.
+///
+/// # Errors
+///
+/// The API refused the listing.
+pub async fn pending_approvals(api: &ApiClient) -> anyhow::Result<Vec<v1::PendingApproval>> {
+    let listed = api
+        .clone()
+        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
+        .await?;
+    Ok(listed.into_inner().approvals)
+}
+
 /// A job request for the scripted model playing `script`.
 pub fn scripted_job(input: &str, script: &serde_json::Value) -> v1::SubmitJobRequest {
     v1::SubmitJobRequest {

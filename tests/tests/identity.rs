@@ -216,14 +216,7 @@ async fn a_service_and_a_person_sign_in_and_each_does_what_its_roles_say() -> an
 }
 
 fn approve(job_id: &str) -> v1::DecideCallRequest {
-    v1::DecideCallRequest {
-        job_id: job_id.to_owned(),
-        call_id: "math".to_owned(),
-        decision: v1::Decision::Approve.into(),
-        reason: String::new(),
-        arguments: None,
-        result: None,
-    }
+    toolfleet_tests::fleet::approval(job_id, "math")
 }
 
 /// The key id in a token's header.

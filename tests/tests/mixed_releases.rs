@@ -12,7 +12,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use toolfleet_proto::release::PREVIOUS_RELEASE_ENV;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{ApiClient, Fleet, events, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, approval, events, pending_approvals, scripted_job, test_fleet, wait_finished,
+};
 use toolfleet_tests::wait_until;
 
 /// How long a test waits for the fleet to reach a state.
@@ -229,20 +231,10 @@ async fn a_rollback_to_the_release_before_finishes_every_job_in_flight() -> anyh
 
     // The release before lists the held call this release wrote, and runs
     // it once approved.
-    let pending = api
-        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
-        .await?
-        .into_inner()
-        .approvals;
+    let pending = pending_approvals(&api).await?;
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].job_id, held);
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approval(&held, "say")).await?;
     let job = wait_finished(&api, &held).await?;
     assert_eq!(
         (job.status(), job.output_text.as_str()),

@@ -13,7 +13,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{ApiClient, Fleet, events, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, approval, events, pending_approvals, test_fleet, wait_finished,
+};
 use toolfleet_tests::{repo_root, snapshot};
 
 /// Fast takeover of the jobs whose orchestrator is gone.
@@ -64,23 +66,13 @@ async fn what_the_release_before_wrote_is_read_and_finished_by_this_one() -> any
     assert_eq!(results.count(), 2, "{seen:?}");
 
     // A call held for an approval: listed, approved, run once.
-    let pending = api
-        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
-        .await?
-        .into_inner()
-        .approvals;
+    let pending = pending_approvals(&api).await?;
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(
         (pending[0].job_id.as_str(), pending[0].tool_version.as_str()),
         (held.as_str(), "")
     );
-    api.decide_call(v1::DecideCallRequest {
-        job_id: held.clone(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    })
-    .await?;
+    api.decide_call(approval(&held, "say")).await?;
     assert_eq!(
         outcome(&api, &held).await?,
         (v1::JobStatus::Succeeded, "hi".to_owned())

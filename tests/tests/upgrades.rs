@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use serde_json::json;
 use toolfleet_proto::v1;
-use toolfleet_tests::fleet::{ApiClient, Fleet, scripted_job, test_fleet, wait_finished};
+use toolfleet_tests::fleet::{
+    ApiClient, Fleet, approval, pending_approvals, scripted_job, test_fleet, wait_finished,
+};
 use toolfleet_tests::wait_until;
 
 /// How long a test waits for the fleet to reach a state.
@@ -67,16 +69,6 @@ async fn parked(api: &ApiClient, job_id: &str) -> anyhow::Result<()> {
     .await
 }
 
-/// The approval of the held call `say` of `job_id`.
-fn approve_say(job_id: &str) -> v1::DecideCallRequest {
-    v1::DecideCallRequest {
-        job_id: job_id.to_owned(),
-        call_id: "say".to_owned(),
-        decision: v1::Decision::Approve as i32,
-        ..Default::default()
-    }
-}
-
 /// How many times worker `index` began to run a call of `echo`.
 fn echoes_run(fleet: &Fleet, index: usize) -> usize {
     fleet
@@ -100,11 +92,7 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     let held = api.submit_job(echo_job(true)).await?.into_inner().job_id;
     parked(&api, &held).await?;
     // The approver sees which version the arguments are for.
-    let pending = api
-        .list_pending_approvals(v1::ListPendingApprovalsRequest::default())
-        .await?
-        .into_inner()
-        .approvals;
+    let pending = pending_approvals(&api).await?;
     assert_eq!(pending.len(), 1, "{pending:?}");
     assert_eq!(pending[0].tool_version, first);
     fleet.worker(0).stop(WAIT).await?;
@@ -114,7 +102,7 @@ async fn a_call_runs_only_on_workers_of_the_version_its_model_was_shown() -> any
     );
     let second = offered_echo(&api, 2).await?;
     assert_ne!(first, second, "the two versions' contracts differ");
-    api.decide_call(approve_say(&held)).await?;
+    api.decide_call(approval(&held, "say")).await?;
 
     // Pinned to the first version: the second's workers hand it back,
     // never run it, and the job waits.
@@ -206,7 +194,7 @@ async fn a_call_whose_version_has_no_worker_past_the_limit_is_answered_version_g
     fleet.worker(0).stop(WAIT).await?;
     let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
     offered_echo(&api, 1).await?;
-    api.decide_call(approve_say(&held)).await?;
+    api.decide_call(approval(&held, "say")).await?;
 
     // Retired once its version had no worker for 2 s: answered, not run,
     // and the model reads why.
@@ -341,7 +329,7 @@ async fn an_orchestrator_killed_while_a_pinned_call_waits_leaves_its_pin_to_the_
     fleet.worker(0).stop(WAIT).await?;
     let second = fleet.spawn_worker_with(SECOND_VERSION).await?;
     offered_echo(&api, 1).await?;
-    api.decide_call(approve_say(&held)).await?;
+    api.decide_call(approval(&held, "say")).await?;
     wait_until(
         "the other version's worker to hand the call back",
         WAIT,
@@ -539,7 +527,7 @@ async fn what_a_newer_release_wrote_is_never_misread_and_never_lost() -> anyhow:
         .arg("2")
         .query_async(&mut redis)
         .await?;
-    api.decide_call(approve_say(&held)).await?;
+    api.decide_call(approval(&held, "say")).await?;
     let job = wait_finished(&api, &held).await?;
     assert_eq!(job.status(), v1::JobStatus::Succeeded, "{job:?}");
     assert_eq!(job.output_text, "hi");
