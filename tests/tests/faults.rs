@@ -55,7 +55,35 @@ impl On {
 
 #[tokio::test]
 async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Result<()> {
-    let mut fleet = Fleet::start(test_fleet(1).worker_env(FAST_REDELIVERY)).await?;
+    // Declared idempotent: every delivery claims, and each death counts.
+    let crashes =
+        poison_crashes(&[("TOOLFLEET_RUNTIME__TOOL_EFFECTS__CRASH", "idempotent")]).await?;
+    assert_eq!(
+        crashes, 2,
+        "each of the allowed deliveries crashed once, then no more"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_read_only_poison_call_runs_once_more_than_max_deliveries() -> anyhow::Result<()> {
+    // Read-only, as `crash` declares: its first delivery runs without a
+    // claim (decision 0060), so its death is not counted; the next ones
+    // claim, and count.
+    let crashes = poison_crashes(&[]).await?;
+    assert_eq!(
+        crashes, 3,
+        "the unclaimed first delivery, then each of the allowed claimed ones"
+    );
+    Ok(())
+}
+
+/// Runs a job whose `crash` call kills its worker at each delivery (with
+/// `env` on the worker), restarting the dead workers until the job ends
+/// with `MAX_DELIVERIES_EXCEEDED`; returns how many times it crashed.
+async fn poison_crashes(env: &[(&str, &str)]) -> anyhow::Result<usize> {
+    let builder = test_fleet(1).worker_env(FAST_REDELIVERY).worker_env(env);
+    let mut fleet = Fleet::start(builder).await?;
     fleet.spawn_orchestrator(&[]).await?;
     fleet.wait_for_tools(0, &["crash", "echo"], 1).await?;
     let api = fleet.api(0).await?;
@@ -78,12 +106,8 @@ async fn a_poison_call_ends_its_job_with_max_deliveries_exceeded() -> anyhow::Re
     // each time, so it may be answered MAX_DELIVERIES_EXCEEDED too; it must
     // be answered either way.
     let crashes = fleet.count_in_worker_logs("crash tool: aborting");
-    assert_eq!(
-        crashes, 2,
-        "each of the allowed deliveries crashed once, then no more"
-    );
     println!("poison call: jobs 1, calls 2, worker crashes {crashes}, duplicates found 0");
-    Ok(())
+    Ok(crashes)
 }
 
 /// The workers and the orchestrator run single-threaded (`threads = 1`), as

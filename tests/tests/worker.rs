@@ -139,6 +139,58 @@ async fn the_same_call_delivered_twice_runs_once_and_is_answered_twice() -> anyh
 }
 
 #[tokio::test]
+async fn a_read_only_call_first_runs_without_a_claim_and_the_first_stored_result_answers()
+-> anyhow::Result<()> {
+    use toolfleet_proto::envelope::arguments_sha256;
+    use toolfleet_proto::names::RedisKeys;
+
+    let fleet = Fleet::start(test_fleet(1)).await?;
+    let mut results = fleet.results("job-ro").await?;
+    let echo = call("job-ro", "c1", "echo", r#"{"text":"hi"}"#);
+    fleet.publish_duplicate(&echo).await?;
+    let first = results.next(RESULT).await?;
+    assert!(!first.dedup_hit);
+    assert_eq!(
+        first.envelope,
+        toolfleet_proto::Envelope::Ok(json!({"text": "hi"}))
+    );
+    // Its only write is its result (decision 0060): no claim, no count of
+    // claims.
+    let keys = RedisKeys::default();
+    let (job, tool, id, attempt) = (&echo.job_id, &echo.tool, &echo.call_id, echo.attempt);
+    let mut redis = fleet.redis.connection().await?;
+    let claims: u32 = redis::cmd("EXISTS")
+        .arg(keys.call_claim(job, tool, id, attempt))
+        .arg(keys.call_claims(job, tool, id, attempt))
+        .query_async(&mut redis)
+        .await?;
+    assert_eq!(claims, 0, "a claim was taken");
+
+    // Another first delivery of the same attempt (a message published
+    // again) runs again, as a read-only call may; the result stored first
+    // is its answer, never its own.
+    let stored_first = json!({
+        "tool": "echo",
+        "arguments_sha256": arguments_sha256(&echo.arguments),
+        "envelope": {"ok": true, "data": {"text": "stored first"}},
+    });
+    let () = redis::cmd("SET")
+        .arg(keys.call_result(job, tool, id, attempt))
+        .arg(stored_first.to_string())
+        .query_async(&mut redis)
+        .await?;
+    fleet.publish_duplicate(&echo).await?;
+    let second = results.next(RESULT).await?;
+    assert!(second.dedup_hit);
+    assert_eq!(
+        second.envelope,
+        toolfleet_proto::Envelope::Ok(json!({"text": "stored first"}))
+    );
+    assert_eq!(fleet.count_in_worker_logs("executing call"), 2, "ran twice");
+    Ok(())
+}
+
+#[tokio::test]
 async fn invalid_arguments_are_answered_without_running_the_tool() -> anyhow::Result<()> {
     let fleet = Fleet::start(test_fleet(1)).await?;
     let mut results = fleet.results("job-bad").await?;

@@ -14,6 +14,20 @@ use toolfleet_proto::ToolCall;
 use toolfleet_proto::names::RedisKeys;
 use toolfleet_service::connect::RedisConnection;
 
+/// Who runs one delivery of a call: an id unique to the delivery, and
+/// whether it holds the attempt's claim. A `read_only` call's first
+/// delivery runs without one (decision 0060): nothing it does can be
+/// harmed by another execution, so its only write is its result, stored
+/// once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Owner {
+    /// Unique per delivery: a redelivery to the same process while the
+    /// first still runs is another owner.
+    pub(crate) id: String,
+    /// Whether the delivery took the attempt's claim.
+    pub(crate) claimed: bool,
+}
+
 /// What a delivery found when it tried to claim its call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Claim {
@@ -207,8 +221,25 @@ impl Ledger {
     }
 
     /// Extends `owner`'s claim by one lease, and says whether the call's
-    /// job was cancelled meanwhile.
-    pub(crate) async fn renew(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<Renewed> {
+    /// job was cancelled meanwhile; for an owner without a claim, only the
+    /// latter.
+    pub(crate) async fn renew(
+        &self,
+        call: &ToolCall,
+        owner: &Owner,
+    ) -> redis::RedisResult<Renewed> {
+        if !owner.claimed {
+            let cancelled: bool = redis::cmd("EXISTS")
+                .arg(self.cancelled_key(call))
+                .query_async(&mut self.redis.clone())
+                .await?;
+            return Ok(if cancelled {
+                Renewed::Cancelled
+            } else {
+                Renewed::Held
+            });
+        }
+        let owner = owner.id.as_str();
         let renewed: i64 = self
             .scripts
             .renew
@@ -244,9 +275,24 @@ impl Ledger {
     pub(crate) async fn complete(
         &self,
         call: &ToolCall,
-        owner: &str,
+        owner: &Owner,
         envelope: &str,
     ) -> redis::RedisResult<String> {
+        if !owner.claimed {
+            // No claim to drop: stored unless a result is, in one command
+            // that answers the result it found (`NX GET`; Redis 7.0).
+            let earlier: Option<String> = redis::cmd("SET")
+                .arg(self.result_key(call))
+                .arg(envelope)
+                .arg("NX")
+                .arg("PX")
+                .arg(millis(self.retention))
+                .arg("GET")
+                .query_async(&mut self.redis.clone())
+                .await?;
+            return Ok(earlier.unwrap_or_else(|| envelope.to_owned()));
+        }
+        let owner = owner.id.as_str();
         self.scripts
             .complete
             .key(self.result_key(call))
@@ -260,7 +306,11 @@ impl Ledger {
 
     /// Drops `owner`'s claim without a result, so that a redelivery can run
     /// the call at once (used when a call is handed back during shutdown).
-    pub(crate) async fn release(&self, call: &ToolCall, owner: &str) -> redis::RedisResult<()> {
+    pub(crate) async fn release(&self, call: &ToolCall, owner: &Owner) -> redis::RedisResult<()> {
+        if !owner.claimed {
+            return Ok(());
+        }
+        let owner = owner.id.as_str();
         let _: i64 = self
             .scripts
             .release

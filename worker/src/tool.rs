@@ -87,6 +87,15 @@ pub trait Tool: Send + Sync + 'static {
         let _ = (args, ctx);
         async { Applied::Unknown }
     }
+
+    /// Whether the tool saves checkpoints ([`ToolContext::checkpoint`]) to
+    /// be resumed from should its worker die (decision 0044). A `read_only`
+    /// call of a tool that does not is first run without a claim in the
+    /// ledger (decision 0060), where a checkpoint could not be kept.
+    /// Default: false.
+    fn saves_checkpoints(&self) -> bool {
+        false
+    }
 }
 
 /// What a tool's [`Tool::probe`] knows about an earlier execution.
@@ -289,6 +298,7 @@ pub(crate) trait ErasedTool: Send + Sync {
         args: Value,
         ctx: ToolContext,
     ) -> Pin<Box<dyn Future<Output = Applied> + Send + '_>>;
+    fn saves_checkpoints(&self) -> bool;
 }
 
 impl<T: Tool> ErasedTool for T {
@@ -310,5 +320,9 @@ impl<T: Tool> ErasedTool for T {
         ctx: ToolContext,
     ) -> Pin<Box<dyn Future<Output = Applied> + Send + '_>> {
         Box::pin(Tool::probe(self, args, ctx))
+    }
+
+    fn saves_checkpoints(&self) -> bool {
+        Tool::saves_checkpoints(self)
     }
 }

@@ -52,6 +52,12 @@ impl Tool for McpTool {
     async fn probe(&self, _args: Value, ctx: ToolContext) -> Applied {
         self.server.probe_task(&ctx).await
     }
+
+    /// A call the server runs as a task saves the task's id, to be
+    /// followed by the next worker should this one die.
+    fn saves_checkpoints(&self) -> bool {
+        true
+    }
 }
 
 /// The manifest of the tool `info` of the server `options`, under

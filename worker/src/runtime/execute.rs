@@ -40,11 +40,10 @@ use toolfleet_service::traces::{self, SpanContext, SpanKind, StepSpan};
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::config::RuntimeOptions;
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, Owner};
 use crate::metrics;
 pub(crate) use crate::tool_set::LoadedTool;
 use crate::tool_set::ToolSet;
-use claim::Claimed;
 use run::Ran;
 use settle::Outcome;
 
@@ -122,23 +121,9 @@ impl Executor {
         if let Some(delay) = pin::hand_back(&tool, message) {
             return self.pinned_elsewhere(call, message, delay, span).await;
         }
-        // Unique per delivery: a redelivery to this same process while the
-        // first delivery still runs must not count as the same owner.
-        let owner = format!("{}:{:016x}", self.worker_id, rand::random::<u64>());
-        let claimed = self
-            .claim(call, &owner, tool.manifest.effects.repeats_harm())
-            .await;
-        span.event("claimed");
-        let earlier = match claimed {
-            Claimed::Stored(envelope) => {
-                span.set(span_attributes::LEDGER_HIT, true);
-                return self.reply_stored(call, envelope).await;
-            }
-            Claimed::Later(delay) => {
-                span.set(span_attributes::HANDED_BACK, true);
-                return Outcome::Retry(delay);
-            }
-            Claimed::Acquired(earlier) => earlier,
+        let (owner, earlier) = match self.take(&tool, call, message, span).await {
+            Ok(taken) => taken,
+            Err(ended) => return ended,
         };
         let started = Instant::now();
         if pin::is_version_gone(message) {
@@ -186,7 +171,7 @@ impl Executor {
     async fn finished(
         &self,
         call: &ToolCall,
-        (owner, ran_on): (&str, Option<&str>),
+        (owner, ran_on): (&Owner, Option<&str>),
         envelope: &Envelope,
         started: Instant,
         span: &mut StepSpan,

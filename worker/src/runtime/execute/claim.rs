@@ -3,12 +3,17 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream::Message;
 use serde_json::Value;
+use toolfleet_proto::manifest::Effects;
+use toolfleet_proto::names::span_attributes;
 use toolfleet_proto::{Envelope, ErrorCode, ToolCall};
+use toolfleet_service::traces::StepSpan;
 use tracing::{debug, warn};
 
-use super::Executor;
-use crate::ledger::Claim;
+use super::settle::Outcome;
+use super::{Executor, LoadedTool, pin};
+use crate::ledger::{Claim, Owner};
 use crate::metrics;
 
 /// What this delivery does after claiming its attempt.
@@ -22,8 +27,9 @@ pub(super) enum Claimed {
     Acquired(Earlier),
 }
 
-/// What earlier executions of a claimed attempt left behind.
-#[derive(Debug, Clone, PartialEq)]
+/// What earlier executions of a claimed attempt left behind; nothing, for
+/// a delivery that runs without a claim.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub(super) struct Earlier {
     /// An earlier execution of a call that is not idempotent started and left no
     /// result: its effect may have happened.
@@ -39,6 +45,43 @@ pub(super) struct Earlier {
 }
 
 impl Executor {
+    /// Takes this delivery of `call`, of `tool`: its owner, and what earlier
+    /// executions left. Claimed in the ledger, unless it runs without a
+    /// claim ([`runs_unclaimed`]). `Err`: how the delivery ends instead (a
+    /// stored result answered again, or handed back for later).
+    pub(super) async fn take(
+        &self,
+        tool: &LoadedTool,
+        call: &ToolCall,
+        message: &Message,
+        span: &mut StepSpan,
+    ) -> Result<(Owner, Earlier), Outcome> {
+        let owner = Owner {
+            // Unique per delivery: a redelivery to this same process while
+            // the first delivery still runs must not count as the same owner.
+            id: format!("{}:{:016x}", self.worker_id, rand::random::<u64>()),
+            claimed: !runs_unclaimed(tool, message),
+        };
+        if !owner.claimed {
+            return Ok((owner, Earlier::default()));
+        }
+        let claimed = self
+            .claim(call, &owner.id, tool.manifest.effects.repeats_harm())
+            .await;
+        span.event("claimed");
+        match claimed {
+            Claimed::Stored(envelope) => {
+                span.set(span_attributes::LEDGER_HIT, true);
+                Err(self.reply_stored(call, envelope).await)
+            }
+            Claimed::Later(delay) => {
+                span.set(span_attributes::HANDED_BACK, true);
+                Err(Outcome::Retry(delay))
+            }
+            Claimed::Acquired(earlier) => Ok((owner, earlier)),
+        }
+    }
+
     /// Claims `call` for `owner`; `mark_start`: its tool is not idempotent,
     /// so the claim marks that an execution started.
     pub(super) async fn claim(&self, call: &ToolCall, owner: &str, mark_start: bool) -> Claimed {
@@ -72,6 +115,19 @@ impl Executor {
             }),
         }
     }
+}
+
+/// Whether `message` runs without a claim in the ledger (decision 0060):
+/// the first delivery of a call of a `read_only` tool that saves no
+/// checkpoints, unless it retires the call (that is decided once, under
+/// the claim). Nothing such a run does is harmed by another: it may run
+/// again, and only one result is ever stored. Any redelivery claims, so
+/// the deaths that make a call poison are counted from the second.
+fn runs_unclaimed(tool: &LoadedTool, message: &Message) -> bool {
+    tool.manifest.effects == Effects::ReadOnly
+        && !tool.tool.saves_checkpoints()
+        && !pin::is_version_gone(message)
+        && message.info().is_ok_and(|info| info.delivered == 1)
 }
 
 /// A saved checkpoint, parsed; one that is not JSON (written by something

@@ -20,7 +20,7 @@ use super::claim::Earlier;
 use super::{Executor, LoadedTool};
 use crate::checkpoint::Checkpoint;
 use crate::envelope::{GENERIC_FAILURE, from_error};
-use crate::ledger::Renewed;
+use crate::ledger::{Owner, Renewed};
 use crate::tool::{Applied, Progress, ToolContext, ToolError};
 
 /// How running a call ended.
@@ -68,13 +68,14 @@ impl Drop for StopOnDrop {
 }
 
 impl Executor {
-    /// Runs `checked` for the delivery `message`, whose claim `owner` holds.
+    /// Runs `checked` for the delivery `message`, owned by `owner` (who holds
+    /// the attempt's claim, unless it runs without one).
     pub(super) async fn run(
         &self,
         checked: Checked<'_>,
         call: &ToolCall,
         message: &Message,
-        owner: &str,
+        owner: &Owner,
         earlier: Earlier,
     ) -> Ran {
         tokio::select! {
@@ -91,7 +92,7 @@ impl Executor {
         checked: Checked<'_>,
         call: &ToolCall,
         message: &Message,
-        owner: &str,
+        owner: &Owner,
         earlier: Earlier,
     ) -> Ran {
         if earlier.cancelled {
@@ -109,12 +110,18 @@ impl Executor {
             // to answer "cancelled" for a call the drain hands back.
             cancelled: CancellationToken::new(),
             handed_back: self.abandon.clone(),
-            checkpoint: Checkpoint::of(
-                self.ledger.clone(),
-                self.ledger.checkpoint_keys(call),
-                owner.to_owned(),
-                earlier.checkpoint,
-            ),
+            // A checkpoint is kept under the claim: a run without one
+            // saves none (its tool saves none).
+            checkpoint: if owner.claimed {
+                Checkpoint::of(
+                    self.ledger.clone(),
+                    self.ledger.checkpoint_keys(call),
+                    owner.id.clone(),
+                    earlier.checkpoint,
+                )
+            } else {
+                Checkpoint::default()
+            },
             progress: Progress::of(&self.nats, call),
         };
         let repeats_harm = checked.tool.manifest.effects.repeats_harm();
@@ -169,7 +176,7 @@ impl Executor {
         ctx: ToolContext,
         call: &ToolCall,
         message: &Message,
-        owner: &str,
+        owner: &Owner,
     ) -> Ran {
         let Checked {
             tool: loaded,
@@ -213,7 +220,7 @@ impl Executor {
         &self,
         call: &ToolCall,
         message: &Message,
-        owner: &str,
+        owner: &Owner,
         timeout: Duration,
         run: F,
     ) -> Kept<F::Output> {

@@ -12,6 +12,7 @@ use toolfleet_proto::{Envelope, ToolCall, format};
 use tracing::{error, warn};
 
 use super::Executor;
+use crate::ledger::Owner;
 
 /// How a delivery ended, for the ack and the metrics.
 #[derive(Debug)]
@@ -50,7 +51,7 @@ impl Executor {
     pub(super) async fn settle(
         &self,
         call: &ToolCall,
-        owner: &str,
+        owner: &Owner,
         envelope: &Envelope,
         (worked, ran_on): (Duration, Option<&str>),
     ) -> Outcome {
@@ -69,7 +70,9 @@ impl Executor {
                 return Outcome::Retry(Duration::from_secs(1));
             }
         };
-        self.reply_with(call, &stored, false).await
+        // Another execution's result, stored first, is the answer.
+        let dedup_hit = stored != record;
+        self.reply_with(call, &stored, dedup_hit).await
     }
 
     /// Publishes the result the ledger already held for this attempt.
@@ -111,7 +114,12 @@ impl Executor {
     /// abandoned it, or its probe must ask again), so that its redelivery
     /// after `delay` can run it without waiting out the lease. A released
     /// claim is not a death: it does not count toward `max_deliveries`.
-    pub(super) async fn hand_back(&self, call: &ToolCall, owner: &str, delay: Duration) -> Outcome {
+    pub(super) async fn hand_back(
+        &self,
+        call: &ToolCall,
+        owner: &Owner,
+        delay: Duration,
+    ) -> Outcome {
         if let Err(err) = self.ledger.release(call, owner).await {
             warn!(error = %err, "could not release the claim; redelivery waits for its lease");
         }
