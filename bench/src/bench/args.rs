@@ -56,6 +56,13 @@ pub(crate) struct BenchArgs {
     /// the worker's own default.
     #[arg(long, value_name = "N")]
     pub(super) max_in_flight: Option<usize>,
+    /// With `--processes`: the workers declare `echo` with these effects
+    /// (`runtime.tool_effects`) instead of its own `read_only`: compare
+    /// `idempotent` with the default to see what a claim in the ledger
+    /// costs a call (decision 0060).
+    #[arg(long, value_name = "EFFECTS", requires = "processes",
+          value_parser = ["read_only", "idempotent", "not_idempotent"])]
+    pub(super) echo_effects: Option<String>,
     /// Threads of the orchestrator, of each worker and of the bench's own
     /// client (`threads`; 0: one per CPU), and of nats-server's Go runtime
     /// (`GOMAXPROCS`; 0: Go's default). 1, the default, is the cheapest

@@ -24,6 +24,8 @@ pub(super) struct FleetShape {
     pub(super) workers: usize,
     /// Each worker's `runtime.max_in_flight`, if given.
     pub(super) max_in_flight: Option<usize>,
+    /// The effects the workers declare `echo` with, if not its own.
+    pub(super) echo_effects: Option<toolfleet_proto::manifest::Effects>,
     /// The orchestrator's `runner.max_jobs`, if given.
     pub(super) max_jobs: Option<std::num::NonZeroUsize>,
     /// The `threads` of the orchestrator and each worker, and nats-server's
@@ -181,6 +183,9 @@ fn builder(
     }
     if let Some(slots) = shape.max_in_flight {
         worker_env.push(("TOOLFLEET_RUNTIME__MAX_IN_FLIGHT", slots.to_string()));
+    }
+    if let Some(effects) = shape.echo_effects {
+        worker_env.push(("TOOLFLEET_RUNTIME__TOOL_EFFECTS__ECHO", effects.to_string()));
     }
     if let Some(jobs) = shape.max_jobs {
         orchestrator_env.push(("TOOLFLEET_RUNNER__MAX_JOBS", jobs.to_string()));

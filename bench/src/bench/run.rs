@@ -208,6 +208,11 @@ async fn start_processes(
     let shape = FleetShape {
         workers,
         max_in_flight: args.max_in_flight,
+        echo_effects: args.echo_effects.as_deref().and_then(|name| {
+            toolfleet_proto::manifest::Effects::ALL
+                .into_iter()
+                .find(|effects| effects.as_str() == name)
+        }),
         max_jobs: args.max_jobs,
         threads: args.threads,
         fsync_always: args.fsync_always,
