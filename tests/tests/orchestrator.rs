@@ -385,6 +385,12 @@ async fn watch_replays_finished_jobs_and_cancel_stops_a_slow_one() -> anyhow::Re
         cancelled.error.as_ref().map(|e| e.code.as_str()),
         Some("CANCELLED")
     );
+    // The worker stops the tool: `sleep` is read-only, so its run holds no
+    // claim (decision 0060), and finds the job's cancel mark all the same.
+    fleet
+        .worker(0)
+        .wait_for_log("the call's job was cancelled; the call is stopped", JOB)
+        .await?;
     Ok(())
 }
 
