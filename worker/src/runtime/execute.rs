@@ -8,6 +8,8 @@
 //! 1. [`claim`]: claim the attempt in the Redis ledger. A stored result is
 //!    answered again, a live claim elsewhere is handed back for later, and a
 //!    delivery past `runtime.max_deliveries` is answered without running.
+//!    The first delivery of a read-only call takes no claim: it runs, and
+//!    settles by storing its result unless one is (decision 0060).
 //! 2. [`check`]: the pure checks of the call against the loaded tool
 //!    (deadline, argument size, JSON Schema).
 //! 3. [`run`]: ask the probe first when a side effect may already have

@@ -1,5 +1,6 @@
 //! Step 1: claim the attempt in the ledger, and decide from what the ledger
-//! holds whether this delivery answers, waits, or runs the call.
+//! holds whether this delivery answers, waits, or runs the call. A
+//! read-only call's first delivery claims nothing and runs (decision 0060).
 
 use std::time::Duration;
 
