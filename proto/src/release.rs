@@ -17,7 +17,8 @@
 //! The switch, `TOOLFLEET_TEST_PREVIOUS_RELEASE=1`, exists only in builds
 //! with the `previous-release` feature (the tests' builds, with
 //! `--all-features`); a release build always plays this release, whatever
-//! its environment says.
+//! its environment says. A process that plays the release before says so
+//! in a warning as it starts, which the tests look for.
 
 /// The variable that makes a process of a test build play the release
 /// before.

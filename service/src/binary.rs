@@ -257,6 +257,12 @@ where
     telemetry::init_logging(options.log());
     let served = async {
         tracing::info!(config = %serde_json::to_string(&options.redacted())?, "starting");
+        if toolfleet_proto::release::is_previous() {
+            tracing::warn!(
+                "playing the release before ({}=1, a test build's switch): format 1, no pinning",
+                toolfleet_proto::release::PREVIOUS_RELEASE_ENV
+            );
+        }
         let exporting = traces::install(options.telemetry(), name)
             .map_err(|err| anyhow::anyhow!("telemetry: cannot export traces: {err}"))?;
         let listen = options.metrics().listen;

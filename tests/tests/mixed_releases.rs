@@ -7,6 +7,7 @@
 //! The golden records and messages the release before really wrote are in
 //! `previous_release.rs`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -22,6 +23,20 @@ const WAIT: Duration = Duration::from_secs(60);
 
 /// The environment of a process that plays the release before.
 const PREVIOUS: (&str, &str) = (PREVIOUS_RELEASE_ENV, "1");
+
+/// What a process that plays the release before says as it starts.
+const PLAYS_PREVIOUS: &str = "playing the release before";
+
+/// Checks that `process` plays the release before: a build without the
+/// switch (`--all-features` builds have it) would play this one, and the
+/// tests would prove nothing of the release before.
+fn plays_previous(process: &toolfleet_tests::ChildProcess) {
+    assert!(
+        process.log_tail(100_000).contains(PLAYS_PREVIOUS),
+        "{} does not play the release before: build with --all-features",
+        process.name()
+    );
+}
 
 /// Fast takeover of a killed orchestrator's jobs.
 const FAST_TAKEOVER: [(&str, &str); 3] = [
@@ -158,6 +173,7 @@ async fn orchestrators_of_both_releases_resume_each_others_jobs_after_kill_9() -
     let mut fleet = Fleet::start(test_fleet(2)).await?;
     // An orchestrator of the release before runs the first jobs, and dies.
     let before = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    plays_previous(fleet.orchestrator(before));
     fleet
         .wait_for_tools(before, &["increment_counter"], 2)
         .await?;
@@ -178,6 +194,7 @@ async fn orchestrators_of_both_releases_resume_each_others_jobs_after_kill_9() -
 
     // One of the release before again: it reads what this release wrote.
     let again = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    plays_previous(fleet.orchestrator(again));
     let api = fleet.api(again).await?;
     resumed_by(&api, &second, again).await?;
     all_counted_once(&fleet, &api, ("first", &first, ROUNDS)).await?;
@@ -222,10 +239,12 @@ async fn a_rollback_to_the_release_before_finishes_every_job_in_flight() -> anyh
     // The rollback rolls each Deployment as an upgrade would: a pod of the
     // release before starts, then one of this release stops.
     for worker in 0..2 {
-        fleet.spawn_worker_with(&[PREVIOUS]).await?;
+        let previous = fleet.spawn_worker_with(&[PREVIOUS]).await?;
+        plays_previous(fleet.worker(previous));
         fleet.worker(worker).stop(WAIT).await?;
     }
     let before = fleet.spawn_orchestrator(&orchestrator_env(true)).await?;
+    plays_previous(fleet.orchestrator(before));
     fleet.orchestrator(now).stop(WAIT).await?;
     let mut api = fleet.api(before).await?;
 
@@ -258,7 +277,8 @@ async fn workers_roll_from_the_release_before_under_load_with_a_schema_change() 
     const ROUNDS: usize = 2;
     let mut fleet = Fleet::start(test_fleet(0)).await?;
     for _ in 0..3 {
-        fleet.spawn_worker_with(&[PREVIOUS]).await?;
+        let previous = fleet.spawn_worker_with(&[PREVIOUS]).await?;
+        plays_previous(fleet.worker(previous));
     }
     fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
     fleet.spawn_orchestrator(&orchestrator_env(false)).await?;
@@ -277,34 +297,55 @@ async fn workers_roll_from_the_release_before_under_load_with_a_schema_change() 
     // Jobs come one every 100 ms while the workers roll, one pod at a
     // time, to this release and a new schema of `increment_counter`, and
     // for a while after.
-    let rolled = std::sync::Arc::new(tokio::sync::Notify::new());
+    // The submitter stops at `stop_at` jobs, set once the roll is over.
+    let submitted = std::sync::Arc::new(AtomicUsize::new(0));
+    let stop_at = std::sync::Arc::new(AtomicUsize::new(usize::MAX));
     let submitter = {
-        let (api, rolled) = (api.clone(), rolled.clone());
+        let (api, submitted, stop_at) = (api.clone(), submitted.clone(), stop_at.clone());
         tokio::spawn(async move {
             let mut jobs = Vec::new();
-            let mut done = std::pin::pin!(rolled.notified());
-            loop {
+            while jobs.len() < stop_at.load(Ordering::SeqCst) {
                 let n = jobs.len();
-                let submitted = api
+                let job = api
                     .clone()
                     .submit_job(counting_job("roll", n, ROUNDS))
                     .await;
-                jobs.push(submitted.map(|r| r.into_inner().job_id));
-                tokio::select! {
-                    () = &mut done => return jobs,
-                    () = tokio::time::sleep(Duration::from_millis(100)) => {}
-                }
+                jobs.push(job.map(|r| r.into_inner().job_id));
+                submitted.store(jobs.len(), Ordering::SeqCst);
+                // The load's pace, not a wait for anything.
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
+            jobs
         })
     };
+    // The roll's pace: pods a few hundred milliseconds apart, as
+    // minReadySeconds spaces them (shorter, for the test's sake).
     tokio::time::sleep(Duration::from_millis(300)).await;
     for old in 0..3 {
         fleet.spawn_worker_with(&[SECOND_COUNTER]).await?;
         fleet.worker(old).stop(WAIT).await?;
         tokio::time::sleep(Duration::from_millis(400)).await;
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    rolled.notify_one();
+    // Once the offer has moved to the new version, eight more jobs.
+    wait_until("the new version to be offered", WAIT, || {
+        let api = api.clone();
+        let old = old.clone();
+        async move {
+            let tools = api
+                .clone()
+                .list_tools(v1::ListToolsRequest::default())
+                .await
+                .ok()?
+                .into_inner()
+                .tools;
+            let counter = tools
+                .into_iter()
+                .find(|tool| tool.name == "increment_counter")?;
+            (counter.contract_hash != old).then_some(())
+        }
+    })
+    .await?;
+    stop_at.store(submitted.load(Ordering::SeqCst) + 8, Ordering::SeqCst);
     let jobs = submitter.await?;
 
     let mut ran = std::collections::BTreeMap::<String, usize>::new();
