@@ -16,7 +16,7 @@ use super::args::BenchArgs;
 /// tool its calls call.
 #[derive(Clone, Copy)]
 pub(super) struct Work<'a> {
-    pub(super) script: &'a str,
+    pub(super) script: &'a Script,
     pub(super) tool: Workload,
 }
 
@@ -67,8 +67,16 @@ impl Workload {
     }
 }
 
+/// A scripted model's turns, and how many of them ask for tools: the job's
+/// `max_tool_rounds`, so that a script of more rounds than the API's
+/// default (8) runs to its end.
+pub(super) struct Script {
+    pub(super) text: String,
+    pub(super) rounds: u32,
+}
+
 /// `rounds` turns of `calls` parallel calls of `tool`, then a final message.
-pub(super) fn script(tool: Workload, rounds: usize, calls: usize) -> String {
+pub(super) fn script(tool: Workload, rounds: usize, calls: usize) -> Script {
     let mut turns: Vec<Value> = (0..rounds)
         .map(|round| {
             let calls: Vec<Value> = (0..calls).map(|i| tool.call(round, i)).collect();
@@ -76,7 +84,10 @@ pub(super) fn script(tool: Workload, rounds: usize, calls: usize) -> String {
         })
         .collect();
     turns.push(json!({"message": "done"}));
-    Value::Array(turns).to_string()
+    Script {
+        text: Value::Array(turns).to_string(),
+        rounds: u32::try_from(rounds).unwrap_or(u32::MAX),
+    }
 }
 
 /// Runs `jobs` jobs, `concurrency` at a time; returns the tool call round
@@ -95,9 +106,9 @@ pub(super) async fn load(
     for _ in 0..jobs {
         let permit = window.clone().acquire_owned().await?;
         let api = api.clone();
-        let script = script.to_owned();
+        let (text, rounds) = (script.text.clone(), script.rounds);
         tasks.push(tokio::spawn(async move {
-            let result = run_job(api, &script, tool, collect).await;
+            let result = run_job(api, (&text, rounds), tool, collect).await;
             drop(permit);
             result
         }));
@@ -116,7 +127,7 @@ pub(super) async fn load(
 /// Submits one scripted job and follows its events to the end.
 pub(super) async fn run_job(
     mut api: Api,
-    script: &str,
+    (script, rounds): (&str, u32),
     tool: Workload,
     collect: bool,
 ) -> anyhow::Result<Vec<Duration>> {
@@ -128,6 +139,7 @@ pub(super) async fn run_job(
             ..Default::default()
         }),
         tools: vec![tool.tool().into()],
+        max_tool_rounds: rounds,
         ..Default::default()
     };
     let job_id = api.submit_job(request).await?.into_inner().job_id;

@@ -175,7 +175,7 @@ async fn sequential_jobs(
     let mut latencies = Vec::with_capacity(args.sequential);
     for _ in 0..args.sequential {
         let started = Instant::now();
-        run_job(api.clone(), &one_call, tool, false).await?;
+        run_job(api.clone(), (&one_call.text, one_call.rounds), tool, false).await?;
         latencies.push(started.elapsed());
     }
     Ok(latencies)
