@@ -318,13 +318,21 @@ async fn workers_roll_from_the_release_before_under_load_with_a_schema_change() 
             jobs
         })
     };
-    // The roll's pace: pods a few hundred milliseconds apart, as
-    // minReadySeconds spaces them (shorter, for the test's sake).
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The roll's pace: a few jobs come before it and between its pods, as
+    // minReadySeconds spaces them (by jobs submitted, not by the clock).
+    let jobs_submitted = |more: usize| {
+        let target = submitted.load(Ordering::SeqCst) + more;
+        let submitted = submitted.clone();
+        wait_until("more jobs to be submitted", WAIT, move || {
+            let done = submitted.load(Ordering::SeqCst) >= target;
+            async move { done.then_some(()) }
+        })
+    };
+    jobs_submitted(3).await?;
     for old in 0..3 {
         fleet.spawn_worker_with(&[SECOND_COUNTER]).await?;
         fleet.worker(old).stop(WAIT).await?;
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        jobs_submitted(4).await?;
     }
     // Once the offer has moved to the new version, eight more jobs.
     wait_until("the new version to be offered", WAIT, || {
