@@ -271,10 +271,14 @@ async fn decide(
             async move {
                 match api.decide_call(request).await {
                     Ok(_) => Some(Ok(())),
+                    // A replica killed mid-request closes the connection
+                    // under it, which tonic reports as `Cancelled`.
                     Err(status)
                         if matches!(
                             status.code(),
-                            tonic::Code::Unavailable | tonic::Code::Unknown
+                            tonic::Code::Unavailable
+                                | tonic::Code::Unknown
+                                | tonic::Code::Cancelled
                         ) =>
                     {
                         retried.fetch_add(1, Ordering::SeqCst);
