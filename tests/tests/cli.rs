@@ -1076,3 +1076,58 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `toolfleet bench --sweep` runs the load once per value on a fresh fleet
+/// of processes and writes each dimension's table, JSON and chart: here
+/// jobs parked waiting for approval (`--awaiting-approval`) at 0 and 4,
+/// which the runs' reports say they had.
+#[tokio::test]
+async fn bench_sweep_writes_a_table_a_report_and_a_chart_per_dimension() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("sweeps");
+    let out_arg = out.to_string_lossy().into_owned();
+    let run = toolfleet(&[
+        "bench",
+        "--sweep",
+        "awaiting-approval",
+        "--sweep-values",
+        "0,4",
+        "-J",
+        "40",
+        "-C",
+        "4",
+        "--sequential",
+        "3",
+        "--sweep-dir",
+        &out_arg,
+    ])
+    .await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let sweep: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("awaiting-approval.json"))?)?;
+    assert_eq!(sweep["per"], "job", "{sweep}");
+    let steps = sweep["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 2, "{sweep}");
+    for (step, parked) in steps.iter().zip([0, 4]) {
+        assert_eq!(step["value"], parked, "{step}");
+        assert_eq!(step["report"]["awaiting_approval"], parked, "{step}");
+        assert_eq!(step["report"]["jobs"], 40, "{step}");
+        assert!(
+            step["cpu_ms_by_process"]["orchestrator"].as_f64() > Some(0.0),
+            "{step}"
+        );
+        assert!(step["cpu_ms_by_process"]["workers"].is_number(), "{step}");
+        assert!(step["redis_commands"].as_f64() > Some(0.0), "{step}");
+    }
+    let table = std::fs::read_to_string(out.join("awaiting-approval.md"))?;
+    assert_eq!(table.lines().count(), 4, "{table}");
+    assert!(
+        table.starts_with("| jobs parked waiting for approval |"),
+        "{table}"
+    );
+    assert!(run.stdout.contains(&table), "{}", run.stdout);
+    let chart = std::fs::read_to_string(out.join("awaiting-approval.svg"))?;
+    assert!(chart.starts_with("<svg"), "{chart:.100}");
+    assert!(chart.contains("CPU ms per job"), "{chart:.100}");
+    Ok(())
+}

@@ -78,6 +78,27 @@ pub(crate) struct BenchArgs {
     /// cost does not depend on what else is stored.
     #[arg(long, value_name = "N", conflicts_with_all = ["target", "tls"])]
     pub(super) stored_jobs: Option<usize>,
+    /// Before the load, park this many jobs, each holding an `echo` call
+    /// for approval (decision 0036), to show that jobs waiting for a person
+    /// cost the running ones nothing. They are submitted through the fleet.
+    #[arg(long, value_name = "N", conflicts_with_all = ["target", "parked"])]
+    pub(super) awaiting_approval: Option<usize>,
+    /// Instead of one run, one run of the load per value of each DIMENSION
+    /// (a fresh fleet of processes each time, floors skipped), then a
+    /// table, a JSON file and an SVG chart per dimension in --sweep-dir:
+    /// CPU per job by process, Redis commands and NATS messages per job,
+    /// latency and memory, against the dimension (docs/benchmarks.md,
+    /// "Growth curves"). `all` sweeps every dimension.
+    #[arg(long, value_name = "DIMENSION", value_delimiter = ',',
+          conflicts_with_all = ["target", "parked", "jobs_page", "mcp", "first_token", "tls"])]
+    pub(super) sweep: Vec<super::sweep::Dimension>,
+    /// The values of a one-dimension --sweep, instead of its own
+    /// (comma-separated).
+    #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "sweep")]
+    pub(super) sweep_values: Vec<usize>,
+    /// Where --sweep writes its charts, tables and JSON.
+    #[arg(long, value_name = "DIR", default_value = "bench-sweeps")]
+    pub(super) sweep_dir: std::path::PathBuf,
     /// NATS and Redis speak TLS only (with certificates made for the run),
     /// and the orchestrator, the workers and the raw floor's clients connect
     /// over it: compare with a run without to see what TLS costs.

@@ -12,7 +12,7 @@ use super::args::BenchArgs;
 use super::floor::{self, FloorShape, NatsAt};
 use super::load::{Work, Workload, load, run_job, script};
 use super::report::{JetStreamFloor, Percentiles, Report};
-use super::stored;
+use super::{parked, stored};
 
 /// Runs the raw JetStream floor with as many calls in flight as the load
 /// had (jobs in flight times parallel calls) and as many responders as the
@@ -115,6 +115,7 @@ pub(super) async fn measure(
         tool: tool.name(),
         tls: nats.ca_file.is_some(),
         stored_jobs: args.stored_jobs.unwrap_or(0),
+        awaiting_approval: args.awaiting_approval.unwrap_or(0),
         nats_cluster: args.nats_cluster,
         redis_cluster: args.redis_cluster,
         wait_replicas: args.wait_replicas.unwrap_or(0),
@@ -144,7 +145,8 @@ pub(super) async fn measure(
 }
 
 /// The warm-up: a few jobs of `work`, unmeasured; then, with
-/// `--stored-jobs`, Redis filled with finished jobs.
+/// `--stored-jobs`, Redis filled with finished jobs, and with
+/// `--awaiting-approval`, jobs parked.
 async fn warm_up(
     args: &BenchArgs,
     api: &Api,
@@ -159,6 +161,9 @@ async fn warm_up(
         };
         let keys = RedisKeys::new(RedisOptions::default().key_prefix);
         stored::fill(url, &keys, count, None).await?;
+    }
+    if let Some(jobs) = args.awaiting_approval.filter(|jobs| *jobs > 0) {
+        parked::park(api, jobs, args.concurrency).await?;
     }
     Ok(())
 }

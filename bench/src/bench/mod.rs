@@ -9,7 +9,8 @@
 //!   NATS and JetStream floors; `processes`: the fleet as processes;
 //!   `stored`: `--stored-jobs`; `parked`, `jobs_page`, `mcp` and
 //!   `first_token`: the runs of `--parked`, `--jobs-page`, `--mcp` and
-//!   `--first-token`.
+//!   `--first-token`; `sweep`: `--sweep`, runs of the load with one
+//!   dimension grown; `plot`: the charts.
 
 mod accounting;
 mod args;
@@ -20,10 +21,12 @@ mod load;
 mod mcp;
 mod measure;
 mod parked;
+mod plot;
 mod processes;
 mod report;
 mod run;
 mod stored;
+mod sweep;
 
 pub(crate) use args::BenchArgs;
 pub(crate) use run::run;

@@ -83,6 +83,12 @@ pub(super) async fn measure(
     })
 }
 
+/// Parks `jobs` jobs, `concurrency` at a time (`--awaiting-approval`).
+pub(super) async fn park(api: &Api, jobs: usize, concurrency: usize) -> anyhow::Result<()> {
+    eprintln!("parking {jobs} jobs, each holding a call for approval...");
+    submit_all(api, jobs, concurrency, Outcome::Parked).await
+}
+
 /// The orchestrator over [`WINDOW`].
 async fn usage_over(orchestrator: &Probe) -> anyhow::Result<Window> {
     let gone = || anyhow::anyhow!("the orchestrator (pid {}) is gone", orchestrator.pid);

@@ -52,6 +52,9 @@ pub(super) struct Report {
     /// Finished jobs Redis held before the load (`--stored-jobs`), besides
     /// the warm-up's.
     pub(super) stored_jobs: usize,
+    /// Jobs parked waiting for approval during the load
+    /// (`--awaiting-approval`).
+    pub(super) awaiting_approval: usize,
     /// The `threads` of the orchestrator and the workers, and nats-server's
     /// `GOMAXPROCS` (`--threads`), when they ran as processes of their own.
     pub(super) threads: Option<usize>,
@@ -187,6 +190,12 @@ fn print_setup(report: &Report) -> std::io::Result<()> {
         outln!(
             "stored               {} finished jobs in Redis before the load",
             report.stored_jobs
+        )?;
+    }
+    if report.awaiting_approval > 0 {
+        outln!(
+            "parked               {} jobs waiting for approval during the load",
+            report.awaiting_approval
         )?;
     }
     if report.fsync_always {

@@ -12,8 +12,8 @@ use super::floor::NatsAt;
 use super::load::Workload;
 use super::measure::measure;
 use super::processes::{FleetShape, ProcessFleet};
-use super::report::publish;
-use super::{Api, first_token, jobs_page, mcp, parked};
+use super::report::{Report, publish};
+use super::{Api, first_token, jobs_page, mcp, parked, sweep};
 use toolfleet_cli::output::outln;
 use toolfleet_fleet::local::{LocalFleet, LocalFleetOptions};
 use toolfleet_fleet::supervisor::otlp::Collector;
@@ -27,8 +27,53 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(jobs) = args.first_token {
         return first_token::run(&args, jobs).await;
     }
+    if !args.sweep.is_empty() {
+        return sweep::run(&args).await;
+    }
+    match on_a_fleet(&args).await? {
+        Measured::Load(report) => publish(&args, &report),
+        Measured::Parked(report) => print_or_json(&args, &report, parked::print),
+        Measured::JobsPage(report) => print_or_json(&args, &report, jobs_page::print),
+    }
+}
+
+/// The load's report of one run on a fleet started for it (a `--sweep`
+/// step).
+pub(super) async fn measured_load(args: &BenchArgs) -> anyhow::Result<Report> {
+    match on_a_fleet(args).await? {
+        Measured::Load(report) => Ok(*report),
+        Measured::Parked(_) | Measured::JobsPage(_) => {
+            anyhow::bail!("a sweep runs the load, not --parked or --jobs-page")
+        }
+    }
+}
+
+/// What a run on a fleet measured, by what it ran.
+enum Measured {
+    Load(Box<Report>),
+    Parked(parked::ParkedReport),
+    JobsPage(jobs_page::JobsPageReport),
+}
+
+/// `report` as JSON with `--json`, else as `text` makes it.
+fn print_or_json<T: serde::Serialize>(
+    args: &BenchArgs,
+    report: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(report)?)?;
+    } else {
+        outln!("{}", text(report))?;
+    }
+    Ok(())
+}
+
+/// Starts the fleet `args` asks for (or reaches `--target`), measures on
+/// it what `args` asks for, and stops it.
+async fn on_a_fleet(args: &BenchArgs) -> anyhow::Result<Measured> {
     let workers = args.workers.max(1);
-    let collector = span_collector(&args).await?;
+    let collector = span_collector(args).await?;
     let telemetry = TelemetryOptions {
         otlp_endpoint: collector.as_ref().map(|c| c.endpoint.clone()),
         otlp_protocol: None,
@@ -37,7 +82,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         capture_tool_content: false,
     };
     let processes = match args.processes {
-        true => Some(start_processes(&args, workers, &telemetry).await?),
+        true => Some(start_processes(args, workers, &telemetry).await?),
         false => None,
     };
     // The fleet in this process exports through this process's tracer.
@@ -46,45 +91,52 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
         _ => None,
     };
     let fleet = match (&args.target, &processes) {
-        (None, None) => Some(start_local(&args, workers).await?),
+        (None, None) => Some(start_local(args, workers).await?),
         _ => None,
     };
-    let (address, nats_url) = addresses(&args, fleet.as_ref(), processes.as_ref())?;
+    let measured = measure_on(args, fleet.as_ref(), processes.as_ref()).await;
+    stop(fleet, processes, exporting).await;
+    let mut measured = measured?;
+    if let Measured::Load(report) = &mut measured {
+        report.spans_received = collector.as_ref().map(Collector::received);
+    }
+    Ok(measured)
+}
+
+/// What `args` asks to measure on the fleet that is up.
+async fn measure_on(
+    args: &BenchArgs,
+    fleet: Option<&LocalFleet>,
+    processes: Option<&ProcessFleet>,
+) -> anyhow::Result<Measured> {
+    let (address, nats_url) = addresses(args, fleet, processes)?;
     let api = Api::connect(address.clone())
         .await
         .with_context(|| format!("cannot reach the orchestrator at {address}"))?;
-    let ca_file = fleet.as_ref().and_then(LocalFleet::ca_file);
-    let sources = sources(&args, fleet.as_ref(), processes.as_ref());
+    let ca_file = fleet.and_then(LocalFleet::ca_file);
+    let sources = sources(args, fleet, processes);
     let nats = NatsAt {
         url: &nats_url,
         ca_file: ca_file.as_deref(),
     };
     if let Some(jobs) = args.parked {
-        return run_parked(&args, &api, &sources, jobs, processes).await;
+        return Ok(Measured::Parked(
+            measure_parked(&api, &sources, jobs, args.concurrency).await?,
+        ));
     }
     if let Some(stored) = args.jobs_page {
-        let measured = measure_jobs_page(&api, &sources, stored).await;
-        stop(fleet, processes, exporting).await;
-        let report = measured?;
-        if args.json {
-            outln!("{}", serde_json::to_string_pretty(&report)?)?;
-        } else {
-            outln!("{}", jobs_page::print(&report))?;
-        }
-        return Ok(());
+        return Ok(Measured::JobsPage(
+            measure_jobs_page(&api, &sources, stored).await?,
+        ));
     }
-    let result = measure(&args, &api, nats, &sources).await;
+    let mut report = measure(args, &api, nats, &sources).await?;
     // What the servers say, where they can be asked.
-    let fsync_always = sources
+    report.fsync_always = sources
         .fsync_every_write()
         .await
         .unwrap_or(args.fsync_always);
-    stop(fleet, processes, exporting).await;
-    let mut report = result?;
     report.trace_ratio = args.trace_ratio;
-    report.fsync_always = fsync_always;
-    report.spans_received = collector.as_ref().map(Collector::received);
-    publish(&args, &report)
+    Ok(Measured::Load(Box::new(report)))
 }
 
 /// Stops the fleet: the one in this process, the processes, then this
@@ -117,26 +169,6 @@ fn addresses(
         (None, None, Some(target), Some(nats)) => (target.clone(), nats.clone()),
         _ => anyhow::bail!("--target needs --nats-url"),
     })
-}
-
-/// A `--parked` run: measured, the fleet's processes stopped, then the
-/// report printed.
-async fn run_parked(
-    args: &BenchArgs,
-    api: &Api,
-    sources: &Sources,
-    jobs: usize,
-    processes: Option<ProcessFleet>,
-) -> anyhow::Result<()> {
-    let measured = measure_parked(api, sources, jobs, args.concurrency).await;
-    drop(processes);
-    let report = measured?;
-    if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report)?)?;
-    } else {
-        outln!("{}", parked::print(&report))?;
-    }
-    Ok(())
 }
 
 /// `--parked`: the orchestrator idle, then with `jobs` jobs parked.
