@@ -1011,11 +1011,30 @@ async fn bench_with_processes_accounts_every_process() -> anyhow::Result<()> {
     let mut args = SMALL_BENCH.to_vec();
     args[2] = "200";
     args[4] = "16";
-    args.extend(["--processes", "--json-file", &path_arg]);
+    let chart = dir.path().join("floors.svg");
+    let chart_arg = chart.to_string_lossy().into_owned();
+    args.extend([
+        "--processes",
+        "--json-file",
+        &path_arg,
+        "--chart",
+        &chart_arg,
+    ]);
     let run = toolfleet(&args).await?;
     assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
     assert_eq!(report["jobs"], 200, "{report}");
+    // The one-call floor: raw JetStream calls one at a time, as many as
+    // the sequential jobs, drawn beside them.
+    let one_call_floor = report["raw_one_call"]["p50_ms"].as_f64();
+    assert!(one_call_floor.is_some_and(|ms| ms > 0.0), "{report}");
+    assert!(run.stdout.contains("one-call floor  "), "{}", run.stdout);
+    let chart = std::fs::read_to_string(&chart)?;
+    assert!(chart.starts_with("<svg"), "{chart:.100}");
+    assert!(
+        chart.contains("CPU ms per tool call, by process"),
+        "{chart:.100}"
+    );
     let accounting = &report["accounting"];
     for process in [
         "orchestrator",

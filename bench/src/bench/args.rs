@@ -175,6 +175,11 @@ pub(crate) struct BenchArgs {
     /// Also write the results as JSON to this file, beside the report.
     #[arg(long, value_name = "PATH")]
     pub(super) json_file: Option<std::path::PathBuf>,
+    /// Also draw the run beside its floors as an SVG chart in this file:
+    /// CPU per tool call by process against the raw JetStream floor's per
+    /// call, and a one-call job's p50 and p99 against the one-call floor's.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["sweep", "parked", "jobs_page", "mcp", "first_token"])]
+    pub(super) chart: Option<std::path::PathBuf>,
 }
 
 /// A `--trace-ratio`: a number from 0.0 to 1.0.

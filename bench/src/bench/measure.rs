@@ -67,6 +67,29 @@ async fn jetstream_floor(
     })
 }
 
+/// The one-call floor: as many raw JetStream calls as `--sequential`
+/// one-call jobs, one at a time, one responder: what a one-call job's trip
+/// through the bus costs with nothing else in its way.
+async fn one_call_floor(args: &BenchArgs, nats: NatsAt<'_>) -> Option<Percentiles> {
+    eprintln!(
+        "floor: {} raw JetStream calls, one at a time...",
+        args.sequential
+    );
+    let shape = FloorShape {
+        calls: args.sequential.max(1),
+        concurrency: 1,
+        responders: 1,
+        replicas: if args.nats_cluster { 3 } else { 1 },
+    };
+    match floor::jetstream_calls(nats, shape).await {
+        Ok((_, latencies)) => Some(Percentiles::of(latencies)),
+        Err(err) => {
+            eprintln!("floor: the raw JetStream calls could not run: {err:#}");
+            None
+        }
+    }
+}
+
 /// The raw NATS floor's requests: none where its client has no NATS user.
 fn raw_requests(args: &BenchArgs) -> usize {
     if args.nats_accounts {
@@ -106,10 +129,13 @@ pub(super) async fn measure(
     let raw_nats = nats_floor(args, nats).await?;
     let tool_calls = args.jobs * args.calls * args.rounds;
     let tool_calls_per_sec = tool_calls as f64 / phase.seconds;
-    let raw_jetstream = if raw_calls(args) == 0 {
-        None
+    let (raw_jetstream, raw_one_call) = if raw_calls(args) == 0 {
+        (None, None)
     } else {
-        jetstream_floor(args, nats, sources, tool_calls_per_sec).await
+        (
+            jetstream_floor(args, nats, sources, tool_calls_per_sec).await,
+            one_call_floor(args, nats).await,
+        )
     };
     Ok(Report {
         tool: tool.name(),
@@ -137,6 +163,7 @@ pub(super) async fn measure(
         raw_nats_round_trip: raw_nats.map(|(_, latencies)| Percentiles::of(latencies)),
         nats_accounts: args.nats_accounts,
         raw_jetstream,
+        raw_one_call,
         // Filled in by the caller, which owns the collector and the servers.
         trace_ratio: None,
         spans_received: None,

@@ -6,44 +6,27 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
-/// A figure of panels sharing an x axis of labelled categories.
+/// A figure of panels.
 pub(super) struct Chart {
+    pub(super) title: String,
+    pub(super) panels: Vec<Panel>,
+}
+
+/// One panel: its series over labelled categories, as lines, or as bars
+/// grouped by category.
+pub(super) struct Panel {
     pub(super) title: String,
     pub(super) x_axis: String,
     /// One label per category, in order: every series has one value each.
     pub(super) x_labels: Vec<String>,
-    pub(super) panels: Vec<Panel>,
-}
-
-/// One panel: its series as lines, or as bars grouped by category.
-pub(super) struct Panel {
-    title: String,
-    bars: bool,
-    series: Vec<Series>,
+    pub(super) bars: bool,
+    pub(super) series: Vec<Series>,
 }
 
 /// A named value per category.
 pub(super) struct Series {
     pub(super) name: String,
     pub(super) values: Vec<f64>,
-}
-
-impl Panel {
-    pub(super) fn lines(title: String, series: Vec<Series>) -> Self {
-        Self {
-            title,
-            bars: false,
-            series,
-        }
-    }
-
-    pub(super) fn bars(title: String, series: Vec<Series>) -> Self {
-        Self {
-            title,
-            bars: true,
-            series,
-        }
-    }
 }
 
 /// Panels per row of a figure.
@@ -61,20 +44,21 @@ impl Chart {
         root.fill(&WHITE)?;
         let root = root.titled(&self.title, ("sans-serif", 22))?;
         for (area, panel) in root.split_evenly((rows, columns)).iter().zip(&self.panels) {
-            self.draw(area, panel)?;
+            panel.draw(area)?;
         }
         root.present()?;
         Ok(())
     }
+}
 
-    /// One panel into its area.
+impl Panel {
+    /// The panel into its area.
     fn draw(
         &self,
         area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
-        panel: &Panel,
     ) -> anyhow::Result<()> {
         let categories = self.x_labels.len();
-        let highest = panel
+        let highest = self
             .series
             .iter()
             .flat_map(|s| s.values.iter().copied())
@@ -83,7 +67,7 @@ impl Chart {
         // Room above the highest value for the legend.
         let top = if highest > 0.0 { highest * 1.35 } else { 1.0 };
         let mut chart = ChartBuilder::on(area)
-            .caption(&panel.title, ("sans-serif", 16))
+            .caption(&self.title, ("sans-serif", 16))
             .margin(12)
             .x_label_area_size(42)
             .y_label_area_size(56)
@@ -104,13 +88,13 @@ impl Chart {
             .disable_x_mesh()
             .light_line_style(WHITE)
             .draw()?;
-        let count = panel.series.len().max(1);
-        for (n, series) in panel.series.iter().enumerate() {
+        let count = self.series.len().max(1);
+        for (n, series) in self.series.iter().enumerate() {
             let color = Palette99::pick(n).to_rgba();
             let at = (series.values.iter().enumerate())
                 .filter(|(_, v)| v.is_finite())
                 .map(|(i, v)| (i as f64, *v));
-            if panel.bars {
+            if self.bars {
                 // Side by side within 80% of a category's width.
                 let width = 0.8 / count as f64;
                 let left = -0.4 + width * n as f64;
@@ -145,23 +129,27 @@ mod tests {
         let path = dir.path().join("chart.svg");
         let chart = Chart {
             title: "a sweep".to_owned(),
-            x_axis: "rounds".to_owned(),
-            x_labels: vec!["1".to_owned(), "10".to_owned(), "50".to_owned()],
             panels: vec![
-                Panel::lines(
-                    "CPU".to_owned(),
-                    vec![Series {
+                Panel {
+                    title: "CPU".to_owned(),
+                    x_axis: "rounds".to_owned(),
+                    x_labels: vec!["1".to_owned(), "10".to_owned(), "50".to_owned()],
+                    bars: false,
+                    series: vec![Series {
                         name: "orchestrator".to_owned(),
                         values: vec![0.2, 0.15, 0.15],
                     }],
-                ),
-                Panel::bars(
-                    "floor".to_owned(),
-                    vec![Series {
+                },
+                Panel {
+                    title: "floor".to_owned(),
+                    x_axis: String::new(),
+                    x_labels: vec!["p50".to_owned(), "p99".to_owned()],
+                    bars: true,
+                    series: vec![Series {
                         name: "raw JetStream".to_owned(),
-                        values: vec![0.02, 0.0, f64::NAN],
+                        values: vec![0.02, f64::NAN],
                     }],
-                ),
+                },
             ],
         };
         chart.render(&path).expect("drawn");
@@ -175,6 +163,7 @@ mod tests {
         for text in [
             "a sweep",
             "rounds",
+            "p99",
             "50",
             "orchestrator",
             "raw JetStream",

@@ -8,6 +8,7 @@ use toolfleet_cli::output::outln;
 
 use super::accounting::Accounting;
 use super::args::BenchArgs;
+use super::plot::{Chart, Panel, Series};
 
 #[derive(Debug, Default, Serialize)]
 pub(super) struct Percentiles {
@@ -90,6 +91,9 @@ pub(super) struct Report {
     /// The raw JetStream floor (`--raw-calls`); none when skipped, or when
     /// it could not run (the reason is printed).
     pub(super) raw_jetstream: Option<JetStreamFloor>,
+    /// The one-call floor: raw JetStream calls one at a time, as many as
+    /// the sequential jobs (skipped with the raw JetStream floor).
+    pub(super) raw_one_call: Option<Percentiles>,
 }
 
 /// What the raw JetStream floor did, and what it cost per call.
@@ -115,6 +119,10 @@ pub(super) fn publish(args: &BenchArgs, report: &Report) -> anyhow::Result<()> {
         outln!("{}", serde_json::to_string_pretty(report)?)?;
     } else {
         print(report)?;
+    }
+    if let Some(path) = &args.chart {
+        chart(report).render(path)?;
+        eprintln!("wrote {}", path.display());
     }
     if let Some(path) = &args.json_file {
         std::fs::write(path, serde_json::to_vec_pretty(report)?)
@@ -176,6 +184,12 @@ fn print(report: &Report) -> std::io::Result<()> {
     }
     if let Some(floor) = &report.raw_jetstream {
         print_jetstream_floor(floor)?;
+    }
+    if let Some(floor) = &report.raw_one_call {
+        outln!(
+            "one-call floor       {}  (raw JetStream calls, one at a time)",
+            p(floor)
+        )?;
     }
     Ok(())
 }
@@ -308,4 +322,73 @@ fn print_accounting(accounting: &Accounting) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// `--chart`: the run beside its floors. CPU per tool call by process
+/// against the raw JetStream floor's per call, and the one-call job's
+/// latency against the one-call floor's.
+fn chart(report: &Report) -> Chart {
+    let calls_per_job = (report.rounds * report.calls_per_round).max(1) as f64;
+    let cost = &report.accounting.cpu_ms_per_job_by_process;
+    let floor = report.raw_jetstream.as_ref();
+    let mut names: Vec<&String> = cost.keys().collect();
+    let fleet_per_call = |name: &str| cost.get(name).map_or(0.0, |ms| ms / calls_per_job);
+    let floor_per_call = |name: &str| {
+        floor
+            .and_then(|f| f.cpu_ms_per_call_by_process.get(name))
+            .copied()
+            .unwrap_or(f64::NAN)
+    };
+    names.sort_by(|a, b| fleet_per_call(b).total_cmp(&fleet_per_call(a)));
+    let mut labels: Vec<String> = names.iter().map(|name| (*name).clone()).collect();
+    let mut fleet: Vec<f64> = labels.iter().map(|name| fleet_per_call(name)).collect();
+    let mut raw: Vec<f64> = labels.iter().map(|name| floor_per_call(name)).collect();
+    labels.push("total".to_owned());
+    fleet.push(report.accounting.cpu_ms_per_job_total / calls_per_job);
+    raw.push(floor.map_or(f64::NAN, |f| f.cpu_ms_per_call_total));
+    let one_call = &report.sequential_job_latency;
+    let one_call_floor = report.raw_one_call.as_ref();
+    let floor_name = "floor: a raw JetStream call".to_owned();
+    let cpu = Panel {
+        title: "CPU ms per tool call, by process".to_owned(),
+        x_axis: String::new(),
+        x_labels: labels,
+        bars: true,
+        series: vec![
+            Series {
+                name: "toolfleet: a tool call".to_owned(),
+                values: fleet,
+            },
+            Series {
+                name: floor_name.clone(),
+                values: raw,
+            },
+        ],
+    };
+    let latency = Panel {
+        title: "a one-call job and the one-call floor, ms".to_owned(),
+        x_axis: String::new(),
+        x_labels: vec!["p50".to_owned(), "p99".to_owned()],
+        bars: true,
+        series: vec![
+            Series {
+                name: "toolfleet: a one-call job".to_owned(),
+                values: vec![one_call.p50_ms, one_call.p99_ms],
+            },
+            Series {
+                name: format!("{floor_name}, one at a time"),
+                values: vec![
+                    one_call_floor.map_or(f64::NAN, |f| f.p50_ms),
+                    one_call_floor.map_or(f64::NAN, |f| f.p99_ms),
+                ],
+            },
+        ],
+    };
+    Chart {
+        title: format!(
+            "toolfleet bench: {} jobs of {} x {} {} calls beside the raw floors",
+            report.jobs, report.rounds, report.calls_per_round, report.tool
+        ),
+        panels: vec![cpu, latency],
+    }
 }

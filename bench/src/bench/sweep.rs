@@ -335,20 +335,27 @@ fn chart(dimension: Dimension, sweep: &Sweep) -> Chart {
     };
     let mut cpu = by_process(&|step| &step.cpu_ms_by_process);
     cpu.push(series("total", &|step| step.cpu_ms_total));
-    Chart {
-        title: format!("toolfleet bench --sweep {}", dimension.name()),
+    let panel = |title: String, series: Vec<Series>| Panel {
+        title,
         x_axis: dimension.axis().to_owned(),
         x_labels: sweep.steps.iter().map(|s| thousands(s.value)).collect(),
+        bars: false,
+        series,
+    };
+    Chart {
+        title: format!("toolfleet bench --sweep {}", dimension.name()),
         panels: vec![
-            Panel::lines(format!("CPU ms per {per}"), cpu),
-            Panel::lines(
+            panel(format!("CPU ms per {per}"), cpu),
+            panel(
                 format!("per {per}"),
                 vec![
-                    series("Redis commands", &|s| s.redis_commands.unwrap_or(0.0)),
-                    series("NATS messages in", &|s| s.nats_messages_in.unwrap_or(0.0)),
+                    series("Redis commands", &|s| s.redis_commands.unwrap_or(f64::NAN)),
+                    series("NATS messages in", &|s| {
+                        s.nats_messages_in.unwrap_or(f64::NAN)
+                    }),
                 ],
             ),
-            Panel::lines(
+            panel(
                 "latency, ms".to_owned(),
                 vec![
                     series("one-call job p50", &|s| s.one_call_job_p50_ms),
@@ -361,7 +368,7 @@ fn chart(dimension: Dimension, sweep: &Sweep) -> Chart {
                     }),
                 ],
             ),
-            Panel::lines(
+            panel(
                 "resident memory at the load's end, MB".to_owned(),
                 by_process(&|step| &step.rss_mb_by_process),
             ),
