@@ -47,8 +47,8 @@ pub(super) struct Sources {
 #[derive(Debug, Clone, Default)]
 pub(super) struct Reading {
     usage: BTreeMap<String, Usage>,
-    /// Calls so far by command.
-    redis_calls: Option<BTreeMap<String, u64>>,
+    /// Calls so far, and Redis's time in them, by command.
+    redis_calls: Option<BTreeMap<String, CommandStats>>,
     nats: Option<NatsCounters>,
 }
 
@@ -58,6 +58,14 @@ struct Usage {
     rss_bytes: u64,
     /// The most resident memory so far (`VmHWM`).
     peak_rss_bytes: u64,
+}
+
+/// A command's line of `INFO commandstats`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct CommandStats {
+    calls: u64,
+    /// Microseconds Redis spent running them.
+    usec: u64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -81,8 +89,10 @@ impl Sources {
         for url in &self.redis_urls {
             match (redis_commandstats(url).await, redis_calls.as_mut()) {
                 (Ok(calls), Some(sum)) => {
-                    for (command, count) in calls {
-                        *sum.entry(command).or_insert(0) += count;
+                    for (command, stats) in calls {
+                        let total: &mut CommandStats = sum.entry(command).or_default();
+                        total.calls += stats.calls;
+                        total.usec += stats.usec;
                     }
                 }
                 _ => redis_calls = None,
@@ -169,6 +179,9 @@ pub(super) struct Accounting {
     /// Redis commands per job (`INFO commandstats`), and by command.
     pub(super) redis_commands_per_job: Option<f64>,
     pub(super) redis_commands_per_job_by_name: BTreeMap<String, f64>,
+    /// Microseconds Redis spent per job running each command (its own
+    /// count, `INFO commandstats`): which commands its CPU goes to.
+    pub(super) redis_usec_per_job_by_name: BTreeMap<String, f64>,
     /// Messages and bytes NATS received and sent per job (`/varz`).
     pub(super) nats_messages_in_per_job: Option<f64>,
     pub(super) nats_messages_out_per_job: Option<f64>,
@@ -224,16 +237,21 @@ impl Accounting {
             .collect();
         if let (Some(start), Some(end)) = (&before.redis_calls, &after.redis_calls) {
             let mut total = 0.0;
-            for (name, calls) in end {
+            for (name, stats) in end {
                 // The bench's own `INFO` is not the fleet's.
                 if name == "info" {
                     continue;
                 }
-                let done = calls.saturating_sub(start.get(name).copied().unwrap_or(0)) as f64;
+                let earlier = start.get(name).copied().unwrap_or_default();
+                let done = stats.calls.saturating_sub(earlier.calls) as f64;
                 if done > 0.0 {
                     accounting
                         .redis_commands_per_job_by_name
                         .insert(name.clone(), per_job(done));
+                    let usec = stats.usec.saturating_sub(earlier.usec) as f64;
+                    accounting
+                        .redis_usec_per_job_by_name
+                        .insert(name.clone(), per_job(usec));
                     total += done;
                 }
             }
@@ -285,8 +303,9 @@ fn usage(pid: u32) -> Option<Usage> {
     })
 }
 
-/// Calls so far of every command, from `INFO commandstats`.
-async fn redis_commandstats(url: &str) -> anyhow::Result<BTreeMap<String, u64>> {
+/// Calls so far of every command, and Redis's time in them, from
+/// `INFO commandstats`.
+async fn redis_commandstats(url: &str) -> anyhow::Result<BTreeMap<String, CommandStats>> {
     let client = redis::Client::open(url)?;
     let mut connection = client.get_multiplexed_async_connection().await?;
     let info: String = redis::cmd("INFO")
@@ -296,18 +315,25 @@ async fn redis_commandstats(url: &str) -> anyhow::Result<BTreeMap<String, u64>> 
     Ok(parse_commandstats(&info))
 }
 
-/// `cmdstat_evalsha:calls=12,usec=...` lines to `{"evalsha": 12}`;
-/// subcommands (`cmdstat_client|setname`) count under their own names.
-fn parse_commandstats(info: &str) -> BTreeMap<String, u64> {
+/// `cmdstat_evalsha:calls=12,usec=340,...` lines to `{"evalsha": 12 calls
+/// in 340 µs}`; subcommands (`cmdstat_client|setname`) count under their
+/// own names.
+fn parse_commandstats(info: &str) -> BTreeMap<String, CommandStats> {
     info.lines()
         .filter_map(|line| {
             let (name, stats) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = stats
-                .split(',')
-                .find_map(|field| field.strip_prefix("calls="))?
-                .parse()
-                .ok()?;
-            Some((name.to_owned(), calls))
+            let field = |key: &str| -> Option<u64> {
+                stats
+                    .split(',')
+                    .find_map(|field| field.strip_prefix(key)?.strip_prefix('='))?
+                    .parse()
+                    .ok()
+            };
+            let stats = CommandStats {
+                calls: field("calls")?,
+                usec: field("usec")?,
+            };
+            Some((name.to_owned(), stats))
         })
         .collect()
 }
@@ -346,8 +372,12 @@ mod tests {
                     cmdstat_client|setname:calls=2,usec=3,usec_per_call=1.50,rejected_calls=0,failed_calls=0\r\n\
                     cmdstat_broken:usec=1\r\n";
         let stats = parse_commandstats(info);
-        assert_eq!(stats.get("evalsha"), Some(&12));
-        assert_eq!(stats.get("client|setname"), Some(&2));
+        let evalsha = CommandStats {
+            calls: 12,
+            usec: 340,
+        };
+        assert_eq!(stats.get("evalsha"), Some(&evalsha));
+        assert_eq!(stats.get("client|setname").map(|s| s.calls), Some(2));
         assert_eq!(stats.len(), 2);
     }
 
@@ -364,8 +394,20 @@ mod tests {
                 },
             )]),
             redis_calls: Some(BTreeMap::from([
-                ("evalsha".to_owned(), evalsha),
-                ("info".to_owned(), evalsha),
+                (
+                    "evalsha".to_owned(),
+                    CommandStats {
+                        calls: evalsha,
+                        usec: 10 * evalsha,
+                    },
+                ),
+                (
+                    "info".to_owned(),
+                    CommandStats {
+                        calls: evalsha,
+                        usec: evalsha,
+                    },
+                ),
             ])),
             nats: Some(NatsCounters {
                 in_msgs: msgs,
@@ -393,6 +435,7 @@ mod tests {
         assert_eq!(accounting.idle_rss_mb_by_process["orchestrator"], 10.0);
         assert_eq!(accounting.peak_rss_mb_by_process["orchestrator"], 35.0);
         assert_eq!(accounting.redis_commands_per_job, Some(2.0));
+        assert_eq!(accounting.redis_usec_per_job_by_name["evalsha"], 20.0);
         assert!(
             !accounting
                 .redis_commands_per_job_by_name

@@ -302,14 +302,11 @@ fn print_accounting(accounting: &Accounting) -> std::io::Result<()> {
         accounting.cores_busy
     )?;
     if let Some(commands) = accounting.redis_commands_per_job {
-        let mut by_name: Vec<_> = accounting.redis_commands_per_job_by_name.iter().collect();
-        by_name.sort_by(|a, b| b.1.total_cmp(a.1));
-        let top: Vec<String> = by_name
-            .iter()
-            .take(6)
-            .map(|(name, n)| format!("{name} {n:.1}"))
-            .collect();
-        outln!("  Redis commands       {commands:.1} ({})", top.join(", "))?;
+        let top = largest(&accounting.redis_commands_per_job_by_name, 1);
+        outln!("  Redis commands       {commands:.1} ({top})")?;
+        let usec: f64 = accounting.redis_usec_per_job_by_name.values().sum();
+        let top = largest(&accounting.redis_usec_per_job_by_name, 0);
+        outln!("  Redis's time in them {usec:.0} µs ({top})")?;
     }
     if let (Some(msgs_in), Some(msgs_out), Some(bytes_in), Some(bytes_out)) = (
         accounting.nats_messages_in_per_job,
@@ -322,6 +319,19 @@ fn print_accounting(accounting: &Accounting) -> std::io::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The six largest of `by_name`, largest first, as "name value, ...",
+/// with `decimals` decimals.
+fn largest(by_name: &std::collections::BTreeMap<String, f64>, decimals: usize) -> String {
+    let mut sorted: Vec<_> = by_name.iter().collect();
+    sorted.sort_by(|a, b| b.1.total_cmp(a.1));
+    let top: Vec<String> = sorted
+        .iter()
+        .take(6)
+        .map(|(name, n)| format!("{name} {n:.decimals$}"))
+        .collect();
+    top.join(", ")
 }
 
 /// `--chart`: the run beside its floors. CPU per tool call by process

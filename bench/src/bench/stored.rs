@@ -22,7 +22,8 @@ const BATCH: usize = 500;
 /// its submission would have added it, and counted as its end would have
 /// counted it (decision 0051). The copies keep the original's time to live.
 /// Their index entries are the original's time, or with `spread`, spread
-/// evenly over the `spread` before it, newest last.
+/// evenly over the `spread` before it, newest last. Returns once Redis has
+/// settled ([`settle`]).
 pub(super) async fn fill(
     redis_url: &str,
     keys: &RedisKeys,
@@ -87,7 +88,154 @@ pub(super) async fn fill(
             eprintln!("  {stored}/{count} stored");
         }
     }
+    settle(redis_url).await
+}
+
+/// Redis grows a hash table of its key space (and of its keys' expiry
+/// times) when the keys reach its size, and moves the entries to the new
+/// table a bucket at a time, one step with every command that touches the
+/// table and a millisecond of every `serverCron`. A fill that ends just
+/// after such a growth leaves a move of millions of cold buckets, which
+/// doubles what every command of the load costs for a minute: Redis's
+/// cost, not one that stored jobs add to a job's (docs/benchmarks.md,
+/// "Growth curves"). So the load waits for the move to end, with
+/// `serverCron` run every 2 ms meanwhile (`hz` 500, then put back).
+async fn settle(redis_url: &str) -> anyhow::Result<()> {
+    let client = redis::Client::open(redis_url)?;
+    let mut redis = client.get_multiplexed_async_connection().await?;
+    let started = std::time::Instant::now();
+    let hz: Vec<String> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("hz")
+        .query_async(&mut redis)
+        .await?;
+    let hz = hz.get(1).cloned().unwrap_or_else(|| "10".to_owned());
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hz")
+        .arg("500")
+        .query_async(&mut redis)
+        .await?;
+    let mut told = false;
+    let waited = async {
+        while Tables::read(&mut redis).await?.moving() {
+            if !told {
+                eprintln!("waiting for Redis to finish growing its key space's hash tables...");
+                told = true;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hz")
+        .arg(&hz)
+        .query_async(&mut redis)
+        .await?;
+    waited?;
+    if told {
+        eprintln!("  done in {:.1}s", started.elapsed().as_secs_f64());
+    }
     Ok(())
+}
+
+/// What `MEMORY STATS` says of database 0's two hash tables.
+struct Tables {
+    /// The key space's and the expiry times' overhead, in bytes, and
+    /// their entries.
+    main: (i64, i64),
+    expires: (i64, i64),
+    /// What one more entry adds to each overhead: an entry's size.
+    entry: (i64, i64),
+}
+
+/// The bench's probe key, set for a moment to learn an entry's size.
+const PROBE: &str = "toolfleet-bench:probe";
+
+impl Tables {
+    /// Reads the overheads, adds one key with an expiry time, reads them
+    /// again, and removes it.
+    async fn read(redis: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<Self> {
+        let before = overheads(redis).await?;
+        let () = redis::cmd("SET")
+            .arg(PROBE)
+            .arg(1)
+            .arg("PX")
+            .arg(60_000)
+            .query_async(redis)
+            .await?;
+        let after = overheads(redis).await?;
+        let () = redis::cmd("DEL")
+            .arg(PROBE)
+            .query_async(redis)
+            .await
+            .map(|_: i64| ())?;
+        let info: String = redis::cmd("INFO")
+            .arg("keyspace")
+            .query_async(redis)
+            .await?;
+        let (keys, expires) = keyspace(&info).unwrap_or((0, 0));
+        Ok(Self {
+            main: (before.0, keys),
+            expires: (before.1, expires),
+            entry: (after.0 - before.0, after.1 - before.1),
+        })
+    }
+
+    /// Whether either table is being moved: its buckets (its overhead
+    /// less its entries', 8 bytes each) are then those of two tables, a
+    /// sum of two powers of two, not one.
+    fn moving(&self) -> bool {
+        let buckets =
+            |(overhead, entries): (i64, i64), entry: i64| (overhead - entries * entry) / 8;
+        let one_table = |buckets: i64| buckets <= 0 || (buckets as u64).is_power_of_two();
+        !one_table(buckets(self.main, self.entry.0))
+            || !one_table(buckets(self.expires, self.entry.1))
+    }
+}
+
+/// `overhead.hashtable.main` and `overhead.hashtable.expires` of db 0 in
+/// `MEMORY STATS`.
+async fn overheads(redis: &mut redis::aio::MultiplexedConnection) -> anyhow::Result<(i64, i64)> {
+    let stats: redis::Value = redis::cmd("MEMORY").arg("STATS").query_async(redis).await?;
+    let field = |map: &redis::Value, name: &str| -> Option<redis::Value> {
+        let redis::Value::Array(items) = map else {
+            return None;
+        };
+        items.chunks(2).find_map(|pair| match pair {
+            [redis::Value::BulkString(key), value] if key == name.as_bytes() => Some(value.clone()),
+            [redis::Value::SimpleString(key), value] if key == name => Some(value.clone()),
+            _ => None,
+        })
+    };
+    let Some(db) = field(&stats, "db.0") else {
+        return Ok((0, 0));
+    };
+    let number = |name: &str| match field(&db, name) {
+        Some(redis::Value::Int(n)) => Ok(n),
+        other => Err(anyhow::anyhow!(
+            "MEMORY STATS has {other:?} for db.0's {name}"
+        )),
+    };
+    Ok((
+        number("overhead.hashtable.main")?,
+        number("overhead.hashtable.expires")?,
+    ))
+}
+
+/// `keys` and `expires` of db0 in `INFO keyspace`.
+fn keyspace(info: &str) -> Option<(i64, i64)> {
+    let db = info.lines().find_map(|line| line.strip_prefix("db0:"))?;
+    let field = |name: &str| -> Option<i64> {
+        db.split(',')
+            .find_map(|f| f.strip_prefix(name)?.strip_prefix('='))?
+            .trim()
+            .parse()
+            .ok()
+    };
+    Some((field("keys")?, field("expires")?))
 }
 
 /// Where a copy of a finished job is counted: the ended sets of its
@@ -138,4 +286,36 @@ async fn scan(
         keys.push(key?);
     }
     Ok(keys)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_table_is_moving_while_its_buckets_are_two_tables() {
+        // Redis 7.0's key space: 40 bytes an entry, 8 a bucket.
+        let keys = 1_192_739;
+        let tables = |main_buckets: i64, expires_buckets: i64| Tables {
+            main: (keys * 40 + main_buckets * 8, keys),
+            expires: (keys * 24 + expires_buckets * 8, keys),
+            entry: (40, 24),
+        };
+        assert!(tables((1 << 20) + (1 << 21), 1 << 21).moving());
+        assert!(tables(1 << 21, (1 << 20) + (1 << 21)).moving());
+        assert!(!tables(1 << 21, 1 << 21).moving());
+        let empty = Tables {
+            main: (0, 0),
+            expires: (0, 0),
+            entry: (0, 0),
+        };
+        assert!(!empty.moving());
+    }
+
+    #[test]
+    fn the_keyspace_line_gives_keys_and_expiries() {
+        let info = "# Keyspace\r\ndb0:keys=1100012,expires=1100003,avg_ttl=86000000\r\n";
+        assert_eq!(keyspace(info), Some((1_100_012, 1_100_003)));
+        assert_eq!(keyspace("# Keyspace\r\n"), None);
+    }
 }
