@@ -1150,3 +1150,50 @@ async fn bench_sweep_writes_a_table_a_report_and_a_chart_per_dimension() -> anyh
     assert!(chart.contains("CPU ms per job"), "{chart:.100}");
     Ok(())
 }
+
+/// `toolfleet bench --processes --tenants N --idle-tools M`: the
+/// orchestrator takes only the tokens of the file the bench wrote, each of
+/// the N tenants' jobs gets through with its own, and every worker serves
+/// M more tools of the bench's MCP server besides its own.
+#[tokio::test]
+async fn bench_with_tenants_and_idle_tools_runs_every_tenants_jobs() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("report.json");
+    let path_arg = path.to_string_lossy().into_owned();
+    let run = toolfleet(&[
+        "bench",
+        "--processes",
+        "--tenants",
+        "3",
+        "--idle-tools",
+        "5",
+        "-J",
+        "12",
+        "-C",
+        "4",
+        "--sequential",
+        "2",
+        "--raw-calls",
+        "0",
+        "--raw-requests",
+        "0",
+        "--json-file",
+        &path_arg,
+    ])
+    .await?;
+    assert_eq!(run.code, Some(0), "{}\n{}", run.stdout, run.stderr);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    assert_eq!(report["tenants"], 3, "{report}");
+    assert_eq!(report["idle_tools"], 5, "{report}");
+    assert_eq!(report["jobs"], 12, "{report}");
+    // Each tenant's budget is checked in Redis with every job of its.
+    let budget_scripts = report["accounting"]["redis_commands_per_job_by_name"]["hmget"].as_f64();
+    assert!(budget_scripts.is_some_and(|n| n > 2.0), "{report}");
+    assert!(
+        run.stdout
+            .contains("tenants              3 in the tokens file"),
+        "{}",
+        run.stdout
+    );
+    Ok(())
+}

@@ -83,6 +83,24 @@ pub(crate) struct BenchArgs {
     /// cost the running ones nothing. They are submitted through the fleet.
     #[arg(long, value_name = "N", conflicts_with_all = ["target", "parked"])]
     pub(super) awaiting_approval: Option<usize>,
+    /// With `--processes`: the orchestrator takes bearer tokens
+    /// (`api.auth = tokens`) from a tokens file of N tenants made for the
+    /// run, each with every quota and budget the file can give (none of
+    /// them reached), and the load's jobs go to the tenants in turn: to
+    /// show that a job's cost does not depend on how many tenants there
+    /// are.
+    #[arg(long, value_name = "N", requires = "processes",
+          value_parser = clap::value_parser!(u32).range(1..=100_000),
+          conflicts_with_all = ["parked", "jobs_page", "awaiting_approval", "nats_accounts"])]
+    pub(super) tenants: Option<u32>,
+    /// With `--processes`: every worker also serves N tools of an MCP
+    /// server the bench runs (each with its queue and consumer, announced
+    /// and listed as any tool, none of them called), to show that the
+    /// tools a fleet has registered cost a job nothing.
+    #[arg(long, value_name = "N", requires = "processes",
+          value_parser = clap::value_parser!(u32).range(0..=10_000),
+          conflicts_with = "nats_accounts")]
+    pub(super) idle_tools: Option<u32>,
     /// Instead of one run, one run of the load per value of each DIMENSION
     /// (a fresh fleet of processes each time, floors skipped), then a
     /// table, a JSON file and an SVG chart per dimension in --sweep-dir:
@@ -96,6 +114,11 @@ pub(crate) struct BenchArgs {
     /// (comma-separated).
     #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "sweep")]
     pub(super) sweep_values: Vec<usize>,
+    /// Runs of the load at each value of a --sweep, the values in turn;
+    /// each value's median run (by CPU) is reported, with the range.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=20))]
+    pub(super) sweep_runs: u16,
     /// Where --sweep writes its charts, tables and JSON.
     #[arg(long, value_name = "DIR", default_value = "bench-sweeps")]
     pub(super) sweep_dir: std::path::PathBuf,

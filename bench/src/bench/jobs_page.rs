@@ -68,6 +68,7 @@ pub(super) async fn measure(
     let work = Work {
         script: &one_call,
         tool: Workload::Echo,
+        tenants: None,
     };
     load(api, work, WARM_UP_JOBS, 8, false).await?;
     let keys = RedisKeys::new(RedisOptions::default().key_prefix);

@@ -11,6 +11,7 @@ use toolfleet_proto::{JobEvent, v1};
 
 use super::Api;
 use super::args::BenchArgs;
+use super::tenants::{Tenants, authorized};
 
 /// What every job of a phase runs: the scripted model's script, and the
 /// tool its calls call.
@@ -18,6 +19,8 @@ use super::args::BenchArgs;
 pub(super) struct Work<'a> {
     pub(super) script: &'a Script,
     pub(super) tool: Workload,
+    /// With `--tenants`, whose the jobs are, in turn.
+    pub(super) tenants: Option<&'a Tenants>,
 }
 
 /// The tool every call of the bench runs.
@@ -94,7 +97,11 @@ pub(super) fn script(tool: Workload, rounds: usize, calls: usize) -> Script {
 /// trips the runner reported (when `collect`).
 pub(super) async fn load(
     api: &Api,
-    Work { script, tool }: Work<'_>,
+    Work {
+        script,
+        tool,
+        tenants,
+    }: Work<'_>,
     jobs: usize,
     concurrency: usize,
     collect: bool,
@@ -103,12 +110,18 @@ pub(super) async fn load(
     let mut tasks = Vec::with_capacity(jobs);
     let mut done = 0usize;
     let progress_every = (jobs / 10).max(1);
-    for _ in 0..jobs {
+    for n in 0..jobs {
         let permit = window.clone().acquire_owned().await?;
         let api = api.clone();
         let (text, rounds) = (script.text.clone(), script.rounds);
+        let token = tenants.map(|tenants| tenants.token(n).to_owned());
         tasks.push(tokio::spawn(async move {
-            let result = run_job(api, (&text, rounds), tool, collect).await;
+            let job = Job {
+                script: (&text, rounds),
+                tool,
+                token: token.as_deref(),
+            };
+            let result = run_job(api, job, collect).await;
             drop(permit);
             result
         }));
@@ -124,11 +137,23 @@ pub(super) async fn load(
     Ok(round_trips)
 }
 
+/// One job to run: its script and rounds, the tool it calls, and its
+/// tenant's token when the fleet takes tokens.
+#[derive(Clone, Copy)]
+pub(super) struct Job<'a> {
+    pub(super) script: (&'a str, u32),
+    pub(super) tool: Workload,
+    pub(super) token: Option<&'a str>,
+}
+
 /// Submits one scripted job and follows its events to the end.
 pub(super) async fn run_job(
     mut api: Api,
-    (script, rounds): (&str, u32),
-    tool: Workload,
+    Job {
+        script: (script, rounds),
+        tool,
+        token,
+    }: Job<'_>,
     collect: bool,
 ) -> anyhow::Result<Vec<Duration>> {
     let request = v1::SubmitJobRequest {
@@ -142,14 +167,16 @@ pub(super) async fn run_job(
         max_tool_rounds: rounds,
         ..Default::default()
     };
-    let job_id = api.submit_job(request).await?.into_inner().job_id;
-    let mut events = api
-        .watch_job(v1::WatchJobRequest {
-            job_id: job_id.clone(),
-            from_offset: 0,
-        })
+    let job_id = api
+        .submit_job(authorized(request, token))
         .await?
-        .into_inner();
+        .into_inner()
+        .job_id;
+    let watch = v1::WatchJobRequest {
+        job_id: job_id.clone(),
+        from_offset: 0,
+    };
+    let mut events = api.watch_job(authorized(watch, token)).await?.into_inner();
     let mut round_trips = Vec::new();
     while let Some(event) = events.next().await {
         let event = event?;

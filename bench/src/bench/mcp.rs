@@ -62,7 +62,7 @@ pub(super) struct McpReport {
 pub(super) async fn run(args: &BenchArgs, calls: usize) -> anyhow::Result<()> {
     let stop = CancellationToken::new();
     let _stop = stop.clone().drop_guard();
-    let server = serve_echo(stop.clone()).await?;
+    let server = serve_echoes(vec!["echo".to_owned()], stop.clone()).await?;
     let workers = args.workers.max(1);
     eprintln!(
         "starting a local fleet (nats-server, redis-server, 1 orchestrator, {workers} \
@@ -184,12 +184,15 @@ async fn serve_gateway(address: &str, stop: CancellationToken) -> anyhow::Result
     Ok(url)
 }
 
-/// The MCP server both paths call: one tool, `echo`, that answers its
-/// `text` as structured content, so that what is timed is the path.
+/// An MCP server of tools that each answer their `text` as structured
+/// content, so that what is timed is the path: `--mcp`'s `echo`, which
+/// both paths call, or `--tools`'s many, which nobody calls.
 #[derive(Clone)]
-struct Echo;
+pub(super) struct Echoes {
+    names: Arc<Vec<String>>,
+}
 
-impl ServerHandler for Echo {
+impl ServerHandler for Echoes {
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_server_info(
             Implementation::new("toolfleet-bench", env!("CARGO_PKG_VERSION")),
@@ -210,8 +213,11 @@ impl ServerHandler for Echo {
         let Value::Object(schema) = schema else {
             unreachable!("an object literal")
         };
-        let echo = Tool::new("echo", "Answers its text.", Arc::new(schema));
-        Ok(ListToolsResult::with_all_items(vec![echo]))
+        let schema = Arc::new(schema);
+        let tools = (self.names.iter())
+            .map(|name| Tool::new(name.clone(), "Answers its text.", schema.clone()))
+            .collect();
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -229,12 +235,20 @@ impl ServerHandler for Echo {
     }
 }
 
-/// Serves [`Echo`] over Streamable HTTP on a free loopback port until
-/// `stop`; returns its URL.
-async fn serve_echo(stop: CancellationToken) -> anyhow::Result<String> {
+/// Serves [`Echoes`] of `names` over Streamable HTTP on a free loopback
+/// port until `stop`; returns its URL.
+pub(super) async fn serve_echoes(
+    names: Vec<String>,
+    stop: CancellationToken,
+) -> anyhow::Result<String> {
     let config = StreamableHttpServerConfig::default().with_cancellation_token(stop.child_token());
+    let names = Arc::new(names);
     let service = StreamableHttpService::new(
-        || Ok(Echo),
+        move || {
+            Ok(Echoes {
+                names: names.clone(),
+            })
+        },
         Arc::new(LocalSessionManager::default()),
         config,
     );

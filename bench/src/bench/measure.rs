@@ -10,8 +10,9 @@ use super::Api;
 use super::accounting::{self, Accounting, Reading, Readings, Sources};
 use super::args::BenchArgs;
 use super::floor::{self, FloorShape, NatsAt};
-use super::load::{Work, Workload, load, run_job, script};
+use super::load::{Job, Work, Workload, load, run_job, script};
 use super::report::{JetStreamFloor, Percentiles, Report};
+use super::tenants::Tenants;
 use super::{parked, stored};
 
 /// Runs the raw JetStream floor with as many calls in flight as the load
@@ -115,17 +116,19 @@ pub(super) async fn measure(
     api: &Api,
     nats: NatsAt<'_>,
     sources: &Sources,
+    tenants: Option<&Tenants>,
 ) -> anyhow::Result<Report> {
     let tool = Workload::of(args);
     let load_script = script(tool, args.rounds, args.calls);
     let work = Work {
         script: &load_script,
         tool,
+        tenants,
     };
     let idle = sources.read().await;
     warm_up(args, api, work, sources).await?;
     let phase = load_phase(args, api, work, sources, &idle).await?;
-    let latencies = sequential_jobs(args, api, tool).await?;
+    let latencies = sequential_jobs(args, api, work).await?;
     let raw_nats = nats_floor(args, nats).await?;
     let tool_calls = args.jobs * args.calls * args.rounds;
     let tool_calls_per_sec = tool_calls as f64 / phase.seconds;
@@ -141,7 +144,10 @@ pub(super) async fn measure(
         tool: tool.name(),
         tls: nats.ca_file.is_some(),
         stored_jobs: args.stored_jobs.unwrap_or(0),
+        tenants: tenants.map_or(0, Tenants::count),
         awaiting_approval: args.awaiting_approval.unwrap_or(0),
+        // Filled in by the caller, which served them.
+        idle_tools: 0,
         nats_cluster: args.nats_cluster,
         redis_cluster: args.redis_cluster,
         wait_replicas: args.wait_replicas.unwrap_or(0),
@@ -191,23 +197,31 @@ async fn warm_up(
     }
     if let Some(jobs) = args.awaiting_approval.filter(|jobs| *jobs > 0) {
         parked::park(api, jobs, args.concurrency).await?;
+        if let [url] = sources.redis_urls.as_slice() {
+            stored::settle(url).await?;
+        }
     }
     Ok(())
 }
 
-/// The latency of `--sequential` one-call jobs of `tool`, run one after
-/// the other.
+/// The latency of `--sequential` one-call jobs of `work`'s tool (of its
+/// first tenant, with `--tenants`), run one after the other.
 async fn sequential_jobs(
     args: &BenchArgs,
     api: &Api,
-    tool: Workload,
+    work: Work<'_>,
 ) -> anyhow::Result<Vec<Duration>> {
     eprintln!("latency: {} sequential one-call jobs...", args.sequential);
-    let one_call = script(tool, 1, 1);
+    let one_call = script(work.tool, 1, 1);
     let mut latencies = Vec::with_capacity(args.sequential);
     for _ in 0..args.sequential {
         let started = Instant::now();
-        run_job(api.clone(), (&one_call.text, one_call.rounds), tool, false).await?;
+        let job = Job {
+            script: (&one_call.text, one_call.rounds),
+            tool: work.tool,
+            token: work.tenants.map(|tenants| tenants.token(0)),
+        };
+        run_job(api.clone(), job, false).await?;
         latencies.push(started.elapsed());
     }
     Ok(latencies)

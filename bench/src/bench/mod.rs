@@ -10,12 +10,14 @@
 //!   `stored`: `--stored-jobs`; `parked`, `jobs_page`, `mcp` and
 //!   `first_token`: the runs of `--parked`, `--jobs-page`, `--mcp` and
 //!   `--first-token`; `sweep`: `--sweep`, runs of the load with one
-//!   dimension grown; `plot`: the charts.
+//!   dimension grown; `plot`: the charts; `tenants` and `idle_tools`:
+//!   `--tenants` and `--idle-tools`.
 
 mod accounting;
 mod args;
 mod first_token;
 mod floor;
+mod idle_tools;
 mod jobs_page;
 mod load;
 mod mcp;
@@ -27,6 +29,7 @@ mod report;
 mod run;
 mod stored;
 mod sweep;
+mod tenants;
 
 pub(crate) use args::BenchArgs;
 pub(crate) use run::run;

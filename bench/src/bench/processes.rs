@@ -8,10 +8,12 @@
 //! shows what one worker serving many tools does.
 
 use anyhow::Context as _;
-use toolfleet_proto::names;
+use toolfleet_proto::{names, v1};
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
+use super::idle_tools::IdleTools;
+use super::tenants::{Tenants, authorized};
 use toolfleet_fleet::processes;
 use toolfleet_fleet::servers::RedisClusterShape;
 use toolfleet_fleet::supervisor::{ServerOptions, cargo_bin};
@@ -218,6 +220,14 @@ fn borrowed<'a>(env: &'a [(&'static str, String)]) -> Vec<(&'a str, &'a str)> {
         .collect()
 }
 
+/// What a fleet may have besides its shape: tenants that take tokens
+/// (`--tenants`), an MCP server of idle tools (`--idle-tools`).
+#[derive(Clone, Copy, Default)]
+pub(super) struct Extras<'a> {
+    pub(super) tenants: Option<&'a Tenants>,
+    pub(super) idle_tools: Option<&'a IdleTools>,
+}
+
 /// The fleet; every process is killed and its dir removed on drop.
 pub(super) struct ProcessFleet {
     /// The orchestrator's gRPC URL.
@@ -237,6 +247,10 @@ impl ProcessFleet {
         shape: &FleetShape,
         tool: &str,
         telemetry: &TelemetryOptions,
+        Extras {
+            tenants,
+            idle_tools,
+        }: Extras<'_>,
     ) -> anyhow::Result<Self> {
         check(shape)?;
         let dir = tempfile::Builder::new()
@@ -254,18 +268,46 @@ impl ProcessFleet {
             ..ServerOptions::default()
         };
         let accounts = shape.nats_accounts.then(Accounts::new);
-        let builder = builder(shape, telemetry, accounts.as_ref(), options);
+        let worker_config = dir.path().join("worker.toml");
+        let worker_config = match idle_tools {
+            Some(tools) => {
+                std::fs::write(&worker_config, tools.worker_config())
+                    .with_context(|| format!("cannot write {}", worker_config.display()))?;
+                Some(worker_config.to_string_lossy().into_owned())
+            }
+            None => None,
+        };
+        let mut builder = builder(shape, telemetry, accounts.as_ref(), options);
+        if let Some(config) = &worker_config {
+            builder = builder.worker_env(&[("TOOLFLEET_CONFIG", config.as_str())]);
+        }
         let mut fleet = builder.start_processes().await?;
         if let Some(accounts) = &accounts {
             accounts.set_up(&fleet.nats.url()).await?;
         }
-        fleet.start_orchestrator(&[])?;
+        let tokens_file = dir.path().join("tokens.toml");
+        let tokens_path = tokens_file.to_string_lossy().into_owned();
+        let mut orchestrator_env = Vec::new();
+        if let Some(tenants) = tenants {
+            std::fs::write(&tokens_file, tenants.file())
+                .with_context(|| format!("cannot write {tokens_path}"))?;
+            orchestrator_env = vec![
+                ("TOOLFLEET_API__AUTH", "tokens"),
+                ("TOOLFLEET_API__TOKENS_FILE", tokens_path.as_str()),
+            ];
+        }
+        fleet.start_orchestrator(&orchestrator_env)?;
         for _ in 0..shape.workers {
             fleet.start_worker()?;
         }
         let address = fleet.grpc_url(0).await?;
         let workers = u32::try_from(shape.workers).unwrap_or(u32::MAX);
-        fleet.wait_for_tools(0, &[tool], workers).await?;
+        let last_idle = idle_tools.and_then(IdleTools::last);
+        let tools: Vec<&str> = std::iter::once(tool).chain(last_idle.as_deref()).collect();
+        match tenants {
+            None => fleet.wait_for_tools(0, &tools, workers).await?,
+            Some(tenants) => wait_for_tools(&address, tenants.token(0), &tools, workers).await?,
+        }
         for worker in fleet.workers() {
             anyhow::ensure!(worker.is_running(), "{} exited", worker.name());
         }
@@ -303,5 +345,36 @@ impl ProcessFleet {
             redis_urls: redis.iter().map(|(_, node)| node.url()).collect(),
             nats_monitoring: nats.iter().map(|(_, node)| node.monitoring_url()).collect(),
         }
+    }
+}
+
+/// Waits until the orchestrator at `address`, asked with `token`, lists
+/// `tools` on `workers` workers: as `wait_for_tools` does for a fleet that
+/// takes no tokens.
+async fn wait_for_tools(
+    address: &str,
+    token: &str,
+    tools: &[&str],
+    workers: u32,
+) -> anyhow::Result<()> {
+    let mut api = super::Api::connect(address.to_owned()).await?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let request = authorized(v1::ListToolsRequest::default(), Some(token));
+        let listed = api.list_tools(request).await?.into_inner().tools;
+        let live = |tool: &&str| {
+            listed
+                .iter()
+                .any(|t| t.name == *tool && t.workers >= workers)
+        };
+        if tools.iter().all(live) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            std::time::Instant::now() < deadline,
+            "the orchestrator never listed {} on {workers} workers",
+            tools.join(", ")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }

@@ -53,6 +53,12 @@ pub(super) struct Report {
     /// Finished jobs Redis held before the load (`--stored-jobs`), besides
     /// the warm-up's.
     pub(super) stored_jobs: usize,
+    /// Tenants of the tokens file the load's jobs took turns in
+    /// (`--tenants`); 0: no tokens, every job the tenant `default`.
+    pub(super) tenants: usize,
+    /// Tools of an MCP server every worker also served, none of them
+    /// called (`--idle-tools`).
+    pub(super) idle_tools: usize,
     /// Jobs parked waiting for approval during the load
     /// (`--awaiting-approval`).
     pub(super) awaiting_approval: usize,
@@ -204,6 +210,18 @@ fn print_setup(report: &Report) -> std::io::Result<()> {
         outln!(
             "stored               {} finished jobs in Redis before the load",
             report.stored_jobs
+        )?;
+    }
+    if report.tenants > 0 {
+        outln!(
+            "tenants              {} in the tokens file, with quotas and budgets, the jobs taking turns",
+            report.tenants
+        )?;
+    }
+    if report.idle_tools > 0 {
+        outln!(
+            "idle tools           {} more tools on every worker, none of them called",
+            report.idle_tools
         )?;
     }
     if report.awaiting_approval > 0 {

@@ -9,10 +9,12 @@ use toolfleet_service::traces::{self, Exporting};
 use super::accounting::{Probe, Sources};
 use super::args::BenchArgs;
 use super::floor::NatsAt;
+use super::idle_tools::IdleTools;
 use super::load::Workload;
 use super::measure::measure;
-use super::processes::{FleetShape, ProcessFleet};
+use super::processes::{Extras, FleetShape, ProcessFleet};
 use super::report::{Report, publish};
+use super::tenants::Tenants;
 use super::{Api, first_token, jobs_page, mcp, parked, sweep};
 use toolfleet_cli::output::outln;
 use toolfleet_fleet::local::{LocalFleet, LocalFleetOptions};
@@ -81,8 +83,17 @@ async fn on_a_fleet(args: &BenchArgs) -> anyhow::Result<Measured> {
         // What tracing costs without content, as it is deployed.
         capture_tool_content: false,
     };
+    let tenants = args.tenants.map(|count| Tenants::new(count as usize));
+    let idle_tools = match args.idle_tools.filter(|count| *count > 0) {
+        Some(count) => Some(IdleTools::serve(count as usize).await?),
+        None => None,
+    };
+    let extras = Extras {
+        tenants: tenants.as_ref(),
+        idle_tools: idle_tools.as_ref(),
+    };
     let processes = match args.processes {
-        true => Some(start_processes(args, workers, &telemetry).await?),
+        true => Some(start_processes(args, workers, &telemetry, extras).await?),
         false => None,
     };
     // The fleet in this process exports through this process's tracer.
@@ -94,7 +105,12 @@ async fn on_a_fleet(args: &BenchArgs) -> anyhow::Result<Measured> {
         (None, None) => Some(start_local(args, workers).await?),
         _ => None,
     };
-    let measured = measure_on(args, fleet.as_ref(), processes.as_ref()).await;
+    let on = On {
+        fleet: fleet.as_ref(),
+        processes: processes.as_ref(),
+        tenants: tenants.as_ref(),
+    };
+    let measured = measure_on(args, on).await;
     stop(fleet, processes, exporting).await;
     let mut measured = measured?;
     if let Measured::Load(report) = &mut measured {
@@ -103,11 +119,22 @@ async fn on_a_fleet(args: &BenchArgs) -> anyhow::Result<Measured> {
     Ok(measured)
 }
 
+/// The fleet that is up: in this process, or as processes (neither with
+/// `--target`), and its tenants with `--tenants`.
+struct On<'a> {
+    fleet: Option<&'a LocalFleet>,
+    processes: Option<&'a ProcessFleet>,
+    tenants: Option<&'a Tenants>,
+}
+
 /// What `args` asks to measure on the fleet that is up.
 async fn measure_on(
     args: &BenchArgs,
-    fleet: Option<&LocalFleet>,
-    processes: Option<&ProcessFleet>,
+    On {
+        fleet,
+        processes,
+        tenants,
+    }: On<'_>,
 ) -> anyhow::Result<Measured> {
     let (address, nats_url) = addresses(args, fleet, processes)?;
     let api = Api::connect(address.clone())
@@ -129,13 +156,14 @@ async fn measure_on(
             measure_jobs_page(&api, &sources, stored).await?,
         ));
     }
-    let mut report = measure(args, &api, nats, &sources).await?;
+    let mut report = measure(args, &api, nats, &sources, tenants).await?;
     // What the servers say, where they can be asked.
     report.fsync_always = sources
         .fsync_every_write()
         .await
         .unwrap_or(args.fsync_always);
     report.trace_ratio = args.trace_ratio;
+    report.idle_tools = args.idle_tools.unwrap_or(0) as usize;
     Ok(Measured::Load(Box::new(report)))
 }
 
@@ -220,6 +248,7 @@ async fn start_processes(
     args: &BenchArgs,
     workers: usize,
     telemetry: &TelemetryOptions,
+    extras: Extras<'_>,
 ) -> anyhow::Result<ProcessFleet> {
     let nats = if args.nats_cluster {
         "a NATS cluster of 3"
@@ -253,7 +282,7 @@ async fn start_processes(
         wait_replicas: args.wait_replicas,
         nats_accounts: args.nats_accounts,
     };
-    ProcessFleet::start(&shape, tool, telemetry).await
+    ProcessFleet::start(&shape, tool, telemetry, extras).await
 }
 
 /// The fleet in this process, with its servers as processes.

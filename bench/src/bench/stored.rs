@@ -100,7 +100,7 @@ pub(super) async fn fill(
 /// cost, not one that stored jobs add to a job's (docs/benchmarks.md,
 /// "Growth curves"). So the load waits for the move to end, with
 /// `serverCron` run every 2 ms meanwhile (`hz` 500, then put back).
-async fn settle(redis_url: &str) -> anyhow::Result<()> {
+pub(super) async fn settle(redis_url: &str) -> anyhow::Result<()> {
     let client = redis::Client::open(redis_url)?;
     let mut redis = client.get_multiplexed_async_connection().await?;
     let started = std::time::Instant::now();

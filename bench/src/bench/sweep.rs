@@ -28,6 +28,12 @@ pub(crate) enum Dimension {
     /// Jobs parked waiting for approval during the load
     /// (`--awaiting-approval`).
     AwaitingApproval,
+    /// Tenants with quotas and budgets, the jobs taking turns
+    /// (`--tenants`).
+    Tenants,
+    /// Tools registered besides the default set, none of them called
+    /// (`--idle-tools`).
+    Tools,
     /// Every dimension above, one after the other.
     All,
 }
@@ -40,6 +46,8 @@ impl Dimension {
             Self::Rounds,
             Self::Width,
             Self::AwaitingApproval,
+            Self::Tenants,
+            Self::Tools,
         ];
         let mut dimensions: Vec<Self> = named
             .iter()
@@ -63,6 +71,8 @@ impl Dimension {
             Self::Rounds => &[1, 10, 50],
             Self::Width => &[1, 8, 64],
             Self::AwaitingApproval => &[0, 10_000, 100_000],
+            Self::Tenants => &[1, 1_000, 10_000],
+            Self::Tools => &[0, 100, 1_000],
             Self::All => &[],
         }
     }
@@ -74,6 +84,8 @@ impl Dimension {
             Self::Rounds => "rounds",
             Self::Width => "width",
             Self::AwaitingApproval => "awaiting-approval",
+            Self::Tenants => "tenants",
+            Self::Tools => "tools",
             Self::All => "all",
         }
     }
@@ -85,6 +97,8 @@ impl Dimension {
             Self::Rounds => "tool rounds per job",
             Self::Width => "parallel calls per round",
             Self::AwaitingApproval => "jobs parked waiting for approval",
+            Self::Tenants => "tenants with quotas and budgets",
+            Self::Tools => "tools registered besides the default set's",
             Self::All => "",
         }
     }
@@ -104,6 +118,8 @@ impl Dimension {
             Self::Rounds => args.rounds = value,
             Self::Width => args.calls = value,
             Self::AwaitingApproval => args.awaiting_approval = Some(value),
+            Self::Tenants => args.tenants = Some(u32::try_from(value).unwrap_or(u32::MAX)),
+            Self::Tools => args.idle_tools = Some(u32::try_from(value).unwrap_or(u32::MAX)),
             Self::All => {}
         }
         args
@@ -125,7 +141,11 @@ struct Step {
     tool_call_round_trip_p50_ms: f64,
     tool_call_round_trip_p99_ms: f64,
     rss_mb_by_process: BTreeMap<String, f64>,
-    /// The run's whole report.
+    /// Runs at this value (`--sweep-runs`), and the least and the most
+    /// CPU per job or call among them; the rest is the median run's.
+    runs: usize,
+    cpu_ms_total_range: (f64, f64),
+    /// The median run's whole report.
     report: Report,
 }
 
@@ -151,8 +171,24 @@ impl Step {
             tool_call_round_trip_p50_ms: report.tool_call_round_trip.p50_ms,
             tool_call_round_trip_p99_ms: report.tool_call_round_trip.p99_ms,
             rss_mb_by_process: workers_summed(&cost.rss_mb_by_process, |sum, x| sum + x),
+            runs: 1,
+            cpu_ms_total_range: (
+                cost.cpu_ms_per_job_total / units,
+                cost.cpu_ms_per_job_total / units,
+            ),
             report,
         }
+    }
+
+    /// The run of median CPU among `runs` of one value, with their range.
+    fn median(mut runs: Vec<Self>) -> Option<Self> {
+        runs.sort_by(|a, b| a.cpu_ms_total.total_cmp(&b.cpu_ms_total));
+        let range = (runs.first()?.cpu_ms_total, runs.last()?.cpu_ms_total);
+        let count = runs.len();
+        let mut median = runs.swap_remove(count / 2);
+        median.runs = count;
+        median.cpu_ms_total_range = range;
+        Some(median)
     }
 }
 
@@ -205,17 +241,22 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             [] => dimension.values(),
             given => given,
         };
-        let mut steps = Vec::with_capacity(values.len());
-        for (n, value) in values.iter().enumerate() {
-            eprintln!(
-                "sweep {}: step {}/{} at {value}...",
-                dimension.name(),
-                n + 1,
-                values.len()
-            );
-            let report = measured_load(&dimension.apply(&base, *value)).await?;
-            steps.push(Step::of(*value, report, dimension.per_call()));
+        // Each value's runs, the values in turn, so that a drift of the
+        // machine falls on all of them alike.
+        let mut runs: Vec<Vec<Step>> = values.iter().map(|_| Vec::new()).collect();
+        let total = values.len() * usize::from(args.sweep_runs);
+        for run in 0..usize::from(args.sweep_runs) {
+            for (n, value) in values.iter().enumerate() {
+                eprintln!(
+                    "sweep {}: run {}/{total} at {value}...",
+                    dimension.name(),
+                    run * values.len() + n + 1,
+                );
+                let report = measured_load(&dimension.apply(&base, *value)).await?;
+                runs[n].push(Step::of(*value, report, dimension.per_call()));
+            }
         }
+        let steps = runs.into_iter().filter_map(Step::median).collect();
         let sweep = Sweep {
             dimension: dimension.name(),
             per: if dimension.per_call() {
@@ -284,8 +325,13 @@ fn table(dimension: Dimension, sweep: &Sweep) -> String {
     text.push_str("|\n");
     let optional = |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{x:.1}"));
     for step in &sweep.steps {
+        let (least, most) = step.cpu_ms_total_range;
+        let spread = match step.runs {
+            1 => String::new(),
+            runs => format!(" ({least:.3} to {most:.3}, {runs} runs)"),
+        };
         let mut row = format!(
-            "| {} | {:.0} | {:.3} |",
+            "| {} | {:.0} | {:.3}{spread} |",
             step.value, step.jobs_per_sec, step.cpu_ms_total
         );
         for name in &names {
@@ -398,7 +444,9 @@ mod tests {
                 Dimension::StoredJobs,
                 Dimension::Rounds,
                 Dimension::Width,
-                Dimension::AwaitingApproval
+                Dimension::AwaitingApproval,
+                Dimension::Tenants,
+                Dimension::Tools
             ]
         );
         assert_eq!(thousands(1_000_000), "1M");
@@ -422,10 +470,35 @@ mod tests {
         report.accounting.cpu_ms_per_job_total = 6.4;
         report.accounting.redis_commands_per_job = Some(160.0);
         let step = Step::of(8, report, true);
+        assert_eq!(step.runs, 1);
         assert_eq!(step.cpu_ms_by_process["orchestrator"], 0.2);
         assert_eq!(step.cpu_ms_by_process["workers"], 0.2);
         assert_eq!(step.cpu_ms_by_process.len(), 2);
         assert_eq!(step.cpu_ms_total, 0.4);
         assert_eq!(step.redis_commands, Some(10.0));
+    }
+}
+
+#[cfg(test)]
+mod median {
+    use super::*;
+
+    #[test]
+    fn a_value_of_several_runs_is_its_median_run_with_the_range() {
+        let run = |total: f64, jobs_per_sec: f64| {
+            let mut report = Report {
+                jobs_per_sec,
+                ..Report::default()
+            };
+            report.accounting.cpu_ms_per_job_total = total;
+            Step::of(1_000, report, false)
+        };
+        let median = Step::median(vec![run(2.0, 900.0), run(1.5, 1_100.0), run(1.8, 1_000.0)])
+            .expect("three runs");
+        assert_eq!(median.cpu_ms_total, 1.8);
+        assert_eq!(median.jobs_per_sec, 1_000.0);
+        assert_eq!(median.cpu_ms_total_range, (1.5, 2.0));
+        assert_eq!(median.runs, 3);
+        assert!(Step::median(Vec::new()).is_none());
     }
 }
