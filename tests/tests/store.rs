@@ -20,6 +20,8 @@ use toolfleet_proto::names::RedisKeys;
 use toolfleet_proto::{Envelope, ErrorCode, EventId, JobId, ToolManifest, WireId};
 use toolfleet_tests::{NatsServer, RedisServer};
 
+#[path = "store/budgets.rs"]
+mod budgets;
 #[path = "store/counts.rs"]
 mod counts;
 #[path = "store/held_calls.rs"]
