@@ -170,12 +170,17 @@ async fn connect_nats(
     patiently(&format!("NATS at {url}"), || async {
         match client.connection_state() {
             async_nats::connection::State::Connected => Ok(()),
-            state => Err(format!("{state:?}").to_lowercase()),
+            state => Err(NotConnected(format!("{state:?}").to_lowercase())),
         }
     })
     .await;
     Ok(client)
 }
+
+/// A NATS client not connected yet, in its own words (`pending`).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotConnected(String);
 
 /// The servers of `nats.url`: one URL, or a cluster's seeds, comma separated.
 fn nats_seeds(url: &str) -> Result<Vec<async_nats::ServerAddr>, ConnectError> {
@@ -324,7 +329,7 @@ fn is_subject_prefix(prefix: &str) -> bool {
 /// cancels it by dropping the future (on shutdown).
 pub async fn patiently<T, E, F, Fut>(what: &str, attempt: F) -> T
 where
-    E: std::fmt::Display,
+    E: std::error::Error,
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
@@ -337,7 +342,13 @@ where
     let waited = attempt
         .retry(backoff)
         .notify(|err: &E, pause| {
-            tracing::warn!(error = %err, retry_in = ?pause, "waiting for {what}");
+            // With its causes: JetStream's own words are in the source
+            // ("maximum consumers limit reached"), and they say what to do.
+            let error = std::iter::successors(Some(err as &dyn std::error::Error), |e| e.source())
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(": ");
+            tracing::warn!(error, retry_in = ?pause, "waiting for {what}");
         })
         .await;
     match waited {
