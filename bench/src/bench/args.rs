@@ -109,7 +109,7 @@ pub(crate) struct BenchArgs {
     /// "Growth curves"). `all` sweeps every dimension.
     #[arg(long, value_name = "DIMENSION", value_delimiter = ',',
           conflicts_with_all = ["target", "parked", "jobs_page", "mcp", "first_token", "tls"])]
-    pub(super) sweep: Vec<super::sweep::Dimension>,
+    pub(super) sweep: Vec<Dimension>,
     /// The values of a one-dimension --sweep, instead of its own
     /// (comma-separated).
     #[arg(long, value_name = "N,...", value_delimiter = ',', requires = "sweep")]
@@ -221,4 +221,27 @@ impl BenchArgs {
     pub(crate) fn client_threads(&self) -> usize {
         if self.processes { self.threads } else { 0 }
     }
+}
+
+/// A dimension of the work, as `--sweep` names it (what each is and
+/// its values: `sweep.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+pub(crate) enum Dimension {
+    /// Finished jobs stored in Redis before the load (`--stored-jobs`).
+    StoredJobs,
+    /// Tool rounds per job (`-R`).
+    Rounds,
+    /// Parallel calls per round (`-K`).
+    Width,
+    /// Jobs parked waiting for approval during the load
+    /// (`--awaiting-approval`).
+    AwaitingApproval,
+    /// Tenants with quotas and budgets, the jobs taking turns
+    /// (`--tenants`).
+    Tenants,
+    /// Tools registered besides the default set, none of them called
+    /// (`--idle-tools`).
+    Tools,
+    /// Every dimension above, one after the other.
+    All,
 }

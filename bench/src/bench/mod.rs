@@ -32,6 +32,13 @@ mod sweep;
 mod tenants;
 
 pub(crate) use args::BenchArgs;
-pub(crate) use run::run;
+/// Runs the benchmark `args` asks for: a sweep of runs (`--sweep`), or one.
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.sweep.is_empty() {
+        run::run(args).await
+    } else {
+        sweep::run(&args).await
+    }
+}
 
 type Api = toolfleet_proto::v1::agent_service_client::AgentServiceClient<tonic::transport::Channel>;

@@ -15,7 +15,7 @@ use super::measure::measure;
 use super::processes::{Extras, FleetShape, ProcessFleet};
 use super::report::{Report, publish};
 use super::tenants::Tenants;
-use super::{Api, first_token, jobs_page, mcp, parked, sweep};
+use super::{Api, first_token, jobs_page, mcp, parked};
 use toolfleet_cli::output::outln;
 use toolfleet_fleet::local::{LocalFleet, LocalFleetOptions};
 use toolfleet_fleet::supervisor::otlp::Collector;
@@ -28,9 +28,6 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     if let Some(jobs) = args.first_token {
         return first_token::run(&args, jobs).await;
-    }
-    if !args.sweep.is_empty() {
-        return sweep::run(&args).await;
     }
     match on_a_fleet(&args).await? {
         Measured::Load(report) => publish(&args, &report),

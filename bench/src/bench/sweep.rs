@@ -11,33 +11,12 @@ use anyhow::Context as _;
 use serde::Serialize;
 use toolfleet_cli::output::outln;
 
-use super::args::BenchArgs;
+use super::args::{BenchArgs, Dimension};
 use super::plot::{Chart, Panel, Series};
 use super::report::Report;
 use super::run::measured_load;
 
-/// A dimension of the work, as `--sweep` names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
-pub(crate) enum Dimension {
-    /// Finished jobs stored in Redis before the load (`--stored-jobs`).
-    StoredJobs,
-    /// Tool rounds per job (`-R`).
-    Rounds,
-    /// Parallel calls per round (`-K`).
-    Width,
-    /// Jobs parked waiting for approval during the load
-    /// (`--awaiting-approval`).
-    AwaitingApproval,
-    /// Tenants with quotas and budgets, the jobs taking turns
-    /// (`--tenants`).
-    Tenants,
-    /// Tools registered besides the default set, none of them called
-    /// (`--idle-tools`).
-    Tools,
-    /// Every dimension above, one after the other.
-    All,
-}
-
+/// What each dimension is and how a run is given its value.
 impl Dimension {
     /// The dimensions a `--sweep` list names, `all` expanded, each once.
     fn expand(named: &[Self]) -> Vec<Self> {
@@ -480,11 +459,6 @@ mod tests {
         assert_eq!(step.cpu_ms_total, 0.4);
         assert_eq!(step.redis_commands, Some(10.0));
     }
-}
-
-#[cfg(test)]
-mod median {
-    use super::*;
 
     #[test]
     fn a_value_of_several_runs_is_its_median_run_with_the_range() {
