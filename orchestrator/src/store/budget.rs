@@ -32,8 +32,11 @@ impl JobStore {
         self.spend_tenant_at(tenant, entries, now_ms()).await
     }
 
-    /// [`spend_tenant`](Self::spend_tenant) at `now_ms` (milliseconds
-    /// since the epoch) rather than now: the windows move with it.
+    /// Adds to `tenant`'s counters and checks them as the runs do before
+    /// every turn and call (each entry's `add`, then its `take` if every
+    /// checked window has room), at `now_ms` (milliseconds since the
+    /// epoch) rather than now: the windows move with it. Returns the first
+    /// refusal, if any.
     ///
     /// # Errors
     ///
