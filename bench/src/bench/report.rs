@@ -201,34 +201,38 @@ fn print(report: &Report) -> std::io::Result<()> {
 }
 
 /// How the run was set up, where it differs from the default: transport,
-/// stored jobs, durability, servers, replication, tracing.
+/// stored jobs, tenants, idle tools, parked jobs, durability, servers,
+/// replication, tracing.
 fn print_setup(report: &Report) -> std::io::Result<()> {
     if report.tls {
         outln!("transport            NATS and Redis over TLS")?;
     }
-    if report.stored_jobs > 0 {
-        outln!(
-            "stored               {} finished jobs in Redis before the load",
-            report.stored_jobs
-        )?;
-    }
-    if report.tenants > 0 {
-        outln!(
-            "tenants              {} in the tokens file, with quotas and budgets, the jobs taking turns",
-            report.tenants
-        )?;
-    }
-    if report.idle_tools > 0 {
-        outln!(
-            "idle tools           {} more tools on every worker, none of them called",
-            report.idle_tools
-        )?;
-    }
-    if report.awaiting_approval > 0 {
-        outln!(
-            "parked               {} jobs waiting for approval during the load",
-            report.awaiting_approval
-        )?;
+    let counted = [
+        (
+            "stored",
+            report.stored_jobs,
+            "finished jobs in Redis before the load",
+        ),
+        (
+            "tenants",
+            report.tenants,
+            "in the tokens file, with quotas and budgets, the jobs taking turns",
+        ),
+        (
+            "idle tools",
+            report.idle_tools,
+            "more tools on every worker, none of them called",
+        ),
+        (
+            "parked",
+            report.awaiting_approval,
+            "jobs waiting for approval during the load",
+        ),
+    ];
+    for (label, count, what) in counted {
+        if count > 0 {
+            outln!("{label:<21}{count} {what}")?;
+        }
     }
     if report.fsync_always {
         outln!("durability           JetStream and Redis fsync every write")?;
