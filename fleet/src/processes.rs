@@ -325,13 +325,40 @@ impl ProcessFleet {
         tools: &[&str],
         workers: u32,
     ) -> anyhow::Result<()> {
+        self.wait_for_tools_as(index, None, tools, workers).await
+    }
+
+    /// [`wait_for_tools`](Self::wait_for_tools), asking with `token` as
+    /// the bearer token, for an orchestrator that takes tokens
+    /// (`api.auth = tokens`).
+    ///
+    /// # Errors
+    ///
+    /// Not within the deadline, or the orchestrator exited.
+    pub async fn wait_for_tools_as(
+        &self,
+        index: usize,
+        token: Option<&str>,
+        tools: &[&str],
+        workers: u32,
+    ) -> anyhow::Result<()> {
         let api = self.api(index).await?;
+        let bearer: Option<tonic::metadata::AsciiMetadataValue> = match token {
+            Some(token) => Some(format!("Bearer {token}").parse()?),
+            None => None,
+        };
         let what = format!("{} on {workers} workers", tools.join(", "));
         self.orchestrators[index]
             .wait_until(&what, READY, || {
                 let mut api = api.clone();
+                let mut request = tonic::Request::new(v1::ListToolsRequest::default());
+                if let Some(bearer) = &bearer {
+                    request
+                        .metadata_mut()
+                        .insert("authorization", bearer.clone());
+                }
                 async move {
-                    let live = api.list_tools(v1::ListToolsRequest::default()).await.ok()?;
+                    let live = api.list_tools(request).await.ok()?;
                     let live = live.into_inner().tools;
                     tools
                         .iter()

@@ -8,12 +8,12 @@
 //! shows what one worker serving many tools does.
 
 use anyhow::Context as _;
-use toolfleet_proto::{names, v1};
+use toolfleet_proto::names;
 use toolfleet_service::config::TelemetryOptions;
 
 use super::accounting::{Probe, Sources};
 use super::idle_tools::IdleTools;
-use super::tenants::{Tenants, authorized};
+use super::tenants::Tenants;
 use toolfleet_fleet::processes;
 use toolfleet_fleet::servers::RedisClusterShape;
 use toolfleet_fleet::supervisor::{ServerOptions, cargo_bin};
@@ -304,10 +304,8 @@ impl ProcessFleet {
         let workers = u32::try_from(shape.workers).unwrap_or(u32::MAX);
         let last_idle = idle_tools.and_then(IdleTools::last);
         let tools: Vec<&str> = std::iter::once(tool).chain(last_idle.as_deref()).collect();
-        match tenants {
-            None => fleet.wait_for_tools(0, &tools, workers).await?,
-            Some(tenants) => wait_for_tools(&address, tenants.token(0), &tools, workers).await?,
-        }
+        let token = tenants.map(|tenants| tenants.token(0));
+        fleet.wait_for_tools_as(0, token, &tools, workers).await?;
         for worker in fleet.workers() {
             anyhow::ensure!(worker.is_running(), "{} exited", worker.name());
         }
@@ -345,36 +343,5 @@ impl ProcessFleet {
             redis_urls: redis.iter().map(|(_, node)| node.url()).collect(),
             nats_monitoring: nats.iter().map(|(_, node)| node.monitoring_url()).collect(),
         }
-    }
-}
-
-/// Waits until the orchestrator at `address`, asked with `token`, lists
-/// `tools` on `workers` workers: as `wait_for_tools` does for a fleet that
-/// takes no tokens.
-async fn wait_for_tools(
-    address: &str,
-    token: &str,
-    tools: &[&str],
-    workers: u32,
-) -> anyhow::Result<()> {
-    let mut api = super::Api::connect(address.to_owned()).await?;
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let request = authorized(v1::ListToolsRequest::default(), Some(token));
-        let listed = api.list_tools(request).await?.into_inner().tools;
-        let live = |tool: &&str| {
-            listed
-                .iter()
-                .any(|t| t.name == *tool && t.workers >= workers)
-        };
-        if tools.iter().all(live) {
-            return Ok(());
-        }
-        anyhow::ensure!(
-            std::time::Instant::now() < deadline,
-            "the orchestrator never listed {} on {workers} workers",
-            tools.join(", ")
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
 }
