@@ -73,6 +73,7 @@ impl Workload {
 /// A scripted model's turns, and how many of them ask for tools: the job's
 /// `max_tool_rounds`, so that a script of more rounds than the API's
 /// default (8) runs to its end.
+#[derive(Clone)]
 pub(super) struct Script {
     pub(super) text: String,
     pub(super) rounds: u32,
@@ -113,11 +114,11 @@ pub(super) async fn load(
     for n in 0..jobs {
         let permit = window.clone().acquire_owned().await?;
         let api = api.clone();
-        let (text, rounds) = (script.text.clone(), script.rounds);
+        let script = script.clone();
         let token = tenants.map(|tenants| tenants.token(n).to_owned());
         tasks.push(tokio::spawn(async move {
             let job = Job {
-                script: (&text, rounds),
+                script: &script,
                 tool,
                 token: token.as_deref(),
             };
@@ -141,7 +142,7 @@ pub(super) async fn load(
 /// tenant's token when the fleet takes tokens.
 #[derive(Clone, Copy)]
 pub(super) struct Job<'a> {
-    pub(super) script: (&'a str, u32),
+    pub(super) script: &'a Script,
     pub(super) tool: Workload,
     pub(super) token: Option<&'a str>,
 }
@@ -150,7 +151,7 @@ pub(super) struct Job<'a> {
 pub(super) async fn run_job(
     mut api: Api,
     Job {
-        script: (script, rounds),
+        script,
         tool,
         token,
     }: Job<'_>,
@@ -160,11 +161,11 @@ pub(super) async fn run_job(
         input: "bench".into(),
         model: Some(v1::ModelSpec {
             provider: "scripted".into(),
-            script: script.to_owned(),
+            script: script.text.clone(),
             ..Default::default()
         }),
         tools: vec![tool.tool().into()],
-        max_tool_rounds: rounds,
+        max_tool_rounds: script.rounds,
         ..Default::default()
     };
     let job_id = api

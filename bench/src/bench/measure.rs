@@ -217,7 +217,7 @@ async fn sequential_jobs(
     for _ in 0..args.sequential {
         let started = Instant::now();
         let job = Job {
-            script: (&one_call.text, one_call.rounds),
+            script: &one_call,
             tool: work.tool,
             token: work.tenants.map(|tenants| tenants.token(0)),
         };
