@@ -415,14 +415,25 @@ impl RegistryHandle {
         tools.get(name).and_then(|entry| self.available(entry))
     }
 
-    /// Every available tool, by name.
-    pub(crate) fn available_tools(&self) -> Vec<LiveTool> {
+    /// The available tools among `names`, or every available tool when
+    /// `names` is empty; by name. A job that names its tools costs a lookup
+    /// per name, however many tools the fleet serves (docs/performance.md).
+    pub(crate) fn available_tools(&self, names: &[String]) -> Vec<LiveTool> {
         let tools = self
             .tools
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut live: Vec<_> = tools.values().filter_map(|e| self.available(e)).collect();
+        let mut live: Vec<_> = if names.is_empty() {
+            tools.values().filter_map(|e| self.available(e)).collect()
+        } else {
+            names
+                .iter()
+                .filter_map(|name| tools.get(name))
+                .filter_map(|e| self.available(e))
+                .collect()
+        };
         live.sort_by(|a, b| a.manifest.name.cmp(&b.manifest.name));
+        live.dedup_by(|a, b| a.manifest.name == b.manifest.name);
         live
     }
 
@@ -975,6 +986,32 @@ mod tests {
     }
 
     #[test]
+    fn a_job_that_names_its_tools_is_given_those_available_by_name() {
+        let registry = registry();
+        for tool in ["web__search", "crm__find", "crm__update"] {
+            let mut announced: WorkerAnnouncement =
+                serde_json::from_slice(&announcement("w1", true)).unwrap();
+            announced.manifest.name = tool.to_owned();
+            let value = serde_json::to_vec(&announced).unwrap();
+            registry.apply(&names::registry_key(tool, "w1"), kv::Operation::Put, &value);
+        }
+        let named = |names: &[&str]| {
+            let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+            let tools = registry.available_tools(&names);
+            tools
+                .iter()
+                .map(|t| t.manifest.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            named(&["web__search", "crm__find", "unknown", "crm__find"]),
+            ["crm__find", "web__search"],
+            "the named ones, by name, once each; one the fleet lacks is not there"
+        );
+        assert_eq!(named(&[]), ["crm__find", "crm__update", "web__search"]);
+    }
+
+    #[test]
     fn a_tool_no_live_worker_can_run_is_withdrawn_though_its_queue_exists() {
         let registry = registry();
         let key = |worker: &str| names::registry_key("crm__find", worker);
@@ -990,7 +1027,7 @@ mod tests {
         // Its MCP server died: the one worker says it cannot run it.
         put("w1", false);
         assert!(registry.get("crm__find").is_none(), "withdrawn");
-        assert!(registry.available_tools().is_empty());
+        assert!(registry.available_tools(&[]).is_empty());
         // Another worker can: offered again, with that one worker counted.
         put("w2", true);
         assert_eq!(registry.get("crm__find").map(|t| t.workers), Some(1));

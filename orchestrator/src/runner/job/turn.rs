@@ -267,14 +267,7 @@ impl JobRun<'_> {
         offered: &HashMap<String, LiveTool>,
     ) -> (Vec<LiveTool>, Vec<LiveTool>) {
         let allowed = |name: &str| spec.tools.is_empty() || spec.tools.iter().any(|t| t == name);
-        let live: Vec<LiveTool> = self
-            .runner
-            .dispatcher
-            .registry
-            .available_tools()
-            .into_iter()
-            .filter(|t| allowed(&t.manifest.name))
-            .collect();
+        let live: Vec<LiveTool> = self.runner.dispatcher.registry.available_tools(&spec.tools);
         let new: Vec<LiveTool> = live
             .iter()
             .filter(|t| {
