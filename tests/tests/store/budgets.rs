@@ -1,8 +1,9 @@
 //! A tenant's period budgets (decision 0055) against a real Redis, on a
 //! clock the test moves: what is taken fits the window's limit, the window
 //! moves a minute at a time, a refusal says when there is room again, and
-//! a replica of the release before (which adds to the counters only, not
-//! to the sums kept beside them) is taken in within a minute.
+//! the sums kept beside the counters move with it, and a replica of the
+//! release before (which adds to the counters only, not to the sums) is
+//! taken in within an hour.
 
 use redis::AsyncCommands as _;
 use toolfleet_orchestrator::budget::tenant::{Entry, Kind, TenantExceeded, Window};
@@ -77,8 +78,8 @@ async fn a_tenants_hour_fills_moves_by_the_minute_and_says_when_it_has_room() ->
 }
 
 #[tokio::test]
-async fn a_tenants_day_counts_its_hours_and_the_release_before_within_a_minute()
--> anyhow::Result<()> {
+async fn a_tenants_day_counts_its_hours_and_the_release_before_within_an_hour() -> anyhow::Result<()>
+{
     let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
     let store = super::store(&redis, &nats).await?;
     let five_a_day = |calls| take_calls(calls, None, Some(5));
@@ -98,7 +99,7 @@ async fn a_tenants_day_counts_its_hours_and_the_release_before_within_a_minute()
     assert!(spend(&store, &five_a_day(2), room_at).await?.is_none());
 
     // A replica of the release before adds to the counters alone. Within
-    // the minute the sums do not know of it; from the next they do.
+    // the hour the sums do not know of it; from the next they do.
     let now = room_at + MINUTE + 1_000;
     assert!(spend(&store, &five_a_day(0), now).await?.is_none());
     let mut redis = redis.connection().await?;
@@ -110,12 +111,53 @@ async fn a_tenants_day_counts_its_hours_and_the_release_before_within_a_minute()
         .hincr(&budget, format!("tool_calls:h:{}", now / HOUR), 2)
         .await?;
     assert!(spend(&store, &five_a_day(1), now + 1_000).await?.is_none());
-    let refused = spend(&store, &five_a_day(1), now + MINUTE)
+    assert!(
+        spend(&store, &five_a_day(1), now + 30 * MINUTE)
+            .await?
+            .is_some()
+    );
+    let refused = spend(&store, &five_a_day(1), now + HOUR)
         .await?
         .expect("the day holds what the release before spent");
     assert_eq!(
         refused.spent, 7,
         "2 + 2 + 1 of this release, 2 of the one before"
     );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_tenants_hour_sum_moves_exactly_minute_by_minute_across_hours() -> anyhow::Result<()> {
+    let (redis, nats) = (RedisServer::start().await?, NatsServer::start().await?);
+    let store = super::store(&redis, &nats).await?;
+    let sixty_an_hour = |calls| take_calls(calls, Some(60), None);
+    // One call a minute for 150 minutes, through two changes of the hour
+    // and minutes skipped: the hour always holds exactly its last minutes'
+    // calls, so each minute's call fits and a second one does not.
+    let mut taken_at = Vec::new();
+    for step in 0..150_u64 {
+        let at = START + step * MINUTE;
+        if step % 7 == 3 {
+            continue; // a minute without a check: its move waits for the next
+        }
+        let full = taken_at.iter().filter(|t| at - **t < HOUR).count();
+        assert!(
+            spend(&store, &sixty_an_hour(1), at).await?.is_none(),
+            "step {step}: the hour holds {full} calls"
+        );
+        taken_at.push(at);
+        if full + 1 == 60 {
+            assert!(spend(&store, &sixty_an_hour(1), at + 1).await?.is_some());
+        } else {
+            let room = u64::try_from(59 - full)?;
+            assert!(
+                spend(&store, &sixty_an_hour(room + 1), at + 1)
+                    .await?
+                    .is_some(),
+                "step {step}: {room} left, not {}",
+                room + 1
+            );
+        }
+    }
     Ok(())
 }
