@@ -27,7 +27,10 @@ const RAW_SUBJECT: &str = "toolfleet.bench.raw";
 /// The JetStream floor's stream, subject, consumer and reply subject: apart
 /// from the fleet's, and removed after the run.
 const FLOOR_STREAM: &str = "TOOLFLEET_BENCH_FLOOR";
-const FLOOR_SUBJECT: &str = "toolfleet.bench.floor";
+const FLOOR_SUBJECTS: &str = "toolfleet.bench.floor.>";
+const FLOOR_SUBJECT: &str = "toolfleet.bench.floor.call";
+/// The subjects of the floor's idle consumers: `<prefix><n>`.
+const FLOOR_IDLE_PREFIX: &str = "toolfleet.bench.floor.idle.";
 const FLOOR_CONSUMER: &str = "bench-floor";
 const FLOOR_REPLIES: &str = "toolfleet.bench.floor-replies";
 
@@ -123,6 +126,11 @@ pub(super) struct FloorShape {
     pub(super) responders: usize,
     /// Copies of the floor's stream (as the fleet's streams have).
     pub(super) replicas: usize,
+    /// Consumers of other subjects on the floor's stream that nobody pulls
+    /// from, as the calls stream has one per tool (`--idle-tools`): an ack
+    /// on a work queue costs nats-server a look at every consumer of the
+    /// stream, which this puts on the floor too.
+    pub(super) idle_consumers: usize,
 }
 
 /// Raw JetStream calls as `shape` says: the rate and each call's round trip
@@ -138,7 +146,7 @@ pub(super) async fn jetstream_calls(
     let _ = js.delete_stream(FLOOR_STREAM).await;
     let queue = WorkQueue {
         name: FLOOR_STREAM,
-        subjects: FLOOR_SUBJECT,
+        subjects: FLOOR_SUBJECTS,
         description: "toolfleet bench: the raw JetStream floor's calls",
         max_age: Duration::ZERO,
     };
@@ -149,12 +157,23 @@ pub(super) async fn jetstream_calls(
     SharedConsumer {
         name: FLOOR_CONSUMER.to_owned(),
         description: "toolfleet bench: the raw JetStream floor's responders".to_owned(),
-        filter_subject: String::new(),
+        filter_subject: FLOOR_SUBJECT.to_owned(),
         ack_wait: FLOOR_CALL_TIMEOUT,
         max_ack_pending: 10_000,
     }
     .open(&stream, missing)
     .await?;
+    for n in 0..shape.idle_consumers {
+        SharedConsumer {
+            name: format!("{FLOOR_CONSUMER}-idle-{n}"),
+            description: "toolfleet bench: an idle consumer, as an idle tool's".to_owned(),
+            filter_subject: format!("{FLOOR_IDLE_PREFIX}{n}"),
+            ack_wait: FLOOR_CALL_TIMEOUT,
+            max_ack_pending: 10_000,
+        }
+        .open(&stream, missing)
+        .await?;
+    }
     let result = serve_and_call(nats, &caller, &js, shape).await;
     let _ = js.delete_stream(FLOOR_STREAM).await;
     result

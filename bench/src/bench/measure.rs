@@ -38,6 +38,7 @@ async fn jetstream_floor(
         concurrency,
         responders: args.workers.max(1),
         replicas,
+        idle_consumers: idle_consumers(args),
     };
     let ran = floor::jetstream_calls(nats, shape).await;
     let elapsed = started.elapsed();
@@ -81,6 +82,7 @@ async fn one_call_floor(args: &BenchArgs, nats: NatsAt<'_>) -> Option<Percentile
         concurrency: 1,
         responders: 1,
         replicas: if args.nats_cluster { 3 } else { 1 },
+        idle_consumers: idle_consumers(args),
     };
     match floor::jetstream_calls(nats, shape).await {
         Ok((_, latencies)) => Some(Percentiles::of(latencies)),
@@ -89,6 +91,12 @@ async fn one_call_floor(args: &BenchArgs, nats: NatsAt<'_>) -> Option<Percentile
             None
         }
     }
+}
+
+/// The floors' idle consumers: one per idle tool, as the fleet's calls
+/// stream has.
+fn idle_consumers(args: &BenchArgs) -> usize {
+    args.idle_tools.map_or(0, |n| n as usize)
 }
 
 /// The raw NATS floor's requests: none where its client has no NATS user.
