@@ -221,10 +221,18 @@ impl Entry {
     fn offered(&self, ttl: Duration) -> Option<(&Arc<str>, &Version)> {
         let able = || self.live(ttl).filter(|seen| seen.available);
         let unpinned = able().any(|seen| !seen.pins);
-        let mut counts: HashMap<&Arc<str>, (usize, Instant)> = HashMap::new();
+        // A tool has one or two versions live (three during an unusual
+        // roll): a list scanned in place costs less than a map, and this
+        // runs several times for every call a job makes.
+        let mut counts: Vec<(&Arc<str>, (usize, Instant))> = Vec::new();
         for seen in able().filter(|seen| !(unpinned && seen.pins)) {
-            let count = counts.entry(&seen.version).or_insert((0, seen.since));
-            *count = (count.0 + 1, count.1.max(seen.since));
+            match counts
+                .iter_mut()
+                .find(|(version, _)| **version == seen.version)
+            {
+                Some((_, count)) => *count = (count.0 + 1, count.1.max(seen.since)),
+                None => counts.push((&seen.version, (1, seen.since))),
+            }
         }
         let chosen = counts
             .into_iter()
