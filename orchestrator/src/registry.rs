@@ -203,9 +203,12 @@ const REMEMBERED_VERSIONS: usize = 32;
 impl Entry {
     /// The workers whose announcement arrived less than `ttl` ago.
     fn live(&self, ttl: Duration) -> impl Iterator<Item = &Announced> {
+        // The clock is read once, not once per worker: this runs several
+        // times for every call a job makes.
+        let now = Instant::now();
         self.workers
             .values()
-            .filter(move |seen| seen.arrived.elapsed() < ttl)
+            .filter(move |seen| now.saturating_duration_since(seen.arrived) < ttl)
     }
 
     /// The version new turns are offered: the one the most live workers
